@@ -1,0 +1,150 @@
+"""Collect finished runs into tidy tables: per experiment ``runs.csv`` (one row per run),
+``metrics.parquet`` (every round of every run, long format), ``table.csv`` (mean and std
+over seeds of final and best global-model test accuracy per dataset x partition x method,
+beside the papers' numbers where the experiment links a paper table) and ``table.md``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .partition import PartitionSpec
+from .utils import FedForgetError, atomic_write, atomic_write_text
+
+FAILED = "failed"
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    path = run_dir / "run.json"
+    if not path.exists():
+        raise FedForgetError(f"run missing: {path} does not exist")
+    rec = json.loads(path.read_text())
+    metrics = run_dir / "metrics.csv"
+    df = pd.read_csv(metrics) if metrics.exists() else None
+    return rec, df
+
+
+def collect(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, metrics): one row per run, and every metrics row with its run's keys."""
+    runs, frames = [], []
+    for d in run_dirs:
+        d = Path(d)
+        rec, df = read_run(d)
+        c = rec["config"]
+        part = c["partition"]
+        keys = {
+            "experiment": c["experiment"],
+            "dataset": c["dataset"]["label"],
+            "setting": PartitionSpec(**part).setting,
+            "clients": part["clients"],
+            "partition_seed": part["seed"],
+            "method": c["method"]["label"],
+            "seed": c["seed"],
+        }
+        final = rec.get("final_global_model_test_acc")
+        runs.append({
+            **keys,
+            "status": rec["status"],
+            "final_global_model_test_acc": final if rec["status"] == "completed" else math.nan,
+            "best_global_model_test_acc": rec.get("best_global_model_test_acc") if rec["status"] == "completed" else math.nan,
+            "rounds_completed": rec.get("rounds_completed"),
+            "wall_time_s": rec.get("wall_time_s"),
+            "config_hash": rec["config_hash"],
+            "fedforget_version": rec.get("versions", {}).get("fedforget"),
+            "torch_version": rec.get("versions", {}).get("torch"),
+            "device": rec.get("device"),
+            "run_dir": str(d),
+        })  # fmt: skip
+        if df is not None:
+            frames.append(df.assign(**keys))
+    if not runs:
+        raise FedForgetError("no runs to aggregate")
+    metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return pd.DataFrame(runs), metrics
+
+
+def summarise(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample std (ddof=1) over seeds; a group with any failed (diverged/failed)
+    run is reported as failed, the way FedSOL's Table 2 writes '10.00 (Failed)'."""
+    group = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]
+    out = []
+    for key, g in runs.groupby(group, sort=False):
+        ok = g[g["status"] == "completed"]
+        row = dict(zip(group, key))
+        row.update(n_seeds=len(g), n_failed=int((g["status"] != "completed").sum()))
+        for m in ("final", "best"):
+            vals = ok[f"{m}_global_model_test_acc"].astype(float) * 100
+            row[f"{m}_acc_mean"] = vals.mean() if len(vals) else math.nan
+            row[f"{m}_acc_std"] = vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) else math.nan)
+        row["status"] = FAILED if row["n_failed"] else "ok"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def attach_paper(table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None) -> pd.DataFrame:
+    """Add the paper's reported accuracy (and std) for matching dataset/setting/method rows."""
+    table = table.assign(paper_acc=math.nan, paper_std=math.nan)
+    if not paper or not paper_results or not Path(paper_results).exists():
+        return table
+    ref = pd.read_csv(paper_results)
+    ref = ref[(ref["paper"] == paper["name"]) & (ref["table"].astype(str) == str(paper["table"])) & (ref["metric"].isin(["accuracy", "acc_T", "ACC"]))]
+    dmap = paper.get("dataset_map", {})
+    for i, row in table.iterrows():
+        hit = ref[
+            (ref["dataset"] == dmap.get(row["dataset"], row["dataset"]))
+            & (ref["setting"] == row["setting"])
+            & (ref["method"].str.lower() == str(row["method"]).lower())
+        ]
+        if len(hit):
+            table.loc[i, "paper_acc"] = float(hit["value"].iloc[0])
+            table.loc[i, "paper_std"] = float(hit["std"].iloc[0]) if pd.notna(hit["std"].iloc[0]) else math.nan
+    return table
+
+
+def _cell(mean: float, std: float, status: str) -> str:
+    if status == FAILED and math.isnan(mean):
+        return "failed"
+    text = f"{mean:.2f} ± {std:.2f}"
+    return text + " (failed seeds)" if status == FAILED else text
+
+
+def markdown(table: pd.DataFrame, experiment: str) -> str:
+    cols = list(dict.fromkeys(f"{d} {s}" for d, s in zip(table["dataset"], table["setting"])))
+    methods = list(dict.fromkeys(table["method"]))
+    lines = [f"# {experiment}", ""]
+    for metric, title in (("final", "Final-round"), ("best", "Best-round")):
+        lines += [f"## {title} global-model accuracy on the full test set (%), mean ± std over seeds", ""]
+        lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for m in methods:
+            cells = []
+            for c in cols:
+                r = table[(table["method"] == m) & (table["dataset"] + " " + table["setting"] == c)]
+                if not len(r):
+                    cells.append("")
+                    continue
+                r = r.iloc[0]
+                cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"])
+                if metric == "final" and not math.isnan(r["paper_acc"]):
+                    cell += f" (paper {r['paper_acc']:.2f})"
+                cells.append(cell)
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    n = table["n_seeds"].max()
+    lines.append(f"Seeds per cell: {n}. std is the sample standard deviation (ddof = 1). 'failed': every seed diverged.")
+    return "\n".join(lines) + "\n"
+
+
+def aggregate(run_dirs: Iterable[str | Path], out_dir: str | Path, experiment: str, paper: dict[str, Any] | None = None, paper_results: str | Path | None = None) -> pd.DataFrame:
+    out = Path(out_dir)
+    runs, metrics = collect(run_dirs)
+    table = attach_paper(summarise(runs), paper, paper_results)
+    atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
+    atomic_write(out / "metrics.parquet", lambda tmp: metrics.to_parquet(tmp, index=False))
+    atomic_write_text(out / "table.csv", table.to_csv(index=False))
+    atomic_write_text(out / "table.md", markdown(table, experiment))
+    return table

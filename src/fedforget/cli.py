@@ -1,0 +1,231 @@
+"""``fedforget`` console script. Every workflow rule calls one of these subcommands; all of
+them also work without Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .utils import FedForgetError
+
+log = logging.getLogger("fedforget")
+
+
+def _json(text: str | None, what: str):
+    if text is None or text == "":
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FedForgetError(f"{what}: not valid JSON ({e}): {text!r}") from None
+
+
+def cmd_list(args) -> None:
+    if args.cmd == "datasets":
+        from .data import DATASETS as reg
+    elif args.cmd == "methods":
+        from .methods import METHODS as reg
+    elif args.cmd == "models":
+        from .models import MODELS as reg
+    else:
+        from .partition import PARTITIONERS as reg
+    print("\n".join(reg.names()))
+
+
+def cmd_validate(args) -> None:
+    from .config import load_config
+    from .pipeline import describe
+
+    wf = load_config(args.config)
+    print(f"{args.config}: valid")
+    print(describe(wf))
+
+
+def cmd_prepare(args) -> None:
+    from .data import prepare_dataset, prepare_public
+
+    if args.config:
+        from .config import load_config
+        from .pipeline import prepare_all
+
+        for p in prepare_all(load_config(args.config)):
+            print(p)
+        return
+    if args.public:
+        if not args.of:
+            raise FedForgetError("prepare --public needs --of DATASET_ID (the private dataset it is held out of)")
+        print(prepare_public(_json(args.public, "--public"), args.of, args.root))
+        return
+    if not args.dataset:
+        raise FedForgetError("prepare needs --dataset NAME, --public SPEC --of ID, or --config FILE")
+    print(prepare_dataset(args.dataset, _json(args.options, "--options") or {}, args.root))
+
+
+def cmd_partition(args) -> None:
+    from .config import DatasetSpec, load_config
+    from .partition import PartitionSpec
+    from .pipeline import partition_one
+
+    if args.config:
+        wf = load_config(args.config)
+        seen = set()
+        for rc in wf.runs():
+            if rc.partition_dir not in seen:
+                seen.add(rc.partition_dir)
+                print(partition_one(rc.dataset, rc.partition, wf.data_dir, rc.partition_dir))
+        return
+    if not (args.dataset and args.spec and args.out):
+        raise FedForgetError("partition needs --dataset, --spec and --out (or --config FILE)")
+    from .data import dataset_id
+
+    opts = _json(args.options, "--options") or {}
+    ds = DatasetSpec(args.dataset, opts, "", {}, _json(args.public, "--public"), dataset_id(args.dataset, opts))
+    print(partition_one(ds, PartitionSpec(**_json(args.spec, "--spec")), args.root, args.out))
+
+
+def cmd_train(args) -> None:
+    from .config import RunConfig, load_run_config
+    from .runner import run_training
+
+    if args.config_json:
+        rc = RunConfig.from_dict(_json(args.config_json, "--config-json"))
+    elif args.config:
+        rc = load_run_config(args.config)
+    else:
+        raise FedForgetError("train needs --config FILE (a run config or run.json) or --config-json")
+    if args.threads is not None:
+        from dataclasses import replace
+
+        rc = replace(rc, train=replace(rc.train, threads=args.threads))
+    rec = run_training(rc, args.out or rc.run_dir, progress=None)
+    print(f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}")
+
+
+def cmd_plan(args) -> None:
+    from .config import load_config
+
+    wf = load_config(args.config)
+    for rc in wf.runs():
+        if args.write:
+            from .utils import atomic_write_json
+
+            atomic_write_json(rc.run_dir / "config.json", rc.to_dict())
+        print(rc.run_dir)
+
+
+def cmd_aggregate(args) -> None:
+    from .aggregate import aggregate
+
+    if args.config:
+        from .config import load_config
+        from .pipeline import PAPER_RESULTS, experiment_run_dirs, summary_dir
+
+        wf = load_config(args.config)
+        for exp in wf.experiments:
+            aggregate(experiment_run_dirs(wf, exp), summary_dir(wf, exp.name), exp.name, exp.paper, PAPER_RESULTS)
+            print(summary_dir(wf, exp.name))
+        return
+    if not (args.runs and args.out and args.experiment):
+        raise FedForgetError("aggregate needs --runs DIR... --out DIR --experiment NAME (or --config FILE)")
+    aggregate(args.runs, args.out, args.experiment, _json(args.paper, "--paper"), args.paper_results)
+    print(args.out)
+
+
+def cmd_plot(args) -> None:
+    from .plots import plot_experiment
+
+    for p in plot_experiment(args.summary, args.out):
+        print(p)
+
+
+def cmd_run(args) -> None:
+    from .config import load_config
+    from .pipeline import run_all
+
+    wf = load_config(args.config)
+    for name, table in run_all(wf, force=args.force).items():
+        print(f"== {name}")
+        print(table[["dataset", "setting", "method", "final_acc_mean", "final_acc_std", "n_seeds", "status"]].to_string(index=False))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedforget", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fedforget {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, what in (("datasets", "datasets"), ("methods", "federated methods"), ("models", "models"), ("partitioners", "partition schemes")):
+        sub.add_parser(name, help=f"list registered {what}, one per line").set_defaults(fn=cmd_list)
+
+    s = sub.add_parser("validate", help="validate a workflow config and count its jobs")
+    s.add_argument("--config", required=True)
+    s.set_defaults(fn=cmd_validate)
+
+    s = sub.add_parser("prepare", help="build datasets / public sets into the prepared format")
+    s.add_argument("--config", help="prepare everything a workflow config uses")
+    s.add_argument("--dataset", help="a registered dataset name")
+    s.add_argument("--options", help="dataset options as JSON, e.g. '{\"pca\": 2}'")
+    s.add_argument("--public", help="held-out public set spec as JSON")
+    s.add_argument("--of", help="private dataset id the public slice is held out of")
+    s.add_argument("--root", default="data")
+    s.set_defaults(fn=cmd_prepare)
+
+    s = sub.add_parser("partition", help="split a dataset's private pool over clients")
+    s.add_argument("--config", help="write every partition a workflow config uses")
+    s.add_argument("--dataset")
+    s.add_argument("--options")
+    s.add_argument("--public", help="public spec as JSON (a holdout is excluded from the pool)")
+    s.add_argument("--spec", help="partition spec as JSON")
+    s.add_argument("--out")
+    s.add_argument("--root", default="data")
+    s.set_defaults(fn=cmd_partition)
+
+    s = sub.add_parser("train", help="run one federated training job")
+    s.add_argument("--config", help="run config (YAML/JSON) or a previous run.json")
+    s.add_argument("--config-json", help="run config as a JSON string")
+    s.add_argument("--out", help="output directory (default: the run's directory under results/)")
+    s.add_argument("--threads", type=int)
+    s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("plan", help="list (and with --write, write) every job's run config")
+    s.add_argument("--config", required=True)
+    s.add_argument("--write", action="store_true")
+    s.set_defaults(fn=cmd_plan)
+
+    s = sub.add_parser("aggregate", help="tables over seeds for an experiment")
+    s.add_argument("--config")
+    s.add_argument("--runs", nargs="+")
+    s.add_argument("--out")
+    s.add_argument("--experiment")
+    s.add_argument("--paper", help="paper link as JSON: {name, table, dataset_map}")
+    s.add_argument("--paper-results", default="config/paper_results.csv")
+    s.set_defaults(fn=cmd_aggregate)
+
+    s = sub.add_parser("plot", help="learning curves from an experiment's summary")
+    s.add_argument("--summary", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(fn=cmd_plot)
+
+    s = sub.add_parser("run", help="the whole pipeline in-process, without Snakemake")
+    s.add_argument("--config", required=True)
+    s.add_argument("--force", action="store_true")
+    s.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.fn(args)
+    except FedForgetError as e:
+        print(f"fedforget: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

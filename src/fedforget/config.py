@@ -1,0 +1,348 @@
+"""Typed configuration: the workflow config (experiments = datasets x partitions x methods x
+seeds) is validated once, against the JSON schema and then against the registries and the
+data sizes, and expanded into one ``RunConfig`` per training job."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .data import DATASETS, dataset_id, public_id
+from .models import check_model
+from .partition import PartitionSpec, check_feasible
+from .utils import FedForgetError, config_hash
+
+# ----------------------------------------------------------------------------- spec objects
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    rounds: int = 50
+    local_epochs: int = 1
+    batch_size: int = 32
+    sample_rate: float = 1.0
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    lr_decay: float = 1.0
+    eval_every: int = 1
+    eval_local_models: bool = True
+    eval_batch_size: int = 1024
+    device: str = "auto"
+    threads: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> TrainSpec:
+        d = dict(d or {})
+        opt = OptimizerSpec(**{**d.pop("optimizer", {})})
+        if isinstance(opt.betas, list):
+            opt = OptimizerSpec(**{**asdict(opt), "betas": tuple(opt.betas)})
+        return cls(optimizer=opt, **d)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    options: dict[str, Any]
+    model: str
+    model_options: dict[str, Any]
+    public: dict[str, Any] | None
+    label: str
+
+    @property
+    def id(self) -> str:
+        return dataset_id(self.name, self.options)
+
+    @property
+    def public_id(self) -> str | None:
+        return public_id(self.public, self.id) if self.public else None
+
+    @property
+    def pool_id(self) -> str:
+        """What the private training pool is: the dataset, less a held-out public slice."""
+        if self.public and self.public["source"] == "holdout":
+            return self.public_id  # type: ignore[return-value]
+        return self.id
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    params: dict[str, Any]
+    label: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training job needs; its hash names the job's provenance."""
+
+    experiment: str
+    dataset: DatasetSpec
+    partition: PartitionSpec
+    method: MethodSpec
+    seed: int
+    train: TrainSpec
+    data_dir: str = "data"
+    results_dir: str = "results"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["partition"] = self.partition.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        d = copy.deepcopy(d)
+        part = {f.name: d["partition"][f.name] for f in fields(PartitionSpec) if f.name in d["partition"]}
+        return cls(
+            experiment=d["experiment"],
+            dataset=DatasetSpec(**d["dataset"]),
+            partition=PartitionSpec(**part),
+            method=MethodSpec(**d["method"]),
+            seed=int(d["seed"]),
+            train=TrainSpec.from_dict(d["train"]),
+            data_dir=d.get("data_dir", "data"),
+            results_dir=d.get("results_dir", "results"),
+        )
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.to_dict())
+
+    # paths (relative to the working directory)
+    @property
+    def partition_dir(self) -> Path:
+        return partition_dir(self.results_dir, self.dataset, self.partition)
+
+    @property
+    def run_dir(self) -> Path:
+        return (
+            Path(self.results_dir) / self.experiment / self.dataset.label / self.partition.slug
+            / self.method.label / f"seed{self.seed}"
+        )  # fmt: skip
+
+
+def partition_dir(results_dir: str, ds: DatasetSpec, part: PartitionSpec) -> Path:
+    return Path(results_dir) / "partitions" / ds.pool_id / part.slug
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    datasets: list[DatasetSpec]
+    partitions: list[PartitionSpec]
+    methods: list[MethodSpec]
+    seeds: list[int]
+    train: TrainSpec
+    paper: dict[str, Any] | None
+
+    def runs(self, data_dir: str, results_dir: str) -> list[RunConfig]:
+        return [
+            RunConfig(self.name, ds, part, m, seed, self.train, data_dir, results_dir)
+            for ds in self.datasets for part in self.partitions for m in self.methods for seed in self.seeds
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WorkflowConfig:
+    experiments: list[Experiment]
+    data_dir: str = "data"
+    results_dir: str = "results"
+
+    def runs(self) -> list[RunConfig]:
+        return [r for e in self.experiments for r in e.runs(self.data_dir, self.results_dir)]
+
+    def experiment(self, name: str) -> Experiment:
+        for e in self.experiments:
+            if e.name == name:
+                return e
+        raise FedForgetError(f"unknown experiment '{name}'; allowed: {[e.name for e in self.experiments]}")
+
+    def datasets_to_prepare(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """dataset id -> (name, options) for every private and public dataset used."""
+        out: dict[str, tuple[str, dict[str, Any]]] = {}
+        for e in self.experiments:
+            for ds in e.datasets:
+                out[ds.id] = (ds.name, ds.options)
+                if ds.public and ds.public["source"] == "dataset":
+                    out[ds.public_id] = (ds.public["dataset"], ds.public.get("options", {}))  # type: ignore[index]
+        return out
+
+    def holdouts_to_prepare(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """public id -> (private dataset id, public spec) for held-out public slices."""
+        return {
+            ds.public_id: (ds.id, ds.public)  # type: ignore[misc]
+            for e in self.experiments for ds in e.datasets
+            if ds.public and ds.public["source"] == "holdout"
+        }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+@cache
+def schema() -> dict[str, Any]:
+    text = resources.files("fedforget").joinpath("schemas/config.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _path(error_path) -> str:
+    out = ""
+    for p in error_path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<top level>"
+
+
+def validate_schema(raw: dict[str, Any]) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors:
+            msg = e.message
+            if e.validator in ("oneOf", "anyOf") and e.context:
+                best = min(e.context, key=lambda c: len(list(c.absolute_path)))
+                msg = f"{msg.split(' is not valid')[0]} matches no allowed form ({best.message})"
+            lines.append(f"{_path(e.absolute_path)}: {msg}")
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def _model(raw: Any) -> tuple[str, dict[str, Any]]:
+    return (raw, {}) if isinstance(raw, str) else (raw["name"], dict(raw.get("options", {})))
+
+
+def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
+    """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
+    problem is reported in one error naming the key, the bad value and what is allowed."""
+    from .methods import METHODS, check_params
+
+    validate_schema(raw)
+    problems: list[str] = []
+
+    def check(fn, *args):
+        try:
+            return fn(*args)
+        except FedForgetError as e:
+            problems.append(str(e))
+            return None
+
+    experiments = []
+    names: set[str] = set()
+    for i, ex in enumerate(raw["experiments"]):
+        key = f"experiments[{i}]"
+        if ex["name"] in names:
+            problems.append(f"{key}.name: duplicate experiment name '{ex['name']}'")
+        names.add(ex["name"])
+        train = TrainSpec.from_dict(ex.get("train"))
+        datasets: list[DatasetSpec] = []
+        for j, d in enumerate(ex["datasets"]):
+            dkey = f"{key}.datasets[{j}]"
+            info = check(DATASETS.get, d["name"], f"{dkey}.name")
+            if info is None:
+                continue
+            opts = check(info.resolve, d.get("options"))
+            if opts is None:
+                continue
+            mname, mopts = _model(d["model"])
+            shape = info.input_shape(opts)
+            if check(check_model, mname, shape, mopts, f"{dkey}.model") is None:
+                continue
+            public = dict(d["public"]) if d.get("public") else None
+            if public and public["source"] == "holdout":
+                public.setdefault("seed", 0)
+            if public and public["source"] == "dataset":
+                pinfo = check(DATASETS.get, public["dataset"], f"{dkey}.public.dataset")
+                popts = check(pinfo.resolve, public.get("options")) if pinfo else None
+                if popts is not None:
+                    public["options"] = popts
+                    if tuple(pinfo.input_shape(popts)) != tuple(shape):
+                        problems.append(
+                            f"{dkey}.public.dataset: '{public['dataset']}' has input shape {list(pinfo.input_shape(popts))}, "
+                            f"but '{d['name']}' has {list(shape)}; a public set must match the private data's shape"
+                        )
+            ds = DatasetSpec(d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts))
+            if ds.label in {x.label for x in datasets}:
+                problems.append(f"{dkey}.label: duplicate dataset label '{ds.label}' (set a distinct label)")
+            datasets.append(ds)
+        partitions: list[PartitionSpec] = []
+        for j, p in enumerate(ex["partitions"]):
+            spec = PartitionSpec(**p)
+            pkey = f"{key}.partitions[{j}]"
+            if spec.slug in {x.slug for x in partitions}:
+                problems.append(f"{pkey}: duplicate partition '{spec.slug}'")
+            partitions.append(spec)
+            for ds in datasets:
+                n_train = DATASETS.get(ds.name).sizes(ds.options)[0]
+                if ds.public and ds.public["source"] == "holdout":
+                    n_train -= int(round(ds.public["fraction"] * n_train))
+                try:
+                    check_feasible(spec, n_train, pkey)
+                except FedForgetError as e:
+                    problems.append(f"{e} (dataset '{ds.label}')")
+        methods: list[MethodSpec] = []
+        for j, m in enumerate(ex["methods"]):
+            mkey = f"{key}.methods[{j}]"
+            if check(METHODS.get, m["name"], f"{mkey}.name") is None:
+                continue
+            params = check(check_params, m["name"], m.get("params") or {}, f"{mkey}.params")
+            if params is None:
+                continue
+            label = m.get("label") or m["name"]
+            if label in {x.label for x in methods}:
+                problems.append(f"{mkey}.label: duplicate method label '{label}' (give each variant its own label)")
+            methods.append(MethodSpec(m["name"], params, label))
+            cls = METHODS.get(m["name"])
+            for ds in datasets:
+                if cls.needs_public and not ds.public:
+                    problems.append(f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)")
+        if len(set(ex["seeds"])) != len(ex["seeds"]):
+            problems.append(f"{key}.seeds: duplicate seeds {ex['seeds']}")
+        experiments.append(
+            Experiment(ex["name"], ex.get("description", ""), datasets, partitions, methods, list(ex["seeds"]), train, ex.get("paper"))
+        )
+    if problems:
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
+    return WorkflowConfig(experiments, raw.get("data_dir", "data"), raw.get("results_dir", "results"))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise FedForgetError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise FedForgetError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise FedForgetError(f"config file {path}: expected a mapping at the top level")
+    return data
+
+
+def load_config(path: str | Path) -> WorkflowConfig:
+    return parse_config(load_yaml(path))
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """A single job's config (as written by ``fedforget plan`` or found in run.json)."""
+    d = load_yaml(path)
+    d = d.get("config", d)  # accept a run.json too
+    try:
+        return RunConfig.from_dict(d)
+    except (KeyError, TypeError) as e:
+        raise FedForgetError(f"run config {path}: missing or unexpected key {e}") from None

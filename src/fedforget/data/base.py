@@ -1,0 +1,247 @@
+"""Dataset registry, prepared-format writer/reader with checksums, and public sets."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..registry import Registry
+from ..utils import FedForgetError, atomic_save_npy, atomic_write_json, sha256_file
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+@dataclass(frozen=True)
+class Arrays:
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    class_names: list[str]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset source: how to build it and what it looks like before it is built, so a
+    config can be validated (shapes, sizes) before any job starts."""
+
+    name: str
+    description: str
+    build: Callable[..., Arrays]
+    defaults: Mapping[str, Any]
+    input_shape: Callable[[Mapping[str, Any]], tuple[int, ...]]
+    num_classes: int
+    sizes: Callable[[Mapping[str, Any]], tuple[int, int]]  # (n_train, n_test)
+    check_options: Callable[[Mapping[str, Any]], None] = lambda o: None
+    embedded: bool = True  # ships with a Python package: no network needed
+
+    def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            allowed = ", ".join(sorted(self.defaults)) or "none"
+            raise FedForgetError(
+                f"dataset '{self.name}': unknown option(s) {unknown}; allowed: {allowed}"
+            )
+        merged = {**self.defaults, **options}
+        self.check_options(merged)
+        return merged
+
+
+DATASETS: Registry[DatasetInfo] = Registry("dataset")
+
+
+def dataset_id(name: str, options: Mapping[str, Any] | None = None) -> str:
+    """Directory name of a prepared dataset: the name, plus every non-default option."""
+    info = DATASETS.get(name)
+    opts = info.resolve(options)
+    extra = [f"{k}{_fmt(v)}" for k, v in sorted(opts.items()) if info.defaults.get(k) != v]
+    return "-".join([name, *extra])
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(int(v))
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "x".join(_fmt(i) for i in v)
+    return str(v)
+
+
+def _file_record(path: Path, arr: np.ndarray) -> dict[str, Any]:
+    return {"sha256": sha256_file(path), "shape": list(arr.shape), "dtype": str(arr.dtype)}
+
+
+def prepare_dataset(name: str, options: Mapping[str, Any] | None, root: str | Path) -> Path:
+    """Build a dataset from its source and write it in the prepared format. Deterministic:
+    the same name and options give the same bytes."""
+    info = DATASETS.get(name)
+    opts = info.resolve(options)
+    did = dataset_id(name, opts)
+    out = Path(root) / did
+    arrays = info.build(**opts)
+    files = {}
+    for key in ARRAYS:
+        arr = getattr(arrays, key)
+        arr = arr.astype(np.float32) if key.startswith("x") else arr.astype(np.int64)
+        path = out / f"{key}.npy"
+        atomic_save_npy(path, arr)
+        files[path.name] = _file_record(path, arr)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "id": did,
+        "name": name,
+        "options": opts,
+        "description": info.description,
+        "input_shape": list(arrays.x_train.shape[1:]),
+        "num_classes": info.num_classes,
+        "class_names": list(arrays.class_names),
+        "n_train": int(len(arrays.y_train)),
+        "n_test": int(len(arrays.y_test)),
+        "files": files,
+    }
+    atomic_write_json(out / "meta.json", meta)  # written last: its presence marks completion
+    log.info("prepared %s -> %s (%d train, %d test)", did, out, meta["n_train"], meta["n_test"])
+    return out
+
+
+def read_meta(directory: Path, what: str, hint: str) -> dict[str, Any]:
+    path = directory / "meta.json"
+    if not path.exists():
+        raise FedForgetError(f"{what} not prepared: {path} is missing; {hint}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise FedForgetError(f"corrupt metadata file {path}: {e}") from None
+
+
+def load_verified(path: Path, record: Mapping[str, Any], verify: bool = True) -> np.ndarray:
+    if not path.exists():
+        raise FedForgetError(f"missing data file {path}")
+    if verify:
+        actual = sha256_file(path)
+        if actual != record["sha256"]:
+            raise FedForgetError(
+                f"corrupt data file {path}: sha256 expected {record['sha256']}, got {actual}"
+            )
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise FedForgetError(f"corrupt data file {path}: {e}") from None
+    if list(arr.shape) != list(record["shape"]):
+        raise FedForgetError(f"data file {path}: shape {list(arr.shape)} != {record['shape']}")
+    return arr
+
+
+@dataclass
+class TensorData:
+    """A prepared dataset loaded into memory (numpy; the engine moves it to the device)."""
+
+    id: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    class_names: list[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def load_dataset(did: str, root: str | Path, verify: bool = True) -> TensorData:
+    directory = Path(root) / did
+    meta = read_meta(directory, f"dataset '{did}'", f"run `fedforget prepare --dataset {did.split('-')[0]}`")
+    arrays = {k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify) for k in ARRAYS}
+    return TensorData(
+        id=did,
+        num_classes=int(meta["num_classes"]),
+        class_names=list(meta["class_names"]),
+        meta=meta,
+        **arrays,
+    )
+
+
+# ----------------------------------------------------------------------------- public sets
+
+
+def public_id(spec: Mapping[str, Any], private_id: str) -> str:
+    """Id of a public set: ``<dataset>-holdout<fraction>-s<seed>`` for a held-out slice of the
+    private training split, or the other dataset's id."""
+    if spec["source"] == "holdout":
+        return f"{private_id}-holdout{_fmt(float(spec['fraction']))}-s{int(spec['seed'])}"
+    return dataset_id(spec["dataset"], spec.get("options"))
+
+
+def holdout_indices(n: int, fraction: float, seed: int) -> np.ndarray:
+    """Rows of the training split held out as the public set (sorted; seeded)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x9B1C]))
+    k = int(round(fraction * n))
+    return np.sort(rng.permutation(n)[:k]).astype(np.int64)
+
+
+def prepare_public(spec: Mapping[str, Any], private_id: str, root: str | Path) -> Path:
+    """Write a held-out public slice into ``data/public/<id>``. A public set that is another
+    dataset needs no extra copy: prepare that dataset instead."""
+    if spec["source"] != "holdout":
+        raise FedForgetError(
+            f"public source '{spec['source']}' is a dataset: run `fedforget prepare --dataset {spec['dataset']}`"
+        )
+    data = load_dataset(private_id, root)
+    idx = holdout_indices(len(data.y_train), float(spec["fraction"]), int(spec["seed"]))
+    pid = public_id(spec, private_id)
+    out = Path(root) / "public" / pid
+    files = {}
+    for key, arr in (("x", data.x_train[idx]), ("y", data.y_train[idx]), ("indices", idx)):
+        atomic_save_npy(out / f"{key}.npy", arr)
+        files[f"{key}.npy"] = _file_record(out / f"{key}.npy", arr)
+    atomic_write_json(
+        out / "meta.json",
+        {
+            "format_version": FORMAT_VERSION,
+            "id": pid,
+            "source": "holdout",
+            "private_dataset": private_id,
+            "fraction": float(spec["fraction"]),
+            "seed": int(spec["seed"]),
+            "n": int(len(idx)),
+            "files": files,
+        },
+    )
+    return out
+
+
+@dataclass
+class PublicSet:
+    """Public/proxy data for methods that use one (FedDF, FedET, FedProj). ``y`` is None
+    unless the method is allowed to see public labels."""
+
+    id: str
+    x: np.ndarray
+    y: np.ndarray | None
+    excluded_train_rows: np.ndarray  # rows of the private train split that are not private
+
+
+def load_public(spec: Mapping[str, Any] | None, private_id: str, root: str | Path, with_labels: bool, verify: bool = True) -> PublicSet | None:
+    if not spec:
+        return None
+    pid = public_id(spec, private_id)
+    if spec["source"] == "holdout":
+        directory = Path(root) / "public" / pid
+        meta = read_meta(directory, f"public set '{pid}'", "run `fedforget prepare` with the experiment config")
+        arr = {k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify) for k in ("x", "y", "indices")}
+        return PublicSet(pid, arr["x"], arr["y"] if with_labels else None, arr["indices"])
+    other = load_dataset(pid, root, verify)
+    return PublicSet(pid, other.x_train, other.y_train if with_labels else None, np.zeros(0, dtype=np.int64))

@@ -1,0 +1,259 @@
+"""The federated simulation engine: FedAvg's round loop with the method hooks of
+``fedforget.methods.base``.
+
+Design notes
+- Data live as tensors on the training device, sorted by client once; a client's minibatch
+  is one gather from its contiguous slice. No DataLoader, no per-sample Python.
+- One model object is reused for every client (weights loaded from the global state), so
+  memory does not grow with the number of clients.
+- Randomness is keyed, not sequential: the client schedule by (seed, round), each client's
+  shuffling by (seed, round, client), model init by seed. Every method therefore sees the
+  same clients in the same rounds, and results do not depend on the order clients run in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import OptimizerSpec, RunConfig
+from .data import load_dataset, load_public
+from .methods import METHODS, ClientContext, RunInfo, ServerContext, Upload, make_params
+from .metrics import evaluate
+from .models import build_model
+from .partition import client_indices, load_partition, make_partition
+from .utils import FedForgetError, seed_sequence, torch_seed
+
+log = logging.getLogger(__name__)
+
+# stream tags for keyed randomness
+SAMPLE_STREAM, SHUFFLE_STREAM, INIT_STREAM = 0x51, 0x52, 0x53
+
+# metrics.csv columns written for every method; "test" is always the full global test set
+BASE_COLUMNS = [
+    "round",  # 0 = the initial global model, before any training
+    "lr",  # local learning rate used in this round
+    "n_sampled_clients",
+    "sampled_clients_local_train_loss_mean",  # mean over sampled clients of their mean minibatch loss
+    "global_model_test_acc",  # aggregated model, full test set
+    "global_model_test_loss",
+    "local_models_global_test_acc_mean",  # each sampled client's model after local training, full test set
+    "local_models_global_test_acc_min",
+    "train_time_s",  # local training + aggregation of this round
+    "eval_time_s",
+    "elapsed_s",
+]
+
+
+def sample_clients(seed: int, rnd: int, clients: int, rate: float) -> list[int]:
+    """Clients sampled in round ``rnd`` (1-based): max(1, round(rate*K)) without
+    replacement, from a generator keyed by (seed, round) only."""
+    m = max(1, int(round(rate * clients)))
+    if m >= clients:
+        return list(range(clients))
+    rng = np.random.default_rng(seed_sequence(seed, rnd, SAMPLE_STREAM))
+    return sorted(int(c) for c in rng.choice(clients, size=m, replace=False))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FedForgetError(f"train.device='{name}' but no CUDA device is available")
+    return dev
+
+
+def make_optimizer(params, spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
+    if spec.name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    if spec.name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
+    raise FedForgetError(f"train.optimizer.name='{spec.name}'; allowed: sgd, adam")
+
+
+@dataclass
+class ClientData:
+    """Training data sorted by client: client k owns rows offsets[k]:offsets[k+1]."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    offsets: list[int]
+
+    def size(self, k: int) -> int:
+        return self.offsets[k + 1] - self.offsets[k]
+
+    def slice(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.offsets[k], self.offsets[k + 1]
+        return self.x[a:b], self.y[a:b]
+
+
+class Diverged(Exception):
+    pass
+
+
+class Simulation:
+    """One federated training run (one experiment x dataset x partition x method x seed)."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device | None = None, verify: bool = True) -> None:
+        self.cfg = cfg
+        t = cfg.train
+        self.device = device or resolve_device(t.device)
+        if t.threads > 0:
+            torch.set_num_threads(t.threads)
+        method_cls = METHODS.get(cfg.method.name, "method.name")
+        params = make_params(cfg.method.name, cfg.method.params, "method.params")
+
+        data = load_dataset(cfg.dataset.id, cfg.data_dir, verify)
+        public = load_public(cfg.dataset.public, cfg.dataset.id, cfg.data_dir, method_cls.public_labels, verify)
+        if cfg.partition_dir.joinpath("meta.json").exists():
+            assignment, _ = load_partition(cfg.partition_dir)
+        else:  # usable without the workflow: the same deterministic partition, in memory
+            excluded = public.excluded_train_rows if public is not None else None
+            assignment = make_partition(data.y_train, cfg.partition, excluded)
+        if len(assignment) != len(data.y_train):
+            raise FedForgetError(f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}")
+
+        self.num_classes = data.num_classes
+        idx = client_indices(assignment, cfg.partition.clients)
+        order = np.concatenate(idx)
+        dev = self.device
+        self.clients = ClientData(
+            torch.as_tensor(data.x_train[order], device=dev),
+            torch.as_tensor(data.y_train[order], device=dev),
+            [0, *np.cumsum([len(i) for i in idx]).tolist()],
+        )
+        self.x_test = torch.as_tensor(data.x_test, device=dev)
+        self.y_test = torch.as_tensor(data.y_test, device=dev)
+        if public is not None:
+            public.x = torch.as_tensor(public.x, device=dev)
+            if public.y is not None:
+                public.y = torch.as_tensor(public.y, device=dev)
+
+        torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
+        self.model = build_model(cfg.dataset.model, data.input_shape, data.num_classes, cfg.dataset.model_options).to(dev)
+        server_model = build_model(cfg.dataset.model, data.input_shape, data.num_classes, cfg.dataset.model_options).to(dev)
+        self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        server_model.load_state_dict(self.global_params)
+        info = RunInfo(dev, data.num_classes, cfg.seed, t.local_epochs, t.batch_size)
+        self.method = method_cls(params, info)
+        self.server = ServerContext(0, self.global_params, server_model, dev, public)
+        self.client_state: dict[int, dict[str, Any]] = {}
+        self.method.server_init(self.server)
+
+    # ------------------------------------------------------------------ one client
+    def train_client(self, cid: int, rnd: int, lr: float) -> tuple[Upload, float, dict[str, float]]:
+        t = self.cfg.train
+        model = self.model
+        model.load_state_dict(self.global_params)
+        model.train()
+        opt = make_optimizer(model.parameters(), t.optimizer, lr)
+        ctx = ClientContext(
+            cid=cid, round=rnd, model=model, optimizer=opt, global_params=self.global_params,
+            broadcast=self.server.broadcast, state=self.client_state.setdefault(cid, {}),
+            n_samples=self.clients.size(cid), lr=lr, local_epochs=t.local_epochs, batch_size=t.batch_size,
+        )  # fmt: skip
+        method = self.method
+        method.client_begin(ctx)
+        x, y = self.clients.slice(cid)
+        n, bs = len(y), t.batch_size
+        gen = torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, cid, SHUFFLE_STREAM))
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(t.local_epochs):
+            perm = torch.randperm(n, generator=gen).to(self.device)
+            for s in range(0, n, bs):
+                b = perm[s : s + bs]
+                opt.zero_grad(set_to_none=True)
+                loss = method.backward(ctx, x[b], y[b])
+                method.transform_grad(ctx)
+                opt.step()
+                loss_sum += loss.detach()
+                ctx.steps += 1
+        mean_loss = loss_sum.item() / max(ctx.steps, 1)
+        if not math.isfinite(mean_loss):
+            raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
+        return method.client_end(ctx), mean_loss, ctx.stats
+
+    # ------------------------------------------------------------------ all rounds
+    def run(self, on_row: Callable[[dict[str, Any]], None] | None = None, progress: bool | None = None) -> tuple[str, list[dict[str, Any]], str]:
+        """Run every round; return (status, metrics rows, message). status is "completed"
+        or "diverged" (non-finite loss or weights; the rows so far are kept)."""
+        t, cfg = self.cfg.train, self.cfg
+        rows: list[dict[str, Any]] = []
+        start = time.perf_counter()
+
+        def emit(row: dict[str, Any]) -> None:
+            rows.append(row)
+            if on_row:
+                on_row(row)
+
+        acc, loss = evaluate(self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size)
+        emit({"round": 0, "global_model_test_acc": acc, "global_model_test_loss": loss, "elapsed_s": time.perf_counter() - start})
+        from tqdm.auto import tqdm
+
+        show = sys.stderr.isatty() if progress is None else progress
+        for rnd in tqdm(range(1, t.rounds + 1), desc=f"{cfg.method.label} seed{cfg.seed}", disable=not show):
+            try:
+                row = self.run_round(rnd, start)
+            except Diverged as e:
+                log.warning("run diverged: %s", e)
+                return "diverged", rows, str(e)
+            emit(row)
+        return "completed", rows, ""
+
+    def run_round(self, rnd: int, start: float) -> dict[str, Any]:
+        t, cfg = self.cfg.train, self.cfg
+        t0 = time.perf_counter()
+        lr = t.optimizer.lr * t.lr_decay ** (rnd - 1)
+        sampled = sample_clients(cfg.seed, rnd, cfg.partition.clients, t.sample_rate)
+        self.server.round = rnd
+        self.server.broadcast = self.method.broadcast(self.server)
+        uploads, losses, local_accs, stats = [], [], [], []
+        eval_time = 0.0
+        for cid in sampled:
+            up, loss, st = self.train_client(cid, rnd, lr)
+            uploads.append(up)
+            losses.append(loss)
+            stats.append(st)
+            if t.eval_local_models:
+                te = time.perf_counter()
+                local_accs.append(evaluate(self.model, self.x_test, self.y_test, t.eval_batch_size)[0])
+                eval_time += time.perf_counter() - te
+        new = self.method.aggregate(self.server, uploads)
+        if not all(torch.isfinite(v).all() for v in new.values() if torch.is_floating_point(v)):
+            raise Diverged(f"aggregated weights are not finite in round {rnd}")
+        self.global_params = new
+        self.server.global_params = new
+        self.method.after_aggregate(self.server, uploads)
+        self.global_params = self.server.global_params
+        train_time = time.perf_counter() - t0 - eval_time
+
+        row: dict[str, Any] = {
+            "round": rnd, "lr": lr, "n_sampled_clients": len(sampled),
+            "sampled_clients_local_train_loss_mean": float(np.mean(losses)),
+        }  # fmt: skip
+        te = time.perf_counter()
+        if rnd % t.eval_every == 0 or rnd == t.rounds:
+            acc, loss = evaluate(self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size)
+            row.update(global_model_test_acc=acc, global_model_test_loss=loss)
+        if local_accs:
+            row.update(local_models_global_test_acc_mean=float(np.mean(local_accs)), local_models_global_test_acc_min=float(np.min(local_accs)))
+        keys = sorted({k for s in stats for k in s})
+        for k in keys:  # client-side diagnostics, averaged over the clients reporting them
+            row[f"{cfg.method.name}_{k}"] = float(np.mean([s[k] for s in stats if k in s]))
+        for k, v in self.method.round_metrics(self.server, uploads).items():
+            row[f"{cfg.method.name}_{k}"] = v
+        row.update(train_time_s=train_time, eval_time_s=eval_time + time.perf_counter() - te, elapsed_s=time.perf_counter() - start)
+        return row
+
+    def model_with(self, params: dict[str, torch.Tensor]) -> torch.nn.Module:
+        self.server.model.load_state_dict(params)
+        return self.server.model

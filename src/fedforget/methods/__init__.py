@@ -1,0 +1,34 @@
+"""Federated methods. Each is one module on the hook API of ``base.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..utils import FedForgetError
+from . import fedavg  # noqa: F401  (registers)
+from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
+from .registry import METHODS
+
+__all__ = ["METHODS", "ClientContext", "FedAvg", "RunInfo", "ServerContext", "Upload", "check_params", "make_params", "weighted_average"]
+
+
+def make_params(name: str, params: dict[str, Any], key: str = "params") -> Any:
+    cls = METHODS.get(name)
+    allowed = {f.name for f in dataclasses.fields(cls.Params)}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise FedForgetError(
+            f"{key}: unknown hyperparameter(s) {unknown} for method '{name}'; allowed: {sorted(allowed) or 'none'}"
+        )
+    try:
+        p = cls.Params(**params)
+        p.check()
+    except (TypeError, ValueError) as e:
+        raise FedForgetError(f"{key} (method '{name}'): {e}") from None
+    return p
+
+
+def check_params(name: str, params: dict[str, Any], key: str = "params") -> dict[str, Any]:
+    """Validate a method's hyperparameters; return them with defaults filled in."""
+    return dataclasses.asdict(make_params(name, params, key))

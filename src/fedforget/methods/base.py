@@ -1,0 +1,179 @@
+"""The method hook API, in one place.
+
+A federated round, as the engine (``fedforget.engine``) runs it::
+
+    server.broadcast = method.broadcast(server)            # extra payload for clients
+    for each sampled client k (same schedule for every method):
+        model <- global weights; optimizer rebuilt at this round's lr
+        method.client_begin(ctx)                             # start of local training
+        for each epoch, for each minibatch (x, y):
+            loss = method.backward(ctx, x, y)                # forward + loss + backward
+                 # default: CE(logits, y) + method.extra_loss(ctx, x, y, features, logits)
+            method.transform_grad(ctx)                       # per-step gradient transform
+            optimizer.step()
+        upload_k = method.client_end(ctx)                    # end of local training
+    server.global_params = method.aggregate(server, uploads) # default: FedAvg, weighted by n_k
+    method.after_aggregate(server, uploads)                  # e.g. distillation, FedDyn h
+    metrics row += method.round_metrics(server)              # method diagnostics
+
+State: ``ctx.state`` is the client's own persistent dict (kept across the rounds in which
+it is sampled; e.g. SCAFFOLD's c_i); ``server.state`` is the server's (e.g. SCAFFOLD's c,
+FedDyn's h). ``ctx.global_params`` is what the server broadcast this round (read-only).
+
+A method is one small file: subclass ``FedAvg``, set ``name``, declare hyperparameters in a
+``Params`` dataclass (with ``check()`` for ranges) and override only the hooks where it
+differs from FedAvg. Register it with ``@METHODS.register("name")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..data import PublicSet
+    from ..models import Classifier
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class ClientContext:
+    """What a method sees of one client during its local training in one round."""
+
+    cid: int
+    round: int
+    model: Classifier
+    optimizer: torch.optim.Optimizer
+    global_params: Params
+    broadcast: dict[str, Any]
+    state: dict[str, Any]
+    n_samples: int
+    lr: float
+    local_epochs: int
+    batch_size: int
+    steps: int = 0
+    stats: dict[str, float] = field(default_factory=dict)  # diagnostics, averaged per round
+
+
+@dataclass
+class Upload:
+    """What a client sends back: its local weights, sample count, step count and extras."""
+
+    cid: int
+    n_samples: int
+    params: Params
+    steps: int
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServerContext:
+    round: int
+    global_params: Params
+    model: Classifier  # a server-side model, for steps that need one (distillation)
+    device: torch.device
+    public: PublicSet | None
+    state: dict[str, Any] = field(default_factory=dict)
+    broadcast: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Facts about the run a method may need at construction."""
+
+    device: torch.device
+    num_classes: int
+    seed: int
+    local_epochs: int
+    batch_size: int
+
+
+@dataclass
+class NoParams:
+    def check(self) -> None:
+        """Raise ValueError naming the field, the value and what is allowed."""
+
+
+def weighted_average(states: Sequence[Params], weights: Sequence[float]) -> Params:
+    """sum_k w_k * theta_k with w normalised to sum 1; integer buffers (e.g. BatchNorm's
+    num_batches_tracked) take the first client's value."""
+    w = torch.tensor(weights, dtype=torch.float64)
+    w = (w / w.sum()).tolist()
+    out: Params = {}
+    for name, first in states[0].items():
+        if not torch.is_floating_point(first):
+            out[name] = first.clone()
+            continue
+        acc = first * w[0]
+        for s, wk in zip(states[1:], w[1:]):
+            acc.add_(s[name], alpha=wk)
+        out[name] = acc
+    return out
+
+
+class FedAvg:
+    """FedAvg (McMahan et al., 2017): local SGD from the global weights, server average
+    weighted by client sample counts. Every other method overrides a few of these hooks."""
+
+    name = "fedavg"
+    Params: type = NoParams
+    needs_public: bool = False  # the experiment must declare a public set
+    public_labels: bool = False  # the method may read the public set's labels
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        self.p = params
+        self.info = info
+
+    # ---------------------------------------------------------------- server side
+    def server_init(self, server: ServerContext) -> None:
+        """Create per-run server state (server.state) before round 1."""
+
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        """Extra payload sent to every sampled client this round (beside the weights)."""
+        return {}
+
+    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> Params:
+        """New global weights from the clients' uploads. FedAvg: weighted by n_k."""
+        return weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+
+    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """Post-aggregation step on server.global_params (distillation, FedDyn h, ...)."""
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        """Method diagnostics added to this round's metrics row (prefixed by the method)."""
+        return {}
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        """Start of local training (ctx.model holds the global weights)."""
+
+    def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, y)
+
+    def extra_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
+        """Extra local loss terms (FedProx's proximal term, MOON's contrastive term, ...)."""
+        return None
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Fill .grad for one minibatch and return the loss. Methods that need more than one
+        gradient per step (SAM-style perturbation) override this."""
+        features, logits = ctx.model.forward_with_features(x)
+        loss = self.task_loss(logits, y)
+        extra = self.extra_loss(ctx, x, y, features, logits)
+        if extra is not None:
+            loss = loss + extra
+        loss.backward()
+        return loss
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        """Per-step gradient transform, in place on p.grad (projection, control variates)."""
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        """End of local training: what the client uploads."""
+        params = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+        return Upload(ctx.cid, ctx.n_samples, params, ctx.steps)

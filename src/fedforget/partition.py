@@ -1,0 +1,225 @@
+"""Client partitioners: iid, dirichlet (label skew, bounded redraws) and shards.
+
+A partition assigns every row of the private training pool to exactly one client. It is
+stored as ``assignment.npy`` (int64, one entry per row of the dataset's training split: the
+client id, or -1 for rows that are not private, e.g. a held-out public slice), with
+``meta.json`` (spec, sizes, sha256) and ``class_counts.csv`` (tidy: client, class, count).
+Partition seeds are separate from training seeds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .registry import Registry
+from .utils import FedForgetError, atomic_save_npy, atomic_write_json, atomic_write_text, sha256_file
+
+# numpy SeedSequence stream tag, so partition randomness never collides with other streams
+_STREAM = 0x5A17
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    scheme: str = "iid"
+    clients: int = 10
+    alpha: float | None = None  # dirichlet concentration
+    min_size: int = 10  # dirichlet: every client holds at least this many samples
+    max_redraws: int = 1000  # dirichlet: bounded redraws, then a clear error
+    shards_per_client: int | None = None  # shards
+    seed: int = 0
+
+    @property
+    def setting(self) -> str:
+        """Short label as the papers write it: iid, dirichlet-0.1, shards-2."""
+        if self.scheme == "dirichlet":
+            return f"dirichlet-{self.alpha:g}"
+        if self.scheme == "shards":
+            return f"shards-{self.shards_per_client}"
+        return self.scheme
+
+    @property
+    def slug(self) -> str:
+        """Directory name keyed by every setting that changes the result."""
+        parts = [self.setting, f"k{self.clients}"]
+        if self.scheme == "dirichlet":
+            parts.append(f"min{self.min_size}")
+        parts.append(f"ps{self.seed}")
+        return "_".join(parts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.scheme != "dirichlet":
+            d.pop("alpha"), d.pop("min_size"), d.pop("max_redraws")
+        if self.scheme != "shards":
+            d.pop("shards_per_client")
+        return d
+
+
+PARTITIONERS: Registry[Callable[[np.ndarray, PartitionSpec, np.random.Generator], list[np.ndarray]]] = Registry("partition scheme")
+
+
+def check_feasible(spec: PartitionSpec, n: int, key: str = "partition") -> None:
+    """Errors that can be known from sizes alone, before any draw."""
+    if spec.clients < 1:
+        raise FedForgetError(f"{key}.clients={spec.clients}; allowed: >= 1")
+    if spec.clients > n:
+        raise FedForgetError(f"{key}.clients={spec.clients} is more than the {n} training samples available")
+    if spec.scheme == "dirichlet":
+        if spec.alpha is None or not spec.alpha > 0:
+            raise FedForgetError(f"{key}.alpha={spec.alpha}; allowed: a number > 0")
+        if spec.min_size * spec.clients > n:
+            raise FedForgetError(
+                f"{key}: min_size={spec.min_size} x clients={spec.clients} = {spec.min_size * spec.clients} "
+                f"exceeds the {n} training samples available"
+            )
+    if spec.scheme == "shards":
+        s = spec.shards_per_client
+        if s is None or s < 1:
+            raise FedForgetError(f"{key}.shards_per_client={s}; allowed: an integer >= 1")
+        if s * spec.clients > n:
+            raise FedForgetError(
+                f"{key}: shards_per_client={s} x clients={spec.clients} = {s * spec.clients} shards "
+                f"exceeds the {n} training samples available"
+            )
+
+
+@PARTITIONERS.register("iid")
+def iid(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    return list(np.array_split(rng.permutation(len(y)), spec.clients))
+
+
+@PARTITIONERS.register("dirichlet")
+def dirichlet(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    """Label skew (MOON/FedProj style): per class draw p ~ Dir(alpha) over clients, give no
+    more to clients that already hold N/K samples, and redraw the whole partition until every
+    client holds >= min_size, at most ``max_redraws`` times."""
+    n, k = len(y), spec.clients
+    classes = np.unique(y)
+    smallest = 0
+    for _ in range(spec.max_redraws):
+        buckets: list[list[np.ndarray]] = [[] for _ in range(k)]
+        sizes = np.zeros(k, dtype=np.int64)
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(y == c))
+            p = rng.dirichlet(np.full(k, spec.alpha))
+            p = np.where(sizes < n / k, p, 0.0)  # cap: clients at N/K get no more
+            p = p / p.sum() if p.sum() > 0 else np.full(k, 1.0 / k)
+            cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+            for j, part in enumerate(np.split(idx, cuts)):
+                buckets[j].append(part)
+                sizes[j] += len(part)
+        smallest = int(sizes.min())
+        if smallest >= spec.min_size:
+            return [np.concatenate(b) for b in buckets]
+    raise FedForgetError(
+        f"dirichlet partition infeasible: alpha={spec.alpha}, clients={k}, min_size={spec.min_size} "
+        f"on {n} samples: after {spec.max_redraws} redraws the smallest client still held {smallest} "
+        f"samples; raise alpha, lower min_size or clients, or raise max_redraws"
+    )
+
+
+@PARTITIONERS.register("shards")
+def shards(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    """FedSOL/McMahan shards: sort by label, cut into s*K shards (shards per class = s*K/C,
+    in proportion to class sizes when that is not an integer, so every shard holds one
+    class), give each client s shards at random. With fewer shards than classes the sorted
+    order is cut into s*K contiguous pieces instead."""
+    s, k = spec.shards_per_client, spec.clients
+    classes, sizes = np.unique(y, return_counts=True)
+    total = s * k
+    if total >= len(classes):
+        per_class = _allocate(total, sizes)
+        pieces = []
+        for c, m in zip(classes, per_class):
+            pieces.extend(np.array_split(rng.permutation(np.flatnonzero(y == c)), m))
+    else:
+        order = rng.permutation(len(y))
+        pieces = np.array_split(order[np.argsort(y[order], kind="stable")], total)
+    owner = rng.permutation(total)
+    return [np.concatenate([pieces[j] for j in owner[i * s : (i + 1) * s]]) for i in range(k)]
+
+
+def _allocate(total: int, sizes: np.ndarray) -> np.ndarray:
+    """Split ``total`` shards over classes in proportion to their sizes (largest remainder),
+    at least one shard per class and never more shards than samples."""
+    exact = total * sizes / sizes.sum()
+    alloc = np.clip(np.floor(exact).astype(np.int64), 1, sizes)
+    while alloc.sum() < total:
+        room = alloc < sizes
+        alloc[np.argmax(np.where(room, exact - alloc, -np.inf))] += 1
+    while alloc.sum() > total:
+        alloc[np.argmax(np.where(alloc > 1, alloc - exact, -np.inf))] -= 1
+    return alloc
+
+
+def make_partition(y_train: np.ndarray, spec: PartitionSpec, excluded: np.ndarray | None = None, key: str = "partition") -> np.ndarray:
+    """Assignment vector over the training split: client id per row, -1 for excluded rows."""
+    fn = PARTITIONERS.get(spec.scheme, f"{key}.scheme")
+    pool = np.setdiff1d(np.arange(len(y_train)), excluded if excluded is not None else [])
+    check_feasible(spec, len(pool), key)
+    rng = np.random.default_rng(np.random.SeedSequence([int(spec.seed), _STREAM]))
+    parts = fn(y_train[pool], spec, rng)
+    assignment = np.full(len(y_train), -1, dtype=np.int64)
+    for cid, rows in enumerate(parts):
+        assignment[pool[rows]] = cid
+    return assignment
+
+
+def client_indices(assignment: np.ndarray, clients: int) -> list[np.ndarray]:
+    order = np.argsort(assignment, kind="stable")
+    counts = np.bincount(assignment[assignment >= 0], minlength=clients)
+    start = int((assignment < 0).sum())
+    out, pos = [], start
+    for c in counts:
+        out.append(np.sort(order[pos : pos + c]))
+        pos += c
+    return out
+
+
+def class_counts(assignment: np.ndarray, y: np.ndarray, clients: int, num_classes: int) -> np.ndarray:
+    """[clients, classes] matrix of sample counts."""
+    mask = assignment >= 0
+    flat = assignment[mask] * num_classes + y[mask]
+    return np.bincount(flat, minlength=clients * num_classes).reshape(clients, num_classes)
+
+
+def save_partition(out: str | Path, assignment: np.ndarray, spec: PartitionSpec, dataset_id: str, y: np.ndarray, num_classes: int, public_id: str | None) -> Path:
+    out = Path(out)
+    atomic_save_npy(out / "assignment.npy", assignment)
+    counts = class_counts(assignment, y, spec.clients, num_classes)
+    rows = ["client,class,count"] + [f"{i},{c},{counts[i, c]}" for i in range(spec.clients) for c in range(num_classes)]
+    atomic_write_text(out / "class_counts.csv", "\n".join(rows) + "\n")
+    sizes = counts.sum(1)
+    atomic_write_json(
+        out / "meta.json",
+        {
+            "dataset": dataset_id,
+            "public": public_id,
+            "spec": spec.to_dict(),
+            "setting": spec.setting,
+            "slug": spec.slug,
+            "n_assigned": int(sizes.sum()),
+            "client_sizes": sizes.tolist(),
+            "classes_per_client": (counts > 0).sum(1).tolist(),
+            "sha256": {"assignment.npy": sha256_file(out / "assignment.npy")},
+        },
+    )
+    return out
+
+
+def load_partition(directory: str | Path) -> tuple[np.ndarray, dict]:
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+        raise FedForgetError(f"partition missing: {meta_path} does not exist; run `fedforget partition`")
+    meta = json.loads(meta_path.read_text())
+    path = directory / "assignment.npy"
+    actual = sha256_file(path)
+    if actual != meta["sha256"]["assignment.npy"]:
+        raise FedForgetError(f"corrupt partition file {path}: sha256 expected {meta['sha256']['assignment.npy']}, got {actual}")
+    return np.load(path, allow_pickle=False), meta

@@ -1,0 +1,95 @@
+"""The pipeline's steps as plain functions (prepare -> partition -> train -> aggregate ->
+plot). Snakemake calls them one job at a time through the console script; ``run_all``
+chains them in-process for use without Snakemake."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from .config import DatasetSpec, Experiment, WorkflowConfig
+from .data import DATASETS, load_dataset, load_public, prepare_dataset, prepare_public
+from .partition import PartitionSpec, class_counts, make_partition, save_partition
+
+log = logging.getLogger(__name__)
+PAPER_RESULTS = Path("config/paper_results.csv")
+
+
+def prepare_all(wf: WorkflowConfig) -> list[Path]:
+    out = [prepare_dataset(name, opts, wf.data_dir) for name, opts in wf.datasets_to_prepare().values()]
+    out += [prepare_public(spec, private, wf.data_dir) for private, spec in wf.holdouts_to_prepare().values()]
+    return out
+
+
+def partition_one(ds: DatasetSpec, spec: PartitionSpec, data_dir: str, out_dir: str | Path) -> Path:
+    """Partition the private pool of ``ds`` and write assignment, class counts and heatmap."""
+    from .plots import partition_heatmap
+
+    data = load_dataset(ds.id, data_dir)
+    public = load_public(ds.public, ds.id, data_dir, with_labels=False)
+    excluded = public.excluded_train_rows if public is not None else None
+    assignment = make_partition(data.y_train, spec, excluded)
+    out = save_partition(out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id)
+    counts = class_counts(assignment, data.y_train, spec.clients, data.num_classes)
+    partition_heatmap(counts, out / "heatmap.png", f"{ds.pool_id}: {spec.slug}", data.class_names)
+    return out
+
+
+def experiment_run_dirs(wf: WorkflowConfig, exp: Experiment) -> list[Path]:
+    return [r.run_dir for r in exp.runs(wf.data_dir, wf.results_dir)]
+
+
+def summary_dir(wf: WorkflowConfig, exp: str) -> Path:
+    return Path(wf.results_dir) / exp / "summary"
+
+
+def figures_dir(wf: WorkflowConfig, exp: str) -> Path:
+    return Path(wf.results_dir) / exp / "figures"
+
+
+def run_all(wf: WorkflowConfig, force: bool = False, progress: bool | None = None) -> dict[str, Any]:
+    """Every step for every experiment, in-process, skipping runs whose run.json says
+    completed with the same config hash (unless ``force``)."""
+    import json
+
+    from .aggregate import aggregate
+    from .plots import plot_experiment
+    from .runner import run_training
+
+    for name, opts in wf.datasets_to_prepare().items():
+        if force or not (Path(wf.data_dir) / name / "meta.json").exists():
+            prepare_dataset(*opts, wf.data_dir)
+    for pid, (private, spec) in wf.holdouts_to_prepare().items():
+        if force or not (Path(wf.data_dir) / "public" / pid / "meta.json").exists():
+            prepare_public(spec, private, wf.data_dir)
+    done = {}
+    for exp in wf.experiments:
+        for rc in exp.runs(wf.data_dir, wf.results_dir):
+            if force or not (rc.partition_dir / "meta.json").exists():
+                partition_one(rc.dataset, rc.partition, wf.data_dir, rc.partition_dir)
+            rj = rc.run_dir / "run.json"
+            if not force and rj.exists():
+                rec = json.loads(rj.read_text())
+                if rec.get("config_hash") == rc.hash and rec.get("status") in ("completed", "diverged"):
+                    continue
+            run_training(rc, rc.run_dir, progress)
+        table = aggregate(experiment_run_dirs(wf, exp), summary_dir(wf, exp.name), exp.name, exp.paper, PAPER_RESULTS)
+        plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name))
+        done[exp.name] = table
+    return done
+
+
+def describe(wf: WorkflowConfig) -> str:
+    lines = []
+    for e in wf.experiments:
+        n = len(e.runs(wf.data_dir, wf.results_dir))
+        lines.append(
+            f"{e.name}: {len(e.datasets)} datasets x {len(e.partitions)} partitions x "
+            f"{len(e.methods)} methods x {len(e.seeds)} seeds = {n} training jobs"
+        )
+    return "\n".join(lines)
+
+
+def dataset_names() -> list[str]:
+    return DATASETS.names()

@@ -1,0 +1,97 @@
+"""Small shared helpers: hashing, atomic writes, seeding and provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class FedForgetError(Exception):
+    """An error with a message meant for the user (bad config, missing data, corrupt file)."""
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace: the input of every config hash."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(obj: Any, length: int = 12) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
+    """Call ``writer(tmp_path)`` then rename onto ``path``: readers see the old file or the
+    complete new one, never a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    def _w(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(path, _w)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
+    """np.save is byte-deterministic (header + raw buffer), unlike np.savez whose zip
+    entries carry timestamps; prepared data must hash the same on every machine."""
+
+    def _w(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+
+    atomic_write(path, _w)
+
+
+def seed_sequence(*keys: int) -> np.random.SeedSequence:
+    """A numpy SeedSequence from a tuple of integers, e.g. (seed, round, STREAM_ID)."""
+    return np.random.SeedSequence([int(k) for k in keys])
+
+
+def torch_seed(*keys: int) -> int:
+    """A 63-bit torch seed derived from integer keys, independent of call order."""
+    return int(seed_sequence(*keys).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
+
+
+def package_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for name in ("fedforget", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d", "pandas", "snakemake", "dvc"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return out

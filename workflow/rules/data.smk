@@ -1,0 +1,32 @@
+# Datasets and public sets are written into data/ (tracked by DVC: `dvc add data`).
+
+
+rule prepare_dataset:
+    output:
+        multiext(f"{DATA}/{{dataset}}/", "x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy", "meta.json"),
+    params:
+        p=prepare_params,
+        root=subpath(output[-1], ancestor=2),
+    log:
+        "logs/prepare/{dataset}.log",
+    shell:
+        "fedforget prepare --dataset {params.p[name]} --options {params.p[options]:q} --root {params.root} > {log} 2>&1"
+
+
+rule prepare_public:
+    input:
+        holdout_input,
+    output:
+        multiext(f"{DATA}/public/{{public}}/", "x.npy", "y.npy", "indices.npy", "meta.json"),
+    params:
+        p=holdout_params,
+        root=subpath(output[-1], ancestor=3),
+    log:
+        "logs/prepare/public_{public}.log",
+    shell:
+        "fedforget prepare --public {params.p[spec]:q} --of {params.p[of]} --root {params.root} > {log} 2>&1"
+
+
+localrules:
+    prepare_dataset,
+    prepare_public,

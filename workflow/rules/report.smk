@@ -1,0 +1,50 @@
+# Tables (mean ± std over seeds, beside the papers' numbers) and figures per experiment.
+
+
+rule aggregate:
+    input:
+        experiment_runs,
+    output:
+        table=report(
+            f"{RESULTS}/{{experiment}}/summary/table.csv",
+            caption="../report/table.rst",
+            category="Tables",
+            labels={"experiment": "{experiment}", "table": "mean ± std over seeds"},
+        ),
+        markdown=f"{RESULTS}/{{experiment}}/summary/table.md",
+        runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
+        metrics=f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+    params:
+        runs=experiment_run_dirs,
+        paper=experiment_paper,
+        paper_results=PAPER_RESULTS,
+        out=subpath(output.table, parent=True),
+    log:
+        "logs/aggregate/{experiment}.log",
+    shell:
+        "fedforget aggregate --runs {params.runs} --out {params.out} --experiment {wildcards.experiment} "
+        "--paper {params.paper:q} --paper-results {params.paper_results:q} > {log} 2>&1"
+
+
+rule plot:
+    input:
+        f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+    output:
+        report(
+            expand(f"{RESULTS}/{{{{experiment}}}}/figures/{{fig}}.png", fig=FIGURES),
+            caption="../report/curves.rst",
+            category="Learning curves",
+            labels={"experiment": "{experiment}"},
+        ),
+    params:
+        summary=subpath(input[0], parent=True),
+        out=f"{RESULTS}/{{experiment}}/figures",
+    log:
+        "logs/plot/{experiment}.log",
+    shell:
+        "fedforget plot --summary {params.summary} --out {params.out} > {log} 2>&1"
+
+
+localrules:
+    aggregate,
+    plot,

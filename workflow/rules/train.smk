@@ -1,0 +1,21 @@
+# One federated training job per (experiment, dataset, partition, method, seed).
+# Threads, GPUs, runtime and partition come from the profile (set-resources/set-threads).
+
+
+rule train:
+    input:
+        train_inputs,
+    output:
+        metrics=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/metrics.csv",
+        run=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/run.json",
+        model=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/model.pt",
+    params:
+        cfg=train_config,
+        out=subpath(output.run, parent=True),
+    threads: 1
+    resources:
+        gpu=0,
+    log:
+        "logs/train/{experiment}/{dataset}/{partition}/{method}/seed{seed}.log",
+    shell:
+        "fedforget train --config-json {params.cfg:q} --out {params.out} --threads {threads} > {log} 2>&1"
