@@ -83,6 +83,14 @@ class MethodSpec:
     name: str
     params: dict[str, Any]
     label: str
+    train: dict[str, Any] = field(default_factory=dict)  # overrides of the experiment's train
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,12 +155,15 @@ class Experiment:
     partitions: list[PartitionSpec]
     methods: list[MethodSpec]
     seeds: list[int]
-    train: TrainSpec
+    train: dict[str, Any]  # raw train settings; each method may override some
     paper: dict[str, Any] | None
+
+    def train_for(self, m: MethodSpec) -> TrainSpec:
+        return TrainSpec.from_dict(deep_merge(self.train, m.train))
 
     def runs(self, data_dir: str, results_dir: str) -> list[RunConfig]:
         return [
-            RunConfig(self.name, ds, part, m, seed, self.train, data_dir, results_dir)
+            RunConfig(self.name, ds, part, m, seed, self.train_for(m), data_dir, results_dir)
             for ds in self.datasets for part in self.partitions for m in self.methods for seed in self.seeds
         ]  # fmt: skip
 
@@ -246,10 +257,12 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     names: set[str] = set()
     for i, ex in enumerate(raw["experiments"]):
         key = f"experiments[{i}]"
+        if ex["name"] == "partitions":
+            problems.append(f"{key}.name: 'partitions' is reserved (results/partitions holds the partitions)")
         if ex["name"] in names:
             problems.append(f"{key}.name: duplicate experiment name '{ex['name']}'")
         names.add(ex["name"])
-        train = TrainSpec.from_dict(ex.get("train"))
+        train = dict(ex.get("train") or {})
         datasets: list[DatasetSpec] = []
         for j, d in enumerate(ex["datasets"]):
             dkey = f"{key}.datasets[{j}]"
@@ -306,7 +319,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             label = m.get("label") or m["name"]
             if label in {x.label for x in methods}:
                 problems.append(f"{mkey}.label: duplicate method label '{label}' (give each variant its own label)")
-            methods.append(MethodSpec(m["name"], params, label))
+            methods.append(MethodSpec(m["name"], params, label, dict(m.get("train") or {})))
             cls = METHODS.get(m["name"])
             for ds in datasets:
                 if cls.needs_public and not ds.public:

@@ -1,0 +1,183 @@
+"""End-to-end: the Snakemake workflow on a tiny config in a temporary directory (dry runs of
+every shipped config, a full run with report, incremental reruns) and the DVC hash of the
+prepared data. Marked e2e: slower, still run in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.e2e
+
+if shutil.which("snakemake", path=str(BIN) + os.pathsep + os.environ.get("PATH", "")) is None:  # pragma: no cover
+    pytest.skip("snakemake is not installed (pip install -e .[workflow])", allow_module_level=True)
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PATH"] = str(BIN) + os.pathsep + e.get("PATH", "")
+    return e
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2", *args]
+    proc = subprocess.run(cmd, cwd=workdir, env=env(), capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def planned_jobs(workdir: Path) -> dict[str, int]:
+    """Job counts per rule that a dry run would execute now."""
+    out = snakemake(workdir, "-n")
+    text = out.stdout + out.stderr
+    if "Nothing to be done" in text:
+        return {}
+    table = text.split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+
+
+TINY = {
+    "experiments": [
+        {
+            "name": "tiny",
+            "datasets": [{"name": "digits", "model": {"name": "cnn2d", "options": {"channels": [8, 16], "hidden": 32}},
+                          "public": {"source": "holdout", "fraction": 0.1, "seed": 0}}],
+            "partitions": [
+                {"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 10, "seed": 0},
+                {"scheme": "shards", "shards_per_client": 2, "clients": 4, "seed": 0},
+            ],
+            "methods": [{"name": "fedavg"}, {"name": "fedavg", "label": "fedavg-lr0.1", "train": {"optimizer": {"lr": 0.1}}}],
+            "seeds": [0, 1],
+            "train": {"rounds": 2, "local_epochs": 1, "batch_size": 32, "sample_rate": 0.5,
+                      "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9}},
+        }
+    ]
+}  # fmt: skip
+
+
+def write_config(workdir: Path, cfg: dict) -> None:
+    (workdir / "config").mkdir(exist_ok=True)
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def shipped_configs() -> list[Path]:
+    return [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "experiments").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("configfile", shipped_configs(), ids=lambda p: p.name)
+def test_dry_run_of_every_shipped_config(tmp_path: Path, configfile: Path) -> None:
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    jobs = planned_jobs_for(tmp_path, configfile)
+    cfg = yaml.safe_load(configfile.read_text())
+    expected = sum(len(e["datasets"]) * len(e["partitions"]) * len(e["methods"]) * len(e["seeds"]) for e in cfg["experiments"])
+    assert jobs["train"] == expected
+    assert jobs["aggregate"] == len(cfg["experiments"]) and jobs["plot"] == len(cfg["experiments"])
+
+
+def planned_jobs_for(workdir: Path, configfile: Path) -> dict[str, int]:
+    out = snakemake(workdir, "-n", "--configfile", str(configfile))
+    table = (out.stdout + out.stderr).split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
+    bad = json.loads(json.dumps(TINY))
+    bad["experiments"][0]["partitions"][0]["alpha"] = 0
+    write_config(tmp_path, bad)
+    proc = snakemake(tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "alpha" in proc.stderr + proc.stdout
+    assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
+
+
+def run_dirs(workdir: Path) -> dict[str, float]:
+    """metrics.csv of every run -> its mtime."""
+    return {str(p.relative_to(workdir)): p.stat().st_mtime_ns for p in (workdir / "results" / "tiny").glob("*/*/*/seed*/metrics.csv")}
+
+
+def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
+    write_config(tmp_path, TINY)
+    snakemake(tmp_path)
+    summary = tmp_path / "results" / "tiny" / "summary"
+    table = summary / "table.md"
+    assert table.exists() and "fedavg-lr0.1" in table.read_text()
+    import pandas as pd
+
+    t = pd.read_csv(summary / "table.csv")
+    assert len(t) == 4 and (t["n_seeds"] == 2).all() and t["final_acc_mean"].between(0, 100).all()
+    metrics = pd.read_parquet(summary / "metrics.parquet")
+    assert set(metrics["round"]) == {0, 1, 2}
+    for fig in ("global_model_test_acc", "local_models_global_test_acc_mean"):
+        assert (tmp_path / "results" / "tiny" / "figures" / f"{fig}.png").stat().st_size > 1000
+    run = json.loads(next((tmp_path / "results" / "tiny").glob("digits/*/fedavg/seed0/run.json")).read_text())
+    assert run["status"] == "completed" and len(run["config_hash"]) == 12 and "torch" in run["versions"]
+    heatmaps = list((tmp_path / "results" / "partitions").glob("*/*/heatmap.png"))
+    assert len(heatmaps) == 2
+
+    # nothing reruns on a second invocation
+    before = run_dirs(tmp_path)
+    assert len(before) == 8
+    assert planned_jobs(tmp_path) == {}
+
+    # one method's hyperparameter: only that method's 4 jobs (+ aggregate, plot, default)
+    cfg = json.loads(json.dumps(TINY))
+    cfg["experiments"][0]["methods"][1]["train"]["optimizer"]["lr"] = 0.2
+    write_config(tmp_path, cfg)
+    jobs = planned_jobs(tmp_path)
+    assert jobs.get("train") == 4 and "partition" not in jobs and "prepare_dataset" not in jobs
+    snakemake(tmp_path)
+    after = run_dirs(tmp_path)
+    changed = {k for k in before if after[k] != before[k]}
+    assert changed == {k for k in before if "/fedavg-lr0.1/" in k}
+    lr = json.loads(next((tmp_path / "results" / "tiny").glob("digits/*/fedavg-lr0.1/seed0/run.json")).read_text())
+    assert lr["config"]["train"]["optimizer"]["lr"] == 0.2
+
+    # one partition setting: only that partition and its 4 jobs
+    cfg["experiments"][0]["partitions"][0]["alpha"] = 0.3
+    write_config(tmp_path, cfg)
+    jobs = planned_jobs(tmp_path)
+    assert jobs.get("train") == 4 and jobs.get("partition") == 1 and "prepare_dataset" not in jobs
+    before = run_dirs(tmp_path)
+    snakemake(tmp_path)
+    after = run_dirs(tmp_path)
+    shards = {k for k in before if "/shards-2_" in k}
+    assert all(after[k] == before[k] for k in shards)
+    assert any("dirichlet-0.3_" in k for k in after)
+    assert planned_jobs(tmp_path) == {}
+
+    # the HTML report collects tables and figures
+    snakemake(tmp_path, "--report", "report.html")
+    html = (tmp_path / "report.html").read_text(errors="ignore")
+    assert "global_model_test_acc" in html and "heatmap" in html
+
+
+def dvc_md5(data_dir: Path, workdir: Path) -> dict:
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=workdir, env=env(), check=True)
+    subprocess.run(["dvc", "config", "core.analytics", "false"], cwd=workdir, env=env(), check=True)
+    subprocess.run(["dvc", "add", "-q", str(data_dir.name)], cwd=workdir, env=env(), check=True)
+    return yaml.safe_load((workdir / f"{data_dir.name}.dvc").read_text())["outs"][0]
+
+
+def test_prepare_reproduces_the_dvc_hash(tmp_path: Path) -> None:
+    """data.dvc tracks what `fedforget prepare` writes for every shipped config; preparing on a
+    fresh machine must give the same directory hash."""
+    for cfg in shipped_configs():
+        raw = yaml.safe_load(cfg.read_text())
+        raw["data_dir"] = str(tmp_path / "data")
+        one = tmp_path / f"{cfg.stem}.yaml"
+        one.write_text(yaml.safe_dump(raw))
+        subprocess.run([str(BIN / "fedforget"), "prepare", "--config", str(one)], env=env(), check=True, capture_output=True)
+    ours = dvc_md5(tmp_path / "data", tmp_path)
+    tracked = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]
+    assert (ours["md5"], ours["nfiles"], ours["size"]) == (tracked["md5"], tracked["nfiles"], tracked["size"])
