@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.e2e
 
-if shutil.which("snakemake", path=str(BIN) + os.pathsep + os.environ.get("PATH", "")) is None:  # pragma: no cover
+if (
+    shutil.which("snakemake", path=str(BIN) + os.pathsep + os.environ.get("PATH", "")) is None
+):  # pragma: no cover
     pytest.skip("snakemake is not installed (pip install -e .[workflow])", allow_module_level=True)
 
 
@@ -33,7 +35,9 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2", *args]
     proc = subprocess.run(cmd, cwd=workdir, env=env(), capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -44,7 +48,11 @@ def planned_jobs(workdir: Path) -> dict[str, int]:
     if "Nothing to be done" in text:
         return {}
     table = text.split("Job stats:")[1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+        if m.group(1) != "total"
+    }
 
 
 TINY = {
@@ -72,7 +80,10 @@ def write_config(workdir: Path, cfg: dict) -> None:
 
 
 def shipped_configs() -> list[Path]:
-    return [REPO / "config" / "config.yaml", *sorted((REPO / "config" / "experiments").glob("*.yaml"))]
+    return [
+        REPO / "config" / "config.yaml",
+        *sorted((REPO / "config" / "experiments").glob("*.yaml")),
+    ]
 
 
 @pytest.mark.parametrize("configfile", shipped_configs(), ids=lambda p: p.name)
@@ -80,7 +91,10 @@ def test_dry_run_of_every_shipped_config(tmp_path: Path, configfile: Path) -> No
     shutil.copytree(REPO / "config", tmp_path / "config")
     jobs = planned_jobs_for(tmp_path, configfile)
     cfg = yaml.safe_load(configfile.read_text())
-    expected = sum(len(e["datasets"]) * len(e["partitions"]) * len(e["methods"]) * len(e["seeds"]) for e in cfg["experiments"])
+    expected = sum(
+        len(e["datasets"]) * len(e["partitions"]) * len(e["methods"]) * len(e["seeds"])
+        for e in cfg["experiments"]
+    )
     assert jobs["train"] == expected
     assert jobs["aggregate"] == len(cfg["experiments"]) and jobs["plot"] == len(cfg["experiments"])
 
@@ -103,7 +117,10 @@ def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
 
 def run_dirs(workdir: Path) -> dict[str, float]:
     """metrics.csv of every run -> its mtime."""
-    return {str(p.relative_to(workdir)): p.stat().st_mtime_ns for p in (workdir / "results" / "tiny").glob("*/*/*/seed*/metrics.csv")}
+    return {
+        str(p.relative_to(workdir)): p.stat().st_mtime_ns
+        for p in (workdir / "results" / "tiny").glob("*/*/*/seed*/metrics.csv")
+    }
 
 
 def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
@@ -120,8 +137,14 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     assert set(metrics["round"]) == {0, 1, 2}
     for fig in ("global_model_test_acc", "local_models_global_test_acc_mean"):
         assert (tmp_path / "results" / "tiny" / "figures" / f"{fig}.png").stat().st_size > 1000
-    run = json.loads(next((tmp_path / "results" / "tiny").glob("digits/*/fedavg/seed0/run.json")).read_text())
-    assert run["status"] == "completed" and len(run["config_hash"]) == 12 and "torch" in run["versions"]
+    run = json.loads(
+        next((tmp_path / "results" / "tiny").glob("digits/*/fedavg/seed0/run.json")).read_text()
+    )
+    assert (
+        run["status"] == "completed"
+        and len(run["config_hash"]) == 12
+        and "torch" in run["versions"]
+    )
     heatmaps = list((tmp_path / "results" / "partitions").glob("*/*/heatmap.png"))
     assert len(heatmaps) == 2
 
@@ -140,7 +163,11 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     after = run_dirs(tmp_path)
     changed = {k for k in before if after[k] != before[k]}
     assert changed == {k for k in before if "/fedavg-lr0.1/" in k}
-    lr = json.loads(next((tmp_path / "results" / "tiny").glob("digits/*/fedavg-lr0.1/seed0/run.json")).read_text())
+    lr = json.loads(
+        next(
+            (tmp_path / "results" / "tiny").glob("digits/*/fedavg-lr0.1/seed0/run.json")
+        ).read_text()
+    )
     assert lr["config"]["train"]["optimizer"]["lr"] == 0.2
 
     # one partition setting: only that partition and its 4 jobs
@@ -177,7 +204,16 @@ def test_prepare_reproduces_the_dvc_hash(tmp_path: Path) -> None:
         raw["data_dir"] = str(tmp_path / "data")
         one = tmp_path / f"{cfg.stem}.yaml"
         one.write_text(yaml.safe_dump(raw))
-        subprocess.run([str(BIN / "fedforget"), "prepare", "--config", str(one)], env=env(), check=True, capture_output=True)
+        subprocess.run(
+            [str(BIN / "fedforget"), "prepare", "--config", str(one)],
+            env=env(),
+            check=True,
+            capture_output=True,
+        )
     ours = dvc_md5(tmp_path / "data", tmp_path)
     tracked = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]
-    assert (ours["md5"], ours["nfiles"], ours["size"]) == (tracked["md5"], tracked["nfiles"], tracked["size"])
+    assert (ours["md5"], ours["nfiles"], ours["size"]) == (
+        tracked["md5"],
+        tracked["nfiles"],
+        tracked["size"],
+    )

@@ -80,19 +80,27 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         for m in ("final", "best"):
             vals = ok[f"{m}_global_model_test_acc"].astype(float) * 100
             row[f"{m}_acc_mean"] = vals.mean() if len(vals) else math.nan
-            row[f"{m}_acc_std"] = vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) else math.nan)
+            row[f"{m}_acc_std"] = (
+                vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) else math.nan)
+            )
         row["status"] = FAILED if row["n_failed"] else "ok"
         out.append(row)
     return pd.DataFrame(out)
 
 
-def attach_paper(table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None) -> pd.DataFrame:
+def attach_paper(
+    table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None
+) -> pd.DataFrame:
     """Add the paper's reported accuracy (and std) for matching dataset/setting/method rows."""
     table = table.assign(paper_acc=math.nan, paper_std=math.nan)
     if not paper or not paper_results or not Path(paper_results).exists():
         return table
     ref = pd.read_csv(paper_results)
-    ref = ref[(ref["paper"] == paper["name"]) & (ref["table"].astype(str) == str(paper["table"])) & (ref["metric"].isin(["accuracy", "acc_T", "ACC"]))]
+    ref = ref[
+        (ref["paper"] == paper["name"])
+        & (ref["table"].astype(str) == str(paper["table"]))
+        & (ref["metric"].isin(["accuracy", "acc_T", "ACC"]))
+    ]
     dmap = paper.get("dataset_map", {})
     for i, row in table.iterrows():
         hit = ref[
@@ -102,7 +110,9 @@ def attach_paper(table: pd.DataFrame, paper: dict[str, Any] | None, paper_result
         ]
         if len(hit):
             table.loc[i, "paper_acc"] = float(hit["value"].iloc[0])
-            table.loc[i, "paper_std"] = float(hit["std"].iloc[0]) if pd.notna(hit["std"].iloc[0]) else math.nan
+            table.loc[i, "paper_std"] = (
+                float(hit["std"].iloc[0]) if pd.notna(hit["std"].iloc[0]) else math.nan
+            )
     return table
 
 
@@ -118,7 +128,10 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
     methods = list(dict.fromkeys(table["method"]))
     lines = [f"# {experiment}", ""]
     for metric, title in (("final", "Final-round"), ("best", "Best-round")):
-        lines += [f"## {title} global-model accuracy on the full test set (%), mean ± std over seeds", ""]
+        lines += [
+            f"## {title} global-model accuracy on the full test set (%), mean ± std over seeds",
+            "",
+        ]
         lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for m in methods:
             cells = []
@@ -135,11 +148,19 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     n = table["n_seeds"].max()
-    lines.append(f"Seeds per cell: {n}. std is the sample standard deviation (ddof = 1). 'failed': every seed diverged.")
+    lines.append(
+        f"Seeds per cell: {n}. std is the sample standard deviation (ddof = 1). 'failed': every seed diverged."
+    )
     return "\n".join(lines) + "\n"
 
 
-def aggregate(run_dirs: Iterable[str | Path], out_dir: str | Path, experiment: str, paper: dict[str, Any] | None = None, paper_results: str | Path | None = None) -> pd.DataFrame:
+def aggregate(
+    run_dirs: Iterable[str | Path],
+    out_dir: str | Path,
+    experiment: str,
+    paper: dict[str, Any] | None = None,
+    paper_results: str | Path | None = None,
+) -> pd.DataFrame:
     out = Path(out_dir)
     runs, metrics = collect(run_dirs)
     table = attach_paper(summarise(runs), paper, paper_results)

@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 from . import __version__
 from .utils import FedForgetError
@@ -57,11 +56,15 @@ def cmd_prepare(args) -> None:
         return
     if args.public:
         if not args.of:
-            raise FedForgetError("prepare --public needs --of DATASET_ID (the private dataset it is held out of)")
+            raise FedForgetError(
+                "prepare --public needs --of DATASET_ID (the private dataset it is held out of)"
+            )
         print(prepare_public(_json(args.public, "--public"), args.of, args.root))
         return
     if not args.dataset:
-        raise FedForgetError("prepare needs --dataset NAME, --public SPEC --of ID, or --config FILE")
+        raise FedForgetError(
+            "prepare needs --dataset NAME, --public SPEC --of ID, or --config FILE"
+        )
     print(prepare_dataset(args.dataset, _json(args.options, "--options") or {}, args.root))
 
 
@@ -83,7 +86,9 @@ def cmd_partition(args) -> None:
     from .data import dataset_id
 
     opts = _json(args.options, "--options") or {}
-    ds = DatasetSpec(args.dataset, opts, "", {}, _json(args.public, "--public"), dataset_id(args.dataset, opts))
+    ds = DatasetSpec(
+        args.dataset, opts, "", {}, _json(args.public, "--public"), dataset_id(args.dataset, opts)
+    )
     print(partition_one(ds, PartitionSpec(**_json(args.spec, "--spec")), args.root, args.out))
 
 
@@ -96,13 +101,17 @@ def cmd_train(args) -> None:
     elif args.config:
         rc = load_run_config(args.config)
     else:
-        raise FedForgetError("train needs --config FILE (a run config or run.json) or --config-json")
+        raise FedForgetError(
+            "train needs --config FILE (a run config or run.json) or --config-json"
+        )
     if args.threads is not None:
         from dataclasses import replace
 
         rc = replace(rc, train=replace(rc.train, threads=args.threads))
     rec = run_training(rc, args.out or rc.run_dir, progress=None)
-    print(f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}")
+    print(
+        f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}"
+    )
 
 
 def cmd_plan(args) -> None:
@@ -126,12 +135,22 @@ def cmd_aggregate(args) -> None:
 
         wf = load_config(args.config)
         for exp in wf.experiments:
-            aggregate(experiment_run_dirs(wf, exp), summary_dir(wf, exp.name), exp.name, exp.paper, PAPER_RESULTS)
+            aggregate(
+                experiment_run_dirs(wf, exp),
+                summary_dir(wf, exp.name),
+                exp.name,
+                exp.paper,
+                PAPER_RESULTS,
+            )
             print(summary_dir(wf, exp.name))
         return
     if not (args.runs and args.out and args.experiment):
-        raise FedForgetError("aggregate needs --runs DIR... --out DIR --experiment NAME (or --config FILE)")
-    aggregate(args.runs, args.out, args.experiment, _json(args.paper, "--paper"), args.paper_results)
+        raise FedForgetError(
+            "aggregate needs --runs DIR... --out DIR --experiment NAME (or --config FILE)"
+        )
+    aggregate(
+        args.runs, args.out, args.experiment, _json(args.paper, "--paper"), args.paper_results
+    )
     print(args.out)
 
 
@@ -149,7 +168,19 @@ def cmd_run(args) -> None:
     wf = load_config(args.config)
     for name, table in run_all(wf, force=args.force).items():
         print(f"== {name}")
-        print(table[["dataset", "setting", "method", "final_acc_mean", "final_acc_std", "n_seeds", "status"]].to_string(index=False))
+        print(
+            table[
+                [
+                    "dataset",
+                    "setting",
+                    "method",
+                    "final_acc_mean",
+                    "final_acc_std",
+                    "n_seeds",
+                    "status",
+                ]
+            ].to_string(index=False)
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"fedforget {__version__}")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name, what in (("datasets", "datasets"), ("methods", "federated methods"), ("models", "models"), ("partitioners", "partition schemes")):
+    for name, what in (
+        ("datasets", "datasets"),
+        ("methods", "federated methods"),
+        ("models", "models"),
+        ("partitioners", "partition schemes"),
+    ):
         sub.add_parser(name, help=f"list registered {what}, one per line").set_defaults(fn=cmd_list)
 
     s = sub.add_parser("validate", help="validate a workflow config and count its jobs")
@@ -218,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         args.fn(args)
     except FedForgetError as e:

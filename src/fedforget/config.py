@@ -89,7 +89,9 @@ class MethodSpec:
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -114,7 +116,11 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         d = copy.deepcopy(d)
-        part = {f.name: d["partition"][f.name] for f in fields(PartitionSpec) if f.name in d["partition"]}
+        part = {
+            f.name: d["partition"][f.name]
+            for f in fields(PartitionSpec)
+            if f.name in d["partition"]
+        }
         return cls(
             experiment=d["experiment"],
             dataset=DatasetSpec(**d["dataset"]),
@@ -181,7 +187,9 @@ class WorkflowConfig:
         for e in self.experiments:
             if e.name == name:
                 return e
-        raise FedForgetError(f"unknown experiment '{name}'; allowed: {[e.name for e in self.experiments]}")
+        raise FedForgetError(
+            f"unknown experiment '{name}'; allowed: {[e.name for e in self.experiments]}"
+        )
 
     def datasets_to_prepare(self) -> dict[str, tuple[str, dict[str, Any]]]:
         """dataset id -> (name, options) for every private and public dataset used."""
@@ -258,7 +266,9 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     for i, ex in enumerate(raw["experiments"]):
         key = f"experiments[{i}]"
         if ex["name"] == "partitions":
-            problems.append(f"{key}.name: 'partitions' is reserved (results/partitions holds the partitions)")
+            problems.append(
+                f"{key}.name: 'partitions' is reserved (results/partitions holds the partitions)"
+            )
         if ex["name"] in names:
             problems.append(f"{key}.name: duplicate experiment name '{ex['name']}'")
         names.add(ex["name"])
@@ -269,8 +279,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             info = check(DATASETS.get, d["name"], f"{dkey}.name")
             if info is None:
                 continue
-            opts = check(info.resolve, d.get("options"))
-            if opts is None:
+            try:
+                opts = info.resolve(d.get("options"))
+            except FedForgetError as e:
+                problems.append(f"{dkey}.options: {e}")
                 continue
             mname, mopts = _model(d["model"])
             shape = info.input_shape(opts)
@@ -289,9 +301,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                             f"{dkey}.public.dataset: '{public['dataset']}' has input shape {list(pinfo.input_shape(popts))}, "
                             f"but '{d['name']}' has {list(shape)}; a public set must match the private data's shape"
                         )
-            ds = DatasetSpec(d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts))
+            ds = DatasetSpec(
+                d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts)
+            )
             if ds.label in {x.label for x in datasets}:
-                problems.append(f"{dkey}.label: duplicate dataset label '{ds.label}' (set a distinct label)")
+                problems.append(
+                    f"{dkey}.label: duplicate dataset label '{ds.label}' (set a distinct label)"
+                )
             datasets.append(ds)
         partitions: list[PartitionSpec] = []
         for j, p in enumerate(ex["partitions"]):
@@ -318,20 +334,35 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 continue
             label = m.get("label") or m["name"]
             if label in {x.label for x in methods}:
-                problems.append(f"{mkey}.label: duplicate method label '{label}' (give each variant its own label)")
+                problems.append(
+                    f"{mkey}.label: duplicate method label '{label}' (give each variant its own label)"
+                )
             methods.append(MethodSpec(m["name"], params, label, dict(m.get("train") or {})))
             cls = METHODS.get(m["name"])
             for ds in datasets:
                 if cls.needs_public and not ds.public:
-                    problems.append(f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)")
+                    problems.append(
+                        f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)"
+                    )
         if len(set(ex["seeds"])) != len(ex["seeds"]):
             problems.append(f"{key}.seeds: duplicate seeds {ex['seeds']}")
         experiments.append(
-            Experiment(ex["name"], ex.get("description", ""), datasets, partitions, methods, list(ex["seeds"]), train, ex.get("paper"))
+            Experiment(
+                ex["name"],
+                ex.get("description", ""),
+                datasets,
+                partitions,
+                methods,
+                list(ex["seeds"]),
+                train,
+                ex.get("paper"),
+            )
         )
     if problems:
         raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
-    return WorkflowConfig(experiments, raw.get("data_dir", "data"), raw.get("results_dir", "results"))
+    return WorkflowConfig(
+        experiments, raw.get("data_dir", "data"), raw.get("results_dir", "results")
+    )
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

@@ -74,9 +74,13 @@ def resolve_device(name: str) -> torch.device:
 
 def make_optimizer(params, spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
     if spec.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        )
     if spec.name == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay)
+        return torch.optim.Adam(
+            params, lr=lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay
+        )
     raise FedForgetError(f"train.optimizer.name='{spec.name}'; allowed: sgd, adam")
 
 
@@ -103,7 +107,9 @@ class Diverged(Exception):
 class Simulation:
     """One federated training run (one experiment x dataset x partition x method x seed)."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device | None = None, verify: bool = True) -> None:
+    def __init__(
+        self, cfg: RunConfig, device: torch.device | None = None, verify: bool = True
+    ) -> None:
         self.cfg = cfg
         t = cfg.train
         self.device = device or resolve_device(t.device)
@@ -113,14 +119,23 @@ class Simulation:
         params = make_params(cfg.method.name, cfg.method.params, "method.params")
 
         data = load_dataset(cfg.dataset.id, cfg.data_dir, verify)
-        public = load_public(cfg.dataset.public, cfg.dataset.id, cfg.data_dir, method_cls.public_labels, verify)
+        public = load_public(
+            cfg.dataset.public, cfg.dataset.id, cfg.data_dir, method_cls.public_labels, verify
+        )
         if cfg.partition_dir.joinpath("meta.json").exists():
-            assignment, _ = load_partition(cfg.partition_dir)
+            assignment, meta = load_partition(cfg.partition_dir)
+            if meta["spec"] != cfg.partition.to_dict() or meta["dataset"] != cfg.dataset.id:
+                raise FedForgetError(
+                    f"partition {cfg.partition_dir} was made for {meta['dataset']} {meta['spec']}, "
+                    f"not {cfg.dataset.id} {cfg.partition.to_dict()}; delete it to redraw"
+                )
         else:  # usable without the workflow: the same deterministic partition, in memory
             excluded = public.excluded_train_rows if public is not None else None
             assignment = make_partition(data.y_train, cfg.partition, excluded)
         if len(assignment) != len(data.y_train):
-            raise FedForgetError(f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}")
+            raise FedForgetError(
+                f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}"
+            )
 
         self.num_classes = data.num_classes
         idx = client_indices(assignment, cfg.partition.clients)
@@ -139,8 +154,12 @@ class Simulation:
                 public.y = torch.as_tensor(public.y, device=dev)
 
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
-        self.model = build_model(cfg.dataset.model, data.input_shape, data.num_classes, cfg.dataset.model_options).to(dev)
-        server_model = build_model(cfg.dataset.model, data.input_shape, data.num_classes, cfg.dataset.model_options).to(dev)
+        self.model = build_model(
+            cfg.dataset.model, data.input_shape, data.num_classes, cfg.dataset.model_options
+        ).to(dev)
+        server_model = build_model(
+            cfg.dataset.model, data.input_shape, data.num_classes, cfg.dataset.model_options
+        ).to(dev)
         self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         server_model.load_state_dict(self.global_params)
         info = RunInfo(dev, data.num_classes, cfg.seed, t.local_epochs, t.batch_size)
@@ -183,7 +202,9 @@ class Simulation:
         return method.client_end(ctx), mean_loss, ctx.stats
 
     # ------------------------------------------------------------------ all rounds
-    def run(self, on_row: Callable[[dict[str, Any]], None] | None = None, progress: bool | None = None) -> tuple[str, list[dict[str, Any]], str]:
+    def run(
+        self, on_row: Callable[[dict[str, Any]], None] | None = None, progress: bool | None = None
+    ) -> tuple[str, list[dict[str, Any]], str]:
         """Run every round; return (status, metrics rows, message). status is "completed"
         or "diverged" (non-finite loss or weights; the rows so far are kept)."""
         t, cfg = self.cfg.train, self.cfg
@@ -195,12 +216,23 @@ class Simulation:
             if on_row:
                 on_row(row)
 
-        acc, loss = evaluate(self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size)
-        emit({"round": 0, "global_model_test_acc": acc, "global_model_test_loss": loss, "elapsed_s": time.perf_counter() - start})
+        acc, loss = evaluate(
+            self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size
+        )
+        emit(
+            {
+                "round": 0,
+                "global_model_test_acc": acc,
+                "global_model_test_loss": loss,
+                "elapsed_s": time.perf_counter() - start,
+            }
+        )
         from tqdm.auto import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress
-        for rnd in tqdm(range(1, t.rounds + 1), desc=f"{cfg.method.label} seed{cfg.seed}", disable=not show):
+        for rnd in tqdm(
+            range(1, t.rounds + 1), desc=f"{cfg.method.label} seed{cfg.seed}", disable=not show
+        ):
             try:
                 row = self.run_round(rnd, start)
             except Diverged as e:
@@ -225,7 +257,9 @@ class Simulation:
             stats.append(st)
             if t.eval_local_models:
                 te = time.perf_counter()
-                local_accs.append(evaluate(self.model, self.x_test, self.y_test, t.eval_batch_size)[0])
+                local_accs.append(
+                    evaluate(self.model, self.x_test, self.y_test, t.eval_batch_size)[0]
+                )
                 eval_time += time.perf_counter() - te
         new = self.method.aggregate(self.server, uploads)
         if not all(torch.isfinite(v).all() for v in new.values() if torch.is_floating_point(v)):
@@ -242,16 +276,25 @@ class Simulation:
         }  # fmt: skip
         te = time.perf_counter()
         if rnd % t.eval_every == 0 or rnd == t.rounds:
-            acc, loss = evaluate(self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size)
+            acc, loss = evaluate(
+                self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size
+            )
             row.update(global_model_test_acc=acc, global_model_test_loss=loss)
         if local_accs:
-            row.update(local_models_global_test_acc_mean=float(np.mean(local_accs)), local_models_global_test_acc_min=float(np.min(local_accs)))
+            row.update(
+                local_models_global_test_acc_mean=float(np.mean(local_accs)),
+                local_models_global_test_acc_min=float(np.min(local_accs)),
+            )
         keys = sorted({k for s in stats for k in s})
         for k in keys:  # client-side diagnostics, averaged over the clients reporting them
             row[f"{cfg.method.name}_{k}"] = float(np.mean([s[k] for s in stats if k in s]))
         for k, v in self.method.round_metrics(self.server, uploads).items():
             row[f"{cfg.method.name}_{k}"] = v
-        row.update(train_time_s=train_time, eval_time_s=eval_time + time.perf_counter() - te, elapsed_s=time.perf_counter() - start)
+        row.update(
+            train_time_s=train_time,
+            eval_time_s=eval_time + time.perf_counter() - te,
+            elapsed_s=time.perf_counter() - start,
+        )
         return row
 
     def model_with(self, params: dict[str, torch.Tensor]) -> torch.nn.Module:

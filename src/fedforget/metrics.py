@@ -16,7 +16,9 @@ def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of ``model`` on (x, y), in eval mode, in batches."""
     was_training = model.training
     model.eval()
@@ -33,11 +35,15 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
 
 
 @torch.no_grad()
-def classwise_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1024) -> list[float]:
+def classwise_accuracy(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1024
+) -> list[float]:
     """Accuracy per true class (NaN for a class absent from y)."""
     was_training = model.training
     model.eval()
-    preds = torch.cat([model(x[s : s + batch_size]).argmax(1) for s in range(0, len(y), batch_size)])
+    preds = torch.cat(
+        [model(x[s : s + batch_size]).argmax(1) for s in range(0, len(y), batch_size)]
+    )
     model.train(was_training)
     hits = torch.bincount(y[preds == y], minlength=num_classes).double()
     totals = torch.bincount(y, minlength=num_classes).double()

@@ -51,7 +51,9 @@ def register(name: str, rank: int, **defaults: Any) -> Callable[[ModelBuilder], 
 
 
 @register("mlp", rank=1, hidden=[64, 64])
-def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (64, 64)) -> Classifier:
+def mlp(
+    input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (64, 64)
+) -> Classifier:
     """MLP with ReLU; ``hidden`` gives the hidden widths (two hidden layers = the 3-layer MLP
     of the FedProj Iris pilot)."""
     layers: list[nn.Module] = [nn.Flatten()]
@@ -63,7 +65,12 @@ def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (6
 
 
 @register("cnn2d", rank=3, channels=[32, 64], hidden=128)
-def cnn2d(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = (32, 64), hidden: int = 128) -> Classifier:
+def cnn2d(
+    input_shape: Sequence[int],
+    num_classes: int,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 128,
+) -> Classifier:
     """Small 2-D CNN for 8x8 digits: conv3x3-ReLU-conv3x3-ReLU-maxpool2-FC-ReLU-FC."""
     c, h, w = input_shape
     c1, c2 = channels
@@ -77,7 +84,12 @@ def cnn2d(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] 
 
 
 @register("cnn1d", rank=2, channels=[32, 64], hidden=128)
-def cnn1d(input_shape: Sequence[int], num_classes: int, channels: Sequence[int] = (32, 64), hidden: int = 128) -> Classifier:
+def cnn1d(
+    input_shape: Sequence[int],
+    num_classes: int,
+    channels: Sequence[int] = (32, 64),
+    hidden: int = 128,
+) -> Classifier:
     """1-D CNN for MNIST-1D: conv5-ReLU-conv5(stride 2)-ReLU-conv3(stride 2)-ReLU-FC-ReLU-FC."""
     c, length = input_shape
     c1, c2 = channels
@@ -105,12 +117,16 @@ def cnn_mcmahan(input_shape: Sequence[int], num_classes: int, hidden: int = 512)
     return Classifier(body, hidden, num_classes)
 
 
-def check_model(name: str, input_shape: Sequence[int], options: Mapping[str, Any], key: str = "model") -> dict[str, Any]:
+def check_model(
+    name: str, input_shape: Sequence[int], options: Mapping[str, Any], key: str = "model"
+) -> dict[str, Any]:
     """Validate a model choice against a dataset's input shape without building it."""
     MODELS.get(name, f"{key}.name")
     unknown = sorted(set(options) - set(MODEL_DEFAULTS[name]))
     if unknown:
-        raise FedForgetError(f"{key}: unknown option(s) {unknown} for model '{name}'; allowed: {sorted(MODEL_DEFAULTS[name])}")
+        raise FedForgetError(
+            f"{key}: unknown option(s) {unknown} for model '{name}'; allowed: {sorted(MODEL_DEFAULTS[name])}"
+        )
     rank = MODEL_INPUT_RANK[name]
     if name != "mlp" and len(input_shape) != rank:
         raise FedForgetError(
@@ -119,10 +135,17 @@ def check_model(name: str, input_shape: Sequence[int], options: Mapping[str, Any
     if name == "cnn2d" or name == "cnn_mcmahan":
         div = 2 if name == "cnn2d" else 4
         if input_shape[1] < div or input_shape[2] < div:
-            raise FedForgetError(f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}")
+            raise FedForgetError(
+                f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}"
+            )
     return {**MODEL_DEFAULTS[name], **options}
 
 
-def build_model(name: str, input_shape: Sequence[int], num_classes: int, options: Mapping[str, Any] | None = None) -> Classifier:
+def build_model(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    options: Mapping[str, Any] | None = None,
+) -> Classifier:
     opts = check_model(name, input_shape, dict(options or {}))
     return MODELS.get(name)(tuple(input_shape), num_classes, **opts)

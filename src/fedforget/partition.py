@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from .registry import Registry
-from .utils import FedForgetError, atomic_save_npy, atomic_write_json, atomic_write_text, sha256_file
+from .utils import (
+    FedForgetError,
+    atomic_save_npy,
+    atomic_write_json,
+    atomic_write_text,
+    sha256_file,
+)
 
 # numpy SeedSequence stream tag, so partition randomness never collides with other streams
 _STREAM = 0x5A17
@@ -37,7 +43,7 @@ class PartitionSpec:
     def setting(self) -> str:
         """Short label as the papers write it: iid, dirichlet-0.1, shards-2."""
         if self.scheme == "dirichlet":
-            return f"dirichlet-{self.alpha:g}"
+            return f"dirichlet-{float(self.alpha)!r}"  # shortest exact: distinct alphas, distinct paths
         if self.scheme == "shards":
             return f"shards-{self.shards_per_client}"
         return self.scheme
@@ -60,7 +66,9 @@ class PartitionSpec:
         return d
 
 
-PARTITIONERS: Registry[Callable[[np.ndarray, PartitionSpec, np.random.Generator], list[np.ndarray]]] = Registry("partition scheme")
+PARTITIONERS: Registry[
+    Callable[[np.ndarray, PartitionSpec, np.random.Generator], list[np.ndarray]]
+] = Registry("partition scheme")
 
 
 def check_feasible(spec: PartitionSpec, n: int, key: str = "partition") -> None:
@@ -68,7 +76,9 @@ def check_feasible(spec: PartitionSpec, n: int, key: str = "partition") -> None:
     if spec.clients < 1:
         raise FedForgetError(f"{key}.clients={spec.clients}; allowed: >= 1")
     if spec.clients > n:
-        raise FedForgetError(f"{key}.clients={spec.clients} is more than the {n} training samples available")
+        raise FedForgetError(
+            f"{key}.clients={spec.clients} is more than the {n} training samples available"
+        )
     if spec.scheme == "dirichlet":
         if spec.alpha is None or not spec.alpha > 0:
             raise FedForgetError(f"{key}.alpha={spec.alpha}; allowed: a number > 0")
@@ -157,7 +167,12 @@ def _allocate(total: int, sizes: np.ndarray) -> np.ndarray:
     return alloc
 
 
-def make_partition(y_train: np.ndarray, spec: PartitionSpec, excluded: np.ndarray | None = None, key: str = "partition") -> np.ndarray:
+def make_partition(
+    y_train: np.ndarray,
+    spec: PartitionSpec,
+    excluded: np.ndarray | None = None,
+    key: str = "partition",
+) -> np.ndarray:
     """Assignment vector over the training split: client id per row, -1 for excluded rows."""
     fn = PARTITIONERS.get(spec.scheme, f"{key}.scheme")
     pool = np.setdiff1d(np.arange(len(y_train)), excluded if excluded is not None else [])
@@ -181,18 +196,30 @@ def client_indices(assignment: np.ndarray, clients: int) -> list[np.ndarray]:
     return out
 
 
-def class_counts(assignment: np.ndarray, y: np.ndarray, clients: int, num_classes: int) -> np.ndarray:
+def class_counts(
+    assignment: np.ndarray, y: np.ndarray, clients: int, num_classes: int
+) -> np.ndarray:
     """[clients, classes] matrix of sample counts."""
     mask = assignment >= 0
     flat = assignment[mask] * num_classes + y[mask]
     return np.bincount(flat, minlength=clients * num_classes).reshape(clients, num_classes)
 
 
-def save_partition(out: str | Path, assignment: np.ndarray, spec: PartitionSpec, dataset_id: str, y: np.ndarray, num_classes: int, public_id: str | None) -> Path:
+def save_partition(
+    out: str | Path,
+    assignment: np.ndarray,
+    spec: PartitionSpec,
+    dataset_id: str,
+    y: np.ndarray,
+    num_classes: int,
+    public_id: str | None,
+) -> Path:
     out = Path(out)
     atomic_save_npy(out / "assignment.npy", assignment)
     counts = class_counts(assignment, y, spec.clients, num_classes)
-    rows = ["client,class,count"] + [f"{i},{c},{counts[i, c]}" for i in range(spec.clients) for c in range(num_classes)]
+    rows = ["client,class,count"] + [
+        f"{i},{c},{counts[i, c]}" for i in range(spec.clients) for c in range(num_classes)
+    ]
     atomic_write_text(out / "class_counts.csv", "\n".join(rows) + "\n")
     sizes = counts.sum(1)
     atomic_write_json(
@@ -216,10 +243,14 @@ def load_partition(directory: str | Path) -> tuple[np.ndarray, dict]:
     directory = Path(directory)
     meta_path = directory / "meta.json"
     if not meta_path.exists():
-        raise FedForgetError(f"partition missing: {meta_path} does not exist; run `fedforget partition`")
+        raise FedForgetError(
+            f"partition missing: {meta_path} does not exist; run `fedforget partition`"
+        )
     meta = json.loads(meta_path.read_text())
     path = directory / "assignment.npy"
     actual = sha256_file(path)
     if actual != meta["sha256"]["assignment.npy"]:
-        raise FedForgetError(f"corrupt partition file {path}: sha256 expected {meta['sha256']['assignment.npy']}, got {actual}")
+        raise FedForgetError(
+            f"corrupt partition file {path}: sha256 expected {meta['sha256']['assignment.npy']}, got {actual}"
+        )
     return np.load(path, allow_pickle=False), meta

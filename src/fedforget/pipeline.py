@@ -17,8 +17,13 @@ PAPER_RESULTS = Path("config/paper_results.csv")
 
 
 def prepare_all(wf: WorkflowConfig) -> list[Path]:
-    out = [prepare_dataset(name, opts, wf.data_dir) for name, opts in wf.datasets_to_prepare().values()]
-    out += [prepare_public(spec, private, wf.data_dir) for private, spec in wf.holdouts_to_prepare().values()]
+    out = [
+        prepare_dataset(name, opts, wf.data_dir) for name, opts in wf.datasets_to_prepare().values()
+    ]
+    out += [
+        prepare_public(spec, private, wf.data_dir)
+        for private, spec in wf.holdouts_to_prepare().values()
+    ]
     return out
 
 
@@ -30,7 +35,9 @@ def partition_one(ds: DatasetSpec, spec: PartitionSpec, data_dir: str, out_dir: 
     public = load_public(ds.public, ds.id, data_dir, with_labels=False)
     excluded = public.excluded_train_rows if public is not None else None
     assignment = make_partition(data.y_train, spec, excluded)
-    out = save_partition(out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id)
+    out = save_partition(
+        out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id
+    )
     counts = class_counts(assignment, data.y_train, spec.clients, data.num_classes)
     partition_heatmap(counts, out / "heatmap.png", f"{ds.pool_id}: {spec.slug}", data.class_names)
     return out
@@ -48,7 +55,9 @@ def figures_dir(wf: WorkflowConfig, exp: str) -> Path:
     return Path(wf.results_dir) / exp / "figures"
 
 
-def run_all(wf: WorkflowConfig, force: bool = False, progress: bool | None = None) -> dict[str, Any]:
+def run_all(
+    wf: WorkflowConfig, force: bool = False, progress: bool | None = None
+) -> dict[str, Any]:
     """Every step for every experiment, in-process, skipping runs whose run.json says
     completed with the same config hash (unless ``force``)."""
     import json
@@ -71,10 +80,19 @@ def run_all(wf: WorkflowConfig, force: bool = False, progress: bool | None = Non
             rj = rc.run_dir / "run.json"
             if not force and rj.exists():
                 rec = json.loads(rj.read_text())
-                if rec.get("config_hash") == rc.hash and rec.get("status") in ("completed", "diverged"):
+                if rec.get("config_hash") == rc.hash and rec.get("status") in (
+                    "completed",
+                    "diverged",
+                ):
                     continue
             run_training(rc, rc.run_dir, progress)
-        table = aggregate(experiment_run_dirs(wf, exp), summary_dir(wf, exp.name), exp.name, exp.paper, PAPER_RESULTS)
+        table = aggregate(
+            experiment_run_dirs(wf, exp),
+            summary_dir(wf, exp.name),
+            exp.name,
+            exp.paper,
+            PAPER_RESULTS,
+        )
         plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name))
         done[exp.name] = table
     return done

@@ -26,10 +26,15 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=120, bbox_inches="tight"))
+    atomic_write(
+        path,
+        lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=120, bbox_inches="tight"),
+    )
 
 
-def learning_curves(metrics: pd.DataFrame, column: str, path: str | Path, title: str | None = None) -> Path:
+def learning_curves(
+    metrics: pd.DataFrame, column: str, path: str | Path, title: str | None = None
+) -> Path:
     """One panel per dataset x setting, one line per method, band = ±1 std over seeds."""
     import seaborn as sns
 
@@ -39,15 +44,29 @@ def learning_curves(metrics: pd.DataFrame, column: str, path: str | Path, title:
     panels = list(dict.fromkeys(zip(df["dataset"], df["setting"]))) or [("", "")]
     ncol = min(3, len(panels))
     nrow = int(np.ceil(len(panels) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.4 * nrow), squeeze=False, sharey=column.endswith("acc") or column.endswith("acc_mean"))
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(4.6 * ncol, 3.4 * nrow),
+        squeeze=False,
+        sharey=column.endswith("acc") or column.endswith("acc_mean"),
+    )
     for ax, (ds, setting) in zip(axes.flat, panels):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
         if len(sub):
-            sns.lineplot(data=sub, x="round", y=column, hue="method", errorbar="sd", ax=ax, legend=ax is axes.flat[0])
+            sns.lineplot(
+                data=sub,
+                x="round",
+                y=column,
+                hue="method",
+                errorbar="sd",
+                ax=ax,
+                legend=ax is axes.flat[0],
+            )
         ax.set_title(f"{ds} {setting}".strip())
         ax.set_ylabel(column if ax is axes.flat[0] else "")
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(title or CURVES.get(column, column) + " (band: ±1 std over seeds)")
     fig.tight_layout()
@@ -56,7 +75,9 @@ def learning_curves(metrics: pd.DataFrame, column: str, path: str | Path, title:
     return path
 
 
-def partition_heatmap(counts: np.ndarray, path: str | Path, title: str, class_names: list[str] | None = None) -> Path:
+def partition_heatmap(
+    counts: np.ndarray, path: str | Path, title: str, class_names: list[str] | None = None
+) -> Path:
     """Clients x classes sample counts."""
     import seaborn as sns
 

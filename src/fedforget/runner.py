@@ -40,7 +40,9 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def run_training(cfg: RunConfig, out_dir: str | Path, progress: bool | None = None) -> dict[str, Any]:
+def run_training(
+    cfg: RunConfig, out_dir: str | Path, progress: bool | None = None
+) -> dict[str, Any]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
@@ -59,12 +61,25 @@ def run_training(cfg: RunConfig, out_dir: str | Path, progress: bool | None = No
         record["torch_threads"] = torch.get_num_threads()
         status, rows, message = sim.run(progress=progress)
         atomic_write_text(out / "metrics.csv", metrics_csv(rows))
-        atomic_write(out / "model.pt", lambda tmp: torch.save({k: v.cpu() for k, v in sim.global_params.items()}, tmp))
+        atomic_write(
+            out / "model.pt",
+            lambda tmp: torch.save({k: v.cpu() for k, v in sim.global_params.items()}, tmp),
+        )
     except BaseException as e:
-        record.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), wall_time_s=time.perf_counter() - t0, finished_at=_now())
+        record.update(
+            status="failed",
+            error=f"{type(e).__name__}: {e}",
+            traceback=traceback.format_exc(),
+            wall_time_s=time.perf_counter() - t0,
+            finished_at=_now(),
+        )
         atomic_write_json(out / "run.json", record)
         raise
-    accs = [r["global_model_test_acc"] for r in rows if r["round"] > 0 and r.get("global_model_test_acc") is not None]
+    accs = [
+        r["global_model_test_acc"]
+        for r in rows
+        if r["round"] > 0 and r.get("global_model_test_acc") is not None
+    ]
     record.update(
         status=status,
         message=message,

@@ -89,7 +89,17 @@ def package_versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for name in ("fedforget", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d", "pandas", "snakemake", "dvc"):
+    for name in (
+        "fedforget",
+        "torch",
+        "torchvision",
+        "numpy",
+        "scikit-learn",
+        "mnist1d",
+        "pandas",
+        "snakemake",
+        "dvc",
+    ):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:

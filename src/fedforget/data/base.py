@@ -72,7 +72,7 @@ def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return str(int(v))
     if isinstance(v, float):
-        return f"{v:g}"
+        return repr(v)  # shortest exact form: distinct values never share an id
     if isinstance(v, (list, tuple)):
         return "x".join(_fmt(i) for i in v)
     return str(v)
@@ -163,8 +163,12 @@ class TensorData:
 
 def load_dataset(did: str, root: str | Path, verify: bool = True) -> TensorData:
     directory = Path(root) / did
-    meta = read_meta(directory, f"dataset '{did}'", f"run `fedforget prepare --dataset {did.split('-')[0]}`")
-    arrays = {k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify) for k in ARRAYS}
+    meta = read_meta(
+        directory, f"dataset '{did}'", f"run `fedforget prepare --dataset {did.split('-')[0]}`"
+    )
+    arrays = {
+        k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify) for k in ARRAYS
+    }
     return TensorData(
         id=did,
         num_classes=int(meta["num_classes"]),
@@ -234,14 +238,27 @@ class PublicSet:
     excluded_train_rows: np.ndarray  # rows of the private train split that are not private
 
 
-def load_public(spec: Mapping[str, Any] | None, private_id: str, root: str | Path, with_labels: bool, verify: bool = True) -> PublicSet | None:
+def load_public(
+    spec: Mapping[str, Any] | None,
+    private_id: str,
+    root: str | Path,
+    with_labels: bool,
+    verify: bool = True,
+) -> PublicSet | None:
     if not spec:
         return None
     pid = public_id(spec, private_id)
     if spec["source"] == "holdout":
         directory = Path(root) / "public" / pid
-        meta = read_meta(directory, f"public set '{pid}'", "run `fedforget prepare` with the experiment config")
-        arr = {k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify) for k in ("x", "y", "indices")}
+        meta = read_meta(
+            directory, f"public set '{pid}'", "run `fedforget prepare` with the experiment config"
+        )
+        arr = {
+            k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify)
+            for k in ("x", "y", "indices")
+        }
         return PublicSet(pid, arr["x"], arr["y"] if with_labels else None, arr["indices"])
     other = load_dataset(pid, root, verify)
-    return PublicSet(pid, other.x_train, other.y_train if with_labels else None, np.zeros(0, dtype=np.int64))
+    return PublicSet(
+        pid, other.x_train, other.y_train if with_labels else None, np.zeros(0, dtype=np.int64)
+    )

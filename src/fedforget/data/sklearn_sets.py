@@ -38,7 +38,9 @@ def build_iris(pca: int = 0) -> Arrays:
 
 def _check_iris(o: Mapping[str, Any]) -> None:
     if o["pca"] not in (0, 1, 2, 3, 4):
-        raise FedForgetError(f"dataset 'iris': option pca={o['pca']!r}; allowed: 0 (off) or 1..4 components")
+        raise FedForgetError(
+            f"dataset 'iris': option pca={o['pca']!r}; allowed: 0 (off) or 1..4 components"
+        )
 
 
 DATASETS.register("iris")(

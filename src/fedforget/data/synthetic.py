@@ -23,7 +23,13 @@ def build_mnist1d(num_samples: int = 5000, train_split: float = 0.8, seed: int =
         d = make_dataset(args)
     finally:
         np.random.set_state(state)
-    return Arrays(d["x"][:, None, :], d["y"], d["x_test"][:, None, :], d["y_test"], [str(i) for i in range(10)])
+    return Arrays(
+        d["x"][:, None, :],
+        d["y"],
+        d["x_test"][:, None, :],
+        d["y_test"],
+        [str(i) for i in range(10)],
+    )
 
 
 def _sizes(o: Mapping[str, Any]) -> tuple[int, int]:
@@ -36,7 +42,9 @@ def _check(o: Mapping[str, Any]) -> None:
     if int(o["num_samples"]) < 20:
         raise FedForgetError(f"dataset 'mnist1d': num_samples={o['num_samples']}; allowed: >= 20")
     if not 0.0 < float(o["train_split"]) < 1.0:
-        raise FedForgetError(f"dataset 'mnist1d': train_split={o['train_split']}; allowed: in (0, 1)")
+        raise FedForgetError(
+            f"dataset 'mnist1d': train_split={o['train_split']}; allowed: in (0, 1)"
+        )
 
 
 DATASETS.register("mnist1d")(

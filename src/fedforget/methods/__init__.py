@@ -10,7 +10,17 @@ from . import fedavg  # noqa: F401  (registers)
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
 from .registry import METHODS
 
-__all__ = ["METHODS", "ClientContext", "FedAvg", "RunInfo", "ServerContext", "Upload", "check_params", "make_params", "weighted_average"]
+__all__ = [
+    "METHODS",
+    "ClientContext",
+    "FedAvg",
+    "RunInfo",
+    "ServerContext",
+    "Upload",
+    "check_params",
+    "make_params",
+    "weighted_average",
+]
 
 
 def make_params(name: str, params: dict[str, Any], key: str = "params") -> Any:

@@ -155,7 +155,14 @@ class FedAvg:
     def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits, y)
 
-    def extra_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
+    def extra_loss(
+        self,
+        ctx: ClientContext,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        features: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> torch.Tensor | None:
         """Extra local loss terms (FedProx's proximal term, MOON's contrastive term, ...)."""
         return None
 

@@ -1,0 +1,190 @@
+"""FedAvg's weighted average, and the over-seeds summary tables (aggregate.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from fedforget.aggregate import attach_paper, collect, markdown, summarise
+from fedforget.methods import weighted_average
+
+# ----------------------------------------------------------------------------- weighted_average
+
+
+def _state(scale: float, steps: int = 0) -> dict[str, torch.Tensor]:
+    return {
+        "w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * scale,
+        "b": torch.tensor([scale, -scale]),
+        "num_batches_tracked": torch.tensor(steps, dtype=torch.int64),
+    }
+
+
+def test_weighted_average_two_clients_hand_computed():
+    a, b = _state(1.0, steps=5), _state(5.0, steps=9)
+    out = weighted_average([a, b], [1, 3])
+    # 0.25 * theta_a + 0.75 * theta_b = (0.25 + 3.75) * base = 4 * base
+    torch.testing.assert_close(out["w"], torch.tensor([[4.0, 8.0], [12.0, 16.0]]))
+    torch.testing.assert_close(out["b"], torch.tensor([4.0, -4.0]))
+    assert out["w"].dtype == torch.float32
+
+
+def test_weighted_average_weights_are_normalised():
+    a, b = _state(1.0), _state(5.0)
+    ref = weighted_average([a, b], [1, 3])
+    for scale in (0.001, 10, 1e6):
+        out = weighted_average([a, b], [1 * scale, 3 * scale])
+        for k in ref:
+            torch.testing.assert_close(out[k], ref[k])
+    # equal weights -> plain mean
+    out = weighted_average([a, b], [7, 7])
+    torch.testing.assert_close(out["w"], (a["w"] + b["w"]) / 2)
+
+
+def test_identical_clients_average_to_themselves():
+    g = torch.Generator().manual_seed(0)
+    s = {"w": torch.randn(5, 7, generator=g), "b": torch.randn(7, generator=g)}
+    out = weighted_average([s, s, s], [3, 100, 17])
+    for k in s:
+        torch.testing.assert_close(out[k], s[k], rtol=1e-6, atol=1e-6)
+
+
+def test_single_client_is_exact_copy():
+    s = _state(3.3)
+    out = weighted_average([s], [42])
+    for k in s:
+        assert torch.equal(out[k], s[k])
+
+
+def test_integer_buffers_kept_and_inputs_untouched():
+    a, b = _state(1.0, steps=5), _state(5.0, steps=9)
+    before = {k: {n: v.clone() for n, v in s.items()} for k, s in (("a", a), ("b", b))}
+    out = weighted_average([a, b], [1, 3])
+    assert out["num_batches_tracked"].dtype == torch.int64
+    assert int(out["num_batches_tracked"]) == 5  # the first client's value
+    for name, s in (("a", a), ("b", b)):
+        for k, v in s.items():
+            assert torch.equal(v, before[name][k]), f"input {name}.{k} was modified"
+    # the output does not alias an input
+    out["w"].add_(1.0)
+    assert torch.equal(a["w"], before["a"]["w"])
+
+
+# ----------------------------------------------------------------------------- summary tables
+
+
+def _runs() -> pd.DataFrame:
+    keys = {"experiment": "e", "clients": 10, "partition_seed": 0}
+    rows = []
+    # group A: three completed seeds
+    for seed, final, best in ((0, 0.8, 0.85), (1, 0.9, 0.95), (2, 0.7, 0.90)):
+        rows.append({**keys, "dataset": "digits", "setting": "iid", "method": "fedavg", "seed": seed,
+                     "status": "completed", "final_global_model_test_acc": final, "best_global_model_test_acc": best})  # fmt: skip
+    # group B: two completed, one diverged
+    for seed, final, status in (
+        (0, 0.5, "completed"),
+        (1, 0.6, "completed"),
+        (2, math.nan, "diverged"),
+    ):
+        rows.append({**keys, "dataset": "digits", "setting": "dirichlet-0.1", "method": "fedavg", "seed": seed,
+                     "status": status, "final_global_model_test_acc": final, "best_global_model_test_acc": final})  # fmt: skip
+    # group C: every seed diverged
+    for seed in (0, 1):
+        rows.append({**keys, "dataset": "digits", "setting": "dirichlet-0.1", "method": "fedprox", "seed": seed,
+                     "status": "diverged", "final_global_model_test_acc": math.nan, "best_global_model_test_acc": math.nan})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _row(table, setting, method):
+    r = table[(table["setting"] == setting) & (table["method"] == method)]
+    assert len(r) == 1
+    return r.iloc[0]
+
+
+def test_summarise_mean_and_sample_std_in_percent():
+    t = summarise(_runs())
+    assert len(t) == 3
+    a = _row(t, "iid", "fedavg")
+    assert a["final_acc_mean"] == pytest.approx(80.0)
+    assert a["final_acc_std"] == pytest.approx(10.0)  # ddof = 1 (ddof = 0 would give 8.165)
+    assert a["best_acc_mean"] == pytest.approx(90.0)
+    assert a["best_acc_std"] == pytest.approx(5.0)
+    assert a["n_seeds"] == 3 and a["n_failed"] == 0 and a["status"] == "ok"
+
+
+def test_summarise_diverged_seed_marks_group_failed():
+    t = summarise(_runs())
+    b = _row(t, "dirichlet-0.1", "fedavg")
+    assert b["status"] == "failed"
+    assert b["n_failed"] == 1 and b["n_seeds"] == 3
+    assert b["final_acc_mean"] == pytest.approx(55.0)
+    assert b["final_acc_std"] == pytest.approx(math.sqrt(50.0))
+    c = _row(t, "dirichlet-0.1", "fedprox")
+    assert c["status"] == "failed" and c["n_failed"] == 2
+    assert math.isnan(c["final_acc_mean"])
+
+
+def test_summarise_single_seed_std_zero():
+    runs = _runs().iloc[:1]
+    t = summarise(runs)
+    assert t.iloc[0]["final_acc_std"] == 0.0
+    assert t.iloc[0]["final_acc_mean"] == pytest.approx(80.0)
+
+
+def test_markdown_reports_values_and_failures():
+    t = attach_paper(summarise(_runs()), None, None)
+    md = markdown(t, "e")
+    assert md.startswith("# e\n")
+    assert "80.00 ± 10.00" in md
+    assert "55.00 ± 7.07 (failed seeds)" in md
+    assert "failed" in md
+    fedprox_lines = [line for line in md.splitlines() if line.startswith("| fedprox |")]
+    assert len(fedprox_lines) == 2  # final and best tables
+    assert all("| failed |" in line for line in fedprox_lines)
+    header = [line for line in md.splitlines() if line.startswith("| method |")][0]
+    assert "digits iid" in header and "digits dirichlet-0.1" in header
+    assert "ddof = 1" in md
+
+
+def test_attach_paper_matches_rows(tmp_path):
+    ref = tmp_path / "paper.csv"
+    ref.write_text(
+        "paper,table,dataset,setting,method,metric,value,std\n"
+        "P,2,DIGITS,iid,FedAvg,accuracy,77.5,1.5\n"
+        "P,2,DIGITS,iid,FedAvg,loss,0.5,\n"
+        "Q,2,DIGITS,iid,FedAvg,accuracy,11.0,\n"
+    )
+    t = attach_paper(
+        summarise(_runs()), {"name": "P", "table": 2, "dataset_map": {"digits": "DIGITS"}}, ref
+    )
+    a = _row(t, "iid", "fedavg")
+    assert a["paper_acc"] == 77.5 and a["paper_std"] == 1.5
+    assert math.isnan(_row(t, "dirichlet-0.1", "fedavg")["paper_acc"])
+    assert "(paper 77.50)" in markdown(t, "e")
+
+
+def _fake_run(d, seed, status, final, best):
+    d.mkdir(parents=True)
+    cfg = {
+        "experiment": "e", "seed": seed, "method": {"label": "fedavg"}, "dataset": {"label": "iris"},
+        "partition": {"scheme": "dirichlet", "clients": 3, "alpha": 0.5, "min_size": 10, "max_redraws": 1000, "seed": 0},
+    }  # fmt: skip
+    rec = {"status": status, "config": cfg, "config_hash": f"h{seed}", "final_global_model_test_acc": final,
+           "best_global_model_test_acc": best, "rounds_completed": 2, "versions": {"torch": "x"}}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(rec))
+    (d / "metrics.csv").write_text("round,global_model_test_acc\n0,0.1\n1,0.5\n")
+
+
+def test_collect_reads_runs_and_ignores_accuracy_of_failed(tmp_path):
+    _fake_run(tmp_path / "s0", 0, "completed", 0.9, 0.95)
+    _fake_run(tmp_path / "s1", 1, "diverged", None, 0.4)
+    runs, metrics = collect([tmp_path / "s0", tmp_path / "s1"])
+    assert runs["setting"].tolist() == ["dirichlet-0.5", "dirichlet-0.5"]
+    assert runs.loc[0, "final_global_model_test_acc"] == 0.9
+    assert math.isnan(runs.loc[1, "best_global_model_test_acc"])
+    assert len(metrics) == 4 and set(metrics["seed"]) == {0, 1}
+    t = summarise(runs)
+    assert t.iloc[0]["status"] == "failed" and t.iloc[0]["final_acc_mean"] == pytest.approx(90.0)

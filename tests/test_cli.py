@@ -1,0 +1,104 @@
+"""The console script, in-process via ``fedforget.cli.main``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import fedforget
+from fedforget.cli import main
+from fedforget.data import DATASETS
+from fedforget.methods import METHODS
+from fedforget.models import MODELS
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["--version"])
+    assert ei.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedforget {fedforget.__version__}"
+
+
+@pytest.mark.parametrize(
+    "cmd,registry,must",
+    [
+        ("datasets", DATASETS, {"digits", "mnist1d", "iris"}),
+        ("methods", METHODS, {"fedavg"}),
+        ("models", MODELS, {"mlp", "cnn2d", "cnn1d"}),
+    ],
+)
+def test_list_commands_one_name_per_line(capsys, cmd, registry, must):
+    assert main([cmd]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == registry.names() == sorted(lines)
+    assert must <= set(lines)
+    assert all(line and " " not in line for line in lines)
+
+
+def test_partitioners(capsys):
+    assert main(["partitioners"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["dirichlet", "iid", "shards"]
+
+
+def test_validate_shipped_config(capsys, repo_root):
+    assert main(["validate", "--config", str(repo_root / "config/config.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "valid" in out
+    assert "= 18 training jobs" in out
+
+
+def test_validate_bad_config_exit_2(capsys, tmp_path, repo_root):
+    cfg = yaml.safe_load((repo_root / "config/config.yaml").read_text())
+    cfg["experiments"][0]["partitions"][0]["alpha"] = -0.25
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", "--config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err
+    assert err.startswith("fedforget: error: invalid config")
+    assert "experiments[0].partitions[0].alpha" in err and "-0.25" in err
+    assert len(err.strip().splitlines()) <= 3
+    assert "Traceback" not in err
+
+
+def test_validate_missing_config_file(capsys, tmp_path):
+    assert main(["validate", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_prepare_unknown_dataset_lists_allowed(capsys, tmp_path):
+    assert main(["prepare", "--dataset", "nope", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown dataset 'nope'" in err and "digits, iris, mnist1d" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_prepare_and_bad_options(capsys, tmp_path):
+    assert (
+        main(["prepare", "--dataset", "iris", "--options", '{"pca": 2}', "--root", str(tmp_path)])
+        == 0
+    )
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("iris-pca2")
+    assert json.loads((tmp_path / "iris-pca2" / "meta.json").read_text())["input_shape"] == [2]
+    assert (
+        main(["prepare", "--dataset", "iris", "--options", "{pca: 2", "--root", str(tmp_path)]) == 2
+    )
+    assert "--options: not valid JSON" in capsys.readouterr().err
+    assert main(["prepare", "--root", str(tmp_path)]) == 2
+    assert "prepare needs --dataset" in capsys.readouterr().err
+
+
+def test_plan_lists_18_run_dirs(capsys, repo_root):
+    assert main(["plan", "--config", str(repo_root / "config/config.yaml")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(set(lines)) == 18
+
+
+def test_no_subcommand_is_usage_error(capsys):
+    with pytest.raises(SystemExit) as ei:
+        main([])
+    assert ei.value.code == 2

@@ -1,0 +1,266 @@
+"""Config validation: a catalogue of bad configs, each rejected with a message naming the
+offending key and value; the shipped config; RunConfig round trips; schema defaults."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from fedforget.config import (
+    OptimizerSpec,
+    RunConfig,
+    TrainSpec,
+    load_config,
+    load_run_config,
+    load_yaml,
+    parse_config,
+    partition_dir,
+    schema,
+)
+from fedforget.partition import PartitionSpec
+from fedforget.utils import FedForgetError
+
+
+def ex(d):
+    return d["experiments"][0]
+
+
+def part(d):
+    return ex(d)["partitions"][0]
+
+
+def dset(d):
+    return ex(d)["datasets"][0]
+
+
+# (id, mutation of a minimal valid config, substrings the error message must contain)
+BAD = [
+    ("unknown-dataset", lambda d: dset(d).update(name="cifar99"),
+     ["experiments[0].datasets[0].name", "unknown dataset 'cifar99'", "digits, iris, mnist1d"]),
+    ("unknown-method", lambda d: ex(d)["methods"][0].update(name="fedmagic"),
+     ["experiments[0].methods[0].name", "unknown method 'fedmagic'", "fedavg"]),
+    ("unknown-model", lambda d: dset(d).update(model="resnet999"),
+     ["experiments[0].datasets[0].model.name", "unknown model 'resnet999'", "mlp"]),
+    ("unknown-model-option", lambda d: dset(d).update(model={"name": "mlp", "options": {"depth": 3}}),
+     ["experiments[0].datasets[0].model", "'depth'", "hidden"]),
+    ("unknown-scheme", lambda d: part(d).update(scheme="pathological"),
+     ["experiments[0].partitions[0].scheme", "'pathological'", "dirichlet"]),
+    ("alpha-zero", lambda d: part(d).update(scheme="dirichlet", alpha=0),
+     ["experiments[0].partitions[0].alpha", "0 is less than or equal to the minimum of 0"]),
+    ("alpha-negative", lambda d: part(d).update(scheme="dirichlet", alpha=-0.5),
+     ["experiments[0].partitions[0].alpha", "-0.5"]),
+    ("alpha-missing", lambda d: part(d).update(scheme="dirichlet"),
+     ["experiments[0].partitions[0]", "'alpha' is a required property"]),
+    ("shards-missing", lambda d: part(d).update(scheme="shards"),
+     ["experiments[0].partitions[0]", "'shards_per_client' is a required property"]),
+    ("clients-zero", lambda d: part(d).update(clients=0),
+     ["experiments[0].partitions[0].clients", "0 is less than the minimum of 1"]),
+    ("clients-gt-samples", lambda d: part(d).update(clients=121),
+     ["experiments[0].partitions[0].clients=121", "120 training samples", "'iris'"]),
+    ("clients-gt-pool-after-holdout", lambda d: (dset(d).update(name="digits", public={"source": "holdout", "fraction": 0.5}),
+                                                 part(d).update(clients=700)),
+     ["clients=700", "673 training samples", "'digits'"]),
+    ("shards-times-clients-gt-samples", lambda d: part(d).update(scheme="shards", shards_per_client=2, clients=61),
+     ["experiments[0].partitions[0]", "shards_per_client=2", "clients=61", "122", "120"]),
+    ("min-size-times-clients-gt-samples", lambda d: part(d).update(scheme="dirichlet", alpha=0.5, clients=20, min_size=10),
+     ["experiments[0].partitions[0]", "min_size=10", "clients=20", "200", "120"]),
+    ("duplicate-partition", lambda d: ex(d)["partitions"].append(dict(part(d))),
+     ["experiments[0].partitions[1]", "duplicate partition", "iid_k3_ps0"]),
+    ("sample-rate-zero", lambda d: ex(d).update(train={"sample_rate": 0}),
+     ["experiments[0].train.sample_rate", "0 is less than or equal to the minimum of 0"]),
+    ("sample-rate-1.5", lambda d: ex(d).update(train={"sample_rate": 1.5}),
+     ["experiments[0].train.sample_rate", "1.5 is greater than the maximum of 1"]),
+    ("lr-zero", lambda d: ex(d).update(train={"optimizer": {"lr": 0}}),
+     ["experiments[0].train.optimizer.lr", "0"]),
+    ("unknown-optimizer", lambda d: ex(d).update(train={"optimizer": {"name": "rmsprop"}}),
+     ["experiments[0].train.optimizer.name", "'rmsprop'", "sgd"]),
+    ("unknown-train-key", lambda d: ex(d).update(train={"epochs": 3}),
+     ["experiments[0].train", "'epochs' was unexpected"]),
+    ("bad-device", lambda d: ex(d).update(train={"device": "gpu"}),
+     ["experiments[0].train.device", "'gpu'"]),
+    ("negative-seed", lambda d: ex(d).update(seeds=[0, -1]),
+     ["experiments[0].seeds[1]", "-1 is less than the minimum of 0"]),
+    ("duplicate-seeds", lambda d: ex(d).update(seeds=[0, 1, 1]),
+     ["experiments[0].seeds", "duplicate seeds", "[0, 1, 1]"]),
+    ("no-seeds", lambda d: ex(d).update(seeds=[]),
+     ["experiments[0].seeds", "should be non-empty"]),
+    ("duplicate-experiment-name", lambda d: d["experiments"].append(copy.deepcopy(ex(d))),
+     ["experiments[1].name", "duplicate experiment name 'tiny'"]),
+    ("bad-experiment-name", lambda d: ex(d).update(name="has space"),
+     ["experiments[0].name", "'has space'"]),
+    ("missing-partitions", lambda d: ex(d).pop("partitions"),
+     ["experiments[0]", "'partitions' is a required property"]),
+    ("missing-experiments", lambda d: d.pop("experiments"),
+     ["'experiments' is a required property"]),
+    ("unknown-top-level-key", lambda d: d.update(result_dir="x"),
+     ["<top level>", "'result_dir' was unexpected"]),
+    ("unknown-partition-key", lambda d: part(d).update(beta=0.3),
+     ["experiments[0].partitions[0]", "'beta' was unexpected"]),
+    ("fedavg-unknown-hyperparameter", lambda d: ex(d)["methods"][0].update(params={"mu": 0.01}),
+     ["experiments[0].methods[0].params", "['mu']", "'fedavg'"]),
+    ("duplicate-method-label", lambda d: ex(d)["methods"].append({"name": "fedavg"}),
+     ["experiments[0].methods[1].label", "duplicate method label 'fedavg'"]),
+    ("duplicate-dataset-label", lambda d: ex(d)["datasets"].append(dict(dset(d))),
+     ["experiments[0].datasets[1].label", "duplicate dataset label 'iris'"]),
+    ("cnn2d-on-mnist1d", lambda d: dset(d).update(name="mnist1d", model="cnn2d"),
+     ["experiments[0].datasets[0].model", "cnn2d", "rank 3", "[1, 40]"]),
+    ("cnn1d-on-digits", lambda d: dset(d).update(name="digits", model="cnn1d"),
+     ["experiments[0].datasets[0].model", "cnn1d", "rank 2", "[1, 8, 8]"]),
+    ("unknown-dataset-option", lambda d: dset(d).update(options={"pcaa": 2}),
+     ["'iris'", "['pcaa']", "pca"]),
+    ("bad-dataset-option-value", lambda d: dset(d).update(options={"pca": 9}),
+     ["'iris'", "pca=9"]),
+    ("public-shape-mismatch", lambda d: dset(d).update(name="digits", model="cnn2d", public={"source": "dataset", "dataset": "iris"}),
+     ["experiments[0].datasets[0].public.dataset", "'iris'", "[4]", "[1, 8, 8]"]),
+    ("public-unknown-dataset", lambda d: dset(d).update(public={"source": "dataset", "dataset": "nope"}),
+     ["experiments[0].datasets[0].public.dataset", "unknown dataset 'nope'"]),
+    ("holdout-fraction-1", lambda d: dset(d).update(public={"source": "holdout", "fraction": 1.0}),
+     ["experiments[0].datasets[0].public", "matches no allowed form"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("mutate,expected", [pytest.param(m, e, id=i) for i, m, e in BAD])
+def test_bad_config_rejected_with_named_key(minimal_config, mutate, expected):
+    parse_config(copy.deepcopy(minimal_config))  # the base is valid
+    mutate(minimal_config)
+    with pytest.raises(FedForgetError) as ei:
+        parse_config(minimal_config)
+    msg = str(ei.value)
+    assert msg.startswith("invalid config:")
+    for s in expected:
+        assert s in msg, f"{s!r} not in {msg!r}"
+
+
+def test_catalogue_is_large_enough():
+    assert len(BAD) >= 15
+
+
+def test_all_problems_reported_at_once(minimal_config):
+    ex(minimal_config)["methods"][0]["name"] = "nope"
+    ex(minimal_config)["seeds"] = [2, 2]
+    part(minimal_config)["clients"] = 500
+    with pytest.raises(FedForgetError) as ei:
+        parse_config(minimal_config)
+    msg = str(ei.value)
+    assert "unknown method 'nope'" in msg and "duplicate seeds" in msg and "clients=500" in msg
+
+
+def test_minimal_config_defaults(minimal_config):
+    wf = parse_config(minimal_config)
+    (rc,) = wf.runs()
+    assert rc.train == TrainSpec()
+    assert rc.partition == PartitionSpec("iid", clients=3)
+    assert rc.dataset.label == "iris" and rc.dataset.options == {"pca": 0}
+    assert rc.method.label == "fedavg" and rc.method.params == {}
+    assert wf.data_dir == "data" and wf.results_dir == "results"
+
+
+def test_shipped_config_parses_to_18_runs(repo_root):
+    wf = load_config(repo_root / "config/config.yaml")
+    runs = wf.runs()
+    assert len(runs) == 18
+    assert len({r.run_dir for r in runs}) == 18
+    assert len({r.hash for r in runs}) == 18
+    assert len({r.partition_dir for r in runs}) == 6  # 2 datasets x 3 partitions, shared by seeds
+    t = runs[0].train
+    assert (t.rounds, t.local_epochs, t.sample_rate, t.lr_decay) == (30, 2, 0.5, 0.99)
+    assert t.optimizer == OptimizerSpec("sgd", 0.05, 0.9, 0.0, (0.9, 0.999))
+    assert set(wf.datasets_to_prepare()) == {"digits", "mnist1d"}
+    assert set(wf.holdouts_to_prepare()) == {"digits-holdout0.1-s0", "mnist1d-holdout0.1-s0"}
+    # the holdout is excluded from the pool, so partitions live under the pool id
+    assert all(r.partition_dir.parts[-2].endswith("-holdout0.1-s0") for r in runs)
+
+
+def test_run_config_round_trip_keeps_hash(repo_root, make_run_config):
+    runs = load_config(repo_root / "config/config.yaml").runs()
+    runs.append(make_run_config(partition=PartitionSpec("iid", clients=2)))
+    runs.append(make_run_config(optimizer={"name": "adam", "lr": 0.001, "betas": (0.8, 0.9)}))
+    for rc in runs:
+        d = json.loads(json.dumps(rc.to_dict()))  # as stored in run.json
+        back = RunConfig.from_dict(d)
+        assert back.hash == rc.hash
+        assert back == rc
+        assert back.run_dir == rc.run_dir and back.partition_dir == rc.partition_dir
+
+
+def test_run_config_hash_changes_with_settings(make_run_config):
+    base = make_run_config()
+    assert make_run_config(seed=1).hash != base.hash
+    assert make_run_config(rounds=3).hash != base.hash
+    assert make_run_config(partition=PartitionSpec("iid", clients=4, seed=1)).hash != base.hash
+    assert make_run_config().hash == base.hash
+
+
+def test_load_run_config_accepts_run_json(tmp_path, make_run_config):
+    rc = make_run_config()
+    (tmp_path / "run.json").write_text(json.dumps({"status": "completed", "config": rc.to_dict()}))
+    assert load_run_config(tmp_path / "run.json").hash == rc.hash
+    (tmp_path / "bad.json").write_text(json.dumps({"experiment": "x"}))
+    with pytest.raises(FedForgetError, match="missing or unexpected key"):
+        load_run_config(tmp_path / "bad.json")
+
+
+def test_partition_slug_and_path_differ_when_alpha_differs(repo_root):
+    wf = load_config(repo_root / "config/config.yaml")
+    ds = wf.experiments[0].datasets[0]
+    a = PartitionSpec("dirichlet", clients=20, alpha=0.1, min_size=10)
+    b = PartitionSpec("dirichlet", clients=20, alpha=0.5, min_size=10)
+    assert a.slug != b.slug
+    assert partition_dir("r", ds, a) != partition_dir("r", ds, b)
+
+
+@pytest.mark.parametrize("alpha_a,alpha_b", [(0.1, 0.1000001), (0.123456, 0.1234564)])
+def test_partition_slug_injective_in_alpha(alpha_a, alpha_b):
+    a = PartitionSpec("dirichlet", clients=20, alpha=alpha_a, min_size=10)
+    b = PartitionSpec("dirichlet", clients=20, alpha=alpha_b, min_size=10)
+    assert a.slug != b.slug
+
+
+def _schema_defaults(defn: str) -> dict:
+    props = schema()["$defs"][defn]["properties"]
+    return {k: v["default"] for k, v in props.items() if "default" in v}
+
+
+def test_schema_train_defaults_match_dataclass():
+    defaults = _schema_defaults("train")
+    t = TrainSpec()
+    names = {f.name for f in fields(TrainSpec)} - {"optimizer"}
+    assert set(defaults) == names  # every field has a documented default
+    for k, v in defaults.items():
+        assert getattr(t, k) == v, k
+    assert set(schema()["$defs"]["train"]["properties"]) == names | {"optimizer"}
+
+
+def test_schema_optimizer_defaults_match_dataclass():
+    defaults = _schema_defaults("optimizer")
+    o = OptimizerSpec()
+    assert set(defaults) == {f.name for f in fields(OptimizerSpec)}
+    for k, v in defaults.items():
+        got = getattr(o, k)
+        assert (list(got) if isinstance(got, tuple) else got) == v, k
+
+
+def test_schema_partition_defaults_match_dataclass():
+    defaults = _schema_defaults("partition")
+    p = PartitionSpec()
+    assert set(defaults) == {"min_size", "max_redraws", "seed"}
+    for k, v in defaults.items():
+        assert getattr(p, k) == v, k
+    assert set(schema()["$defs"]["partition"]["properties"]) == {
+        f.name for f in fields(PartitionSpec)
+    }
+
+
+def test_load_yaml_errors(tmp_path):
+    with pytest.raises(FedForgetError, match="config file not found"):
+        load_yaml(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("experiments: [\n")
+    with pytest.raises(FedForgetError, match="not valid YAML"):
+        load_yaml(tmp_path / "bad.yaml")
+    (tmp_path / "list.yaml").write_text(yaml.safe_dump([1, 2]))
+    with pytest.raises(FedForgetError, match="mapping at the top level"):
+        load_yaml(tmp_path / "list.yaml")

@@ -1,0 +1,378 @@
+"""The simulation engine: determinism, keyed client sampling, FedAvg == local SGD for one
+client, run outputs, divergence handling."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import uuid
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fedforget
+from fedforget.config import RunConfig
+from fedforget.data import load_dataset
+from fedforget.engine import BASE_COLUMNS, INIT_STREAM, SHUFFLE_STREAM, Simulation, sample_clients
+from fedforget.methods import METHODS, FedAvg
+from fedforget.models import build_model
+from fedforget.partition import PartitionSpec, client_indices, make_partition, save_partition
+from fedforget.runner import run_training
+from fedforget.utils import torch_seed
+
+CPU = torch.device("cpu")
+TIMING = {"train_time_s", "eval_time_s", "elapsed_s"}
+
+
+def _strip(rows):
+    return [
+        {k: v for k, v in r.items() if k not in TIMING and not k.endswith("_time_s")} for r in rows
+    ]
+
+
+def _run(cfg):
+    sim = Simulation(cfg, device=CPU)
+    status, rows, msg = sim.run(progress=False)
+    assert status == "completed", msg
+    return sim, rows
+
+
+# ----------------------------------------------------------------------------- client sampling
+
+
+@pytest.mark.parametrize(
+    "clients,rate", [(10, 0.5), (20, 0.1), (7, 0.3), (5, 0.01), (4, 1.0), (3, 0.999), (100, 0.25)]
+)
+@pytest.mark.parametrize("seed", [0, 1, 17])
+def test_sample_clients_size_sorted_distinct(seed, clients, rate):
+    m = max(1, round(rate * clients))
+    for rnd in range(1, 6):
+        s = sample_clients(seed, rnd, clients, rate)
+        assert len(s) == m
+        assert s == sorted(set(s))
+        assert all(isinstance(c, int) and 0 <= c < clients for c in s)
+
+
+def test_sample_clients_keyed_by_seed_and_round_only():
+    forward = [sample_clients(3, r, 20, 0.25) for r in range(1, 21)]
+    np.random.seed(999)  # global RNG state must not matter
+    torch.manual_seed(999)
+    backward = [sample_clients(3, r, 20, 0.25) for r in range(20, 0, -1)][::-1]
+    assert forward == backward
+    assert len({tuple(s) for s in forward}) > 1  # rounds differ
+    assert [sample_clients(4, r, 20, 0.25) for r in range(1, 21)] != forward  # seeds differ
+    assert sample_clients(3, 5, 20, 1.0) == list(range(20))
+
+
+def test_sample_clients_roughly_uniform():
+    counts = np.zeros(10)
+    for r in range(1, 1001):
+        for c in sample_clients(0, r, 10, 0.3):
+            counts[c] += 1
+    assert counts.sum() == 3000
+    assert counts.min() > 240 and counts.max() < 360  # expected 300 each
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def test_same_config_same_metrics(make_run_config):
+    cfg = make_run_config(
+        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5),
+        sample_rate=0.5,
+        rounds=3,
+    )
+    _, a = _run(cfg)
+    _, b = _run(cfg)
+    assert [r["round"] for r in a] == [0, 1, 2, 3]
+    assert _strip(a) == _strip(b)
+    assert all(r["n_sampled_clients"] == 2 for r in a[1:])
+
+
+def test_same_config_same_metrics_digits_cnn(make_run_config):
+    cfg = make_run_config(dataset="digits", model="cnn2d", model_options={"channels": [4, 8], "hidden": 16},
+                          partition=PartitionSpec("iid", clients=4), batch_size=32, rounds=2, eval_local_models=False,
+                          optimizer={"lr": 0.1, "momentum": 0.9})  # fmt: skip
+    sim_a, a = _run(cfg)
+    sim_b, b = _run(cfg)
+    assert _strip(a) == _strip(b)
+    for k in sim_a.global_params:
+        assert torch.equal(sim_a.global_params[k], sim_b.global_params[k])
+    assert a[-1]["global_model_test_acc"] > a[0]["global_model_test_acc"]  # it learns something
+
+
+def test_training_seed_changes_metrics_not_partition(make_run_config):
+    spec = PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=0)
+    sim0, a = _run(make_run_config(partition=spec, seed=0))
+    sim1, b = _run(make_run_config(partition=spec, seed=1))
+    assert _strip(a) != _strip(b)
+    assert (
+        a[0]["global_model_test_acc"] != b[0]["global_model_test_acc"]
+        or a[0]["global_model_test_loss"] != b[0]["global_model_test_loss"]
+    )
+    assert sim0.clients.offsets == sim1.clients.offsets
+    assert torch.equal(sim0.clients.x, sim1.clients.x) and torch.equal(
+        sim0.clients.y, sim1.clients.y
+    )
+    # and a different partition seed does change the client data
+    sim2 = Simulation(
+        make_run_config(
+            partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=1)
+        ),
+        device=CPU,
+    )
+    assert sim2.clients.offsets != sim0.clients.offsets or not torch.equal(
+        sim2.clients.y, sim0.clients.y
+    )
+
+
+def test_client_update_independent_of_client_order(make_run_config):
+    cfg = make_run_config()
+    sim = Simulation(cfg, device=CPU)
+    up_first, loss_first, _ = sim.train_client(2, 1, 0.1)
+    sim.train_client(0, 1, 0.1)
+    sim.train_client(3, 1, 0.1)
+    up_again, loss_again, _ = sim.train_client(2, 1, 0.1)
+    assert loss_first == loss_again
+    for k in up_first.params:
+        assert torch.equal(up_first.params[k], up_again.params[k])
+    assert up_first.n_samples == sim.clients.size(2) == 30
+    assert up_first.steps == math.ceil(30 / cfg.train.batch_size)
+
+
+def test_lr_decay_per_round(make_run_config):
+    _, rows = _run(make_run_config(rounds=3, lr_decay=0.5, optimizer={"lr": 0.2}))
+    assert [r["lr"] for r in rows[1:]] == pytest.approx([0.2, 0.1, 0.05])
+
+
+def test_eval_every_skips_rounds_but_evaluates_last(make_run_config):
+    _, rows = _run(make_run_config(rounds=3, eval_every=2, eval_local_models=False))
+    assert "global_model_test_acc" not in rows[1]
+    assert "global_model_test_acc" in rows[2] and "global_model_test_acc" in rows[3]
+    assert all("local_models_global_test_acc_mean" not in r for r in rows)
+
+
+def test_holdout_rows_never_trained_on(make_run_config, data_root, tmp_path):
+    import shutil
+
+    from fedforget.data import load_public, prepare_public
+
+    root = tmp_path / "data"
+    shutil.copytree(data_root / "iris", root / "iris")
+    spec = {"source": "holdout", "fraction": 0.25, "seed": 0}
+    prepare_public(spec, "iris", root)
+    cfg = replace(make_run_config(public=spec), data_dir=str(root))
+    sim = Simulation(cfg, device=CPU)
+    assert sim.clients.offsets[-1] == 120 - 30
+    data = load_dataset("iris", root)
+    held = load_public(spec, "iris", root, with_labels=False).excluded_train_rows
+    order = np.concatenate(client_indices(make_partition(data.y_train, cfg.partition, held), 4))
+    assert not set(order.tolist()) & set(held.tolist())
+    assert torch.equal(sim.clients.x, torch.as_tensor(data.x_train[order]))
+    assert torch.equal(sim.clients.y, torch.as_tensor(data.y_train[order]))
+    assert sim.server.public is not None and sim.server.public.y is None  # fedavg: no public labels
+
+
+def test_stored_partition_is_used(make_run_config):
+    cfg = make_run_config(partition=PartitionSpec("iid", clients=2))
+    data = load_dataset("iris", cfg.data_dir)
+    # store a deliberately different (but valid) assignment at the run's partition path
+    assignment = np.where(np.arange(120) < 100, 0, 1).astype(np.int64)
+    save_partition(cfg.partition_dir, assignment, cfg.partition, "iris", data.y_train, 3, None)
+    sim = Simulation(cfg, device=CPU)
+    assert sim.clients.offsets == [0, 100, 120]
+
+
+# ----------------------------------------------------------------------------- FedAvg == local SGD
+
+
+@pytest.mark.parametrize("clients,rate", [(1, 1.0), (3, 0.3)])
+def test_fedavg_single_client_equals_local_sgd(make_run_config, clients, rate):
+    spec = PartitionSpec("iid", clients=clients, seed=2)
+    cfg = make_run_config(partition=spec, sample_rate=rate, rounds=1, local_epochs=2, batch_size=8,
+                          optimizer={"lr": 0.05, "momentum": 0.9}, seed=5)  # fmt: skip
+    sim, rows = _run(cfg)
+    (cid,) = sample_clients(cfg.seed, 1, clients, rate)
+
+    # reproduce by hand: same init, same client data, same keyed batch order
+    data = load_dataset("iris", cfg.data_dir)
+    rows_k = client_indices(make_partition(data.y_train, spec), clients)[cid]
+    x, y = torch.as_tensor(data.x_train[rows_k]), torch.as_tensor(data.y_train[rows_k])
+    torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
+    model = build_model("mlp", (4,), 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(torch_seed(cfg.seed, 1, cid, SHUFFLE_STREAM))
+    losses = []
+    for _ in range(2):
+        perm = torch.randperm(len(y), generator=gen)
+        for s in range(0, len(y), 8):
+            b = perm[s : s + 8]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[b]), y[b])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    expected = model.state_dict()
+    assert set(expected) == set(sim.global_params)
+    for k, v in expected.items():
+        assert torch.equal(sim.global_params[k], v), k  # bit-identical
+    assert rows[1]["sampled_clients_local_train_loss_mean"] == pytest.approx(
+        np.mean(losses), rel=1e-5
+    )
+    assert rows[1]["n_sampled_clients"] == 1
+    # the single local model is the global model
+    assert rows[1]["local_models_global_test_acc_mean"] == pytest.approx(
+        rows[1]["global_model_test_acc"]
+    )
+
+
+# ----------------------------------------------------------------------------- run outputs
+
+
+def test_run_training_outputs(make_run_config, tmp_path):
+    cfg = make_run_config(rounds=2)
+    out = tmp_path / "run"
+    rec = run_training(cfg, out, progress=False)
+    with open(out / "metrics.csv", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        body = list(reader)
+    assert header == BASE_COLUMNS
+    assert [int(r[0]) for r in body] == [0, 1, 2]
+    assert body[0][header.index("lr")] == ""  # round 0: no training
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "completed" == rec["status"]
+    assert run["config_hash"] == cfg.hash
+    assert run["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    assert run["versions"]["fedforget"] == fedforget.__version__ and "numpy" in run["versions"]
+    assert RunConfig.from_dict(run["config"]).hash == cfg.hash
+    assert run["rounds_completed"] == 2
+    accs = [float(r[header.index("global_model_test_acc")]) for r in body[1:]]
+    assert run["final_global_model_test_acc"] == pytest.approx(accs[-1])
+    assert run["best_global_model_test_acc"] == pytest.approx(max(accs))
+    assert run["device"] == "cpu"
+    state = torch.load(out / "model.pt", weights_only=True)
+    model = build_model("mlp", (4,), 3)
+    model.load_state_dict(state)  # strict: same keys and shapes
+    x = torch.as_tensor(load_dataset("iris", cfg.data_dir).x_test)
+    y = torch.as_tensor(load_dataset("iris", cfg.data_dir).y_test)
+    from fedforget.metrics import evaluate
+
+    assert evaluate(model, x, y)[0] == pytest.approx(accs[-1])
+
+
+# ----------------------------------------------------------------------------- divergence
+
+
+@pytest.fixture
+def nan_method():
+    """A FedAvg variant whose loss becomes NaN from round 2 on, registered under a unique name."""
+    name = f"test_nan_{uuid.uuid4().hex[:8]}"
+
+    class NaNFromRound2(FedAvg):
+        def extra_loss(self, ctx, x, y, features, logits):
+            if ctx.round >= 2:
+                return logits.sum() * float("nan")
+            return None
+
+    NaNFromRound2.name = name
+    METHODS.register(name)(NaNFromRound2)
+    yield name
+    METHODS._items.pop(name, None)
+
+
+def test_nan_loss_marks_run_diverged_and_keeps_rows(make_run_config, nan_method, tmp_path):
+    cfg = make_run_config(method=nan_method, rounds=3)
+    sim = Simulation(cfg, device=CPU)
+    status, rows, msg = sim.run(progress=False)
+    assert status == "diverged"
+    assert [r["round"] for r in rows] == [0, 1]
+    assert "round 2" in msg and "nan" in msg.lower()
+    assert all(torch.isfinite(v).all() for v in sim.global_params.values())
+
+    out = tmp_path / "div"
+    rec = run_training(cfg, out, progress=False)  # no exception
+    assert rec["status"] == "diverged"
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "diverged" and run["rounds_completed"] == 1
+    assert run["final_global_model_test_acc"] is None
+    assert run["best_global_model_test_acc"] is not None
+    lines = (out / "metrics.csv").read_text().splitlines()
+    assert lines[0].split(",") == BASE_COLUMNS and len(lines) == 3
+    assert (out / "model.pt").exists()
+
+
+def test_nan_from_first_round(make_run_config, tmp_path):
+    name = f"test_nan1_{uuid.uuid4().hex[:8]}"
+
+    class NaNAlways(FedAvg):
+        def extra_loss(self, ctx, x, y, features, logits):
+            return logits.sum() * float("nan")
+
+    METHODS.register(name)(NaNAlways)
+    try:
+        rec = run_training(make_run_config(method=name), tmp_path / "r", progress=False)
+    finally:
+        METHODS._items.pop(name, None)
+    assert rec["status"] == "diverged" and rec["rounds_completed"] == 0
+    assert rec["best_global_model_test_acc"] is None
+
+
+def test_method_diagnostics_become_prefixed_columns(make_run_config, tmp_path):
+    name = f"test_diag_{uuid.uuid4().hex[:8]}"
+
+    class Diag(FedAvg):
+        def client_end(self, ctx):
+            ctx.stats["cid"] = float(ctx.cid)
+            return super().client_end(ctx)
+
+        def round_metrics(self, server, uploads):
+            return {"uploads": len(uploads)}
+
+    METHODS.register(name)(Diag)
+    try:
+        cfg = make_run_config(method=name, sample_rate=0.5, rounds=2)
+        run_training(cfg, tmp_path / "r", progress=False)
+    finally:
+        METHODS._items.pop(name, None)
+    with open(tmp_path / "r" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+        header = list(rows[0].keys())
+    assert header == BASE_COLUMNS + sorted([f"{name}_cid", f"{name}_uploads"])
+    for r in rows[1:]:
+        sampled = sample_clients(cfg.seed, int(r["round"]), 4, 0.5)
+        assert float(r[f"{name}_cid"]) == pytest.approx(np.mean(sampled))
+        assert float(r[f"{name}_uploads"]) == 2
+    assert rows[0][f"{name}_cid"] == ""  # round 0 has no training
+
+
+def test_run_training_failure_is_recorded(make_run_config, tmp_path):
+    from fedforget.utils import FedForgetError
+
+    cfg = replace(make_run_config(), data_dir=str(tmp_path / "empty"))
+    with pytest.raises(FedForgetError, match="not prepared"):
+        run_training(cfg, tmp_path / "r", progress=False)
+    run = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert run["status"] == "failed"
+    assert "FedForgetError" in run["error"] and "not prepared" in run["error"]
+    assert run["config_hash"] == cfg.hash
+    assert not (tmp_path / "r" / "metrics.csv").exists()
+
+
+def test_stored_partition_for_another_spec_is_refused(make_run_config, data_root, tmp_path):
+    """A partition directory whose stored spec differs from the run's is never reused."""
+    import dataclasses
+
+    from fedforget.engine import Simulation
+    from fedforget.pipeline import partition_one
+    from fedforget.utils import FedForgetError
+
+    rc = make_run_config()
+    other = dataclasses.replace(rc.partition, seed=rc.partition.seed + 1)
+    partition_one(rc.dataset, other, rc.data_dir, rc.partition_dir)  # wrong spec at the run's path
+    with pytest.raises(FedForgetError, match="delete it to redraw"):
+        Simulation(rc)
