@@ -21,7 +21,7 @@ run: install
 
 # the whole test suite, end-to-end tests included; pytest's exit 5 (nothing collected) is not a failure
 test: install
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 clean:
