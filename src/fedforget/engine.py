@@ -162,6 +162,9 @@ class Simulation:
         ).to(dev)
         self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         server_model.load_state_dict(self.global_params)
+        # the client model's tensors, for an in-place reload at each client (cheaper than
+        # load_state_dict, which re-validates keys and shapes every time)
+        self._model_tensors = dict(self.model.state_dict(keep_vars=True))
         info = RunInfo(dev, data.num_classes, cfg.seed, t.local_epochs, t.batch_size)
         self.method = method_cls(params, info)
         self.server = ServerContext(0, self.global_params, server_model, dev, public)
@@ -172,7 +175,7 @@ class Simulation:
     def train_client(self, cid: int, rnd: int, lr: float) -> tuple[Upload, float, dict[str, float]]:
         t = self.cfg.train
         model = self.model
-        model.load_state_dict(self.global_params)
+        self.load_global(model)
         model.train()
         opt = make_optimizer(model.parameters(), t.optimizer, lr)
         ctx = ClientContext(
@@ -296,6 +299,12 @@ class Simulation:
             elapsed_s=time.perf_counter() - start,
         )
         return row
+
+    def load_global(self, model: torch.nn.Module) -> None:
+        if self.global_params.keys() != self._model_tensors.keys():
+            model.load_state_dict(self.global_params)  # raises, naming the mismatched keys
+        with torch.no_grad():
+            torch._foreach_copy_(list(self._model_tensors.values()), [self.global_params[k] for k in self._model_tensors])
 
     def model_with(self, params: dict[str, torch.Tensor]) -> torch.nn.Module:
         self.server.model.load_state_dict(params)
