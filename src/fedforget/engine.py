@@ -165,7 +165,7 @@ class Simulation:
         # the client model's tensors, for an in-place reload at each client (cheaper than
         # load_state_dict, which re-validates keys and shapes every time)
         self._model_tensors = dict(self.model.state_dict(keep_vars=True))
-        info = RunInfo(dev, data.num_classes, cfg.seed, t.local_epochs, t.batch_size)
+        info = RunInfo(dev, data.num_classes, cfg.seed, cfg.partition.clients, t)
         self.method = method_cls(params, info)
         self.server = ServerContext(0, self.global_params, server_model, dev, public)
         self.client_state: dict[int, dict[str, Any]] = {}

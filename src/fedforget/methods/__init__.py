@@ -5,10 +5,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import importlib
+import pkgutil
+
 from ..utils import FedForgetError
-from . import fedavg  # noqa: F401  (registers)
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
 from .registry import METHODS
+
+# import every method module so that it registers itself: adding a method is adding a file
+for _m in pkgutil.iter_modules(__path__):
+    if _m.name not in ("base", "registry"):
+        importlib.import_module(f"{__name__}.{_m.name}")
 
 __all__ = [
     "METHODS",

@@ -22,7 +22,8 @@ FedDyn's h). ``ctx.global_params`` is what the server broadcast this round (read
 
 A method is one small file: subclass ``FedAvg``, set ``name``, declare hyperparameters in a
 ``Params`` dataclass (with ``check()`` for ranges) and override only the hooks where it
-differs from FedAvg. Register it with ``@METHODS.register("name")``.
+differs from FedAvg. Register it with ``@METHODS.register("name")``; every module in this package is imported
+(and so registered) by ``methods/__init__.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..config import TrainSpec
     from ..data import PublicSet
     from ..models import Classifier
 
@@ -89,8 +91,8 @@ class RunInfo:
     device: torch.device
     num_classes: int
     seed: int
-    local_epochs: int
-    batch_size: int
+    num_clients: int  # K, all clients (not only those sampled in a round)
+    train: TrainSpec  # rounds, local epochs, batch size, optimizer (lr, momentum, ...)
 
 
 @dataclass
