@@ -1,0 +1,108 @@
+"""FedDyn (Acar, Zhao, Matas Navarro, Mattina, Whatmough, Saligrama: "Federated Learning Based
+on Dynamic Regularization", ICLR 2021), Algorithm 1.
+
+Client k in the sampled set P_t starts from the broadcast server model theta^{t-1} and
+minimises the dynamically regularised loss (``extra_loss`` adds the last two terms)
+
+    L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + (alpha/2) ||theta - theta^{t-1}||^2
+
+over the trainable parameters. Its linear-term state grad L_k(theta_k^{t-1}) ("grad" in
+ctx.state, a flat tensor, zero before the client's first round) is then updated with the
+first-order condition of that problem (``client_end``):
+
+    grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})
+
+The server keeps h (server.state["h"], zero at the start; ``aggregate``):
+
+    h^t     = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})   # m = all clients
+    theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - (1/alpha) h^t
+
+so h^t = (1/m) sum_k grad L_k(theta_k^t) at every round (a test checks this).
+
+Decisions where paper and public code differ:
+- The mean over P_t is uniform, as in the paper and the authors' code. The FedSOL code
+  (algorithms/feddyn/Server.py) weights it by n_k instead: ``weighting: samples``.
+- The authors' code scales alpha per client by mean(n)/n_k and clips gradient norms at 10;
+  the paper and the FedSOL code do neither, and neither is done here.
+- Floating buffers (BatchNorm statistics, if any) are averaged with the same weights and get
+  no h correction; h and the client state cover trainable parameters only.
+Hyperparameter: alpha = 0.1 (FedSOL code, configs/baselines/feddyn.json).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .base import ClientContext, FedAvg, ServerContext, Upload, weighted_average
+from .base import Params as StateDict
+from .registry import METHODS
+
+WEIGHTINGS = ("uniform", "samples")
+
+
+@METHODS.register("feddyn")
+class FedDyn(FedAvg):
+    name = "feddyn"
+
+    @dataclass(frozen=True)
+    class Params:
+        alpha: float = 0.1  # dynamic regulariser weight (FedSOL code: 0.1)
+        weighting: str = "uniform"  # mean over sampled clients: paper "uniform", FedSOL "samples"
+
+        def check(self) -> None:
+            a = self.alpha
+            if not (isinstance(a, (int, float)) and not isinstance(a, bool)) or not (
+                math.isfinite(a) and a > 0
+            ):
+                raise ValueError(f"alpha={a!r}; allowed: a finite number > 0")
+            if self.weighting not in WEIGHTINGS:
+                raise ValueError(f"weighting={self.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
+
+    # ---------------------------------------------------------------- server side
+    def server_init(self, server: ServerContext) -> None:
+        names = [n for n, p in server.model.named_parameters() if p.requires_grad]
+        server.state["h"] = {n: torch.zeros_like(server.global_params[n]) for n in names}
+
+    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+        weights = [u.n_samples if self.p.weighting == "samples" else 1.0 for u in uploads]
+        new = weighted_average([u.params for u in uploads], weights)
+        alpha, m = self.p.alpha, self.info.num_clients
+        prev = server.global_params  # theta^{t-1}: the engine replaces it after aggregate
+        for name, h in server.state["h"].items():
+            moved = torch.zeros_like(h)
+            for u in uploads:
+                moved.add_(u.params[name] - prev[name])
+            h.sub_(moved, alpha=alpha / m)  # h^t = h^{t-1} - alpha/m sum (theta_k^t - theta^{t-1})
+            new[name] = new[name] - h / alpha  # theta^t = mean theta_k^t - h^t / alpha
+        return new
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        h = server.state["h"].values()
+        return {"h_norm": float(torch.stack([t.pow(2).sum() for t in h]).sum().sqrt())}
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        params = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
+        if "grad" not in ctx.state:  # grad L_k(theta_k^0) = 0
+            ctx.state["grad"] = torch.zeros(
+                sum(p.numel() for _, p in params), device=params[0][1].device
+            )
+        views = ctx.state["grad"].split([p.numel() for _, p in params])
+        # (theta, theta^{t-1}, grad L_k(theta_k^{t-1})) per parameter, for this client only
+        self._terms = [(p, ctx.global_params[n], g.view_as(p)) for (n, p), g in zip(params, views)]
+
+    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
+        lin = sum((g * w).sum() for w, _, g in self._terms)
+        sq = sum((w - wg).pow(2).sum() for w, wg, _ in self._terms)
+        return 0.5 * self.p.alpha * sq - lin
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)
+        with torch.no_grad():
+            for w, wg, g in self._terms:  # in place on the flat ctx.state["grad"]
+                g.sub_(w - wg, alpha=self.p.alpha)
+        return up

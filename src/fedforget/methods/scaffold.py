@@ -1,0 +1,144 @@
+"""SCAFFOLD, option II (Karimireddy, Kale, Mohri, Reddi, Stich, Suresh: "SCAFFOLD: Stochastic
+Controlled Averaging for Federated Learning", ICML 2020), Algorithm 1.
+
+Server control variate c and client control variates c_i are flat tensors over the trainable
+parameters, all initialised to ZERO (server.state["c"], ctx.state["c"]). x is the broadcast
+global model, y_i the client's local model:
+
+    local step:  y_i <- y_i - eta_l (g_i(y_i) - c_i + c)              # ``transform_grad``
+    option II:   c_i^+ = c_i - c + (x - y_i) / (K eta_l)              # ``client_end``
+    upload:      (Delta y_i, Delta c_i) = (y_i - x, c_i^+ - c_i);  c_i <- c_i^+
+    server:      x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i        # ``aggregate``
+                 c <- c + (|S|/N) (1/|S|) sum_{i in S} Delta c_i      # ``after_aggregate``
+
+K is the number of local steps the client actually took (ctx.steps), eta_l this round's
+local lr (ctx.lr), N the number of clients (RunInfo.num_clients), eta_g = ``server_lr``.
+c is sent to the clients through ``broadcast``.
+
+Decisions:
+- Aggregation is the paper's uniform mean over S (FedAvg weights by n_k); with eta_g = 1 and
+  equal n_k both agree. The FedSOL code (algorithms/scaffold) weights by n_k:
+  ``weighting: samples`` gives x <- x + eta_g sum_i (n_i / sum_S n) Delta y_i.
+- Momentum: option II assumes plain SGD, where x - y_i = eta_l sum_k (g_k - c_i + c). With
+  heavy-ball momentum rho the same gradients move the weights about 1/(1 - rho) times
+  further, so (x - y_i)/(K eta_l) over-estimates the corrected mean gradient by up to that
+  factor. ``divisor: steps`` (default) keeps the paper's K eta_l unchanged;
+  ``divisor: effective_steps`` divides by a_i eta_l instead, a_i the momentum-corrected step
+  count of FedNova (a_i = K for rho = 0), which is the FedSOL code's "adaptive_divison", on
+  in its SCAFFOLD config (configs/baselines/scaffold.json, momentum 0.9).
+- Weight decay is applied by the optimizer after the correction (it is part of g_i), as in
+  the public implementations. Floating buffers are averaged, without eta_g. SGD only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
+from .base import Params as StateDict
+from .fednova import effective_steps, require_sgd
+from .registry import METHODS
+
+WEIGHTINGS = ("uniform", "samples")
+DIVISORS = ("steps", "effective_steps")
+
+
+def _flat(params: StateDict, names: Sequence[str]) -> torch.Tensor:
+    return torch.cat([params[n].reshape(-1) for n in names])
+
+
+@METHODS.register("scaffold")
+class Scaffold(FedAvg):
+    name = "scaffold"
+
+    @dataclass(frozen=True)
+    class Params:
+        server_lr: float = 1.0  # eta_g
+        weighting: str = "uniform"  # mean over S: paper "uniform", FedSOL code "samples"
+        divisor: str = "steps"  # K eta_l (paper) or a_i eta_l (momentum-corrected)
+
+        def check(self) -> None:
+            g = self.server_lr
+            if not (isinstance(g, (int, float)) and not isinstance(g, bool)) or not (
+                math.isfinite(g) and g > 0
+            ):
+                raise ValueError(f"server_lr={g!r}; allowed: a finite number > 0")
+            if self.weighting not in WEIGHTINGS:
+                raise ValueError(f"weighting={self.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
+            if self.divisor not in DIVISORS:
+                raise ValueError(f"divisor={self.divisor!r}; allowed: {', '.join(DIVISORS)}")
+
+    def __init__(self, params, info: RunInfo) -> None:
+        super().__init__(params, info)
+        require_sgd(self.name, info, "option II's control variate assumes SGD steps")
+
+    # ---------------------------------------------------------------- server side
+    def server_init(self, server: ServerContext) -> None:
+        self.names = [n for n, p in server.model.named_parameters() if p.requires_grad]
+        server.state["c"] = torch.zeros_like(_flat(server.global_params, self.names))
+
+    def broadcast(self, server: ServerContext) -> dict:
+        return {"c": server.state["c"]}
+
+    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+        weights = [u.n_samples if self.p.weighting == "samples" else 1.0 for u in uploads]
+        new = weighted_average([u.params for u in uploads], weights)
+        total = float(sum(weights))
+        x = server.global_params
+        for name in self.names:  # x + eta_g * mean_S (y_i - x)
+            step = torch.zeros_like(x[name])
+            for u, w in zip(uploads, weights):
+                step.add_(u.params[name] - x[name], alpha=w / total)
+            new[name] = x[name] + self.p.server_lr * step
+        return new
+
+    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        mean_dc = torch.stack([u.extras["delta_c"] for u in uploads]).mean(0)
+        # a new tensor, not in place: this round's broadcast still references the old c
+        server.state["c"] = server.state["c"] + (len(uploads) / self.info.num_clients) * mean_dc
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        return {"c_norm": float(server.state["c"].norm())}
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        c = ctx.broadcast["c"]
+        if "c" not in ctx.state:  # c_i = 0 before the client's first round
+            ctx.state["c"] = torch.zeros_like(c)
+        named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
+        self._names = [n for n, _ in named]
+        self._params = [p for _, p in named]
+        corr = c - ctx.state["c"]  # c - c_i, fixed during local training
+        sizes = [p.numel() for p in self._params]
+        self._corr = [d.view_as(p) for d, p in zip(corr.split(sizes), self._params)]
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        grads = [p.grad for p in self._params]
+        if all(g is not None for g in grads):
+            torch._foreach_add_(grads, self._corr)  # g - c_i + c
+            return
+        for p, d in zip(self._params, self._corr):  # a parameter outside this loss' graph
+            if p.grad is None:
+                p.grad = d.clone()
+            else:
+                p.grad.add_(d)
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)
+        c, c_i = ctx.broadcast["c"], ctx.state["c"]
+        if ctx.steps == 0:  # no local step: nothing to estimate, c_i unchanged
+            up.extras["delta_c"] = torch.zeros_like(c_i)
+            return up
+        k = ctx.steps
+        if self.p.divisor == "effective_steps":
+            k = effective_steps(ctx.steps, ctx.optimizer.param_groups[0].get("momentum", 0.0))
+        with torch.no_grad():
+            moved = _flat(ctx.global_params, self._names) - _flat(up.params, self._names)  # x - y_i
+            c_plus = c_i - c + moved / (k * ctx.lr)
+        up.extras["delta_c"] = c_plus - c_i
+        ctx.state["c"] = c_plus
+        return up
