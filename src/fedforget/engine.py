@@ -264,12 +264,10 @@ class Simulation:
                     evaluate(self.model, self.x_test, self.y_test, t.eval_batch_size)[0]
                 )
                 eval_time += time.perf_counter() - te
-        new = self.method.aggregate(self.server, uploads)
-        if not all(torch.isfinite(v).all() for v in new.values() if torch.is_floating_point(v)):
-            raise Diverged(f"aggregated weights are not finite in round {rnd}")
-        self.global_params = new
-        self.server.global_params = new
-        self.method.after_aggregate(self.server, uploads)
+        self.server.global_params = self.method.aggregate(self.server, uploads)
+        self.method.after_aggregate(self.server, uploads)  # may replace server.global_params
+        if not all(torch.isfinite(v).all() for v in self.server.global_params.values() if torch.is_floating_point(v)):
+            raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
         self.global_params = self.server.global_params
         train_time = time.perf_counter() - t0 - eval_time
 
