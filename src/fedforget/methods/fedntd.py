@@ -1,0 +1,118 @@
+"""FedNTD: federated not-true distillation.
+
+Paper: Gihun Lee, Minchan Jeong, Yongjin Shin, Sangmin Bae, Se-Young Yun, "Preservation of
+the Global Knowledge by Not-True Distillation in Federated Learning", NeurIPS 2022 (arXiv 2106.03097).
+
+Client k distils the global model of this round (frozen at the start of local training)
+into its local model on the NOT-TRUE classes only. With z^l, z^g the local and global
+logits of a sample with label y over C classes, for every class c != y:
+
+    q~_tau(c) = exp(z_c / tau) / sum_{c' != y} exp(z_c' / tau)       (softmax without class y)
+    L_NTD     = sum_{c != y} q~^g_tau(c) * log( q~^g_tau(c) / q~^l_tau(c) ) = KL(q~^g || q~^l)
+    L         = L_CE(q^l, y) + beta * tau^2 * L_NTD
+
+L_NTD is averaged over the minibatch (``ntd_loss``); the global logits carry no gradient.
+The server is FedAvg.
+
+Decisions
+- The tau^2 factor: METHODS.md's form and one version of the official code
+  (Lee-Gihun/FedNTD, algorithms/fedntd/criterion.py, commit 57789c8:
+  ``(self.tau ** 2) * self.KLDiv(...)``); another stored version of that file (043269e) has no
+  tau^2. With the default tau = 1 the two agree.
+- Defaults tau = 1, beta = 1: the official config (config/fedntd.json) and METHODS.md.
+- The true class is removed by a gather of the C - 1 other columns (the official code's
+  ``refine_as_not_true``), for local and global logits alike; with C = 2 one class is left,
+  q~ = 1 and L_NTD = 0.
+- The frozen global model is in eval mode (the official code leaves its deepcopy in train
+  mode); our models have no BatchNorm or dropout, so the logits are the same.
+- beta = 0 is FedAvg exactly: no global copy is made and no extra loss is returned.
+- Diagnostic ``l_ntd``: per client, the mean of tau^2 * L_NTD over its steps; metrics
+  column ``fedntd_l_ntd``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import ClientContext, FedAvg, Upload
+from .registry import METHODS
+
+
+def check_number(name: str, value: object, positive: bool = False) -> None:
+    """Raise ValueError unless value is a finite real number >= 0 (> 0 if positive)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
+
+
+def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """[B, C] -> [B, C-1]: each row without its true-class column, other columns in order."""
+    c = logits.shape[1]
+    cols = torch.arange(c - 1, device=logits.device).expand(len(y), c - 1)
+    cols = cols + (cols >= y[:, None]).long()  # skip column y
+    return logits.gather(1, cols)
+
+
+def ntd_loss(
+    local_logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """tau^2 * KL(q~^g_tau || q~^l_tau), batch mean; no gradient into the global logits."""
+    log_q_local = F.log_softmax(not_true_logits(local_logits, y) / tau, dim=1)
+    q_global = F.softmax(not_true_logits(global_logits.detach(), y) / tau, dim=1)
+    return tau**2 * F.kl_div(log_q_local, q_global, reduction="batchmean")
+
+
+@dataclass
+class FedNTDParams:
+    beta: float = 1.0  # weight of the not-true distillation; 0 = FedAvg
+    tau: float = 1.0  # softmax temperature
+
+    def check(self) -> None:
+        check_number("beta", self.beta)
+        check_number("tau", self.tau, positive=True)
+
+
+@METHODS.register("fedntd")
+class FedNTD(FedAvg):
+    """FedAvg whose local loss adds beta * tau^2 * KL over the not-true classes to the global model."""
+
+    name = "fedntd"
+    Params = FedNTDParams
+
+    def __init__(self, params: FedNTDParams, info) -> None:
+        super().__init__(params, info)
+        self._glob: nn.Module | None = None  # frozen w^t, reused across clients
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        if self.p.beta == 0:
+            return
+        if self._glob is None:
+            self._glob = copy.deepcopy(ctx.model).eval()
+            for p in self._glob.parameters():
+                p.requires_grad_(False)
+                p.grad = None
+        self._glob.load_state_dict(ctx.global_params)
+        self._sum = torch.zeros((), device=self.info.device)
+        self._n = 0
+
+    def extra_loss(self, ctx, x, y, features, logits):
+        if self.p.beta == 0:
+            return None
+        with torch.no_grad():
+            global_logits = self._glob(x)
+        l_ntd = ntd_loss(logits, global_logits, y, self.p.tau)
+        self._sum += l_ntd.detach()
+        self._n += 1
+        return self.p.beta * l_ntd
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        if self.p.beta > 0:
+            ctx.stats["l_ntd"] = self._sum.item() / max(self._n, 1)
+        return super().client_end(ctx)

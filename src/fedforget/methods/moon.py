@@ -1,0 +1,175 @@
+"""MOON: model-contrastive federated learning.
+
+Paper: Qinbin Li, Bingsheng He, Dawn Song, "Model-Contrastive Federated Learning", CVPR 2021.
+
+Client k in round t trains w from the global weights w^t with (paper Eq. 3 and Eq. 4):
+
+    z      = R_w(x)                  representation of x by the local model being trained
+    z_glob = R_{w^t}(x)              by the global model of this round (frozen)
+    z_prev = R_{w_k^{t-1}}(x)        by the client's own model from the last round it took part
+    l_con  = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )
+    l      = l_sup(w; (x, y)) + mu * l_con(w; w_k^{t-1}; w^t; x)
+
+sim is the cosine similarity, l_sup the cross-entropy, both averaged over the minibatch
+(``model_contrastive_loss`` below; l_con is a 2-way cross-entropy with the global model's
+view as the positive, as in the official code). The server is FedAvg.
+
+Decisions
+- Representation R: the body's output (``Classifier.features``, the penultimate features),
+  as the FedSOL/FedNTD code does. The paper adds a 2-layer projection head after the base
+  encoder and feeds its output to the classifier; our models are body + linear head and no
+  method changes them, so there is no projection head.
+- w_k^{t-1} is what client k uploaded the last round it was sampled (not necessarily round
+  t-1 under partial participation; the official code likewise keeps each client's last
+  trained net). It lives in ``ctx.state["prev"]`` as one flat tensor of the uploaded floating
+  state (``flatten_state``), in state_dict order, on the training device.
+- First participation (no w_k^{t-1} yet), ``first_prev``:
+  * ``skip`` (default): l_con is left out for that client-round, so it trains as FedAvg.
+    This is exactly what the official code (QinbinLi/MOON) does in round 1, where the model
+    pool is empty and the contrastive cross-entropy has a single (positive) logit, i.e. is 0.
+    It is also gradient-equivalent to using the global model as z_prev (then l_con = log 2,
+    constant). For clients first sampled later the official code contrasts against that
+    client's own, independently initialised and never trained net, an artefact not copied.
+  * ``init``: use the initial global model w^0 as z_prev, as the FedNTD/FedSOL code does
+    (its prev_locals start as w^0 for every client).
+- The frozen global and previous models are in eval mode (the official code sets both to
+  eval); our models have no BatchNorm or dropout, so this changes nothing today.
+- Defaults mu = 1, tau = 0.5: tau 0.5 is the paper's; mu 1 is the paper's for CIFAR-100 and
+  Tiny-ImageNet (5 for CIFAR-10). The FedSOL code runs mu 0.1, tau 1 (METHODS.md).
+- mu = 0 is FedAvg exactly: nothing is copied, computed or stored.
+- Diagnostic ``l_con``: per client, the mean of l_con over its steps (clients that skipped
+  it report nothing); metrics column ``moon_l_con``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import ClientContext, FedAvg, Params, ServerContext, Upload
+from .registry import METHODS
+
+FIRST_PREV = ("skip", "init")
+
+
+def check_number(name: str, value: object, positive: bool = False) -> None:
+    """Raise ValueError unless value is a finite real number >= 0 (> 0 if positive)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
+
+
+def flatten_state(params: Params) -> torch.Tensor:
+    """One flat tensor of the floating entries of a state dict, in its order."""
+    return torch.cat(
+        [v.detach().reshape(-1) for v in params.values() if torch.is_floating_point(v)]
+    )
+
+
+def unflatten_state(flat: torch.Tensor, like: Params) -> Params:
+    """Inverse of ``flatten_state``: the floating entries of ``like``, filled from ``flat``."""
+    keys = [k for k, v in like.items() if torch.is_floating_point(v)]
+    parts = flat.split([like[k].numel() for k in keys])
+    return {k: p.view_as(like[k]) for k, p in zip(keys, parts)}
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A gradient-free eval-mode copy of ``model`` (weights reloaded by the caller)."""
+    m = copy.deepcopy(model)
+    for p in m.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return m.eval()
+
+
+@torch.no_grad()
+def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
+    state = model.state_dict(keep_vars=True)
+    tensors = [t for t in state.values() if torch.is_floating_point(t)]
+    parts = flat.split([t.numel() for t in tensors])
+    torch._foreach_copy_(tensors, [p.view_as(t) for p, t in zip(parts, tensors)])
+
+
+def model_contrastive_loss(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """MOON's l_con (Eq. 3), averaged over the batch: a 2-way cross-entropy over
+    [sim(z, z_glob), sim(z, z_prev)] / tau with the first (the global view) as the target."""
+    pos = F.cosine_similarity(z, z_glob, dim=-1)
+    neg = F.cosine_similarity(z, z_prev, dim=-1)
+    logits = torch.stack([pos, neg], dim=1) / tau
+    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
+    return F.cross_entropy(logits, target)
+
+
+@dataclass
+class MOONParams:
+    mu: float = 1.0  # weight of l_con; 0 = FedAvg
+    tau: float = 0.5  # temperature of l_con
+    first_prev: str = "skip"  # z_prev before a client's first upload: skip l_con | init (w^0)
+
+    def check(self) -> None:
+        check_number("mu", self.mu)
+        check_number("tau", self.tau, positive=True)
+        if self.first_prev not in FIRST_PREV:
+            raise ValueError(f"first_prev={self.first_prev!r}; allowed: {', '.join(FIRST_PREV)}")
+
+
+@METHODS.register("moon")
+class MOON(FedAvg):
+    """FedAvg whose local loss adds mu * l_con (global view positive, own previous model negative)."""
+
+    name = "moon"
+    Params = MOONParams
+
+    def __init__(self, params: MOONParams, info) -> None:
+        super().__init__(params, info)
+        self._glob: nn.Module | None = None  # frozen w^t, reused across clients
+        self._prev: nn.Module | None = None  # frozen w_k^{t-1}
+        self._w0: torch.Tensor | None = None  # flat w^0, for first_prev = init
+        self._active = False  # l_con is on for the client now training
+
+    def server_init(self, server: ServerContext) -> None:
+        if self.p.mu > 0 and self.p.first_prev == "init":
+            self._w0 = flatten_state(server.global_params).clone()
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        self._active = False
+        if self.p.mu == 0:
+            return
+        prev = ctx.state.get("prev", self._w0)
+        if prev is None:  # first participation with first_prev = skip: FedAvg this round
+            return
+        if self._glob is None:
+            self._glob, self._prev = frozen_copy(ctx.model), frozen_copy(ctx.model)
+        self._glob.load_state_dict(ctx.global_params)
+        load_flat(self._prev, prev)
+        self._active = True
+        self._sum = torch.zeros((), device=self.info.device)
+        self._n = 0
+
+    def extra_loss(self, ctx, x, y, features, logits):
+        if not self._active:
+            return None
+        with torch.no_grad():
+            z_glob = self._glob.features(x)
+            z_prev = self._prev.features(x)
+        l_con = model_contrastive_loss(features, z_glob, z_prev, self.p.tau)
+        self._sum += l_con.detach()
+        self._n += 1
+        return self.p.mu * l_con
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)
+        if self.p.mu > 0:
+            ctx.state["prev"] = flatten_state(up.params)  # w_k for this client's next round
+        if self._active:
+            ctx.stats["l_con"] = self._sum.item() / max(self._n, 1)
+        self._active = False
+        return up
