@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
 import importlib
 import pkgutil
+from typing import Any
 
 from ..utils import FedForgetError
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average

@@ -1,0 +1,125 @@
+"""FedSAM: every client trains locally with Sharpness-Aware Minimization (SAM) on its own
+cross-entropy; the server is FedAvg.
+
+Papers: Qu, Li, Duan, Liu, Tang, Lu, "Generalized Federated Learning via Sharpness Aware
+Minimization", ICML 2022; Caldarola, Caputo, Ciccone, "Improving Generalization in
+Federated Learning by Seeking Flat Minima", ECCV 2022. The optimizer is SAM (Foret,
+Kleiner, Mobahi, Neyshabur, "Sharpness-Aware Minimization for Efficiently Improving
+Generalization", ICLR 2021).
+
+SAM solves min_w max_{||eps||_2 <= rho} L(w + eps) with one re-scaled gradient step for the
+inner maximisation (p = 2 in Foret et al., Sec. 2), then takes the base-optimizer step with
+the gradient at the perturbed point, dropping the second-order term (Foret et al., Sec. 2).
+One minibatch step of client k:
+
+    g       = grad_w L_k(w)                                   (first forward/backward pass)
+    eps*(w) = rho * g / ||g||_2                                (``perturbation``)
+    w.grad <- grad_w L_k(w) |_{w + eps*(w)}                    (second pass, at w + eps*)
+    w      <- optimizer step from w (not from w + eps*), with w.grad
+
+``||g||_2`` is the norm over all trainable parameters jointly (one global norm, as in SAM
+and both FedSAM codes). L_k is the local CE (``task_loss``); ``extra_loss`` is added in
+both passes, which is nothing for FedSAM itself.
+
+Decisions
+- Guard: eps = rho * g / max(||g||, 1e-12), so g = 0 gives eps = 0 and otherwise ||eps|| =
+  rho up to float rounding. The public codes add 1e-12 (davda54/sam, whose SAM(rho,
+  adaptive) interface FedSOL's code uses) or 1e-16 (SamsungLabs/ASAM, copied by Caldarola et
+  al.) to the norm instead; no difference in float32 for any norm above ~2e-5.
+- w is restored by copying back a saved copy of the weights (bit-exact), not by w + eps -
+  eps, which is what the public codes do and is not exact in floating point.
+- Buffers (BatchNorm running statistics) are restored after the second pass, so they are
+  updated once per step, at w, as with FedSOL's code (which disables running-stat updates
+  in the second pass). The current models have no buffers.
+- The returned loss (the engine's training-loss metric) is L_k(w), the unperturbed loss, as
+  in both public codes.
+- Diagnostic ``sharpness``: per client, the mean over its steps of L_k(w + eps*) - L_k(w)
+  (SAM's sharpness term at the first-order maximiser); the metrics column is
+  ``fedsam_sharpness`` (``fedasam_sharpness`` for FedASAM).
+- Default rho = 0.5 (METHODS.md; FedSOL's fedsam config; Caldarola et al.'s released
+  scripts). That is 10x the radius SAM itself is usually run with on CIFAR-10 (0.05), so a
+  sweep should include 0.05.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .base import ClientContext, FedAvg, Upload
+from .registry import METHODS
+
+# below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
+NORM_GUARD = 1e-12
+
+
+def check_nonneg(name: str, value: object) -> None:
+    """Raise ValueError unless value is a finite real number >= 0 (bools refused)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
+        raise ValueError(f"{name}={value!r}; allowed: a finite number >= 0")
+
+
+@dataclass
+class FedSAMParams:
+    rho: float = 0.5  # SAM neighbourhood radius; 0 = FedAvg (two passes, same gradient)
+
+    def check(self) -> None:
+        check_nonneg("rho", self.rho)
+
+
+@METHODS.register("fedsam")
+class FedSAM(FedAvg):
+    """FedAvg with SAM local steps: eps* = rho * g / ||g||, step with grad L_k(w + eps*)."""
+
+    name = "fedsam"
+    Params = FedSAMParams
+
+    @torch.no_grad()
+    def perturbation(
+        self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """eps* = rho * g / ||g||_2, one norm over all parameters. FedASAM overrides this."""
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads))))
+        scale = self.p.rho / norm.clamp_min(NORM_GUARD)
+        return [g * scale for g in grads]
+
+    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """L_k(w) on this minibatch: CE (+ extra_loss, none for FedSAM)."""
+        features, logits = ctx.model.forward_with_features(x)
+        loss = self.task_loss(logits, y)
+        extra = self.extra_loss(ctx, x, y, features, logits)
+        return loss if extra is None else loss + extra
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        # sum over steps of L(w + eps) - L(w); one client trains at a time
+        self._gap = torch.zeros((), device=self.info.device)
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model = ctx.model
+        loss = self.local_loss(ctx, x, y)
+        loss.backward()  # g = grad L_k(w)
+        params = [p for p in model.parameters() if p.grad is not None]
+        buffers = list(model.buffers())
+        with torch.no_grad():
+            eps = self.perturbation(params, [p.grad for p in params])
+            w = [p.detach().clone() for p in params]
+            saved_buffers = [b.detach().clone() for b in buffers]
+            torch._foreach_add_(params, eps)  # w + eps*
+        for p in params:
+            p.grad = None
+        loss_adv = self.local_loss(ctx, x, y)
+        loss_adv.backward()  # .grad = grad L_k at w + eps*: what the optimizer steps with
+        with torch.no_grad():
+            torch._foreach_copy_(params, w)  # back to w, bit-exact
+            if buffers:
+                torch._foreach_copy_(buffers, saved_buffers)
+            self._gap += loss_adv.detach() - loss.detach()
+        return loss.detach()
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        ctx.stats["sharpness"] = self._gap.item() / max(ctx.steps, 1)
+        return super().client_end(ctx)
