@@ -5,56 +5,27 @@ bit-exactly, a short run distils, config validation (public set required, bad va
 from __future__ import annotations
 
 import math
-import shutil
-from dataclasses import replace
 
 import pytest
 import torch
 
 from fedforget.config import TrainSpec, parse_config
-from fedforget.data import prepare_public
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, Upload, make_params
 from fedforget.methods.feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
 from fedforget.models import build_model
-from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-CPU = torch.device("cpu")
-PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
-
-
-@pytest.fixture(scope="module")
-def public_root(data_root, tmp_path_factory):
-    """A copy of the prepared iris data with a 10% holdout public set (data_root stays
-    read-only)."""
-    root = tmp_path_factory.mktemp("feddf_data")
-    shutil.copytree(data_root / "iris", root / "iris")
-    prepare_public(PUBLIC, "iris", root)
-    return root
+from .conftest import CPU, PUBLIC, run
 
 
 @pytest.fixture
-def run_cfg(make_run_config, public_root):
+def run_cfg(public_run_cfg):
     def make(method="feddf", params=None, **train):
-        rc = make_run_config(
-            method=method,
-            params=params,
-            public=PUBLIC,
-            partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=0),
-            rounds=3,
-            **train,
-        )
-        return replace(rc, data_dir=str(public_root))
+        return public_run_cfg(method, params, **train)
 
     return make
 
-
-def run(rc):
-    sim = Simulation(rc, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
 
 
 def method(params=None):
