@@ -337,8 +337,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 problems.append(
                     f"{mkey}.label: duplicate method label '{label}' (give each variant its own label)"
                 )
-            methods.append(MethodSpec(m["name"], params, label, dict(m.get("train") or {})))
+            spec = MethodSpec(m["name"], params, label, dict(m.get("train") or {}))
+            methods.append(spec)
             cls = METHODS.get(m["name"])
+            try:
+                cls.check_train(TrainSpec.from_dict(deep_merge(train, spec.train)))
+            except FedForgetError as e:
+                problems.append(f"{mkey}: {e}")
             for ds in datasets:
                 if cls.needs_public and not ds.public:
                     problems.append(

@@ -113,3 +113,14 @@ def test_unknown_hyperparameter_rejected_at_parse(minimal_config):
         parse_config(minimal_config)
     msg = str(ei.value)
     assert "methods[0].params" in msg and "['rho']" in msg and "fednova" in msg
+
+
+@pytest.mark.parametrize("name", ["fednova", "scaffold"])
+def test_adam_rejected_at_config_validation(minimal_config, name):
+    """SGD-only methods fail at parse time (dry run), before any job starts."""
+    ex = minimal_config["experiments"][0]
+    ex["methods"] = [{"name": "fedavg"}, {"name": name, "train": {"optimizer": {"name": "adam"}}}]
+    with pytest.raises(FedForgetError, match=rf"methods\[1\].*'{name}'.*sgd"):
+        parse_config(minimal_config)
+    ex["methods"] = [{"name": name}]
+    assert parse_config(minimal_config).runs()

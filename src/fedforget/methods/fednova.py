@@ -28,13 +28,17 @@ The FedSOL code (algorithms/fednova) computes the same a_i, p_i and tau_eff.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..utils import FedForgetError
-from .base import ClientContext, FedAvg, NoParams, RunInfo, ServerContext, Upload, weighted_average
+from .base import ClientContext, FedAvg, NoParams, ServerContext, Upload, weighted_average
 from .base import Params as StateDict
 from .registry import METHODS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import TrainSpec
 
 
 def effective_steps(tau: int, rho: float) -> float:
@@ -44,8 +48,8 @@ def effective_steps(tau: int, rho: float) -> float:
     return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
 
 
-def require_sgd(method: str, info: RunInfo, why: str) -> None:
-    name = info.train.optimizer.name
+def require_sgd(method: str, train: TrainSpec, why: str) -> None:
+    name = train.optimizer.name
     if name != "sgd":
         raise FedForgetError(
             f"method '{method}' needs train.optimizer.name='sgd' ({why}); got '{name}'"
@@ -57,9 +61,9 @@ class FedNova(FedAvg):
     name = "fednova"
     Params = NoParams
 
-    def __init__(self, params, info: RunInfo) -> None:
-        super().__init__(params, info)
-        require_sgd(self.name, info, "a_i is derived for SGD with momentum")
+    @classmethod
+    def check_train(cls, train: TrainSpec) -> None:
+        require_sgd(cls.name, train, "a_i is derived for SGD with momentum")
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

@@ -35,13 +35,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
+from .base import ClientContext, FedAvg, ServerContext, Upload, weighted_average
 from .base import Params as StateDict
 from .fednova import effective_steps, require_sgd
 from .registry import METHODS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import TrainSpec
 
 WEIGHTINGS = ("uniform", "samples")
 DIVISORS = ("steps", "effective_steps")
@@ -72,9 +76,9 @@ class Scaffold(FedAvg):
             if self.divisor not in DIVISORS:
                 raise ValueError(f"divisor={self.divisor!r}; allowed: {', '.join(DIVISORS)}")
 
-    def __init__(self, params, info: RunInfo) -> None:
-        super().__init__(params, info)
-        require_sgd(self.name, info, "option II's control variate assumes SGD steps")
+    @classmethod
+    def check_train(cls, train: TrainSpec) -> None:
+        require_sgd(cls.name, train, "option II's control variate assumes SGD steps")
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:
