@@ -190,7 +190,7 @@ def test_defaults():
     assert check_params("scaffold", {}) == {
         "server_lr": 1.0,
         "weighting": "uniform",
-        "divisor": "steps",
+        "divisor": "effective_steps",
     }
 
 
