@@ -28,6 +28,7 @@ differs from FedAvg. Register it with ``@METHODS.register("name")``; every modul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,15 @@ class RunInfo:
     seed: int
     num_clients: int  # K, all clients (not only those sampled in a round)
     train: TrainSpec  # rounds, local epochs, batch size, optimizer (lr, momentum, ...)
+
+
+def check_number(name: str, value: object, positive: bool = False) -> None:
+    """For ``Params.check()``: raise ValueError unless value is a finite real number >= 0
+    (> 0 if positive); bools are refused."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
 
 
 @dataclass

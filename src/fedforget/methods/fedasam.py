@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .fedsam import NORM_GUARD, FedSAM, FedSAMParams, check_nonneg
+from .base import check_number
+from .fedsam import NORM_GUARD, FedSAM, FedSAMParams
 from .registry import METHODS
 
 
@@ -49,7 +50,7 @@ class FedASAMParams(FedSAMParams):
 
     def check(self) -> None:
         super().check()
-        check_nonneg("eta", self.eta)
+        check_number("eta", self.eta)
 
 
 @METHODS.register("fedasam")

@@ -31,13 +31,12 @@ Hyperparameter: alpha = 0.1 (FedSOL code, configs/baselines/feddyn.json).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, ServerContext, Upload, weighted_average
+from .base import ClientContext, FedAvg, ServerContext, Upload, check_number, weighted_average
 from .base import Params as StateDict
 from .registry import METHODS
 
@@ -54,11 +53,7 @@ class FedDyn(FedAvg):
         weighting: str = "uniform"  # mean over sampled clients: paper "uniform", FedSOL "samples"
 
         def check(self) -> None:
-            a = self.alpha
-            if not (isinstance(a, (int, float)) and not isinstance(a, bool)) or not (
-                math.isfinite(a) and a > 0
-            ):
-                raise ValueError(f"alpha={a!r}; allowed: a finite number > 0")
+            check_number("alpha", self.alpha, positive=True)
             if self.weighting not in WEIGHTINGS:
                 raise ValueError(f"weighting={self.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
 

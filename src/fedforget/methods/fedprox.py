@@ -20,19 +20,12 @@ METHODS.md grid is {0.001, 0.01, 0.1, 1}. mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, Upload
+from .base import ClientContext, FedAvg, Upload, check_number
 from .registry import METHODS
-
-
-def _nonneg_number(name: str, value: object) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}={value!r}; allowed: a finite number >= 0")
 
 
 @METHODS.register("fedprox")
@@ -44,7 +37,7 @@ class FedProx(FedAvg):
         mu: float = 1.0  # proximal weight; FedSOL code 1.0, grid {0.001, 0.01, 0.1, 1}
 
         def check(self) -> None:
-            _nonneg_number("mu", self.mu)
+            check_number("mu", self.mu)
 
     def client_begin(self, ctx: ClientContext) -> None:
         # (w, w^t) pairs of this client's trainable parameters, rebuilt for every client

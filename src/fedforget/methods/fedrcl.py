@@ -63,25 +63,16 @@ Deviations from the paper/code, because of the models here
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, Upload
+from .base import ClientContext, FedAvg, Upload, check_number
 from .registry import METHODS
 
 PAIRS = ("all", "topk")
 TOPK_NEG = 2  # released config: two hardest other-label samples per anchor in L_SCL
-
-
-def check_number(name: str, value: object, positive: bool = False) -> None:
-    """Raise ValueError unless value is a finite real number >= 0 (> 0 if positive)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
 
 
 def rcl_terms(

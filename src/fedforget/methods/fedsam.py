@@ -43,24 +43,16 @@ Decisions
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, Upload
+from .base import ClientContext, FedAvg, Upload, check_number
 from .registry import METHODS
 
 # below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
 NORM_GUARD = 1e-12
-
-
-def check_nonneg(name: str, value: object) -> None:
-    """Raise ValueError unless value is a finite real number >= 0 (bools refused)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]
-        raise ValueError(f"{name}={value!r}; allowed: a finite number >= 0")
 
 
 @dataclass
@@ -68,7 +60,7 @@ class FedSAMParams:
     rho: float = 0.5  # SAM neighbourhood radius; 0 = FedAvg (two passes, same gradient)
 
     def check(self) -> None:
-        check_nonneg("rho", self.rho)
+        check_number("rho", self.rho)
 
 
 @METHODS.register("fedsam")

@@ -44,25 +44,16 @@ Decisions
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ClientContext, FedAvg, Params, ServerContext, Upload
+from .base import ClientContext, FedAvg, Params, ServerContext, Upload, check_number
 from .registry import METHODS
 
 FIRST_PREV = ("skip", "init")
-
-
-def check_number(name: str, value: object, positive: bool = False) -> None:
-    """Raise ValueError unless value is a finite real number >= 0 (> 0 if positive)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
 
 
 def flatten_state(params: Params) -> torch.Tensor:

@@ -34,14 +34,13 @@ Decisions:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from .base import ClientContext, FedAvg, ServerContext, Upload, weighted_average
+from .base import ClientContext, FedAvg, ServerContext, Upload, check_number, weighted_average
 from .base import Params as StateDict
 from .fednova import effective_steps, require_sgd
 from .registry import METHODS
@@ -68,11 +67,7 @@ class Scaffold(FedAvg):
         divisor: str = "effective_steps"  # a_i eta_l (= K eta_l without momentum) or K eta_l
 
         def check(self) -> None:
-            g = self.server_lr
-            if not (isinstance(g, (int, float)) and not isinstance(g, bool)) or not (
-                math.isfinite(g) and g > 0
-            ):
-                raise ValueError(f"server_lr={g!r}; allowed: a finite number > 0")
+            check_number("server_lr", self.server_lr, positive=True)
             if self.weighting not in WEIGHTINGS:
                 raise ValueError(f"weighting={self.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
             if self.divisor not in DIVISORS:
