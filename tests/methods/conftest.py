@@ -51,3 +51,8 @@ def run(rc):
     status, rows, msg = sim.run(progress=False)
     assert status == "completed", msg
     return sim, rows
+
+
+def run_method(make_run_config, method, params, **train):
+    """A tiny run of ``method`` with ``params`` (see the make_run_config fixture), to the end."""
+    return run(make_run_config(method=method, params=params, **train))

@@ -27,7 +27,6 @@ def run_cfg(public_run_cfg):
     return make
 
 
-
 def method(params=None):
     info = RunInfo(CPU, 3, 0, 2, TrainSpec())
     return FedDF(make_params("feddf", params or {}), info)

@@ -25,7 +25,6 @@ def run_cfg(public_run_cfg):
     return make
 
 
-
 # Hand example: 2 clients (A, B), 2 public samples, 3 classes. Logits are log-probabilities,
 # so softmax returns the probabilities below. The variance over C = 3 classes of a
 # probability vector is sigma^2 = (1/3) sum_c (p_c - 1/3)^2 = (3 sum_c p_c^2 - 1) / 9.

@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from fedforget.config import TrainSpec, parse_config
-from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, make_params
 from fedforget.methods.fedntd import FedNTD, not_true_logits, ntd_loss
 from fedforget.models import build_model
 from fedforget.utils import FedForgetError
+
+from .conftest import run_method
 
 CPU = torch.device("cpu")
 
@@ -110,21 +111,13 @@ def test_method_distils_the_global_model_frozen_at_client_begin():
     assert ctx.stats["l_ntd"] > 0
 
 
-def run(make_run_config, method, params, **train):
-    rc = make_run_config(method=method, params=params, **train)
-    sim = Simulation(rc, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 def test_beta_zero_is_fedavg_bit_exact(make_run_config):
     train = dict(rounds=2, local_epochs=2, sample_rate=0.5, optimizer={"lr": 0.1, "momentum": 0.9})
-    ref, _ = run(make_run_config, "fedavg", {}, **train)
-    sim, _ = run(make_run_config, "fedntd", {"beta": 0.0}, **train)
+    ref, _ = run_method(make_run_config, "fedavg", {}, **train)
+    sim, _ = run_method(make_run_config, "fedntd", {"beta": 0.0}, **train)
     for k, v in ref.global_params.items():
         assert torch.equal(sim.global_params[k], v), k
-    other, _ = run(make_run_config, "fedntd", {"beta": 1.0}, **train)
+    other, _ = run_method(make_run_config, "fedntd", {"beta": 1.0}, **train)
     assert any(not torch.equal(other.global_params[k], v) for k, v in ref.global_params.items())
 
 
@@ -147,7 +140,7 @@ def test_defaults(minimal_config):
 
 
 def test_short_run_finite(make_run_config):
-    _, rows = run(make_run_config, "fedntd", {}, dataset="digits", rounds=3, batch_size=32)
+    _, rows = run_method(make_run_config, "fedntd", {}, dataset="digits", rounds=3, batch_size=32)
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)
     assert rows[-1]["global_model_test_acc"] > rows[0]["global_model_test_acc"]
     assert all(math.isfinite(r["fedntd_l_ntd"]) for r in rows[1:])

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from fedforget.config import parse_config
-from fedforget.engine import Simulation
 from fedforget.methods.fedrcl import rcl_terms
 from fedforget.utils import FedForgetError
+
+from .conftest import run_method
 
 CPU = torch.device("cpu")
 
@@ -120,21 +121,13 @@ def test_single_sample_batch_adds_nothing():
         assert scl.item() == 0.0 and div.item() == 0.0
 
 
-def run(make_run_config, method, params, **train):
-    rc = make_run_config(method=method, params=params, **train)
-    sim = Simulation(rc, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 def test_zero_weight_is_fedavg_bit_exact(make_run_config):
     train = dict(rounds=2, local_epochs=2, sample_rate=0.5, optimizer={"lr": 0.1, "momentum": 0.9})
-    ref, _ = run(make_run_config, "fedavg", {}, **train)
-    sim, _ = run(make_run_config, "fedrcl", {"weight": 0.0}, **train)
+    ref, _ = run_method(make_run_config, "fedavg", {}, **train)
+    sim, _ = run_method(make_run_config, "fedrcl", {"weight": 0.0}, **train)
     for k, v in ref.global_params.items():
         assert torch.equal(sim.global_params[k], v), k
-    other, _ = run(make_run_config, "fedrcl", {}, **train)
+    other, _ = run_method(make_run_config, "fedrcl", {}, **train)
     assert any(not torch.equal(other.global_params[k], v) for k, v in ref.global_params.items())
 
 
@@ -161,7 +154,7 @@ def test_defaults(minimal_config):
 
 @pytest.mark.parametrize("pairs", ["all", "topk"])
 def test_short_run_finite(make_run_config, pairs):
-    _, rows = run(
+    _, rows = run_method(
         make_run_config, "fedrcl", {"pairs": pairs}, dataset="digits", rounds=3, batch_size=32
     )
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)

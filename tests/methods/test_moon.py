@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from fedforget.config import TrainSpec, parse_config
-from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, make_params
 from fedforget.methods.moon import (
     MOON,
@@ -21,6 +20,8 @@ from fedforget.methods.moon import (
 )
 from fedforget.models import build_model
 from fedforget.utils import FedForgetError
+
+from .conftest import run_method
 
 CPU = torch.device("cpu")
 
@@ -118,20 +119,12 @@ def test_first_prev_init_contrasts_against_initial_global():
         assert torch.equal(v, w0[k]), k
 
 
-def run(make_run_config, method, params, **train):
-    rc = make_run_config(method=method, params=params, **train)
-    sim = Simulation(rc, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 TRAIN = dict(local_epochs=2, sample_rate=0.5, optimizer={"lr": 0.1, "momentum": 0.9})
 
 
 def test_mu_zero_is_fedavg_bit_exact(make_run_config):
-    ref, _ = run(make_run_config, "fedavg", {}, rounds=3, **TRAIN)
-    sim, _ = run(make_run_config, "moon", {"mu": 0.0}, rounds=3, **TRAIN)
+    ref, _ = run_method(make_run_config, "fedavg", {}, rounds=3, **TRAIN)
+    sim, _ = run_method(make_run_config, "moon", {"mu": 0.0}, rounds=3, **TRAIN)
     for k, v in ref.global_params.items():
         assert torch.equal(sim.global_params[k], v), k
     assert all("prev" not in s for s in sim.client_state.values())  # nothing stored
@@ -139,13 +132,13 @@ def test_mu_zero_is_fedavg_bit_exact(make_run_config):
 
 def test_first_participation_is_fedavg_later_rounds_are_not(make_run_config):
     # round 1: every client is new, l_con is skipped -> FedAvg exactly
-    ref, _ = run(make_run_config, "fedavg", {}, rounds=1, **TRAIN)
-    sim, _ = run(make_run_config, "moon", {"mu": 1.0}, rounds=1, **TRAIN)
+    ref, _ = run_method(make_run_config, "fedavg", {}, rounds=1, **TRAIN)
+    sim, _ = run_method(make_run_config, "moon", {"mu": 1.0}, rounds=1, **TRAIN)
     for k, v in ref.global_params.items():
         assert torch.equal(sim.global_params[k], v), k
     # all clients every round: round 2 contrasts against round 1's uploads
-    ref, _ = run(make_run_config, "fedavg", {}, rounds=2, local_epochs=2)
-    sim, rows = run(make_run_config, "moon", {"mu": 1.0}, rounds=2, local_epochs=2)
+    ref, _ = run_method(make_run_config, "fedavg", {}, rounds=2, local_epochs=2)
+    sim, rows = run_method(make_run_config, "moon", {"mu": 1.0}, rounds=2, local_epochs=2)
     assert any(not torch.equal(sim.global_params[k], v) for k, v in ref.global_params.items())
     assert "moon_l_con" not in rows[1] and math.isfinite(rows[2]["moon_l_con"])
 
@@ -172,7 +165,9 @@ def test_defaults(minimal_config):
 @pytest.mark.parametrize("first_prev", ["skip", "init"])
 def test_short_run_finite(make_run_config, first_prev):
     params = {"first_prev": first_prev}
-    sim, rows = run(make_run_config, "moon", params, dataset="digits", rounds=3, batch_size=32)
+    sim, rows = run_method(
+        make_run_config, "moon", params, dataset="digits", rounds=3, batch_size=32
+    )
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)
     assert rows[-1]["global_model_test_acc"] > rows[0]["global_model_test_acc"]
     assert math.isfinite(rows[-1]["moon_l_con"])
