@@ -41,6 +41,8 @@ class TrainSpec:
     eval_every: int = 1
     eval_local_models: bool = True
     eval_batch_size: int = 1024
+    diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see engine.DIAGNOSTICS
+    save_client_models: tuple[int, ...] = ()  # rounds whose local models are saved (snapshots/)
     device: str = "auto"
     threads: int = 0
 
@@ -48,6 +50,9 @@ class TrainSpec:
     def from_dict(cls, d: dict[str, Any] | None) -> TrainSpec:
         d = dict(d or {})
         opt = OptimizerSpec(**{**d.pop("optimizer", {})})
+        for key in ("diagnostics", "save_client_models"):
+            if key in d:
+                d[key] = tuple(d[key])
         if isinstance(opt.betas, list):
             opt = OptimizerSpec(**{**asdict(opt), "betas": tuple(opt.betas)})
         return cls(optimizer=opt, **d)
@@ -340,10 +345,16 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             spec = MethodSpec(m["name"], params, label, dict(m.get("train") or {}))
             methods.append(spec)
             cls = METHODS.get(m["name"])
+            mtrain = TrainSpec.from_dict(deep_merge(train, spec.train))
             try:
-                cls.check_train(TrainSpec.from_dict(deep_merge(train, spec.train)))
+                cls.check_train(mtrain)
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
+            late = [r for r in mtrain.save_client_models if r > mtrain.rounds]
+            if late:
+                problems.append(
+                    f"{key}.train.save_client_models: rounds {late} are beyond train.rounds={mtrain.rounds} (method '{label}'); allowed: 1..{mtrain.rounds}"
+                )
             for ds in datasets:
                 if cls.needs_public and not ds.public:
                     problems.append(

@@ -27,7 +27,7 @@ import torch
 from .config import OptimizerSpec, RunConfig
 from .data import load_dataset, load_public
 from .methods import METHODS, ClientContext, RunInfo, ServerContext, Upload, make_params
-from .metrics import evaluate
+from .metrics import classwise_accuracy, evaluate
 from .models import build_model
 from .partition import client_indices, load_partition, make_partition
 from .utils import FedForgetError, seed_sequence, torch_seed
@@ -51,6 +51,31 @@ BASE_COLUMNS = [
     "eval_time_s",
     "elapsed_s",
 ]
+
+# optional per-round analyses (train.diagnostics) and the columns they add
+DIAGNOSTICS = {
+    # ||w_k - w_g||_2 over all float weights, w_g the model broadcast this round, mean over
+    # the sampled clients; and the mean over pairs i < j of ||w_i - w_j||_2 (FedSOL Fig. 5)
+    "weight_divergence": ["local_models_dist_to_global_mean", "local_models_pairwise_dist_mean"],
+    # the aggregated model's test accuracy per true class: global_model_test_acc_class<c>
+    "classwise_accuracy": [],
+}
+
+
+def flat_weights(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every floating-point tensor of a state dict, flattened and concatenated (fixed key order)."""
+    return torch.cat([v.detach().reshape(-1).double() for v in params.values() if torch.is_floating_point(v)])
+
+
+def weight_divergence(global_params: dict, uploads: list[Upload]) -> dict[str, float]:
+    w = torch.stack([flat_weights(u.params) for u in uploads])  # [m, P]
+    to_global = (w - flat_weights(global_params)).norm(dim=1).mean().item()
+    m = len(uploads)
+    pair = math.nan
+    if m > 1:
+        d = torch.cdist(w.unsqueeze(0), w.unsqueeze(0), compute_mode="donot_use_mm_for_euclid_dist")[0]
+        pair = (d.sum() / (m * (m - 1))).item()  # the diagonal is 0
+    return {"local_models_dist_to_global_mean": to_global, "local_models_pairwise_dist_mean": pair}
 
 
 def sample_clients(seed: int, rnd: int, clients: int, rate: float) -> list[int]:
@@ -169,6 +194,8 @@ class Simulation:
         self.method = method_cls(params, info)
         self.server = ServerContext(0, self.global_params, server_model, dev, public)
         self.client_state: dict[int, dict[str, Any]] = {}
+        self.snapshots: dict[int, dict[str, Any]] = {}
+        self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
         self.method.server_init(self.server)
 
     # ------------------------------------------------------------------ one client
@@ -206,10 +233,18 @@ class Simulation:
 
     # ------------------------------------------------------------------ all rounds
     def run(
-        self, on_row: Callable[[dict[str, Any]], None] | None = None, progress: bool | None = None
+        self,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        progress: bool | None = None,
+        on_snapshot: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> tuple[str, list[dict[str, Any]], str]:
         """Run every round; return (status, metrics rows, message). status is "completed"
-        or "diverged" (non-finite loss or weights; the rows so far are kept)."""
+        or "diverged" (non-finite loss or weights; the rows so far are kept).
+
+        For the rounds in train.save_client_models a snapshot {"round", "global_before",
+        "global_after", "clients": {cid: local weights after local training}} (CPU tensors)
+        goes to ``on_snapshot(round, snapshot)``, or is kept in ``self.snapshots``."""
+        self.on_snapshot = on_snapshot
         t, cfg = self.cfg.train, self.cfg
         rows: list[dict[str, Any]] = []
         start = time.perf_counter()
@@ -253,6 +288,7 @@ class Simulation:
         self.server.broadcast = self.method.broadcast(self.server)
         uploads, losses, local_accs, stats = [], [], [], []
         eval_time = 0.0
+        broadcast_params = self.global_params
         for cid in sampled:
             up, loss, st = self.train_client(cid, rnd, lr)
             uploads.append(up)
@@ -270,6 +306,18 @@ class Simulation:
             raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
         self.global_params = self.server.global_params
         train_time = time.perf_counter() - t0 - eval_time
+        if rnd in t.save_client_models:
+            cpu = lambda p: {k: v.detach().cpu().clone() for k, v in p.items()}  # noqa: E731
+            snap = {
+                "round": rnd,
+                "global_before": cpu(broadcast_params),
+                "global_after": cpu(self.global_params),
+                "clients": {u.cid: cpu(u.params) for u in uploads},
+            }
+            if self.on_snapshot is not None:
+                self.on_snapshot(rnd, snap)
+            else:
+                self.snapshots[rnd] = snap
 
         row: dict[str, Any] = {
             "round": rnd, "lr": lr, "n_sampled_clients": len(sampled),
@@ -281,6 +329,13 @@ class Simulation:
                 self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size
             )
             row.update(global_model_test_acc=acc, global_model_test_loss=loss)
+            if "classwise_accuracy" in t.diagnostics:
+                accs = classwise_accuracy(
+                    self.server.model, self.x_test, self.y_test, self.num_classes, t.eval_batch_size
+                )
+                row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
+        if "weight_divergence" in t.diagnostics:
+            row.update(weight_divergence(broadcast_params, uploads))
         if local_accs:
             row.update(
                 local_models_global_test_acc_mean=float(np.mean(local_accs)),

@@ -1,6 +1,8 @@
 """Run one training job and write its outputs: metrics.csv (one row per round, rewritten
 atomically after every round), run.json (resolved config, its hash, versions, device, wall
-time, status) and model.pt (final global weights)."""
+time, status), model.pt (final global weights) and, for the rounds in
+train.save_client_models, snapshots/round<r>.pt (global model before and after the round and
+every sampled client's local model)."""
 
 from __future__ import annotations
 
@@ -59,7 +61,13 @@ def run_training(
         sim = Simulation(cfg)
         record["device"] = str(sim.device)
         record["torch_threads"] = torch.get_num_threads()
-        status, rows, message = sim.run(progress=progress)
+        snap_dir = out / "snapshots"
+
+        def save_snapshot(rnd: int, snap: dict[str, Any]) -> None:
+            snap_dir.mkdir(exist_ok=True)
+            atomic_write(snap_dir / f"round{rnd:04d}.pt", lambda tmp: torch.save(snap, tmp))
+
+        status, rows, message = sim.run(progress=progress, on_snapshot=save_snapshot)
         atomic_write_text(out / "metrics.csv", metrics_csv(rows))
         atomic_write(
             out / "model.pt",

@@ -1,0 +1,90 @@
+"""Optional per-round analyses (train.diagnostics) and local-model snapshots."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from fedforget.config import parse_config
+from fedforget.engine import Simulation, flat_weights
+from fedforget.metrics import classwise_accuracy
+from fedforget.runner import run_training
+from fedforget.utils import FedForgetError
+
+
+def test_weight_divergence_matches_hand_computation(make_run_config):
+    cfg = make_run_config(rounds=2, diagnostics=("weight_divergence",), save_client_models=(2,))
+    sim = Simulation(cfg)
+    _, rows, _ = sim.run(progress=False)
+    snap = sim.snapshots[2]
+    g = flat_weights(snap["global_before"])
+    w = [flat_weights(p) for p in snap["clients"].values()]
+    to_global = sum((wk - g).norm().item() for wk in w) / len(w)
+    pairs = [(a - b).norm().item() for a, b in itertools.combinations(w, 2)]
+    assert rows[2]["local_models_dist_to_global_mean"] == pytest.approx(to_global, rel=1e-9)
+    assert rows[2]["local_models_pairwise_dist_mean"] == pytest.approx(sum(pairs) / len(pairs), rel=1e-9)
+    assert rows[2]["local_models_dist_to_global_mean"] > 0
+    # the snapshot's global_after is the model the round ended with
+    assert all(torch.equal(snap["global_after"][k], sim.global_params[k]) for k in sim.global_params)
+    assert not all(torch.equal(snap["global_before"][k], snap["global_after"][k]) for k in sim.global_params)
+
+
+def test_one_sampled_client_has_undefined_pairwise_divergence(make_run_config):
+    cfg = make_run_config(rounds=1, sample_rate=0.25, diagnostics=("weight_divergence",))
+    _, rows, _ = Simulation(cfg).run(progress=False)
+    assert math.isnan(rows[1]["local_models_pairwise_dist_mean"])
+    assert rows[1]["local_models_dist_to_global_mean"] > 0
+
+
+def test_classwise_accuracy_columns_average_to_overall(make_run_config):
+    cfg = make_run_config(rounds=2, diagnostics=("classwise_accuracy",))
+    sim = Simulation(cfg)
+    _, rows, _ = sim.run(progress=False)
+    per_class = [rows[2][f"global_model_test_acc_class{c}"] for c in range(sim.num_classes)]
+    counts = torch.bincount(sim.y_test, minlength=sim.num_classes).tolist()
+    overall = sum(a * n for a, n in zip(per_class, counts)) / sum(counts)
+    assert overall == pytest.approx(rows[2]["global_model_test_acc"], abs=1e-12)
+
+
+def test_classwise_accuracy_hand_example():
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    x = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [1.0, 0, 0], [0, 0, 1.0]])
+    y = torch.tensor([0, 0, 1, 2])
+    acc = classwise_accuracy(Fixed(), x, y, num_classes=4)
+    assert acc[:3] == [0.5, 0.0, 1.0] and math.isnan(acc[3])
+
+
+def test_no_diagnostics_no_extra_columns(make_run_config):
+    _, rows, _ = Simulation(make_run_config(rounds=1)).run(progress=False)
+    assert not any(k.startswith(("local_models_dist", "local_models_pairwise", "global_model_test_acc_class")) for k in rows[1])
+
+
+def test_snapshots_written_by_runner(make_run_config, tmp_path):
+    cfg = make_run_config(rounds=3, save_client_models=(1, 3))
+    run_training(cfg, tmp_path / "run", progress=False)
+    files = sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir())
+    assert files == ["round0001.pt", "round0003.pt"]
+    snap = torch.load(tmp_path / "run" / "snapshots" / "round0003.pt")
+    assert snap["round"] == 3 and sorted(snap["clients"]) == [0, 1, 2, 3]
+    final = torch.load(tmp_path / "run" / "model.pt")
+    assert all(torch.equal(final[k], snap["global_after"][k]) for k in final)
+
+
+def test_snapshot_round_beyond_rounds_rejected(minimal_config):
+    raw = minimal_config
+    raw["experiments"][0]["train"] = {**raw["experiments"][0].get("train", {}), "rounds": 3, "save_client_models": [5]}
+    with pytest.raises(FedForgetError, match=r"save_client_models.*\[5\].*rounds=3"):
+        parse_config(raw)
+
+
+def test_unknown_diagnostic_rejected(minimal_config):
+    raw = minimal_config
+    raw["experiments"][0]["train"] = {**raw["experiments"][0].get("train", {}), "diagnostics": ["hessian"]}
+    with pytest.raises(FedForgetError, match="hessian"):
+        parse_config(raw)
