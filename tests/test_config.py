@@ -231,7 +231,8 @@ def test_schema_train_defaults_match_dataclass():
     names = {f.name for f in fields(TrainSpec)} - {"optimizer"}
     assert set(defaults) == names  # every field has a documented default
     for k, v in defaults.items():
-        assert getattr(t, k) == v, k
+        got = getattr(t, k)
+        assert (list(got) if isinstance(got, tuple) else got) == v, k
     assert set(schema()["$defs"]["train"]["properties"]) == names | {"optimizer"}
 
 
