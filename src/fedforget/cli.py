@@ -30,6 +30,8 @@ def cmd_list(args) -> None:
         from .methods import METHODS as reg
     elif args.cmd == "models":
         from .models import MODELS as reg
+    elif args.cmd == "figures":
+        from .figures import FIGURES as reg
     else:
         from .partition import PARTITIONERS as reg
     print("\n".join(reg.names()))
@@ -161,6 +163,13 @@ def cmd_plot(args) -> None:
         print(p)
 
 
+def cmd_figure(args) -> None:
+    from .figures import make_figure
+
+    for p in make_figure(args.name, args.summary, args.experiment, args.out, _json(args.options, "--options")):
+        print(p)
+
+
 def cmd_run(args) -> None:
     from .config import load_config
     from .pipeline import run_all
@@ -193,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("methods", "federated methods"),
         ("models", "models"),
         ("partitioners", "partition schemes"),
+        ("figures", "experiment figures"),
     ):
         sub.add_parser(name, help=f"list registered {what}, one per line").set_defaults(fn=cmd_list)
 
@@ -244,6 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--summary", required=True)
     s.add_argument("--out", required=True)
     s.set_defaults(fn=cmd_plot)
+
+    s = sub.add_parser("figure", help="draw one experiment-specific figure (fedforget.figures)")
+    s.add_argument("--summary", required=True, help="the experiment's summary directory")
+    s.add_argument("--experiment", required=True)
+    s.add_argument("--name", required=True, help="a registered figure")
+    s.add_argument("--options", help="the figure's options as JSON")
+    s.add_argument("--out", required=True, help="output .png")
+    s.set_defaults(fn=cmd_figure)
 
     s = sub.add_parser("run", help="the whole pipeline in-process, without Snakemake")
     s.add_argument("--config", required=True)

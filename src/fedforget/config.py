@@ -14,8 +14,10 @@ from typing import Any
 import yaml
 
 from .data import DATASETS, dataset_id, public_id
+from .figures import check_figure
 from .models import check_model
 from .partition import PartitionSpec, check_feasible
+from .plots import CURVES
 from .utils import FedForgetError, config_hash
 
 # ----------------------------------------------------------------------------- spec objects
@@ -168,6 +170,7 @@ class Experiment:
     seeds: list[int]
     train: dict[str, Any]  # raw train settings; each method may override some
     paper: dict[str, Any] | None
+    figures: list[FigureSpec] = field(default_factory=list)
 
     def train_for(self, m: MethodSpec) -> TrainSpec:
         return TrainSpec.from_dict(deep_merge(self.train, m.train))
@@ -177,6 +180,13 @@ class Experiment:
             RunConfig(self.name, ds, part, m, seed, self.train_for(m), data_dir, results_dir)
             for ds in self.datasets for part in self.partitions for m in self.methods for seed in self.seeds
         ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str  # a registered figure (fedforget.figures)
+    label: str  # file stem: figures/<label>.png
+    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -326,7 +336,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 if ds.public and ds.public["source"] == "holdout":
                     n_train -= int(round(ds.public["fraction"] * n_train))
                 try:
-                    check_feasible(spec, n_train, pkey)
+                    check_feasible(spec, n_train, pkey, DATASETS.get(ds.name).num_classes)
                 except FedForgetError as e:
                     problems.append(f"{e} (dataset '{ds.label}')")
         methods: list[MethodSpec] = []
@@ -362,6 +372,14 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     )
         if len(set(ex["seeds"])) != len(ex["seeds"]):
             problems.append(f"{key}.seeds: duplicate seeds {ex['seeds']}")
+        figures: list[FigureSpec] = []
+        for j, f in enumerate(ex.get("figures") or []):
+            fkey = f"{key}.figures[{j}]"
+            fig = FigureSpec(f["name"], f.get("label") or f["name"], dict(f.get("options") or {}))
+            check(check_figure, fig.name, fig.options, fkey)
+            if fig.label in {x.label for x in figures} or fig.label in CURVES:
+                problems.append(f"{fkey}.label: duplicate figure label '{fig.label}' (set a distinct label)")
+            figures.append(fig)
         experiments.append(
             Experiment(
                 ex["name"],
@@ -372,6 +390,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 list(ex["seeds"]),
                 train,
                 ex.get("paper"),
+                figures,
             )
         )
     if problems:

@@ -1,4 +1,5 @@
-"""Client partitioners: iid, dirichlet (label skew, bounded redraws) and shards.
+"""Client partitioners: iid, dirichlet (label skew, bounded redraws), shards and classes
+(an explicit clients x classes matrix of fractions).
 
 A partition assigns every row of the private training pool to exactly one client. It is
 stored as ``assignment.npy`` (int64, one entry per row of the dataset's training split: the
@@ -9,7 +10,9 @@ Partition seeds are separate from training seeds.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +40,8 @@ class PartitionSpec:
     min_size: int = 10  # dirichlet: every client holds at least this many samples
     max_redraws: int = 1000  # dirichlet: bounded redraws, then a clear error
     shards_per_client: int | None = None  # shards
+    # classes: [clients][classes] fractions; column c says how class c's samples are split
+    class_fractions: list[list[float]] | None = None
     seed: int = 0
 
     @property
@@ -46,6 +51,8 @@ class PartitionSpec:
             return f"dirichlet-{float(self.alpha)!r}"  # shortest exact: distinct alphas, distinct paths
         if self.scheme == "shards":
             return f"shards-{self.shards_per_client}"
+        if self.scheme == "classes":
+            return f"classes-{fractions_digest(self.class_fractions)}"  # the matrix is in meta.json
         return self.scheme
 
     @property
@@ -63,7 +70,15 @@ class PartitionSpec:
             d.pop("alpha"), d.pop("min_size"), d.pop("max_redraws")
         if self.scheme != "shards":
             d.pop("shards_per_client")
+        if self.scheme != "classes":
+            d.pop("class_fractions")
         return d
+
+
+def fractions_digest(matrix: list[list[float]] | None) -> str:
+    """8 hex digits naming a class-fraction matrix (its canonical JSON, floats as floats)."""
+    canon = json.dumps([[float(v) for v in row] for row in matrix or []], separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:8]
 
 
 PARTITIONERS: Registry[
@@ -71,8 +86,11 @@ PARTITIONERS: Registry[
 ] = Registry("partition scheme")
 
 
-def check_feasible(spec: PartitionSpec, n: int, key: str = "partition") -> None:
-    """Errors that can be known from sizes alone, before any draw."""
+def check_feasible(
+    spec: PartitionSpec, n: int, key: str = "partition", num_classes: int | None = None
+) -> None:
+    """Errors that can be known from sizes alone, before any draw (``num_classes``, when
+    known, also checks the width of a class-fraction matrix)."""
     if spec.clients < 1:
         raise FedForgetError(f"{key}.clients={spec.clients}; allowed: >= 1")
     if spec.clients > n:
@@ -96,6 +114,43 @@ def check_feasible(spec: PartitionSpec, n: int, key: str = "partition") -> None:
                 f"{key}: shards_per_client={s} x clients={spec.clients} = {s * spec.clients} shards "
                 f"exceeds the {n} training samples available"
             )
+    if spec.scheme == "classes":
+        check_class_fractions(spec.class_fractions, spec.clients, num_classes, f"{key}.class_fractions")
+
+
+# a class column's fractions must sum to 1 within this tolerance
+FRACTION_TOL = 1e-6
+
+
+def check_class_fractions(
+    m: object, clients: int, num_classes: int | None, key: str = "partition.class_fractions"
+) -> None:
+    """A clients x classes matrix of fractions in [0, 1] whose every column sums to 1, and
+    every row (client) with some positive fraction."""
+    if not isinstance(m, (list, tuple)) or not m or not all(isinstance(r, (list, tuple)) for r in m):
+        raise FedForgetError(f"{key}={m!r}; allowed: a list of {clients} rows (one per client) of class fractions")
+    if len(m) != clients:
+        raise FedForgetError(f"{key} has {len(m)} rows; allowed: one row per client ({clients})")
+    widths = {len(r) for r in m}
+    if len(widths) != 1:
+        raise FedForgetError(f"{key}: rows have different lengths {sorted(widths)}; allowed: one column per class")
+    width = widths.pop()
+    if num_classes is not None and width != num_classes:
+        raise FedForgetError(f"{key} has {width} columns; allowed: one per class of the dataset ({num_classes})")
+    for i, row in enumerate(m):
+        for c, v in enumerate(row):
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or not 0 <= v <= 1:
+                raise FedForgetError(f"{key}[{i}][{c}]={v!r}; allowed: a number in [0, 1]")
+    for c in range(width):
+        total = sum(float(r[c]) for r in m)
+        if abs(total - 1.0) > FRACTION_TOL:
+            raise FedForgetError(
+                f"{key}: column {c} (class {c}) sums to {total:.6g}; allowed: every class column sums to 1"
+            )
+    for i, row in enumerate(m):
+        if not any(v > 0 for v in row):
+            raise FedForgetError(f"{key}[{i}] is all zeros; allowed: every client holds some class")
 
 
 @PARTITIONERS.register("iid")
@@ -152,6 +207,52 @@ def shards(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list
         pieces = np.array_split(order[np.argsort(y[order], kind="stable")], total)
     owner = rng.permutation(total)
     return [np.concatenate([pieces[j] for j in owner[i * s : (i + 1) * s]]) for i in range(k)]
+
+
+@PARTITIONERS.register("classes")
+def classes(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
+    """Explicit label skew: client k receives exactly ``class_counts_for(y, fractions)[k, c]``
+    samples of class c (fraction * class size, rounded by largest remainder so that every
+    sample of the class is assigned), drawn without replacement: class c's indices are
+    permuted with the partition seed and cut into consecutive pieces of those sizes."""
+    counts = class_counts_for(y, spec.class_fractions)
+    if (counts.sum(1) == 0).any():
+        empty = np.flatnonzero(counts.sum(1) == 0).tolist()
+        raise FedForgetError(
+            f"classes partition: client(s) {empty} receive no sample from these fractions on "
+            f"{len(y)} samples; raise their fractions"
+        )
+    buckets: list[list[np.ndarray]] = [[] for _ in range(spec.clients)]
+    for c in range(counts.shape[1]):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        for k, part in enumerate(np.split(idx, np.cumsum(counts[:, c])[:-1])):
+            buckets[k].append(part)
+    return [np.concatenate(b) for b in buckets]
+
+
+def class_counts_for(y: np.ndarray, fractions: list[list[float]]) -> np.ndarray:
+    """[clients, classes] sample counts of the ``classes`` scheme: per class c of size n_c,
+    floor(f_kc * n_c) each, then the n_c - sum left over go one each to the clients with the
+    largest remainders f_kc * n_c - floor(.) (ties: lower client id). Classes are 0..C-1."""
+    f = np.asarray(fractions, dtype=np.float64)
+    labels = np.unique(y)
+    if labels.size and (labels.min() < 0 or labels.max() >= f.shape[1]):
+        raise FedForgetError(
+            f"classes partition: labels {labels.tolist()} do not fit a matrix of {f.shape[1]} class columns"
+        )
+    sizes = np.bincount(y, minlength=f.shape[1])
+    exact = f * sizes  # [K, C]
+    counts = np.floor(exact + 1e-9).astype(np.int64)
+    for c in range(f.shape[1]):
+        short = int(sizes[c] - counts[:, c].sum())
+        if short > 0:
+            order = np.argsort(-(exact[:, c] - counts[:, c]), kind="stable")
+            counts[order[:short], c] += 1
+        elif short < 0:  # only through float slack in a column summing to 1 + tol
+            order = np.argsort(exact[:, c] - counts[:, c], kind="stable")
+            order = [k for k in order if counts[k, c] > 0][:-short]
+            counts[order, c] -= 1
+    return counts
 
 
 def _allocate(total: int, sizes: np.ndarray) -> np.ndarray:

@@ -63,6 +63,7 @@ def run_all(
     import json
 
     from .aggregate import aggregate
+    from .figures import make_figure
     from .plots import plot_experiment
     from .runner import run_training
 
@@ -94,6 +95,14 @@ def run_all(
             PAPER_RESULTS,
         )
         plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name))
+        for fig in exp.figures:
+            make_figure(
+                fig.name,
+                summary_dir(wf, exp.name),
+                exp.name,
+                figures_dir(wf, exp.name) / f"{fig.label}.png",
+                fig.options,
+            )
         done[exp.name] = table
     return done
 

@@ -1,6 +1,7 @@
 # Helpers: the config is validated once here, at parse time (schema + registries + sizes),
 # before any job starts, and expanded into lookup tables that the rules read by wildcard.
 import json
+import re
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -111,11 +112,26 @@ def experiment_paper(w):
 FIGURES = ["global_model_test_acc", "local_models_global_test_acc_mean", "sampled_clients_local_train_loss_mean"]
 
 
+# labels of experiment-specific figures: the {figure} wildcard takes only these, so rule
+# figure never claims the learning curves that rule plot writes beside them
+FIGURE_LABELS = sorted({f.label for exp in WF.experiments for f in exp.figures})
+FIGURE_LABEL_RE = "|".join(re.escape(x) for x in FIGURE_LABELS) or "(?!)"
+
+
+def experiment_figure(w):
+    """The experiment-specific figure with this label (config: experiments[].figures)."""
+    for f in WF.experiment(w.experiment).figures:
+        if f.label == w.figure:
+            return {"name": f.name, "options": canonical_json(f.options)}
+    raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
+
+
 def all_targets():
     out = []
     for exp in WF.experiments:
         base = f"{RESULTS}/{exp.name}"
         out += [f"{base}/summary/table.csv", f"{base}/summary/table.md"]
         out += [f"{base}/figures/{f}.png" for f in FIGURES]
+        out += [f"{base}/figures/{f.label}.png" for f in exp.figures]
     out += [f"{RESULTS}/partitions/{pool}/{slug}/heatmap.png" for pool, slug in PARTITIONS]
     return out

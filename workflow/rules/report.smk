@@ -45,6 +45,30 @@ rule plot:
         "fedforget plot --summary {params.summary} --out {params.out} > {log} 2>&1"
 
 
+rule figure:
+    input:
+        runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
+        metrics=f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+    output:
+        report(
+            f"{RESULTS}/{{experiment}}/figures/{{figure}}.png",
+            caption="../report/figure.rst",
+            category="Figures",
+            labels={"experiment": "{experiment}", "figure": "{figure}"},
+        ),
+    wildcard_constraints:
+        figure=FIGURE_LABEL_RE,
+    params:
+        fig=experiment_figure,
+        summary=subpath(input.runs, parent=True),
+    log:
+        "logs/figure/{experiment}/{figure}.log",
+    shell:
+        "fedforget figure --summary {params.summary} --experiment {wildcards.experiment} "
+        "--name {params.fig[name]} --options {params.fig[options]:q} --out {output} > {log} 2>&1"
+
+
 localrules:
     aggregate,
     plot,
+    figure,

@@ -1,0 +1,88 @@
+"""Experiment-specific figures (a paper's figure re-drawn from our runs).
+
+An experiment lists them in its config::
+
+    figures:
+      - name: decision_boundaries        # a registered figure
+        label: boundaries_r1_r20         # file name (default: name)
+        options: {rounds: [1, 10, 20]}   # keyword arguments of the figure function
+
+and the workflow draws each into ``results/<experiment>/figures/<label>.png`` after the
+experiment's aggregation. A figure is a function registered in a module of this package::
+
+    @FIGURES.register("decision_boundaries")
+    def decision_boundaries(inp: FigureInput, out: Path, rounds=(1, 10, 20)) -> list[Path]:
+        ...  # write out (a .png); may write siblings with the same stem (.csv, .pdf)
+
+It reads the experiment's summary (``inp.runs``: one row per run with its ``run_dir``;
+``inp.metrics``: every run's metrics rows) and, if it needs them, files inside the run
+directories (e.g. ``snapshots/`` written for ``train.save_client_models``). Its keyword
+arguments are the options a config may set; unknown options are rejected at config
+validation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..registry import Registry
+from ..utils import FedForgetError
+
+FigureFn = Callable[..., list[Path]]
+FIGURES: Registry[FigureFn] = Registry("figure")
+
+
+@dataclass
+class FigureInput:
+    experiment: str
+    summary_dir: Path
+    runs: pd.DataFrame  # summary/runs.csv: one row per run (run_dir, dataset, setting, method, seed, status, ...)
+    metrics: pd.DataFrame  # summary/metrics.parquet: every run's metrics rows, with the run keys
+
+    @classmethod
+    def load(cls, summary_dir: str | Path, experiment: str) -> FigureInput:
+        d = Path(summary_dir)
+        runs_csv, metrics_pq = d / "runs.csv", d / "metrics.parquet"
+        for f in (runs_csv, metrics_pq):
+            if not f.exists():
+                raise FedForgetError(f"figure input {f} not found; run `fedforget aggregate` first")
+        return cls(experiment, d, pd.read_csv(runs_csv), pd.read_parquet(metrics_pq))
+
+
+def figure_options(name: str) -> set[str]:
+    """The options (keyword arguments) a figure accepts."""
+    sig = inspect.signature(FIGURES.get(name))
+    return {p for i, p in enumerate(sig.parameters) if i >= 2}
+
+
+def check_figure(name: str, options: dict[str, Any], key: str = "figures") -> None:
+    """Config validation: the figure exists and takes these options."""
+    FIGURES.get(name, f"{key}.name")
+    allowed = figure_options(name)
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise FedForgetError(
+            f"{key}.options: unknown option(s) {unknown} for figure '{name}'; allowed: {sorted(allowed) or 'none'}"
+        )
+
+
+def make_figure(
+    name: str, summary_dir: str | Path, experiment: str, out: str | Path, options: dict[str, Any] | None = None
+) -> list[Path]:
+    check_figure(name, options or {})
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return FIGURES.get(name)(FigureInput.load(summary_dir, experiment), out, **(options or {}))
+
+
+# import every figure module so that it registers itself
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
