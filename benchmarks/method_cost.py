@@ -52,6 +52,7 @@ def parse_args() -> argparse.Namespace:
     ]:  # fmt: skip
         p.add_argument(f"--{name}", type=typ, default=default, help=f"default: {default}")
     p.add_argument("--methods", nargs="+", help="default: every registered method")
+    p.add_argument("--params", default="{}", help='method hyperparameters as JSON, e.g. \'{"fedproj": {"memory_batch_size": 32}}\' (default: each method\'s defaults)')
     p.add_argument("--json", metavar="PATH", help="also write the numbers to this file")
     return p.parse_args()
 
@@ -84,6 +85,7 @@ def main() -> None:
     ds = DatasetSpec(a.dataset, {}, a.model, {}, public, a.dataset)
     part = PartitionSpec("iid", a.clients)
 
+    method_params = json.loads(a.params)
     names = a.methods or METHODS.names()
     if "fedavg" not in names:
         names = ["fedavg", *names]
@@ -92,7 +94,7 @@ def main() -> None:
 
     def config(name: str) -> RunConfig:
         return RunConfig(
-            "method_cost", ds, part, MethodSpec(name, {}, name), 0, train, tmp.name, tmp.name
+            "method_cost", ds, part, MethodSpec(name, method_params.get(name, {}), name), 0, train, tmp.name, tmp.name
         )
 
     seconds: dict[str, list[float]] = {n: [] for n in names}

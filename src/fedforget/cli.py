@@ -110,7 +110,7 @@ def cmd_train(args) -> None:
         from dataclasses import replace
 
         rc = replace(rc, train=replace(rc.train, threads=args.threads))
-    rec = run_training(rc, args.out or rc.run_dir, progress=None)
+    rec = run_training(rc, args.out or rc.run_dir, progress=None, resume=not args.fresh)
     print(
         f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}"
     )
@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config-json", help="run config as a JSON string")
     s.add_argument("--out", help="output directory (default: the run's directory under results/)")
     s.add_argument("--threads", type=int)
+    s.add_argument(
+        "--fresh", action="store_true",
+        help="ignore a checkpoint left by an interrupted run and start over (default: resume)",
+    )  # fmt: skip
     s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("plan", help="list (and with --write, write) every job's run config")

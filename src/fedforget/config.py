@@ -45,6 +45,7 @@ class TrainSpec:
     eval_batch_size: int = 1024
     diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see engine.DIAGNOSTICS
     save_client_models: tuple[int, ...] = ()  # rounds whose local models are saved (snapshots/)
+    checkpoint_every: int = 1  # rounds between checkpoints (resume point of an interrupted run)
     device: str = "auto"
     threads: int = 0
 
@@ -58,6 +59,10 @@ class TrainSpec:
         if isinstance(opt.betas, list):
             opt = OptimizerSpec(**{**asdict(opt), "betas": tuple(opt.betas)})
         return cls(optimizer=opt, **d)
+
+
+# train settings that do not change what a job computes (excluded from RunConfig.hash)
+RUNTIME_TRAIN_KEYS = ("threads", "device", "checkpoint_every")
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,13 @@ class RunConfig:
 
     @property
     def hash(self) -> str:
-        return config_hash(self.to_dict())
+        """Hash of what determines the results: every setting except where and how fast
+        the job runs (train.threads, train.device, train.checkpoint_every), so a job
+        resumed with other threads or on another device keeps its identity."""
+        d = self.to_dict()
+        for k in RUNTIME_TRAIN_KEYS:
+            d["train"].pop(k, None)
+        return config_hash(d)
 
     # paths (relative to the working directory)
     @property

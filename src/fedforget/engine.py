@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 # stream tags for keyed randomness
 SAMPLE_STREAM, SHUFFLE_STREAM, INIT_STREAM = 0x51, 0x52, 0x53
 
-# metrics.csv columns written for every method; "test" is always the full global test set
+# metrics.csv columns written for every method; "test" is always the full global test set.
+# Every value is a deterministic function of the config and seed (wall-clock times are kept
+# apart, in TIMING_COLUMNS / timings.csv), so a rerun or a resumed run gives the same bytes.
 BASE_COLUMNS = [
     "round",  # 0 = the initial global model, before any training
     "lr",  # local learning rate used in this round
@@ -47,10 +50,14 @@ BASE_COLUMNS = [
     "global_model_test_loss",
     "local_models_global_test_acc_mean",  # each sampled client's model after local training, full test set
     "local_models_global_test_acc_min",
+]
+TIMING_COLUMNS = [
+    "round",
     "train_time_s",  # local training + aggregation of this round
     "eval_time_s",
-    "elapsed_s",
+    "elapsed_s",  # since the run started (a resumed run continues the count)
 ]
+CHECKPOINT_FORMAT = 1
 
 # optional per-round analyses (train.diagnostics) and the columns they add
 DIAGNOSTICS = {
@@ -237,9 +244,17 @@ class Simulation:
         on_row: Callable[[dict[str, Any]], None] | None = None,
         progress: bool | None = None,
         on_snapshot: Callable[[int, dict[str, Any]], None] | None = None,
+        on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> tuple[str, list[dict[str, Any]], str]:
         """Run every round; return (status, metrics rows, message). status is "completed"
         or "diverged" (non-finite loss or weights; the rows so far are kept).
+
+        After every round r with r % train.checkpoint_every == 0 (and r < rounds),
+        ``on_checkpoint(self.checkpoint(rows))`` receives everything needed to continue;
+        ``run(resume=that checkpoint)`` continues from round r + 1 and gives the same rows
+        and weights as an uninterrupted run. ``on_row`` is called after the checkpoint, so a
+        crash inside it loses nothing.
 
         For the rounds in train.save_client_models a snapshot {"round", "global_before",
         "global_after", "clients": {cid: local weights after local training}} (CPU tensors)
@@ -251,25 +266,40 @@ class Simulation:
 
         def emit(row: dict[str, Any]) -> None:
             rows.append(row)
+            rnd = row["round"]
+            if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
+                on_checkpoint(self.checkpoint(rows))
             if on_row:
                 on_row(row)
 
-        acc, loss = evaluate(
-            self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size
-        )
-        emit(
-            {
-                "round": 0,
-                "global_model_test_acc": acc,
-                "global_model_test_loss": loss,
-                "elapsed_s": time.perf_counter() - start,
-            }
-        )
+        if resume is not None:
+            self.restore(resume)
+            rows = [dict(r) for r in resume["rows"]]
+            start -= rows[-1].get("elapsed_s") or 0.0
+            first = resume["round"] + 1
+            log.info("resuming %s seed %d after round %d", cfg.method.label, cfg.seed, first - 1)
+        else:
+            acc, loss = evaluate(
+                self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size
+            )
+            emit(
+                {
+                    "round": 0,
+                    "global_model_test_acc": acc,
+                    "global_model_test_loss": loss,
+                    "elapsed_s": time.perf_counter() - start,
+                }
+            )
+            first = 1
         from tqdm.auto import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress
         for rnd in tqdm(
-            range(1, t.rounds + 1), desc=f"{cfg.method.label} seed{cfg.seed}", disable=not show
+            range(first, t.rounds + 1),
+            desc=f"{cfg.method.label} seed{cfg.seed}",
+            disable=not show,
+            initial=first - 1,
+            total=t.rounds,
         ):
             try:
                 row = self.run_round(rnd, start)
@@ -278,6 +308,52 @@ class Simulation:
                 return "diverged", rows, str(e)
             emit(row)
         return "completed", rows, ""
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Everything a run needs to continue after the last round in ``rows``: the global
+        weights, the method's server and per-client state (``server.state``,
+        ``ClientContext.state``: SCAFFOLD's control variates, FedDyn's h, teachers, ...),
+        the metrics so far and the global RNG states (the engine's own randomness is keyed
+        by (seed, round, client) and needs none; these cover models or methods that draw
+        from the global generators). Tensors stay where they are; the writer moves them."""
+        rng: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "config_hash": self.cfg.hash,
+            "round": rows[-1]["round"],
+            "global_params": self.global_params,
+            "server_state": self.server.state,
+            "client_state": self.client_state,
+            "rows": rows,
+            "rng": rng,
+        }
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        if ckpt.get("format") != CHECKPOINT_FORMAT:
+            raise FedForgetError(f"checkpoint format {ckpt.get('format')!r}; this fedforget reads {CHECKPOINT_FORMAT}")
+        if ckpt["config_hash"] != self.cfg.hash:
+            raise FedForgetError(
+                f"checkpoint is of config {ckpt['config_hash'][:12]}, not this run's {self.cfg.hash[:12]}"
+            )
+        if ckpt["global_params"].keys() != self.global_params.keys():
+            raise FedForgetError("checkpoint weights do not match the model's parameters")
+        self.global_params = ckpt["global_params"]
+        self.server.global_params = self.global_params
+        self.server.state = ckpt["server_state"]
+        self.client_state = ckpt["client_state"]
+        rng = ckpt["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
 
     def run_round(self, rnd: int, start: float) -> dict[str, Any]:
         t, cfg = self.cfg.train, self.cfg

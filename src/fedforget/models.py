@@ -32,6 +32,18 @@ class Classifier(nn.Module):
         z = self.body(x)
         return z, self.head(z)
 
+    def forward_levels(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """(representations of several depths, each [B, d_l], shallow to deep; logits).
+        A body with stages (the ResNets) gives one per stage (its ``forward_levels``); any
+        other model gives the single level [penultimate features], computed exactly as
+        ``forward_with_features`` does."""
+        stages = getattr(self.body, "forward_levels", None)
+        if stages is None:
+            z = self.body(x)
+            return [z], self.head(z)
+        levels, z = stages(x)
+        return levels, self.head(z)
+
 
 ModelBuilder = Callable[..., Classifier]
 MODELS: Registry[ModelBuilder] = Registry("model")
@@ -117,6 +129,101 @@ def cnn_mcmahan(input_shape: Sequence[int], num_classes: int, hidden: int = 512)
     return Classifier(body, hidden, num_classes)
 
 
+NORMS = ("batch", "group", "none")
+
+
+def norm_layer(kind: str, channels: int) -> nn.Module:
+    """batch: BatchNorm2d; group: GroupNorm with 2 groups (the FedRCL code's default
+    normalisation); none: identity."""
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":
+        return nn.GroupNorm(2, channels)
+    if kind == "none":
+        return nn.Identity()
+    raise FedForgetError(f"norm={kind!r}; allowed: {', '.join(NORMS)}")
+
+
+class BasicBlock(nn.Module):
+    """conv3x3(stride)-norm-ReLU-conv3x3-norm + shortcut (1x1 conv + norm when the shape
+    changes); ``forward`` returns the sum before the final ReLU, the caller applies it."""
+
+    def __init__(self, cin: int, cout: int, stride: int, norm: str) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm_layer(norm, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = norm_layer(norm, cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), norm_layer(norm, cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return self.bn2(self.conv2(out)) + self.shortcut(x)
+
+
+class ResNetBody(nn.Module):
+    """conv3x3(64, stride 1)-norm-ReLU [-maxpool 3x3 stride 2], four stages of BasicBlocks
+    with widths 64/128/256/512 (strides 1/2/2/2), ReLU, global average pooling. PyTorch's
+    default initialisation."""
+
+    WIDTHS = (64, 128, 256, 512)
+
+    def __init__(self, cin: int, blocks: Sequence[int], norm: str, maxpool: bool) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, 64, 3, padding=1, bias=False)
+        self.bn1 = norm_layer(norm, 64)
+        self.pool: nn.Module = nn.MaxPool2d(3, stride=2, padding=1) if maxpool else nn.Identity()
+        stages, width = [], 64
+        for i, (w, n) in enumerate(zip(self.WIDTHS, blocks)):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.ModuleList(
+                [BasicBlock(width if j == 0 else w, w, stride if j == 0 else 1, norm) for j in range(n)]
+            ))  # fmt: skip
+            width = w
+        self.stages = nn.ModuleList(stages)
+
+    def forward_levels(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Level 0 = the stem, levels 1-4 = the stages, each taken before its ReLU and
+        average-pooled to [B, C] (as the FedRCL code takes its branch levels); and the
+        penultimate features (after the last ReLU, pooled)."""
+        out = self.bn1(self.conv1(x))
+        levels = [out.mean(dim=(2, 3))]
+        out = self.pool(torch.relu(out))
+        for stage in self.stages:
+            for block in stage:
+                out = block(out)
+                pre = out
+                out = torch.relu(out)
+            levels.append(pre.mean(dim=(2, 3)))
+        return levels, out.mean(dim=(2, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_levels(x)[1]
+
+
+@register("resnet8", rank=3, norm="batch")
+def resnet8(input_shape: Sequence[int], num_classes: int, norm: str = "batch") -> Classifier:
+    """ResNet-8 as in the FedProj code (METHODS.md): 3x3 stem with 64 channels, max-pool,
+    one BasicBlock per stage (64/128/256/512), GAP, FC. ``norm``: batch | group | none."""
+    return Classifier(
+        ResNetBody(input_shape[0], (1, 1, 1, 1), norm, maxpool=True), 512, num_classes
+    )
+
+
+@register("resnet18", rank=3, norm="batch")
+def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch") -> Classifier:
+    """CIFAR-style ResNet-18: 3x3 stem (stride 1, no max-pool), two BasicBlocks per stage
+    (64/128/256/512), GAP, FC. ``norm``: batch | group | none (group = the FedRCL code's
+    GroupNorm(2, C))."""
+    return Classifier(
+        ResNetBody(input_shape[0], (2, 2, 2, 2), norm, maxpool=False), 512, num_classes
+    )
+
+
 def check_model(
     name: str, input_shape: Sequence[int], options: Mapping[str, Any], key: str = "model"
 ) -> dict[str, Any]:
@@ -138,6 +245,10 @@ def check_model(
             raise FedForgetError(
                 f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}"
             )
+    if "norm" in MODEL_DEFAULTS[name] and options.get("norm", "batch") not in NORMS:
+        raise FedForgetError(
+            f"{key}.options.norm={options['norm']!r} for model '{name}'; allowed: {', '.join(NORMS)}"
+        )
     return {**MODEL_DEFAULTS[name], **options}
 
 

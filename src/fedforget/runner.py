@@ -1,5 +1,6 @@
 """Run one training job and write its outputs: metrics.csv (one row per round, rewritten
-atomically after every round), run.json (resolved config, its hash, versions, device, wall
+atomically after every round; deterministic: no wall-clock values), timings.csv (the
+per-round wall-clock times), checkpoint.pt while the run is unfinished, run.json (resolved config, its hash, versions, device, wall
 time, status), model.pt (final global weights) and, for the rounds in
 train.save_client_models, snapshots/round<r>.pt (global model before and after the round and
 every sampled client's local model)."""
@@ -17,10 +18,18 @@ from typing import Any
 import torch
 
 from .config import RunConfig
-from .engine import BASE_COLUMNS, Simulation
-from .utils import atomic_write, atomic_write_json, atomic_write_text, package_versions
+from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
+from .utils import (
+    FedForgetError,
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    package_versions,
+)
 
 log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 
 
 def format_value(v: Any) -> str:
@@ -31,11 +40,44 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
-def metrics_csv(rows: list[dict[str, Any]]) -> str:
-    extra = sorted({k for r in rows for k in r} - set(BASE_COLUMNS))
-    cols = BASE_COLUMNS + extra
+def table_csv(rows: list[dict[str, Any]], first: list[str], exclude: frozenset[str] = frozenset()) -> str:
+    """CSV of ``rows``: the ``first`` columns in order, then every other key (sorted)."""
+    extra = sorted({k for r in rows for k in r} - set(first) - exclude)
+    cols = first + extra
     lines = [",".join(cols)] + [",".join(format_value(r.get(c)) for c in cols) for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def metrics_csv(rows: list[dict[str, Any]]) -> str:
+    """metrics.csv: BASE_COLUMNS then the method's and diagnostics' columns; no timings."""
+    return table_csv(rows, BASE_COLUMNS, frozenset(TIMING_COLUMNS))
+
+
+def timings_csv(rows: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        [",".join(TIMING_COLUMNS)]
+        + [",".join(format_value(r.get(c)) for c in TIMING_COLUMNS) for r in rows]
+    ) + "\n"
+
+
+def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[str, Any] | None:
+    """The run's checkpoint, or None if there is none or it belongs to another config (a
+    stale file from before the config changed: removed, the run starts over)."""
+    if not path.exists():
+        return None
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling error means a damaged file
+        raise FedForgetError(
+            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it to start this run over"
+        ) from None
+    if not isinstance(ckpt, dict) or "config_hash" not in ckpt:
+        raise FedForgetError(f"checkpoint {path} is not a fedforget checkpoint; delete it to start this run over")
+    if ckpt["config_hash"] != cfg.hash:
+        log.warning("%s: checkpoint of another config (%s), starting over", path, ckpt["config_hash"][:12])
+        path.unlink()
+        return None
+    return ckpt
 
 
 def _now() -> str:
@@ -43,10 +85,16 @@ def _now() -> str:
 
 
 def run_training(
-    cfg: RunConfig, out_dir: str | Path, progress: bool | None = None
+    cfg: RunConfig, out_dir: str | Path, progress: bool | None = None, resume: bool = True
 ) -> dict[str, Any]:
+    """Train one job into ``out_dir``. With ``resume`` (default) a checkpoint.pt left there
+    by an interrupted run of the same config is continued from its round; the outputs are
+    then identical to an uninterrupted run's (metrics.csv byte for byte on CPU)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for tmp in out.glob(".*.tmp"):  # left by a writer killed mid-write (atomic_write)
+        tmp.unlink(missing_ok=True)
+    ckpt_path = out / CHECKPOINT
     record: dict[str, Any] = {
         "status": "running",
         "config": cfg.to_dict(),
@@ -61,14 +109,34 @@ def run_training(
         sim = Simulation(cfg)
         record["device"] = str(sim.device)
         record["torch_threads"] = torch.get_num_threads()
+        ckpt = load_checkpoint(ckpt_path, cfg, sim.device) if resume else None
+        if ckpt is not None:
+            record["resumed_after_round"] = ckpt["round"]
+            atomic_write_json(out / "run.json", record)
+        written: list[dict[str, Any]] = list(ckpt["rows"]) if ckpt else []
+
+        def on_row(row: dict[str, Any]) -> None:  # metrics so far, complete after every round
+            written.append(row)
+            atomic_write_text(out / "metrics.csv", metrics_csv(written))
+            atomic_write_text(out / "timings.csv", timings_csv(written))
+
+        def on_checkpoint(state: dict[str, Any]) -> None:
+            atomic_write(ckpt_path, lambda tmp: torch.save(state, tmp))
         snap_dir = out / "snapshots"
 
         def save_snapshot(rnd: int, snap: dict[str, Any]) -> None:
             snap_dir.mkdir(exist_ok=True)
             atomic_write(snap_dir / f"round{rnd:04d}.pt", lambda tmp: torch.save(snap, tmp))
 
-        status, rows, message = sim.run(progress=progress, on_snapshot=save_snapshot)
+        status, rows, message = sim.run(
+            on_row=on_row,
+            progress=progress,
+            on_snapshot=save_snapshot,
+            on_checkpoint=on_checkpoint,
+            resume=ckpt,
+        )
         atomic_write_text(out / "metrics.csv", metrics_csv(rows))
+        atomic_write_text(out / "timings.csv", timings_csv(rows))
         atomic_write(
             out / "model.pt",
             lambda tmp: torch.save({k: v.cpu() for k, v in sim.global_params.items()}, tmp),
@@ -98,5 +166,6 @@ def run_training(
         finished_at=_now(),
     )
     atomic_write_json(out / "run.json", record)
+    ckpt_path.unlink(missing_ok=True)  # the run is over: its outputs are complete
     log.info("%s: %s after %d rounds", out, status, record["rounds_completed"])
     return record

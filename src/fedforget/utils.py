@@ -45,6 +45,11 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> None
     os.close(fd)
     try:
         writer(tmp)
+        fd = os.open(tmp, os.O_RDONLY)  # on disk before it becomes visible under its name
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

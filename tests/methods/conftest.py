@@ -37,8 +37,7 @@ def public_run_cfg(make_run_config, public_root):
             params=params,
             public=PUBLIC,
             partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=0),
-            rounds=3,
-            **train,
+            **{"rounds": 3, **train},
         )
         return replace(rc, data_dir=str(public_root))
 

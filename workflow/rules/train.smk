@@ -1,4 +1,6 @@
 # One federated training job per (experiment, dataset, partition, method, seed).
+# An interrupted job leaves checkpoint.pt (not an output, so Snakemake keeps it when it
+# cleans the incomplete outputs); `snakemake --rerun-incomplete` resumes from it.
 # Threads, GPUs, runtime and partition come from the profile (set-resources/set-threads).
 
 
@@ -9,6 +11,7 @@ rule train:
         metrics=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/run.json",
         model=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/model.pt",
+        timings=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/timings.csv",
     params:
         cfg=train_config,
         out=subpath(output.run, parent=True),

@@ -32,16 +32,37 @@ What is left out, and why:
   architecture, so the server model starts from the FedAvg average (as FedDF) and clients
   receive the distilled global model; with one model group the paper's step 3 reduces to
   that.
-- The paper's server optimiser, step count and lambda come from its experiments; the
-  defaults here are lambda = 0.05 and the shared distillation settings of this project
-  (Adam lr 1e-3, batch 128, one pass over the public set per round, no schedule) [D], so
-  FedET and FedDF differ only in the ensemble and loss.
-Sources: the equations above follow the paper's Section 3.2 as the author of this module
-knows it; the paper's text was not available offline to re-check symbols. A public
-third-party re-implementation (``FedET_Server``: variance weights, argmax consensus label,
-CE + 0.05 * KL to the variance-weighted dissenting ensemble) has the same structure but
-takes the variance of log-probabilities and averages log-probabilities; this module uses
-probabilities, since KL(s_div || .) needs s_div to be a distribution.
+- Server optimiser and steps: the project's shared distillation settings (Adam lr 1e-3,
+  batch 128, one pass over the public set per round, no schedule) [D], so FedET and FedDF
+  differ only in the ensemble and loss; lambda = 0.05 (see below).
+
+What is verified, and what is not (UNVERIFIED: the equations above)
+- The paper's Section 3 could not be read. The stored copies of the paper (arXiv listing
+  pages, a LaTeX source of 2204.12703v1 in a public dataset) are reachable only up to the
+  introduction; searches of the page, code and issue corpora for the method's text found
+  no copy of the equations.
+- Verified from the abstract, the Figure 1 caption (quoted by a review page, liner.com)
+  and a public reading note of the paper (a markdown file found by the code index):
+  clients train small models, the server a larger one, in three steps (clients' local
+  training and representation transfer; weighted consensus distillation with diversity
+  regularisation; server representation transfer, Section 3.2); "clients with higher
+  inference confidence contribute more to the consensus" and "clients that do not follow
+  the consensus can still transfer useful representations" (diversity regularisation).
+- Not verified: that confidence is the variance of the softmax output over the classes;
+  alpha's normalisation over the sampled clients; the hard pseudo-label y_hat with CE
+  (rather than a soft consensus); the dissenting set D(x) and the form of s_div; the KL
+  direction; lambda = 0.05; the paper's server optimiser, learning rate, batch and steps.
+- A public third-party re-implementation (a file defining ``FedET_Server``/``ET_Server``,
+  read through the code index, which does not name its repository) has the structure
+  above: per-sample variance over the classes of each client's output, weights normalised
+  over the sampled clients, y_hat = argmax of the weighted ensemble, dissenters = clients
+  whose argmax differs from y_hat, s_div = their variance-weighted ensemble, loss
+  CE(f, y_hat) + 0.05 * KL(s_div || softmax f); its server runs SGD lr 5e-3, 128 steps,
+  batch 64. It differs from this module in two details: it takes the variance and the
+  weighted averages of log-probabilities (s_div is then the softmax of the weighted mean
+  log-probability), and its KL is averaged over classes as well as samples (PyTorch's
+  elementwise ``mean``). This module uses probabilities, since KL(s_div || .) needs s_div
+  to be a distribution, and the per-sample KL (sum over classes).
 Switch: ``consensus_target: soft`` replaces the hard pseudo-label CE by KL(s_bar || softmax(f)),
 the "confidence-weighted ensemble distilled into the server model" reading of METHODS.md.
 With distill_epochs = 0 the method is FedAvg exactly.

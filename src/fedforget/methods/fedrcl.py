@@ -5,34 +5,67 @@ Federated Learning", CVPR 2024 (arXiv 2401.04928). Code: github.com/skynbe/FedRC
 
 Each client adds to its cross-entropy a supervised contrastive loss (SCL) on its minibatch
 representations plus a divergence penalty on same-class pairs that are already more similar
-than a threshold lambda (the "relaxation", against the representation collapse SCL causes).
-The server is FedAvg. For an anchor x of the minibatch, with sim(x, x') the cosine similarity
-of the representations, P(x) the other samples with the same label and A(x) all other samples:
+than a threshold lambda (the "relaxation", against the representation collapse SCL causes),
+at several depths of the network (multi-level). The server is FedAvg. For an anchor x of
+the minibatch, with sim(x, x') the cosine similarity of the representations at one level,
+P(x) the other samples with the same label and A(x) all other samples:
 
     L_SCL(x) = -1/|P(x)| * sum_{x_p in P(x)} log( exp(sim(x, x_p)/tau) / sum_{x_a in A(x)} exp(sim(x, x_a)/tau) )
     L_DIV(x) = -log( exp(1/tau) / (exp(1/tau) + sum_{x_j in P(x), sim(x, x_j) > lambda} exp(sim(x, x_j)/tau)) )
-    L_RCL    = mean_x L_SCL(x) + beta * mean_x L_DIV(x)
-    L        = L_CE + weight * L_RCL
+    L_RCL^l  = mean_x L_SCL(x) + beta * mean_x L_DIV(x)          at level l
+    L        = L_CE + weight * mean_{l in levels} L_RCL^l        (multi-level RCL)
 
 mean_x L_SCL runs over the anchors with |P(x)| >= 1, mean_x L_DIV over all anchors (it is 0
-for an anchor with no same-class sample above lambda). ``rcl_terms`` computes both.
+for an anchor with no same-class sample above lambda). ``rcl_terms`` computes both for one
+level, ``rcl_levels`` averages them over levels.
 
-What is and is not certain (the paper text could not be consulted while writing this)
-- L_SCL is the standard supervised contrastive loss (Khosla et al. 2020), which the paper
-  arrives at from its analysis of local gradient deviation. The 1/|P(x)| normalisation and
-  the averaging over anchors are Khosla et al.'s; whether the paper's printed equation
-  carries 1/|P(x)| is not certain.
-- L_DIV: the authors say the paper prints the penalty in a simplified form (readers of
-  github.com/skynbe/FedRCL/issues/1 describe a beta-weighted exp/log term of the
-  above-threshold positive similarities and query its sign; that printed form is not
-  reproduced here). They state that they implement it "using the form of contrastive
-  learning, identical to the unsupervised CL loss except that the similarity for the
-  positive pair is set to a constant 1", with the above-threshold same-class samples as the
-  negatives; L_DIV above is that form (sim(x, x) = 1 is the positive).
+Levels (``levels``): ``Classifier.forward_levels`` gives the representations, shallow to
+deep. The ResNets (``resnet8``, ``resnet18`` in models.py) give five: the stem and the four
+stages, each taken before its ReLU and average-pooled to [B, C], exactly as the code takes
+its branch levels; every other model gives one, its penultimate features (after the body's
+ReLU, hence non-negative: cosines in [0, 1]). ``levels: all`` (default, the paper's and the
+code's branch_level [0, 1, 2, 3, 4]) averages over all of them, ``last`` uses only the
+deepest, a list of indices uses those. On a one-level model every choice is the
+single-level loss of earlier versions of this module, computed bit-identically.
+
+What was verified, and from where
+- Released code, read through the code index (skynbe/FedRCL at commit ea3cf19):
+  * configs/client/fedrcl.yaml: rcl_loss with temp 0.05, topk_pos 1, topk_neg 2, pairs
+    "scl" (loss_type supervised, weight 1) and "penalty" (loss_type unsupervised,
+    neg_sample_type intra_class_thresholding, threshold 0.7, weight 1), branch_level
+    [0, 1, 2, 3, 4], feature_relu False; ce weight 1, prox and feature-align weights 0.
+  * clients/rcl_client.py (RCLClient._algorithm_rcl): for every level l in branch_level the
+    level's feature map is average-pooled (adaptive_avg_pool2d to 1x1), each pair's loss is
+    averaged over the minibatch, and each pair's losses are then averaged over the levels;
+    the total is ce + 1 * scl + 1 * penalty. The model is called with no_relu = not
+    feature_relu = True.
+  * models/resnet_base.py of the same framework (ResNet_base.forward with no_relu, read in
+    a copy of the framework; the skynbe repository as stored lacks the models/ files):
+    layer0 = bn1(conv1(x)) before ReLU; layer1..layer4 = the output of each stage's last
+    block before its final ReLU; the classifier input is the pooled ReLU of layer4.
+  * utils/loss.py (CLLoss, MultiLabelCrossEntropyLoss): the ``topk`` formulas below,
+    checked line by line (positives: the least similar same-label sample, the anchor
+    itself included; negatives: the two most similar other-label samples, missing ones
+    -inf and ignored; penalty: positive = sim(x, x), negative = the least similar other
+    same-label sample if that is >= threshold, else -1; per-anchor losses averaged).
+- Paper text: only the abstract and introduction could be read (stored arXiv HTML of
+  2401.04928v1/v2, CVF open-access page; queries on "relaxed contrastive loss", "divergence
+  penalty", "L_RCL", "threshold lambda beta" found no copy of Section 4). A paper summary
+  (sciencestack.ai, 2401.04928) confirms "a multi-level extension that promotes diversity
+  across intermediate representations". The printed equations were therefore not checked:
+  - L_SCL above is the supervised contrastive loss of Khosla et al. (2020), which the
+    abstract says the paper derives; whether the printed form carries 1/|P(x)| is not
+    certain.
+  - L_DIV: the authors say (github.com/skynbe/FedRCL/issues/1) that the paper prints the
+    penalty in a simplified form (readers describe a beta-weighted exp/log term of the
+    above-threshold positive similarities and query its sign) and that they implement it
+    "using the form of contrastive learning, identical to the unsupervised CL loss except
+    that the similarity for the positive pair is set to a constant 1", with the
+    above-threshold same-class samples as negatives; L_DIV above is that form.
 - ``pairs`` chooses the pairs:
-  * ``all`` (default): every pair, as written above.
-  * ``topk``: the released configuration (configs/client/fedrcl.yaml, utils/loss.py CLLoss:
-    topk_pos 1, topk_neg 2), reproduced exactly:
+  * ``all`` (default): every pair, as written above (the paper's SCL; the authors'
+    description of the penalty).
+  * ``topk``: the released code's selection, reproduced exactly:
         L_SCL(x) = -log( exp(s_p/tau) / (exp(s_p/tau) + sum_{n in N_2(x)} exp(s_n/tau)) ),
             s_p = min over same-label samples of sim(x, .) (x itself included, so s_p = 1
             when x is alone in its class), N_2(x) = the (at most) two other-label samples
@@ -43,22 +76,19 @@ What is and is not certain (the paper text could not be consulted while writing 
             every positive of x is above lambda;
     both averaged over all anchors.
 - Hyperparameters (released config): tau = 0.05, lambda (``threshold``) = 0.7, beta = 1 (the
-  penalty's weight), SCL weight 1 (``weight`` multiplies L_RCL; 1 = the released config,
-  0 = FedAvg).
+  penalty's weight), SCL weight 1 (``weight`` multiplies the level mean of L_RCL; 1 = the
+  released config, 0 = FedAvg), levels = all five.
 
-Deviations from the paper/code, because of the models here
-- One level: the paper applies L_RCL to the representations of several layers (the code:
-  branch_level [0..4], the stem and the four ResNet stages, average-pooled, taken before the
-  ReLU, the five losses averaged). Our models expose only the body output, so L_RCL is
-  applied once, to the penultimate features ``Classifier.features`` (after its ReLU, hence
-  non-negative: cosine similarities lie in [0, 1]). Multi-level RCL is not implemented.
+Deviations from the code, and notes
+- The code's ResNet-18 uses GroupNorm(2, C) by default: ``model: {name: resnet18, options:
+  {norm: group}}`` reproduces it; our default normalisation is BatchNorm.
 - Not copied from the code's client loop (training-framework details, not the method): the
   gradient-norm clipping at 10, mixed precision, the per-epoch local lr decay and the
   class-balanced sampler option.
-- weight = 0 is FedAvg exactly (no extra loss is returned). A minibatch of one sample has
-  no pairs and adds nothing.
-- Diagnostics ``l_scl`` and ``l_div``: per client, the means over its steps; metrics columns
-  ``fedrcl_l_scl``, ``fedrcl_l_div``.
+- weight = 0 is FedAvg exactly (the base forward and loss are used). A minibatch of one
+  sample has no pairs and adds nothing.
+- Diagnostics ``l_scl`` and ``l_div``: per client, the means over its steps of the level
+  means; metrics columns ``fedrcl_l_scl``, ``fedrcl_l_div``.
 """
 
 from __future__ import annotations
@@ -113,13 +143,39 @@ def rcl_terms(
     raise ValueError(f"pairs={pairs!r}; allowed: {', '.join(PAIRS)}")
 
 
-@dataclass
+def rcl_levels(
+    levels: list[torch.Tensor], y: torch.Tensor, tau: float, threshold: float, pairs: str = "all"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-level RCL: (mean over levels of mean_x L_SCL, mean over levels of mean_x
+    L_DIV) for the level representations [B, d_l] of one minibatch."""
+    terms = [rcl_terms(z, y, tau, threshold, pairs) for z in levels]
+    if len(terms) == 1:  # one level: exactly the single-level terms
+        return terms[0]
+    scl, div = zip(*terms)
+    return torch.stack(scl).mean(), torch.stack(div).mean()
+
+
+def select_levels(levels: list[torch.Tensor], which: str | list[int]) -> list[torch.Tensor]:
+    """The levels named by ``which`` (all | last | list of indices, shallow = 0)."""
+    if which == "all":
+        return levels
+    if which == "last":
+        return levels[-1:]
+    if max(which) >= len(levels):
+        raise ValueError(
+            f"levels={which!r}; allowed: indices below {len(levels)}, the number of levels this model has"
+        )
+    return [levels[i] for i in which]
+
+
+@dataclass(frozen=True)
 class FedRCLParams:
-    weight: float = 1.0  # multiplies L_RCL = L_SCL + beta * L_DIV; 0 = FedAvg
+    weight: float = 1.0  # multiplies the level mean of L_RCL = L_SCL + beta * L_DIV; 0 = FedAvg
     beta: float = 1.0  # weight of the divergence penalty L_DIV
     tau: float = 0.05  # temperature
     threshold: float = 0.7  # lambda: same-class pairs above this cosine are penalised
     pairs: str = "all"  # all pairs | topk (the released code's hardest-pair selection)
+    levels: str | list[int] = "all"  # all | last | indices into Classifier.forward_levels
 
     def check(self) -> None:
         check_number("weight", self.weight)
@@ -130,11 +186,21 @@ class FedRCLParams:
             raise ValueError(f"threshold={t!r}; allowed: a number in [-1, 1] (a cosine)")
         if self.pairs not in PAIRS:
             raise ValueError(f"pairs={self.pairs!r}; allowed: {', '.join(PAIRS)}")
+        lv = self.levels
+        named = isinstance(lv, str) and lv in ("all", "last")
+        listed = (
+            isinstance(lv, list) and len(lv) > 0 and len(set(lv)) == len(lv)
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in lv)
+        )  # fmt: skip
+        if not (named or listed):
+            raise ValueError(
+                f"levels={lv!r}; allowed: all | last | a non-empty list of distinct indices >= 0"
+            )
 
 
 @METHODS.register("fedrcl")
 class FedRCL(FedAvg):
-    """FedAvg whose local loss adds weight * (L_SCL + beta * L_DIV) on the penultimate features."""
+    """FedAvg whose local loss adds weight * (level mean of L_SCL + beta * L_DIV)."""
 
     name = "fedrcl"
     Params = FedRCLParams
@@ -143,14 +209,19 @@ class FedRCL(FedAvg):
         self._sums = torch.zeros(2, device=self.info.device)  # L_SCL, L_DIV over steps
         self._n = 0
 
-    def extra_loss(self, ctx, x, y, features, logits):
-        if self.p.weight == 0:
-            return None
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         p = self.p
-        l_scl, l_div = rcl_terms(features, y, p.tau, p.threshold, p.pairs)
+        if p.weight == 0:
+            return super().backward(ctx, x, y)  # FedAvg exactly
+        levels, logits = ctx.model.forward_levels(x)
+        # multi-level RCL: L_SCL and L_DIV averaged over the chosen levels
+        l_scl, l_div = rcl_levels(select_levels(levels, p.levels), y, p.tau, p.threshold, p.pairs)
         self._sums += torch.stack([l_scl.detach(), l_div.detach()])
         self._n += 1
-        return p.weight * (l_scl + p.beta * l_div)
+        # L = L_CE + weight * L_RCL
+        loss = self.task_loss(logits, y) + p.weight * (l_scl + p.beta * l_div)
+        loss.backward()
+        return loss
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.weight > 0:

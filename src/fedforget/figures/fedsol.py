@@ -1,0 +1,192 @@
+"""FedSOL figures (paper Figs. 2, 4a, 5, 6), drawn from an experiment's runs.
+
+- ``fedsol_vs_rho`` (Fig. 2, Fig. 4a): a per-run statistic of metrics columns (mean over
+  rounds, or the final round) against FedSOL's rho, one line per variant (``group``: the
+  FedSOL parameters that tell variants apart, e.g. perturb, or adaptive + lambda_norm), mean
+  ± std over seeds; other methods (FedAvg) are dashed reference lines. Writes a .csv beside it.
+- ``fedsol_divergence`` (Fig. 5): ||w_g - w_k|| and mean pairwise ||w_i - w_j|| of the sampled
+  clients' local models per round (engine diagnostic ``weight_divergence``).
+- ``fedsol_knowledge`` (Fig. 6a): global-model test accuracy and the local models' accuracy on
+  the global test set right after local training, per round.
+- ``fedsol_classwise`` (Fig. 6b): class-wise test accuracy of the global model per round, one
+  heatmap (class x round, mean over seeds) per method and setting (engine diagnostic
+  ``classwise_accuracy``), plus a .csv of the final-round class accuracies.
+The per-round figures have one row of panels per dataset x setting, one line per method and
+a ±1 std band over seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..plots import _plt, _save
+from ..utils import FedForgetError
+from . import FIGURES, FigureInput
+
+STATS = ("mean", "final")
+
+
+def _method_params(run_dir: str) -> tuple[str, dict]:
+    cfg = json.loads((Path(run_dir) / "run.json").read_text())["config"]["method"]
+    return cfg["name"], cfg.get("params") or {}
+
+
+def _need(inp: FigureInput, figure: str, columns: list[str]) -> None:
+    missing = [c for c in columns if c not in inp.metrics.columns]
+    if missing:
+        raise FedForgetError(
+            f"figure '{figure}': column(s) {missing} are in no run's metrics.csv "
+            "(FedSOL diagnostics need method fedsol; weight divergence / class-wise accuracy need "
+            "train.diagnostics: [weight_divergence, classwise_accuracy])"
+        )
+
+
+@FIGURES.register("fedsol_vs_rho")
+def fedsol_vs_rho(
+    inp: FigureInput,
+    out: Path,
+    columns: list[str] | None = None,
+    group: list[str] | str = "perturb",
+    stat: str = "mean",
+) -> list[Path]:
+    columns = list(columns or ["fedsol_prox_loss", "fedsol_cos_update_prox"])
+    group = [group] if isinstance(group, str) else list(group)
+    if stat not in STATS:
+        raise FedForgetError(f"figure 'fedsol_vs_rho': stat={stat!r}; allowed: {', '.join(STATS)}")
+    _need(inp, "fedsol_vs_rho", columns)
+    runs = inp.runs[inp.runs["status"] == "completed"]
+    keys = ["dataset", "setting", "method", "seed"]
+    m = inp.metrics[inp.metrics["round"] >= 1]
+    if stat == "final":
+        m = m[m["round"] == m.groupby(keys)["round"].transform("max")]
+    per_run = m.groupby(keys)[columns].mean().reset_index()
+    rows = []
+    for _, r in runs.iterrows():
+        name, params = _method_params(r["run_dir"])
+        if name == "fedsol":
+            variant = ", ".join(f"{g}={params.get(g)}" for g in group)
+            rho = float(params.get("rho", 0.0))
+        else:  # another method: drawn as a reference line
+            variant, rho = name, float("nan")
+        rows.append({**{k: r[k] for k in keys}, "variant": variant, "rho": rho})
+    if not rows:
+        raise FedForgetError("figure 'fedsol_vs_rho': no completed run to draw")
+    df = pd.DataFrame(rows).merge(per_run, on=keys)
+    if df.empty:
+        raise FedForgetError("figure 'fedsol_vs_rho': no completed run to draw")
+    table = df.groupby(["dataset", "setting", "variant", "rho"], dropna=False)[columns].agg(["mean", "std", "count"])
+    table.columns = [f"{c}_{s}" for c, s in table.columns]
+    out = Path(out)
+    table.reset_index().to_csv(out.with_suffix(".csv"), index=False)
+    plt = _plt()
+    panels = list(dict.fromkeys(zip(df["dataset"], df["setting"])))
+    fig, axes = plt.subplots(len(panels), len(columns), figsize=(4.8 * len(columns), 3.4 * len(panels)), squeeze=False)
+    for i, (ds, st) in enumerate(panels):
+        sub = df[(df["dataset"] == ds) & (df["setting"] == st)]
+        for j, col in enumerate(columns):
+            ax = axes[i, j]
+            for variant, v in sub.groupby("variant"):
+                s = v.groupby("rho")[col].agg(["mean", "std"]).reset_index()
+                if s["rho"].isna().all():  # a non-FedSOL method: reference line
+                    ax.axhline(s["mean"].iloc[0], ls="--", color="grey", label=variant)
+                    continue
+                ax.errorbar(s["rho"], s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=variant)
+            ax.set_xlabel("rho")
+            ax.set_ylabel(f"{col} ({stat} over rounds)" if stat == "mean" else f"{col} (final round)")
+            ax.set_title(f"{ds} {st}".strip(), fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle("FedSOL vs rho (mean ± std over seeds)")
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return [out, out.with_suffix(".csv")]
+
+
+def _round_grid(inp: FigureInput, out: Path, columns: list[str], labels: list[str], title: str) -> list[Path]:
+    import seaborn as sns
+
+    df = inp.metrics[inp.metrics["round"] >= 1]
+    panels = list(dict.fromkeys(zip(df["dataset"], df["setting"])))
+    plt = _plt()
+    fig, axes = plt.subplots(len(panels), len(columns), figsize=(4.8 * len(columns), 3.4 * len(panels)), squeeze=False)
+    for i, (ds, st) in enumerate(panels):
+        sub = df[(df["dataset"] == ds) & (df["setting"] == st)]
+        for j, (col, lab) in enumerate(zip(columns, labels)):
+            ax = axes[i, j]
+            sns.lineplot(data=sub.dropna(subset=[col]), x="round", y=col, hue="method", errorbar="sd", ax=ax,
+                         legend=i == 0 and j == 0)  # fmt: skip
+            ax.set_title(f"{ds} {st}: {lab}".strip(), fontsize=9)
+            ax.set_ylabel(col)
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"{title} (band: ±1 std over seeds)")
+    fig.tight_layout()
+    out = Path(out)
+    _save(fig, out)
+    plt.close(fig)
+    return [out]
+
+
+@FIGURES.register("fedsol_divergence")
+def fedsol_divergence(inp: FigureInput, out: Path) -> list[Path]:
+    cols = ["local_models_dist_to_global_mean", "local_models_pairwise_dist_mean"]
+    _need(inp, "fedsol_divergence", cols)
+    return _round_grid(inp, out, cols, ["||w_g - w_k|| (mean over sampled clients)", "mean pairwise ||w_i - w_j||"],
+                       "Weight divergence of local models (FedSOL Fig. 5)")  # fmt: skip
+
+
+@FIGURES.register("fedsol_knowledge")
+def fedsol_knowledge(inp: FigureInput, out: Path) -> list[Path]:
+    cols = ["global_model_test_acc", "local_models_global_test_acc_mean"]
+    _need(inp, "fedsol_knowledge", cols)
+    return _round_grid(inp, out, cols, ["global model", "local models after local training"],
+                       "Accuracy on the global test set (FedSOL Fig. 6a)")  # fmt: skip
+
+
+@FIGURES.register("fedsol_classwise")
+def fedsol_classwise(inp: FigureInput, out: Path, methods: list[str] | None = None) -> list[Path]:
+    pat = re.compile(r"^global_model_test_acc_class(\d+)$")
+    cls_cols = sorted((c for c in inp.metrics.columns if pat.match(c)), key=lambda c: int(pat.match(c).group(1)))
+    if not cls_cols:
+        _need(inp, "fedsol_classwise", ["global_model_test_acc_class0"])
+    df = inp.metrics[inp.metrics["round"] >= 1]
+    if methods:
+        df = df[df["method"].isin(methods)]
+    ms = list(dict.fromkeys(df["method"]))
+    panels = list(dict.fromkeys(zip(df["dataset"], df["setting"])))
+    if not ms:
+        raise FedForgetError(f"figure 'fedsol_classwise': no run of methods {methods}")
+    plt = _plt()
+    fig, axes = plt.subplots(len(ms), len(panels), figsize=(4.2 * len(panels), 2.6 * len(ms)), squeeze=False)
+    finals = []
+    for j, (ds, st) in enumerate(panels):
+        for i, meth in enumerate(ms):
+            ax = axes[i, j]
+            sub = df[(df["dataset"] == ds) & (df["setting"] == st) & (df["method"] == meth)]
+            mean = sub.groupby("round")[cls_cols].mean()  # over seeds
+            if mean.empty:
+                ax.set_visible(False)
+                continue
+            im = ax.imshow(100 * mean.to_numpy().T, aspect="auto", vmin=0, vmax=100, cmap="viridis",
+                           extent=(mean.index.min() - 0.5, mean.index.max() + 0.5, len(cls_cols) - 0.5, -0.5))  # fmt: skip
+            last = 100 * mean.iloc[-1].to_numpy()
+            # how much the class accuracies jump between rounds (the paper's "fluctuations")
+            jumps = 100 * np.abs(np.diff(mean.to_numpy(), axis=0)).mean() if len(mean) > 1 else float("nan")
+            finals.append({"dataset": ds, "setting": st, "method": meth,
+                           **{f"class{k}": v for k, v in enumerate(last)},
+                           "final_class_std": float(np.std(last)), "mean_abs_round_change": float(jumps)})  # fmt: skip
+            ax.set_title(f"{meth} | {ds} {st}\nfinal class acc std {np.std(last):.1f}, mean |change| {jumps:.1f}", fontsize=8)
+            ax.set_ylabel("class")
+            ax.set_xlabel("round")
+    fig.colorbar(im, ax=axes, shrink=0.6, label="global test accuracy of the class (%)")
+    fig.suptitle("Class-wise accuracy of the global model (FedSOL Fig. 6b), mean over seeds")
+    out = Path(out)
+    _save(fig, out)
+    plt.close(fig)
+    pd.DataFrame(finals).to_csv(out.with_suffix(".csv"), index=False)
+    return [out, out.with_suffix(".csv")]

@@ -1,0 +1,328 @@
+"""FedProj (Chunduru, Morafah, Morafah, Chellapandi, Li: "Avoid Forgetting by Preserving
+Global Knowledge Gradients in Federated Learning with Non-IID Data"; papers/fedproj.md).
+
+Client step (Sec. 4.2, Algorithm 1 lines 7-10), for every private minibatch (x, y) of client k:
+
+    g_new  = grad_theta CE(f(x; theta_k), y)                                   (Eq. 2)
+    L_mem  = 1/|M| sum_{x_m in M} KL( sigma(Z_server(x_m)/T) || sigma(Z_k(x_m)/T) )  (Eq. 3)
+    g_glob = grad_theta L_mem,  M = one random batch of the public set per step
+    g_proj = g_new                                       if <g_new, g_glob> >= 0
+           = g_new - <g_new,g_glob>/(||g_glob||^2 + eps) g_glob   otherwise      (Eq. 14 / 5)
+    theta_k <- optimizer step with g_proj                                       (Eq. 6)
+
+Z_server is the *memory*: the uniform mean of last round's sampled clients' logits on the
+public set (their local models after local training, eval mode), kept in ``server.state``.
+(Eq. 14) solves the quadratic program (Eq. 5): the closest direction to g_new that does not
+increase L_mem to first order (Eq. 4). Gradients are one flat vector over every parameter
+with a gradient [C]. Backward computes g_new as FedAvg does; ``transform_grad`` computes
+g_glob (one more forward/backward on a public batch) and projects p.grad in place.
+
+Server step (Sec. 4.3, Algorithm 1 lines 16-28): theta_avg = sum_k n_k/n theta_k (Eq. 1);
+the student starts at theta_avg and runs E_d epochs over the public set minimising
+
+    T^2 * KL( sigma(Z_teacher/T) || sigma(Z_student/T) )                       (Eq. 7, L_KD)
+    + alpha * ||theta - theta_avg||_2^2                                         (L_div, Eq. 8)
+    [+ gamma2 * mean_x ||h_student(x) - mean_k h_k(x)||^2]      (feature distillation, option)
+
+with Z_teacher = 1/|S_t| sum_k f(X; theta_k) (uniform, not n_k-weighted), through the shared
+``fedforget.distill.distill`` (as FedDF, which this class subclasses). The same ensemble
+logits become next round's memory Z_server.
+
+Switches (``Params``) and their sources: [P] paper, [C] the authors' code (per METHODS.md),
+[D] our decision where the two are silent or disagree.
+- ``temperature`` = 3 [C] for both L_mem and L_KD (Eq. 3 and 7 print no temperature; the
+  paper's Sec. 5.1 gives T = 3 for distillation). L_mem carries no T^2 factor [C]; L_KD does
+  (Algorithm 1 line 24).
+- ``memory_loss``: kl (Eq. 3, code; default) | ce: Algorithm 1 line 9's variant, the
+  cross-entropy of the local model on a *labelled* public batch [P]. The class may read the
+  public labels (``public_labels = True``), but ``server_init`` discards them unless
+  memory_loss = ce, so the default method never sees them. With ce no teacher is needed and
+  projection can start in round 1.
+- ``memory_batch_size`` = 256 [C]: |M|, a fresh random public batch per step (the whole
+  public set when it is smaller), drawn from a generator keyed (seed, round, client, 0x60).
+- ``eps`` = 1e-8 [D] (Eq. 14's epsilon; its value is given nowhere); ``norm_guard`` = 1e-6 [C]:
+  no projection when ||g_glob||^2 <= norm_guard (small-norm guard).
+- ``coef_clamp`` = 0 (off) [P]; the code clamps the coefficient <g_new,g_glob>/(||g_glob||^2+eps)
+  to [-10, 10] (set 10 for the code's behaviour) [C].
+- No memory before a teacher exists [D]: in round 1 (kl) there is no projection; the code feeds
+  random logits as the teacher instead (not copied).
+- ``projection`` = true; false turns the client step into FedAvg's (g_glob is not computed).
+- ``proj_warmup_rounds`` = 0 [D] (code: 6 or 10): no projection in rounds 1..warmup;
+  ``proj_cooldown_rounds`` = 0 [D] (code: off in the last rounds): none in the last n rounds.
+- ``proj_dropout`` = 0 [D] (code: 0.7 in some headline runs; Fig. 3a sweeps the projection
+  rate 1 - p): a client skips projection for a whole round with probability p, drawn from a
+  generator keyed (seed, round, client, 0x61).
+- ``local_lr_step`` = false [C off]: the code's StepLR (x0.1 every floor(E/2) local epochs,
+  optimizer rebuilt each round). The local optimizer itself (paper/code: Adam lr 1e-3, code
+  weight decay 5e-5) is the experiment's ``train.optimizer``, set in the configs.
+- Server: ``distill_epochs`` E_d = 1 [P] (3 for CIFAR-100); ``distill_optimizer`` adam,
+  ``distill_lr`` = 1e-5 [C] (the paper gives no eta_distill); ``distill_batch_size`` = 256 [P]
+  (code 128); ``distill_schedule`` constant [D].
+- ``alpha`` = 0.3 [D]: weight of L_div. The anchor is theta_avg (the text's intent) [D]; in
+  the code the anchor aliases the live parameters, so the term is always zero (not copied;
+  alpha = 0 reproduces it). Table 3b: alpha = 0 is best at Dir 0.3, 0.3 or 0.5 at Dir 0.5;
+  0.3 is the value of the headline CIFAR-10 / CINIC-10 Dir 0.5 entries.
+- ``gamma2`` = 0 (off) [D]: feature distillation, undefined in the paper; the code adds gamma2
+  (1e-4..3e-4) times a masked L2 between student and mean teacher penultimate features.
+  Here: gamma2 * batch mean of the squared L2 distance, no mask (the code's mask is not
+  documented) [D]. Clients then also upload their penultimate features on the public set.
+- Not copied: the code casts public images and teacher logits to int64 before the loss.
+
+Diagnostics, per round (columns ``fedproj_<key>``): ``proj_share`` (share of local steps
+projected, mean over clients), ``cos_before`` (mean over steps with a memory gradient of
+cos(g_new, g_glob) before projection), ``mem_loss_before`` (the memory loss of the broadcast
+global model on the whole public set) and ``mem_loss_after`` (of each local model after local
+training, mean over clients), plus the distillation's (``distill_*``). The forgetting that
+FedProj claims to prevent is also in every run's ``local_models_global_test_acc_mean``.
+With projection off and distill_epochs = 0 the method is FedAvg bit-exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..distill import DistillParams, check_temperature, is_int, is_number, public_logits, require
+from ..utils import FedForgetError, torch_seed
+from .base import ClientContext, ServerContext, Upload
+from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
+from .registry import METHODS
+
+MEMORY_STREAM, DROPOUT_STREAM = 0x60, 0x61  # keyed randomness: memory batches, dropout
+MEMORY_LOSSES = ("kl", "ce")
+TEACHER = "fedproj_teacher"  # server.state / broadcast key: the memory Z_server [N_pub, C]
+PUBLIC_Y = "public_y"  # broadcast key (memory_loss = ce): public labels
+PUBLIC_FEATURES = "public_features"  # upload key (gamma2 > 0): penultimate features [N_pub, D]
+
+
+def memory_kl(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. 3: batch mean of KL(softmax(teacher/T) || softmax(logits/T)), no T^2 factor."""
+    t = float(temperature)
+    return F.kl_div(
+        F.log_softmax(logits / t, dim=1),
+        F.log_softmax(teacher / t, dim=1),
+        reduction="batchmean",
+        log_target=True,
+    )
+
+
+def project(
+    g_new: Sequence[torch.Tensor],
+    g_glob: Sequence[torch.Tensor],
+    eps: float = 1e-8,
+    norm_guard: float = 1e-6,
+    coef_clamp: float = 0.0,
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Eq. 14 on the flat vector made of the tensors of ``g_new`` and ``g_glob``.
+
+    Returns (g_proj, projected, cos): g_proj = g_new - c * g_glob with
+    c = <g_new,g_glob>/(||g_glob||^2 + eps) (clamped to [-coef_clamp, coef_clamp] when > 0)
+    on conflict (<g_new,g_glob> < 0 and ||g_glob||^2 > norm_guard), else g_new unchanged;
+    ``projected`` a 0-d bool tensor, ``cos`` = cos(g_new, g_glob) before projection (0 when a
+    norm is 0). Tensor-only: no host sync."""
+    dot = sum((a * b).sum() for a, b in zip(g_new, g_glob))
+    gg = sum((b * b).sum() for b in g_glob)
+    nn_ = sum((a * a).sum() for a in g_new)
+    conflict = (dot < 0) & (gg > norm_guard)
+    coef = dot / (gg + eps)
+    if coef_clamp > 0:
+        coef = coef.clamp(-coef_clamp, coef_clamp)
+    coef = torch.where(conflict, coef, torch.zeros_like(coef))
+    out = [a - coef * b for a, b in zip(g_new, g_glob)]
+    denom = (nn_ * gg).sqrt()
+    cos = torch.where(denom > 0, dot / denom.clamp_min(1e-30), torch.zeros_like(dot))
+    return out, conflict, cos
+
+
+def weight_divergence(
+    model: torch.nn.Module, anchor: dict[str, torch.Tensor], alpha: float
+) -> torch.Tensor:
+    """L_div (Eq. 8's second term): alpha * ||theta - theta_avg||_2^2 over the trainable
+    parameters; its gradient is 2 * alpha * (theta - theta_avg)."""
+    terms = [((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters() if p.requires_grad]
+    return alpha * torch.stack(terms).sum()
+
+
+@METHODS.register("fedproj")
+class FedProj(FedDF):
+    name = "fedproj"
+    needs_public = True
+    public_labels = True  # only the memory_loss = ce variant reads them; dropped otherwise
+
+    @dataclass(frozen=True)
+    class Params(DistillParams):
+        temperature: float = 3.0  # T of L_mem and L_KD [C]
+        memory_loss: str = "kl"  # kl (Eq. 3) | ce (Algorithm 1, labelled public data)
+        memory_batch_size: int = 256  # |M| per step [C]
+        eps: float = 1e-8  # Eq. 14 [D]
+        norm_guard: float = 1e-6  # no projection when ||g_glob||^2 <= this [C]
+        coef_clamp: float = 0.0  # > 0: clamp Eq. 14's coefficient to +-this (code: 10)
+        projection: bool = True  # false: FedAvg's client step
+        proj_warmup_rounds: int = 0  # no projection in rounds 1..n (code: 6 or 10)
+        proj_cooldown_rounds: int = 0  # no projection in the last n rounds
+        proj_dropout: float = 0.0  # P(skip projection for a client-round) (Fig. 3a: 1 - rate)
+        local_lr_step: bool = False  # code: local lr x0.1 every floor(E/2) epochs
+        alpha: float = 0.3  # weight divergence L_div weight [D]
+        gamma2: float = 0.0  # feature distillation weight (code 1e-4..3e-4), off
+        distill_lr: float = 1e-5  # [C]
+        distill_batch_size: int = 256  # [P] (code 128)
+
+        def check(self) -> None:
+            super().check()
+            check_temperature(self.temperature)
+            require(self.memory_loss in MEMORY_LOSSES, "memory_loss", self.memory_loss,
+                    " | ".join(MEMORY_LOSSES))  # fmt: skip
+            require(is_int(self.memory_batch_size) and self.memory_batch_size >= 1,
+                    "memory_batch_size", self.memory_batch_size, "an integer >= 1")  # fmt: skip
+            for name in ("eps", "norm_guard", "coef_clamp", "alpha", "gamma2"):
+                v = getattr(self, name)
+                require(is_number(v) and v >= 0, name, v, "a finite number >= 0")
+            require(isinstance(self.projection, bool), "projection", self.projection, "true | false")
+            require(isinstance(self.local_lr_step, bool), "local_lr_step", self.local_lr_step, "true | false")
+            for name in ("proj_warmup_rounds", "proj_cooldown_rounds"):
+                v = getattr(self, name)
+                require(is_int(v) and v >= 0, name, v, "an integer >= 0")
+            require(is_number(self.proj_dropout) and 0 <= self.proj_dropout <= 1,
+                    "proj_dropout", self.proj_dropout, "a number in [0, 1]")  # fmt: skip
+
+    # ---------------------------------------------------------------- server side
+    def server_init(self, server: ServerContext) -> None:
+        super().server_init(server)
+        if self.p.memory_loss == "ce":
+            if server.public.y is None:
+                raise FedForgetError("fedproj memory_loss='ce' needs public labels, but the public set has none")
+        else:
+            server.public.y = None  # the label-free default never sees them
+
+    def broadcast(self, server: ServerContext) -> dict:
+        out = super().broadcast(server)
+        teacher = server.state.get(TEACHER)
+        out[TEACHER] = teacher
+        if self.p.memory_loss == "ce":
+            out[PUBLIC_Y] = server.public.y
+        # memory loss of the broadcast global model (every client starts from it)
+        if teacher is not None or self.p.memory_loss == "ce":
+            z = public_logits(self.global_model(server), server.public.x, self.info.train.eval_batch_size)
+            server.state["fedproj_mem_before"] = self.memory_value(z, out)
+        return out
+
+    def global_model(self, server: ServerContext) -> torch.nn.Module:
+        server.model.load_state_dict(server.global_params)
+        return server.model
+
+    def memory_value(self, logits: torch.Tensor, broadcast: dict) -> float:
+        """L_mem over the whole public set (the diagnostic, not the per-step batch)."""
+        if self.p.memory_loss == "ce":
+            return F.cross_entropy(logits, broadcast[PUBLIC_Y]).item()
+        return memory_kl(logits, broadcast[TEACHER], self.p.temperature).item()
+
+    def teacher_logits(self, uploads: Sequence[Upload]) -> torch.Tensor:
+        """Z_teacher = Z_server: uniform mean of the sampled clients' public logits."""
+        return torch.stack([u.extras[PUBLIC_LOGITS] for u in uploads]).mean(0)
+
+    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        teacher = self.teacher_logits(uploads)
+        server.state[TEACHER] = teacher  # next round's memory (Eq. 3's Z_server)
+        if self.p.distill_epochs == 0:
+            return
+        anchor = {k: v.detach().clone() for k, v in server.global_params.items()}  # theta_avg
+        alpha = float(self.p.alpha)
+
+        def l_div(student: torch.nn.Module) -> torch.Tensor:
+            return weight_divergence(student, anchor, alpha)
+
+        batch_loss = None
+        if self.p.gamma2 > 0:
+            h_teacher = torch.stack([u.extras[PUBLIC_FEATURES] for u in uploads]).mean(0)
+            gamma2 = float(self.p.gamma2)
+
+            def batch_loss(idx, features, logits):  # feature distillation
+                return gamma2 * ((features - h_teacher[idx]) ** 2).sum(1).mean()
+
+        extra = l_div if alpha > 0 else None
+        self.distill_server(server, teacher, self.p.temperature, batch_loss, extra)
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        out = super().round_metrics(server, uploads)
+        if "fedproj_mem_before" in server.state:
+            out["mem_loss_before"] = server.state.pop("fedproj_mem_before")
+        return out
+
+    # ---------------------------------------------------------------- client side
+    def projection_active(self, ctx: ClientContext) -> bool:
+        """Whether client ctx.cid projects in round ctx.round (memory, schedule, dropout)."""
+        p, rounds = self.p, self.info.train.rounds
+        if not p.projection:
+            return False
+        if p.memory_loss == "kl" and ctx.broadcast.get(TEACHER) is None:
+            return False  # round 1: no memory yet [D]
+        if ctx.round <= p.proj_warmup_rounds or ctx.round > rounds - p.proj_cooldown_rounds:
+            return False
+        if p.proj_dropout > 0:
+            gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, DROPOUT_STREAM))
+            if torch.rand((), generator=gen).item() < p.proj_dropout:
+                return False
+        return True
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        # scratch for this client-round (one client trains at a time)
+        self._active = self.projection_active(ctx)
+        self._gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
+        dev = self.info.device
+        self._n_proj = torch.zeros((), device=dev)
+        self._cos_sum = torch.zeros((), device=dev)
+        self._n_mem = 0
+        spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
+        self._lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self._lr_step_every and ctx.steps and ctx.steps % self._lr_step_every == 0:
+            for group in ctx.optimizer.param_groups:  # the code's StepLR(E/2, 0.1) [C]
+                group["lr"] *= 0.1
+        return super().backward(ctx, x, y)  # g_new in p.grad (Eq. 2)
+
+    def memory_batch_loss(self, ctx: ClientContext) -> torch.Tensor:
+        """L_mem (Eq. 3, or Algorithm 1's CE) on one random public batch M."""
+        x_pub = ctx.broadcast[PUBLIC_X]
+        n, b = len(x_pub), self.p.memory_batch_size
+        idx = torch.randperm(n, generator=self._gen)[:b].to(x_pub.device) if n > b else None
+        xm = x_pub[idx] if idx is not None else x_pub
+        logits = ctx.model(xm)
+        if self.p.memory_loss == "ce":
+            ym = ctx.broadcast[PUBLIC_Y]
+            return F.cross_entropy(logits, ym[idx] if idx is not None else ym)
+        zt = ctx.broadcast[TEACHER]
+        return memory_kl(logits, zt[idx] if idx is not None else zt, self.p.temperature)
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        if not self._active:
+            return
+        params = [p for p in ctx.model.parameters() if p.grad is not None]
+        loss_mem = self.memory_batch_loss(ctx)
+        g_glob = torch.autograd.grad(loss_mem, params, allow_unused=True)
+        g_glob = [torch.zeros_like(p) if g is None else g for p, g in zip(params, g_glob)]
+        g_new = [p.grad for p in params]
+        with torch.no_grad():
+            g_proj, projected, cos = project(g_new, g_glob, self.p.eps, self.p.norm_guard, self.p.coef_clamp)
+            torch._foreach_copy_(g_new, g_proj)  # Eq. 14, in place on p.grad
+            self._n_proj += projected
+            self._cos_sum += cos
+        self._n_mem += 1
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)  # weights + eval-mode public logits (FedDF)
+        ctx.stats["proj_share"] = self._n_proj.item() / max(ctx.steps, 1)
+        if self._n_mem:
+            ctx.stats["cos_before"] = self._cos_sum.item() / self._n_mem
+        if ctx.broadcast.get(TEACHER) is not None or self.p.memory_loss == "ce":
+            ctx.stats["mem_loss_after"] = self.memory_value(up.extras[PUBLIC_LOGITS], ctx.broadcast)
+        if self.p.gamma2 > 0:
+            with torch.no_grad():
+                was = ctx.model.training
+                ctx.model.eval()
+                up.extras[PUBLIC_FEATURES] = ctx.model.features(ctx.broadcast[PUBLIC_X]).detach()
+                ctx.model.train(was)
+        return up

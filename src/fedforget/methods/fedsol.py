@@ -1,0 +1,377 @@
+"""FedSOL: Federated Stabilized Orthogonal Learning.
+
+Paper: Gihun Lee, Minchan Jeong, Sangmook Kim, Jaehoon Oh, Se-Young Yun, "FedSOL: Stabilized
+Orthogonal Learning with Proximal Restrictions in Federated Learning", CVPR 2024
+(../shared/papers/fedsol.md); exact behaviour and defaults: METHODS.md "FedSOL".
+Tags: [P] paper, [C] the authors' code (Lee-Gihun/FedSOL, read, not run), [D] our decision.
+
+One local step of client k (Algorithm 1), w = w_k, w_g the broadcast global model:
+
+    g_p   = grad_w L_p(w; w_g)                                  proximal gradient (Eq. 5)
+    lambda^(m)[i] = |w^(m)[i] - w_g^(m)[i]| / ||w^(m) - w_g^(m)||_2               (Eq. 7)
+    eps*  = rho * Lambda (.) g_p / ||g_p||_2                    adaptive perturbation (Eq. 8)
+    w.grad <- grad_w L_local(w + eps*)                          (Eq. 6), no gradient through eps*
+    w     <- optimizer step from w (restored bit-exactly before the step)
+
+L_local is the cross-entropy; L_p the proximal loss; the server is FedAvg (or, in combined
+mode, the base method's server). The Table 1 variants replace the perturbation by a direct
+projection (Eq. 3) or by the auxiliary-loss form (Eq. 2).
+
+Switches (``FedSOLParams``)
+- ``rho`` (default 1.5) [P Table 5 / D]: perturbation strength; rho = 0 is FedAvg exactly.
+  The paper's headline appears to be head perturbation with rho 1.5 (METHODS.md); the
+  authors' config uses 1.0 with full-model perturbation.
+- ``perturb: head|body|all`` (default head) [P Sec. 3.4]: which parameters are perturbed
+  (head = ``model.head``, the final linear classifier; body = every other parameter). g_p
+  and ||g_p|| are taken over the perturbed parameters only [C: the code zeroes the other
+  gradients before the norm].
+- ``adaptive`` (default true) [P Eq. 7-8]: Lambda as Eq. 7; false gives the fixed variant
+  Lambda = 1 (||eps|| = rho, eps parallel to g_p) [P Sec. 3.3, C fedsol_fixed].
+- ``lambda_norm: layer|column`` (default layer) [P Eq. 7 / C]: ``layer`` normalises
+  |w - w_g| over each parameter tensor (a layer's weight and bias separately, the unit the
+  code iterates over) [D]; ``column`` normalises over dim 0 of each tensor, as the code's
+  ``F.normalize((p - ref_p).abs(), 2, dim=0)`` (for a 1-D bias: the whole vector) [C].
+- ``proximal: kl|l2|base`` (default kl):
+  * kl [P Sec. 4.1, C]: L_p = KL(softmax(z_g / T) || softmax(z / T)), batch mean, T =
+    ``temperature`` = 3 [C], z_g the frozen global model's logits, no T^2 factor [C]. Its
+    gradient is taken analytically at the logits, dL_p/dz = (softmax(z/T) - softmax(z_g/T))
+    / (T B), then back-propagated [D]: identical logits give an exactly zero g_p (autograd
+    through kl_div leaves rounding noise of ~1e-9 that the normalisation would blow up to a
+    unit vector).
+  * l2 [P Table 1 "L2 distance"]: L_p = (1/2) ||w - w_g||^2 over all trainable parameters.
+  * base [P Table 4]: the proximal term of the ``base`` method (next item).
+- Combined mode [P Table 4]: ``base: fedavg|fedprox|feddyn|scaffold|fednova|moon`` (default
+  fedavg) and ``base_params`` (that method's hyperparameters). FedSOL delegates to an
+  instance of the base method for everything but the local step: its server state, broadcast,
+  aggregation, after_aggregate, client state and upload (SCAFFOLD's c and c_i, FedDyn's h and
+  client gradient, FedNova's normalised averaging, MOON's previous-model store). With
+  ``proximal: base`` the perturbation direction is the gradient of the base method's local
+  term at w: FedProx (mu/2)||w - w_g||^2 -> mu (w - w_g); FedDyn -> alpha (w - w_g) - grad
+  L_k(theta_k^{t-1}); SCAFFOLD's correction (gradient of the linear term <c - c_i, w>) ->
+  c - c_i; MOON -> mu * grad l_con. FedNova has no local term (its FedNova paper form, which
+  ours implements, changes only the aggregation), so ``base: fednova`` pairs FedNova's
+  server with a ``kl`` or ``l2`` perturbation [D]. (The FedSOL code's FedNova adds a
+  SCAFFOLD-like control variate c_i = weighted_d - d_i to every gradient, but its server
+  never updates weighted_d, so c_i = -d_i; not reproduced.)
+- ``base_loss`` (default false) [D]: whether the base method's own local term stays in the
+  update. The paper contrasts the proximal objective "as an auxiliary objective alongside
+  the original local objective (Base)" with "as proximal perturbation within FedSOL
+  (Combined)", and Eq. 6 updates with the local loss only, so by default the term moves from
+  the loss into the perturbation. true keeps it (loss + extra_loss at w + eps, and the base's
+  transform_grad, e.g. SCAFFOLD's correction) and adds the perturbation on top. Note that
+  SCAFFOLD's option-II c_i and FedDyn's client-gradient updates assume their term was in the
+  update; with base_loss false they are still run unchanged (the base's state is kept).
+- ``update: perturb|project|loss`` (default perturb): ``project`` is Table 1's direct
+  projection (Eq. 3): g_u = g_l - <g_l, g_p>/||g_p||^2 g_p if <g_l, g_p> < 0, over the
+  ``perturb`` parameters, g_l = grad CE at w [P]; ``loss`` is Table 1's "Base" usage (Eq. 2):
+  CE + ``beta`` * L_p over all parameters whatever ``perturb`` says (for l2 it is FedProx
+  with mu = beta) [P].
+- Guards [D]: ||g_p|| below 1e-12 gives eps = 0 (and no projection); at the first local step
+  w = w_g, so Lambda = 0 (adaptive) and g_p = 0 (kl, l2): eps = 0 and the step is FedAvg's.
+  When eps = 0 the second forward/backward pass is skipped (same gradient).
+- Restoring [D, as FedSAM]: w is copied back from a saved copy (bit-exact), not w + eps - eps.
+  Buffers: the current models have none; a BatchNorm model would update running statistics in
+  both passes (the code freezes them in the second), so such models are refused.
+- Head perturbation reuses the first pass's body features [D]: with only the head perturbed
+  the body output at w + eps equals the one at w, so the second pass recomputes only the head
+  and back-propagates CE through the retained body graph; the gradient is exactly
+  grad CE(w + eps). (The paper's 1.33x FLOPs count a second full forward.)
+- The returned (logged) training loss is CE at the unperturbed w, as FedSAM and the code.
+
+Diagnostics (ctx.stats, metrics columns ``fedsol_<key>``, mean over a client's steps, then
+over clients):
+- ``prox_loss`` [P Fig. 2a]: L_p(w; w_g) on the minibatch before each step (KL, L2, or the base
+  method's term; SCAFFOLD's linear term has no value and reports none).
+- ``cos_update_prox`` [P Fig. 2b]: cos(g_u, g_p) over the perturbed parameters, g_u the
+  update gradient (grad CE at w + eps for perturb, the projected gradient for project, the
+  full loss gradient for loss), over steps with g_p != 0.
+- ``eps_norm``: ||eps||_2 (perturb); ``conflict_rate``: fraction of steps with <g_l, g_p> < 0
+  (project).
+- The base method's own diagnostics (e.g. ``l_con``, ``c_norm``, ``h_norm``) under the same
+  prefix. Weight divergence, class-wise accuracy and local models' global accuracy are engine
+  diagnostics (train.diagnostics).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..utils import FedForgetError
+from .base import ClientContext, FedAvg, ServerContext, Upload, check_number
+from .base import Params as StateDict
+from .registry import METHODS
+
+PERTURBS = ("head", "body", "all")
+LAMBDA_NORMS = ("layer", "column")
+PROXIMALS = ("kl", "l2", "base")
+BASES = ("fedavg", "fedprox", "feddyn", "scaffold", "fednova", "moon")
+BASES_WITH_TERM = ("fedprox", "feddyn", "scaffold", "moon")  # have a local proximal term
+UPDATES = ("perturb", "project", "loss")
+NORM_GUARD = 1e-12  # ||g_p|| below this counts as zero: eps = 0, no projection
+
+
+def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class FedSOLParams:
+    rho: float = 1.5  # perturbation strength; 0 = FedAvg
+    perturb: str = "head"  # head | body | all (partial perturbation, Sec. 3.4)
+    adaptive: bool = True  # Lambda of Eq. 7; false: Lambda = 1 (fixed rho)
+    lambda_norm: str = "layer"  # layer (paper Eq. 7) | column (authors' code)
+    proximal: str = "kl"  # kl | l2 | base (the base method's local term)
+    temperature: float = 3.0  # T of the KL proximal loss (code: 3)
+    base: str = "fedavg"  # combined mode: the method whose server/state FedSOL keeps
+    base_params: dict[str, Any] = field(default_factory=dict)  # its hyperparameters
+    base_loss: bool = False  # keep the base method's local term in the update too
+    update: str = "perturb"  # perturb (FedSOL) | project (Eq. 3) | loss (Eq. 2)
+    beta: float = 1.0  # weight of L_p for update = loss
+
+    def check(self) -> None:
+        check_number("rho", self.rho)
+        _choice("perturb", self.perturb, PERTURBS)
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive={self.adaptive!r}; allowed: true, false")
+        _choice("lambda_norm", self.lambda_norm, LAMBDA_NORMS)
+        _choice("proximal", self.proximal, PROXIMALS)
+        check_number("temperature", self.temperature, positive=True)
+        _choice("base", self.base, BASES)
+        if not isinstance(self.base_params, dict):
+            raise ValueError(f"base_params={self.base_params!r}; allowed: a mapping of {self.base}'s hyperparameters")
+        if not isinstance(self.base_loss, bool):
+            raise ValueError(f"base_loss={self.base_loss!r}; allowed: true, false")
+        _choice("update", self.update, UPDATES)
+        check_number("beta", self.beta)
+        if self.proximal == "base" and self.base not in BASES_WITH_TERM:
+            raise ValueError(
+                f"proximal='base' with base={self.base!r}: that method has no local proximal term; "
+                f"allowed bases: {', '.join(BASES_WITH_TERM)} (or proximal kl | l2)"
+            )
+        if self.update == "loss" and self.proximal == "base":
+            raise ValueError("update='loss' with proximal='base' is the base method itself; allowed proximal: kl, l2")
+        from . import make_params  # the package is loaded by the time configs are checked
+
+        try:
+            make_params(self.base, dict(self.base_params), "base_params")
+        except FedForgetError as e:
+            raise ValueError(str(e)) from None
+
+
+@METHODS.register("fedsol")
+class FedSOL(FedAvg):
+    """Local step at the proximally perturbed weights: grad CE(w + rho Lambda g_p/||g_p||)."""
+
+    name = "fedsol"
+    Params = FedSOLParams
+
+    def __init__(self, params: FedSOLParams, info) -> None:
+        super().__init__(params, info)
+        from . import make_params
+
+        # combined mode: the base method (its own check_train runs here, e.g. SCAFFOLD's SGD)
+        self.base = METHODS.get(params.base)(make_params(params.base, dict(params.base_params)), info)
+        self._glob: nn.Module | None = None  # frozen w_g for the KL proximal loss
+
+    # ---------------------------------------------------------------- server side: the base's
+    def server_init(self, server: ServerContext) -> None:
+        self.base.server_init(server)
+
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        return self.base.broadcast(server)
+
+    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+        return self.base.aggregate(server, uploads)
+
+    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        self.base.after_aggregate(server, uploads)
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        return self.base.round_metrics(server, uploads)
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        model = ctx.model
+        if any(True for _ in model.buffers()):
+            raise FedForgetError("fedsol: models with buffers (BatchNorm) are not supported (running statistics would be updated in both passes)")
+        self.base.client_begin(ctx)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        head = self.p.perturb == "head"
+        every = self.p.perturb == "all" or self.p.update == "loss"  # Eq. 2's L_p acts on all
+        sel = [(n, p) for n, p in named if every or n.startswith("head.") == head]
+        self._all = [p for _, p in named]
+        self._sel = [p for _, p in sel]  # the perturbed (or projected) parameters
+        self._sel_global = [ctx.global_params[n] for n, _ in sel]
+        self._all_global = [ctx.global_params[n] for n, _ in named]
+        self._head_path = head and self.p.update == "perturb"
+        if self.p.proximal == "kl":
+            if self._glob is None:
+                self._glob = copy.deepcopy(model).eval()
+                for p in self._glob.parameters():
+                    p.requires_grad_(False)
+                    p.grad = None
+            self._glob.load_state_dict(ctx.global_params)
+        self._sums = {"prox_loss": 0.0, "cos_update_prox": 0.0, "eps_norm": 0.0, "conflict_rate": 0.0}
+        self._counts = dict.fromkeys(self._sums, 0)
+
+    def _record(self, key: str, value: float) -> None:
+        self._sums[key] += value
+        self._counts[key] += 1
+
+    def local_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
+        """L_local: CE, plus the base method's term if base_loss."""
+        loss = self.task_loss(logits, y)
+        if self.p.base_loss:
+            extra = self.base.extra_loss(ctx, x, y, features, logits)
+            if extra is not None:
+                loss = loss + extra
+        return loss
+
+    # ---------------------------------------------------------------- proximal gradient g_p
+    def proximal_grad(self, ctx, x, y, features, logits) -> tuple[list[torch.Tensor], float | None]:
+        """(g_p over the selected parameters, L_p value or None); keeps the forward graph."""
+        params = self._sel
+        if self.p.proximal == "kl":
+            t = self.p.temperature
+            with torch.no_grad():
+                z_g = self._glob(x)
+                p_g = F.softmax(z_g / t, dim=1)
+                log_q = F.log_softmax(logits.detach() / t, dim=1)
+                value = F.kl_div(log_q, p_g, reduction="batchmean").item()
+                # d KL(p_g || softmax(z/T)) / dz, batch mean: (softmax(z/T) - p_g) / (T B)
+                dz = (F.softmax(logits.detach() / t, dim=1) - p_g) / (t * len(x))
+            grads = torch.autograd.grad(logits, params, grad_outputs=dz, retain_graph=True, allow_unused=True)
+            return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)], value
+        if self.p.proximal == "l2":
+            with torch.no_grad():
+                value = 0.5 * sum(float((w - wg).pow(2).sum()) for w, wg in zip(self._all, self._all_global))
+                return [w.detach() - wg for w, wg in zip(params, self._sel_global)], value
+        # the base method's local term: grad of its extra_loss + what its transform_grad adds
+        extra = self.base.extra_loss(ctx, x, y, features, logits)
+        value = None
+        if extra is not None and extra.requires_grad:
+            value = float(extra.detach())
+            grads = torch.autograd.grad(extra, params, retain_graph=True, allow_unused=True)
+            g_p = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
+        else:
+            g_p = [torch.zeros_like(p) for p in params]
+        saved = [p.grad for p in self._all]
+        for p in self._all:
+            p.grad = torch.zeros_like(p)
+        self.base.transform_grad(ctx)  # additive corrections (SCAFFOLD: + c - c_i) on zero grads
+        with torch.no_grad():
+            g_p = [g + p.grad for g, p in zip(g_p, params)]
+        for p, s in zip(self._all, saved):
+            p.grad = s
+        return g_p, value
+
+    # ---------------------------------------------------------------- Eq. 7-8
+    @torch.no_grad()
+    def lambdas(self, params: Sequence[torch.Tensor], global_params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Lambda of Eq. 7 per selected tensor: |w - w_g| normalised per tensor (layer) or
+        per dim-0 slice (column, the code's F.normalize(dim=0))."""
+        out = []
+        for w, wg in zip(params, global_params):
+            d = (w - wg).abs()
+            if self.p.lambda_norm == "column":
+                out.append(F.normalize(d, p=2, dim=0, eps=NORM_GUARD))
+            else:
+                n = torch.linalg.vector_norm(d)
+                out.append(d / n if n > 0 else torch.zeros_like(d))
+        return out
+
+    @torch.no_grad()
+    def perturbation(self, g_p: Sequence[torch.Tensor], g_norm: float) -> list[torch.Tensor] | None:
+        """eps* = rho * Lambda (.) g_p / ||g_p|| (Eq. 8; Lambda = 1 if not adaptive); None if 0."""
+        if self.p.rho == 0 or g_norm < NORM_GUARD:
+            return None
+        scale = self.p.rho / g_norm
+        if self.p.adaptive:
+            lam = self.lambdas(self._sel, self._sel_global)
+            eps = [lm * g * scale for lm, g in zip(lam, g_p)]
+        else:
+            eps = [g * scale for g in g_p]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(e) for e in eps]))
+        return None if norm == 0 else eps
+
+    # ---------------------------------------------------------------- one step
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        model = ctx.model
+        features, logits = model.forward_with_features(x)
+        g_p, value = self.proximal_grad(ctx, x, y, features, logits)
+        if value is not None:
+            self._record("prox_loss", value)
+        g_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])))
+        ce = self.task_loss(logits.detach(), y)
+
+        if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
+            loss = self.local_loss(ctx, x, y, features, logits)
+            loss.backward()
+            with torch.no_grad():
+                for p, g in zip(self._sel, g_p):
+                    p.grad.add_(g, alpha=self.p.beta)
+            self._record_cos(g_p, g_norm)
+            return loss.detach() + self.p.beta * (value or 0.0)
+
+        if self.p.update == "project":  # Eq. 3: remove the conflicting component
+            self.local_loss(ctx, x, y, features, logits).backward()
+            if g_norm >= NORM_GUARD:
+                with torch.no_grad():
+                    grads = [p.grad for p in self._sel]
+                    dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
+                    if dot < 0:
+                        torch._foreach_add_(grads, list(g_p), alpha=-dot / g_norm**2)
+                self._record("conflict_rate", float(dot < 0))
+            self._record_cos(g_p, g_norm)
+            return ce
+
+        eps = self.perturbation(g_p, g_norm)
+        if eps is None:  # eps = 0: grad CE(w) from the first pass
+            self.local_loss(ctx, x, y, features, logits).backward()
+            self._record("eps_norm", 0.0)
+            self._record_cos(g_p, g_norm)
+            return ce
+        with torch.no_grad():
+            w = [p.detach().clone() for p in self._sel]
+            torch._foreach_add_(self._sel, eps)  # w + eps*
+            self._record("eps_norm", math.sqrt(sum(float(e.pow(2).sum()) for e in eps)))
+        if self._head_path:  # body unperturbed: reuse its output, recompute the head only
+            loss_adv = self.local_loss(ctx, x, y, features, model.head(features))
+        else:
+            feats_adv, logits_adv = model.forward_with_features(x)
+            loss_adv = self.local_loss(ctx, x, y, feats_adv, logits_adv)
+        loss_adv.backward()  # .grad = grad L_local at w + eps* (Eq. 6)
+        with torch.no_grad():
+            torch._foreach_copy_(self._sel, w)  # back to w, bit-exact
+        self._record_cos(g_p, g_norm)
+        return ce
+
+    def _record_cos(self, g_p: Sequence[torch.Tensor], g_norm: float) -> None:
+        """cos(g_u, g_p) over the selected parameters (Fig. 2b), if g_p != 0."""
+        if g_norm < NORM_GUARD:
+            return
+        with torch.no_grad():
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self._sel]
+            dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
+            un = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+        if un > 0:
+            self._record("cos_update_prox", dot / (un * g_norm))
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        if self.p.base_loss:
+            self.base.transform_grad(ctx)  # e.g. SCAFFOLD's + c - c_i
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        for k, s in self._sums.items():
+            if self._counts[k]:
+                ctx.stats[k] = s / self._counts[k]
+        return self.base.client_end(ctx)

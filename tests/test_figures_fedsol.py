@@ -1,0 +1,94 @@
+"""FedSOL figures: drawn by the pipeline from a tiny experiment (iris, FedAvg + FedSOL at two
+rho and two perturbation targets, weight-divergence and class-wise diagnostics); the
+``fedsol_vs_rho`` table equals the per-run means of the metrics; clear errors."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fedforget.config import parse_config
+from fedforget.figures import figure_options, make_figure
+from fedforget.pipeline import run_all
+from fedforget.utils import FedForgetError
+
+
+@pytest.fixture(scope="module")
+def tiny(data_root, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fedsol_fig")
+    cfg = {
+        "data_dir": str(data_root),
+        "results_dir": str(tmp / "results"),
+        "experiments": [{
+            "name": "fedsol_tiny",
+            "datasets": [{"name": "iris", "model": "mlp"}],
+            "partitions": [{"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}],
+            "methods": [
+                {"name": "fedavg"},
+                {"name": "fedsol", "label": "all-r0.5", "params": {"rho": 0.5, "perturb": "all"}},
+                {"name": "fedsol", "label": "all-r1", "params": {"rho": 1.0, "perturb": "all"}},
+                {"name": "fedsol", "label": "head-r1", "params": {"rho": 1.0, "perturb": "head"}},
+            ],
+            "seeds": [0, 1],
+            "train": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "sample_rate": 1.0, "threads": 1,
+                      "optimizer": {"name": "sgd", "lr": 0.1},
+                      "diagnostics": ["weight_divergence", "classwise_accuracy"]},
+            "figures": [{"name": "fedsol_vs_rho", "label": "fig2"},
+                        {"name": "fedsol_divergence", "label": "fig5"},
+                        {"name": "fedsol_knowledge", "label": "fig6a"},
+                        {"name": "fedsol_classwise", "label": "fig6b"}],
+        }],
+    }  # fmt: skip
+    run_all(parse_config(cfg), progress=False)
+    return tmp / "results" / "fedsol_tiny"
+
+
+def test_options():
+    assert figure_options("fedsol_vs_rho") == {"columns", "group", "stat"}
+    assert figure_options("fedsol_divergence") == set()
+    assert figure_options("fedsol_classwise") == {"methods"}
+
+
+def test_all_figures_drawn_by_the_pipeline(tiny):
+    for label in ("fig2", "fig5", "fig6a", "fig6b"):
+        png = tiny / "figures" / f"{label}.png"
+        assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000, label
+
+
+def test_vs_rho_table_is_the_per_run_mean_of_the_metrics(tiny, tmp_path):
+    out = make_figure("fedsol_vs_rho", tiny / "summary", "fedsol_tiny", tmp_path / "v.png",
+                      {"columns": ["fedsol_prox_loss", "global_model_test_acc"], "stat": "mean"})  # fmt: skip
+    table = pd.read_csv(out[1])
+    metrics = pd.read_parquet(tiny / "summary" / "metrics.parquet")
+    m = metrics[(metrics["round"] >= 1) & (metrics["method"] == "all-r1")]
+    per_seed = m.groupby("seed")["fedsol_prox_loss"].mean()
+    row = table[(table["variant"] == "perturb=all") & (table["rho"] == 1.0)].iloc[0]
+    assert row["fedsol_prox_loss_mean"] == pytest.approx(per_seed.mean())
+    assert row["fedsol_prox_loss_std"] == pytest.approx(per_seed.std(ddof=1))
+    assert row["fedsol_prox_loss_count"] == 2
+    assert set(table["variant"]) == {"perturb=all", "perturb=head", "fedavg"}
+    # final-round statistic: the last row's accuracy, FedAvg's a reference row without rho
+    out = make_figure("fedsol_vs_rho", tiny / "summary", "fedsol_tiny", tmp_path / "f.png",
+                      {"columns": ["global_model_test_acc"], "stat": "final"})  # fmt: skip
+    table = pd.read_csv(out[1])
+    fa = metrics[(metrics["method"] == "fedavg") & (metrics["round"] == 3)]["global_model_test_acc"].mean()
+    ref = table[table["variant"] == "fedavg"].iloc[0]
+    assert pd.isna(ref["rho"]) and ref["global_model_test_acc_mean"] == pytest.approx(fa)
+
+
+def test_classwise_csv_has_the_final_class_accuracies(tiny):
+    table = pd.read_csv(tiny / "figures" / "fig6b.csv")
+    metrics = pd.read_parquet(tiny / "summary" / "metrics.parquet")
+    last = metrics[(metrics["method"] == "head-r1") & (metrics["round"] == 3)]
+    row = table[table["method"] == "head-r1"].iloc[0]
+    for k in range(3):
+        assert row[f"class{k}"] == pytest.approx(100 * last[f"global_model_test_acc_class{k}"].mean())
+
+
+def test_errors(tiny, tmp_path):
+    with pytest.raises(FedForgetError, match="stat='last'"):
+        make_figure("fedsol_vs_rho", tiny / "summary", "fedsol_tiny", tmp_path / "x.png", {"stat": "last"})
+    with pytest.raises(FedForgetError, match=r"no_such"):
+        make_figure("fedsol_vs_rho", tiny / "summary", "fedsol_tiny", tmp_path / "x.png", {"columns": ["no_such"]})
+    with pytest.raises(FedForgetError, match="no run of methods"):
+        make_figure("fedsol_classwise", tiny / "summary", "fedsol_tiny", tmp_path / "x.png", {"methods": ["nope"]})

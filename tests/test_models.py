@@ -1,0 +1,107 @@
+"""Models: the ResNets' level representations (shapes, taken before the ReLU, the stem level
+by hand), one-level models' forward_levels equals forward_with_features, gradient from
+every level, ResNet-18's parameter count, config validation of the new models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedforget.models import build_model, check_model
+from fedforget.utils import FedForgetError
+
+WIDTHS = [64, 64, 128, 256, 512]  # stem, stages 1-4
+
+
+@pytest.mark.parametrize("name", ["resnet8", "resnet18"])
+@pytest.mark.parametrize("shape", [(3, 32, 32), (1, 8, 8), (3, 9, 7)])
+def test_resnet_levels_shapes_and_logits(name, shape):
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10, {"norm": "group"})
+    x = torch.randn(5, *shape)
+    levels, logits = model.forward_levels(x)
+    assert [tuple(z.shape) for z in levels] == [(5, w) for w in WIDTHS]
+    assert logits.shape == (5, 10)
+    torch.testing.assert_close(logits, model(x), rtol=0, atol=0)
+    z, logits2 = model.forward_with_features(x)
+    assert z.shape == (5, 512)
+    torch.testing.assert_close(logits2, logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm", ["batch", "group", "none"])
+def test_resnet_levels_are_pooled_before_relu(norm):
+    torch.manual_seed(1)
+    model = build_model("resnet8", (3, 16, 16), 4, {"norm": norm})
+    x = torch.randn(6, 3, 16, 16)
+    levels, _ = model.forward_levels(x)
+    body = model.body
+    # by hand from the layers: stem conv-norm (level 0, before ReLU), ReLU, max-pool; each
+    # stage's block conv-norm-ReLU-conv-norm + shortcut (level, before ReLU), then ReLU
+    relu = torch.relu
+    h = body.bn1(body.conv1(x))
+    want = [h.mean(dim=(2, 3))]
+    h = torch.nn.functional.max_pool2d(relu(h), 3, stride=2, padding=1)
+    for (block,) in body.stages:
+        pre = block.bn2(block.conv2(relu(block.bn1(block.conv1(h))))) + block.shortcut(h)
+        want.append(pre.mean(dim=(2, 3)))
+        h = relu(pre)
+    for got, ref in zip(levels, want, strict=True):
+        torch.testing.assert_close(got, ref)
+    z = model.features(x)
+    torch.testing.assert_close(z, h.mean(dim=(2, 3)))
+    # so the penultimate features (pooled after the ReLU) are not level 4 (pooled before)
+    assert (z >= 0).all() and (z >= torch.relu(levels[4]) - 1e-6).all()
+    assert not torch.allclose(z, levels[4])
+
+
+@pytest.mark.parametrize(
+    "name,shape,opts",
+    [("mlp", (4,), {"hidden": [5, 6]}), ("cnn2d", (1, 8, 8), {}), ("cnn1d", (1, 40), {}),
+     ("cnn_mcmahan", (3, 8, 8), {"hidden": 16})],
+)  # fmt: skip
+def test_one_level_models_give_penultimate_features(name, shape, opts):
+    torch.manual_seed(2)
+    model = build_model(name, shape, 3, opts)
+    x = torch.randn(7, *shape)
+    levels, logits = model.forward_levels(x)
+    z, ref = model.forward_with_features(x)
+    assert len(levels) == 1
+    assert torch.equal(levels[0], z) and torch.equal(logits, ref)
+
+
+def test_gradient_reaches_every_stage_from_its_level():
+    torch.manual_seed(3)
+    model = build_model("resnet18", (1, 8, 8), 3, {"norm": "group"})
+    levels, _ = model.forward_levels(torch.randn(4, 1, 8, 8))
+    for i in range(5):
+        model.zero_grad(set_to_none=True)
+        levels[i].pow(2).sum().backward(retain_graph=True)
+        stem = model.body.conv1.weight.grad
+        assert stem is not None and stem.abs().sum() > 0
+        # stage j's parameters get gradient from level i exactly when j <= i
+        for j, stage in enumerate(model.body.stages, start=1):
+            got = [p.grad is not None and p.grad.abs().sum() > 0 for p in stage.parameters()]
+            assert all(got) if j <= i else not any(got), (i, j)
+        assert model.head.weight.grad is None
+
+
+def test_resnet18_parameter_count():
+    # the CIFAR ResNet-18 with BatchNorm and 10 classes has 11,173,962 parameters
+    model = build_model("resnet18", (3, 32, 32), 10)
+    assert sum(p.numel() for p in model.parameters()) == 11_173_962
+    # ResNet-8: stem 1,728 + BN 128; stage blocks 73,984 / 230,144 / 919,040 / 3,673,088
+    # (convs, BNs, shortcut conv + BN); head 5,130
+    model = build_model("resnet8", (3, 32, 32), 10)
+    expected = 1_728 + 128 + 73_984 + 230_144 + 919_040 + 3_673_088 + 5_130
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_check_model_for_resnets():
+    assert check_model("resnet8", (3, 32, 32), {}) == {"norm": "batch"}
+    assert check_model("resnet18", (1, 8, 8), {"norm": "group"}) == {"norm": "group"}
+    with pytest.raises(FedForgetError, match="rank 3"):
+        check_model("resnet18", (4,), {})
+    with pytest.raises(FedForgetError, match=r"norm='layer'.*batch, group, none"):
+        check_model("resnet8", (3, 32, 32), {"norm": "layer"})
+    with pytest.raises(FedForgetError, match="unknown option"):
+        check_model("resnet8", (3, 32, 32), {"depth": 8})

@@ -1,0 +1,156 @@
+"""Reliability of one training job: checkpoints, resume after SIGKILL, determinism of
+metrics.csv, stale and damaged checkpoints, and nothing lost when a job fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedforget.partition import PartitionSpec
+from fedforget.runner import CHECKPOINT, run_training
+from fedforget.utils import FedForgetError, canonical_json
+
+BIN = Path(sys.executable).parent
+
+
+def _digits(make_run_config, rounds=14, **kw):
+    """~0.2 s per round on one thread: slow enough to be killed in the middle."""
+    return make_run_config(
+        dataset="digits", model="cnn2d", partition=PartitionSpec("dirichlet", clients=10, alpha=0.5, seed=0),
+        rounds=rounds, sample_rate=0.5, local_epochs=1, batch_size=32, eval_local_models=False, **kw,
+    )  # fmt: skip
+
+
+def _train_cmd(rc, out):
+    return [str(BIN / "fedforget"), "train", "--config-json", canonical_json(rc.to_dict()), "--out", str(out)]
+
+
+def _weights_equal(a: Path, b: Path) -> bool:
+    wa, wb = torch.load(a), torch.load(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_same_config_same_metrics_csv_bytes(make_run_config, tmp_path):
+    rc = make_run_config(rounds=3, sample_rate=0.5)
+    run_training(rc, tmp_path / "a", progress=False)
+    run_training(rc, tmp_path / "b", progress=False)
+    assert (tmp_path / "a/metrics.csv").read_bytes() == (tmp_path / "b/metrics.csv").read_bytes()
+    assert _weights_equal(tmp_path / "a/model.pt", tmp_path / "b/model.pt")
+    # wall-clock values live apart, in timings.csv, one row per round
+    header = (tmp_path / "a/timings.csv").read_text().splitlines()[0]
+    assert header == "round,train_time_s,eval_time_s,elapsed_s"
+    assert "time" not in (tmp_path / "a/metrics.csv").read_text().splitlines()[0]
+    assert not (tmp_path / "a" / CHECKPOINT).exists()  # removed when the run ends
+
+
+def test_checkpoint_round_trip_through_disk(make_run_config, tmp_path, monkeypatch):
+    """A crash after round 2 (here: an exception in the metrics writer) leaves a checkpoint
+    of round 2; the next call resumes from it and ends where an uninterrupted run ends."""
+    rc = make_run_config(rounds=4, sample_rate=0.5, method="scaffold")
+    run_training(rc, tmp_path / "full", progress=False)
+
+    import fedforget.runner as runner
+
+    real = runner.metrics_csv
+
+    def crash_at_round_2(rows):
+        if rows[-1]["round"] == 2:
+            raise KeyboardInterrupt
+        return real(rows)
+
+    monkeypatch.setattr(runner, "metrics_csv", crash_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(rc, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(runner, "metrics_csv", real)
+    ckpt = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
+    assert ckpt["round"] == 2 and ckpt["config_hash"] == rc.hash
+    assert json.loads((tmp_path / "cut/run.json").read_text())["status"] == "failed"
+
+    rec = run_training(rc, tmp_path / "cut", progress=False)
+    assert rec["status"] == "completed" and rec["resumed_after_round"] == 2
+    assert (tmp_path / "cut/metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+    assert _weights_equal(tmp_path / "cut/model.pt", tmp_path / "full/model.pt")
+    assert not (tmp_path / "cut" / CHECKPOINT).exists()
+
+
+def test_stale_checkpoint_of_another_config_is_discarded(make_run_config, tmp_path):
+    rc = make_run_config(rounds=3)
+    other = replace(rc, train=replace(rc.train, optimizer=replace(rc.train.optimizer, lr=0.05)))
+    assert other.hash != rc.hash
+    torch.save({"format": 1, "config_hash": other.hash, "round": 1}, tmp_path / CHECKPOINT)
+    rec = run_training(rc, tmp_path, progress=False)
+    assert rec["status"] == "completed" and "resumed_after_round" not in rec
+    run_training(rc, tmp_path / "ref", progress=False)
+    assert (tmp_path / "metrics.csv").read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes()
+
+
+def test_damaged_checkpoint_is_a_clear_error(make_run_config, tmp_path):
+    rc = make_run_config(rounds=3)
+    (tmp_path / CHECKPOINT).write_bytes(b"\x80\x02 not a checkpoint")
+    with pytest.raises(FedForgetError, match=rf"checkpoint {tmp_path / CHECKPOINT} cannot be read.*delete it"):
+        run_training(rc, tmp_path, progress=False)
+
+
+def test_runtime_settings_do_not_change_the_run_identity(make_run_config):
+    rc = make_run_config(rounds=3)
+    t = rc.train
+    for changed in (replace(t, threads=2), replace(t, device="auto"), replace(t, checkpoint_every=5)):
+        assert replace(rc, train=changed).hash == rc.hash
+    assert replace(rc, train=replace(t, rounds=4)).hash != rc.hash
+
+
+def test_checkpoint_every(make_run_config, tmp_path):
+    from fedforget.engine import Simulation
+
+    rc = make_run_config(rounds=7, checkpoint_every=3)
+    seen = []
+    Simulation(rc).run(progress=False, on_checkpoint=lambda c: seen.append(c["round"]))
+    assert seen == [3, 6]  # never after the last round: the run's outputs supersede it
+
+
+def test_failed_job_leaves_other_results_intact(make_run_config, tmp_path):
+    good = make_run_config(rounds=2)
+    run_training(good, tmp_path / "good", progress=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "good").iterdir()}
+    bad = replace(good, data_dir=str(tmp_path / "no-data"))
+    with pytest.raises(FedForgetError, match="no-data"):
+        run_training(bad, tmp_path / "bad", progress=False)
+    assert json.loads((tmp_path / "bad/run.json").read_text())["status"] == "failed"
+    assert {p.name: p.read_bytes() for p in (tmp_path / "good").iterdir()} == before
+
+
+@pytest.mark.e2e
+def test_sigkill_mid_run_then_resume_is_byte_identical(make_run_config, tmp_path):
+    rc = _digits(make_run_config)
+    ref = subprocess.run(_train_cmd(rc, tmp_path / "ref"), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(rc, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = out / "metrics.csv"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # kill once rounds 0..4 are written
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    ckpt = torch.load(out / CHECKPOINT, weights_only=False)
+    assert 4 <= ckpt["round"] < rc.train.rounds  # killed in the middle of the run
+
+    done = subprocess.run(_train_cmd(rc, out), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "run.json").read_text())["resumed_after_round"] >= 4
+    assert metrics.read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes()
+    assert _weights_equal(out / "model.pt", tmp_path / "ref/model.pt")
+    assert not list(out.glob(".*.tmp"))  # a temp file the kill left behind is cleaned up
