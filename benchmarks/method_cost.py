@@ -20,6 +20,13 @@ reported with its error and does not stop the others.
     python benchmarks/method_cost.py
     python benchmarks/method_cost.py --repeats 5 --json cost.json
     python benchmarks/method_cost.py --methods fedavg fedsam fedasam --device cuda
+    python benchmarks/method_cost.py --methods fedavg \
+        --variant 'fedsol-head:fedsol:{"perturb": "head", "rho": 1.5}' \
+        --variant 'fedsol-all:fedsol:{"perturb": "all", "rho": 2.0}'
+
+``--variant LABEL:METHOD:JSON_PARAMS`` (repeatable) also times METHOD with those
+hyperparameters under the name LABEL (with --variant and no --methods, only FedAvg and the
+variants run).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import torch
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
 from fedforget.data import prepare_dataset, prepare_public
 from fedforget.engine import Simulation, resolve_device
-from fedforget.methods import METHODS
+from fedforget.methods import METHODS, check_params
 from fedforget.partition import PartitionSpec
 
 
@@ -54,7 +61,22 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", help="default: every registered method")
     p.add_argument("--params", default="{}", help='method hyperparameters as JSON, e.g. \'{"fedproj": {"memory_batch_size": 32}}\' (default: each method\'s defaults)')
     p.add_argument("--json", metavar="PATH", help="also write the numbers to this file")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL:METHOD:JSON_PARAMS",
+                   help="a method with its own hyperparameters, timed under LABEL (repeatable)")  # fmt: skip
     return p.parse_args()
+
+
+def parse_variant(text: str) -> tuple[str, str, dict]:
+    """'LABEL:METHOD:JSON_PARAMS' -> (label, method, validated params)."""
+    parts = text.split(":", 2)
+    if len(parts) != 3:
+        raise SystemExit(f"--variant {text!r}: expected LABEL:METHOD:JSON_PARAMS")
+    label, method, raw = parts
+    try:
+        params = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--variant {text!r}: JSON_PARAMS is not JSON ({e})") from None
+    return label, method, check_params(method, params, f"--variant {label}")
 
 
 def sync(dev: torch.device) -> None:
@@ -86,16 +108,23 @@ def main() -> None:
     part = PartitionSpec("iid", a.clients)
 
     method_params = json.loads(a.params)
-    names = a.methods or METHODS.names()
+    variants = [parse_variant(v) for v in a.variant]
+    names = a.methods or ([] if variants else METHODS.names())
     if "fedavg" not in names:
         names = ["fedavg", *names]
-    skipped = {n: "needs a public set" for n in names if METHODS.get(n).needs_public and not public}
+    # label -> (method, params): the methods (with --params or defaults), then the variants
+    specs = {n: (n, method_params.get(n, {})) for n in names}
+    for label, method, params in variants:
+        if label in specs:
+            raise SystemExit(f"--variant {label}: label already used")
+        specs[label] = (method, params)
+    names = list(specs)
+    skipped = {n: "needs a public set" for n in names if METHODS.get(specs[n][0]).needs_public and not public}
     names = [n for n in names if n not in skipped]
 
     def config(name: str) -> RunConfig:
-        return RunConfig(
-            "method_cost", ds, part, MethodSpec(name, method_params.get(name, {}), name), 0, train, tmp.name, tmp.name
-        )
+        method, params = specs[name]
+        return RunConfig("method_cost", ds, part, MethodSpec(method, params, name), 0, train, tmp.name, tmp.name)
 
     seconds: dict[str, list[float]] = {n: [] for n in names}
     errors: dict[str, str] = {}

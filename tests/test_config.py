@@ -120,6 +120,14 @@ BAD = [
      ["experiments[0].datasets[0].public.dataset", "unknown dataset 'nope'"]),
     ("holdout-fraction-1", lambda d: dset(d).update(public={"source": "holdout", "fraction": 1.0}),
      ["experiments[0].datasets[0].public", "matches no allowed form"]),
+    ("fedprox-negative-mu", lambda d: ex(d)["methods"][0].update(name="fedprox", params={"mu": -1}),
+     ["experiments[0].methods[0].params", "'fedprox'", "mu=-1", ">= 0"]),
+    ("fedsam-rho-string", lambda d: ex(d)["methods"][0].update(name="fedsam", params={"rho": "big"}),
+     ["experiments[0].methods[0].params", "'fedsam'", "rho='big'"]),
+    ("feddf-without-public-set", lambda d: ex(d)["methods"][0].update(name="feddf"),
+     ["experiments[0].methods[0].name", "'feddf' needs a public set", "'iris'"]),
+    ("scaffold-with-adam", lambda d: (ex(d)["methods"][0].update(name="scaffold"), ex(d).update(train={"optimizer": {"name": "adam"}})),
+     ["experiments[0].methods[0]", "scaffold", "adam"]),
 ]  # fmt: skip
 
 
@@ -135,8 +143,31 @@ def test_bad_config_rejected_with_named_key(minimal_config, mutate, expected):
         assert s in msg, f"{s!r} not in {msg!r}"
 
 
+@pytest.mark.parametrize("mutate,expected", [pytest.param(m, e, id=i) for i, m, e in BAD])
+def test_bad_config_starts_no_job(minimal_config, mutate, expected, tmp_path, monkeypatch, capsys):
+    """`fedforget run` (the whole pipeline without Snakemake) on each bad config: exit 2,
+    one message naming the key and value, and nothing prepared, partitioned or trained."""
+    from fedforget.cli import main
+
+    mutate(minimal_config)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(minimal_config))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--config", "config.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedforget: error: invalid config:")
+    for s in expected:
+        assert s in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+
+
 def test_catalogue_is_large_enough():
-    assert len(BAD) >= 15
+    kinds = {i for i, _, _ in BAD}
+    assert len(kinds) == len(BAD) >= 15
+    # every kind of check the reliability issue names is in it
+    for i in ("shards-times-clients-gt-samples", "alpha-zero", "min-size-times-clients-gt-samples",
+              "sample-rate-zero", "fedprox-negative-mu", "public-unknown-dataset", "cnn1d-on-digits",
+              "negative-seed", "duplicate-experiment-name"):  # fmt: skip
+        assert i in kinds
 
 
 def test_all_problems_reported_at_once(minimal_config):

@@ -115,6 +115,45 @@ def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
 
 
+def _bad_config_catalogue():
+    """The catalogue of tests/test_config.py (id -> (mutation, expected message parts))."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_catalogue", Path(__file__).with_name("test_config.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {i: (m, e) for i, m, e in mod.BAD}
+
+
+BAD = _bad_config_catalogue()
+# through Snakemake for real, one per kind of check (schema, registry, sizes, method
+# hyperparameters, method needs); each costs a Snakemake start (~3 s, it imports torch).
+# The whole catalogue goes through `fedforget run` in tests/test_config.py, which calls
+# the same parse_config that workflow/rules/common.smk calls at parse time.
+SNAKEMAKE_CATALOGUE = [
+    "alpha-zero", "unknown-method", "shards-times-clients-gt-samples", "fedprox-negative-mu",
+    "feddf-without-public-set",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SNAKEMAKE_CATALOGUE)
+def test_bad_config_catalogue_starts_no_job(tmp_path: Path, minimal_config: dict, case: str) -> None:
+    """Not a dry run: the real command. It must fail at parse time with the message naming
+    the key and value, and create nothing (no data, results, partitions or logs)."""
+    mutate, expected = BAD[case]
+    mutate(minimal_config)
+    write_config(tmp_path, minimal_config)
+    proc = snakemake(tmp_path, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    for part in expected:
+        assert part in out, f"{part!r} not in the Snakemake output:\n{out[-3000:]}"
+    assert "Building DAG of jobs" not in out
+    created = sorted(p.name for p in tmp_path.iterdir())
+    assert created in (["config"], [".snakemake", "config"]), created
+    assert not list(tmp_path.glob(".snakemake/**/*.log")) or "Execute" not in out
+
+
 def run_dirs(workdir: Path) -> dict[str, float]:
     """metrics.csv of every run -> its mtime."""
     return {

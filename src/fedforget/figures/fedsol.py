@@ -91,10 +91,10 @@ def fedsol_vs_rho(
         for j, col in enumerate(columns):
             ax = axes[i, j]
             for variant, v in sub.groupby("variant"):
-                s = v.groupby("rho")[col].agg(["mean", "std"]).reset_index()
-                if s["rho"].isna().all():  # a non-FedSOL method: reference line
-                    ax.axhline(s["mean"].iloc[0], ls="--", color="grey", label=variant)
+                if v["rho"].isna().all():  # a non-FedSOL method: reference line
+                    ax.axhline(v[col].mean(), ls="--", color="grey", label=variant)
                     continue
+                s = v.groupby("rho")[col].agg(["mean", "std"]).reset_index()
                 ax.errorbar(s["rho"], s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=variant)
             ax.set_xlabel("rho")
             ax.set_ylabel(f"{col} ({stat} over rounds)" if stat == "mean" else f"{col} (final round)")
