@@ -154,3 +154,37 @@ def test_sigkill_mid_run_then_resume_is_byte_identical(make_run_config, tmp_path
     assert metrics.read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes()
     assert _weights_equal(out / "model.pt", tmp_path / "ref/model.pt")
     assert not list(out.glob(".*.tmp"))  # a temp file the kill left behind is cleaned up
+
+
+def test_atomic_write_failure_keeps_the_old_file(tmp_path):
+    from fedforget.utils import atomic_write, atomic_write_text
+
+    target = tmp_path / "metrics.csv"
+    atomic_write_text(target, "old\n")
+
+    def half_then_fail(tmp):
+        Path(tmp).write_text("new but incomp")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(target, half_then_fail)
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.csv"]  # no temp file left
+
+
+def test_every_job_of_every_shipped_config_has_its_own_directory(repo_root):
+    """No job can overwrite another's outputs: run directories are distinct across all
+    shipped configs' jobs (experiment / dataset / partition / method label / seed)."""
+    from fedforget.config import load_config
+
+    dirs = []
+    for f in [repo_root / "config/config.yaml", *sorted((repo_root / "config/experiments").glob("*.yaml"))]:
+        wf = load_config(f)
+        dirs += [(f.name, str(rc.run_dir)) for rc in wf.runs()]
+    by_dir = {}
+    for name, d in dirs:
+        by_dir.setdefault(d, set()).add(name)
+    clashes = {d: n for d, n in by_dir.items() if len(n) > 1}
+    # two configs may share an experiment name only if they are the same experiment
+    assert not clashes, clashes
+    assert len(by_dir) == len(dirs)

@@ -276,7 +276,9 @@ def test_level_choice_decides_which_stages_get_rcl_gradient():
     levels, _ = model.forward_levels(x)
     per = [rcl_terms(z, y, 0.5, -1.0, "all") for z in levels]
     scl, _ = rcl_levels(levels, y, 0.5, -1.0, "all")
-    assert float(scl) == pytest.approx(sum(float(t[0]) for t in per) / 5, rel=1e-6)
+    assert float(scl.detach()) == pytest.approx(
+        sum(float(t[0].detach()) for t in per) / 5, rel=1e-6
+    )
 
 
 def test_level_index_beyond_the_model_is_reported():
