@@ -243,3 +243,22 @@ def test_unknown_dataset_and_option_errors(tmp_path):
     with pytest.raises(FedForgetError, match=r"pca=9"):
         prepare_dataset("iris", {"pca": 9}, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_blobs_shapes_balance_and_learnability(tmp_path):
+    from fedforget.data import load_dataset
+
+    prepare_dataset("blobs", {"num_train": 500, "num_test": 100, "size": 12}, tmp_path)
+    d = load_dataset("blobs-num_test100-num_train500-size12", tmp_path)
+    assert d.x_train.shape == (500, 1, 12, 12) and d.x_train.dtype == np.float32
+    assert np.bincount(d.y_train).tolist() == [50] * 10
+    # class prototypes are separable: nearest class mean of the training set beats chance by far
+    means = np.stack([d.x_train[d.y_train == c].mean(0) for c in range(10)]).reshape(10, -1)
+    dist = ((d.x_test.reshape(100, 1, -1) - means[None]) ** 2).sum(-1)
+    assert (dist.argmin(1) == d.y_test).mean() > 0.9
+
+
+def test_blobs_default_is_mnist_shaped():
+    info = DATASETS.get("blobs")
+    opts = info.resolve({})
+    assert info.input_shape(opts) == (1, 28, 28) and info.sizes(opts) == (60000, 10000)

@@ -105,3 +105,14 @@ def test_check_model_for_resnets():
         check_model("resnet8", (3, 32, 32), {"norm": "layer"})
     with pytest.raises(FedForgetError, match="unknown option"):
         check_model("resnet8", (3, 32, 32), {"depth": 8})
+
+
+def test_mcmahan_padding_0_is_the_582k_mnist_cnn():
+    from fedforget.models import build_model
+
+    m = build_model("cnn_mcmahan", (1, 28, 28), 10, {"padding": 0})
+    assert sum(p.numel() for p in m.parameters()) == 582026
+    assert m(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    # the default (padding 2, the FedSOL code) is unchanged: 3x32x32 -> 64*8*8 features
+    d = build_model("cnn_mcmahan", (3, 32, 32), 10, {})
+    assert d.body[7].in_features == 64 * 8 * 8

@@ -46,6 +46,8 @@ class TrainSpec:
     diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see engine.DIAGNOSTICS
     save_client_models: tuple[int, ...] = ()  # rounds whose local models are saved (snapshots/)
     checkpoint_every: int = 1  # rounds between checkpoints (resume point of an interrupted run)
+    client_engine: str = "auto"  # auto | sequential | vectorized (fedforget.vectorized)
+    max_parallel_clients: int = 128  # clients per batched group (memory bound)
     device: str = "auto"
     threads: int = 0
 
@@ -62,7 +64,7 @@ class TrainSpec:
 
 
 # train settings that do not change what a job computes (excluded from RunConfig.hash)
-RUNTIME_TRAIN_KEYS = ("threads", "device", "checkpoint_every")
+RUNTIME_TRAIN_KEYS = ("threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .metrics import classwise_accuracy, evaluate
 from .models import build_model
 from .partition import client_indices, load_partition, make_partition
 from .utils import FedForgetError, seed_sequence, torch_seed
+from .vectorized import ClientJob, evaluate_stacked, train_clients_together, why_not_vectorized
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +202,20 @@ class Simulation:
         self.method = method_cls(params, info)
         self.server = ServerContext(0, self.global_params, server_model, dev, public)
         self.client_state: dict[int, dict[str, Any]] = {}
+        # clients trained together where that computes the same thing (fedforget.vectorized)
+        why_not = why_not_vectorized(method_cls, self.model, t.optimizer.name)
+        if t.client_engine == "sequential":
+            why_not = "train.client_engine = sequential"
+        elif t.client_engine == "auto" and why_not is None and dev.type != "cuda":
+            # on a CPU batched convolutions are no faster than a loop (benchmarks/simulation.py)
+            why_not = "auto on a CPU: sequential (the batched path pays off on a GPU)"
+        elif t.client_engine == "vectorized" and why_not is not None:
+            raise FedForgetError(f"train.client_engine='vectorized' is not possible here: {why_not}")
+        self.vectorized = why_not is None
+        self.engine_info = {
+            "client_engine": "vectorized" if self.vectorized else "sequential",
+            "client_engine_reason": why_not or f"groups of at most {t.max_parallel_clients} clients",
+        }
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
         self.method.server_init(self.server)
@@ -237,6 +252,29 @@ class Simulation:
         if not math.isfinite(mean_loss):
             raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
         return method.client_end(ctx), mean_loss, ctx.stats
+
+    def train_clients_together(self, cids: list[int], rnd: int, lr: float) -> tuple[list[Upload], list[float]]:
+        """The clients ``cids`` trained in one batched pass (``fedforget.vectorized``): the
+        same minibatches, steps and optimizer as ``train_client`` gives each of them."""
+        t = self.cfg.train
+        jobs = [
+            ClientJob(
+                cid, self.clients.offsets[cid], self.clients.size(cid),
+                torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, cid, SHUFFLE_STREAM)),
+            )
+            for cid in cids
+        ]  # fmt: skip
+        opt = t.optimizer
+        results = train_clients_together(
+            self.model, self.global_params, self.clients.x, self.clients.y, jobs,
+            lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+            epochs=t.local_epochs, batch_size=t.batch_size,
+        )  # fmt: skip
+        for r in results:
+            if not math.isfinite(r.mean_loss):
+                raise Diverged(f"client {r.cid} local loss is {r.mean_loss} in round {rnd}")
+        ups = [Upload(r.cid, self.clients.size(r.cid), r.params, r.steps) for r in results]
+        return ups, [r.mean_loss for r in results]
 
     # ------------------------------------------------------------------ all rounds
     def run(
@@ -365,17 +403,31 @@ class Simulation:
         uploads, losses, local_accs, stats = [], [], [], []
         eval_time = 0.0
         broadcast_params = self.global_params
-        for cid in sampled:
-            up, loss, st = self.train_client(cid, rnd, lr)
-            uploads.append(up)
-            losses.append(loss)
-            stats.append(st)
-            if t.eval_local_models:
-                te = time.perf_counter()
-                local_accs.append(
-                    evaluate(self.model, self.x_test, self.y_test, t.eval_batch_size)[0]
-                )
-                eval_time += time.perf_counter() - te
+        if self.vectorized:
+            for group in range(0, len(sampled), t.max_parallel_clients):
+                cids = sampled[group : group + t.max_parallel_clients]
+                ups, ls = self.train_clients_together(cids, rnd, lr)
+                uploads += ups
+                losses += ls
+                stats += [{} for _ in cids]
+                if t.eval_local_models:
+                    te = time.perf_counter()
+                    local_accs += evaluate_stacked(
+                        self.model, [u.params for u in ups], self.x_test, self.y_test, t.eval_batch_size
+                    )
+                    eval_time += time.perf_counter() - te
+        else:
+            for cid in sampled:
+                up, loss, st = self.train_client(cid, rnd, lr)
+                uploads.append(up)
+                losses.append(loss)
+                stats.append(st)
+                if t.eval_local_models:
+                    te = time.perf_counter()
+                    local_accs.append(
+                        evaluate(self.model, self.x_test, self.y_test, t.eval_batch_size)[0]
+                    )
+                    eval_time += time.perf_counter() - te
         self.server.global_params = self.method.aggregate(self.server, uploads)
         self.method.after_aggregate(self.server, uploads)  # may replace server.global_params
         if not all(torch.isfinite(v).all() for v in self.server.global_params.values() if torch.is_floating_point(v)):

@@ -116,15 +116,24 @@ def cnn1d(
     return Classifier(nn.Sequential(body, nn.Linear(flat, hidden), nn.ReLU()), hidden, num_classes)
 
 
-@register("cnn_mcmahan", rank=3, hidden=512)
-def cnn_mcmahan(input_shape: Sequence[int], num_classes: int, hidden: int = 512) -> Classifier:
+@register("cnn_mcmahan", rank=3, hidden=512, padding=2)
+def cnn_mcmahan(
+    input_shape: Sequence[int], num_classes: int, hidden: int = 512, padding: int = 2
+) -> Classifier:
     """McMahan et al. (2017) CNN as in the FedSOL code: conv5x5(32, pad 2)-ReLU-pool-
-    conv5x5(64, pad 2)-ReLU-pool-FC(hidden)-ReLU-FC; no BatchNorm, no dropout."""
+    conv5x5(64, pad 2)-ReLU-pool-FC(hidden)-ReLU-FC; no BatchNorm, no dropout. With
+    padding 0 on 1x28x28 input it is the 582,026-parameter MNIST CNN of the original paper
+    and of common FL simulators."""
     c, h, w = input_shape
+    p = int(padding)
+    h2 = ((h + 2 * p - 4) // 2 + 2 * p - 4) // 2
+    w2 = ((w + 2 * p - 4) // 2 + 2 * p - 4) // 2
+    if h2 < 1 or w2 < 1:
+        raise FedForgetError(f"cnn_mcmahan: input {list(input_shape)} is too small for padding={padding}")
     body = nn.Sequential(
-        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), hidden), nn.ReLU(),
+        nn.Conv2d(c, 32, 5, padding=p), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=p), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * h2 * w2, hidden), nn.ReLU(),
     )  # fmt: skip
     return Classifier(body, hidden, num_classes)
 

@@ -101,7 +101,6 @@ def run_training(
         "config_hash": cfg.hash,
         "versions": package_versions(),
         "started_at": _now(),
-        "engine": "sequential",
     }
     atomic_write_json(out / "run.json", record)
     t0 = time.perf_counter()
@@ -109,6 +108,7 @@ def run_training(
         sim = Simulation(cfg)
         record["device"] = str(sim.device)
         record["torch_threads"] = torch.get_num_threads()
+        record.update(sim.engine_info)
         ckpt = load_checkpoint(ckpt_path, cfg, sim.device) if resume else None
         if ckpt is not None:
             record["resumed_after_round"] = ckpt["round"]

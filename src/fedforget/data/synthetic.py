@@ -59,3 +59,57 @@ DATASETS.register("mnist1d")(
         check_options=_check,
     )
 )
+
+
+BLOB_CLASSES = 10
+
+
+def build_blobs(
+    num_train: int = 60000,
+    num_test: int = 10000,
+    channels: int = 1,
+    size: int = 28,
+    noise: float = 1.0,
+    seed: int = 0,
+) -> Arrays:
+    """Class-conditional Gaussian images: class c is a fixed random smooth prototype image
+    plus i.i.d. N(0, noise^2) pixels, float32, balanced labels. Shaped like MNIST by default
+    (1x28x28, 60000/10000), for simulator benchmarks at MNIST scale without a download;
+    learnable, not a stand-in for MNIST's accuracy."""
+    classes = BLOB_CLASSES
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xB10B]))
+    coarse = rng.normal(size=(classes, channels, 7, 7)).astype(np.float32)
+    reps = -(-size // 7)
+    protos = np.kron(coarse, np.ones((1, 1, reps, reps), np.float32))[:, :, :size, :size]
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.arange(n) % classes
+        rng.shuffle(y)
+        x = protos[y] + rng.normal(scale=noise, size=(n, channels, size, size)).astype(np.float32)
+        return x.astype(np.float32), y.astype(np.int64)
+
+    x, y = draw(int(num_train))
+    xt, yt = draw(int(num_test))
+    return Arrays(x, y, xt, yt, [str(i) for i in range(classes)])
+
+
+def _check_blobs(o: Mapping[str, Any]) -> None:
+    for k in ("num_train", "num_test", "channels", "size"):
+        if int(o[k]) < 1:
+            raise FedForgetError(f"dataset 'blobs': {k}={o[k]}; allowed: >= 1")
+    if not float(o["noise"]) >= 0:
+        raise FedForgetError(f"dataset 'blobs': noise={o['noise']}; allowed: >= 0")
+
+
+DATASETS.register("blobs")(
+    DatasetInfo(
+        name="blobs",
+        description="synthetic class-conditional Gaussian images (default MNIST-shaped 1x28x28, 60000/10000), for simulator benchmarks",
+        build=build_blobs,
+        defaults={"num_train": 60000, "num_test": 10000, "channels": 1, "size": 28, "noise": 1.0, "seed": 0},
+        input_shape=lambda o: (int(o["channels"]), int(o["size"]), int(o["size"])),
+        num_classes=BLOB_CLASSES,
+        sizes=lambda o: (int(o["num_train"]), int(o["num_test"])),
+        check_options=_check_blobs,
+    )
+)

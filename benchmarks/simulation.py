@@ -1,0 +1,228 @@
+"""Simulation speed against the centralized limit: prints numbers, not a test.
+
+For one configuration (dataset, model, clients, sample rate, local epochs, batch size,
+threads) it measures, each in its own fresh process (so peak memory is per mode):
+
+  (a) central     a plain in-memory PyTorch loop: the same model, batch size and number of
+                  samples per "round" as the sampled clients hold together, times the local
+                  epochs (SGD, one optimizer, tensors already on the device);
+  (b) sequential  fedforget's engine, clients one after another;
+  (c) vectorized  fedforget's engine, clients trained together (fedforget.vectorized).
+
+Reported per mode: local-training throughput in samples/s (samples processed by local
+training / time of the rounds, aggregation included), seconds per round, peak resident
+memory of the process (and peak CUDA memory on a GPU), and the ratio of (b) and (c) to (a).
+Evaluation settings: ``--eval none`` (no evaluation), ``global`` (global model on the full
+test set after every round, counted in the round's time; the central loop evaluates its
+model as often). The modes run in A/B order ``--repeats`` times, alternating, and the
+median is reported, so slow drifts of machine load hit all modes alike.
+
+Presets (``--preset``):
+  mcmahan   blobs 1x28x28 (MNIST-shaped synthetic, 60000 train), cnn_mcmahan padding 0
+            (582,026 parameters), 100 clients IID, 10% per round, batch 50
+  digits    digits + cnn2d (embedded), 20 clients, 50% per round, batch 32
+  mnist1d   mnist1d + cnn1d (embedded), 20 clients, 50% per round, batch 32
+
+    python benchmarks/simulation.py --preset mcmahan --epochs 5
+    python benchmarks/simulation.py --preset mcmahan --epochs 1 --eval global
+    python benchmarks/simulation.py --preset digits --epochs 2 --device cuda
+    python benchmarks/simulation.py --memory 1000     # peak memory with 1000 clients
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PRESETS = {
+    "mcmahan": dict(dataset="blobs", options={}, model="cnn_mcmahan", model_options={"padding": 0},
+                    clients=100, rate=0.1, batch=50),
+    "digits": dict(dataset="digits", options={}, model="cnn2d", model_options={}, clients=20, rate=0.5, batch=32),
+    "mnist1d": dict(dataset="mnist1d", options={}, model="cnn1d", model_options={}, clients=20, rate=0.5, batch=32),
+}  # fmt: skip
+
+
+def run_config(args, engine: str):
+    from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
+    from fedforget.data import dataset_id
+    from fedforget.partition import PartitionSpec
+
+    p = PRESETS[args.preset]
+    ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], None, p["dataset"])
+    ts = TrainSpec(
+        rounds=args.rounds + args.warmup, local_epochs=args.epochs, batch_size=p["batch"],
+        sample_rate=p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
+        eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
+        device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
+    )  # fmt: skip
+    assert dataset_id(ds.name, ds.options)
+    clients = args.memory or p["clients"]
+    return RunConfig("bench", ds, PartitionSpec("iid", clients=clients, seed=0),
+                     MethodSpec("fedavg", {}, "fedavg"), 0, ts, args.data, tempfile.mkdtemp())  # fmt: skip
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_engine(args, engine: str) -> dict:
+    import torch
+
+    from fedforget.engine import Simulation
+    from fedforget.metrics import evaluate
+
+    rc = run_config(args, engine)
+    sim = Simulation(rc)
+    assert sim.engine_info["client_engine"] == engine, sim.engine_info
+    t = rc.train
+    times, samples = [], []
+    for rnd in range(1, t.rounds + 1):
+        from fedforget.engine import sample_clients
+
+        sampled = sample_clients(rc.seed, rnd, rc.partition.clients, t.sample_rate)
+        _sync(sim.device)
+        t0 = time.perf_counter()
+        sim.run_round(rnd, t0)  # local training + aggregation (+ global eval if eval_every = 1)
+        _sync(sim.device)
+        if rnd > args.warmup:
+            times.append(time.perf_counter() - t0)
+            samples.append(sum(sim.clients.size(c) for c in sampled) * t.local_epochs)
+    _ = evaluate  # the engine evaluates inside run_round when asked
+    out = {"mode": engine, "s_per_round": statistics.median(times),
+           "samples_per_s": sum(samples) / sum(times), "peak_rss_mb": peak_rss_mb()}  # fmt: skip
+    if sim.device.type == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def measure_central(args) -> dict:
+    """The limit: one model, one optimizer, the same samples per round in minibatches of the
+    same size, data already on the device; evaluation as often as the engine's."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedforget.engine import Simulation
+    from fedforget.metrics import evaluate
+
+    rc = run_config(args, "sequential")
+    sim = Simulation(rc)  # for identical data on the device and the same model
+    model, x_all, y_all = sim.model, sim.clients.x, sim.clients.y
+    t = rc.train
+    n_round = round(t.sample_rate * rc.partition.clients) * (len(y_all) // rc.partition.clients)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator().manual_seed(0)
+    times = []
+    for rnd in range(1, t.rounds + 1):
+        _sync(sim.device)
+        t0 = time.perf_counter()
+        for _ in range(t.local_epochs):
+            perm = torch.randperm(len(y_all), generator=gen)[:n_round].to(sim.device)
+            for s in range(0, n_round, t.batch_size):
+                b = perm[s : s + t.batch_size]
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x_all[b]), y_all[b]).backward()
+                opt.step()
+        if args.eval == "global":
+            evaluate(model, sim.x_test, sim.y_test, t.eval_batch_size)
+        _sync(sim.device)
+        if rnd > args.warmup:
+            times.append(time.perf_counter() - t0)
+    n = n_round * t.local_epochs * len(times)
+    out = {"mode": "central", "s_per_round": statistics.median(times),
+           "samples_per_s": n / sum(times), "peak_rss_mb": peak_rss_mb()}  # fmt: skip
+    if sim.device.type == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def child(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    res = measure_central(args) if args.mode == "central" else measure_engine(args, args.mode)
+    print("RESULT " + json.dumps(res))
+
+
+def spawn(args, mode: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--mode", mode, *args.passthrough]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"mode": mode, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[7:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="mcmahan")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per measurement")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--eval", choices=["none", "global"], default="none")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", default=["central", "sequential", "vectorized"])
+    ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
+    ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+
+    from fedforget.data import prepare_dataset
+
+    p = PRESETS[args.preset]
+    prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
+    args.passthrough = [
+        "--preset", args.preset, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
+        "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
+        "--device", args.device, "--memory", str(args.memory), "--data", args.data,
+    ]  # fmt: skip
+    runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    for r in range(args.repeats):
+        order = args.modes if r % 2 == 0 else list(reversed(args.modes))
+        for m in order:
+            runs[m].append(spawn(args, m))
+    print(f"# {args.preset}: {args.memory or p['clients']} clients, rate {p['rate']}, batch {p['batch']}, "
+          f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
+          f"median of {args.repeats} processes x {args.rounds} rounds; load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    central = None
+    summary = {}
+    for m, rs in runs.items():
+        ok = [x for x in rs if "error" not in x]
+        if not ok:
+            print(f"{m:11s} error: {rs[0]['error']}")
+            continue
+        s = {k: statistics.median(x[k] for x in ok) for k in ok[0] if k != "mode"}
+        summary[m] = s
+        if m == "central":
+            central = s["samples_per_s"]
+    for m, s in summary.items():
+        ratio = f"{s['samples_per_s'] / central:.2f}x central" if central else ""
+        cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
+        print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s  {s['s_per_round']:.3f} s/round  "
+              f"peak RSS {s['peak_rss_mb']:.0f} MB{cuda}  {ratio}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args) | {"passthrough": None}, "summary": summary, "runs": runs}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
