@@ -376,3 +376,32 @@ def test_stored_partition_for_another_spec_is_refused(make_run_config, data_root
     partition_one(rc.dataset, other, rc.data_dir, rc.partition_dir)  # wrong spec at the run's path
     with pytest.raises(FedForgetError, match="delete it to redraw"):
         Simulation(rc)
+
+
+def test_drop_last_skips_trailing_partial_batches(make_run_config):
+    """iris, 4 IID clients of 30 samples, batch 16: 2 steps per epoch (16 + 14), 1 with
+    drop_last; a client smaller than a batch keeps its one batch."""
+    rc = make_run_config(rounds=1, local_epochs=2, batch_size=16)
+    steps = {}
+    for drop in (False, True):
+        sim = Simulation(replace(rc, train=replace(rc.train, drop_last=drop)), device=CPU)
+        up, _, _ = sim.train_client(0, 1, 0.1)
+        steps[drop] = up.steps
+    assert steps == {False: 4, True: 2}
+    big = make_run_config(rounds=1, batch_size=64, drop_last=True)
+    up, _, _ = Simulation(big, device=CPU).train_client(0, 1, 0.1)
+    assert up.steps == 1  # 30 samples < 64: one batch, not none
+
+
+def test_drop_last_lets_batchnorm_models_train(make_run_config):
+    """resnet8 with BatchNorm on 8x8 digits: stage 4 is 1x1, so a trailing batch of one
+    sample cannot train; drop_last avoids it."""
+    rc = make_run_config(dataset="digits", model="resnet8", rounds=1, batch_size=32, sample_rate=0.25,
+                         partition=PartitionSpec("iid", clients=4, seed=0))  # fmt: skip
+    n = Simulation(rc, device=CPU).clients.size(0)
+    bs = n - 1 if n % 32 != 1 else 32  # a batch size leaving one sample over
+    rc = replace(rc, train=replace(rc.train, batch_size=bs))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        Simulation(rc, device=CPU).train_client(0, 1, 0.01)
+    status, _, msg = Simulation(replace(rc, train=replace(rc.train, drop_last=True)), device=CPU).run(progress=False)
+    assert status == "completed", msg

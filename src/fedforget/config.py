@@ -41,6 +41,7 @@ class TrainSpec:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     lr_decay: float = 1.0
     eval_every: int = 1
+    drop_last: bool = False  # skip each epoch's trailing partial minibatch
     eval_local_models: bool = True
     eval_batch_size: int = 1024
     diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see engine.DIAGNOSTICS

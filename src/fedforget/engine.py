@@ -204,13 +204,15 @@ class Simulation:
         self.client_state: dict[int, dict[str, Any]] = {}
         # clients trained together where that computes the same thing (fedforget.vectorized)
         why_not = why_not_vectorized(method_cls, self.model, t.optimizer.name)
+        if why_not is None and t.drop_last:
+            why_not = "train.drop_last (the batched path keeps every batch)"
+        if t.client_engine == "vectorized" and why_not is not None:
+            raise FedForgetError(f"train.client_engine='vectorized' is not possible here: {why_not}")
         if t.client_engine == "sequential":
             why_not = "train.client_engine = sequential"
-        elif t.client_engine == "auto" and why_not is None and dev.type != "cuda":
+        elif why_not is None and t.client_engine == "auto" and dev.type != "cuda":
             # on a CPU batched convolutions are no faster than a loop (benchmarks/simulation.py)
             why_not = "auto on a CPU: sequential (the batched path pays off on a GPU)"
-        elif t.client_engine == "vectorized" and why_not is not None:
-            raise FedForgetError(f"train.client_engine='vectorized' is not possible here: {why_not}")
         self.vectorized = why_not is None
         self.engine_info = {
             "client_engine": "vectorized" if self.vectorized else "sequential",
@@ -238,9 +240,12 @@ class Simulation:
         n, bs = len(y), t.batch_size
         gen = torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, cid, SHUFFLE_STREAM))
         loss_sum = torch.zeros((), device=self.device)
+        # drop_last: no trailing partial batch (BatchNorm cannot train on one sample), except
+        # for a client with fewer samples than one batch, which keeps its one batch
+        end = (n // bs) * bs if t.drop_last and n >= bs else n
         for _ in range(t.local_epochs):
             perm = torch.randperm(n, generator=gen).to(self.device)
-            for s in range(0, n, bs):
+            for s in range(0, end, bs):
                 b = perm[s : s + bs]
                 opt.zero_grad(set_to_none=True)
                 loss = method.backward(ctx, x[b], y[b])
