@@ -39,7 +39,10 @@ Switches (``Params``) and their sources: [P] paper, [C] the authors' code (per M
   memory_loss = ce, so the default method never sees them. With ce no teacher is needed and
   projection can start in round 1.
 - ``memory_batch_size`` = 256 [C]: |M|, a fresh random public batch per step (the whole
-  public set when it is smaller), drawn from a generator keyed (seed, round, client, 0x60).
+  public set when it is smaller), drawn from a generator keyed (seed, round, client, 0x60);
+  its forward runs in the model's training mode (BatchNorm statistics would see it). The
+  cost per step is one extra forward/backward on |M| rows: with a public set much larger
+  than the private batch, |M| = 256 costs several times a FedAvg step.
 - ``eps`` = 1e-8 [D] (Eq. 14's epsilon; its value is given nowhere); ``norm_guard`` = 1e-6 [C]:
   no projection when ||g_glob||^2 <= norm_guard (small-norm guard).
 - ``coef_clamp`` = 0 (off) [P]; the code clamps the coefficient <g_new,g_glob>/(||g_glob||^2+eps)
