@@ -188,3 +188,16 @@ def test_collect_reads_runs_and_ignores_accuracy_of_failed(tmp_path):
     assert len(metrics) == 4 and set(metrics["seed"]) == {0, 1}
     t = summarise(runs)
     assert t.iloc[0]["status"] == "failed" and t.iloc[0]["final_acc_mean"] == pytest.approx(90.0)
+
+
+def test_paper_setting_map_links_our_setting_to_the_papers(tmp_path):
+    from fedforget.aggregate import attach_paper
+
+    ref = tmp_path / "paper.csv"
+    ref.write_text("paper,table,dataset,setting,method,metric,value,std\n"
+                   "p,fig1,iris-pca2,3 non-IID clients,FedProj,accuracy,93.33,\n")  # fmt: skip
+    table = pd.DataFrame({"dataset": ["iris-pca2"], "setting": ["classes-122a07f5"], "method": ["fedproj"]})
+    plain = attach_paper(table, {"name": "p", "table": "fig1"}, ref)
+    assert math.isnan(plain["paper_acc"].iloc[0])
+    mapped = attach_paper(table, {"name": "p", "table": "fig1", "setting_map": {"classes-122a07f5": "3 non-IID clients"}}, ref)
+    assert mapped["paper_acc"].iloc[0] == 93.33

@@ -102,10 +102,11 @@ def attach_paper(
         & (ref["metric"].isin(["accuracy", "acc_T", "ACC"]))
     ]
     dmap = paper.get("dataset_map", {})
+    smap = paper.get("setting_map", {})
     for i, row in table.iterrows():
         hit = ref[
             (ref["dataset"] == dmap.get(row["dataset"], row["dataset"]))
-            & (ref["setting"] == row["setting"])
+            & (ref["setting"] == smap.get(row["setting"], row["setting"]))
             & (ref["method"].str.lower() == str(row["method"]).lower())
         ]
         if len(hit):
