@@ -162,7 +162,8 @@ def fedsol_classwise(inp: FigureInput, out: Path, methods: list[str] | None = No
     if not ms:
         raise FedForgetError(f"figure 'fedsol_classwise': no run of methods {methods}")
     plt = _plt()
-    fig, axes = plt.subplots(len(ms), len(panels), figsize=(4.2 * len(panels), 2.6 * len(ms)), squeeze=False)
+    fig, axes = plt.subplots(len(ms), len(panels), figsize=(4.4 * len(panels), 3.0 * len(ms)), squeeze=False,
+                             constrained_layout=True)  # fmt: skip
     finals = []
     for j, (ds, st) in enumerate(panels):
         for i, meth in enumerate(ms):
