@@ -10,7 +10,8 @@ threads) it measures, each in its own fresh process (so peak memory is per mode)
   (c) vectorized  fedforget's engine, clients trained together (fedforget.vectorized).
 
 Reported per mode: local-training throughput in samples/s (samples processed by local
-training / time of the rounds, aggregation included), seconds per round, peak resident
+training / time of the round, aggregation included; the median over rounds), seconds per
+round (median), peak resident
 memory of the process (and peak CUDA memory on a GPU), and the ratio of (b) and (c) to (a).
 Evaluation settings: ``--eval none`` (no evaluation), ``global`` (global model on the full
 test set after every round, counted in the round's time; the central loop evaluates its
@@ -95,8 +96,10 @@ def measure_engine(args, engine: str) -> dict:
             times.append(time.perf_counter() - t0)
             samples.append(sum(sim.clients.size(c) for c in sampled) * t.local_epochs)
     _ = evaluate  # the engine evaluates inside run_round when asked
+    # medians over rounds: one slow round (a burst of load elsewhere) does not move them
     out = {"mode": engine, "s_per_round": statistics.median(times),
-           "samples_per_s": sum(samples) / sum(times), "peak_rss_mb": peak_rss_mb()}  # fmt: skip
+           "samples_per_s": statistics.median(n / s for n, s in zip(samples, times)),
+           "peak_rss_mb": peak_rss_mb()}  # fmt: skip
     if sim.device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -134,9 +137,9 @@ def measure_central(args) -> dict:
         _sync(sim.device)
         if rnd > args.warmup:
             times.append(time.perf_counter() - t0)
-    n = n_round * t.local_epochs * len(times)
     out = {"mode": "central", "s_per_round": statistics.median(times),
-           "samples_per_s": n / sum(times), "peak_rss_mb": peak_rss_mb()}  # fmt: skip
+           "samples_per_s": statistics.median(n_round * t.local_epochs / s for s in times),
+           "peak_rss_mb": peak_rss_mb()}  # fmt: skip
     if sim.device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out

@@ -81,6 +81,9 @@ def make_run_config(data_root, tmp_path):
             device="cpu",
             threads=1,
             optimizer=opt,
+            # one client after another: method tests compare methods with FedAvg bit for bit
+            # (tests/test_vectorized.py compares the two engines)
+            client_engine="sequential",
         )
         ts = replace(base, **train)
         ds = DatasetSpec(

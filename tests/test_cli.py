@@ -73,7 +73,7 @@ def test_validate_missing_config_file(capsys, tmp_path):
 def test_prepare_unknown_dataset_lists_allowed(capsys, tmp_path):
     assert main(["prepare", "--dataset", "nope", "--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "unknown dataset 'nope'" in err and "digits, iris, mnist1d" in err
+    assert "unknown dataset 'nope'" in err and "blobs, digits, iris, mnist1d" in err
     assert not any(tmp_path.iterdir())
 
 

@@ -40,7 +40,7 @@ def dset(d):
 # (id, mutation of a minimal valid config, substrings the error message must contain)
 BAD = [
     ("unknown-dataset", lambda d: dset(d).update(name="cifar99"),
-     ["experiments[0].datasets[0].name", "unknown dataset 'cifar99'", "digits, iris, mnist1d"]),
+     ["experiments[0].datasets[0].name", "unknown dataset 'cifar99'", "blobs, digits, iris, mnist1d"]),
     ("unknown-method", lambda d: ex(d)["methods"][0].update(name="fedmagic"),
      ["experiments[0].methods[0].name", "unknown method 'fedmagic'", "fedavg"]),
     ("unknown-model", lambda d: dset(d).update(model="resnet999"),
@@ -126,6 +126,9 @@ BAD = [
      ["experiments[0].methods[0].params", "'fedsam'", "rho='big'"]),
     ("feddf-without-public-set", lambda d: ex(d)["methods"][0].update(name="feddf"),
      ["experiments[0].methods[0].name", "'feddf' needs a public set", "'iris'"]),
+    ("fedsol-combined-scaffold-with-adam", lambda d: (ex(d)["methods"][0].update(name="fedsol", params={"base": "scaffold", "proximal": "base"}),
+                                                      ex(d).update(train={"optimizer": {"name": "adam"}})),
+     ["experiments[0].methods[0]", "scaffold", "adam"]),
     ("scaffold-with-adam", lambda d: (ex(d)["methods"][0].update(name="scaffold"), ex(d).update(train={"optimizer": {"name": "adam"}})),
      ["experiments[0].methods[0]", "scaffold", "adam"]),
 ]  # fmt: skip

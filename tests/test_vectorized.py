@@ -97,3 +97,13 @@ def test_model_with_buffers_is_not_vectorized():
     assert "buffers" in why_not_vectorized(METHODS.get("fedavg"), bn, "sgd")
     gn = build_model("resnet8", (1, 8, 8), 10, {"norm": "group"})
     assert why_not_vectorized(METHODS.get("fedavg"), gn, "sgd") is None
+
+
+def test_auto_engine_choice_on_cpu(make_run_config):
+    mlp = make_run_config()
+    sim = Simulation(replace(mlp, train=replace(mlp.train, client_engine="auto")))
+    assert sim.engine_info["client_engine"] == "vectorized"
+    cnn = make_run_config(dataset="digits", model="cnn2d")
+    sim = Simulation(replace(cnn, train=replace(cnn.train, client_engine="auto")))
+    assert sim.engine_info["client_engine"] == "sequential"
+    assert "2-D convolutions" in sim.engine_info["client_engine_reason"]

@@ -278,7 +278,7 @@ def _model(raw: Any) -> tuple[str, dict[str, Any]]:
 def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
     problem is reported in one error naming the key, the bad value and what is allowed."""
-    from .methods import METHODS, check_params
+    from .methods import METHODS, check_params, make_params
 
     validate_schema(raw)
     problems: list[str] = []
@@ -371,7 +371,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             cls = METHODS.get(m["name"])
             mtrain = TrainSpec.from_dict(deep_merge(train, spec.train))
             try:
-                cls.check_train(mtrain)
+                cls.check_train(mtrain, make_params(m["name"], m.get("params") or {}))
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
             late = [r for r in mtrain.save_client_models if r > mtrain.rounds]

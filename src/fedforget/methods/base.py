@@ -138,14 +138,15 @@ class FedAvg:
     public_labels: bool = False  # the method may read the public set's labels
 
     def __init__(self, params: Any, info: RunInfo) -> None:
-        self.check_train(info.train)
+        self.check_train(info.train, params)
         self.p = params
         self.info = info
 
     @classmethod
-    def check_train(cls, train: TrainSpec) -> None:
+    def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         """Reject train settings the method is not defined for (raise FedForgetError);
-        called at config validation, before any job, and again at construction."""
+        called at config validation, before any job, and again at construction, with the
+        method's validated ``Params``."""
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

@@ -28,7 +28,7 @@ The FedSOL code (algorithms/fednova) computes the same a_i, p_i and tau_eff.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,7 +62,7 @@ class FedNova(FedAvg):
     Params = NoParams
 
     @classmethod
-    def check_train(cls, train: TrainSpec) -> None:
+    def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         require_sgd(cls.name, train, "a_i is derived for SGD with momentum")
 
     def client_end(self, ctx: ClientContext) -> Upload:

@@ -174,11 +174,21 @@ class FedSOL(FedAvg):
     name = "fedsol"
     Params = FedSOLParams
 
+    @classmethod
+    def check_train(cls, train, params: FedSOLParams | None = None) -> None:
+        """Combined mode: the base method's train requirements (e.g. SCAFFOLD's SGD) are
+        FedSOL's, checked at config validation like any method's."""
+        if params is not None:
+            from . import make_params
+
+            base = METHODS.get(params.base)
+            base.check_train(train, make_params(params.base, dict(params.base_params)))
+
     def __init__(self, params: FedSOLParams, info) -> None:
         super().__init__(params, info)
         from . import make_params
 
-        # combined mode: the base method (its own check_train runs here, e.g. SCAFFOLD's SGD)
+        # combined mode: the base method
         self.base = METHODS.get(params.base)(make_params(params.base, dict(params.base_params)), info)
         self._glob: nn.Module | None = None  # frozen w_g for the KL proximal loss
 

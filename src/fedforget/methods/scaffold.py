@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -74,7 +74,7 @@ class Scaffold(FedAvg):
                 raise ValueError(f"divisor={self.divisor!r}; allowed: {', '.join(DIVISORS)}")
 
     @classmethod
-    def check_train(cls, train: TrainSpec) -> None:
+    def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         require_sgd(cls.name, train, "option II's control variate assumes SGD steps")
 
     # ---------------------------------------------------------------- server side
