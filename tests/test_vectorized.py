@@ -107,3 +107,31 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     sim = Simulation(replace(cnn, train=replace(cnn.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
     assert "2-D convolutions" in sim.engine_info["client_engine_reason"]
+
+
+def test_vectorized_run_resumes_exactly(make_run_config):
+    import io
+
+    rc = make_run_config(rounds=4, sample_rate=0.5, client_engine="vectorized",
+                         partition=PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=3, seed=0))  # fmt: skip
+    _, rows_full, _ = Simulation(rc).run(progress=False)
+    saved = []
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_2(row):
+        if row["round"] == 2:
+            raise Stop
+
+    def keep(ckpt):
+        buf = io.BytesIO()
+        torch.save(ckpt, buf)
+        buf.seek(0)
+        saved.append(torch.load(buf, weights_only=False))
+
+    with pytest.raises(Stop):
+        Simulation(rc).run(progress=False, on_row=stop_after_2, on_checkpoint=keep)
+    _, rows, _ = Simulation(rc).run(progress=False, resume=saved[-1])
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rs]  # noqa: E731
+    assert strip(rows) == strip(rows_full)
