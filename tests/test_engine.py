@@ -405,3 +405,16 @@ def test_drop_last_lets_batchnorm_models_train(make_run_config):
         Simulation(rc, device=CPU).train_client(0, 1, 0.01)
     status, _, msg = Simulation(replace(rc, train=replace(rc.train, drop_last=True)), device=CPU).run(progress=False)
     assert status == "completed", msg
+
+
+def test_to_device_moves_nested_tensors_only():
+    from fedforget.engine import to_device
+
+    t = torch.ones(2)
+    state = {"c": t, "hist": [t, (t, 3)], "n": 5, "name": "x"}
+    moved = to_device(state, CPU)
+    assert moved["c"] is t  # already there: no copy
+    assert moved["hist"][1][1] == 3 and moved["n"] == 5 and moved["name"] == "x"
+    meta = to_device(state, torch.device("meta"))
+    assert meta["c"].device.type == "meta" and meta["hist"][1][0].device.type == "meta"
+    assert state["c"].device.type == "cpu"  # the input is left as it was

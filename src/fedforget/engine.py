@@ -137,6 +137,20 @@ class Diverged(Exception):
     pass
 
 
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside (dicts, lists, tuples) moved to ``device``; other
+    values unchanged. Tensors already there are returned as they are (no copy)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_device(v, device) for v in obj)
+    return obj
+
+
 class Simulation:
     """One federated training run (one experiment x dataset x partition x method x seed)."""
 
@@ -202,6 +216,10 @@ class Simulation:
         self.method = method_cls(params, info)
         self.server = ServerContext(0, self.global_params, server_model, dev, public)
         self.client_state: dict[int, dict[str, Any]] = {}
+        # per-client method state (SCAFFOLD's c_i, FedDyn's gradient, MOON's previous model)
+        # lives in host memory between the client's rounds when training on a GPU, so device
+        # memory does not grow with the number of clients
+        self.offload_client_state = dev.type == "cuda"
         # clients trained together where that computes the same thing (fedforget.vectorized)
         why_not = why_not_vectorized(method_cls, self.model, t.optimizer.name)
         if why_not is None and t.drop_last:
@@ -233,9 +251,12 @@ class Simulation:
         self.load_global(model)
         model.train()
         opt = make_optimizer(model.parameters(), t.optimizer, lr)
+        state = self.client_state.setdefault(cid, {})
+        if self.offload_client_state:
+            state.update(to_device(state, self.device))
         ctx = ClientContext(
             cid=cid, round=rnd, model=model, optimizer=opt, global_params=self.global_params,
-            broadcast=self.server.broadcast, state=self.client_state.setdefault(cid, {}),
+            broadcast=self.server.broadcast, state=state,
             n_samples=self.clients.size(cid), lr=lr, local_epochs=t.local_epochs, batch_size=t.batch_size,
         )  # fmt: skip
         method = self.method
@@ -260,7 +281,10 @@ class Simulation:
         mean_loss = loss_sum.item() / max(ctx.steps, 1)
         if not math.isfinite(mean_loss):
             raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
-        return method.client_end(ctx), mean_loss, ctx.stats
+        upload = method.client_end(ctx)
+        if self.offload_client_state:  # kept in host memory until the client is sampled again
+            state.update(to_device(state, torch.device("cpu")))
+        return upload, mean_loss, ctx.stats
 
     def train_clients_together(self, cids: list[int], rnd: int, lr: float) -> tuple[list[Upload], list[float]]:
         """The clients ``cids`` trained in one batched pass (``fedforget.vectorized``): the
@@ -395,6 +419,9 @@ class Simulation:
         self.server.global_params = self.global_params
         self.server.state = ckpt["server_state"]
         self.client_state = ckpt["client_state"]
+        if self.offload_client_state:
+            for st in self.client_state.values():
+                st.update(to_device(st, torch.device("cpu")))
         rng = ckpt["rng"]
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
