@@ -38,7 +38,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from .methods.base import FedAvg
 
-CLIENT_HOOKS = ("client_begin", "task_loss", "extra_loss", "backward", "transform_grad", "client_end")
+CLIENT_HOOKS = ("client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad", "client_end")
 
 
 def client_side_is_fedavg(method_cls: type) -> bool:

@@ -185,14 +185,18 @@ class FedAvg:
         """Extra local loss terms (FedProx's proximal term, MOON's contrastive term, ...)."""
         return None
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Fill .grad for one minibatch and return the loss. Methods that need more than one
-        gradient per step (SAM-style perturbation) override this."""
+    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """L_k(w) on one minibatch: task_loss + extra_loss (what backward differentiates;
+        SAM-style methods evaluate it twice per step)."""
         features, logits = ctx.model.forward_with_features(x)
         loss = self.task_loss(logits, y)
         extra = self.extra_loss(ctx, x, y, features, logits)
-        if extra is not None:
-            loss = loss + extra
+        return loss if extra is None else loss + extra
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Fill .grad for one minibatch and return the loss. Methods that need more than one
+        gradient per step (SAM-style perturbation) override this."""
+        loss = self.local_loss(ctx, x, y)
         loss.backward()
         return loss
 

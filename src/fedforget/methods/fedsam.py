@@ -79,13 +79,6 @@ class FedSAM(FedAvg):
         scale = self.p.rho / norm.clamp_min(NORM_GUARD)
         return [g * scale for g in grads]
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """L_k(w) on this minibatch: CE (+ extra_loss, none for FedSAM)."""
-        features, logits = ctx.model.forward_with_features(x)
-        loss = self.task_loss(logits, y)
-        extra = self.extra_loss(ctx, x, y, features, logits)
-        return loss if extra is None else loss + extra
-
     def client_begin(self, ctx: ClientContext) -> None:
         # sum over steps of L(w + eps) - L(w); one client trains at a time
         self._gap = torch.zeros((), device=self.info.device)

@@ -237,7 +237,7 @@ class FedSOL(FedAvg):
         self._sums[key] += value
         self._counts[key] += 1
 
-    def local_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
+    def local_loss_from(self, ctx, x, y, features, logits) -> torch.Tensor:
         """L_local: CE, plus the base method's term if base_loss."""
         loss = self.task_loss(logits, y)
         if self.p.base_loss:
@@ -324,7 +324,7 @@ class FedSOL(FedAvg):
         ce = self.task_loss(logits.detach(), y)
 
         if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
-            loss = self.local_loss(ctx, x, y, features, logits)
+            loss = self.local_loss_from(ctx, x, y, features, logits)
             loss.backward()
             with torch.no_grad():
                 for p, g in zip(self._sel, g_p):
@@ -333,7 +333,7 @@ class FedSOL(FedAvg):
             return loss.detach() + self.p.beta * (value or 0.0)
 
         if self.p.update == "project":  # Eq. 3: remove the conflicting component
-            self.local_loss(ctx, x, y, features, logits).backward()
+            self.local_loss_from(ctx, x, y, features, logits).backward()
             if g_norm >= NORM_GUARD:
                 with torch.no_grad():
                     grads = [p.grad for p in self._sel]
@@ -346,7 +346,7 @@ class FedSOL(FedAvg):
 
         eps = self.perturbation(g_p, g_norm)
         if eps is None:  # eps = 0: grad CE(w) from the first pass
-            self.local_loss(ctx, x, y, features, logits).backward()
+            self.local_loss_from(ctx, x, y, features, logits).backward()
             self._record("eps_norm", 0.0)
             self._record_cos(g_p, g_norm)
             return ce
@@ -355,10 +355,10 @@ class FedSOL(FedAvg):
             torch._foreach_add_(self._sel, eps)  # w + eps*
             self._record("eps_norm", math.sqrt(sum(float(e.pow(2).sum()) for e in eps)))
         if self._head_path:  # body unperturbed: reuse its output, recompute the head only
-            loss_adv = self.local_loss(ctx, x, y, features, model.head(features))
+            loss_adv = self.local_loss_from(ctx, x, y, features, model.head(features))
         else:
             feats_adv, logits_adv = model.forward_with_features(x)
-            loss_adv = self.local_loss(ctx, x, y, feats_adv, logits_adv)
+            loss_adv = self.local_loss_from(ctx, x, y, feats_adv, logits_adv)
         loss_adv.backward()  # .grad = grad L_local at w + eps* (Eq. 6)
         with torch.no_grad():
             torch._foreach_copy_(self._sel, w)  # back to w, bit-exact
