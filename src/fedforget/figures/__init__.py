@@ -29,12 +29,15 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..registry import Registry
 from ..utils import FedForgetError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import RunConfig
 
 FigureFn = Callable[..., list[Path]]
 FIGURES: Registry[FigureFn] = Registry("figure")
@@ -55,6 +58,24 @@ class FigureInput:
             if not f.exists():
                 raise FedForgetError(f"figure input {f} not found; run `fedforget aggregate` first")
         return cls(experiment, d, pd.read_csv(runs_csv), pd.read_parquet(metrics_pq))
+
+
+    def require_columns(self, figure: str, columns: list[str], hint: str = "") -> None:
+        """One error naming the figure, the missing metrics columns and (``hint``) what
+        produces them."""
+        missing = [c for c in columns if c not in self.metrics.columns]
+        if missing:
+            have = sorted(c for c in self.metrics.columns if c not in ("dataset", "setting", "method", "seed"))
+            raise FedForgetError(
+                f"figure '{figure}': column(s) {missing} are in no run's metrics.csv{hint}; have: {have}"
+            )
+
+
+def run_config(run_dir: str | Path) -> RunConfig:
+    """The resolved config of a finished run (its run.json)."""
+    from ..config import load_run_config
+
+    return load_run_config(Path(run_dir) / "run.json")
 
 
 def figure_options(name: str) -> set[str]:

@@ -17,7 +17,6 @@ rate = 1 - proj_dropout). Writes the plotted table beside the figure (.csv).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 
 from ..plots import _plt, _save
 from ..utils import FedForgetError
-from . import FIGURES, FigureInput
+from . import FIGURES, FigureInput, run_config
 
 CLASS_COLOURS = ["#d62728", "#e6b800", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#bcbd22"]  # fmt: skip
 CLIENT_COLOURS = ["#000000", "#b5179e", "#2a9d8f", "#6c757d", "#f4a261"]
@@ -46,11 +45,10 @@ def _snapshot(run_dir: Path, rnd: int) -> dict:
 
 def _run_context(run_dir: Path):
     """(RunConfig, train x, train y, client id per train row) of a finished run."""
-    from ..config import RunConfig
     from ..data import load_dataset, load_public
     from ..partition import make_partition
 
-    rc = RunConfig.from_dict(json.loads((run_dir / "run.json").read_text())["config"])
+    rc = run_config(run_dir)
     data = load_dataset(rc.dataset.id, rc.data_dir)
     if data.x_train.ndim != 2 or data.x_train.shape[1] != 2:
         raise FedForgetError(
@@ -109,7 +107,6 @@ def decision_boundaries(
     lo, hi = x.min(0) - pad, x.max(0) + pad
     gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], resolution), np.linspace(lo[1], hi[1], resolution))
     grid = torch.tensor(np.c_[gx.ravel(), gy.ravel()], dtype=torch.float32)
-    from ..config import RunConfig
     from ..data import load_dataset
 
     data = load_dataset(rc.dataset.id, rc.data_dir)
@@ -124,7 +121,7 @@ def decision_boundaries(
     clients_seen: set[int] = set()
     for i, method in enumerate(order):
         run_dir = Path(runs[runs["method"] == method].iloc[0]["run_dir"])
-        mrc = RunConfig.from_dict(json.loads((run_dir / "run.json").read_text())["config"])
+        mrc = run_config(run_dir)
         for j, rnd in enumerate(rounds):
             ax = axes[i, j]
             snap = _snapshot(run_dir, rnd)
@@ -177,7 +174,7 @@ def param_sweep(
         runs = runs[runs["method"].isin(methods)]
     rows = []
     for _, r in runs.iterrows():
-        params = json.loads((Path(r["run_dir"]) / "run.json").read_text())["config"]["method"]["params"]
+        params = run_config(r["run_dir"]).method.params
         if param not in params:
             continue
         v = float(params[param])

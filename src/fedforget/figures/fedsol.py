@@ -17,7 +17,6 @@ a ±1 std band over seeds.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -26,24 +25,22 @@ import pandas as pd
 
 from ..plots import _plt, _save
 from ..utils import FedForgetError
-from . import FIGURES, FigureInput
+from . import FIGURES, FigureInput, run_config
 
 STATS = ("mean", "final")
 
 
 def _method_params(run_dir: str) -> tuple[str, dict]:
-    cfg = json.loads((Path(run_dir) / "run.json").read_text())["config"]["method"]
-    return cfg["name"], cfg.get("params") or {}
+    method = run_config(run_dir).method
+    return method.name, method.params
+
+
+NEEDS = (" (FedSOL diagnostics need method fedsol; weight divergence / class-wise accuracy need "
+         "train.diagnostics: [weight_divergence, classwise_accuracy])")  # fmt: skip
 
 
 def _need(inp: FigureInput, figure: str, columns: list[str]) -> None:
-    missing = [c for c in columns if c not in inp.metrics.columns]
-    if missing:
-        raise FedForgetError(
-            f"figure '{figure}': column(s) {missing} are in no run's metrics.csv "
-            "(FedSOL diagnostics need method fedsol; weight divergence / class-wise accuracy need "
-            "train.diagnostics: [weight_divergence, classwise_accuracy])"
-        )
+    inp.require_columns(figure, columns, NEEDS)
 
 
 @FIGURES.register("fedsol_vs_rho")
