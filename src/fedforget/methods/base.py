@@ -28,6 +28,7 @@ differs from FedAvg. Register it with ``@METHODS.register("name")``; every modul
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import TrainSpec
@@ -109,6 +111,16 @@ def check_number(name: str, value: object, positive: bool = False) -> None:
 class NoParams:
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is allowed."""
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A gradient-free eval-mode copy of ``model`` (weights reloaded by the caller): the
+    frozen global (or previous) model of MOON, FedNTD and FedSOL."""
+    m = copy.deepcopy(model)
+    for p in m.parameters():
+        p.requires_grad_(False)
+        p.grad = None
+    return m.eval()
 
 
 def weighted_average(states: Sequence[Params], weights: Sequence[float]) -> Params:

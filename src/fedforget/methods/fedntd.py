@@ -32,14 +32,13 @@ Decisions
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ClientContext, FedAvg, Upload, check_number
+from .base import ClientContext, FedAvg, Upload, check_number, frozen_copy
 from .registry import METHODS
 
 
@@ -85,10 +84,7 @@ class FedNTD(FedAvg):
         if self.p.beta == 0:
             return
         if self._glob is None:
-            self._glob = copy.deepcopy(ctx.model).eval()
-            for p in self._glob.parameters():
-                p.requires_grad_(False)
-                p.grad = None
+            self._glob = frozen_copy(ctx.model)
         self._glob.load_state_dict(ctx.global_params)
         self._sum = torch.zeros((), device=self.info.device)
         self._n = 0

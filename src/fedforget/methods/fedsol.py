@@ -94,7 +94,6 @@ over clients):
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -105,7 +104,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import ClientContext, FedAvg, ServerContext, Upload, check_number
+from .base import ClientContext, FedAvg, ServerContext, Upload, check_number, frozen_copy
 from .base import Params as StateDict
 from .registry import METHODS
 
@@ -225,10 +224,7 @@ class FedSOL(FedAvg):
         self._head_path = head and self.p.update == "perturb"
         if self.p.proximal == "kl":
             if self._glob is None:
-                self._glob = copy.deepcopy(model).eval()
-                for p in self._glob.parameters():
-                    p.requires_grad_(False)
-                    p.grad = None
+                self._glob = frozen_copy(model)
             self._glob.load_state_dict(ctx.global_params)
         self._sums = {"prox_loss": 0.0, "cos_update_prox": 0.0, "eps_norm": 0.0, "conflict_rate": 0.0}
         self._counts = dict.fromkeys(self._sums, 0)

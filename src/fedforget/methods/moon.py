@@ -43,14 +43,13 @@ Decisions
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ClientContext, FedAvg, Params, ServerContext, Upload, check_number
+from .base import ClientContext, FedAvg, Params, ServerContext, Upload, check_number, frozen_copy
 from .registry import METHODS
 
 FIRST_PREV = ("skip", "init")
@@ -68,15 +67,6 @@ def unflatten_state(flat: torch.Tensor, like: Params) -> Params:
     keys = [k for k, v in like.items() if torch.is_floating_point(v)]
     parts = flat.split([like[k].numel() for k in keys])
     return {k: p.view_as(like[k]) for k, p in zip(keys, parts)}
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A gradient-free eval-mode copy of ``model`` (weights reloaded by the caller)."""
-    m = copy.deepcopy(model)
-    for p in m.parameters():
-        p.requires_grad_(False)
-        p.grad = None
-    return m.eval()
 
 
 @torch.no_grad()
