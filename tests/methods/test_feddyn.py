@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from fedforget.config import TrainSpec, parse_config
-from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
 from fedforget.methods.feddyn import FedDyn
 from fedforget.methods.fedprox import FedProx
@@ -19,7 +18,8 @@ from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-CPU = torch.device("cpu")
+from .conftest import CPU, run
+
 INFO = RunInfo(CPU, num_classes=1, seed=0, num_clients=4, train=TrainSpec())  # m = K = 4
 
 
@@ -119,20 +119,13 @@ def test_linear_term_subtracts_the_state():
     torch.testing.assert_close(g_dyn["head.bias"], g_prox["head.bias"] - v[4:])
 
 
-def _run(cfg):
-    sim = Simulation(cfg, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 def test_h_is_mean_of_all_client_states_and_short_run(make_run_config):
     cfg = make_run_config(
         method="feddyn", params={"alpha": 0.1}, rounds=3, sample_rate=0.5,
         partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5),
         optimizer={"lr": 0.1, "momentum": 0.9},
     )  # fmt: skip
-    sim, rows = _run(cfg)
+    sim, rows = run(cfg)
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)
     assert rows[-1]["feddyn_h_norm"] > 0
     h = sim.server.state["h"]

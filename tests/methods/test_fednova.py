@@ -18,7 +18,8 @@ from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-CPU = torch.device("cpu")
+from .conftest import CPU, run
+
 INFO = RunInfo(CPU, num_classes=1, seed=0, num_clients=4, train=TrainSpec())
 
 
@@ -72,21 +73,14 @@ def test_aggregate_hand_computed():
     assert method.round_metrics(server, uploads) == {"tau_eff": 1.75}
 
 
-def _run(cfg):
-    sim = Simulation(cfg, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 KW = dict(rounds=2, local_epochs=2, eval_local_models=False,
           optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4})  # fmt: skip
 
 
 def test_equal_steps_equals_fedavg(make_run_config):
     # iid: 4 clients x 30 samples, batch 16 -> 2 steps/epoch for everyone; momentum on
-    avg, _ = _run(make_run_config(method="fedavg", **KW))
-    nova, rows = _run(make_run_config(method="fednova", **KW))
+    avg, _ = run(make_run_config(method="fedavg", **KW))
+    nova, rows = run(make_run_config(method="fednova", **KW))
     assert rows[-1]["fednova_tau_eff"] == pytest.approx(effective_steps(4, 0.9))
     for k in avg.global_params:
         torch.testing.assert_close(nova.global_params[k], avg.global_params[k], rtol=0, atol=1e-6)
@@ -94,8 +88,8 @@ def test_equal_steps_equals_fedavg(make_run_config):
 
 def test_unequal_steps_differs_from_fedavg_and_finite(make_run_config):
     part = PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5)
-    avg, _ = _run(make_run_config(method="fedavg", partition=part, **{**KW, "rounds": 3}))
-    nova, rows = _run(make_run_config(method="fednova", partition=part, **{**KW, "rounds": 3}))
+    avg, _ = run(make_run_config(method="fedavg", partition=part, **{**KW, "rounds": 3}))
+    nova, rows = run(make_run_config(method="fednova", partition=part, **{**KW, "rounds": 3}))
     assert len({avg.clients.size(k) for k in range(4)}) > 1  # different n_k -> different tau_i
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)
     diff = (nova.global_params["head.weight"] - avg.global_params["head.weight"]).abs().max()

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from fedforget.config import TrainSpec, parse_config
-from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, FedAvg, RunInfo, check_params
 from fedforget.methods.base import NoParams
 from fedforget.methods.fedprox import FedProx
@@ -18,7 +17,8 @@ from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-CPU = torch.device("cpu")
+from .conftest import CPU, run
+
 INFO = RunInfo(CPU, num_classes=2, seed=0, num_clients=4, train=TrainSpec())
 
 
@@ -65,26 +65,19 @@ def test_proximal_gradient_is_mu_times_distance():
     assert l_prox - l_avg == pytest.approx(4.0, abs=1e-6)
 
 
-def _run(cfg):
-    sim = Simulation(cfg, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 def test_mu_zero_is_fedavg_bit_exact(make_run_config):
     kw = dict(
         partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5),
         rounds=2, sample_rate=0.5, local_epochs=2, eval_local_models=False,
         optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4},
     )  # fmt: skip
-    avg, _ = _run(make_run_config(method="fedavg", **kw))
-    prox, _ = _run(make_run_config(method="fedprox", params={"mu": 0.0}, **kw))
+    avg, _ = run(make_run_config(method="fedavg", **kw))
+    prox, _ = run(make_run_config(method="fedprox", params={"mu": 0.0}, **kw))
     assert avg.global_params.keys() == prox.global_params.keys()
     for k in avg.global_params:
         assert torch.equal(avg.global_params[k], prox.global_params[k]), k
     # and mu > 0 does change the result
-    prox1, _ = _run(make_run_config(method="fedprox", params={"mu": 1.0}, **kw))
+    prox1, _ = run(make_run_config(method="fedprox", params={"mu": 1.0}, **kw))
     assert not torch.equal(avg.global_params["head.weight"], prox1.global_params["head.weight"])
 
 
@@ -106,6 +99,6 @@ def test_short_run_finite(make_run_config):
         method="fedprox", params={"mu": 0.01}, rounds=3,
         partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5),
     )  # fmt: skip
-    _, rows = _run(cfg)
+    _, rows = run(cfg)
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)
     assert all(r["fedprox_dist_to_global"] > 0 for r in rows[1:])

@@ -19,7 +19,8 @@ from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-CPU = torch.device("cpu")
+from .conftest import CPU, run
+
 INFO = RunInfo(CPU, num_classes=1, seed=0, num_clients=4, train=TrainSpec())  # N = 4
 
 
@@ -142,13 +143,6 @@ def test_momentum_divisor(divisor):
     torch.testing.assert_close(ctx.state["c"], torch.full((2,), expected))
 
 
-def _run(cfg):
-    sim = Simulation(cfg, device=CPU)
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    return sim, rows
-
-
 def test_first_round_equals_fedavg(make_run_config):
     # iid: 4 clients x 30 samples, so FedAvg's n_k weights are uniform too
     kw = dict(rounds=1, local_epochs=2, eval_local_models=False,
@@ -163,8 +157,8 @@ def test_first_round_equals_fedavg(make_run_config):
         for k in up_avg.params:
             assert torch.equal(up_avg.params[k], up_sc.params[k]), (cid, k)
     # the aggregate is x + mean(y_i - x) (uniform) vs sum_k n_k/n y_k: equal up to rounding here
-    avg, _ = _run(make_run_config(method="fedavg", **kw))
-    sc, _ = _run(make_run_config(method="scaffold", **kw))
+    avg, _ = run(make_run_config(method="fedavg", **kw))
+    sc, _ = run(make_run_config(method="scaffold", **kw))
     for k in avg.global_params:
         torch.testing.assert_close(sc.global_params[k], avg.global_params[k], rtol=0, atol=1e-6)
     assert sc.server.state["c"].abs().sum() > 0  # and c has moved for round 2
@@ -175,7 +169,7 @@ def test_short_run_finite(make_run_config):
         method="scaffold", rounds=3, sample_rate=0.5,
         partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5),
     )  # fmt: skip
-    sim, rows = _run(cfg)
+    sim, rows = run(cfg)
     assert all(math.isfinite(r["global_model_test_acc"]) for r in rows)
     assert all(r["scaffold_c_norm"] > 0 for r in rows[1:])
     assert all("c" in s for s in sim.client_state.values())
