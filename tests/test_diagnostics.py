@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedforget.config import parse_config
-from fedforget.engine import Simulation, flat_weights
+from fedforget.engine import Simulation
+from fedforget.methods.base import flatten_state
 from fedforget.metrics import classwise_accuracy
 from fedforget.runner import run_training
 from fedforget.utils import FedForgetError
@@ -20,8 +21,8 @@ def test_weight_divergence_matches_hand_computation(make_run_config):
     sim = Simulation(cfg)
     _, rows, _ = sim.run(progress=False)
     snap = sim.snapshots[2]
-    g = flat_weights(snap["global_before"])
-    w = [flat_weights(p) for p in snap["clients"].values()]
+    g = flatten_state(snap["global_before"]).double()
+    w = [flatten_state(p).double() for p in snap["clients"].values()]
     to_global = sum((wk - g).norm().item() for wk in w) / len(w)
     pairs = [(a - b).norm().item() for a, b in itertools.combinations(w, 2)]
     assert rows[2]["local_models_dist_to_global_mean"] == pytest.approx(to_global, rel=1e-9)

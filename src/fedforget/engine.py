@@ -28,6 +28,7 @@ import torch
 from .config import OptimizerSpec, RunConfig
 from .data import load_dataset, load_public
 from .methods import METHODS, ClientContext, RunInfo, ServerContext, Upload, make_params
+from .methods.base import flatten_state
 from .metrics import classwise_accuracy, evaluate
 from .models import build_model
 from .partition import client_indices, load_partition, make_partition
@@ -70,14 +71,9 @@ DIAGNOSTICS = {
 }
 
 
-def flat_weights(params: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Every floating-point tensor of a state dict, flattened and concatenated (fixed key order)."""
-    return torch.cat([v.detach().reshape(-1).double() for v in params.values() if torch.is_floating_point(v)])
-
-
 def weight_divergence(global_params: dict, uploads: list[Upload]) -> dict[str, float]:
-    w = torch.stack([flat_weights(u.params) for u in uploads])  # [m, P]
-    to_global = (w - flat_weights(global_params)).norm(dim=1).mean().item()
+    w = torch.stack([flatten_state(u.params).double() for u in uploads])  # [m, P]
+    to_global = (w - flatten_state(global_params).double()).norm(dim=1).mean().item()
     m = len(uploads)
     pair = math.nan
     if m > 1:

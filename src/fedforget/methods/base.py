@@ -113,6 +113,13 @@ class NoParams:
         """Raise ValueError naming the field, the value and what is allowed."""
 
 
+def flatten_state(params: Params) -> torch.Tensor:
+    """One flat tensor of the floating entries of a state dict, in its order."""
+    return torch.cat(
+        [v.detach().reshape(-1) for v in params.values() if torch.is_floating_point(v)]
+    )
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A gradient-free eval-mode copy of ``model`` (weights reloaded by the caller): the
     frozen global (or previous) model of MOON, FedNTD and FedSOL."""

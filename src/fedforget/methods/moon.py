@@ -49,17 +49,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ClientContext, FedAvg, Params, ServerContext, Upload, check_number, frozen_copy
+from .base import (
+    ClientContext,
+    FedAvg,
+    Params,
+    ServerContext,
+    Upload,
+    check_number,
+    flatten_state,
+    frozen_copy,
+)
 from .registry import METHODS
 
 FIRST_PREV = ("skip", "init")
-
-
-def flatten_state(params: Params) -> torch.Tensor:
-    """One flat tensor of the floating entries of a state dict, in its order."""
-    return torch.cat(
-        [v.detach().reshape(-1) for v in params.values() if torch.is_floating_point(v)]
-    )
 
 
 def unflatten_state(flat: torch.Tensor, like: Params) -> Params:
