@@ -54,10 +54,8 @@ def metrics_csv(rows: list[dict[str, Any]]) -> str:
 
 
 def timings_csv(rows: list[dict[str, Any]]) -> str:
-    return "\n".join(
-        [",".join(TIMING_COLUMNS)]
-        + [",".join(format_value(r.get(c)) for c in TIMING_COLUMNS) for r in rows]
-    ) + "\n"
+    """timings.csv: the wall-clock columns only."""
+    return table_csv([{c: r.get(c) for c in TIMING_COLUMNS} for r in rows], TIMING_COLUMNS)
 
 
 def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[str, Any] | None:
@@ -134,9 +132,7 @@ def run_training(
             on_snapshot=save_snapshot,
             on_checkpoint=on_checkpoint,
             resume=ckpt,
-        )
-        atomic_write_text(out / "metrics.csv", metrics_csv(rows))
-        atomic_write_text(out / "timings.csv", timings_csv(rows))
+        )  # on_row has written metrics.csv and timings.csv with every row
         atomic_write(
             out / "model.pt",
             lambda tmp: torch.save({k: v.cpu() for k, v in sim.global_params.items()}, tmp),
