@@ -278,7 +278,7 @@ def _model(raw: Any) -> tuple[str, dict[str, Any]]:
 def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
     problem is reported in one error naming the key, the bad value and what is allowed."""
-    from .methods import METHODS, check_params, make_params
+    from .methods import METHODS, make_params
 
     validate_schema(raw)
     problems: list[str] = []
@@ -358,9 +358,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             mkey = f"{key}.methods[{j}]"
             if check(METHODS.get, m["name"], f"{mkey}.name") is None:
                 continue
-            params = check(check_params, m["name"], m.get("params") or {}, f"{mkey}.params")
-            if params is None:
+            pobj = check(make_params, m["name"], m.get("params") or {}, f"{mkey}.params")
+            if pobj is None:
                 continue
+            params = asdict(pobj)  # with defaults filled in
             label = m.get("label") or m["name"]
             if label in {x.label for x in methods}:
                 problems.append(
@@ -371,7 +372,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             cls = METHODS.get(m["name"])
             mtrain = TrainSpec.from_dict(deep_merge(train, spec.train))
             try:
-                cls.check_train(mtrain, make_params(m["name"], m.get("params") or {}))
+                cls.check_train(mtrain, pobj)
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
             late = [r for r in mtrain.save_client_models if r > mtrain.rounds]
