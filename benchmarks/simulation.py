@@ -52,7 +52,6 @@ PRESETS = {
 
 def run_config(args, engine: str):
     from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
-    from fedforget.data import dataset_id
     from fedforget.partition import PartitionSpec
 
     p = PRESETS[args.preset]
@@ -63,7 +62,6 @@ def run_config(args, engine: str):
         eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
     )  # fmt: skip
-    assert dataset_id(ds.name, ds.options)
     clients = args.memory or p["clients"]
     return RunConfig("bench", ds, PartitionSpec("iid", clients=clients, seed=0),
                      MethodSpec("fedavg", {}, "fedavg"), 0, ts, args.data, tempfile.mkdtemp())  # fmt: skip
@@ -76,8 +74,7 @@ def peak_rss_mb() -> float:
 def measure_engine(args, engine: str) -> dict:
     import torch
 
-    from fedforget.engine import Simulation
-    from fedforget.metrics import evaluate
+    from fedforget.engine import Simulation, sample_clients
 
     rc = run_config(args, engine)
     sim = Simulation(rc)
@@ -85,8 +82,6 @@ def measure_engine(args, engine: str) -> dict:
     t = rc.train
     times, samples = [], []
     for rnd in range(1, t.rounds + 1):
-        from fedforget.engine import sample_clients
-
         sampled = sample_clients(rc.seed, rnd, rc.partition.clients, t.sample_rate)
         _sync(sim.device)
         t0 = time.perf_counter()
@@ -95,7 +90,6 @@ def measure_engine(args, engine: str) -> dict:
         if rnd > args.warmup:
             times.append(time.perf_counter() - t0)
             samples.append(sum(sim.clients.size(c) for c in sampled) * t.local_epochs)
-    _ = evaluate  # the engine evaluates inside run_round when asked
     # medians over rounds: one slow round (a burst of load elsewhere) does not move them
     out = {"mode": engine, "s_per_round": statistics.median(times),
            "samples_per_s": statistics.median(n / s for n, s in zip(samples, times)),
