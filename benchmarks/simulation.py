@@ -64,7 +64,7 @@ def run_config(args, engine: str):
     )  # fmt: skip
     clients = args.memory or p["clients"]
     return RunConfig("bench", ds, PartitionSpec("iid", clients=clients, seed=0),
-                     MethodSpec("fedavg", {}, "fedavg"), 0, ts, args.data, tempfile.mkdtemp())  # fmt: skip
+                     MethodSpec("fedavg", {}, "fedavg"), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
 
 
 def peak_rss_mb() -> float:
