@@ -48,22 +48,29 @@ BatchLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
 
 
-def kd_loss(
+def softened_kl(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """T^2 * KL(softmax(teacher/T) || softmax(student/T)), summed over classes, mean over rows.
+    """KL(softmax(teacher/T) || softmax(student/T)), summed over classes, mean over rows.
 
     Both sides go through log_softmax (``log_target=True``): the loss and its gradient are
     exactly 0 when the student's logits equal the teacher's, and a teacher probability that
     underflows to 0 gives no 0 * log 0 = NaN."""
     t = float(temperature)
-    kl = F.kl_div(
+    return F.kl_div(
         F.log_softmax(student_logits / t, dim=1),
         F.log_softmax(teacher_logits / t, dim=1),
         reduction="batchmean",
         log_target=True,
     )
-    return t * t * kl
+
+
+def kd_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """T^2 * KL(softmax(teacher/T) || softmax(student/T)) (``softened_kl`` times T^2)."""
+    t = float(temperature)
+    return t * t * softened_kl(student_logits, teacher_logits, temperature)
 
 
 @torch.no_grad()

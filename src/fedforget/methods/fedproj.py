@@ -88,7 +88,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..distill import DistillParams, check_temperature, is_int, is_number, public_logits, require
+from ..distill import (
+    DistillParams,
+    check_temperature,
+    is_int,
+    is_number,
+    public_logits,
+    require,
+    softened_kl,
+)
 from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, ServerContext, Upload
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
@@ -103,13 +111,7 @@ PUBLIC_FEATURES = "public_features"  # upload key (gamma2 > 0): penultimate feat
 
 def memory_kl(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """Eq. 3: batch mean of KL(softmax(teacher/T) || softmax(logits/T)), no T^2 factor."""
-    t = float(temperature)
-    return F.kl_div(
-        F.log_softmax(logits / t, dim=1),
-        F.log_softmax(teacher / t, dim=1),
-        reduction="batchmean",
-        log_target=True,
-    )
+    return softened_kl(logits, teacher, temperature)
 
 
 def project(
