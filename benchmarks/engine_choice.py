@@ -1,16 +1,25 @@
 """Where the batched client engine pays off on a CPU, and what checkpoints cost: prints
-numbers, not a test.
+numbers, not a test. These are the measurements behind ``client_engine: auto``
+(``fedforget.vectorized.auto_prefers_sequential``).
 
 1. ``jobs``: whole training jobs of the default config (config/config.yaml, seed 0: digits
    and mnist1d, Dirichlet 0.1, 1 thread, as Snakemake runs them), in one process, timed
-   with ``run_training``: sequential vs vectorized client engine (mnist1d; digits' cnn2d
-   is sequential under auto) and checkpoint after every round vs never (digits).
+   with ``run_training``: sequential vs vectorized client engine for each dataset (A/B,
+   twice), and a checkpoint after every round vs never (digits).
    Needs the default config's data prepared (`fedforget prepare --config config/config.yaml`).
-2. ``conv``: one Conv2d layer's forward + weight gradient for 10 clients x 50 samples:
-   batched under vmap (what the vectorized engine does), as im2col + batched matmul, and
-   as a loop over clients, for the layer shapes of the McMahan CNN and of cnn2d.
+2. ``step``: one local step (forward + backward of each client's own mean loss) of 10
+   clients x 4 or 32 samples, for each embedded model and the McMahan CNN: ``stacked_forward``
+   (the batched engine's path), ``vmap`` over ``functional_call`` (its fallback), and the
+   clients one after another (the sequential engine's ``nn.Module`` calls).
+3. ``eval``: test accuracy of 10 local models on a 1000-sample test set, batched
+   (``evaluate_stacked(batched=True)``) vs one model after another.
+4. ``conv``: one Conv2d layer's forward + weight gradient for 10 clients x 50 samples:
+   batched under vmap, as im2col + batched matmul, and as a loop over clients, for the
+   layer shapes of the McMahan CNN and of cnn2d.
 
     python benchmarks/engine_choice.py jobs
+    python benchmarks/engine_choice.py step
+    python benchmarks/engine_choice.py eval
     python benchmarks/engine_choice.py conv
 """
 
@@ -32,9 +41,8 @@ def jobs() -> None:
     wf = load_config("config/config.yaml")
     rcs = [rc for rc in wf.runs() if rc.seed == 0]
     digits, mnist1d = rcs[0], rcs[3]  # dirichlet-0.1 of each dataset
-    plan = [(digits, 1000, "auto"), (digits, 1, "auto"), (digits, 1000, "auto"),
-            (mnist1d, 1, "sequential"), (mnist1d, 1, "vectorized"),
-            (mnist1d, 1, "sequential"), (mnist1d, 1, "vectorized")]  # fmt: skip
+    plan = [(rc, 1, eng) for rc in (digits, mnist1d) for eng in ("sequential", "vectorized", "vectorized", "sequential")]
+    plan += [(digits, 1000, "sequential"), (digits, 1, "sequential"), (digits, 1000, "sequential")]
     with tempfile.TemporaryDirectory() as tmp:
         for i, (rc, every, eng) in enumerate(plan):
             r = replace(rc, train=replace(rc.train, checkpoint_every=every, threads=1, client_engine=eng))
@@ -42,6 +50,66 @@ def jobs() -> None:
             rec = run_training(r, f"{tmp}/{i}", progress=False)
             print(f"{rc.dataset.label:8s} {rc.partition.slug:32s} checkpoint_every={every:<5d} "
                   f"client_engine={eng:10s} -> {rec['client_engine']:10s} {time.perf_counter() - t:6.2f} s")  # fmt: skip
+
+
+MODELS = [("mlp", (1, 8, 8), {}), ("cnn2d", (1, 8, 8), {}), ("cnn1d", (1, 40), {}),
+          ("cnn_mcmahan", (1, 28, 28), {"padding": 0})]  # fmt: skip
+
+
+def _median_ms(fn, reps: int = 10, rounds: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t) / reps * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def step() -> None:
+    from torch.func import functional_call, grad, vmap
+
+    from fedforget.models import build_model
+    from fedforget.vectorized import stacked_forward
+
+    torch.set_num_threads(2)
+    g = 10
+    for name, shape, opts in MODELS:
+        model = build_model(name, shape, 10, opts)
+        p = {k: v.detach().unsqueeze(0).repeat(g, *[1] * v.dim()) for k, v in model.named_parameters()}
+        for b in (4, 32):
+            x, y = torch.randn(g, b, *shape), torch.randint(0, 10, (g, b))
+
+            def stacked():
+                leaves = {k: v.detach().requires_grad_() for k, v in p.items()}
+                logits = stacked_forward(model, leaves, x)
+                loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(g, b).mean(1)
+                torch.autograd.grad(loss.sum(), list(leaves.values()))
+
+            vm = vmap(grad(lambda pp, xb, yb: F.cross_entropy(functional_call(model, pp, (xb,)), yb)))
+
+            def loop():
+                for i in range(g):
+                    model.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(x[i]), y[i]).backward()
+
+            res = {"stacked": _median_ms(stacked), "vmap": _median_ms(lambda: vm(p, x, y)), "loop": _median_ms(loop)}
+            print(f"step {name:11s} {g} clients x {b:2d}: " + ", ".join(f"{k} {v:6.2f} ms" for k, v in res.items()))
+
+
+def evaluation() -> None:
+    from fedforget.models import build_model
+    from fedforget.vectorized import evaluate_stacked
+
+    torch.set_num_threads(1)
+    for name, shape, opts in MODELS:
+        model = build_model(name, shape, 10, opts)
+        sets = [{k: v.detach().clone() for k, v in model.state_dict().items()} for _ in range(10)]
+        x, y = torch.randn(1000, *shape), torch.randint(0, 10, (1000,))
+        res = {f"batched={b}": _median_ms(lambda b=b: evaluate_stacked(model, sets, x, y, 1024, batched=b), 1, 3)
+               for b in (True, False)}  # fmt: skip
+        print(f"eval {name:11s} 10 models x 1000 samples, 1 thread: " + ", ".join(f"{k} {v:6.1f} ms" for k, v in res.items()))
 
 
 def conv_unfold(x, w, b, pad):
@@ -92,4 +160,4 @@ def conv() -> None:
 
 
 if __name__ == "__main__":
-    {"jobs": jobs, "conv": conv}[sys.argv[1] if len(sys.argv) > 1 else "jobs"]()
+    {"jobs": jobs, "step": step, "eval": evaluation, "conv": conv}[sys.argv[1] if len(sys.argv) > 1 else "jobs"]()

@@ -27,6 +27,11 @@ reported with its error and does not stop the others.
 ``--variant LABEL:METHOD:JSON_PARAMS`` (repeatable) also times METHOD with those
 hyperparameters under the name LABEL (with --variant and no --methods, only FedAvg and the
 variants run).
+
+All methods run on one client engine, ``--client-engine`` (default ``sequential``, where
+every method runs), so the ratios are the methods' own costs; with ``auto`` FedAvg would
+train its clients batched and the others not (FedAvg's batched engine against the
+sequential one and a plain loop: ``benchmarks/simulation.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ def parse_args() -> argparse.Namespace:
         ("dataset", str, "digits"), ("model", str, "cnn2d"), ("clients", int, 20), ("sample-rate", float, 0.5),
         ("local-epochs", int, 2), ("batch-size", int, 32), ("rounds", int, 3), ("warmup", int, 1),
         ("lr", float, 0.01), ("momentum", float, 0.0), ("threads", int, 2), ("device", str, "cpu"),
-        ("repeats", int, 3), ("public-fraction", float, 0.1),
+        ("repeats", int, 3), ("public-fraction", float, 0.1), ("client-engine", str, "sequential"),
     ]:  # fmt: skip
         p.add_argument(f"--{name}", type=typ, default=default, help=f"default: {default}")
     p.add_argument("--methods", nargs="+", help="default: every registered method")
@@ -102,7 +107,7 @@ def main() -> None:
     # evaluates at rnd == rounds, so rounds is set beyond the rounds actually run)
     train = replace(
         train, rounds=total + 1, eval_every=10**9, eval_local_models=False,
-        device=a.device, threads=a.threads,
+        device=a.device, threads=a.threads, client_engine=a.client_engine,
     )  # fmt: skip
     ds = DatasetSpec(a.dataset, {}, a.model, {}, public, a.dataset)
     part = PartitionSpec("iid", a.clients)

@@ -7,7 +7,9 @@ threads) it measures, each in its own fresh process (so peak memory is per mode)
                   samples per "round" as the sampled clients hold together, times the local
                   epochs (SGD, one optimizer, tensors already on the device);
   (b) sequential  fedforget's engine, clients one after another;
-  (c) vectorized  fedforget's engine, clients trained together (fedforget.vectorized).
+  (c) vectorized  fedforget's engine, clients trained together (fedforget.vectorized: one
+                  stacked forward/backward for all clients per step; on a CPU, Conv2d
+                  models' wide steps client by client on the stacked weights).
 
 Reported per mode: local-training throughput in samples/s (samples processed by local
 training / time of the round, aggregation included; the median over rounds), seconds per

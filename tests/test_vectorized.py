@@ -12,7 +12,17 @@ from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.methods import METHODS
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
-from fedforget.vectorized import client_side_is_fedavg, why_not_vectorized
+import torch.nn.functional as F
+
+from fedforget.models import build_model
+from fedforget.vectorized import (
+    auto_prefers_sequential,
+    client_side_is_fedavg,
+    evaluate_stacked,
+    stacked_forward,
+    stacked_supported,
+    why_not_vectorized,
+)
 
 
 def _both(rc):
@@ -100,11 +110,95 @@ def test_model_with_buffers_is_not_vectorized():
 
 
 def test_auto_engine_choice_on_cpu(make_run_config):
-    for kw in ({}, {"dataset": "digits", "model": "cnn2d"}):
+    # batched where stacked_forward runs the model, one after another where only vmap could;
+    # the reason is recorded
+    for kw in ({}, {"dataset": "mnist1d", "model": "cnn1d"}, {"dataset": "digits", "model": "cnn2d"}):
         rc = make_run_config(**kw)
         sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
-        assert sim.engine_info["client_engine"] == "sequential"
-        assert "auto on a CPU" in sim.engine_info["client_engine_reason"]
+        assert sim.engine_info["client_engine"] == "vectorized", (kw, sim.engine_info)
+        assert "groups of at most" in sim.engine_info["client_engine_reason"]
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"})
+    sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
+    assert sim.engine_info["client_engine"] == "sequential"
+    assert "ResNetBody would need the vmap path" in sim.engine_info["client_engine_reason"]
+    gn = build_model("resnet8", (1, 8, 8), 10, {"norm": "group"})
+    assert auto_prefers_sequential(gn, torch.device("cuda")) is None
+
+
+def _stacked_params(model, g, seed=0):
+    """g different weight sets of ``model``'s architecture, stacked [g, ...]."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v.detach().unsqueeze(0) + 0.05 * torch.randn(g, *v.shape, generator=gen)
+            for k, v in model.named_parameters()}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,shape,opts",
+    [("mlp", (64,), {}), ("mlp", (1, 8, 8), {"hidden": [16]}), ("cnn2d", (1, 8, 8), {}),
+     ("cnn1d", (1, 40), {}), ("cnn_mcmahan", (1, 28, 28), {"padding": 0}), ("cnn_mcmahan", (3, 16, 16), {})],
+)  # fmt: skip
+def test_stacked_forward_equals_each_client_alone(name, shape, opts):
+    """Logits and each client's gradient of its own mean loss, from one stacked pass, equal
+    those of the client's weights loaded into the model (functional_call) on its own data."""
+    from torch.func import functional_call
+
+    model = build_model(name, shape, 10, opts)
+    assert stacked_supported(model) is None
+    g, b = 3, 5
+    p = _stacked_params(model, g)
+    x = torch.randn(g, b, *shape, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (g, b), generator=torch.Generator().manual_seed(2))
+    leaves = {k: v.clone().requires_grad_() for k, v in p.items()}
+    logits = stacked_forward(model, leaves, x)
+    assert logits.shape == (g, b, 10)
+    losses = torch.stack([F.cross_entropy(logits[i], y[i]) for i in range(g)])
+    grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+    for i in range(g):
+        own = {k: v[i].clone().requires_grad_() for k, v in p.items()}
+        ref = functional_call(model, own, (x[i],))
+        assert torch.allclose(logits[i], ref, atol=1e-5, rtol=1e-5), (name, i)
+        ref_grads = torch.autograd.grad(F.cross_entropy(ref, y[i]), list(own.values()))
+        for k, gs, gr in zip(own, grads, ref_grads):
+            assert torch.allclose(gs[i], gr, atol=1e-5, rtol=1e-4), (name, i, k)
+
+
+def test_stacked_supported_names_what_it_cannot_run():
+    from torch import nn
+
+    from fedforget.models import Classifier
+
+    assert stacked_supported(build_model("resnet8", (1, 8, 8), 10, {"norm": "none"})) == "ResNetBody"
+    assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(), nn.Dropout(0.1)), 4, 2)) == "Dropout"
+    assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(0)), 4, 2)) == "Flatten"
+    assert stacked_supported(Classifier(nn.Sequential(nn.Conv1d(1, 2, 3, padding_mode="circular")), 4, 2)) == "Conv1d"
+
+
+def test_vmap_fallback_equals_sequential(make_run_config):
+    """A buffer-free model stacked_forward cannot run (a ResNet body) goes through vmap."""
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "none"}, rounds=1,
+                         batch_size=16, sample_rate=0.5, optimizer={"lr": 0.05, "momentum": 0.9},
+                         partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=20, seed=0))  # fmt: skip
+    out = _both(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    _assert_same_metrics(rows_s, rows_v)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_evaluate_stacked_equals_evaluate(batched):
+    from fedforget.metrics import evaluate
+
+    for name, shape in (("cnn1d", (1, 40)), ("mlp", (6,)), ("resnet8", (1, 8, 8))):
+        model = build_model(name, shape, 4, {"norm": "none"} if name == "resnet8" else {})
+        p = _stacked_params(model, 3)
+        sets = [{k: v[i] for k, v in p.items()} for i in range(3)]
+        x = torch.randn(50, *shape, generator=torch.Generator().manual_seed(3))
+        y = torch.randint(0, 4, (50,), generator=torch.Generator().manual_seed(4))
+        got = evaluate_stacked(model, sets, x, y, batch_size=16, batched=batched)
+        want = []
+        for s in sets:
+            model.load_state_dict(s)
+            want.append(evaluate(model, x, y)[0])
+        assert got == pytest.approx(want, abs=1e-9), name
 
 
 def test_vectorized_run_resumes_exactly(make_run_config):

@@ -1,15 +1,34 @@
 """Clients trained together: one batched forward/backward for all sampled clients per step.
 
-The sampled clients' weights are stacked along a leading client dimension and trained with
-``torch.func.vmap`` over ``functional_call`` (each client its own weights, its own data);
-the local optimizer (SGD with momentum and weight decay, as ``torch.optim.SGD``) runs on the
-stacked tensors. Each client keeps its own numerics:
+The sampled clients' weights are stacked along a leading client dimension [G, ...] and one
+forward/backward per step computes every client's gradient from its own weights and its own
+minibatch; the local optimizer (SGD with momentum and weight decay, as ``torch.optim.SGD``)
+runs on the stacked tensors. Two ways to run the stacked forward:
+
+- ``stacked_forward`` (used when every module of the model is one it knows: Conv1d/Conv2d,
+  Linear, ReLU/Tanh/Sigmoid/GELU, max/avg pooling, Flatten, Identity, nested Sequential, the
+  ``Classifier`` wrapper): each layer written once for G clients, with plain autograd.
+  Convolutions keep the clients in the channel dimension, [B, G*C, ...], and run as one
+  grouped convolution (groups = G x the layer's groups); ReLU and pooling act on that layout
+  as it is; Flatten turns it into [G, B, F] once, and Linear layers are one batched matmul
+  (``baddbmm``). The loss is the sum over clients of each client's own mean loss, so each
+  client's slice of the gradient is exactly its own loss's gradient.
+- otherwise ``torch.func.vmap`` over ``functional_call`` of the model (any module without
+  buffers or randomness), which reshapes between the two layouts at every layer.
+
+On a CPU, Conv2d models run their wide steps (>= ``LOOP_MIN_ROWS`` rows) client by client on
+the stacked weights (a grouped Conv2d over many rows is slower there than a loop) and their
+short steps batched; the optimizer update is batched either way.
+
+Each client keeps its own numerics:
 
 - the same minibatches as when it trains alone (``Simulation.train_client``): its shuffling
   generator is keyed by (seed, round, client), so its permutation of each epoch is the same;
-- its own batch sizes, the last batch of an epoch included: batches are padded to the batch
-  size and the padded rows are masked out of the loss (sum of the real rows' losses divided
-  by their number = the mean the sequential loop takes);
+- its own batch sizes, the last batch of an epoch included: a step's batches are padded to
+  the largest real batch among the clients in it (not to the batch size, so equal-sized
+  clients' short tail batches cost only their rows) and the padded rows are masked out of
+  the loss (sum of the real rows' losses divided by their number = the mean the sequential
+  loop takes);
 - its own number of steps: clients are ordered by step count (descending), so those still
   training at step k are a prefix of the stack and the finished ones are sliced off (their
   weights and momentum stop moving, and cost nothing).
@@ -37,6 +56,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .methods.base import FedAvg
+from .models import Classifier
 
 CLIENT_HOOKS = ("client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad", "client_end")
 
@@ -72,6 +92,85 @@ class ClientResult:
     params: dict[str, torch.Tensor]  # state dict after local training
     mean_loss: float  # mean minibatch loss over its steps
     steps: int
+
+
+LOOP_MIN_ROWS = 16  # see train_clients_together: Conv2d models on a CPU
+ELEMENTWISE = {nn.ReLU: F.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid, nn.Identity: lambda h: h}
+POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
+
+
+def stacked_supported(module: nn.Module) -> str | None:
+    """None if ``stacked_forward`` can run ``module``, else the first module it cannot."""
+    if isinstance(module, (Classifier, nn.Sequential)):
+        for child in module.children():
+            bad = stacked_supported(child)
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
+        return None
+    if isinstance(module, nn.GELU) and module.approximate == "none":
+        return None
+    if isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1:
+        return None
+    if isinstance(module, nn.MaxPool1d | nn.MaxPool2d) and module.return_indices:
+        return type(module).__name__ + "(return_indices=True)"
+    if type(module) in ELEMENTWISE or isinstance(module, (nn.Linear, *POOLS)):
+        return None
+    return type(module).__name__
+
+
+def stacked_forward(module: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Logits [G, B, classes] of G weight sets of ``module``'s architecture, each on its own
+    inputs: ``params`` maps ``module``'s parameter names to stacked tensors [G, ...], ``x``
+    is [G, B, ...]. Only for modules ``stacked_supported`` accepts."""
+    g = x.shape[0]
+    h, layout = _stacked(module, params, x, g, "", GB)
+    return _relayout(h, layout, GB, g)
+
+
+# activation layouts of stacked_forward
+GB = "[G, B, ...]"  # client, sample, features: Linear layers (one batched matmul)
+GRP = "[B, G*C, ...]"  # clients side by side in the channels: convolutions (one grouped conv), pooling
+
+
+def _relayout(h: torch.Tensor, frm: str, to: str, g: int) -> torch.Tensor:
+    if frm == to:
+        return h
+    if frm == GRP:  # [B, G*C, ...] -> [G, B, C, ...] (a view)
+        return h.view(h.shape[0], g, -1, *h.shape[2:]).transpose(0, 1)
+    return h.transpose(0, 1).reshape(h.shape[1], g * h.shape[2], *h.shape[3:])  # one copy
+
+
+def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: int, prefix: str, layout: str):
+    if isinstance(module, Classifier):  # Classifier.forward: head(body(x))
+        h, layout = _stacked(module.body, p, h, g, prefix + "body.", layout)
+        return _stacked(module.head, p, h, g, prefix + "head.", layout)
+    if isinstance(module, nn.Sequential):
+        for name, child in module.named_children():
+            h, layout = _stacked(child, p, h, g, f"{prefix}{name}.", layout)
+        return h, layout
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):  # one grouped convolution for all clients
+        h = _relayout(h, layout, GRP, g)
+        w, b = p[prefix + "weight"], p.get(prefix + "bias")
+        conv = F.conv2d if isinstance(module, nn.Conv2d) else F.conv1d
+        bias = None if b is None else b.reshape(-1)
+        w = w.reshape(-1, *w.shape[2:])  # [G*O, C/groups, k...]
+        return conv(h, w, bias, module.stride, module.padding, module.dilation, g * module.groups), GRP
+    if isinstance(module, POOLS):  # acts per channel: GRP is the [N, C, ...] it expects
+        return module(_relayout(h, layout, GRP, g)), GRP
+    if isinstance(module, nn.Flatten):
+        return _relayout(h, layout, GB, g).flatten(2), GB
+    if isinstance(module, nn.Linear):
+        h = _relayout(h, layout, GB, g)
+        lead = h.shape[:-1]  # [G, B, ...]: nn.Linear acts on the last dimension
+        h = h.reshape(g, -1, h.shape[-1])
+        w, b = p[prefix + "weight"], p.get(prefix + "bias")
+        out = torch.bmm(h, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+        return out.view(*lead, -1), GB
+    if isinstance(module, nn.GELU):
+        return F.gelu(h), layout
+    return ELEMENTWISE[type(module)](h), layout
 
 
 def _batch_table(jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.device):
@@ -129,29 +228,84 @@ def train_clients_together(
         per = F.cross_entropy(logits, yb, reduction="none") * mask
         return per.sum() / mask.sum()
 
-    step_fn = vmap(grad_and_value(client_loss))
+    one_fn = grad_and_value(client_loss)
+    step_fn = vmap(one_fn)
+    use_stacked = stacked_supported(model) is None
+
+    def stacked_step(p_act, xb, yb, mask):
+        """(gradients, losses) of every client in the stack: the same values as ``step_fn``."""
+        leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
+        logits = stacked_forward(model, leaves, xb)  # [a, w, C]
+        per = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(mask.shape)
+        losses = (per * mask).sum(1) / mask.sum(1)  # each client's mean over its real rows
+        grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        return dict(zip(leaves, grads)), losses.detach()
+
+    def sgd_(ps: list, ds: list, bs: list | None) -> None:
+        """torch.optim.SGD's update in place: d = g + wd*p; buf = mom*buf + d; p -= lr*buf."""
+        if weight_decay:
+            ds = torch._foreach_add(ds, ps, alpha=weight_decay)
+        if bs is not None:
+            torch._foreach_mul_(bs, momentum)
+            torch._foreach_add_(bs, ds)
+            ds = bs
+        torch._foreach_add_(ps, ds, alpha=-lr)
+
+    # functional_call re-ties shared weights at every call (a walk over all modules); only
+    # needed if the model has any
+    tied = len(list(model.named_parameters(remove_duplicate=False))) != len(names)
+
+    def loop_step_(active: int, xb, yb, rows: list[int]) -> None:
+        """One step of each of the first ``active`` clients, one after another (client i on
+        its ``rows[i]`` real rows), updating its weights in the stack in place."""
+        for i, n in enumerate(rows[:active]):
+            leaves = {k: params[k][i].detach().requires_grad_() for k in names}
+            logits = functional_call(model, leaves, (xb[i, :n],), tie_weights=tied)
+            loss = F.cross_entropy(logits, yb[i, :n])
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+            with torch.no_grad():
+                sgd_([params[k][i] for k in names], list(grads), None if bufs is None else [bufs[k][i] for k in names])
+            loss_sum[i] += loss.detach()
+
+    # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
+    # after another, while over few rows batching wins (benchmarks/engine_choice.py step:
+    # cnn2d, 10 clients x 32 rows: 28.5 ms batched vs 24.6 ms one by one; x 4 rows: 3.7 vs
+    # 10.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
+    # and the short steps (the clients' last, partial batches) batched. The choice depends
+    # only on batch widths, never on timings, so results stay deterministic.
+    loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
     steps_t = torch.tensor(steps)
+    # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
+    # step needs only as many columns as its fullest active client has rows
+    width = (table >= 0).sum(-1).cpu()  # [M, T]
     was_training = model.training
     model.train()
     for k in range(table.shape[1]):
         active = int((steps_t > k).sum())  # a prefix: clients sorted by step count
-        idx = table[:active, k]  # [a, bs]
-        mask = (idx >= 0).to(x.dtype)
+        w = int(width[:active, k].max())
+        idx = table[:active, k, :w]  # [a, w]
         safe = idx.clamp(min=0)
-        xb, yb = x[safe], y[safe]  # [a, bs, ...]: one gather for all clients
-        p_act = {n: v[:active] for n, v in params.items()}
-        grads, losses = step_fn(p_act, xb, yb, mask)
+        xb, yb = x[safe], y[safe]  # [a, w, ...]: one gather for all clients
+        mask = (idx >= 0).to(x.dtype)
+        if loop_wide and w >= LOOP_MIN_ROWS:
+            loop_step_(active, xb, yb, width[:, k].tolist())
+            continue
+        if use_stacked:
+            p_act = {n: v[:active] for n, v in params.items()}
+            grads, losses = stacked_step(p_act, xb, yb, mask)
+        elif active == 1:  # one client left (a large client's tail): no vmap overhead
+            p_act = {n: v[0] for n, v in params.items()}
+            g1, l1 = one_fn(p_act, xb[0], yb[0], mask[0])
+            grads = {n: g.unsqueeze(0) for n, g in g1.items()}
+            losses = l1.unsqueeze(0)
+            p_act = {n: v[:1] for n, v in params.items()}
+        else:
+            p_act = {n: v[:active] for n, v in params.items()}
+            grads, losses = step_fn(p_act, xb, yb, mask)
         loss_sum[:active] += losses.detach()
         with torch.no_grad():
-            for n in names:  # torch.optim.SGD: d = g + wd*p; buf = mom*buf + d; p -= lr*buf
-                p, g = p_act[n], grads[n]
-                if weight_decay:
-                    g = g.add(p, alpha=weight_decay)
-                if bufs is not None:
-                    b = bufs[n][:active]
-                    b.mul_(momentum).add_(g)
-                    g = b
-                p.add_(g, alpha=-lr)
+            bs = None if bufs is None else [bufs[n][:active] for n in names]
+            sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
     model.train(was_training)
 
     state_keys = list(global_params)
@@ -162,6 +316,22 @@ def train_clients_together(
     return results  # type: ignore[return-value]
 
 
+def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | None:
+    """Why ``client_engine: auto`` trains one client after another on ``device`` although
+    the batched path is possible (None: it trains clients together). On a GPU it is always
+    batched. On a CPU it is batched when ``stacked_forward`` runs the model (measured on 2
+    cores, ``benchmarks/engine_choice.py`` and ``benchmarks/simulation.py``: MLP and 1-D CNN
+    steps run several times faster batched; Conv2d models, whose wide steps run client by
+    client, tie or gain through their batched short steps), and sequential where only the
+    ``vmap`` fallback could batch it (slower than a loop on a CPU)."""
+    if device.type == "cuda":
+        return None
+    bad = stacked_supported(model)
+    if bad is not None:
+        return f"auto on a CPU: sequential (module {bad} would need the vmap path, slower than a loop on a CPU)"
+    return None
+
+
 @torch.no_grad()
 def evaluate_stacked(
     model: nn.Module,
@@ -169,15 +339,32 @@ def evaluate_stacked(
     x: torch.Tensor,
     y: torch.Tensor,
     batch_size: int = 1024,
+    batched: bool | None = None,
 ) -> list[float]:
-    """Test accuracy of several weight sets of one architecture, in one batched pass per
-    test batch (the local models after local training)."""
-    names = [k for k, _ in model.named_parameters()]
-    p = {k: torch.stack([s[k] for s in stacked]) for k in names}
-    fwd = vmap(lambda pp, xb: functional_call(model, pp, (xb,)), in_dims=(0, None))
+    """Test accuracy of several weight sets of one architecture (the local models after
+    local training). ``batched`` (default: on a GPU) evaluates them all in one pass per
+    test batch; otherwise one after another, which is faster on a CPU (measured: 10 cnn1d
+    models on 1000 samples, 1 thread: 397 ms batched vs 113 ms one by one, benchmarks/engine_choice.py eval)."""
     was_training = model.training
     model.eval()
-    correct = torch.zeros(len(stacked), device=x.device)
+    if not (x.device.type == "cuda" if batched is None else batched):
+        accs = []
+        for params in stacked:
+            correct = 0
+            for s in range(0, len(y), batch_size):
+                logits = functional_call(model, params, (x[s : s + batch_size],))
+                correct += int((logits.argmax(-1) == y[s : s + batch_size]).sum())
+            accs.append(correct / max(len(y), 1))
+        model.train(was_training)
+        return accs
+    names = [k for k, _ in model.named_parameters()]
+    p = {k: torch.stack([s[k] for s in stacked]) for k in names}
+    if stacked_supported(model) is None:
+        g = len(stacked)
+        fwd = lambda pp, xb: stacked_forward(model, pp, xb.expand(g, *xb.shape))  # noqa: E731
+    else:
+        fwd = vmap(lambda pp, xb: functional_call(model, pp, (xb,)), in_dims=(0, None))
+    correct = torch.zeros(len(stacked), device=x.device, dtype=torch.float64)  # exact counts
     for s in range(0, len(y), batch_size):
         logits = fwd(p, x[s : s + batch_size])  # [M, b, C]
         correct += (logits.argmax(-1) == y[s : s + batch_size]).sum(1)
