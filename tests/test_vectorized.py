@@ -98,6 +98,8 @@ def test_which_methods_train_clients_like_fedavg():
     like = {m for m in METHODS.names() if client_side_is_fedavg(METHODS.get(m))}
     assert "fedavg" in like and "fedprox" not in like and "scaffold" not in like
     assert "feddyn" not in like and "moon" not in like and "fedsam" not in like
+    # their own upload (client_end) only: batched training, then client_end per client
+    assert {"fednova", "feddf", "fedet"} <= like and "fedproj" not in like
 
 
 def test_model_with_buffers_is_not_vectorized():

@@ -27,7 +27,7 @@ import torch
 
 from .config import OptimizerSpec, RunConfig
 from .data import load_dataset, load_public
-from .methods import METHODS, ClientContext, RunInfo, ServerContext, Upload, make_params
+from .methods import METHODS, ClientContext, FedAvg, RunInfo, ServerContext, Upload, make_params
 from .methods.base import flatten_state
 from .metrics import classwise_accuracy, evaluate
 from .models import build_model
@@ -245,20 +245,26 @@ class Simulation:
         self.method.server_init(self.server)
 
     # ------------------------------------------------------------------ one client
-    def train_client(self, cid: int, rnd: int, lr: float) -> tuple[Upload, float, dict[str, float]]:
+    def client_context(self, cid: int, rnd: int, lr: float) -> ClientContext:
+        """Client ``cid``'s context on ``self.model`` (its state brought to the device)."""
         t = self.cfg.train
-        model = self.model
-        self.load_global(model)
-        model.train()
-        opt = make_optimizer(model.parameters(), t.optimizer, lr)
+        opt = make_optimizer(self.model.parameters(), t.optimizer, lr)
         state = self.client_state.setdefault(cid, {})
         if self.offload_client_state:
             state.update(to_device(state, self.device))
-        ctx = ClientContext(
-            cid=cid, round=rnd, model=model, optimizer=opt, global_params=self.global_params,
+        return ClientContext(
+            cid=cid, round=rnd, model=self.model, optimizer=opt, global_params=self.global_params,
             broadcast=self.server.broadcast, state=state,
             n_samples=self.clients.size(cid), lr=lr, local_epochs=t.local_epochs, batch_size=t.batch_size,
         )  # fmt: skip
+
+    def train_client(self, cid: int, rnd: int, lr: float) -> tuple[Upload, float, dict[str, float]]:
+        t = self.cfg.train
+        model = self.model
+        self.load_params(model, self.global_params)
+        model.train()
+        ctx = self.client_context(cid, rnd, lr)
+        state, opt = ctx.state, ctx.optimizer
         method = self.method
         method.client_begin(ctx)
         x, y = self.clients.slice(cid)
@@ -286,9 +292,13 @@ class Simulation:
             state.update(to_device(state, torch.device("cpu")))
         return upload, mean_loss, ctx.stats
 
-    def train_clients_together(self, cids: list[int], rnd: int, lr: float) -> tuple[list[Upload], list[float]]:
+    def train_clients_together(
+        self, cids: list[int], rnd: int, lr: float
+    ) -> tuple[list[Upload], list[float], list[dict[str, float]]]:
         """The clients ``cids`` trained in one batched pass (``fedforget.vectorized``): the
-        same minibatches, steps and optimizer as ``train_client`` gives each of them."""
+        same minibatches, steps and optimizer as ``train_client`` gives each of them. A
+        method's own ``client_end`` (FedNova's step count, FedDF's public logits) then runs
+        for each client on its trained weights, as in ``train_client``."""
         t = self.cfg.train
         jobs = [
             ClientJob(
@@ -303,11 +313,23 @@ class Simulation:
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
         )  # fmt: skip
+        own_end = type(self.method).client_end is not FedAvg.client_end
+        ups, stats = [], []
         for r in results:
             if not math.isfinite(r.mean_loss):
                 raise Diverged(f"client {r.cid} local loss is {r.mean_loss} in round {rnd}")
-        ups = [Upload(r.cid, self.clients.size(r.cid), r.params, r.steps) for r in results]
-        return ups, [r.mean_loss for r in results]
+            if not own_end:
+                ups.append(Upload(r.cid, self.clients.size(r.cid), r.params, r.steps))
+                stats.append({})
+                continue
+            self.load_params(self.model, r.params)
+            ctx = self.client_context(r.cid, rnd, lr)
+            ctx.steps = r.steps
+            ups.append(self.method.client_end(ctx))
+            stats.append(ctx.stats)
+            if self.offload_client_state:
+                ctx.state.update(to_device(ctx.state, torch.device("cpu")))
+        return ups, [r.mean_loss for r in results], stats
 
     # ------------------------------------------------------------------ all rounds
     def run(
@@ -442,10 +464,10 @@ class Simulation:
         if self.vectorized:
             for group in range(0, len(sampled), t.max_parallel_clients):
                 cids = sampled[group : group + t.max_parallel_clients]
-                ups, ls = self.train_clients_together(cids, rnd, lr)
+                ups, ls, st = self.train_clients_together(cids, rnd, lr)
                 uploads += ups
                 losses += ls
-                stats += [{} for _ in cids]
+                stats += st
                 if t.eval_local_models:
                     te = time.perf_counter()
                     local_accs += evaluate_stacked(
@@ -517,11 +539,12 @@ class Simulation:
         )
         return row
 
-    def load_global(self, model: torch.nn.Module) -> None:
-        if self.global_params.keys() != self._model_tensors.keys():
-            model.load_state_dict(self.global_params)  # raises, naming the mismatched keys
+    def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
+        """``params`` (a full state dict) into ``self.model``'s tensors, in place."""
+        if params.keys() != self._model_tensors.keys():
+            model.load_state_dict(params)  # raises, naming the mismatched keys
         with torch.no_grad():
-            torch._foreach_copy_(list(self._model_tensors.values()), [self.global_params[k] for k in self._model_tensors])
+            torch._foreach_copy_(list(self._model_tensors.values()), [params[k] for k in self._model_tensors])
 
     def model_with(self, params: dict[str, torch.Tensor]) -> torch.nn.Module:
         self.server.model.load_state_dict(params)

@@ -35,7 +35,8 @@ Each client keeps its own numerics:
 
 The results match the sequential loop up to floating-point summation order (a test checks
 1e-5 on a tiny config). The engine uses this path only where it computes the same thing:
-the method's client-side hooks are FedAvg's (``client_side_is_fedavg``), the model has no
+the method's local-training hooks are FedAvg's (``client_side_is_fedavg``; a method's own
+``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards), the model has no
 buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
 place), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
 back to one client after another; ``run.json`` records which path ran.
@@ -58,19 +59,22 @@ from torch.func import functional_call, grad_and_value, vmap
 from .methods.base import FedAvg
 from .models import Classifier
 
-CLIENT_HOOKS = ("client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad", "client_end")
+# the hooks that shape local training; ``client_end`` (what a client uploads) may differ from
+# FedAvg's: the engine runs it for each client on its trained weights after the batched pass
+TRAINING_HOOKS = ("client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad")
 
 
 def client_side_is_fedavg(method_cls: type) -> bool:
-    """True if the method trains clients exactly as FedAvg does (server hooks may differ)."""
-    return all(getattr(method_cls, h) is getattr(FedAvg, h) for h in CLIENT_HOOKS)
+    """True if the method trains clients exactly as FedAvg does (its upload, ``client_end``,
+    and its server hooks may differ)."""
+    return all(getattr(method_cls, h) is getattr(FedAvg, h) for h in TRAINING_HOOKS)
 
 
 def why_not_vectorized(method_cls: type, model: nn.Module, optimizer_name: str) -> str | None:
     """None if clients can be trained together, else the reason (recorded in run.json)."""
     if not client_side_is_fedavg(method_cls):
-        hooks = [h for h in CLIENT_HOOKS if getattr(method_cls, h) is not getattr(FedAvg, h)]
-        return f"method '{method_cls.name}' overrides client hooks {hooks}"
+        hooks = [h for h in TRAINING_HOOKS if getattr(method_cls, h) is not getattr(FedAvg, h)]
+        return f"method '{method_cls.name}' overrides local-training hooks {hooks}"
     if any(True for _ in model.buffers()):
         return "the model has buffers (e.g. BatchNorm running statistics)"
     if optimizer_name != "sgd":

@@ -268,7 +268,7 @@ def test_combined_base_direction_is_the_base_term_gradient(make_run_config, base
                  rounds=1, sample_rate=1.0)  # fmt: skip
     method = sim.method
     model = sim.model
-    sim.load_global(model)
+    sim.load_params(model, sim.global_params)
     cid = 0
     state = sim.client_state[cid]
     ctx = ClientContext(cid, 2, model, torch.optim.SGD(model.parameters(), lr=0.1), sim.global_params,
