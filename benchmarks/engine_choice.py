@@ -67,48 +67,58 @@ def _median_ms(fn, reps: int = 10, rounds: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def step() -> None:
+def time_step(model, g: int, b: int, shape) -> dict[str, float]:
+    """ms per local step of g clients x b samples: stacked_forward, vmap, a loop."""
     from torch.func import functional_call, grad, vmap
 
-    from fedforget.models import build_model
     from fedforget.vectorized import stacked_forward
 
+    p = {k: v.detach().unsqueeze(0).repeat(g, *[1] * v.dim()) for k, v in model.named_parameters()}
+    x, y = torch.randn(g, b, *shape), torch.randint(0, 10, (g, b))
+
+    def stacked():
+        leaves = {k: v.detach().requires_grad_() for k, v in p.items()}
+        logits = stacked_forward(model, leaves, x)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(g, b).mean(1)
+        torch.autograd.grad(loss.sum(), list(leaves.values()))
+
+    vm = vmap(grad(lambda pp, xb, yb: F.cross_entropy(functional_call(model, pp, (xb,)), yb)))
+
+    def loop():
+        for i in range(g):
+            model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[i]), y[i]).backward()
+
+    return {"stacked": _median_ms(stacked), "vmap": _median_ms(lambda: vm(p, x, y)), "loop": _median_ms(loop)}
+
+
+def step() -> None:
+    from fedforget.models import build_model
+
     torch.set_num_threads(2)
-    g = 10
     for name, shape, opts in MODELS:
         model = build_model(name, shape, 10, opts)
-        p = {k: v.detach().unsqueeze(0).repeat(g, *[1] * v.dim()) for k, v in model.named_parameters()}
         for b in (4, 32):
-            x, y = torch.randn(g, b, *shape), torch.randint(0, 10, (g, b))
+            res = time_step(model, 10, b, shape)
+            print(f"step {name:11s} 10 clients x {b:2d}: " + ", ".join(f"{k} {v:6.2f} ms" for k, v in res.items()))
 
-            def stacked():
-                leaves = {k: v.detach().requires_grad_() for k, v in p.items()}
-                logits = stacked_forward(model, leaves, x)
-                loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(g, b).mean(1)
-                torch.autograd.grad(loss.sum(), list(leaves.values()))
 
-            vm = vmap(grad(lambda pp, xb, yb: F.cross_entropy(functional_call(model, pp, (xb,)), yb)))
+def time_eval(model, shape) -> dict[str, float]:
+    """ms to evaluate 10 local models on 1000 samples, batched and one by one."""
+    from fedforget.vectorized import evaluate_stacked
 
-            def loop():
-                for i in range(g):
-                    model.zero_grad(set_to_none=True)
-                    F.cross_entropy(model(x[i]), y[i]).backward()
-
-            res = {"stacked": _median_ms(stacked), "vmap": _median_ms(lambda: vm(p, x, y)), "loop": _median_ms(loop)}
-            print(f"step {name:11s} {g} clients x {b:2d}: " + ", ".join(f"{k} {v:6.2f} ms" for k, v in res.items()))
+    sets = [{k: v.detach().clone() for k, v in model.state_dict().items()} for _ in range(10)]
+    x, y = torch.randn(1000, *shape), torch.randint(0, 10, (1000,))
+    return {f"batched={b}": _median_ms(lambda b=b: evaluate_stacked(model, sets, x, y, 1024, batched=b), 1, 3)
+            for b in (True, False)}  # fmt: skip
 
 
 def evaluation() -> None:
     from fedforget.models import build_model
-    from fedforget.vectorized import evaluate_stacked
 
     torch.set_num_threads(1)
     for name, shape, opts in MODELS:
-        model = build_model(name, shape, 10, opts)
-        sets = [{k: v.detach().clone() for k, v in model.state_dict().items()} for _ in range(10)]
-        x, y = torch.randn(1000, *shape), torch.randint(0, 10, (1000,))
-        res = {f"batched={b}": _median_ms(lambda b=b: evaluate_stacked(model, sets, x, y, 1024, batched=b), 1, 3)
-               for b in (True, False)}  # fmt: skip
+        res = time_eval(build_model(name, shape, 10, opts), shape)
         print(f"eval {name:11s} 10 models x 1000 samples, 1 thread: " + ", ".join(f"{k} {v:6.1f} ms" for k, v in res.items()))
 
 

@@ -272,9 +272,10 @@ def train_clients_together(
             loss_sum[i] += loss.detach()
 
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
-    # after another, while over few rows batching wins (benchmarks/engine_choice.py step:
-    # cnn2d, 10 clients x 32 rows: 28.5 ms batched vs 24.6 ms one by one; x 4 rows: 3.7 vs
-    # 10.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
+    # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
+    # threads: McMahan CNN, 10 clients x 32 rows, 131 ms batched vs 114 ms one by one, x 4
+    # rows 21 vs 32 ms; cnn2d x 4 rows 6.0 vs 14.9 ms; cnn2d x 32 varies between runs, 28.5 vs
+    # 24.6 and 32.5 vs 39.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
     # and the short steps (the clients' last, partial batches) batched. The choice depends
     # only on batch widths, never on timings, so results stay deterministic.
     loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
