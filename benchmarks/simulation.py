@@ -1,7 +1,9 @@
 """Simulation speed against the centralized limit: prints numbers, not a test.
 
 For one configuration (dataset, model, clients, sample rate, local epochs, batch size,
-threads) it measures, each in its own fresh process (so peak memory is per mode):
+threads) it measures, each in its own fresh process (so peak memory is per mode; with
+``--interleave`` all in one process instead, a round of each mode in turn, which is more
+robust when the machine's speed drifts):
 
   (a) central     a plain in-memory PyTorch loop: the same model, batch size and number of
                   samples per "round" as the sampled clients hold together, times the local
@@ -30,6 +32,7 @@ Presets (``--preset``):
     python benchmarks/simulation.py --preset mcmahan --epochs 1 --eval global
     python benchmarks/simulation.py --preset digits --epochs 2 --device cuda
     python benchmarks/simulation.py --memory 1000     # peak memory with 1000 clients
+    python benchmarks/simulation.py --preset digits --epochs 1 --interleave  # one process, A/B/C per round
 """
 
 from __future__ import annotations
@@ -73,37 +76,32 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_engine(args, engine: str) -> dict:
-    import torch
-
+def engine_round(args, engine: str):
+    """(device, fn): fn(rnd) runs round ``rnd`` of fedforget's engine (local training +
+    aggregation, + global evaluation with --eval global) and returns (seconds, samples
+    processed by local training)."""
     from fedforget.engine import Simulation, sample_clients
 
     rc = run_config(args, engine)
     sim = Simulation(rc)
     assert sim.engine_info["client_engine"] == engine, sim.engine_info
     t = rc.train
-    times, samples = [], []
-    for rnd in range(1, t.rounds + 1):
+
+    def one(rnd: int) -> tuple[float, int]:
         sampled = sample_clients(rc.seed, rnd, rc.partition.clients, t.sample_rate)
         _sync(sim.device)
         t0 = time.perf_counter()
-        sim.run_round(rnd, t0)  # local training + aggregation (+ global eval if eval_every = 1)
+        sim.run_round(rnd, t0)
         _sync(sim.device)
-        if rnd > args.warmup:
-            times.append(time.perf_counter() - t0)
-            samples.append(sum(sim.clients.size(c) for c in sampled) * t.local_epochs)
-    # medians over rounds: one slow round (a burst of load elsewhere) does not move them
-    out = {"mode": engine, "s_per_round": statistics.median(times),
-           "samples_per_s": statistics.median(n / s for n, s in zip(samples, times)),
-           "peak_rss_mb": peak_rss_mb()}  # fmt: skip
-    if sim.device.type == "cuda":
-        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    return out
+        return time.perf_counter() - t0, sum(sim.clients.size(c) for c in sampled) * t.local_epochs
+
+    return sim.device, one
 
 
-def measure_central(args) -> dict:
-    """The limit: one model, one optimizer, the same samples per round in minibatches of the
-    same size, data already on the device; evaluation as often as the engine's."""
+def central_round(args):
+    """(device, fn) for the limit: one model, one optimizer, the same samples per round in
+    minibatches of the same size, data already on the device; evaluation as often as the
+    engine's."""
     import torch
     import torch.nn.functional as F
 
@@ -117,8 +115,8 @@ def measure_central(args) -> dict:
     n_round = round(t.sample_rate * rc.partition.clients) * (len(y_all) // rc.partition.clients)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     gen = torch.Generator().manual_seed(0)
-    times = []
-    for rnd in range(1, t.rounds + 1):
+
+    def one(rnd: int) -> tuple[float, int]:
         _sync(sim.device)
         t0 = time.perf_counter()
         for _ in range(t.local_epochs):
@@ -131,14 +129,44 @@ def measure_central(args) -> dict:
         if args.eval == "global":
             evaluate(model, sim.x_test, sim.y_test, t.eval_batch_size)
         _sync(sim.device)
-        if rnd > args.warmup:
-            times.append(time.perf_counter() - t0)
-    out = {"mode": "central", "s_per_round": statistics.median(times),
-           "samples_per_s": statistics.median(n_round * t.local_epochs / s for s in times),
+        return time.perf_counter() - t0, n_round * t.local_epochs
+
+    return sim.device, one
+
+
+def mode_round(args, mode: str):
+    return central_round(args) if mode == "central" else engine_round(args, mode)
+
+
+def summarize(mode: str, timed: list[tuple[float, int]], device) -> dict:
+    """Medians over rounds: one slow round (a burst of load elsewhere) does not move them."""
+    import torch
+
+    out = {"mode": mode, "s_per_round": statistics.median(s for s, _ in timed),
+           "samples_per_s": statistics.median(n / s for s, n in timed),
            "peak_rss_mb": peak_rss_mb()}  # fmt: skip
-    if sim.device.type == "cuda":
+    if device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
+
+
+def measure(args, mode: str) -> dict:
+    device, one = mode_round(args, mode)
+    timed = [one(rnd) for rnd in range(1, args.warmup + args.rounds + 1)]
+    return summarize(mode, timed[args.warmup :], device)
+
+
+def measure_interleaved(args) -> dict[str, dict]:
+    """All modes in this one process, one round of each in turn (A/B/C per round), so drifts
+    of machine speed hit all modes alike; peak memory is then the process's, not per mode."""
+    rounds = {m: mode_round(args, m) for m in args.modes}
+    timed: dict[str, list] = {m: [] for m in args.modes}
+    for rnd in range(1, args.warmup + args.rounds * args.repeats + 1):
+        for m, (_, one) in rounds.items():
+            res = one(rnd)
+            if rnd > args.warmup:
+                timed[m].append(res)
+    return {m: summarize(m, timed[m], rounds[m][0]) for m in args.modes}
 
 
 def _sync(device) -> None:
@@ -152,8 +180,7 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    res = measure_central(args) if args.mode == "central" else measure_engine(args, args.mode)
-    print("RESULT " + json.dumps(res))
+    print("RESULT " + json.dumps(measure(args, args.mode)))
 
 
 def spawn(args, mode: str) -> dict:
@@ -178,6 +205,9 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["central", "sequential", "vectorized"])
     ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
+    ap.add_argument("--interleave", action="store_true",
+                    help="all modes in one process, a round of each in turn (robust to drifting machine speed; "
+                    "--rounds x --repeats rounds per mode; peak memory not per mode)")  # fmt: skip
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -195,13 +225,22 @@ def main() -> None:
         "--device", args.device, "--memory", str(args.memory), "--data", args.data,
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
-    for r in range(args.repeats):
-        order = args.modes if r % 2 == 0 else list(reversed(args.modes))
-        for m in order:
-            runs[m].append(spawn(args, m))
+    if args.interleave:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        for m, res in measure_interleaved(args).items():
+            runs[m].append(res)
+        how = f"one process, modes interleaved round by round, {args.rounds * args.repeats} rounds each"
+    else:
+        for r in range(args.repeats):
+            order = args.modes if r % 2 == 0 else list(reversed(args.modes))
+            for m in order:
+                runs[m].append(spawn(args, m))
+        how = f"median of {args.repeats} processes x {args.rounds} rounds"
     print(f"# {args.preset}: {args.memory or p['clients']} clients, rate {p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
-          f"median of {args.repeats} processes x {args.rounds} rounds; load {os.getloadavg()[0]:.2f}")  # fmt: skip
+          f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     central = None
     summary = {}
     for m, rs in runs.items():
@@ -216,8 +255,9 @@ def main() -> None:
     for m, s in summary.items():
         ratio = f"{s['samples_per_s'] / central:.2f}x central" if central else ""
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
+        rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
         print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s  {s['s_per_round']:.3f} s/round  "
-              f"peak RSS {s['peak_rss_mb']:.0f} MB{cuda}  {ratio}")  # fmt: skip
+              f"{rss}{cuda}  {ratio}")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args) | {"passthrough": None}, "summary": summary, "runs": runs}, f, indent=2)
