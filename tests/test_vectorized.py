@@ -163,6 +163,35 @@ def test_stacked_forward_equals_each_client_alone(name, shape, opts):
             assert torch.allclose(gs[i], gr, atol=1e-5, rtol=1e-4), (name, i, k)
 
 
+def test_stacked_forward_handles_every_layer_it_claims():
+    """Grouped and strided/dilated convolutions without bias, average and adaptive pooling,
+    Tanh/Sigmoid/GELU/Identity, a Linear without bias, nested Sequentials, 1-D and 2-D."""
+    from torch import nn
+    from torch.func import functional_call
+
+    from fedforget.models import Classifier
+
+    body2d = nn.Sequential(
+        nn.Conv2d(2, 6, 3, padding=1, bias=False), nn.Tanh(),
+        nn.Sequential(nn.Conv2d(6, 6, 3, stride=2, dilation=2, padding=2, groups=3), nn.GELU()),
+        nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Identity(),
+        nn.Linear(6, 5, bias=False), nn.Sigmoid(),
+    )  # fmt: skip
+    body1d = nn.Sequential(
+        nn.Conv1d(1, 4, 5, stride=2, padding=2), nn.ReLU(), nn.MaxPool1d(2, ceil_mode=True),
+        nn.Conv1d(4, 4, 3, groups=4), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(3), nn.Flatten(),
+    )  # fmt: skip
+    for model, shape in ((Classifier(body2d, 5, 3), (2, 9, 9)), (Classifier(body1d, 12, 3), (1, 29))):
+        assert stacked_supported(model) is None
+        g = 4
+        p = _stacked_params(model, g, seed=5)
+        x = torch.randn(g, 3, *shape, generator=torch.Generator().manual_seed(6))
+        got = stacked_forward(model, p, x)
+        for i in range(g):
+            want = functional_call(model, {k: v[i] for k, v in p.items()}, (x[i],))
+            assert torch.allclose(got[i], want, atol=1e-6, rtol=1e-5), (shape, i)
+
+
 def test_stacked_supported_names_what_it_cannot_run():
     from torch import nn
 
