@@ -27,6 +27,8 @@ Presets (``--preset``):
             (582,026 parameters), 100 clients IID, 10% per round, batch 50
   digits    digits + cnn2d (embedded), 20 clients, 50% per round, batch 32
   mnist1d   mnist1d + cnn1d (embedded), 20 clients, 50% per round, batch 32
+  digits-k100, mnist1d-k100   the embedded models with 100 clients, 10% per round, batch 50
+            (the McMahan preset's client setup: 14 and 40 samples per client)
 
     python benchmarks/simulation.py --preset mcmahan --epochs 5
     python benchmarks/simulation.py --preset mcmahan --epochs 1 --eval global
@@ -52,6 +54,9 @@ PRESETS = {
                     clients=100, rate=0.1, batch=50),
     "digits": dict(dataset="digits", options={}, model="cnn2d", model_options={}, clients=20, rate=0.5, batch=32),
     "mnist1d": dict(dataset="mnist1d", options={}, model="cnn1d", model_options={}, clients=20, rate=0.5, batch=32),
+    # the embedded models with the McMahan preset's client setup (100 clients, 10%, batch 50)
+    "digits-k100": dict(dataset="digits", options={}, model="cnn2d", model_options={}, clients=100, rate=0.1, batch=50),
+    "mnist1d-k100": dict(dataset="mnist1d", options={}, model="cnn1d", model_options={}, clients=100, rate=0.1, batch=50),
 }  # fmt: skip
 
 
