@@ -1,9 +1,10 @@
-"""Shared fixtures: prepared datasets (once per session), a minimal valid workflow config
-and a factory for tiny single-run configs."""
+"""Shared fixtures: prepared datasets (once per session), a minimal valid workflow config,
+a factory for tiny single-run configs, and the comparison of two runs' metrics rows."""
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,24 @@ def make_run_config(data_root, tmp_path):
         )
 
     return make
+
+
+@pytest.fixture
+def assert_same_metrics():
+    """assert_same_metrics(rows_a, rows_b, tol=1e-5): two runs' metrics rows have the same
+    columns and values, floats within ``tol`` (absolute; NaN equals NaN), timings ignored
+    (e.g. the sequential and the batched client engine on one config)."""
+    from fedforget.engine import TIMING_COLUMNS
+
+    def check(rows_a, rows_b, tol=1e-5):
+        assert len(rows_a) == len(rows_b)
+        for ra, rb in zip(rows_a, rows_b):
+            assert set(ra) == set(rb), (ra["round"], set(ra) ^ set(rb))
+            for k in set(ra) - set(TIMING_COLUMNS):
+                a, b = ra[k], rb[k]
+                if isinstance(a, float) and isinstance(b, float):
+                    assert math.isclose(a, b, rel_tol=0, abs_tol=tol) or (math.isnan(a) and math.isnan(b)), (ra["round"], k, a, b)
+                else:
+                    assert a == b, (ra["round"], k, a, b)
+
+    return check

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
@@ -35,18 +34,6 @@ def _both(rc):
     return out
 
 
-def _assert_same_metrics(rows_a, rows_b, tol=1e-5):
-    assert len(rows_a) == len(rows_b)
-    for ra, rb in zip(rows_a, rows_b):
-        keys = (set(ra) | set(rb)) - set(TIMING_COLUMNS)
-        for k in keys:
-            a, b = ra.get(k), rb.get(k)
-            if isinstance(a, float) and isinstance(b, float):
-                assert math.isclose(a, b, rel_tol=0, abs_tol=tol) or (math.isnan(a) and math.isnan(b)), (ra["round"], k, a, b)
-            else:
-                assert a == b, (ra["round"], k, a, b)
-
-
 @pytest.mark.parametrize(
     "kw",
     [
@@ -61,21 +48,21 @@ def _assert_same_metrics(rows_a, rows_b, tol=1e-5):
     ],
     ids=["digits-dirichlet-momentum-wd", "iris-mlp-small-batches", "mnist1d-shards"],
 )
-def test_vectorized_equals_sequential_within_1e5(make_run_config, kw):
+def test_vectorized_equals_sequential_within_1e5(make_run_config, assert_same_metrics, kw):
     out = _both(make_run_config(**kw))
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
-    _assert_same_metrics(rows_s, rows_v)
+    assert_same_metrics(rows_s, rows_v)
     for k, v in seq.global_params.items():
         assert torch.allclose(v, vec.global_params[k], atol=1e-4, rtol=1e-4), k
 
 
-def test_small_groups_give_the_same_result(make_run_config):
+def test_small_groups_give_the_same_result(make_run_config, assert_same_metrics):
     rc = make_run_config(dataset="digits", model="cnn2d", rounds=2, sample_rate=1.0,
                          partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, seed=0))  # fmt: skip
     one = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized", max_parallel_clients=2)))
     _, rows_groups, _ = one.run(progress=False)
     _, rows_all = _both(rc)["vectorized"]
-    _assert_same_metrics(rows_groups, rows_all, tol=1e-6)
+    assert_same_metrics(rows_groups, rows_all, tol=1e-6)
 
 
 def test_engine_choice_and_fallback(make_run_config):
@@ -203,13 +190,13 @@ def test_stacked_supported_names_what_it_cannot_run():
     assert stacked_supported(Classifier(nn.Sequential(nn.Conv1d(1, 2, 3, padding_mode="circular")), 4, 2)) == "Conv1d"
 
 
-def test_vmap_fallback_equals_sequential(make_run_config):
+def test_vmap_fallback_equals_sequential(make_run_config, assert_same_metrics):
     """A buffer-free model stacked_forward cannot run (a ResNet body) goes through vmap."""
     rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "none"}, rounds=1,
                          batch_size=16, sample_rate=0.5, optimizer={"lr": 0.05, "momentum": 0.9},
                          partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=20, seed=0))  # fmt: skip
     out = _both(rc)
-    _assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
 
 
 @pytest.mark.parametrize("batched", [False, True])

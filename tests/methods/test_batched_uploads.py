@@ -5,19 +5,18 @@ engine's within 1e-5."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
 
-from fedforget.engine import TIMING_COLUMNS, Simulation
+from fedforget.engine import Simulation
 from fedforget.methods import METHODS
 
 from .conftest import CPU
 
 
 @pytest.mark.parametrize("method", ["fednova", "feddf", "fedet"])
-def test_batched_engine_runs_the_methods_own_upload(public_run_cfg, method):
+def test_batched_engine_runs_the_methods_own_upload(public_run_cfg, assert_same_metrics, method):
     rc = public_run_cfg(method, rounds=2, sample_rate=0.75, local_epochs=2, batch_size=8,
                         optimizer={"lr": 0.05, "momentum": 0.9})  # fmt: skip
     out = {}
@@ -27,15 +26,7 @@ def test_batched_engine_runs_the_methods_own_upload(public_run_cfg, method):
         status, rows, msg = sim.run(progress=False)
         assert status == "completed", msg
         out[engine] = rows
-    seq, vec = out["sequential"], out["vectorized"]
-    assert len(seq) == len(vec)
-    for a, b in zip(seq, vec):
-        assert set(a) == set(b)
-        for k in set(a) - set(TIMING_COLUMNS):
-            if isinstance(a[k], float):
-                assert math.isclose(a[k], b[k], abs_tol=1e-5) or (math.isnan(a[k]) and math.isnan(b[k])), (k, a[k], b[k])
-            else:
-                assert a[k] == b[k], k
+    assert_same_metrics(out["sequential"], out["vectorized"])
 
 
 def test_methods_that_change_local_training_stay_sequential(public_run_cfg):
