@@ -259,10 +259,10 @@ def train_clients_together(
     # needed if the model has any
     tied = len(list(model.named_parameters(remove_duplicate=False))) != len(names)
 
-    def loop_step_(active: int, xb, yb, rows: list[int]) -> None:
-        """One step of each of the first ``active`` clients, one after another (client i on
-        its ``rows[i]`` real rows), updating its weights in the stack in place."""
-        for i, n in enumerate(rows[:active]):
+    def loop_step_(xb, yb, rows: list[int]) -> None:
+        """One step of each active client, one after another (client i on its ``rows[i]``
+        real rows), updating its weights in the stack in place."""
+        for i, n in enumerate(rows):
             leaves = {k: params[k][i].detach().requires_grad_() for k in names}
             logits = functional_call(model, leaves, (xb[i, :n],), tie_weights=tied)
             loss = F.cross_entropy(logits, yb[i, :n])
@@ -291,10 +291,10 @@ def train_clients_together(
         idx = table[:active, k, :w]  # [a, w]
         safe = idx.clamp(min=0)
         xb, yb = x[safe], y[safe]  # [a, w, ...]: one gather for all clients
-        mask = (idx >= 0).to(x.dtype)
         if loop_wide and w >= LOOP_MIN_ROWS:
-            loop_step_(active, xb, yb, width[:, k].tolist())
+            loop_step_(xb, yb, width[:active, k].tolist())
             continue
+        mask = (idx >= 0).to(x.dtype)
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
             grads, losses = stacked_step(p_act, xb, yb, mask)
