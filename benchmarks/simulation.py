@@ -192,6 +192,7 @@ def spawn(args, mode: str) -> dict:
     cmd = [sys.executable, __file__, "--child", "--mode", mode, *args.passthrough]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
         return {"mode": mode, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[7:])
@@ -263,6 +264,9 @@ def main() -> None:
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
         print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s  {s['s_per_round']:.3f} s/round  "
               f"{rss}{cuda}  {ratio}")  # fmt: skip
+    if "sequential" in summary and "vectorized" in summary:
+        speedup = summary["vectorized"]["samples_per_s"] / summary["sequential"]["samples_per_s"]
+        print(f"vectorized / sequential: {speedup:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args) | {"passthrough": None}, "summary": summary, "runs": runs}, f, indent=2)

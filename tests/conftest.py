@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,15 @@ from fedforget.data import dataset_id, prepare_dataset
 from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
+
+# FEDFORGET_TEST_DEVICE=cuda runs the make_run_config tests (the engine equivalence tests
+# among them) on a GPU. TF32 is switched off there: the 1e-5 comparisons are float32 claims.
+TEST_DEVICE = os.environ.get("FEDFORGET_TEST_DEVICE", "cpu")
+if TEST_DEVICE != "cpu":
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 # (name, options) of every dataset the session fixture prepares
 PREPARED = [("iris", {}), ("iris", {"pca": 2}), ("digits", {}), ("mnist1d", {})]
@@ -57,8 +67,8 @@ def minimal_config() -> dict[str, Any]:
 
 @pytest.fixture
 def make_run_config(data_root, tmp_path):
-    """Factory for tiny RunConfigs (iris + mlp, iid 4 clients, fedavg, 2 rounds, cpu, one
-    torch thread: tiny models run faster single-threaded on a shared 2-core machine)."""
+    """Factory for tiny RunConfigs (iris + mlp, iid 4 clients, fedavg, 2 rounds, cpu unless
+    FEDFORGET_TEST_DEVICE says otherwise, one torch thread: tiny models run faster single-threaded on a shared 2-core machine)."""
 
     def make(
         dataset: str = "iris",
@@ -79,7 +89,7 @@ def make_run_config(data_root, tmp_path):
             local_epochs=1,
             batch_size=16,
             sample_rate=1.0,
-            device="cpu",
+            device=TEST_DEVICE,
             threads=1,
             optimizer=opt,
             # one client after another: method tests compare methods with FedAvg bit for bit

@@ -101,11 +101,11 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     # batched where stacked_forward runs the model, one after another where only vmap could;
     # the reason is recorded
     for kw in ({}, {"dataset": "mnist1d", "model": "cnn1d"}, {"dataset": "digits", "model": "cnn2d"}):
-        rc = make_run_config(**kw)
+        rc = make_run_config(device="cpu", **kw)
         sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
         assert sim.engine_info["client_engine"] == "vectorized", (kw, sim.engine_info)
         assert "groups of at most" in sim.engine_info["client_engine_reason"]
-    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"})
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"}, device="cpu")
     sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
     assert "ResNetBody would need the vmap path" in sim.engine_info["client_engine_reason"]

@@ -1,0 +1,92 @@
+"""Where a round's time goes: prints numbers, not a test.
+
+Runs rounds of one mode of ``benchmarks/simulation.py`` (same presets and modes: central,
+sequential, vectorized) in this process, then:
+
+- the median seconds per round over ``--rounds`` timed rounds (after ``--warmup``);
+- on a GPU, how busy the GPU was: the summed time of its kernels over the wall time of the
+  profiled rounds (well under 1 means the host side, Python and kernel launches, is the
+  limit, not the GPU's arithmetic);
+- ``torch.profiler``'s table of the operators that took the most time.
+
+``--cudnn-benchmark`` turns on cuDNN's autotuner (``torch.backends.cudnn.benchmark``) to see
+what it would gain; fedforget leaves it off (its algorithm choice is timed, so it can differ
+between runs).
+
+    python benchmarks/profile_round.py --preset mcmahan --mode vectorized --device cuda
+    python benchmarks/profile_round.py --preset digits --mode sequential --epochs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import simulation as sim  # noqa: E402  (benchmarks/simulation.py)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(sim.PRESETS), default="mcmahan")
+    ap.add_argument("--mode", choices=["central", "sequential", "vectorized"], default="vectorized")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--eval", choices=["none", "global"], default="none")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (then as many profiled)")
+    ap.add_argument("--rows", type=int, default=25, help="operators in the table")
+    ap.add_argument("--cudnn-benchmark", action="store_true")
+    ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
+    args = ap.parse_args()
+    args.memory = 0  # simulation.run_config reads these
+    args.repeats = 1
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedforget.data import prepare_dataset
+
+    p = sim.PRESETS[args.preset]
+    prepare_dataset(p["dataset"], p["options"], args.data)
+    torch.set_num_threads(args.threads)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    device, one = sim.mode_round(args, args.mode)
+    rnd = 0
+    for _ in range(args.warmup):
+        rnd += 1
+        one(rnd)
+    times = []
+    for _ in range(args.rounds):
+        rnd += 1
+        times.append(one(rnd)[0])
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.rounds):
+            rnd += 1
+            one(rnd)
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    print(f"# {args.preset}, {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
+          f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}")  # fmt: skip
+    print(f"s/round (median of {args.rounds}): {statistics.median(times):.4f}  (min {min(times):.4f})")
+    if cuda:
+        kernel_us = sum(getattr(e, "self_device_time_total", 0) for e in events
+                        if str(getattr(e, "device_type", "")).endswith("CUDA"))  # fmt: skip
+        print(f"GPU kernels {kernel_us / 1e6:.4f} s of {wall:.4f} s wall over {args.rounds} profiled rounds "
+              f"(GPU busy {kernel_us / 1e6 / wall:.0%})")  # fmt: skip
+    key = "device_time_total" if cuda else "cpu_time_total"
+    print(events.table(sort_by=key, row_limit=args.rows))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
