@@ -444,12 +444,12 @@ class Simulation:
         if self.offload_client_state:
             for st in self.client_state.values():
                 st.update(to_device(st, torch.device("cpu")))
-        rng = ckpt["rng"]
-        torch.set_rng_state(rng["torch"])
+        rng = ckpt["rng"]  # RNG states are CPU byte tensors (a checkpoint read with map_location=cuda moved them)
+        torch.set_rng_state(rng["torch"].cpu())
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
         if "cuda" in rng and self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], self.device)
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
 
     def run_round(self, rnd: int, start: float) -> dict[str, Any]:
         t, cfg = self.cfg.train, self.cfg
