@@ -9,8 +9,10 @@ numbers, not a test. These are the measurements behind ``client_engine: auto``
    Needs the default config's data prepared (`fedforget prepare --config config/config.yaml`).
 2. ``step``: one local step (forward + backward of each client's own mean loss) of 10
    clients x 4 or 32 samples, for each embedded model and the McMahan CNN: ``stacked_forward``
-   (the batched engine's path), ``vmap`` over ``functional_call`` (its fallback), and the
-   clients one after another (the sequential engine's ``nn.Module`` calls).
+   (the batched engine's path), ``vmap`` over ``functional_call`` (its fallback), the
+   clients one after another (the sequential engine's ``nn.Module`` calls) on 2 intra-op
+   threads, and the clients one after another on 2 worker threads of one intra-op thread
+   each, half the clients each (the batched engine's client-by-client steps on a CPU).
 3. ``eval``: test accuracy of 10 local models on a 1000-sample test set, batched
    (``evaluate_stacked(batched=True)``) vs one model after another.
 4. ``conv``: one Conv2d layer's forward + weight gradient for 10 clients x 50 samples:
@@ -25,9 +27,11 @@ numbers, not a test. These are the measurements behind ``client_engine: auto``
 
 from __future__ import annotations
 
+import copy
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -89,7 +93,24 @@ def time_step(model, g: int, b: int, shape) -> dict[str, float]:
             model.zero_grad(set_to_none=True)
             F.cross_entropy(model(x[i]), y[i]).backward()
 
-    return {"stacked": _median_ms(stacked), "vmap": _median_ms(lambda: vm(p, x, y)), "loop": _median_ms(loop)}
+    replicas = [copy.deepcopy(model) for _ in range(2)]
+
+    def work(j: int) -> None:
+        torch.set_num_threads(1)
+        for i in range(j, g, 2):
+            replicas[j].zero_grad(set_to_none=True)
+            F.cross_entropy(replicas[j](x[i]), y[i]).backward()
+
+    with ThreadPoolExecutor(2) as pool:
+
+        def two_workers():
+            try:
+                list(pool.map(work, range(2)))
+            finally:
+                torch.set_num_threads(2)
+
+        return {"stacked": _median_ms(stacked), "vmap": _median_ms(lambda: vm(p, x, y)), "loop": _median_ms(loop),
+                "loop, 2 workers x 1 thread": _median_ms(two_workers)}  # fmt: skip
 
 
 def step() -> None:

@@ -16,9 +16,11 @@ runs on the stacked tensors. Two ways to run the stacked forward:
 - otherwise ``torch.func.vmap`` over ``functional_call`` of the model (any module without
   buffers or randomness), which reshapes between the two layouts at every layer.
 
-On a CPU, Conv2d models run their wide steps (>= ``LOOP_MIN_ROWS`` rows) client by client on
-the stacked weights (a grouped Conv2d over many rows is slower there than a loop) and their
-short steps batched; the optimizer update is batched either way.
+On a CPU, Conv2d models run their wide steps (>= ``LOOP_MIN_ROWS`` rows) client by client
+(a grouped Conv2d over many rows is slower there than a loop), spread over the process's
+intra-op threads used as workers of one thread each (a small convolution gains little from
+a second intra-op thread, while two clients side by side use both cores), and their short
+steps batched.
 
 Each client keeps its own numerics:
 
@@ -47,8 +49,10 @@ engine splits a round's clients into groups of at most ``train.max_parallel_clie
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -259,17 +263,53 @@ def train_clients_together(
     # needed if the model has any
     tied = len(list(model.named_parameters(remove_duplicate=False))) != len(names)
 
-    def loop_step_(xb, yb, rows: list[int]) -> None:
-        """One step of each active client, one after another (client i on its ``rows[i]``
-        real rows), updating its weights in the stack in place."""
-        for i, n in enumerate(rows):
-            leaves = {k: params[k][i].detach().requires_grad_() for k in names}
-            logits = functional_call(model, leaves, (xb[i, :n],), tie_weights=tied)
-            loss = F.cross_entropy(logits, yb[i, :n])
+    def loop_client_(net: nn.Module, i: int, ks: range) -> torch.Tensor:
+        """Client i's steps ``ks`` on its own, on its slice of the stack (weights and momentum
+        updated in place); returns the sum of its losses. ``net``: a replica of the model
+        owned by the calling thread (functional_call swaps a module's parameters). The
+        client trains on its own copies, written back at the end: views of one stack share
+        a version counter, so another thread's in-place update would invalidate this
+        client's autograd graph."""
+        total = torch.zeros((), device=device)
+        p_i = [params[k][i].clone() for k in names]
+        b_i = None if bufs is None else [bufs[k][i].clone() for k in names]
+        for k in ks:
+            if k >= steps[i]:
+                break
+            rows = table[i, k, : int(width[i, k])]
+            leaves = {n: v.detach().requires_grad_() for n, v in zip(names, p_i)}
+            loss = F.cross_entropy(functional_call(net, leaves, (x[rows],), tie_weights=tied), y[rows])
             grads = torch.autograd.grad(loss, list(leaves.values()))
             with torch.no_grad():
-                sgd_([params[k][i] for k in names], list(grads), None if bufs is None else [bufs[k][i] for k in names])
-            loss_sum[i] += loss.detach()
+                sgd_(p_i, list(grads), b_i)
+            total += loss.detach()
+        with torch.no_grad():
+            for k, v in zip(names, p_i):
+                params[k][i].copy_(v)
+            for k, v in zip(names, b_i or []):
+                bufs[k][i].copy_(v)
+        return total
+
+    def loop_steps_(ks: range, active: int) -> None:
+        """Steps ``ks`` (a run of wide steps) of the ``active`` clients, each client on its
+        own: spread over ``workers`` threads of one intra-op thread each, client by client
+        (a client's steps stay in order; clients share nothing but read-only data)."""
+        if pool is None:
+            for i in range(active):
+                loss_sum[i] += loop_client_(model, i, ks)
+            return
+
+        def work(j: int) -> list[tuple[int, torch.Tensor]]:
+            torch.set_num_threads(1)  # this thread's ops on one core (OpenMP and MKL)
+            return [(i, loop_client_(replicas[j], i, ks)) for i in range(j, active, workers)]
+
+        try:
+            parts = list(pool.map(work, range(min(workers, active))))
+        finally:
+            torch.set_num_threads(workers)  # MKL's count is process-wide: back for the batched steps
+        for part in parts:
+            for i, total in part:
+                loss_sum[i] += total
 
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
     # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
@@ -277,23 +317,40 @@ def train_clients_together(
     # rows 21 vs 32 ms; cnn2d x 4 rows 6.0 vs 14.9 ms; cnn2d x 32 varies between runs, 28.5 vs
     # 24.6 and 32.5 vs 39.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
     # and the short steps (the clients' last, partial batches) batched. The choice depends
-    # only on batch widths, never on timings, so results stay deterministic.
+    # only on batch widths, never on timings, so results stay deterministic; so does the
+    # split of clients over worker threads (client i on worker i mod workers), and each
+    # client's arithmetic is the same whichever thread runs it.
     loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
     steps_t = torch.tensor(steps)
     # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
     # step needs only as many columns as its fullest active client has rows
     width = (table >= 0).sum(-1).cpu()  # [M, T]
+    n_steps = table.shape[1]
+    active_at = [int((steps_t > k).sum()) for k in range(n_steps)]  # a prefix: sorted by step count
+    wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
+    # the client-by-client steps use the intra-op threads as workers, one client each: small
+    # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
+    # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
+    # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
+    workers = torch.get_num_threads() if any(wide) else 1
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    replicas = [copy.deepcopy(model).train() for _ in range(workers)] if pool is not None else []
     was_training = model.training
     model.train()
-    for k in range(table.shape[1]):
-        active = int((steps_t > k).sum())  # a prefix: clients sorted by step count
+    k = 0
+    while k < n_steps:
+        if wide[k]:  # a run of wide steps, client by client
+            end = k
+            while end < n_steps and wide[end]:
+                end += 1
+            loop_steps_(range(k, end), active_at[k])
+            k = end
+            continue
+        active = active_at[k]
         w = int(width[:active, k].max())
         idx = table[:active, k, :w]  # [a, w]
         safe = idx.clamp(min=0)
         xb, yb = x[safe], y[safe]  # [a, w, ...]: one gather for all clients
-        if loop_wide and w >= LOOP_MIN_ROWS:
-            loop_step_(xb, yb, width[:active, k].tolist())
-            continue
         mask = (idx >= 0).to(x.dtype)
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
@@ -311,7 +368,10 @@ def train_clients_together(
         with torch.no_grad():
             bs = None if bufs is None else [bufs[n][:active] for n in names]
             sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
+        k += 1
     model.train(was_training)
+    if pool is not None:
+        pool.shutdown()
 
     state_keys = list(global_params)
     results: list[ClientResult | None] = [None] * m
