@@ -19,13 +19,15 @@ from fedforget.partition import PartitionSpec
 REPO = Path(__file__).resolve().parents[1]
 
 # FEDFORGET_TEST_DEVICE=cuda runs the make_run_config tests (the engine equivalence tests
-# among them) on a GPU. TF32 is switched off there: the 1e-5 comparisons are float32 claims.
+# among them) on a GPU. TF32 is switched off there (the 1e-5 comparisons are float32
+# claims), and cuDNN picks deterministic algorithms (no atomics: a rerun gives the same bits).
 TEST_DEVICE = os.environ.get("FEDFORGET_TEST_DEVICE", "cpu")
 if TEST_DEVICE != "cpu":
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
 
 # (name, options) of every dataset the session fixture prepares
 PREPARED = [("iris", {}), ("iris", {"pca": 2}), ("digits", {}), ("mnist1d", {})]

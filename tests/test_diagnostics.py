@@ -29,7 +29,8 @@ def test_weight_divergence_matches_hand_computation(make_run_config):
     assert rows[2]["local_models_pairwise_dist_mean"] == pytest.approx(sum(pairs) / len(pairs), rel=1e-9)
     assert rows[2]["local_models_dist_to_global_mean"] > 0
     # the snapshot's global_after is the model the round ended with
-    assert all(torch.equal(snap["global_after"][k], sim.global_params[k]) for k in sim.global_params)
+    assert all(torch.equal(snap["global_after"][k], sim.global_params[k].to(snap["global_after"][k].device))
+               for k in sim.global_params)  # fmt: skip (snapshots live on the CPU)
     assert not all(torch.equal(snap["global_before"][k], snap["global_after"][k]) for k in sim.global_params)
 
 
