@@ -6,7 +6,8 @@
 #   2. benchmarks/simulation.py, McMahan CNN preset (100 clients, 10% per round, batch 50)
 #      on cuda: 1 and 5 local epochs, and 1 epoch with global evaluation every round; the
 #      last line of each says vectorized / sequential (the target: >= 5x);
-#   3. the same for the embedded models with 100 clients (digits-k100, mnist1d-k100).
+#   3. the same for the embedded models with 100 clients (digits-k100, mnist1d-k100);
+#   4. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch: sequential vs vectorized.
 # usage: bash benchmarks/gpu.sh [OUTDIR]    (results: OUTDIR/*.json, OUTDIR/*.txt)
 set -u
 out=${1:-gpu-results}
@@ -23,4 +24,8 @@ done
 sim --preset mcmahan --epochs 1 --eval global --json "$out/mcmahan-e1-eval.json" | tee -a "$out/sim.txt"
 for p in digits-k100 mnist1d-k100; do
     sim --preset "$p" --epochs 1 --repeats 1 --json "$out/$p-e1.json" | tee -a "$out/sim.txt"
+done
+for m in fedprox feddyn scaffold; do
+    sim --preset mcmahan --epochs 1 --method "$m" --modes sequential vectorized --repeats 1 \
+        --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
 done

@@ -73,8 +73,9 @@ def run_config(args, engine: str):
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
     )  # fmt: skip
     clients = args.memory or p["clients"]
+    method = getattr(args, "method", "fedavg")
     return RunConfig("bench", ds, PartitionSpec("iid", clients=clients, seed=0),
-                     MethodSpec("fedavg", {}, "fedavg"), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
+                     MethodSpec(method, {}, method), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
 
 
 def peak_rss_mb() -> float:
@@ -214,6 +215,8 @@ def main() -> None:
     ap.add_argument("--interleave", action="store_true",
                     help="all modes in one process, a round of each in turn (robust to drifting machine speed; "
                     "--rounds x --repeats rounds per mode; peak memory not per mode)")  # fmt: skip
+    ap.add_argument("--method", default="fedavg",
+                    help="the engine modes run this method with its default hyperparameters (central is plain SGD)")  # fmt: skip
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -228,7 +231,7 @@ def main() -> None:
     args.passthrough = [
         "--preset", args.preset, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
-        "--device", args.device, "--memory", str(args.memory), "--data", args.data,
+        "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -244,7 +247,7 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    print(f"# {args.preset}: {args.memory or p['clients']} clients, rate {p['rate']}, batch {p['batch']}, "
+    print(f"# {args.preset}, {args.method}: {args.memory or p['clients']} clients, rate {p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     central = None

@@ -69,12 +69,12 @@ def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
     # a method with its own client step falls back, and says why
-    prox = make_run_config(method="fedprox", params={"mu": 0.1})
-    sim = Simulation(replace(prox, train=replace(prox.train, client_engine="auto")))
+    ntd = make_run_config(method="fedntd")
+    sim = Simulation(replace(ntd, train=replace(ntd.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "fedprox" in sim.engine_info["client_engine_reason"]
-    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'fedprox'"):
-        Simulation(replace(prox, train=replace(prox.train, client_engine="vectorized")))
+    assert "fedntd" in sim.engine_info["client_engine_reason"]
+    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'fedntd'"):
+        Simulation(replace(ntd, train=replace(ntd.train, client_engine="vectorized")))
     adam = make_run_config(optimizer={"name": "adam", "lr": 1e-3})
     with pytest.raises(FedForgetError, match="optimizer 'adam'"):
         Simulation(replace(adam, train=replace(adam.train, client_engine="vectorized")))

@@ -37,6 +37,7 @@ from .vectorized import (
     ClientJob,
     auto_prefers_sequential,
     evaluate_stacked,
+    has_step_terms,
     train_clients_together,
     why_not_vectorized,
 )
@@ -307,13 +308,23 @@ class Simulation:
             )
             for cid in cids
         ]  # fmt: skip
-        opt = t.optimizer
+        opt, method = t.optimizer, self.method
+        # a method with per-step terms (FedProx, FedDyn, SCAFFOLD): its client_begin for
+        # every client on the global weights, then its terms for the stack
+        with_terms = has_step_terms(type(method))
+        ctxs: dict[int, ClientContext] = {}
+        if with_terms:
+            self.load_params(self.model, self.global_params)
+            for cid in cids:
+                ctxs[cid] = self.client_context(cid, rnd, lr)
+                method.client_begin(ctxs[cid])
         results = train_clients_together(
             self.model, self.global_params, self.clients.x, self.clients.y, jobs,
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
+            step_terms=(lambda order: method.stacked_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
         )  # fmt: skip
-        own_end = type(self.method).client_end is not FedAvg.client_end
+        own_end = type(method).client_end is not FedAvg.client_end
         ups, stats = [], []
         for r in results:
             if not math.isfinite(r.mean_loss):
@@ -323,9 +334,11 @@ class Simulation:
                 stats.append({})
                 continue
             self.load_params(self.model, r.params)
-            ctx = self.client_context(r.cid, rnd, lr)
+            ctx = ctxs.get(r.cid) or self.client_context(r.cid, rnd, lr)
+            if with_terms:  # set up again, on the trained weights, for client_end
+                method.client_begin(ctx)
             ctx.steps = r.steps
-            ups.append(self.method.client_end(ctx))
+            ups.append(method.client_end(ctx))
             stats.append(ctx.stats)
             if self.offload_client_state:
                 ctx.state.update(to_device(ctx.state, torch.device("cpu")))

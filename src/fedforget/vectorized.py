@@ -38,7 +38,9 @@ Each client keeps its own numerics:
 The results match the sequential loop up to floating-point summation order (a test checks
 1e-5 on a tiny config). The engine uses this path only where it computes the same thing:
 the method's local-training hooks are FedAvg's (``client_side_is_fedavg``; a method's own
-``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards), the model has no
+``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards) or the method states
+its change as per-step loss and gradient terms for the stacked clients
+(``FedAvg.stacked_step_terms``: FedProx, FedDyn, SCAFFOLD), the model has no
 buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
 place), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
 back to one client after another; ``run.json`` records which path ran.
@@ -51,7 +53,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -60,12 +62,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from .methods.base import FedAvg
+from .methods.base import FedAvg, StepTerms
 from .models import Classifier
 
 # the hooks that shape local training; ``client_end`` (what a client uploads) may differ from
 # FedAvg's: the engine runs it for each client on its trained weights after the batched pass
 TRAINING_HOOKS = ("client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad")
+
+
+# the hooks a method may override and still train batched, when it states their effect
+# for the whole stack in ``stacked_step_terms`` (FedProx, FedDyn, SCAFFOLD)
+TERM_HOOKS = ("client_begin", "extra_loss", "transform_grad")
 
 
 def client_side_is_fedavg(method_cls: type) -> bool:
@@ -74,10 +81,16 @@ def client_side_is_fedavg(method_cls: type) -> bool:
     return all(getattr(method_cls, h) is getattr(FedAvg, h) for h in TRAINING_HOOKS)
 
 
+def has_step_terms(method_cls: type) -> bool:
+    """True if the method states its local-training change as per-step terms for the
+    stacked clients (``FedAvg.stacked_step_terms``)."""
+    return method_cls.stacked_step_terms is not FedAvg.stacked_step_terms
+
+
 def why_not_vectorized(method_cls: type, model: nn.Module, optimizer_name: str) -> str | None:
     """None if clients can be trained together, else the reason (recorded in run.json)."""
-    if not client_side_is_fedavg(method_cls):
-        hooks = [h for h in TRAINING_HOOKS if getattr(method_cls, h) is not getattr(FedAvg, h)]
+    hooks = [h for h in TRAINING_HOOKS if getattr(method_cls, h) is not getattr(FedAvg, h)]
+    if hooks and not (has_step_terms(method_cls) and set(hooks) <= set(TERM_HOOKS)):
         return f"method '{method_cls.name}' overrides local-training hooks {hooks}"
     if any(True for _ in model.buffers()):
         return "the model has buffers (e.g. BatchNorm running statistics)"
@@ -216,12 +229,16 @@ def train_clients_together(
     weight_decay: float,
     epochs: int,
     batch_size: int,
+    step_terms: Callable[[list[int]], StepTerms | None] | None = None,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``x``, ``y`` are the engine's training data, sorted by client (``ClientJob.start``).
-    Results come back in the order of ``jobs``."""
+    ``step_terms(order)``: the method's per-step loss and gradient terms
+    (``FedAvg.stacked_step_terms``) for the jobs in that order (indices into ``jobs``), the
+    order of the stack. Results come back in the order of ``jobs``."""
     device = x.device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
+    terms = None if step_terms is None else step_terms(order)
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
     table, steps = _batch_table(jobs_sorted, epochs, batch_size, device)
@@ -279,10 +296,17 @@ def train_clients_together(
             rows = table[i, k, : int(width[i, k])]
             leaves = {n: v.detach().requires_grad_() for n, v in zip(names, p_i)}
             loss = F.cross_entropy(functional_call(net, leaves, (x[rows],), tie_weights=tied), y[rows])
-            grads = torch.autograd.grad(loss, list(leaves.values()))
+            grads = list(torch.autograd.grad(loss, list(leaves.values())))
+            loss = loss.detach()
+            if terms is not None:
+                with torch.no_grad():
+                    ext_loss, ext = terms(i, i + 1, {n: v.unsqueeze(0) for n, v in zip(names, p_i)})
+                grads = [g + ext[n][0] if n in ext else g for n, g in zip(names, grads)]
+                if ext_loss is not None:
+                    loss = loss + ext_loss[0]
             with torch.no_grad():
-                sgd_(p_i, list(grads), b_i)
-            total += loss.detach()
+                sgd_(p_i, grads, b_i)
+            total += loss
         with torch.no_grad():
             for k, v in zip(names, p_i):
                 params[k][i].copy_(v)
@@ -364,7 +388,14 @@ def train_clients_together(
         else:
             p_act = {n: v[:active] for n, v in params.items()}
             grads, losses = step_fn(p_act, xb, yb, mask)
-        loss_sum[:active] += losses.detach()
+        losses = losses.detach()
+        if terms is not None:
+            with torch.no_grad():
+                ext_loss, ext = terms(0, active, p_act)
+            grads = {n: g + ext[n] if n in ext else g for n, g in grads.items()}
+            if ext_loss is not None:
+                losses = losses + ext_loss
+        loss_sum[:active] += losses
         with torch.no_grad():
             bs = None if bufs is None else [bufs[n][:active] for n in names]
             sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)

@@ -16,6 +16,15 @@ A federated round, as the engine (``fedforget.engine``) runs it::
     method.after_aggregate(server, uploads)                  # e.g. distillation, FedDyn h
     metrics row += method.round_metrics(server)              # method diagnostics
 
+Clients trained together (``fedforget.vectorized``, the batched engine) run FedAvg's local
+step for all sampled clients at once. A method whose local-training change is a term added
+to every step's loss, that depends only on the client's own weights and on values fixed for
+the round (FedProx's proximal term, FedDyn's linear and quadratic terms, SCAFFOLD's
+control-variate correction), states that term for the whole stack in
+``stacked_step_terms`` and so runs batched too; ``client_begin`` then runs for every client
+before the batched pass (on the global weights) and again before its ``client_end`` (on its
+trained weights), so it must only set up, never accumulate.
+
 State: ``ctx.state`` is the client's own persistent dict (kept across the rounds in which
 it is sampled; e.g. SCAFFOLD's c_i); ``server.state`` is the server's (e.g. SCAFFOLD's c,
 FedDyn's h). ``ctx.global_params`` is what the server broadcast this round (read-only).
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..models import Classifier
 
 Params = dict[str, torch.Tensor]
+# terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient terms by name)
+StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params]]
 
 
 @dataclass
@@ -118,6 +129,14 @@ def flatten_state(params: Params) -> torch.Tensor:
     return torch.cat(
         [v.detach().reshape(-1) for v in params.values() if torch.is_floating_point(v)]
     )
+
+
+def split_stacked(flat: torch.Tensor, shapes: Sequence[tuple[str, torch.Size]]) -> Params:
+    """[G, P] (one flat vector per client, parameters in ``shapes``' order) -> {name:
+    [G, *shape]}: per-client flat state (SCAFFOLD's c_i, FedDyn's gradient) laid out like
+    the batched engine's stacked weights."""
+    parts = flat.split([math.prod(s) for _, s in shapes], dim=1)
+    return {n: part.reshape(flat.shape[0], *s) for (n, s), part in zip(shapes, parts)}
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -221,6 +240,16 @@ class FedAvg:
 
     def transform_grad(self, ctx: ClientContext) -> None:
         """Per-step gradient transform, in place on p.grad (projection, control variates)."""
+
+    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
+        """The batched engine's form of this method's extra_loss + transform_grad, for the
+        clients ``ctxs`` (after their client_begin): a function ``terms(lo, hi, w)`` that
+        takes the stacked trainable weights ``w[name]`` [hi - lo, ...] of clients
+        ``ctxs[lo:hi]`` and returns (their extra loss values [hi - lo], or None for no loss
+        term; the terms to add to their gradients, {name: [hi - lo, ...]}), exactly what
+        extra_loss and transform_grad add for each client on its own. None (FedAvg): no
+        terms. Only for changes of that form; others train one client after another."""
+        return None
 
     def client_end(self, ctx: ClientContext) -> Upload:
         """End of local training: what the client uploads."""

@@ -36,7 +36,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, ServerContext, Upload, check_number, weighted_average
+from .base import (
+    ClientContext,
+    FedAvg,
+    ServerContext,
+    StepTerms,
+    Upload,
+    check_number,
+    split_stacked,
+    weighted_average,
+)
 from .base import Params as StateDict
 from .registry import METHODS
 
@@ -94,6 +103,22 @@ class FedDyn(FedAvg):
         lin = sum((g * w).sum() for w, _, g in self._terms)
         sq = sum((w - wg).pow(2).sum() for w, wg, _ in self._terms)
         return 0.5 * self.p.alpha * sq - lin
+
+    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+        """extra_loss for clients trained together: per client, (alpha/2) ||theta -
+        theta^{t-1}||^2 - <grad L_k(theta_k^{t-1}), theta>, and its gradient
+        alpha (theta - theta^{t-1}) - grad L_k(theta_k^{t-1})."""
+        alpha, wg = self.p.alpha, ctxs[0].global_params
+        shapes = [(n, p.shape) for n, p in ctxs[0].model.named_parameters() if p.requires_grad]
+        g = split_stacked(torch.stack([ctx.state["grad"] for ctx in ctxs]), shapes)
+
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
+            diff = {n: w[n] - wg[n] for n, _ in shapes}
+            sq = torch.stack([d.pow(2).flatten(1).sum(1) for d in diff.values()]).sum(0)
+            lin = torch.stack([(g[n][lo:hi] * w[n]).flatten(1).sum(1) for n, _ in shapes]).sum(0)
+            return 0.5 * alpha * sq - lin, {n: alpha * d - g[n][lo:hi] for n, d in diff.items()}
+
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

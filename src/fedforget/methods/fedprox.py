@@ -6,8 +6,8 @@ global weights w^t (the paper's local objective h_k):
 
     h_k(w; w^t) = F_k(w) + (mu/2) ||w - w^t||^2
 
-summed over the trainable parameters (``extra_loss``), so each step's gradient is
-grad F_k(w) + mu (w - w^t). Everything else is FedAvg: local SGD from w^t, server average
+summed over the trainable parameters (``extra_loss``; ``stacked_step_terms`` for clients
+trained together), so each step's gradient is grad F_k(w) + mu (w - w^t). Everything else is FedAvg: local SGD from w^t, server average
 weighted by n_k (as the FedSOL code and the FedDyn authors' FedProx baseline do; the paper's
 Algorithm 2 samples clients with probability p_k and averages uniformly, which has the same
 expectation).
@@ -20,11 +20,12 @@ METHODS.md grid is {0.001, 0.01, 0.1, 1}. mu = 0 is FedAvg exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, Upload, check_number
+from .base import ClientContext, FedAvg, StepTerms, Upload, check_number
 from .registry import METHODS
 
 
@@ -48,6 +49,19 @@ class FedProx(FedAvg):
     def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
         sq = sum((w - wg).pow(2).sum() for w, wg in self._anchor)
         return 0.5 * self.p.mu * sq  # (mu/2) ||w - w^t||^2
+
+    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+        """The proximal term for clients trained together: for each client's weights w,
+        (mu/2) ||w - w^t||^2 and its gradient mu (w - w^t)."""
+        mu, wg = self.p.mu, ctxs[0].global_params  # one broadcast for every client
+        names = [n for n, p in ctxs[0].model.named_parameters() if p.requires_grad]
+
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
+            diff = {n: w[n] - wg[n] for n in names}
+            sq = torch.stack([d.pow(2).flatten(1).sum(1) for d in diff.values()]).sum(0)
+            return 0.5 * mu * sq, {n: mu * d for n, d in diff.items()}
+
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

@@ -40,7 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ClientContext, FedAvg, ServerContext, Upload, check_number, weighted_average
+from .base import (
+    ClientContext,
+    FedAvg,
+    ServerContext,
+    StepTerms,
+    Upload,
+    check_number,
+    split_stacked,
+    weighted_average,
+)
 from .base import Params as StateDict
 from .fednova import effective_steps, require_sgd
 from .registry import METHODS
@@ -127,6 +136,12 @@ class Scaffold(FedAvg):
                 p.grad = d.clone()
             else:
                 p.grad.add_(d)
+
+    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+        """The same correction c - c_i for clients trained together (no loss term)."""
+        shapes = [(n, p.shape) for n, p in ctxs[0].model.named_parameters() if p.requires_grad]
+        corr = split_stacked(torch.stack([ctx.broadcast["c"] - ctx.state["c"] for ctx in ctxs]), shapes)
+        return lambda lo, hi, w: (None, {n: d[lo:hi] for n, d in corr.items()})
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
