@@ -324,12 +324,14 @@ class Simulation:
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.stacked_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
         )  # fmt: skip
-        own_end = type(method).client_end is not FedAvg.client_end
+        # client_end per client: a method's own upload, or (step terms) a context whose state
+        # goes back to host memory like train_client's
+        per_client = with_terms or type(method).client_end is not FedAvg.client_end
         ups, stats = [], []
         for r in results:
             if not math.isfinite(r.mean_loss):
                 raise Diverged(f"client {r.cid} local loss is {r.mean_loss} in round {rnd}")
-            if not own_end:
+            if not per_client:
                 ups.append(Upload(r.cid, self.clients.size(r.cid), r.params, r.steps))
                 stats.append({})
                 continue

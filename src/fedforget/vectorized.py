@@ -280,38 +280,43 @@ def train_clients_together(
     # needed if the model has any
     tied = len(list(model.named_parameters(remove_duplicate=False))) != len(names)
 
+    def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor):
+        """The method's per-step terms (``stacked_step_terms``) of clients lo..hi-1 added to
+        their gradients and losses ([hi - lo, ...] each)."""
+        if terms is None:
+            return grads, losses
+        with torch.no_grad():
+            ext_loss, ext = terms(lo, hi, w)
+        grads = {n: g + ext[n] if n in ext else g for n, g in grads.items()}
+        return grads, losses if ext_loss is None else losses + ext_loss
+
     def loop_client_(net: nn.Module, i: int, ks: range) -> torch.Tensor:
         """Client i's steps ``ks`` on its own, on its slice of the stack (weights and momentum
-        updated in place); returns the sum of its losses. ``net``: a replica of the model
-        owned by the calling thread (functional_call swaps a module's parameters). The
-        client trains on its own copies, written back at the end: views of one stack share
-        a version counter, so another thread's in-place update would invalidate this
-        client's autograd graph."""
-        total = torch.zeros((), device=device)
-        p_i = [params[k][i].clone() for k in names]
-        b_i = None if bufs is None else [bufs[k][i].clone() for k in names]
+        updated in place); returns the sum of its losses ([1]). ``net``: a replica of the
+        model owned by the calling thread (functional_call swaps a module's parameters). The
+        client trains on its own copies ([1, ...], a stack of one), written back at the end:
+        views of one stack share a version counter, so another thread's in-place update would
+        invalidate this client's autograd graph."""
+        total = torch.zeros(1, device=device)
+        p_i = {n: params[n][i : i + 1].clone() for n in names}
+        b_i = None if bufs is None else [bufs[n][i : i + 1].clone() for n in names]
         for k in ks:
             if k >= steps[i]:
                 break
             rows = table[i, k, : int(width[i, k])]
-            leaves = {n: v.detach().requires_grad_() for n, v in zip(names, p_i)}
-            loss = F.cross_entropy(functional_call(net, leaves, (x[rows],), tie_weights=tied), y[rows])
-            grads = list(torch.autograd.grad(loss, list(leaves.values())))
-            loss = loss.detach()
-            if terms is not None:
-                with torch.no_grad():
-                    ext_loss, ext = terms(i, i + 1, {n: v.unsqueeze(0) for n, v in zip(names, p_i)})
-                grads = [g + ext[n][0] if n in ext else g for n, g in zip(names, grads)]
-                if ext_loss is not None:
-                    loss = loss + ext_loss[0]
+            leaves = {n: v.detach().requires_grad_() for n, v in p_i.items()}
+            logits = functional_call(net, {n: v[0] for n, v in leaves.items()}, (x[rows],), tie_weights=tied)
+            loss = F.cross_entropy(logits, y[rows]).unsqueeze(0)
+            grads = dict(zip(names, torch.autograd.grad(loss, list(leaves.values()))))
+            grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach())
             with torch.no_grad():
-                sgd_(p_i, grads, b_i)
+                sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
             total += loss
         with torch.no_grad():
-            for k, v in zip(names, p_i):
-                params[k][i].copy_(v)
-            for k, v in zip(names, b_i or []):
-                bufs[k][i].copy_(v)
+            for n, v in p_i.items():
+                params[n][i : i + 1].copy_(v)
+            for n, v in zip(names, b_i or []):
+                bufs[n][i : i + 1].copy_(v)
         return total
 
     def loop_steps_(ks: range, active: int) -> None:
@@ -320,7 +325,7 @@ def train_clients_together(
         (a client's steps stay in order; clients share nothing but read-only data)."""
         if pool is None:
             for i in range(active):
-                loss_sum[i] += loop_client_(model, i, ks)
+                loss_sum[i : i + 1] += loop_client_(model, i, ks)
             return
 
         def work(j: int) -> list[tuple[int, torch.Tensor]]:
@@ -333,7 +338,7 @@ def train_clients_together(
             torch.set_num_threads(workers)  # MKL's count is process-wide: back for the batched steps
         for part in parts:
             for i, total in part:
-                loss_sum[i] += total
+                loss_sum[i : i + 1] += total
 
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
     # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
@@ -388,13 +393,7 @@ def train_clients_together(
         else:
             p_act = {n: v[:active] for n, v in params.items()}
             grads, losses = step_fn(p_act, xb, yb, mask)
-        losses = losses.detach()
-        if terms is not None:
-            with torch.no_grad():
-                ext_loss, ext = terms(0, active, p_act)
-            grads = {n: g + ext[n] if n in ext else g for n, g in grads.items()}
-            if ext_loss is not None:
-                losses = losses + ext_loss
+        grads, losses = add_terms(0, active, p_act, grads, losses.detach())
         loss_sum[:active] += losses
         with torch.no_grad():
             bs = None if bufs is None else [bufs[n][:active] for n in names]

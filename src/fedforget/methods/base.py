@@ -131,12 +131,13 @@ def flatten_state(params: Params) -> torch.Tensor:
     )
 
 
-def split_stacked(flat: torch.Tensor, shapes: Sequence[tuple[str, torch.Size]]) -> Params:
-    """[G, P] (one flat vector per client, parameters in ``shapes``' order) -> {name:
-    [G, *shape]}: per-client flat state (SCAFFOLD's c_i, FedDyn's gradient) laid out like
-    the batched engine's stacked weights."""
-    parts = flat.split([math.prod(s) for _, s in shapes], dim=1)
-    return {n: part.reshape(flat.shape[0], *s) for (n, s), part in zip(shapes, parts)}
+def split_stacked(flats: Sequence[torch.Tensor], model: nn.Module) -> Params:
+    """One flat vector per client over ``model``'s trainable parameters, in their order
+    (SCAFFOLD's c_i, FedDyn's gradient) -> {name: [G, *shape]}, laid out like the batched
+    engine's stacked weights."""
+    shapes = [(n, p.shape) for n, p in model.named_parameters() if p.requires_grad]
+    parts = torch.stack(list(flats)).split([math.prod(s) for _, s in shapes], dim=1)
+    return {n: part.reshape(len(flats), *s) for (n, s), part in zip(shapes, parts)}
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

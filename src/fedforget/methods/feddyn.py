@@ -109,13 +109,12 @@ class FedDyn(FedAvg):
         theta^{t-1}||^2 - <grad L_k(theta_k^{t-1}), theta>, and its gradient
         alpha (theta - theta^{t-1}) - grad L_k(theta_k^{t-1})."""
         alpha, wg = self.p.alpha, ctxs[0].global_params
-        shapes = [(n, p.shape) for n, p in ctxs[0].model.named_parameters() if p.requires_grad]
-        g = split_stacked(torch.stack([ctx.state["grad"] for ctx in ctxs]), shapes)
+        g = split_stacked([ctx.state["grad"] for ctx in ctxs], ctxs[0].model)
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            diff = {n: w[n] - wg[n] for n, _ in shapes}
+            diff = {n: w[n] - wg[n] for n in g}
             sq = torch.stack([d.pow(2).flatten(1).sum(1) for d in diff.values()]).sum(0)
-            lin = torch.stack([(g[n][lo:hi] * w[n]).flatten(1).sum(1) for n, _ in shapes]).sum(0)
+            lin = torch.stack([(g[n][lo:hi] * w[n]).flatten(1).sum(1) for n in g]).sum(0)
             return 0.5 * alpha * sq - lin, {n: alpha * d - g[n][lo:hi] for n, d in diff.items()}
 
         return terms

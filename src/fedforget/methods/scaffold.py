@@ -139,8 +139,7 @@ class Scaffold(FedAvg):
 
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
         """The same correction c - c_i for clients trained together (no loss term)."""
-        shapes = [(n, p.shape) for n, p in ctxs[0].model.named_parameters() if p.requires_grad]
-        corr = split_stacked(torch.stack([ctx.broadcast["c"] - ctx.state["c"] for ctx in ctxs]), shapes)
+        corr = split_stacked([ctx.broadcast["c"] - ctx.state["c"] for ctx in ctxs], ctxs[0].model)
         return lambda lo, hi, w: (None, {n: d[lo:hi] for n, d in corr.items()})
 
     def client_end(self, ctx: ClientContext) -> Upload:
