@@ -117,6 +117,26 @@ def make_run_config(data_root, tmp_path):
 
 
 @pytest.fixture
+def run_engines():
+    """run_engines(rc, device=None) -> {engine: (simulation, metrics rows)}: ``rc`` run to
+    the end with the sequential and with the vectorized client engine (each must be the
+    engine that ran, and complete)."""
+    from fedforget.engine import Simulation
+
+    def run(rc: RunConfig, device=None):
+        out = {}
+        for engine in ("sequential", "vectorized"):
+            sim = Simulation(replace(rc, train=replace(rc.train, client_engine=engine)), device=device)
+            assert sim.engine_info["client_engine"] == engine
+            status, rows, msg = sim.run(progress=False)
+            assert status == "completed", msg
+            out[engine] = (sim, rows)
+        return out
+
+    return run
+
+
+@pytest.fixture
 def assert_same_metrics():
     """assert_same_metrics(rows_a, rows_b, tol=1e-5): two runs' metrics rows have the same
     columns and values, floats within ``tol`` (absolute; NaN equals NaN), timings ignored

@@ -23,17 +23,6 @@ from fedforget.vectorized import (
 )
 
 
-def _both(rc):
-    out = {}
-    for eng in ("sequential", "vectorized"):
-        sim = Simulation(replace(rc, train=replace(rc.train, client_engine=eng)))
-        status, rows, msg = sim.run(progress=False)
-        assert status == "completed", msg
-        assert sim.engine_info["client_engine"] == eng
-        out[eng] = (sim, rows)
-    return out
-
-
 @pytest.mark.parametrize(
     "kw",
     [
@@ -48,20 +37,20 @@ def _both(rc):
     ],
     ids=["digits-dirichlet-momentum-wd", "iris-mlp-small-batches", "mnist1d-shards"],
 )
-def test_vectorized_equals_sequential_within_1e5(make_run_config, assert_same_metrics, kw):
-    out = _both(make_run_config(**kw))
+def test_vectorized_equals_sequential_within_1e5(make_run_config, run_engines, assert_same_metrics, kw):
+    out = run_engines(make_run_config(**kw))
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     for k, v in seq.global_params.items():
         assert torch.allclose(v, vec.global_params[k], atol=1e-4, rtol=1e-4), k
 
 
-def test_small_groups_give_the_same_result(make_run_config, assert_same_metrics):
+def test_small_groups_give_the_same_result(make_run_config, run_engines, assert_same_metrics):
     rc = make_run_config(dataset="digits", model="cnn2d", rounds=2, sample_rate=1.0,
                          partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, seed=0))  # fmt: skip
     one = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized", max_parallel_clients=2)))
     _, rows_groups, _ = one.run(progress=False)
-    _, rows_all = _both(rc)["vectorized"]
+    _, rows_all = run_engines(rc)["vectorized"]
     assert_same_metrics(rows_groups, rows_all, tol=1e-6)
 
 
@@ -190,12 +179,12 @@ def test_stacked_supported_names_what_it_cannot_run():
     assert stacked_supported(Classifier(nn.Sequential(nn.Conv1d(1, 2, 3, padding_mode="circular")), 4, 2)) == "Conv1d"
 
 
-def test_vmap_fallback_equals_sequential(make_run_config, assert_same_metrics):
+def test_vmap_fallback_equals_sequential(make_run_config, run_engines, assert_same_metrics):
     """A buffer-free model stacked_forward cannot run (a ResNet body) goes through vmap."""
     rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "none"}, rounds=1,
                          batch_size=16, sample_rate=0.5, optimizer={"lr": 0.05, "momentum": 0.9},
                          partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=20, seed=0))  # fmt: skip
-    out = _both(rc)
+    out = run_engines(rc)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
 
 
@@ -245,7 +234,7 @@ def test_vectorized_run_resumes_exactly(make_run_config):
     assert strip(rows) == strip(rows_full)
 
 
-def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, assert_same_metrics, monkeypatch):
+def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, run_engines, assert_same_metrics, monkeypatch):
     """With 2 threads on a CPU, a Conv2d model's wide steps run client by client on 2 worker
     threads of one intra-op thread each: the same metrics as one client after another within
     1e-5, bit-identical from one run to the next, and the process keeps its thread count."""
@@ -264,7 +253,7 @@ def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, ass
         rc = make_run_config(dataset="digits", model="cnn2d", device="cpu", threads=2, rounds=2, local_epochs=2,
                              batch_size=32, sample_rate=0.5, optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4},
                              partition=PartitionSpec("dirichlet", clients=8, alpha=0.3, seed=0))  # fmt: skip
-        out = _both(rc)
+        out = run_engines(rc)
         assert maps, "the worker threads were not used"
         (_, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
         assert_same_metrics(rows_s, rows_v)

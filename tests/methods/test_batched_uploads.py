@@ -21,17 +21,11 @@ from .conftest import CPU
 
 
 @pytest.mark.parametrize("method", ["fednova", "feddf", "fedet"])
-def test_batched_engine_runs_the_methods_own_upload(public_run_cfg, assert_same_metrics, method):
+def test_batched_engine_runs_the_methods_own_upload(public_run_cfg, run_engines, assert_same_metrics, method):
     rc = public_run_cfg(method, rounds=2, sample_rate=0.75, local_epochs=2, batch_size=8,
                         optimizer={"lr": 0.05, "momentum": 0.9})  # fmt: skip
-    out = {}
-    for engine in ("sequential", "vectorized"):
-        sim = Simulation(replace(rc, train=replace(rc.train, client_engine=engine)), device=CPU)
-        assert sim.engine_info["client_engine"] == engine
-        status, rows, msg = sim.run(progress=False)
-        assert status == "completed", msg
-        out[engine] = rows
-    assert_same_metrics(out["sequential"], out["vectorized"])
+    out = run_engines(rc, CPU)
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
 
 
 @pytest.mark.parametrize(
@@ -39,18 +33,12 @@ def test_batched_engine_runs_the_methods_own_upload(public_run_cfg, assert_same_
     [("fedprox", {"mu": 0.5}), ("feddyn", {"alpha": 0.1}), ("scaffold", {}), ("scaffold", {"weighting": "samples"})],
     ids=["fedprox", "feddyn", "scaffold", "scaffold-samples"],
 )
-def test_batched_engine_runs_step_terms(public_run_cfg, assert_same_metrics, method, params):
+def test_batched_engine_runs_step_terms(public_run_cfg, run_engines, assert_same_metrics, method, params):
     # 4 rounds at 3 of 4 clients: clients come back with state from an earlier round
     rc = public_run_cfg(method, params, rounds=4, sample_rate=0.75, local_epochs=2, batch_size=8,
                         optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
-    sims = {}
-    for engine in ("sequential", "vectorized"):
-        sim = Simulation(replace(rc, train=replace(rc.train, client_engine=engine)), device=CPU)
-        assert sim.engine_info["client_engine"] == engine
-        status, rows, msg = sim.run(progress=False)
-        assert status == "completed", msg
-        sims[engine] = (sim, rows)
-    (seq, rows_s), (vec, rows_v) = sims["sequential"], sims["vectorized"]
+    out = run_engines(rc, CPU)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     assert seq.client_state.keys() == vec.client_state.keys()
     for cid, st in seq.client_state.items():
@@ -58,16 +46,13 @@ def test_batched_engine_runs_step_terms(public_run_cfg, assert_same_metrics, met
             assert torch.allclose(v, vec.client_state[cid][k], atol=1e-5), (cid, k)
 
 
-def test_step_terms_on_conv_steps_client_by_client(make_run_config, assert_same_metrics):
+def test_step_terms_on_conv_steps_client_by_client(make_run_config, run_engines, assert_same_metrics):
     # digits cnn2d on a CPU: wide steps client by client (the terms per client), tails batched
     rc = make_run_config(dataset="digits", model="cnn2d", method="feddyn", params={"alpha": 0.1}, rounds=2,
                          local_epochs=2, batch_size=32, sample_rate=0.5, device="cpu",
                          optimizer={"lr": 0.05, "momentum": 0.9}, partition=PartitionSpec("dirichlet", clients=6, alpha=0.5, seed=0))  # fmt: skip
-    rows = {}
-    for engine in ("sequential", "vectorized"):
-        status, rows[engine], msg = Simulation(replace(rc, train=replace(rc.train, client_engine=engine))).run(progress=False)
-        assert status == "completed", msg
-    assert_same_metrics(rows["sequential"], rows["vectorized"])
+    out = run_engines(rc)
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
 
 
 def test_methods_that_change_local_training_stay_sequential(public_run_cfg):
