@@ -93,8 +93,13 @@ def attach_paper(
 ) -> pd.DataFrame:
     """Add the paper's reported accuracy (and std) for matching dataset/setting/method rows."""
     table = table.assign(paper_acc=math.nan, paper_std=math.nan)
-    if not paper or not paper_results or not Path(paper_results).exists():
+    if not paper:
         return table
+    if not paper_results or not Path(paper_results).is_file():
+        raise FedForgetError(
+            f"the experiment links paper '{paper['name']}' table {paper['table']!r}, but the paper results "
+            f"file {str(paper_results)!r} does not exist"
+        )
     ref = pd.read_csv(paper_results)
     ref = ref[
         (ref["paper"] == paper["name"])

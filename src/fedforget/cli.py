@@ -133,7 +133,7 @@ def cmd_aggregate(args) -> None:
 
     if args.config:
         from .config import load_config
-        from .pipeline import PAPER_RESULTS, experiment_run_dirs, summary_dir
+        from .pipeline import experiment_run_dirs, summary_dir
 
         wf = load_config(args.config)
         for exp in wf.experiments:
@@ -142,7 +142,7 @@ def cmd_aggregate(args) -> None:
                 summary_dir(wf, exp.name),
                 exp.name,
                 exp.paper,
-                PAPER_RESULTS,
+                wf.paper_results,
             )
             print(summary_dir(wf, exp.name))
         return

@@ -22,6 +22,8 @@ from .utils import FedForgetError, config_hash
 
 # ----------------------------------------------------------------------------- spec objects
 
+PAPER_RESULTS = "config/paper_results.csv"  # default of the top-level key paper_results
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -208,6 +210,7 @@ class WorkflowConfig:
     experiments: list[Experiment]
     data_dir: str = "data"
     results_dir: str = "results"
+    paper_results: str = PAPER_RESULTS
 
     def runs(self) -> list[RunConfig]:
         return [r for e in self.experiments for r in e.runs(self.data_dir, self.results_dir)]
@@ -240,6 +243,25 @@ class WorkflowConfig:
 
 
 # ----------------------------------------------------------------------------- validation
+
+def check_paper_link(paper: dict[str, Any], path: str, key: str) -> None:
+    """An experiment's paper link must point at rows that exist: the file (top-level key
+    ``paper_results``) and at least one row of that paper and table in it."""
+    import csv
+
+    file = Path(path)
+    if not file.is_file():
+        raise FedForgetError(
+            f"{key}: links paper '{paper['name']}' table {paper['table']!r}, but the paper results file "
+            f"'{path}' (top-level key paper_results) does not exist; run from the repository root or set paper_results"
+        )
+    with file.open(newline="", encoding="utf-8") as f:
+        tables = {(r.get("paper"), r.get("table")) for r in csv.DictReader(f)}
+    if (paper["name"], str(paper["table"])) not in tables:
+        known = sorted({f"{p}/{t}" for p, t in tables if p == paper["name"]}) or sorted({p for p, _ in tables})
+        raise FedForgetError(
+            f"{key}: paper '{paper['name']}' table {paper['table']!r} has no rows in '{path}'; allowed: {known}"
+        )
 
 
 @cache
@@ -395,6 +417,8 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             if fig.label in {x.label for x in figures} or fig.label in CURVES:
                 problems.append(f"{fkey}.label: duplicate figure label '{fig.label}' (set a distinct label)")
             figures.append(fig)
+        if ex.get("paper"):
+            check(check_paper_link, ex["paper"], raw.get("paper_results", PAPER_RESULTS), f"{key}.paper")
         experiments.append(
             Experiment(
                 ex["name"],
@@ -411,7 +435,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     if problems:
         raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
     return WorkflowConfig(
-        experiments, raw.get("data_dir", "data"), raw.get("results_dir", "results")
+        experiments,
+        raw.get("data_dir", "data"),
+        raw.get("results_dir", "results"),
+        raw.get("paper_results", PAPER_RESULTS),
     )
 
 

@@ -13,7 +13,6 @@ from .data import DATASETS, load_dataset, load_public, prepare_dataset, prepare_
 from .partition import PartitionSpec, class_counts, make_partition, save_partition
 
 log = logging.getLogger(__name__)
-PAPER_RESULTS = Path("config/paper_results.csv")
 
 
 def prepare_all(wf: WorkflowConfig) -> list[Path]:
@@ -92,7 +91,7 @@ def run_all(
             summary_dir(wf, exp.name),
             exp.name,
             exp.paper,
-            PAPER_RESULTS,
+            wf.paper_results,
         )
         plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name))
         for fig in exp.figures:

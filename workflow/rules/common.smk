@@ -16,7 +16,6 @@ except FedForgetError as err:
 
 DATA = WF.data_dir
 RESULTS = WF.results_dir
-PAPER_RESULTS = str(Path(workflow.basedir).parent / "config" / "paper_results.csv")
 
 RUNS = {
     (rc.experiment, rc.dataset.label, rc.partition.slug, rc.method.label, str(rc.seed)): rc
@@ -96,8 +95,11 @@ def train_config(w):
 
 
 def experiment_runs(w):
+    """Every run's outputs, and the paper results file when the experiment links a paper
+    (relative to the working directory, like data/ and results/; checked at parse time)."""
     exp = WF.experiment(w.experiment)
-    return [str(rc.run_dir / "metrics.csv") for rc in exp.runs(DATA, RESULTS)]
+    out = [str(rc.run_dir / "metrics.csv") for rc in exp.runs(DATA, RESULTS)]
+    return out + ([WF.paper_results] if exp.paper else [])
 
 
 def experiment_run_dirs(w):
@@ -106,7 +108,9 @@ def experiment_run_dirs(w):
 
 
 def experiment_paper(w):
-    return canonical_json(WF.experiment(w.experiment).paper or {})
+    """The paper link and the file it reads ("" when the experiment links none)."""
+    exp = WF.experiment(w.experiment)
+    return {"link": canonical_json(exp.paper or {}), "results": WF.paper_results if exp.paper else ""}
 
 
 FIGURES = ["global_model_test_acc", "local_models_global_test_acc_mean", "sampled_clients_local_train_loss_mean"]

@@ -17,13 +17,12 @@ rule aggregate:
     params:
         runs=experiment_run_dirs,
         paper=experiment_paper,
-        paper_results=PAPER_RESULTS,
         out=subpath(output.table, parent=True),
     log:
         "logs/aggregate/{experiment}.log",
     shell:
         "fedforget aggregate --runs {params.runs} --out {params.out} --experiment {wildcards.experiment} "
-        "--paper {params.paper:q} --paper-results {params.paper_results:q} > {log} 2>&1"
+        "--paper {params.paper[link]:q} --paper-results {params.paper[results]:q} > {log} 2>&1"
 
 
 rule plot:
