@@ -103,3 +103,64 @@ def test_no_subcommand_is_usage_error(capsys):
     with pytest.raises(SystemExit) as ei:
         main([])
     assert ei.value.code == 2
+
+
+MISSING_PATH_CASES = {
+    "validate": ["validate", "--config", "{m}"],
+    "prepare": ["prepare", "--config", "{m}"],
+    "prepare-public": ["prepare", "--public", '{{"source": "holdout", "fraction": 0.1, "seed": 0}}', "--of", "digits", "--root", "{m}"],
+    "partition": ["partition", "--config", "{m}"],
+    "partition-dataset": ["partition", "--dataset", "iris", "--spec", '{{"scheme": "iid", "clients": 3}}', "--out", "{m}/out", "--root", "{m}"],
+    "train": ["train", "--config", "{m}"],
+    "plan": ["plan", "--config", "{m}"],
+    "aggregate": ["aggregate", "--config", "{m}"],
+    "aggregate-runs": ["aggregate", "--runs", "{m}", "--out", "{m}/out", "--experiment", "x"],
+    "plot": ["plot", "--summary", "{m}", "--out", "{m}/out"],
+    "figure": ["figure", "--summary", "{m}", "--experiment", "x", "--name", "curves", "--out", "{m}/x.png"],
+    "run": ["run", "--config", "{m}"],
+    "stale": ["stale", "--config", "{m}"],
+}  # fmt: skip
+
+
+def test_every_subcommand_names_a_missing_path_in_one_line(capsys, tmp_path):
+    """Each subcommand that reads a path: exit 2, one line naming the path, no traceback;
+    and every subcommand that takes a path is in the list."""
+    from fedforget.cli import build_parser
+
+    missing = tmp_path / "missing"
+    for case, argv in MISSING_PATH_CASES.items():
+        assert main([a.format(m=missing) for a in argv]) == 2, case
+        err = capsys.readouterr().err
+        assert err.startswith("fedforget: error: ") and str(missing) in err, (case, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, (case, err)
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd")
+    takes_path = {
+        name for name, p in sub.choices.items()
+        if any(a.dest in ("config", "summary", "runs", "root") for a in p._actions)
+    }  # fmt: skip
+    assert takes_path <= {argv[0] for argv in MISSING_PATH_CASES.values()}
+
+
+def test_every_option_has_help():
+    from fedforget.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "cmd")
+    for name, p in [("fedforget", parser), *sub.choices.items()]:
+        for action in p._actions:
+            if action.option_strings:
+                assert action.help, f"{name} {action.option_strings[0]} has no help text"
+    assert all(sub.choices[c].description or c for c in sub.choices)
+
+
+def test_python_m_fedforget(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fedforget", "methods"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "fedavg" in proc.stdout.split()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedforget", "plot", "--summary", str(tmp_path / "x"), "--out", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.startswith("fedforget: error:")

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fedforget.config import (
+    INTERNAL_TRAIN_KEYS,
     OptimizerSpec,
     RunConfig,
     TrainSpec,
@@ -36,6 +37,10 @@ def part(d):
 def dset(d):
     return ex(d)["datasets"][0]
 
+
+NAN, INF = float("nan"), float("inf")
+# the allowed forms a wrong public block lists
+PUBLIC_FORMS = ["null", "{source: holdout, fraction: a number in (0, 1)", "{source: dataset, dataset:"]
 
 # (id, mutation of a minimal valid config, substrings the error message must contain)
 BAD = [
@@ -131,6 +136,54 @@ BAD = [
      ["experiments[0].methods[0]", "scaffold", "adam"]),
     ("scaffold-with-adam", lambda d: (ex(d)["methods"][0].update(name="scaffold"), ex(d).update(train={"optimizer": {"name": "adam"}})),
      ["experiments[0].methods[0]", "scaffold", "adam"]),
+    # NaN and +-inf (YAML .nan, .inf, -.inf) pass the schema's range checks: refused first, everywhere
+    ("lr-nan", lambda d: ex(d).update(train={"optimizer": {"lr": NAN}}),
+     ["experiments[0].train.optimizer.lr: nan is not a finite number", "allowed: a finite number > 0"]),
+    ("sample-rate-nan", lambda d: ex(d).update(train={"sample_rate": NAN}),
+     ["experiments[0].train.sample_rate: nan is not a finite number", "> 0 and <= 1"]),
+    ("weight-decay-inf", lambda d: ex(d).update(train={"optimizer": {"weight_decay": INF}}),
+     ["experiments[0].train.optimizer.weight_decay: inf is not a finite number", ">= 0"]),
+    ("method-lr-decay-minus-inf", lambda d: ex(d)["methods"][0].update(train={"lr_decay": -INF}),
+     ["experiments[0].methods[0].train.lr_decay: -inf is not a finite number"]),
+    ("rounds-inf", lambda d: ex(d).update(train={"rounds": INF}),
+     ["experiments[0].train.rounds: inf is not a finite number", "an integer >= 1"]),
+    ("fedprox-mu-nan", lambda d: ex(d)["methods"][0].update(name="fedprox", params={"mu": NAN}),
+     ["experiments[0].methods[0].params.mu: nan is not a finite number"]),
+    ("dataset-option-nan", lambda d: dset(d).update(options={"pca": NAN}),
+     ["experiments[0].datasets[0].options.pca: nan is not a finite number"]),
+    ("model-option-inf", lambda d: dset(d).update(model={"name": "mlp", "options": {"hidden": [INF]}}),
+     ["experiments[0].datasets[0].model.options.hidden[0]: inf is not a finite number"]),
+    ("alpha-nan", lambda d: part(d).update(scheme="dirichlet", alpha=NAN),
+     ["experiments[0].partitions[0].alpha: nan is not a finite number", "> 0"]),
+    ("class-fraction-nan", lambda d: part(d).update(scheme="classes", clients=1, class_fractions=[[NAN, 1, 1]]),
+     ["experiments[0].partitions[0].class_fractions[0][0]: nan is not a finite number", ">= 0 and <= 1"]),
+    ("public-fraction-nan", lambda d: dset(d).update(public={"source": "holdout", "fraction": NAN}),
+     ["experiments[0].datasets[0].public.fraction: nan is not a finite number", "> 0 and < 1"]),
+    ("every-non-finite-named-at-once", lambda d: (ex(d).update(train={"sample_rate": NAN, "optimizer": {"lr": -INF}}),
+                                                  ex(d)["methods"][0].update(name="fedprox", params={"mu": INF})),
+     ["experiments[0].train.sample_rate: nan", "experiments[0].train.optimizer.lr: -inf",
+      "experiments[0].methods[0].params.mu: inf"]),
+    # a wrong public block: what is wrong with it, judged by its source, and the allowed forms
+    ("public-holdout-without-fraction", lambda d: dset(d).update(public={"source": "holdout"}),
+     ["experiments[0].datasets[0].public: {'source': 'holdout'} matches no allowed form",
+      "'fraction' is a required property", *PUBLIC_FORMS]),
+    ("public-unknown-source", lambda d: dset(d).update(public={"source": "web"}),
+     ["experiments[0].datasets[0].public", "source: 'web' is not one of ['holdout', 'dataset']", *PUBLIC_FORMS]),
+    ("public-dataset-without-dataset", lambda d: dset(d).update(public={"source": "dataset"}),
+     ["experiments[0].datasets[0].public: {'source': 'dataset'}", "'dataset' is a required property", *PUBLIC_FORMS]),
+    ("public-without-source", lambda d: dset(d).update(public={"fraction": 0.1}),
+     ["experiments[0].datasets[0].public: {'fraction': 0.1}", "'source' is a required property", *PUBLIC_FORMS]),
+    ("public-not-a-mapping", lambda d: dset(d).update(public=5),
+     ["experiments[0].datasets[0].public: 5 matches no allowed form; allowed:", *PUBLIC_FORMS]),
+    ("public-holdout-fraction-2", lambda d: dset(d).update(public={"source": "holdout", "fraction": 2}),
+     ["experiments[0].datasets[0].public", "fraction: 2 is greater than or equal to the maximum of 1", *PUBLIC_FORMS]),
+    ("public-unknown-key", lambda d: dset(d).update(public={"source": "dataset", "dataset": "iris", "extra": 1}),
+     ["experiments[0].datasets[0].public", "'extra' was unexpected", *PUBLIC_FORMS]),
+    # the model's string-or-object: judged as the object it is
+    ("model-unknown-key", lambda d: dset(d).update(model={"name": "mlp", "hidden": 3}),
+     ["experiments[0].datasets[0].model", "'hidden' was unexpected", "allowed: a string | {name, options}"]),
+    ("model-not-string-or-object", lambda d: dset(d).update(model=5),
+     ["experiments[0].datasets[0].model: 5 matches no allowed form; allowed: a string | {name, options}"]),
 ]  # fmt: skip
 
 
@@ -262,8 +315,8 @@ def _schema_defaults(defn: str) -> dict:
 def test_schema_train_defaults_match_dataclass():
     defaults = _schema_defaults("train")
     t = TrainSpec()
-    names = {f.name for f in fields(TrainSpec)} - {"optimizer"}
-    assert set(defaults) == names  # every field has a documented default
+    names = {f.name for f in fields(TrainSpec)} - {"optimizer", *INTERNAL_TRAIN_KEYS}
+    assert set(defaults) == names  # every field a config sets has a documented default
     for k, v in defaults.items():
         got = getattr(t, k)
         assert (list(got) if isinstance(got, tuple) else got) == v, k

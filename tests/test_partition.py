@@ -3,16 +3,21 @@ min size holds, shards give <= s classes, same seed -> same partition; clear err
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from fedforget.data import load_dataset
 from fedforget.partition import (
+    PARTITIONERS,
     PartitionSpec,
+    check_feasible,
     class_counts,
     client_indices,
+    dirichlet,
     load_partition,
     make_partition,
     save_partition,
@@ -215,6 +220,114 @@ def test_min_size_times_clients_over_n_fails_before_drawing():
     with pytest.raises(FedForgetError, match=r"min_size=6 x clients=10 = 60 exceeds the 50"):
         make_partition(y, spec)
     assert time.perf_counter() - t0 < 1
+
+
+def test_dirichlet_upfront_error_says_what_is_allowed_and_draws_nothing(monkeypatch):
+    """min_size x clients > N is the one size bound that decides a Dirichlet request up
+    front (past it a client below N/K may still receive any part of a class): no draw."""
+
+    def no_draw(*args):
+        raise AssertionError("drew a partition")
+
+    monkeypatch.setitem(PARTITIONERS._items, "dirichlet", no_draw)
+    y = synthetic_labels(4000, 10, seed=0)
+    spec = PartitionSpec("dirichlet", clients=1000, alpha=0.1, min_size=5)
+    with pytest.raises(FedForgetError) as ei:
+        make_partition(y, spec, key="experiments[0].partitions[1]")
+    assert str(ei.value) == (
+        "experiments[0].partitions[1]: min_size=5 x clients=1000 = 5000 exceeds the 4000 training "
+        "samples available; allowed: min_size <= 4 with 1000 clients, or clients <= 800 with min_size=5"
+    )
+    with pytest.raises(FedForgetError, match=r"allowed: min_size <= 3 with 1000 clients"):
+        check_feasible(spec, 3999)  # a held-out public slice shrinks the pool
+    check_feasible(PartitionSpec("dirichlet", clients=1000, alpha=0.1, min_size=4), 4000)  # decided by drawing
+
+
+@pytest.fixture(scope="module")
+def mnist1d_y(data_root) -> np.ndarray:
+    return load_dataset("mnist1d", data_root).y_train
+
+
+def test_infeasible_dirichlet_1000_clients_errors(mnist1d_y):
+    """Issue 20 item 7: 1000 clients on mnist1d's 4000 samples with min_size=4 passes the
+    size bound (4 x 1000 = 4000) but no draw meets it; 1000 whole-partition redraws then
+    the error (about 1 s, benchmarks/partition_feasibility.py; it was 12 s)."""
+    spec = PartitionSpec("dirichlet", clients=1000, alpha=0.1, min_size=4, seed=0)
+    check_feasible(spec, len(mnist1d_y))
+    with pytest.raises(FedForgetError) as ei:
+        make_partition(mnist1d_y, spec)
+    msg = str(ei.value)
+    for s in ("dirichlet partition infeasible", "alpha=0.1", "clients=1000", "min_size=4", "4000 samples",
+              "after max_redraws=1000 redraws", "in every draw some client held no sample",
+              "raise alpha, lower min_size or clients, or raise max_redraws"):  # fmt: skip
+        assert s in msg, msg
+
+
+def test_infeasible_dirichlet_error_names_the_min_size_that_is_met():
+    """The error names the smallest client of the best draw: that min_size is met (by the
+    same seed, in at most as many redraws), one more is not."""
+    y = synthetic_labels(997, 7, seed=3)
+    spec = PartitionSpec("dirichlet", clients=100, alpha=1.0, min_size=9, max_redraws=20, seed=0)
+    with pytest.raises(FedForgetError) as ei:
+        make_partition(y, spec)
+    m = re.search(r"the best draw's smallest client held (\d+) samples \(min_size <= (\d+) is met", str(ei.value))
+    assert m and m[1] == m[2], str(ei.value)
+    best = int(m[1])
+    assert 0 < best < 9
+    a = make_partition(y, replace(spec, min_size=best))
+    assert np.bincount(a, minlength=100).min() >= best
+    with pytest.raises(FedForgetError, match="infeasible"):
+        make_partition(y, replace(spec, min_size=best + 1))
+
+
+def _dirichlet_by_lists(y, spec, rng):
+    """The Dirichlet partitioner as it was before its draws only counted sizes: every draw
+    builds each client's index lists (slow at 1000 clients). The same draws must come out."""
+    n, k = len(y), spec.clients
+    for _ in range(spec.max_redraws):
+        buckets = [[] for _ in range(k)]
+        sizes = np.zeros(k, dtype=np.int64)
+        for c in np.unique(y):
+            idx = rng.permutation(np.flatnonzero(y == c))
+            p = rng.dirichlet(np.full(k, spec.alpha))
+            p = np.where(sizes < n / k, p, 0.0)
+            p = p / p.sum() if p.sum() > 0 else np.full(k, 1.0 / k)
+            cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+            for j, piece in enumerate(np.split(idx, cuts)):
+                buckets[j].append(piece)
+                sizes[j] += len(piece)
+        if sizes.min() >= spec.min_size:
+            return [np.concatenate(b) for b in buckets]
+    return None
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [s for s in SPECS if s.scheme == "dirichlet"]
+    + [
+        PartitionSpec("dirichlet", clients=4, alpha=0.05, min_size=100, seed=7),  # redraws (skew: 5 draws)
+        PartitionSpec("dirichlet", clients=50, alpha=0.3, min_size=5, seed=7),  # redraws (skew: 54 draws)
+        PartitionSpec("dirichlet", clients=100, alpha=0.001, min_size=9, max_redraws=5, seed=0),  # infeasible
+        PartitionSpec("dirichlet", clients=300, alpha=5.0, min_size=1, seed=8),
+        PartitionSpec("dirichlet", clients=1000, alpha=0.1, min_size=0, seed=9),
+    ],
+    ids=lambda s: s.slug,
+)
+def test_dirichlet_draws_same_partition_as_list_building_draws(labels, spec):
+    """Counting sizes instead of building lists in every draw changes no partition."""
+    if spec.clients > len(labels):
+        pytest.skip("more clients than samples")
+    seq = np.random.SeedSequence([spec.seed, 0x5A17])
+    want = _dirichlet_by_lists(labels, spec, np.random.default_rng(seq))
+    if want is None:
+        with pytest.raises(FedForgetError, match="infeasible"):
+            dirichlet(labels, spec, np.random.default_rng(seq))
+        return
+    got = dirichlet(labels, spec, np.random.default_rng(seq))
+    assert len(got) == len(want) == spec.clients
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.parametrize(

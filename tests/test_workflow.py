@@ -132,7 +132,7 @@ BAD = _bad_config_catalogue()
 # the same parse_config that workflow/rules/common.smk calls at parse time.
 SNAKEMAKE_CATALOGUE = [
     "alpha-zero", "unknown-method", "shards-times-clients-gt-samples", "fedprox-negative-mu",
-    "feddf-without-public-set",
+    "feddf-without-public-set", "lr-nan",
 ]  # fmt: skip
 
 

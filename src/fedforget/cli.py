@@ -116,6 +116,22 @@ def cmd_train(args) -> None:
     )
 
 
+def cmd_stale(args) -> None:
+    """Finished runs of a config that no longer stand for its config or the current code."""
+    from .config import load_config
+    from .provenance import stale_reasons
+
+    wf = load_config(args.config)
+    runs = wf.runs()
+    n_stale = 0
+    for rc in runs:
+        reasons = stale_reasons(rc)
+        n_stale += bool(reasons)
+        if reasons or args.all:
+            print(f"{rc.run_dir}\t{'stale: ' + '; '.join(reasons) if reasons else 'current'}")
+    print(f"{n_stale} of {len(runs)} runs stale", file=sys.stderr)
+
+
 def cmd_plan(args) -> None:
     from .config import load_config
 
@@ -195,7 +211,7 @@ def cmd_run(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedforget", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedforget {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (default: warnings, and a training job's progress)")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, what in (
         ("datasets", "datasets"),
@@ -207,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=f"list registered {what}, one per line").set_defaults(fn=cmd_list)
 
     s = sub.add_parser("validate", help="validate a workflow config and count its jobs")
-    s.add_argument("--config", required=True)
+    s.add_argument("--config", required=True, help="workflow config (YAML), e.g. config/config.yaml")
     s.set_defaults(fn=cmd_validate)
 
     s = sub.add_parser("prepare", help="build datasets / public sets into the prepared format")
@@ -216,24 +232,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--options", help="dataset options as JSON, e.g. '{\"pca\": 2}'")
     s.add_argument("--public", help="held-out public set spec as JSON")
     s.add_argument("--of", help="private dataset id the public slice is held out of")
-    s.add_argument("--root", default="data")
+    s.add_argument("--root", default="data", help="prepared-data directory (default: data)")
     s.set_defaults(fn=cmd_prepare)
 
     s = sub.add_parser("partition", help="split a dataset's private pool over clients")
     s.add_argument("--config", help="write every partition a workflow config uses")
-    s.add_argument("--dataset")
-    s.add_argument("--options")
+    s.add_argument("--dataset", help="a registered dataset name")
+    s.add_argument("--options", help="dataset options as JSON")
     s.add_argument("--public", help="public spec as JSON (a holdout is excluded from the pool)")
-    s.add_argument("--spec", help="partition spec as JSON")
-    s.add_argument("--out")
-    s.add_argument("--root", default="data")
+    s.add_argument("--spec", help="partition spec as JSON, e.g. '{\"scheme\": \"iid\", \"clients\": 10}'")
+    s.add_argument("--out", help="output directory (assignment.npy, class_counts.csv, heatmap.png, meta.json)")
+    s.add_argument("--root", default="data", help="prepared-data directory (default: data)")
     s.set_defaults(fn=cmd_partition)
 
     s = sub.add_parser("train", help="run one federated training job")
     s.add_argument("--config", help="run config (YAML/JSON) or a previous run.json")
     s.add_argument("--config-json", help="run config as a JSON string")
     s.add_argument("--out", help="output directory (default: the run's directory under results/)")
-    s.add_argument("--threads", type=int)
+    s.add_argument("--threads", type=int, help="torch CPU threads (overrides train.threads)")
     s.add_argument(
         "--fresh", action="store_true",
         help="ignore a checkpoint left by an interrupted run and start over (default: resume)",
@@ -241,35 +257,45 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("plan", help="list (and with --write, write) every job's run config")
-    s.add_argument("--config", required=True)
-    s.add_argument("--write", action="store_true")
+    s.add_argument("--config", required=True, help="workflow config (YAML)")
+    s.add_argument("--write", action="store_true", help="write each job's config.json into its run directory")
     s.set_defaults(fn=cmd_plan)
 
+    s = sub.add_parser(
+        "stale", help="list the runs of a config that are missing or were made by another config or code"
+    )
+    s.add_argument("--config", required=True, help="workflow config (YAML)")
+    s.add_argument("--all", action="store_true", help="list current runs too")
+    s.set_defaults(fn=cmd_stale)
+
     s = sub.add_parser("aggregate", help="tables over seeds for an experiment")
-    s.add_argument("--config")
-    s.add_argument("--runs", nargs="+")
-    s.add_argument("--out")
-    s.add_argument("--experiment")
-    s.add_argument("--paper", help="paper link as JSON: {name, table, dataset_map}")
-    s.add_argument("--paper-results", default="config/paper_results.csv")
+    s.add_argument("--config", help="aggregate every experiment of a workflow config")
+    s.add_argument("--runs", nargs="+", help="run directories (each with run.json and metrics.csv)")
+    s.add_argument("--out", help="summary directory (table.csv, table.md, runs.csv, metrics.parquet)")
+    s.add_argument("--experiment", help="the experiment's name (table title)")
+    s.add_argument("--paper", help="paper link as JSON: {name, table, dataset_map, setting_map}")
+    s.add_argument(
+        "--paper-results", default="config/paper_results.csv",
+        help="the papers' numbers (CSV) read when --paper links a table (default: config/paper_results.csv)",
+    )  # fmt: skip
     s.set_defaults(fn=cmd_aggregate)
 
     s = sub.add_parser("plot", help="learning curves from an experiment's summary")
-    s.add_argument("--summary", required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--summary", required=True, help="the experiment's summary directory (metrics.parquet)")
+    s.add_argument("--out", required=True, help="output directory for the PNGs")
     s.set_defaults(fn=cmd_plot)
 
     s = sub.add_parser("figure", help="draw one experiment-specific figure (fedforget.figures)")
     s.add_argument("--summary", required=True, help="the experiment's summary directory")
-    s.add_argument("--experiment", required=True)
+    s.add_argument("--experiment", required=True, help="the experiment's name (as in its runs)")
     s.add_argument("--name", required=True, help="a registered figure")
     s.add_argument("--options", help="the figure's options as JSON")
     s.add_argument("--out", required=True, help="output .png")
     s.set_defaults(fn=cmd_figure)
 
     s = sub.add_parser("run", help="the whole pipeline in-process, without Snakemake")
-    s.add_argument("--config", required=True)
-    s.add_argument("--force", action="store_true")
+    s.add_argument("--config", required=True, help="workflow config (YAML)")
+    s.add_argument("--force", action="store_true", help="redo every step, finished runs included")
     s.set_defaults(fn=cmd_run)
     return p
 
@@ -280,10 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("fedforget.progress").setLevel(logging.INFO)  # a job's progress lines
     try:
         args.fn(args)
     except FedForgetError as e:
         print(f"fedforget: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a path that does not exist or cannot be read, named by the OS
+        print(f"fedforget: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2
     return 0
 

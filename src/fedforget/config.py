@@ -5,7 +5,7 @@ data sizes, and expanded into one ``RunConfig`` per training job."""
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -53,6 +53,10 @@ class TrainSpec:
     max_parallel_clients: int = 128  # clients per batched group (memory bound)
     device: str = "auto"
     threads: int = 0
+    log_every: int = 1  # rounds between progress lines when not on a terminal (fedforget.progress)
+    # set by Experiment.runs, not by users: why client_engine auto trains this job's clients
+    # one after another, to pair it with a method of its experiment that cannot batch them
+    engine_pairing: str = ""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TrainSpec:
@@ -66,8 +70,13 @@ class TrainSpec:
         return cls(optimizer=opt, **d)
 
 
+# TrainSpec fields that the config does not set (not in the schema): Experiment.runs does
+INTERNAL_TRAIN_KEYS = ("engine_pairing",)
 # train settings that do not change what a job computes (excluded from RunConfig.hash)
-RUNTIME_TRAIN_KEYS = ("threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients")
+RUNTIME_TRAIN_KEYS = (
+    "threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients", "log_every",
+    "engine_pairing",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -191,9 +200,33 @@ class Experiment:
     def train_for(self, m: MethodSpec) -> TrainSpec:
         return TrainSpec.from_dict(deep_merge(self.train, m.train))
 
+    def engine_pairing(self) -> str:
+        """Why every ``client_engine: auto`` job of this experiment trains its clients one
+        after another ("" if none must): methods compared in one table run on the same
+        numerics, so if one method's local training cannot be batched (its hooks, optimizer
+        or drop_last), the others do not take the batched engine either (it equals the
+        sequential one only up to float summation order)."""
+        from .methods import METHODS
+        from .vectorized import method_not_vectorized
+
+        for m in self.methods:
+            t = self.train_for(m)
+            why = method_not_vectorized(METHODS.get(m.name), t.optimizer.name, t.drop_last)
+            if why is not None:
+                return (
+                    f"auto, paired within experiment '{self.name}': {why} (method '{m.label}'), so every "
+                    "method of the experiment trains clients one after another (train.client_engine overrides)"
+                )
+        return ""
+
     def runs(self, data_dir: str, results_dir: str) -> list[RunConfig]:
+        pairing = self.engine_pairing()
+        train = {}
+        for m in self.methods:
+            t = self.train_for(m)
+            train[m.label] = replace(t, engine_pairing=pairing) if pairing and t.client_engine == "auto" else t
         return [
-            RunConfig(self.name, ds, part, m, seed, self.train_for(m), data_dir, results_dir)
+            RunConfig(self.name, ds, part, m, seed, train[m.label], data_dir, results_dir)
             for ds in self.datasets for part in self.partitions for m in self.methods for seed in self.seeds
         ]  # fmt: skip
 
@@ -277,19 +310,148 @@ def _path(error_path) -> str:
     return out or "<top level>"
 
 
+def _resolve(s: Any) -> Any:
+    """A schema node with its ``$ref`` (``#/$defs/NAME``) followed."""
+    while isinstance(s, dict) and "$ref" in s:
+        s = schema()["$defs"][s["$ref"].rsplit("/", 1)[-1]]
+    return s
+
+
+def _schema_at(path: list[str | int]) -> dict[str, Any] | None:
+    """The schema of the value at a key path (through $refs, array items and the first
+    oneOf/anyOf alternative that has the key), or None where the schema leaves it open."""
+    s: Any = schema()
+    for p in path:
+        s = _resolve(s)
+        if not isinstance(s, dict):
+            return None
+        if isinstance(p, int):
+            s = s.get("items")
+            continue
+        for alt in [s, *map(_resolve, s.get("oneOf", []) + s.get("anyOf", []))]:
+            if p in (alt.get("properties") or {}):
+                s = alt["properties"][p]
+                break
+        else:
+            return None
+    s = _resolve(s)
+    return s if isinstance(s, dict) else None
+
+
+def _allowed(s: dict[str, Any] | None) -> str:
+    """'a finite number > 0 and <= 1' from a schema's type and bounds."""
+    t = (s or {}).get("type")
+    names = {"integer": "an integer", "boolean": "a boolean", "string": "a string"}
+    what = " or ".join(names.get(x, "a finite number") for x in (t if isinstance(t, list) else [t]))
+    ops = (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
+    bounds = [f"{op} {s[k]}" for k, op in ops if s and k in s]
+    return " ".join([what, " and ".join(bounds)]) if bounds else what
+
+
+def check_finite(raw: Any) -> None:
+    """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``) anywhere in a raw config, in
+    one error naming every such key: range checks are false for NaN, so the schema would
+    pass them and every job would fail later."""
+    import math
+
+    bad: list[tuple[list[str | int], float]] = []
+
+    def walk(v: Any, at: list[str | int]) -> None:
+        if isinstance(v, float) and not math.isfinite(v):
+            bad.append((at, v))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, [*at, str(k)])
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, [*at, i])
+
+    walk(raw, [])
+    if bad:
+        lines = [
+            f"{_path(at)}: {v!r} is not a finite number; allowed: {_allowed(_schema_at(at))}"
+            for at, v in bad
+        ]
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def _form(s: dict[str, Any]) -> str:
+    """One alternative of a oneOf/anyOf as an error lists it: its description, else a sketch."""
+    s = _resolve(s)
+    if "description" in s:
+        return str(s["description"])
+    if "properties" in s:
+        props = s["properties"].items()
+        keys = [f"{k}: {v['const']}" if isinstance(v, dict) and "const" in v else k for k, v in props]
+        return "{" + ", ".join(keys) + "}"
+    t = s.get("type")
+    if t == "null":
+        return "null"
+    if isinstance(t, str):
+        return f"an {t}" if t[0] in "aeiou" else f"a {t}"
+    return str(s)
+
+
+def _tag(alts: list[Any]) -> tuple[str, list[tuple[Any, int]]] | None:
+    """The key that every object alternative of a oneOf/anyOf fixes to a value of its own
+    (``const``), e.g. the public block's ``source``: (key, [(value, alternative index)])."""
+    objs = [
+        (i, a.get("properties") or {}) for i, a in enumerate(map(_resolve, alts)) if a.get("type") == "object"
+    ]
+    for key in objs[0][1] if objs else ():
+        if all(isinstance(props.get(key), dict) and "const" in props[key] for _, props in objs):
+            return key, [(props[key]["const"], i) for i, props in objs]
+    return None
+
+
+def _alternatives(e) -> str:
+    """A value that matches no alternative of a oneOf/anyOf: what is wrong with it, judged
+    against the alternative it was meant as (the one whose ``const`` key it names, e.g.
+    ``source: holdout``, else the only one of its type), and the allowed forms."""
+    alts = e.validator_value
+    errs: dict[int, list] = {}
+    for c in e.context:
+        errs.setdefault(c.relative_schema_path[0], []).append(c)
+    inst, chosen, detail = e.instance, None, ""
+    tag = _tag(alts)
+    if isinstance(inst, dict) and tag:
+        key, values = tag
+        if key not in inst:
+            detail = f"'{key}' is a required property"
+        else:
+            chosen = next((i for v, i in values if inst[key] == v), None)
+            if chosen is None:
+                detail = f"{key}: {inst[key]!r} is not one of {[v for v, _ in values]!r}"
+    if chosen is None and not detail:  # the only alternative of the value's type
+        fits = [
+            i for i in range(len(alts))
+            if not any(c.validator == "type" and not c.relative_path for c in errs.get(i, []))
+        ]  # fmt: skip
+        if len(fits) == 1:
+            chosen = fits[0]
+    if chosen is not None:
+        subs = sorted(errs.get(chosen, []), key=lambda c: [str(p) for p in c.relative_path])
+        detail = "; ".join(
+            f"{_path(c.relative_path)}: {_message(c)}" if c.relative_path else _message(c) for c in subs
+        )
+    head = f"{e.message.split(' is not valid')[0]} matches no allowed form"
+    allowed = " | ".join(_form(a) for a in alts)
+    return f"{head} ({detail}); allowed: {allowed}" if detail else f"{head}; allowed: {allowed}"
+
+
+def _message(e) -> str:
+    if e.validator in ("oneOf", "anyOf") and e.context:
+        return _alternatives(e)
+    return e.message
+
+
 def validate_schema(raw: dict[str, Any]) -> None:
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = []
-        for e in errors:
-            msg = e.message
-            if e.validator in ("oneOf", "anyOf") and e.context:
-                best = min(e.context, key=lambda c: len(list(c.absolute_path)))
-                msg = f"{msg.split(' is not valid')[0]} matches no allowed form ({best.message})"
-            lines.append(f"{_path(e.absolute_path)}: {msg}")
+        lines = [f"{_path(e.absolute_path)}: {_message(e)}" for e in errors]
         raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
 
 
@@ -302,6 +464,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     problem is reported in one error naming the key, the bad value and what is allowed."""
     from .methods import METHODS, make_params
 
+    check_finite(raw)  # before the schema: its range checks pass NaN
     validate_schema(raw)
     problems: list[str] = []
 
@@ -463,6 +626,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     """A single job's config (as written by ``fedforget plan`` or found in run.json)."""
     d = load_yaml(path)
     d = d.get("config", d)  # accept a run.json too
+    check_finite(d)
     try:
         return RunConfig.from_dict(d)
     except (KeyError, TypeError) as e:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from .methods.base import flatten_state
 from .metrics import classwise_accuracy, evaluate
 from .models import build_model
 from .partition import client_indices, load_partition, make_partition
+from .progress import RoundProgress, progress_mode
 from .utils import FedForgetError, seed_sequence, torch_seed
 from .vectorized import (
     ClientJob,
@@ -227,15 +227,13 @@ class Simulation:
         # memory does not grow with the number of clients
         self.offload_client_state = dev.type == "cuda"
         # clients trained together where that computes the same thing (fedforget.vectorized)
-        why_not = why_not_vectorized(method_cls, self.model, t.optimizer.name)
-        if why_not is None and t.drop_last:
-            why_not = "train.drop_last (the batched path keeps every batch)"
+        why_not = why_not_vectorized(method_cls, self.model, t.optimizer.name, t.drop_last)
         if t.client_engine == "vectorized" and why_not is not None:
             raise FedForgetError(f"train.client_engine='vectorized' is not possible here: {why_not}")
         if t.client_engine == "sequential":
             why_not = "train.client_engine = sequential"
         elif why_not is None and t.client_engine == "auto":
-            why_not = auto_prefers_sequential(self.model, dev)
+            why_not = t.engine_pairing or auto_prefers_sequential(self.model, dev)
         self.vectorized = why_not is None
         self.engine_info = {
             "client_engine": "vectorized" if self.vectorized else "sequential",
@@ -399,22 +397,20 @@ class Simulation:
                 }
             )
             first = 1
-        from tqdm.auto import tqdm
-
-        show = sys.stderr.isatty() if progress is None else progress
-        for rnd in tqdm(
-            range(first, t.rounds + 1),
-            desc=f"{cfg.method.label} seed{cfg.seed}",
-            disable=not show,
-            initial=first - 1,
-            total=t.rounds,
-        ):
-            try:
-                row = self.run_round(rnd, start)
-            except Diverged as e:
-                log.warning("run diverged: %s", e)
-                return "diverged", rows, str(e)
-            emit(row)
+        bar = RoundProgress(
+            f"{cfg.method.label} seed{cfg.seed}", first, t.rounds, progress_mode(progress), t.log_every
+        )
+        try:
+            for rnd in range(first, t.rounds + 1):
+                try:
+                    row = self.run_round(rnd, start)
+                except Diverged as e:
+                    log.warning("run diverged: %s", e)
+                    return "diverged", rows, str(e)
+                emit(row)
+                bar.update(row)
+        finally:
+            bar.close()
         return "completed", rows, ""
 
     # ------------------------------------------------------------------ checkpoints

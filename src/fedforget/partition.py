@@ -100,10 +100,13 @@ def check_feasible(
     if spec.scheme == "dirichlet":
         if spec.alpha is None or not spec.alpha > 0:
             raise FedForgetError(f"{key}.alpha={spec.alpha}; allowed: a number > 0")
+        # the only size bound: a client below N/K may still receive a whole class, so
+        # past it every draw that meets min_size has positive probability (see dirichlet)
         if spec.min_size * spec.clients > n:
             raise FedForgetError(
                 f"{key}: min_size={spec.min_size} x clients={spec.clients} = {spec.min_size * spec.clients} "
-                f"exceeds the {n} training samples available"
+                f"exceeds the {n} training samples available; allowed: min_size <= {n // spec.clients} "
+                f"with {spec.clients} clients, or clients <= {n // spec.min_size} with min_size={spec.min_size}"
             )
     if spec.scheme == "shards":
         s = spec.shards_per_client
@@ -162,29 +165,49 @@ def iid(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np
 def dirichlet(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
     """Label skew (MOON/FedProj style): per class draw p ~ Dir(alpha) over clients, give no
     more to clients that already hold N/K samples, and redraw the whole partition until every
-    client holds >= min_size, at most ``max_redraws`` times."""
+    client holds >= min_size, at most ``max_redraws`` times.
+
+    A draw only counts samples per client (no per-client index lists), so a redraw costs a
+    few array operations per class also at 1000s of clients; the index lists are built for
+    the accepted draw only. The random stream (per class: permutation, then Dirichlet) is
+    the same as when every draw built its lists, so a seed gives the same partition. Past
+    ``check_feasible`` (min_size x clients <= N) a draw that meets min_size is possible (a
+    client below N/K may still receive any part of a class), however unlikely, so the rest
+    can only be found by drawing: ``max_redraws`` cheap draws, then an error that says which
+    min_size the best draw met."""
     n, k = len(y), spec.clients
-    classes = np.unique(y)
-    smallest = 0
+    members = [np.flatnonzero(y == c) for c in np.unique(y)]
+    clients = np.arange(k)
+    best = -1  # the largest smallest client over the draws
     for _ in range(spec.max_redraws):
-        buckets: list[list[np.ndarray]] = [[] for _ in range(k)]
         sizes = np.zeros(k, dtype=np.int64)
-        for c in classes:
-            idx = rng.permutation(np.flatnonzero(y == c))
+        perms, counts = [], []
+        for rows in members:
+            idx = rng.permutation(rows)
             p = rng.dirichlet(np.full(k, spec.alpha))
             p = np.where(sizes < n / k, p, 0.0)  # cap: clients at N/K get no more
             p = p / p.sum() if p.sum() > 0 else np.full(k, 1.0 / k)
             cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
-            for j, part in enumerate(np.split(idx, cuts)):
-                buckets[j].append(part)
-                sizes[j] += len(part)
+            count = np.diff(cuts, prepend=0, append=len(idx))  # the sizes np.split(idx, cuts) gives
+            sizes += count
+            perms.append(idx)
+            counts.append(count)
         smallest = int(sizes.min())
+        best = max(best, smallest)
         if smallest >= spec.min_size:
-            return [np.concatenate(b) for b in buckets]
+            # client j: its piece of each class in class order, each in permuted order
+            owner = np.concatenate([np.repeat(clients, c) for c in counts])
+            order = np.concatenate(perms)[np.argsort(owner, kind="stable")]
+            return np.split(order, np.cumsum(sizes)[:-1])
+    held = (
+        "in every draw some client held no sample"
+        if best <= 0
+        else f"the best draw's smallest client held {best} samples (min_size <= {best} is met with this alpha, clients and seed)"
+    )
     raise FedForgetError(
         f"dirichlet partition infeasible: alpha={spec.alpha}, clients={k}, min_size={spec.min_size} "
-        f"on {n} samples: after {spec.max_redraws} redraws the smallest client still held {smallest} "
-        f"samples; raise alpha, lower min_size or clients, or raise max_redraws"
+        f"on {n} samples: after max_redraws={spec.max_redraws} redraws {held}; "
+        f"raise alpha, lower min_size or clients, or raise max_redraws"
     )
 
 

@@ -57,13 +57,12 @@ def figures_dir(wf: WorkflowConfig, exp: str) -> Path:
 def run_all(
     wf: WorkflowConfig, force: bool = False, progress: bool | None = None
 ) -> dict[str, Any]:
-    """Every step for every experiment, in-process, skipping runs whose run.json says
-    completed with the same config hash (unless ``force``)."""
-    import json
-
+    """Every step for every experiment, in-process, skipping finished runs of the same
+    config and code (``provenance.stale_reasons``; unless ``force``)."""
     from .aggregate import aggregate
     from .figures import make_figure
     from .plots import plot_experiment
+    from .provenance import stale_reasons
     from .runner import run_training
 
     for name, opts in wf.datasets_to_prepare().items():
@@ -77,14 +76,8 @@ def run_all(
         for rc in exp.runs(wf.data_dir, wf.results_dir):
             if force or not (rc.partition_dir / "meta.json").exists():
                 partition_one(rc.dataset, rc.partition, wf.data_dir, rc.partition_dir)
-            rj = rc.run_dir / "run.json"
-            if not force and rj.exists():
-                rec = json.loads(rj.read_text())
-                if rec.get("config_hash") == rc.hash and rec.get("status") in (
-                    "completed",
-                    "diverged",
-                ):
-                    continue
+            if not force and not stale_reasons(rc):
+                continue
             run_training(rc, rc.run_dir, progress)
         table = aggregate(
             experiment_run_dirs(wf, exp),

@@ -19,9 +19,10 @@ import torch
 
 from .config import RunConfig
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
+from .provenance import git_commit, training_code
 from .utils import (
     FedForgetError,
-    atomic_write,
+    atomic_torch_save,
     atomic_write_json,
     atomic_write_text,
     package_versions,
@@ -93,10 +94,14 @@ def run_training(
     for tmp in out.glob(".*.tmp"):  # left by a writer killed mid-write (atomic_write)
         tmp.unlink(missing_ok=True)
     ckpt_path = out / CHECKPOINT
+    code = training_code(cfg.method.name, cfg.method.params)
     record: dict[str, Any] = {
         "status": "running",
         "config": cfg.to_dict(),
         "config_hash": cfg.hash,
+        "code_digest": code.digest,  # fedforget.provenance: the source this run executes
+        "code_files": code.files,
+        "git": git_commit(),
         "versions": package_versions(),
         "started_at": _now(),
     }
@@ -119,12 +124,12 @@ def run_training(
             atomic_write_text(out / "timings.csv", timings_csv(written))
 
         def on_checkpoint(state: dict[str, Any]) -> None:
-            atomic_write(ckpt_path, lambda tmp: torch.save(state, tmp))
+            atomic_torch_save(ckpt_path, state)
         snap_dir = out / "snapshots"
 
         def save_snapshot(rnd: int, snap: dict[str, Any]) -> None:
             snap_dir.mkdir(exist_ok=True)
-            atomic_write(snap_dir / f"round{rnd:04d}.pt", lambda tmp: torch.save(snap, tmp))
+            atomic_torch_save(snap_dir / f"round{rnd:04d}.pt", snap)
 
         status, rows, message = sim.run(
             on_row=on_row,
@@ -133,10 +138,7 @@ def run_training(
             on_checkpoint=on_checkpoint,
             resume=ckpt,
         )  # on_row has written metrics.csv and timings.csv with every row
-        atomic_write(
-            out / "model.pt",
-            lambda tmp: torch.save({k: v.cpu() for k, v in sim.global_params.items()}, tmp),
-        )
+        atomic_torch_save(out / "model.pt", {k: v.cpu() for k, v in sim.global_params.items()})
     except BaseException as e:
         record.update(
             status="failed",

@@ -36,14 +36,32 @@ def config_hash(obj: Any, length: int = 12) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:length]
 
 
+def current_umask() -> int:
+    """The process's file-mode creation mask (read without a window in which it is 0 where
+    the OS reports it: Linux's /proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
     """Call ``writer(tmp_path)`` then rename onto ``path``: readers see the old file or the
-    complete new one, never a partial file."""
+    complete new one, never a partial file. The file gets the mode a plain ``open`` would
+    give it (0666 less the umask; mkstemp's own 0600 would hide results from colleagues on
+    a shared disk)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())
         writer(tmp)
         fd = os.open(tmp, os.O_RDONLY)  # on disk before it becomes visible under its name
         try:
@@ -76,6 +94,18 @@ def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
     def _w(tmp: str) -> None:
         with open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+
+    atomic_write(path, _w)
+
+
+def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
+    """``torch.save`` through a file object: the archive's inner folder is then always
+    "archive", not the temporary file's name, so equal objects give equal bytes."""
+    import torch
+
+    def _w(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
 
     atomic_write(path, _w)
 

@@ -87,16 +87,26 @@ def has_step_terms(method_cls: type) -> bool:
     return method_cls.stacked_step_terms is not FedAvg.stacked_step_terms
 
 
-def why_not_vectorized(method_cls: type, model: nn.Module, optimizer_name: str) -> str | None:
-    """None if clients can be trained together, else the reason (recorded in run.json)."""
+def method_not_vectorized(method_cls: type, optimizer_name: str, drop_last: bool = False) -> str | None:
+    """The part of ``why_not_vectorized`` that depends on the method and its train settings
+    alone (the same for every model): None, or why its clients cannot train together."""
     hooks = [h for h in TRAINING_HOOKS if getattr(method_cls, h) is not getattr(FedAvg, h)]
     if hooks and not (has_step_terms(method_cls) and set(hooks) <= set(TERM_HOOKS)):
         return f"method '{method_cls.name}' overrides local-training hooks {hooks}"
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (e.g. BatchNorm running statistics)"
     if optimizer_name != "sgd":
         return f"optimizer '{optimizer_name}' (the batched path implements SGD)"
+    if drop_last:
+        return "train.drop_last (the batched path keeps every batch)"
     return None
+
+
+def why_not_vectorized(
+    method_cls: type, model: nn.Module, optimizer_name: str, drop_last: bool = False
+) -> str | None:
+    """None if clients can be trained together, else the reason (recorded in run.json)."""
+    if any(True for _ in model.buffers()):
+        return "the model has buffers (e.g. BatchNorm running statistics)"
+    return method_not_vectorized(method_cls, optimizer_name, drop_last)
 
 
 @dataclass

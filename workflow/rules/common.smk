@@ -1,14 +1,78 @@
 # Helpers: the config is validated once here, at parse time (schema + registries + sizes),
 # before any job starts, and expanded into lookup tables that the rules read by wildcard.
 import json
+import os
 import re
+import socket
+import sys
+import time
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
 from fedforget.config import parse_config
-from fedforget.utils import FedForgetError, canonical_json
+from fedforget.data import DATASETS
+from fedforget.data.base import corrupt_files
+from fedforget.provenance import module_code, training_code
+from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
+# ----------------------------------------------------------------------------- locks
+# A snakemake killed by SIGKILL (or a lost node) leaves its locks in .snakemake/locks, and
+# the next plain `snakemake` stops with a LockException. Each run that executes jobs
+# records its pid and host in OWNER (onstart, workflow/Snakefile) and removes it when it
+# ends; at parse time, before Snakemake checks its locks, locks whose recorded owner is a
+# snakemake process that no longer runs on this host are removed, so the rerun resumes.
+# Locks of unknown origin, or of a live or remote owner, stay: `snakemake --unlock` then,
+# as Snakemake's message says, once no other snakemake runs in this directory.
+OWNER = Path(".snakemake/fedforget/owner.json")
+
+
+def snakemake_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists():  # a reused pid is not that snakemake
+        return b"snakemake" in cmdline.read_bytes()
+    return True
+
+
+def clear_stale_locks():
+    locks = Path(".snakemake/locks")
+    if not locks.is_dir() or not any(locks.iterdir()):
+        return
+    try:
+        owner = json.loads(OWNER.read_text())
+        pid, host = int(owner["pid"]), owner["host"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if host != socket.gethostname() or snakemake_alive(pid):
+        return
+    for f in locks.iterdir():
+        f.unlink(missing_ok=True)
+    OWNER.unlink(missing_ok=True)
+    print(
+        f"fedforget: removed the locks of a snakemake that was killed (pid {pid}, started {owner.get('started')})",
+        file=sys.stderr,
+    )
+
+
+def record_owner():
+    atomic_write_json(
+        OWNER, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    )
+
+
+def forget_owner():
+    OWNER.unlink(missing_ok=True)
+
+
+clear_stale_locks()
+
+# ----------------------------------------------------------------------------- config
 try:
     WF = parse_config(config)
 except FedForgetError as err:
@@ -40,29 +104,75 @@ def run_key(w):
     return (w.experiment, w.dataset, w.partition, w.method, w.seed)
 
 
+DATASET_FILES = ("x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy", "meta.json")  # rule prepare_dataset's
+PUBLIC_FILES = ("x.npy", "y.npy", "indices.npy", "meta.json")  # rule prepare_public's
+
+
 def dataset_meta(did):
     return f"{DATA}/{did}/meta.json"
 
 
-def public_meta(pid):
-    return f"{DATA}/public/{pid}/meta.json"
+def dataset_files(did):
+    return [f"{DATA}/{did}/{f}" for f in DATASET_FILES]
+
+
+def public_files(pid):
+    return [f"{DATA}/public/{pid}/{f}" for f in PUBLIC_FILES]
 
 
 def data_inputs(ds):
     """Prepared files a job reads for a dataset spec: the dataset and its public set."""
-    out = [dataset_meta(ds.id)]
+    out = dataset_files(ds.id)
     if ds.public:
-        out.append(public_meta(ds.public_id) if ds.public["source"] == "holdout" else dataset_meta(ds.public_id))
+        out += public_files(ds.public_id) if ds.public["source"] == "holdout" else dataset_files(ds.public_id)
     return out
 
 
+def check_prepared_data():
+    """At parse time, before any job: every prepared file the config uses that exists must
+    match the sha256 in its meta.json, else one error names each such file and how to get
+    it back. A missing prepared file is a target (all_targets), so its preparation runs
+    again. Hashes are cached by (size, mtime) in .snakemake/fedforget/verified.json."""
+    cache_path = Path(".snakemake/fedforget/verified.json")
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    dirs = [Path(DATA) / did for did in PREPARE] + [Path(DATA) / "public" / pid for pid in HOLDOUTS]
+    problems = [p for d in dirs for p in corrupt_files(d, cache)]
+    if problems:
+        raise WorkflowError("fedforget: prepared data do not match their checksums:\n  " + "\n  ".join(problems))
+    if cache and Path(".snakemake").is_dir():
+        atomic_write_json(cache_path, cache)
+
+
+check_prepared_data()
+
+
+class JobArgument:
+    """A value for a job's command line that is not itself a rerun trigger. Snakemake's
+    params trigger compares the params of plain types (str, int, float, list, dict, ...)
+    and skips any other value (snakemake.persistence, UNREPRESENTABLE); the job's identity
+    is then a separate plain param (train_identity), so runtime settings such as threads,
+    device or checkpoint frequency reach the job without rerunning it when they change."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
 def prepare_params(w):
+    """The dataset, its options and the digest of the code that builds it (its source
+    module and the prepared-format writer): editing that code prepares it again."""
     name, opts = PREPARE[w.dataset]
-    return {"name": name, "options": canonical_json(opts)}
+    code = module_code(DATASETS.get(name).build.__module__, "fedforget.data.base")
+    return {"name": name, "options": canonical_json(opts), "code": code.digest}
 
 
 def holdout_input(w):
-    return dataset_meta(HOLDOUTS[w.public][0])
+    return dataset_files(HOLDOUTS[w.public][0])
 
 
 def holdout_params(w):
@@ -81,6 +191,7 @@ def partition_params(w):
         "options": canonical_json(rc.dataset.options),
         "public": canonical_json(rc.dataset.public),
         "spec": canonical_json(rc.partition.to_dict()),
+        "code": PARTITION_CODE,
     }
 
 
@@ -89,9 +200,24 @@ def train_inputs(w):
     return data_inputs(rc.dataset) + [str(rc.partition_dir / "assignment.npy")]
 
 
+PARTITION_CODE = module_code("fedforget.partition").digest
+
+
 def train_config(w):
-    """The job's resolved config: a params value, so a change to it reruns only this job."""
-    return canonical_json(RUNS[run_key(w)].to_dict())
+    """The job's resolved config, runtime settings included (not a rerun trigger)."""
+    return JobArgument(canonical_json(RUNS[run_key(w)].to_dict()))
+
+
+def train_identity(w):
+    """What the job's results are a function of, beside its input files: the config hash
+    (every setting but threads, device, checkpointing and logging: RunConfig.hash) and the
+    digest of the source it runs (fedforget.provenance) and the client engine it is asked
+    for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing). A
+    change to any reruns exactly this job; editing one method's file reruns that method's
+    jobs, editing the engine every job."""
+    rc = RUNS[run_key(w)]
+    engine = rc.train.client_engine + (" paired" if rc.train.engine_pairing else "")
+    return f"config {rc.hash} code {training_code(rc.method.name, rc.method.params).digest} engine {engine}"
 
 
 def experiment_runs(w):
@@ -130,8 +256,23 @@ def experiment_figure(w):
     raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
 
 
+RUN_OUTPUTS = ("metrics.csv", "run.json", "model.pt", "timings.csv")  # rule train's outputs
+SUMMARY_OUTPUTS = ("table.csv", "table.md", "table.html", "runs.csv", "metrics.parquet")  # rule aggregate's
+
+
+def stale_summary(w):
+    """The experiment's summary files, which a training job removes when it starts: a table
+    never claims a run that is being redone (or whose redo failed and left no outputs)."""
+    return [f"{RESULTS}/{w.experiment}/summary/{f}" for f in SUMMARY_OUTPUTS]
+
+
 def all_targets():
-    out = []
+    """Every run's outputs (a deleted or failed run is redone: Snakemake does not rebuild a
+    missing intermediate file whose consumers are up to date), every experiment's tables
+    and figures, and every partition's heatmap."""
+    out = [str(rc.run_dir / f) for rc in RUNS.values() for f in RUN_OUTPUTS]
+    out += [f for did in PREPARE for f in dataset_files(did)]
+    out += [f for pid in HOLDOUTS for f in public_files(pid)]
     for exp in WF.experiments:
         base = f"{RESULTS}/{exp.name}"
         out += [f"{base}/summary/table.csv", f"{base}/summary/table.md"]

@@ -2,6 +2,8 @@
 # An interrupted job leaves checkpoint.pt (not an output, so Snakemake keeps it when it
 # cleans the incomplete outputs); `snakemake --rerun-incomplete` resumes from it.
 # Threads, GPUs, runtime and partition come from the profile (set-resources/set-threads).
+# Rerun triggers: params.identity (config hash + code digest), the input files' mtimes;
+# params.cfg carries runtime settings too but is not a trigger (common.smk, JobArgument).
 
 
 rule train:
@@ -14,11 +16,14 @@ rule train:
         timings=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/timings.csv",
     params:
         cfg=train_config,
+        identity=train_identity,
         out=subpath(output.run, parent=True),
+        stale=stale_summary,
     threads: 1
     resources:
         gpu=0,
     log:
         "logs/train/{experiment}/{dataset}/{partition}/{method}/seed{seed}.log",
     shell:
+        "rm -f {params.stale:q} && "
         "fedforget train --config-json {params.cfg:q} --out {params.out} --threads {threads} > {log} 2>&1"

@@ -125,14 +125,22 @@ def read_meta(directory: Path, what: str, hint: str) -> dict[str, Any]:
         raise FedForgetError(f"corrupt metadata file {path}: {e}") from None
 
 
+def restore_hint(path: Path) -> str:
+    """How to get a prepared file back: from DVC, or by preparing its directory again."""
+    return (
+        f"restore it with `dvc checkout` or `dvc pull` (data.dvc), or delete {path.parent} "
+        "and rerun `snakemake` (or `fedforget prepare`) to prepare it again"
+    )
+
+
 def load_verified(path: Path, record: Mapping[str, Any], verify: bool = True) -> np.ndarray:
     if not path.exists():
-        raise FedForgetError(f"missing data file {path}")
+        raise FedForgetError(f"missing data file {path}; {restore_hint(path)}")
     if verify:
         actual = sha256_file(path)
         if actual != record["sha256"]:
             raise FedForgetError(
-                f"corrupt data file {path}: sha256 expected {record['sha256']}, got {actual}"
+                f"corrupt data file {path}: sha256 expected {record['sha256']}, got {actual}; {restore_hint(path)}"
             )
     try:
         arr = np.load(path, allow_pickle=False)
@@ -141,6 +149,44 @@ def load_verified(path: Path, record: Mapping[str, Any], verify: bool = True) ->
     if list(arr.shape) != list(record["shape"]):
         raise FedForgetError(f"data file {path}: shape {list(arr.shape)} != {record['shape']}")
     return arr
+
+
+CACHE_MIN_BYTES = 64 << 20
+
+
+def corrupt_files(directory: str | Path, cache: dict[str, Any] | None = None) -> list[str]:
+    """Problems with an existing prepared directory (a dataset or a public set), one line
+    per file: a file whose sha256 differs from its meta.json record, or an unreadable
+    meta.json. Missing files are not problems here (the workflow prepares them again).
+    ``cache`` maps a large file (over CACHE_MIN_BYTES) to the (size, mtime_ns, sha256) it
+    last had, so such files that are unchanged since they were last hashed are not read at
+    every workflow start (as DVC's own cache of hashes does); it is updated in place.
+    Smaller files are always hashed."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        return []
+    try:
+        files = json.loads(meta_path.read_text())["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        return [f"{meta_path} cannot be read ({e}); delete {directory} to prepare it again"]
+    problems = []
+    for name, record in sorted(files.items()):
+        path = directory / name
+        if not path.is_file():
+            continue
+        st = path.stat()
+        key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns]
+        cached = cache is not None and st.st_size > CACHE_MIN_BYTES
+        hit = cache.get(key) if cached else None
+        digest = hit[2] if hit and hit[:2] == stamp else sha256_file(path)
+        if cached:
+            cache[key] = [*stamp, digest]
+        if digest != record["sha256"]:
+            problems.append(
+                f"data file {path} does not match the sha256 in {meta_path} (corrupt or changed); {restore_hint(path)}"
+            )
+    return problems
 
 
 @dataclass

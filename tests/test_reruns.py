@@ -1,0 +1,152 @@
+"""Incremental reruns that never lie, through the real `snakemake`: code changes rerun the
+jobs whose code changed (and runtime settings rerun nothing), deleted or failed runs are
+redone and never reported, data problems show before any job starts, and a killed
+workflow resumes with a plain rerun. The package source is a copy in the test's directory
+(PYTHONPATH), so editing it leaves the repository alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedforget import provenance
+
+from .test_workflow import REPO, env, planned_jobs, snakemake, write_config
+
+pytestmark = pytest.mark.e2e
+
+SMALL = {
+    "experiments": [{
+        "name": "small",
+        "datasets": [{"name": "iris", "model": "mlp"}],
+        "partitions": [{"scheme": "iid", "clients": 3}],
+        "methods": [{"name": "fedavg"}, {"name": "fedprox"}],
+        "seeds": [0],
+        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 16},
+    }]
+}  # fmt: skip
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A working directory with config/config.yaml (SMALL) and a copy of the package that
+    snakemake and its jobs import (PYTHONPATH comes before the editable install)."""
+    src = tmp_path / "src"
+    shutil.copytree(provenance.ROOT, src / "fedforget", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("PYTHONPATH", str(src))
+    work = tmp_path / "work"
+    work.mkdir()
+    write_config(work, SMALL)
+    return work
+
+
+def edit(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# an edit that changes no behaviour\n")
+
+
+def run_dir(work: Path, method: str) -> Path:
+    return work / "results" / "small" / "iris" / "iid_k3_ps0" / method / "seed0"
+
+
+def stale(work: Path) -> str:
+    proc = subprocess.run(["fedforget", "stale", "--config", "config/config.yaml"], cwd=work,
+                          env=env(), capture_output=True, text=True, check=True)  # fmt: skip
+    return proc.stdout
+
+
+def test_code_edits_rerun_their_jobs_runtime_settings_none(workdir):
+    snakemake(workdir)
+    assert planned_jobs(workdir) == {}
+    run = json.loads((run_dir(workdir, "fedprox") / "run.json").read_text())
+    assert len(run["code_digest"]) == 16 and "methods/fedprox.py" in run["code_files"]
+
+    # threads, device, checkpoint frequency, logging: the same results, no rerun
+    cfg = json.loads(json.dumps(SMALL))
+    cfg["experiments"][0]["train"].update(checkpoint_every=5, device="cpu", threads=1, log_every=2,
+                                          max_parallel_clients=8)  # fmt: skip
+    write_config(workdir, cfg)
+    assert planned_jobs(workdir) == {}
+
+    # one method's file: that method's job only
+    src = Path(os.environ["PYTHONPATH"]) / "fedforget"
+    edit(src / "methods" / "fedprox.py")
+    assert stale(workdir).strip().splitlines() == [
+        f"{run_dir(workdir, 'fedprox').relative_to(workdir)}\tstale: code changed: methods/fedprox.py"
+    ]
+    jobs = planned_jobs(workdir)
+    assert jobs.get("train") == 1 and "prepare_dataset" not in jobs and "partition" not in jobs
+    snakemake(workdir)
+    assert stale(workdir) == ""
+
+    # the engine: every job
+    edit(src / "engine.py")
+    assert planned_jobs(workdir).get("train") == 2
+
+
+def test_deleted_and_failed_runs_are_redone_and_never_reported(workdir):
+    snakemake(workdir)
+    table = workdir / "results" / "small" / "summary" / "table.csv"
+    shutil.rmtree(run_dir(workdir, "fedprox"))
+    jobs = planned_jobs(workdir)
+    assert jobs.get("train") == 1 and jobs.get("aggregate") == 1
+    snakemake(workdir)
+    assert "fedprox" in table.read_text()
+
+    # a forced rerun that fails (here: a damaged checkpoint) loses the run's outputs; the
+    # table that claimed the run goes with them, and the next invocation redoes both
+    fedavg = run_dir(workdir, "fedavg")
+    (fedavg / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    proc = snakemake(workdir, "--forcerun", str((fedavg / "metrics.csv").relative_to(workdir)), check=False)
+    assert proc.returncode != 0
+    assert not (fedavg / "metrics.csv").exists() and not table.exists()
+    (fedavg / "checkpoint.pt").unlink()
+    jobs = planned_jobs(workdir)
+    assert jobs.get("train") == 1 and jobs.get("aggregate") == 1
+
+    # data: a flipped byte stops the workflow before any job, naming the file and the fix
+    snakemake(workdir)
+    x = workdir / "data" / "iris" / "x_train.npy"
+    blob = bytearray(x.read_bytes())
+    blob[-1] ^= 0xFF
+    x.write_bytes(bytes(blob))
+    proc = snakemake(workdir, "-n", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "data/iris/x_train.npy" in out and "dvc pull" in out
+    assert "Building DAG" not in out
+    # a deleted data file is prepared again
+    x.unlink()
+    jobs = planned_jobs(workdir)
+    assert jobs.get("prepare_dataset") == 1
+
+
+def test_a_killed_workflow_resumes_with_a_plain_rerun(workdir):
+    cfg = json.loads(json.dumps(SMALL))
+    cfg["experiments"][0]["train"]["rounds"] = 300  # long enough to be killed mid-way
+    write_config(workdir, cfg)
+    proc = subprocess.Popen(
+        ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2"], cwd=workdir, env=env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not list((workdir / "results" / "small").glob("*/*/*/seed0/checkpoint.pt")):
+            assert time.time() < deadline and proc.poll() is None, "no training job started"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its jobs, as a lost node would
+        proc.wait()
+    assert any((workdir / ".snakemake" / "locks").iterdir())
+    out = snakemake(workdir)
+    assert "removed the locks of a snakemake that was killed" in out.stderr
+    runs = [json.loads(p.read_text()) for p in (workdir / "results" / "small").glob("*/*/*/seed0/run.json")]
+    assert len(runs) == 2 and all(r["status"] == "completed" for r in runs)
+    assert any("resumed_after_round" in r for r in runs)
+    assert planned_jobs(workdir) == {}
