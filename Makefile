@@ -1,10 +1,14 @@
-# The README's two commands: `make run` (install + default pipeline + report) and `make test`.
+# The README's two commands: `make run` (install + default pipeline + report) and `make test`;
+# `make data` is the DVC step of the README's "Data versioning (DVC)" section.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test report clean
+# every shipped config (the default and one file per experiment): data.dvc tracks their data
+CONFIGS := config/config.yaml $(sort $(wildcard config/experiments/*.yaml))
+
+.PHONY: install run test report clean data
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +22,22 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/snakemake
 	$(BIN)/snakemake --report report.html
+
+# data/ for every shipped config, into the DVC cache, so that `dvc push` uploads it. Preparing
+# is byte-deterministic and leaves files whose bytes are unchanged alone (their mtimes too, so
+# Snakemake reruns nothing), so data.dvc must not change: if it would, it is put back and this
+# fails, saying what to do.
+data: install
+	$(BIN)/fedforget prepare $(addprefix --config ,$(CONFIGS)) >/dev/null
+	@cp data.dvc .data.dvc.before
+	@$(BIN)/dvc commit -f -q data.dvc
+	@if ! cmp -s data.dvc .data.dvc.before; then mv .data.dvc.before data.dvc; \
+	  echo "make data: data/ does not match data.dvc. Files that no shipped config prepares (from another" >&2; \
+	  echo "  config or an old run)? rm -rf data && make data. A shipped config prepares other data on" >&2; \
+	  echo "  purpose? Record them: dvc commit -f data.dvc && git add data.dvc, then dvc push." >&2; exit 1; fi
+	@rm -f .data.dvc.before
+	@test "$$($(BIN)/dvc status --json data.dvc)" = "{}" || { $(BIN)/dvc status data.dvc >&2; exit 1; }
+	@echo "make data: data/ matches data.dvc and is in the DVC cache; 'dvc push' uploads it"
 
 # the whole test suite, end-to-end tests included; pytest's exit 5 (nothing collected) is not a failure
 test: install

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fedforget.aggregate import attach_paper, collect, markdown, summarise
+from fedforget.aggregate import attach_paper, collect, html_table, markdown, summarise
 from fedforget.methods import weighted_average
 
 # ----------------------------------------------------------------------------- weighted_average
@@ -127,11 +127,57 @@ def test_summarise_diverged_seed_marks_group_failed():
     assert math.isnan(c["final_acc_mean"])
 
 
-def test_summarise_single_seed_std_zero():
+def test_summarise_single_seed_std_is_nan_not_zero():
     runs = _runs().iloc[:1]
     t = summarise(runs)
-    assert t.iloc[0]["final_acc_std"] == 0.0
+    assert math.isnan(t.iloc[0]["final_acc_std"]) and math.isnan(t.iloc[0]["best_acc_std"])
     assert t.iloc[0]["final_acc_mean"] == pytest.approx(80.0)
+    # table.csv writes the undefined std as an empty field, not 0.0
+    cells = t.to_csv(index=False).splitlines()[1].split(",")
+    assert cells[t.columns.get_loc("final_acc_std")] == ""
+
+
+def _one_seed_runs() -> pd.DataFrame:
+    """Group A: one seed, completed. Group B: three seeds, two diverged, one completed."""
+    keys = {"experiment": "e", "clients": 10, "partition_seed": 0, "dataset": "digits", "method": "fedavg"}  # fmt: skip
+    rows = [{**keys, "setting": "iid", "seed": 0, "status": "completed",
+             "final_global_model_test_acc": 0.91234, "best_global_model_test_acc": 0.95}]  # fmt: skip
+    for seed, status, acc in ((0, "diverged", math.nan), (1, "completed", 0.4), (2, "failed", math.nan)):  # fmt: skip
+        rows.append({**keys, "setting": "dirichlet-0.1", "seed": seed, "status": status,
+                     "final_global_model_test_acc": acc, "best_global_model_test_acc": acc})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_one_completed_seed_shows_n_1_and_no_std():
+    t = attach_paper(summarise(_one_seed_runs()), None, None)
+    b = _row(t, "dirichlet-0.1", "fedavg")
+    assert b["n_seeds"] == 3 and b["n_failed"] == 2 and b["status"] == "failed"
+    assert b["final_acc_mean"] == pytest.approx(40.0) and math.isnan(b["final_acc_std"])
+    md = markdown(t, "e")
+    assert "± 0.00" not in md and "± nan" not in md
+    row = [line for line in md.splitlines() if line.startswith("| fedavg |")][0]
+    assert "| 91.23 (n = 1) |" in row  # one seed, none failed
+    assert "| 40.00 (n = 1, failed seeds) |" in row  # one completed, two failed
+    page = html_table(t, "e")
+    assert "<td>91.23 (n = 1)</td>" in page and "<td>40.00 (n = 1, failed seeds)</td>" in page
+    assert "± 0.00" not in page and "nan" not in page.lower()
+
+
+def test_html_table_has_the_markdown_cells_seeds_and_paper(tmp_path):
+    ref = tmp_path / "paper.csv"
+    ref.write_text(
+        "paper,table,dataset,setting,method,metric,value,std\nP,2,digits,iid,FedAvg,accuracy,77.5,1.5\n"
+    )
+    t = attach_paper(summarise(_runs()), {"name": "P", "table": 2}, ref)
+    page = html_table(t, "e <x>")
+    assert page.startswith("<!DOCTYPE html>") and '<meta charset="utf-8">' in page
+    assert "<style>" in page and "<script" not in page and "<h1>e &lt;x&gt;</h1>" in page
+    for text in ("80.00 ± 10.00", "90.00 ± 5.00", "55.00 ± 7.07 (failed seeds)", "<td>failed</td>",
+                 "<th>Seeds</th>", "<th>Failed seeds</th>", "<th>Paper (%)</th>", "<td>77.50 ± 1.50</td>"):  # fmt: skip
+        assert text in page, text
+    assert page.count("<tr") == 1 + 3  # header + one row per dataset x partition x method
+    # no paper linked: no paper column
+    assert "Paper (%)" not in html_table(attach_paper(summarise(_runs()), None, None), "e")
 
 
 def test_markdown_reports_values_and_failures():

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 

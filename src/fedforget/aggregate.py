@@ -1,10 +1,12 @@
 """Collect finished runs into tidy tables: per experiment ``runs.csv`` (one row per run),
 ``metrics.parquet`` (every round of every run, long format), ``table.csv`` (mean and std
 over seeds of final and best global-model test accuracy per dataset x partition x method,
-beside the papers' numbers where the experiment links a paper table) and ``table.md``."""
+beside the papers' numbers where the experiment links a paper table), ``table.md`` and
+``table.html`` (the same table, rendered for the Snakemake report)."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from collections.abc import Iterable
@@ -69,8 +71,9 @@ def collect(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean and sample std (ddof=1) over seeds; a group with any failed (diverged/failed)
-    run is reported as failed, the way FedSOL's Table 2 writes '10.00 (Failed)'."""
+    """Mean and sample std (ddof=1) over completed seeds; a group with any failed
+    (diverged/failed) run is reported as failed, the way FedSOL's Table 2 writes '10.00
+    (Failed)'. The std of a single completed seed is undefined: NaN, not 0."""
     group = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]
     out = []
     for key, g in runs.groupby(group, sort=False):
@@ -80,9 +83,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         for m in ("final", "best"):
             vals = ok[f"{m}_global_model_test_acc"].astype(float) * 100
             row[f"{m}_acc_mean"] = vals.mean() if len(vals) else math.nan
-            row[f"{m}_acc_std"] = (
-                vals.std(ddof=1) if len(vals) > 1 else (0.0 if len(vals) else math.nan)
-            )
+            row[f"{m}_acc_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
         out.append(row)
     return pd.DataFrame(out)
@@ -122,15 +123,35 @@ def attach_paper(
     return table
 
 
-def _cell(mean: float, std: float, status: str) -> str:
-    if status == FAILED and math.isnan(mean):
-        return "failed"
+def _cell(mean: float, std: float, status: str, n_ok: int | None = None) -> str:
+    """'80.00 ± 10.00' over >= 2 completed seeds, '91.23 (n = 1)' over one (no std),
+    'failed' when no seed completed; ' (failed seeds)' marks a group with some failed."""
+    if math.isnan(mean):
+        return "failed" if status == FAILED else ""
+    if n_ok is None:  # infer: the std of one seed is NaN
+        n_ok = 1 if math.isnan(std) else 2
+    if n_ok == 1:
+        return f"{mean:.2f} (n = 1, failed seeds)" if status == FAILED else f"{mean:.2f} (n = 1)"
     text = f"{mean:.2f} ± {std:.2f}"
     return text + " (failed seeds)" if status == FAILED else text
 
 
+def _n_ok(row: pd.Series) -> int:
+    return int(row["n_seeds"]) - int(row["n_failed"])
+
+
+def _columns(table: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(f"{d} {s}" for d, s in zip(table["dataset"], table["setting"])))
+
+
+FOOTNOTE = (
+    "std is the sample standard deviation (ddof = 1) over completed seeds; 'n = 1': a single "
+    "completed seed (no std); 'failed seeds': some seeds diverged or failed; 'failed': every seed did."
+)
+
+
 def markdown(table: pd.DataFrame, experiment: str) -> str:
-    cols = list(dict.fromkeys(f"{d} {s}" for d, s in zip(table["dataset"], table["setting"])))
+    cols = _columns(table)
     methods = list(dict.fromkeys(table["method"]))
     lines = [f"# {experiment}", ""]
     for metric, title in (("final", "Final-round"), ("best", "Best-round")):
@@ -147,17 +168,70 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
                     cells.append("")
                     continue
                 r = r.iloc[0]
-                cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"])
+                cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r))
                 if metric == "final" and not math.isnan(r["paper_acc"]):
                     cell += f" (paper {r['paper_acc']:.2f})"
                 cells.append(cell)
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     n = table["n_seeds"].max()
-    lines.append(
-        f"Seeds per cell: {n}. std is the sample standard deviation (ddof = 1). 'failed': every seed diverged."
-    )
+    lines.append(f"Seeds per cell: {n}. {FOOTNOTE}")
     return "\n".join(lines) + "\n"
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 1.5rem;
+       color: #1e293b; background: #fff; }
+h1 { font-size: 1.3rem; margin: 0 0 .3rem; }
+p { font-size: .85rem; color: #475569; max-width: 60rem; }
+table { border-collapse: collapse; font-size: .85rem; margin: .8rem 0; }
+th, td { padding: .3rem .6rem; border-bottom: 1px solid #e2e8f0; text-align: left; }
+thead th { background: #f1f5f9; border-bottom: 2px solid #94a3b8; vertical-align: bottom; }
+td { white-space: nowrap; }
+td:nth-child(n+5), td:nth-child(3), th:nth-child(n+5), th:nth-child(3) {
+    text-align: right; font-variant-numeric: tabular-nums; }
+tbody tr:hover { background: #f8fafc; }
+"""
+
+
+def _paper(row: pd.Series) -> str:
+    acc, std = row.get("paper_acc", math.nan), row.get("paper_std", math.nan)
+    if pd.isna(acc):
+        return ""
+    return f"{acc:.2f}" + ("" if pd.isna(std) else f" ± {std:.2f}")
+
+
+def html_table(table: pd.DataFrame, experiment: str) -> str:
+    """table.csv as a self-contained HTML page (inline CSS, no scripts): one row per dataset
+    x partition x method, final- and best-round accuracy (%) as in table.md, seeds, failed
+    seeds and the paper's number where the experiment links a paper table."""
+    rows = []
+    for _, r in table.iterrows():
+        n_ok = _n_ok(r)
+        rows.append({
+            "Dataset": r["dataset"],
+            "Partition": r["setting"],
+            "Clients": int(r["clients"]),
+            "Method": r["method"],
+            "Final round (%)": _cell(r["final_acc_mean"], r["final_acc_std"], r["status"], n_ok),
+            "Best round (%)": _cell(r["best_acc_mean"], r["best_acc_std"], r["status"], n_ok),
+            "Seeds": int(r["n_seeds"]),
+            "Failed seeds": int(r["n_failed"]),
+            "Paper (%)": _paper(r),
+        })  # fmt: skip
+    df = pd.DataFrame(rows)
+    if len(df) and not df["Paper (%)"].astype(bool).any():
+        df = df.drop(columns="Paper (%)")
+    body = df.to_html(index=False, border=0, escape=True, na_rep="", classes="summary")
+    title = html.escape(experiment, quote=False)
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{title}: summary table</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<h1>{title}</h1>\n"
+        "<p>Final-round and best-round global-model accuracy on the full test set (%), mean ± std "
+        "over seeds, per dataset x partition x method.</p>\n"
+        f"{body}\n<p>{html.escape(FOOTNOTE, quote=False)}</p>\n</body>\n</html>\n"
+    )
 
 
 def aggregate(
@@ -174,4 +248,5 @@ def aggregate(
     atomic_write(out / "metrics.parquet", lambda tmp: metrics.to_parquet(tmp, index=False))
     atomic_write_text(out / "table.csv", table.to_csv(index=False))
     atomic_write_text(out / "table.md", markdown(table, experiment))
+    atomic_write_text(out / "table.html", html_table(table, experiment))
     return table

@@ -53,7 +53,7 @@ def cmd_prepare(args) -> None:
         from .config import load_config
         from .pipeline import prepare_all
 
-        for p in prepare_all(load_config(args.config)):
+        for p in prepare_all([load_config(c) for c in args.config]):
             print(p)
         return
     if args.public:
@@ -227,7 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_validate)
 
     s = sub.add_parser("prepare", help="build datasets / public sets into the prepared format")
-    s.add_argument("--config", help="prepare everything a workflow config uses")
+    s.add_argument(
+        "--config", action="append",
+        help="prepare everything a workflow config uses (repeat for several; each dataset once; "
+        "files whose bytes are unchanged are left as they are)",
+    )  # fmt: skip
     s.add_argument("--dataset", help="a registered dataset name")
     s.add_argument("--options", help="dataset options as JSON, e.g. '{\"pca\": 2}'")
     s.add_argument("--public", help="held-out public set spec as JSON")

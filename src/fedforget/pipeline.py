@@ -15,15 +15,14 @@ from .partition import PartitionSpec, class_counts, make_partition, save_partiti
 log = logging.getLogger(__name__)
 
 
-def prepare_all(wf: WorkflowConfig) -> list[Path]:
-    out = [
-        prepare_dataset(name, opts, wf.data_dir) for name, opts in wf.datasets_to_prepare().values()
-    ]
-    out += [
-        prepare_public(spec, private, wf.data_dir)
-        for private, spec in wf.holdouts_to_prepare().values()
-    ]
-    return out
+def prepare_all(wfs: WorkflowConfig | list[WorkflowConfig]) -> list[Path]:
+    """Every dataset and public set of one or several configs, each once (each into its
+    config's data_dir), datasets first: public slices are cut from them."""
+    wfs = wfs if isinstance(wfs, list) else [wfs]
+    datasets = {(wf.data_dir, did): v for wf in wfs for did, v in wf.datasets_to_prepare().items()}
+    publics = {(wf.data_dir, pid): v for wf in wfs for pid, v in wf.holdouts_to_prepare().items()}
+    out = [prepare_dataset(name, opts, root) for (root, _), (name, opts) in datasets.items()]
+    return out + [prepare_public(spec, private, root) for (root, _), (private, spec) in publics.items()]
 
 
 def partition_one(ds: DatasetSpec, spec: PartitionSpec, data_dir: str, out_dir: str | Path) -> Path:

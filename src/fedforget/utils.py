@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import platform
@@ -75,27 +76,35 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[str], None]) -> None
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    def _w(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    atomic_write(path, _w)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def atomic_save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
-    """np.save is byte-deterministic (header + raw buffer), unlike np.savez whose zip
-    entries carry timestamps; prepared data must hash the same on every machine."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, keep_same: bool = False) -> bool:
+    """Write ``data`` atomically; with ``keep_same`` a file that already holds exactly these
+    bytes is left alone, its mtime too (so Snakemake reruns nothing that reads it). Returns
+    whether it wrote."""
+    if keep_same and os.path.isfile(path) and Path(path).read_bytes() == data:
+        return False
 
     def _w(tmp: str) -> None:
         with open(tmp, "wb") as f:
-            np.save(f, np.ascontiguousarray(array), allow_pickle=False)
+            f.write(data)
 
     atomic_write(path, _w)
+    return True
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, keep_same: bool = False) -> bool:
+    return atomic_write_bytes(path, text.encode("utf-8"), keep_same)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, keep_same: bool = False) -> bool:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", keep_same)
+
+
+def atomic_save_npy(path: str | os.PathLike, array: np.ndarray, keep_same: bool = False) -> bool:
+    """np.save is byte-deterministic (header + raw buffer), unlike np.savez whose zip
+    entries carry timestamps; prepared data must hash the same on every machine."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return atomic_write_bytes(path, buf.getvalue(), keep_same)
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:

@@ -176,8 +176,11 @@ def holdout_input(w):
 
 
 def holdout_params(w):
+    """The private dataset, the slice's spec and the digest of the code that builds both."""
     private, spec = HOLDOUTS[w.public]
-    return {"of": private, "spec": canonical_json(spec)}
+    name = PREPARE[private][0]
+    code = module_code(DATASETS.get(name).build.__module__, "fedforget.data.base")
+    return {"of": private, "spec": canonical_json(spec), "code": code.digest}
 
 
 def partition_inputs(w):

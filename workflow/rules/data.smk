@@ -13,9 +13,12 @@ rule prepare_dataset:
         "fedforget prepare --dataset {params.p[name]} --options {params.p[options]:q} --root {params.root} > {log} 2>&1"
 
 
+# The public slice is a function of its dataset's id (name + options), its spec and the code
+# (params); its input is ancient: a dataset file that is only newer (DVC checks files out in
+# no fixed order) does not re-cut it.
 rule prepare_public:
     input:
-        holdout_input,
+        ancient(holdout_input),
     output:
         multiext(f"{DATA}/public/{{public}}/", "x.npy", "y.npy", "indices.npy", "meta.json"),
     params:

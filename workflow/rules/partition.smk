@@ -13,7 +13,7 @@ rule partition:
             caption="../report/heatmap.rst",
             category="Partitions",
             subcategory="{pool}",
-            labels={"pool": "{pool}", "partition": "{partition}"},
+            labels={"partition": "{partition}", "pool": "{pool}"},
         ),
     params:
         p=partition_params,

@@ -1,15 +1,26 @@
 # Tables (mean ± std over seeds, beside the papers' numbers) and figures per experiment.
+from fedforget.plots import CURVES as CURVE_NAMES
 
 
 rule aggregate:
     input:
         experiment_runs,
     output:
+        # one report entry per file: a subcategory per experiment, and the label that tells
+        # entries apart first (the report turns a later label with two values into a toggle)
         table=report(
             f"{RESULTS}/{{experiment}}/summary/table.csv",
             caption="../report/table.rst",
             category="Tables",
-            labels={"experiment": "{experiment}", "table": "mean ± std over seeds"},
+            subcategory="{experiment}",
+            labels={"table": "Summary, mean ± std over seeds (CSV)", "experiment": "{experiment}"},
+        ),
+        html=report(
+            f"{RESULTS}/{{experiment}}/summary/table.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Summary, mean ± std over seeds", "experiment": "{experiment}"},
         ),
         markdown=f"{RESULTS}/{{experiment}}/summary/table.md",
         runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
@@ -22,19 +33,25 @@ rule aggregate:
         "logs/aggregate/{experiment}.log",
     shell:
         "fedforget aggregate --runs {params.runs} --out {params.out} --experiment {wildcards.experiment} "
-        "--paper {params.paper[link]:q} --paper-results {params.paper[results]:q} > {log} 2>&1"
+        "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log} 2>&1"
 
 
 rule plot:
     input:
         f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
     output:
-        report(
-            expand(f"{RESULTS}/{{{{experiment}}}}/figures/{{fig}}.png", fig=FIGURES),
-            caption="../report/curves.rst",
-            category="Learning curves",
-            labels={"experiment": "{experiment}"},
-        ),
+        # one named output and report entry per learning curve (FIGURES), each with its own
+        # labels: entries with the same labels collapse into one in the report
+        **{
+            fig: report(
+                f"{RESULTS}/{{experiment}}/figures/{fig}.png",
+                caption="../report/curves.rst",
+                category="Learning curves",
+                subcategory="{experiment}",
+                labels={"figure": CURVE_NAMES[fig], "experiment": "{experiment}"},
+            )
+            for fig in FIGURES
+        },
     params:
         summary=subpath(input[0], parent=True),
         out=f"{RESULTS}/{{experiment}}/figures",
@@ -53,7 +70,8 @@ rule figure:
             f"{RESULTS}/{{experiment}}/figures/{{figure}}.png",
             caption="../report/figure.rst",
             category="Figures",
-            labels={"experiment": "{experiment}", "figure": "{figure}"},
+            subcategory="{experiment}",
+            labels={"figure": "{figure}", "experiment": "{experiment}"},
         ),
     wildcard_constraints:
         figure=FIGURE_LABEL_RE,

@@ -95,7 +95,7 @@ def prepare_dataset(name: str, options: Mapping[str, Any] | None, root: str | Pa
         arr = getattr(arrays, key)
         arr = arr.astype(np.float32) if key.startswith("x") else arr.astype(np.int64)
         path = out / f"{key}.npy"
-        atomic_save_npy(path, arr)
+        atomic_save_npy(path, arr, keep_same=True)  # a rerun keeps unchanged files' mtimes
         files[path.name] = _file_record(path, arr)
     meta = {
         "format_version": FORMAT_VERSION,
@@ -110,7 +110,7 @@ def prepare_dataset(name: str, options: Mapping[str, Any] | None, root: str | Pa
         "n_test": int(len(arrays.y_test)),
         "files": files,
     }
-    atomic_write_json(out / "meta.json", meta)  # written last: its presence marks completion
+    atomic_write_json(out / "meta.json", meta, keep_same=True)  # written last: its presence marks completion
     log.info("prepared %s -> %s (%d train, %d test)", did, out, meta["n_train"], meta["n_test"])
     return out
 
@@ -255,11 +255,12 @@ def prepare_public(spec: Mapping[str, Any], private_id: str, root: str | Path) -
     out = Path(root) / "public" / pid
     files = {}
     for key, arr in (("x", data.x_train[idx]), ("y", data.y_train[idx]), ("indices", idx)):
-        atomic_save_npy(out / f"{key}.npy", arr)
+        atomic_save_npy(out / f"{key}.npy", arr, keep_same=True)
         files[f"{key}.npy"] = _file_record(out / f"{key}.npy", arr)
     atomic_write_json(
         out / "meta.json",
-        {
+        keep_same=True,
+        obj={
             "format_version": FORMAT_VERSION,
             "id": pid,
             "source": "holdout",

@@ -1,0 +1,143 @@
+"""The README's DVC steps on fresh clones (issue 19): `make data` in clone A prepares every
+shipped config's data and puts data/ into the DVC cache without changing data.dvc, `dvc push`
+sends it to the default remote beside the clone, `dvc pull` in a fresh clone B fetches the same
+bytes, and Snakemake in B then plans no preparation. Marked e2e: slower, still run in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+VENV = Path(sys.prefix)
+pytestmark = pytest.mark.e2e
+
+# what a clone needs for the data steps: the rest of the repository plays no part in them
+FILES = [
+    "Makefile",
+    ".gitignore",
+    ".dvcignore",
+    ".dvc/config",
+    ".dvc/.gitignore",
+    "data.dvc",
+    "Snakefile",
+]
+DIRS = ["config", "workflow"]
+
+for tool in ("make", "git", "dvc", "snakemake", "fedforget"):
+    if shutil.which(tool, path=str(BIN) + os.pathsep + os.environ.get("PATH", "")) is None:
+        pytest.skip(f"{tool} is not installed", allow_module_level=True)  # pragma: no cover
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PATH"] = str(BIN) + os.pathsep + e.get("PATH", "")
+    e["DVC_NO_ANALYTICS"] = "1"
+    e.pop("MAKEFLAGS", None)
+    e.pop("MFLAGS", None)
+    return e
+
+
+def sh(cwd: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def make(cwd: Path, target: str) -> subprocess.CompletedProcess:
+    """The Makefile's target with this interpreter's environment as the venv; -o: the install
+    step is not rerun (and is not needed: .installed may be missing)."""
+    return sh(cwd, "make", "-o", f"{VENV}/.installed", target, f"VENV={VENV}")
+
+
+def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    ident = [
+        "-c",
+        "user.name=test",
+        "-c",
+        "user.email=test@example.com",
+        "-c",
+        "commit.gpgsign=false",
+    ]
+    return sh(cwd, "git", *ident, *args)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def planned(workdir: Path, *args: str) -> dict[str, int]:
+    out = sh(workdir, "snakemake", "-n", "--cores", "1", *args)
+    text = out.stdout + out.stderr
+    if "Nothing to be done" in text:
+        return {}
+    table = text.split("Job stats:")[1]
+    return {
+        m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"
+    }
+
+
+def test_make_data_push_pull_round_trip(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    remote = tmp_path / "fedforget-dvc-remote"  # .dvc/config's default remote: beside the clone
+    a.mkdir()
+    for f in FILES:
+        (a / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, a / f)
+    for d in DIRS:
+        shutil.copytree(REPO / d, a / d, ignore=shutil.ignore_patterns("__pycache__"))
+    git(a, "init", "-q")
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "clone")
+
+    # clone A: prepare every shipped config's data, into the cache, data.dvc unchanged
+    out = make(a, "data")
+    assert "matches data.dvc" in out.stdout, out.stdout + out.stderr
+    assert (a / "data.dvc").read_bytes() == (REPO / "data.dvc").read_bytes()
+    assert json.loads(sh(a, "dvc", "status", "--json").stdout) == {}
+    tracked = (REPO / "data.dvc").read_text()
+    assert len(tree(a / "data")) == int(re.search(r"nfiles: (\d+)", tracked)[1])
+    assert sh(a, "git", "status", "--porcelain").stdout == ""  # data/ ignored, nothing else touched
+
+    sh(a, "dvc", "push")
+    assert remote.is_dir() and any(p.is_file() for p in remote.rglob("*"))
+    assert json.loads(sh(a, "dvc", "status", "--cloud", "--json").stdout) == {}
+
+    # clone B: a fresh clone of A's commit (no data/, no cache) fetches the same bytes
+    git(tmp_path, "clone", "-q", str(a), str(b))
+    assert not (b / "data").exists() and not (b / ".dvc" / "cache").exists()
+    sh(b, "dvc", "pull")
+    assert tree(b / "data") == tree(a / "data")
+    assert json.loads(sh(b, "dvc", "status", "--json").stdout) == {}
+
+    # DVC writes files in parallel, in no fixed order: the worst case, every dataset newer than
+    # the public sets cut from it, must still plan no preparation (rule prepare_public's input
+    # is ancient; what the slice is a function of are its params)
+    for meta in (b / "data").glob("*/meta.json"):
+        if meta.parent.name != "public":
+            os.utime(meta)
+
+    # a second `make data` writes nothing: every file keeps its mtime
+    mtimes = {p: p.stat().st_mtime_ns for p in (a / "data").rglob("*") if p.is_file()}
+    make(a, "data")
+    assert mtimes == {p: p.stat().st_mtime_ns for p in (a / "data").rglob("*") if p.is_file()}
+
+    for args in [(), ("--configfile", "config/experiments/fedproj_pilot_iris.yaml")]:
+        jobs = planned(b, *args)
+        assert jobs.get("partition", 0) > 0, jobs  # the dry run did plan the pipeline
+        assert not {"prepare_dataset", "prepare_public"} & set(jobs), (args, jobs)
