@@ -39,10 +39,13 @@ data: install
 	@test "$$($(BIN)/dvc status --json data.dvc)" = "{}" || { $(BIN)/dvc status data.dvc >&2; exit 1; }
 	@echo "make data: data/ matches data.dvc and is in the DVC cache; 'dvc push' uploads it"
 
-# the whole test suite, end-to-end tests included; pytest's exit 5 (nothing collected) is not a failure
+# the whole test suite, end-to-end tests included, on TEST_WORKERS processes (pytest-xdist; the
+# end-to-end tests mostly wait on their snakemake subprocesses); pytest's exit 5 (nothing
+# collected) is not a failure
+TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 clean:
 	rm -rf results logs .snakemake report.html

@@ -247,3 +247,19 @@ def test_paper_setting_map_links_our_setting_to_the_papers(tmp_path):
     assert math.isnan(plain["paper_acc"].iloc[0])
     mapped = attach_paper(table, {"name": "p", "table": "fig1", "setting_map": {"classes-122a07f5": "3 non-IID clients"}}, ref)
     assert mapped["paper_acc"].iloc[0] == 93.33
+
+
+def test_cells_on_another_client_engine_are_marked():
+    """A cell whose runs trained on another client engine than most of its column is
+    marked in table.md and table.html; one engine throughout marks nothing."""
+    runs = _runs().assign(client_engine="sequential")
+    table = summarise(runs)
+    assert not table["other_engine"].any() and "†" not in markdown(attach_paper(table, None, None), "e")
+    runs.loc[(runs["setting"] == "dirichlet-0.1") & (runs["method"] == "fedavg"), "client_engine"] = "vectorized"
+    runs = pd.concat([runs, runs[runs["method"] == "fedprox"].assign(method="moon", client_engine="sequential")])
+    table = attach_paper(summarise(runs), None, None)
+    assert list(table[table["other_engine"]]["method"]) == ["fedavg"]
+    assert _row(table, "dirichlet-0.1", "fedavg")["client_engine"] == "vectorized"
+    md = markdown(table, "e")
+    assert "± 7.07 (failed seeds) † vectorized" in md and md.count("† vectorized") == 2 and "another client engine" in md  # final and best
+    assert "† vectorized" in html_table(table, "e")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -24,6 +25,8 @@ from fedforget.config import (
 )
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def ex(d):
@@ -138,31 +141,31 @@ BAD = [
      ["experiments[0].methods[0]", "scaffold", "adam"]),
     # NaN and +-inf (YAML .nan, .inf, -.inf) pass the schema's range checks: refused first, everywhere
     ("lr-nan", lambda d: ex(d).update(train={"optimizer": {"lr": NAN}}),
-     ["experiments[0].train.optimizer.lr: nan is not a finite number", "allowed: a finite number > 0"]),
+     ["experiments[0].train.optimizer.lr=nan", "allowed: a finite number > 0"]),
     ("sample-rate-nan", lambda d: ex(d).update(train={"sample_rate": NAN}),
-     ["experiments[0].train.sample_rate: nan is not a finite number", "> 0 and <= 1"]),
+     ["experiments[0].train.sample_rate=nan", "> 0 and <= 1"]),
     ("weight-decay-inf", lambda d: ex(d).update(train={"optimizer": {"weight_decay": INF}}),
-     ["experiments[0].train.optimizer.weight_decay: inf is not a finite number", ">= 0"]),
+     ["experiments[0].train.optimizer.weight_decay=inf", ">= 0"]),
     ("method-lr-decay-minus-inf", lambda d: ex(d)["methods"][0].update(train={"lr_decay": -INF}),
-     ["experiments[0].methods[0].train.lr_decay: -inf is not a finite number"]),
+     ["experiments[0].methods[0].train.lr_decay=-inf"]),
     ("rounds-inf", lambda d: ex(d).update(train={"rounds": INF}),
-     ["experiments[0].train.rounds: inf is not a finite number", "an integer >= 1"]),
+     ["experiments[0].train.rounds=inf", "an integer >= 1"]),
     ("fedprox-mu-nan", lambda d: ex(d)["methods"][0].update(name="fedprox", params={"mu": NAN}),
-     ["experiments[0].methods[0].params.mu: nan is not a finite number"]),
+     ["experiments[0].methods[0].params.mu=nan"]),
     ("dataset-option-nan", lambda d: dset(d).update(options={"pca": NAN}),
-     ["experiments[0].datasets[0].options.pca: nan is not a finite number"]),
+     ["experiments[0].datasets[0].options.pca=nan"]),
     ("model-option-inf", lambda d: dset(d).update(model={"name": "mlp", "options": {"hidden": [INF]}}),
-     ["experiments[0].datasets[0].model.options.hidden[0]: inf is not a finite number"]),
+     ["experiments[0].datasets[0].model.options.hidden[0]=inf"]),
     ("alpha-nan", lambda d: part(d).update(scheme="dirichlet", alpha=NAN),
-     ["experiments[0].partitions[0].alpha: nan is not a finite number", "> 0"]),
+     ["experiments[0].partitions[0].alpha=nan", "> 0"]),
     ("class-fraction-nan", lambda d: part(d).update(scheme="classes", clients=1, class_fractions=[[NAN, 1, 1]]),
-     ["experiments[0].partitions[0].class_fractions[0][0]: nan is not a finite number", ">= 0 and <= 1"]),
+     ["experiments[0].partitions[0].class_fractions[0][0]=nan", ">= 0 and <= 1"]),
     ("public-fraction-nan", lambda d: dset(d).update(public={"source": "holdout", "fraction": NAN}),
-     ["experiments[0].datasets[0].public.fraction: nan is not a finite number", "> 0 and < 1"]),
+     ["experiments[0].datasets[0].public.fraction=nan", "> 0 and < 1"]),
     ("every-non-finite-named-at-once", lambda d: (ex(d).update(train={"sample_rate": NAN, "optimizer": {"lr": -INF}}),
                                                   ex(d)["methods"][0].update(name="fedprox", params={"mu": INF})),
-     ["experiments[0].train.sample_rate: nan", "experiments[0].train.optimizer.lr: -inf",
-      "experiments[0].methods[0].params.mu: inf"]),
+     ["experiments[0].train.sample_rate=nan", "experiments[0].train.optimizer.lr=-inf",
+      "experiments[0].methods[0].params.mu=inf (method 'fedprox')"]),
     # a wrong public block: what is wrong with it, judged by its source, and the allowed forms
     ("public-holdout-without-fraction", lambda d: dset(d).update(public={"source": "holdout"}),
      ["experiments[0].datasets[0].public: {'source': 'holdout'} matches no allowed form",
@@ -260,6 +263,34 @@ def test_shipped_config_parses_to_18_runs(repo_root):
     assert set(wf.holdouts_to_prepare()) == {"digits-holdout0.1-s0", "mnist1d-holdout0.1-s0"}
     # the holdout is excluded from the pool, so partitions live under the pool id
     assert all(r.partition_dir.parts[-2].endswith("-holdout0.1-s0") for r in runs)
+
+
+@pytest.mark.parametrize(
+    "name", ["config.yaml", *sorted(p.name for p in (REPO / "config" / "experiments").glob("*.yaml"))]
+)
+def test_every_shipped_config_is_valid(repo_root, monkeypatch, name):
+    monkeypatch.chdir(repo_root)  # paper_results and data are relative to the working directory
+    path = repo_root / "config" / ("" if name == "config.yaml" else "experiments") / name
+    wf = load_config(path)
+    assert wf.runs() and all(e.name for e in wf.experiments)
+
+
+def test_pairing_puts_an_experiments_methods_on_one_engine(repo_root, monkeypatch):
+    """client_engine auto: an experiment with a method whose local step cannot be batched
+    (FedSOL) trains every method sequentially, FedAvg too; one without such a method (the
+    default config: FedAvg only) pairs nothing."""
+    monkeypatch.chdir(repo_root)
+    runs = load_config(repo_root / "config/experiments/fedsol_partial.yaml").runs()
+    fedavg = [r for r in runs if r.method.name == "fedavg"]
+    assert fedavg and all("paired within experiment 'fedsol_partial'" in r.train.engine_pairing for r in runs)
+    assert all(r.train.engine_pairing == "" for r in load_config(repo_root / "config/config.yaml").runs())
+    # a method that asks for an engine keeps it; the pairing hint does not enter the hash
+    raw = load_yaml(repo_root / "config/experiments/fedsol_partial.yaml")
+    raw["experiments"][0]["methods"][0]["train"] = {"client_engine": "vectorized"}
+    own = [r for r in parse_config(raw).runs() if r.method.name == "fedavg"]
+    assert all(r.train.engine_pairing == "" and r.train.client_engine == "vectorized" for r in own)
+    unpaired = [replace(r, train=replace(r.train, engine_pairing="")) for r in fedavg]
+    assert [r.hash for r in unpaired] == [r.hash for r in fedavg]
 
 
 def test_run_config_round_trip_keeps_hash(repo_root, make_run_config):

@@ -29,7 +29,7 @@ def source_copy(tmp_path, monkeypatch):
 
 
 def test_training_closure_is_the_training_side():
-    mods = provenance.closure(provenance.TRAINING_ROOTS)
+    mods = provenance.closure(provenance.TRAINING_ROOTS, provenance.OUTPUT_SIDE)
     assert {"fedforget.engine", "fedforget.vectorized", "fedforget.models", "fedforget.data.base",
             "fedforget.methods.base", "fedforget.partition", "fedforget.metrics"} <= set(mods)  # fmt: skip
     # no method module (they are loaded by the registry), nothing output-side

@@ -61,7 +61,8 @@ def stale(work: Path) -> str:
     return proc.stdout
 
 
-def test_code_edits_rerun_their_jobs_runtime_settings_none(workdir):
+def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir):
+    """One workflow, changed step by step (each step's set-up is the previous step's end)."""
     snakemake(workdir)
     assert planned_jobs(workdir) == {}
     run = json.loads((run_dir(workdir, "fedprox") / "run.json").read_text())
@@ -88,10 +89,9 @@ def test_code_edits_rerun_their_jobs_runtime_settings_none(workdir):
     # the engine: every job
     edit(src / "engine.py")
     assert planned_jobs(workdir).get("train") == 2
-
-
-def test_deleted_and_failed_runs_are_redone_and_never_reported(workdir):
     snakemake(workdir)
+
+    # deleted and failed runs are redone and never reported
     table = workdir / "results" / "small" / "summary" / "table.csv"
     shutil.rmtree(run_dir(workdir, "fedprox"))
     jobs = planned_jobs(workdir)
@@ -128,7 +128,7 @@ def test_deleted_and_failed_runs_are_redone_and_never_reported(workdir):
 
 def test_a_killed_workflow_resumes_with_a_plain_rerun(workdir):
     cfg = json.loads(json.dumps(SMALL))
-    cfg["experiments"][0]["train"]["rounds"] = 300  # long enough to be killed mid-way
+    cfg["experiments"][0]["train"]["rounds"] = 100  # long enough to be killed mid-way
     write_config(workdir, cfg)
     proc = subprocess.Popen(
         ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2"], cwd=workdir, env=env(),

@@ -86,17 +86,25 @@ def shipped_configs() -> list[Path]:
     ]
 
 
-@pytest.mark.parametrize("configfile", shipped_configs(), ids=lambda p: p.name)
-def test_dry_run_of_every_shipped_config(tmp_path: Path, configfile: Path) -> None:
+def test_dry_run_of_every_shipped_config(tmp_path: Path) -> None:
+    """Every shipped experiment in one dry run (one Snakemake start instead of one per file:
+    their names are distinct, and each file alone is validated in tests/test_config.py):
+    one training job per dataset x partition x method x seed, one aggregation and one plot
+    per experiment, the partitions each pool needs."""
     shutil.copytree(REPO / "config", tmp_path / "config")
-    jobs = planned_jobs_for(tmp_path, configfile)
-    cfg = yaml.safe_load(configfile.read_text())
+    experiments = [e for c in shipped_configs() for e in yaml.safe_load(c.read_text())["experiments"]]
+    assert len({e["name"] for e in experiments}) == len(experiments)
+    merged = tmp_path / "all.yaml"
+    merged.write_text(yaml.safe_dump({"experiments": experiments}, sort_keys=False))
+    jobs = planned_jobs_for(tmp_path, merged)
     expected = sum(
         len(e["datasets"]) * len(e["partitions"]) * len(e["methods"]) * len(e["seeds"])
-        for e in cfg["experiments"]
+        for e in experiments
     )
     assert jobs["train"] == expected
-    assert jobs["aggregate"] == len(cfg["experiments"]) and jobs["plot"] == len(cfg["experiments"])
+    assert jobs["aggregate"] == len(experiments) and jobs["plot"] == len(experiments)
+    figures = sum(len(e.get("figures", [])) for e in experiments)
+    assert jobs.get("figure", 0) == figures
 
 
 def planned_jobs_for(workdir: Path, configfile: Path) -> dict[str, int]:
@@ -226,33 +234,3 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     snakemake(tmp_path, "--report", "report.html")
     html = (tmp_path / "report.html").read_text(errors="ignore")
     assert "global_model_test_acc" in html and "heatmap" in html
-
-
-def dvc_md5(data_dir: Path, workdir: Path) -> dict:
-    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=workdir, env=env(), check=True)
-    subprocess.run(["dvc", "config", "core.analytics", "false"], cwd=workdir, env=env(), check=True)
-    subprocess.run(["dvc", "add", "-q", str(data_dir.name)], cwd=workdir, env=env(), check=True)
-    return yaml.safe_load((workdir / f"{data_dir.name}.dvc").read_text())["outs"][0]
-
-
-def test_prepare_reproduces_the_dvc_hash(tmp_path: Path) -> None:
-    """data.dvc tracks what `fedforget prepare` writes for every shipped config; preparing on a
-    fresh machine must give the same directory hash."""
-    for cfg in shipped_configs():
-        raw = yaml.safe_load(cfg.read_text())
-        raw["data_dir"] = str(tmp_path / "data")
-        one = tmp_path / f"{cfg.stem}.yaml"
-        one.write_text(yaml.safe_dump(raw))
-        subprocess.run(
-            [str(BIN / "fedforget"), "prepare", "--config", str(one)],
-            env=env(),
-            check=True,
-            capture_output=True,
-        )
-    ours = dvc_md5(tmp_path / "data", tmp_path)
-    tracked = yaml.safe_load((REPO / "data.dvc").read_text())["outs"][0]
-    assert (ours["md5"], ours["nfiles"], ours["size"]) == (
-        tracked["md5"],
-        tracked["nfiles"],
-        tracked["size"],
-    )

@@ -60,6 +60,7 @@ def collect(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]
             "fedforget_version": rec.get("versions", {}).get("fedforget"),
             "torch_version": rec.get("versions", {}).get("torch"),
             "device": rec.get("device"),
+            "client_engine": rec.get("client_engine"),
             "run_dir": str(d),
         })  # fmt: skip
         if df is not None:
@@ -85,8 +86,23 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_acc_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_acc_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
+        row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
         out.append(row)
-    return pd.DataFrame(out)
+    return mark_other_engines(pd.DataFrame(out))
+
+
+def mark_other_engines(table: pd.DataFrame) -> pd.DataFrame:
+    """``other_engine``: the cell's runs trained on another client engine than most cells of
+    its column (dataset x setting), so its numbers differ from theirs also by float summation
+    order (client_engine auto pairs an experiment's methods; a method's own train override
+    can still choose another engine)."""
+    table = table.assign(other_engine=False)
+    for _, col in table.groupby(["dataset", "setting"], sort=False):
+        engines = col["client_engine"]
+        known = engines[engines != ""]  # runs from before run.json recorded the engine
+        common = known.mode().iloc[0] if len(known) else ""
+        table.loc[col.index, "other_engine"] = (engines != "") & (engines != common)
+    return table
 
 
 def attach_paper(
@@ -136,6 +152,10 @@ def _cell(mean: float, std: float, status: str, n_ok: int | None = None) -> str:
     return text + " (failed seeds)" if status == FAILED else text
 
 
+def _engine_note(table: pd.DataFrame) -> str:
+    return f" {ENGINE_NOTE}" if table["other_engine"].any() else ""
+
+
 def _n_ok(row: pd.Series) -> int:
     return int(row["n_seeds"]) - int(row["n_failed"])
 
@@ -147,6 +167,10 @@ def _columns(table: pd.DataFrame) -> list[str]:
 FOOTNOTE = (
     "std is the sample standard deviation (ddof = 1) over completed seeds; 'n = 1': a single "
     "completed seed (no std); 'failed seeds': some seeds diverged or failed; 'failed': every seed did."
+)
+ENGINE_NOTE = (
+    "'† engine': the cell's runs trained their clients on another client engine than the rest of "
+    "its column (equal results up to float summation order; runs.csv, client_engine)."
 )
 
 
@@ -169,13 +193,14 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
                     continue
                 r = r.iloc[0]
                 cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r))
+                cell += f" † {r['client_engine']}" if r["other_engine"] else ""
                 if metric == "final" and not math.isnan(r["paper_acc"]):
                     cell += f" (paper {r['paper_acc']:.2f})"
                 cells.append(cell)
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     n = table["n_seeds"].max()
-    lines.append(f"Seeds per cell: {n}. {FOOTNOTE}")
+    lines.append(f"Seeds per cell: {n}. {FOOTNOTE}{_engine_note(table)}")
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +238,8 @@ def html_table(table: pd.DataFrame, experiment: str) -> str:
             "Partition": r["setting"],
             "Clients": int(r["clients"]),
             "Method": r["method"],
-            "Final round (%)": _cell(r["final_acc_mean"], r["final_acc_std"], r["status"], n_ok),
+            "Final round (%)": _cell(r["final_acc_mean"], r["final_acc_std"], r["status"], n_ok)
+            + (f" † {r['client_engine']}" if r["other_engine"] else ""),
             "Best round (%)": _cell(r["best_acc_mean"], r["best_acc_std"], r["status"], n_ok),
             "Seeds": int(r["n_seeds"]),
             "Failed seeds": int(r["n_failed"]),
@@ -230,7 +256,7 @@ def html_table(table: pd.DataFrame, experiment: str) -> str:
         f"<h1>{title}</h1>\n"
         "<p>Final-round and best-round global-model accuracy on the full test set (%), mean ± std "
         "over seeds, per dataset x partition x method.</p>\n"
-        f"{body}\n<p>{html.escape(FOOTNOTE, quote=False)}</p>\n</body>\n</html>\n"
+        f"{body}\n<p>{html.escape(FOOTNOTE + _engine_note(table), quote=False)}</p>\n</body>\n</html>\n"
     )
 
 

@@ -354,23 +354,25 @@ def check_finite(raw: Any) -> None:
     pass them and every job would fail later."""
     import math
 
-    bad: list[tuple[list[str | int], float]] = []
+    bad: list[tuple[list[str | int], float, str]] = []
 
-    def walk(v: Any, at: list[str | int]) -> None:
+    def walk(v: Any, at: list[str | int], owner: str) -> None:
         if isinstance(v, float) and not math.isfinite(v):
-            bad.append((at, v))
+            bad.append((at, v, owner))
         elif isinstance(v, dict):
+            if len(at) > 1 and at[-2] == "methods" and isinstance(v.get("name"), str):
+                owner = f" (method '{v['name']}')"  # a hyperparameter's message names its method
             for k, x in v.items():
-                walk(x, [*at, str(k)])
+                walk(x, [*at, str(k)], owner)
         elif isinstance(v, (list, tuple)):
             for i, x in enumerate(v):
-                walk(x, [*at, i])
+                walk(x, [*at, i], owner)
 
-    walk(raw, [])
+    walk(raw, [], "")
     if bad:
         lines = [
-            f"{_path(at)}: {v!r} is not a finite number; allowed: {_allowed(_schema_at(at))}"
-            for at, v in bad
+            f"{_path(at)}={v!r}{owner}: not a finite number; allowed: {_allowed(_schema_at(at))}"
+            for at, v, owner in bad
         ]
         raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
 

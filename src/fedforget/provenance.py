@@ -76,16 +76,16 @@ def imports_of(name: str) -> frozenset[str]:
     return frozenset(m for m in out if module_file(m) is not None)
 
 
-def closure(roots: Iterable[str]) -> list[str]:
-    """``roots`` and every package module they import, transitively, less OUTPUT_SIDE."""
+def closure(roots: Iterable[str], exclude: frozenset[str] = frozenset()) -> list[str]:
+    """``roots`` and every package module they import, transitively, less ``exclude``."""
     seen: set[str] = set()
-    todo = [r for r in roots if r not in OUTPUT_SIDE]
+    todo = [r for r in roots if r not in exclude]
     while todo:
         m = todo.pop()
         if m in seen:
             continue
         seen.add(m)
-        todo.extend(d for d in imports_of(m) if d not in seen and d not in OUTPUT_SIDE)
+        todo.extend(d for d in imports_of(m) if d not in seen and d not in exclude)
     return sorted(seen)
 
 
@@ -137,7 +137,7 @@ def digest_of(modules: Iterable[str]) -> CodeDigest:
 
 @cache
 def _training_digest(modules: tuple[str, ...]) -> CodeDigest:
-    return digest_of(closure(TRAINING_ROOTS + modules))
+    return digest_of(closure(TRAINING_ROOTS + modules, OUTPUT_SIDE))
 
 
 def training_code(method: str, params: Mapping[str, Any] | None = None) -> CodeDigest:
@@ -146,7 +146,8 @@ def training_code(method: str, params: Mapping[str, Any] | None = None) -> CodeD
 
 
 def module_code(*roots: str) -> CodeDigest:
-    """The digest of ``roots`` and what they import (e.g. a dataset source for preparation)."""
+    """The digest of ``roots`` and everything they import (a dataset's source for its
+    preparation, the table and figure modules for those steps)."""
     return digest_of(closure(roots))
 
 

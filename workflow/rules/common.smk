@@ -13,6 +13,8 @@ from snakemake.exceptions import WorkflowError
 from fedforget.config import parse_config
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
+from fedforget.figures import FIGURES as FIGURE_FUNCTIONS
+from fedforget.plots import CURVES
 from fedforget.provenance import module_code, training_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
@@ -242,7 +244,12 @@ def experiment_paper(w):
     return {"link": canonical_json(exp.paper or {}), "results": WF.paper_results if exp.paper else ""}
 
 
-FIGURES = ["global_model_test_acc", "local_models_global_test_acc_mean", "sampled_clients_local_train_loss_mean"]
+# digests of the table and figure code: a params value of those rules, so editing it redraws
+AGGREGATE_CODE = module_code("fedforget.aggregate").digest
+PLOT_CODE = module_code("fedforget.plots").digest
+
+
+FIGURES = list(CURVES)  # the learning curves rule plot draws for every experiment: column -> title
 
 
 # labels of experiment-specific figures: the {figure} wildcard takes only these, so rule
@@ -255,7 +262,8 @@ def experiment_figure(w):
     """The experiment-specific figure with this label (config: experiments[].figures)."""
     for f in WF.experiment(w.experiment).figures:
         if f.label == w.figure:
-            return {"name": f.name, "options": canonical_json(f.options)}
+            code = module_code("fedforget.figures", FIGURE_FUNCTIONS.get(f.name).__module__)
+            return {"name": f.name, "options": canonical_json(f.options), "code": code.digest}
     raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
 
 

@@ -1,5 +1,4 @@
 # Tables (mean ± std over seeds, beside the papers' numbers) and figures per experiment.
-from fedforget.plots import CURVES as CURVE_NAMES
 
 
 rule aggregate:
@@ -28,6 +27,7 @@ rule aggregate:
     params:
         runs=experiment_run_dirs,
         paper=experiment_paper,
+        code=AGGREGATE_CODE,
         out=subpath(output.table, parent=True),
     log:
         "logs/aggregate/{experiment}.log",
@@ -48,13 +48,14 @@ rule plot:
                 caption="../report/curves.rst",
                 category="Learning curves",
                 subcategory="{experiment}",
-                labels={"figure": CURVE_NAMES[fig], "experiment": "{experiment}"},
+                labels={"figure": CURVES[fig], "experiment": "{experiment}"},
             )
             for fig in FIGURES
         },
     params:
         summary=subpath(input[0], parent=True),
         out=f"{RESULTS}/{{experiment}}/figures",
+        code=PLOT_CODE,
     log:
         "logs/plot/{experiment}.log",
     shell:
