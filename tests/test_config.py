@@ -21,10 +21,10 @@ from fedforget.config import (
     load_yaml,
     parse_config,
     partition_dir,
-    schema,
 )
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
+from fedforget.validation import schema
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parent
 
 # the training side: run.json's code digest covers these and everything they import
 TRAINING_ROOTS = ("fedforget.runner",)
-# output-side modules: they draw, tabulate or dispatch, never compute a job's results; the
-# config module imports two of them only to validate figure labels
+# modules that never compute a job's results: they draw, tabulate, dispatch or check a
+# config's form (the config module imports plots and figures only to check figure labels,
+# validation for its error messages)
 OUTPUT_SIDE = frozenset({
     "fedforget.plots", "fedforget.figures", "fedforget.aggregate", "fedforget.cli",
-    "fedforget.pipeline", "fedforget.__main__", "fedforget.provenance",
+    "fedforget.pipeline", "fedforget.__main__", "fedforget.provenance", "fedforget.validation",
 })  # fmt: skip
 
 

@@ -129,6 +129,21 @@ def torch_seed(*keys: int) -> int:
     return int(seed_sequence(*keys).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
 
 
+def process_alive(pid: int, name: str | None = None) -> bool:
+    """Whether process ``pid`` runs on this host (and, where /proc tells, has ``name`` in
+    its command line: a reused pid is another process)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if name is not None and cmdline.exists():
+        return name.encode() in cmdline.read_bytes()
+    return True
+
+
 def package_versions() -> dict[str, str]:
     import importlib.metadata as md
 

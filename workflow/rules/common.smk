@@ -1,11 +1,7 @@
 # Helpers: the config is validated once here, at parse time (schema + registries + sizes),
 # before any job starts, and expanded into lookup tables that the rules read by wildcard.
 import json
-import os
 import re
-import socket
-import sys
-import time
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -17,62 +13,6 @@ from fedforget.figures import FIGURES as FIGURE_FUNCTIONS
 from fedforget.plots import CURVES
 from fedforget.provenance import module_code, training_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
-
-# ----------------------------------------------------------------------------- locks
-# A snakemake killed by SIGKILL (or a lost node) leaves its locks in .snakemake/locks, and
-# the next plain `snakemake` stops with a LockException. Each run that executes jobs
-# records its pid and host in OWNER (onstart, workflow/Snakefile) and removes it when it
-# ends; at parse time, before Snakemake checks its locks, locks whose recorded owner is a
-# snakemake process that no longer runs on this host are removed, so the rerun resumes.
-# Locks of unknown origin, or of a live or remote owner, stay: `snakemake --unlock` then,
-# as Snakemake's message says, once no other snakemake runs in this directory.
-OWNER = Path(".snakemake/fedforget/owner.json")
-
-
-def snakemake_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if cmdline.exists():  # a reused pid is not that snakemake
-        return b"snakemake" in cmdline.read_bytes()
-    return True
-
-
-def clear_stale_locks():
-    locks = Path(".snakemake/locks")
-    if not locks.is_dir() or not any(locks.iterdir()):
-        return
-    try:
-        owner = json.loads(OWNER.read_text())
-        pid, host = int(owner["pid"]), owner["host"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return
-    if host != socket.gethostname() or snakemake_alive(pid):
-        return
-    for f in locks.iterdir():
-        f.unlink(missing_ok=True)
-    OWNER.unlink(missing_ok=True)
-    print(
-        f"fedforget: removed the locks of a snakemake that was killed (pid {pid}, started {owner.get('started')})",
-        file=sys.stderr,
-    )
-
-
-def record_owner():
-    atomic_write_json(
-        OWNER, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    )
-
-
-def forget_owner():
-    OWNER.unlink(missing_ok=True)
-
-
-clear_stale_locks()
 
 # ----------------------------------------------------------------------------- config
 try:
@@ -249,7 +189,7 @@ AGGREGATE_CODE = module_code("fedforget.aggregate").digest
 PLOT_CODE = module_code("fedforget.plots").digest
 
 
-FIGURES = list(CURVES)  # the learning curves rule plot draws for every experiment: column -> title
+FIGURES = list(CURVES)  # the learning curves that rule plot draws for every experiment
 
 
 # labels of experiment-specific figures: the {figure} wildcard takes only these, so rule

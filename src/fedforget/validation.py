@@ -1,0 +1,175 @@
+"""Schema validation of a raw config, with errors a user can act on: every key named by
+its path (``experiments[0].train.optimizer.lr``), the bad value, and what is allowed, read
+from the schema's types, bounds and descriptions. NaN and +-inf are refused before the
+schema sees them (its range checks are false for NaN, so they would pass); a value that
+matches no form of a oneOf (the public block, a model) is judged against the form it was
+meant as, and the forms are listed."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from .utils import FedForgetError
+
+
+@cache
+def schema() -> dict[str, Any]:
+    text = resources.files("fedforget").joinpath("schemas/config.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _path(error_path) -> str:
+    out = ""
+    for p in error_path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "<top level>"
+
+
+def _resolve(s: Any) -> Any:
+    """A schema node with its ``$ref`` (``#/$defs/NAME``) followed."""
+    while isinstance(s, dict) and "$ref" in s:
+        s = schema()["$defs"][s["$ref"].rsplit("/", 1)[-1]]
+    return s
+
+
+def _schema_at(path: list[str | int]) -> dict[str, Any] | None:
+    """The schema of the value at a key path (through $refs, array items and the first
+    oneOf/anyOf alternative that has the key), or None where the schema leaves it open."""
+    s: Any = schema()
+    for p in path:
+        s = _resolve(s)
+        if not isinstance(s, dict):
+            return None
+        if isinstance(p, int):
+            s = s.get("items")
+            continue
+        for alt in [s, *map(_resolve, s.get("oneOf", []) + s.get("anyOf", []))]:
+            if p in (alt.get("properties") or {}):
+                s = alt["properties"][p]
+                break
+        else:
+            return None
+    s = _resolve(s)
+    return s if isinstance(s, dict) else None
+
+
+def _allowed(s: dict[str, Any] | None) -> str:
+    """'a finite number > 0 and <= 1' from a schema's type and bounds."""
+    t = (s or {}).get("type")
+    names = {"integer": "an integer", "boolean": "a boolean", "string": "a string"}
+    what = " or ".join(names.get(x, "a finite number") for x in (t if isinstance(t, list) else [t]))
+    ops = (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
+    bounds = [f"{op} {s[k]}" for k, op in ops if s and k in s]
+    return " ".join([what, " and ".join(bounds)]) if bounds else what
+
+
+def check_finite(raw: Any) -> None:
+    """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``) anywhere in a raw config, in
+    one error naming every such key: range checks are false for NaN, so the schema would
+    pass them and every job would fail later."""
+    bad: list[tuple[list[str | int], float, str]] = []
+
+    def walk(v: Any, at: list[str | int], owner: str) -> None:
+        if isinstance(v, float) and not math.isfinite(v):
+            bad.append((at, v, owner))
+        elif isinstance(v, dict):
+            if len(at) > 1 and at[-2] == "methods" and isinstance(v.get("name"), str):
+                owner = f" (method '{v['name']}')"  # a hyperparameter's message names its method
+            for k, x in v.items():
+                walk(x, [*at, str(k)], owner)
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, [*at, i], owner)
+
+    walk(raw, [], "")
+    if bad:
+        lines = [
+            f"{_path(at)}={v!r}{owner}: not a finite number; allowed: {_allowed(_schema_at(at))}"
+            for at, v, owner in bad
+        ]
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def _form(s: dict[str, Any]) -> str:
+    """One alternative of a oneOf/anyOf as an error lists it: its description, else a sketch."""
+    s = _resolve(s)
+    if "description" in s:
+        return str(s["description"])
+    if "properties" in s:
+        props = s["properties"].items()
+        keys = [f"{k}: {v['const']}" if isinstance(v, dict) and "const" in v else k for k, v in props]
+        return "{" + ", ".join(keys) + "}"
+    t = s.get("type")
+    if t == "null":
+        return "null"
+    if isinstance(t, str):
+        return f"an {t}" if t[0] in "aeiou" else f"a {t}"
+    return str(s)
+
+
+def _tag(alts: list[Any]) -> tuple[str, list[tuple[Any, int]]] | None:
+    """The key that every object alternative of a oneOf/anyOf fixes to a value of its own
+    (``const``), e.g. the public block's ``source``: (key, [(value, alternative index)])."""
+    objs = [
+        (i, a.get("properties") or {}) for i, a in enumerate(map(_resolve, alts)) if a.get("type") == "object"
+    ]
+    for key in objs[0][1] if objs else ():
+        if all(isinstance(props.get(key), dict) and "const" in props[key] for _, props in objs):
+            return key, [(props[key]["const"], i) for i, props in objs]
+    return None
+
+
+def _alternatives(e) -> str:
+    """A value that matches no alternative of a oneOf/anyOf: what is wrong with it, judged
+    against the alternative it was meant as (the one whose ``const`` key it names, e.g.
+    ``source: holdout``, else the only one of its type), and the allowed forms."""
+    alts = e.validator_value
+    errs: dict[int, list] = {}
+    for c in e.context:
+        errs.setdefault(c.relative_schema_path[0], []).append(c)
+    inst, chosen, detail = e.instance, None, ""
+    tag = _tag(alts)
+    if isinstance(inst, dict) and tag:
+        key, values = tag
+        if key not in inst:
+            detail = f"'{key}' is a required property"
+        else:
+            chosen = next((i for v, i in values if inst[key] == v), None)
+            if chosen is None:
+                detail = f"{key}: {inst[key]!r} is not one of {[v for v, _ in values]!r}"
+    if chosen is None and not detail:  # the only alternative of the value's type
+        fits = [
+            i for i in range(len(alts))
+            if not any(c.validator == "type" and not c.relative_path for c in errs.get(i, []))
+        ]  # fmt: skip
+        if len(fits) == 1:
+            chosen = fits[0]
+    if chosen is not None:
+        subs = sorted(errs.get(chosen, []), key=lambda c: [str(p) for p in c.relative_path])
+        detail = "; ".join(
+            f"{_path(c.relative_path)}: {_message(c)}" if c.relative_path else _message(c) for c in subs
+        )
+    head = f"{e.message.split(' is not valid')[0]} matches no allowed form"
+    allowed = " | ".join(_form(a) for a in alts)
+    return f"{head} ({detail}); allowed: {allowed}" if detail else f"{head}; allowed: {allowed}"
+
+
+def _message(e) -> str:
+    if e.validator in ("oneOf", "anyOf") and e.context:
+        return _alternatives(e)
+    return e.message
+
+
+def validate_schema(raw: dict[str, Any]) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"{_path(e.absolute_path)}: {_message(e)}" for e in errors]
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
