@@ -408,7 +408,7 @@ def test_drop_last_lets_batchnorm_models_train(make_run_config):
 
 
 def test_to_device_moves_nested_tensors_only():
-    from fedforget.engine import to_device
+    from fedforget.methods.base import to_device
 
     t = torch.ones(2)
     state = {"c": t, "hist": [t, (t, 3)], "n": 5, "name": "x"}

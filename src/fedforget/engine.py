@@ -3,7 +3,9 @@
 
 Design notes
 - Data live as tensors on the training device, sorted by client once; a client's minibatch
-  is one gather from its contiguous slice. No DataLoader, no per-sample Python.
+  is one gather from its contiguous slice (``fedforget.clientdata``). No DataLoader, no
+  per-sample Python. Checkpoints: ``fedforget.checkpoint``; the global model's metrics and
+  the diagnostics: ``fedforget.metrics``.
 - One model object is reused for every client (weights loaded from the global state), so
   memory does not grow with the number of clients.
 - Randomness is keyed, not sequential: the client schedule by (seed, round), each client's
@@ -15,22 +17,20 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from .checkpoint import capture, restore
+from .clientdata import load_run_data
 from .config import OptimizerSpec, RunConfig
-from .data import load_dataset, load_public
 from .methods import METHODS, ClientContext, FedAvg, RunInfo, ServerContext, Upload, make_params
-from .methods.base import flatten_state
-from .metrics import classwise_accuracy, evaluate
+from .methods.base import to_device
+from .metrics import evaluate, global_model_metrics, weight_divergence
 from .models import build_model
-from .partition import client_indices, load_partition, make_partition
 from .progress import RoundProgress, progress_mode
 from .utils import FedForgetError, seed_sequence, torch_seed
 from .vectorized import (
@@ -66,28 +66,6 @@ TIMING_COLUMNS = [
     "eval_time_s",
     "elapsed_s",  # since the run started (a resumed run continues the count)
 ]
-CHECKPOINT_FORMAT = 1
-
-# optional per-round analyses (train.diagnostics) and the columns they add
-DIAGNOSTICS = {
-    # ||w_k - w_g||_2 over all float weights, w_g the model broadcast this round, mean over
-    # the sampled clients; and the mean over pairs i < j of ||w_i - w_j||_2 (FedSOL Fig. 5)
-    "weight_divergence": ["local_models_dist_to_global_mean", "local_models_pairwise_dist_mean"],
-    # the aggregated model's test accuracy per true class: global_model_test_acc_class<c>
-    "classwise_accuracy": [],
-}
-
-
-def weight_divergence(global_params: dict, uploads: list[Upload]) -> dict[str, float]:
-    w = torch.stack([flatten_state(u.params).double() for u in uploads])  # [m, P]
-    to_global = (w - flatten_state(global_params).double()).norm(dim=1).mean().item()
-    m = len(uploads)
-    pair = math.nan
-    if m > 1:
-        d = torch.cdist(w.unsqueeze(0), w.unsqueeze(0), compute_mode="donot_use_mm_for_euclid_dist")[0]
-        pair = (d.sum() / (m * (m - 1))).item()  # the diagonal is 0
-    return {"local_models_dist_to_global_mean": to_global, "local_models_pairwise_dist_mean": pair}
-
 
 def sample_clients(seed: int, rnd: int, clients: int, rate: float) -> list[int]:
     """Clients sampled in round ``rnd`` (1-based): max(1, round(rate*K)) without
@@ -123,38 +101,8 @@ def make_optimizer(params, spec: OptimizerSpec, lr: float) -> torch.optim.Optimi
     raise FedForgetError(f"train.optimizer.name='{spec.name}'; allowed: sgd, adam")
 
 
-@dataclass
-class ClientData:
-    """Training data sorted by client: client k owns rows offsets[k]:offsets[k+1]."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    offsets: list[int]
-
-    def size(self, k: int) -> int:
-        return self.offsets[k + 1] - self.offsets[k]
-
-    def slice(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        a, b = self.offsets[k], self.offsets[k + 1]
-        return self.x[a:b], self.y[a:b]
-
-
 class Diverged(Exception):
     pass
-
-
-def to_device(obj: Any, device: torch.device) -> Any:
-    """``obj`` with every tensor inside (dicts, lists, tuples) moved to ``device``; other
-    values unchanged. Tensors already there are returned as they are (no copy)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_device(v, device) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_device(v, device) for v in obj)
-    return obj
 
 
 class Simulation:
@@ -171,40 +119,10 @@ class Simulation:
         method_cls = METHODS.get(cfg.method.name, "method.name")
         params = make_params(cfg.method.name, cfg.method.params, "method.params")
 
-        data = load_dataset(cfg.dataset.id, cfg.data_dir, verify)
-        public = load_public(
-            cfg.dataset.public, cfg.dataset.id, cfg.data_dir, method_cls.public_labels, verify
-        )
-        if cfg.partition_dir.joinpath("meta.json").exists():
-            assignment, meta = load_partition(cfg.partition_dir)
-            if meta["spec"] != cfg.partition.to_dict() or meta["dataset"] != cfg.dataset.id:
-                raise FedForgetError(
-                    f"partition {cfg.partition_dir} was made for {meta['dataset']} {meta['spec']}, "
-                    f"not {cfg.dataset.id} {cfg.partition.to_dict()}; delete it to redraw"
-                )
-        else:  # usable without the workflow: the same deterministic partition, in memory
-            excluded = public.excluded_train_rows if public is not None else None
-            assignment = make_partition(data.y_train, cfg.partition, excluded)
-        if len(assignment) != len(data.y_train):
-            raise FedForgetError(
-                f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}"
-            )
-
-        self.num_classes = data.num_classes
-        idx = client_indices(assignment, cfg.partition.clients)
-        order = np.concatenate(idx)
+        data = load_run_data(cfg, self.device, method_cls.public_labels, verify)
+        self.clients, self.x_test, self.y_test = data.clients, data.x_test, data.y_test
+        self.num_classes, public = data.num_classes, data.public
         dev = self.device
-        self.clients = ClientData(
-            torch.as_tensor(data.x_train[order], device=dev),
-            torch.as_tensor(data.y_train[order], device=dev),
-            [0, *np.cumsum([len(i) for i in idx]).tolist()],
-        )
-        self.x_test = torch.as_tensor(data.x_test, device=dev)
-        self.y_test = torch.as_tensor(data.y_test, device=dev)
-        if public is not None:
-            public.x = torch.as_tensor(public.x, device=dev)
-            if public.y is not None:
-                public.y = torch.as_tensor(public.y, device=dev)
 
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
         self.model = build_model(
@@ -357,7 +275,7 @@ class Simulation:
         or "diverged" (non-finite loss or weights; the rows so far are kept).
 
         After every round r with r % train.checkpoint_every == 0 (and r < rounds),
-        ``on_checkpoint(self.checkpoint(rows))`` receives everything needed to continue;
+        ``on_checkpoint(capture(self, rows))`` receives everything needed to continue;
         ``run(resume=that checkpoint)`` continues from round r + 1 and gives the same rows
         and weights as an uninterrupted run. ``on_row`` is called after the checkpoint, so a
         crash inside it loses nothing.
@@ -374,12 +292,12 @@ class Simulation:
             rows.append(row)
             rnd = row["round"]
             if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
-                on_checkpoint(self.checkpoint(rows))
+                on_checkpoint(capture(self, rows))
             if on_row:
                 on_row(row)
 
         if resume is not None:
-            self.restore(resume)
+            restore(self, resume)
             rows = [dict(r) for r in resume["rows"]]
             start -= rows[-1].get("elapsed_s") or 0.0
             first = resume["round"] + 1
@@ -412,55 +330,6 @@ class Simulation:
         finally:
             bar.close()
         return "completed", rows, ""
-
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        """Everything a run needs to continue after the last round in ``rows``: the global
-        weights, the method's server and per-client state (``server.state``,
-        ``ClientContext.state``: SCAFFOLD's control variates, FedDyn's h, teachers, ...),
-        the metrics so far and the global RNG states (the engine's own randomness is keyed
-        by (seed, round, client) and needs none; these cover models or methods that draw
-        from the global generators). Tensors stay where they are; the writer moves them."""
-        rng: dict[str, Any] = {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-        }
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "config_hash": self.cfg.hash,
-            "round": rows[-1]["round"],
-            "global_params": self.global_params,
-            "server_state": self.server.state,
-            "client_state": self.client_state,
-            "rows": rows,
-            "rng": rng,
-        }
-
-    def restore(self, ckpt: dict[str, Any]) -> None:
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise FedForgetError(f"checkpoint format {ckpt.get('format')!r}; this fedforget reads {CHECKPOINT_FORMAT}")
-        if ckpt["config_hash"] != self.cfg.hash:
-            raise FedForgetError(
-                f"checkpoint is of config {ckpt['config_hash'][:12]}, not this run's {self.cfg.hash[:12]}"
-            )
-        if ckpt["global_params"].keys() != self.global_params.keys():
-            raise FedForgetError("checkpoint weights do not match the model's parameters")
-        self.global_params = ckpt["global_params"]
-        self.server.global_params = self.global_params
-        self.server.state = ckpt["server_state"]
-        self.client_state = ckpt["client_state"]
-        if self.offload_client_state:
-            for st in self.client_state.values():
-                st.update(to_device(st, torch.device("cpu")))
-        rng = ckpt["rng"]  # RNG states are CPU byte tensors (a checkpoint read with map_location=cuda moved them)
-        torch.set_rng_state(rng["torch"].cpu())
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        if "cuda" in rng and self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
 
     def run_round(self, rnd: int, start: float) -> dict[str, Any]:
         t, cfg = self.cfg.train, self.cfg
@@ -522,17 +391,9 @@ class Simulation:
         }  # fmt: skip
         te = time.perf_counter()
         if rnd % t.eval_every == 0 or rnd == t.rounds:
-            acc, loss = evaluate(
-                self.model_with(self.global_params), self.x_test, self.y_test, t.eval_batch_size
-            )
-            row.update(global_model_test_acc=acc, global_model_test_loss=loss)
-            if "classwise_accuracy" in t.diagnostics:
-                accs = classwise_accuracy(
-                    self.server.model, self.x_test, self.y_test, self.num_classes, t.eval_batch_size
-                )
-                row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
+            row.update(self.global_metrics())
         if "weight_divergence" in t.diagnostics:
-            row.update(weight_divergence(broadcast_params, uploads))
+            row.update(weight_divergence(broadcast_params, [u.params for u in uploads]))
         if local_accs:
             row.update(
                 local_models_global_test_acc_mean=float(np.mean(local_accs)),
@@ -549,6 +410,13 @@ class Simulation:
             elapsed_s=time.perf_counter() - start,
         )
         return row
+
+    def global_metrics(self) -> dict[str, float]:
+        t = self.cfg.train
+        return global_model_metrics(
+            self.model_with(self.global_params), self.x_test, self.y_test, self.num_classes,
+            t.eval_batch_size, t.diagnostics,
+        )  # fmt: skip
 
     def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
         """``params`` (a full state dict) into ``self.model``'s tensors, in place."""

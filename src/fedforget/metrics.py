@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .methods.base import flatten_state
+
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     """Share of rows whose arg-max logit is the label (ties go to the lowest index)."""
@@ -48,6 +50,42 @@ def classwise_accuracy(
     hits = torch.bincount(y[preds == y], minlength=num_classes).double()
     totals = torch.bincount(y, minlength=num_classes).double()
     return [h / t if t > 0 else math.nan for h, t in zip(hits.tolist(), totals.tolist())]
+
+
+# optional per-round analyses (train.diagnostics) and the columns they add
+DIAGNOSTICS = {
+    # ||w_k - w_g||_2 over all float weights, w_g the model broadcast this round, mean over
+    # the sampled clients; and the mean over pairs i < j of ||w_i - w_j||_2 (FedSOL Fig. 5)
+    "weight_divergence": ["local_models_dist_to_global_mean", "local_models_pairwise_dist_mean"],
+    # the aggregated model's test accuracy per true class: global_model_test_acc_class<c>
+    "classwise_accuracy": [],
+}
+
+
+def weight_divergence(global_params: dict, local_params: Sequence[dict]) -> dict[str, float]:
+    w = torch.stack([flatten_state(p).double() for p in local_params])  # [m, P]
+    to_global = (w - flatten_state(global_params).double()).norm(dim=1).mean().item()
+    m = len(local_params)
+    pair = math.nan
+    if m > 1:
+        d = torch.cdist(w.unsqueeze(0), w.unsqueeze(0), compute_mode="donot_use_mm_for_euclid_dist")[0]
+        pair = (d.sum() / (m * (m - 1))).item()  # the diagonal is 0
+    return {"local_models_dist_to_global_mean": to_global, "local_models_pairwise_dist_mean": pair}
+
+
+
+@torch.no_grad()
+def global_model_metrics(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int, diagnostics: Sequence[str]
+) -> dict[str, float]:
+    """The global model's metrics.csv columns: test accuracy and loss, and per class with the
+    classwise_accuracy diagnostic."""
+    acc, loss = evaluate(model, x, y, batch_size)
+    row = {"global_model_test_acc": acc, "global_model_test_loss": loss}
+    if "classwise_accuracy" in diagnostics:
+        accs = classwise_accuracy(model, x, y, num_classes, batch_size)
+        row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
+    return row
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
+from .checkpoint import CHECKPOINT, load_checkpoint
 from .config import RunConfig
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
 from .provenance import git_commit, training_code
 from .utils import (
-    FedForgetError,
     atomic_torch_save,
     atomic_write_json,
     atomic_write_text,
@@ -30,7 +30,6 @@ from .utils import (
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 
 
 def format_value(v: Any) -> str:
@@ -57,26 +56,6 @@ def metrics_csv(rows: list[dict[str, Any]]) -> str:
 def timings_csv(rows: list[dict[str, Any]]) -> str:
     """timings.csv: the wall-clock columns only."""
     return table_csv([{c: r.get(c) for c in TIMING_COLUMNS} for r in rows], TIMING_COLUMNS)
-
-
-def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[str, Any] | None:
-    """The run's checkpoint, or None if there is none or it belongs to another config (a
-    stale file from before the config changed: removed, the run starts over)."""
-    if not path.exists():
-        return None
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling error means a damaged file
-        raise FedForgetError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it to start this run over"
-        ) from None
-    if not isinstance(ckpt, dict) or "config_hash" not in ckpt:
-        raise FedForgetError(f"checkpoint {path} is not a fedforget checkpoint; delete it to start this run over")
-    if ckpt["config_hash"] != cfg.hash:
-        log.warning("%s: checkpoint of another config (%s), starting over", path, ckpt["config_hash"][:12])
-        path.unlink()
-        return None
-    return ckpt
 
 
 def _now() -> str:

@@ -124,6 +124,21 @@ class NoParams:
         """Raise ValueError naming the field, the value and what is allowed."""
 
 
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside (dicts, lists, tuples) moved to ``device``; other
+    values unchanged. Tensors already there are returned as they are (no copy). Per-client
+    method state goes to host memory between a client's rounds this way on a GPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_device(v, device) for v in obj)
+    return obj
+
+
 def flatten_state(params: Params) -> torch.Tensor:
     """One flat tensor of the floating entries of a state dict, in its order."""
     return torch.cat(
