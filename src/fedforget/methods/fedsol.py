@@ -41,8 +41,9 @@ Switches (``FedSOLParams``)
   * l2 [P Table 1 "L2 distance"]: L_p = (1/2) ||w - w_g||^2 over all trainable parameters.
   * base [P Table 4]: the proximal term of the ``base`` method (next item).
 - Combined mode [P Table 4]: ``base: fedavg|fedprox|feddyn|scaffold|fednova|moon`` (default
-  fedavg) and ``base_params`` (that method's hyperparameters). FedSOL delegates to an
-  instance of the base method for everything but the local step: its server state, broadcast,
+  fedavg) and ``base_params`` (that method's hyperparameters). FedSOL is a plug-in
+  (``methods/plugin.py``, ``OverBase``): an instance of the base method runs every hook but
+  the local step: its server state, broadcast,
   aggregation, after_aggregate, client state and upload (SCAFFOLD's c and c_i, FedDyn's h and
   client gradient, FedNova's normalised averaging, MOON's previous-model store). With
   ``proximal: base`` the perturbation direction is the gradient of the base method's local
@@ -104,8 +105,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import ClientContext, FedAvg, ServerContext, Upload, check_number, frozen_copy
-from .base import Params as StateDict
+from .base import ClientContext, Upload, check_number, frozen_copy
+from .plugin import OverBase
 from .registry import METHODS
 
 PERTURBS = ("head", "body", "all")
@@ -167,45 +168,17 @@ class FedSOLParams:
 
 
 @METHODS.register("fedsol")
-class FedSOL(FedAvg):
-    """Local step at the proximally perturbed weights: grad CE(w + rho Lambda g_p/||g_p||)."""
+class FedSOL(OverBase):
+    """Local step at the proximally perturbed weights: grad CE(w + rho Lambda g_p/||g_p||).
+    The server side, and whatever the local step does not replace, is the base method's
+    (``OverBase``; base fedavg outside combined mode)."""
 
     name = "fedsol"
     Params = FedSOLParams
 
-    @classmethod
-    def check_train(cls, train, params: FedSOLParams | None = None) -> None:
-        """Combined mode: the base method's train requirements (e.g. SCAFFOLD's SGD) are
-        FedSOL's, checked at config validation like any method's."""
-        if params is not None:
-            from . import make_params
-
-            base = METHODS.get(params.base)
-            base.check_train(train, make_params(params.base, dict(params.base_params)))
-
     def __init__(self, params: FedSOLParams, info) -> None:
         super().__init__(params, info)
-        from . import make_params
-
-        # combined mode: the base method
-        self.base = METHODS.get(params.base)(make_params(params.base, dict(params.base_params)), info)
         self._glob: nn.Module | None = None  # frozen w_g for the KL proximal loss
-
-    # ---------------------------------------------------------------- server side: the base's
-    def server_init(self, server: ServerContext) -> None:
-        self.base.server_init(server)
-
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
-        return self.base.broadcast(server)
-
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
-        return self.base.aggregate(server, uploads)
-
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        self.base.after_aggregate(server, uploads)
-
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
-        return self.base.round_metrics(server, uploads)
 
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:

@@ -1,0 +1,63 @@
+"""A method that runs over another method: the plug-in base.
+
+Some methods change one part of training and leave the rest to any other method: FedSOL's
+combined mode replaces the local step of FedProx, FedDyn, SCAFFOLD, FedNova or MOON and
+keeps their server, state and aggregation [FedSOL Table 4]; FedGP projects the local
+gradients of any continual base. Such a method subclasses ``OverBase``: every hook of the
+API (``fedforget.methods.base``) goes to an instance of the base method named by its
+hyperparameters ``base`` and ``base_params``, and the plug-in overrides only the hooks it
+changes, calling ``self.base`` (or ``super()``, which is the base) where it keeps them.
+The forwarding is generated once here from the hook list, not written per method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import FedAvg, RunInfo
+from .registry import METHODS
+
+# every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
+HOOKS = (
+    "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
+    "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
+    "stacked_step_terms", "client_end",
+)  # fmt: skip
+
+
+def base_method(params: Any, info: RunInfo) -> FedAvg:
+    """The base method of a plug-in's ``params`` (``base``, ``base_params``)."""
+    from . import make_params  # the package is loaded by the time a method is built
+
+    return METHODS.get(params.base)(make_params(params.base, dict(params.base_params), "base_params"), info)
+
+
+class OverBase(FedAvg):
+    """Every hook goes to ``self.base`` unless the subclass overrides it. ``Params`` must
+    have ``base`` (a registered method name) and ``base_params`` (its hyperparameters)."""
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        super().__init__(params, info)
+        self.base = base_method(params, info)
+
+    @classmethod
+    def check_train(cls, train, params: Any = None) -> None:
+        """The base method's train requirements (e.g. SCAFFOLD's SGD) are the plug-in's,
+        checked at config validation like any method's."""
+        if params is not None:
+            from . import make_params
+
+            METHODS.get(params.base).check_train(train, make_params(params.base, dict(params.base_params)))
+
+
+def _forward(name: str):
+    def hook(self: OverBase, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.base, name)(*args, **kwargs)
+
+    hook.__name__ = hook.__qualname__ = name
+    hook.__doc__ = f"The base method's ``{name}`` (``OverBase`` forwards every hook)."
+    return hook
+
+
+for _name in HOOKS:
+    setattr(OverBase, _name, _forward(_name))

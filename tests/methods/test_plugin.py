@@ -1,0 +1,55 @@
+"""The plug-in base (methods/plugin.py): a method over another method forwards every hook
+of the API to its base, so a plug-in that overrides nothing is its base, bit for bit, for
+every registered method (a contract over the registry)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from fedforget.methods import METHODS, FedAvg
+from fedforget.methods.plugin import HOOKS, OverBase
+
+from .conftest import run
+
+PLUGINS = {n for n in METHODS.names() if issubclass(METHODS.get(n), OverBase)}
+BASES = [n for n in METHODS.names() if n not in PLUGINS]
+
+
+def test_the_plugin_forwards_every_hook_of_the_api():
+    api = {
+        n for n, f in vars(FedAvg).items()
+        if inspect.isfunction(f) and not n.startswith("_")
+    }  # fmt: skip
+    assert set(HOOKS) == api
+    assert "fedsol" in PLUGINS
+
+
+@dataclass(frozen=True)
+class BareParams:
+    base: str = "fedavg"
+    base_params: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        pass
+
+
+class Bare(OverBase):
+    """A plug-in that changes nothing."""
+
+    name = "bare"
+    Params = BareParams
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_plugin_that_overrides_nothing_is_its_base(public_run_cfg, monkeypatch, base):
+    monkeypatch.setitem(METHODS._items, "bare", Bare)
+    _, rows_base = run(public_run_cfg(base, rounds=2, sample_rate=0.75))
+    _, rows_bare = run(public_run_cfg("bare", {"base": base}, rounds=2, sample_rate=0.75))
+    renamed = [{k.replace("bare_", f"{base}_", 1): v for k, v in r.items()} for r in rows_bare]
+    for a, b in zip(rows_base, renamed, strict=True):
+        a, b = ({k: v for k, v in r.items() if not k.endswith("_s")} for r in (a, b))
+        assert a == b, base
