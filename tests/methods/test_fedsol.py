@@ -64,7 +64,7 @@ def ce_grad(model, x, y, shift=None):
 
 def record_eps(method):
     seen, orig = [], method.perturbation
-    method.perturbation = lambda g, n: seen.append(orig(g, n)) or seen[-1]
+    method.perturbation = lambda ctx, g, n: seen.append(orig(ctx, g, n)) or seen[-1]
     return seen
 
 
@@ -211,7 +211,7 @@ def test_projection_removes_the_conflicting_component_only():
     for seed in range(30):
         m, mod, c, xx, yy = setup({"update": "project", "perturb": "all"}, seed=seed)
         m.backward(c, xx, yy)
-        conflicts.add(m._sums["conflict_rate"] > 0)
+        conflicts.add(m.scratch(c).sums["conflict_rate"] > 0)
     assert conflicts == {True, False}
 
 

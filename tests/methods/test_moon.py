@@ -114,7 +114,7 @@ def test_first_prev_init_contrasts_against_initial_global():
             p.mul_(1.5)
     ctx = make_ctx(model, {}, rnd=3)
     method.client_begin(ctx)
-    assert method._active
+    assert method.scratch(ctx).active
     for k, v in method._prev.state_dict().items():
         assert torch.equal(v, w0[k]), k
 

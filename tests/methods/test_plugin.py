@@ -24,7 +24,7 @@ def test_the_plugin_forwards_every_hook_of_the_api():
         n for n, f in vars(FedAvg).items()
         if inspect.isfunction(f) and not n.startswith("_")
     }  # fmt: skip
-    assert set(HOOKS) == api
+    assert set(HOOKS) == api - {"scratch"}  # scratch: each method's own per-client namespace
     assert "fedsol" in PLUGINS
 
 

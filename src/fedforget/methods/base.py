@@ -41,6 +41,7 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,6 +75,12 @@ class ClientContext:
     batch_size: int
     steps: int = 0
     stats: dict[str, float] = field(default_factory=dict)  # diagnostics, averaged per round
+    # the methods' working values for this client in this round (parameter pairs, sums for
+    # diagnostics, ...), one namespace per method (FedAvg.scratch; a plug-in and its base
+    # each have their own): set in client_begin, read by the step hooks; never kept across
+    # rounds nor checkpointed (that is ``state``). A method object is shared by all clients,
+    # so per-client values live here, not on it.
+    scratch: dict[str, SimpleNamespace] = field(default_factory=dict)
 
 
 @dataclass
@@ -222,6 +229,10 @@ class FedAvg:
         return {}
 
     # ---------------------------------------------------------------- client side
+    def scratch(self, ctx: ClientContext) -> SimpleNamespace:
+        """This method's working values for ``ctx``'s client in this round."""
+        return ctx.scratch.setdefault(self.name, SimpleNamespace())
+
     def client_begin(self, ctx: ClientContext) -> None:
         """Start of local training (ctx.model holds the global weights)."""
 

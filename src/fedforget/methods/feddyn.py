@@ -97,11 +97,11 @@ class FedDyn(FedAvg):
             )
         views = ctx.state["grad"].split([p.numel() for _, p in params])
         # (theta, theta^{t-1}, grad L_k(theta_k^{t-1})) per parameter, for this client only
-        self._terms = [(p, ctx.global_params[n], g.view_as(p)) for (n, p), g in zip(params, views)]
+        self.scratch(ctx).terms = [(p, ctx.global_params[n], g.view_as(p)) for (n, p), g in zip(params, views)]
 
     def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
-        lin = sum((g * w).sum() for w, _, g in self._terms)
-        sq = sum((w - wg).pow(2).sum() for w, wg, _ in self._terms)
+        lin = sum((g * w).sum() for w, _, g in self.scratch(ctx).terms)
+        sq = sum((w - wg).pow(2).sum() for w, wg, _ in self.scratch(ctx).terms)
         return 0.5 * self.p.alpha * sq - lin
 
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
@@ -122,6 +122,6 @@ class FedDyn(FedAvg):
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
         with torch.no_grad():
-            for w, wg, g in self._terms:  # in place on the flat ctx.state["grad"]
+            for w, wg, g in self.scratch(ctx).terms:  # in place on the flat ctx.state["grad"]
                 g.sub_(w - wg, alpha=self.p.alpha)
         return up

@@ -86,8 +86,8 @@ class FedNTD(FedAvg):
         if self._glob is None:
             self._glob = frozen_copy(ctx.model)
         self._glob.load_state_dict(ctx.global_params)
-        self._sum = torch.zeros((), device=self.info.device)
-        self._n = 0
+        self.scratch(ctx).sum = torch.zeros((), device=self.info.device)
+        self.scratch(ctx).n = 0
 
     def extra_loss(self, ctx, x, y, features, logits):
         if self.p.beta == 0:
@@ -95,11 +95,11 @@ class FedNTD(FedAvg):
         with torch.no_grad():
             global_logits = self._glob(x)
         l_ntd = ntd_loss(logits, global_logits, y, self.p.tau)
-        self._sum += l_ntd.detach()
-        self._n += 1
+        self.scratch(ctx).sum += l_ntd.detach()
+        self.scratch(ctx).n += 1
         return self.p.beta * l_ntd
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.beta > 0:
-            ctx.stats["l_ntd"] = self._sum.item() / max(self._n, 1)
+            ctx.stats["l_ntd"] = self.scratch(ctx).sum.item() / max(self.scratch(ctx).n, 1)
         return super().client_end(ctx)

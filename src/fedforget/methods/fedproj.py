@@ -273,18 +273,17 @@ class FedProj(FedDF):
         return True
 
     def client_begin(self, ctx: ClientContext) -> None:
-        # scratch for this client-round (one client trains at a time)
-        self._active = self.projection_active(ctx)
-        self._gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
+        s = self.scratch(ctx)  # this client-round's working values
+        s.active = self.projection_active(ctx)
+        s.gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
         dev = self.info.device
-        self._n_proj = torch.zeros((), device=dev)
-        self._cos_sum = torch.zeros((), device=dev)
-        self._n_mem = 0
+        s.n_proj, s.cos_sum, s.n_mem = torch.zeros((), device=dev), torch.zeros((), device=dev), 0
         spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
-        self._lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
+        s.lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self._lr_step_every and ctx.steps and ctx.steps % self._lr_step_every == 0:
+        every = self.scratch(ctx).lr_step_every
+        if every and ctx.steps and ctx.steps % every == 0:
             for group in ctx.optimizer.param_groups:  # the code's StepLR(E/2, 0.1) [C]
                 group["lr"] *= 0.1
         return super().backward(ctx, x, y)  # g_new in p.grad (Eq. 2)
@@ -293,7 +292,7 @@ class FedProj(FedDF):
         """L_mem (Eq. 3, or Algorithm 1's CE) on one random public batch M."""
         x_pub = ctx.broadcast[PUBLIC_X]
         n, b = len(x_pub), self.p.memory_batch_size
-        idx = torch.randperm(n, generator=self._gen)[:b].to(x_pub.device) if n > b else None
+        idx = torch.randperm(n, generator=self.scratch(ctx).gen)[:b].to(x_pub.device) if n > b else None
         xm = x_pub[idx] if idx is not None else x_pub
         logits = ctx.model(xm)
         if self.p.memory_loss == "ce":
@@ -303,7 +302,8 @@ class FedProj(FedDF):
         return memory_kl(logits, zt[idx] if idx is not None else zt, self.p.temperature)
 
     def transform_grad(self, ctx: ClientContext) -> None:
-        if not self._active:
+        s = self.scratch(ctx)
+        if not s.active:
             return
         params = [p for p in ctx.model.parameters() if p.grad is not None]
         loss_mem = self.memory_batch_loss(ctx)
@@ -313,15 +313,16 @@ class FedProj(FedDF):
         with torch.no_grad():
             g_proj, projected, cos = project(g_new, g_glob, self.p.eps, self.p.norm_guard, self.p.coef_clamp)
             torch._foreach_copy_(g_new, g_proj)  # Eq. 14, in place on p.grad
-            self._n_proj += projected
-            self._cos_sum += cos
-        self._n_mem += 1
+            s.n_proj += projected
+            s.cos_sum += cos
+        s.n_mem += 1
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)  # weights + eval-mode public logits (FedDF)
-        ctx.stats["proj_share"] = self._n_proj.item() / max(ctx.steps, 1)
-        if self._n_mem:
-            ctx.stats["cos_before"] = self._cos_sum.item() / self._n_mem
+        s = self.scratch(ctx)
+        ctx.stats["proj_share"] = s.n_proj.item() / max(ctx.steps, 1)
+        if s.n_mem:
+            ctx.stats["cos_before"] = s.cos_sum.item() / s.n_mem
         if ctx.broadcast.get(TEACHER) is not None or self.p.memory_loss == "ce":
             ctx.stats["mem_loss_after"] = self.memory_value(up.extras[PUBLIC_LOGITS], ctx.broadcast)
         if self.p.gamma2 > 0:

@@ -42,12 +42,12 @@ class FedProx(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         # (w, w^t) pairs of this client's trainable parameters, rebuilt for every client
-        self._anchor = [
+        self.scratch(ctx).anchor = [
             (p, ctx.global_params[n]) for n, p in ctx.model.named_parameters() if p.requires_grad
         ]
 
     def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
-        sq = sum((w - wg).pow(2).sum() for w, wg in self._anchor)
+        sq = sum((w - wg).pow(2).sum() for w, wg in self.scratch(ctx).anchor)
         return 0.5 * self.p.mu * sq  # (mu/2) ||w - w^t||^2
 
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
@@ -66,6 +66,6 @@ class FedProx(FedAvg):
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
         with torch.no_grad():
-            sq = sum((w - wg).pow(2).sum() for w, wg in self._anchor)
+            sq = sum((w - wg).pow(2).sum() for w, wg in self.scratch(ctx).anchor)
         ctx.stats["dist_to_global"] = float(sq) ** 0.5  # ||w_k - w^t|| after local training
         return up

@@ -206,8 +206,8 @@ class FedRCL(FedAvg):
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:
-        self._sums = torch.zeros(2, device=self.info.device)  # L_SCL, L_DIV over steps
-        self._n = 0
+        self.scratch(ctx).sums = torch.zeros(2, device=self.info.device)  # L_SCL, L_DIV over steps
+        self.scratch(ctx).n = 0
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         p = self.p
@@ -216,8 +216,8 @@ class FedRCL(FedAvg):
         levels, logits = ctx.model.forward_levels(x)
         # multi-level RCL: L_SCL and L_DIV averaged over the chosen levels
         l_scl, l_div = rcl_levels(select_levels(levels, p.levels), y, p.tau, p.threshold, p.pairs)
-        self._sums += torch.stack([l_scl.detach(), l_div.detach()])
-        self._n += 1
+        self.scratch(ctx).sums += torch.stack([l_scl.detach(), l_div.detach()])
+        self.scratch(ctx).n += 1
         # L = L_CE + weight * L_RCL
         loss = self.task_loss(logits, y) + p.weight * (l_scl + p.beta * l_div)
         loss.backward()
@@ -225,6 +225,6 @@ class FedRCL(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.weight > 0:
-            scl, div = (self._sums / max(self._n, 1)).tolist()
+            scl, div = (self.scratch(ctx).sums / max(self.scratch(ctx).n, 1)).tolist()
             ctx.stats["l_scl"], ctx.stats["l_div"] = scl, div
         return super().client_end(ctx)

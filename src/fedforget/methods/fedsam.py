@@ -81,7 +81,7 @@ class FedSAM(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         # sum over steps of L(w + eps) - L(w); one client trains at a time
-        self._gap = torch.zeros((), device=self.info.device)
+        self.scratch(ctx).gap = torch.zeros((), device=self.info.device)
 
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         model = ctx.model
@@ -102,9 +102,9 @@ class FedSAM(FedAvg):
             torch._foreach_copy_(params, w)  # back to w, bit-exact
             if buffers:
                 torch._foreach_copy_(buffers, saved_buffers)
-            self._gap += loss_adv.detach() - loss.detach()
+            self.scratch(ctx).gap += loss_adv.detach() - loss.detach()
         return loss.detach()
 
     def client_end(self, ctx: ClientContext) -> Upload:
-        ctx.stats["sharpness"] = self._gap.item() / max(ctx.steps, 1)
+        ctx.stats["sharpness"] = self.scratch(ctx).gap.item() / max(ctx.steps, 1)
         return super().client_end(ctx)

@@ -182,7 +182,7 @@ class FedSOL(OverBase):
 
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
-        model = ctx.model
+        model, sc = ctx.model, self.scratch(ctx)
         if any(True for _ in model.buffers()):
             raise FedForgetError("fedsol: models with buffers (BatchNorm) are not supported (running statistics would be updated in both passes)")
         self.base.client_begin(ctx)
@@ -190,21 +190,22 @@ class FedSOL(OverBase):
         head = self.p.perturb == "head"
         every = self.p.perturb == "all" or self.p.update == "loss"  # Eq. 2's L_p acts on all
         sel = [(n, p) for n, p in named if every or n.startswith("head.") == head]
-        self._all = [p for _, p in named]
-        self._sel = [p for _, p in sel]  # the perturbed (or projected) parameters
-        self._sel_global = [ctx.global_params[n] for n, _ in sel]
-        self._all_global = [ctx.global_params[n] for n, _ in named]
-        self._head_path = head and self.p.update == "perturb"
+        sc.all = [p for _, p in named]
+        sc.sel = [p for _, p in sel]  # the perturbed (or projected) parameters
+        sc.sel_global = [ctx.global_params[n] for n, _ in sel]
+        sc.all_global = [ctx.global_params[n] for n, _ in named]
+        sc.head_path = head and self.p.update == "perturb"
         if self.p.proximal == "kl":
             if self._glob is None:
                 self._glob = frozen_copy(model)
             self._glob.load_state_dict(ctx.global_params)
-        self._sums = {"prox_loss": 0.0, "cos_update_prox": 0.0, "eps_norm": 0.0, "conflict_rate": 0.0}
-        self._counts = dict.fromkeys(self._sums, 0)
+        sc.sums = {"prox_loss": 0.0, "cos_update_prox": 0.0, "eps_norm": 0.0, "conflict_rate": 0.0}
+        sc.counts = dict.fromkeys(sc.sums, 0)
 
-    def _record(self, key: str, value: float) -> None:
-        self._sums[key] += value
-        self._counts[key] += 1
+    def _record(self, ctx: ClientContext, key: str, value: float) -> None:
+        sc = self.scratch(ctx)
+        sc.sums[key] += value
+        sc.counts[key] += 1
 
     def local_loss_from(self, ctx, x, y, features, logits) -> torch.Tensor:
         """L_local: CE, plus the base method's term if base_loss."""
@@ -218,7 +219,8 @@ class FedSOL(OverBase):
     # ---------------------------------------------------------------- proximal gradient g_p
     def proximal_grad(self, ctx, x, y, features, logits) -> tuple[list[torch.Tensor], float | None]:
         """(g_p over the selected parameters, L_p value or None); keeps the forward graph."""
-        params = self._sel
+        sc = self.scratch(ctx)
+        params = sc.sel
         if self.p.proximal == "kl":
             t = self.p.temperature
             with torch.no_grad():
@@ -232,8 +234,8 @@ class FedSOL(OverBase):
             return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)], value
         if self.p.proximal == "l2":
             with torch.no_grad():
-                value = 0.5 * sum(float((w - wg).pow(2).sum()) for w, wg in zip(self._all, self._all_global))
-                return [w.detach() - wg for w, wg in zip(params, self._sel_global)], value
+                value = 0.5 * sum(float((w - wg).pow(2).sum()) for w, wg in zip(sc.all, sc.all_global))
+                return [w.detach() - wg for w, wg in zip(params, sc.sel_global)], value
         # the base method's local term: grad of its extra_loss + what its transform_grad adds
         extra = self.base.extra_loss(ctx, x, y, features, logits)
         value = None
@@ -243,13 +245,13 @@ class FedSOL(OverBase):
             g_p = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
         else:
             g_p = [torch.zeros_like(p) for p in params]
-        saved = [p.grad for p in self._all]
-        for p in self._all:
+        saved = [p.grad for p in sc.all]
+        for p in sc.all:
             p.grad = torch.zeros_like(p)
         self.base.transform_grad(ctx)  # additive corrections (SCAFFOLD: + c - c_i) on zero grads
         with torch.no_grad():
             g_p = [g + p.grad for g, p in zip(g_p, params)]
-        for p, s in zip(self._all, saved):
+        for p, s in zip(sc.all, saved):
             p.grad = s
         return g_p, value
 
@@ -269,13 +271,14 @@ class FedSOL(OverBase):
         return out
 
     @torch.no_grad()
-    def perturbation(self, g_p: Sequence[torch.Tensor], g_norm: float) -> list[torch.Tensor] | None:
+    def perturbation(self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: float) -> list[torch.Tensor] | None:
         """eps* = rho * Lambda (.) g_p / ||g_p|| (Eq. 8; Lambda = 1 if not adaptive); None if 0."""
+        sc = self.scratch(ctx)
         if self.p.rho == 0 or g_norm < NORM_GUARD:
             return None
         scale = self.p.rho / g_norm
         if self.p.adaptive:
-            lam = self.lambdas(self._sel, self._sel_global)
+            lam = self.lambdas(sc.sel, sc.sel_global)
             eps = [lm * g * scale for lm, g in zip(lam, g_p)]
         else:
             eps = [g * scale for g in g_p]
@@ -284,11 +287,11 @@ class FedSOL(OverBase):
 
     # ---------------------------------------------------------------- one step
     def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        model = ctx.model
+        model, sc = ctx.model, self.scratch(ctx)
         features, logits = model.forward_with_features(x)
         g_p, value = self.proximal_grad(ctx, x, y, features, logits)
         if value is not None:
-            self._record("prox_loss", value)
+            self._record(ctx, "prox_loss", value)
         g_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])))
         ce = self.task_loss(logits.detach(), y)
 
@@ -296,61 +299,63 @@ class FedSOL(OverBase):
             loss = self.local_loss_from(ctx, x, y, features, logits)
             loss.backward()
             with torch.no_grad():
-                for p, g in zip(self._sel, g_p):
+                for p, g in zip(sc.sel, g_p):
                     p.grad.add_(g, alpha=self.p.beta)
-            self._record_cos(g_p, g_norm)
+            self._record_cos(ctx, g_p, g_norm)
             return loss.detach() + self.p.beta * (value or 0.0)
 
         if self.p.update == "project":  # Eq. 3: remove the conflicting component
             self.local_loss_from(ctx, x, y, features, logits).backward()
             if g_norm >= NORM_GUARD:
                 with torch.no_grad():
-                    grads = [p.grad for p in self._sel]
+                    grads = [p.grad for p in sc.sel]
                     dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
                     if dot < 0:
                         torch._foreach_add_(grads, list(g_p), alpha=-dot / g_norm**2)
-                self._record("conflict_rate", float(dot < 0))
-            self._record_cos(g_p, g_norm)
+                self._record(ctx, "conflict_rate", float(dot < 0))
+            self._record_cos(ctx, g_p, g_norm)
             return ce
 
-        eps = self.perturbation(g_p, g_norm)
+        eps = self.perturbation(ctx, g_p, g_norm)
         if eps is None:  # eps = 0: grad CE(w) from the first pass
             self.local_loss_from(ctx, x, y, features, logits).backward()
-            self._record("eps_norm", 0.0)
-            self._record_cos(g_p, g_norm)
+            self._record(ctx, "eps_norm", 0.0)
+            self._record_cos(ctx, g_p, g_norm)
             return ce
         with torch.no_grad():
-            w = [p.detach().clone() for p in self._sel]
-            torch._foreach_add_(self._sel, eps)  # w + eps*
-            self._record("eps_norm", math.sqrt(sum(float(e.pow(2).sum()) for e in eps)))
-        if self._head_path:  # body unperturbed: reuse its output, recompute the head only
+            w = [p.detach().clone() for p in sc.sel]
+            torch._foreach_add_(sc.sel, eps)  # w + eps*
+            self._record(ctx, "eps_norm", math.sqrt(sum(float(e.pow(2).sum()) for e in eps)))
+        if sc.head_path:  # body unperturbed: reuse its output, recompute the head only
             loss_adv = self.local_loss_from(ctx, x, y, features, model.head(features))
         else:
             feats_adv, logits_adv = model.forward_with_features(x)
             loss_adv = self.local_loss_from(ctx, x, y, feats_adv, logits_adv)
         loss_adv.backward()  # .grad = grad L_local at w + eps* (Eq. 6)
         with torch.no_grad():
-            torch._foreach_copy_(self._sel, w)  # back to w, bit-exact
-        self._record_cos(g_p, g_norm)
+            torch._foreach_copy_(sc.sel, w)  # back to w, bit-exact
+        self._record_cos(ctx, g_p, g_norm)
         return ce
 
-    def _record_cos(self, g_p: Sequence[torch.Tensor], g_norm: float) -> None:
+    def _record_cos(self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: float) -> None:
         """cos(g_u, g_p) over the selected parameters (Fig. 2b), if g_p != 0."""
+        sc = self.scratch(ctx)
         if g_norm < NORM_GUARD:
             return
         with torch.no_grad():
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self._sel]
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in sc.sel]
             dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
             un = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
         if un > 0:
-            self._record("cos_update_prox", dot / (un * g_norm))
+            self._record(ctx, "cos_update_prox", dot / (un * g_norm))
 
     def transform_grad(self, ctx: ClientContext) -> None:
         if self.p.base_loss:
             self.base.transform_grad(ctx)  # e.g. SCAFFOLD's + c - c_i
 
     def client_end(self, ctx: ClientContext) -> Upload:
-        for k, s in self._sums.items():
-            if self._counts[k]:
-                ctx.stats[k] = s / self._counts[k]
+        sc = self.scratch(ctx)
+        for k, s in sc.sums.items():
+            if sc.counts[k]:
+                ctx.stats[k] = s / sc.counts[k]
         return self.base.client_end(ctx)

@@ -116,14 +116,14 @@ class MOON(FedAvg):
         self._glob: nn.Module | None = None  # frozen w^t, reused across clients
         self._prev: nn.Module | None = None  # frozen w_k^{t-1}
         self._w0: torch.Tensor | None = None  # flat w^0, for first_prev = init
-        self._active = False  # l_con is on for the client now training
 
     def server_init(self, server: ServerContext) -> None:
         if self.p.mu > 0 and self.p.first_prev == "init":
             self._w0 = flatten_state(server.global_params).clone()
 
     def client_begin(self, ctx: ClientContext) -> None:
-        self._active = False
+        s = self.scratch(ctx)
+        s.active = False  # l_con is on for this client
         if self.p.mu == 0:
             return
         prev = ctx.state.get("prev", self._w0)
@@ -133,26 +133,25 @@ class MOON(FedAvg):
             self._glob, self._prev = frozen_copy(ctx.model), frozen_copy(ctx.model)
         self._glob.load_state_dict(ctx.global_params)
         load_flat(self._prev, prev)
-        self._active = True
-        self._sum = torch.zeros((), device=self.info.device)
-        self._n = 0
+        s.active, s.sum, s.n = True, torch.zeros((), device=self.info.device), 0
 
     def extra_loss(self, ctx, x, y, features, logits):
-        if not self._active:
+        s = self.scratch(ctx)
+        if not s.active:
             return None
         with torch.no_grad():
             z_glob = self._glob.features(x)
             z_prev = self._prev.features(x)
         l_con = model_contrastive_loss(features, z_glob, z_prev, self.p.tau)
-        self._sum += l_con.detach()
-        self._n += 1
+        s.sum += l_con.detach()
+        s.n += 1
         return self.p.mu * l_con
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
         if self.p.mu > 0:
             ctx.state["prev"] = flatten_state(up.params)  # w_k for this client's next round
-        if self._active:
-            ctx.stats["l_con"] = self._sum.item() / max(self._n, 1)
-        self._active = False
+        s = self.scratch(ctx)
+        if s.active:
+            ctx.stats["l_con"] = s.sum.item() / max(s.n, 1)
         return up

@@ -120,18 +120,18 @@ class Scaffold(FedAvg):
         if "c" not in ctx.state:  # c_i = 0 before the client's first round
             ctx.state["c"] = torch.zeros_like(c)
         named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
-        self._names = [n for n, _ in named]
-        self._params = [p for _, p in named]
+        self.scratch(ctx).names = [n for n, _ in named]
+        self.scratch(ctx).params = [p for _, p in named]
         corr = c - ctx.state["c"]  # c - c_i, fixed during local training
-        sizes = [p.numel() for p in self._params]
-        self._corr = [d.view_as(p) for d, p in zip(corr.split(sizes), self._params)]
+        sizes = [p.numel() for p in self.scratch(ctx).params]
+        self.scratch(ctx).corr = [d.view_as(p) for d, p in zip(corr.split(sizes), self.scratch(ctx).params)]
 
     def transform_grad(self, ctx: ClientContext) -> None:
-        grads = [p.grad for p in self._params]
+        grads = [p.grad for p in self.scratch(ctx).params]
         if all(g is not None for g in grads):
-            torch._foreach_add_(grads, self._corr)  # g - c_i + c
+            torch._foreach_add_(grads, self.scratch(ctx).corr)  # g - c_i + c
             return
-        for p, d in zip(self._params, self._corr):  # a parameter outside this loss' graph
+        for p, d in zip(self.scratch(ctx).params, self.scratch(ctx).corr):  # a parameter outside this loss' graph
             if p.grad is None:
                 p.grad = d.clone()
             else:
@@ -152,7 +152,7 @@ class Scaffold(FedAvg):
         if self.p.divisor == "effective_steps":
             k = effective_steps(ctx.steps, ctx.optimizer.param_groups[0].get("momentum", 0.0))
         with torch.no_grad():
-            moved = _flat(ctx.global_params, self._names) - _flat(up.params, self._names)  # x - y_i
+            moved = _flat(ctx.global_params, self.scratch(ctx).names) - _flat(up.params, self.scratch(ctx).names)  # x - y_i
             c_plus = c_i - c + moved / (k * ctx.lr)
         up.extras["delta_c"] = c_plus - c_i
         ctx.state["c"] = c_plus
