@@ -152,6 +152,12 @@ def _cell(mean: float, std: float, status: str, n_ok: int | None = None) -> str:
     return text + " (failed seeds)" if status == FAILED else text
 
 
+def _row_cell(r: pd.Series, metric: str) -> str:
+    """A table row's cell for ``metric`` (final | best), marked when it ran on another engine."""
+    cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r))
+    return cell + (f" † {r['client_engine']}" if r["other_engine"] else "")
+
+
 def _engine_note(table: pd.DataFrame) -> str:
     return f" {ENGINE_NOTE}" if table["other_engine"].any() else ""
 
@@ -192,8 +198,7 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
                     cells.append("")
                     continue
                 r = r.iloc[0]
-                cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r))
-                cell += f" † {r['client_engine']}" if r["other_engine"] else ""
+                cell = _row_cell(r, metric)
                 if metric == "final" and not math.isnan(r["paper_acc"]):
                     cell += f" (paper {r['paper_acc']:.2f})"
                 cells.append(cell)
@@ -232,15 +237,13 @@ def html_table(table: pd.DataFrame, experiment: str) -> str:
     seeds and the paper's number where the experiment links a paper table."""
     rows = []
     for _, r in table.iterrows():
-        n_ok = _n_ok(r)
         rows.append({
             "Dataset": r["dataset"],
             "Partition": r["setting"],
             "Clients": int(r["clients"]),
             "Method": r["method"],
-            "Final round (%)": _cell(r["final_acc_mean"], r["final_acc_std"], r["status"], n_ok)
-            + (f" † {r['client_engine']}" if r["other_engine"] else ""),
-            "Best round (%)": _cell(r["best_acc_mean"], r["best_acc_std"], r["status"], n_ok),
+            "Final round (%)": _row_cell(r, "final"),
+            "Best round (%)": _row_cell(r, "best"),
             "Seeds": int(r["n_seeds"]),
             "Failed seeds": int(r["n_failed"]),
             "Paper (%)": _paper(r),
