@@ -31,28 +31,21 @@ CASES = [
 ]
 
 
-def by_lists(y: np.ndarray, spec: PartitionSpec) -> None:
-    """The draws as they were: each builds every client's index lists."""
-    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0x5A17]))
-    n, k = len(y), spec.clients
-    for _ in range(spec.max_redraws):
-        buckets: list[list[np.ndarray]] = [[] for _ in range(k)]
-        sizes = np.zeros(k, dtype=np.int64)
-        for c in np.unique(y):
-            idx = rng.permutation(np.flatnonzero(y == c))
-            p = rng.dirichlet(np.full(k, spec.alpha))
-            p = np.where(sizes < n / k, p, 0.0)
-            p = p / p.sum() if p.sum() > 0 else np.full(k, 1.0 / k)
-            cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
-            for j, piece in enumerate(np.split(idx, cuts)):
-                buckets[j].append(piece)
-                sizes[j] += len(piece)
-        if sizes.min() >= spec.min_size:
-            return
+def by_lists():
+    """The draws as they were, each building every client's index lists: the reference loop
+    of tests/test_partition.py (which checks that the new draws equal it), not a copy."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "test_partition.py"
+    spec = importlib.util.spec_from_file_location("_partition_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._dirichlet_by_lists
 
 
 def main(argv: list[str]) -> None:
-    before = "--before" in argv
+    before = by_lists() if "--before" in argv else None
     root = tempfile.mkdtemp()
     labels = {}
     for name in sorted({c[0] for c in CASES}):
@@ -70,8 +63,9 @@ def main(argv: list[str]) -> None:
         took = time.perf_counter() - t0
         line = f"{name} N={len(y)} clients={k} alpha={alpha} min_size={min_size}: {took:.2f} s"
         if before and min_size * k <= len(y):
+            rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0x5A17]))  # partition.py's stream
             t0 = time.perf_counter()
-            by_lists(y, spec)
+            before(y, spec, rng)
             line += f" (before: {time.perf_counter() - t0:.2f} s)"
         print(f"{line}\n  {msg}", flush=True)
 

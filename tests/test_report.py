@@ -13,27 +13,18 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fedforget.plots import CURVES
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.e2e
+# the real command as the workflow tests run it (skipped with them where snakemake is missing)
+from .test_workflow import snakemake, write_config
 
-if (
-    shutil.which("snakemake", path=str(BIN) + os.pathsep + os.environ.get("PATH", "")) is None
-):  # pragma: no cover
-    pytest.skip("snakemake is not installed (pip install -e .[workflow])", allow_module_level=True)
+pytestmark = pytest.mark.e2e
 
 EXPERIMENT_FIGURES = ["test_loss", "worst_local_acc"]
 
@@ -59,21 +50,6 @@ CONFIG = {
 PAPER = (
     "paper,table,dataset,setting,method,metric,value,std\np,t1,iris,iid,fedavg,accuracy,93.33,1.5\n"
 )
-
-
-def snakemake(workdir: Path, *args: str) -> None:
-    """The real command, as tests/test_workflow.py runs it."""
-    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2", *args]
-    env = {**os.environ, "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", "")}
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    )
-
-
-def write_config(workdir: Path, cfg: dict) -> None:
-    (workdir / "config").mkdir(exist_ok=True)
-    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
 def _script_var(html: str, script_id: str, name: str) -> dict:

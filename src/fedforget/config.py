@@ -45,7 +45,7 @@ class TrainSpec:
     drop_last: bool = False  # skip each epoch's trailing partial minibatch
     eval_local_models: bool = True
     eval_batch_size: int = 1024
-    diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see engine.DIAGNOSTICS
+    diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see metrics.DIAGNOSTICS
     save_client_models: tuple[int, ...] = ()  # rounds whose local models are saved (snapshots/)
     checkpoint_every: int = 1  # rounds between checkpoints (resume point of an interrupted run)
     client_engine: str = "auto"  # auto | sequential | vectorized (fedforget.vectorized)

@@ -15,10 +15,9 @@ from .partition import PartitionSpec, class_counts, make_partition, save_partiti
 log = logging.getLogger(__name__)
 
 
-def prepare_all(wfs: WorkflowConfig | list[WorkflowConfig]) -> list[Path]:
-    """Every dataset and public set of one or several configs, each once (each into its
-    config's data_dir), datasets first: public slices are cut from them."""
-    wfs = wfs if isinstance(wfs, list) else [wfs]
+def prepare_all(wfs: list[WorkflowConfig]) -> list[Path]:
+    """Every dataset and public set of the configs, each once (each into its config's
+    data_dir), datasets first: public slices are cut from them."""
     datasets = {(wf.data_dir, did): v for wf in wfs for did, v in wf.datasets_to_prepare().items()}
     publics = {(wf.data_dir, pid): v for wf in wfs for pid, v in wf.holdouts_to_prepare().items()}
     out = [prepare_dataset(name, opts, root) for (root, _), (name, opts) in datasets.items()]

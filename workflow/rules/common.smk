@@ -50,10 +50,6 @@ DATASET_FILES = ("x_train.npy", "y_train.npy", "x_test.npy", "y_test.npy", "meta
 PUBLIC_FILES = ("x.npy", "y.npy", "indices.npy", "meta.json")  # rule prepare_public's
 
 
-def dataset_meta(did):
-    return f"{DATA}/{did}/meta.json"
-
-
 def dataset_files(did):
     return [f"{DATA}/{did}/{f}" for f in DATASET_FILES]
 
@@ -74,7 +70,8 @@ def check_prepared_data():
     """At parse time, before any job: every prepared file the config uses that exists must
     match the sha256 in its meta.json, else one error names each such file and how to get
     it back. A missing prepared file is a target (all_targets), so its preparation runs
-    again. Hashes are cached by (size, mtime) in .snakemake/fedforget/verified.json."""
+    again. Hashes of files over 64 MiB are cached by (size, mtime) in
+    .snakemake/fedforget/verified.json (data.base.corrupt_files)."""
     cache_path = Path(".snakemake/fedforget/verified.json")
     try:
         cache = json.loads(cache_path.read_text())
@@ -105,12 +102,15 @@ class JobArgument:
         return self.text
 
 
+def prepare_code(name):
+    """Digest of the code that prepares dataset ``name`` (its source module and the
+    prepared-format writer): a params value, so editing that code prepares it again."""
+    return module_code(DATASETS.get(name).build.__module__, "fedforget.data.base").digest
+
+
 def prepare_params(w):
-    """The dataset, its options and the digest of the code that builds it (its source
-    module and the prepared-format writer): editing that code prepares it again."""
     name, opts = PREPARE[w.dataset]
-    code = module_code(DATASETS.get(name).build.__module__, "fedforget.data.base")
-    return {"name": name, "options": canonical_json(opts), "code": code.digest}
+    return {"name": name, "options": canonical_json(opts), "code": prepare_code(name)}
 
 
 def holdout_input(w):
@@ -120,9 +120,7 @@ def holdout_input(w):
 def holdout_params(w):
     """The private dataset, the slice's spec and the digest of the code that builds both."""
     private, spec = HOLDOUTS[w.public]
-    name = PREPARE[private][0]
-    code = module_code(DATASETS.get(name).build.__module__, "fedforget.data.base")
-    return {"of": private, "spec": canonical_json(spec), "code": code.digest}
+    return {"of": private, "spec": canonical_json(spec), "code": prepare_code(PREPARE[private][0])}
 
 
 def partition_inputs(w):
