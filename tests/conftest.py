@@ -147,8 +147,11 @@ def assert_same_metrics():
         assert len(rows_a) == len(rows_b)
         for ra, rb in zip(rows_a, rows_b):
             assert set(ra) == set(rb), (ra["round"], set(ra) ^ set(rb))
-            for k in set(ra) - set(TIMING_COLUMNS):
-                a, b = ra[k], rb[k]
+            pairs = [(k, ra[k], rb[k]) for k in set(ra) - set(TIMING_COLUMNS) - {"_tasks"}]
+            for ta, tb in zip(ra.get("_tasks", []), rb.get("_tasks", [])):  # per-task rows
+                pairs += [(f"task{ta['task']}.{k}", ta[k], tb[k]) for k in ta]
+            assert len(ra.get("_tasks", [])) == len(rb.get("_tasks", []))
+            for k, a, b in pairs:
                 if isinstance(a, float) and isinstance(b, float):
                     assert math.isclose(a, b, rel_tol=0, abs_tol=tol) or (math.isnan(a) and math.isnan(b)), (ra["round"], k, a, b)
                 else:

@@ -46,7 +46,7 @@ def test_classwise_accuracy_columns_average_to_overall(make_run_config):
     sim = Simulation(cfg)
     _, rows, _ = sim.run(progress=False)
     per_class = [rows[2][f"global_model_test_acc_class{c}"] for c in range(sim.num_classes)]
-    counts = torch.bincount(sim.y_test, minlength=sim.num_classes).tolist()
+    counts = torch.bincount(sim.evaluator.test.y, minlength=sim.num_classes).tolist()
     overall = sum(a * n for a, n in zip(per_class, counts)) / sum(counts)
     assert overall == pytest.approx(rows[2]["global_model_test_acc"], abs=1e-12)
 

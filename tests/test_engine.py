@@ -115,9 +115,7 @@ def test_training_seed_changes_metrics_not_partition(make_run_config):
         or a[0]["global_model_test_loss"] != b[0]["global_model_test_loss"]
     )
     assert sim0.clients.offsets == sim1.clients.offsets
-    assert torch.equal(sim0.clients.x, sim1.clients.x) and torch.equal(
-        sim0.clients.y, sim1.clients.y
-    )
+    assert torch.equal(sim0.clients.rows, sim1.clients.rows)
     # and a different partition seed does change the client data
     sim2 = Simulation(
         make_run_config(
@@ -126,7 +124,7 @@ def test_training_seed_changes_metrics_not_partition(make_run_config):
         device=CPU,
     )
     assert sim2.clients.offsets != sim0.clients.offsets or not torch.equal(
-        sim2.clients.y, sim0.clients.y
+        sim2.clients.rows, sim0.clients.rows
     )
 
 
@@ -167,13 +165,15 @@ def test_holdout_rows_never_trained_on(make_run_config, data_root, tmp_path):
     prepare_public(spec, "iris", root)
     cfg = replace(make_run_config(public=spec), data_dir=str(root))
     sim = Simulation(cfg, device=CPU)
-    assert sim.clients.offsets[-1] == 120 - 30
+    assert sim.clients.offsets[-1][-1] == 120 - 30
     data = load_dataset("iris", root)
     held = load_public(spec, "iris", root, with_labels=False).excluded_train_rows
     order = np.concatenate(client_indices(make_partition(data.y_train, cfg.partition, held), 4))
     assert not set(order.tolist()) & set(held.tolist())
-    assert torch.equal(sim.clients.x, torch.as_tensor(data.x_train[order]))
-    assert torch.equal(sim.clients.y, torch.as_tensor(data.y_train[order]))
+    assert sim.clients.rows.tolist() == order.tolist()  # client-sorted positions -> rows
+    x, y = zip(*(sim.clients.slice(k) for k in range(4)))
+    assert torch.equal(torch.cat(x), torch.as_tensor(data.x_train[order]))
+    assert torch.equal(torch.cat(y), torch.as_tensor(data.y_train[order]))
     assert sim.server.public is not None and sim.server.public.y is None  # fedavg: no public labels
 
 
@@ -184,7 +184,7 @@ def test_stored_partition_is_used(make_run_config):
     assignment = np.where(np.arange(120) < 100, 0, 1).astype(np.int64)
     save_partition(cfg.partition_dir, assignment, cfg.partition, "iris", data.y_train, 3, None)
     sim = Simulation(cfg, device=CPU)
-    assert sim.clients.offsets == [0, 100, 120]
+    assert sim.clients.offsets == [[0, 100], [100, 120]]
 
 
 # ----------------------------------------------------------------------------- FedAvg == local SGD

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the scenario's progress (tasks)
 CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 
 
@@ -47,6 +47,9 @@ def capture(sim: Simulation, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "global_params": sim.global_params,
         "server_state": sim.server.state,
         "client_state": sim.client_state,
+        # the scenario's progress: the server's task, each client's last task, reports of
+        # clients that ended a task before the server did (asynchronous boundaries)
+        "tasks": {"server": sim.server.task, "clients": sim.client_task, "reports": sim.task_reports},
         "rows": rows,
         "rng": rng,
     }
@@ -66,6 +69,9 @@ def restore(sim: Simulation, ckpt: dict[str, Any]) -> None:
     sim.server.global_params = sim.global_params
     sim.server.state = ckpt["server_state"]
     sim.client_state = ckpt["client_state"]
+    sim.server.task = ckpt["tasks"]["server"]
+    sim.client_task = ckpt["tasks"]["clients"]
+    sim.task_reports = ckpt["tasks"]["reports"]
     if sim.offload_client_state:
         for st in sim.client_state.values():
             st.update(to_device(st, torch.device("cpu")))

@@ -1,6 +1,8 @@
-"""A run's data on the training device: the private pool sorted by client (client k owns one
-contiguous slice, so a client's minibatch is one gather: no DataLoader, no per-sample
-Python), the test set, and the public set for methods that use one."""
+"""A run's data on the training device: the private pool by client and task (the data of
+client k in task t are one contiguous range of positions, so a client's minibatch is one
+gather: no DataLoader, no per-sample Python), the test set with each task's rows, and the
+public set for methods that use one. The task stream comes from the scenario
+(``fedforget.data.scenario``); without one a run is its one-task case."""
 
 from __future__ import annotations
 
@@ -11,34 +13,118 @@ import torch
 
 from .config import RunConfig
 from .data import PublicSet, load_dataset, load_public
+from .data.scenario import Scenario
 from .partition import client_indices, load_partition, make_partition
 from .utils import FedForgetError
 
 
 @dataclass
 class ClientData:
-    """Training data sorted by client: client k owns rows offsets[k]:offsets[k+1]."""
+    """Training data by client and task. ``x``, ``y``: the training split on the device, in
+    its own order; ``rows``: positions -> rows of x, sorted by client, then by task (a
+    client's rows keep the partition's order within a task), so the data of client k in
+    task t are the contiguous positions ``offsets[k][t]`` .. ``offsets[k][t + 1] - 1`` and a
+    minibatch is one gather of rows (no DataLoader, no per-sample Python); ``task``: each
+    position's task. A domain-incremental scenario lists a row once per task (its
+    transform differs), without copying it."""
 
     x: torch.Tensor
     y: torch.Tensor
-    offsets: list[int]
+    rows: torch.Tensor  # long [P]
+    task: torch.Tensor  # long [P]
+    offsets: list[list[int]]  # [K][T + 1]
+    scenario: Scenario
+    class_mask: torch.Tensor | None  # bool [T, C] where the scenario masks logits, else None
 
-    def size(self, k: int) -> int:
-        return self.offsets[k + 1] - self.offsets[k]
+    def size(self, k: int, t: int | None = None) -> int:
+        """Client k's number of samples in task t (all tasks: None)."""
+        o = self.offsets[k]
+        return o[-1] - o[0] if t is None else o[t + 1] - o[t]
+
+    def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(x, y, logit mask or None) of the positions ``pos`` (any shape): the rows
+        gathered, each seen through its task's transform."""
+        r = self.rows[pos]
+        x, t = self.x[r], self.task[pos]
+        if self.scenario.transforms:
+            x = self.scenario.transform(x, t)
+        return x, self.y[r], None if self.class_mask is None else self.class_mask[t]
 
     def slice(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        a, b = self.offsets[k], self.offsets[k + 1]
-        return self.x[a:b], self.y[a:b]
+        """(x, y) of all of client k's positions, every task, untransformed."""
+        r = self.rows[self.offsets[k][0] : self.offsets[k][-1]]
+        return self.x[r], self.y[r]
+
+    def view(self, k: int, rnd: int) -> TaskView:
+        """Client k's data in round ``rnd``: its rows of the round's task (synchronous
+        boundaries), or its window of its stream (asynchronous)."""
+        sc, o = self.scenario, self.offsets[k]
+        if sc.window is None:
+            t = sc.task_of_round(rnd)
+            return TaskView(self, o[t], o[t + 1], t)
+        per, _ = sc.window
+        n = o[-1] - o[0]
+        a = min(sc.window_of_round(rnd) * per, max(n - per, 0))
+        b = min(a + per, n)
+        last = o[0] + max(b - 1, 0)
+        t = int(self.task[last]) if n else sc.task_of_round(rnd)
+        return TaskView(self, o[0] + a, o[0] + b, t)
+
+    def task_view(self, k: int, t: int) -> TaskView:
+        """Client k's whole data of task t."""
+        return TaskView(self, self.offsets[k][t], self.offsets[k][t + 1], t)
+
+
+@dataclass
+class TaskView:
+    """A client's training data for one round or one task: positions start..stop-1 of its
+    ``ClientData``; ``task``: the client's task (its newest sample's, asynchronously)."""
+
+    data: ClientData
+    start: int
+    stop: int
+    task: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rows ``pos`` of this view (0-based positions within it)."""
+        return self.data.batch(pos + self.start)
+
+    def sample(self, m: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """min(m, len) rows drawn without replacement with ``generator`` (a CPU generator)."""
+        pos = torch.randperm(len(self), generator=generator)[:m]
+        return self.batch(pos.to(self.data.rows.device))
+
+    def all(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return self.batch(torch.arange(len(self), device=self.data.rows.device))
+
+
+@dataclass
+class TestSets:
+    """The test split on the device and each task's rows of it (with its transform)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    rows: list[torch.Tensor]  # per task: long [M_t] rows of x
+
+    def batches(self, t: int, scenario: Scenario, batch_size: int):
+        """Task t's test rows in batches: (x seen through the task's transform, y)."""
+        rows = self.rows[t]
+        for s in range(0, len(rows), batch_size):
+            r = rows[s : s + batch_size]
+            yield scenario.transform(self.x[r], t), self.y[r]
 
 
 @dataclass
 class RunData:
     clients: ClientData
-    x_test: torch.Tensor
-    y_test: torch.Tensor
+    test: TestSets
     public: PublicSet | None  # its arrays moved to the device
     num_classes: int
     input_shape: tuple[int, ...]
+    scenario: Scenario
 
 
 def load_run_data(cfg: RunConfig, device: torch.device, public_labels: bool, verify: bool = True) -> RunData:
@@ -62,22 +148,35 @@ def load_run_data(cfg: RunConfig, device: torch.device, public_labels: bool, ver
         raise FedForgetError(
             f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}"
         )
-    idx = client_indices(assignment, cfg.partition.clients)
-    order = np.concatenate(idx)
+    sc = Scenario.build(cfg.dataset.scenario, data.num_classes, data.input_shape, cfg.train.rounds)
+    in_task = [sc.rows_of_task(data.y_train, t) for t in range(sc.tasks)]
+    rows, tasks, offsets = [], [], []
+    pos = 0
+    for idx in client_indices(assignment, cfg.partition.clients):
+        o = [pos]
+        for t in range(sc.tasks):
+            r = idx[in_task[t][idx]]
+            rows.append(r)
+            tasks.append(np.full(len(r), t, dtype=np.int64))
+            pos += len(r)
+            o.append(pos)
+        offsets.append(o)
     clients = ClientData(
-        torch.as_tensor(data.x_train[order], device=device),
-        torch.as_tensor(data.y_train[order], device=device),
-        [0, *np.cumsum([len(i) for i in idx]).tolist()],
+        torch.as_tensor(data.x_train, device=device),
+        torch.as_tensor(data.y_train, device=device),
+        torch.as_tensor(np.concatenate(rows), device=device),
+        torch.as_tensor(np.concatenate(tasks), device=device),
+        offsets,
+        sc,
+        sc.class_mask(device) if sc.masked else None,
+    )
+    test = TestSets(
+        torch.as_tensor(data.x_test, device=device),
+        torch.as_tensor(data.y_test, device=device),
+        [torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t)), device=device) for t in range(sc.tasks)],
     )
     if public is not None:
         public.x = torch.as_tensor(public.x, device=device)
         if public.y is not None:
             public.y = torch.as_tensor(public.y, device=device)
-    return RunData(
-        clients,
-        torch.as_tensor(data.x_test, device=device),
-        torch.as_tensor(data.y_test, device=device),
-        public,
-        data.num_classes,
-        data.input_shape,
-    )
+    return RunData(clients, test, public, data.num_classes, data.input_shape, sc)

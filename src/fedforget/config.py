@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from .data import DATASETS, dataset_id, public_id
+from .data.scenario import check_rounds, resolve_scenario
 from .figures import check_figure
 from .models import check_model
 from .partition import PartitionSpec, check_feasible
@@ -86,6 +87,8 @@ class DatasetSpec:
     model_options: dict[str, Any]
     public: dict[str, Any] | None
     label: str
+    # the task stream (fedforget.data.scenario, defaults filled in); None: the one-task case
+    scenario: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -136,6 +139,8 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["partition"] = self.partition.to_dict()
+        if d["dataset"]["scenario"] is None:  # a one-task run keeps the hash it had before scenarios
+            del d["dataset"]["scenario"]
         return d
 
     @classmethod
@@ -356,8 +361,9 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                             f"{dkey}.public.dataset: '{public['dataset']}' has input shape {list(pinfo.input_shape(popts))}, "
                             f"but '{d['name']}' has {list(shape)}; a public set must match the private data's shape"
                         )
+            scenario = check(resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario")
             ds = DatasetSpec(
-                d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts)
+                d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario
             )
             if ds.label in {x.label for x in datasets}:
                 problems.append(
@@ -401,6 +407,8 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 cls.check_train(mtrain, pobj)
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
+            for ds in datasets:
+                check(check_rounds, ds.scenario, mtrain.rounds, f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')")
             late = [r for r in mtrain.save_client_models if r > mtrain.rounds]
             if late:
                 problems.append(

@@ -25,6 +25,24 @@ class Classifier(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
 
+    def use_task_heads(self, task_classes: Sequence[Sequence[int]]) -> None:
+        """Replace the shared head by one head per task (``TaskHeads``)."""
+        self.head = TaskHeads(self.feature_dim, self.head.out_features, task_classes)
+
+    def set_task(self, task: int) -> None:
+        """Train (and score) task ``task``: with per-task heads its head alone is trainable;
+        the shared head needs nothing."""
+        if isinstance(self.head, TaskHeads):
+            self.head.set_task(task)
+
+    def logits(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
+        """Scores for evaluation: the task's head when ``task`` is given (task-aware), else
+        ``TaskHeads.combined`` (the shared head: its logits)."""
+        z = self.body(x)
+        if isinstance(self.head, TaskHeads):
+            return self.head.heads[task](z) if task is not None else self.head.combined(z)
+        return self.head(z)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
 
@@ -43,6 +61,40 @@ class Classifier(nn.Module):
             return [z], self.head(z)
         levels, z = stages(x)
         return levels, self.head(z)
+
+
+class TaskHeads(nn.Module):
+    """One linear head per task over the shared features [P, C of FedProTIP; D elsewhere]:
+    task t trains head t alone (``set_task``: the other heads are frozen, requires_grad
+    False, and the engine keeps their global values through aggregation, so an earlier
+    head stays bit-identical after later tasks). Each head scores every class (the
+    task-IL mask, if any, selects the task's). Task-agnostic scoring (``combined``): each
+    class's logit comes from the newest head trained on it up to the current task; for
+    split tasks that is the concatenation of the task heads over their classes, for domain
+    tasks (every class in every task) the current task's head [D]."""
+
+    def __init__(self, feature_dim: int, num_classes: int, task_classes: Sequence[Sequence[int]]) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(feature_dim, num_classes) for _ in task_classes)
+        self.task_classes = [list(c) for c in task_classes]
+        self.out_features = num_classes
+        self.active = 0
+
+    def set_task(self, task: int) -> None:
+        self.active = task
+        for i, h in enumerate(self.heads):
+            h.requires_grad_(i == task)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.heads[self.active](z)
+
+    def combined(self, z: torch.Tensor) -> torch.Tensor:
+        owner = torch.full((self.out_features,), self.active, dtype=torch.long)
+        for t in range(self.active + 1):
+            owner[self.task_classes[t]] = t
+        outs = torch.stack([h(z) for h in self.heads[: self.active + 1]])  # [t+1, B, C]
+        cls = torch.arange(self.out_features, device=z.device)
+        return outs[owner.to(z.device), :, cls].T  # [B, C]: class c from head owner[c]
 
 
 ModelBuilder = Callable[..., Classifier]

@@ -1,7 +1,9 @@
 """Run one training job and write its outputs: metrics.csv (one row per round, rewritten
 atomically after every round; deterministic: no wall-clock values), timings.csv (the
-per-round wall-clock times), checkpoint.pt while the run is unfinished, run.json (resolved config, its hash, versions, device, wall
-time, status), model.pt (final global weights) and, for the rounds in
+per-round wall-clock times), tasks.csv (the global model's accuracy on every task of the
+scenario after every evaluated round) and accuracy_matrix.csv (a[t][i] after each task t,
+``fedforget.continual``), checkpoint.pt while the run is unfinished, run.json (resolved
+config, its hash, versions, device, wall time, status), model.pt (final global weights) and, for the rounds in
 train.save_client_models, snapshots/round<r>.pt (global model before and after the round and
 every sampled client's local model)."""
 
@@ -19,6 +21,7 @@ import torch
 
 from .checkpoint import CHECKPOINT, load_checkpoint
 from .config import RunConfig
+from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
 from .provenance import git_commit, training_code
 from .utils import (
@@ -29,6 +32,8 @@ from .utils import (
 )
 
 log = logging.getLogger(__name__)
+
+TASK_COLUMNS = ["round", "current_task", "task", "accuracy", "loss"]
 
 
 
@@ -49,8 +54,15 @@ def table_csv(rows: list[dict[str, Any]], first: list[str], exclude: frozenset[s
 
 
 def metrics_csv(rows: list[dict[str, Any]]) -> str:
-    """metrics.csv: BASE_COLUMNS then the method's and diagnostics' columns; no timings."""
-    return table_csv(rows, BASE_COLUMNS, frozenset(TIMING_COLUMNS))
+    """metrics.csv: BASE_COLUMNS then the method's and diagnostics' columns; no timings
+    and no per-task rows (tasks.csv)."""
+    return table_csv(rows, BASE_COLUMNS, frozenset([*TIMING_COLUMNS, "_tasks"]))
+
+
+def tasks_csv(rows: list[dict[str, Any]]) -> str:
+    """tasks.csv: the global model's accuracy and loss on every task after every evaluated
+    round (``fedforget.evaluation``), one row per (round, task)."""
+    return table_csv([r for row in rows for r in row.get("_tasks", [])], TASK_COLUMNS)
 
 
 def timings_csv(rows: list[dict[str, Any]]) -> str:
@@ -101,6 +113,7 @@ def run_training(
             written.append(row)
             atomic_write_text(out / "metrics.csv", metrics_csv(written))
             atomic_write_text(out / "timings.csv", timings_csv(written))
+            atomic_write_text(out / "tasks.csv", tasks_csv(written))
 
         def on_checkpoint(state: dict[str, Any]) -> None:
             atomic_torch_save(ckpt_path, state)
@@ -116,7 +129,10 @@ def run_training(
             on_snapshot=save_snapshot,
             on_checkpoint=on_checkpoint,
             resume=ckpt,
-        )  # on_row has written metrics.csv and timings.csv with every row
+        )  # on_row has written metrics.csv, timings.csv and tasks.csv with every row
+        sc = sim.scenario
+        matrix = accuracy_matrix_rows([r for row in rows for r in row.get("_tasks", [])], sc.tasks, sc.rounds_per_task)
+        atomic_write_text(out / "accuracy_matrix.csv", table_csv(matrix, ["after_task", "task", "accuracy"]))
         atomic_torch_save(out / "model.pt", {k: v.cpu() for k, v in sim.global_params.items()})
     except BaseException as e:
         record.update(

@@ -62,12 +62,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from .methods.base import FedAvg, StepTerms
-from .models import Classifier
+from .methods.base import FedAvg, StepTerms, masked_logits
+from .models import Classifier, TaskHeads
 
 # the hooks that shape local training; ``client_end`` (what a client uploads) may differ from
 # FedAvg's: the engine runs it for each client on its trained weights after the batched pass
-TRAINING_HOOKS = ("client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad")
+TRAINING_HOOKS = ("client_task_begin", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad")
 
 
 # the hooks a method may override and still train batched, when it states their effect
@@ -106,13 +106,19 @@ def why_not_vectorized(
     """None if clients can be trained together, else the reason (recorded in run.json)."""
     if any(True for _ in model.buffers()):
         return "the model has buffers (e.g. BatchNorm running statistics)"
+    if isinstance(getattr(model, "head", None), TaskHeads):
+        return "per-task heads (the batched path trains every parameter of the model)"
     return method_not_vectorized(method_cls, optimizer_name, drop_last)
+
+
+# positions -> (x, y, logit mask or None) of the engine's training rows (ClientData.batch)
+Batcher = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]]
 
 
 @dataclass
 class ClientJob:
     cid: int
-    start: int  # the client's rows are start:start+n of the engine's data (sorted by client)
+    start: int  # the client's rows are positions start:start+n of the engine's data (ClientData)
     n: int
     generator: torch.Generator  # the client's shuffling generator, keyed as in train_client
 
@@ -230,8 +236,7 @@ def _batch_table(jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.
 def train_clients_together(
     model: nn.Module,
     global_params: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    y: torch.Tensor,
+    batch: Batcher,
     jobs: Sequence[ClientJob],
     *,
     lr: float,
@@ -242,11 +247,12 @@ def train_clients_together(
     step_terms: Callable[[list[int]], StepTerms | None] | None = None,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
-    ``x``, ``y`` are the engine's training data, sorted by client (``ClientJob.start``).
+    ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
+    ``ClientData.batch``): (x, y, logit mask or None), each [*pos.shape, ...].
     ``step_terms(order)``: the method's per-step loss and gradient terms
     (``FedAvg.stacked_step_terms``) for the jobs in that order (indices into ``jobs``), the
     order of the stack. Results come back in the order of ``jobs``."""
-    device = x.device
+    device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
     terms = None if step_terms is None else step_terms(order)
     jobs_sorted = [jobs[j] for j in order]
@@ -258,19 +264,18 @@ def train_clients_together(
     bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else None
     loss_sum = torch.zeros(m, device=device)
 
-    def client_loss(p, xb, yb, mask):
-        logits = functional_call(model, p, (xb,))
+    def client_loss(p, xb, yb, mask, lm):
+        logits = masked_logits(functional_call(model, p, (xb,)), lm)
         per = F.cross_entropy(logits, yb, reduction="none") * mask
         return per.sum() / mask.sum()
 
     one_fn = grad_and_value(client_loss)
-    step_fn = vmap(one_fn)
     use_stacked = stacked_supported(model) is None
 
-    def stacked_step(p_act, xb, yb, mask):
+    def stacked_step(p_act, xb, yb, mask, lm):
         """(gradients, losses) of every client in the stack: the same values as ``step_fn``."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
-        logits = stacked_forward(model, leaves, xb)  # [a, w, C]
+        logits = masked_logits(stacked_forward(model, leaves, xb), lm)  # [a, w, C]
         per = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(mask.shape)
         losses = (per * mask).sum(1) / mask.sum(1)  # each client's mean over its real rows
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
@@ -313,10 +318,10 @@ def train_clients_together(
         for k in ks:
             if k >= steps[i]:
                 break
-            rows = table[i, k, : int(width[i, k])]
+            xb, yb, lm = batch(table[i, k, : int(width[i, k])])
             leaves = {n: v.detach().requires_grad_() for n, v in p_i.items()}
-            logits = functional_call(net, {n: v[0] for n, v in leaves.items()}, (x[rows],), tie_weights=tied)
-            loss = F.cross_entropy(logits, y[rows]).unsqueeze(0)
+            logits = functional_call(net, {n: v[0] for n, v in leaves.items()}, (xb,), tie_weights=tied)
+            loss = F.cross_entropy(masked_logits(logits, lm), yb).unsqueeze(0)
             grads = dict(zip(names, torch.autograd.grad(loss, list(leaves.values()))))
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach())
             with torch.no_grad():
@@ -389,20 +394,21 @@ def train_clients_together(
         w = int(width[:active, k].max())
         idx = table[:active, k, :w]  # [a, w]
         safe = idx.clamp(min=0)
-        xb, yb = x[safe], y[safe]  # [a, w, ...]: one gather for all clients
-        mask = (idx >= 0).to(x.dtype)
+        xb, yb, lm = batch(safe)  # [a, w, ...]: one gather for all clients
+        mask = (idx >= 0).to(xb.dtype)
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
-            grads, losses = stacked_step(p_act, xb, yb, mask)
+            grads, losses = stacked_step(p_act, xb, yb, mask, lm)
         elif active == 1:  # one client left (a large client's tail): no vmap overhead
             p_act = {n: v[0] for n, v in params.items()}
-            g1, l1 = one_fn(p_act, xb[0], yb[0], mask[0])
+            g1, l1 = one_fn(p_act, xb[0], yb[0], mask[0], None if lm is None else lm[0])
             grads = {n: g.unsqueeze(0) for n, g in g1.items()}
             losses = l1.unsqueeze(0)
             p_act = {n: v[:1] for n, v in params.items()}
         else:
             p_act = {n: v[:active] for n, v in params.items()}
-            grads, losses = step_fn(p_act, xb, yb, mask)
+            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, None if lm is None else 0))
+            grads, losses = step_fn(p_act, xb, yb, mask, lm)
         grads, losses = add_terms(0, active, p_act, grads, losses.detach())
         loss_sum[:active] += losses
         with torch.no_grad():

@@ -40,7 +40,7 @@ def sd(w: float, b: float):
 class Quadratic(Scaffold):
     """SCAFFOLD with a loss whose gradient is easy by hand: 0.5 (logit - y)^2."""
 
-    def task_loss(self, logits, y):
+    def task_loss(self, ctx, logits, y):
         return 0.5 * ((logits - y) ** 2).sum()
 
 
@@ -128,7 +128,7 @@ def test_momentum_divisor(divisor):
     weights move by eta_l * a * g with a = 5.61 (FedNova's effective steps), not eta_l * 3 * g."""
 
     class Linear(Scaffold):
-        def task_loss(self, logits, y):
+        def task_loss(self, ctx, logits, y):
             return logits.sum()
 
     method = Linear(Scaffold.Params(divisor=divisor), INFO)

@@ -15,6 +15,20 @@ A federated round, as the engine (``fedforget.engine``) runs it::
     server.global_params = method.aggregate(server, uploads) # default: FedAvg, weighted by n_k
     method.after_aggregate(server, uploads)                  # e.g. distillation, FedDyn h
     metrics row += method.round_metrics(server)              # method diagnostics
+    evaluation: method.predict(server, model, x, task)       # scores; default the logits
+
+Tasks (the continual track; a one-task experiment is the case T = 1, where only the first
+task's hooks run, once). The scenario (``fedforget.data.scenario``, ``info.scenario``) maps
+each round to the server's task and each (client, round) to the client's task::
+
+    at a task's first round:  method.server_task_begin(server)            # server.task = t
+    a client's first local training on its task t (ctx.task = t):
+        method.client_task_begin(ctx)                        # before client_begin
+    after the task's last round (aggregated):
+        for every client with data in task t:
+            report_k = method.client_task_end(ctx)           # ctx.model = the task's final
+                                                             # global model, ctx.data its data
+        method.server_task_end(server, {k: report_k})        # e.g. GPM/FOT bases
 
 Clients trained together (``fedforget.vectorized``, the batched engine) run FedAvg's local
 step for all sampled clients at once. A method whose local-training change is a term added
@@ -49,8 +63,10 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..clientdata import TaskView
     from ..config import TrainSpec
     from ..data import PublicSet
+    from ..data.scenario import Scenario
     from ..models import Classifier
 
 Params = dict[str, torch.Tensor]
@@ -81,6 +97,13 @@ class ClientContext:
     # rounds nor checkpointed (that is ``state``). A method object is shared by all clients,
     # so per-client values live here, not on it.
     scratch: dict[str, SimpleNamespace] = field(default_factory=dict)
+    task: int = 0  # the client's current task (fedforget.data.scenario)
+    # the client's training data of its current task (a ``TaskView``: len(), ``batch(pos)``,
+    # ``sample(m, generator)``, ``all()``), reachable in every hook, client_task_end included
+    data: TaskView | None = None
+    # the classes the loss may score, for this step's rows: bool [B, C] (task-incremental
+    # scenarios mask logits outside each row's task), None where every class counts
+    logit_mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -103,6 +126,7 @@ class ServerContext:
     public: PublicSet | None
     state: dict[str, Any] = field(default_factory=dict)
     broadcast: dict[str, Any] = field(default_factory=dict)
+    task: int = 0  # the server's current task
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,7 @@ class RunInfo:
     seed: int
     num_clients: int  # K, all clients (not only those sampled in a round)
     train: TrainSpec  # rounds, local epochs, batch size, optimizer (lr, momentum, ...)
+    scenario: Scenario | None = None  # the task stream (tasks, classes per task, setting)
 
 
 def check_number(name: str, value: object, positive: bool = False) -> None:
@@ -144,6 +169,12 @@ def to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, tuple):
         return tuple(to_device(v, device) for v in obj)
     return obj
+
+
+def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` [..., C] with the classes outside ``mask`` (bool, broadcastable) set to
+    -inf, so softmax and arg-max see only the allowed classes (their gradient is 0)."""
+    return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
 
 
 def flatten_state(params: Params) -> torch.Tensor:
@@ -228,16 +259,48 @@ class FedAvg:
         """Method diagnostics added to this round's metrics row (prefixed by the method)."""
         return {}
 
+    def server_task_begin(self, server: ServerContext) -> None:
+        """Start of task ``server.task`` (before its first round's broadcast)."""
+
+    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        """End of task ``server.task``, after its last round's aggregation: ``reports`` maps
+        each client with data in the task to what its ``client_task_end`` returned (clients
+        that returned None are left out)."""
+
+    def predict(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
+    ) -> torch.Tensor:
+        """Scores [B, C] of test inputs ``x`` (prediction = arg-max; the test loss is their
+        cross-entropy); ``model`` holds the global weights, in eval mode. ``task``: the task
+        the inputs come from where evaluation is task-aware (task-incremental), else None;
+        the evaluator masks the classes outside that task afterwards. Default: the model's
+        logits (with per-task heads, that task's head, or each class's newest head).
+        iCaRL's nearest-mean classifier or FedProTIP's task routing replace it."""
+        return model.logits(x, task)  # type: ignore[operator]
+
     # ---------------------------------------------------------------- client side
     def scratch(self, ctx: ClientContext) -> SimpleNamespace:
         """This method's working values for ``ctx``'s client in this round."""
         return ctx.scratch.setdefault(self.name, SimpleNamespace())
 
+    def client_task_begin(self, ctx: ClientContext) -> None:
+        """The client's first local training on task ``ctx.task`` (before client_begin;
+        ctx.model holds the global weights, ctx.data the task's data)."""
+
+    def client_task_end(self, ctx: ClientContext) -> Any:
+        """End of task ``ctx.task`` for a client with data in it: ctx.model holds the task's
+        final global model, ctx.data the client's data of the task, ctx.state its state.
+        Returns what the client sends to ``server_task_end`` (None: nothing). Runs for every
+        client with data in the task, sampled in its last round or not."""
+        return None
+
     def client_begin(self, ctx: ClientContext) -> None:
         """Start of local training (ctx.model holds the global weights)."""
 
-    def task_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, y)
+    def task_loss(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss on the minibatch's labels: cross-entropy over the classes the step may
+        score (``ctx.logit_mask``: a task-incremental scenario's task classes)."""
+        return F.cross_entropy(masked_logits(logits, ctx.logit_mask), y)
 
     def extra_loss(
         self,
@@ -254,7 +317,7 @@ class FedAvg:
         """L_k(w) on one minibatch: task_loss + extra_loss (what backward differentiates;
         SAM-style methods evaluate it twice per step)."""
         features, logits = ctx.model.forward_with_features(x)
-        loss = self.task_loss(logits, y)
+        loss = self.task_loss(ctx, logits, y)
         extra = self.extra_loss(ctx, x, y, features, logits)
         return loss if extra is None else loss + extra
 

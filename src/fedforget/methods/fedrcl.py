@@ -219,7 +219,7 @@ class FedRCL(FedAvg):
         self.scratch(ctx).sums += torch.stack([l_scl.detach(), l_div.detach()])
         self.scratch(ctx).n += 1
         # L = L_CE + weight * L_RCL
-        loss = self.task_loss(logits, y) + p.weight * (l_scl + p.beta * l_div)
+        loss = self.task_loss(ctx, logits, y) + p.weight * (l_scl + p.beta * l_div)
         loss.backward()
         return loss
 

@@ -209,7 +209,7 @@ class FedSOL(OverBase):
 
     def local_loss_from(self, ctx, x, y, features, logits) -> torch.Tensor:
         """L_local: CE, plus the base method's term if base_loss."""
-        loss = self.task_loss(logits, y)
+        loss = self.task_loss(ctx, logits, y)
         if self.p.base_loss:
             extra = self.base.extra_loss(ctx, x, y, features, logits)
             if extra is not None:
@@ -293,7 +293,7 @@ class FedSOL(OverBase):
         if value is not None:
             self._record(ctx, "prox_loss", value)
         g_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])))
-        ce = self.task_loss(logits.detach(), y)
+        ce = self.task_loss(ctx, logits.detach(), y)
 
         if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
             loss = self.local_loss_from(ctx, x, y, features, logits)

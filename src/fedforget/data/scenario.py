@@ -1,0 +1,238 @@
+"""Scenarios: how a dataset becomes a stream of tasks (the continual track).
+
+A dataset entry of a config may declare ``scenario``; without one the experiment is the
+one-task scenario (``kind: none``: one task holding every class, no transform), which is
+how every non-continual experiment runs, through the same code path.
+
+    scenario:
+      kind: split            # none | split | rotated | permuted
+      tasks: 5
+      classes_per_task: 2    # split: task t holds classes class_order[t*c:(t+1)*c]
+      class_order: natural   # split: natural (0, 1, ...) | shuffled (by seed)
+      incremental: class     # class | task (split);  domain | task (rotated, permuted)
+      rounds_per_task: 10    # train.rounds must be tasks x rounds_per_task
+      rotation: [0, 180]     # rotated: task t's angle ~ U(rotation), in degrees
+      heads: shared          # shared | per_task (one linear head per task, earlier ones frozen)
+      boundaries: sync       # sync | {samples_per_window: S, window_rounds: W}
+      seed: 0                # the scenario's own seed (class order, angles, permutations)
+
+Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
+- split: task t is the training and test rows of its classes. ``incremental: class``
+  (class-IL) scores every class at test time; ``task`` (task-IL) masks the logits outside
+  the task's classes, in training and at test time (the task is known).
+- rotated / permuted (domain-IL): every task holds every row, seen through its transform:
+  a rotation by the task's angle (bilinear, zeros outside the image), or a fixed pixel
+  permutation of the flattened input. Transforms act on the device after the minibatch
+  gather, per row (its task's transform), so a batch may mix tasks (asynchronous
+  boundaries). ``incremental: task`` gives the task id at test time (with per-task heads).
+- Clients: the partition assigns each training row to one client [D]; client k's data in
+  task t are its rows in task t. A scheme drawn per class (Dirichlet, shards, classes)
+  restricted to a task's classes is that scheme within the task, as FedGP partitions each
+  task with Dirichlet; domain-IL clients keep their rows in every task (each client has
+  two digits of rotated MNIST in FedGP's setup). A client may hold nothing of a task (it
+  then does not train while the task runs).
+- Boundaries: ``sync`` [P]: every client trains on task t in rounds t*R+1 .. (t+1)*R.
+  Asynchronous [P, fedgp.md Table 4]: each client traverses its own stream (its rows of
+  task 0, then task 1, ...) at S samples per window of W rounds: in window w it trains on
+  stream positions w*S .. (w+1)*S-1 (the last S once the stream is exhausted [D]), whatever
+  tasks they come from; its task is that of its newest sample. The server's task (for
+  evaluation and the server task hooks) follows the nominal schedule of R rounds per task.
+- Randomness is keyed by the scenario seed alone [D]: class order, angles and permutations
+  depend on nothing else, never on run order or the training seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..utils import FedForgetError, seed_sequence
+
+KINDS = ("none", "split", "rotated", "permuted")
+SETTINGS = {"none": ("class",), "split": ("class", "task"), "rotated": ("domain", "task"), "permuted": ("domain", "task")}
+HEADS = ("shared", "per_task")
+CLASS_ORDERS = ("natural", "shuffled")
+_STREAM = 0x5C3A  # numpy SeedSequence stream tag of scenario randomness
+
+DEFAULTS: dict[str, Any] = {
+    "kind": "none",
+    "tasks": 1,
+    "classes_per_task": None,
+    "class_order": "natural",
+    "incremental": None,  # class for split, domain for rotated / permuted
+    "rounds_per_task": None,  # = train.rounds for one task
+    "rotation": [0.0, 180.0],
+    "heads": "shared",
+    "boundaries": "sync",
+    "seed": 0,
+}
+
+
+def resolve_scenario(raw: Mapping[str, Any] | None, num_classes: int, input_shape: tuple[int, ...], key: str) -> dict[str, Any] | None:
+    """A config's scenario block with defaults filled in and checked against the dataset
+    (one error naming the key, the value and what is allowed); None for no block (the
+    one-task scenario)."""
+    if not raw:
+        return None
+    s = {**DEFAULTS, **raw}
+    kind = s["kind"]
+    if kind not in KINDS:
+        raise FedForgetError(f"{key}.kind={kind!r}; allowed: {', '.join(KINDS)}")
+    if kind == "none" and s["tasks"] != 1:
+        raise FedForgetError(f"{key}.tasks={s['tasks']} with kind 'none'; allowed: 1 (or a kind: split, rotated, permuted)")
+    s["incremental"] = s["incremental"] or SETTINGS[kind][0]
+    if s["incremental"] not in SETTINGS[kind]:
+        raise FedForgetError(f"{key}.incremental={s['incremental']!r} for kind '{kind}'; allowed: {', '.join(SETTINGS[kind])}")
+    if kind == "split":
+        c = s["classes_per_task"]
+        if c is None:
+            raise FedForgetError(f"{key}.classes_per_task is required for kind 'split'")
+        if s["tasks"] * c > num_classes:
+            raise FedForgetError(
+                f"{key}: tasks x classes_per_task = {s['tasks']} x {c} = {s['tasks'] * c} is more than the dataset's "
+                f"{num_classes} classes; allowed: at most {num_classes}"
+            )
+    elif s["classes_per_task"] is not None:
+        raise FedForgetError(f"{key}.classes_per_task is only for kind 'split' (kind is '{kind}')")
+    lo, hi = (float(v) for v in s["rotation"])
+    if not (0.0 <= lo <= hi <= 360.0):
+        raise FedForgetError(f"{key}.rotation={list(s['rotation'])}; allowed: [low, high] with 0 <= low <= high <= 360")
+    s["rotation"] = [lo, hi]
+    if kind == "rotated" and len(input_shape) != 3:
+        raise FedForgetError(f"{key}.kind='rotated' needs images [C, H, W]; the dataset's inputs have shape {list(input_shape)}")
+    if s["heads"] not in HEADS:
+        raise FedForgetError(f"{key}.heads={s['heads']!r}; allowed: {', '.join(HEADS)}")
+    if s["class_order"] not in CLASS_ORDERS:
+        raise FedForgetError(f"{key}.class_order={s['class_order']!r}; allowed: {', '.join(CLASS_ORDERS)}")
+    b = s["boundaries"]
+    if b != "sync":
+        if not isinstance(b, Mapping) or set(b) != {"samples_per_window", "window_rounds"}:
+            raise FedForgetError(f"{key}.boundaries={b!r}; allowed: sync | {{samples_per_window: S, window_rounds: W}}")
+        s["boundaries"] = {k: int(v) for k, v in b.items()}
+        if s["heads"] == "per_task":
+            raise FedForgetError(f"{key}.heads='per_task' needs boundaries: sync (a batch of an asynchronous window mixes tasks)")
+    return s
+
+
+def check_rounds(s: dict[str, Any] | None, rounds: int, key: str) -> None:
+    """train.rounds must cover the scenario's tasks: tasks x rounds_per_task."""
+    if s is None or s["rounds_per_task"] is None:
+        return
+    if rounds != s["tasks"] * s["rounds_per_task"]:
+        raise FedForgetError(
+            f"{key}: train.rounds={rounds}, but the scenario has {s['tasks']} tasks x rounds_per_task "
+            f"{s['rounds_per_task']} = {s['tasks'] * s['rounds_per_task']} rounds; allowed: {s['tasks'] * s['rounds_per_task']}"
+        )
+
+
+@dataclass
+class Scenario:
+    """A resolved scenario for one run: which rows and classes each task holds, each task's
+    transform, the round schedule. ``Scenario.one_task(...)`` is the non-continual case."""
+
+    kind: str
+    tasks: int
+    incremental: str
+    rounds_per_task: int
+    task_classes: list[list[int]]
+    heads: str
+    window: tuple[int, int] | None  # (samples per window, rounds per window); None: sync
+    angles: list[float]  # rotated: degrees per task
+    perms: torch.Tensor | None  # permuted: [T, D] long
+    num_classes: int
+
+    @classmethod
+    def build(cls, spec: Mapping[str, Any] | None, num_classes: int, input_shape: tuple[int, ...], rounds: int) -> Scenario:
+        s = dict(spec) if spec else {**DEFAULTS, "incremental": "class"}
+        t = int(s["tasks"])
+        rng = np.random.default_rng(seed_sequence(int(s["seed"]), _STREAM))
+        if s["kind"] == "split":
+            order = list(range(num_classes))
+            if s["class_order"] == "shuffled":
+                order = [int(c) for c in rng.permutation(num_classes)]
+            c = int(s["classes_per_task"])
+            task_classes = [sorted(order[i * c : (i + 1) * c]) for i in range(t)]
+        else:
+            task_classes = [list(range(num_classes)) for _ in range(t)]
+        angles = [float(a) for a in rng.uniform(*s["rotation"], size=t)] if s["kind"] == "rotated" else []
+        perms = None
+        if s["kind"] == "permuted":
+            d = math.prod(input_shape)
+            perms = torch.as_tensor(np.stack([rng.permutation(d) for _ in range(t)]), dtype=torch.long)
+        b = s["boundaries"]
+        return cls(
+            kind=s["kind"], tasks=t, incremental=s["incremental"],
+            rounds_per_task=int(s["rounds_per_task"] or rounds), task_classes=task_classes, heads=s["heads"],
+            window=None if b == "sync" else (b["samples_per_window"], b["window_rounds"]),
+            angles=angles, perms=perms, num_classes=num_classes,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ schedule
+    def task_of_round(self, rnd: int) -> int:
+        """The server's task in round ``rnd`` (1-based; round 0, before training: task 0)."""
+        return min(max(rnd - 1, 0) // self.rounds_per_task, self.tasks - 1)
+
+    def starts_task(self, rnd: int) -> bool:
+        return rnd >= 1 and (rnd - 1) % self.rounds_per_task == 0 and (rnd - 1) // self.rounds_per_task < self.tasks
+
+    def ends_task(self, rnd: int) -> bool:
+        return rnd >= 1 and rnd % self.rounds_per_task == 0 and rnd // self.rounds_per_task <= self.tasks
+
+    def window_of_round(self, rnd: int) -> int:
+        assert self.window is not None
+        return (rnd - 1) // self.window[1]
+
+    # ------------------------------------------------------------------ rows and classes
+    @property
+    def masked(self) -> bool:
+        """Task-IL: logits outside the task's classes are masked (training and test)."""
+        return self.incremental == "task" and self.kind == "split"
+
+    @property
+    def task_aware(self) -> bool:
+        """Evaluation is given the task id (task-IL)."""
+        return self.incremental == "task"
+
+    @property
+    def transforms(self) -> bool:
+        return self.kind in ("rotated", "permuted")
+
+    def class_mask(self, device: torch.device) -> torch.Tensor:
+        """bool [T, C]: the classes of each task."""
+        m = torch.zeros(self.tasks, self.num_classes, dtype=torch.bool)
+        for t, cls in enumerate(self.task_classes):
+            m[t, cls] = True
+        return m.to(device)
+
+    def rows_of_task(self, y: np.ndarray, t: int) -> np.ndarray:
+        """bool [N]: the rows (of a training or test split with labels ``y``) in task t."""
+        if self.kind != "split":
+            return np.ones(len(y), dtype=bool)
+        return np.isin(y, self.task_classes[t])
+
+    def transform(self, x: torch.Tensor, task: torch.Tensor | int) -> torch.Tensor:
+        """Rows ``x`` [..., *input_shape] seen through their tasks' transforms (``task``: one
+        task id, or one per row, shaped like x's leading dimensions)."""
+        if not self.transforms:
+            return x
+        ids = torch.as_tensor(task, device=x.device)
+        n_lead = max(ids.dim(), 1)
+        flat = x.reshape(-1, *x.shape[n_lead:])  # [N, *input_shape]
+        ids = ids.reshape(-1) if ids.dim() else ids.expand(flat.shape[0])
+        if self.kind == "permuted":
+            perms = self.perms.to(x.device)[ids]  # [N, D]
+            out = flat.flatten(1).gather(1, perms).view_as(flat)
+        else:
+            ang = torch.as_tensor(self.angles, dtype=x.dtype, device=x.device)[ids] * (math.pi / 180.0)
+            cos, sin = torch.cos(ang), torch.sin(ang)
+            zero = torch.zeros_like(cos)
+            theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
+            grid = F.affine_grid(theta, list(flat.shape), align_corners=False)
+            out = F.grid_sample(flat, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        return out.reshape(x.shape)

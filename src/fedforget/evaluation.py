@@ -1,0 +1,85 @@
+"""Evaluation of the global (and local) models on every task's test set.
+
+After every evaluated round the global model is scored on each task of the scenario (the
+tasks not yet trained too, for forward transfer), through the method's ``predict`` hook
+(default: the logits; iCaRL's nearest-mean classifier or FedProTIP's task routing replace
+it). Task-incremental scenarios give ``predict`` the task id and mask the scores outside
+the task's classes. The per-task rows (round, current task, task, accuracy, loss) are
+the run's ``tasks.csv``; at the last round of task t they are row t of the accuracy matrix
+a[t][i] (``fedforget.continual``). The metrics row's ``global_model_test_acc`` / ``loss``
+are the mean over the tasks seen so far (0..current): FedGP's Acc_t [P]; in a one-task
+run, the accuracy on the whole test set, as before."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .clientdata import TestSets
+from .data.scenario import Scenario
+from .methods import FedAvg, ServerContext
+from .methods.base import masked_logits
+from .metrics import classwise_accuracy
+
+
+class Evaluator:
+    def __init__(
+        self, test: TestSets, scenario: Scenario, method: FedAvg, server: ServerContext, batch_size: int
+    ) -> None:
+        self.test, self.scenario, self.method, self.server = test, scenario, method, server
+        self.batch_size = batch_size
+        self.class_mask = scenario.class_mask(test.x.device) if scenario.masked else None
+
+    @torch.no_grad()
+    def task(self, model: nn.Module, t: int) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy of the scores) of ``model`` on task t's test rows."""
+        was_training = model.training
+        model.eval()
+        dev = self.test.x.device
+        correct = torch.zeros((), device=dev)
+        loss = torch.zeros((), device=dev, dtype=torch.float64)
+        given = t if self.scenario.task_aware else None
+        for x, y in self.test.batches(t, self.scenario, self.batch_size):
+            scores = self.method.predict(self.server, model, x, given)
+            if self.class_mask is not None:
+                scores = masked_logits(scores, self.class_mask[t])
+            correct += (scores.argmax(1) == y).sum()
+            loss += F.cross_entropy(scores, y, reduction="sum").double()
+        model.train(was_training)
+        n = max(len(self.test.rows[t]), 1)
+        return correct.item() / n, loss.item() / n
+
+    def seen_accuracy(self, model: nn.Module, current: int) -> float:
+        """Mean accuracy over tasks 0..current (a local model's score)."""
+        accs = [self.task(model, t)[0] for t in range(current + 1)]
+        return sum(accs) / len(accs)
+
+    def global_model(
+        self, model: nn.Module, current: int, num_classes: int, diagnostics: Sequence[str]
+    ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """(metrics-row columns, per-task rows) of the global model ``model`` while the
+        server trains task ``current``."""
+        res = [self.task(model, t) for t in range(self.scenario.tasks)]
+        seen = res[: current + 1]
+        row = {
+            "global_model_test_acc": sum(a for a, _ in seen) / len(seen),
+            "global_model_test_loss": sum(lo for _, lo in seen) / len(seen),
+        }
+        if "classwise_accuracy" in diagnostics:  # the raw test set, every class
+            accs = classwise_accuracy(model, self.test.x, self.test.y, num_classes, self.batch_size)
+            row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
+        tasks = [{"current_task": current, "task": t, "accuracy": a, "loss": lo} for t, (a, lo) in enumerate(res)]
+        return row, tasks
+
+    @property
+    def plain(self) -> bool:
+        """One task, no mask, the default predict: a local model's score is its accuracy on
+        the whole test set, which ``vectorized.evaluate_stacked`` takes for all at once."""
+        return (
+            self.scenario.tasks == 1 and self.class_mask is None
+            and type(self.method).predict is FedAvg.predict and not self.scenario.transforms
+        )  # fmt: skip
