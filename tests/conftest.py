@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
-from fedforget.data import dataset_id, prepare_dataset
+from fedforget.data import DATASETS, dataset_id, prepare_dataset
+from fedforget.data.scenario import resolve_scenario
 from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +83,7 @@ def make_run_config(data_root, tmp_path):
         params: dict[str, Any] | None = None,
         seed: int = 0,
         public: dict[str, Any] | None = None,
+        scenario: dict[str, Any] | None = None,
         **train: Any,
     ) -> RunConfig:
         options = dict(options or {})
@@ -99,8 +101,11 @@ def make_run_config(data_root, tmp_path):
             client_engine="sequential",
         )
         ts = replace(base, **train)
+        if scenario is not None:  # a raw scenario block (fedforget.data.scenario), resolved
+            info = DATASETS.get(dataset)
+            scenario = resolve_scenario(scenario, info.num_classes, tuple(info.input_shape(info.resolve(options))), "scenario")
         ds = DatasetSpec(
-            dataset, options, model, dict(model_options or {}), public, dataset_id(dataset, options)
+            dataset, options, model, dict(model_options or {}), public, dataset_id(dataset, options), scenario
         )
         return RunConfig(
             experiment="test",
