@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import fedforget
 from fedforget.config import RunConfig
 from fedforget.data import load_dataset
-from fedforget.engine import BASE_COLUMNS, INIT_STREAM, SHUFFLE_STREAM, Simulation, sample_clients
+from fedforget.engine import BASE_COLUMNS, INIT_STREAM, Simulation, sample_clients
+from fedforget.local import SHUFFLE_STREAM
 from fedforget.methods import METHODS, FedAvg
 from fedforget.models import build_model
 from fedforget.partition import PartitionSpec, client_indices, make_partition, save_partition
@@ -427,7 +428,7 @@ def test_local_optimizer_is_multi_tensor_and_bitwise_equal_to_the_plain_loop(nam
     import copy
 
     from fedforget.config import OptimizerSpec
-    from fedforget.engine import make_optimizer
+    from fedforget.local import make_optimizer
 
     torch.manual_seed(0)
     model = build_model("cnn2d", (1, 8, 8), 10)

@@ -92,7 +92,9 @@ class TaskView:
         """Rows ``pos`` of this view (0-based positions within it)."""
         return self.data.batch(pos + self.start)
 
-    def sample(self, m: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def sample(
+        self, m: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """min(m, len) rows drawn without replacement with ``generator`` (a CPU generator)."""
         pos = torch.randperm(len(self), generator=generator)[:m]
         return self.batch(pos.to(self.data.rows.device))
@@ -127,7 +129,9 @@ class RunData:
     scenario: Scenario
 
 
-def load_run_data(cfg: RunConfig, device: torch.device, public_labels: bool, verify: bool = True) -> RunData:
+def load_run_data(
+    cfg: RunConfig, device: torch.device, public_labels: bool, verify: bool = True
+) -> RunData:
     """The prepared dataset split over clients by the run's partition (the file the workflow
     wrote, checked against the config; without the workflow the same deterministic partition
     is drawn in memory), moved to ``device``. ``public_labels``: whether the method may see
@@ -173,7 +177,10 @@ def load_run_data(cfg: RunConfig, device: torch.device, public_labels: bool, ver
     test = TestSets(
         torch.as_tensor(data.x_test, device=device),
         torch.as_tensor(data.y_test, device=device),
-        [torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t)), device=device) for t in range(sc.tasks)],
+        [
+            torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t)), device=device)
+            for t in range(sc.tasks)
+        ],
     )
     if public is not None:
         public.x = torch.as_tensor(public.x, device=device)

@@ -28,7 +28,12 @@ from .metrics import classwise_accuracy
 
 class Evaluator:
     def __init__(
-        self, test: TestSets, scenario: Scenario, method: FedAvg, server: ServerContext, batch_size: int
+        self,
+        test: TestSets,
+        scenario: Scenario,
+        method: FedAvg,
+        server: ServerContext,
+        batch_size: int,
     ) -> None:
         self.test, self.scenario, self.method, self.server = test, scenario, method, server
         self.batch_size = batch_size
@@ -72,7 +77,10 @@ class Evaluator:
         if "classwise_accuracy" in diagnostics:  # the raw test set, every class
             accs = classwise_accuracy(model, self.test.x, self.test.y, num_classes, self.batch_size)
             row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
-        tasks = [{"current_task": current, "task": t, "accuracy": a, "loss": lo} for t, (a, lo) in enumerate(res)]
+        tasks = [
+            {"current_task": current, "task": t, "accuracy": a, "loss": lo}
+            for t, (a, lo) in enumerate(res)
+        ]
         return row, tasks
 
     @property

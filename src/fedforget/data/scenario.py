@@ -55,7 +55,12 @@ import torch.nn.functional as F
 from ..utils import FedForgetError, seed_sequence
 
 KINDS = ("none", "split", "rotated", "permuted")
-SETTINGS = {"none": ("class",), "split": ("class", "task"), "rotated": ("domain", "task"), "permuted": ("domain", "task")}
+SETTINGS = {
+    "none": ("class",),
+    "split": ("class", "task"),
+    "rotated": ("domain", "task"),
+    "permuted": ("domain", "task"),
+}
 HEADS = ("shared", "per_task")
 CLASS_ORDERS = ("natural", "shuffled")
 _STREAM = 0x5C3A  # numpy SeedSequence stream tag of scenario randomness
@@ -74,7 +79,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def resolve_scenario(raw: Mapping[str, Any] | None, num_classes: int, input_shape: tuple[int, ...], key: str) -> dict[str, Any] | None:
+def resolve_scenario(
+    raw: Mapping[str, Any] | None, num_classes: int, input_shape: tuple[int, ...], key: str
+) -> dict[str, Any] | None:
     """A config's scenario block with defaults filled in and checked against the dataset
     (one error naming the key, the value and what is allowed); None for no block (the
     one-task scenario)."""
@@ -85,10 +92,14 @@ def resolve_scenario(raw: Mapping[str, Any] | None, num_classes: int, input_shap
     if kind not in KINDS:
         raise FedForgetError(f"{key}.kind={kind!r}; allowed: {', '.join(KINDS)}")
     if kind == "none" and s["tasks"] != 1:
-        raise FedForgetError(f"{key}.tasks={s['tasks']} with kind 'none'; allowed: 1 (or a kind: split, rotated, permuted)")
+        raise FedForgetError(
+            f"{key}.tasks={s['tasks']} with kind 'none'; allowed: 1 (or a kind: split, rotated, permuted)"
+        )
     s["incremental"] = s["incremental"] or SETTINGS[kind][0]
     if s["incremental"] not in SETTINGS[kind]:
-        raise FedForgetError(f"{key}.incremental={s['incremental']!r} for kind '{kind}'; allowed: {', '.join(SETTINGS[kind])}")
+        raise FedForgetError(
+            f"{key}.incremental={s['incremental']!r} for kind '{kind}'; allowed: {', '.join(SETTINGS[kind])}"
+        )
     if kind == "split":
         c = s["classes_per_task"]
         if c is None:
@@ -102,21 +113,31 @@ def resolve_scenario(raw: Mapping[str, Any] | None, num_classes: int, input_shap
         raise FedForgetError(f"{key}.classes_per_task is only for kind 'split' (kind is '{kind}')")
     lo, hi = (float(v) for v in s["rotation"])
     if not (0.0 <= lo <= hi <= 360.0):
-        raise FedForgetError(f"{key}.rotation={list(s['rotation'])}; allowed: [low, high] with 0 <= low <= high <= 360")
+        raise FedForgetError(
+            f"{key}.rotation={list(s['rotation'])}; allowed: [low, high] with 0 <= low <= high <= 360"
+        )
     s["rotation"] = [lo, hi]
     if kind == "rotated" and len(input_shape) != 3:
-        raise FedForgetError(f"{key}.kind='rotated' needs images [C, H, W]; the dataset's inputs have shape {list(input_shape)}")
+        raise FedForgetError(
+            f"{key}.kind='rotated' needs images [C, H, W]; the dataset's inputs have shape {list(input_shape)}"
+        )
     if s["heads"] not in HEADS:
         raise FedForgetError(f"{key}.heads={s['heads']!r}; allowed: {', '.join(HEADS)}")
     if s["class_order"] not in CLASS_ORDERS:
-        raise FedForgetError(f"{key}.class_order={s['class_order']!r}; allowed: {', '.join(CLASS_ORDERS)}")
+        raise FedForgetError(
+            f"{key}.class_order={s['class_order']!r}; allowed: {', '.join(CLASS_ORDERS)}"
+        )
     b = s["boundaries"]
     if b != "sync":
         if not isinstance(b, Mapping) or set(b) != {"samples_per_window", "window_rounds"}:
-            raise FedForgetError(f"{key}.boundaries={b!r}; allowed: sync | {{samples_per_window: S, window_rounds: W}}")
+            raise FedForgetError(
+                f"{key}.boundaries={b!r}; allowed: sync | {{samples_per_window: S, window_rounds: W}}"
+            )
         s["boundaries"] = {k: int(v) for k, v in b.items()}
         if s["heads"] == "per_task":
-            raise FedForgetError(f"{key}.heads='per_task' needs boundaries: sync (a batch of an asynchronous window mixes tasks)")
+            raise FedForgetError(
+                f"{key}.heads='per_task' needs boundaries: sync (a batch of an asynchronous window mixes tasks)"
+            )
     return s
 
 
@@ -148,7 +169,13 @@ class Scenario:
     num_classes: int
 
     @classmethod
-    def build(cls, spec: Mapping[str, Any] | None, num_classes: int, input_shape: tuple[int, ...], rounds: int) -> Scenario:
+    def build(
+        cls,
+        spec: Mapping[str, Any] | None,
+        num_classes: int,
+        input_shape: tuple[int, ...],
+        rounds: int,
+    ) -> Scenario:
         s = dict(spec) if spec else {**DEFAULTS, "incremental": "class"}
         t = int(s["tasks"])
         rng = np.random.default_rng(seed_sequence(int(s["seed"]), _STREAM))
@@ -160,11 +187,17 @@ class Scenario:
             task_classes = [sorted(order[i * c : (i + 1) * c]) for i in range(t)]
         else:
             task_classes = [list(range(num_classes)) for _ in range(t)]
-        angles = [float(a) for a in rng.uniform(*s["rotation"], size=t)] if s["kind"] == "rotated" else []
+        angles = (
+            [float(a) for a in rng.uniform(*s["rotation"], size=t)]
+            if s["kind"] == "rotated"
+            else []
+        )
         perms = None
         if s["kind"] == "permuted":
             d = math.prod(input_shape)
-            perms = torch.as_tensor(np.stack([rng.permutation(d) for _ in range(t)]), dtype=torch.long)
+            perms = torch.as_tensor(
+                np.stack([rng.permutation(d) for _ in range(t)]), dtype=torch.long
+            )
         b = s["boundaries"]
         return cls(
             kind=s["kind"], tasks=t, incremental=s["incremental"],
@@ -179,10 +212,18 @@ class Scenario:
         return min(max(rnd - 1, 0) // self.rounds_per_task, self.tasks - 1)
 
     def starts_task(self, rnd: int) -> bool:
-        return rnd >= 1 and (rnd - 1) % self.rounds_per_task == 0 and (rnd - 1) // self.rounds_per_task < self.tasks
+        return (
+            rnd >= 1
+            and (rnd - 1) % self.rounds_per_task == 0
+            and (rnd - 1) // self.rounds_per_task < self.tasks
+        )
 
     def ends_task(self, rnd: int) -> bool:
-        return rnd >= 1 and rnd % self.rounds_per_task == 0 and rnd // self.rounds_per_task <= self.tasks
+        return (
+            rnd >= 1
+            and rnd % self.rounds_per_task == 0
+            and rnd // self.rounds_per_task <= self.tasks
+        )
 
     def window_of_round(self, rnd: int) -> int:
         assert self.window is not None
@@ -229,10 +270,16 @@ class Scenario:
             perms = self.perms.to(x.device)[ids]  # [N, D]
             out = flat.flatten(1).gather(1, perms).view_as(flat)
         else:
-            ang = torch.as_tensor(self.angles, dtype=x.dtype, device=x.device)[ids] * (math.pi / 180.0)
+            ang = torch.as_tensor(self.angles, dtype=x.dtype, device=x.device)[ids] * (
+                math.pi / 180.0
+            )
             cos, sin = torch.cos(ang), torch.sin(ang)
             zero = torch.zeros_like(cos)
-            theta = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
+            theta = torch.stack(
+                [torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1
+            )
             grid = F.affine_grid(theta, list(flat.shape), align_corners=False)
-            out = F.grid_sample(flat, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+            out = F.grid_sample(
+                flat, grid, mode="bilinear", padding_mode="zeros", align_corners=False
+            )
         return out.reshape(x.shape)
