@@ -55,10 +55,13 @@ class ClientData:
         r = self.rows[self.offsets[k][0] : self.offsets[k][-1]]
         return self.x[r], self.y[r]
 
-    def view(self, k: int, rnd: int) -> TaskView:
+    def view(self, k: int, rnd: int, all_tasks: bool = False) -> TaskView:
         """Client k's data in round ``rnd``: its rows of the round's task (synchronous
-        boundaries), or its window of its stream (asynchronous)."""
+        boundaries), or its window of its stream (asynchronous); ``all_tasks``: every task's
+        rows (joint training)."""
         sc, o = self.scenario, self.offsets[k]
+        if all_tasks:
+            return TaskView(self, o[0], o[-1], sc.task_of_round(rnd))
         if sc.window is None:
             t = sc.task_of_round(rnd)
             return TaskView(self, o[t], o[t + 1], t)

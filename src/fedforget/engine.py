@@ -248,7 +248,7 @@ class Simulation(ClientSide):
             self.global_params = self.server.global_params
         self.server.broadcast = self.method.broadcast(self.server)
         # a client with no data in its task this round does not train
-        views = {c: v for c in sampled if len(v := self.clients.view(c, rnd))}
+        views = {c: v for c in sampled if len(v := self.round_view(c, rnd))}
         broadcast_params = self.global_params
         uploads, losses, stats, local_accs, eval_time = self.train_round(rnd, lr, views)
         if uploads:

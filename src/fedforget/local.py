@@ -63,6 +63,10 @@ class ClientSide:
             local_epochs=t.local_epochs, batch_size=t.batch_size, task=view.task, data=view,
         )  # fmt: skip
 
+    def round_view(self, cid: int, rnd: int) -> TaskView:
+        """Client ``cid``'s data in round ``rnd`` (every task's for joint training)."""
+        return self.clients.view(cid, rnd, type(self.method).sees_all_tasks)
+
     def offload(self, ctx: ClientContext) -> None:
         """The client's state back to host memory until it is sampled again (on a GPU)."""
         if self.offload_client_state:
@@ -89,7 +93,7 @@ class ClientSide:
         """Client ``cid``'s local training in round ``rnd`` on ``view`` (default: its data
         of the round)."""
         t = self.cfg.train
-        view = view or self.clients.view(cid, rnd)
+        view = view or self.round_view(cid, rnd)
         model = self.model
         self.load_params(model, self.global_params)
         model.train()
@@ -130,7 +134,7 @@ class ClientSide:
         for each client on its trained weights, as in ``train_client``."""
         t = self.cfg.train
         if not isinstance(views, dict):  # client ids: their data of the round
-            views = {c: self.clients.view(c, rnd) for c in views}
+            views = {c: self.round_view(c, rnd) for c in views}
         cids = list(views)
         jobs = [
             ClientJob(cid, views[cid].start, len(views[cid]),

@@ -228,6 +228,7 @@ class FedAvg:
     Params: type = NoParams
     needs_public: bool = False  # the experiment must declare a public set
     public_labels: bool = False  # the method may read the public set's labels
+    sees_all_tasks: bool = False  # clients train on all tasks' data at once (the joint upper bound)
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         self.check_train(info.train, params)

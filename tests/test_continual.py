@@ -1,0 +1,336 @@
+"""The continual track's core: scenarios (data/scenario.py), client data by (client, task),
+the task hooks, per-task evaluation and heads, and the one-task case equal to the
+non-continual engine byte for byte (tests/golden: metrics.csv written before scenarios
+existed)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
+from fedforget.data import load_dataset
+from fedforget.data.scenario import Scenario, resolve_scenario
+from fedforget.engine import Simulation
+from fedforget.methods import METHODS, FedAvg
+from fedforget.partition import PartitionSpec
+from fedforget.runner import run_training
+from fedforget.utils import FedForgetError
+
+GOLDEN = Path(__file__).parent / "golden"
+SPLIT = {"kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 2}
+
+
+def digits_run(data_root, tmp_path, scenario=None, method="fedavg", rounds=None, engine="sequential", **train):
+    s = resolve_scenario(scenario, 10, (1, 8, 8), "scenario") if scenario else None
+    rounds = rounds or (s["tasks"] * s["rounds_per_task"] if s else 3)
+    t = TrainSpec(
+        rounds=rounds, local_epochs=1, batch_size=32, sample_rate=1.0, threads=1, device="cpu",
+        client_engine=engine, optimizer=OptimizerSpec(lr=0.1, momentum=0.5), **train,
+    )  # fmt: skip
+    return RunConfig(
+        "t", DatasetSpec("digits", {}, "cnn2d", {}, None, "digits", s),
+        PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
+        MethodSpec(method, {}, method), 0, t, str(data_root), str(tmp_path / "results"),
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- one task == before
+
+
+@pytest.mark.parametrize("case", ["fedavg-sequential", "fedavg-vectorized", "scaffold-sequential", "fedsol-sequential"])
+def test_one_task_metrics_are_the_bytes_written_before_scenarios(case, data_root, tmp_path):
+    """tests/golden/<case>.metrics.csv were written by the engine before the continual
+    track (commit 7cc0342, torch 2.14.1 on a CPU); the one-task scenario must give the
+    same bytes. Float summation order can differ across torch builds and CPUs, so the
+    check runs where the golden files were made."""
+    if not torch.__version__.startswith("2.14.1"):
+        pytest.skip(f"golden files written with torch 2.14.1, this is {torch.__version__}")
+    from fedforget.data import prepare_public
+
+    method, engine = case.split("-")
+    pub = {"source": "holdout", "fraction": 0.1, "seed": 0}
+    prepare_public(pub, "digits", data_root)
+    t = TrainSpec(
+        rounds=3, local_epochs=2, batch_size=32, sample_rate=0.5, threads=1, device="cpu", client_engine=engine,
+        optimizer=OptimizerSpec(lr=0.1, momentum=0.5), diagnostics=("weight_divergence", "classwise_accuracy"),
+    )  # fmt: skip
+    rc = RunConfig(
+        "g", DatasetSpec("digits", {}, "cnn2d", {}, pub, "digits"),
+        PartitionSpec("dirichlet", clients=10, alpha=0.3, min_size=10, seed=0),
+        MethodSpec(method, {}, method), 0, t, str(data_root), str(tmp_path / "res"),
+    )  # fmt: skip
+    run_training(rc, tmp_path / "run", progress=False)
+    assert (tmp_path / "run/metrics.csv").read_bytes() == (GOLDEN / f"{case}.metrics.csv").read_bytes()
+    tasks = (tmp_path / "run/tasks.csv").read_text().splitlines()
+    assert tasks[0] == "round,current_task,task,accuracy,loss" and len(tasks) == 1 + 4  # rounds 0-3, task 0
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def test_split_tasks_classes_and_views_disjoint_and_complete(data_root, tmp_path):
+    sim = Simulation(digits_run(data_root, tmp_path, SPLIT))
+    sc, cd = sim.scenario, sim.clients
+    assert sc.task_classes == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    y = load_dataset("digits", data_root).y_train
+    seen = []
+    for k in range(5):
+        for t in range(5):
+            v = cd.task_view(k, t)
+            _, yb, _ = v.all()
+            assert set(yb.tolist()) <= set(sc.task_classes[t])  # each view holds its task's classes only
+            seen += cd.rows[v.start : v.stop].tolist()
+    assert sorted(seen) == list(range(len(y)))  # every training row once: disjoint and complete
+    # the test set of each task: its classes, all of them
+    for t in range(5):
+        yt = sim.evaluator.test.y[sim.evaluator.test.rows[t]]
+        assert set(yt.tolist()) == set(sc.task_classes[t])
+
+
+def test_domain_tasks_hold_every_row_through_their_transform(data_root, tmp_path):
+    scen = {"kind": "permuted", "tasks": 3, "rounds_per_task": 1}
+    sim = Simulation(digits_run(data_root, tmp_path, scen))
+    cd = sim.clients
+    for k in range(5):
+        rows = [cd.rows[cd.task_view(k, t).start : cd.task_view(k, t).stop].tolist() for t in range(3)]
+        assert rows[0] == rows[1] == rows[2]  # the same rows in every task
+        x0, y0, _ = cd.task_view(k, 0).all()
+        x2, y2, _ = cd.task_view(k, 2).all()
+        assert torch.equal(y0, y2)
+        perm = sim.scenario.perms[2]
+        assert torch.equal(x2.flatten(1), cd.x[cd.rows[cd.task_view(k, 2).start : cd.task_view(k, 2).stop]].flatten(1)[:, perm])
+        assert not torch.equal(x0, x2)
+
+
+def test_transforms_depend_on_the_scenario_seed_only():
+    spec = resolve_scenario({"kind": "rotated", "tasks": 4, "seed": 3}, 10, (1, 8, 8), "s")
+    a = Scenario.build(spec, 10, (1, 8, 8), rounds=4)
+    b = Scenario.build(spec, 10, (1, 8, 8), rounds=8)
+    assert a.angles == b.angles and all(0 <= x <= 180 for x in a.angles) and len(set(a.angles)) == 4
+    c = Scenario.build({**spec, "seed": 4}, 10, (1, 8, 8), rounds=4)
+    assert c.angles != a.angles
+    p = Scenario.build(resolve_scenario({"kind": "permuted", "tasks": 2}, 10, (1, 40), "s"), 10, (1, 40), 2)
+    assert sorted(p.perms[1].tolist()) == list(range(40))  # a bijection of the 40 positions
+    q = Scenario.build(resolve_scenario({"kind": "permuted", "tasks": 2}, 10, (1, 40), "s"), 10, (1, 40), 2)
+    assert torch.equal(p.perms, q.perms)
+    # a rotation by 0 degrees is the identity; by 90 degrees a transposition of the pixel grid
+    r = Scenario.build(spec, 10, (1, 8, 8), 4)
+    r.angles = [0.0, 90.0, 0.0, 0.0]
+    x = torch.rand(3, 1, 8, 8)
+    torch.testing.assert_close(r.transform(x, 0), x, atol=1e-6, rtol=0)
+    rot = r.transform(x, 1)
+    assert any(torch.allclose(rot, torch.rot90(x, k, (2, 3)), atol=1e-5) for k in (1, 3))
+    # per-row task ids: each row through its own task's transform
+    mixed = r.transform(x, torch.tensor([1, 0, 1]))
+    torch.testing.assert_close(mixed[1], x[1], atol=1e-6, rtol=0)
+    torch.testing.assert_close(mixed[[0, 2]], rot[[0, 2]], atol=0, rtol=0)
+
+
+def test_schedule_and_asynchronous_windows(data_root, tmp_path):
+    sc = Scenario.build(resolve_scenario(SPLIT, 10, (1, 8, 8), "s"), 10, (1, 8, 8), 10)
+    assert [sc.task_of_round(r) for r in range(11)] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert [r for r in range(1, 11) if sc.starts_task(r)] == [1, 3, 5, 7, 9]
+    assert [r for r in range(1, 11) if sc.ends_task(r)] == [2, 4, 6, 8, 10]
+    scen = {**SPLIT, "boundaries": {"samples_per_window": 40, "window_rounds": 2}}
+    sim = Simulation(digits_run(data_root, tmp_path, scen))
+    cd = sim.clients
+    for k in range(5):
+        n = cd.size(k)
+        stream = cd.rows[cd.offsets[k][0] : cd.offsets[k][-1]].tolist()
+        for rnd in range(1, 11):
+            v = cd.view(k, rnd)
+            w = (rnd - 1) // 2
+            a = min(w * 40, max(n - 40, 0))
+            assert cd.rows[v.start : v.stop].tolist() == stream[a : a + 40]  # S samples of its stream per window
+            assert v.task == int(cd.task[v.stop - 1])  # its task: its newest sample's
+
+
+@pytest.mark.parametrize(
+    "scenario, message",
+    [
+        ({"kind": "split", "tasks": 6, "classes_per_task": 2}, "tasks x classes_per_task = 6 x 2 = 12"),
+        ({"kind": "split", "tasks": 2}, "classes_per_task is required"),
+        ({"kind": "rotated", "incremental": "class"}, "incremental='class' for kind 'rotated'"),
+        ({"kind": "rotated", "rotation": [30, 10]}, "rotation=[30, 10]"),
+        ({"kind": "none", "tasks": 3}, "tasks=3 with kind 'none'"),
+        ({"kind": "split", "tasks": 2, "classes_per_task": 2, "heads": "per_task",
+          "boundaries": {"samples_per_window": 5, "window_rounds": 1}}, "heads='per_task' needs boundaries: sync"),
+    ],
+)  # fmt: skip
+def test_bad_scenarios_name_the_key_and_the_value(scenario, message):
+    with pytest.raises(FedForgetError, match="scen.") as e:
+        resolve_scenario(scenario, 10, (1, 8, 8), "scen")
+    assert message in str(e.value)
+
+
+def test_config_validation_of_scenarios(minimal_config):
+    from fedforget.config import parse_config
+
+    cfg = minimal_config
+    ex = cfg["experiments"][0]
+    ex["datasets"][0]["scenario"] = {"kind": "rotated", "tasks": 2, "rounds_per_task": 1}  # iris is not an image
+    ex["train"] = {**ex.get("train", {}), "rounds": 3}
+    with pytest.raises(FedForgetError) as e:
+        parse_config(cfg)
+    msg = str(e.value)
+    assert "experiments[0].datasets[0].scenario.kind='rotated' needs images" in msg
+    ex["datasets"][0]["scenario"] = {"kind": "split", "tasks": 3, "classes_per_task": 1, "rounds_per_task": 2}
+    with pytest.raises(FedForgetError, match=r"train.rounds=3, but the scenario has 3 tasks x rounds_per_task 2 = 6"):
+        parse_config(cfg)
+    ex["datasets"][0]["scenario"]["rotation"] = [0, 400]
+    with pytest.raises(FedForgetError, match=r"scenario.rotation\[1\]"):
+        parse_config(cfg)
+    del ex["datasets"][0]["scenario"]["rotation"]
+    ex["train"]["rounds"] = 6
+    run = parse_config(cfg).runs()[0]
+    assert run.dataset.scenario["tasks"] == 3 and run.dataset.scenario["incremental"] == "class"
+
+
+# ----------------------------------------------------------------------------- masks, heads, hooks
+
+
+def test_task_il_masks_logits_in_training_and_evaluation(data_root, tmp_path):
+    sim = Simulation(digits_run(data_root, tmp_path, {**SPLIT, "incremental": "task"}))
+    view = sim.clients.view(0, 3)  # task 1: classes 2, 3
+    x, y, mask = view.all()
+    assert mask.shape == (len(y), 10) and mask[:, [2, 3]].all() and mask.sum(1).eq(2).all()
+    # the masked loss has no gradient through the other classes' logits
+    logits = torch.randn(len(y), 10, requires_grad=True)
+    ctx = sim.client_context(0, 3, 0.1, view)
+    ctx.logit_mask = mask
+    sim.method.task_loss(ctx, logits, y).backward()
+    assert logits.grad[:, [0, 1, 4, 5, 6, 7, 8, 9]].abs().sum() == 0 and logits.grad[:, [2, 3]].abs().sum() > 0
+    # evaluation: a model that always scores class 0 highest is right half the time on task 1
+    # under task-IL (classes 2 and 3 decided by their own logits), never under class-IL
+    class Const(torch.nn.Module):
+        def logits(self, x, task=None):
+            out = torch.zeros(len(x), 10)
+            out[:, 0], out[:, 2] = 5.0, 1.0
+            return out
+
+    acc, _ = sim.evaluator.task(Const(), 1)
+    n2 = int((sim.evaluator.test.y[sim.evaluator.test.rows[1]] == 2).sum())
+    assert acc == pytest.approx(n2 / len(sim.evaluator.test.rows[1]))
+    sim_c = Simulation(digits_run(data_root, tmp_path, SPLIT))
+    assert sim_c.evaluator.task(Const(), 1)[0] == 0.0
+
+
+def test_per_task_heads_earlier_heads_bit_identical_after_later_tasks(data_root, tmp_path):
+    scen = {**SPLIT, "incremental": "task", "heads": "per_task"}
+    sim = Simulation(digits_run(data_root, tmp_path, scen))
+    heads: dict[int, dict[str, torch.Tensor]] = {}
+
+    def keep(rnd):
+        return {k: v.clone() for k, v in sim.global_params.items() if k.startswith("head.")}
+
+    original_end = sim.end_task
+
+    def end_task(rnd, lr):
+        original_end(rnd, lr)
+        heads[sim.server.task] = keep(rnd)
+
+    sim.end_task = end_task
+    status, rows, _ = sim.run(progress=False)
+    assert status == "completed"
+    final = keep(10)
+    for t in range(4):
+        for i in range(t + 1):  # head i after task t == head i at the end of the run
+            for k in (f"head.heads.{i}.weight", f"head.heads.{i}.bias"):
+                assert torch.equal(heads[t][k], final[k]), (t, i, k)
+        assert not torch.equal(heads[t][f"head.heads.{t}.weight"], heads[0][f"head.heads.{t}.weight"]) or t == 0
+
+
+class Recorder(FedAvg):
+    """FedAvg that records its task hooks (in client and server state: checkpointed)."""
+
+    name = "recorder"
+
+    def server_init(self, server):
+        server.state["log"] = []
+
+    def server_task_begin(self, server):
+        server.state["log"].append(("begin", server.task, server.round))
+
+    def client_task_begin(self, ctx):
+        ctx.state.setdefault("began", []).append((ctx.task, ctx.round))
+        assert ctx.steps == 0 and len(ctx.data) > 0
+
+    def client_task_end(self, ctx):
+        x, y, _ = ctx.data.all()
+        return {"n": len(y), "task": ctx.task}
+
+    def server_task_end(self, server, reports):
+        server.state["log"].append(("end", server.task, server.round, sorted(reports), sum(r["n"] for r in reports.values())))
+
+
+@pytest.fixture
+def recorder():
+    METHODS.register("recorder")(Recorder)
+    yield
+    METHODS._items.pop("recorder")
+
+
+def test_task_hooks_run_once_per_task_with_every_client_of_the_task(data_root, tmp_path, recorder):
+    rc = replace(digits_run(data_root, tmp_path, SPLIT, method="recorder"), train=replace(digits_run(data_root, tmp_path, SPLIT).train, sample_rate=0.6))
+    sim = Simulation(rc)
+    sim.run(progress=False)
+    log = sim.server.state["log"]
+    assert [e[:3] for e in log] == [x for t in range(5) for x in (("begin", t, 2 * t + 1), ("end", t, 2 * t + 2))]
+    for t in range(5):
+        end = log[2 * t + 1]
+        with_data = [k for k in range(5) if sim.clients.size(k, t)]
+        assert end[3] == with_data and end[4] == sum(sim.clients.size(k, t) for k in range(5))
+    for k, st in sim.client_state.items():
+        tasks = [t for t, _ in st["began"]]
+        assert tasks == sorted(set(tasks))  # once per task, in order, at the client's first round on it
+
+
+def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(data_root, tmp_path, recorder):
+    rc = digits_run(data_root, tmp_path, {**SPLIT, "rounds_per_task": 3, "tasks": 3}, method="recorder", rounds=9)
+    rc = replace(rc, train=replace(rc.train, sample_rate=0.6))
+    full = Simulation(rc)
+    _, rows, _ = full.run(progress=False)
+    for stop in (4, 6):  # mid-task 1, and the end of task 1
+        ckpts = {}
+        # a copy, as the runner's file is: the checkpoint holds the live rows and state
+        Simulation(rc).run(progress=False, on_checkpoint=lambda c: ckpts.setdefault(c["round"], copy.deepcopy(c)))
+        sim = Simulation(rc)
+        _, resumed, _ = sim.run(progress=False, resume=ckpts[stop])
+        strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rs]  # noqa: E731
+        assert strip(resumed) == strip(rows)
+        assert sim.server.state == full.server.state and sim.client_state == full.client_state
+        for k in full.global_params:
+            assert torch.equal(sim.global_params[k], full.global_params[k])
+
+
+def test_joint_training_sees_every_task_and_is_fedavg_with_one_task(data_root, tmp_path):
+    sim = Simulation(digits_run(data_root, tmp_path, SPLIT, method="joint"))
+    v = sim.round_view(0, 1)
+    assert len(v) == sim.clients.size(0) and set(v.all()[1].tolist()) == set(sim.clients.slice(0)[1].tolist())
+    a = Simulation(digits_run(data_root, tmp_path, method="joint")).run(progress=False)[1]
+    b = Simulation(digits_run(data_root, tmp_path, method="fedavg")).run(progress=False)[1]
+    assert [r["global_model_test_acc"] for r in a] == [r["global_model_test_acc"] for r in b]
+
+
+@pytest.mark.parametrize("scenario", [{**SPLIT, "incremental": "task"}, {"kind": "rotated", "tasks": 2, "rounds_per_task": 2}])
+def test_batched_engine_equals_sequential_on_task_streams(scenario, data_root, tmp_path, run_engines, assert_same_metrics):
+    out = run_engines(digits_run(data_root, tmp_path, scenario))
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+
+
+def test_class_il_forgets_more_than_task_il(data_root, tmp_path):
+    """The accuracy on task 0 after the last task: task-IL keeps more of it than class-IL
+    (the class-IL model predicts the newest classes)."""
+    out = {}
+    for inc in ("class", "task"):
+        _, rows, _ = Simulation(digits_run(data_root, tmp_path, {**SPLIT, "incremental": inc})).run(progress=False)
+        out[inc] = [r for r in rows[-1]["_tasks"] if r["task"] == 0][0]["accuracy"]
+    assert out["task"] > out["class"] + 0.2, out
+    assert math.isfinite(out["class"])
