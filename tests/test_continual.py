@@ -10,7 +10,6 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -27,7 +26,9 @@ GOLDEN = Path(__file__).parent / "golden"
 SPLIT = {"kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 2}
 
 
-def digits_run(data_root, tmp_path, scenario=None, method="fedavg", rounds=None, engine="sequential", **train):
+def digits_run(
+    data_root, tmp_path, scenario=None, method="fedavg", rounds=None, engine="sequential", **train
+):
     s = resolve_scenario(scenario, 10, (1, 8, 8), "scenario") if scenario else None
     rounds = rounds or (s["tasks"] * s["rounds_per_task"] if s else 3)
     t = TrainSpec(
@@ -44,7 +45,9 @@ def digits_run(data_root, tmp_path, scenario=None, method="fedavg", rounds=None,
 # ----------------------------------------------------------------------------- one task == before
 
 
-@pytest.mark.parametrize("case", ["fedavg-sequential", "fedavg-vectorized", "scaffold-sequential", "fedsol-sequential"])
+@pytest.mark.parametrize(
+    "case", ["fedavg-sequential", "fedavg-vectorized", "scaffold-sequential", "fedsol-sequential"]
+)
 def test_one_task_metrics_are_the_bytes_written_before_scenarios(case, data_root, tmp_path):
     """tests/golden/<case>.metrics.csv were written by the engine before the continual
     track (commit 7cc0342, torch 2.14.1 on a CPU); the one-task scenario must give the
@@ -67,9 +70,13 @@ def test_one_task_metrics_are_the_bytes_written_before_scenarios(case, data_root
         MethodSpec(method, {}, method), 0, t, str(data_root), str(tmp_path / "res"),
     )  # fmt: skip
     run_training(rc, tmp_path / "run", progress=False)
-    assert (tmp_path / "run/metrics.csv").read_bytes() == (GOLDEN / f"{case}.metrics.csv").read_bytes()
+    assert (tmp_path / "run/metrics.csv").read_bytes() == (
+        GOLDEN / f"{case}.metrics.csv"
+    ).read_bytes()
     tasks = (tmp_path / "run/tasks.csv").read_text().splitlines()
-    assert tasks[0] == "round,current_task,task,accuracy,loss" and len(tasks) == 1 + 4  # rounds 0-3, task 0
+    assert (
+        tasks[0] == "round,current_task,task,accuracy,loss" and len(tasks) == 1 + 4
+    )  # rounds 0-3, task 0
 
 
 # ----------------------------------------------------------------------------- scenarios
@@ -85,7 +92,9 @@ def test_split_tasks_classes_and_views_disjoint_and_complete(data_root, tmp_path
         for t in range(5):
             v = cd.task_view(k, t)
             _, yb, _ = v.all()
-            assert set(yb.tolist()) <= set(sc.task_classes[t])  # each view holds its task's classes only
+            assert set(yb.tolist()) <= set(
+                sc.task_classes[t]
+            )  # each view holds its task's classes only
             seen += cd.rows[v.start : v.stop].tolist()
     assert sorted(seen) == list(range(len(y)))  # every training row once: disjoint and complete
     # the test set of each task: its classes, all of them
@@ -99,13 +108,18 @@ def test_domain_tasks_hold_every_row_through_their_transform(data_root, tmp_path
     sim = Simulation(digits_run(data_root, tmp_path, scen))
     cd = sim.clients
     for k in range(5):
-        rows = [cd.rows[cd.task_view(k, t).start : cd.task_view(k, t).stop].tolist() for t in range(3)]
+        rows = [
+            cd.rows[cd.task_view(k, t).start : cd.task_view(k, t).stop].tolist() for t in range(3)
+        ]
         assert rows[0] == rows[1] == rows[2]  # the same rows in every task
         x0, y0, _ = cd.task_view(k, 0).all()
         x2, y2, _ = cd.task_view(k, 2).all()
         assert torch.equal(y0, y2)
         perm = sim.scenario.perms[2]
-        assert torch.equal(x2.flatten(1), cd.x[cd.rows[cd.task_view(k, 2).start : cd.task_view(k, 2).stop]].flatten(1)[:, perm])
+        assert torch.equal(
+            x2.flatten(1),
+            cd.x[cd.rows[cd.task_view(k, 2).start : cd.task_view(k, 2).stop]].flatten(1)[:, perm],
+        )
         assert not torch.equal(x0, x2)
 
 
@@ -116,9 +130,13 @@ def test_transforms_depend_on_the_scenario_seed_only():
     assert a.angles == b.angles and all(0 <= x <= 180 for x in a.angles) and len(set(a.angles)) == 4
     c = Scenario.build({**spec, "seed": 4}, 10, (1, 8, 8), rounds=4)
     assert c.angles != a.angles
-    p = Scenario.build(resolve_scenario({"kind": "permuted", "tasks": 2}, 10, (1, 40), "s"), 10, (1, 40), 2)
+    p = Scenario.build(
+        resolve_scenario({"kind": "permuted", "tasks": 2}, 10, (1, 40), "s"), 10, (1, 40), 2
+    )
     assert sorted(p.perms[1].tolist()) == list(range(40))  # a bijection of the 40 positions
-    q = Scenario.build(resolve_scenario({"kind": "permuted", "tasks": 2}, 10, (1, 40), "s"), 10, (1, 40), 2)
+    q = Scenario.build(
+        resolve_scenario({"kind": "permuted", "tasks": 2}, 10, (1, 40), "s"), 10, (1, 40), 2
+    )
     assert torch.equal(p.perms, q.perms)
     # a rotation by 0 degrees is the identity; by 90 degrees a transposition of the pixel grid
     r = Scenario.build(spec, 10, (1, 8, 8), 4)
@@ -148,7 +166,9 @@ def test_schedule_and_asynchronous_windows(data_root, tmp_path):
             v = cd.view(k, rnd)
             w = (rnd - 1) // 2
             a = min(w * 40, max(n - 40, 0))
-            assert cd.rows[v.start : v.stop].tolist() == stream[a : a + 40]  # S samples of its stream per window
+            assert (
+                cd.rows[v.start : v.stop].tolist() == stream[a : a + 40]
+            )  # S samples of its stream per window
             assert v.task == int(cd.task[v.stop - 1])  # its task: its newest sample's
 
 
@@ -175,14 +195,26 @@ def test_config_validation_of_scenarios(minimal_config):
 
     cfg = minimal_config
     ex = cfg["experiments"][0]
-    ex["datasets"][0]["scenario"] = {"kind": "rotated", "tasks": 2, "rounds_per_task": 1}  # iris is not an image
+    ex["datasets"][0]["scenario"] = {
+        "kind": "rotated",
+        "tasks": 2,
+        "rounds_per_task": 1,
+    }  # iris is not an image
     ex["train"] = {**ex.get("train", {}), "rounds": 3}
     with pytest.raises(FedForgetError) as e:
         parse_config(cfg)
     msg = str(e.value)
     assert "experiments[0].datasets[0].scenario.kind='rotated' needs images" in msg
-    ex["datasets"][0]["scenario"] = {"kind": "split", "tasks": 3, "classes_per_task": 1, "rounds_per_task": 2}
-    with pytest.raises(FedForgetError, match=r"train.rounds=3, but the scenario has 3 tasks x rounds_per_task 2 = 6"):
+    ex["datasets"][0]["scenario"] = {
+        "kind": "split",
+        "tasks": 3,
+        "classes_per_task": 1,
+        "rounds_per_task": 2,
+    }
+    with pytest.raises(
+        FedForgetError,
+        match=r"train.rounds=3, but the scenario has 3 tasks x rounds_per_task 2 = 6",
+    ):
         parse_config(cfg)
     ex["datasets"][0]["scenario"]["rotation"] = [0, 400]
     with pytest.raises(FedForgetError, match=r"scenario.rotation\[1\]"):
@@ -206,7 +238,11 @@ def test_task_il_masks_logits_in_training_and_evaluation(data_root, tmp_path):
     ctx = sim.client_context(0, 3, 0.1, view)
     ctx.logit_mask = mask
     sim.method.task_loss(ctx, logits, y).backward()
-    assert logits.grad[:, [0, 1, 4, 5, 6, 7, 8, 9]].abs().sum() == 0 and logits.grad[:, [2, 3]].abs().sum() > 0
+    assert (
+        logits.grad[:, [0, 1, 4, 5, 6, 7, 8, 9]].abs().sum() == 0
+        and logits.grad[:, [2, 3]].abs().sum() > 0
+    )
+
     # evaluation: a model that always scores class 0 highest is right half the time on task 1
     # under task-IL (classes 2 and 3 decided by their own logits), never under class-IL
     class Const(torch.nn.Module):
@@ -244,7 +280,10 @@ def test_per_task_heads_earlier_heads_bit_identical_after_later_tasks(data_root,
         for i in range(t + 1):  # head i after task t == head i at the end of the run
             for k in (f"head.heads.{i}.weight", f"head.heads.{i}.bias"):
                 assert torch.equal(heads[t][k], final[k]), (t, i, k)
-        assert not torch.equal(heads[t][f"head.heads.{t}.weight"], heads[0][f"head.heads.{t}.weight"]) or t == 0
+        assert (
+            not torch.equal(heads[t][f"head.heads.{t}.weight"], heads[0][f"head.heads.{t}.weight"])
+            or t == 0
+        )
 
 
 class Recorder(FedAvg):
@@ -267,7 +306,15 @@ class Recorder(FedAvg):
         return {"n": len(y), "task": ctx.task}
 
     def server_task_end(self, server, reports):
-        server.state["log"].append(("end", server.task, server.round, sorted(reports), sum(r["n"] for r in reports.values())))
+        server.state["log"].append(
+            (
+                "end",
+                server.task,
+                server.round,
+                sorted(reports),
+                sum(r["n"] for r in reports.values()),
+            )
+        )
 
 
 @pytest.fixture
@@ -278,29 +325,46 @@ def recorder():
 
 
 def test_task_hooks_run_once_per_task_with_every_client_of_the_task(data_root, tmp_path, recorder):
-    rc = replace(digits_run(data_root, tmp_path, SPLIT, method="recorder"), train=replace(digits_run(data_root, tmp_path, SPLIT).train, sample_rate=0.6))
+    rc = replace(
+        digits_run(data_root, tmp_path, SPLIT, method="recorder"),
+        train=replace(digits_run(data_root, tmp_path, SPLIT).train, sample_rate=0.6),
+    )
     sim = Simulation(rc)
     sim.run(progress=False)
     log = sim.server.state["log"]
-    assert [e[:3] for e in log] == [x for t in range(5) for x in (("begin", t, 2 * t + 1), ("end", t, 2 * t + 2))]
+    assert [e[:3] for e in log] == [
+        x for t in range(5) for x in (("begin", t, 2 * t + 1), ("end", t, 2 * t + 2))
+    ]
     for t in range(5):
         end = log[2 * t + 1]
         with_data = [k for k in range(5) if sim.clients.size(k, t)]
         assert end[3] == with_data and end[4] == sum(sim.clients.size(k, t) for k in range(5))
-    for k, st in sim.client_state.items():
+    for st in sim.client_state.values():
         tasks = [t for t, _ in st["began"]]
-        assert tasks == sorted(set(tasks))  # once per task, in order, at the client's first round on it
+        assert tasks == sorted(
+            set(tasks)
+        )  # once per task, in order, at the client's first round on it
 
 
-def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(data_root, tmp_path, recorder):
-    rc = digits_run(data_root, tmp_path, {**SPLIT, "rounds_per_task": 3, "tasks": 3}, method="recorder", rounds=9)
+def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(
+    data_root, tmp_path, recorder
+):
+    rc = digits_run(
+        data_root,
+        tmp_path,
+        {**SPLIT, "rounds_per_task": 3, "tasks": 3},
+        method="recorder",
+        rounds=9,
+    )
     rc = replace(rc, train=replace(rc.train, sample_rate=0.6))
     full = Simulation(rc)
     _, rows, _ = full.run(progress=False)
+    ckpts: dict[int, dict] = {}
+    # copies, as the runner's files are: a checkpoint holds the live rows and state
+    Simulation(rc).run(
+        progress=False, on_checkpoint=lambda c: ckpts.setdefault(c["round"], copy.deepcopy(c))
+    )
     for stop in (4, 6):  # mid-task 1, and the end of task 1
-        ckpts = {}
-        # a copy, as the runner's file is: the checkpoint holds the live rows and state
-        Simulation(rc).run(progress=False, on_checkpoint=lambda c: ckpts.setdefault(c["round"], copy.deepcopy(c)))
         sim = Simulation(rc)
         _, resumed, _ = sim.run(progress=False, resume=ckpts[stop])
         strip = lambda rs: [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rs]  # noqa: E731
@@ -313,14 +377,21 @@ def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(data_root
 def test_joint_training_sees_every_task_and_is_fedavg_with_one_task(data_root, tmp_path):
     sim = Simulation(digits_run(data_root, tmp_path, SPLIT, method="joint"))
     v = sim.round_view(0, 1)
-    assert len(v) == sim.clients.size(0) and set(v.all()[1].tolist()) == set(sim.clients.slice(0)[1].tolist())
+    assert len(v) == sim.clients.size(0) and set(v.all()[1].tolist()) == set(
+        sim.clients.slice(0)[1].tolist()
+    )
     a = Simulation(digits_run(data_root, tmp_path, method="joint")).run(progress=False)[1]
     b = Simulation(digits_run(data_root, tmp_path, method="fedavg")).run(progress=False)[1]
     assert [r["global_model_test_acc"] for r in a] == [r["global_model_test_acc"] for r in b]
 
 
-@pytest.mark.parametrize("scenario", [{**SPLIT, "incremental": "task"}, {"kind": "rotated", "tasks": 2, "rounds_per_task": 2}])
-def test_batched_engine_equals_sequential_on_task_streams(scenario, data_root, tmp_path, run_engines, assert_same_metrics):
+@pytest.mark.parametrize(
+    "scenario",
+    [{**SPLIT, "incremental": "task"}, {"kind": "rotated", "tasks": 2, "rounds_per_task": 2}],
+)
+def test_batched_engine_equals_sequential_on_task_streams(
+    scenario, data_root, tmp_path, run_engines, assert_same_metrics
+):
     out = run_engines(digits_run(data_root, tmp_path, scenario))
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
 
@@ -330,7 +401,9 @@ def test_class_il_forgets_more_than_task_il(data_root, tmp_path):
     (the class-IL model predicts the newest classes)."""
     out = {}
     for inc in ("class", "task"):
-        _, rows, _ = Simulation(digits_run(data_root, tmp_path, {**SPLIT, "incremental": inc})).run(progress=False)
+        _, rows, _ = Simulation(digits_run(data_root, tmp_path, {**SPLIT, "incremental": inc})).run(
+            progress=False
+        )
         out[inc] = [r for r in rows[-1]["_tasks"] if r["task"] == 0][0]["accuracy"]
     assert out["task"] > out["class"] + 0.2, out
     assert math.isfinite(out["class"])
