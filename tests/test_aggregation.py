@@ -263,3 +263,219 @@ def test_cells_on_another_client_engine_are_marked():
     md = markdown(table, "e")
     assert "± 7.07 (failed seeds) † vectorized" in md and md.count("† vectorized") == 2 and "another client engine" in md  # final and best
     assert "† vectorized" in html_table(table, "e")
+
+
+# ----------------------------------------------------------------------------- continual runs
+
+# a[t][i] of the continual fake runs (seed s adds 0.02 s to every entry) and b[i] (round 0)
+A = [[0.9, 0.1, 0.2], [0.6, 0.8, 0.3], [0.5, 0.7, 0.9]]
+B = [0.1, 0.05, 0.1]
+T, R = 3, 2
+PARTITION = {"scheme": "dirichlet", "clients": 3, "alpha": 0.5, "min_size": 10, "max_redraws": 1000, "seed": 0}
+
+
+def _task_rows(seed: int, last_round: int, tasks: int = T, rounds_per_task: int = R) -> str:
+    """tasks.csv of a run whose accuracy on task i is A[t][i] + 0.02 seed at the last round of
+    task t, B[i] at round 0 and 0.5 elsewhere; rows up to ``last_round``."""
+    lines = ["round,current_task,task,accuracy,loss"]
+    for r in range(last_round + 1):
+        cur = min(max(r - 1, 0) // rounds_per_task, tasks - 1)
+        for i in range(tasks):
+            if r == 0:
+                acc = B[i] if tasks == T else 0.1
+            elif r % rounds_per_task == 0 and tasks == T:
+                acc = A[r // rounds_per_task - 1][i] + 0.02 * seed
+            else:
+                acc = 0.5
+            lines.append(f"{r},{cur},{i},{acc!r},1.0")
+    return "\n".join(lines) + "\n"
+
+
+def write_run(d, method, seed, status="completed", dataset="digits", scenario=None, last_round=None, final=0.8):
+    """A finished run directory as the runner writes it: run.json, metrics.csv, tasks.csv
+    (every run has one; a one-task run's holds task 0 only)."""
+    d.mkdir(parents=True)
+    rounds = T * R if scenario else 2
+    cfg = {"experiment": "e", "seed": seed, "method": {"label": method}, "dataset": {"label": dataset},
+           "partition": PARTITION, "train": {"rounds": rounds}}  # fmt: skip
+    if scenario:
+        cfg["dataset"]["scenario"] = scenario
+    ok = status == "completed"
+    rec = {"status": status, "config": cfg, "config_hash": f"h{seed}", "final_global_model_test_acc": final + seed / 10 if ok else None,
+           "best_global_model_test_acc": final + 0.05 + seed / 10 if ok else None, "rounds_completed": rounds,
+           "versions": {"torch": "x"}, "client_engine": "sequential"}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(rec))
+    (d / "metrics.csv").write_text("round,global_model_test_acc\n0,0.1\n1,0.5\n2,0.7\n")
+    if scenario:
+        (d / "tasks.csv").write_text(_task_rows(seed, rounds if last_round is None else last_round))
+    else:
+        (d / "tasks.csv").write_text(_task_rows(seed, rounds, tasks=1, rounds_per_task=rounds))
+    return d
+
+
+SCENARIO = {"kind": "split", "tasks": T, "classes_per_task": 2, "incremental": "class", "rounds_per_task": R}
+
+
+def write_continual_experiment(root):
+    """Two methods x two completed seeds and a diverged third (rows up to round 3) of a split
+    scenario, and a one-task run of another dataset in the same experiment."""
+    dirs = []
+    for m in ("fedavg", "fedprotip"):
+        for seed in (0, 1):
+            dirs.append(write_run(root / m / f"s{seed}", m, seed, scenario=SCENARIO))
+        dirs.append(write_run(root / m / "s2", m, 2, "diverged", scenario=SCENARIO, last_round=3))
+    dirs.append(write_run(root / "plain" / "s0", "fedavg", 0, dataset="iris"))
+    return dirs
+
+
+ONE_TASK_FILES = {"table.csv", "table.md", "table.html", "runs.csv", "metrics.parquet"}
+
+# table.csv and table.md of the one-task runs below as the code before continual runs wrote
+# them (commit 7cc0342): a one-task experiment's summary must not change
+ONE_TASK_TABLE_CSV = """\
+experiment,dataset,setting,clients,partition_seed,method,n_seeds,n_failed,final_acc_mean,final_acc_std,best_acc_mean,best_acc_std,status,client_engine,other_engine,paper_acc,paper_std
+e,digits,dirichlet-0.5,3,0,fedavg,3,1,85.0,7.0710678118654755,90.0,7.071067811865465,failed,sequential,False,,
+e,digits,dirichlet-0.5,3,0,fedprox,3,1,85.0,7.0710678118654755,90.0,7.071067811865465,failed,sequential,False,,
+"""
+ONE_TASK_TABLE_MD = """\
+# e
+
+## Final-round global-model accuracy on the full test set (%), mean ± std over seeds
+
+| method | digits dirichlet-0.5 |
+|---|---|
+| fedavg | 85.00 ± 7.07 (failed seeds) |
+| fedprox | 85.00 ± 7.07 (failed seeds) |
+
+## Best-round global-model accuracy on the full test set (%), mean ± std over seeds
+
+| method | digits dirichlet-0.5 |
+|---|---|
+| fedavg | 90.00 ± 7.07 (failed seeds) |
+| fedprox | 90.00 ± 7.07 (failed seeds) |
+
+Seeds per cell: 3. std is the sample standard deviation (ddof = 1) over completed seeds; 'n = 1': a single completed seed (no std); 'failed seeds': some seeds diverged or failed; 'failed': every seed did.
+"""
+ONE_TASK_RUNS_COLUMNS = (
+    "experiment,dataset,setting,clients,partition_seed,method,seed,status,final_global_model_test_acc,"
+    "best_global_model_test_acc,rounds_completed,wall_time_s,config_hash,fedforget_version,torch_version,"
+    "device,client_engine,run_dir"
+)
+
+
+def test_one_task_experiment_summary_is_what_it_was_before_continual_runs(tmp_path):
+    """Runs without a scenario (each with its task-0 tasks.csv, as the runner now writes):
+    exactly the five summary files, with the bytes the pre-continual code wrote; continual
+    files left by an earlier continual version of the experiment are removed."""
+    from fedforget.aggregate import CONTINUAL_OUTPUTS, aggregate
+
+    dirs = [write_run(tmp_path / m / f"s{s}", m, s, st)
+            for m in ("fedavg", "fedprox") for s, st in ((0, "completed"), (1, "completed"), (2, "diverged"))]  # fmt: skip
+    out = tmp_path / "summary"
+    out.mkdir()
+    for f in CONTINUAL_OUTPUTS:
+        (out / f).write_text("stale")
+    aggregate(dirs, out, "e")
+    assert {f.name for f in out.iterdir()} == ONE_TASK_FILES
+    assert (out / "table.csv").read_text() == ONE_TASK_TABLE_CSV
+    assert (out / "table.md").read_text() == ONE_TASK_TABLE_MD
+    assert (out / "runs.csv").read_text().splitlines()[0] == ONE_TASK_RUNS_COLUMNS
+    assert "ontinual" not in (out / "table.html").read_text()
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    assert list(metrics.columns) == ["round", "global_model_test_acc", "experiment", "dataset", "setting",
+                                     "clients", "partition_seed", "method", "seed"]  # fmt: skip
+
+
+def test_continual_runs_csv_tasks_and_matrices(tmp_path):
+    from fedforget.aggregate import CONTINUAL_OUTPUTS, aggregate
+    from fedforget.continual import continual_metrics
+
+    out = tmp_path / "summary"
+    aggregate(write_continual_experiment(tmp_path / "runs"), out, "e")
+    assert {f.name for f in out.iterdir()} == ONE_TASK_FILES | set(CONTINUAL_OUTPUTS)
+    runs = pd.read_csv(out / "runs.csv")
+    cols = list(runs.columns)
+    at = cols.index("best_global_model_test_acc") + 1
+    assert cols[at : at + 9] == ["scenario", "incremental", "tasks", "rounds_per_task", "acc", "fgt", "ft", "bwt", "fwt"]
+    want = continual_metrics(A, B)
+    r = runs[(runs["method"] == "fedavg") & (runs["seed"] == 0) & (runs["dataset"] == "digits")].iloc[0]
+    assert (r["scenario"], r["incremental"], r["tasks"], r["rounds_per_task"]) == ("split", "class", 3, 2)
+    for m, v in want.items():
+        assert r[m] == pytest.approx(v), m
+    r1 = runs[(runs["method"] == "fedavg") & (runs["seed"] == 1)].iloc[0]
+    assert r1["acc"] == pytest.approx(0.72) and r1["fgt"] == pytest.approx(0.25)  # every entry + 0.02
+    diverged = runs[runs["status"] == "diverged"]
+    assert len(diverged) == 2 and diverged[["acc", "fgt", "ft", "bwt", "fwt"]].isna().all().all()
+    plain = runs[runs["dataset"] == "iris"].iloc[0]
+    assert plain["tasks"] == 1 and plain["scenario"] == "none"
+    assert pd.isna(plain[["acc", "fgt", "ft", "bwt", "fwt"]]).all()
+
+    tasks = pd.read_parquet(out / "tasks.parquet")
+    assert set(tasks["dataset"]) == {"digits"}  # the one-task run's tasks.csv is not collected
+    assert len(tasks) == 4 * (T * R + 1) * T + 2 * 4 * T  # four full runs, two up to round 3
+    assert {"round", "current_task", "task", "accuracy", "loss", "method", "seed"} <= set(tasks.columns)
+
+    mat = pd.read_csv(out / "accuracy_matrix.csv")
+    assert list(mat.columns) == ["experiment", "dataset", "setting", "clients", "partition_seed", "method", "seed",
+                                 "after_task", "task", "accuracy"]  # fmt: skip
+    assert len(mat) == 6 * T * T
+    s0 = mat[(mat["method"] == "fedavg") & (mat["seed"] == 0)]
+    assert s0["accuracy"].to_numpy().reshape(T, T).tolist() == A
+    s2 = mat[(mat["method"] == "fedavg") & (mat["seed"] == 2)].sort_values(["after_task", "task"])
+    assert s2["accuracy"].notna().tolist() == [True] * T + [False] * (2 * T)  # stopped in task 2 (0-based 1)
+
+
+def test_continual_table_over_seeds_with_paper_numbers(tmp_path):
+    from fedforget.aggregate import aggregate
+
+    ref = tmp_path / "paper.csv"
+    ref.write_text(
+        "paper,table,dataset,setting,method,metric,value,std\n"
+        "P,1,DIGITS,dirichlet-0.5,FedProTIP,ACC,87.94,\n"
+        "P,1,DIGITS,dirichlet-0.5,FedProTIP,FT,1.30,\n"
+        "P,1,DIGITS,dirichlet-0.5,FedAvg,acc_T,18.92,1.5\n"
+        "P,1,DIGITS,dirichlet-0.5,FedAvg,loss,0.5,\n"
+        "P,2,DIGITS,dirichlet-0.5,FedAvg,FT,63.2,\n"  # another table of the paper
+    )
+    paper = {"name": "P", "table": 1, "dataset_map": {"digits": "DIGITS"}}
+    out = tmp_path / "summary"
+    aggregate(write_continual_experiment(tmp_path / "runs"), out, "e", paper, ref)
+    t = pd.read_csv(out / "continual.csv")
+    assert list(t["method"]) == ["fedavg", "fedprotip"]  # continual groups only (no iris row)
+    a = t[t["method"] == "fedavg"].iloc[0]
+    # two completed seeds: ACC 70 and 72 (%), the diverged third counted as failed
+    assert a["acc_mean"] == pytest.approx(71.0) and a["acc_std"] == pytest.approx(math.sqrt(2))
+    assert a["fgt_mean"] == pytest.approx(25.0) and a["ft_mean"] == pytest.approx(50 / 3)
+    assert a["bwt_mean"] == pytest.approx(-25.0) and a["fwt_mean"] == pytest.approx((12.5 + 14.5) / 2)  # seed 1: a + 0.02, b fixed
+    assert (a["n_seeds"], a["n_failed"], a["status"]) == (3, 1, "failed")
+    assert (a["tasks"], a["rounds_per_task"], a["scenario"]) == (3, 2, "split")
+    assert a["paper_acc"] == 18.92 and a["paper_acc_std"] == 1.5 and pd.isna(a["paper_ft"])
+    p = t[t["method"] == "fedprotip"].iloc[0]
+    assert p["paper_acc"] == 87.94 and p["paper_ft"] == 1.3 and pd.isna(p["paper_fgt"])
+    md = (out / "continual.md").read_text()
+    assert md.startswith("# e: continual metrics\n")
+    assert "digits dirichlet-0.5: split, 3 tasks x 2 rounds, class-incremental" in md
+    fedprotip = [line for line in md.splitlines() if line.startswith("| fedprotip |")]
+    assert len(fedprotip) == 5  # ACC, Fgt_T, FT, BWT, FWT
+    assert "71.00 ± 1.41 (failed seeds) (paper 18.92)" in md
+    assert fedprotip[0].endswith("(paper 87.94) |") and fedprotip[2].endswith("(paper 1.30) |")
+    assert "paper" not in fedprotip[1] + fedprotip[3] + fedprotip[4]
+    page = (out / "continual.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page
+    for text in ("<th>ACC (%)</th>", "<th>Forgetting Fgt_T (%)</th>", "<th>Forgetting FT (%)</th>",
+                 "<th>Paper ACC (%)</th>", "<th>Paper Forgetting FT (%)</th>", "<td>87.94</td>", "<td>18.92 ± 1.50</td>"):  # fmt: skip
+        assert text in page, text
+    assert "Paper Forgetting Fgt_T" not in page  # no Fgt_T number in the paper results: no column
+    # the summary table beside it is unchanged in kind: ACC-like paper numbers beside final accuracy
+    assert pd.read_csv(out / "table.csv").set_index("method").loc["fedprotip", "paper_acc"] == 87.94
+
+
+def test_continual_group_with_every_seed_failed(tmp_path):
+    from fedforget.aggregate import aggregate
+
+    dirs = [write_run(tmp_path / f"s{s}", "fedavg", s, "diverged", scenario=SCENARIO, last_round=3) for s in (0, 1)]
+    aggregate(dirs, tmp_path / "summary", "e")
+    t = pd.read_csv(tmp_path / "summary" / "continual.csv")
+    assert t.iloc[0]["status"] == "failed" and pd.isna(t.iloc[0]["acc_mean"])
+    md = (tmp_path / "summary" / "continual.md").read_text()
+    assert md.count("| fedavg | failed |") == 5

@@ -56,3 +56,25 @@ def test_figures_drawn_by_pipeline_and_cli(minimal_config, data_root, tmp_path):
     # a column no run has: one clear error naming it
     assert main(["figure", "--summary", str(summary), "--experiment", exp, "--name", "curves",
                  "--options", '{"column": "no_such"}', "--out", str(out)]) == 2  # fmt: skip
+
+
+def test_continual_figures_only_for_experiments_with_continual_runs(tmp_path):
+    """Synthesized run directories (tests/test_aggregation.py): a continual experiment gets
+    the learning curves and the three continual figures in figures/continual/; a one-task
+    experiment the curves only."""
+    from fedforget.aggregate import aggregate
+    from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES, plot_experiment
+
+    from .test_aggregation import write_continual_experiment, write_run
+
+    aggregate(write_continual_experiment(tmp_path / "runs"), tmp_path / "summary", "e")
+    paths = plot_experiment(tmp_path / "summary", tmp_path / "figures")
+    curves = [tmp_path / "figures" / f"{c}.png" for c in CURVES]
+    assert paths == curves + [tmp_path / "figures" / CONTINUAL_DIR / f"{f}.png" for f in CONTINUAL_FIGURES]
+    for p in paths:
+        assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 1000, p
+
+    aggregate([write_run(tmp_path / "one", "fedavg", 0)], tmp_path / "summary1", "e")
+    paths = plot_experiment(tmp_path / "summary1", tmp_path / "figures1")
+    assert paths == [tmp_path / "figures1" / f"{c}.png" for c in CURVES]
+    assert not (tmp_path / "figures1" / CONTINUAL_DIR).exists()

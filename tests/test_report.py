@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedforget.plots import CURVES
+from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
 
 # the real command as the workflow tests run it (skipped with them where snakemake is missing)
 from .test_workflow import snakemake, write_config
@@ -43,7 +43,16 @@ CONFIG = {
                 {"name": "curves", "label": "test_loss", "options": {"column": "global_model_test_loss"}},
                 {"name": "curves", "label": "worst_local_acc", "options": {"column": "local_models_global_test_acc_min"}},
             ],
-        }
+        },
+        {  # a continual experiment: rules aggregate_continual and plot_continual, their entries
+            "name": "tiny_cl",
+            "datasets": [{"name": "iris", "model": "mlp",
+                          "scenario": {"kind": "split", "tasks": 3, "classes_per_task": 1, "rounds_per_task": 1}}],
+            "partitions": [{"scheme": "iid", "clients": 3}],
+            "methods": [{"name": "fedavg"}],
+            "seeds": [0],
+            "train": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "threads": 1},
+        },
     ],
     "paper_results": "paper_results.csv",
 }  # fmt: skip
@@ -156,3 +165,22 @@ def test_table_renders_as_html_in_the_report(report) -> None:
         assert f"<td>{method}</td>" in page
     assert page.count("(n = 1)") == 4 and "± 0.00" not in page
     assert "<th>Paper (%)</th>" in page and "<td>93.33 ± 1.50</td>" in page
+
+
+def test_continual_experiment_has_its_figures_and_table(report) -> None:
+    """Only the continual experiment gets the continual table and figures, each its own
+    entry with its own labels (the list check above covers their lists too)."""
+    work, results, categories = report
+    base = "results/tiny_cl"
+    for fig, name in CONTINUAL_FIGURES.items():
+        path = f"{base}/figures/{CONTINUAL_DIR}/{fig}.png"
+        assert path in results, f"{path} is not in the report"
+        assert results[path]["labels"] == {"figure": name, "experiment": "tiny_cl"}
+        assert _category_of(categories, path) == ("Continual learning", "tiny_cl")
+    for f in ("continual.html", "continual.csv"):
+        assert _category_of(categories, f"{base}/summary/{f}") == ("Tables", "tiny_cl")
+    assert results[f"{base}/summary/continual.html"]["mime_type"] == "text/html"
+    assert "tiny" not in categories.get("Continual learning", {})
+    assert not any("continual" in p for p in results if p.startswith("results/tiny/"))
+    assert not (work / "results/tiny/summary/continual.csv").exists()
+    assert not (work / "results/tiny/figures" / CONTINUAL_DIR).exists()

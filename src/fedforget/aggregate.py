@@ -2,7 +2,16 @@
 ``metrics.parquet`` (every round of every run, long format), ``table.csv`` (mean and std
 over seeds of final and best global-model test accuracy per dataset x partition x method,
 beside the papers' numbers where the experiment links a paper table), ``table.md`` and
-``table.html`` (the same table, rendered for the Snakemake report)."""
+``table.html`` (the same table, rendered for the Snakemake report).
+
+Experiments with continual runs (a scenario of more than one task, ``fedforget.continual``)
+also get ``tasks.parquet`` (every such run's tasks.csv with its run keys),
+``accuracy_matrix.csv`` (each run's a[t][i] with its run keys), the columns scenario,
+incremental, tasks, rounds_per_task, acc, fgt, ft, bwt, fwt in runs.csv (fractions; NaN for
+one-task and unfinished runs) and ``continual.csv`` / ``.md`` / ``.html`` (those metrics in %,
+mean ± std over completed seeds, beside the paper's ACC and forgetting where the experiment
+links a paper table). An experiment of one-task runs writes exactly the files it wrote
+before continual runs existed [D]."""
 
 from __future__ import annotations
 
@@ -15,10 +24,24 @@ from typing import Any
 
 import pandas as pd
 
+from .continual import METRICS as CONTINUAL_METRICS
+from .continual import (
+    TASK_COLUMNS,
+    accuracy_matrix,
+    accuracy_matrix_rows,
+    continual_metrics,
+    initial_accuracy,
+    scenario_shape,
+)
 from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text
 
 FAILED = "failed"
+GROUP = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]  # a table row
+# the summary files of an experiment with continual runs only (rule aggregate_continual's)
+CONTINUAL_OUTPUTS = (
+    "tasks.parquet", "accuracy_matrix.csv", "continual.csv", "continual.md", "continual.html",
+)  # fmt: skip
 
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame | None]:
@@ -33,7 +56,17 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame | None]:
 
 def collect(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, metrics): one row per run, and every metrics row with its run's keys."""
-    runs, frames = [], []
+    runs, metrics, _, _ = collect_all(run_dirs)
+    return runs, metrics
+
+
+def collect_all(
+    run_dirs: Iterable[str | Path],
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, pd.DataFrame | None]:
+    """(runs, metrics, tasks, matrices): ``collect``'s two, and where some run is continual
+    every continual run's tasks.csv rows and accuracy-matrix rows with its run keys (else
+    None, None), runs then with the continual columns (``continual_run``)."""
+    runs, frames, extra, task_frames, matrix_frames = [], [], [], [], []
     for d in run_dirs:
         d = Path(d)
         rec, df = read_run(d)
@@ -65,21 +98,64 @@ def collect(run_dirs: Iterable[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]
         })  # fmt: skip
         if df is not None:
             frames.append(df.assign(**keys))
+        info, tasks, matrix = continual_run(d, rec)
+        extra.append(info)
+        if tasks is not None:
+            task_frames.append(tasks.assign(**keys))
+            matrix_frames.append(matrix.assign(**keys))
     if not runs:
         raise FedForgetError("no runs to aggregate")
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return pd.DataFrame(runs), metrics
+    runs_df = pd.DataFrame(runs)
+    if not matrix_frames:  # one-task runs only: the tables as before continual runs existed
+        return runs_df, metrics, None, None
+    at = runs_df.columns.get_loc("best_global_model_test_acc") + 1
+    runs_df = pd.concat([runs_df.iloc[:, :at], pd.DataFrame(extra), runs_df.iloc[:, at:]], axis=1)
+    tasks = pd.concat(task_frames, ignore_index=True)
+    matrices = pd.concat(matrix_frames, ignore_index=True)
+    return runs_df, metrics, tasks, matrices
+
+
+def continual_run(
+    run_dir: Path, rec: dict[str, Any]
+) -> tuple[dict[str, Any], pd.DataFrame | None, pd.DataFrame | None]:
+    """(runs.csv's continual columns, tasks.csv rows, accuracy-matrix rows) of one run; the
+    two frames are None for a one-task run. The metrics (``continual.continual_metrics``)
+    are NaN unless the run completed, as its final accuracy is [D]; a run that stopped
+    early keeps its matrix rows, NaN from where it stopped."""
+    c = rec["config"]
+    sc = c["dataset"].get("scenario") or {}
+    rounds = c.get("train", {}).get("rounds")
+    info: dict[str, Any] = {"scenario": sc.get("kind", "none"), "incremental": sc.get("incremental") or "class"}
+    try:
+        shape = scenario_shape(sc, rounds)
+    except FedForgetError as e:
+        raise FedForgetError(f"{run_dir / 'run.json'}: {e}") from None
+    if shape is None:
+        info.update(tasks=1, rounds_per_task=rounds, **dict.fromkeys(CONTINUAL_METRICS, math.nan))
+        return info, None, None
+    n, r = shape
+    path = run_dir / "tasks.csv"
+    tasks = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=list(TASK_COLUMNS))
+    try:
+        a, b = accuracy_matrix(tasks, n, r), initial_accuracy(tasks, n)
+        matrix = pd.DataFrame(accuracy_matrix_rows(tasks, n, r))
+    except FedForgetError as e:
+        raise FedForgetError(f"{path}: {e}") from None
+    done = rec["status"] == "completed"
+    metrics = continual_metrics(a, b) if done else dict.fromkeys(CONTINUAL_METRICS, math.nan)
+    info.update(tasks=n, rounds_per_task=r, **metrics)
+    return info, tasks, matrix
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     """Mean and sample std (ddof=1) over completed seeds; a group with any failed
     (diverged/failed) run is reported as failed, the way FedSOL's Table 2 writes '10.00
     (Failed)'. The std of a single completed seed is undefined: NaN, not 0."""
-    group = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]
     out = []
-    for key, g in runs.groupby(group, sort=False):
+    for key, g in runs.groupby(GROUP, sort=False):
         ok = g[g["status"] == "completed"]
-        row = dict(zip(group, key))
+        row = dict(zip(GROUP, key))
         row.update(n_seeds=len(g), n_failed=int((g["status"] != "completed").sum()))
         for m in ("final", "best"):
             vals = ok[f"{m}_global_model_test_acc"].astype(float) * 100
@@ -105,6 +181,35 @@ def mark_other_engines(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _paper_reference(paper: dict[str, Any], paper_results: str | Path | None) -> pd.DataFrame:
+    """The rows of the paper results file for the linked paper table."""
+    if not paper_results or not Path(paper_results).is_file():
+        raise FedForgetError(
+            f"the experiment links paper '{paper['name']}' table {paper['table']!r}, but the paper results "
+            f"file {str(paper_results)!r} does not exist"
+        )
+    ref = pd.read_csv(paper_results)
+    return ref[(ref["paper"] == paper["name"]) & (ref["table"].astype(str) == str(paper["table"]))]
+
+
+def _paper_number(ref: pd.DataFrame, paper: dict[str, Any], row: pd.Series, metrics: Iterable[str]) -> tuple[float, float]:
+    """(value, std) of the first reference row for ``row``'s dataset / setting / method (the
+    paper link's dataset_map and setting_map applied; methods case-insensitive) whose metric
+    is one of ``metrics``; NaN, NaN when none."""
+    dmap = paper.get("dataset_map", {})
+    smap = paper.get("setting_map", {})
+    hit = ref[
+        (ref["metric"].isin(list(metrics)))
+        & (ref["dataset"] == dmap.get(row["dataset"], row["dataset"]))
+        & (ref["setting"] == smap.get(row["setting"], row["setting"]))
+        & (ref["method"].str.lower() == str(row["method"]).lower())
+    ]
+    if not len(hit):
+        return math.nan, math.nan
+    std = hit["std"].iloc[0]
+    return float(hit["value"].iloc[0]), (float(std) if pd.notna(std) else math.nan)
+
+
 def attach_paper(
     table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None
 ) -> pd.DataFrame:
@@ -112,30 +217,12 @@ def attach_paper(
     table = table.assign(paper_acc=math.nan, paper_std=math.nan)
     if not paper:
         return table
-    if not paper_results or not Path(paper_results).is_file():
-        raise FedForgetError(
-            f"the experiment links paper '{paper['name']}' table {paper['table']!r}, but the paper results "
-            f"file {str(paper_results)!r} does not exist"
-        )
-    ref = pd.read_csv(paper_results)
-    ref = ref[
-        (ref["paper"] == paper["name"])
-        & (ref["table"].astype(str) == str(paper["table"]))
-        & (ref["metric"].isin(["accuracy", "acc_T", "ACC"]))
-    ]
-    dmap = paper.get("dataset_map", {})
-    smap = paper.get("setting_map", {})
+    ref = _paper_reference(paper, paper_results)
     for i, row in table.iterrows():
-        hit = ref[
-            (ref["dataset"] == dmap.get(row["dataset"], row["dataset"]))
-            & (ref["setting"] == smap.get(row["setting"], row["setting"]))
-            & (ref["method"].str.lower() == str(row["method"]).lower())
-        ]
-        if len(hit):
-            table.loc[i, "paper_acc"] = float(hit["value"].iloc[0])
-            table.loc[i, "paper_std"] = (
-                float(hit["std"].iloc[0]) if pd.notna(hit["std"].iloc[0]) else math.nan
-            )
+        value, std = _paper_number(ref, paper, row, ["accuracy", "acc_T", "ACC"])
+        if not math.isnan(value):
+            table.loc[i, "paper_acc"] = value
+            table.loc[i, "paper_std"] = std
     return table
 
 
@@ -248,19 +335,173 @@ def html_table(table: pd.DataFrame, experiment: str) -> str:
             "Failed seeds": int(r["n_failed"]),
             "Paper (%)": _paper(r),
         })  # fmt: skip
-    df = pd.DataFrame(rows)
-    if len(df) and not df["Paper (%)"].astype(bool).any():
-        df = df.drop(columns="Paper (%)")
+    df = _drop_empty(pd.DataFrame(rows), ["Paper (%)"])
+    intro = (
+        "<p>Final-round and best-round global-model accuracy on the full test set (%), mean ± std "
+        "over seeds, per dataset x partition x method.</p>\n"
+    )
+    return _html_page(experiment, "summary table", intro, df, FOOTNOTE + _engine_note(table))
+
+
+def _drop_empty(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Without those of ``columns`` that no row fills (the paper columns of an experiment
+    that links no paper)."""
+    return df.drop(columns=[c for c in columns if len(df) and not df[c].astype(bool).any()])
+
+
+def _html_page(experiment: str, what: str, intro: str, df: pd.DataFrame, note: str) -> str:
     body = df.to_html(index=False, border=0, escape=True, na_rep="", classes="summary")
     title = html.escape(experiment, quote=False)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{title}: summary table</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-        f"<h1>{title}</h1>\n"
-        "<p>Final-round and best-round global-model accuracy on the full test set (%), mean ± std "
-        "over seeds, per dataset x partition x method.</p>\n"
-        f"{body}\n<p>{html.escape(FOOTNOTE + _engine_note(table), quote=False)}</p>\n</body>\n</html>\n"
+        f"<title>{title}: {what}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<h1>{title}</h1>\n{intro}"
+        f"{body}\n<p>{html.escape(note, quote=False)}</p>\n</body>\n</html>\n"
     )
+
+
+# ----------------------------------------------------------------------------- continual table
+
+# the continual metrics' column names in words (continual.html), in continual.METRICS order
+CONTINUAL_NAMES = {
+    "acc": "ACC",
+    "fgt": "Forgetting Fgt_T",
+    "ft": "Forgetting FT",
+    "bwt": "BWT",
+    "fwt": "FWT",
+}
+CONTINUAL_TITLES = {
+    "acc": "ACC: mean accuracy over all tasks after the last task",
+    "fgt": "Forgetting Fgt_T (FedGP, after Chaudhry et al. 2018; lower is better)",
+    "ft": "Forgetting FT (FedProTIP eq. 16; lower is better)",
+    "bwt": "Backward transfer BWT (Lopez-Paz & Ranzato 2017)",
+    "fwt": "Forward transfer FWT (Lopez-Paz & Ranzato 2017)",
+}
+# the paper results' metric names that stand for our metric (paper_results.csv, column
+# metric); a paper number is shown beside ACC and the forgetting measures only
+PAPER_METRICS = {"acc": ("ACC", "acc_T"), "fgt": ("Fgt_T",), "ft": ("FT",)}
+CONTINUAL_NOTE = (
+    "a[t][i]: global-model accuracy on task i's test set at the last round of task t; b[i]: "
+    "the initial model's; T tasks, numbered 1..T here (from 0 in accuracy_matrix.csv and tasks.csv). "
+    "ACC = mean_i a[T][i]. Fgt_T = 1/(T-1) sum_{i<T} max_{j<T} (a[j][i] - a[T][i]), j over every "
+    "task before T (FedGP). FT = 1/T sum_{t<T} (max_{t<=i<T} a[i][t] - a[T][t]) (FedProTIP eq. 16: "
+    "1/T over T-1 terms). BWT = 1/(T-1) sum_{i<T} (a[T][i] - a[i][i]). "
+    "FWT = 1/(T-1) sum_{i>1} (a[i-1][i] - b[i]). One-task runs have none of these."
+)
+
+
+def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
+    """The continual runs' (tasks > 1) metrics in %: mean and sample std (ddof = 1) over the
+    completed seeds that have the metric, per dataset x setting x method, with the
+    scenario; the failed-run rule of ``summarise``."""
+    cont = runs[runs["tasks"] > 1] if "tasks" in runs else runs.iloc[0:0]
+    out = []
+    for key, g in cont.groupby(GROUP, sort=False):
+        ok = g[g["status"] == "completed"]
+        row = dict(zip(GROUP, key))
+        row.update(
+            scenario="/".join(dict.fromkeys(g["scenario"].astype(str))),
+            incremental="/".join(dict.fromkeys(g["incremental"].astype(str))),
+            tasks=int(g["tasks"].iloc[0]),
+            rounds_per_task=int(g["rounds_per_task"].iloc[0]),
+            n_seeds=len(g),
+            n_failed=int((g["status"] != "completed").sum()),
+        )
+        for m in CONTINUAL_METRICS:
+            vals = ok[m].astype(float).dropna() * 100
+            row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
+            row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
+        row["status"] = FAILED if row["n_failed"] else "ok"
+        row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
+        out.append(row)
+    return mark_other_engines(pd.DataFrame(out)) if out else pd.DataFrame(out)
+
+
+def attach_paper_continual(
+    table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None
+) -> pd.DataFrame:
+    """Add ``paper_<m>`` and ``paper_<m>_std`` for m in acc, fgt, ft: the linked paper
+    table's number of the metric names in PAPER_METRICS for the matching dataset / setting /
+    method (as ``attach_paper`` matches), NaN where the paper reports none."""
+    table = table.assign(**{f"paper_{m}{s}": math.nan for m in PAPER_METRICS for s in ("", "_std")})
+    if not paper:
+        return table
+    ref = _paper_reference(paper, paper_results)
+    for i, row in table.iterrows():
+        for m, names in PAPER_METRICS.items():
+            value, std = _paper_number(ref, paper, row, names)
+            table.loc[i, f"paper_{m}"], table.loc[i, f"paper_{m}_std"] = value, std
+    return table
+
+
+def _continual_cell(r: pd.Series, metric: str) -> str:
+    cell = _cell(r[f"{metric}_mean"], r[f"{metric}_std"], r["status"])
+    return cell + (f" † {r['client_engine']}" if r["other_engine"] else "")
+
+
+def _paper_metric(r: pd.Series, metric: str) -> str:
+    value, std = r.get(f"paper_{metric}", math.nan), r.get(f"paper_{metric}_std", math.nan)
+    if pd.isna(value):
+        return ""
+    return f"{value:.2f}" + ("" if pd.isna(std) else f" ± {std:.2f}")
+
+
+def _scenarios(table: pd.DataFrame) -> list[str]:
+    """'digits iid: split, 3 tasks x 2 rounds, class-incremental' per column."""
+    out = {}
+    for _, r in table.iterrows():
+        out.setdefault(
+            f"{r['dataset']} {r['setting']}",
+            f"{r['scenario']}, {r['tasks']} tasks x {r['rounds_per_task']} rounds, {r['incremental']}-incremental",
+        )
+    return [f"{k}: {v}" for k, v in out.items()]
+
+
+def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
+    """continual.md: one table per metric (methods x dataset-setting columns), the paper's
+    number beside ACC and forgetting where the experiment links a paper table."""
+    cols = _columns(table)
+    methods = list(dict.fromkeys(table["method"]))
+    lines = [f"# {experiment}: continual metrics", "", "Scenarios: " + "; ".join(_scenarios(table)) + ".", ""]
+    for m in CONTINUAL_METRICS:
+        lines += [f"## {CONTINUAL_TITLES[m]} (%), mean ± std over seeds", ""]
+        lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for method in methods:
+            cells = []
+            for c in cols:
+                r = table[(table["method"] == method) & (table["dataset"] + " " + table["setting"] == c)]
+                if not len(r):
+                    cells.append("")
+                    continue
+                r = r.iloc[0]
+                paper = r.get(f"paper_{m}", math.nan)
+                cells.append(_continual_cell(r, m) + ("" if pd.isna(paper) else f" (paper {paper:.2f})"))
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append(f"Seeds per cell: {table['n_seeds'].max()}. {FOOTNOTE}{_engine_note(table)}")
+    lines += ["", CONTINUAL_NOTE]
+    return "\n".join(lines) + "\n"
+
+
+def continual_html(table: pd.DataFrame, experiment: str) -> str:
+    """continual.csv as a self-contained HTML page: one row per dataset x partition x
+    method, the five metrics (%), seeds, failed seeds and the paper's ACC / forgetting
+    where the experiment links a paper table."""
+    rows = []
+    for _, r in table.iterrows():
+        row = {"Dataset": r["dataset"], "Partition": r["setting"], "Clients": int(r["clients"]), "Method": r["method"]}
+        row.update({f"{CONTINUAL_NAMES[m]} (%)": _continual_cell(r, m) for m in CONTINUAL_METRICS})
+        row.update({"Seeds": int(r["n_seeds"]), "Failed seeds": int(r["n_failed"])})
+        row.update({f"Paper {CONTINUAL_NAMES[m]} (%)": _paper_metric(r, m) for m in PAPER_METRICS})
+        rows.append(row)
+    df = _drop_empty(pd.DataFrame(rows), [f"Paper {CONTINUAL_NAMES[m]} (%)" for m in PAPER_METRICS])
+    scenarios = "; ".join(html.escape(s, quote=False) for s in _scenarios(table))
+    intro = (
+        "<p>Continual metrics of the global model (%), mean ± std over seeds, per dataset x "
+        f"partition x method. Scenarios: {scenarios}.</p>\n"
+    )
+    note = f"{FOOTNOTE}{_engine_note(table)} {CONTINUAL_NOTE}"
+    return _html_page(experiment, "continual metrics", intro, df, note)
 
 
 def aggregate(
@@ -271,11 +512,23 @@ def aggregate(
     paper_results: str | Path | None = None,
 ) -> pd.DataFrame:
     out = Path(out_dir)
-    runs, metrics = collect(run_dirs)
+    runs, metrics, tasks, matrices = collect_all(run_dirs)
     table = attach_paper(summarise(runs), paper, paper_results)
     atomic_write_text(out / "runs.csv", runs.to_csv(index=False))
     atomic_write(out / "metrics.parquet", lambda tmp: metrics.to_parquet(tmp, index=False))
     atomic_write_text(out / "table.csv", table.to_csv(index=False))
     atomic_write_text(out / "table.md", markdown(table, experiment))
     atomic_write_text(out / "table.html", html_table(table, experiment))
+    if tasks is None or matrices is None:
+        for f in CONTINUAL_OUTPUTS:  # left by an earlier, continual version of the experiment
+            (out / f).unlink(missing_ok=True)
+        return table
+    keys = [*GROUP, "seed"]
+    matrices = matrices[keys + [c for c in matrices.columns if c not in keys]]
+    ctable = attach_paper_continual(summarise_continual(runs), paper, paper_results)
+    atomic_write(out / "tasks.parquet", lambda tmp: tasks.to_parquet(tmp, index=False))
+    atomic_write_text(out / "accuracy_matrix.csv", matrices.to_csv(index=False))
+    atomic_write_text(out / "continual.csv", ctable.to_csv(index=False))
+    atomic_write_text(out / "continual.md", continual_markdown(ctable, experiment))
+    atomic_write_text(out / "continual.html", continual_html(ctable, experiment))
     return table

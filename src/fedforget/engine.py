@@ -289,7 +289,7 @@ class Simulation(ClientSide):
             "sampled_clients_local_train_loss_mean": float(np.mean(losses)) if losses else math.nan,
         }  # fmt: skip
         te = time.perf_counter()
-        if rnd % t.eval_every == 0 or rnd == t.rounds:
+        if rnd % t.eval_every == 0 or rnd == t.rounds or sc.ends_task(rnd):  # task ends: the accuracy matrix
             metrics, row["_tasks"] = self.global_metrics(rnd)
             row.update(metrics)
         if "weight_divergence" in t.diagnostics and uploads:

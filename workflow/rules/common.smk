@@ -6,11 +6,13 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
+from fedforget.aggregate import CONTINUAL_OUTPUTS
 from fedforget.config import parse_config
+from fedforget.continual import scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
 from fedforget.figures import FIGURES as FIGURE_FUNCTIONS
-from fedforget.plots import CURVES
+from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
 from fedforget.provenance import module_code, training_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
@@ -190,6 +192,47 @@ PLOT_CODE = module_code("fedforget.plots").digest
 FIGURES = list(CURVES)  # the learning curves that rule plot draws for every experiment
 
 
+def aggregate_outputs():
+    """The outputs of rules aggregate and aggregate_continual: one report entry per file, a
+    subcategory per experiment, and the label that tells entries apart first (the report
+    turns a later label with two values into a toggle)."""
+    return dict(
+        table=report(
+            f"{RESULTS}/{{experiment}}/summary/table.csv",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Summary, mean ± std over seeds (CSV)", "experiment": "{experiment}"},
+        ),
+        html=report(
+            f"{RESULTS}/{{experiment}}/summary/table.html",
+            caption="../report/table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Summary, mean ± std over seeds", "experiment": "{experiment}"},
+        ),
+        markdown=f"{RESULTS}/{{experiment}}/summary/table.md",
+        runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
+        metrics=f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+    )
+
+
+def plot_outputs():
+    """The outputs of rules plot and plot_continual: one named output and report entry per
+    learning curve (FIGURES), each with its own labels (entries with the same labels
+    collapse into one in the report)."""
+    return {
+        fig: report(
+            f"{RESULTS}/{{experiment}}/figures/{fig}.png",
+            caption="../report/curves.rst",
+            category="Learning curves",
+            subcategory="{experiment}",
+            labels={"figure": CURVES[fig], "experiment": "{experiment}"},
+        )
+        for fig in FIGURES
+    }
+
+
 # labels of experiment-specific figures: the {figure} wildcard takes only these, so rule
 # figure never claims the learning curves that rule plot writes beside them
 FIGURE_LABELS = sorted({f.label for exp in WF.experiments for f in exp.figures})
@@ -205,14 +248,34 @@ def experiment_figure(w):
     raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
 
 
-RUN_OUTPUTS = ("metrics.csv", "run.json", "model.pt", "timings.csv")  # rule train's outputs
+# experiments with continual runs (a scenario of more than one task): rules
+# aggregate_continual and plot_continual write their continual tables and figures besides;
+# the other experiments' rules aggregate and plot write exactly what they wrote before
+CONTINUAL = sorted({rc.experiment for rc in RUNS.values() if scenario_shape(rc.dataset.scenario, rc.train.rounds)})
+
+
+def names_re(names):
+    """A wildcard constraint that matches exactly these names (none: nothing)."""
+    return "|".join(re.escape(x) for x in names) or "(?!)"
+
+
+CONTINUAL_RE = names_re(CONTINUAL)
+ONE_TASK_RE = names_re(sorted({exp.name for exp in WF.experiments} - set(CONTINUAL)))
+
+
+RUN_OUTPUTS = ("metrics.csv", "run.json", "model.pt", "timings.csv", "tasks.csv", "accuracy_matrix.csv")  # rule train's outputs
 SUMMARY_OUTPUTS = ("table.csv", "table.md", "table.html", "runs.csv", "metrics.parquet")  # rule aggregate's
+
+
+def summary_outputs(experiment):
+    """The summary files of rule aggregate, or of aggregate_continual for a continual experiment."""
+    return SUMMARY_OUTPUTS + (CONTINUAL_OUTPUTS if experiment in CONTINUAL else ())
 
 
 def stale_summary(w):
     """The experiment's summary files, which a training job removes when it starts: a table
     never claims a run that is being redone (or whose redo failed and left no outputs)."""
-    return [f"{RESULTS}/{w.experiment}/summary/{f}" for f in SUMMARY_OUTPUTS]
+    return [f"{RESULTS}/{w.experiment}/summary/{f}" for f in summary_outputs(w.experiment)]
 
 
 def all_targets():
@@ -226,6 +289,9 @@ def all_targets():
         base = f"{RESULTS}/{exp.name}"
         out += [f"{base}/summary/table.csv", f"{base}/summary/table.md"]
         out += [f"{base}/figures/{f}.png" for f in FIGURES]
+        if exp.name in CONTINUAL:
+            out += [f"{base}/summary/continual.csv", f"{base}/summary/continual.md"]
+            out += [f"{base}/figures/{CONTINUAL_DIR}/{f}.png" for f in CONTINUAL_FIGURES]
         out += [f"{base}/figures/{f.label}.png" for f in exp.figures]
     out += [f"{RESULTS}/partitions/{pool}/{slug}/heatmap.png" for pool, slug in PARTITIONS]
     return out

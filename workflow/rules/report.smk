@@ -5,25 +5,9 @@ rule aggregate:
     input:
         experiment_runs,
     output:
-        # one report entry per file: a subcategory per experiment, and the label that tells
-        # entries apart first (the report turns a later label with two values into a toggle)
-        table=report(
-            f"{RESULTS}/{{experiment}}/summary/table.csv",
-            caption="../report/table.rst",
-            category="Tables",
-            subcategory="{experiment}",
-            labels={"table": "Summary, mean ± std over seeds (CSV)", "experiment": "{experiment}"},
-        ),
-        html=report(
-            f"{RESULTS}/{{experiment}}/summary/table.html",
-            caption="../report/table.rst",
-            category="Tables",
-            subcategory="{experiment}",
-            labels={"table": "Summary, mean ± std over seeds", "experiment": "{experiment}"},
-        ),
-        markdown=f"{RESULTS}/{{experiment}}/summary/table.md",
-        runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
-        metrics=f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+        **aggregate_outputs(),
+    wildcard_constraints:
+        experiment=ONE_TASK_RE,
     params:
         runs=experiment_run_dirs,
         paper=experiment_paper,
@@ -36,22 +20,39 @@ rule aggregate:
         "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log} 2>&1"
 
 
+# the same command for experiments with continual runs, which also writes the continual
+# summary (fedforget.aggregate.CONTINUAL_OUTPUTS) and its tables for the report
+use rule aggregate as aggregate_continual with:
+    output:
+        **aggregate_outputs(),
+        continual=report(
+            f"{RESULTS}/{{experiment}}/summary/continual.csv",
+            caption="../report/continual_table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Continual metrics, mean ± std over seeds (CSV)", "experiment": "{experiment}"},
+        ),
+        continual_html=report(
+            f"{RESULTS}/{{experiment}}/summary/continual.html",
+            caption="../report/continual_table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Continual metrics, mean ± std over seeds", "experiment": "{experiment}"},
+        ),
+        continual_markdown=f"{RESULTS}/{{experiment}}/summary/continual.md",
+        tasks=f"{RESULTS}/{{experiment}}/summary/tasks.parquet",
+        matrices=f"{RESULTS}/{{experiment}}/summary/accuracy_matrix.csv",
+    wildcard_constraints:
+        experiment=CONTINUAL_RE,
+
+
 rule plot:
     input:
         f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
     output:
-        # one named output and report entry per learning curve (FIGURES), each with its own
-        # labels: entries with the same labels collapse into one in the report
-        **{
-            fig: report(
-                f"{RESULTS}/{{experiment}}/figures/{fig}.png",
-                caption="../report/curves.rst",
-                category="Learning curves",
-                subcategory="{experiment}",
-                labels={"figure": CURVES[fig], "experiment": "{experiment}"},
-            )
-            for fig in FIGURES
-        },
+        **plot_outputs(),
+    wildcard_constraints:
+        experiment=ONE_TASK_RE,
     params:
         summary=subpath(input[0], parent=True),
         out=f"{RESULTS}/{{experiment}}/figures",
@@ -60,6 +61,30 @@ rule plot:
         "logs/plot/{experiment}.log",
     shell:
         "fedforget plot --summary {params.summary} --out {params.out} > {log} 2>&1"
+
+
+# the same command for experiments with continual runs: the learning curves and the
+# continual figures (fedforget.plots.CONTINUAL_FIGURES, in figures/continual/)
+use rule plot as plot_continual with:
+    input:
+        f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+        f"{RESULTS}/{{experiment}}/summary/runs.csv",
+        f"{RESULTS}/{{experiment}}/summary/tasks.parquet",
+        f"{RESULTS}/{{experiment}}/summary/accuracy_matrix.csv",
+    output:
+        **plot_outputs(),
+        **{
+            f"continual_{fig}": report(
+                f"{RESULTS}/{{experiment}}/figures/{CONTINUAL_DIR}/{fig}.png",
+                caption="../report/continual.rst",
+                category="Continual learning",
+                subcategory="{experiment}",
+                labels={"figure": name, "experiment": "{experiment}"},
+            )
+            for fig, name in CONTINUAL_FIGURES.items()
+        },
+    wildcard_constraints:
+        experiment=CONTINUAL_RE,
 
 
 rule figure:
@@ -88,5 +113,7 @@ rule figure:
 
 localrules:
     aggregate,
+    aggregate_continual,
     plot,
+    plot_continual,
     figure,

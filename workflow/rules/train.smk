@@ -14,6 +14,8 @@ rule train:
         run=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/run.json",
         model=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/model.pt",
         timings=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/timings.csv",
+        tasks=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/tasks.csv",
+        matrix=f"{RESULTS}/{{experiment}}/{{dataset}}/{{partition}}/{{method}}/seed{{seed}}/accuracy_matrix.csv",
     params:
         cfg=train_config,
         identity=train_identity,
