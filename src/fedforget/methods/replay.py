@@ -1,0 +1,235 @@
+"""A per-client replay buffer filled by reservoir sampling: the memory of FL+A-GEM, FL+DER
+(``agem.py``, ``der.py``) and FedGP (papers/fedgp.md). Not a method; methods use it.
+
+Reservoir sampling [P, fedgp.md Algorithm 4, Vitter 1985] with capacity B: the n-th sample
+offered (n = 0, 1, ... counted over everything the client was ever offered) is stored at
+slot n while n < B; otherwise j ~ U{0, ..., n} is drawn and the sample replaces slot j if
+j < B. After N offers every sample is in the buffer with probability min(1, B / N)
+(fedgp.md App. C), whatever the order of the offers.
+
+What is stored, per row: ``x`` as the model sees it (after the task's transform: rotated or
+permuted inputs are stored rotated or permuted), ``y``, the row's ``task`` and any extra
+tensors the method passes (DER: the logits of the training forward, ``logits``). Everything
+lives in the client's ``ctx.state[key]`` (a plain dict of tensors and ints: checkpointed with
+the run, moved to host memory between the client's rounds on a GPU), one buffer per key;
+methods that share a key share the buffer (FedGP over DER or A-GEM reuses the base's).
+
+When a sample is offered [D, per METHODS.md "FedGP"]: once per task, during the client's
+first pass over the task's data, i.e. the first local epoch of the first round in which it
+trains on the task (a client not sampled in the task's first round offers in its first
+sampled round), after the step that trained on it. FedGP's code offers each sample once, on
+its first pass; Algorithm 2 read literally would offer it at every step (every epoch of
+every round). ``offer_budget`` implements the rule: the buffer keeps ``offered_upto``, the
+end of the newest data range it was offered from (a client's rows are contiguous and
+ordered by task), so a round whose data end beyond it offers its first epoch. With
+asynchronous boundaries that is the first round of each new window; the one window that
+overlaps the previous (the last one, once a client's stream is exhausted) is not offered.
+
+Randomness is keyed, never sequential [D]: the offers of client k in round r (on task t)
+draw from ``offer_generator`` = torch_seed(seed, r, k, t, OFFER_STREAM); a method's memory
+batches from its own stream (``sample_generator``), so changing a batch size never changes
+the buffer's contents. The draws for a minibatch of m offers are m float64 uniforms u,
+j = floor(u (n + 1)) (one draw per offered row, used or not; bias below 2^-53).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..utils import torch_seed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..data.scenario import Scenario
+    from .base import ClientContext, RunInfo
+
+OFFER_STREAM = 0x80  # keyed randomness of the reservoir's replacement draws
+KEY = "replay"  # default ctx.state key of the buffer
+_META = ("size", "seen", "offered_upto")  # the buffer's int fields; the rest are row tensors
+
+
+class Reservoir:
+    """A reservoir of ``capacity`` rows in a client's state dict under ``key``. The object
+    itself holds no data (one is shared by all clients, like the method): every call takes
+    the client's ``state`` (``ctx.state``)."""
+
+    def __init__(self, capacity: int, key: str = KEY) -> None:
+        self.capacity = int(capacity)
+        self.key = key
+
+    # ------------------------------------------------------------------ reading
+    def size(self, state: dict[str, Any]) -> int:
+        """Rows in the buffer (min(seen, capacity)); 0 before the first offer."""
+        buf = state.get(self.key)
+        return 0 if buf is None else int(buf["size"])
+
+    def seen(self, state: dict[str, Any]) -> int:
+        """Samples offered so far (n of Algorithm 4)."""
+        buf = state.get(self.key)
+        return 0 if buf is None else int(buf["seen"])
+
+    def rows(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The buffer's filled rows: {"x", "y", "task", extras...} (views, not copies)."""
+        buf = state.get(self.key)
+        if buf is None:
+            return {}
+        n = int(buf["size"])
+        return {k: v[:n] for k, v in buf.items() if k not in _META}
+
+    def sample(
+        self, state: dict[str, Any], m: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor] | None:
+        """min(m, size) rows drawn uniformly without replacement with ``generator`` (a CPU
+        generator): {"x", "y", "task", extras...}; None while the buffer is empty."""
+        n = self.size(state)
+        if n == 0:
+            return None
+        buf = state[self.key]
+        idx = torch.randperm(n, generator=generator)[:m].to(buf["y"].device)
+        return {k: v[idx] for k, v in buf.items() if k not in _META}
+
+    # ------------------------------------------------------------------ writing
+    def offer(
+        self,
+        state: dict[str, Any],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator,
+        task: torch.Tensor | int,
+        **extra: torch.Tensor,
+    ) -> int:
+        """Offer the rows of a minibatch, in order, to the reservoir (Algorithm 4, one row
+        after another: a slot drawn twice keeps the later row). ``task``: the rows' task
+        (one id or one per row); ``extra``: more per-row tensors to keep (DER's logits; the
+        same names at every offer). Returns the number of rows stored."""
+        m = len(y)
+        if m == 0 or self.capacity == 0:
+            return 0
+        task = torch.as_tensor(task, dtype=torch.long, device=y.device).expand(m)
+        fields = {
+            "x": x.detach(),
+            "y": y.detach(),
+            "task": task,
+            **{k: v.detach() for k, v in extra.items()},
+        }
+        buf = self._buf(state)
+        if "y" not in buf:  # the first offer: room for ``capacity`` rows of each field
+            for k, v in fields.items():
+                buf[k] = torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype, device=v.device)
+        stored = {k for k in buf if k not in _META}
+        if stored != fields.keys():
+            raise ValueError(
+                f"replay buffer '{self.key}' keeps {sorted(stored)}, offered {sorted(fields)}"
+            )
+        seen = int(buf["seen"])
+        u = torch.rand(m, generator=generator, dtype=torch.float64)
+        n = torch.arange(seen, seen + m, dtype=torch.float64)  # samples seen before each row
+        j = torch.minimum((u * (n + 1)).floor(), n).long().tolist()
+        slot_of_row: dict[int, int] = {}  # slot -> the last row written to it
+        for i in range(m):
+            s = seen + i if seen + i < self.capacity else j[i]
+            if s < self.capacity:
+                slot_of_row[s] = i
+        buf["seen"] = seen + m
+        buf["size"] = min(seen + m, self.capacity)
+        if slot_of_row:  # one gather/scatter with distinct slots (deterministic on a GPU)
+            dev = buf["y"].device
+            slots = torch.tensor(list(slot_of_row), dtype=torch.long, device=dev)
+            rows = torch.tensor(list(slot_of_row.values()), dtype=torch.long, device=dev)
+            for k, v in fields.items():
+                buf[k][slots] = v[rows].to(buf[k].dtype)
+        return len(slot_of_row)
+
+    # ------------------------------------------------------------------ the offer rule
+    def offer_budget(self, ctx: ClientContext, drop_last: bool) -> int:
+        """Rows the client offers this round: its first epoch's rows (the engine's first
+        epoch: every row, or the full minibatches only with ``drop_last``) if this round's
+        data reach past what the buffer was last offered, else 0. Marks the data as
+        offered. Call once per client-round (``client_begin``)."""
+        view = ctx.data
+        if view is None or self.capacity == 0:
+            return 0
+        buf = self._buf(ctx.state)
+        if view.stop <= int(buf["offered_upto"]):
+            return 0
+        buf["offered_upto"] = view.stop
+        n, bs = len(view), ctx.batch_size
+        return (n // bs) * bs if drop_last and n >= bs else n
+
+    def _buf(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The buffer's dict in ``state`` (created empty: its row tensors come with the
+        first offer, shaped like the rows offered)."""
+        return state.setdefault(self.key, {"size": 0, "seen": 0, "offered_upto": 0})
+
+
+def offer_generator(seed: int, rnd: int, cid: int, task: int) -> torch.Generator:
+    """The reservoir's draws of client ``cid`` in round ``rnd`` on ``task``."""
+    return torch.Generator().manual_seed(torch_seed(seed, rnd, cid, task, OFFER_STREAM))
+
+
+def sample_generator(seed: int, rnd: int, cid: int, task: int, stream: int) -> torch.Generator:
+    """A method's memory-batch draws (its own ``stream``) for client ``cid`` in round ``rnd``."""
+    return torch.Generator().manual_seed(torch_seed(seed, rnd, cid, task, stream))
+
+
+class Replay:
+    """What A-GEM, DER and FedGP share on the client side: the buffer, the per-round offer
+    budget and generators (in the method's scratch), each row's task and the logits and
+    task-IL masks of replayed rows. Per-client values live in the method's scratch
+    namespace passed in (``s``) and in ``ctx.state``; this object only holds constants."""
+
+    def __init__(self, info: RunInfo, capacity: int, sample_stream: int, key: str = KEY) -> None:
+        self.info = info
+        self.buffer = Reservoir(capacity, key)
+        self.sample_stream = sample_stream
+        sc: Scenario | None = info.scenario
+        # class -> task (split scenarios: each class is in one task), for rows' task ids
+        self.task_of_class: torch.Tensor | None = None
+        if sc is not None and sc.kind == "split":
+            t = torch.full((info.num_classes,), -1, dtype=torch.long)
+            for i, cls in enumerate(sc.task_classes):
+                t[cls] = i
+            self.task_of_class = t.to(info.device)
+        self.class_mask = sc.class_mask(info.device) if sc is not None and sc.masked else None
+
+    def begin(self, ctx: ClientContext, s: SimpleNamespace) -> None:
+        """Set up client ``ctx``'s round in the namespace ``s``: its offer budget and
+        generators (keyed by seed, round, client, task)."""
+        seed = self.info.seed
+        s.to_offer = self.buffer.offer_budget(ctx, self.info.train.drop_last)
+        s.offer_gen = offer_generator(seed, ctx.round, ctx.cid, ctx.task)
+        s.sample_gen = sample_generator(seed, ctx.round, ctx.cid, ctx.task, self.sample_stream)
+
+    def row_tasks(self, ctx: ClientContext, y: torch.Tensor) -> torch.Tensor | int:
+        """The task of each training row: its class's task in split scenarios (a window of
+        asynchronous boundaries may mix tasks), else the client's task."""
+        return self.task_of_class[y] if self.task_of_class is not None else ctx.task
+
+    def offer(self, ctx: ClientContext, s: SimpleNamespace, x, y, **extra) -> None:
+        """Offer a trained minibatch if the round's first pass is not over."""
+        if s.to_offer <= 0:
+            return
+        s.to_offer -= len(y)
+        self.buffer.offer(ctx.state, x, y, s.offer_gen, self.row_tasks(ctx, y), **extra)
+
+    def sample(
+        self, ctx: ClientContext, s: SimpleNamespace, m: int
+    ) -> dict[str, torch.Tensor] | None:
+        return self.buffer.sample(ctx.state, m, s.sample_gen)
+
+    def logits(self, model: torch.nn.Module, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+        """Scores of replayed rows: the model's logits (with per-task heads, each row's own
+        task's head; earlier heads are frozen, so only the body learns from them)."""
+        heads = getattr(getattr(model, "head", None), "heads", None)
+        if heads is None:
+            return model(x)
+        z = model.features(x)
+        top = int(getattr(model.head, "active", len(heads) - 1))
+        outs = torch.stack([h(z) for h in heads[: top + 1]])  # [T', B, C]
+        return outs[task.clamp(max=top), torch.arange(len(x), device=x.device)]
+
+    def mask(self, task: torch.Tensor) -> torch.Tensor | None:
+        """Task-IL masks of replayed rows (their tasks' classes), None where nothing is masked."""
+        return None if self.class_mask is None else self.class_mask[task]
