@@ -40,7 +40,7 @@ The results match the sequential loop up to floating-point summation order (a te
 the method's local-training hooks are FedAvg's (``client_side_is_fedavg``; a method's own
 ``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards) or the method states
 its change as per-step loss and gradient terms for the stacked clients
-(``FedAvg.stacked_step_terms``: FedProx, FedDyn, SCAFFOLD), the model has no
+(``FedAvg.stacked_step_terms``, their one definition: FedProx, FedDyn, SCAFFOLD, FedCurv), the model has no
 buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
 place), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
 back to one client after another; ``run.json`` records which path ran.
@@ -71,7 +71,7 @@ TRAINING_HOOKS = ("client_task_begin", "client_begin", "task_loss", "extra_loss"
 
 
 # the hooks a method may override and still train batched, when it states their effect
-# for the whole stack in ``stacked_step_terms`` (FedProx, FedDyn, SCAFFOLD)
+# in ``stacked_step_terms`` (FedProx, FedDyn, SCAFFOLD, FedCurv)
 TERM_HOOKS = ("client_begin", "extra_loss", "transform_grad")
 
 
@@ -300,10 +300,16 @@ def train_clients_together(
         their gradients and losses ([hi - lo, ...] each)."""
         if terms is None:
             return grads, losses
-        with torch.no_grad():
-            ext_loss, ext = terms(lo, hi, w)
-        grads = {n: g + ext[n] if n in ext else g for n, g in grads.items()}
-        return grads, losses if ext_loss is None else losses + ext_loss
+        leaves = {n: v.detach().requires_grad_() for n, v in w.items()}
+        with torch.enable_grad():
+            ext_loss, ext = terms(lo, hi, leaves)
+        if ext_loss is not None:  # the loss term's gradient, by autograd as on a client alone
+            d = dict(zip(leaves, torch.autograd.grad(ext_loss.sum(), list(leaves.values()), allow_unused=True)))
+            grads = {n: g + d[n] if d.get(n) is not None else g for n, g in grads.items()}
+            losses = losses + ext_loss.detach()
+        if ext:
+            grads = {n: g + ext[n] if n in ext else g for n, g in grads.items()}
+        return grads, losses
 
     def loop_client_(net: nn.Module, i: int, ks: range) -> torch.Tensor:
         """Client i's steps ``ks`` on its own, on its slice of the stack (weights and momentum

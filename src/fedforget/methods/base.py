@@ -34,8 +34,10 @@ Clients trained together (``fedforget.vectorized``, the batched engine) run FedA
 step for all sampled clients at once. A method whose local-training change is a term added
 to every step's loss, that depends only on the client's own weights and on values fixed for
 the round (FedProx's proximal term, FedDyn's linear and quadratic terms, SCAFFOLD's
-control-variate correction), states that term for the whole stack in
-``stacked_step_terms`` and so runs batched too; ``client_begin`` then runs for every client
+control-variate correction, FedCurv's penalty), states that term once, for a stack of
+clients, in ``stacked_step_terms``: a client training alone is a stack of one (FedAvg's
+default ``extra_loss`` and ``transform_grad`` apply it), the batched engine applies it to
+the whole stack, and both take the loss term's gradient from autograd; ``client_begin`` then runs for every client
 before the batched pass (on the global weights) and again before its ``client_end`` (on its
 trained weights), so it must only set up, never accumulate.
 
@@ -70,8 +72,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..models import Classifier
 
 Params = dict[str, torch.Tensor]
-# terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient terms by name)
-StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params]]
+# terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient additions by
+# name or None): FedAvg.stacked_step_terms
+StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None]]
 
 
 @dataclass
@@ -311,8 +314,22 @@ class FedAvg:
         features: torch.Tensor,
         logits: torch.Tensor,
     ) -> torch.Tensor | None:
-        """Extra local loss terms (FedProx's proximal term, MOON's contrastive term, ...)."""
-        return None
+        """Extra local loss terms (MOON's contrastive term, ...). Default: the loss part of
+        the method's ``stacked_step_terms`` for this client alone (a stack of one), so a
+        per-step term is written once and both engines derive its gradient by autograd."""
+        terms = self._own_terms(ctx)
+        if terms is None:
+            return None
+        w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
+        loss, self.scratch(ctx).step_grads = terms(0, 1, w)
+        return None if loss is None else loss[0]
+
+    def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
+        """This client's ``stacked_step_terms`` (built once per client and round)."""
+        sc = self.scratch(ctx)
+        if not hasattr(sc, "step_terms"):
+            sc.step_terms = self.stacked_step_terms([ctx])
+        return sc.step_terms
 
     def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """L_k(w) on one minibatch: task_loss + extra_loss (what backward differentiates;
@@ -330,16 +347,37 @@ class FedAvg:
         return loss
 
     def transform_grad(self, ctx: ClientContext) -> None:
-        """Per-step gradient transform, in place on p.grad (projection, control variates)."""
+        """Per-step gradient transform, in place on p.grad (projection, ...). Default: the
+        gradient part of the method's ``stacked_step_terms`` for this client (SCAFFOLD's
+        control-variate correction) added to p.grad."""
+        terms = self._own_terms(ctx)
+        if terms is None:
+            return
+        sc = self.scratch(ctx)
+        named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
+        grads = getattr(sc, "step_grads", None)
+        if grads is None:  # no extra_loss call this step (a method calling this hook alone)
+            with torch.no_grad():
+                grads = terms(0, 1, {n: p.unsqueeze(0) for n, p in named})[1]
+        sc.step_grads = None
+        for n, p in named:
+            if grads and n in grads:
+                if p.grad is None:  # a parameter outside this step's loss graph
+                    p.grad = grads[n][0].clone()
+                else:
+                    p.grad.add_(grads[n][0])
 
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
-        """The batched engine's form of this method's extra_loss + transform_grad, for the
-        clients ``ctxs`` (after their client_begin): a function ``terms(lo, hi, w)`` that
-        takes the stacked trainable weights ``w[name]`` [hi - lo, ...] of clients
-        ``ctxs[lo:hi]`` and returns (their extra loss values [hi - lo], or None for no loss
-        term; the terms to add to their gradients, {name: [hi - lo, ...]}), exactly what
-        extra_loss and transform_grad add for each client on its own. None (FedAvg): no
-        terms. Only for changes of that form; others train one client after another."""
+        """A method's per-step terms, written once for a stack of clients ``ctxs`` (after
+        their client_begin): a function ``terms(lo, hi, w)`` of the stacked trainable weights
+        ``w[name]`` [hi - lo, ...] of clients ``ctxs[lo:hi]`` that returns (their extra loss
+        values [hi - lo], differentiable in w, or None; gradient additions that are not the
+        gradient of a loss, {name: [hi - lo, ...]}, or None). Both engines use this one
+        definition: a client alone is a stack of one (the default ``extra_loss`` and
+        ``transform_grad``), the batched engine takes the whole stack; the loss's gradient
+        comes from autograd in both. Terms that depend only on the client's own weights and
+        values fixed for the round (FedProx, FedDyn, SCAFFOLD, FedCurv). None (FedAvg): no
+        terms."""
         return None
 
     def client_end(self, ctx: ClientContext) -> Upload:

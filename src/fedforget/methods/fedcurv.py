@@ -147,7 +147,7 @@ class FedCurv(FedAvg):
     def client_begin(self, ctx: ClientContext) -> None:
         """The penalty's (U, V, C) of the other clients, split per trainable parameter."""
         s = self.scratch(ctx)
-        s.terms, s.by_name = [], {}
+        s.by_name = {}
         sums = ctx.broadcast.get(SUMS)
         if sums is None or self.p.lam == 0:
             return
@@ -159,23 +159,12 @@ class FedCurv(FedAvg):
         for (n, p), u, v, c in zip(named, *views):
             if p.requires_grad:
                 s.by_name[n] = (u.view_as(p), v.view_as(p), c.view_as(p))
-                s.terms.append((p, *s.by_name[n]))
-
-    def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
-        """sum_i w^2 U - 2 w V + C over the trainable parameters (before lam)."""
-        terms = self.scratch(ctx).terms
-        if not terms:
-            return None
-        return sum((p * p * u - 2 * p * v + c).sum() for p, u, v, c in terms)
-
-    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor | None:
-        pen = self.penalty(ctx)
-        return None if pen is None else self.p.lam * pen
 
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
-        """The penalty for clients trained together: per client, lam * sum(w^2 U - 2 w V + C)
-        and its gradient 2 lam (w U - V), with each client's own (U, V, C)."""
-        if not self.scratch(ctxs[0]).terms:
+        """The penalty, per client of the stack: lam * sum(w^2 U - 2 w V + C) with each
+        client's own (U, V, C) (its gradient 2 lam (w U - V) by autograd, on a client alone
+        or the stack)."""
+        if not self.scratch(ctxs[0]).by_name:
             return None  # round 1 (or lam = 0): no penalty for anyone
         lam = self.p.lam
         stacked = {  # name -> (U, V, C) of every client, stacked [G, *shape]
@@ -184,15 +173,22 @@ class FedCurv(FedAvg):
         }
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            loss, grads = None, {}
-            for n, (u, v, c) in stacked.items():
-                u, v, c = u[lo:hi], v[lo:hi], c[lo:hi]
-                val = (w[n] * w[n] * u - 2 * w[n] * v + c).flatten(1).sum(1)
-                loss = val if loss is None else loss + val
-                grads[n] = 2 * lam * (w[n] * u - v)
-            return lam * loss, grads
+            vals = [
+                (w[n] * w[n] * u[lo:hi] - 2 * w[n] * v[lo:hi] + c[lo:hi]).flatten(1).sum(1)
+                for n, (u, v, c) in stacked.items()
+            ]
+            return lam * torch.stack(vals).sum(0), None
 
         return terms
+
+    def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
+        """sum_i w^2 U - 2 w V + C over the client's trainable parameters (before lam),
+        from the one definition in ``stacked_step_terms``."""
+        terms = self._own_terms(ctx)
+        if terms is None or self.p.lam == 0:
+            return None
+        w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
+        return terms(0, 1, w)[0][0] / self.p.lam
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

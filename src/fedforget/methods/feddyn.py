@@ -99,23 +99,17 @@ class FedDyn(FedAvg):
         # (theta, theta^{t-1}, grad L_k(theta_k^{t-1})) per parameter, for this client only
         self.scratch(ctx).terms = [(p, ctx.global_params[n], g.view_as(p)) for (n, p), g in zip(params, views)]
 
-    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
-        lin = sum((g * w).sum() for w, _, g in self.scratch(ctx).terms)
-        sq = sum((w - wg).pow(2).sum() for w, wg, _ in self.scratch(ctx).terms)
-        return 0.5 * self.p.alpha * sq - lin
-
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
-        """extra_loss for clients trained together: per client, (alpha/2) ||theta -
-        theta^{t-1}||^2 - <grad L_k(theta_k^{t-1}), theta>, and its gradient
-        alpha (theta - theta^{t-1}) - grad L_k(theta_k^{t-1})."""
+        """The dynamic regulariser, per client of the stack: (alpha/2) ||theta -
+        theta^{t-1}||^2 - <grad L_k(theta_k^{t-1}), theta> (its gradient alpha (theta -
+        theta^{t-1}) - grad L_k(theta_k^{t-1}) by autograd, on a client alone or the stack)."""
         alpha, wg = self.p.alpha, ctxs[0].global_params
         g = split_stacked([ctx.state["grad"] for ctx in ctxs], ctxs[0].model)
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            diff = {n: w[n] - wg[n] for n in g}
-            sq = torch.stack([d.pow(2).flatten(1).sum(1) for d in diff.values()]).sum(0)
+            sq = torch.stack([(w[n] - wg[n]).pow(2).flatten(1).sum(1) for n in g]).sum(0)
             lin = torch.stack([(g[n][lo:hi] * w[n]).flatten(1).sum(1) for n in g]).sum(0)
-            return 0.5 * alpha * sq - lin, {n: alpha * d - g[n][lo:hi] for n, d in diff.items()}
+            return 0.5 * alpha * sq - lin, None
 
         return terms
 

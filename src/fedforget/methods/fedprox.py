@@ -6,8 +6,9 @@ global weights w^t (the paper's local objective h_k):
 
     h_k(w; w^t) = F_k(w) + (mu/2) ||w - w^t||^2
 
-summed over the trainable parameters (``extra_loss``; ``stacked_step_terms`` for clients
-trained together), so each step's gradient is grad F_k(w) + mu (w - w^t). Everything else is FedAvg: local SGD from w^t, server average
+summed over the trainable parameters (``stacked_step_terms``, the term's one definition for
+a client alone and for clients trained together), so each step's gradient is
+grad F_k(w) + mu (w - w^t). Everything else is FedAvg: local SGD from w^t, server average
 weighted by n_k (as the FedSOL code and the FedDyn authors' FedProx baseline do; the paper's
 Algorithm 2 samples clients with probability p_k and averages uniformly, which has the same
 expectation).
@@ -41,25 +42,19 @@ class FedProx(FedAvg):
             check_number("mu", self.mu)
 
     def client_begin(self, ctx: ClientContext) -> None:
-        # (w, w^t) pairs of this client's trainable parameters, rebuilt for every client
+        # (w, w^t) pairs of this client's trainable parameters, for the distance diagnostic
         self.scratch(ctx).anchor = [
             (p, ctx.global_params[n]) for n, p in ctx.model.named_parameters() if p.requires_grad
         ]
 
-    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor:
-        sq = sum((w - wg).pow(2).sum() for w, wg in self.scratch(ctx).anchor)
-        return 0.5 * self.p.mu * sq  # (mu/2) ||w - w^t||^2
-
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
-        """The proximal term for clients trained together: for each client's weights w,
-        (mu/2) ||w - w^t||^2 and its gradient mu (w - w^t)."""
+        """The proximal term, per client of the stack: (mu/2) ||w - w^t||^2 (its gradient
+        mu (w - w^t) by autograd, on a client alone or the stack)."""
         mu, wg = self.p.mu, ctxs[0].global_params  # one broadcast for every client
-        names = [n for n, p in ctxs[0].model.named_parameters() if p.requires_grad]
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            diff = {n: w[n] - wg[n] for n in names}
-            sq = torch.stack([d.pow(2).flatten(1).sum(1) for d in diff.values()]).sum(0)
-            return 0.5 * mu * sq, {n: mu * d for n, d in diff.items()}
+            sq = torch.stack([(v - wg[n]).pow(2).flatten(1).sum(1) for n, v in w.items()]).sum(0)
+            return 0.5 * mu * sq, None
 
         return terms
 

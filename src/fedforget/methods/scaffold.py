@@ -5,7 +5,7 @@ Server control variate c and client control variates c_i are flat tensors over t
 parameters, all initialised to ZERO (server.state["c"], ctx.state["c"]). x is the broadcast
 global model, y_i the client's local model:
 
-    local step:  y_i <- y_i - eta_l (g_i(y_i) - c_i + c)              # ``transform_grad``
+    local step:  y_i <- y_i - eta_l (g_i(y_i) - c_i + c)              # ``stacked_step_terms``
     option II:   c_i^+ = c_i - c + (x - y_i) / (K eta_l)              # ``client_end``
     upload:      (Delta y_i, Delta c_i) = (y_i - x, c_i^+ - c_i);  c_i <- c_i^+
     server:      x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i        # ``aggregate``
@@ -119,26 +119,11 @@ class Scaffold(FedAvg):
         c = ctx.broadcast["c"]
         if "c" not in ctx.state:  # c_i = 0 before the client's first round
             ctx.state["c"] = torch.zeros_like(c)
-        named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
-        self.scratch(ctx).names = [n for n, _ in named]
-        self.scratch(ctx).params = [p for _, p in named]
-        corr = c - ctx.state["c"]  # c - c_i, fixed during local training
-        sizes = [p.numel() for p in self.scratch(ctx).params]
-        self.scratch(ctx).corr = [d.view_as(p) for d, p in zip(corr.split(sizes), self.scratch(ctx).params)]
-
-    def transform_grad(self, ctx: ClientContext) -> None:
-        grads = [p.grad for p in self.scratch(ctx).params]
-        if all(g is not None for g in grads):
-            torch._foreach_add_(grads, self.scratch(ctx).corr)  # g - c_i + c
-            return
-        for p, d in zip(self.scratch(ctx).params, self.scratch(ctx).corr):  # a parameter outside this loss' graph
-            if p.grad is None:
-                p.grad = d.clone()
-            else:
-                p.grad.add_(d)
+        self.scratch(ctx).names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
 
     def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
-        """The same correction c - c_i for clients trained together (no loss term)."""
+        """The correction c - c_i added to every step's gradient (no loss term), per client
+        of the stack; on a client alone (a stack of one) FedAvg's ``transform_grad`` adds it."""
         corr = split_stacked([ctx.broadcast["c"] - ctx.state["c"] for ctx in ctxs], ctxs[0].model)
         return lambda lo, hi, w: (None, {n: d[lo:hi] for n, d in corr.items()})
 
