@@ -1,0 +1,315 @@
+"""FL+GPM: Gradient Projection Memory (Saha, Garg, Roy, ICLR 2021) on the clients of FedAvg,
+the "FL+CL" baseline of the FedGP paper (papers/fedgp.md Sec. 5, Table 1: "FedAvg (FL) with
+continual learning solutions applied to clients"); GPM as papers/fedprotip.md Sec. 3.2
+summarises it and the authors' code (sahagobinda/GPM, main_cifar100.py) computes it.
+
+GPM, per layer l (representations and projection: ``fedforget.activations``):
+- After a task, the representation a_l [d_l, columns] of ``samples`` (125 [C]) training inputs
+  of the task, taken with the task's final model in eval mode: the layer's inputs (Linear) or
+  their im2col columns (conv).
+- Memory update (GPM Eq. 8-9, the code's ``update_GPM``): remove the part in span(M_l),
+  a_hat = a - M M^T a; SVD a_hat = U S V^T; with total = ||a||_F^2 and the energy already
+  captured, c = (total - ||a_hat||_F^2) / total, keep the smallest r with
+  c + sum_{i<=r} s_i^2 / total >= eps_l (r = 0 if c >= eps_l already); M_l <- [M_l, U_:r]
+  (at most d_l columns). For the first task c = 0 (Eq. 5).
+- eps_l = ``threshold`` + ``threshold_step`` * t after task t = 0, 1, ... [C: 0.97 + 0.003 t,
+  CIFAR-100], capped at 1, the same for every layer.
+- Training on later tasks, every step (``transform_grad``): G_l <- G_l - G_l M_l M_l^T on each
+  layer's weight gradient reshaped to [out, d_l].
+
+Federated, which memory: ``memory``
+- ``local`` [P, default]: every client keeps its own GPM (``ctx.state``) built from its own
+  samples of each task it had data in, and projects its own steps with it; FedAvg aggregates.
+  This is the paper's "CL solution applied to clients"; it does not say which model the
+  client's representation comes from: the task's final global model [D] (what a client holds
+  after the last round; ``client_task_end``).
+- ``global`` [D]: the clients' representations of the task are pooled on the server, which
+  runs the memory update on their concatenation (GPM on the union of the clients' samples)
+  and broadcasts the memory; every client projects with it. A client sends a factor F_k of
+  its representation, F_k F_k^T = a_k a_k^T (``d_l x min(d_l, columns)``, float32), instead
+  of a_k itself: the same SVD of the pooled matrix (U and s^2 depend on a a^T only), less
+  traffic and memory for convolutions.
+
+Switches and their sources ([P] paper, [C] authors' code, [D] our decision):
+- ``samples`` = 125 [C] (CIFAR-100; the code's PMNIST uses 300), drawn with a generator keyed
+  (seed, task, client, 0x70). The code unfolds only the first 24 / 100 of them for its conv
+  layers to bound the matrix width; here every sample is used for every layer, the Gram
+  matrix being accumulated in chunks [D].
+- ``threshold`` = 0.97, ``threshold_step`` = 0.003 [C, CIFAR-100]. The code's rule for the
+  first task keeps one direction fewer than Eq. 5 (it counts the ratios below eps); the paper's
+  smallest-r rule is used for every task here [P].
+- ``bias``: freeze [C] | free. GPM's networks have no biases in the projected layers, and its
+  code zeroes the gradient of every 1-D parameter (BatchNorm's affine) outside the task heads
+  from the second task on; here, once a memory exists, the gradients of every 1-D trainable
+  parameter outside the per-task heads (biases of the projected layers, norm affines) are
+  dropped (``p.grad = None``: the optimizer skips them, weight decay included). With freeze
+  and weight decay 0, a step leaves the outputs of every projected layer on inputs in the
+  span of its memory unchanged (SGD momentum keeps that: its buffer sums projected
+  gradients). Weight decay, which the optimizer adds after the projection, and Adam's
+  per-coordinate scaling break it (as in any GPM; the GPM code trains without decay).
+- Layers: every Linear / Conv1d / Conv2d of the model (ResNet shortcuts included), a shared
+  head too (as the code's PMNIST MLP), per-task heads excepted (each trains on its own task
+  only; older ones are frozen by the engine) [C].
+- The model's BatchNorm running statistics are buffers, not projected (GPM's code uses
+  BatchNorm without running statistics).
+
+Diagnostics (rows of a task's last round, columns ``gpm_<key>``): ``basis_fill``, the mean
+over layers of rank(M_l) / d_l (local memory: mean over the reporting clients too), and
+``basis_rank``, the summed ranks (per client, local).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..activations import find_layers, layer_dim, layer_inputs, project_out
+from ..distill import is_int, is_number, require
+from ..models import TaskHeads
+from ..utils import torch_seed
+from .base import ClientContext, FedAvg, ServerContext
+from .registry import METHODS
+
+SAMPLE_STREAM = 0x70  # keyed randomness: the representation samples
+BASES = "gpm_bases"  # server.state / broadcast (global) or ctx.state (local): {layer: M [d_l, r]}
+MEMORIES = ("local", "global")
+BIAS = ("freeze", "free")
+CHUNK = 32  # samples per forward pass when collecting representations
+REL_TOL = 1e-12  # directions with s^2 <= REL_TOL * total are numerical zeros, never kept
+
+
+# ----------------------------------------------------------------------------- GPM's rule
+
+
+def threshold_at(base: float, step: float, task: int) -> float:
+    """eps after task ``task`` (0-based): base + step * task, at most 1."""
+    return min(1.0, base + step * task)
+
+
+def energy_rank(sq_sigma: torch.Tensor, total: float, captured: float, threshold: float) -> int:
+    """The smallest r >= 0 with captured + sum_{i<r} sq_sigma[i] / total >= threshold
+    (``sq_sigma`` descending; GPM Eq. 5 / Eq. 9). Directions with sq_sigma <= REL_TOL * total
+    are not counted: when they would be needed, every non-zero direction is kept."""
+    if captured >= threshold or total <= 0:
+        return 0
+    keep = sq_sigma[sq_sigma > REL_TOL * total].double()
+    reached = (captured + torch.cumsum(keep, 0) / total) >= threshold
+    hit = torch.nonzero(reached)
+    return int(hit[0]) + 1 if len(hit) else len(keep)
+
+
+def left_singular(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U [d, k], s^2 [k] descending) of ``a`` [d, n] (float64): an SVD when n < d, else an
+    eigendecomposition of a a^T (the same U and s^2, d x d work)."""
+    d, n = a.shape
+    if n < d:
+        u, s, _ = torch.linalg.svd(a, full_matrices=False)
+        return u, s * s
+    lam, vec = torch.linalg.eigh(a @ a.T)
+    return vec.flip(1), lam.flip(0).clamp_min(0)
+
+
+def extend_basis(basis: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """[basis, new] with orthonormal columns (float64): ``new`` is made orthogonal to
+    ``basis`` again and orthonormalised (QR), a numerical clean-up only (in exact arithmetic
+    it already is orthonormal and orthogonal to the basis)."""
+    if basis is not None:
+        new = new - basis @ (basis.T @ new)
+    q, r = torch.linalg.qr(new)
+    q = q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q)  # keep each column's sign
+    return q if basis is None else torch.cat([basis, q], 1)
+
+
+def gpm_update(
+    basis: torch.Tensor | None, a: torch.Tensor, threshold: float
+) -> torch.Tensor | None:
+    """GPM's memory update of one layer (Eq. 8-9): the basis [d, r'] (float32, orthonormal
+    columns) after adding the directions of the representation ``a`` [d, n] (or any factor F
+    with F F^T = a a^T) that ``threshold`` asks for; ``basis`` itself when none are needed."""
+    a = a.double()
+    total = float((a * a).sum())
+    if total <= 0:
+        return basis
+    m = basis.double() if basis is not None else None
+    resid = a - m @ (m.T @ a) if m is not None else a
+    captured = 1.0 - float((resid * resid).sum()) / total
+    u, sq = left_singular(resid)
+    r = energy_rank(sq, total, captured, threshold)
+    r = min(r, a.shape[0] - (0 if m is None else m.shape[1]))
+    if r <= 0:
+        return basis
+    return extend_basis(m, u[:, :r]).float()
+
+
+# ----------------------------------------------------------------------------- representations
+
+
+def projected_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The layers GPM / FOT project: every Linear and convolution outside per-task heads."""
+    return find_layers(model, skip=(TaskHeads,))
+
+
+def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of every 1-D floating parameter outside the per-task heads (biases,
+    norm affines): what ``bias: freeze`` holds fixed once a memory exists."""
+    heads = {f"{n}." for n, m in model.named_modules() if isinstance(m, TaskHeads)}
+    return [
+        (n, p) for n, p in model.named_parameters()
+        if p.dim() == 1 and p.is_floating_point() and not any(n.startswith(h) for h in heads)
+    ]  # fmt: skip
+
+
+def gram_factor(gram: torch.Tensor) -> torch.Tensor:
+    """F [d, k] (float32) with F F^T = ``gram`` (float64, symmetric PSD), k = its numerical
+    rank: the eigenvectors scaled by sqrt(eigenvalue)."""
+    lam, vec = torch.linalg.eigh(gram)
+    keep = lam > REL_TOL * max(float(lam.max()), 0.0)
+    return (vec[:, keep] * lam[keep].sqrt()).flip(1).float()
+
+
+def representation_factors(
+    model: nn.Module, layers: dict[str, nn.Module], x: torch.Tensor, chunk: int = CHUNK
+) -> dict[str, torch.Tensor]:
+    """{layer: F} with F F^T = a a^T for the representation a [d_l, columns] of the inputs
+    ``x`` (the model in eval mode, restored afterwards), float32: a itself while it has at
+    most d_l columns, else a factor of its Gram matrix (accumulated over chunks of ``chunk``
+    samples in float64)."""
+    was = model.training
+    model.eval()
+    parts: dict[str, list[torch.Tensor]] = {}
+    grams: dict[str, torch.Tensor] = {}
+    try:
+        for s in range(0, len(x), chunk):
+            for name, mat in layer_inputs(model, x[s : s + chunk], layers).items():
+                m = mat.double()
+                if name in grams:
+                    grams[name] += m @ m.T
+                    continue
+                parts.setdefault(name, []).append(m)
+                if sum(p.shape[1] for p in parts[name]) > m.shape[0]:  # wider than tall
+                    a = torch.cat(parts.pop(name), 1)
+                    grams[name] = a @ a.T
+    finally:
+        model.train(was)
+    out = {n: torch.cat(p, 1).float() for n, p in parts.items()}
+    out.update({n: gram_factor(g) for n, g in grams.items()})
+    return out
+
+
+@METHODS.register("gpm")
+class GPM(FedAvg):
+    name = "gpm"
+
+    @dataclass(frozen=True)
+    class Params:
+        memory: str = "local"  # local: each client's own GPM [P] | global: pooled [D]
+        samples: int = 125  # representation samples per client and task [C]
+        threshold: float = 0.97  # eps after the first task [C, CIFAR-100]
+        threshold_step: float = 0.003  # + per task [C]
+        bias: str = "freeze"  # freeze: 1-D parameters fixed once a memory exists [C] | free
+
+        def check(self) -> None:
+            require(self.memory in MEMORIES, "memory", self.memory, " | ".join(MEMORIES))
+            require(
+                is_int(self.samples) and self.samples >= 1,
+                "samples",
+                self.samples,
+                "an integer >= 1",
+            )
+            require(
+                is_number(self.threshold) and 0 <= self.threshold <= 1,
+                "threshold",
+                self.threshold,
+                "a number in [0, 1]",
+            )
+            require(is_number(self.threshold_step) and self.threshold_step >= 0, "threshold_step",
+                    self.threshold_step, "a finite number >= 0")  # fmt: skip
+            require(self.bias in BIAS, "bias", self.bias, " | ".join(BIAS))
+
+    # ---------------------------------------------------------------- server side
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        if self.p.memory == "global":
+            return {BASES: server.state.get(BASES, {})}
+        return {}
+
+    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        if not reports:
+            return
+        if self.p.memory == "local":  # each client updated its own memory: diagnostics only
+            fills = [r["fill"] for r in reports.values()]
+            ranks = [r["rank"] for r in reports.values()]
+            server.state["gpm_task_end"] = {
+                "basis_fill": sum(fills) / len(fills),
+                "basis_rank": sum(ranks) / len(ranks),
+            }
+            return
+        bases = dict(server.state.get(BASES, {}))
+        eps = threshold_at(self.p.threshold, self.p.threshold_step, server.task)
+        order = sorted(reports)
+        for name in reports[order[0]]:
+            pooled = torch.cat([reports[c][name].to(server.device) for c in order], 1)
+            new = gpm_update(bases.get(name), pooled, eps)
+            if new is not None:
+                bases[name] = new
+        server.state[BASES] = bases
+        server.state["gpm_task_end"] = self.basis_stats(bases, projected_layers(server.model))
+
+    @staticmethod
+    def basis_stats(
+        bases: dict[str, torch.Tensor], layers: dict[str, nn.Module]
+    ) -> dict[str, float]:
+        fill = [bases[n].shape[1] / layer_dim(m) if n in bases else 0.0 for n, m in layers.items()]
+        return {
+            "basis_fill": sum(fill) / max(len(fill), 1),
+            "basis_rank": float(sum(b.shape[1] for b in bases.values())),
+        }
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence) -> dict[str, float]:
+        return server.state.pop("gpm_task_end", {})
+
+    # ---------------------------------------------------------------- client side
+    def memory_of(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        if self.p.memory == "global":
+            return ctx.broadcast.get(BASES) or {}
+        return ctx.state.get(BASES) or {}
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        bases = self.memory_of(ctx)
+        layers = projected_layers(ctx.model)
+        s.pairs = [(layers[n].weight, u) for n, u in bases.items()]
+        s.frozen = (
+            [p for _, p in one_d_params(ctx.model)] if bases and self.p.bias == "freeze" else []
+        )
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        with torch.no_grad():
+            for w, u in s.pairs:
+                if w.grad is not None:
+                    w.grad.copy_(project_out(w.grad, u))  # G - G M M^T
+        for p in s.frozen:
+            p.grad = None  # the optimizer skips it (no decay, no momentum)
+
+    def client_task_end(self, ctx: ClientContext) -> Any:
+        gen = torch.Generator().manual_seed(
+            torch_seed(self.info.seed, ctx.task, ctx.cid, SAMPLE_STREAM)
+        )
+        x, _, _ = ctx.data.sample(self.p.samples, gen)
+        layers = projected_layers(ctx.model)
+        factors = representation_factors(ctx.model, layers, x)
+        if self.p.memory == "global":
+            return factors
+        bases = dict(ctx.state.get(BASES, {}))
+        eps = threshold_at(self.p.threshold, self.p.threshold_step, ctx.task)
+        for name, f in factors.items():
+            new = gpm_update(bases.get(name), f, eps)
+            if new is not None:
+                bases[name] = new
+        ctx.state[BASES] = bases
+        stats = self.basis_stats(bases, layers)
+        return {"fill": stats["basis_fill"], "rank": stats["basis_rank"]}

@@ -1,0 +1,161 @@
+"""Layer inputs as matrices (fedforget.activations): the im2col representation times the
+reshaped weight reproduces each layer's output (Linear, Conv1d, Conv2d with stride, padding,
+dilation), every layer of every model is found under its parameter name, hooks are removed
+(also on error), and G - G U U^T is orthogonal to U."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedforget.activations import (
+    find_layers,
+    input_matrix,
+    layer_dim,
+    layer_inputs,
+    project_out,
+    weight_matrix,
+)
+from fedforget.models import MODEL_DEFAULTS, TaskHeads, build_model
+from fedforget.utils import FedForgetError
+
+SHAPES = {
+    "mlp": (4,),
+    "cnn2d": (1, 8, 8),
+    "cnn1d": (1, 40),
+    "cnn_mcmahan": (1, 12, 12),
+    "resnet8": (3, 8, 8),
+    "resnet18": (3, 8, 8),
+}
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def output_from_matrix(module, x):
+    """weight_matrix @ input_matrix (+ bias), reshaped back to the layer's output layout."""
+    out = weight_matrix(module) @ input_matrix(module, x)  # [out, B * L] or [out, B]
+    if module.bias is not None:
+        out = out + module.bias[:, None]
+    if isinstance(module, nn.Linear):
+        return out.T.reshape(*x.shape[:-1], -1)
+    return out.reshape(out.shape[0], x.shape[0], -1).permute(1, 0, 2)  # [B, out, L]
+
+
+@pytest.mark.parametrize(
+    "module,shape",
+    [
+        (nn.Linear(6, 3), (5, 6)),
+        (nn.Linear(6, 3, bias=False), (2, 4, 6)),  # leading dims become columns
+        (nn.Conv2d(2, 4, 3, padding=1), (3, 2, 6, 6)),
+        (
+            nn.Conv2d(2, 4, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2), bias=False),
+            (2, 2, 7, 9),
+        ),
+        (nn.Conv2d(3, 5, 1, stride=2), (2, 3, 5, 5)),  # a ResNet shortcut
+        (nn.Conv1d(2, 4, 5, padding=2), (3, 2, 11)),
+        (nn.Conv1d(3, 4, 3, stride=2, padding=1, dilation=2), (2, 3, 13)),
+    ],
+    ids=[
+        "linear",
+        "linear-3d",
+        "conv2d",
+        "conv2d-strided-dilated",
+        "conv2d-1x1",
+        "conv1d",
+        "conv1d-strided",
+    ],
+)
+def test_matrix_times_reshaped_weight_is_the_layer_output(module, shape):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, generator=gen(1))
+    ref = module(x)
+    got = output_from_matrix(module, x)
+    torch.testing.assert_close(got, ref.reshape(got.shape), atol=1e-5, rtol=1e-5)
+    assert input_matrix(module, x).shape[0] == layer_dim(module) == weight_matrix(module).shape[1]
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_layer_of_every_model_is_found_and_reproduced(name):
+    assert set(SHAPES) >= set(MODEL_DEFAULTS)  # a new model must be added here
+    torch.manual_seed(0)
+    opts = {"norm": "group"} if name.startswith("resnet") else {}
+    model = build_model(name, SHAPES[name], 3, opts).eval()
+    layers = find_layers(model)
+    params = dict(model.named_parameters())
+    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d)
+    assert len(layers) == sum(isinstance(m, kinds) for m in model.modules())
+    for n, m in layers.items():
+        assert params[f"{n}.weight"] is m.weight
+    x = torch.randn(2, *SHAPES[name], generator=gen(2))
+    outputs = {}
+    handles = [
+        m.register_forward_hook(lambda mod, a, o, n=n: outputs.__setitem__(n, (a[0], o)))
+        for n, m in layers.items()
+    ]
+    mats = layer_inputs(model, x, layers)
+    for h in handles:
+        h.remove()
+    assert list(mats) == list(layers)  # every layer reached, in module order
+    for n, m in layers.items():
+        inp, out = outputs[n]
+        torch.testing.assert_close(mats[n], input_matrix(m, inp))
+        torch.testing.assert_close(
+            output_from_matrix(m, inp),
+            out.reshape(output_from_matrix(m, inp).shape),
+            atol=1e-4,
+            rtol=1e-4,
+        )
+    assert "head" in layers
+
+
+def test_task_heads_can_be_skipped_and_names_select_layers():
+    model = build_model("mlp", (4,), 6, {"hidden": [5]})
+    model.use_task_heads([[0, 1], [2, 3], [4, 5]])
+    assert [n for n in find_layers(model) if n.startswith("head")] == [
+        "head.heads.0",
+        "head.heads.1",
+        "head.heads.2",
+    ]
+    assert list(find_layers(model, skip=(TaskHeads,))) == ["body.1"]
+    mats = layer_inputs(model, torch.randn(3, 4), ["body.1"])
+    assert list(mats) == ["body.1"] and mats["body.1"].shape == (4, 3)
+
+
+def test_hooks_are_removed_afterwards_even_on_error():
+    model = build_model("cnn2d", (1, 8, 8), 3)
+    layer_inputs(model, torch.randn(2, 1, 8, 8))
+    assert all(not m._forward_hooks for m in model.modules())
+    with pytest.raises(RuntimeError):
+        layer_inputs(model, torch.randn(2, 3, 8, 8))  # wrong channel count
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_unsupported_convolutions_are_refused():
+    with pytest.raises(FedForgetError, match="grouped"):
+        find_layers(nn.Sequential(nn.Conv2d(4, 4, 3, groups=2)))
+    with pytest.raises(FedForgetError, match="padding_mode"):
+        find_layers(nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")))
+
+
+def test_project_out_is_orthogonal_to_the_basis_and_idempotent():
+    u, _ = torch.linalg.qr(torch.randn(2 * 9, 4, generator=gen(3)))
+    g = torch.randn(5, 2, 3, 3, generator=gen(4))  # a conv weight gradient
+    p = project_out(g, u)
+    assert p.shape == g.shape
+    assert (p.reshape(5, -1) @ u).abs().max() < 1e-5
+    torch.testing.assert_close(project_out(p, u), p, atol=1e-6, rtol=0)
+    # the removed part lies in span(U): G = G' + G U U^T
+    torch.testing.assert_close(
+        p.reshape(5, -1) + g.reshape(5, -1) @ u @ u.T, g.reshape(5, -1), atol=1e-6, rtol=0
+    )
+
+
+def test_conv_columns_are_sample_major():
+    conv = nn.Conv2d(1, 1, 1, bias=False)
+    x = torch.arange(8.0).reshape(2, 1, 2, 2)
+    assert input_matrix(conv, x).tolist() == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert F.unfold(x, 1).shape == (2, 1, 4)
