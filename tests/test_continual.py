@@ -374,6 +374,25 @@ def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(
             assert torch.equal(sim.global_params[k], full.global_params[k])
 
 
+def test_asynchronous_boundaries_end_each_clients_task_when_it_moves_on(
+    data_root, tmp_path, recorder
+):
+    """Each client reports the end of a task when its window first reaches the next task
+    (on the global weights of that round); the server's task end receives the reports of
+    the clients that moved on since the last one."""
+    scen = {**SPLIT, "boundaries": {"samples_per_window": 40, "window_rounds": 2}}
+    sim = Simulation(digits_run(data_root, tmp_path, scen, method="recorder"))
+    status, rows, _ = sim.run(progress=False)
+    assert status == "completed"
+    ends = [e for e in sim.server.state["log"] if e[0] == "end"]
+    assert [e[1] for e in ends] == [0, 1, 2, 3, 4]
+    moved = {k: [t for t, _ in st["began"]] for k, st in sim.client_state.items()}
+    reported = sum(len(e[3]) for e in ends)
+    assert reported == sum(len(ts) - 1 for ts in moved.values())  # every task a client left
+    for ts in moved.values():
+        assert ts == sorted(ts) and len(ts) >= 2  # each client moved through its stream in order
+
+
 def test_joint_training_sees_every_task_and_is_fedavg_with_one_task(data_root, tmp_path):
     sim = Simulation(digits_run(data_root, tmp_path, SPLIT, method="joint"))
     v = sim.round_view(0, 1)

@@ -31,7 +31,14 @@ def _digits(make_run_config, rounds=14, **kw):
 
 
 def _train_cmd(rc, out):
-    return [str(BIN / "fedforget"), "train", "--config-json", canonical_json(rc.to_dict()), "--out", str(out)]
+    return [
+        str(BIN / "fedforget"),
+        "train",
+        "--config-json",
+        canonical_json(rc.to_dict()),
+        "--out",
+        str(out),
+    ]
 
 
 def _weights_equal(a: Path, b: Path) -> bool:
@@ -77,7 +84,9 @@ def test_checkpoint_round_trip_through_disk(make_run_config, tmp_path, monkeypat
 
     rec = run_training(rc, tmp_path / "cut", progress=False)
     assert rec["status"] == "completed" and rec["resumed_after_round"] == 2
-    assert (tmp_path / "cut/metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+    assert (tmp_path / "cut/metrics.csv").read_bytes() == (
+        tmp_path / "full/metrics.csv"
+    ).read_bytes()
     assert _weights_equal(tmp_path / "cut/model.pt", tmp_path / "full/model.pt")
     assert not (tmp_path / "cut" / CHECKPOINT).exists()
 
@@ -96,14 +105,20 @@ def test_stale_checkpoint_of_another_config_is_discarded(make_run_config, tmp_pa
 def test_damaged_checkpoint_is_a_clear_error(make_run_config, tmp_path):
     rc = make_run_config(rounds=3)
     (tmp_path / CHECKPOINT).write_bytes(b"\x80\x02 not a checkpoint")
-    with pytest.raises(FedForgetError, match=rf"checkpoint {tmp_path / CHECKPOINT} cannot be read.*delete it"):
+    with pytest.raises(
+        FedForgetError, match=rf"checkpoint {tmp_path / CHECKPOINT} cannot be read.*delete it"
+    ):
         run_training(rc, tmp_path, progress=False)
 
 
 def test_runtime_settings_do_not_change_the_run_identity(make_run_config):
     rc = make_run_config(rounds=3)
     t = rc.train
-    for changed in (replace(t, threads=2), replace(t, device="auto"), replace(t, checkpoint_every=5)):
+    for changed in (
+        replace(t, threads=2),
+        replace(t, device="auto"),
+        replace(t, checkpoint_every=5),
+    ):
         assert replace(rc, train=changed).hash == rc.hash
     assert replace(rc, train=replace(t, rounds=4)).hash != rc.hash
 
@@ -129,13 +144,25 @@ def test_failed_job_leaves_other_results_intact(make_run_config, tmp_path):
 
 
 @pytest.mark.e2e
-def test_sigkill_mid_run_then_resume_is_byte_identical(make_run_config, tmp_path):
-    rc = _digits(make_run_config)
-    ref = subprocess.run(_train_cmd(rc, tmp_path / "ref"), capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize(
+    "method, scenario",
+    [
+        ("fedavg", None),
+        # a task stream: killed in the middle of task 1, with DER's per-client buffers
+        ("der", {"kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 3}),
+    ],
+)
+def test_sigkill_mid_run_then_resume_is_byte_identical(make_run_config, tmp_path, method, scenario):
+    rc = _digits(make_run_config, rounds=15 if scenario else 14, method=method, scenario=scenario)
+    ref = subprocess.run(
+        _train_cmd(rc, tmp_path / "ref"), capture_output=True, text=True, timeout=600
+    )
     assert ref.returncode == 0, ref.stderr
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(rc, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _train_cmd(rc, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     metrics = out / "metrics.csv"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # kill once rounds 0..4 are written
@@ -151,7 +178,8 @@ def test_sigkill_mid_run_then_resume_is_byte_identical(make_run_config, tmp_path
     done = subprocess.run(_train_cmd(rc, out), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "run.json").read_text())["resumed_after_round"] >= 4
-    assert metrics.read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes()
+    for f in ("metrics.csv", "tasks.csv", "accuracy_matrix.csv"):
+        assert (out / f).read_bytes() == (tmp_path / "ref" / f).read_bytes(), f
     assert _weights_equal(out / "model.pt", tmp_path / "ref/model.pt")
     assert not list(out.glob(".*.tmp"))  # a temp file the kill left behind is cleaned up
 
@@ -178,7 +206,10 @@ def test_every_job_of_every_shipped_config_has_its_own_directory(repo_root):
     from fedforget.config import load_config
 
     dirs = []
-    for f in [repo_root / "config/config.yaml", *sorted((repo_root / "config/experiments").glob("*.yaml"))]:
+    for f in [
+        repo_root / "config/config.yaml",
+        *sorted((repo_root / "config/experiments").glob("*.yaml")),
+    ]:
         wf = load_config(f)
         dirs += [(f.name, str(rc.run_dir)) for rc in wf.runs()]
     by_dir = {}

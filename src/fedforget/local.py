@@ -9,6 +9,7 @@ minibatches do not depend on the order clients run in or on the engine that runs
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -21,6 +22,8 @@ from .methods import ClientContext, FedAvg, Upload
 from .methods.base import to_device
 from .utils import FedForgetError, torch_seed
 from .vectorized import ClientJob, evaluate_stacked, has_step_terms, train_clients_together
+
+log = logging.getLogger(__name__)
 
 SHUFFLE_STREAM = 0x52  # stream tag of the clients' shuffling
 
@@ -81,6 +84,11 @@ class ClientSide:
         if prev is not None and self.scenario.window is not None:
             report = self.end_client_task(ctx.cid, prev, ctx.round, ctx.lr)
             if report is not None:
+                if ctx.cid in self.task_reports:  # [D] one report per client per server task end
+                    log.warning(
+                        "client %d ended two tasks before the server's task end: its earlier report is replaced",
+                        ctx.cid,
+                    )
                 self.task_reports[ctx.cid] = report
             self.load_params(self.model, self.global_params)
             self.model.set_task(ctx.task)
