@@ -93,10 +93,10 @@ def test_prepare_and_bad_options(capsys, tmp_path):
     assert "prepare needs --dataset" in capsys.readouterr().err
 
 
-def test_plan_lists_18_run_dirs(capsys, repo_root):
+def test_plan_lists_36_run_dirs(capsys, repo_root):
     assert main(["plan", "--config", str(repo_root / "config/config.yaml")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(set(lines)) == 18
+    assert len(lines) == len(set(lines)) == 36  # embedded 18 + continual 18
 
 
 def test_no_subcommand_is_usage_error(capsys):

@@ -249,20 +249,23 @@ def test_minimal_config_defaults(minimal_config):
     assert wf.data_dir == "data" and wf.results_dir == "results"
 
 
-def test_shipped_config_parses_to_18_runs(repo_root):
+def test_shipped_config_parses_to_36_runs(repo_root):
     wf = load_config(repo_root / "config/config.yaml")
     runs = wf.runs()
-    assert len(runs) == 18
-    assert len({r.run_dir for r in runs}) == 18
-    assert len({r.hash for r in runs}) == 18
-    assert len({r.partition_dir for r in runs}) == 6  # 2 datasets x 3 partitions, shared by seeds
+    assert len(runs) == 36  # embedded: 2 datasets x 3 partitions x 3 seeds; continual: 2 x 3 methods x 3
+    assert len({r.run_dir for r in runs}) == 36
+    assert len({r.hash for r in runs}) == 36
+    # 2 datasets x 3 partitions, shared by seeds; the continual streams share one digits partition
+    assert len({r.partition_dir for r in runs}) == 7
     t = runs[0].train
     assert (t.rounds, t.local_epochs, t.sample_rate, t.lr_decay) == (30, 2, 0.5, 0.99)
     assert t.optimizer == OptimizerSpec("sgd", 0.05, 0.9, 0.0, (0.9, 0.999))
     assert set(wf.datasets_to_prepare()) == {"digits", "mnist1d"}
     assert set(wf.holdouts_to_prepare()) == {"digits-holdout0.1-s0", "mnist1d-holdout0.1-s0"}
-    # the holdout is excluded from the pool, so partitions live under the pool id
-    assert all(r.partition_dir.parts[-2].endswith("-holdout0.1-s0") for r in runs)
+    # the holdout is excluded from the pool, so partitions live under the pool id (the
+    # continual experiment declares no public set: its pool is the whole dataset)
+    assert all(r.partition_dir.parts[-2].endswith("-holdout0.1-s0") for r in runs if r.experiment == "embedded")
+    assert {r.partition_dir.parts[-2] for r in runs if r.experiment == "continual"} == {"digits"}
 
 
 @pytest.mark.parametrize(
@@ -278,12 +281,15 @@ def test_every_shipped_config_is_valid(repo_root, monkeypatch, name):
 def test_pairing_puts_an_experiments_methods_on_one_engine(repo_root, monkeypatch):
     """client_engine auto: an experiment with a method whose local step cannot be batched
     (FedSOL) trains every method sequentially, FedAvg too; one without such a method (the
-    default config: FedAvg only) pairs nothing."""
+    default config's embedded experiment: FedAvg only) pairs nothing; its continual
+    experiment (DER) pairs FL and Joint."""
     monkeypatch.chdir(repo_root)
     runs = load_config(repo_root / "config/experiments/fedsol_partial.yaml").runs()
     fedavg = [r for r in runs if r.method.name == "fedavg"]
     assert fedavg and all("paired within experiment 'fedsol_partial'" in r.train.engine_pairing for r in runs)
-    assert all(r.train.engine_pairing == "" for r in load_config(repo_root / "config/config.yaml").runs())
+    default = load_config(repo_root / "config/config.yaml").runs()
+    assert all(r.train.engine_pairing == "" for r in default if r.experiment == "embedded")
+    assert all("paired within experiment 'continual'" in r.train.engine_pairing for r in default if r.experiment == "continual")
     # a method that asks for an engine keeps it; the pairing hint does not enter the hash
     raw = load_yaml(repo_root / "config/experiments/fedsol_partial.yaml")
     raw["experiments"][0]["methods"][0]["train"] = {"client_engine": "vectorized"}
