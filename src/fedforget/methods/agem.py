@@ -39,18 +39,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
+from .base import ClientContext, FedAvg, RunInfo, Upload, check_int, masked_logits
 from .fedproj import project
 from .registry import METHODS
 from .replay import Replay
 
 MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
-
-
-def check_int(name: str, value: object, low: int) -> None:
-    """For ``Params.check()``: an integer (not a bool) >= low."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r}; allowed: an integer >= {low}")
 
 
 @METHODS.register("agem")

@@ -153,6 +153,13 @@ def check_number(name: str, value: object, positive: bool = False) -> None:
         raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
 
 
+def check_int(name: str, value: object, low: int) -> None:
+    """For ``Params.check()``: raise ValueError unless value is an integer (not a bool)
+    >= low."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}={value!r}; allowed: an integer >= {low}")
+
+
 @dataclass
 class NoParams:
     def check(self) -> None:

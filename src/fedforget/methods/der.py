@@ -50,8 +50,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .agem import check_int
-from .base import ClientContext, FedAvg, RunInfo, Upload, check_number, masked_logits
+from .base import ClientContext, FedAvg, RunInfo, Upload, check_int, check_number, masked_logits
 from .registry import METHODS
 from .replay import Replay
 

@@ -60,13 +60,13 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from ..utils import torch_seed
-from .agem import check_int
 from .base import (
     ClientContext,
     FedAvg,
     ServerContext,
     StepTerms,
     Upload,
+    check_int,
     check_number,
     masked_logits,
 )
