@@ -154,13 +154,16 @@ class ClientSide:
         # every client on the global weights, then its terms for the stack
         with_terms = has_step_terms(type(method))
         ctxs: dict[int, ClientContext] = {}
-        for cid in cids:  # clients entering a task (their hooks run on the global weights)
-            if with_terms or self.client_task.get(cid) != views[cid].task:
-                self.load_params(self.model, self.global_params)
-                ctxs[cid] = self.client_context(cid, rnd, lr, views[cid])
-                self.enter_task(ctxs[cid])
-                if with_terms:
-                    method.client_begin(ctxs[cid])
+        # clients entering a task, and every client of a method with step terms: their hooks
+        # on the global weights, loaded once (enter_task leaves them loaded)
+        setup = [c for c in cids if with_terms or self.client_task.get(c) != views[c].task]
+        if setup:
+            self.load_params(self.model, self.global_params)
+        for cid in setup:
+            ctxs[cid] = self.client_context(cid, rnd, lr, views[cid])
+            self.enter_task(ctxs[cid])
+            if with_terms:
+                method.client_begin(ctxs[cid])
         results = train_clients_together(
             self.model, self.global_params, self.clients.batch, jobs,
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
