@@ -55,3 +55,57 @@ def run(rc):
 def run_method(make_run_config, method, params, **train):
     """A tiny run of ``method`` with ``params`` (see the make_run_config fixture), to the end."""
     return run(make_run_config(method=method, params=params, **train))
+
+
+# ----------------------------------------------------------------------------- task streams
+SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1}
+SMALL_CNN = {"channels": [4, 8], "hidden": 16}
+
+
+def digits_cfg(make_run_config, method, params=None, **train):
+    """Split digits (3 tasks x 1 round), a small CNN, Dirichlet 0.5 over 4 clients."""
+    return make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, params=params, scenario=SPLIT,
+        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
+        **{"rounds": 3, "batch_size": 32, "eval_local_models": False, "eval_every": 3, **train},
+    )  # fmt: skip
+
+
+def strip(rows, method_prefix=None):
+    """Metrics rows without timings (and without the method's own columns)."""
+    from fedforget.engine import TIMING_COLUMNS
+
+    return [
+        {
+            k: v
+            for k, v in r.items()
+            if k not in TIMING_COLUMNS and not (method_prefix and k.startswith(method_prefix))
+        }
+        for r in rows
+    ]
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def projector(u):
+    u = u.double()
+    return u @ u.T
+
+
+def checkpoint_keeper():
+    """(saved, keep): ``keep`` as a run's on_checkpoint appends each checkpoint to
+    ``saved`` after a round trip through torch.save, as the runner's file would hold it."""
+    import io
+
+    saved = []
+
+    def keep(ckpt):
+        buf = io.BytesIO()
+        torch.save(ckpt, buf)
+        buf.seek(0)
+        saved.append(torch.load(buf, weights_only=False))
+
+    return saved, keep
+

@@ -6,7 +6,6 @@ communication accounting and a split-digits run with both sketch models."""
 
 from __future__ import annotations
 
-import io
 import math
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 
 from fedforget.activations import layer_dim, layer_inputs
 from fedforget.config import TrainSpec
-from fedforget.engine import TIMING_COLUMNS, Simulation
+from fedforget.engine import Simulation
 from fedforget.methods import RunInfo, ServerContext, Upload, make_params, weighted_average
 from fedforget.methods.fot import (
     BASES,
@@ -27,42 +26,9 @@ from fedforget.methods.fot import (
 )
 from fedforget.methods.gpm import projected_layers
 from fedforget.models import build_model
-from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError, torch_seed
 
-from .conftest import CPU, run
-
-SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1}
-SMALL_CNN = {"channels": [4, 8], "hidden": 16}
-
-
-def strip(rows, method_prefix=None):
-    """Metrics rows without timings (and without the method's own columns)."""
-    return [
-        {
-            k: v
-            for k, v in r.items()
-            if k not in TIMING_COLUMNS and not (method_prefix and k.startswith(method_prefix))
-        }
-        for r in rows
-    ]
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def projector(u):
-    u = u.double()
-    return u @ u.T
-
-
-def digits_cfg(make_run_config, method, params=None, **train):
-    return make_run_config(
-        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, params=params, scenario=SPLIT,
-        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
-        **{"rounds": 3, "batch_size": 32, "eval_local_models": False, "eval_every": 3, **train},
-    )  # fmt: skip
+from .conftest import CPU, checkpoint_keeper, digits_cfg, gen, projector, run, strip
 
 
 def method(params=None):
@@ -264,16 +230,10 @@ def test_resume_after_a_task_end_equals_the_uninterrupted_run(make_run_config):
 
     rc = digits_cfg(make_run_config, "fot", {"sketch_factor": 1.0})
     _, rows_full = run(rc)
-    saved = []
-
-    def keep(c):
-        assert "fot_pending" not in c["server_state"]
-        buf = io.BytesIO()
-        torch.save(c, buf)
-        buf.seek(0)
-        saved.append(torch.load(buf, weights_only=False))
+    saved, keep = checkpoint_keeper()
 
     Simulation(rc, device=CPU).run(progress=False, on_checkpoint=keep)
+    assert all("fot_pending" not in c["server_state"] for c in saved)
     assert saved and saved[0]["round"] == 1 and saved[0]["server_state"][BASES]
     status, rows, msg = Simulation(rc, device=CPU).run(progress=False, resume=saved[0])
     assert status == "completed", msg

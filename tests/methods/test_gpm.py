@@ -6,14 +6,12 @@ digits runs with both memories (threshold 0: FedAvg bit for bit)."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
 from fedforget.activations import layer_inputs, weight_matrix
 from fedforget.config import TrainSpec
-from fedforget.engine import TIMING_COLUMNS, Simulation
+from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, make_params
 from fedforget.methods.gpm import (
     BASES,
@@ -25,46 +23,13 @@ from fedforget.methods.gpm import (
     threshold_at,
 )
 from fedforget.models import build_model
-from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, run
-
-SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1}
-SMALL_CNN = {"channels": [4, 8], "hidden": 16}
-
-
-def strip(rows, method_prefix=None):
-    """Metrics rows without timings (and without the method's own columns)."""
-    return [
-        {
-            k: v
-            for k, v in r.items()
-            if k not in TIMING_COLUMNS and not (method_prefix and k.startswith(method_prefix))
-        }
-        for r in rows
-    ]
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
+from .conftest import CPU, checkpoint_keeper, digits_cfg, gen, projector, run, strip
 
 
 def orthonormal(d, r, seed):
     return torch.linalg.qr(torch.randn(d, r, generator=gen(seed), dtype=torch.float64))[0]
-
-
-def projector(u):
-    u = u.double()
-    return u @ u.T
-
-
-def digits_cfg(make_run_config, method, params=None, **train):
-    return make_run_config(
-        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, params=params, scenario=SPLIT,
-        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
-        **{"rounds": 3, "batch_size": 32, "eval_local_models": False, "eval_every": 3, **train},
-    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -265,13 +230,7 @@ def test_resume_after_a_task_end_equals_the_uninterrupted_run(make_run_config):
 
     rc = digits_cfg(make_run_config, "gpm", {"samples": 40}, sample_rate=0.75)
     _, rows_full = run(rc)
-    saved = []
-
-    def keep(c):
-        buf = io.BytesIO()
-        torch.save(c, buf)
-        buf.seek(0)
-        saved.append(torch.load(buf, weights_only=False))
+    saved, keep = checkpoint_keeper()
 
     Simulation(rc, device=CPU).run(progress=False, on_checkpoint=keep)
     assert saved and saved[0]["round"] == 1

@@ -14,7 +14,7 @@ from scipy.stats import binom
 from fedforget.engine import Simulation, sample_clients
 from fedforget.methods.replay import Reservoir
 
-from .conftest import CPU
+from .conftest import CPU, checkpoint_keeper
 
 SPLIT3 = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 2}
 
@@ -161,21 +161,13 @@ def test_continual_resume_mid_task_equals_uninterrupted(make_run_config, method,
     round 3 (the middle of task 1) and resumed from that checkpoint gives the same metrics
     (per task included) and weights: buffers, offer marks and FedCurv's sums are in the
     checkpointed state."""
-    import io
-
     from fedforget.engine import TIMING_COLUMNS
 
     rc = make_run_config(dataset="digits", model="cnn2d", method=method, params=params, scenario=SPLIT3,
                          rounds=6, batch_size=32, sample_rate=0.5, eval_local_models=False)  # fmt: skip
     full = Simulation(rc, device=CPU)
     _, rows_full, _ = full.run(progress=False)
-    saved = []
-
-    def keep(ckpt):
-        buf = io.BytesIO()
-        torch.save(ckpt, buf)
-        buf.seek(0)
-        saved.append(torch.load(buf, weights_only=False))
+    saved, keep = checkpoint_keeper()
 
     def crash(row):
         if row["round"] == 3:
