@@ -34,7 +34,7 @@ from .continual import (
     scenario_shape,
 )
 from .partition import PartitionSpec
-from .utils import FedForgetError, atomic_write, atomic_write_text
+from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
 
 FAILED = "failed"
 GROUP = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]  # a table row
@@ -189,20 +189,23 @@ def _paper_reference(paper: dict[str, Any], paper_results: str | Path | None) ->
             f"file {str(paper_results)!r} does not exist"
         )
     ref = pd.read_csv(paper_results)
-    return ref[(ref["paper"] == paper["name"]) & (ref["table"].astype(str) == str(paper["table"]))]
+    return ref[(ref["paper"] == paper["name"]) & (ref["table"].astype(str).isin(paper_tables(paper)))]
 
 
 def _paper_number(ref: pd.DataFrame, paper: dict[str, Any], row: pd.Series, metrics: Iterable[str]) -> tuple[float, float]:
     """(value, std) of the first reference row for ``row``'s dataset / setting / method (the
-    paper link's dataset_map and setting_map applied; methods case-insensitive) whose metric
+    paper link's dataset_map, setting_map and method_map applied; methods case-insensitive) whose metric
     is one of ``metrics``; NaN, NaN when none."""
     dmap = paper.get("dataset_map", {})
     smap = paper.get("setting_map", {})
+    dataset, setting = dmap.get(row["dataset"], row["dataset"]), smap.get(row["setting"], row["setting"])
+    if isinstance(dataset, dict):  # a task stream's label: the paper's dataset and setting
+        dataset, setting = dataset["dataset"], dataset.get("setting", setting)
     hit = ref[
         (ref["metric"].isin(list(metrics)))
-        & (ref["dataset"] == dmap.get(row["dataset"], row["dataset"]))
-        & (ref["setting"] == smap.get(row["setting"], row["setting"]))
-        & (ref["method"].str.lower() == str(row["method"]).lower())
+        & (ref["dataset"] == dataset)
+        & (ref["setting"] == setting)
+        & (ref["method"].str.lower() == str(paper.get("method_map", {}).get(row["method"], row["method"])).lower())
     ]
     if not len(hit):
         return math.nan, math.nan

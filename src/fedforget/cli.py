@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", nargs="+", help="run directories (each with run.json and metrics.csv)")
     s.add_argument("--out", help="summary directory (table.csv, table.md, runs.csv, metrics.parquet)")
     s.add_argument("--experiment", help="the experiment's name (table title)")
-    s.add_argument("--paper", help="paper link as JSON: {name, table, dataset_map, setting_map}")
+    s.add_argument("--paper", help="paper link as JSON: {name, table, dataset_map, setting_map, method_map}")
     s.add_argument(
         "--paper-results", default="config/paper_results.csv",
         help="the papers' numbers (CSV) read when --paper links a table (default: config/paper_results.csv)",

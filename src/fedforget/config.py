@@ -17,7 +17,7 @@ from .figures import check_figure
 from .models import check_model
 from .partition import PartitionSpec, check_feasible
 from .plots import CURVES
-from .utils import FedForgetError, config_hash
+from .utils import FedForgetError, config_hash, paper_tables
 from .validation import check_finite, validate_schema
 
 # ----------------------------------------------------------------------------- spec objects
@@ -294,11 +294,21 @@ def check_paper_link(paper: dict[str, Any], path: str, key: str) -> None:
         )
     with file.open(newline="", encoding="utf-8") as f:
         tables = {(r.get("paper"), r.get("table")) for r in csv.DictReader(f)}
-    if (paper["name"], str(paper["table"])) not in tables:
-        known = sorted({f"{p}/{t}" for p, t in tables if p == paper["name"]}) or sorted({p for p, _ in tables})
-        raise FedForgetError(
-            f"{key}: paper '{paper['name']}' table {paper['table']!r} has no rows in '{path}'; allowed: {known}"
+    for table in paper_tables(paper):
+        if (paper["name"], table) not in tables:
+            known = sorted({f"{p}/{t}" for p, t in tables if p == paper["name"]}) or sorted({p for p, _ in tables})
+            raise FedForgetError(
+                f"{key}: paper '{paper['name']}' table {table!r} has no rows in '{path}'; allowed: {known}"
+            )
+    for ours, theirs in (paper.get("dataset_map") or {}).items():
+        ok = isinstance(theirs, str) or (
+            isinstance(theirs, dict) and "dataset" in theirs and set(theirs) <= {"dataset", "setting"}
         )
+        if not ok:
+            raise FedForgetError(
+                f"{key}.dataset_map.{ours}={theirs!r}; allowed: the paper's dataset name, or {{dataset: ..., setting: ...}}"
+            )
+
 
 
 def _model(raw: Any) -> tuple[str, dict[str, Any]]:

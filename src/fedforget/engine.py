@@ -270,6 +270,11 @@ class Simulation(ClientSide):
         self.global_params = self.server.global_params
         if sc.ends_task(rnd):
             self.end_task(rnd, lr)
+        replies = self.end_client_rounds({u.cid: views[u.cid] for u in uploads}, rnd, lr)
+        if replies:
+            self.model_with(self.global_params)
+            self.method.server_round_end(self.server, replies)
+            self.global_params = self.server.global_params
         train_time = time.perf_counter() - t0 - eval_time
         if rnd in t.save_client_models:
             cpu = lambda p: {k: v.detach().cpu().clone() for k, v in p.items()}  # noqa: E731

@@ -203,6 +203,22 @@ class ClientSide:
         self.offload(ctx)
         return report
 
+    def end_client_rounds(self, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
+        """The round-end pass: ``client_round_end`` of each client in ``views`` (those that
+        trained this round, on their data of the round) on the new global weights; their
+        replies (None left out). Empty, and nothing run, for methods without the hook."""
+        if not self.method.replies_each_round():
+            return {}
+        replies = {}
+        for cid, view in views.items():
+            self.load_params(self.model, self.global_params)
+            ctx = self.client_context(cid, rnd, lr, view)
+            reply = self.method.client_round_end(ctx)
+            self.offload(ctx)
+            if reply is not None:
+                replies[cid] = reply
+        return replies
+
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
         """Local training of the clients ``views`` (each on its data of this round): their
         uploads, mean losses, diagnostics, local models' accuracies, evaluation time."""

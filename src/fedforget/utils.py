@@ -164,3 +164,10 @@ def package_versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             continue
     return out
+
+
+def paper_tables(paper: dict[str, Any]) -> list[str]:
+    """The linked table(s) of an experiment's paper link (``table``: one, or a list), as
+    the paper results file writes them."""
+    t = paper["table"]
+    return [str(v) for v in t] if isinstance(t, list) else [str(t)]

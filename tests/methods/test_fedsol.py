@@ -309,11 +309,11 @@ def test_combined_runs_keep_the_base_server(make_run_config, params):
     assert math.isfinite(rows[-1]["global_model_test_acc"])
     base = params["base"]
     if base == "scaffold":
-        assert "fedsol_c_norm" in rows[-1] and rows[-1]["fedsol_c_norm"] > 0  # SCAFFOLD's c moved
+        assert rows[-1]["fedsol_scaffold_c_norm"] > 0  # SCAFFOLD's c moved (a base's columns: <plug-in>_<base>_<key>)
     if base == "feddyn":
-        assert rows[-1]["fedsol_h_norm"] > 0
+        assert rows[-1]["fedsol_feddyn_h_norm"] > 0
     if base == "fednova":
-        assert rows[-1]["fedsol_tau_eff"] > 0
+        assert rows[-1]["fedsol_fednova_tau_eff"] > 0
     if base == "moon":
         assert all("prev" in s for s in sim.client_state.values() if s)
 

@@ -1,6 +1,7 @@
 """The plug-in base (methods/plugin.py): a method over another method forwards every hook
 of the API to its base, so a plug-in that overrides nothing is its base, bit for bit, for
-every registered method (a contract over the registry)."""
+every registered method (a contract over the registry), its diagnostics renamed
+<plug-in>_<base>_<key>."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def test_the_plugin_forwards_every_hook_of_the_api():
         n for n, f in vars(FedAvg).items()
         if inspect.isfunction(f) and not n.startswith("_")
     }  # fmt: skip
-    assert set(HOOKS) == api - {"scratch"}  # scratch: each method's own per-client namespace
+    # scratch: each method's own per-client namespace; replies_each_round: whether the
+    # engine runs the round-end pass (a plug-in: if it or its base replies)
+    assert set(HOOKS) == api - {"scratch", "replies_each_round"}
     assert "fedsol" in PLUGINS
 
 
@@ -49,7 +52,8 @@ def test_a_plugin_that_overrides_nothing_is_its_base(public_run_cfg, monkeypatch
     monkeypatch.setitem(METHODS._items, "bare", Bare)
     _, rows_base = run(public_run_cfg(base, rounds=2, sample_rate=0.75))
     _, rows_bare = run(public_run_cfg("bare", {"base": base}, rounds=2, sample_rate=0.75))
-    renamed = [{k.replace("bare_", f"{base}_", 1): v for k, v in r.items()} for r in rows_bare]
+    # the base's diagnostics come out as <plug-in>_<base>_<key>
+    renamed = [{k.replace(f"bare_{base}_", f"{base}_", 1): v for k, v in r.items()} for r in rows_bare]
     for a, b in zip(rows_base, renamed, strict=True):
         a, b = ({k: v for k, v in r.items() if not k.endswith("_s")} for r in (a, b))
         assert a == b, base

@@ -76,6 +76,36 @@ def test_each_item_is_kept_with_probability_b_over_n():
     assert counts.sum() == seeds * capacity
 
 
+def test_sliding_and_random_policies():
+    """FedGP Table 9's other buffers: ``sliding`` keeps exactly the last B items (in ring
+    order); ``random`` stores every offer, at a uniform slot once full, so the newest item
+    is always kept and item i < B survives the N - B later offers with probability
+    (1 - 1/B)^(N - B) (a binomial bound at false-alarm rate 1e-6)."""
+    n_items, capacity = 23, 5
+    state, gen = {}, torch.Generator().manual_seed(0)
+    sliding = Reservoir(capacity, policy="sliding")
+    for s in range(0, n_items, 4):
+        y = torch.arange(s, min(s + 4, n_items))
+        sliding.offer(state, y.unsqueeze(1), y, gen, task=0)
+    assert sorted(sliding.rows(state)["y"].tolist()) == list(range(n_items - capacity, n_items))
+    assert sliding.rows(state)["y"].tolist() == [20, 21, 22, 18, 19]  # slot n mod B
+    seeds, first = 3000, 0
+    rnd = Reservoir(capacity, policy="random")
+    for seed in range(seeds):
+        state, gen = {}, torch.Generator().manual_seed(seed)
+        for s in range(0, n_items, 4):
+            y = torch.arange(s, min(s + 4, n_items))
+            rnd.offer(state, y.unsqueeze(1), y, gen, task=0)
+        kept = rnd.rows(state)["y"].tolist()
+        assert n_items - 1 in kept and rnd.size(state) == capacity
+        first += 0 in kept
+    p = (1 - 1 / capacity) ** (n_items - capacity)
+    lo, hi = binom.ppf(0.5e-6, seeds, p), binom.isf(0.5e-6, seeds, p)
+    assert lo <= first <= hi, (lo, hi, first)
+    with pytest.raises(ValueError, match="policy='fifo'"):
+        Reservoir(3, policy="fifo")
+
+
 def test_sample_draws_distinct_rows_and_extras():
     res, state = Reservoir(5), {}
     assert res.sample(state, 3, torch.Generator()) is None and res.size(state) == 0

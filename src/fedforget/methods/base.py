@@ -14,6 +14,11 @@ A federated round, as the engine (``fedforget.engine``) runs it::
         upload_k = method.client_end(ctx)                    # end of local training
     server.global_params = method.aggregate(server, uploads) # default: FedAvg, weighted by n_k
     method.after_aggregate(server, uploads)                  # e.g. distillation, FedDyn h
+    (a task's last round: the task-end hooks below)
+    if the method overrides client_round_end:                # a second message per round
+        for each client k that trained this round:           # (FedGP's buffer gradients)
+            reply_k = method.client_round_end(ctx)           # ctx.model = new global model
+        method.server_round_end(server, {k: reply_k})        # before the next broadcast
     metrics row += method.round_metrics(server)              # method diagnostics
     evaluation: method.predict(server, model, x, task)       # scores; default the logits
 
@@ -278,6 +283,12 @@ class FedAvg:
         each client with data in the task to what its ``client_task_end`` returned (clients
         that returned None are left out)."""
 
+    def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
+        """After a round's aggregation (and its task end, if it ends one): ``replies`` maps
+        each client that trained this round to what its ``client_round_end`` returned on the
+        new global model (clients that returned None are left out). Runs only for methods
+        that override ``client_round_end``."""
+
     def predict(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
     ) -> torch.Tensor:
@@ -304,6 +315,20 @@ class FedAvg:
         Returns what the client sends to ``server_task_end`` (None: nothing). Runs for every
         client with data in the task, sampled in its last round or not."""
         return None
+
+    def client_round_end(self, ctx: ClientContext) -> Any:
+        """After the round's aggregation, for each client that trained in it: ctx.model holds
+        the NEW global weights (the client's copy: train or eval mode as the method sets it,
+        reloaded before the client trains again), ctx.data the client's data of the round,
+        ctx.state its state. Returns what the client sends to ``server_round_end`` (None:
+        nothing): a second upload per round, e.g. FedGP's buffer gradient. The engine skips
+        the pass for methods that do not override this hook."""
+        return None
+
+    def replies_each_round(self) -> bool:
+        """True if the engine must run the round-end pass (the method overrides
+        ``client_round_end``)."""
+        return type(self).client_round_end is not FedAvg.client_round_end
 
     def client_begin(self, ctx: ClientContext) -> None:
         """Start of local training (ctx.model holds the global weights)."""

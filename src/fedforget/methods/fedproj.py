@@ -120,18 +120,21 @@ def project(
     eps: float = 1e-8,
     norm_guard: float = 1e-6,
     coef_clamp: float = 0.0,
+    always: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """Eq. 14 on the flat vector made of the tensors of ``g_new`` and ``g_glob``.
 
     Returns (g_proj, projected, cos): g_proj = g_new - c * g_glob with
     c = <g_new,g_glob>/(||g_glob||^2 + eps) (clamped to [-coef_clamp, coef_clamp] when > 0)
     on conflict (<g_new,g_glob> < 0 and ||g_glob||^2 > norm_guard), else g_new unchanged;
-    ``projected`` a 0-d bool tensor, ``cos`` = cos(g_new, g_glob) before projection (0 when a
-    norm is 0). Tensor-only: no host sync."""
+    ``always``: whenever ||g_glob||^2 > norm_guard, conflict or not (FedGP's "Always"
+    ablation, Table 7); ``projected`` a 0-d bool tensor, ``cos`` = cos(g_new, g_glob)
+    before projection (0 when a norm is 0). Tensor-only: no host sync. FedProj, A-GEM and
+    FedGP project with this one function."""
     dot = sum((a * b).sum() for a, b in zip(g_new, g_glob))
     gg = sum((b * b).sum() for b in g_glob)
     nn_ = sum((a * a).sum() for a in g_new)
-    conflict = (dot < 0) & (gg > norm_guard)
+    conflict = ((dot < 0) | always) & (gg > norm_guard)
     coef = dot / (gg + eps)
     if coef_clamp > 0:
         coef = coef.clamp(-coef_clamp, coef_clamp)

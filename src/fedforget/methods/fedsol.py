@@ -358,4 +358,4 @@ class FedSOL(OverBase):
         for k, s in sc.sums.items():
             if sc.counts[k]:
                 ctx.stats[k] = s / sc.counts[k]
-        return self.base.client_end(ctx)
+        return super().client_end(ctx)  # OverBase: the base's upload, its stats prefixed

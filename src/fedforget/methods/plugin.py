@@ -7,21 +7,24 @@ gradients of any continual base. Such a method subclasses ``OverBase``: every ho
 API (``fedforget.methods.base``) goes to an instance of the base method named by its
 hyperparameters ``base`` and ``base_params``, and the plug-in overrides only the hooks it
 changes, calling ``self.base`` (or ``super()``, which is the base) where it keeps them.
-The forwarding is generated once here from the hook list, not written per method.
+The forwarding is generated once here from the hook list, not written per method; the
+diagnostics a base reports (``client_end``'s stats, ``round_metrics``) come out renamed
+``<base>_<key>``, beside the plug-in's own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from .base import FedAvg, RunInfo
+from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload
 from .registry import METHODS
 
 # every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
 HOOKS = (
     "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
-    "server_task_begin", "server_task_end", "predict", "client_task_begin", "client_task_end",
-    "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
+    "server_task_begin", "server_task_end", "server_round_end", "predict", "client_task_begin",
+    "client_task_end", "client_round_end", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
     "stacked_step_terms", "client_end",
 )  # fmt: skip
 
@@ -40,6 +43,24 @@ class OverBase(FedAvg):
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)
         self.base = base_method(params, info)
+
+    def replies_each_round(self) -> bool:
+        """The round-end pass runs if the plug-in or its base replies."""
+        own = type(self).client_round_end is not OverBase.client_round_end
+        return own or self.base.replies_each_round()
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        """The base's upload; the diagnostics it adds are renamed ``<base>_<key>`` (so a
+        base's ``proj_share`` and the plug-in's own stay apart in the metrics columns)."""
+        before = set(ctx.stats)
+        up = self.base.client_end(ctx)
+        for k in [k for k in ctx.stats if k not in before]:
+            ctx.stats[f"{self.base.name}_{k}"] = ctx.stats.pop(k)
+        return up
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        """The base's round diagnostics, renamed ``<base>_<key>``."""
+        return {f"{self.base.name}_{k}": v for k, v in self.base.round_metrics(server, uploads).items()}
 
     @classmethod
     def check_train(cls, train, params: Any = None) -> None:
@@ -61,4 +82,5 @@ def _forward(name: str):
 
 
 for _name in HOOKS:
-    setattr(OverBase, _name, _forward(_name))
+    if _name not in OverBase.__dict__:  # client_end, round_metrics: written above
+        setattr(OverBase, _name, _forward(_name))

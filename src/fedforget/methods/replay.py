@@ -50,14 +50,26 @@ KEY = "replay"  # default ctx.state key of the buffer
 _META = ("size", "seen", "offered_upto")  # the buffer's int fields; the rest are row tensors
 
 
-class Reservoir:
-    """A reservoir of ``capacity`` rows in a client's state dict under ``key``. The object
-    itself holds no data (one is shared by all clients, like the method): every call takes
-    the client's ``state`` (``ctx.state``)."""
+POLICIES = ("reservoir", "random", "sliding")  # buffer updates compared in FedGP Table 9
 
-    def __init__(self, capacity: int, key: str = KEY) -> None:
+
+class Reservoir:
+    """A buffer of ``capacity`` rows in a client's state dict under ``key``. The object
+    itself holds no data (one is shared by all clients, like the method): every call takes
+    the client's ``state`` (``ctx.state``).
+
+    ``policy``: how a row offered to a full buffer is placed [P, fedgp.md Sec. 5.2, Table 9]:
+    ``reservoir`` (Algorithm 4, above), ``random`` ("randomly replaces a data point in the
+    buffer": every row offered to a full buffer replaces slot floor(u B)), ``sliding``
+    ("replaces the earliest data point": slot n mod B, a ring in arrival order). All three
+    store at slot n while n < B and draw one uniform u per offered row, used or not."""
+
+    def __init__(self, capacity: int, key: str = KEY, policy: str = "reservoir") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"buffer policy={policy!r}; allowed: {', '.join(POLICIES)}")
         self.capacity = int(capacity)
         self.key = key
+        self.policy = policy
 
     # ------------------------------------------------------------------ reading
     def size(self, state: dict[str, Any]) -> int:
@@ -123,14 +135,19 @@ class Reservoir:
             raise ValueError(
                 f"replay buffer '{self.key}' keeps {sorted(stored)}, offered {sorted(fields)}"
             )
-        seen = int(buf["seen"])
+        seen, cap = int(buf["seen"]), self.capacity
         u = torch.rand(m, generator=generator, dtype=torch.float64)
         n = torch.arange(seen, seen + m, dtype=torch.float64)  # samples seen before each row
-        j = torch.minimum((u * (n + 1)).floor(), n).long().tolist()
+        if self.policy == "reservoir":  # j ~ U{0..n}; kept if j < B
+            j = torch.minimum((u * (n + 1)).floor(), n).long().tolist()
+        elif self.policy == "random":  # always kept, at a uniform slot
+            j = torch.minimum((u * cap).floor(), torch.tensor(cap - 1.0)).long().tolist()
+        else:  # sliding: the oldest row's slot
+            j = [int(v) % cap for v in range(seen, seen + m)]
         slot_of_row: dict[int, int] = {}  # slot -> the last row written to it
         for i in range(m):
-            s = seen + i if seen + i < self.capacity else j[i]
-            if s < self.capacity:
+            s = seen + i if seen + i < cap else j[i]
+            if s < cap:
                 slot_of_row[s] = i
         buf["seen"] = seen + m
         buf["size"] = min(seen + m, self.capacity)
@@ -180,9 +197,11 @@ class Replay:
     task-IL masks of replayed rows. Per-client values live in the method's scratch
     namespace passed in (``s``) and in ``ctx.state``; this object only holds constants."""
 
-    def __init__(self, info: RunInfo, capacity: int, sample_stream: int, key: str = KEY) -> None:
+    def __init__(
+        self, info: RunInfo, capacity: int, sample_stream: int, key: str = KEY, policy: str = "reservoir"
+    ) -> None:
         self.info = info
-        self.buffer = Reservoir(capacity, key)
+        self.buffer = Reservoir(capacity, key, policy)
         self.sample_stream = sample_stream
         sc: Scenario | None = info.scenario
         # class -> task (split scenarios: each class is in one task), for rows' task ids

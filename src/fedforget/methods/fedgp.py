@@ -1,0 +1,302 @@
+"""FedGP: buffer-based gradient projection for continual federated learning (Dai, Chen,
+Sohn, Alam, Balakrishnan, Banerjee, Himayat, Lee; papers/fedgp.md), a plug-in over any base
+method (``OverBase``): ``{name: fedgp, params: {base: der, base_params: {...}}}``.
+
+Each round, with the base method's training, server and state unchanged:
+
+1. Client step [P Eq. 5, Alg. 2; C]: after the base method's own gradient terms (its
+   ``backward`` and ``transform_grad``: DER's logit replay, A-GEM's own projection, FedProx's
+   proximal gradient, ...), over one flat vector made of every parameter with a gradient
+   [C], with the reference gradient g_ref received this round::
+
+       if <g, g_ref> < 0:  g <- g - <g, g_ref> / (||g_ref||^2 + eps) * g_ref
+
+   then the optimizer step. ``eps`` = 1e-12 [D] (the code divides by ||g_ref||^2 alone); a
+   zero g_ref never conflicts, so it changes nothing and gives no NaN. No g_ref in round 1
+   (or while no buffer has rows): the base method alone [C].
+2. Buffer [P Alg. 2/4, C]: each client keeps ``buffer_size`` rows (default 200) of what it
+   trained on, kept across rounds and tasks and checkpointed, each sample offered once per
+   task on the client's first pass over it (``replay.py``: FedGP's code offers during the
+   first epoch of a task's first round). Over a base that keeps a replay buffer (A-GEM, DER:
+   FedGP's Alg. 5-6 use one buffer M^k) FedGP reads that buffer and offers nothing itself;
+   otherwise it keeps its own.
+3. After aggregation (the engine's round-end pass, ``client_round_end``) [P Alg. 1, 3; C
+   ``GradER``]: each client that trained in the round computes its buffer gradient at the
+   NEW global model, the mean cross-entropy on ``ref_batch_size`` (32) rows drawn uniformly
+   without replacement from its buffer, in training mode [C]; replayed rows are scored with
+   their own task's classes (task-IL) and head (per-task heads), as A-GEM's are. The server
+   averages them (mean over the clients with a non-empty buffer [D]; the code sums, and the
+   projection is invariant to that scale) into g_ref, fixed for the whole next round.
+
+Ablations (Sec. 5.2), each a hyperparameter, defaults = FedGP:
+- ``manipulation`` [P Table 7]: ``project`` (above); ``average``: g <- (g + g_ref) / 2;
+  ``project_scale``: project, then rescale to ||g||; ``rotate``: g <- ||g|| * u / ||u||
+  with u = g/||g|| + g_ref/||g_ref||, i.e. g turned half-way towards g_ref (the bisector)
+  keeping its magnitude [D: the paper says only "rotate g towards g_ref while keeping the
+  magnitude"; turning all the way would make g parallel to g_ref, and turning to 90 degrees
+  is project_scale].
+- ``apply`` [P Table 7]: ``conflict`` (angle > 90 degrees, FedGP) | ``always`` (whenever
+  g_ref != 0).
+- ``rate`` p [P Table 8]: a step that qualifies is manipulated with probability p, from a
+  generator keyed (seed, round, client, task, 0x85), one draw per step; 1 = FedGP; 0 turns
+  FedGP off (the base method bit for bit: buffers and g_ref are still kept).
+- ``buffer_policy`` [P Table 9]: reservoir | random | sliding (``replay.Reservoir``); with a
+  replay base, the base's buffer is reservoir.
+- ``buffer_size`` [P Table 2]; over a replay base it is the base's ``buffer_size``.
+
+Randomness: buffer batches for g_ref from (seed, round, client, task, 0x84); the buffer's
+offers from the replay stream (``replay.offer_generator``). The engine runs FedGP's clients
+one after another (the projection depends on each step's gradient).
+
+Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
+``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
+steps with a g_ref, before manipulation), ``buffer_size`` (rows in the client's buffer after
+the round), means over the round's clients; ``ref_norm`` (||g_ref|| computed at the end of
+the round, for the next) and ``ref_clients`` (clients that contributed to it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..utils import FedForgetError, torch_seed
+from .base import ClientContext, RunInfo, ServerContext, Upload, check_int, check_number, masked_logits
+from .fedproj import project
+from .plugin import OverBase
+from .registry import METHODS
+from .replay import POLICIES, Replay, sample_generator
+
+REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
+RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
+OWN_STREAM = 0x86  # FedGP's own buffer (its Replay's memory-batch stream, unused for training)
+STATE_KEY = "fedgp_g_ref"  # server.state and broadcast key of g_ref
+EPS = 1e-12
+MANIPULATIONS = ("project", "average", "rotate", "project_scale")
+APPLY = ("conflict", "always")
+DEFAULT_BUFFER = 200  # [P, fedgp.md Sec. 5.1.1]
+
+
+def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class FedGPParams:
+    base: str = "fedavg"  # the method FedGP runs over (FL = fedavg)
+    base_params: dict[str, Any] = field(default_factory=dict)  # its hyperparameters
+    buffer_size: int | None = None  # None: the base's buffer if it keeps one, else 200
+    buffer_policy: str = "reservoir"  # reservoir | random | sliding (Table 9)
+    ref_batch_size: int = 32  # buffer rows behind each client's g_ref^k [C]
+    manipulation: str = "project"  # project | average | rotate | project_scale (Table 7)
+    apply: str = "conflict"  # conflict (> 90 degrees) | always (Table 7)
+    rate: float = 1.0  # projection rate p (Table 8); 0: FedGP off
+
+    def check(self) -> None:
+        from . import make_params  # the package is loaded by the time configs are checked
+
+        if self.base == "fedgp" or self.base not in METHODS.names():
+            allowed = [n for n in METHODS.names() if n != "fedgp"]
+            raise ValueError(f"base={self.base!r}; allowed: {', '.join(allowed)}")
+        if not isinstance(self.base_params, dict):
+            raise ValueError(f"base_params={self.base_params!r}; allowed: a mapping of {self.base}'s hyperparameters")
+        try:
+            base_p = make_params(self.base, dict(self.base_params), "base_params")
+        except FedForgetError as e:
+            raise ValueError(str(e)) from None
+        if self.buffer_size is not None:
+            check_int("buffer_size", self.buffer_size, 0)
+        _choice("buffer_policy", self.buffer_policy, POLICIES)
+        check_int("ref_batch_size", self.ref_batch_size, 1)
+        _choice("manipulation", self.manipulation, MANIPULATIONS)
+        _choice("apply", self.apply, APPLY)
+        check_number("rate", self.rate)
+        if self.rate > 1:
+            raise ValueError(f"rate={self.rate!r}; allowed: a number in [0, 1]")
+        base_buffer = getattr(base_p, "buffer_size", None)  # a replay base (A-GEM, DER)
+        if base_buffer is not None:
+            if self.buffer_size is not None and self.buffer_size != base_buffer:
+                raise ValueError(
+                    f"buffer_size={self.buffer_size} but base '{self.base}' keeps its own buffer of "
+                    f"base_params.buffer_size={base_buffer}, which FedGP reads; allowed: leave buffer_size "
+                    f"unset (or equal) and set base_params.buffer_size"
+                )
+            if self.buffer_policy != "reservoir":
+                raise ValueError(
+                    f"buffer_policy={self.buffer_policy!r} over base '{self.base}', whose buffer is a "
+                    "reservoir; allowed: reservoir (other policies need a base without a buffer, e.g. fedavg)"
+                )
+
+
+def manipulate(
+    g: Sequence[torch.Tensor], g_ref: Sequence[torch.Tensor], how: str, always: bool, gate: torch.Tensor | None
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(g', applied, cos) for the flat vector made of ``g`` and ``g_ref`` (Table 7's
+    manipulations, see the module docstring): ``applied`` (0-d bool) where the step
+    qualifies (conflict, or always; g_ref != 0) and ``gate`` (the projection rate's draw)
+    allows it; cos = cos(g, g_ref) before. The projection is ``fedproj.project``."""
+    proj, applied, cos = project(g, g_ref, eps=EPS, norm_guard=0.0, always=always)
+    if gate is not None:
+        applied = applied & gate
+    if how == "project":
+        out = proj
+    else:
+        gn = torch.sqrt(sum((a * a).sum() for a in g))
+        if how == "project_scale":
+            pn = torch.sqrt(sum((a * a).sum() for a in proj))
+            out = [a * (gn / pn.clamp_min(1e-30)) for a in proj]
+        elif how == "average":
+            out = [(a + b) / 2 for a, b in zip(g, g_ref)]
+        else:  # rotate: half-way to g_ref, magnitude kept
+            rn = torch.sqrt(sum((b * b).sum() for b in g_ref))
+            u = [a / gn.clamp_min(1e-30) + b / rn.clamp_min(1e-30) for a, b in zip(g, g_ref)]
+            un = torch.sqrt(sum((a * a).sum() for a in u))
+            applied = applied & (un > 0)  # g exactly opposite g_ref: no bisector, unchanged
+            out = [a * (gn / un.clamp_min(1e-30)) for a in u]
+    return [torch.where(applied, o, a) for o, a in zip(out, g)], applied, cos
+
+
+@METHODS.register("fedgp")
+class FedGP(OverBase):
+    name = "fedgp"
+    Params = FedGPParams
+
+    def __init__(self, params: FedGPParams, info: RunInfo) -> None:
+        super().__init__(params, info)
+        base_replay = getattr(self.base, "replay", None)
+        self.own_buffer = not isinstance(base_replay, Replay)
+        if self.own_buffer:
+            size = DEFAULT_BUFFER if params.buffer_size is None else params.buffer_size
+            self.replay = Replay(info, size, OWN_STREAM, policy=params.buffer_policy)
+        else:
+            self.replay = base_replay
+
+    # ---------------------------------------------------------------- server side
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        out = dict(self.base.broadcast(server))
+        g_ref = server.state.get(STATE_KEY)
+        if g_ref is not None:
+            out[STATE_KEY] = g_ref
+        return out
+
+    def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
+        """g_ref = mean of the clients' buffer gradients (None if no buffer had rows)."""
+        base_replies = {c: r[0] for c, r in replies.items() if r[0] is not None}
+        if base_replies or self.base.replies_each_round():
+            self.base.server_round_end(server, base_replies)
+        grads = [r[1] for r in replies.values() if r[1] is not None]
+        server.state["fedgp_ref_clients"] = len(grads)
+        if not grads:
+            server.state[STATE_KEY] = None
+            return
+        names = list(dict.fromkeys(n for g in grads for n in g))
+        mean = {}
+        for n in names:
+            parts = [g[n] for g in grads if n in g]  # a parameter outside a client's graph: 0
+            mean[n] = torch.stack(parts).sum(0) / len(grads)
+        server.state[STATE_KEY] = mean
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        out = super().round_metrics(server, uploads)
+        g_ref = server.state.get(STATE_KEY)
+        if g_ref is not None:
+            out["ref_norm"] = math.sqrt(sum(float((v * v).sum()) for v in g_ref.values()))
+        out["ref_clients"] = float(server.state.get("fedgp_ref_clients", 0))
+        return out
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        self.base.client_begin(ctx)
+        s = self.scratch(ctx)
+        if self.own_buffer:
+            self.replay.begin(ctx, s)
+        g_ref = ctx.broadcast.get(STATE_KEY)
+        # (parameter, its g_ref part): zeros for a parameter outside the reference's graph
+        s.pairs = (
+            None
+            if g_ref is None
+            else [
+                (p, g_ref[n] if n in g_ref else torch.zeros_like(p))
+                for n, p in ctx.model.named_parameters()
+                if p.requires_grad
+            ]
+        )
+        s.gate_gen = None
+        if s.pairs is not None and 0 < self.p.rate < 1:
+            key = torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, RATE_STREAM)
+            s.gate_gen = torch.Generator().manual_seed(key)
+        s.n_applied = torch.zeros((), device=self.info.device)
+        s.cos_sum = torch.zeros((), device=self.info.device)
+        s.n_ref = 0
+        s.batch = None
+
+    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self.base.backward(ctx, x, y)
+        if self.own_buffer:
+            self.scratch(ctx).batch = (x, y)  # offered in transform_grad
+        return loss
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        self.base.transform_grad(ctx)  # the base's own terms first [P Alg. 5-6, C]
+        s = self.scratch(ctx)
+        if s.pairs is not None and self.p.rate > 0:
+            pairs = [(p, r) for p, r in s.pairs if p.grad is not None]
+            gate = None
+            if s.gate_gen is not None:
+                draw = torch.rand((), generator=s.gate_gen) < self.p.rate
+                gate = draw.to(self.info.device)
+            g = [p.grad for p, _ in pairs]
+            with torch.no_grad():
+                new, applied, cos = manipulate(
+                    g, [r for _, r in pairs], self.p.manipulation, self.p.apply == "always", gate
+                )
+                torch._foreach_copy_(g, new)
+            s.n_applied += applied
+            s.cos_sum += cos
+            s.n_ref += 1
+        elif s.pairs is not None:  # rate 0: diagnostics only, g untouched
+            with torch.no_grad():
+                pairs = [(p, r) for p, r in s.pairs if p.grad is not None]
+                _, _, cos = project([p.grad for p, _ in pairs], [r for _, r in pairs], EPS, 0.0)
+            s.cos_sum += cos
+            s.n_ref += 1
+        if s.batch is not None:
+            x, y = s.batch
+            s.batch = None
+            self.replay.offer(ctx, s, x, y)
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)  # the base's upload, its diagnostics renamed
+        s = self.scratch(ctx)
+        ctx.stats["proj_share"] = s.n_applied.item() / max(ctx.steps, 1)
+        if s.n_ref:
+            ctx.stats["cos_before"] = s.cos_sum.item() / s.n_ref
+        if self.own_buffer:
+            ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
+        return up
+
+    def client_round_end(self, ctx: ClientContext) -> tuple[Any, dict[str, torch.Tensor] | None]:
+        """(the base's reply, g_ref^k): the mean CE gradient at the new global model on a
+        random batch of the client's buffer (Alg. 3); None while the buffer is empty."""
+        base_reply = self.base.client_round_end(ctx)
+        buf = self.replay.buffer
+        if buf.size(ctx.state) == 0:
+            return base_reply, None
+        gen = sample_generator(self.info.seed, ctx.round, ctx.cid, ctx.task, REF_STREAM)
+        mem = buf.sample(ctx.state, self.p.ref_batch_size, gen)
+        model = ctx.model
+        model.train()  # [C] GradER: net.train()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        logits = self.replay.logits(model, mem["x"], mem["task"])
+        loss = F.cross_entropy(masked_logits(logits, self.replay.mask(mem["task"])), mem["y"])
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        return base_reply, {
+            n: (torch.zeros_like(p) if g is None else g.detach()) for (n, p), g in zip(named, grads)
+        }
+

@@ -1,0 +1,184 @@
+"""FedGP (methods/fedgp.py): the projection against g_ref (after it <g', g_ref> >= -tol,
+unchanged without conflict, invariant to scaling g_ref, no NaN for a zero g_ref), the
+ablations' manipulations on hand-built vectors, g_ref as the mean of the clients' buffer
+gradients at the new global model, FedGP off (rate 0) equal to its base bit for bit, the
+buffer shared with a replay base, the buffer policies, validation, resume mid-task."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedforget.engine import Simulation
+from fedforget.methods import check_params
+from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
+from fedforget.methods.replay import Reservoir, sample_generator
+from fedforget.utils import FedForgetError
+
+from .conftest import CPU, checkpoint_keeper, digits_cfg, run, strip
+
+
+def flat(ts):
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+def parts(v, sizes=(3, 4)):
+    """A flat vector as a list of tensors (parameters of two shapes)."""
+    return list(v.split(list(sizes)))
+
+
+def rand(seed, n=7):
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+# ------------------------------------------------------------------ the manipulations
+@pytest.mark.parametrize("seed", range(6))
+def test_projection_removes_conflict_and_keeps_aligned(seed):
+    g, r = rand(seed), rand(100 + seed)
+    out, applied, cos = manipulate(parts(g), parts(r), "project", False, None)
+    out = flat(out)
+    dot = float(g @ r)
+    assert math.isclose(float(cos), dot / float(g.norm() * r.norm()), rel_tol=1e-9)
+    if dot < 0:
+        assert bool(applied)
+        assert float(out @ r) >= -1e-9  # <g', g_ref> >= -tol
+        torch.testing.assert_close(out, g - dot / float(r @ r) * r)
+    else:
+        assert not bool(applied)
+        assert torch.equal(out, g)  # no conflict: unchanged
+
+
+def test_projection_invariant_to_scaling_g_ref():
+    g, r = rand(1), -rand(1) + 0.1 * rand(2)  # conflicting
+    base = flat(manipulate(parts(g), parts(r), "project", False, None)[0])
+    for c in (1e-2, 3.0, 1e5):  # while ||c g_ref||^2 >> eps (1e-12)
+        scaled = flat(manipulate(parts(g), parts(c * r), "project", False, None)[0])
+        torch.testing.assert_close(scaled, base, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("how", ["project", "average", "rotate", "project_scale"])
+@pytest.mark.parametrize("always", [False, True])
+def test_zero_g_ref_changes_nothing(how, always):
+    g = rand(3)
+    out, applied, _ = manipulate(parts(g), parts(torch.zeros(7, dtype=torch.float64)), how, always, None)
+    assert not bool(applied)
+    assert torch.equal(flat(out), g) and torch.isfinite(flat(out)).all()
+
+
+def test_ablation_manipulations_on_a_hand_built_pair():
+    g = torch.tensor([1.0, 0.0, 0, 0, 0, 0, 0], dtype=torch.float64)
+    r = torch.tensor([-1.0, 1.0, 0, 0, 0, 0, 0], dtype=torch.float64)  # 135 degrees from g
+    m = lambda how, always=False: flat(manipulate(parts(g), parts(r), how, always, None)[0])  # noqa: E731
+    torch.testing.assert_close(m("project"), torch.tensor([0.5, 0.5, 0, 0, 0, 0, 0], dtype=torch.float64))
+    torch.testing.assert_close(m("average"), torch.tensor([0.0, 0.5, 0, 0, 0, 0, 0], dtype=torch.float64))
+    s = 1 / math.sqrt(2)
+    torch.testing.assert_close(m("project_scale"), torch.tensor([s, s, 0, 0, 0, 0, 0], dtype=torch.float64))
+    # rotate: the bisector of g and g_ref (67.5 degrees from g), magnitude of g
+    rot = m("rotate")
+    assert math.isclose(float(rot.norm()), 1.0, rel_tol=1e-12)
+    assert math.isclose(math.degrees(math.acos(float(rot @ g))), 67.5, rel_tol=1e-9)
+    # aligned pair: only "always" manipulates
+    r2 = torch.tensor([1.0, 1.0, 0, 0, 0, 0, 0], dtype=torch.float64)
+    assert torch.equal(flat(manipulate(parts(g), parts(r2), "project", False, None)[0]), g)
+    torch.testing.assert_close(
+        flat(manipulate(parts(g), parts(r2), "project", True, None)[0]),
+        torch.tensor([0.5, -0.5, 0, 0, 0, 0, 0], dtype=torch.float64),
+    )
+    # a closed gate (projection rate) leaves g as it is
+    assert torch.equal(flat(manipulate(parts(g), parts(r), "project", False, torch.tensor(False))[0]), g)
+
+
+# ------------------------------------------------------------------ runs
+def fedgp_cfg(make_run_config, params=None, **train):
+    return digits_cfg(make_run_config, "fedgp", params, **train)
+
+
+def test_fedgp_off_equals_its_base_bit_for_bit(make_run_config):
+    """rate 0: buffers fill and g_ref is computed every round, the training is the base's."""
+    for base, bp in [("fedavg", {}), ("fedprox", {"mu": 0.01}), ("der", {"buffer_size": 50})]:
+        _, rows_b = run(digits_cfg(make_run_config, base, bp))
+        sim, rows_g = run(fedgp_cfg(make_run_config, {"base": base, "base_params": bp, "rate": 0.0}))
+        assert strip(rows_g, "fedgp_") == strip(rows_b, f"{base}_"), base
+        assert sim.server.state[STATE_KEY] is not None
+        assert rows_g[-1]["fedgp_proj_share"] == 0.0
+
+
+def test_fedgp_projects_and_reports(make_run_config):
+    sim, rows = run(fedgp_cfg(make_run_config, {"buffer_size": 40}))
+    assert "fedgp_proj_share" not in rows[1] or rows[1]["fedgp_proj_share"] == 0.0  # round 1: no g_ref
+    assert "fedgp_cos_before" not in rows[1]
+    later = rows[2:]
+    assert all(0.0 <= r["fedgp_proj_share"] <= 1.0 for r in later)
+    assert any(r["fedgp_proj_share"] > 0 for r in later)  # new tasks conflict with the buffer
+    assert all(-1.0 <= r["fedgp_cos_before"] <= 1.0 for r in later)
+    assert all(r["fedgp_buffer_size"] == 40.0 for r in later)
+    assert rows[-1]["fedgp_ref_clients"] == 4.0 and rows[-1]["fedgp_ref_norm"] > 0
+
+
+def test_g_ref_is_the_mean_buffer_gradient_at_the_new_global_model(make_run_config):
+    """Recomputed by hand from the clients' buffers after round 1: the same keyed buffer
+    batch, CE at the aggregated weights, mean over clients."""
+    rc = fedgp_cfg(make_run_config, {"buffer_size": 16, "ref_batch_size": 5}, rounds=1)
+    sim, _ = run(rc)
+    model = sim.model_with(sim.global_params)
+    model.train()
+    grads = []
+    for cid in range(4):
+        mem = Reservoir(16).sample(sim.client_state[cid], 5, sample_generator(0, 1, cid, 0, REF_STREAM))
+        model.zero_grad()
+        F.cross_entropy(model(mem["x"]), mem["y"]).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    g_ref = sim.server.state[STATE_KEY]
+    for n in grads[0]:
+        torch.testing.assert_close(g_ref[n], sum(g[n] for g in grads) / 4)
+
+
+def test_fedgp_over_a_replay_base_reads_its_buffer(make_run_config):
+    sim, rows = run(fedgp_cfg(make_run_config, {"base": "agem", "base_params": {"buffer_size": 30}}))
+    assert isinstance(sim.method, FedGP) and not sim.method.own_buffer
+    assert sim.method.replay is sim.method.base.replay
+    st = sim.client_state[0]
+    assert set(st) == {"replay"} and Reservoir(30).size(st) == 30
+    # the base's diagnostics keep their own names beside FedGP's
+    assert "fedgp_agem_proj_share" in rows[-1] and "fedgp_proj_share" in rows[-1]
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"base": "fedgp"}, "base='fedgp'"),
+        ({"base": "nope"}, "base='nope'"),
+        ({"manipulation": "flip"}, "manipulation='flip'"),
+        ({"apply": "sometimes"}, "apply='sometimes'"),
+        ({"rate": 1.5}, "rate=1.5"),
+        ({"buffer_policy": "fifo"}, "buffer_policy='fifo'"),
+        ({"buffer_size": -1}, "buffer_size=-1"),
+        ({"ref_batch_size": 0}, "ref_batch_size=0"),
+        ({"base": "der", "buffer_size": 100}, "base_params.buffer_size=200"),
+        ({"base": "agem", "buffer_policy": "sliding"}, "buffer_policy='sliding' over base 'agem'"),
+        ({"base": "fedprox", "base_params": {"mu": -1}}, "mu=-1"),
+    ],
+)
+def test_bad_params_name_the_value(params, match):
+    with pytest.raises(FedForgetError, match=match):
+        check_params("fedgp", params)
+
+
+def test_resume_mid_task_gives_the_same_bytes(make_run_config):
+    rc = fedgp_cfg(make_run_config, {"base": "der", "base_params": {"buffer_size": 20}}, rounds=6, checkpoint_every=1)
+    rc = replace(rc, dataset=replace(rc.dataset, scenario={**rc.dataset.scenario, "rounds_per_task": 2}))
+    full = Simulation(rc, device=CPU)
+    saved, keep = checkpoint_keeper()
+    status, rows_full, _ = full.run(progress=False, on_checkpoint=keep)
+    assert status == "completed"
+    mid = next(c for c in saved if c["round"] == 3)  # the middle of task 2
+    resumed = Simulation(rc, device=CPU)
+    status, rows_res, _ = resumed.run(progress=False, resume=mid)
+    assert status == "completed"
+    assert strip(rows_res) == strip(rows_full)
+    for k, v in full.global_params.items():
+        assert torch.equal(v, resumed.global_params[k])
