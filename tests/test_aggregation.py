@@ -249,6 +249,34 @@ def test_paper_setting_map_links_our_setting_to_the_papers(tmp_path):
     assert mapped["paper_acc"].iloc[0] == 93.33
 
 
+def test_paper_link_with_several_tables_a_stream_label_and_a_method_map(tmp_path):
+    """A task stream's label maps to the paper's dataset and setting; method_map renames
+    our labels; ``table: [1, 11]`` reads both tables (accuracy and forgetting); a bad
+    dataset_map value is refused when the config is checked, naming it."""
+    from fedforget.aggregate import attach_paper_continual
+    from fedforget.config import check_paper_link
+    from fedforget.utils import FedForgetError
+
+    ref = tmp_path / "paper.csv"
+    ref.write_text("paper,table,dataset,setting,method,metric,value,std\n"
+                   "p,1,split-cifar10,task-il,FL+FedGP,acc_T,80.83,2.0\n"
+                   "p,11,split-cifar10,task-il,FL+FedGP,Fgt_T,4.49,1.9\n"
+                   "p,7,split-cifar10,task-il,Project (>90),acc_T,70.0,\n")  # fmt: skip
+    table = pd.DataFrame({"dataset": ["digits-task-il", "digits-task-il"], "setting": ["dirichlet-0.3"] * 2,
+                          "method": ["FL+FedGP", "gp"]})  # fmt: skip
+    link = {"name": "p", "table": [1, 11], "dataset_map": {"digits-task-il": {"dataset": "split-cifar10", "setting": "task-il"}}}
+    out = attach_paper_continual(table, link, ref)
+    assert (out.loc[0, "paper_acc"], out.loc[0, "paper_acc_std"], out.loc[0, "paper_fgt"]) == (80.83, 2.0, 4.49)
+    assert math.isnan(out.loc[1, "paper_acc"])  # table 7 is not linked
+    out = attach_paper_continual(table, {**link, "table": [7], "method_map": {"gp": "Project (>90)"}}, ref)
+    assert out.loc[1, "paper_acc"] == 70.0 and math.isnan(out.loc[0, "paper_acc"])
+    check_paper_link(link, str(ref), "experiments[0].paper")
+    with pytest.raises(FedForgetError, match=r"paper 'p' table '12' has no rows"):
+        check_paper_link({**link, "table": [1, 12]}, str(ref), "experiments[0].paper")
+    with pytest.raises(FedForgetError, match=r"dataset_map.digits-task-il=\{'setting': 'x'\}"):
+        check_paper_link({**link, "dataset_map": {"digits-task-il": {"setting": "x"}}}, str(ref), "experiments[0].paper")
+
+
 def test_cells_on_another_client_engine_are_marked():
     """A cell whose runs trained on another client engine than most of its column is
     marked in table.md and table.html; one engine throughout marks nothing."""

@@ -187,9 +187,8 @@ class FedGP(OverBase):
 
     def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
         """g_ref = mean of the clients' buffer gradients (None if no buffer had rows)."""
-        base_replies = {c: r[0] for c, r in replies.items() if r[0] is not None}
-        if base_replies or self.base.replies_each_round():
-            self.base.server_round_end(server, base_replies)
+        if self.base.replies_each_round():
+            self.base.server_round_end(server, {c: r[0] for c, r in replies.items() if r[0] is not None})
         grads = [r[1] for r in replies.values() if r[1] is not None]
         server.state["fedgp_ref_clients"] = len(grads)
         if not grads:
