@@ -425,7 +425,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     f"{key}.train.save_client_models: rounds {late} are beyond train.rounds={mtrain.rounds} (method '{label}'); allowed: 1..{mtrain.rounds}"
                 )
             for ds in datasets:
-                if cls.needs_public and not ds.public:
+                if cls.trait("needs_public", pobj) and not ds.public:
                     problems.append(
                         f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)"
                     )

@@ -98,7 +98,7 @@ class Simulation(ClientSide):
         method_cls = METHODS.get(cfg.method.name, "method.name")
         params = make_params(cfg.method.name, cfg.method.params, "method.params")
 
-        data = load_run_data(cfg, self.device, method_cls.public_labels, verify)
+        data = load_run_data(cfg, self.device, method_cls.trait("public_labels", params), verify)
         self.clients, self.scenario = data.clients, data.scenario
         self.num_classes, public = data.num_classes, data.public
         dev = self.device

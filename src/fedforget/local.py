@@ -68,7 +68,7 @@ class ClientSide:
 
     def round_view(self, cid: int, rnd: int) -> TaskView:
         """Client ``cid``'s data in round ``rnd`` (every task's for joint training)."""
-        return self.clients.view(cid, rnd, type(self.method).sees_all_tasks)
+        return self.clients.view(cid, rnd, type(self.method).trait("sees_all_tasks", self.method.p))
 
     def offload(self, ctx: ClientContext) -> None:
         """The client's state back to host memory until it is sampled again (on a GPU)."""

@@ -182,3 +182,20 @@ def test_resume_mid_task_gives_the_same_bytes(make_run_config):
     assert strip(rows_res) == strip(rows_full)
     for k, v in full.global_params.items():
         assert torch.equal(v, resumed.global_params[k])
+
+
+def test_a_plugin_has_its_base_traits(make_run_config):
+    """FedGP over joint trains on every task's data from round 1 (as joint does); over a
+    method that needs a public set, the config must declare one."""
+    from fedforget.config import parse_config
+
+    _, rows_j = run(digits_cfg(make_run_config, "joint", rounds=1))
+    sim, rows_g = run(fedgp_cfg(make_run_config, {"base": "joint", "rate": 0.0}, rounds=1))
+    assert strip(rows_g, "fedgp_") == strip(rows_j)
+    raw = {"experiments": [{
+        "name": "e", "datasets": [{"name": "iris", "model": "mlp"}],
+        "partitions": [{"scheme": "iid", "clients": 2}],
+        "methods": [{"name": "fedgp", "params": {"base": "fedproj"}}], "seeds": [0], "train": {"rounds": 1},
+    }]}  # fmt: skip
+    with pytest.raises(FedForgetError, match="method 'fedgp' needs a public set"):
+        parse_config(raw)

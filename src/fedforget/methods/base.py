@@ -256,6 +256,13 @@ class FedAvg:
         called at config validation, before any job, and again at construction, with the
         method's validated ``Params``."""
 
+    @classmethod
+    def trait(cls, name: str, params: Any = None) -> bool:
+        """A class-level trait (``needs_public``, ``public_labels``, ``sees_all_tasks``) of
+        the method configured with ``params``: what the engine and config validation read (a
+        plug-in has its base's too)."""
+        return bool(getattr(cls, name))
+
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:
         """Create per-run server state (server.state) before round 1."""

@@ -63,6 +63,17 @@ class OverBase(FedAvg):
         return {f"{self.base.name}_{k}": v for k, v in self.base.round_metrics(server, uploads).items()}
 
     @classmethod
+    def trait(cls, name: str, params: Any = None) -> bool:
+        """The plug-in's own trait or its base's: FedGP over joint trains on every task's
+        data, over a method that needs a public set it needs one."""
+        if bool(getattr(cls, name)) or params is None:
+            return bool(getattr(cls, name))
+        from . import make_params
+
+        base = METHODS.get(params.base)
+        return base.trait(name, make_params(params.base, dict(params.base_params)))
+
+    @classmethod
     def check_train(cls, train, params: Any = None) -> None:
         """The base method's train requirements (e.g. SCAFFOLD's SGD) are the plug-in's,
         checked at config validation like any method's."""
