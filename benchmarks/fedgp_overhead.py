@@ -72,7 +72,7 @@ def main() -> None:
     rounds = a.warmup + a.rounds
     specs = methods(a.bases.split(","), a.buffer)
     setting = {
-        "dataset": "digits", "model": "cnn2d", "stream": a.stream, "partition": part.setting(),
+        "dataset": "digits", "model": "cnn2d", "stream": a.stream, "partition": part.setting,
         "clients": part.clients, "sample_rate": 1.0, "local_epochs": 1, "batch_size": 32, "optimizer": "sgd lr 0.1",
         "buffer": a.buffer, "threads": a.threads, "client_engine": "sequential", "timed_rounds": a.rounds,
         "warmup": a.warmup, "device": "cpu", "torch": torch.__version__,

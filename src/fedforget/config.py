@@ -418,7 +418,12 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
             for ds in datasets:
-                check(check_rounds, ds.scenario, mtrain.rounds, f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')")
+                dkey = f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')"
+                check(check_rounds, ds.scenario, mtrain.rounds, dkey)
+                try:
+                    cls.check_scenario(ds.scenario, pobj)
+                except FedForgetError as e:
+                    problems.append(f"{dkey}: {e}")
             late = [r for r in mtrain.save_client_models if r > mtrain.rounds]
             if late:
                 problems.append(

@@ -257,6 +257,13 @@ class FedAvg:
         method's validated ``Params``."""
 
     @classmethod
+    def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
+        """Reject task streams the method is not defined for (raise FedForgetError naming
+        the scenario key): ``scenario`` is a dataset's resolved scenario block
+        (``fedforget.data.scenario``; None: one task). Called at config validation for every
+        dataset of the experiment, before any job."""
+
+    @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
         """A class-level trait (``needs_public``, ``public_labels``, ``sees_all_tasks``) of
         the method configured with ``params``: what the engine and config validation read (a

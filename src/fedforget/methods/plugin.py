@@ -74,6 +74,14 @@ class OverBase(FedAvg):
         return base.trait(name, make_params(params.base, dict(params.base_params)))
 
     @classmethod
+    def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
+        """The base method's task-stream requirements are the plug-in's."""
+        if params is not None:
+            from . import make_params
+
+            METHODS.get(params.base).check_scenario(scenario, make_params(params.base, dict(params.base_params)))
+
+    @classmethod
     def check_train(cls, train, params: Any = None) -> None:
         """The base method's train requirements (e.g. SCAFFOLD's SGD) are the plug-in's,
         checked at config validation like any method's."""

@@ -1,0 +1,480 @@
+"""FedProTIP: projected local training, aggregated core bases and task identity prediction
+(papers/fedprotip.md Sec. 4.1-4.4, Alg. 1, App. C-E; the authors' code seohyeon-cha/FedProTIP:
+client/client_fedprotip.py, server/server_fedprotip.py). Symbols as in the paper; tags:
+[P] paper, [C] authors' code, [D] our decision. Representations (Linear inputs, conv inputs
+as im2col columns, weights as [out, d_l]) and projection: ``fedforget.activations``.
+
+Training, task t = 0, 1, ... (Eq. 4-5) [P]: every local step, for every projected layer l,
+G_l <- G_l - G_l Phi_l Phi_l^T with Phi_l = Phi_l^(1:t-1) the GLOBAL bases of the earlier tasks
+(broadcast). Layers: every Linear / Conv outside per-task heads (``gpm.projected_layers``; the
+shared head too, FedProTIP(-t)); each per-task head trains on its task only, older ones are
+frozen by the engine. FedAvg aggregates.
+
+Core bases, client k at the end of task t (``client_task_end``, the task's final global model,
+eval mode) [P]: min(``samples``, n_k) inputs of its task data; of each layer's representation
+a_l [d_l, columns] m_s = ``samples`` columns drawn uniformly without replacement (all if fewer;
+512 [P App. D.2]); keyed (seed, task, client, 0x7A). a~ = a - Phi Phi^T a (Eq. 6); SVD a~ = U S V^T
+(Eq. 7); r_l = the smallest r with mass(1..r) >= eps_t (Eq. 8), eps_t = ``threshold`` +
+``threshold_step`` * t, at most 1; U_{l,k} = U[:, :r_l] (float32).
+- ``energy``: sigma [P, Eq. 8: sum of singular values of a~] | sigma2 [C, GPM's rule: total =
+  ||a||_F^2 before Eq. 6, the energy already in span(Phi) counted: (||a||^2 - ||a~||^2 +
+  sum_{i<=r} s_i^2) / ||a||^2 >= eps, so r may be 0]. Smallest r for both (``gpm.energy_rank``;
+  the code's first task keeps one fewer) [D].
+- ``threshold`` = 0.7, ``threshold_step`` = 0.001 [P Sec. 6, App. E.3]; the code's CIFAR-100
+  config uses 0.775, App. D.1 uses 0.95 for a ResNet-18 trained from scratch.
+- ``svd``: randomized [P] | exact [C: np.linalg.svd]. Randomized: Halko-Martinsson-Tropp range
+  finder (Alg. 4.4, as torch.svd_lowrank, 2 power iterations) with a Gaussian test matrix from a
+  generator keyed (seed, task, client, 0x7B, layer), float64, of rank q = min(d_l, m_s): Eq. 8's
+  denominator sums ALL singular values of a~, which a rank-q sketch with smaller q would truncate
+  (r biased low). With q full, the result equals the exact SVD up to rounding; the saving the
+  paper gets is the m_s-column sample, which both options share [D].
+Server (``server_task_end``, Eq. 9, App. C) [P]: per layer, clients in id order, each one's
+residual U_k - P P^T U_k against P = [Phi^(1:t-1), Phi^(t) so far] (the old part only cleans
+rounding: U_k is orthogonal to it already), orthonormalised by an SVD that drops directions with
+singular value <= 1e-4 (already in the span up to float32 rounding of the clients' bases), then
+re-projected and QR'd [D]; Phi^(t) spans the union of the U_k; Phi <- [Phi, Phi^(t)], checked
+Phi^T Phi = I. Per-task ranks are kept (``fedprotip_blocks``): TIP needs U_L^(t) per task.
+- ``bias``: freeze [C: the code zeroes 1-D gradients from task 2 on] | free. Once bases exist,
+  the gradients of every 1-D parameter outside the per-task heads are dropped (p.grad = None: no
+  decay either), as ``gpm``. ``freeze_early`` [C, default off: our CNNs are not pretrained]: from
+  the second task on, the first floor(n/2) projected layers in module order (the code freezes
+  ResNet-18's stem, layer1, layer2: 10 of its 20 convolutions) are frozen (weights, biases)
+  and never get bases (the code collects none for them).
+- Exact invariance needs wd = 0: weight decay, added by the optimizer after the projection,
+  breaks it (the paper trains with wd 5e-4); momentum keeps it (its buffer sums projected steps).
+
+TIP (Sec. 4.4) [P]: a_L = the input of the final layer, model.features(x). Its core bases are
+extracted as for a layer (key ``@features``, Eq. 8 [P]; the code takes a fixed rank 20/K) and
+used for TIP only. Reference (Eq. 10): omega_k^(tau,t) = ||U_L^(t) U_L^(t)T a_L^(tau)||. a_L^(tau)
+summarises client k's task-tau data [D]: the root mean square over its m_s samples of the
+per-sample relevance, omega = sqrt(tr(U^T C_tau U)), C_tau = mean_i a_i a_i^T, the second moment
+(f x f, kept in ctx.state, no raw data): the scale of the per-sample test relevance, and what
+the code's batch Frobenius norm ||A U U^T||_F computes up to sqrt(B) (it keeps raw activations
+instead). Alg. 1 line 13: at each task end the client recomputes omega_k^(tau) in R^(t+1) for
+every tau it had data in, entries t' < t with the broadcast global U_L^(t'), entry t with its own
+U_{L,k}^(t) (the global one is aggregated only after the clients report) [D]; the server keeps
+each client's latest vectors, padding missing later entries with 0 [D].
+Test time (Eq. 11, ``route``): omega_hat^(t) = ||U_L^(t)T a_L^te|| over the learned tasks;
+``tip``: sample [P] one routing per input: each client votes the argmax over its tasks of the
+cosine with its references, majority decides, ties -> lowest task id [D]; batch [C] one
+relevance vector per test batch (the RMS over its rows, the code's Frobenius norm), one routing
+for all rows: the evaluator's batches hold one task each, so this inflates task-agnostic
+accuracy; none: FedProTIP(-t), one shared classifier, default logits.
+Scores (``predict``): the routed task's head logits on that task's classes, the other classes at
+the row's lowest such logit - 30 (finite, so the evaluator's cross-entropy stays finite; softmax
+mass outside < C e^-30) [D]; task given (task-aware): that task's head; before the first task
+end: the model's logits. tip != none needs per_task heads, tip none shared ones (checked at
+construction; one-task runs route nothing and accept either).
+
+``route`` (public) and ``FedProTIP.route_inputs`` give the routed task per input, for a TIP
+accuracy per task (App. Table 14).
+
+Communication per client per task (Table 9), the row of a task's last round, columns
+``fedprotip_<key>``, and ``server.state["fedprotip_comm"]``: ``comm_model_mb`` (one model upload),
+``comm_bases_mb`` (float32 U_k of every layer and @features), ``comm_refs_mb`` (float32 omega's),
+means over the ``reporting_clients``, ``comm_task_mb`` (their sum); ``basis_fill`` (mean over
+projected layers of rank / d_l), ``basis_rank`` (sum of ranks), ``features_rank`` (TIP's U_L, all
+tasks). MB = 10^6 bytes.
+
+Known differences from the code, beside those above: it grows one shared basis client after
+client with GPM's rule (client k's directions chosen against clients 1..k-1's of the same task)
+instead of Eq. 9; its relevance vector leaves out the first task's subspace and two learned tasks
+are told apart by a threshold on one entry; its references are the mean cosine over batches of
+raw activations it keeps; its 1-D gradients are zeroed, not dropped (weight decay still moves
+them); its column samples are unkeyed (np.random).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..activations import layer_dim, layer_inputs, project_out
+from ..distill import is_int, is_number, require
+from ..models import TaskHeads
+from ..utils import FedForgetError, torch_seed
+from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .fot import MB, state_mb
+from .gpm import CHUNK, REL_TOL, energy_rank, one_d_params, projected_layers, threshold_at
+from .registry import METHODS
+
+SAMPLE_STREAM, SVD_STREAM = 0x7A, 0x7B  # keyed randomness: inputs and columns, SVD sketches
+FEATURES = "@features"  # the final layer's input a_L (TIP's subspaces); never a layer name
+BASES, BLOCKS = "fedprotip_bases", "fedprotip_blocks"  # server.state / broadcast
+ENDED, REFS, COMM = "fedprotip_ended", "fedprotip_refs", "fedprotip_comm"  # server.state
+SUMMARY = "fedprotip_summary"  # ctx.state: {task: C_tau [f, f]}
+ENERGIES, SVDS, TIPS, BIAS = (
+    ("sigma", "sigma2"),
+    ("randomized", "exact"),
+    ("sample", "batch", "none"),
+    ("freeze", "free"),
+)
+NITER = 2  # power iterations of the randomized SVD (torch.svd_lowrank's default)
+ORTH_TOL = 1e-4  # residual directions of unit columns below this are already in the span
+OUTSIDE_GAP = 30.0  # scores outside the routed task: its lowest logit minus this
+
+
+# ----------------------------------------------------------------------------- core bases
+
+
+def randomized_svd(
+    a: torch.Tensor, q: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U [d, q], s [q]) of ``a`` [d, n] by the randomized range finder with NITER power
+    iterations (float64), the Gaussian test matrix drawn from ``generator`` (CPU)."""
+    omega = torch.randn(a.shape[1], q, generator=generator, dtype=torch.float64).to(a.device)
+    y = a @ omega
+    for _ in range(NITER):
+        y = a @ (a.T @ torch.linalg.qr(y).Q)
+    basis = torch.linalg.qr(y).Q
+    ub, s, _ = torch.linalg.svd(basis.T @ a, full_matrices=False)
+    return basis @ ub, s
+
+
+def core_rank(
+    s: torch.Tensor, eps: float, energy: str, total: float | None = None, captured: float = 0.0
+) -> int:
+    """r of Eq. 8 for the singular values ``s`` (descending) of a~: sigma: the smallest r with
+    sum_{i<=r} s_i / sum_i s_i >= eps; sigma2: with captured + sum_{i<=r} s_i^2 / total >= eps.
+    total = ||a||_F^2 before Eq. 6 (default sum s^2); values with s^2 <= REL_TOL * total are
+    numerical zeros, never kept (a~ = 0 gives r = 0)."""
+    s = s.double()
+    sq = s * s
+    total = float(sq.sum()) if total is None else total
+    if total <= 0:
+        return 0
+    if energy == "sigma":
+        keep = s[sq > REL_TOL * total]
+        return energy_rank(keep, float(keep.sum()), 0.0, eps) if len(keep) else 0
+    return energy_rank(sq, total, captured, eps)
+
+
+def core_bases(a: torch.Tensor, phi: torch.Tensor | None, eps: float, energy: str, svd: str,
+               generator: torch.Generator) -> torch.Tensor:  # fmt: skip
+    """U [d, r] (float32, orthonormal, orthogonal to ``phi``) of the representation ``a``
+    [d, m]: Eq. 6-8."""
+    a = a.double()
+    m = phi.double() if phi is not None else a.new_zeros(a.shape[0], 0)
+    resid = a - m @ (m.T @ a)
+    q = min(resid.shape)
+    if svd == "exact":
+        u, s, _ = torch.linalg.svd(resid, full_matrices=False)
+    else:
+        u, s = randomized_svd(resid, q, generator)
+    total = float((a * a).sum())
+    captured = 1.0 - float((resid * resid).sum()) / total if total > 0 else 0.0
+    r = core_rank(s, eps, energy, total, captured)
+    return u[:, : min(r, a.shape[0] - m.shape[1])].float()
+
+
+def aggregate_bases(old: torch.Tensor | None, clients: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Phi^(t) [d, r] (float64, orthonormal, orthogonal to ``old``) spanning the union of the
+    clients' bases ``clients`` (Eq. 9: each one's residual against what is there, in order)."""
+    d = clients[0].shape[0] if clients else (old.shape[0] if old is not None else 0)
+    dev = clients[0].device if clients else None
+    ref = old.double() if old is not None else torch.zeros(d, 0, dtype=torch.float64, device=dev)
+    new = ref.new_zeros(d, 0)
+    for u in clients:
+        p = torch.cat([ref, new.to(ref.device)], 1)
+        u = u.double().to(p.device)
+        resid = u - p @ (p.T @ u)
+        if resid.shape[1] == 0:
+            continue
+        q, s, _ = torch.linalg.svd(resid, full_matrices=False)
+        q = q[:, s > ORTH_TOL]
+        if q.shape[1]:  # a clean-up: re-projected, re-orthonormalised
+            new = torch.cat([new, torch.linalg.qr(q - p @ (p.T @ q)).Q], 1)
+    return new
+
+
+def check_orthonormal(name: str, phi: torch.Tensor, new: int, tol: float = 1e-4) -> None:
+    """Phi^T Phi = I on the ``new`` last columns of ``phi`` (against all of them), or raise."""
+    r = phi.shape[1]
+    gram = phi.double().T @ phi[:, r - new :].double()
+    eye = torch.eye(r, dtype=gram.dtype, device=gram.device)[:, r - new :]
+    if new and (gram - eye).abs().max() > tol:
+        raise FedForgetError(f"fedprotip: layer {name}: the aggregated bases are not orthonormal")
+
+
+def sample_representations(model: nn.Module, layers: dict[str, nn.Module], x: torch.Tensor, m: int,
+                           generator: torch.Generator, features: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:  # fmt: skip
+    """({layer: a [d_l, <= m]}: m columns of each layer's representation of ``x``, drawn
+    uniformly without replacement from all of them (layer by layer in forward order, from
+    ``generator``), all when fewer; the features [n, f] of ``x`` or None). Eval mode, restored."""
+    was, n = model.training, len(x)
+    model.eval()
+    keep: dict[str, torch.Tensor | None] = {}
+    parts: dict[str, list[torch.Tensor]] = {}
+    feats = []
+    try:
+        with torch.no_grad():
+            for s in range(0, n, CHUNK):
+                xs = x[s : s + CHUNK]
+                for name, a in layer_inputs(model, xs, layers).items():
+                    per = a.shape[1] // len(xs)  # columns per sample
+                    if name not in keep:
+                        total = per * n
+                        keep[name] = (
+                            torch.randperm(total, generator=generator)[:m].sort().values
+                            if total > m
+                            else None
+                        )
+                    idx = keep[name]
+                    if idx is not None:
+                        idx = idx[(idx >= s * per) & (idx < s * per + a.shape[1])] - s * per
+                        a = a[:, idx.to(a.device)]
+                    parts.setdefault(name, []).append(a)
+                if features:
+                    feats.append(model.features(xs))
+    finally:
+        model.train(was)
+    return {k: torch.cat(v, 1) for k, v in parts.items()}, torch.cat(feats) if features else None
+
+
+# ----------------------------------------------------------------------------- TIP
+
+
+def relevance(z: torch.Tensor, blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[B, T]: ||U_t U_t^T z_i|| = ||U_t^T z_i|| of each row of ``z`` [B, f] and task block."""
+    return torch.stack([(z @ u.to(z)).norm(dim=1) for u in blocks], 1)
+
+
+def references(second_moment: torch.Tensor, blocks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """omega [T] (Eq. 10): sqrt(tr(U_t^T C U_t)), the RMS of the per-sample relevance of the
+    samples whose second moment is C."""
+    c = second_moment.double()
+    return torch.stack(
+        [((c @ u.double()) * u.double()).sum().clamp_min(0).sqrt() for u in blocks]
+    ).float()
+
+
+def route(z: torch.Tensor, blocks: Sequence[torch.Tensor], refs: dict[int, dict[int, torch.Tensor]],
+          batch: bool = False) -> torch.Tensor:  # fmt: skip
+    """The predicted task [B] (long) of each row of the final-layer inputs ``z`` [B, f], given
+    the learned tasks' bases ``blocks`` (U_L^(t) [f, r_t], t < T) and every client's reference
+    vectors ``refs`` {client: {task: omega}} (Eq. 11; vectors shorter than T padded with 0):
+    each client votes the task whose reference is most cosine-similar, the majority decides,
+    ties -> the lowest task id. ``batch``: one relevance vector (the rows' RMS), one task."""
+    T = len(blocks)
+    w = relevance(z.double(), blocks)
+    if batch:
+        w = w.pow(2).mean(0, keepdim=True).sqrt()
+    w = F.normalize(w, dim=1)
+    votes = torch.zeros(w.shape[0], T, dtype=torch.long, device=z.device)
+    for cid in sorted(refs):
+        tasks = sorted(t for t in refs[cid] if t < T)
+        if not tasks:
+            continue
+        om = torch.stack(
+            [F.pad(refs[cid][t].to(w)[:T], (0, max(0, T - len(refs[cid][t])))) for t in tasks]
+        )
+        pick = torch.tensor(tasks, device=z.device)[(w @ F.normalize(om, dim=1).T).argmax(1)]
+        votes += F.one_hot(pick, T)
+    out = votes.argmax(1)  # the first maximum: the lowest task id
+    return out.expand(len(z)) if batch else out
+
+
+def routed_scores(heads: TaskHeads, z: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+    """[B, C]: row i's logits from head task[i] on that task's classes, its lowest such logit
+    minus OUTSIDE_GAP elsewhere."""
+    n = int(task.max()) + 1
+    rows = torch.arange(len(z), device=z.device)
+    logits = torch.stack([h(z) for h in heads.heads[:n]])[task, rows]
+    mask = torch.zeros(n, heads.out_features, dtype=torch.bool, device=z.device)
+    for t in range(n):
+        mask[t, heads.task_classes[t]] = True
+    mask = mask[task]
+    floor = logits.masked_fill(~mask, float("inf")).amin(1, keepdim=True) - OUTSIDE_GAP
+    return torch.where(mask, logits, floor)
+
+
+def split_blocks(
+    bases: dict[str, torch.Tensor], blocks: dict[str, list[int]], key: str = FEATURES
+) -> list[torch.Tensor]:
+    """The per-task blocks of ``bases[key]`` (U^(t), t = 0 .. ended-1)."""
+    if key not in bases:
+        return []
+    return list(torch.split(bases[key], blocks[key], dim=1))
+
+
+@METHODS.register("fedprotip")
+class FedProTIP(FedAvg):
+    name = "fedprotip"
+
+    @dataclass(frozen=True)
+    class Params:
+        threshold: float = 0.7  # eps after task 0 [P; code config 0.775; 0.95 from scratch]
+        threshold_step: float = 0.001  # + per task [P]
+        energy: str = "sigma"  # sigma: Eq. 8 [P] | sigma2: GPM's energy rule [C]
+        samples: int = 512  # m_s, columns per layer (and inputs) per client and task [P]
+        svd: str = "randomized"  # randomized [P] | exact [C]
+        tip: str = "sample"  # sample [P] | batch [C] | none: FedProTIP(-t)
+        freeze_early: bool = False  # freeze the first half of the layers after task 0 [C]
+        bias: str = "freeze"  # freeze: 1-D parameters fixed once bases exist [C] | free
+
+        def check(self) -> None:
+            require(is_number(self.threshold) and 0 <= self.threshold <= 1, "threshold",
+                    self.threshold, "a number in [0, 1]")  # fmt: skip
+            require(is_number(self.threshold_step) and self.threshold_step >= 0, "threshold_step",
+                    self.threshold_step, "a finite number >= 0")  # fmt: skip
+            require(is_int(self.samples) and self.samples >= 1, "samples", self.samples, "an integer >= 1")  # fmt: skip
+            for key, allowed in (
+                ("energy", ENERGIES),
+                ("svd", SVDS),
+                ("tip", TIPS),
+                ("bias", BIAS),
+            ):
+                value = getattr(self, key)
+                require(value in allowed, key, value, " | ".join(allowed))
+            require(isinstance(self.freeze_early, bool), "freeze_early", self.freeze_early, "true | false")  # fmt: skip
+
+    @classmethod
+    def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
+        """tip sample | batch needs per-task heads, tip none a shared head (one-task runs
+        route nothing and accept either)."""
+        if params is None or not scenario or int(scenario.get("tasks") or 1) <= 1:
+            return
+        want = "shared" if params.tip == "none" else "per_task"
+        if scenario.get("heads", "shared") != want:
+            why = "one shared classifier (FedProTIP(-t))" if want == "shared" else "one head per task to route inputs to"
+            raise FedForgetError(
+                f"method 'fedprotip': tip={params.tip!r} needs {why}, scenario.heads={want!r}; "
+                f"got scenario.heads={scenario.get('heads')!r} (or set tip: {'sample' if want == 'per_task' else 'none'})"
+            )
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        super().__init__(params, info)
+        sc = info.scenario
+        if sc is not None:
+            self.check_scenario({"tasks": sc.tasks, "heads": sc.heads}, params)
+        self.routes = params.tip != "none" and (sc is None or sc.heads == "per_task")
+
+    def basis_layers(self, model: nn.Module) -> dict[str, nn.Module]:
+        """The projected layers that get bases: all, or (freeze_early) all but the first half."""
+        layers = projected_layers(model)
+        early = len(layers) // 2 if self.p.freeze_early else 0
+        return dict(list(layers.items())[early:])
+
+    # ---------------------------------------------------------------- server side
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        return {BASES: server.state.get(BASES, {}), BLOCKS: server.state.get(BLOCKS, {})}
+
+    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        st, order = server.state, sorted(reports)
+        bases, blocks = dict(st.get(BASES, {})), {k: list(v) for k, v in st.get(BLOCKS, {}).items()}
+        ended = st.get(ENDED, 0)
+        names = list(dict.fromkeys([n for c in order for n in reports[c]["bases"]] + list(bases)))
+        for name in names:
+            ups = [
+                reports[c]["bases"][name].to(server.device)
+                for c in order
+                if name in reports[c]["bases"]
+            ]
+            old = bases.get(name)
+            new = aggregate_bases(old, ups) if ups else None
+            if new is not None:
+                new = new.to(server.device).float()
+                bases[name] = new if old is None else torch.cat([old, new], 1)
+                check_orthonormal(name, bases[name], new.shape[1])
+            rank = 0 if new is None else new.shape[1]
+            blocks[name] = blocks.get(name, []) + [0] * (ended - len(blocks.get(name, []))) + [rank]
+        st[BASES], st[BLOCKS], st[ENDED] = bases, blocks, ended + 1
+        refs = st.setdefault(REFS, {})
+        for c in order:
+            if "refs" in reports[c]:
+                refs[c] = reports[c]["refs"]
+        n = max(len(order), 1)
+        comm = {
+            "task": server.task, "reporting_clients": len(order), "comm_model_mb": state_mb(server.global_params),
+            "comm_bases_mb": sum(u.numel() * 4 for c in order for u in reports[c]["bases"].values()) / MB / n,
+            "comm_refs_mb": sum(w.numel() * 4 for c in order for w in reports[c].get("refs", {}).values()) / MB / n,
+        }  # fmt: skip
+        comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"] + comm["comm_refs_mb"]
+        st.setdefault(COMM, []).append(comm)
+        layers = projected_layers(server.model)
+        fill = [bases[k].shape[1] / layer_dim(m) if k in bases else 0.0 for k, m in layers.items()]
+        st["fedprotip_task_end"] = {
+            **{k: float(v) for k, v in comm.items() if k != "task"},
+            "basis_fill": sum(fill) / max(len(fill), 1),
+            "basis_rank": float(sum(bases[k].shape[1] for k in layers if k in bases)),
+            "features_rank": float(bases[FEATURES].shape[1]) if FEATURES in bases else 0.0,
+        }
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        return server.state.pop("fedprotip_task_end", {})
+
+    def routing(self, server: ServerContext, model: nn.Module) -> bool:
+        """Whether TIP routes (references exist, per-task heads)."""
+        heads = getattr(model, "head", None)
+        return self.routes and bool(server.state.get(REFS)) and isinstance(heads, TaskHeads)
+
+    def route_features(self, server: ServerContext, z: torch.Tensor) -> torch.Tensor:
+        blocks = split_blocks(server.state[BASES], server.state[BLOCKS])
+        return route(z, blocks, server.state[REFS], batch=self.p.tip == "batch")
+
+    def route_inputs(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The task TIP routes each input of ``x`` to, [B] (None where it does not route:
+        before the first task end, tip none): for an evaluator's per-task TIP accuracy."""
+        return (
+            self.route_features(server, model.features(x)) if self.routing(server, model) else None
+        )
+
+    def predict(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
+    ) -> torch.Tensor:
+        if task is not None or not self.routing(server, model):
+            return model.logits(x, task)  # type: ignore[operator]
+        z = model.features(x)
+        return routed_scores(model.head, z, self.route_features(server, z))  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        bases = ctx.broadcast.get(BASES) or {}
+        layers = projected_layers(ctx.model)
+        s.pairs = [(layers[n].weight, u) for n, u in bases.items() if n in layers and u.shape[1]]
+        s.frozen = (
+            [p for _, p in one_d_params(ctx.model)] if bases and self.p.bias == "freeze" else []
+        )
+        if self.p.freeze_early and ctx.task > 0:
+            early = set(layers) - set(self.basis_layers(ctx.model))
+            s.frozen += [p for n in early for p in layers[n].parameters()]
+
+    def transform_grad(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        with torch.no_grad():
+            for w, u in s.pairs:
+                if w.grad is not None:
+                    w.grad.copy_(project_out(w.grad, u))  # G - G Phi Phi^T
+        for p in s.frozen:
+            p.grad = None  # the optimizer skips it (no decay, no momentum)
+
+    def client_task_end(self, ctx: ClientContext) -> Any:
+        seed, t, k = self.info.seed, ctx.task, ctx.cid
+        gen = torch.Generator().manual_seed(torch_seed(seed, t, k, SAMPLE_STREAM))
+        x, _, _ = ctx.data.sample(self.p.samples, gen)
+        layers = self.basis_layers(ctx.model)
+        reps, z = sample_representations(ctx.model, layers, x, self.p.samples, gen, self.routes)
+        if z is not None:
+            reps[FEATURES] = z.T
+        bases = ctx.broadcast.get(BASES) or {}
+        eps = threshold_at(self.p.threshold, self.p.threshold_step, t)
+        out = {}
+        for i, (name, a) in enumerate(reps.items()):
+            g = torch.Generator().manual_seed(torch_seed(seed, t, k, SVD_STREAM, i))
+            out[name] = core_bases(a, bases.get(name), eps, self.p.energy, self.p.svd, g)
+        report: dict[str, Any] = {"bases": out}
+        if z is not None:  # Alg. 1 line 13: the references of every task the client had data in
+            z = z.double()
+            summary = ctx.state.setdefault(SUMMARY, {})
+            summary[t] = (z.T @ z / len(z)).float()
+            blocks = split_blocks(bases, ctx.broadcast.get(BLOCKS) or {}) + [out[FEATURES]]
+            report["refs"] = {tau: references(c, blocks) for tau, c in sorted(summary.items())}
+        return report

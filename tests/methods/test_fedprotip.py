@@ -1,0 +1,426 @@
+"""FedProTIP: Eq. 8's rank for sigma and sigma^2 on hand-made spectra (randomized SVD = exact);
+the server's aggregation orthonormal, spanning exactly the union of the clients' bases, in
+client order; projected gradients orthogonal to the bases (conv and linear); a projected round
+(wd = 0, momentum = 0) leaving the first layer's outputs on old inputs in span(Phi) unchanged,
+which it does not without projection; a client's task-end report over two tasks (bases,
+references = the RMS relevance with the global and its own U_L); TIP routing on tasks in
+orthogonal feature subspaces (per sample and per batch, ties, padding), the routed scores; parameter and head checks; split
+digits runs (per-task heads bit-identical, communication columns, FedProTIP(-t)) and a resume
+from a mid-task checkpoint."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedforget.activations import input_matrix, weight_matrix
+from fedforget.config import TrainSpec
+from fedforget.data.scenario import Scenario, resolve_scenario
+from fedforget.engine import Simulation
+from fedforget.methods import ClientContext, RunInfo, ServerContext, check_params, make_params
+from fedforget.methods.fedprotip import (
+    BASES,
+    BLOCKS,
+    COMM,
+    FEATURES,
+    REFS,
+    SUMMARY,
+    FedProTIP,
+    aggregate_bases,
+    core_bases,
+    core_rank,
+    references,
+    route,
+    routed_scores,
+    split_blocks,
+)
+from fedforget.methods.fot import state_mb
+from fedforget.methods.gpm import projected_layers
+from fedforget.models import TaskHeads, build_model
+from fedforget.partition import PartitionSpec
+from fedforget.utils import FedForgetError
+
+from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, gen, projector, run, strip
+
+PER_TASK = {**SPLIT, "heads": "per_task"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster, and steadier on a busy 2-core machine (the runs'
+    make_run_config sets threads=1 too)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def digits(make_run_config, params, scenario=PER_TASK, **train):
+    """conftest.digits_cfg with a scenario of choice (per-task heads by default)."""
+    return make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method="fedprotip", params=params, scenario=scenario,
+        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
+        **{"rounds": 3, "batch_size": 32, "eval_local_models": False, "eval_every": 3, **train},
+    )  # fmt: skip
+
+
+def orthonormal(d, r, seed):
+    return torch.linalg.qr(torch.randn(d, r, generator=gen(seed), dtype=torch.float64))[0]
+
+
+def method(params=None, scenario=None):
+    return FedProTIP(
+        make_params("fedprotip", params or {}),
+        RunInfo(CPU, 10, 0, 4, TrainSpec(rounds=3), scenario),
+    )
+
+
+# ----------------------------------------------------------------------------- core bases
+
+
+def test_core_rank_sigma_and_sigma2_on_hand_made_spectra():
+    # sigma shares .462 .769 .923 1; sigma^2 shares .632 .912 .982 1
+    s = torch.tensor([3.0, 2.0, 1.0, 0.5])
+    assert [core_rank(s, e, "sigma") for e in (0.4, 0.6, 0.9, 0.95, 1.0)] == [1, 2, 3, 4, 4]
+    assert [core_rank(s, e, "sigma2") for e in (0.4, 0.6, 0.9, 0.95, 1.0)] == [1, 1, 2, 3, 4]
+    # sigma^2 with energy already in span(Phi) (GPM): total 28.5, captured 0.5: .816, .956
+    assert core_rank(s, 0.9, "sigma2", total=28.5, captured=0.5) == 2
+    assert core_rank(s, 0.9, "sigma2", total=28.5, captured=0.95) == 0
+    assert core_rank(s, 0.9, "sigma", total=28.5, captured=0.95) == 3  # Eq. 8: a~ alone
+    # numerical zeros are never kept; nothing left: r = 0
+    assert core_rank(torch.tensor([1.0, 1e-9]), 1.0, "sigma") == 1
+    assert core_rank(torch.tensor([1e-9, 1e-10]), 0.7, "sigma", total=1.0) == 0
+    assert core_rank(torch.zeros(3), 0.7, "sigma") == 0
+
+
+@pytest.mark.parametrize("svd", ["randomized", "exact"])
+def test_core_bases_on_a_hand_made_matrix(svd):
+    q, v = orthonormal(6, 4, 1), orthonormal(5, 4, 2)
+    a = (q * torch.tensor([3.0, 2.0, 1.0, 0.5], dtype=torch.float64)) @ v.T
+    u = core_bases(a, None, 0.6, "sigma", svd, gen(3))
+    assert u.shape == (6, 2) and u.dtype == torch.float32
+    torch.testing.assert_close(projector(u), projector(q[:, :2]), atol=1e-5, rtol=0)
+    assert core_bases(a, None, 0.6, "sigma2", svd, gen(3)).shape == (6, 1)
+    # an old basis: Eq. 6 removes its span, the residual's spectrum is 2, 1, 0.5 (.571 .857)
+    u = core_bases(a, q[:, :1].float(), 0.6, "sigma", svd, gen(3))
+    torch.testing.assert_close(projector(u), projector(q[:, 1:3]), atol=1e-5, rtol=0)
+    assert core_bases(a, q.float(), 0.6, "sigma", svd, gen(3)).shape == (6, 0)  # nothing left
+
+
+def test_aggregation_is_orthonormal_and_spans_the_union_in_client_order():
+    q = orthonormal(10, 8, 4)
+    old = q[:, :2]
+    u0 = q[:, 2:5]  # clients' bases orthogonal to the old span, overlapping each other
+    u1 = torch.linalg.qr(torch.stack([q[:, 3] + q[:, 4], q[:, 5]], 1))[0]
+    u2 = q[:, 2:4] @ orthonormal(2, 2, 5)  # inside client 0's span
+    u3 = torch.linalg.qr(q[:, 5:8] @ torch.randn(3, 2, generator=gen(6), dtype=torch.float64))[0]
+    clients = [u.float() for u in (u0, u1, u2, u3)]  # as transmitted
+    new = aggregate_bases(old.float(), clients)
+    phi = torch.cat([old, new], 1)
+    torch.testing.assert_close(
+        phi.T @ phi, torch.eye(phi.shape[1], dtype=phi.dtype), atol=1e-6, rtol=0
+    )
+    union = torch.cat([u.double() for u in clients], 1)
+    assert new.shape[1] == torch.linalg.matrix_rank(union, atol=1e-4) == 6  # q_2 .. q_7
+    for u in clients:  # every client's basis lies in the aggregated span
+        assert (u.double() - new @ (new.T @ u.double())).norm() < 1e-5
+    assert (new - union @ torch.linalg.pinv(union) @ new).norm() < 1e-5  # and nothing else
+    # through the server hook: client id order, per-task blocks, global Phi^T Phi = I
+    m, server = method(), ServerContext(1, {}, build_model("mlp", (10,), 4), CPU, None)
+    server.state[BASES], server.state[BLOCKS], server.state["fedprotip_ended"] = (
+        {"l": old.float()},
+        {"l": [2]},
+        1,
+    )
+    m.server_task_end(server, {7: {"bases": {"l": clients[1]}}, 3: {"bases": {"l": clients[0]}}})
+    phi = server.state[BASES]["l"]
+    assert server.state[BLOCKS]["l"] == [2, 4]
+    torch.testing.assert_close(phi.T @ phi, torch.eye(6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        projector(phi[:, 2:5]), projector(u0), atol=1e-5, rtol=0
+    )  # client 3 first
+
+
+# ----------------------------------------------------------------------------- local training
+
+
+def client(model, broadcast, task=1, lr=0.1, params=None, data=None):
+    m = method(params)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0, weight_decay=0.0)
+    ctx = ClientContext(cid=0, round=2, model=model, optimizer=opt, global_params={}, broadcast=broadcast,
+                        state={}, n_samples=8, lr=lr, local_epochs=1, batch_size=8, task=task, data=data)  # fmt: skip
+    m.client_begin(ctx)
+    return m, ctx
+
+
+def test_projected_gradient_is_orthogonal_to_the_bases_conv_and_linear():
+    torch.manual_seed(0)
+    model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
+    layers = projected_layers(model)
+    bases = {n: orthonormal(weight_matrix(m).shape[1], max(1, weight_matrix(m).shape[1] // 3), i).float()
+             for i, (n, m) in enumerate(layers.items())}  # fmt: skip
+    m, ctx = client(model, {BASES: bases})
+    m.backward(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
+    m.transform_grad(ctx)
+    kinds = set()
+    for name, layer in layers.items():
+        g = layer.weight.grad.reshape(layer.weight.shape[0], -1)
+        scale = g.abs().max().item()
+        assert scale > 1e-6 and (g @ bases[name]).abs().max() < 1e-6 * max(scale, 1.0), name
+        assert layer.bias.grad is None  # bias: freeze
+        kinds.add(type(layer).__name__)
+    assert kinds == {"Conv2d", "Linear"}
+
+
+@pytest.mark.parametrize("project", [True, False])
+def test_a_projected_round_keeps_first_layer_outputs_on_old_inputs(project):
+    """Task 0's bases from the method's own task end (client, then server), then three
+    steps on task 1 (wd 0, momentum 0): the first layer's outputs on the old inputs' part in
+    span(Phi) stay put (its inputs do not depend on the weights: exact); without the bases
+    they move."""
+    torch.manual_seed(0)
+    model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
+    x_old, x_new = (
+        torch.randn(16, 1, 8, 8, generator=gen(1)),
+        torch.randn(8, 1, 8, 8, generator=gen(2)),
+    )
+    data = SimpleNamespace(sample=lambda m, g: (x_old[:m], None, None))
+    m, ctx = client(model, {}, task=0, params={"threshold": 0.3, "samples": 64}, data=data)
+    server = ServerContext(1, {}, model, CPU, None)
+    m.server_task_end(server, {0: m.client_task_end(ctx)})
+    conv = projected_layers(model)["body.0"]
+    phi = server.state[BASES]["body.0"]
+    assert 0 < phi.shape[1] < phi.shape[0]  # a proper subspace
+    a = input_matrix(conv, x_old)
+    a_in = phi @ (phi.T @ a)
+    before = weight_matrix(conv) @ a_in + conv.bias[:, None]
+    m, ctx = client(model, m.broadcast(server) if project else {}, lr=0.5)
+    for _ in range(3):
+        ctx.optimizer.zero_grad(set_to_none=True)
+        m.backward(ctx, x_new, torch.arange(8))
+        m.transform_grad(ctx)
+        ctx.optimizer.step()
+    after = weight_matrix(conv) @ a_in + conv.bias[:, None]
+    if project:
+        torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    else:
+        assert (after - before).abs().max() > 1e-2
+
+
+def test_client_task_end_reports_bases_and_references_of_every_task_it_had():
+    """Alg. 1 lines 12-13 for one client over two tasks: bases of every layer and of the
+    final layer's input; references of each task it had data in = the RMS of its samples'
+    relevance, with the global U_L of the earlier task and its own for the current one."""
+    torch.manual_seed(0)
+    model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
+    xs = [torch.randn(12, 1, 8, 8, generator=gen(20 + t)) for t in range(2)]
+    server, state, reports = ServerContext(1, {}, model, CPU, None), {}, []
+    for t, x in enumerate(xs):
+        data = SimpleNamespace(sample=lambda n, g, x=x: (x[:n], None, None))
+        m, ctx = client(
+            model, method().broadcast(server), task=t, params={"samples": 64}, data=data
+        )
+        ctx.state = state
+        reports.append(m.client_task_end(ctx))
+        assert model.training  # the mode is restored
+        m.server_task_end(server, {0: reports[-1]})
+    assert set(reports[0]["bases"]) == {*projected_layers(model), FEATURES}
+    with torch.no_grad():
+        z = [model.eval().features(x).double() for x in xs]
+    own = [r["bases"][FEATURES].double() for r in reports]
+    glob = split_blocks(server.state[BASES], server.state[BLOCKS])
+    torch.testing.assert_close(projector(glob[0]), projector(own[0]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        reports[0]["refs"][0].double(), relevance_rms(z[0], own[:1]), atol=1e-5, rtol=1e-4
+    )
+    assert set(reports[1]["refs"]) == {0, 1} and set(state[SUMMARY]) == {0, 1}
+    for tau in (0, 1):
+        expected = relevance_rms(z[tau], [glob[0].double(), own[1]])
+        torch.testing.assert_close(reports[1]["refs"][tau].double(), expected, atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- TIP
+
+
+def task_features(q, task, n, seed):
+    """Rows in task ``task``'s 4-dim subspace of R^12 (non-negative-like: a mean offset)."""
+    c = 1.0 + 0.3 * torch.randn(n, 4, generator=gen(seed), dtype=torch.float64)
+    return c @ q[:, 4 * task : 4 * task + 4].T + 0.02 * torch.randn(
+        n, 12, generator=gen(seed + 1), dtype=torch.float64
+    )
+
+
+def test_route_recovers_tasks_in_orthogonal_subspaces():
+    q = orthonormal(12, 12, 8)
+    blocks = [q[:, 4 * t : 4 * t + 2] for t in range(3)]  # U_L^(t): part of each task's span
+    holdings = {0: [0, 1, 2], 1: [0, 2], 2: [1, 2]}  # the tasks each client had data in
+    refs = {}
+    for k, tasks in holdings.items():
+        refs[k] = {}
+        for t in tasks:
+            z = task_features(q, t, 40, 100 * k + t)
+            refs[k][t] = references(z.T @ z / len(z), blocks)
+            rms = relevance_rms(z, blocks)  # Eq. 10's summary: the RMS of the per-sample relevance
+            torch.testing.assert_close(refs[k][t].double(), rms, atol=1e-5, rtol=1e-5)
+    tests = [task_features(q, t, 30, 1000 + t) for t in range(3)]
+    z = torch.cat(tests)
+    truth = torch.arange(3).repeat_interleave(30)
+    assert torch.equal(route(z, blocks, refs), truth)
+    for t, zt in enumerate(tests):  # per batch: one routing for all rows
+        assert torch.equal(route(zt, blocks, refs, batch=True), torch.full((30,), t))
+    mixed = route(torch.cat([tests[0][:5], tests[2]]), blocks, refs, batch=True)
+    assert torch.equal(mixed, torch.full((35,), 2))
+    # ties: lowest task id; short vectors padded with 0; a learned task without bases counts
+    e = torch.eye(3)
+    tie = {0: {1: e[1]}, 1: {2: e[2]}}
+    assert route(z[:4], blocks, tie).tolist() == [1] * 4
+    short = {0: {0: torch.tensor([1.0]), 1: torch.tensor([0.0, 1.0])}}
+    assert route(tests[1][:3], blocks[:2] + [q[:, :0]], short).tolist() == [1] * 3
+
+
+def relevance_rms(z, blocks):
+    return torch.stack([(z @ u).norm(dim=1).pow(2).mean().sqrt() for u in blocks])
+
+
+def test_routed_scores_use_the_routed_head_on_its_classes():
+    torch.manual_seed(0)
+    heads = TaskHeads(5, 6, [[0, 1], [2, 3], [4, 5]])
+    z, task = torch.randn(4, 5), torch.tensor([0, 2, 1, 2])
+    scores = routed_scores(heads, z, task)
+    y = torch.tensor([1, 4, 3, 5])
+    assert torch.isfinite(F.cross_entropy(scores, y))
+    for i, t in enumerate(task.tolist()):
+        cls = heads.task_classes[t]
+        torch.testing.assert_close(scores[i, cls], heads.heads[t](z[i])[cls])
+        others = [c for c in range(6) if c not in cls]
+        assert scores[i, others].max() <= scores[i, cls].min() - 29.9
+        assert scores[i].argmax().item() in cls
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def test_bad_params_are_refused_naming_the_value():
+    bads = ({"threshold": 1.5}, {"threshold_step": -0.1}, {"energy": "l1"}, {"samples": 0}, {"svd": "qr"},
+            {"tip": "oracle"}, {"freeze_early": "yes"}, {"bias": "augment"})  # fmt: skip
+    for bad in bads:
+        ((k, v),) = bad.items()
+        with pytest.raises(FedForgetError, match=re.escape(f"{k}={v!r}")):
+            check_params("fedprotip", bad)
+    assert check_params("fedprotip", {})["samples"] == 512
+
+
+def scenario(heads, tasks=3):
+    raw = {**SPLIT, "heads": heads, "tasks": tasks}
+    return Scenario.build(resolve_scenario(raw, 10, (1, 8, 8), "scenario"), 10, (1, 8, 8), tasks)
+
+
+def test_tip_needs_per_task_heads_and_tip_none_a_shared_one():
+    with pytest.raises(
+        FedForgetError,
+        match=r"tip='sample'.*scenario.heads='per_task'.*got scenario.heads='shared'",
+    ):
+        method({}, scenario("shared"))
+    with pytest.raises(
+        FedForgetError, match=r"tip='none'.*scenario.heads='shared'.*got scenario.heads='per_task'"
+    ):
+        method({"tip": "none"}, scenario("per_task"))
+    assert method({"tip": "batch"}, scenario("per_task")).routes
+    assert not method({}, scenario("shared", tasks=1)).routes  # one task: nothing to route
+    # the same check when the config is validated, before any job
+    from fedforget.config import parse_config
+
+    raw = {"experiments": [{
+        "name": "e", "seeds": [0], "train": {"rounds": 3},
+        "datasets": [{"name": "digits", "model": "cnn2d", "scenario": {**SPLIT, "heads": "shared"}}],
+        "partitions": [{"scheme": "iid", "clients": 2}], "methods": [{"name": "fedprotip"}],
+    }]}  # fmt: skip
+    with pytest.raises(FedForgetError, match=r"datasets\[0\].scenario \(method 'fedprotip'\): method 'fedprotip': tip='sample'"):
+        parse_config(raw)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def test_split_digits_run_heads_frozen_bases_references_and_communication(make_run_config):
+    rc = digits(make_run_config, {"samples": 64})
+    heads = {}
+
+    def keep(row):
+        heads[row["round"]] = {
+            k: v.clone() for k, v in sim.global_params.items() if k.startswith("head.")
+        }
+
+    sim = Simulation(rc, device=CPU)
+    status, rows, msg = sim.run(progress=False, on_row=keep)
+    assert status == "completed", msg
+    for t in range(3):  # head t trained in round t + 1 only, bit-identical afterwards
+        key = f"head.heads.{t}.weight"
+        assert not torch.equal(heads[t + 1][key], heads[t][key])
+        assert all(torch.equal(heads[r][key], heads[t + 1][key]) for r in range(t + 1, 4))
+    st = sim.server.state
+    assert st["fedprotip_ended"] == 3 and all(len(b) == 3 for b in st[BLOCKS].values())
+    for name, phi in st[BASES].items():
+        torch.testing.assert_close(
+            phi.T @ phi, torch.eye(phi.shape[1]), atol=1e-5, rtol=0, msg=name
+        )
+        assert sum(st[BLOCKS][name]) == phi.shape[1]
+    assert len(split_blocks(st[BASES], st[BLOCKS])) == 3 and FEATURES in st[BASES]
+    with_data = {k for k in range(4) if any(sim.clients.size(k, t) for t in range(3))}
+    assert set(st[REFS]) == with_data
+    for k, refs in st[REFS].items():  # each client's latest vectors: one entry per task so far
+        assert set(refs) == set(sim.client_state[k][SUMMARY]) and all(
+            len(w) >= 1 for w in refs.values()
+        )
+    model_mb = state_mb(sim.global_params)
+    for row, comm in zip(rows[1:], st[COMM]):
+        assert row["fedprotip_comm_model_mb"] == pytest.approx(model_mb)
+        assert row["fedprotip_comm_bases_mb"] > 0 or comm["task"] > 0
+        assert row["fedprotip_comm_task_mb"] == pytest.approx(
+            model_mb + comm["comm_bases_mb"] + comm["comm_refs_mb"]
+        )
+        assert 0 < row["fedprotip_basis_fill"] <= 1 and row["fedprotip_features_rank"] > 0
+    assert rows[1]["fedprotip_comm_refs_mb"] == pytest.approx(4e-6)  # one scalar per client
+    assert all(r["global_model_test_loss"] < 1e3 for r in rows)  # routed scores stay finite
+    x = sim.evaluator.test.x[:40]
+    routed = sim.method.route_inputs(sim.server, sim.model_with(sim.global_params).eval(), x)
+    assert routed.shape == (40,) and 0 <= int(routed.min()) and int(routed.max()) < 3
+
+
+def test_fedprotip_minus_t_runs_with_a_shared_head(make_run_config):
+    sim, rows = run(digits(make_run_config, {"tip": "none", "samples": 32}, scenario=SPLIT))
+    st = sim.server.state
+    assert "head" in st[BASES] and FEATURES not in st[BASES] and not st.get(REFS)
+    assert all(r["fedprotip_comm_refs_mb"] == 0 for r in rows[1:])
+
+
+def test_resume_from_a_mid_task_checkpoint_equals_the_uninterrupted_run(make_run_config):
+    rc = digits(make_run_config, {"samples": 48}, scenario={**PER_TASK, "rounds_per_task": 2},
+                    rounds=6, sample_rate=0.5, eval_every=1)  # fmt: skip
+    full, rows_full = run(rc)
+    saved, keep = checkpoint_keeper()
+
+    class Crash(Exception):
+        pass
+
+    def crash(row):
+        if row["round"] == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        Simulation(rc, device=CPU).run(progress=False, on_row=crash, on_checkpoint=keep)
+    ckpt = saved[-1]
+    assert ckpt["round"] == 3 and ckpt["tasks"]["server"] == 1 and ckpt["server_state"][REFS]
+    torch.manual_seed(12345)
+    resumed = Simulation(rc, device=CPU)
+    status, rows, msg = resumed.run(progress=False, resume=ckpt)
+    assert status == "completed", msg
+    assert strip(rows) == strip(rows_full)
+    assert all(torch.equal(v, resumed.global_params[k]) for k, v in full.global_params.items())
+    lost = {**ckpt, "server_state": {}}  # not vacuous: without the bases and references it differs
+    _, rows_lost, _ = Simulation(rc, device=CPU).run(progress=False, resume=lost)
+    assert strip(rows_lost) != strip(rows_full)
