@@ -66,7 +66,15 @@ import torch
 import torch.nn.functional as F
 
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, RunInfo, ServerContext, Upload, check_int, check_number, masked_logits
+from .base import (
+    ClientContext,
+    RunInfo,
+    ServerContext,
+    Upload,
+    check_int,
+    check_number,
+    masked_logits,
+)
 from .fedproj import project
 from .plugin import OverBase
 from .registry import METHODS
