@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -451,6 +452,37 @@ def test_continual_runs_csv_tasks_and_matrices(tmp_path):
     assert s0["accuracy"].to_numpy().reshape(T, T).tolist() == A
     s2 = mat[(mat["method"] == "fedavg") & (mat["seed"] == 2)].sort_values(["after_task", "task"])
     assert s2["accuracy"].notna().tolist() == [True] * T + [False] * (2 * T)  # stopped in task 2 (0-based 1)
+
+
+def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
+    """A method's extra tasks.csv column (``eval_counts``, e.g. FedProTIP's task_aware) gives
+    runs.csv acc_<mode> / ft_<mode> from its own accuracy matrix (NaN for methods without
+    it), and continual.csv / .md their mean ± std over seeds."""
+    from fedforget.aggregate import aggregate
+    from fedforget.continual import continual_metrics
+
+    dirs = write_continual_experiment(tmp_path / "runs")
+    for d in dirs:
+        if "fedprotip" in str(d):  # task_aware: 0.5 + 0.1 task in every round
+            df = pd.read_csv(d / "tasks.csv")
+            df["task_aware"] = 0.5 + 0.1 * df["task"]
+            (d / "tasks.csv").write_text(df.to_csv(index=False))
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e")
+    runs = pd.read_csv(out / "runs.csv")
+    aware = np.array([[0.5, 0.6, 0.7]] * T)  # every round: 0.5 + 0.1 task
+    want = continual_metrics(aware)
+    ok = runs[(runs["method"] == "fedprotip") & (runs["status"] == "completed")]
+    assert ok["acc_task_aware"].tolist() == pytest.approx([want["acc"]] * 2)
+    assert ok["ft_task_aware"].tolist() == pytest.approx([want["ft"]] * 2)
+    assert runs[runs["method"] == "fedavg"][["acc_task_aware", "ft_task_aware"]].isna().all().all()
+    assert runs[runs["status"] == "diverged"]["acc_task_aware"].isna().all()
+    table = pd.read_csv(out / "continual.csv")
+    row = table[table["method"] == "fedprotip"].iloc[0]
+    assert row["acc_task_aware_mean"] == pytest.approx(60.0) and row["acc_task_aware_std"] == pytest.approx(0.0)
+    md = (out / "continual.md").read_text()
+    assert "## acc of the inference mode task_aware" in md and "## ft of the inference mode task_aware" in md
+    assert "acc_task_aware (%)" in (out / "continual.html").read_text()
 
 
 def test_continual_table_over_seeds_with_paper_numbers(tmp_path):

@@ -10,7 +10,10 @@ also get ``tasks.parquet`` (every such run's tasks.csv with its run keys),
 incremental, tasks, rounds_per_task, acc, fgt, ft, bwt, fwt in runs.csv (fractions; NaN for
 one-task and unfinished runs) and ``continual.csv`` / ``.md`` / ``.html`` (those metrics in %,
 mean ± std over completed seeds, beside the paper's ACC and forgetting where the experiment
-links a paper table). An experiment of one-task runs writes exactly the files it wrote
+links a paper table). A method that scores the test sets in other inference modes too
+(``eval_counts``: FedProTIP's task-aware and TIP accuracies) adds ``acc_<mode>`` and
+``ft_<mode>`` (its tasks.csv column in place of the accuracy) to runs.csv and continual.csv,
+NaN for the other methods. An experiment of one-task runs writes exactly the files it wrote
 before continual runs existed [D]."""
 
 from __future__ import annotations
@@ -145,7 +148,21 @@ def continual_run(
     done = rec["status"] == "completed"
     metrics = continual_metrics(a, b) if done else dict.fromkeys(CONTINUAL_METRICS, math.nan)
     info.update(tasks=n, rounds_per_task=r, **metrics)
+    for col in [c for c in tasks.columns if c not in TASK_COLUMNS]:  # the method's eval_counts
+        other = tasks.drop(columns="accuracy").rename(columns={col: "accuracy"})
+        m = continual_metrics(accuracy_matrix(other, n, r)) if done else {}
+        info.update({f"{k}_{col}": m.get(k, math.nan) for k in EXTRA_METRICS})
     return info, tasks, matrix
+
+
+EXTRA_METRICS = ("acc", "ft")  # of a method's other inference modes (tasks.csv's extra columns)
+
+
+def extra_metrics(runs: pd.DataFrame) -> list[str]:
+    """runs.csv's ``acc_<mode>`` / ``ft_<mode>`` columns of the methods' other inference
+    modes (``FedAvg.eval_counts``), in order of appearance."""
+    known = set(CONTINUAL_METRICS)
+    return [c for c in runs.columns if c.split("_", 1)[0] in EXTRA_METRICS and "_" in c and c not in known]
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
@@ -410,7 +427,7 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
             n_seeds=len(g),
             n_failed=int((g["status"] != "completed").sum()),
         )
-        for m in CONTINUAL_METRICS:
+        for m in [*CONTINUAL_METRICS, *extra_metrics(runs)]:
             vals = ok[m].astype(float).dropna() * 100
             row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
@@ -460,14 +477,25 @@ def _scenarios(table: pd.DataFrame) -> list[str]:
     return [f"{k}: {v}" for k, v in out.items()]
 
 
+def _extra_columns(table: pd.DataFrame) -> list[str]:
+    """continual.csv's metrics of the methods' other inference modes (``acc_<mode>``, ...)."""
+    return [
+        c[: -len("_mean")] for c in table.columns
+        if c.endswith("_mean") and c[: -len("_mean")] not in CONTINUAL_METRICS
+    ]  # fmt: skip
+
+
 def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
     """continual.md: one table per metric (methods x dataset-setting columns), the paper's
     number beside ACC and forgetting where the experiment links a paper table."""
     cols = _columns(table)
     methods = list(dict.fromkeys(table["method"]))
     lines = [f"# {experiment}: continual metrics", "", "Scenarios: " + "; ".join(_scenarios(table)) + ".", ""]
-    for m in CONTINUAL_METRICS:
-        lines += [f"## {CONTINUAL_TITLES[m]} (%), mean ± std over seeds", ""]
+    for m in [*CONTINUAL_METRICS, *_extra_columns(table)]:
+        title = CONTINUAL_TITLES.get(m) or "{} of the inference mode {} (the method's other scores, tasks.csv)".format(
+            *m.split("_", 1)
+        )
+        lines += [f"## {title} (%), mean ± std over seeds", ""]
         lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for method in methods:
             cells = []
@@ -494,6 +522,7 @@ def continual_html(table: pd.DataFrame, experiment: str) -> str:
     for _, r in table.iterrows():
         row = {"Dataset": r["dataset"], "Partition": r["setting"], "Clients": int(r["clients"]), "Method": r["method"]}
         row.update({f"{CONTINUAL_NAMES[m]} (%)": _continual_cell(r, m) for m in CONTINUAL_METRICS})
+        row.update({f"{m} (%)": _continual_cell(r, m) for m in _extra_columns(table)})
         row.update({"Seeds": int(r["n_seeds"]), "Failed seeds": int(r["n_failed"])})
         row.update({f"Paper {CONTINUAL_NAMES[m]} (%)": _paper_metric(r, m) for m in PAPER_METRICS})
         rows.append(row)

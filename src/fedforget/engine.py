@@ -158,7 +158,8 @@ class Simulation(ClientSide):
     def end_task(self, rnd: int, lr: float) -> None:
         """After the last round of the server's task: every client with data in it reports
         (synchronous boundaries; asynchronously, those that have moved on did), then the
-        server's task end."""
+        server's task end, then (methods with ``client_after_task``) the reporting clients'
+        replies on the server's new broadcast."""
         task = self.server.task
         reports, self.task_reports = self.task_reports, {}
         if self.scenario.window is None:
@@ -170,6 +171,12 @@ class Simulation(ClientSide):
         self.model_with(self.global_params)
         self.method.server_task_end(self.server, reports)
         self.global_params = self.server.global_params
+        if reports and self.method.replies_after_task():  # a second message, on what the server made of the first
+            self.server.broadcast = self.method.broadcast(self.server)
+            replies = self.after_client_tasks(sorted(reports), task, rnd, lr)
+            self.model_with(self.global_params)
+            self.method.server_after_task(self.server, replies)
+            self.global_params = self.server.global_params
 
     # ------------------------------------------------------------------ all rounds
     def run(

@@ -4,8 +4,9 @@ After every evaluated round the global model is scored on each task of the scena
 tasks not yet trained too, for forward transfer), through the method's ``predict`` hook
 (default: the logits; iCaRL's nearest-mean classifier or FedProTIP's task routing replace
 it). Task-incremental scenarios give ``predict`` the task id and mask the scores outside
-the task's classes. The per-task rows (round, current task, task, accuracy, loss) are
-the run's ``tasks.csv``; at the last round of task t they are row t of the accuracy matrix
+the task's classes. The per-task rows (round, current task, task, accuracy, loss, and the
+accuracies of the method's other inference modes, ``eval_counts``) are the run's
+``tasks.csv``; at the last round of task t they are row t of the accuracy matrix
 a[t][i] (``fedforget.continual``). The metrics row's ``global_model_test_acc`` / ``loss``
 are the mean over the tasks seen so far (0..current): FedGP's Acc_t [P]; in a one-task
 run, the accuracy on the whole test set, as before."""
@@ -39,14 +40,20 @@ class Evaluator:
         self.batch_size = batch_size
         self.class_mask = scenario.class_mask(test.x.device) if scenario.masked else None
 
-    @torch.no_grad()
     def task(self, model: nn.Module, t: int) -> tuple[float, float]:
         """(accuracy, mean cross-entropy of the scores) of ``model`` on task t's test rows."""
+        acc, loss, _ = self.task_scores(model, t)
+        return acc, loss
+
+    @torch.no_grad()
+    def task_scores(self, model: nn.Module, t: int) -> tuple[float, float, dict[str, float]]:
+        """``task``'s two and the method's other accuracies on task t (``eval_counts``)."""
         was_training = model.training
         model.eval()
         dev = self.test.x.device
         correct = torch.zeros((), device=dev)
         loss = torch.zeros((), device=dev, dtype=torch.float64)
+        extra: dict[str, torch.Tensor] = {}
         given = t if self.scenario.task_aware else None
         for x, y in self.test.batches(t, self.scenario, self.batch_size):
             scores = self.method.predict(self.server, model, x, given)
@@ -54,9 +61,11 @@ class Evaluator:
                 scores = masked_logits(scores, self.class_mask[t])
             correct += (scores.argmax(1) == y).sum()
             loss += F.cross_entropy(scores, y, reduction="sum").double()
+            for k, v in self.method.eval_counts(self.server, model, x, y, t).items():
+                extra[k] = extra.get(k, 0) + v
         model.train(was_training)
         n = max(len(self.test.rows[t]), 1)
-        return correct.item() / n, loss.item() / n
+        return correct.item() / n, loss.item() / n, {k: float(v) / n for k, v in extra.items()}
 
     def seen_accuracy(self, model: nn.Module, current: int) -> float:
         """Mean accuracy over tasks 0..current (a local model's score)."""
@@ -68,7 +77,8 @@ class Evaluator:
     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """(metrics-row columns, per-task rows) of the global model ``model`` while the
         server trains task ``current``."""
-        res = [self.task(model, t) for t in range(self.scenario.tasks)]
+        scored = [self.task_scores(model, t) for t in range(self.scenario.tasks)]
+        res, extras = [(a, lo) for a, lo, _ in scored], [e for _, _, e in scored]
         seen = res[: current + 1]
         row = {
             "global_model_test_acc": sum(a for a, _ in seen) / len(seen),
@@ -78,7 +88,7 @@ class Evaluator:
             accs = classwise_accuracy(model, self.test.x, self.test.y, num_classes, self.batch_size)
             row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
         tasks = [
-            {"current_task": current, "task": t, "accuracy": a, "loss": lo}
+            {"current_task": current, "task": t, "accuracy": a, "loss": lo, **extras[t]}
             for t, (a, lo) in enumerate(res)
         ]
         return row, tasks

@@ -203,6 +203,20 @@ class ClientSide:
         self.offload(ctx)
         return report
 
+    def after_client_tasks(self, cids: list[int], task: int, rnd: int, lr: float) -> dict[int, Any]:
+        """The after-task pass: ``client_after_task`` of each client in ``cids`` (those that
+        reported to the task end) on the global weights and the server's new broadcast;
+        their replies (None left out)."""
+        replies = {}
+        for cid in cids:
+            self.load_params(self.model, self.global_params)
+            ctx = self.client_context(cid, rnd, lr, self.clients.task_view(cid, task))
+            reply = self.method.client_after_task(ctx)
+            self.offload(ctx)
+            if reply is not None:
+                replies[cid] = reply
+        return replies
+
     def end_client_rounds(self, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
         """The round-end pass: ``client_round_end`` of each client in ``views`` (those that
         trained this round, on their data of the round) on the new global weights; their

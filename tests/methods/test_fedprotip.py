@@ -2,8 +2,8 @@
 the server's aggregation orthonormal, spanning exactly the union of the clients' bases, in
 client order; projected gradients orthogonal to the bases (conv and linear); a projected round
 (wd = 0, momentum = 0) leaving the first layer's outputs on old inputs in span(Phi) unchanged,
-which it does not without projection; a client's task-end report over two tasks (bases,
-references = the RMS relevance with the global and its own U_L); TIP routing on tasks in
+which it does not without projection; a client's task-end report over two tasks (bases)
+and after-task reply (references = the RMS relevance against the global U_L); TIP routing on tasks in
 orthogonal feature subspaces (per sample and per batch, ties, padding), the routed scores; parameter and head checks; split
 digits runs (per-task heads bit-identical, communication columns, FedProTIP(-t)) and a resume
 from a mid-task checkpoint."""
@@ -211,14 +211,15 @@ def test_a_projected_round_keeps_first_layer_outputs_on_old_inputs(project):
         assert (after - before).abs().max() > 1e-2
 
 
-def test_client_task_end_reports_bases_and_references_of_every_task_it_had():
-    """Alg. 1 lines 12-13 for one client over two tasks: bases of every layer and of the
-    final layer's input; references of each task it had data in = the RMS of its samples'
-    relevance, with the global U_L of the earlier task and its own for the current one."""
+def test_task_end_reports_bases_then_references_against_the_global_bases():
+    """Alg. 1 lines 12-13 for one client over two tasks: the task-end report holds bases of
+    every layer and of the final layer's input; after the server's aggregation the
+    after-task reply holds the references of each task it had data in = the RMS of its
+    samples' relevance against the GLOBAL U_L of every learned task (Sec. 4.4)."""
     torch.manual_seed(0)
     model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
     xs = [torch.randn(12, 1, 8, 8, generator=gen(20 + t)) for t in range(2)]
-    server, state, reports = ServerContext(1, {}, model, CPU, None), {}, []
+    server, state, reports, replies = ServerContext(1, {}, model, CPU, None), {}, [], []
     for t, x in enumerate(xs):
         data = SimpleNamespace(sample=lambda n, g, x=x: (x[:n], None, None))
         m, ctx = client(
@@ -227,20 +228,24 @@ def test_client_task_end_reports_bases_and_references_of_every_task_it_had():
         ctx.state = state
         reports.append(m.client_task_end(ctx))
         assert model.training  # the mode is restored
+        assert "refs" not in reports[-1]
         m.server_task_end(server, {0: reports[-1]})
+        ctx.broadcast = m.broadcast(server)  # as the engine's after-task pass gives it
+        replies.append(m.client_after_task(ctx))
+        m.server_after_task(server, {0: replies[-1]})
+        assert server.state[REFS][0] is replies[-1]
+        assert server.state[COMM][-1]["comm_refs_mb"] == sum(w.numel() * 4 for w in replies[-1].values()) / 1e6
     assert set(reports[0]["bases"]) == {*projected_layers(model), FEATURES}
     with torch.no_grad():
         z = [model.eval().features(x).double() for x in xs]
-    own = [r["bases"][FEATURES].double() for r in reports]
-    glob = split_blocks(server.state[BASES], server.state[BLOCKS])
-    torch.testing.assert_close(projector(glob[0]), projector(own[0]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(
-        reports[0]["refs"][0].double(), relevance_rms(z[0], own[:1]), atol=1e-5, rtol=1e-4
-    )
-    assert set(reports[1]["refs"]) == {0, 1} and set(state[SUMMARY]) == {0, 1}
+    glob = [u.double() for u in split_blocks(server.state[BASES], server.state[BLOCKS])]
+    own0 = reports[0]["bases"][FEATURES].double()
+    torch.testing.assert_close(projector(glob[0]), projector(own0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(replies[0][0].double(), relevance_rms(z[0], glob[:1]), atol=1e-5, rtol=1e-4)
+    assert set(replies[1]) == {0, 1} and set(state[SUMMARY]) == {0, 1} and len(glob) == 2
     for tau in (0, 1):
-        expected = relevance_rms(z[tau], [glob[0].double(), own[1]])
-        torch.testing.assert_close(reports[1]["refs"][tau].double(), expected, atol=1e-5, rtol=1e-4)
+        expected = relevance_rms(z[tau], glob)
+        torch.testing.assert_close(replies[1][tau].double(), expected, atol=1e-5, rtol=1e-4)
 
 
 # ----------------------------------------------------------------------------- TIP
@@ -389,6 +394,20 @@ def test_split_digits_run_heads_frozen_bases_references_and_communication(make_r
     x = sim.evaluator.test.x[:40]
     routed = sim.method.route_inputs(sim.server, sim.model_with(sim.global_params).eval(), x)
     assert routed.shape == (40,) and 0 <= int(routed.min()) and int(routed.max()) < 3
+    # the other inference modes per task (eval_counts): tip sample is the run's own accuracy;
+    # task identity accuracy = the share of a task's test rows routed to it
+    modes = {"task_aware", "tip_sample", "tip_batch", "task_id_sample", "task_id_batch"}
+    assert {k for r in rows[0]["_tasks"] for k in r} & modes == {"task_aware"}  # no references yet
+    model = sim.model_with(sim.global_params).eval()
+    for r in rows[-1]["_tasks"]:
+        assert modes <= set(r) and r["tip_sample"] == r["accuracy"]
+        ((xt, yt),) = sim.evaluator.test.batches(r["task"], sim.scenario, 10**6)
+        own = (sim.method.route_inputs(sim.server, model, xt) == r["task"]).double().mean()
+        assert r["task_id_sample"] == pytest.approx(float(own))
+        cls = torch.tensor(sim.scenario.task_classes[r["task"]])
+        with torch.no_grad():
+            pred = cls[model.head.heads[r["task"]](model.features(xt))[:, cls].argmax(1)]
+        assert r["task_aware"] == pytest.approx(float((pred == yt).double().mean()))
 
 
 def test_fedprotip_minus_t_runs_with_a_shared_head(make_run_config):

@@ -297,6 +297,11 @@ class FedAvg:
         each client with data in the task to what its ``client_task_end`` returned (clients
         that returned None are left out)."""
 
+    def server_after_task(self, server: ServerContext, replies: dict[int, Any]) -> None:
+        """After ``server_task_end``: ``replies`` maps each client that reported to it to
+        what its ``client_after_task`` returned on the server's new broadcast (None left
+        out). Runs only for methods that override ``client_after_task``."""
+
     def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
         """After a round's aggregation (and its task end, if it ends one): ``replies`` maps
         each client that trained this round to what its ``client_round_end`` returned on the
@@ -313,6 +318,16 @@ class FedAvg:
         logits (with per-task heads, that task's head, or each class's newest head).
         iCaRL's nearest-mean classifier or FedProTIP's task routing replace it."""
         return model.logits(x, task)  # type: ignore[operator]
+
+    def eval_counts(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: int
+    ) -> dict[str, torch.Tensor]:
+        """Other ways to score the test batch ``x`` (labels ``y``) of task ``task`` than
+        ``predict``'s: {column: number of its rows counted correct} (0-d tensors). The
+        evaluator sums each over the task's batches and divides by the task's test rows: an
+        extra column of tasks.csv (an accuracy in [0, 1]), and its mean over the tasks after
+        the last one in runs.csv and continual.csv, as ACC. Default: none."""
+        return {}
 
     # ---------------------------------------------------------------- client side
     def scratch(self, ctx: ClientContext) -> SimpleNamespace:
@@ -338,6 +353,19 @@ class FedAvg:
         nothing): a second upload per round, e.g. FedGP's buffer gradient. The engine skips
         the pass for methods that do not override this hook."""
         return None
+
+    def client_after_task(self, ctx: ClientContext) -> Any:
+        """After the server's task end, for each client that reported to it: ctx.broadcast
+        is ``broadcast(server)`` as the task end left the server (e.g. FedProTIP's
+        aggregated bases), ctx.model the task's final global weights, ctx.data the client's
+        data of the task (``ctx.task``). Returns what goes to ``server_after_task`` (None:
+        nothing): a second task-end message that needs what the server aggregated from the
+        first. The engine skips the pass for methods that do not override this hook."""
+        return None
+
+    def replies_after_task(self) -> bool:
+        """True if the engine must run the after-task pass (``client_after_task``)."""
+        return type(self).client_after_task is not FedAvg.client_after_task
 
     def replies_each_round(self) -> bool:
         """True if the engine must run the round-end pass (the method overrides

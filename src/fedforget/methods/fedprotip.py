@@ -98,7 +98,7 @@ from ..activations import layer_dim, layer_inputs, project_out
 from ..distill import is_int, is_number, require
 from ..models import TaskHeads
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, masked_logits
 from .fot import MB, state_mb
 from .gpm import CHUNK, REL_TOL, energy_rank, one_d_params, projected_layers, threshold_at
 from .registry import METHODS
@@ -384,17 +384,13 @@ class FedProTIP(FedAvg):
             rank = 0 if new is None else new.shape[1]
             blocks[name] = blocks.get(name, []) + [0] * (ended - len(blocks.get(name, []))) + [rank]
         st[BASES], st[BLOCKS], st[ENDED] = bases, blocks, ended + 1
-        refs = st.setdefault(REFS, {})
-        for c in order:
-            if "refs" in reports[c]:
-                refs[c] = reports[c]["refs"]
         n = max(len(order), 1)
         comm = {
             "task": server.task, "reporting_clients": len(order), "comm_model_mb": state_mb(server.global_params),
             "comm_bases_mb": sum(u.numel() * 4 for c in order for u in reports[c]["bases"].values()) / MB / n,
-            "comm_refs_mb": sum(w.numel() * 4 for c in order for w in reports[c].get("refs", {}).values()) / MB / n,
+            "comm_refs_mb": 0.0,  # server_after_task
         }  # fmt: skip
-        comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"] + comm["comm_refs_mb"]
+        comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"]
         st.setdefault(COMM, []).append(comm)
         layers = projected_layers(server.model)
         fill = [bases[k].shape[1] / layer_dim(m) if k in bases else 0.0 for k, m in layers.items()]
@@ -404,6 +400,17 @@ class FedProTIP(FedAvg):
             "basis_rank": float(sum(bases[k].shape[1] for k in layers if k in bases)),
             "features_rank": float(bases[FEATURES].shape[1]) if FEATURES in bases else 0.0,
         }
+
+    def server_after_task(self, server: ServerContext, replies: dict[int, Any]) -> None:
+        """Each client's latest reference vectors (Eq. 10, against the global bases)."""
+        st = server.state
+        refs = st.setdefault(REFS, {})
+        refs.update({c: replies[c] for c in sorted(replies)})
+        mb = sum(w.numel() * 4 for r in replies.values() for w in r.values()) / MB / max(len(replies), 1)
+        comm = st[COMM][-1]
+        comm["comm_refs_mb"] = mb
+        comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"] + mb
+        st["fedprotip_task_end"].update(comm_refs_mb=mb, comm_task_mb=comm["comm_task_mb"])
 
     def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         return server.state.pop("fedprotip_task_end", {})
@@ -433,6 +440,34 @@ class FedProTIP(FedAvg):
             return model.logits(x, task)  # type: ignore[operator]
         z = model.features(x)
         return routed_scores(model.head, z, self.route_features(server, z))  # type: ignore[arg-type]
+
+    def eval_counts(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: int
+    ) -> dict[str, torch.Tensor]:
+        """Rows of task ``task``'s test batch counted correct [D]: ``task_aware`` (the task's
+        head, or the shared head, on the task's classes), and where TIP routes,
+        ``tip_sample`` / ``tip_batch`` (task-agnostic, per-sample / per-batch routing: the
+        batch is one task's, as the authors' code tests) and ``task_id_sample`` /
+        ``task_id_batch`` (rows routed to their own task: TIP accuracy, Table 14)."""
+        sc = self.info.scenario
+        if sc is None or sc.tasks <= 1:
+            return {}
+        z = model.features(x)
+        heads = getattr(model, "head", None)
+        own = torch.full((len(x),), task, dtype=torch.long, device=x.device)
+        if isinstance(heads, TaskHeads):
+            aware = routed_scores(heads, z, own)
+        else:
+            aware = masked_logits(model.head(z), sc.class_mask(x.device)[task])
+        out = {"task_aware": (aware.argmax(1) == y).sum()}
+        if not self.routing(server, model):
+            return out
+        blocks = split_blocks(server.state[BASES], server.state[BLOCKS])
+        for mode in ("sample", "batch"):
+            routed = route(z, blocks, server.state[REFS], batch=mode == "batch")
+            out[f"tip_{mode}"] = (routed_scores(heads, z, routed).argmax(1) == y).sum()  # type: ignore[arg-type]
+            out[f"task_id_{mode}"] = (routed == task).sum()
+        return out
 
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
@@ -470,11 +505,17 @@ class FedProTIP(FedAvg):
         for i, (name, a) in enumerate(reps.items()):
             g = torch.Generator().manual_seed(torch_seed(seed, t, k, SVD_STREAM, i))
             out[name] = core_bases(a, bases.get(name), eps, self.p.energy, self.p.svd, g)
-        report: dict[str, Any] = {"bases": out}
-        if z is not None:  # Alg. 1 line 13: the references of every task the client had data in
+        if z is not None:  # a_L^(t) for the references (client_after_task)
             z = z.double()
-            summary = ctx.state.setdefault(SUMMARY, {})
-            summary[t] = (z.T @ z / len(z)).float()
-            blocks = split_blocks(bases, ctx.broadcast.get(BLOCKS) or {}) + [out[FEATURES]]
-            report["refs"] = {tau: references(c, blocks) for tau, c in sorted(summary.items())}
-        return report
+            ctx.state.setdefault(SUMMARY, {})[t] = (z.T @ z / len(z)).float()
+        return {"bases": out}
+
+    def client_after_task(self, ctx: ClientContext) -> Any:
+        """Alg. 1 line 13, Eq. 10: omega_k^(tau) in R^(t+1) of every task tau the client had
+        data in, against the GLOBAL U_L^(1:t) the server has just aggregated (Sec. 4.4: "the
+        global task-specific core bases") [P]."""
+        summary = ctx.state.get(SUMMARY)
+        if not self.routes or not summary:
+            return None
+        blocks = split_blocks(ctx.broadcast.get(BASES) or {}, ctx.broadcast.get(BLOCKS) or {})
+        return {tau: references(c, blocks) for tau, c in sorted(summary.items())}

@@ -23,8 +23,8 @@ from .registry import METHODS
 # every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
 HOOKS = (
     "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
-    "server_task_begin", "server_task_end", "server_round_end", "predict", "client_task_begin",
-    "client_task_end", "client_round_end", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
+    "server_task_begin", "server_task_end", "server_after_task", "server_round_end", "predict", "eval_counts", "client_task_begin",
+    "client_task_end", "client_after_task", "client_round_end", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
     "stacked_step_terms", "client_end",
 )  # fmt: skip
 
@@ -48,6 +48,11 @@ class OverBase(FedAvg):
         """The round-end pass runs if the plug-in or its base replies."""
         own = type(self).client_round_end is not OverBase.client_round_end
         return own or self.base.replies_each_round()
+
+    def replies_after_task(self) -> bool:
+        """The after-task pass runs if the plug-in or its base replies."""
+        own = type(self).client_after_task is not OverBase.client_after_task
+        return own or self.base.replies_after_task()
 
     def client_end(self, ctx: ClientContext) -> Upload:
         """The base's upload; the diagnostics it adds are renamed ``<base>_<key>`` (so a
