@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedforget.activations import (
+    Projector,
     find_layers,
     input_matrix,
     layer_dim,
@@ -152,6 +153,15 @@ def test_project_out_is_orthogonal_to_the_basis_and_idempotent():
     torch.testing.assert_close(
         p.reshape(5, -1) + g.reshape(5, -1) @ u @ u.T, g.reshape(5, -1), atol=1e-6, rtol=0
     )
+
+
+@pytest.mark.parametrize("rank", [3, 14])  # thin products, and P = I - U U^T formed once
+def test_projector_equals_project_out(rank):
+    u, _ = torch.linalg.qr(torch.randn(2 * 9, rank, generator=gen(5)))
+    g = torch.randn(5, 2, 3, 3, generator=gen(6))
+    project = Projector(u)
+    assert project.dense == (rank == 14)
+    torch.testing.assert_close(project(g), project_out(g, u), atol=1e-5, rtol=0)
 
 
 def test_conv_columns_are_sample_major():

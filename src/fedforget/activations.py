@@ -21,7 +21,8 @@ orthonormal basis of span(a_l), achieves.
   (sample 0's positions, then sample 1's, ...). Its rows match ``weight_matrix(module)``'s
   columns: weight_matrix(m) @ input_matrix(m, x) is the layer's output before the bias.
 - ``project_out(grad, basis)``: G - G U U^T on the weight (or its gradient) reshaped to
-  [out, d_l], returned in the weight's shape.
+  [out, d_l], returned in the weight's shape; ``Projector(basis)`` the same map for many
+  steps against one basis, as G P with P = I - U U^T formed once where that is cheaper.
 
 Bias: the representation holds the weight's inputs only (no constant row for the bias), as
 in GPM's and FOT's code, where the projected layers have no bias (GPM) or a bias outside the
@@ -142,3 +143,20 @@ def project_out(grad: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     g = grad.reshape(grad.shape[0], -1)
     u = basis.to(g.dtype)
     return (g - (g @ u) @ u.T).reshape(grad.shape)
+
+
+class Projector:
+    """``project_out(., basis)`` for many gradients against one basis U [d, r]: as two thin
+    products, G - (G U) U^T (2 out d r flops), or, where r > d / 2, as one product with
+    P = I - U U^T formed once (out d^2 flops) [D]. Equal up to float rounding."""
+
+    def __init__(self, basis: torch.Tensor) -> None:
+        d, r = basis.shape
+        self.dense = 2 * r > d
+        self.m = torch.eye(d, dtype=basis.dtype, device=basis.device) - basis @ basis.T if self.dense else basis
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        if not self.dense:
+            return project_out(grad, self.m)
+        g = grad.reshape(grad.shape[0], -1)
+        return (g @ self.m.to(g.dtype)).reshape(grad.shape)

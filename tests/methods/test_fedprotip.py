@@ -396,8 +396,8 @@ def test_split_digits_run_heads_frozen_bases_references_and_communication(make_r
     assert routed.shape == (40,) and 0 <= int(routed.min()) and int(routed.max()) < 3
     # the other inference modes per task (eval_counts): tip sample is the run's own accuracy;
     # task identity accuracy = the share of a task's test rows routed to it
-    modes = {"task_aware", "tip_sample", "tip_batch", "task_id_sample", "task_id_batch"}
-    assert {k for r in rows[0]["_tasks"] for k in r} & modes == {"task_aware"}  # no references yet
+    modes = {"task_aware", "agnostic", "tip_sample", "tip_batch", "task_id_sample", "task_id_batch"}
+    assert {k for r in rows[0]["_tasks"] for k in r} & modes == {"task_aware", "agnostic"}  # no references yet
     model = sim.model_with(sim.global_params).eval()
     for r in rows[-1]["_tasks"]:
         assert modes <= set(r) and r["tip_sample"] == r["accuracy"]
@@ -408,6 +408,9 @@ def test_split_digits_run_heads_frozen_bases_references_and_communication(make_r
         with torch.no_grad():
             pred = cls[model.head.heads[r["task"]](model.features(xt))[:, cls].argmax(1)]
         assert r["task_aware"] == pytest.approx(float((pred == yt).double().mean()))
+        with torch.no_grad():
+            newest = model.head.combined(model.features(xt)).argmax(1)
+        assert r["agnostic"] == pytest.approx(float((newest == yt).double().mean()))
 
 
 def test_fedprotip_minus_t_runs_with_a_shared_head(make_run_config):

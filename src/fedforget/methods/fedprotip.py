@@ -94,7 +94,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..activations import layer_dim, layer_inputs, project_out
+from ..activations import Projector, layer_dim, layer_inputs
 from ..distill import is_int, is_number, require
 from ..models import TaskHeads
 from ..utils import FedForgetError, torch_seed
@@ -445,7 +445,8 @@ class FedProTIP(FedAvg):
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: int
     ) -> dict[str, torch.Tensor]:
         """Rows of task ``task``'s test batch counted correct [D]: ``task_aware`` (the task's
-        head, or the shared head, on the task's classes), and where TIP routes,
+        head, or the shared head, on the task's classes), ``agnostic`` (no TIP: the model's
+        logits, with per-task heads each class's newest head), and where TIP routes,
         ``tip_sample`` / ``tip_batch`` (task-agnostic, per-sample / per-batch routing: the
         batch is one task's, as the authors' code tests) and ``task_id_sample`` /
         ``task_id_batch`` (rows routed to their own task: TIP accuracy, Table 14)."""
@@ -459,7 +460,10 @@ class FedProTIP(FedAvg):
             aware = routed_scores(heads, z, own)
         else:
             aware = masked_logits(model.head(z), sc.class_mask(x.device)[task])
-        out = {"task_aware": (aware.argmax(1) == y).sum()}
+        plain = model.logits(x, None)  # type: ignore[operator]
+        if sc.masked:  # task-IL: the evaluator's mask on the scores
+            plain = masked_logits(plain, sc.class_mask(x.device)[task])
+        out = {"task_aware": (aware.argmax(1) == y).sum(), "agnostic": (plain.argmax(1) == y).sum()}
         if not self.routing(server, model):
             return out
         blocks = split_blocks(server.state[BASES], server.state[BLOCKS])
@@ -474,7 +478,7 @@ class FedProTIP(FedAvg):
         s = self.scratch(ctx)
         bases = ctx.broadcast.get(BASES) or {}
         layers = projected_layers(ctx.model)
-        s.pairs = [(layers[n].weight, u) for n, u in bases.items() if n in layers and u.shape[1]]
+        s.pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items() if n in layers and u.shape[1]]
         s.frozen = (
             [p for _, p in one_d_params(ctx.model)] if bases and self.p.bias == "freeze" else []
         )
@@ -485,9 +489,9 @@ class FedProTIP(FedAvg):
     def transform_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         with torch.no_grad():
-            for w, u in s.pairs:
+            for w, project in s.pairs:
                 if w.grad is not None:
-                    w.grad.copy_(project_out(w.grad, u))  # G - G Phi Phi^T
+                    w.grad.copy_(project(w.grad))  # G - G Phi Phi^T
         for p in s.frozen:
             p.grad = None  # the optimizer skips it (no decay, no momentum)
 

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..activations import find_layers, layer_dim, layer_inputs, project_out
+from ..activations import Projector, find_layers, layer_dim, layer_inputs
 from ..distill import is_int, is_number, require
 from ..models import TaskHeads
 from ..utils import torch_seed
@@ -281,7 +281,7 @@ class GPM(FedAvg):
         s = self.scratch(ctx)
         bases = self.memory_of(ctx)
         layers = projected_layers(ctx.model)
-        s.pairs = [(layers[n].weight, u) for n, u in bases.items()]
+        s.pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items()]
         s.frozen = (
             [p for _, p in one_d_params(ctx.model)] if bases and self.p.bias == "freeze" else []
         )
@@ -289,9 +289,9 @@ class GPM(FedAvg):
     def transform_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         with torch.no_grad():
-            for w, u in s.pairs:
+            for w, project in s.pairs:
                 if w.grad is not None:
-                    w.grad.copy_(project_out(w.grad, u))  # G - G M M^T
+                    w.grad.copy_(project(w.grad))  # G - G M M^T
         for p in s.frozen:
             p.grad = None  # the optimizer skips it (no decay, no momentum)
 
