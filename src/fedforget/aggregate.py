@@ -437,18 +437,27 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
     return mark_other_engines(pd.DataFrame(out)) if out else pd.DataFrame(out)
 
 
+def _paper_metric_name(metric: str) -> str:
+    """The paper results' metric name of ``acc_<mode>`` / ``ft_<mode>``: ACC_<mode> / FT_<mode>."""
+    kind, mode = metric.split("_", 1)
+    return f"{kind.upper()}_{mode}"
+
+
 def attach_paper_continual(
     table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None
 ) -> pd.DataFrame:
     """Add ``paper_<m>`` and ``paper_<m>_std`` for m in acc, fgt, ft: the linked paper
     table's number of the metric names in PAPER_METRICS for the matching dataset / setting /
-    method (as ``attach_paper`` matches), NaN where the paper reports none."""
-    table = table.assign(**{f"paper_{m}{s}": math.nan for m in PAPER_METRICS for s in ("", "_std")})
+    method (as ``attach_paper`` matches), NaN where the paper reports none; and for each
+    other inference mode's ``acc_<mode>`` / ``ft_<mode>``, the paper's ACC_<mode> / FT_<mode>."""
+    # a method's other inference modes: acc_<mode> / ft_<mode> beside the paper's ACC_<mode> / FT_<mode>
+    names_of = {**PAPER_METRICS, **{m: (_paper_metric_name(m),) for m in _extra_columns(table)}}
+    table = table.assign(**{f"paper_{m}{s}": math.nan for m in names_of for s in ("", "_std")})
     if not paper:
         return table
     ref = _paper_reference(paper, paper_results)
     for i, row in table.iterrows():
-        for m, names in PAPER_METRICS.items():
+        for m, names in names_of.items():
             value, std = _paper_number(ref, paper, row, names)
             table.loc[i, f"paper_{m}"], table.loc[i, f"paper_{m}_std"] = value, std
     return table

@@ -17,9 +17,10 @@ from fedforget.engine import Simulation
 from fedforget.methods import check_params
 from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
 from fedforget.methods.replay import Reservoir, sample_generator
+from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, checkpoint_keeper, digits_cfg, run, strip
+from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, strip
 
 
 def flat(ts):
@@ -105,6 +106,22 @@ def test_fedgp_off_equals_its_base_bit_for_bit(make_run_config):
         assert strip(rows_g, "fedgp_") == strip(rows_b, f"{base}_"), base
         assert sim.server.state[STATE_KEY] is not None
         assert rows_g[-1]["fedgp_proj_share"] == 0.0
+
+
+def test_fedgp_off_over_fedprotip_is_fedprotip(make_run_config):
+    """A base with a task-end report and an after-task reply (FedProTIP's bases, then its
+    references against the aggregated bases) and its own predict / eval_counts, through the
+    plug-in: rate 0 gives FedProTIP's rows, per-task TIP columns included."""
+    kw = dict(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, scenario={**SPLIT, "heads": "per_task"},
+        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
+        rounds=3, batch_size=32, eval_local_models=False, eval_every=1,
+    )  # fmt: skip
+    _, rows_b = run(make_run_config(method="fedprotip", params={"samples": 32}, **kw))
+    sim, rows_g = run(make_run_config(method="fedgp", params={"base": "fedprotip", "base_params": {"samples": 32}, "rate": 0.0}, **kw))
+    assert strip(rows_g, "fedgp_") == strip(rows_b, "fedprotip_")
+    assert sim.method.replies_after_task() and sim.server.state["fedprotip_refs"]
+    assert "tip_sample" in rows_g[-1]["_tasks"][0]
 
 
 def test_fedgp_projects_and_reports(make_run_config):

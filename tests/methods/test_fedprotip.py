@@ -97,6 +97,18 @@ def test_core_rank_sigma_and_sigma2_on_hand_made_spectra():
     assert core_rank(torch.zeros(3), 0.7, "sigma") == 0
 
 
+@pytest.mark.parametrize("energy", ["sigma", "sigma2"])
+def test_rank_rule_is_monotone_in_eps(energy):
+    """On random spectra (some with energy already captured): a larger eps never keeps fewer."""
+    eps = torch.linspace(0, 1, 41).tolist()
+    for seed in range(20):
+        s = torch.rand(12, generator=gen(seed)).sort(descending=True).values ** 3
+        captured = 0.3 * (seed % 2)
+        total = float((s * s).sum()) / (1 - captured)
+        ranks = [core_rank(s, e, energy, total, captured) for e in eps]
+        assert ranks == sorted(ranks) and ranks[0] == 0 and ranks[-1] >= 1, (seed, ranks)
+
+
 @pytest.mark.parametrize("svd", ["randomized", "exact"])
 def test_core_bases_on_a_hand_made_matrix(svd):
     q, v = orthonormal(6, 4, 1), orthonormal(5, 4, 2)

@@ -50,10 +50,12 @@ summarises client k's task-tau data [D]: the root mean square over its m_s sampl
 per-sample relevance, omega = sqrt(tr(U^T C_tau U)), C_tau = mean_i a_i a_i^T, the second moment
 (f x f, kept in ctx.state, no raw data): the scale of the per-sample test relevance, and what
 the code's batch Frobenius norm ||A U U^T||_F computes up to sqrt(B) (it keeps raw activations
-instead). Alg. 1 line 13: at each task end the client recomputes omega_k^(tau) in R^(t+1) for
-every tau it had data in, entries t' < t with the broadcast global U_L^(t'), entry t with its own
-U_{L,k}^(t) (the global one is aggregated only after the clients report) [D]; the server keeps
-each client's latest vectors, padding missing later entries with 0 [D].
+instead). Alg. 1 line 13: at each task end, after the server has aggregated the task's bases,
+the client recomputes omega_k^(tau) in R^(t+1) for every tau it had data in against the
+GLOBAL U_L^(1:t) [P Sec. 4.4: "the global task-specific core bases"; Alg. 1 writes the
+client's own U_k^(t)], in the engine's after-task pass (``client_after_task``: a second
+task-end message, on the server's new broadcast); the server keeps each client's latest
+vectors, padding missing later entries with 0 [D].
 Test time (Eq. 11, ``route``): omega_hat^(t) = ||U_L^(t)T a_L^te|| over the learned tasks;
 ``tip``: sample [P] one routing per input: each client votes the argmax over its tasks of the
 cosine with its references, majority decides, ties -> lowest task id [D]; batch [C] one
