@@ -457,7 +457,8 @@ def test_continual_runs_csv_tasks_and_matrices(tmp_path):
 def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     """A method's extra tasks.csv column (``eval_counts``, e.g. FedProTIP's task_aware) gives
     runs.csv acc_<mode> / ft_<mode> from its own accuracy matrix (NaN for methods without
-    it), and continual.csv / .md their mean ± std over seeds."""
+    it), and continual.csv / .md their mean ± std over seeds; likewise the MB per client and
+    task of a method with communication columns."""
     from fedforget.aggregate import aggregate
     from fedforget.continual import continual_metrics
 
@@ -467,6 +468,7 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
             df = pd.read_csv(d / "tasks.csv")
             df["task_aware"] = 0.5 + 0.1 * df["task"]
             (d / "tasks.csv").write_text(df.to_csv(index=False))
+            (d / "metrics.csv").write_text("round,global_model_test_acc,fedprotip_comm_task_mb\n0,0.1,\n1,0.5,0.5\n2,0.7,1.5\n")
     out = tmp_path / "summary"
     aggregate(dirs, out, "e")
     runs = pd.read_csv(out / "runs.csv")
@@ -482,6 +484,12 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     assert row["acc_task_aware_mean"] == pytest.approx(60.0) and row["acc_task_aware_std"] == pytest.approx(0.0)
     md = (out / "continual.md").read_text()
     assert "## acc of the inference mode task_aware" in md and "## ft of the inference mode task_aware" in md
+    section = md.split("## acc of the inference mode task_aware")[1].split("##")[0]
+    assert "| fedprotip | 60.00 ± 0.00 (failed seeds) |" in section and "fedavg" not in section
+    # MB per client and task: the mean of the run's <method>_comm_task_mb (task-end rows)
+    assert ok["comm_task_mb"].tolist() == [1.0, 1.0] and runs[runs["method"] == "fedavg"]["comm_task_mb"].isna().all()
+    comm = md.split("## Communication per client and task")[1].split("##")[0]
+    assert "| fedprotip | 1.0000 ± 0.0000 |" in comm and "fedavg" not in comm
     assert "acc_task_aware (%)" in (out / "continual.html").read_text()
 
 

@@ -13,7 +13,9 @@ mean ± std over completed seeds, beside the paper's ACC and forgetting where th
 links a paper table). A method that scores the test sets in other inference modes too
 (``eval_counts``: FedProTIP's task-aware and TIP accuracies) adds ``acc_<mode>`` and
 ``ft_<mode>`` (its tasks.csv column in place of the accuracy) to runs.csv and continual.csv,
-NaN for the other methods. An experiment of one-task runs writes exactly the files it wrote
+NaN for the other methods; one whose metrics hold ``<method>_comm_task_mb`` (FOT, FedProTIP)
+adds ``comm_task_mb`` (MB per client and task, mean over tasks) to runs.csv and continual
+tables. An experiment of one-task runs writes exactly the files it wrote
 before continual runs existed [D]."""
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ def collect_all(
         if df is not None:
             frames.append(df.assign(**keys))
         info, tasks, matrix = continual_run(d, rec)
+        comm = [c for c in (df.columns if df is not None else []) if c.endswith(COMM_SUFFIX)]
+        if comm and tasks is not None:  # FOT's / FedProTIP's task-end rows
+            info[COMM] = float(df[comm[0]].dropna().mean()) if rec["status"] == "completed" else math.nan
         extra.append(info)
         if tasks is not None:
             task_frames.append(tasks.assign(**keys))
@@ -156,6 +161,9 @@ def continual_run(
 
 
 EXTRA_METRICS = ("acc", "ft")  # of a method's other inference modes (tasks.csv's extra columns)
+# MB one client sends per task (model + what the method adds: FOT's sketches, FedProTIP's bases
+# and references), from the method's <method>_comm_task_mb column, mean over the run's tasks
+COMM, COMM_SUFFIX = "comm_task_mb", "_comm_task_mb"
 
 
 def extra_metrics(runs: pd.DataFrame) -> list[str]:
@@ -427,8 +435,8 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
             n_seeds=len(g),
             n_failed=int((g["status"] != "completed").sum()),
         )
-        for m in [*CONTINUAL_METRICS, *extra_metrics(runs)]:
-            vals = ok[m].astype(float).dropna() * 100
+        for m in [*CONTINUAL_METRICS, *extra_metrics(runs), *([COMM] if COMM in runs else [])]:
+            vals = ok[m].astype(float).dropna() * (1 if m == COMM else 100)
             row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
@@ -490,7 +498,7 @@ def _extra_columns(table: pd.DataFrame) -> list[str]:
     """continual.csv's metrics of the methods' other inference modes (``acc_<mode>``, ...)."""
     return [
         c[: -len("_mean")] for c in table.columns
-        if c.endswith("_mean") and c[: -len("_mean")] not in CONTINUAL_METRICS
+        if c.endswith("_mean") and c.split("_", 1)[0] in EXTRA_METRICS and c[: -len("_mean")] not in CONTINUAL_METRICS
     ]  # fmt: skip
 
 
@@ -507,6 +515,8 @@ def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
         lines += [f"## {title} (%), mean ± std over seeds", ""]
         lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for method in methods:
+            if m not in CONTINUAL_METRICS and table.loc[table["method"] == method, f"{m}_mean"].isna().all():
+                continue  # a method without this inference mode
             cells = []
             for c in cols:
                 r = table[(table["method"] == method) & (table["dataset"] + " " + table["setting"] == c)]
@@ -516,6 +526,19 @@ def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
                 r = r.iloc[0]
                 paper = r.get(f"paper_{m}", math.nan)
                 cells.append(_continual_cell(r, m) + ("" if pd.isna(paper) else f" (paper {paper:.2f})"))
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if f"{COMM}_mean" in table:
+        lines += ["## Communication per client and task (MB: one model upload and the method's task-end messages, mean over tasks), mean ± std over seeds", ""]
+        lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for method in methods:
+            mine = table[table["method"] == method]
+            if mine[f"{COMM}_mean"].isna().all():
+                continue
+            cells = []
+            for c in cols:
+                r = mine[mine["dataset"] + " " + mine["setting"] == c]
+                cells.append(f"{r[f'{COMM}_mean'].iloc[0]:.4f} ± {r[f'{COMM}_std'].iloc[0]:.4f}" if len(r) else "")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(f"Seeds per cell: {table['n_seeds'].max()}. {FOOTNOTE}{_engine_note(table)}")
