@@ -5,7 +5,7 @@ summary/runs.csv and metrics.parquet, written by the pipeline's aggregation).
 Claims (papers/fedprotip.md): FedProTIP, and FedProTIP(-t), beat FOT (Table 1); projecting
 during local training is more stable than FOT's projection of the aggregate under strong
 heterogeneity (Sec. 1, 4.3: the gap should grow from IID to Dirichlet 0.2); TIP recovers the
-task (Table 14); per-batch routing on single-task batches inflates task-agnostic accuracy
+task (Table 14: after each task, over the tasks so far); per-batch routing on single-task batches inflates task-agnostic accuracy
 (METHODS.md: the authors' code routes per batch); and the ablations' rows (Tables 3, 8, 11),
 communication per client and task (Table 9).
 
@@ -104,6 +104,21 @@ def communication(metrics: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def tip_at_each_task(summaries: list[Path]) -> pd.DataFrame:
+    """Table 14's layout: after task t, TIP's task-identity accuracy over the tasks seen so
+    far (mean of task_id_<mode> on tasks 0..t), per sample and per batch, mean over seeds."""
+    frames = [pd.read_parquet(s / "tasks.parquet") for s in summaries if (s / "tasks.parquet").exists()]
+    t = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if "task_id_sample" not in t:
+        return pd.DataFrame()
+    t = t[(t["experiment"] == T1_HEADS) & t["task_id_sample"].notna() & (t["task"] <= t["current_task"])]
+    last = t.groupby(["dataset", "setting", "seed", "current_task"])["round"].transform("max")
+    t = t[t["round"] == last]  # the task's last round
+    g = t.groupby(["dataset", "setting", "current_task", "seed"])[["task_id_sample", "task_id_batch"]].mean()
+    out = g.groupby(level=["dataset", "setting", "current_task"]).mean() * 100
+    return out.round(1).reset_index().rename(columns={"current_task": "after_task"})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default="results")
@@ -132,6 +147,10 @@ def main() -> None:
     print(spread(runs, "fedprotip_table8", [*tip, "wall_time_s"]).to_string(index=False))
     print("\n== Table 3: clients (5 at rate 1, 10 at 0.5, 20 at 0.25)")
     print(spread(runs, "fedprotip_table3", ["acc", "ft", "acc_task_id_sample"]).to_string(index=False))
+    tip = tip_at_each_task(summaries)
+    if len(tip):
+        print("\n== TIP's task-identity accuracy over the tasks seen so far, after each task (%; Table 14)")
+        print(tip.pivot(index=["dataset", "setting"], columns="after_task").to_string())
     comm = communication(metrics)
     if len(comm):
         print("\n== Communication per client and task (MB; Table 9)")
