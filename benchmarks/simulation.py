@@ -22,9 +22,13 @@ test set after every round, counted in the round's time; the central loop evalua
 model as often). The modes run in A/B order ``--repeats`` times, alternating, and the
 median is reported, so slow drifts of machine load hit all modes alike.
 
+Clients are IID (``--partition iid``, the default) or Dirichlet 0.5 (``--partition
+dirichlet0.5``: unequal clients, which the batched engine's workers must balance); the
+partition is printed with every figure.
+
 Presets (``--preset``):
   mcmahan   blobs 1x28x28 (MNIST-shaped synthetic, 60000 train), cnn_mcmahan padding 0
-            (582,026 parameters), 100 clients IID, 10% per round, batch 50
+            (582,026 parameters), 100 clients, 10% per round, batch 50
   digits    digits + cnn2d (embedded), 20 clients, 50% per round, batch 32
   mnist1d   mnist1d + cnn1d (embedded), 20 clients, 50% per round, batch 32
   digits-k100, mnist1d-k100   the embedded models with 100 clients, 10% per round, batch 50
@@ -67,14 +71,18 @@ def run_config(args, engine: str):
     p = PRESETS[args.preset]
     ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], None, p["dataset"])
     ts = TrainSpec(
-        rounds=args.rounds + args.warmup, local_epochs=args.epochs, batch_size=p["batch"],
+        # one round more than any mode runs: the engine evaluates at its final round (and task
+        # end) whatever eval_every says, which would put an evaluation in a timed round
+        rounds=args.rounds * getattr(args, "repeats", 1) + args.warmup + 1, local_epochs=args.epochs, batch_size=p["batch"],
         sample_rate=p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
         eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
     )  # fmt: skip
     clients = args.memory or p["clients"]
     method = getattr(args, "method", "fedavg")
-    return RunConfig("bench", ds, PartitionSpec("iid", clients=clients, seed=0),
+    part = (PartitionSpec("iid", clients=clients, seed=0) if args.partition == "iid"
+            else PartitionSpec("dirichlet", clients=clients, alpha=0.5, min_size=10, seed=0))  # fmt: skip
+    return RunConfig("bench", ds, part,
                      MethodSpec(method, {}, method), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
 
 
@@ -202,6 +210,8 @@ def spawn(args, mode: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="mcmahan")
+    ap.add_argument("--partition", choices=["iid", "dirichlet0.5"], default="iid",
+                    help="the preset's clients, IID or Dirichlet 0.5 label skew (min 10 rows)")  # fmt: skip
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per measurement")
     ap.add_argument("--warmup", type=int, default=1)
@@ -229,7 +239,7 @@ def main() -> None:
     p = PRESETS[args.preset]
     prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
     args.passthrough = [
-        "--preset", args.preset, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
+        "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
     ]  # fmt: skip
@@ -247,7 +257,7 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    print(f"# {args.preset}, {args.method}: {args.memory or p['clients']} clients, rate {p['rate']}, batch {p['batch']}, "
+    print(f"# {args.preset}, {args.method}: {args.memory or p['clients']} clients ({args.partition}), rate {p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     central = None

@@ -264,3 +264,15 @@ def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, run
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_balance_puts_the_longest_first_on_the_least_loaded_worker():
+    from fedforget.vectorized import balance
+
+    # i mod 2 after sorting by size gave 9+5+1 / 7+3 (15 vs 10); LPT: 9+3+1 / 7+5 (13 vs 12)
+    assert balance([9, 7, 5, 3, 1], 2) == [[0, 3, 4], [1, 2]]
+    assert balance([1, 1, 1, 1], 2) == [[0, 2], [1, 3]]  # ties: the lower worker, then the lower client
+    assert balance([4], 3) == [[0], [], []]
+    costs = [30, 28, 20, 19, 11, 7, 5, 2, 2, 1]
+    loads = [sum(costs[i] for i in w) for w in balance(costs, 2)]
+    assert sorted(x for w in balance(costs, 2) for x in w) == list(range(10)) and max(loads) - min(loads) <= 2

@@ -136,6 +136,18 @@ ELEMENTWISE = {nn.ReLU: F.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid, 
 POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
 
 
+def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """Clients (indices of ``costs``) onto ``workers`` lists: longest first onto the least
+    loaded worker (ties: the lower index), each list in ascending client order (LPT: within
+    4/3 of the best makespan). Deterministic, from the costs alone."""
+    load, out = [0.0] * workers, [[] for _ in range(workers)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        j = min(range(workers), key=lambda j: (load[j], j))
+        load[j] += costs[i]
+        out[j].append(i)
+    return [sorted(x) for x in out]
+
+
 def stacked_supported(module: nn.Module) -> str | None:
     """None if ``stacked_forward`` can run ``module``, else the first module it cannot."""
     if isinstance(module, (Classifier, nn.Sequential)):
@@ -349,12 +361,16 @@ def train_clients_together(
                 loss_sum[i : i + 1] += loop_client_(model, i, ks)
             return
 
+        # each client's rows over these steps: its cost, for balancing the workers
+        cost = width[:active, ks.start : ks.stop].sum(1).tolist()
+        shares = balance(cost, workers)
+
         def work(j: int) -> list[tuple[int, torch.Tensor]]:
             torch.set_num_threads(1)  # this thread's ops on one core (OpenMP and MKL)
-            return [(i, loop_client_(replicas[j], i, ks)) for i in range(j, active, workers)]
+            return [(i, loop_client_(replicas[j], i, ks)) for i in shares[j]]
 
         try:
-            parts = list(pool.map(work, range(min(workers, active))))
+            parts = list(pool.map(work, [j for j in range(workers) if shares[j]]))
         finally:
             torch.set_num_threads(workers)  # MKL's count is process-wide: back for the batched steps
         for part in parts:
@@ -368,7 +384,7 @@ def train_clients_together(
     # 24.6 and 32.5 vs 39.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
     # and the short steps (the clients' last, partial batches) batched. The choice depends
     # only on batch widths, never on timings, so results stay deterministic; so does the
-    # split of clients over worker threads (client i on worker i mod workers), and each
+    # split of clients over worker threads (``balance``: by rows, from the widths), and each
     # client's arithmetic is the same whichever thread runs it.
     loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
     steps_t = torch.tensor(steps)
