@@ -11,7 +11,11 @@ robust when the machine's speed drifts):
   (b) sequential  fedforget's engine, clients one after another;
   (c) vectorized  fedforget's engine, clients trained together (fedforget.vectorized: one
                   stacked forward/backward for all clients per step; on a CPU, Conv2d
-                  models' wide steps client by client on the stacked weights).
+                  models' wide steps client by client on the stacked weights);
+  (d) limit       (CPU) the limit of client-by-client training on --threads workers: as
+                  many single-thread copies of the central loop as workers, at once, each on
+                  an equal share of the round's samples. Every figure gives its ratio to
+                  both references, (a) and (d).
 
 Reported per mode: local-training throughput in samples/s (samples processed by local
 training / time of the round, aggregation included; the median over rounds), seconds per
@@ -148,7 +152,52 @@ def central_round(args):
     return sim.device, one
 
 
+def limit_round(args):
+    """(device, fn) for the CPU limit of client-by-client training on ``--threads`` workers:
+    as many independent copies of the central loop as workers, each on one thread with its
+    own model and optimizer, run at once on an equal share of the round's samples (what the
+    batched engine's workers do, without any engine around them)."""
+    import copy
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    import torch.nn.functional as F
+
+    from fedforget.engine import Simulation
+
+    rc = run_config(args, "sequential")
+    sim = Simulation(rc)
+    x_all, y_all, t, workers = sim.clients.x, sim.clients.y, rc.train, args.threads
+    models = [copy.deepcopy(sim.model).train() for _ in range(workers)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in models]
+    gens = [torch.Generator().manual_seed(j) for j in range(workers)]
+    share = round(t.sample_rate * rc.partition.clients) * (len(y_all) // rc.partition.clients) // workers
+    pool = ThreadPoolExecutor(workers)
+
+    def loop(j: int) -> None:
+        torch.set_num_threads(1)
+        for _ in range(t.local_epochs):
+            perm = torch.randperm(len(y_all), generator=gens[j])[:share]
+            for s in range(0, share, t.batch_size):
+                b = perm[s : s + t.batch_size]
+                opts[j].zero_grad(set_to_none=True)
+                F.cross_entropy(models[j](x_all[b]), y_all[b]).backward()
+                opts[j].step()
+
+    def one(rnd: int) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        try:
+            list(pool.map(loop, range(workers)))
+        finally:
+            torch.set_num_threads(workers)
+        return time.perf_counter() - t0, share * workers * t.local_epochs
+
+    return sim.device, one
+
+
 def mode_round(args, mode: str):
+    if mode == "limit":
+        return limit_round(args)
     return central_round(args) if mode == "central" else engine_round(args, mode)
 
 
@@ -219,7 +268,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--modes", nargs="+", default=["central", "sequential", "vectorized"])
+    ap.add_argument("--modes", nargs="+", default=["central", "limit", "sequential", "vectorized"],
+                    help="limit (CPU only): --threads independent single-thread central loops at once")  # fmt: skip
     ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     ap.add_argument("--interleave", action="store_true",
@@ -231,6 +281,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.device != "cpu" and "limit" in args.modes:
+        args.modes.remove("limit")  # a CPU reference only
     if args.child:
         return child(args)
 
@@ -260,7 +312,7 @@ def main() -> None:
     print(f"# {args.preset}, {args.method}: {args.memory or p['clients']} clients ({args.partition}), rate {p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    central = None
+    central = limit = None
     summary = {}
     for m, rs in runs.items():
         ok = [x for x in rs if "error" not in x]
@@ -271,8 +323,11 @@ def main() -> None:
         summary[m] = s
         if m == "central":
             central = s["samples_per_s"]
+        if m == "limit":
+            limit = s["samples_per_s"]
     for m, s in summary.items():
         ratio = f"{s['samples_per_s'] / central:.2f}x central" if central else ""
+        ratio += f", {s['samples_per_s'] / limit:.2f}x limit" if limit else ""
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
         print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s  {s['s_per_round']:.3f} s/round  "
