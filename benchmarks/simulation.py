@@ -202,12 +202,14 @@ def mode_round(args, mode: str):
 
 
 def summarize(mode: str, timed: list[tuple[float, int]], device) -> dict:
-    """Medians over rounds: one slow round (a burst of load elsewhere) does not move them."""
+    """Medians over rounds (one slow round, a burst of load elsewhere, does not move them),
+    and the throughput's min and max over the rounds."""
     import torch
 
+    rates = [n / s for s, n in timed]
     out = {"mode": mode, "s_per_round": statistics.median(s for s, _ in timed),
-           "samples_per_s": statistics.median(n / s for s, n in timed),
-           "peak_rss_mb": peak_rss_mb()}  # fmt: skip
+           "samples_per_s": statistics.median(rates), "samples_per_s_min": min(rates),
+           "samples_per_s_max": max(rates), "peak_rss_mb": peak_rss_mb()}  # fmt: skip
     if device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -319,7 +321,8 @@ def main() -> None:
         if not ok:
             print(f"{m:11s} error: {rs[0]['error']}")
             continue
-        s = {k: statistics.median(x[k] for x in ok) for k in ok[0] if k != "mode"}
+        pick = {"_min": min, "_max": max}  # over every process's rounds; medians of the rest
+        s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k != "mode"}
         summary[m] = s
         if m == "central":
             central = s["samples_per_s"]
@@ -330,7 +333,7 @@ def main() -> None:
         ratio += f", {s['samples_per_s'] / limit:.2f}x limit" if limit else ""
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
-        print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s  {s['s_per_round']:.3f} s/round  "
+        print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s (min {s['samples_per_s_min']:.0f}, max {s['samples_per_s_max']:.0f})  {s['s_per_round']:.3f} s/round  "
               f"{rss}{cuda}  {ratio}")  # fmt: skip
     if "sequential" in summary and "vectorized" in summary:
         speedup = summary["vectorized"]["samples_per_s"] / summary["sequential"]["samples_per_s"]
