@@ -168,15 +168,18 @@ class Simulation(ClientSide):
                     report = self.end_client_task(cid, task, rnd, lr)
                     if report is not None:
                         reports[cid] = report
-        self.model_with(self.global_params)
-        self.method.server_task_end(self.server, reports)
-        self.global_params = self.server.global_params
+        self.server_hook(self.method.server_task_end, reports)
         if reports and self.method.replies_after_task():  # a second message, on what the server made of the first
             self.server.broadcast = self.method.broadcast(self.server)
             replies = self.after_client_tasks(sorted(reports), task, rnd, lr)
-            self.model_with(self.global_params)
-            self.method.server_after_task(self.server, replies)
-            self.global_params = self.server.global_params
+            self.server_hook(self.method.server_after_task, replies)
+
+    def server_hook(self, hook: Callable[..., None], *args: Any) -> None:
+        """A server hook that may read the global model and replace the global weights:
+        ``hook(server, *args)`` with ``server.model`` holding them, its weights kept."""
+        self.model_with(self.global_params)
+        hook(self.server, *args)
+        self.global_params = self.server.global_params
 
     # ------------------------------------------------------------------ all rounds
     def run(
@@ -250,9 +253,7 @@ class Simulation(ClientSide):
         self.server.round = rnd
         if sc.starts_task(rnd):
             self.server.task = sc.task_of_round(rnd)
-            self.model_with(self.global_params)
-            self.method.server_task_begin(self.server)
-            self.global_params = self.server.global_params
+            self.server_hook(self.method.server_task_begin)
         self.server.broadcast = self.method.broadcast(self.server)
         # a client with no data in its task this round does not train
         views = {c: v for c in sampled if len(v := self.round_view(c, rnd))}
@@ -279,9 +280,7 @@ class Simulation(ClientSide):
             self.end_task(rnd, lr)
         replies = self.end_client_rounds({u.cid: views[u.cid] for u in uploads}, rnd, lr)
         if replies:
-            self.model_with(self.global_params)
-            self.method.server_round_end(self.server, replies)
-            self.global_params = self.server.global_params
+            self.server_hook(self.method.server_round_end, replies)
         train_time = time.perf_counter() - t0 - eval_time
         if rnd in t.save_client_models:
             cpu = lambda p: {k: v.detach().cpu().clone() for k, v in p.items()}  # noqa: E731

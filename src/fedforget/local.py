@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -192,30 +193,33 @@ class ClientSide:
         return ups, [r.mean_loss for r in results], stats
 
     # ------------------------------------------------------------------ task boundaries
+    def client_pass(self, hook: Callable[[ClientContext], Any], views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:  # fmt: skip
+        """``hook(ctx)`` of each client in ``views`` (on that view of its data) on the global
+        weights, one after another; their replies, None left out."""
+        replies = {}
+        for cid, view in views.items():
+            self.load_params(self.model, self.global_params)
+            ctx = self.client_context(cid, rnd, lr, view)
+            reply = hook(ctx)
+            self.offload(ctx)
+            if reply is not None:
+                replies[cid] = reply
+        return replies
+
     def end_client_task(self, cid: int, task: int, rnd: int, lr: float) -> Any:
         """Client ``cid``'s ``client_task_end`` for ``task`` on the global weights (None
         where the method does not override it)."""
         if type(self.method).client_task_end is FedAvg.client_task_end:
             return None
-        self.load_params(self.model, self.global_params)
-        ctx = self.client_context(cid, rnd, lr, self.clients.task_view(cid, task))
-        report = self.method.client_task_end(ctx)
-        self.offload(ctx)
-        return report
+        view = {cid: self.clients.task_view(cid, task)}
+        return self.client_pass(self.method.client_task_end, view, rnd, lr).get(cid)
 
     def after_client_tasks(self, cids: list[int], task: int, rnd: int, lr: float) -> dict[int, Any]:
         """The after-task pass: ``client_after_task`` of each client in ``cids`` (those that
-        reported to the task end) on the global weights and the server's new broadcast;
-        their replies (None left out)."""
-        replies = {}
-        for cid in cids:
-            self.load_params(self.model, self.global_params)
-            ctx = self.client_context(cid, rnd, lr, self.clients.task_view(cid, task))
-            reply = self.method.client_after_task(ctx)
-            self.offload(ctx)
-            if reply is not None:
-                replies[cid] = reply
-        return replies
+        reported to the task end) on its data of ``task``, the global weights and the
+        server's new broadcast; their replies (None left out)."""
+        views = {cid: self.clients.task_view(cid, task) for cid in cids}
+        return self.client_pass(self.method.client_after_task, views, rnd, lr)
 
     def end_client_rounds(self, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
         """The round-end pass: ``client_round_end`` of each client in ``views`` (those that
@@ -223,15 +227,7 @@ class ClientSide:
         replies (None left out). Empty, and nothing run, for methods without the hook."""
         if not self.method.replies_each_round():
             return {}
-        replies = {}
-        for cid, view in views.items():
-            self.load_params(self.model, self.global_params)
-            ctx = self.client_context(cid, rnd, lr, view)
-            reply = self.method.client_round_end(ctx)
-            self.offload(ctx)
-            if reply is not None:
-                replies[cid] = reply
-        return replies
+        return self.client_pass(self.method.client_round_end, views, rnd, lr)
 
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
         """Local training of the clients ``views`` (each on its data of this round): their

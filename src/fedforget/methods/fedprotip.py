@@ -96,13 +96,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..activations import Projector, layer_dim, layer_inputs
+from ..activations import layer_dim, layer_inputs
 from ..distill import is_int, is_number, require
 from ..models import TaskHeads
 from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, masked_logits
 from .fot import MB, state_mb
-from .gpm import CHUNK, REL_TOL, energy_rank, one_d_params, projected_layers, threshold_at
+from .gpm import (
+    CHUNK,
+    REL_TOL,
+    energy_rank,
+    project_step,
+    projected_layers,
+    step_projection,
+    threshold_at,
+)
 from .registry import METHODS
 
 SAMPLE_STREAM, SVD_STREAM = 0x7A, 0x7B  # keyed randomness: inputs and columns, SVD sketches
@@ -479,23 +487,15 @@ class FedProTIP(FedAvg):
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         bases = ctx.broadcast.get(BASES) or {}
-        layers = projected_layers(ctx.model)
-        s.pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items() if n in layers and u.shape[1]]
-        s.frozen = (
-            [p for _, p in one_d_params(ctx.model)] if bases and self.p.bias == "freeze" else []
-        )
+        s.pairs, s.frozen = step_projection(ctx.model, bases, self.p.bias == "freeze")
         if self.p.freeze_early and ctx.task > 0:
+            layers = projected_layers(ctx.model)
             early = set(layers) - set(self.basis_layers(ctx.model))
             s.frozen += [p for n in early for p in layers[n].parameters()]
 
     def transform_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        with torch.no_grad():
-            for w, project in s.pairs:
-                if w.grad is not None:
-                    w.grad.copy_(project(w.grad))  # G - G Phi Phi^T
-        for p in s.frozen:
-            p.grad = None  # the optimizer skips it (no decay, no momentum)
+        project_step(s.pairs, s.frozen)  # G - G Phi Phi^T
 
     def client_task_end(self, ctx: ClientContext) -> Any:
         seed, t, k = self.info.seed, ctx.task, ctx.cid

@@ -163,6 +163,28 @@ def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     ]  # fmt: skip
 
 
+def step_projection(model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool) -> tuple[list, list]:
+    """(pairs, frozen) for ``project_step``: each projected layer's weight with a ``Projector``
+    of its basis (layers with a non-empty one), and the 1-D parameters held fixed once bases
+    exist (``freeze_bias``)."""
+    layers = projected_layers(model)
+    pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items() if n in layers and u.shape[1]]
+    frozen = [p for _, p in one_d_params(model)] if bases and freeze_bias else []
+    return pairs, frozen
+
+
+def project_step(pairs: list, frozen: list) -> None:
+    """After the backward pass: G <- G - G U U^T for each (weight, projector) of ``pairs``;
+    the ``frozen`` parameters lose their gradient (the optimizer skips them: no decay, no
+    momentum)."""
+    with torch.no_grad():
+        for w, project in pairs:
+            if w.grad is not None:
+                w.grad.copy_(project(w.grad))
+    for p in frozen:
+        p.grad = None
+
+
 def gram_factor(gram: torch.Tensor) -> torch.Tensor:
     """F [d, k] (float32) with F F^T = ``gram`` (float64, symmetric PSD), k = its numerical
     rank: the eigenvectors scaled by sqrt(eigenvalue)."""
@@ -279,21 +301,11 @@ class GPM(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        bases = self.memory_of(ctx)
-        layers = projected_layers(ctx.model)
-        s.pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items()]
-        s.frozen = (
-            [p for _, p in one_d_params(ctx.model)] if bases and self.p.bias == "freeze" else []
-        )
+        s.pairs, s.frozen = step_projection(ctx.model, self.memory_of(ctx), self.p.bias == "freeze")
 
     def transform_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        with torch.no_grad():
-            for w, project in s.pairs:
-                if w.grad is not None:
-                    w.grad.copy_(project(w.grad))  # G - G M M^T
-        for p in s.frozen:
-            p.grad = None  # the optimizer skips it (no decay, no momentum)
+        project_step(s.pairs, s.frozen)  # G - G M M^T
 
     def client_task_end(self, ctx: ClientContext) -> Any:
         gen = torch.Generator().manual_seed(
