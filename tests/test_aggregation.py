@@ -490,6 +490,7 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     assert ok["comm_task_mb"].tolist() == [1.0, 1.0] and runs[runs["method"] == "fedavg"]["comm_task_mb"].isna().all()
     comm = md.split("## Communication per client and task")[1].split("##")[0]
     assert "| fedprotip | 1.0000 ± 0.0000 |" in comm and "fedavg" not in comm
+    assert "MB per client and task" in (out / "continual.html").read_text()
     assert "acc_task_aware (%)" in (out / "continual.html").read_text()
 
 

@@ -494,6 +494,12 @@ def _scenarios(table: pd.DataFrame) -> list[str]:
     return [f"{k}: {v}" for k, v in out.items()]
 
 
+def _mb_cell(r: pd.Series) -> str:
+    """'mean ± std' of a continual row's MB per client and task ('' where none, no std for one seed)."""
+    mean, std = r[f"{COMM}_mean"], r[f"{COMM}_std"]
+    return "" if pd.isna(mean) else f"{mean:.4f}" + ("" if pd.isna(std) else f" ± {std:.4f}")
+
+
 def _extra_columns(table: pd.DataFrame) -> list[str]:
     """continual.csv's metrics of the methods' other inference modes (``acc_<mode>``, ...)."""
     return [
@@ -538,7 +544,7 @@ def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
             cells = []
             for c in cols:
                 r = mine[mine["dataset"] + " " + mine["setting"] == c]
-                cells.append(f"{r[f'{COMM}_mean'].iloc[0]:.4f} ± {r[f'{COMM}_std'].iloc[0]:.4f}" if len(r) else "")
+                cells.append(_mb_cell(r.iloc[0]) if len(r) else "")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(f"Seeds per cell: {table['n_seeds'].max()}. {FOOTNOTE}{_engine_note(table)}")
@@ -555,6 +561,8 @@ def continual_html(table: pd.DataFrame, experiment: str) -> str:
         row = {"Dataset": r["dataset"], "Partition": r["setting"], "Clients": int(r["clients"]), "Method": r["method"]}
         row.update({f"{CONTINUAL_NAMES[m]} (%)": _continual_cell(r, m) for m in CONTINUAL_METRICS})
         row.update({f"{m} (%)": _continual_cell(r, m) for m in _extra_columns(table)})
+        if f"{COMM}_mean" in table:
+            row["MB per client and task"] = _mb_cell(r)
         row.update({"Seeds": int(r["n_seeds"]), "Failed seeds": int(r["n_failed"])})
         row.update({f"Paper {CONTINUAL_NAMES[m]} (%)": _paper_metric(r, m) for m in PAPER_METRICS})
         rows.append(row)
