@@ -404,8 +404,7 @@ class FedProTIP(FedAvg):
         st.setdefault(COMM, []).append(comm)
         layers = projected_layers(server.model)
         fill = [bases[k].shape[1] / layer_dim(m) if k in bases else 0.0 for k, m in layers.items()]
-        st["fedprotip_task_end"] = {
-            **{k: float(v) for k, v in comm.items() if k != "task"},
+        st["fedprotip_task_end"] = {  # round_metrics adds the task's COMM entry, complete by then
             "basis_fill": sum(fill) / max(len(fill), 1),
             "basis_rank": float(sum(bases[k].shape[1] for k in layers if k in bases)),
             "features_rank": float(bases[FEATURES].shape[1]) if FEATURES in bases else 0.0,
@@ -420,10 +419,14 @@ class FedProTIP(FedAvg):
         comm = st[COMM][-1]
         comm["comm_refs_mb"] = mb
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"] + mb
-        st["fedprotip_task_end"].update(comm_refs_mb=mb, comm_task_mb=comm["comm_task_mb"])
 
     def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
-        return server.state.pop("fedprotip_task_end", {})
+        """At a task's last round: its communication and basis sizes."""
+        end = server.state.pop("fedprotip_task_end", None)
+        if end is None:
+            return {}
+        comm = server.state[COMM][-1]
+        return {**{k: float(v) for k, v in comm.items() if k != "task"}, **end}
 
     def routing(self, server: ServerContext, model: nn.Module) -> bool:
         """Whether TIP routes (references exist, per-task heads)."""
