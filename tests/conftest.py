@@ -30,6 +30,22 @@ if TEST_DEVICE != "cpu":
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
 
+# The slow end-to-end tests start first, the SLURM stage (mostly waiting on the scheduler)
+# before all: pytest-xdist hands tests out in this order, so the long ones run beside the many
+# short ones instead of after them (longest first onto the least loaded worker).
+FIRST = ("tests/test_slurm.py", "tests/test_reruns.py", "tests/test_workflow.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = Path(str(item.fspath)).relative_to(REPO).as_posix()
+        if path in FIRST:
+            return FIRST.index(path)
+        return len(FIRST) if item.get_closest_marker("e2e") else len(FIRST) + 1
+
+    items.sort(key=rank)  # stable: collection order within a rank
+
+
 # (name, options) of every dataset the session fixture prepares
 PREPARED = [("iris", {}), ("iris", {"pca": 2}), ("digits", {}), ("mnist1d", {})]
 

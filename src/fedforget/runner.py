@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
+import socket
 import time
 import traceback
 from pathlib import Path
@@ -74,6 +76,20 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def where_it_runs(device: torch.device) -> dict[str, Any]:
+    """The machine and scheduler slot a run executes on, for run.json: the host, the GPU it
+    was given (CUDA_VISIBLE_DEVICES as the scheduler set it; torch numbers the visible GPUs
+    from 0) and, under SLURM, the job and step ids (a resumed run records the job that
+    finished it; the run it resumed is in ``resumed_after_round``)."""
+    out: dict[str, Any] = {"hostname": socket.gethostname()}
+    for key in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_PARTITION"):
+        if key in os.environ:
+            out[key.lower()] = os.environ[key]
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
 def run_training(
     cfg: RunConfig, out_dir: str | Path, progress: bool | None = None, resume: bool = True
 ) -> dict[str, Any]:
@@ -101,12 +117,13 @@ def run_training(
     try:
         sim = Simulation(cfg)
         record["device"] = str(sim.device)
+        record["host"] = where_it_runs(sim.device)
         record["torch_threads"] = torch.get_num_threads()
         record.update(sim.engine_info)
         ckpt = load_checkpoint(ckpt_path, cfg, sim.device) if resume else None
         if ckpt is not None:
             record["resumed_after_round"] = ckpt["round"]
-            atomic_write_json(out / "run.json", record)
+        atomic_write_json(out / "run.json", record)  # where it runs, while it runs
         written: list[dict[str, Any]] = list(ckpt["rows"]) if ckpt else []
 
         def on_row(row: dict[str, Any]) -> None:  # metrics so far, complete after every round

@@ -1,0 +1,190 @@
+"""The cluster profile against a real scheduler (issue 18): a one-node SLURM cluster on this
+machine (tests/slurm/cluster.sh: Debian's slurm-wlm and munge, installed where missing), the
+default pipeline through `--workflow-profile profiles/slurm` with only the profile's CLUSTER
+keys changed for this node, and one training job cancelled with scancel in the middle of its
+run: Snakemake's retry resubmits it, it resumes from its last round checkpoint, and every
+result equals a local run's byte for byte.
+
+The default config is run at CI size (one seed, one partition, fewer rounds): every rule of
+the pipeline, both experiments, every method. Skipped, saying why, only where SLURM cannot be
+set up (not root, no apt-get, or a real cluster's slurm.conf on this machine). Marked e2e."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
+pytestmark = pytest.mark.e2e
+
+if shutil.which("snakemake", path=str(BIN)) is None:  # pragma: no cover
+    pytest.skip("snakemake is not installed (pip install -e .[workflow])", allow_module_level=True)
+
+# the run scancel interrupts: long enough (12 rounds, about 1 s each under SLURM here) to be
+# caught after its first checkpoint and before its end
+PREEMPTED = "results/embedded/digits/dirichlet-0.1_k20_min10_ps0/fedavg/seed0"
+RUN_FILES = ("metrics.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt")
+SUMMARY_FILES = ("table.csv", "continual.csv", "accuracy_matrix.csv")
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e["PATH"] = str(BIN) + os.pathsep + e.get("PATH", "")
+    return e
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running one-node cluster; its daemons stopped afterwards, by their PIDs. The state
+    directory is world-traversable: slurmctld runs as the slurm user."""
+    state = Path(tempfile.mkdtemp(prefix="fedforget-slurm-"))
+    state.chmod(0o755)
+    up = subprocess.run(
+        ["bash", str(CLUSTER), "up", str(state)], capture_output=True, text=True, timeout=600
+    )
+    if up.returncode == 3:
+        shutil.rmtree(state, ignore_errors=True)
+        pytest.skip(up.stderr.strip().splitlines()[-1])
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield state
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "down", str(state)], timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def ci_config() -> dict:
+    """config/config.yaml at CI size: the same experiments, models and methods; the first
+    dataset, partition and seed of each, fewer rounds."""
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for e in cfg["experiments"]:
+        e["datasets"] = e["datasets"][:1]
+        e["seeds"] = [0]
+        e["partitions"] = e["partitions"][:1]
+        scenarios = [d["scenario"] for d in e["datasets"] if "scenario" in d]
+        if scenarios:
+            for s in scenarios:
+                s["rounds_per_task"] = 1
+            e["train"]["rounds"] = scenarios[0]["tasks"]
+        else:
+            e["train"]["rounds"] = 12
+    return cfg
+
+
+def cluster_profile() -> dict:
+    """profiles/slurm with its CLUSTER keys set for this node (a CPU-only partition 'debug',
+    2 cores) and the settings of a cluster without accounting (squeue for job status)."""
+    p = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    p["default-resources"]["slurm_partition"] = "debug"
+    p["default-resources"]["mem_mb"] = 1000
+    p["set-threads"]["train"] = 1
+    p["set-resources"]["train"].update(gpu=0, cpus_per_task=1, mem_mb=1500, runtime=10)
+    p["group-components"] = ["train=2"]  # 2 submissions of 2 jobs: both run at once here
+    p["resources"] = ["gpu=0", "cpus_per_task=1", "mem_mb=1500"]
+    p.update(
+        {
+            "slurm-no-account": True,
+            "slurm-status-command": "squeue",
+            "slurm-init-seconds-before-status-checks": 1,
+        }
+    )
+    return p
+
+
+def workdir(root: Path, profile: dict | None) -> Path:
+    root.mkdir()
+    (root / "config").mkdir()
+    shutil.copy2(REPO / "config" / "paper_results.csv", root / "config")
+    (root / "config" / "config.yaml").write_text(yaml.safe_dump(ci_config(), sort_keys=False))
+    if profile is not None:
+        (root / "profiles" / "slurm").mkdir(parents=True)
+        (root / "profiles" / "slurm" / "config.yaml").write_text(yaml.safe_dump(profile))
+    return root
+
+
+def snakemake(cwd: Path, *args: str) -> subprocess.Popen:
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), *args]
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def preempt(cluster_dir: Path, cancelled: list[str], stop: threading.Event) -> None:
+    """Once PREEMPTED has a round checkpoint, scancel the SLURM job running it (its run.json
+    names the job while it runs)."""
+    run = cluster_dir / PREEMPTED
+    while not stop.is_set():
+        if (run / "checkpoint.pt").exists():
+            job = json.loads((run / "run.json").read_text())["host"]["slurm_job_id"]
+            subprocess.run(["scancel", job], check=True)
+            cancelled.append(job)
+            return
+        time.sleep(0.1)
+
+
+def jobcomp(state: Path) -> dict[str, str]:
+    """JobId -> JobState from the job-completion log (what sacct would list)."""
+    text = (state / "log" / "jobcomp.txt").read_text()
+    return dict(re.findall(r"JobId=(\d+) .*?JobState=(\w+)", text))
+
+
+def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, tmp_path) -> None:
+    local = workdir(tmp_path / "local", None)
+    cluster = workdir(tmp_path / "cluster", cluster_profile())
+    local_run = snakemake(local, "--cores", "1")
+    cancelled: list[str] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=preempt, args=(cluster, cancelled, stop), daemon=True)
+    watcher.start()
+    cluster_run = snakemake(cluster, "--workflow-profile", "profiles/slurm")
+    try:
+        out, _ = cluster_run.communicate(timeout=480)
+    finally:
+        stop.set()
+        cluster_run.kill()
+    local_out, _ = local_run.communicate(timeout=300)
+    assert local_run.returncode == 0, local_out[-4000:]
+    assert cluster_run.returncode == 0, out[-6000:]
+
+    # the training jobs went through sbatch; the cancelled one was resubmitted and resumed
+    assert cancelled, "the training job was not caught running after its first checkpoint"
+    states = jobcomp(slurm)
+    assert all(states[i] == "CANCELLED" for i in cancelled), states
+    assert list(states.values()).count("COMPLETED") >= 2, states
+    runs = sorted(cluster.glob("results/*/*/*/*/seed0/run.json"))
+    assert len(runs) == len(list(local.glob("results/*/*/*/*/seed0/run.json"))) == 4
+    records = {str(p.parent.relative_to(cluster)): json.loads(p.read_text()) for p in runs}
+    assert all(r["host"]["slurm_job_id"] in states for r in records.values()), records
+    resumed = records[PREEMPTED]
+    assert resumed["resumed_after_round"] >= 1 and resumed["host"]["slurm_job_id"] not in cancelled
+    assert all(
+        "slurm_job_id" not in json.loads(p.read_text())["host"]
+        for p in local.glob("results/*/*/*/*/seed0/run.json")
+    )
+
+    # every result equals the local run's, byte for byte
+    compared = 0
+    for run in records:
+        for name in RUN_FILES:
+            assert (cluster / run / name).read_bytes() == (local / run / name).read_bytes(), (run, name)
+            compared += 1
+    for summary in local.glob("results/*/summary"):
+        for name in SUMMARY_FILES:
+            if (summary / name).exists():
+                twin = cluster / summary.relative_to(local) / name
+                assert twin.read_bytes() == (summary / name).read_bytes(), twin
+                compared += 1
+    assert compared >= 4 * len(RUN_FILES) + 3
