@@ -141,3 +141,55 @@ def test_make_data_push_pull_round_trip(tmp_path: Path) -> None:
         jobs = planned(b, *args)
         assert jobs.get("partition", 0) > 0, jobs  # the dry run did plan the pipeline
         assert not {"prepare_dataset", "prepare_public"} & set(jobs), (args, jobs)
+
+
+def test_results_shared_through_a_cluster_remote_are_adopted_without_retraining(
+    tmp_path: Path, minimal_config: dict
+) -> None:
+    """Results made on one machine (a cluster) reach a colleague through a second DVC
+    remote: `dvc add data results`, `dvc push -r cluster`; a fresh clone `dvc pull -r
+    cluster` gets the same bytes, whose mtimes are in no useful order (the worst case is set
+    here), and `snakemake --touch` adopts them: nothing is retrained, and Snakemake then plans
+    nothing. Results this checkout would not make (another config) are refused, untouched."""
+    import yaml
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    remote = tmp_path / "cluster-remote"  # a shared file system path; s3:// or ssh:// alike
+    a.mkdir()
+    for f in FILES:
+        (a / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / f, a / f)
+    shutil.copytree(REPO / "workflow", a / "workflow", ignore=shutil.ignore_patterns("__pycache__"))
+    (a / "config").mkdir()
+    (a / "config" / "config.yaml").write_text(yaml.safe_dump(minimal_config))
+    sh(a, "snakemake", "--cores", "2")
+    git(a, "init", "-q")
+    sh(a, "dvc", "remote", "add", "cluster", str(remote))
+    sh(a, "dvc", "add", "data", "results")
+    git(a, "add", "-A")
+    git(a, "commit", "-q", "-m", "results")
+    sh(a, "dvc", "push", "-r", "cluster")
+
+    git(tmp_path, "clone", "-q", str(a), str(b))
+    sh(b, "dvc", "pull", "-r", "cluster")
+    assert tree(b / "data") == tree(a / "data") and tree(b / "results") == tree(a / "results")
+    files = sorted(p for d in ("data", "results") for p in (b / d).rglob("*") if p.is_file())
+    for i, p in enumerate(reversed(files)):  # outputs older than their inputs: all of them
+        os.utime(p, (1.7e9 + i, 1.7e9 + i))
+    assert planned(b).get("train") == 1  # Snakemake alone would retrain
+
+    # another config: its run is refused by name, and nothing is touched
+    other = json.loads(json.dumps(minimal_config))
+    other["experiments"][0]["train"] = {"optimizer": {"lr": 0.02}}
+    (b / "config" / "config.yaml").write_text(yaml.safe_dump(other))
+    mtimes = {p: p.stat().st_mtime_ns for p in files}
+    refused = sh(b, "snakemake", "--touch", "--cores", "1", check=False)
+    assert refused.returncode != 0
+    assert re.search(r"results/tiny/iris/\S+/fedavg/seed0: config hash", refused.stdout + refused.stderr)
+    assert mtimes == {p: p.stat().st_mtime_ns for p in files}
+
+    # the config they were made with: adopted as they are
+    (b / "config" / "config.yaml").write_text(yaml.safe_dump(minimal_config))
+    sh(b, "snakemake", "--touch", "--cores", "1")
+    assert planned(b) == {}
+    assert tree(b / "results") == tree(a / "results")

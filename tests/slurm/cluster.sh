@@ -4,7 +4,8 @@
 #
 #   tests/slurm/cluster.sh up   STATE_DIR   install (Debian's slurm-wlm + munge, if missing),
 #                                           configure, start munged/slurmctld/slurmd, wait idle
-#   tests/slurm/cluster.sh down STATE_DIR   stop the daemons that `up` started, by their PIDs
+#   tests/slurm/cluster.sh down STATE_DIR   stop the daemons that `up` started, by their PIDs,
+#                                           and remove the slurm.conf it wrote
 #
 # Exit codes of `up`: 0 running; 3 SLURM cannot be set up here (not root, no apt-get, the
 # install failed, or an /etc/slurm/slurm.conf that this script did not write: a real cluster's
@@ -100,6 +101,10 @@ EOF
 
 down() {
   local state=$1 f pid
+  # the configuration goes with the cluster: with slurm.conf left and no controller, every
+  # `scontrol show config` waits 10 s for it, and the SLURM plugin runs one each time any
+  # Snakemake starts (any executor); with no slurm.conf it fails at once
+  if [ -e "$CONF" ] && head -n1 "$CONF" | grep -qF "$MARK"; then rm -f "$CONF"; fi
   for f in slurmd slurmctld munged; do
     [ -s "$state/run/$f.pid" ] || continue
     pid=$(cat "$state/run/$f.pid")

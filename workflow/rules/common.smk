@@ -165,6 +165,40 @@ def train_identity(w):
     return f"config {rc.hash} code {training_code(rc.method.name, rc.method.params).digest} engine {engine}"
 
 
+def check_adopted_results():
+    """`snakemake --touch` marks results that exist as up to date without running anything:
+    the step that adopts results pulled from a DVC remote (README, "Sharing data and
+    results"), whose files arrive with arbitrary mtimes and no Snakemake metadata. Before
+    anything is touched, every run that has a run.json must have completed with this
+    checkout's config and code (its config hash, code digest and requested engine, the
+    params.identity of rule train); otherwise one error lists each such run and nothing is
+    touched. A run without outputs makes --touch itself fail (it never creates files)."""
+    bad = []
+    for rc in RUNS.values():
+        path = Path(rc.run_dir) / "run.json"
+        if not path.is_file():
+            continue
+        try:
+            rec = json.loads(path.read_text())
+            train = rec["config"]["train"]
+            got = (rec["status"], rec["config_hash"], rec["code_digest"], train["client_engine"], train.get("engine_pairing", ""))
+        except (ValueError, KeyError, TypeError) as e:
+            bad.append(f"{path}: unreadable ({e})")
+            continue
+        code = training_code(rc.method.name, rc.method.params).digest
+        want = ("completed", rc.hash, code, rc.train.client_engine, rc.train.engine_pairing)
+        if got != want:
+            diff = ", ".join(f"{k} {g!r} (this checkout: {x!r})" for k, g, x in zip(("status", "config hash", "code digest", "client_engine", "engine_pairing"), got, want) if g != x)
+            bad.append(f"{path.parent}: {diff}")
+    if bad:
+        raise WorkflowError(
+            "fedforget: --touch would mark results as up to date that this checkout would not produce:\n  "
+            + "\n  ".join(bad)
+            + "\ncheck out the commit and config they were made with (run.json: git, config), or delete "
+            "those run directories so that `snakemake` trains them again"
+        )
+
+
 def experiment_runs(w):
     """Every run's outputs, and the paper results file when the experiment links a paper
     (relative to the working directory, like data/ and results/; checked at parse time)."""
