@@ -41,11 +41,12 @@ data: install
 
 # the whole test suite, end-to-end tests included, on TEST_WORKERS processes (pytest-xdist; the
 # end-to-end tests mostly wait on their snakemake subprocesses); pytest's exit 5 (nothing
-# collected) is not a failure
+# collected) is not a failure; worksteal: a worker that is done takes tests from the other
+# (the long end-to-end chains would otherwise leave one idle)
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -n $(TEST_WORKERS); rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 clean:
 	rm -rf results logs .snakemake report.html
