@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Issue 7's GPU checks and measurements in one go, for a machine with a CUDA GPU and a
-# Python whose torch sees it (fedforget importable: installed, or PYTHONPATH=src).
-#   1. the engine-equivalence tests on the GPU (FEDFORGET_TEST_DEVICE=cuda, TF32 off):
-#      clients trained together give the same metrics as one after another, within 1e-5;
-#   2. benchmarks/simulation.py, McMahan CNN preset (100 clients, 10% per round, batch 50)
-#      on cuda: 1 and 5 local epochs, and 1 epoch with global evaluation every round; the
-#      last line of each says vectorized / sequential (the issue's target: >= 5x);
-#   3. the same for the embedded models with 100 clients (digits-k100, mnist1d-k100);
-#   4. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch: sequential vs vectorized.
+# The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
+# torch sees it (fedforget importable: installed, or PYTHONPATH=src).
+#   1. the engine and device tests on the GPU (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients
+#      trained together give the same metrics as one after another within 1e-5, CUDA graphs
+#      the same bits as eager steps, `device: auto` takes the GPU and records it;
+#   2. benchmarks/profile_round.py on the McMahan preset (Dirichlet 0.5, 1 epoch), with and
+#      without CUDA graphs (FEDFORGET_CUDA_GRAPHS=0): s/round, how busy the GPU was, kernel
+#      launches per round;
+#   3. benchmarks/simulation.py, McMahan CNN preset (100 clients, 10% per round, batch 50):
+#      Dirichlet 0.5 and IID at 1 local epoch, Dirichlet 0.5 at 5, 1 epoch with global
+#      evaluation every round; the last line of each says vectorized / sequential. Rounds are
+#      timed after WARMUP rounds, by which time the step shapes a run meets have their graphs;
+#   4. the embedded models with 100 clients (digits-k100 IID: its 1347 samples admit no Dirichlet 0.5
+#      split with 10 per client; mnist1d-k100 Dirichlet 0.5);
+#   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
+#      eagerly: no graphs).
 # usage: bash benchmarks/gpu.sh [OUTDIR]    (results: OUTDIR/*.json, OUTDIR/*.txt)
 set -u
 out=${1:-gpu-results}
@@ -15,17 +22,22 @@ mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$out/gpu.txt"
-FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
+FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider "$here/../tests/test_device.py" \
     "$here/../tests/test_vectorized.py" "$here/../tests/methods/test_batched_uploads.py" 2>&1 | tail -40 | tee "$out/tests.txt"
-sim() { python "$here/simulation.py" --device cuda --rounds 10 --repeats 2 "$@"; }
-for e in 1 5; do
-    sim --preset mcmahan --epochs "$e" --json "$out/mcmahan-e$e.json" | tee -a "$out/sim.txt"
+for g in 1 0; do
+    FEDFORGET_CUDA_GRAPHS=$g python "$here/profile_round.py" --preset mcmahan --mode vectorized --device cuda \
+        --warmup 15 --rounds 5 --rows 15 >"$out/profile-graphs$g.txt" 2>&1
+    sed -n 1,3p "$out/profile-graphs$g.txt"
 done
-sim --preset mcmahan --epochs 1 --eval global --json "$out/mcmahan-e1-eval.json" | tee -a "$out/sim.txt"
+WARMUP=${WARMUP:-15}
+sim() { python "$here/simulation.py" --device cuda --warmup "$WARMUP" --repeats 1 --modes sequential vectorized "$@"; }
+sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 20 --json "$out/mcmahan-dir-e1.json" | tee -a "$out/sim.txt"
+sim --preset mcmahan --partition iid --epochs 1 --rounds 20 --json "$out/mcmahan-iid-e1.json" | tee -a "$out/sim.txt"
+sim --preset mcmahan --partition dirichlet0.5 --epochs 5 --rounds 10 --json "$out/mcmahan-dir-e5.json" | tee -a "$out/sim.txt"
+sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --eval global --json "$out/mcmahan-dir-e1-eval.json" | tee -a "$out/sim.txt"
 for p in digits-k100 mnist1d-k100; do
-    sim --preset "$p" --epochs 1 --repeats 1 --json "$out/$p-e1.json" | tee -a "$out/sim.txt"
+    sim --preset "$p" --partition "$([ "$p" = digits-k100 ] && echo iid || echo dirichlet0.5)" --epochs 1 --rounds 10 --json "$out/$p-e1.json" | tee -a "$out/sim.txt"
 done
 for m in fedprox feddyn scaffold; do
-    sim --preset mcmahan --epochs 1 --method "$m" --modes sequential vectorized --repeats 1 \
-        --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
+    sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
 done

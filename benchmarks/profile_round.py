@@ -30,11 +30,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import simulation as sim  # noqa: E402  (benchmarks/simulation.py)
 
+# the CUDA runtime/driver calls that launch one kernel each (a CUDA graph's replay is one
+# cudaGraphLaunch for all the kernels it holds)
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(sim.PRESETS), default="mcmahan")
     ap.add_argument("--mode", choices=["central", "sequential", "vectorized"], default="vectorized")
+    ap.add_argument("--partition", choices=["iid", "dirichlet0.5"], default="dirichlet0.5")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--eval", choices=["none", "global"], default="none")
     ap.add_argument("--device", default="cpu")
@@ -75,14 +80,17 @@ def main() -> None:
             one(rnd)
         wall = time.perf_counter() - t0
     events = prof.key_averages()
-    print(f"# {args.preset}, {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
+    print(f"# {args.preset} ({args.partition}), {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
           f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}")  # fmt: skip
     print(f"s/round (median of {args.rounds}): {statistics.median(times):.4f}  (min {min(times):.4f})")
     if cuda:
         kernel_us = sum(getattr(e, "self_device_time_total", 0) for e in events
                         if str(getattr(e, "device_type", "")).endswith("CUDA"))  # fmt: skip
+        launches = sum(e.count for e in events if e.key in LAUNCHES)
+        graphs = sum(e.count for e in events if e.key in ("cudaGraphLaunch", "cuGraphLaunch"))
         print(f"GPU kernels {kernel_us / 1e6:.4f} s of {wall:.4f} s wall over {args.rounds} profiled rounds "
-              f"(GPU busy {kernel_us / 1e6 / wall:.0%})")  # fmt: skip
+              f"(GPU busy {kernel_us / 1e6 / wall:.0%}); kernel launches per round {launches / args.rounds:.0f}, "
+              f"graph launches per round {graphs / args.rounds:.0f}")  # fmt: skip
     key = "device_time_total" if cuda else "cpu_time_total"
     print(events.table(sort_by=key, row_limit=args.rows))
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))

@@ -49,3 +49,14 @@ def test_a_cpu_run_records_its_host(tmp_path, make_run_config, monkeypatch) -> N
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["device"] == "cpu" and record["host"]["slurm_job_id"] == "77"
     assert record["host"]["hostname"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (benchmarks/gpu.sh runs this where one is)")
+def test_a_run_on_a_real_gpu_uses_it_batched_and_records_it(tmp_path, make_run_config) -> None:
+    """On a GPU node: `device: auto` trains on the GPU torch sees first (what
+    CUDA_VISIBLE_DEVICES left visible), with the batched client engine, and says so."""
+    run_training(make_run_config(device="auto", client_engine="auto"), tmp_path / "run", progress=False)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["device"].startswith("cuda")
+    assert record["host"]["gpu"] == torch.cuda.get_device_name(0)
+    assert record["client_engine"] == "vectorized"

@@ -276,3 +276,47 @@ def test_balance_puts_the_longest_first_on_the_least_loaded_worker():
     costs = [30, 28, 20, 19, 11, 7, 5, 2, 2, 1]
     loads = [sum(costs[i] for i in w) for w in balance(costs, 2)]
     assert sorted(x for w in balance(costs, 2) for x in w) == list(range(10)) and max(loads) - min(loads) <= 2
+
+
+def test_step_graph_stack_keeps_its_tensors_across_rounds_and_grows() -> None:
+    """The tensors CUDA graphs update in place stay at one address while the groups fit
+    (a graph replays on those addresses), start every round from the global weights with
+    zero momentum and loss, and are reallocated, graphs dropped, for a larger group."""
+    from fedforget.cudagraph import StepGraphs
+
+    g = StepGraphs()
+    glob = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(2)}
+    p, b, loss = g.stack(glob, ["w", "b"], 3, momentum=True)
+    assert p["w"].shape == (3, 2, 3) and torch.equal(p["w"][2], glob["w"]) and b["w"].abs().sum() == 0
+    p["w"].add_(1.0)
+    b["b"].fill_(5.0)
+    loss.fill_(2.0)
+    g.graphs["k"], g.seen = ("graph", None), {"k"}
+    p2, b2, loss2 = g.stack(glob, ["w", "b"], 2, momentum=True)
+    assert p2["w"].data_ptr() == p["w"].data_ptr() and torch.equal(p2["w"][1], glob["w"])
+    assert b2["b"].abs().sum() == 0 and loss2.abs().sum() == 0 and "k" in g.graphs
+    p3, _, _ = g.stack(glob, ["w", "b"], 4, momentum=False)
+    assert p3["w"].shape[0] == 4 and p3["w"].data_ptr() != p["w"].data_ptr() and not g.graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+def test_cuda_graphs_replay_the_eager_steps_bit_for_bit(make_run_config, monkeypatch) -> None:
+    """On a GPU the batched steps are captured and replayed (fedforget.cudagraph): the same
+    kernels on the same shapes, so the same bits as running each step eagerly, over rounds
+    whose sampled groups differ in size."""
+    rc = make_run_config(dataset="digits", model="cnn2d", rounds=4, sample_rate=0.5, device="cuda",
+                         client_engine="vectorized", max_parallel_clients=2, batch_size=32,
+                         optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4},
+                         partition=PartitionSpec("dirichlet", clients=8, alpha=0.3, min_size=5, seed=0))  # fmt: skip
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
+        sim = Simulation(rc)
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        runs[flag] = (sim, [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows])
+    (eager, rows_e), (graphed, rows_g) = runs["0"], runs["1"]
+    assert eager.step_graphs is None and graphed.step_graphs.replays > 0
+    assert rows_e == rows_g
+    for k, v in eager.global_params.items():
+        assert torch.equal(v, graphed.global_params[k]), k

@@ -29,6 +29,7 @@ import torch
 from .checkpoint import capture, restore
 from .clientdata import load_run_data
 from .config import RunConfig
+from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
 from .local import ClientSide, Diverged
 from .methods import METHODS, RunInfo, ServerContext, make_params
@@ -93,6 +94,7 @@ class Simulation(ClientSide):
         self.cfg = cfg
         t = cfg.train
         self.device = device or resolve_device(t.device)
+        self.step_graphs = StepGraphs() if graphs_enabled(self.device) else None
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         method_cls = METHODS.get(cfg.method.name, "method.name")

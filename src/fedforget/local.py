@@ -170,6 +170,7 @@ class ClientSide:
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.stacked_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
+            graphs=self.step_graphs,
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's

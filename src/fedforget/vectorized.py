@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from .cudagraph import StepGraphs
 from .methods.base import FedAvg, StepTerms, masked_logits
 from .models import Classifier, TaskHeads
 
@@ -257,13 +258,16 @@ def train_clients_together(
     epochs: int,
     batch_size: int,
     step_terms: Callable[[list[int]], StepTerms | None] | None = None,
+    graphs: StepGraphs | None = None,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
     ``ClientData.batch``): (x, y, logit mask or None), each [*pos.shape, ...].
     ``step_terms(order)``: the method's per-step loss and gradient terms
     (``FedAvg.stacked_step_terms``) for the jobs in that order (indices into ``jobs``), the
-    order of the stack. Results come back in the order of ``jobs``."""
+    order of the stack. ``graphs`` (on a GPU): the batched steps replayed as CUDA graphs
+    (``fedforget.cudagraph``), for FedAvg's local training on ``stacked_forward`` models.
+    Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
     terms = None if step_terms is None else step_terms(order)
@@ -272,9 +276,15 @@ def train_clients_together(
     table, steps = _batch_table(jobs_sorted, epochs, batch_size, device)
 
     names = [k for k, _ in model.named_parameters()]
-    params = {k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim()) for k in names}
-    bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else None
-    loss_sum = torch.zeros(m, device=device)
+    use_stacked = stacked_supported(model) is None
+    if graphs is not None and not (use_stacked and terms is None):
+        graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
+    if graphs is not None:
+        params, bufs, loss_sum = graphs.stack(global_params, names, m, bool(momentum))
+    else:
+        params = {k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim()) for k in names}
+        bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else None
+        loss_sum = torch.zeros(m, device=device)
 
     def client_loss(p, xb, yb, mask, lm):
         logits = masked_logits(functional_call(model, p, (xb,)), lm)
@@ -282,7 +292,6 @@ def train_clients_together(
         return per.sum() / mask.sum()
 
     one_fn = grad_and_value(client_loss)
-    use_stacked = stacked_supported(model) is None
 
     def stacked_step(p_act, xb, yb, mask, lm):
         """(gradients, losses) of every client in the stack: the same values as ``step_fn``."""
@@ -377,6 +386,32 @@ def train_clients_together(
             for i, total in part:
                 loss_sum[i : i + 1] += total
 
+    def batched_step_(idx: torch.Tensor) -> None:
+        """One step of the clients in ``idx`` ([a, w] rows, -1 = padding; the first a of
+        the stack) together: one gather, forward and backward, and their SGD updates."""
+        active = idx.shape[0]
+        safe = idx.clamp(min=0)
+        xb, yb, lm = batch(safe)  # [a, w, ...]: one gather for all clients
+        mask = (idx >= 0).to(xb.dtype)
+        if use_stacked:
+            p_act = {n: v[:active] for n, v in params.items()}
+            grads, losses = stacked_step(p_act, xb, yb, mask, lm)
+        elif active == 1:  # one client left (a large client's tail): no vmap overhead
+            p_act = {n: v[0] for n, v in params.items()}
+            g1, l1 = one_fn(p_act, xb[0], yb[0], mask[0], None if lm is None else lm[0])
+            grads = {n: g.unsqueeze(0) for n, g in g1.items()}
+            losses = l1.unsqueeze(0)
+            p_act = {n: v[:1] for n, v in params.items()}
+        else:
+            p_act = {n: v[:active] for n, v in params.items()}
+            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, None if lm is None else 0))
+            grads, losses = step_fn(p_act, xb, yb, mask, lm)
+        grads, losses = add_terms(0, active, p_act, grads, losses.detach())
+        loss_sum[:active] += losses
+        with torch.no_grad():
+            bs = None if bufs is None else [bufs[n][:active] for n in names]
+            sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
+
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
     # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
     # threads: McMahan CNN, 10 clients x 32 rows, 131 ms batched vs 114 ms one by one, x 4
@@ -415,32 +450,17 @@ def train_clients_together(
         active = active_at[k]
         w = int(width[:active, k].max())
         idx = table[:active, k, :w]  # [a, w]
-        safe = idx.clamp(min=0)
-        xb, yb, lm = batch(safe)  # [a, w, ...]: one gather for all clients
-        mask = (idx >= 0).to(xb.dtype)
-        if use_stacked:
-            p_act = {n: v[:active] for n, v in params.items()}
-            grads, losses = stacked_step(p_act, xb, yb, mask, lm)
-        elif active == 1:  # one client left (a large client's tail): no vmap overhead
-            p_act = {n: v[0] for n, v in params.items()}
-            g1, l1 = one_fn(p_act, xb[0], yb[0], mask[0], None if lm is None else lm[0])
-            grads = {n: g.unsqueeze(0) for n, g in g1.items()}
-            losses = l1.unsqueeze(0)
-            p_act = {n: v[:1] for n, v in params.items()}
-        else:
-            p_act = {n: v[:active] for n, v in params.items()}
-            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, None if lm is None else 0))
-            grads, losses = step_fn(p_act, xb, yb, mask, lm)
-        grads, losses = add_terms(0, active, p_act, grads, losses.detach())
-        loss_sum[:active] += losses
-        with torch.no_grad():
-            bs = None if bufs is None else [bufs[n][:active] for n in names]
-            sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
+        if graphs is None:
+            batched_step_(idx)
+        else:  # the step's kernels depend on its shape and the optimizer's constants only
+            graphs.run((active, w, lr, momentum, weight_decay, batch), idx, batched_step_)
         k += 1
     model.train(was_training)
     if pool is not None:
         pool.shutdown()
 
+    if graphs is not None:  # the stack is the graphs' and is overwritten next round
+        params = {n: v.clone() for n, v in params.items()}
     state_keys = list(global_params)
     results: list[ClientResult | None] = [None] * m
     for j, job in enumerate(jobs_sorted):

@@ -1,0 +1,97 @@
+"""CUDA graphs of the batched engine's training step (issue 21): on a GPU, a step of the
+batched engine (``fedforget.vectorized``) for a small model is a few microseconds of
+arithmetic in each of some seventy kernels, and the GPU waits on the host launching them.
+A CUDA graph records a step's kernels once and replays them with one launch.
+
+[D] A step's kernels depend on its shape only: the number of clients still training
+(``active``) and the widest of their minibatches (``width``), plus the optimizer's constants.
+The first time a shape is met the step runs as it is (eagerly: that is also the warm-up a
+capture needs, cuBLAS and cuDNN set up outside it); the second time it is captured, and from
+then on replayed. A shape met once (a rare tail) never costs a capture. Replay runs the same
+kernels on the same shapes as the eager step, so results are the same bits.
+
+What the graphs read and write has to stay at one address: the stacked weights, momentum
+and loss sums live here (``stack``) across rounds, sized for the largest group seen, and the
+step reads its minibatch rows from a static index tensor that each replay's rows are copied
+into. Everything else a step allocates comes from one memory pool that all graphs share
+(they run one after another on one stream, and nothing they allocate outlives a step).
+
+Set FEDFORGET_CUDA_GRAPHS=0 to run every step eagerly (the same results, slower).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable, Sequence
+
+import torch
+
+
+def graphs_enabled(device: torch.device) -> bool:
+    return device.type == "cuda" and os.environ.get("FEDFORGET_CUDA_GRAPHS", "1") != "0"
+
+
+class StepGraphs:
+    """One Simulation's captured steps and the tensors they update in place."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.seen: set[Hashable] = set()
+        self.pool = None
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.layout: Hashable = None
+        self.captures = 0  # for tests and benchmarks
+        self.replays = 0
+
+    def stack(
+        self, global_params: dict[str, torch.Tensor], names: Sequence[str], m: int, momentum: bool
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None, torch.Tensor]:
+        """(weights, momentum or None, loss sums) for ``m`` clients, every client starting
+        from ``global_params``: the persistent tensors' first ``m`` rows. A larger group or
+        another model reallocates them, and the graphs that point at the old ones go."""
+        layout = tuple((n, tuple(global_params[n].shape), global_params[n].dtype) for n in names)
+        have = self.tensors.get("loss_sum")
+        if self.layout != layout or have is None or len(have) < m:
+            self.graphs.clear()
+            self.seen.clear()
+            self.layout = layout
+            dev = global_params[names[0]].device
+            self.tensors = {"loss_sum": torch.zeros(m, device=dev)}
+            for n in names:
+                g = global_params[n]
+                self.tensors["p." + n] = torch.empty((m, *g.shape), dtype=g.dtype, device=dev)
+                self.tensors["b." + n] = torch.empty((m, *g.shape), dtype=g.dtype, device=dev)
+        params = {n: self.tensors["p." + n][:m] for n in names}
+        for n in names:
+            params[n].copy_(global_params[n].unsqueeze(0).expand_as(params[n]))
+        bufs = None
+        if momentum:
+            bufs = {n: self.tensors["b." + n][:m] for n in names}
+            for b in bufs.values():
+                b.zero_()
+        loss_sum = self.tensors["loss_sum"][:m]
+        loss_sum.zero_()
+        return params, bufs, loss_sum
+
+    def run(self, key: Hashable, idx: torch.Tensor, step: Callable[[torch.Tensor], None]) -> None:
+        """``step(idx)``: eagerly the first time ``key`` (the step's shape and constants) is
+        met, captured the second, replayed after. ``step`` must only update tensors of
+        ``stack`` in place and must not synchronise with the host."""
+        hit = self.graphs.get(key)
+        if hit is None and key not in self.seen:
+            self.seen.add(key)
+            step(idx)
+            return
+        if hit is None:
+            static = idx.clone()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, pool=self.pool):
+                step(static)
+            self.pool = graph.pool()
+            self.graphs[key] = hit = (graph, static)
+            self.captures += 1
+        graph, static = hit
+        static.copy_(idx)
+        graph.replay()
+        self.replays += 1
