@@ -145,7 +145,7 @@ def central_round(args):
                 F.cross_entropy(model(x_all[b]), y_all[b]).backward()
                 opt.step()
         if args.eval == "global":
-            evaluate(model, sim.x_test, sim.y_test, t.eval_batch_size)
+            evaluate(model, sim.evaluator.test.x, sim.evaluator.test.y, t.eval_batch_size)
         _sync(sim.device)
         return time.perf_counter() - t0, n_round * t.local_epochs
 
@@ -164,6 +164,7 @@ def limit_round(args):
     import torch.nn.functional as F
 
     from fedforget.engine import Simulation
+    from fedforget.metrics import evaluate
 
     rc = run_config(args, "sequential")
     sim = Simulation(rc)
@@ -190,6 +191,8 @@ def limit_round(args):
             list(pool.map(loop, range(workers)))
         finally:
             torch.set_num_threads(workers)
+        if args.eval == "global":  # one model evaluated per round, as the engine does
+            evaluate(models[0], sim.evaluator.test.x, sim.evaluator.test.y, t.eval_batch_size)
         return time.perf_counter() - t0, share * workers * t.local_epochs
 
     return sim.device, one

@@ -5,10 +5,12 @@ perturb only the head (FedSOL) or swap heads per task (continual track)."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .registry import Registry
@@ -285,6 +287,145 @@ def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch") 
     )
 
 
+@register("cnn_fedgp", rank=3, dropout=True)
+def cnn_fedgp(input_shape: Sequence[int], num_classes: int, dropout: bool = True) -> Classifier:
+    """The "simple CNN (McMahan et al., 2017)" of the FedGP paper's MNIST experiments, as its
+    code defines it [C] (models/Nets.py, CNNMnist): conv5x5(C->10)-maxpool2-ReLU-
+    conv5x5(10->20)-Dropout2d-maxpool2-ReLU-FC(->50)-ReLU-Dropout-FC(50->classes), 21,840
+    parameters on 1x28x28 MNIST. Not the 582k-parameter CNN of FedSOL (``cnn_mcmahan``).
+    ``dropout: false`` drops both dropout layers [D] (deterministic, and the batched engine
+    can run it)."""
+    c, h, w = input_shape
+    h2, w2 = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
+    drop2d: nn.Module = nn.Dropout2d() if dropout else nn.Identity()
+    drop: nn.Module = nn.Dropout() if dropout else nn.Identity()
+    body = nn.Sequential(
+        nn.Conv2d(c, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+        nn.Conv2d(10, 20, 5), drop2d, nn.MaxPool2d(2), nn.ReLU(),
+        nn.Flatten(), nn.Linear(20 * h2 * w2, 50), nn.ReLU(), drop,
+    )  # fmt: skip
+    return Classifier(body, 50, num_classes)
+
+
+VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+
+
+@register("vgg11", rank=3, fc_dim=512)
+def vgg11(input_shape: Sequence[int], num_classes: int, fc_dim: int = 512) -> Classifier:
+    """VGG-11 as the FedSOL code builds it [C] (train_tools/models/vgg.py): the VGG-11
+    convolutions (3x3, padding 1, ReLU, no BatchNorm; 64-M-128-M-256-256-M-512-512-M-512-
+    512-M), flattened, FC(->fc_dim)-ReLU-FC(fc_dim->fc_dim)-ReLU, then the linear head; no
+    dropout (the code's default); convolutions initialised N(0, 2/(9 x out channels)) with
+    zero bias, linear layers PyTorch's default. 9,750,922 parameters on 3x32x32 with 10
+    classes. [D] Inputs need sides of at least 32 (five 2x2 max-pools); the code's
+    upsampling of 28x28 inputs is not copied: resize such data instead."""
+    c, h, w = input_shape
+    layers: list[nn.Module] = []
+    for v in VGG11:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+            continue
+        conv = nn.Conv2d(c, int(v), 3, padding=1)
+        nn.init.normal_(conv.weight, 0.0, math.sqrt(2.0 / (9 * int(v))))
+        nn.init.zeros_(conv.bias)
+        layers += [conv, nn.ReLU()]
+        c = int(v)
+    flat = 512 * (h // 32) * (w // 32)
+    layers += [nn.Flatten(), nn.Linear(flat, fc_dim), nn.ReLU(), nn.Linear(fc_dim, fc_dim), nn.ReLU()]
+    return Classifier(nn.Sequential(*layers), fc_dim, num_classes)
+
+
+def torchvision_weights(weights: Any) -> dict[str, torch.Tensor]:
+    """A torchvision weights entry's state dict: from the torch hub cache
+    ($TORCH_HOME/hub/checkpoints, default ~/.cache/torch) if it is there, else downloaded
+    into it. Offline and not cached: one error naming the file and where to get it."""
+    from urllib.error import URLError
+
+    url = weights.url
+    try:
+        return weights.get_state_dict(progress=False)
+    except (URLError, OSError, RuntimeError) as e:
+        cache = os.path.join(torch.hub.get_dir(), "checkpoints", url.rsplit("/", 1)[-1])
+        raise FedForgetError(
+            f"pretrained weights {weights} could not be loaded ({type(e).__name__}: {e}); "
+            f"download {url} to {cache} (the torch hub cache; TORCH_HOME moves it) and run again"
+        ) from None
+
+
+class Resize(nn.Module):
+    """Inputs resized (bilinear) to the size a pretrained backbone was trained at [D]."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = int(size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2:] == (self.size, self.size):
+            return x
+        return F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+
+
+@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0)
+def resnet18_imagenet(
+    input_shape: Sequence[int], num_classes: int, pretrained: bool = False, input_size: int = 0
+) -> Classifier:
+    """torchvision's ImageNet ResNet-18 (7x7 stride-2 stem, max-pool, BatchNorm, 11.2M
+    parameters), the backbone of FedProTIP's main tables: ``pretrained`` loads torchvision's
+    IMAGENET1K_V1 weights (``torchvision_weights``), its 1000-class fc replaced by our head.
+    ``input_size`` > 0 resizes inputs to that side first (224 for ImageNet-pretrained
+    features, [D]). Without ``pretrained`` the stem takes any number of input channels."""
+    from torchvision.models import ResNet18_Weights, resnet18
+
+    net = resnet18(weights=None)
+    if pretrained:
+        net.load_state_dict(torchvision_weights(ResNet18_Weights.IMAGENET1K_V1))
+    elif input_shape[0] != 3:
+        net.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
+    stem: list[nn.Module] = [Resize(input_size)] if input_size else []
+    body = nn.Sequential(
+        *stem, net.conv1, net.bn1, net.relu, net.maxpool,
+        net.layer1, net.layer2, net.layer3, net.layer4, net.avgpool, nn.Flatten(),
+    )  # fmt: skip
+    return Classifier(body, 512, num_classes)
+
+
+class ViTBody(nn.Module):
+    """torchvision's VisionTransformer up to its class token's final representation (its
+    classification head left out): [B, hidden_dim]."""
+
+    def __init__(self, vit: nn.Module, resize: int) -> None:
+        super().__init__()
+        self.resize = Resize(resize) if resize else nn.Identity()
+        self.vit = vit
+        self.vit.heads = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vit(self.resize(x))
+
+
+VIT_B16 = {"image_size": 224, "patch_size": 16, "layers": 12, "heads": 12, "hidden_dim": 768, "mlp_dim": 3072}
+
+
+@register("vit", rank=3, pretrained=False, **VIT_B16)
+def vit(
+    input_shape: Sequence[int], num_classes: int, pretrained: bool = False, image_size: int = 224,
+    patch_size: int = 16, layers: int = 12, heads: int = 12, hidden_dim: int = 768, mlp_dim: int = 3072,
+) -> Classifier:
+    """A Vision Transformer through torchvision (``VisionTransformer``), ViT-B/16 by default
+    (FedProTIP Table 7, the FedGP L2P rows' backbone); inputs are resized to ``image_size``
+    (CIFAR's 32x32 to 224, as FedProTIP does). ``pretrained`` loads torchvision's ViT-B/16
+    IMAGENET1K_V1 weights [D: the papers used the timm/AugReg (Steiner et al.) checkpoints,
+    which torchvision does not ship]; it needs the B/16 shape. Smaller shapes (tests, CPU
+    smoke runs) run the same code path from random initialisation."""
+    from torchvision.models import ViT_B_16_Weights
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    net = VisionTransformer(image_size, patch_size, layers, heads, hidden_dim, mlp_dim)
+    if pretrained:
+        net.load_state_dict(torchvision_weights(ViT_B_16_Weights.IMAGENET1K_V1))
+    return Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
+
+
 def check_model(
     name: str, input_shape: Sequence[int], options: Mapping[str, Any], key: str = "model"
 ) -> dict[str, Any]:
@@ -305,6 +446,25 @@ def check_model(
         if input_shape[1] < div or input_shape[2] < div:
             raise FedForgetError(
                 f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}"
+            )
+    if name == "vgg11" and (input_shape[1] < 32 or input_shape[2] < 32):
+        raise FedForgetError(
+            f"{key}.name='vgg11' needs images of at least 32x32 (five 2x2 max-pools), got {list(input_shape)}; resize the data"
+        )
+    if name == "cnn_fedgp" and (input_shape[1] < 16 or input_shape[2] < 16):
+        raise FedForgetError(f"{key}.name='cnn_fedgp' needs images of at least 16x16, got {list(input_shape)}")
+    if MODEL_DEFAULTS[name].get("pretrained") is not None and options.get("pretrained") and input_shape[0] != 3:
+        raise FedForgetError(
+            f"{key}.options.pretrained=true for model '{name}' needs 3-channel (RGB) inputs, got {list(input_shape)}"
+        )
+    if name == "vit":
+        o = {**MODEL_DEFAULTS[name], **options}
+        if o["pretrained"] and any(o[k] != v for k, v in VIT_B16.items()):
+            raise FedForgetError(f"{key}.options: pretrained=true needs the ViT-B/16 shape {VIT_B16}; got {o}")
+        if int(o["image_size"]) % int(o["patch_size"]) or int(o["hidden_dim"]) % int(o["heads"]):
+            raise FedForgetError(
+                f"{key}.options: image_size {o['image_size']} must be a multiple of patch_size {o['patch_size']} "
+                f"and hidden_dim {o['hidden_dim']} of heads {o['heads']}"
             )
     if "norm" in MODEL_DEFAULTS[name] and options.get("norm", "batch") not in NORMS:
         raise FedForgetError(

@@ -109,6 +109,8 @@ def why_not_vectorized(
         return "the model has buffers (e.g. BatchNorm running statistics)"
     if isinstance(getattr(model, "head", None), TaskHeads):
         return "per-task heads (the batched path trains every parameter of the model)"
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return "the model has dropout (its random draws would differ from one client alone)"
     return method_not_vectorized(method_cls, optimizer_name, drop_last)
 
 
