@@ -42,7 +42,7 @@ the method's local-training hooks are FedAvg's (``client_side_is_fedavg``; a met
 its change as per-step loss and gradient terms for the stacked clients
 (``FedAvg.stacked_step_terms``, their one definition: FedProx, FedDyn, SCAFFOLD, FedCurv), the model has no
 buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
-place), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
+place) and no dropout (its random draws would differ from a client's alone), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
 back to one client after another; ``run.json`` records which path ran.
 
 Memory: the stack holds (weights + momentum + gradient) for the clients of one group; the
