@@ -54,6 +54,11 @@ def find_layers(model: nn.Module, skip: Sequence[type] = ()) -> dict[str, nn.Mod
     def walk(module: nn.Module, prefix: str) -> None:
         if skip and isinstance(module, skip):
             return
+        if isinstance(module, nn.MultiheadAttention):  # its projections are no module calls
+            raise FedForgetError(
+                f"layer {prefix or 'model'}: nn.MultiheadAttention is not supported by the activation-based "
+                "methods (their per-layer input bases are defined for Linear/Conv1d/Conv2d layers called as modules)"
+            )
         if isinstance(module, LAYER_TYPES):
             check_layer(prefix, module)
             out[prefix] = module
