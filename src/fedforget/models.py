@@ -393,9 +393,9 @@ class ViTBody(nn.Module):
     """torchvision's VisionTransformer up to its class token's final representation (its
     classification head left out): [B, hidden_dim]."""
 
-    def __init__(self, vit: nn.Module, resize: int) -> None:
+    def __init__(self, vit: nn.Module, image_size: int) -> None:
         super().__init__()
-        self.resize = Resize(resize) if resize else nn.Identity()
+        self.resize = Resize(image_size)
         self.vit = vit
         self.vit.heads = nn.Identity()
 

@@ -20,12 +20,17 @@ class FedForgetError(Exception):
     """An error with a message meant for the user (bad config, missing data, corrupt file)."""
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
+    """Hex digest of a file's bytes (``hashlib`` algorithm name), read in chunks."""
+    h = hashlib.new(algorithm, usedforsecurity=False)
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    return file_digest(path, "sha256")
 
 
 def canonical_json(obj: Any) -> str:

@@ -153,16 +153,25 @@ def train_config(w):
     return JobArgument(canonical_json(RUNS[run_key(w)].to_dict()))
 
 
-def train_identity(w):
-    """What the job's results are a function of, beside its input files: the config hash
-    (every setting but threads, device, checkpointing and logging: RunConfig.hash) and the
+def run_identity(rc):
+    """What a run's results are a function of, beside its input files: the config hash
+    (every setting but threads, device, checkpointing and logging: RunConfig.hash), the
     digest of the source it runs (fedforget.provenance) and the client engine it is asked
-    for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing). A
-    change to any reruns exactly this job; editing one method's file reruns that method's
-    jobs, editing the engine every job."""
-    rc = RUNS[run_key(w)]
-    engine = rc.train.client_engine + (" paired" if rc.train.engine_pairing else "")
-    return f"config {rc.hash} code {training_code(rc.method.name, rc.method.params).digest} engine {engine}"
+    for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing)."""
+    return {
+        "config hash": rc.hash,
+        "code digest": training_code(rc.method.name, rc.method.params).digest,
+        "client_engine": rc.train.client_engine,
+        "engine_pairing": rc.train.engine_pairing,
+    }
+
+
+def train_identity(w):
+    """run_identity as rule train's param: a change to any part reruns exactly this job;
+    editing one method's file reruns that method's jobs, editing the engine every job."""
+    i = run_identity(RUNS[run_key(w)])
+    engine = i["client_engine"] + (" paired" if i["engine_pairing"] else "")
+    return f"config {i['config hash']} code {i['code digest']} engine {engine}"
 
 
 def check_adopted_results():
@@ -181,14 +190,14 @@ def check_adopted_results():
         try:
             rec = json.loads(path.read_text())
             train = rec["config"]["train"]
-            got = (rec["status"], rec["config_hash"], rec["code_digest"], train["client_engine"], train.get("engine_pairing", ""))
+            got = {"status": rec["status"], "config hash": rec["config_hash"], "code digest": rec["code_digest"],
+                   "client_engine": train["client_engine"], "engine_pairing": train.get("engine_pairing", "")}  # fmt: skip
         except (ValueError, KeyError, TypeError) as e:
             bad.append(f"{path}: unreadable ({e})")
             continue
-        code = training_code(rc.method.name, rc.method.params).digest
-        want = ("completed", rc.hash, code, rc.train.client_engine, rc.train.engine_pairing)
-        if got != want:
-            diff = ", ".join(f"{k} {g!r} (this checkout: {x!r})" for k, g, x in zip(("status", "config hash", "code digest", "client_engine", "engine_pairing"), got, want) if g != x)
+        want = {"status": "completed", **run_identity(rc)}
+        diff = ", ".join(f"{k} {got[k]!r} (this checkout: {x!r})" for k, x in want.items() if got[k] != x)
+        if diff:
             bad.append(f"{path.parent}: {diff}")
     if bad:
         raise WorkflowError(

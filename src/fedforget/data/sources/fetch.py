@@ -21,7 +21,7 @@ import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from ...utils import FedForgetError, atomic_write, atomic_write_text
+from ...utils import FedForgetError, atomic_write, atomic_write_text, file_digest
 from .table import KIND_TREE, SOURCES, RemoteFile, Source
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,6 @@ def get_source(name: str) -> Source:
 def source_dir(root: str | os.PathLike, name: str) -> Path:
     """Where a source's native files live: ``<root>/<name>``."""
     return Path(root) / name
-
-
-def file_digest(path: str | os.PathLike, algorithm: str) -> str:
-    h = hashlib.new(algorithm, usedforsecurity=False)
-    with open(path, "rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _expected(rf: RemoteFile) -> list[tuple[str, str]]:
