@@ -12,9 +12,6 @@ from typing import Any
 import yaml
 
 from .data import DATASETS, dataset_id, public_id
-from .data.scenario import check_rounds, resolve_scenario
-from .figures import check_figure
-from .models import check_model
 from .partition import PartitionSpec, check_feasible
 from .plots import CURVES
 from .utils import FedForgetError, config_hash, paper_tables
@@ -200,6 +197,9 @@ class Experiment:
     train: dict[str, Any]  # raw train settings; each method may override some
     paper: dict[str, Any] | None
     figures: list[FigureSpec] = field(default_factory=list)
+    # engine_pairing's answer, fixed when the config is validated (parse_config), so that a
+    # config loaded from the parse cache (fedforget.parsecache) needs no method module
+    pairing: str | None = None
 
     def train_for(self, m: MethodSpec) -> TrainSpec:
         return TrainSpec.from_dict(deep_merge(self.train, m.train))
@@ -210,6 +210,8 @@ class Experiment:
         numerics, so if one method's local training cannot be batched (its hooks, optimizer
         or drop_last), the others do not take the batched engine either (it equals the
         sequential one only up to float summation order)."""
+        if self.pairing is not None:
+            return self.pairing
         from .methods import METHODS
         from .vectorized import method_not_vectorized
 
@@ -318,7 +320,12 @@ def _model(raw: Any) -> tuple[str, dict[str, Any]]:
 def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
     problem is reported in one error naming the key, the bad value and what is allowed."""
+    # the checks that need torch (methods, models, scenarios, figures) are imported here, not
+    # at module level: loading a validated config (fedforget.parsecache) stays torch-free
+    from .data.scenario import check_rounds, resolve_scenario
+    from .figures import check_figure
     from .methods import METHODS, make_params
+    from .models import check_model
 
     check_finite(raw)  # before the schema: its range checks pass NaN
     validate_schema(raw)
@@ -461,6 +468,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
         )
     if problems:
         raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
+    experiments = [replace(e, pairing=e.engine_pairing()) for e in experiments]
     return WorkflowConfig(
         experiments,
         raw.get("data_dir", "data"),

@@ -7,18 +7,20 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from fedforget.aggregate import CONTINUAL_OUTPUTS
-from fedforget.config import parse_config
 from fedforget.continual import scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
-from fedforget.figures import FIGURES as FIGURE_FUNCTIONS
+from fedforget.parsecache import parse_workflow, training_key
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
-from fedforget.provenance import module_code, training_code
+from fedforget.provenance import module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
 # ----------------------------------------------------------------------------- config
+# validated (config.parse_config) with the training jobs' code digests, or both loaded from
+# the cache of an earlier parse of the same config and package source (fedforget.parsecache:
+# a start without importing torch)
 try:
-    WF = parse_config(config)
+    WF, DIGESTS = parse_workflow(config)
 except FedForgetError as err:
     raise WorkflowError(f"fedforget: {err}") from None
 
@@ -160,7 +162,7 @@ def run_identity(rc):
     for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing)."""
     return {
         "config hash": rc.hash,
-        "code digest": training_code(rc.method.name, rc.method.params).digest,
+        "code digest": DIGESTS["training"][training_key(rc.method.name, rc.method.params)],
         "client_engine": rc.train.client_engine,
         "engine_pairing": rc.train.engine_pairing,
     }
@@ -286,7 +288,7 @@ def experiment_figure(w):
     """The experiment-specific figure with this label (config: experiments[].figures)."""
     for f in WF.experiment(w.experiment).figures:
         if f.label == w.figure:
-            code = module_code("fedforget.figures", FIGURE_FUNCTIONS.get(f.name).__module__)
+            code = module_code("fedforget.figures", DIGESTS["figures"][f.name])
             return {"name": f.name, "options": canonical_json(f.options), "code": code.digest}
     raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
 

@@ -1,0 +1,111 @@
+"""The workflow's parse-time work, cached: validation of the config and the code digests the
+rules need, reused while neither the config nor the package changes.
+
+Every ``snakemake`` call parses the Snakefile, which validates the whole config (schema,
+registries, sizes: ``config.parse_config``) and computes each training job's code digest
+(``provenance.training_code``). Both need the method, model and scenario modules, hence
+torch, whose import is most of a Snakemake start (about 2.5 of 3.5 s CPU on 2 cores). Both
+are pure functions of three inputs: the config dict, the package's source files and the
+files the config names (the papers' results CSV). ``parse_workflow`` keys its result by a
+digest of all three and keeps it under ``.snakemake/fedforget/``; a later call with the same
+key loads it without importing torch, and any change (an edited method, a new option, another
+CSV) is a miss that validates again from scratch. Errors are never cached: a bad config
+fails at every start with the same message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .config import WorkflowConfig, parse_config
+from .utils import atomic_write_bytes, canonical_json
+
+ROOT = Path(__file__).resolve().parent
+CACHE_DIR = Path(".snakemake") / "fedforget"
+KEEP = 8  # cached parses kept (one per config recently used in this directory)
+FORMAT = 1
+
+
+def source_digest() -> str:
+    """sha256 over the package's source files (every .py, .yaml and .json under it), paths
+    and contents: any edit to the package changes it."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in ROOT.rglob("*") if p.suffix in (".py", ".yaml", ".json") and p.is_file()):
+        h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _strings(obj: Any) -> Iterable[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+def parse_key(raw: Mapping[str, Any]) -> str:
+    """The cache key: the config, the package source, the contents of every file the config
+    names (a string that is an existing file's path), Python's version and the format."""
+    h = hashlib.sha256()
+    h.update(f"{FORMAT}\0{sys.version}\0{source_digest()}\0".encode())
+    h.update(canonical_json(raw).encode())
+    for s in sorted(set(_strings(raw))):
+        try:
+            if len(s) < 4096 and os.path.isfile(s):
+                h.update(b"\0file\0" + s.encode() + b"\0" + Path(s).read_bytes())
+        except OSError:
+            continue
+    return h.hexdigest()[:32]
+
+
+def training_key(method: str, params: Mapping[str, Any] | None) -> str:
+    """How ``digests["training"]`` names a method with its hyperparameters."""
+    return f"{method} {canonical_json(dict(params or {}))}"
+
+
+def _digests(wf: WorkflowConfig) -> dict[str, Any]:
+    """What the rules need beside the config (the torch-importing part of a parse): each
+    run's training-code digest, and the module of each figure function."""
+    from .figures import FIGURES
+    from .provenance import training_code
+
+    training = {}
+    for rc in wf.runs():
+        key = training_key(rc.method.name, rc.method.params)
+        if key not in training:
+            training[key] = training_code(rc.method.name, rc.method.params).digest
+    figures = {f.name: FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures}
+    return {"training": training, "figures": figures}
+
+
+def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tuple[WorkflowConfig, dict[str, Any]]:
+    """(the validated config, its digests) for the raw config dict ``raw``: from the cache
+    in ``directory`` when an earlier parse had the same key, else validated now (raising
+    ``FedForgetError`` as ``parse_config`` does) and cached. ``FEDFORGET_PARSE_CACHE=0``
+    turns the cache off."""
+    use = os.environ.get("FEDFORGET_PARSE_CACHE", "1") != "0"
+    directory = Path(directory)
+    path = directory / f"parse-{parse_key(raw)}.pickle" if use else None
+    if path is not None and path.is_file():
+        try:
+            wf, digests = pickle.loads(path.read_bytes())
+            return wf, digests
+        except Exception:  # noqa: BLE001 - a damaged or foreign cache file is a miss
+            pass
+    wf = parse_config(raw)
+    digests = _digests(wf)
+    if path is not None and directory.parent.is_dir():  # only inside a Snakemake working dir
+        atomic_write_bytes(path, pickle.dumps((wf, digests)))
+        old = sorted(directory.glob("parse-*.pickle"), key=lambda p: p.stat().st_mtime)[:-KEEP]
+        for p in old:
+            p.unlink(missing_ok=True)
+    return wf, digests

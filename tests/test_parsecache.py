@@ -1,0 +1,70 @@
+"""The parse cache (fedforget.parsecache): a Snakemake start with an unchanged config and
+package loads the validated config without importing torch; any change validates again."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedforget.parsecache import parse_key, parse_workflow
+from fedforget.utils import FedForgetError
+
+REPO = Path(__file__).resolve().parents[1]
+
+PROBE = """
+import json, sys, yaml
+from fedforget.parsecache import parse_workflow
+wf, digests = parse_workflow(yaml.safe_load(open(sys.argv[1])), sys.argv[2])
+print(json.dumps({"torch": "torch" in sys.modules, "runs": len(wf.runs()),
+                  "training": sorted(digests["training"].values())}))
+"""
+
+
+def _probe(cfg: Path, cache: Path) -> dict:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(cfg), str(cache)], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    return json.loads(out.stdout)
+
+
+def test_second_parse_loads_the_cache_without_torch(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text((REPO / "config" / "config.yaml").read_text())
+    cache = tmp_path / ".snakemake" / "fedforget"
+    cache.parent.mkdir()
+    first = _probe(cfg, cache)
+    assert first["torch"] and len(list(cache.glob("parse-*.pickle"))) == 1  # validated: methods loaded
+    second = _probe(cfg, cache)
+    assert not second["torch"]  # loaded from the cache
+    assert second["runs"] == first["runs"] and second["training"] == first["training"]
+
+
+def test_key_follows_the_config_and_the_files_it_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    csv = tmp_path / "paper.csv"
+    csv.write_text("a\n")
+    raw["paper_results"] = str(csv)
+    k = parse_key(raw)
+    assert parse_key(dict(raw)) == k
+    csv.write_text("b\n")  # a named file's contents
+    assert parse_key(raw) != k
+    changed = {**raw, "results_dir": "elsewhere"}
+    assert parse_key(changed) != parse_key(raw)
+
+
+def test_bad_config_is_never_cached(tmp_path):
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["experiments"][0]["methods"] = [{"name": "no_such_method"}]
+    cache = tmp_path / ".snakemake" / "fedforget"
+    cache.parent.mkdir()
+    for _ in range(2):
+        with pytest.raises(FedForgetError, match="no_such_method"):
+            parse_workflow(raw, cache)
+    assert not cache.exists() or not list(cache.glob("parse-*"))
