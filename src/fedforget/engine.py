@@ -105,6 +105,9 @@ class Simulation(ClientSide):
         self.num_classes, public = data.num_classes, data.public
         dev = self.device
 
+        info = RunInfo(dev, data.num_classes, cfg.seed, cfg.partition.clients, t, self.scenario,
+                       tuple(data.input_shape), data.class_names)  # fmt: skip
+        self.method = method_cls(params, info)
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
         self.model = self.build(data)
         server_model = self.build(data)
@@ -113,8 +116,6 @@ class Simulation(ClientSide):
         # the client model's tensors, for an in-place reload at each client (cheaper than
         # load_state_dict, which re-validates keys and shapes every time)
         self._model_tensors = dict(self.model.state_dict(keep_vars=True))
-        info = RunInfo(dev, data.num_classes, cfg.seed, cfg.partition.clients, t, self.scenario)
-        self.method = method_cls(params, info)
         self.server = ServerContext(0, self.global_params, server_model, dev, public)
         self.evaluator = Evaluator(
             data.test, self.scenario, self.method, self.server, t.eval_batch_size
@@ -155,6 +156,7 @@ class Simulation(ClientSide):
         )
         if self.scenario.heads == "per_task":
             model.use_task_heads(self.scenario.task_classes)
+        self.method.prepare_model(model)
         return model.to(self.device)
 
     def end_task(self, rnd: int, lr: float) -> None:

@@ -1,6 +1,7 @@
 """The method hook API, in one place.
 
-A federated round, as the engine (``fedforget.engine``) runs it::
+A federated round, as the engine (``fedforget.engine``) runs it (once per run, before
+round 1: ``method.prepare_model(model)`` on each freshly built model, e.g. L2P's prompts)::
 
     server.broadcast = method.broadcast(server)            # extra payload for clients
     for each sampled client k (same schedule for every method):
@@ -147,6 +148,8 @@ class RunInfo:
     num_clients: int  # K, all clients (not only those sampled in a round)
     train: TrainSpec  # rounds, local epochs, batch size, optimizer (lr, momentum, ...)
     scenario: Scenario | None = None  # the task stream (tasks, classes per task, setting)
+    input_shape: tuple[int, ...] | None = None  # one input's shape (a generator's output: TARGET)
+    class_names: tuple[str, ...] | None = None  # the dataset's class names (label texts: LANDER)
 
 
 def check_number(name: str, value: object, positive: bool = False) -> None:
@@ -269,6 +272,13 @@ class FedAvg:
         the method configured with ``params``: what the engine and config validation read (a
         plug-in has its base's too)."""
         return bool(getattr(cls, name))
+
+    def prepare_model(self, model: nn.Module) -> None:
+        """Change a freshly built model in place before training: add parameters (they
+        become part of the global weights: aggregated, checkpointed), freeze a backbone
+        (L2P's prompt pool on a frozen ViT). Called for the clients' and the server's model,
+        right after the global RNG is seeded for initialisation, so both come out the same.
+        Default: nothing."""
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

@@ -22,7 +22,7 @@ from .registry import METHODS
 
 # every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
 HOOKS = (
-    "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
+    "prepare_model", "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
     "server_task_begin", "server_task_end", "server_after_task", "server_round_end", "predict", "eval_counts", "client_task_begin",
     "client_task_end", "client_after_task", "client_round_end", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
     "stacked_step_terms", "client_end",
