@@ -14,46 +14,71 @@ import torch
 from .config import RunConfig
 from .data import PublicSet, load_dataset, load_public
 from .data.scenario import Scenario
+from .inputs import InputPipeline, Pool, choose_storage, occurrence
 from .partition import client_indices, load_partition, make_partition
 from .utils import FedForgetError
 
 
 @dataclass
 class ClientData:
-    """Training data by client and task. ``x``, ``y``: the training split on the device, in
-    its own order; ``rows``: positions -> rows of x, sorted by client, then by task (a
-    client's rows keep the partition's order within a task), so the data of client k in
-    task t are the contiguous positions ``offsets[k][t]`` .. ``offsets[k][t + 1] - 1`` and a
-    minibatch is one gather of rows (no DataLoader, no per-sample Python); ``task``: each
-    position's task. A domain-incremental scenario lists a row once per task (its
-    transform differs), without copying it."""
+    """Training data by client and task. ``x``: the training split's inputs in their stored
+    dtype (``fedforget.inputs.Pool``: on the device, or streamed from a memory map), ``y``
+    its labels on the device, in its own order; ``rows``: positions -> rows of x, sorted by
+    client, then by task (a client's rows keep the partition's order within a task), so the
+    data of client k in task t are the contiguous positions ``offsets[k][t]`` ..
+    ``offsets[k][t + 1] - 1`` and a minibatch is one gather of rows (no DataLoader, no
+    per-sample Python); ``task``: each position's task. A domain-incremental scenario lists
+    a row once per task (its transform differs), without copying it. ``inputs`` turns the
+    gathered rows into model inputs (``fedforget.inputs.InputPipeline``)."""
 
-    x: torch.Tensor
+    x: Pool
     y: torch.Tensor
     rows: torch.Tensor  # long [P]
     task: torch.Tensor  # long [P]
     offsets: list[list[int]]  # [K][T + 1]
     scenario: Scenario
     class_mask: torch.Tensor | None  # bool [T, C] where the scenario masks logits, else None
+    inputs: InputPipeline = InputPipeline()
 
     def size(self, k: int, t: int | None = None) -> int:
         """Client k's number of samples in task t (all tasks: None)."""
         o = self.offsets[k]
         return o[-1] - o[0] if t is None else o[t + 1] - o[t]
 
+    def draw_offset(self, rnd: int, epoch: int, epochs: int) -> int:
+        """What a local training step adds to its positions so that ``batch`` augments its
+        rows (0 without augmentation): the step's occurrence times the number of positions
+        (``fedforget.inputs``: the key of a row's crop and flip)."""
+        if self.inputs.augment is None:
+            return 0
+        return occurrence(rnd, epoch, epochs) * len(self.rows)
+
     def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(x, y, logit mask or None) of the positions ``pos`` (any shape): the rows
-        gathered, each seen through its task's transform."""
+        gathered, converted to model inputs, augmented where the positions carry a training
+        step's ``draw_offset``, each seen through its task's transform."""
+        draw = None
+        if self.inputs.augment is not None:
+            draw, pos = pos, pos % len(self.rows)
         r = self.rows[pos]
-        x, t = self.x[r], self.task[pos]
+        x, t = self.x.take(r), self.task[pos]
+        if draw is None:
+            x = self.inputs.convert(x)
+        else:
+            lead = pos.shape
+            flat = x.reshape(-1, *x.shape[len(lead):])
+            aug = self.inputs.train_inputs(flat, draw.reshape(-1))
+            plain = self.inputs.convert(flat)
+            train_step = (draw.reshape(-1) >= len(self.rows)).view(-1, *([1] * (flat.dim() - 1)))
+            x = torch.where(train_step, aug, plain).view(*lead, *aug.shape[1:])
         if self.scenario.transforms:
             x = self.scenario.transform(x, t)
         return x, self.y[r], None if self.class_mask is None else self.class_mask[t]
 
     def slice(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) of all of client k's positions, every task, untransformed."""
+        """(x, y) of all of client k's positions, every task, converted, untransformed."""
         r = self.rows[self.offsets[k][0] : self.offsets[k][-1]]
-        return self.x[r], self.y[r]
+        return self.inputs.convert(self.x.take(r)), self.y[r]
 
     def view(self, k: int, rnd: int, all_tasks: bool = False) -> TaskView:
         """Client k's data in round ``rnd``: its rows of the round's task (synchronous
@@ -130,6 +155,7 @@ class RunData:
     num_classes: int
     input_shape: tuple[int, ...]
     scenario: Scenario
+    class_names: tuple[str, ...] = ()  # the dataset's (meta.json)
 
 
 def load_run_data(
@@ -139,7 +165,9 @@ def load_run_data(
     wrote, checked against the config; without the workflow the same deterministic partition
     is drawn in memory), moved to ``device``. ``public_labels``: whether the method may see
     the public set's labels."""
-    data = load_dataset(cfg.dataset.id, cfg.data_dir, verify)
+    data = load_dataset(cfg.dataset.id, cfg.data_dir, verify, mmap=True)
+    stream = choose_storage(cfg.train.data_storage, data.x_train.nbytes, device)
+    inputs = InputPipeline.of(data.meta, cfg.dataset.augment, cfg.seed)
     public = load_public(cfg.dataset.public, cfg.dataset.id, cfg.data_dir, public_labels, verify)
     if cfg.partition_dir.joinpath("meta.json").exists():
         assignment, meta = load_partition(cfg.partition_dir)
@@ -169,16 +197,18 @@ def load_run_data(
             o.append(pos)
         offsets.append(o)
     clients = ClientData(
-        torch.as_tensor(data.x_train, device=device),
+        Pool(data.x_train, device, stream),
         torch.as_tensor(data.y_train, device=device),
         torch.as_tensor(np.concatenate(rows), device=device),
         torch.as_tensor(np.concatenate(tasks), device=device),
         offsets,
         sc,
         sc.class_mask(device) if sc.masked else None,
+        inputs,
     )
+    # the test split and the public set are held as model inputs (converted once)
     test = TestSets(
-        torch.as_tensor(data.x_test, device=device),
+        inputs.convert(torch.as_tensor(np.asarray(data.x_test), device=device)),
         torch.as_tensor(data.y_test, device=device),
         [
             torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t)), device=device)
@@ -186,7 +216,7 @@ def load_run_data(
         ],
     )
     if public is not None:
-        public.x = torch.as_tensor(public.x, device=device)
+        public.x = inputs.convert(torch.as_tensor(np.asarray(public.x), device=device))
         if public.y is not None:
             public.y = torch.as_tensor(public.y, device=device)
-    return RunData(clients, test, public, data.num_classes, data.input_shape, sc)
+    return RunData(clients, test, public, data.num_classes, data.input_shape, sc, tuple(data.class_names))

@@ -50,6 +50,7 @@ class TrainSpec:
     max_parallel_clients: int = 128  # clients per batched group (memory bound)
     device: str = "auto"
     threads: int = 0
+    data_storage: str = "auto"  # auto | device | stream: where the training pool lives (fedforget.inputs)
     log_every: int = 1  # rounds between progress lines when not on a terminal (fedforget.progress)
     # set by Experiment.runs, not by users: why client_engine auto trains this job's clients
     # one after another, to pair it with a method of its experiment that cannot batch them
@@ -72,7 +73,7 @@ INTERNAL_TRAIN_KEYS = ("engine_pairing",)
 # train settings that do not change what a job computes (excluded from RunConfig.hash)
 RUNTIME_TRAIN_KEYS = (
     "threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients", "log_every",
-    "engine_pairing",
+    "engine_pairing", "data_storage",
 )  # fmt: skip
 
 
@@ -86,6 +87,8 @@ class DatasetSpec:
     label: str
     # the task stream (fedforget.data.scenario, defaults filled in); None: the one-task case
     scenario: dict[str, Any] | None = None
+    # training-time augmentation (fedforget.inputs: {kind: crop_flip, pad}); None: none
+    augment: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -136,8 +139,9 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["partition"] = self.partition.to_dict()
-        if d["dataset"]["scenario"] is None:  # a one-task run keeps the hash it had before scenarios
-            del d["dataset"]["scenario"]
+        for key in ("scenario", "augment"):  # unset: a run keeps the hash it had before the key
+            if d["dataset"][key] is None:
+                del d["dataset"][key]
         return d
 
     @classmethod
@@ -324,6 +328,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     # at module level: loading a validated config (fedforget.parsecache) stays torch-free
     from .data.scenario import check_rounds, resolve_scenario
     from .figures import check_figure
+    from .inputs import check_augment
     from .methods import METHODS, make_params
     from .models import check_model
 
@@ -379,9 +384,11 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                             f"but '{d['name']}' has {list(shape)}; a public set must match the private data's shape"
                         )
             scenario = check(resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario")
+            augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
             ds = DatasetSpec(
-                d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario
-            )
+                d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario,
+                augment,
+            )  # fmt: skip
             if ds.label in {x.label for x in datasets}:
                 problems.append(
                     f"{dkey}.label: duplicate dataset label '{ds.label}' (set a distinct label)"

@@ -19,6 +19,7 @@ import torch
 
 from .clientdata import TaskView
 from .config import OptimizerSpec
+from .inputs import prefetched
 from .methods import ClientContext, FedAvg, Upload
 from .methods.base import to_device
 from .utils import FedForgetError, torch_seed
@@ -116,10 +117,14 @@ class ClientSide:
         # drop_last: no trailing partial batch (BatchNorm cannot train on one sample), except
         # for a client with fewer samples than one batch, which keeps its one batch
         end = (n // bs) * bs if t.drop_last and n >= bs else n
-        for _ in range(t.local_epochs):
+        for epoch in range(t.local_epochs):
+            # the epoch's order; its positions carry the step's augmentation key, if any
             perm = torch.randperm(n, generator=gen).to(self.device)
-            for s in range(0, end, bs):
-                x, y, ctx.logit_mask = view.batch(perm[s : s + bs])
+            perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
+            chunks = [perm[s : s + bs] for s in range(0, end, bs)]
+            # a streamed pool reads the next minibatches on a background thread
+            batches = prefetched(view.batch, chunks) if self.clients.x.stream else map(view.batch, chunks)
+            for x, y, ctx.logit_mask in batches:
                 opt.zero_grad(set_to_none=True)
                 loss = method.backward(ctx, x, y)
                 method.transform_grad(ctx)
@@ -147,7 +152,8 @@ class ClientSide:
         cids = list(views)
         jobs = [
             ClientJob(cid, views[cid].start, len(views[cid]),
-                      torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, cid, SHUFFLE_STREAM)))
+                      torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, cid, SHUFFLE_STREAM)),
+                      [self.clients.draw_offset(rnd, e, t.local_epochs) for e in range(t.local_epochs)])
             for cid in cids
         ]  # fmt: skip
         opt, method = t.optimizer, self.method

@@ -124,6 +124,9 @@ class ClientJob:
     start: int  # the client's rows are positions start:start+n of the engine's data (ClientData)
     n: int
     generator: torch.Generator  # the client's shuffling generator, keyed as in train_client
+    # per local epoch, what its steps add to their positions (ClientData.draw_offset: the
+    # rows' augmentation key); empty: nothing
+    draw_offsets: Sequence[int] = ()
 
 
 @dataclass
@@ -234,8 +237,10 @@ def _batch_table(jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.
         spe = math.ceil(n / bs)
         pad = spe * bs - n
         rows = []
-        for _ in range(epochs):
+        for e in range(epochs):
             perm = torch.randperm(n, generator=job.generator) + job.start
+            if job.draw_offsets:
+                perm += job.draw_offsets[e]
             if pad:
                 perm = torch.cat([perm, torch.full((pad,), -1, dtype=perm.dtype)])
             rows.append(perm.view(spe, bs))

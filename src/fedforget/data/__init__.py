@@ -4,11 +4,14 @@ public/proxy sets.
 Prepared format (``data/<dataset_id>/``), chosen to be byte-deterministic so DVC hashes
 reproduce on every machine::
 
-    x_train.npy  float32 [N, *input_shape]   (np.save, no pickle)
+    x_train.npy  [N, *input_shape] in its natural dtype (np.save, no pickle): float32
+                 features, uint8 images, int64 token ids (base.stored_inputs)
     y_train.npy  int64   [N]
-    x_test.npy   float32 [M, *input_shape]
+    x_test.npy   [M, *input_shape], as x_train
     y_test.npy   int64   [M]
-    meta.json    id, source, options, shapes, class names and the sha256 of every array file
+    meta.json    id, source, options, shapes, class names, the sha256 of every array file and,
+                 for uint8 images, the training split's per-channel mean and std
+                 (``normalize``: how ``fedforget.inputs`` turns stored rows into model inputs)
 
 Public (proxy) sets held out of a training split live in ``data/public/<public_id>/``
 with ``x.npy``, ``y.npy``, ``indices.npy`` (rows of the source training split) and

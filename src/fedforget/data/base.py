@@ -93,7 +93,7 @@ def prepare_dataset(name: str, options: Mapping[str, Any] | None, root: str | Pa
     files = {}
     for key in ARRAYS:
         arr = getattr(arrays, key)
-        arr = arr.astype(np.float32) if key.startswith("x") else arr.astype(np.int64)
+        arr = stored_inputs(arr) if key.startswith("x") else arr.astype(np.int64)
         path = out / f"{key}.npy"
         atomic_save_npy(path, arr, keep_same=True)  # a rerun keeps unchanged files' mtimes
         files[path.name] = _file_record(path, arr)
@@ -110,9 +110,40 @@ def prepare_dataset(name: str, options: Mapping[str, Any] | None, root: str | Pa
         "n_test": int(len(arrays.y_test)),
         "files": files,
     }
+    if arrays.x_train.dtype == np.uint8:  # images: how fedforget.inputs makes model inputs of them
+        meta["normalize"] = channel_stats(arrays.x_train)
     atomic_write_json(out / "meta.json", meta, keep_same=True)  # written last: its presence marks completion
     log.info("prepared %s -> %s (%d train, %d test)", did, out, meta["n_train"], meta["n_test"])
     return out
+
+
+def stored_inputs(x: np.ndarray) -> np.ndarray:
+    """Inputs in the dtype they are prepared in: uint8 images and integer token ids as they
+    are (int64 for ids), any float as float32 (the embedded datasets' format since version
+    1, byte for byte)."""
+    if x.dtype == np.uint8:
+        return x
+    if np.issubdtype(x.dtype, np.integer):
+        return x.astype(np.int64)
+    return x.astype(np.float32)
+
+
+def channel_stats(x: np.ndarray, chunk: int = 4096) -> dict[str, Any]:
+    """{scale: 255, mean, std} per channel of uint8 images ``x`` [N, C, ...] scaled to [0, 1],
+    over the training split, in float64 and in chunks (a memory map is read once, never
+    whole): what ``fedforget.inputs`` normalises inputs by. Rounded to 6 digits so the
+    meta.json bytes do not depend on the platform's last float digit."""
+    c = x.shape[1]
+    total, sq, n = np.zeros(c), np.zeros(c), 0
+    for s in range(0, len(x), chunk):
+        b = np.asarray(x[s : s + chunk], dtype=np.float64).reshape(min(chunk, len(x) - s), c, -1) / 255.0
+        total += b.sum(axis=(0, 2))
+        sq += (b * b).sum(axis=(0, 2))
+        n += b.shape[0] * b.shape[2]
+    mean = total / max(n, 1)
+    std = np.sqrt(np.maximum(sq / max(n, 1) - mean * mean, 0.0))
+    std = np.where(std > 0, std, 1.0)
+    return {"scale": 255, "mean": [round(float(v), 6) for v in mean], "std": [round(float(v), 6) for v in std]}
 
 
 def read_meta(directory: Path, what: str, hint: str) -> dict[str, Any]:
@@ -133,7 +164,9 @@ def restore_hint(path: Path) -> str:
     )
 
 
-def load_verified(path: Path, record: Mapping[str, Any], verify: bool = True) -> np.ndarray:
+def load_verified(
+    path: Path, record: Mapping[str, Any], verify: bool = True, mmap: bool = False
+) -> np.ndarray:
     if not path.exists():
         raise FedForgetError(f"missing data file {path}; {restore_hint(path)}")
     if verify:
@@ -143,7 +176,7 @@ def load_verified(path: Path, record: Mapping[str, Any], verify: bool = True) ->
                 f"corrupt data file {path}: sha256 expected {record['sha256']}, got {actual}; {restore_hint(path)}"
             )
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
     except ValueError as e:
         raise FedForgetError(f"corrupt data file {path}: {e}") from None
     if list(arr.shape) != list(record["shape"]):
@@ -207,13 +240,16 @@ class TensorData:
         return tuple(self.x_train.shape[1:])
 
 
-def load_dataset(did: str, root: str | Path, verify: bool = True) -> TensorData:
+def load_dataset(did: str, root: str | Path, verify: bool = True, mmap: bool = False) -> TensorData:
+    """A prepared dataset; ``mmap``: ``x_train`` as a read-only memory map (read a row at a
+    time when streamed, ``fedforget.inputs.Pool``), the rest in memory."""
     directory = Path(root) / did
     meta = read_meta(
         directory, f"dataset '{did}'", f"run `fedforget prepare --dataset {did.split('-')[0]}`"
     )
     arrays = {
-        k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify) for k in ARRAYS
+        k: load_verified(directory / f"{k}.npy", meta["files"][f"{k}.npy"], verify, mmap and k == "x_train")
+        for k in ARRAYS
     }
     return TensorData(
         id=did,

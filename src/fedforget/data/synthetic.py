@@ -71,11 +71,15 @@ def build_blobs(
     size: int = 28,
     noise: float = 1.0,
     seed: int = 0,
+    uint8: bool = False,
 ) -> Arrays:
     """Class-conditional Gaussian images: class c is a fixed random smooth prototype image
     plus i.i.d. N(0, noise^2) pixels, float32, balanced labels. Shaped like MNIST by default
     (1x28x28, 60000/10000), for simulator benchmarks at MNIST scale without a download;
-    learnable, not a stand-in for MNIST's accuracy."""
+    learnable, not a stand-in for MNIST's accuracy. ``uint8``: stored as 8-bit images,
+    round(128 + 32 x) clipped to [0, 255], like a real image dataset (CIFAR-shaped with
+    channels 3, size 32): the natural-dtype, normalisation and augmentation path without a
+    download."""
     classes = BLOB_CLASSES
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xB10B]))
     coarse = rng.normal(size=(classes, channels, 7, 7)).astype(np.float32)
@@ -90,6 +94,8 @@ def build_blobs(
 
     x, y = draw(int(num_train))
     xt, yt = draw(int(num_test))
+    if uint8:
+        x, xt = (np.clip(np.rint(128 + 32 * a), 0, 255).astype(np.uint8) for a in (x, xt))
     return Arrays(x, y, xt, yt, [str(i) for i in range(classes)])
 
 
@@ -99,6 +105,8 @@ def _check_blobs(o: Mapping[str, Any]) -> None:
             raise FedForgetError(f"dataset 'blobs': {k}={o[k]}; allowed: >= 1")
     if not float(o["noise"]) >= 0:
         raise FedForgetError(f"dataset 'blobs': noise={o['noise']}; allowed: >= 0")
+    if not isinstance(o["uint8"], bool):
+        raise FedForgetError(f"dataset 'blobs': uint8={o['uint8']!r}; allowed: true | false")
 
 
 DATASETS.register("blobs")(
@@ -106,7 +114,7 @@ DATASETS.register("blobs")(
         name="blobs",
         description="synthetic class-conditional Gaussian images (default MNIST-shaped 1x28x28, 60000/10000), for simulator benchmarks",
         build=build_blobs,
-        defaults={"num_train": 60000, "num_test": 10000, "channels": 1, "size": 28, "noise": 1.0, "seed": 0},
+        defaults={"num_train": 60000, "num_test": 10000, "channels": 1, "size": 28, "noise": 1.0, "seed": 0, "uint8": False},
         input_shape=lambda o: (int(o["channels"]), int(o["size"]), int(o["size"])),
         num_classes=BLOB_CLASSES,
         sizes=lambda o: (int(o["num_train"]), int(o["num_test"])),

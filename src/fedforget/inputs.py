@@ -1,0 +1,225 @@
+"""From stored rows to model inputs: where a run's training pool lives (on the device, or
+streamed from a memory map), how stored dtypes become model inputs, and the papers' seeded
+on-device augmentation.
+
+Prepared data keep their natural dtype (``fedforget.data``): float32 features, uint8
+images, int64 token ids. A minibatch is gathered in that dtype and converted on the device
+(``InputPipeline.convert``): uint8 images to float32 in [0, 1], then normalised per channel
+by the training split's mean and standard deviation (meta.json ``normalize``); float and
+integer inputs pass through unchanged, so embedded data give exactly the inputs they gave
+before natural dtypes.
+
+Storage (``train.data_storage``, a runtime setting: it changes speed, never results):
+``device`` holds the pool as one tensor on the training device (today's path); ``stream``
+keeps it in a read-only memory map of the prepared ``.npy`` file and gathers each
+minibatch's rows on the host (sorted, so the reads are sequential in the file), into pinned
+memory, then copies it to the device without blocking; ``auto`` streams when the pool would
+take more than half of the free device memory (on a CPU, of the available RAM). The rows
+gathered are the same in both, so a streamed run gives the same bytes as an in-memory one.
+
+Augmentation [P: the papers' CIFAR recipe, random crop with zero padding 4 then horizontal
+flip with probability 1/2; resizing for pretrained backbones is the model's own first module,
+``models.Resize``] is seeded by keys, not by a generator's state [D]: the crop offsets and
+the flip of a training row depend only on (the run's seed, the row's position in the pool,
+its occurrence = (round - 1) * epochs + epoch + 1), through a counter-based hash computed on
+the device. Both client engines therefore augment every row identically, whatever order or
+grouping clients train in, CUDA graphs replay it (the occurrence travels inside the
+position tensor, ``encode``), and nothing needs checkpointing. Rows read outside local
+training steps (test sets, method passes over a client's data) are not augmented.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .utils import FedForgetError, torch_seed
+
+AUGMENTS = ("none", "crop_flip")
+STORAGES = ("auto", "device", "stream")
+AUGMENT_STREAM = 0xA6  # keyed randomness of the augmentation hash
+_P = 2_147_483_647  # 2^31 - 1: the hash's modulus (every product stays below 2^62)
+_MULT = (48_271, 69_621, 1_103_515_245 % _P, 16_807)
+
+
+def check_augment(spec: dict | None, input_shape: Sequence[int], key: str) -> dict | None:
+    """The resolved ``dataset.augment`` block ({kind, pad}), or None for none; raises
+    FedForgetError naming the key and the allowed values."""
+    if spec is None:
+        return None
+    spec = dict(spec)
+    unknown = sorted(set(spec) - {"kind", "pad"})
+    if unknown:
+        raise FedForgetError(f"{key}: unknown key(s) {unknown}; allowed: kind, pad")
+    kind = spec.get("kind", "crop_flip")
+    if kind not in AUGMENTS:
+        raise FedForgetError(f"{key}.kind={kind!r}; allowed: {', '.join(AUGMENTS)}")
+    if kind == "none":
+        return None
+    pad = spec.get("pad", 4)
+    if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
+        raise FedForgetError(f"{key}.pad={pad!r}; allowed: an integer >= 0")
+    if len(input_shape) != 3:
+        raise FedForgetError(
+            f"{key}.kind='crop_flip' needs images [C, H, W]; this dataset's inputs are {list(input_shape)}"
+        )
+    return {"kind": kind, "pad": pad}
+
+
+def _mix(h: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """One round of the hash on int64 values in [0, 2^31): an affine map modulo the prime
+    2^31 - 1 followed by an xor-shift (no product leaves int64)."""
+    h = (h * a + b) % _P
+    return h ^ (h >> 11)
+
+
+def keyed_uniform_ints(draw: torch.Tensor, salt: int, n: int) -> list[torch.Tensor]:
+    """``n`` pseudo-random int64 tensors in [0, 2^31) per element of ``draw`` (int64 >= 0),
+    a pure function of (draw, salt): a counter-based hash, the same on every device."""
+    lo, hi = draw % _P, draw // _P
+    s = salt % _P
+    h = _mix(_mix(lo, _MULT[0], s) + hi % _P, _MULT[1], (s * 7 + 1) % _P)
+    out = []
+    for i in range(n):
+        h = _mix(h, _MULT[2 + i % 2], (s + 97 * (i + 1)) % _P)
+        out.append(h)
+    return out
+
+
+def crop_flip(x: torch.Tensor, draw: torch.Tensor, salt: int, pad: int) -> torch.Tensor:
+    """Random crop of each image of ``x`` [B, C, H, W] from its zero-padded copy, then a
+    horizontal flip with probability 1/2; offsets and flips from ``keyed_uniform_ints``."""
+    b, _, h, w = x.shape
+    dy, dx, flip = keyed_uniform_ints(draw, salt, 3)
+    dy, dx, flip = dy % (2 * pad + 1), dx % (2 * pad + 1), (flip % 2).bool()
+    xp = F.pad(x, (pad, pad, pad, pad)) if pad else x
+    rows = dy[:, None] + torch.arange(h, device=x.device)  # [B, H]
+    cols = dx[:, None] + torch.arange(w, device=x.device)  # [B, W]
+    cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flipped crop reads its columns backwards
+    bi = torch.arange(b, device=x.device)[:, None, None]
+    out = xp.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
+    return out.permute(0, 3, 1, 2)
+
+
+@dataclass(frozen=True)
+class InputPipeline:
+    """Stored rows -> model inputs, on the device. ``scale``: uint8 inputs are divided by it
+    (255) and normalised by ``mean``/``std`` (per channel); ``augment``: the resolved
+    ``dataset.augment`` block or None; ``seed``: the run's seed (the augmentation key)."""
+
+    scale: float | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    augment: dict | None = None
+    seed: int = 0
+
+    @classmethod
+    def of(cls, meta: dict, augment: dict | None, seed: int) -> InputPipeline:
+        norm = meta.get("normalize") or {}
+        return cls(
+            float(norm["scale"]) if norm else None,
+            tuple(norm["mean"]) if norm else None,
+            tuple(norm["std"]) if norm else None,
+            augment,
+            seed,
+        )
+
+    def convert(self, x: torch.Tensor) -> torch.Tensor:
+        """Stored dtype -> model input: uint8 scaled and normalised; anything else as is."""
+        if x.dtype != torch.uint8:
+            return x
+        out = x.to(torch.float32) / self.scale if self.scale else x.to(torch.float32)
+        if self.mean is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(shape)
+            std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(shape)
+            out = (out - mean) / std
+        return out
+
+    def train_inputs(self, x: torch.Tensor, draw: torch.Tensor | None) -> torch.Tensor:
+        """Training rows ``x`` (stored dtype, [B, ...]) as the model sees them: converted,
+        then augmented where ``draw`` (int64 [B], the rows' keys) is given."""
+        x = self.convert(x)
+        if self.augment is None or draw is None:
+            return x
+        salt = torch_seed(self.seed, AUGMENT_STREAM) % _P
+        return crop_flip(x, draw, salt, self.augment["pad"])
+
+
+# ----------------------------------------------------------------------------- storage
+def occurrence(rnd: int, epoch: int, epochs: int) -> int:
+    """The augmentation occurrence of local epoch ``epoch`` (0-based) of round ``rnd``
+    (1-based): 1, 2, ... (0 means: not a training step, no augmentation)."""
+    return (rnd - 1) * epochs + epoch + 1
+
+
+class Pool:
+    """A run's training inputs in their stored dtype: a tensor on the device, or (streamed)
+    a read-only memory map read a minibatch at a time. ``take(rows)``: the rows ``rows``
+    (a long tensor of any shape, on the device) as a device tensor [*rows.shape, ...]."""
+
+    def __init__(self, x: np.ndarray, device: torch.device, stream: bool) -> None:
+        self.device, self.stream = device, stream
+        self.shape, self.dtype = tuple(x.shape), x.dtype
+        if stream:
+            self.host = x  # a memory map (np.load(mmap_mode="r")) or an array
+            self.pin = device.type == "cuda"
+            self.tensor = None
+        else:
+            arr = x if x.flags.writeable else np.array(x)  # a memory map is read into memory
+            self.tensor = torch.as_tensor(arr, device=device)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.take(rows)
+
+    def take(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.tensor is not None:
+            return self.tensor[rows]
+        flat = rows.reshape(-1).cpu().numpy()
+        uniq, inverse = np.unique(flat, return_inverse=True)  # sorted reads, each row once
+        block = torch.from_numpy(np.take(self.host, uniq, axis=0))
+        if self.pin:
+            block = block.pin_memory()
+        block = block.to(self.device, non_blocking=True)
+        out = block[torch.as_tensor(inverse, device=self.device)]
+        return out.view(*rows.shape, *self.shape[1:])
+
+
+def choose_storage(setting: str, nbytes: int, device: torch.device) -> bool:
+    """Whether to stream a pool of ``nbytes`` (``train.data_storage``; see the module
+    docstring for ``auto``)."""
+    if setting not in STORAGES:
+        raise FedForgetError(f"train.data_storage={setting!r}; allowed: {', '.join(STORAGES)}")
+    if setting != "auto":
+        return setting == "stream"
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return False
+    return nbytes > free // 2
+
+
+def prefetched(fetch, items: Sequence, ahead: int = 2) -> Iterator:
+    """``fetch(item)`` for each of ``items`` in order, computed up to ``ahead`` items ahead
+    on a background thread (a streamed pool's host reads overlap the device's steps)."""
+    if not items:
+        return
+    with ThreadPoolExecutor(1) as pool:
+        futures = [pool.submit(fetch, it) for it in items[:ahead]]
+        for i in range(len(items)):
+            if i + ahead < len(items):
+                futures.append(pool.submit(fetch, items[i + ahead]))
+            yield futures[i].result()
+            futures[i] = None  # type: ignore[call-overload]

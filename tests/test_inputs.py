@@ -1,0 +1,147 @@
+"""The data layer (fedforget.inputs): natural dtypes in the prepared format, their conversion
+on the device, streamed pools equal to in-memory ones, and keyed on-device augmentation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from fedforget.config import parse_config
+from fedforget.data import load_dataset, prepare_dataset
+from fedforget.engine import TIMING_COLUMNS, Simulation
+from fedforget.inputs import InputPipeline, Pool, crop_flip, keyed_uniform_ints
+from fedforget.partition import PartitionSpec
+from fedforget.utils import FedForgetError
+
+CPU = torch.device("cpu")
+BLOBS = {"num_train": 240, "num_test": 60, "channels": 3, "size": 8, "uint8": True}
+CNN = {"channels": [4, 8], "hidden": 16}
+AUG = {"kind": "crop_flip", "pad": 2}
+
+
+@pytest.fixture(scope="module")
+def blobs_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("blobs")
+    prepare_dataset("blobs", BLOBS, root)
+    return root
+
+
+def _cfg(make_run_config, root, augment=None, **train):
+    rc = make_run_config(
+        dataset="blobs", options=BLOBS, model="cnn2d", model_options=CNN,
+        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
+        **{"rounds": 2, "local_epochs": 2, "batch_size": 16, "eval_local_models": False, **train},
+    )  # fmt: skip
+    return replace(rc, data_dir=str(root), dataset=replace(rc.dataset, augment=augment))
+
+
+def _run(rc):
+    sim = Simulation(rc, device=CPU)
+    status, rows, msg = sim.run(progress=False)
+    assert status == "completed", msg
+    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS or k == "round"} for r in rows], sim
+
+
+def test_prepare_keeps_uint8_and_records_channel_statistics(blobs_root):
+    data = load_dataset(next(p.name for p in blobs_root.iterdir()), blobs_root)
+    assert data.x_train.dtype == np.uint8 and data.x_train.shape == (240, 3, 8, 8)
+    norm = data.meta["normalize"]
+    x = data.x_train.astype(np.float64) / 255
+    assert norm["scale"] == 255
+    np.testing.assert_allclose(norm["mean"], x.mean(axis=(0, 2, 3)), atol=1e-6)
+    np.testing.assert_allclose(norm["std"], x.std(axis=(0, 2, 3)), atol=1e-6)
+    meta = json.loads((blobs_root / data.id / "meta.json").read_text())
+    assert meta["files"]["x_train.npy"]["dtype"] == "uint8"
+
+
+def test_float_inputs_pass_through_and_uint8_are_scaled_and_normalised():
+    pipe = InputPipeline(255.0, (0.5, 0.25), (0.5, 2.0))
+    x = torch.tensor([[[[0, 255]], [[51, 102]]]], dtype=torch.uint8)  # [1, 2, 1, 2]
+    want = torch.tensor([[[[-1.0, 1.0]], [[(0.2 - 0.25) / 2, (0.4 - 0.25) / 2]]]])
+    torch.testing.assert_close(pipe.convert(x), want)
+    f = torch.randn(3, 4)
+    assert pipe.convert(f) is f  # float features: untouched
+    ids = torch.arange(6).view(1, 2, 3)
+    assert pipe.convert(ids) is ids  # token ids: untouched
+
+
+def test_crop_flip_is_a_window_of_the_padded_image_and_a_mirror():
+    x = torch.arange(2 * 1 * 4 * 5, dtype=torch.float32).view(2, 1, 4, 5)
+    draw = torch.tensor([11, 12])
+    out = crop_flip(x, draw, salt=3, pad=1)
+    dy, dx, flip = keyed_uniform_ints(draw, 3, 3)
+    xp = torch.nn.functional.pad(x, (1, 1, 1, 1))
+    for b in range(2):
+        win = xp[b, :, int(dy[b] % 3) : int(dy[b] % 3) + 4, int(dx[b] % 3) : int(dx[b] % 3) + 5]
+        want = win.flip(-1) if int(flip[b] % 2) else win
+        assert torch.equal(out[b], want)
+    # pad 0: only flips; keyed: the same draws give the same output, others differ
+    same = crop_flip(x, draw, 3, 0)
+    assert all(torch.equal(same[b], x[b]) or torch.equal(same[b], x[b].flip(-1)) for b in range(2))
+    assert torch.equal(crop_flip(x, draw, 3, 1), out)
+    many = torch.arange(400)
+    d = keyed_uniform_ints(many, 5, 3)
+    assert 0.4 < (d[2] % 2).float().mean() < 0.6  # flips about half the rows
+    assert len(torch.unique(d[0] % 9)) == 9  # every offset occurs
+
+
+def test_streamed_pool_gathers_the_same_rows(blobs_root, tmp_path):
+    data = load_dataset(next(p.name for p in blobs_root.iterdir()), blobs_root, mmap=True)
+    assert isinstance(data.x_train, np.memmap)
+    rows = torch.tensor([[5, 3, 5], [0, 239, 3]])
+    dev, stream = Pool(data.x_train, CPU, False), Pool(data.x_train, CPU, True)
+    assert torch.equal(dev.take(rows), stream.take(rows))
+    assert stream.take(rows).shape == (2, 3, 3, 8, 8)
+
+
+@pytest.mark.parametrize("augment", [None, AUG])
+def test_streamed_run_equals_in_memory_run(make_run_config, blobs_root, augment):
+    rows_dev, _ = _run(_cfg(make_run_config, blobs_root, augment, data_storage="device"))
+    rows_stream, sim = _run(_cfg(make_run_config, blobs_root, augment, data_storage="stream"))
+    assert sim.clients.x.stream and rows_stream == rows_dev
+
+
+def test_augmentation_changes_training_and_both_engines_augment_alike(make_run_config, blobs_root):
+    plain, _ = _run(_cfg(make_run_config, blobs_root))
+    seq, sim = _run(_cfg(make_run_config, blobs_root, AUG))
+    assert sim.clients.inputs.augment == AUG
+    assert seq[-1]["global_model_test_loss"] != plain[-1]["global_model_test_loss"]
+    vec, vsim = _run(_cfg(make_run_config, blobs_root, AUG, client_engine="vectorized"))
+    assert vsim.vectorized
+    for a, b in zip(seq, vec):
+        assert a["global_model_test_loss"] == pytest.approx(b["global_model_test_loss"], abs=1e-5)
+
+
+def test_training_rows_are_augmented_per_occurrence_and_other_reads_are_not(make_run_config, blobs_root):
+    sim = Simulation(_cfg(make_run_config, blobs_root, AUG), device=CPU)
+    cd = sim.clients
+    pos = torch.arange(8)
+    plain = cd.batch(pos)[0]
+    r1 = cd.batch(pos + cd.draw_offset(1, 0, 2))[0]
+    r1b = cd.batch(pos + cd.draw_offset(1, 0, 2))[0]
+    r2 = cd.batch(pos + cd.draw_offset(1, 1, 2))[0]
+    assert torch.equal(plain, cd.inputs.convert(cd.x.take(cd.rows[pos])))  # no training step: as stored
+    assert torch.equal(r1, r1b) and not torch.equal(r1, r2) and not torch.equal(r1, plain)
+    assert cd.draw_offset(1, 0, 2) == len(cd.rows)  # occurrence 1
+
+
+def test_augment_config_errors_name_the_key(minimal_config):
+    minimal_config["experiments"][0]["datasets"][0]["augment"] = {"kind": "crop_flip"}
+    with pytest.raises(FedForgetError, match=r"datasets\[0\]\.augment.*images"):
+        parse_config(minimal_config)  # iris: features, not images
+    minimal_config["experiments"][0]["datasets"][0] = {
+        "name": "digits", "model": "cnn2d", "augment": {"kind": "crop_flip", "pad": 2},
+    }  # fmt: skip
+    wf = parse_config(minimal_config)
+    rc = wf.runs()[0]
+    assert rc.dataset.augment == {"kind": "crop_flip", "pad": 2}
+    minimal_config["experiments"][0]["datasets"][0]["augment"] = {"kind": "none"}
+    none = parse_config(minimal_config).runs()[0]
+    assert none.dataset.augment is None and "augment" not in none.to_dict()["dataset"]
+    assert none.hash != rc.hash
+    minimal_config["experiments"][0]["train"] = {"data_storage": "stream"}
+    assert parse_config(minimal_config).runs()[0].hash == none.hash  # a runtime setting
