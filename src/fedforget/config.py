@@ -431,7 +431,15 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 cls.check_train(mtrain, pobj)
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
+            # a method defined on one model alone (its class's needs_model, or a plug-in's base's: L2P)
+            needs = {getattr(METHODS.get(n), "needs_model", None) for n in (m["name"], params.get("base"))
+                     if isinstance(n, str) and n in METHODS} - {None}  # fmt: skip
             for ds in datasets:
+                if needs and ds.model not in needs:
+                    problems.append(
+                        f"{key}.datasets[{datasets.index(ds)}].model: method '{label}' needs model "
+                        f"{' or '.join(sorted(needs))}, got '{ds.model}'"
+                    )
                 dkey = f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')"
                 check(check_rounds, ds.scenario, mtrain.rounds, dkey)
                 try:

@@ -399,8 +399,14 @@ class ViTBody(nn.Module):
         self.vit = vit
         self.vit.heads = nn.Identity()
 
+    def pixels(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs as the patch embedding takes them: resized, one channel repeated to the
+        three of RGB [D] (grayscale data, pretrained or not)."""
+        x = self.resize(x)
+        return x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.vit(self.resize(x))
+        return self.vit(self.pixels(x))
 
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "layers": 12, "heads": 12, "hidden_dim": 768, "mlp_dim": 3072}
@@ -453,7 +459,7 @@ def check_model(
         )
     if name == "cnn_fedgp" and (input_shape[1] < 16 or input_shape[2] < 16):
         raise FedForgetError(f"{key}.name='cnn_fedgp' needs images of at least 16x16, got {list(input_shape)}")
-    if MODEL_DEFAULTS[name].get("pretrained") is not None and options.get("pretrained") and input_shape[0] != 3:
+    if MODEL_DEFAULTS[name].get("pretrained") is not None and options.get("pretrained") and input_shape[0] not in ((1, 3) if name == "vit" else (3,)):
         raise FedForgetError(
             f"{key}.options.pretrained=true for model '{name}' needs 3-channel (RGB) inputs, got {list(input_shape)}"
         )

@@ -29,9 +29,17 @@ def public_root(data_root, tmp_path_factory):
 
 @pytest.fixture
 def public_run_cfg(make_run_config, public_root):
-    """Tiny run configs (iris, Dirichlet 0.5 over 4 clients, 3 rounds) with the public set."""
+    """Tiny run configs (iris, Dirichlet 0.5 over 4 clients, 3 rounds) with the public set;
+    a method defined on one model alone (its class's ``needs_model``, or its base's: L2P's
+    ViT) gets that model, tiny, on digits instead (no public set)."""
 
     def make(method, params=None, **train):
+        if needs_model(method, params) == "vit":
+            return make_run_config(
+                dataset="digits", model="vit", model_options=TINY_VIT, method=method, params=params,
+                partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0),
+                **{"rounds": 3, **train},
+            )  # fmt: skip
         rc = make_run_config(
             method=method,
             params=params,
@@ -42,6 +50,20 @@ def public_run_cfg(make_run_config, public_root):
         return replace(rc, data_dir=str(public_root))
 
     return make
+
+
+# a 1-layer ViT on the 1x8x8 digits: 2x2 patches of 4x4 pixels, width 16, 2 heads
+TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
+
+
+def needs_model(method, params=None):
+    """The model ``method`` (or, for a plug-in, its ``base``) is defined on alone, else None."""
+    from fedforget.methods import METHODS
+
+    for name in (method, (params or {}).get("base")):
+        if name in METHODS and getattr(METHODS.get(name), "needs_model", None):
+            return METHODS.get(name).needs_model
+    return None
 
 
 def run(rc):

@@ -1,0 +1,499 @@
+"""FL+iCaRL: FedAvg whose clients learn with iCaRL (Rebuffi, Kolesnikov, Sperl, Lampert:
+"iCaRL: Incremental Classifier and Representation Learning", CVPR 2017), the FL+CL baseline
+of FedGP (papers/fedgp.md Sec. 5.1.1, Table 1 row FL+iCaRL, buffer 200). FedGP's code builds
+its continual baselines on the Mammoth library: its ``models/icarl.py`` is the [C] reference
+here (read, not run). Symbols as in the iCaRL paper; tags: [P] paper, [C] Mammoth's code,
+[D] our decision.
+
+Exemplars, client k, at the end of each task t (``client_task_end``: the task's final global
+model, eval mode, and the client's data of the task) [P Alg. 2]:
+- the client's memory holds at most K = ``buffer_size`` rows; m = floor(K / s) per class,
+  s = the number of classes the client has had data of so far [P: m = K / t; floor: C].
+- ReduceExemplarSet [P Alg. 5]: each older class keeps the first m rows of its ordered list.
+- ConstructExemplarSet [P Alg. 4]: for each class y of the task's data, with
+  phi = the L2-normalised features (``model.features``; ``normalize``) of its n_y rows and
+  mu = their mean, for k = 1 .. min(m, n_y)::
+
+      p_k = argmin_{x not yet chosen} || mu - (phi(x) + sum_{j<k} phi(p_j)) / k ||
+
+  (a chosen row is never chosen again [C: Mammoth adds 1e6 to it; the paper's P is a set];
+  ties: the lowest row). mu is not re-normalised here [D: the paper re-normalises "the
+  results of any operation on feature vectors"; Mammoth compares with the plain mean, and a
+  re-normalised running mean would make 1/k irrelevant]. Float64 [D].
+- Stored in ``ctx.state["icarl"]`` (checkpointed): ``x`` (rows as the model sees them), ``y``,
+  ``task``, ``rank`` (the row's position in its class's ordered list: Alg. 5 keeps rank < m)
+  and ``seen`` (bool [C], the classes the client has had data of).
+
+Training on task t [P Alg. 3]: the client's task data together with its exemplars. The
+engine iterates the task data (its batches and step count, as FedAvg); each step appends
+a share of the exemplars, a keyed permutation of them per local epoch split over the
+epoch's steps (generator keyed (seed, round, client, task, 0x1CA0, epoch)), so every local
+epoch passes once over D = task data + exemplars, as Mammoth's ``icarl_replay`` merges the
+buffer into the task's training set [C]; the batches are then larger by |P| / steps [D].
+Loss, over the classes seen so far S_t = the classes of tasks 0 .. t (the scenario's; all
+classes in a one-task run), with g = sigmoid(scores)::
+
+    L = BCE(scores[:, S_t], target[:, S_t]),  target_y = q_y(x) = sigmoid(prev(x))_y  for y in tasks < t
+                                             target_y = [y == y_i]                 for y in task t
+
+(distillation targets on the old classes for every row, exemplars included, whose own label
+then counts only through q [P Alg. 3, C]); task 0: one-hot targets only. ``reduction``: mean
+over rows and classes [C: F.binary_cross_entropy_with_logits] | sum: over classes, mean over
+rows [P: Alg. 3 sums over both; the mean over the minibatch rows is ours]. The scores are the
+model's logits (per-task heads: each class's own task's head, ``TaskHeads.combined``; old heads
+are frozen, so distillation through them trains the body only). Task-incremental streams
+train the same loss, unmasked (Mammoth trains one model for both settings [C]; masking each
+row to its task would drop the distillation term).
+The previous model [P: Theta before the update] is the GLOBAL model at the end of the
+previous task [D], in eval mode [C: Mammoth's old_net = deepcopy(net.eval())]: the server
+keeps one copy (``server.state["icarl_prev"]``, checkpointed) and broadcasts it -- the model
+every client received at that task end, which a real client would keep itself. Its outputs
+are recomputed at each step, not stored [D; the same numbers: it is fixed, in eval mode].
+
+Nearest-mean-of-exemplars classification (``predict``) [P Alg. 1]: y* = argmin_y
+|| phi(x) - mu_y ||, mu_y the (re-normalised [P]) mean of phi over class y's exemplars; the
+scores are -|| phi(x) - mu_y ||^2 [C: Mammoth returns minus the squared distance]; a class
+without a mean scores the row's lowest score minus 30 (finite, for the evaluator's loss).
+How the means reach the server [D]: a client sends, per class, the sum of phi over its
+exemplars and their count, computed on the current global model: at each task end (every
+client with data in the task, after updating its exemplars) and after each round's
+aggregation (each client that trained: ``client_round_end``), so the means follow the
+representation, as the paper's prototypes do (Sec. 2.1: computed from the exemplars with the
+current features; Mammoth recomputes them at each evaluation). The server keeps each client's latest report with its
+round; mu_y = sum of the sums / sum of the counts over the clients whose report for y is the
+newest one of any client holding y (so no mean mixes features of two models; with all
+clients sampled, the current model's). Within a task, the task's own classes have no
+exemplars yet, so NME scores only the older classes until the task ends (as Mammoth would
+mid-task); the accuracy matrix rows are taken at task ends, after the exemplar update.
+Before the first task end (no means): the model's logits [D]. Only the server's model (the
+global weights the means belong to) is scored by NME; another model (a client's local model,
+``local_models_global_test_acc``) by its logits [D]. ``eval_counts`` adds ``logits``: the
+network's own sigmoid classifier (arg-max of the logits, the task's classes in task-IL) at
+every evaluation, beside NME's accuracy.
+
+FedGP over iCaRL (``{name: fedgp, params: {base: icarl}}``) [D]: FedGP computes its reference
+gradient on iCaRL's exemplars (``replay``: the store read as a replay buffer, as FedGP reads
+A-GEM's and DER's buffers: one memory M^k per client, fedgp.md Alg. 5-6, "a buffer size of
+200 ... whenever methods require it"), so FedGP's buffer size is iCaRL's ``buffer_size``;
+there is no reference gradient until the first task end (no exemplars yet). FedGP's code has
+no iCaRL (its public repository lists FedAvg, FedCurv, FedProx, A-GEM, DER): unchecked.
+
+Streams: split (class-IL, task-IL; shared or per-task heads) and one-task runs. Refused:
+domain-incremental streams (``scenario.kind`` rotated / permuted: iCaRL is "incompatible
+with Domain-IL" [P fedgp.md Table 1]; new classes do not arrive there) and asynchronous task
+boundaries (``scenario.boundaries``: iCaRL needs task boundaries to snapshot the model and
+update its exemplars [P fedgp.md Sec. 5.1.1]; a window would mix old and new classes).
+
+Hyperparameters: ``buffer_size`` K = 200 rows per client [P fedgp.md Sec. 5.1.1 and Table 1
+caption: "a buffer size of 200"; the iCaRL paper's 2000 is for one learner on CIFAR-100];
+``normalize`` = true (L2-normalised features for herding and NME [P iCaRL Sec. 2.1]; false:
+raw features and plain means [C: Mammoth]); ``reduction`` = sum [P: Alg. 3; the project's
+rule, METHODS.md: where paper and code differ the default follows the paper] | mean [C:
+Mammoth's loss, whose learning rates FedGP's CL baselines use; FedGP's public code has no
+iCaRL, so which one its FL+iCaRL row ran cannot be checked].
+
+Diagnostics (``icarl_<key>``): ``exemplars`` (rows held after the round, mean over the round's
+clients), ``mean_classes`` (classes with an NME mean on the server).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import TaskHeads
+from ..utils import FedForgetError, torch_seed
+from .base import (
+    ClientContext,
+    FedAvg,
+    RunInfo,
+    ServerContext,
+    Upload,
+    check_int,
+    frozen_copy,
+    masked_logits,
+)
+from .registry import METHODS
+from .replay import Replay, Reservoir
+
+EXEMPLAR_STREAM = 0x1CA0  # keyed randomness: the order exemplars join the steps of an epoch
+KEY = "icarl"  # ctx.state: the exemplar store
+PREV, FEATS = "icarl_prev", "icarl_feats"  # server.state: previous model, clients' feature sums
+ROWS = ("x", "y", "task", "rank")  # the store's per-row tensors
+OUTSIDE_GAP = 30.0  # a class without a mean scores the row's lowest score minus this
+CHUNK = 512  # rows per forward when embedding a task's data
+REDUCTIONS = ("mean", "sum")
+
+
+# ----------------------------------------------------------------------------- the parts
+
+
+def herding(feats: torch.Tensor, m: int) -> torch.Tensor:
+    """ConstructExemplarSet's order [P Alg. 4]: indices [min(m, n)] into ``feats`` [n, f],
+    each the not yet chosen row that brings the running mean of the chosen rows closest to
+    the mean of all rows (ties: the lowest index)."""
+    feats = feats.double()
+    n = feats.shape[0]
+    mu = feats.mean(0)
+    running = torch.zeros_like(mu)
+    free = torch.ones(n, dtype=torch.bool, device=feats.device)
+    picks = []
+    for k in range(1, min(m, n) + 1):
+        cost = (mu - (running + feats) / k).pow(2).sum(1)
+        i = cost.masked_fill(~free, math.inf).argmin()
+        picks.append(i)
+        free[i] = False
+        running = running + feats[i]
+    if not picks:
+        return torch.zeros(0, dtype=torch.long, device=feats.device)
+    return torch.stack(picks)
+
+
+def reduce_exemplars(store: dict[str, torch.Tensor], m: int) -> dict[str, torch.Tensor]:
+    """ReduceExemplarSet [P Alg. 5]: the rows of ``store`` whose rank in their class's
+    ordered list is below m (the first m of each class)."""
+    keep = store["rank"] < m
+    return {k: store[k][keep] for k in ROWS}
+
+
+def icarl_targets(
+    y: torch.Tensor, q: torch.Tensor | None, old: torch.Tensor, num_classes: int
+) -> torch.Tensor:
+    """[B, C]: the previous model's sigmoid outputs ``q`` on the old classes (bool ``old``
+    [C]), one-hot labels elsewhere [P Alg. 3]; one-hot everywhere without a previous model."""
+    target = F.one_hot(y, num_classes).to(torch.float32)
+    if q is None:
+        return target
+    return torch.where(old.unsqueeze(0), q.to(target.dtype), target)
+
+
+def icarl_loss(
+    scores: torch.Tensor, target: torch.Tensor, seen: torch.Tensor, reduction: str
+) -> torch.Tensor:
+    """Sigmoid binary cross-entropy of ``scores`` against ``target`` on the classes ``seen``
+    (bool [C]): mean over rows and classes (mean) or summed over classes, mean over rows (sum)."""
+    bce = F.binary_cross_entropy_with_logits(scores[:, seen], target[:, seen], reduction="none")
+    return bce.mean() if reduction == "mean" else bce.sum(1).mean()
+
+
+def class_scores(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    """Each class's logit from the features ``z``: the shared head, or with per-task heads
+    the head of the class's own task (``TaskHeads.combined``, up to the head's active task)."""
+    head = model.head
+    return head.combined(z) if isinstance(head, TaskHeads) else head(z)
+
+
+def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """[B, C]: -||z_i - mu_c||^2 for the classes with a mean (bool ``known`` [C]), the row's
+    lowest such score minus OUTSIDE_GAP for the others."""
+    means = means.to(z.dtype)
+    d = z.pow(2).sum(1, keepdim=True) + means.pow(2).sum(1).unsqueeze(0) - 2.0 * z @ means.T
+    scores = -d
+    floor = scores.masked_fill(~known, math.inf).amin(1, keepdim=True) - OUTSIDE_GAP
+    return torch.where(known.unsqueeze(0), scores, floor)
+
+
+def class_means(
+    entries: dict[int, dict[str, Any]], normalize: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(mu [C, f], known [C]) from the clients' reports {cid: {sums [C, f], counts [C],
+    round}}: per class, over the clients whose report is the newest of those holding it."""
+    if not entries:
+        return None
+    cids = sorted(entries)
+    counts = torch.stack([entries[c]["counts"].to(device) for c in cids])  # [K, C]
+    rounds = torch.tensor([int(entries[c]["round"]) for c in cids], device=device)
+    held = counts > 0
+    stamp = torch.where(held, rounds.unsqueeze(1), torch.full_like(counts, -1))
+    use = held & (stamp == stamp.max(0).values.unsqueeze(0))
+    sums = torch.stack([entries[c]["sums"].to(device) for c in cids]).double()  # [K, C, f]
+    total = (sums * use.unsqueeze(2)).sum(0)
+    n = (counts * use).sum(0)
+    known = n > 0
+    means = total / n.clamp_min(1).unsqueeze(1)
+    if normalize:
+        means = F.normalize(means, dim=1)
+    return means.float(), known
+
+
+class ExemplarView(Reservoir):
+    """The exemplar store in a client's state read as a replay buffer (rows ``x``, ``y``,
+    ``task``), for FedGP's reference gradient over iCaRL; iCaRL alone never reads it.
+    Read-only: herding, not reservoir offers, fills it."""
+
+    def __init__(self, key: str = KEY) -> None:
+        super().__init__(0, key)
+
+    def size(self, state: dict[str, Any]) -> int:
+        st = state.get(self.key)
+        return 0 if st is None else len(st["y"])
+
+    def seen(self, state: dict[str, Any]) -> int:
+        return self.size(state)
+
+    def rows(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        st = state.get(self.key)
+        return {} if st is None else {k: st[k] for k in ("x", "y", "task")}
+
+    def sample(
+        self, state: dict[str, Any], m: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor] | None:
+        """min(m, size) exemplars drawn uniformly without replacement (CPU ``generator``)."""
+        n = self.size(state)
+        if n == 0:
+            return None
+        st = state[self.key]
+        idx = torch.randperm(n, generator=generator)[:m].to(st["y"].device)
+        return {k: st[k][idx] for k in ("x", "y", "task")}
+
+    def offer(self, *args: Any, **kwargs: Any) -> int:
+        raise TypeError("iCaRL's exemplars are chosen by herding at task ends, not offered")
+
+    def offer_budget(self, ctx: ClientContext, drop_last: bool) -> int:
+        return 0
+
+
+@METHODS.register("icarl")
+class ICaRL(FedAvg):
+    name = "icarl"
+
+    @dataclass(frozen=True)
+    class Params:
+        buffer_size: int = 200  # K exemplars per client [P, fedgp.md]
+        normalize: bool = True  # L2-normalised features [P] | raw [C]
+        reduction: str = "sum"  # BCE summed over classes, mean over rows [P] | mean over both [C]
+
+        def check(self) -> None:
+            check_int("buffer_size", self.buffer_size, 0)
+            if not isinstance(self.normalize, bool):
+                raise ValueError(f"normalize={self.normalize!r}; allowed: true | false")
+            if self.reduction not in REDUCTIONS:
+                raise ValueError(f"reduction={self.reduction!r}; allowed: {' | '.join(REDUCTIONS)}")
+
+    @classmethod
+    def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
+        """Split streams and one-task runs; not domain-incremental streams, nor asynchronous
+        task boundaries."""
+        if not scenario:
+            return
+        kind = scenario.get("kind", "none")
+        if kind in ("rotated", "permuted"):
+            raise FedForgetError(
+                f"method 'icarl' is not defined for domain-incremental streams (every task holds every class; "
+                f"FedGP Table 1: iCaRL is incompatible with Domain-IL): scenario.kind={kind!r}; allowed: split, none"
+            )
+        b = scenario.get("boundaries", "sync")
+        if b != "sync":
+            raise FedForgetError(
+                f"method 'icarl' needs task boundaries (it snapshots the model and updates its exemplars at "
+                f"each task end): scenario.boundaries={b!r}; allowed: sync"
+            )
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        super().__init__(params, info)
+        sc = info.scenario
+        if sc is not None:
+            window = (
+                None
+                if sc.window is None
+                else dict(zip(("samples_per_window", "window_rounds"), sc.window))
+            )
+            self.check_scenario({"kind": sc.kind, "boundaries": window or "sync"}, params)
+        # each class's task (split streams); classes in no task never count as seen
+        never = 1 << 30
+        task_of_class = torch.full(
+            (info.num_classes,), never if sc is not None else 0, dtype=torch.long
+        )
+        if sc is not None:
+            for t, cls in enumerate(sc.task_classes):
+                task_of_class[cls] = t
+        self.task_of_class = task_of_class.to(info.device)
+        self._prev: nn.Module | None = None  # a reusable frozen model, loaded per client
+        # the exemplars as a replay buffer: what FedGP over iCaRL reads for g_ref
+        self.replay = Replay(info, 0, EXEMPLAR_STREAM, key=KEY)
+        self.replay.buffer = ExemplarView(KEY)
+
+    # ---------------------------------------------------------------- features
+    def features(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """phi(x): the model's penultimate features, L2-normalised (``normalize``)."""
+        z = model.features(x).flatten(1)
+        return F.normalize(z, dim=1) if self.p.normalize else z
+
+    @torch.no_grad()
+    def embed(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """phi of the rows ``x`` in eval mode (restored), in chunks."""
+        was = model.training
+        model.eval()
+        try:
+            parts = [self.features(model, x[s : s + CHUNK]) for s in range(0, len(x), CHUNK)]
+        finally:
+            model.train(was)
+        if not parts:
+            return torch.zeros(0, getattr(model, "feature_dim", 0), device=x.device)
+        return torch.cat(parts)
+
+    def feature_report(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Per class: the sum of phi over the client's exemplars and their count, on
+        ``ctx.model`` (the current global weights)."""
+        st = ctx.state[KEY]
+        c = self.info.num_classes
+        z = self.embed(ctx.model, st["x"])
+        sums = torch.zeros(c, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, st["y"], z)
+        st["refreshed"] = ctx.round
+        return {"sums": sums, "counts": torch.bincount(st["y"], minlength=c)}
+
+    # ---------------------------------------------------------------- server side
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        prev = server.state.get(PREV)
+        return {} if prev is None else {PREV: prev}
+
+    def keep_reports(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        entries = server.state.setdefault(FEATS, {})
+        for cid in sorted(reports):
+            entries[cid] = {**reports[cid], "round": server.round}
+
+    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        """The task's final global model becomes the previous model; the clients' feature
+        sums (on it, after their exemplar update) replace their older ones."""
+        server.state[PREV] = {k: v.detach().clone() for k, v in server.global_params.items()}
+        self.keep_reports(server, reports)
+
+    def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
+        self.keep_reports(server, replies)
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        cm = class_means(server.state.get(FEATS) or {}, self.p.normalize, server.device)
+        return {} if cm is None else {"mean_classes": float(cm[1].sum())}
+
+    def predict(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
+    ) -> torch.Tensor:
+        """NME scores (Alg. 1) on the server's model once class means exist; else logits."""
+        cm = None
+        if model is server.model:
+            cm = class_means(server.state.get(FEATS) or {}, self.p.normalize, x.device)
+        if cm is None or not bool(cm[1].any()):
+            return model.logits(x, task)  # type: ignore[operator]
+        return nme_scores(self.features(model, x), *cm)
+
+    def eval_counts(
+        self, server: ServerContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: int
+    ) -> dict[str, torch.Tensor]:
+        """``logits``: rows the network's own classifier gets right (task-IL: the task's
+        head and classes)."""
+        sc = self.info.scenario
+        aware = sc is not None and sc.task_aware
+        logits = model.logits(x, task if aware else None)  # type: ignore[operator]
+        if sc is not None and sc.masked:
+            logits = masked_logits(logits, sc.class_mask(x.device)[task])
+        return {"logits": (logits.argmax(1) == y).sum()}
+
+    # ---------------------------------------------------------------- client side
+    def client_begin(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        st = ctx.state.get(KEY)
+        s.rows = (st["x"], st["y"]) if st is not None and len(st["y"]) else None
+        n = len(ctx.data) if ctx.data is not None else ctx.n_samples
+        bs = ctx.batch_size
+        end = (n // bs) * bs if self.info.train.drop_last and n >= bs else n
+        s.steps_per_epoch = max(math.ceil(end / bs), 1)  # the engine's steps per local epoch
+        s.epoch, s.perm = -1, None
+        s.old = self.task_of_class < ctx.task
+        s.seen = self.task_of_class <= ctx.task
+        prev = ctx.broadcast.get(PREV)
+        s.prev = None
+        if ctx.task > 0 and prev is not None:
+            if self._prev is None:
+                self._prev = frozen_copy(ctx.model)
+            self._prev.load_state_dict(prev)
+            if isinstance(self._prev.head, TaskHeads):
+                self._prev.head.active = ctx.task  # old classes scored by their own heads
+            s.prev = self._prev
+
+    def exemplar_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This step's share of the exemplars: rows lo..hi of the epoch's permutation."""
+        s = self.scratch(ctx)
+        if s.rows is None:
+            return None
+        n = len(s.rows[1])
+        epoch, j = divmod(ctx.steps, s.steps_per_epoch)
+        if epoch != s.epoch:
+            key = torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, EXEMPLAR_STREAM, epoch)
+            s.perm = torch.randperm(n, generator=torch.Generator().manual_seed(key)).to(
+                s.rows[1].device
+            )
+            s.epoch = epoch
+        lo, hi = j * n // s.steps_per_epoch, (j + 1) * n // s.steps_per_epoch
+        if hi <= lo:
+            return None
+        idx = s.perm[lo:hi]
+        return s.rows[0][idx], s.rows[1][idx]
+
+    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Alg. 3 on the step's rows and its share of the exemplars."""
+        s = self.scratch(ctx)
+        mem = self.exemplar_batch(ctx)
+        if mem is not None:
+            x, y = torch.cat([x, mem[0].to(x.dtype)]), torch.cat([y, mem[1]])
+        scores = class_scores(ctx.model, ctx.model.features(x))
+        q = None
+        if s.prev is not None:
+            with torch.no_grad():
+                q = torch.sigmoid(class_scores(s.prev, s.prev.features(x)))
+        target = icarl_targets(y, q, s.old, self.info.num_classes)
+        return icarl_loss(scores, target, s.seen, self.p.reduction)
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)
+        st = ctx.state.get(KEY)
+        ctx.stats["exemplars"] = float(len(st["y"])) if st is not None else 0.0
+        return up
+
+    def client_task_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        """Alg. 2's exemplar update (Alg. 5, then Alg. 4 for the task's classes) on the
+        task's final global model; returns the feature sums for the class means."""
+        x, y, _ = ctx.data.all()
+        c = self.info.num_classes
+        st = ctx.state.get(KEY)
+        seen = torch.bincount(y, minlength=c) > 0
+        if st is not None:
+            seen = seen | st["seen"]
+        m = self.p.buffer_size // max(int(seen.sum()), 1)
+        new_classes = torch.unique(y)
+        parts: list[dict[str, torch.Tensor]] = []
+        if st is not None:
+            kept = reduce_exemplars(st, m)
+            again = torch.isin(kept["y"], new_classes)  # a class seen again is rebuilt [D]
+            parts.append({k: v[~again] for k, v in kept.items()})
+        if m > 0 and len(y):
+            feats = self.embed(ctx.model, x)
+            for cls in new_classes.tolist():
+                rows = (y == cls).nonzero().squeeze(1)
+                pick = rows[herding(feats[rows], m)]
+                parts.append({
+                    "x": x[pick], "y": y[pick],
+                    "task": torch.full_like(pick, ctx.task),
+                    "rank": torch.arange(len(pick), device=pick.device),
+                })  # fmt: skip
+        if parts:
+            store = {k: torch.cat([p[k] for p in parts]) for k in ROWS}
+        else:
+            store = {
+                "x": x[:0], "y": y[:0], "task": y[:0].clone(), "rank": y[:0].clone(),
+            }  # fmt: skip
+        ctx.state[KEY] = {**store, "seen": seen, "refreshed": -1}
+        return self.feature_report(ctx)
+
+    def client_round_end(self, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
+        """The feature sums of the client's exemplars on the new global model (None
+        before its first task end, or where its task end already sent them this round)."""
+        st = ctx.state.get(KEY)
+        if st is None or st.get("refreshed") == ctx.round:
+            return None
+        return self.feature_report(ctx)
