@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # (name, options) of every dataset the session fixture prepares
 PREPARED = [("iris", {}), ("iris", {"pca": 2}), ("digits", {}), ("mnist1d", {})]
+
+
+def shared_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory that ``build(path)`` fills once per test session, shared by every
+    pytest-xdist worker: a module-scoped fixture runs once per worker that gets one of the
+    module's tests (worksteal spreads a module over workers), so an expensive end-to-end
+    set-up (a Snakemake pipeline) would run twice; here the second worker waits for the
+    first's result instead. The directory must be read-only to the tests."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers' common parent
+    path = base / f"shared-{name}"
+    with FileLock(str(path) + ".lock"):
+        if not (path / ".done").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            build(path)
+            (path / ".done").touch()
+    return path
 
 
 @pytest.fixture(scope="session")

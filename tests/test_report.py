@@ -22,6 +22,7 @@ import pytest
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
 
 # the real command as the workflow tests run it (skipped with them where snakemake is missing)
+from .conftest import shared_once
 from .test_workflow import snakemake, write_config
 
 pytestmark = pytest.mark.e2e
@@ -100,11 +101,13 @@ def visible_rows(results: dict, paths: list[str]) -> tuple[int, set[str]]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[Path, dict, dict]:
-    work = tmp_path_factory.mktemp("report")
-    write_config(work, CONFIG)
-    (work / "paper_results.csv").write_text(PAPER)
-    snakemake(work)
-    snakemake(work, "--report", "report.html")
+    def build(work: Path) -> None:
+        write_config(work, CONFIG)
+        (work / "paper_results.csv").write_text(PAPER)
+        snakemake(work)
+        snakemake(work, "--report", "report.html")
+
+    work = shared_once(tmp_path_factory, "report", build)  # one pipeline for all workers
     results, categories = parse_report(work / "report.html")
     return work, results, categories
 
