@@ -145,3 +145,21 @@ def test_augment_config_errors_name_the_key(minimal_config):
     assert none.hash != rc.hash
     minimal_config["experiments"][0]["train"] = {"data_storage": "stream"}
     assert parse_config(minimal_config).runs()[0].hash == none.hash  # a runtime setting
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+def test_augmented_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blobs_root, monkeypatch):
+    """The augmentation key travels inside the step's positions, so a captured step replays
+    each round's own crops and flips: graphs on and off give the same weights."""
+    gpu = torch.device("cuda")
+    rc = _cfg(make_run_config, blobs_root, AUG, client_engine="vectorized", rounds=4, device="cuda")
+    weights = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
+        sim = Simulation(rc, device=gpu)
+        assert (sim.step_graphs is not None) == (flag == "1")
+        status, _, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        weights.append(sim.global_params)
+    for k, v in weights[0].items():
+        assert torch.equal(v, weights[1][k]), k

@@ -94,7 +94,6 @@ class Simulation(ClientSide):
         self.cfg = cfg
         t = cfg.train
         self.device = device or resolve_device(t.device)
-        self.step_graphs = StepGraphs() if graphs_enabled(self.device) else None
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         method_cls = METHODS.get(cfg.method.name, "method.name")
@@ -102,6 +101,13 @@ class Simulation(ClientSide):
 
         data = load_run_data(cfg, self.device, method_cls.trait("public_labels", params), verify)
         self.clients, self.scenario = data.clients, data.scenario
+        # a streamed pool gathers minibatches on the host: no step can be captured
+        self.step_graphs = StepGraphs() if graphs_enabled(self.device) and not self.clients.x.stream else None
+        if self.device.type == "cuda":
+            # [D] the same bits on every run and under CUDA graphs: cuDNN may otherwise pick
+            # another convolution algorithm during graph capture (seen on an H100: eager and
+            # replayed steps differed in the 8th digit of the loss)
+            torch.backends.cudnn.deterministic = True
         self.num_classes, public = data.num_classes, data.public
         dev = self.device
 

@@ -30,6 +30,7 @@ training steps (test sets, method passes over a client's data) are not augmented
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,15 @@ def crop_flip(x: torch.Tensor, draw: torch.Tensor, salt: int, pad: int) -> torch
     return out.permute(0, 3, 1, 2)
 
 
+@functools.cache
+def _channel_tensors(mean: tuple, std: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean and std as [C, 1, 1] tensors on ``device``, made once (a step captured as a CUDA
+    graph may copy nothing from the host)."""
+    m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device)
+    s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device)
+    return m, s
+
+
 @dataclass(frozen=True)
 class InputPipeline:
     """Stored rows -> model inputs, on the device. ``scale``: uint8 inputs are divided by it
@@ -131,14 +141,13 @@ class InputPipeline:
         )
 
     def convert(self, x: torch.Tensor) -> torch.Tensor:
-        """Stored dtype -> model input: uint8 scaled and normalised; anything else as is."""
+        """Stored dtype -> model input: uint8 images [..., C, H, W] scaled and normalised per
+        channel; anything else as is."""
         if x.dtype != torch.uint8:
             return x
         out = x.to(torch.float32) / self.scale if self.scale else x.to(torch.float32)
         if self.mean is not None:
-            shape = (1, -1) + (1,) * (x.dim() - 2)
-            mean = torch.tensor(self.mean, dtype=torch.float32, device=x.device).view(shape)
-            std = torch.tensor(self.std, dtype=torch.float32, device=x.device).view(shape)
+            mean, std = _channel_tensors(self.mean, self.std, x.device)
             out = (out - mean) / std
         return out
 
