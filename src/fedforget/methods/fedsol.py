@@ -183,7 +183,8 @@ class FedSOL(OverBase):
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
         model, sc = ctx.model, self.scratch(ctx)
-        if any(True for _ in model.buffers()):
+        params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+        if any(n not in params for n in model.state_dict()):  # state buffers; not constants (HF position ids)
             raise FedForgetError("fedsol: models with buffers (BatchNorm) are not supported (running statistics would be updated in both passes)")
         self.base.client_begin(ctx)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

