@@ -73,7 +73,7 @@ def test_validate_missing_config_file(capsys, tmp_path):
 def test_prepare_unknown_dataset_lists_allowed(capsys, tmp_path):
     assert main(["prepare", "--dataset", "nope", "--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "unknown dataset 'nope'" in err and "blobs, digits, iris, mnist1d" in err
+    assert "unknown dataset 'nope'" in err and "blobs, cifar10, cifar100, cinic10, digits" in err
     assert not any(tmp_path.iterdir())
 
 
@@ -116,6 +116,7 @@ MISSING_PATH_CASES = {
     "aggregate": ["aggregate", "--config", "{m}"],
     "aggregate-runs": ["aggregate", "--runs", "{m}", "--out", "{m}/out", "--experiment", "x"],
     "plot": ["plot", "--summary", "{m}", "--out", "{m}/out"],
+    "paper-table": ["paper-table", "--summary", "{m}", "--experiment", "x", "--paper", '{{"name": "p", "table": 1}}'],
     "figure": ["figure", "--summary", "{m}", "--experiment", "x", "--name", "curves", "--out", "{m}/x.png"],
     "run": ["run", "--config", "{m}"],
     "stale": ["stale", "--config", "{m}"],

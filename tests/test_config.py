@@ -48,7 +48,7 @@ PUBLIC_FORMS = ["null", "{source: holdout, fraction: a number in (0, 1)", "{sour
 # (id, mutation of a minimal valid config, substrings the error message must contain)
 BAD = [
     ("unknown-dataset", lambda d: dset(d).update(name="cifar99"),
-     ["experiments[0].datasets[0].name", "unknown dataset 'cifar99'", "blobs, digits, iris, mnist1d"]),
+     ["experiments[0].datasets[0].name", "unknown dataset 'cifar99'", "blobs, cifar10, cifar100, cinic10, digits"]),
     ("unknown-method", lambda d: ex(d)["methods"][0].update(name="fedmagic"),
      ["experiments[0].methods[0].name", "unknown method 'fedmagic'", "fedavg"]),
     ("unknown-model", lambda d: dset(d).update(model="resnet999"),

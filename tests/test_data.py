@@ -235,7 +235,7 @@ def test_missing_public_tells_to_prepare(tmp_path):
 
 def test_unknown_dataset_and_option_errors(tmp_path):
     with pytest.raises(
-        FedForgetError, match=r"unknown dataset 'nope'; allowed: blobs, digits, iris, mnist1d"
+        FedForgetError, match=r"unknown dataset 'nope'; allowed: blobs, cifar10, cifar100, cinic10, digits, "
     ):
         prepare_dataset("nope", {}, tmp_path)
     with pytest.raises(FedForgetError, match=r"unknown option\(s\) \['foo'\]; allowed: pca"):

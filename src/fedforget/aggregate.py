@@ -234,8 +234,15 @@ def _paper_number(ref: pd.DataFrame, paper: dict[str, Any], row: pd.Series, metr
     ]
     if not len(hit):
         return math.nan, math.nan
-    std = hit["std"].iloc[0]
-    return float(hit["value"].iloc[0]), (float(std) if pd.notna(std) else math.nan)
+    # a '-' cell or a std the paper writes as 'failed' (FedSOL Table 2) is no number: NaN
+    return _number(hit["value"].iloc[0]), _number(hit["std"].iloc[0])
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def attach_paper(

@@ -53,7 +53,7 @@ def cmd_prepare(args) -> None:
         from .config import load_config
         from .pipeline import prepare_all
 
-        for p in prepare_all([load_config(c) for c in args.config]):
+        for p in prepare_all([load_config(c) for c in args.config], args.raw_dir, args.download):
             print(p)
         return
     if args.public:
@@ -67,7 +67,8 @@ def cmd_prepare(args) -> None:
         raise FedForgetError(
             "prepare needs --dataset NAME, --public SPEC --of ID, or --config FILE"
         )
-    print(prepare_dataset(args.dataset, _json(args.options, "--options") or {}, args.root))
+    opts = _json(args.options, "--options") or {}
+    print(prepare_dataset(args.dataset, opts, args.root, args.raw_dir, args.download))
 
 
 def cmd_partition(args) -> None:
@@ -172,6 +173,13 @@ def cmd_aggregate(args) -> None:
     print(args.out)
 
 
+def cmd_paper_table(args) -> None:
+    from .paper_tables import write_paper_tables
+
+    for p in write_paper_tables(args.summary, args.experiment, _json(args.paper, "--paper"), args.paper_results):
+        print(p)
+
+
 def cmd_plot(args) -> None:
     from .plots import plot_experiment
 
@@ -237,6 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--public", help="held-out public set spec as JSON")
     s.add_argument("--of", help="private dataset id the public slice is held out of")
     s.add_argument("--root", default="data", help="prepared-data directory (default: data)")
+    s.add_argument(
+        "--raw-dir",
+        help="native files of the paper datasets, <raw-dir>/<source>/ (default: <root>/raw); "
+        "a location only: no part of any dataset id",
+    )  # fmt: skip
+    s.add_argument(
+        "--download", action="store_true",
+        help="fetch missing native files from their sources, checksummed (the workflow's "
+        "config key `download: true`); default: a missing file is an error saying how to get it",
+    )  # fmt: skip
     s.set_defaults(fn=cmd_prepare)
 
     s = sub.add_parser("partition", help="split a dataset's private pool over clients")
@@ -283,6 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the papers' numbers (CSV) read when --paper links a table (default: config/paper_results.csv)",
     )  # fmt: skip
     s.set_defaults(fn=cmd_aggregate)
+
+    s = sub.add_parser("paper-table", help="the linked paper table beside ours, in the paper's layout")
+    s.add_argument("--summary", required=True, help="the experiment's summary directory (runs.csv; writes paper.csv/.md/.html)")
+    s.add_argument("--experiment", required=True, help="the experiment's name (page title)")
+    s.add_argument("--paper", required=True, help="paper link as JSON: {name, table, dataset_map, setting_map, method_map}")
+    s.add_argument(
+        "--paper-results", default="config/paper_results.csv",
+        help="the papers' numbers (CSV; default: config/paper_results.csv)",
+    )  # fmt: skip
+    s.set_defaults(fn=cmd_paper_table)
 
     s = sub.add_parser("plot", help="learning curves from an experiment's summary")
     s.add_argument("--summary", required=True, help="the experiment's summary directory (metrics.parquet)")

@@ -15,12 +15,15 @@ from .partition import PartitionSpec, class_counts, make_partition, save_partiti
 log = logging.getLogger(__name__)
 
 
-def prepare_all(wfs: list[WorkflowConfig]) -> list[Path]:
+def prepare_all(
+    wfs: list[WorkflowConfig], raw_dir: str | Path | None = None, download: bool = False
+) -> list[Path]:
     """Every dataset and public set of the configs, each once (each into its config's
-    data_dir), datasets first: public slices are cut from them."""
+    data_dir), datasets first: public slices are cut from them. The paper datasets read their
+    native files from ``raw_dir`` (default ``<data_dir>/raw``; ``download``: fetch missing ones)."""
     datasets = {(wf.data_dir, did): v for wf in wfs for did, v in wf.datasets_to_prepare().items()}
     publics = {(wf.data_dir, pid): v for wf in wfs for pid, v in wf.holdouts_to_prepare().items()}
-    out = [prepare_dataset(name, opts, root) for (root, _), (name, opts) in datasets.items()]
+    out = [prepare_dataset(name, opts, root, raw_dir, download) for (root, _), (name, opts) in datasets.items()]
     return out + [prepare_public(spec, private, root) for (root, _), (private, spec) in publics.items()]
 
 
@@ -59,6 +62,7 @@ def run_all(
     config and code (``provenance.stale_reasons``; unless ``force``)."""
     from .aggregate import aggregate
     from .figures import make_figure
+    from .paper_tables import write_paper_tables
     from .plots import plot_experiment
     from .provenance import stale_reasons
     from .runner import run_training
@@ -84,6 +88,8 @@ def run_all(
             exp.paper,
             wf.paper_results,
         )
+        if exp.paper:
+            write_paper_tables(summary_dir(wf, exp.name), exp.name, exp.paper, wf.paper_results)
         plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name))
         for fig in exp.figures:
             make_figure(

@@ -231,6 +231,7 @@ def experiment_paper(w):
 
 # digests of the table and figure code: a params value of those rules, so editing it redraws
 AGGREGATE_CODE = module_code("fedforget.aggregate").digest
+PAPER_CODE = module_code("fedforget.paper_tables").digest
 PLOT_CODE = module_code("fedforget.plots").digest
 
 
@@ -306,6 +307,9 @@ def names_re(names):
 
 CONTINUAL_RE = names_re(CONTINUAL)
 ONE_TASK_RE = names_re(sorted({exp.name for exp in WF.experiments} - set(CONTINUAL)))
+# experiments that link a paper table (config key paper): rule paper_table sets the paper's
+# numbers beside theirs in the paper's layout (fedforget.paper_tables.PAPER_OUTPUTS)
+PAPER_RE = names_re(sorted(exp.name for exp in WF.experiments if exp.paper))
 
 
 RUN_OUTPUTS = ("metrics.csv", "run.json", "model.pt", "timings.csv", "tasks.csv", "accuracy_matrix.csv")  # rule train's outputs
@@ -338,5 +342,7 @@ def all_targets():
             out += [f"{base}/summary/continual.csv", f"{base}/summary/continual.md"]
             out += [f"{base}/figures/{CONTINUAL_DIR}/{f}.png" for f in CONTINUAL_FIGURES]
         out += [f"{base}/figures/{f.label}.png" for f in exp.figures]
+        if exp.paper:
+            out += [f"{base}/summary/paper.csv", f"{base}/summary/paper.md"]
     out += [f"{RESULTS}/partitions/{pool}/{slug}/heatmap.png" for pool, slug in PARTITIONS]
     return out

@@ -1,4 +1,11 @@
 # Datasets and public sets are written into data/ (tracked by DVC: `dvc add data`).
+import shlex
+
+# The paper datasets' native files: config keys raw_dir (default <data_dir>/raw) and download.
+# A location and a permission, not content: a JobArgument, so neither is a rerun trigger.
+RAW_ARGS = JobArgument(
+    f"--raw-dir {shlex.quote(config.get('raw_dir') or f'{DATA}/raw')}" + (" --download" if config.get("download") else "")
+)
 
 
 rule prepare_dataset:
@@ -7,10 +14,14 @@ rule prepare_dataset:
     params:
         p=prepare_params,
         root=subpath(output[-1], ancestor=2),
+        raw=RAW_ARGS,
     log:
         "logs/prepare/{dataset}.log",
+    # a failure's one error (a missing or corrupt native file and how to obtain it) is also
+    # printed to Snakemake's output, not only to the log
     shell:
-        "fedforget prepare --dataset {params.p[name]} --options {params.p[options]:q} --root {params.root} > {log} 2>&1"
+        "fedforget prepare --dataset {params.p[name]} --options {params.p[options]:q} --root {params.root} {params.raw} "
+        "> {log} 2>&1 || {{ awk 'e || /^fedforget: error/ {{ e = 1; print }}' {log} >&2; exit 1; }}"
 
 
 # The public slice is a function of its dataset's id (name + options), its spec and the code

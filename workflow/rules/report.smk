@@ -46,6 +46,41 @@ use rule aggregate as aggregate_continual with:
         experiment=CONTINUAL_RE,
 
 
+# the linked paper table(s) beside ours, in the paper's layout (fedforget.paper_tables), for
+# the experiments that link one (config key paper)
+rule paper_table:
+    input:
+        runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
+        results=WF.paper_results,
+    output:
+        table=report(
+            f"{RESULTS}/{{experiment}}/summary/paper.csv",
+            caption="../report/paper_table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Paper vs ours, in the paper's layout (CSV)", "experiment": "{experiment}"},
+        ),
+        html=report(
+            f"{RESULTS}/{{experiment}}/summary/paper.html",
+            caption="../report/paper_table.rst",
+            category="Tables",
+            subcategory="{experiment}",
+            labels={"table": "Paper vs ours, in the paper's layout", "experiment": "{experiment}"},
+        ),
+        markdown=f"{RESULTS}/{{experiment}}/summary/paper.md",
+    wildcard_constraints:
+        experiment=PAPER_RE,
+    params:
+        paper=experiment_paper,
+        code=PAPER_CODE,
+        summary=subpath(input.runs, parent=True),
+    log:
+        "logs/paper_table/{experiment}.log",
+    shell:
+        "fedforget paper-table --summary {params.summary} --experiment {wildcards.experiment} "
+        "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log} 2>&1"
+
+
 rule plot:
     input:
         f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
@@ -114,6 +149,7 @@ rule figure:
 localrules:
     aggregate,
     aggregate_continual,
+    paper_table,
     plot,
     plot_continual,
     figure,

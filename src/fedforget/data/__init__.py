@@ -13,16 +13,21 @@ reproduce on every machine::
                  for uint8 images, the training split's per-channel mean and std
                  (``normalize``: how ``fedforget.inputs`` turns stored rows into model inputs)
 
+The paper datasets (``paper_sets``: CIFAR, MNIST, SVHN, MedMNIST, the image-folder sets and
+the text sets) are built from native files under a raw-data directory (default
+``data/raw``), given to their build as ``base.RawData``: a location, never part of an id.
+
 Public (proxy) sets held out of a training split live in ``data/public/<public_id>/``
 with ``x.npy``, ``y.npy``, ``indices.npy`` (rows of the source training split) and
 ``meta.json``; a public set that is another dataset is that dataset's training split.
 """
 
-from . import sklearn_sets, synthetic  # noqa: F401  (register the sources)
+from . import paper_sets, sklearn_sets, synthetic  # noqa: F401  (register the sources)
 from .base import (
     DATASETS,
     DatasetInfo,
     PublicSet,
+    RawData,
     TensorData,
     dataset_id,
     load_dataset,
@@ -36,6 +41,7 @@ __all__ = [
     "DATASETS",
     "DatasetInfo",
     "PublicSet",
+    "RawData",
     "TensorData",
     "dataset_id",
     "load_dataset",

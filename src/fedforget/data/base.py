@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import filecmp
+import hashlib
+import io
 import json
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 from ..registry import Registry
-from ..utils import FedForgetError, atomic_save_npy, atomic_write_json, sha256_file
+from ..utils import FedForgetError, atomic_save_npy, atomic_write_json, current_umask, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,8 @@ class DatasetInfo:
     num_classes: int
     sizes: Callable[[Mapping[str, Any]], tuple[int, int]]  # (n_train, n_test)
     check_options: Callable[[Mapping[str, Any]], None] = lambda o: None
-    embedded: bool = True  # ships with a Python package: no network needed
+    # ships with a Python package: no network needed; False: build(RawData, **options)
+    embedded: bool = True
 
     def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         options = dict(options or {})
@@ -60,6 +67,22 @@ class DatasetInfo:
 DATASETS: Registry[DatasetInfo] = Registry("dataset")
 
 
+@dataclass(frozen=True)
+class RawData:
+    """What the build of a dataset that does not ship with a package (``embedded=False``)
+    is given besides its options [D]: ``root``, the raw-data directory holding each source's
+    native files under ``<root>/<source>/``; ``download``, whether missing files may be
+    fetched; ``work_dir``, a scratch folder on the prepared data's file system for decoded
+    memory maps (removed after preparation); ``workers``, image-decoding threads. Locations
+    and permissions only: none of them enters a dataset's id, its meta.json or any hash, and
+    the prepared bytes do not depend on them."""
+
+    root: Path
+    download: bool = False
+    work_dir: Path | None = None
+    workers: int = 1
+
+
 def dataset_id(name: str, options: Mapping[str, Any] | None = None) -> str:
     """Directory name of a prepared dataset: the name, plus every non-default option."""
     info = DATASETS.get(name)
@@ -75,6 +98,11 @@ def _fmt(v: Any) -> str:
         return repr(v)  # shortest exact form: distinct values never share an id
     if isinstance(v, (list, tuple)):
         return "x".join(_fmt(i) for i in v)
+    if isinstance(v, str) and ("/" in v or "\\" in v):
+        # a path or an "org/name" hub id (a tokenizer): a directory name holds no "/", so its
+        # last part and a digest of the whole value
+        last = PurePosixPath(v.replace("\\", "/").rstrip("/")).name or "root"
+        return f"{last}_{hashlib.sha256(v.encode()).hexdigest()[:8]}"
     return str(v)
 
 
@@ -82,20 +110,60 @@ def _file_record(path: Path, arr: np.ndarray) -> dict[str, Any]:
     return {"sha256": sha256_file(path), "shape": list(arr.shape), "dtype": str(arr.dtype)}
 
 
-def prepare_dataset(name: str, options: Mapping[str, Any] | None, root: str | Path) -> Path:
+def default_workers() -> int:
+    """Image-decoding threads for preparing a dataset: the CPUs this process may use, at most
+    8 (decoding is I/O- and GIL-bound beyond that); the bytes do not depend on it."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+def prepare_dataset(
+    name: str,
+    options: Mapping[str, Any] | None,
+    root: str | Path,
+    raw_dir: str | Path | None = None,
+    download: bool = False,
+    workers: int | None = None,
+) -> Path:
     """Build a dataset from its source and write it in the prepared format. Deterministic:
-    the same name and options give the same bytes."""
+    the same name and options give the same bytes. A dataset that does not ship with a
+    package (``embedded=False``: the paper datasets) reads its native files from ``raw_dir``
+    (default ``<root>/raw``) and fetches missing ones only with ``download``; ``raw_dir``,
+    ``download`` and ``workers`` are no part of the id or the bytes (:class:`RawData`)."""
     info = DATASETS.get(name)
     opts = info.resolve(options)
     did = dataset_id(name, opts)
     out = Path(root) / did
-    arrays = info.build(**opts)
+    if info.embedded:
+        return _write_prepared(info, opts, did, out, info.build(**opts), None)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    # scratch on the same file system as the output: decoded memory maps are moved, not copied
+    work = Path(tempfile.mkdtemp(prefix=f".{did}.", suffix=".work", dir=root))
+    try:
+        raw = RawData(
+            Path(raw_dir) if raw_dir is not None else Path(root) / "raw",
+            bool(download),
+            work,
+            int(workers) if workers else default_workers(),
+        )
+        return _write_prepared(info, opts, did, out, info.build(raw, **opts), work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_prepared(
+    info: DatasetInfo, opts: dict[str, Any], did: str, out: Path, arrays: Arrays, work: Path | None
+) -> Path:
+    name = info.name
     files = {}
     for key in ARRAYS:
         arr = getattr(arrays, key)
         arr = stored_inputs(arr) if key.startswith("x") else arr.astype(np.int64)
         path = out / f"{key}.npy"
-        atomic_save_npy(path, arr, keep_same=True)  # a rerun keeps unchanged files' mtimes
+        save_array(path, arr, movable_from=work)  # a rerun keeps unchanged files' mtimes
         files[path.name] = _file_record(path, arr)
     meta = {
         "format_version": FORMAT_VERSION,
@@ -124,8 +192,77 @@ def stored_inputs(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.uint8:
         return x
     if np.issubdtype(x.dtype, np.integer):
-        return x.astype(np.int64)
+        return x.astype(np.int64, copy=False)
     return x.astype(np.float32)
+
+
+STREAM_MIN_BYTES = 64 << 20  # arrays above this (and every memory map) are written in chunks
+CHUNK_BYTES = 64 << 20
+
+
+def npy_header(arr: np.ndarray) -> bytes:
+    """The header ``np.save`` writes before ``arr``'s C-order bytes (format 1.0, or 2.0 for a
+    header too long for it)."""
+    fmt, d = np.lib.format, np.lib.format.header_data_from_array_1_0(arr)
+    try:
+        buf = io.BytesIO()
+        fmt.write_array_header_1_0(buf, d)
+    except ValueError:  # header too long for format 1.0: np.save then writes 2.0
+        buf = io.BytesIO()
+        fmt.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def _npy_file_of(arr: np.ndarray, folder: Path) -> Path | None:
+    """The file of ``arr`` if it is a memory map of a whole ``.npy`` inside ``folder`` whose
+    bytes are what ``np.save(arr)`` would write (a decoded image split), else None."""
+    filename = getattr(arr, "filename", None)
+    if not isinstance(arr, np.memmap) or not filename or not arr.flags.c_contiguous:
+        return None
+    path = Path(filename).resolve()
+    if path.parent != folder.resolve() or not path.is_file():
+        return None
+    header = npy_header(arr)
+    if arr.offset != len(header) or path.stat().st_size != len(header) + arr.nbytes:
+        return None
+    with open(path, "rb") as f:
+        return path if f.read(len(header)) == header else None
+
+
+def save_array(path: str | Path, arr: np.ndarray, movable_from: Path | None = None) -> bool:
+    """Write ``arr`` to ``path`` with exactly the bytes ``np.save`` gives, atomically, leaving
+    a file that already holds them alone (its mtime too). Small in-memory arrays go through
+    ``atomic_save_npy`` as they always did; larger ones and memory maps are written in chunks
+    of CHUNK_BYTES, never held whole in memory, and a memory map that already is such a file
+    in ``movable_from`` (a scratch folder) is moved into place instead of copied. Returns
+    whether it wrote."""
+    path = Path(path)
+    if not isinstance(arr, np.memmap) and arr.nbytes <= STREAM_MIN_BYTES:
+        return atomic_save_npy(path, arr, keep_same=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = _npy_file_of(arr, movable_from) if movable_from is not None else None
+    if source is None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        source = Path(tmp)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(npy_header(arr))
+                row = max(1, int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.itemsize)
+                step = max(1, CHUNK_BYTES // row)
+                for s in range(0, len(arr), step):
+                    f.write(np.ascontiguousarray(arr[s : s + step]).tobytes())
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            source.unlink(missing_ok=True)
+            raise
+    if path.is_file() and filecmp.cmp(source, path, shallow=False):
+        if source.parent == path.parent:  # our temporary file; a scratch file goes with its folder
+            source.unlink()
+        return False
+    os.chmod(source, 0o666 & ~current_umask())
+    os.replace(source, path)
+    return True
 
 
 def channel_stats(x: np.ndarray, chunk: int = 4096) -> dict[str, Any]:
@@ -135,6 +272,9 @@ def channel_stats(x: np.ndarray, chunk: int = 4096) -> dict[str, Any]:
     meta.json bytes do not depend on the platform's last float digit."""
     c = x.shape[1]
     total, sq, n = np.zeros(c), np.zeros(c), 0
+    # at most ~256 MB of float64 at once (4096 rows of 3x32x32 images; fewer of larger ones)
+    row = 8 * max(1, int(np.prod(x.shape[1:], dtype=np.int64)))
+    chunk = max(1, min(chunk, (256 << 20) // row))
     for s in range(0, len(x), chunk):
         b = np.asarray(x[s : s + chunk], dtype=np.float64).reshape(min(chunk, len(x) - s), c, -1) / 255.0
         total += b.sum(axis=(0, 2))

@@ -1,0 +1,297 @@
+"""Paper vs ours in the paper's layout (fedforget.paper_tables, issue 17 item 5): hand-written
+run directories in the runner's format -> ``aggregate`` (runs.csv) -> ``write_paper_tables``
+beside a hand-written paper results file. Checks the numbers (ours in %, mean ± sample std
+over completed seeds), the sign of the difference (ours − paper), "not run", the paper's '-'
+and missing cells, failed seeds, continual metrics from two linked tables, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from fedforget.aggregate import aggregate
+from fedforget.cli import main
+from fedforget.paper_tables import CELL_COLUMNS, PAPER_OUTPUTS, write_paper_tables
+
+PARTITION = {
+    "scheme": "dirichlet",
+    "clients": 3,
+    "alpha": 0.5,
+    "min_size": 10,
+    "max_redraws": 1000,
+    "seed": 0,
+}
+HEADER = "paper,table,dataset,setting,method,metric,value,std\n"
+
+
+def write_run(
+    d, method, seed, status="completed", final=None, dataset="digits", scenario=None, tasks_csv=None
+):
+    """A run directory as the runner writes it: run.json, metrics.csv, tasks.csv."""
+    d.mkdir(parents=True)
+    rounds = 2
+    cfg = {"experiment": "e", "seed": seed, "method": {"label": method}, "dataset": {"label": dataset},
+           "partition": PARTITION, "train": {"rounds": rounds}}  # fmt: skip
+    if scenario:
+        cfg["dataset"]["scenario"] = scenario
+    done = status == "completed"
+    rec = {"status": status, "config": cfg, "config_hash": f"h{seed}", "rounds_completed": rounds,
+           "final_global_model_test_acc": final if done else None, "best_global_model_test_acc": final if done else None,
+           "versions": {"torch": "x"}, "client_engine": "sequential"}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(rec))
+    (d / "metrics.csv").write_text("round,global_model_test_acc\n0,0.1\n1,0.5\n2,0.6\n")
+    (d / "tasks.csv").write_text(
+        tasks_csv
+        or "round,current_task,task,accuracy,loss\n0,0,0,0.1,1.0\n1,0,0,0.5,1.0\n2,0,0,0.6,1.0\n"
+    )
+    return d
+
+
+def _cell(cells: pd.DataFrame, method: str, **where) -> pd.Series:
+    hit = cells[cells["method"] == method]
+    for k, v in where.items():
+        hit = hit[hit[k] == v]
+    assert len(hit) == 1, (method, where, hit)
+    return hit.iloc[0]
+
+
+@pytest.fixture
+def one_task(tmp_path):
+    """fedavg: 3 completed seeds (60, 62, 64 %); fedprox-mu0.01 (the paper's FedProx): one
+    completed (70 %) and one diverged; SCAFFOLD: every seed diverged; FedDyn: still running;
+    mine: a method the paper does not have."""
+    root = tmp_path / "runs"
+    dirs = [write_run(root / f"fedavg{s}", "fedavg", s, final=0.60 + 0.02 * s) for s in range(3)]
+    dirs += [
+        write_run(root / "prox0", "fedprox-mu0.01", 0, final=0.70),
+        write_run(root / "prox1", "fedprox-mu0.01", 1, "diverged"),
+    ]
+    dirs += [write_run(root / f"scaffold{s}", "SCAFFOLD", s, "diverged") for s in range(2)]
+    dirs += [write_run(root / f"feddyn{s}", "FedDyn", s, "running") for s in range(2)]
+    dirs += [
+        write_run(root / "mine0", "mine", 0, final=0.5),
+        write_run(root / "mine1", "mine", 1, final=0.6),
+    ]
+    ref = tmp_path / "paper_results.csv"
+    ref.write_text(
+        HEADER
+        + "P,2,CIFAR,dir-0.5,FedAvg,accuracy,65.00,1.0\n"
+        + "P,2,CIFAR,dir-0.5,FedProx,accuracy,66.50,0.5\n"
+        + "P,2,CIFAR,dir-0.5,FedNova,accuracy,10.00,failed\n"  # the paper's failed run; not in our config
+        + "P,2,CIFAR,dir-0.5,SCAFFOLD,accuracy,-,\n"  # the paper's '-'
+        + "P,2,CIFAR,dir-0.1,SCAFFOLD,accuracy,55.00,2.0\n"  # a column this experiment does not map to
+        + "P,2,CIFAR,dir-0.5,FedAvg,runtime_h,3.5,\n"  # no counterpart: not compared
+        + "P,2,CIFAR,dir-0.5,FedDyn,accuracy,61.00,\n"
+        + "P,3,CIFAR,dir-0.5,FedAvg,accuracy,1.00,\n"  # another table of the paper
+        + "Q,2,CIFAR,dir-0.5,FedAvg,accuracy,2.00,\n"  # another paper
+    )
+    paper = {"name": "P", "table": 2, "dataset_map": {"digits": "CIFAR"}, "setting_map": {"dirichlet-0.5": "dir-0.5"},
+             "method_map": {"fedprox-mu0.01": "FedProx"}}  # fmt: skip
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e", paper, ref)
+    files = write_paper_tables(out, "e", paper, ref)
+    assert [f.name for f in files] == list(PAPER_OUTPUTS)
+    return out, pd.read_csv(out / "paper.csv", keep_default_na=False, na_values=[""])
+
+
+def test_cells_numbers_difference_and_status(one_task):
+    out, cells = one_task
+    assert list(cells.columns) == CELL_COLUMNS
+    assert list(cells.columns[:10]) == ["method", "dataset", "setting", "metric", "paper_pct", "ours_mean_pct",
+                                        "ours_std_pct", "n_seeds", "diff_pct_points", "status"]  # fmt: skip
+    # every cell is the paper's column (dataset_map, setting_map), its only compared metric
+    assert set(zip(cells["dataset"], cells["setting"], cells["metric"])) == {
+        ("CIFAR", "dir-0.5", "accuracy")
+    }
+    assert set(cells["our_dataset"]) == {"digits"} and set(cells["our_setting"]) == {
+        "dirichlet-0.5"
+    }
+    # the paper's methods in its order, then ours that the paper lacks
+    assert list(cells["method"]) == [
+        "fedavg",
+        "fedprox-mu0.01",
+        "FedNova",
+        "SCAFFOLD",
+        "FedDyn",
+        "mine",
+    ]
+
+    a = _cell(cells, "fedavg")  # 60, 62, 64 % over three seeds: ours below the paper's 65
+    assert a["ours_mean_pct"] == pytest.approx(62.0) and a["ours_std_pct"] == pytest.approx(2.0)
+    assert (a["paper_pct"], a["paper_std_pct"], a["n_seeds"], a["status"]) == (65.0, 1.0, 3, "ok")
+    assert a["diff_pct_points"] == pytest.approx(-3.0)  # ours − paper: negative, ours lower
+    p = _cell(cells, "fedprox-mu0.01")  # one completed seed (70 %) above the paper's 66.5
+    assert (
+        p["paper_method"] == "FedProx"
+        and p["ours_mean_pct"] == pytest.approx(70.0)
+        and math.isnan(p["ours_std_pct"])
+    )
+    assert p["diff_pct_points"] == pytest.approx(3.5) and (p["n_seeds"], p["n_failed"]) == (1, 1)
+    assert p["status"] == "failed seeds"
+    n = _cell(cells, "FedNova")  # the paper's method, not in our config
+    assert (
+        n["status"] == "not run; failed in paper" and n["paper_pct"] == 10.0 and n["n_seeds"] == 0
+    )
+    assert math.isnan(n["ours_mean_pct"]) and math.isnan(n["diff_pct_points"])
+    s = _cell(cells, "SCAFFOLD")  # every seed diverged; the paper's cell is '-'
+    assert s["status"] == "failed; paper '-'" and math.isnan(s["paper_pct"]) and s["n_failed"] == 2
+    d = _cell(cells, "FedDyn")  # runs not finished: not run
+    assert d["status"] == "not run" and d["n_not_finished"] == 2 and d["paper_pct"] == 61.0
+    m = _cell(cells, "mine")  # ours only: not in the paper's table
+    assert m["table"] == "" or pd.isna(m["table"])
+    assert (
+        m["status"] == "not in paper"
+        and m["ours_mean_pct"] == pytest.approx(55.0)
+        and math.isnan(m["paper_pct"])
+    )
+
+
+def test_markdown_and_html_in_the_papers_layout(one_task):
+    out, _ = one_task
+    md = (out / "paper.md").read_text()
+    assert md.startswith("# e: paper vs ours (P table 2)\n")
+    assert "## P table 2: accuracy (%)" in md
+    assert "| method |  | CIFAR dir-0.5 (ours: digits dirichlet-0.5) |" in md
+    lines = md.splitlines()
+    at = lines.index("| fedavg | paper | 65.00 ± 1.00 |")
+    assert lines[at + 1 : at + 3] == ["|  | ours | 62.00 ± 2.00 |", "|  | Δ | -3.00 |"]
+    at = lines.index("| fedprox-mu0.01 (paper: FedProx) | paper | 66.50 ± 0.50 |")
+    assert lines[at + 1 : at + 3] == [
+        "|  | ours | 70.00 (n = 1) (failed seeds) |",
+        "|  | Δ | +3.50 |",
+    ]
+    at = lines.index("| FedNova | paper | 10.00 (failed) |")
+    assert lines[at + 1] == "|  | ours | not run |" and not lines[at + 2].startswith("|  | Δ")
+    at = lines.index("| SCAFFOLD | paper | - |")
+    assert lines[at + 1] == "|  | ours | failed |"
+    assert "| FedDyn | paper | 61.00 |" in md
+    ours_only = md.split("## P not in the paper's table(s): accuracy (%)")[1]
+    assert (
+        "| mine | ours | 55.00 ± 7.07 |" in ours_only
+        and "paper |" not in ours_only.split("\n\n")[1]
+    )
+    # the paper's column no dataset of ours maps to, and the metric not compared, are named
+    assert "CIFAR dir-0.1" in md and "Not compared (no counterpart in our runs): runtime_h." in md
+    assert "All numbers in %" in md and "Δ = ours − paper in percentage points" in md
+    page = (out / "paper.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page
+    for text in ("<td>65.00 ± 1.00</td>", "<td>62.00 ± 2.00</td>", "<td>-3.00</td>", "<td>not run</td>",
+                 "<td>fedprox-mu0.01 (paper: FedProx)</td>", "CIFAR dir-0.5 (ours: digits dirichlet-0.5)"):  # fmt: skip
+        assert text in page, text
+
+
+def test_continual_metrics_of_two_linked_tables(tmp_path):
+    """FedGP-style link (table: [1, 11]): acc_T from table 1 and Fgt_T from table 11, each its own
+    grid; a[t][i] of two tasks x one round: a = [[0.8, 0.1], [0.6, 0.9 + 0.05 seed]], so ACC
+    = 75.00 / 77.50 % (mean 76.25, std 1.25·√2) and Fgt_T = a[0][0] − a[1][0] = 20 % in both."""
+    sc = {
+        "kind": "split",
+        "tasks": 2,
+        "classes_per_task": 1,
+        "incremental": "class",
+        "rounds_per_task": 1,
+    }
+    dirs = []
+    for seed in (0, 1):
+        rows = [
+            (0, 0, 0, 0.1),
+            (0, 0, 1, 0.1),
+            (1, 0, 0, 0.8),
+            (1, 0, 1, 0.1),
+            (2, 1, 0, 0.6),
+            (2, 1, 1, 0.9 + 0.05 * seed),
+        ]
+        text = "round,current_task,task,accuracy,loss\n" + "".join(
+            f"{r},{c},{t},{a!r},1.0\n" for r, c, t, a in rows
+        )
+        dirs.append(
+            write_run(tmp_path / f"fl{seed}", "FL", seed, final=0.7, scenario=sc, tasks_csv=text)
+        )
+    ref = tmp_path / "paper_results.csv"
+    ref.write_text(
+        HEADER
+        + "G,1,split-cifar10,class-il,FL,acc_T,70.00,1.0\n"
+        + "G,1,split-cifar10,class-il,FL+FedGP,acc_T,80.00,\n"
+        + "G,11,split-cifar10,class-il,FL,Fgt_T,25.00,2.0\n"
+        + "G,11,split-cifar10,class-il,FL+FedGP,Fgt_T,10.00,\n"
+    )
+    paper = {
+        "name": "G",
+        "table": [1, 11],
+        "dataset_map": {"digits": {"dataset": "split-cifar10", "setting": "class-il"}},
+    }
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e", paper, ref)
+    write_paper_tables(out, "e", paper, ref)
+    cells = pd.read_csv(out / "paper.csv")
+    assert list(zip(cells["table"], cells["method"], cells["metric"])) == [
+        (1, "FL", "acc_T"), (1, "FL+FedGP", "acc_T"), (11, "FL", "Fgt_T"), (11, "FL+FedGP", "Fgt_T")]  # fmt: skip
+    acc = _cell(cells, "FL", metric="acc_T")
+    assert acc["ours_mean_pct"] == pytest.approx(76.25) and acc["ours_std_pct"] == pytest.approx(
+        1.25 * math.sqrt(2)
+    )
+    assert acc["diff_pct_points"] == pytest.approx(6.25) and acc["our_column"] == "acc"
+    fgt = _cell(cells, "FL", metric="Fgt_T")  # lower is better: ours forgets 5 points less
+    assert fgt["ours_mean_pct"] == pytest.approx(20.0) and fgt["diff_pct_points"] == pytest.approx(
+        -5.0
+    )
+    assert fgt["paper_std_pct"] == 2.0 and fgt["status"] == "ok" and fgt["our_column"] == "fgt"
+    assert (cells[cells["method"] == "FL+FedGP"]["status"] == "not run").all()
+    md = (out / "paper.md").read_text()
+    assert md.startswith("# e: paper vs ours (G tables 1, 11)\n")
+    assert "## G table 1: acc_T (%)" in md and "## G table 11: Fgt_T (%)" in md
+    assert "| FL | paper | 25.00 ± 2.00 |\n|  | ours | 20.00 ± 0.00 |\n|  | Δ | -5.00 |" in md
+
+
+def test_cli_writes_the_tables_and_names_a_missing_summary(tmp_path, capsys):
+    d = write_run(tmp_path / "runs" / "a0", "FedAvg", 0, final=0.5)
+    ref = tmp_path / "paper_results.csv"
+    ref.write_text(HEADER + "P,1,digits,dirichlet-0.5,FedAvg,accuracy,40.00,\n")
+    out = tmp_path / "summary"
+    aggregate([d], out, "e")
+    link = json.dumps({"name": "P", "table": 1})
+    argv = [
+        "paper-table",
+        "--summary",
+        str(out),
+        "--experiment",
+        "e",
+        "--paper",
+        link,
+        f"--paper-results={ref}",
+    ]
+    assert main(argv) == 0
+    cell = pd.read_csv(out / "paper.csv").iloc[0]
+    assert (cell["ours_mean_pct"], cell["diff_pct_points"], cell["n_seeds"]) == (50.0, 10.0, 1)
+    assert (
+        "| FedAvg | paper | 40.00 |\n|  | ours | 50.00 (n = 1) |\n|  | Δ | +10.00 |"
+        in (out / "paper.md").read_text()
+    )
+    capsys.readouterr()
+    missing = tmp_path / "missing"
+    assert (
+        main(
+            [
+                "paper-table",
+                "--summary",
+                str(missing),
+                "--experiment",
+                "e",
+                "--paper",
+                link,
+                f"--paper-results={ref}",
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("fedforget: error: ")
+        and str(missing / "runs.csv") in err
+        and len(err.strip().splitlines()) == 1
+    )
+    assert main([*argv[:-1], f"--paper-results={tmp_path / 'nope.csv'}"]) == 2
+    assert "nope.csv" in capsys.readouterr().err
