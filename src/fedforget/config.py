@@ -383,6 +383,11 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                             f"{dkey}.public.dataset: '{public['dataset']}' has input shape {list(pinfo.input_shape(popts))}, "
                             f"but '{d['name']}' has {list(shape)}; a public set must match the private data's shape"
                         )
+                    elif "tokenizer" in opts and popts.get("tokenizer") != opts["tokenizer"]:  # text: same ids
+                        problems.append(
+                            f"{dkey}.public.options.tokenizer: '{popts.get('tokenizer')}' differs from the private "
+                            f"set's '{opts['tokenizer']}'; a public text set must be tokenized the same way"
+                        )
             scenario = check(resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario")
             augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
             ds = DatasetSpec(
