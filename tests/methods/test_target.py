@@ -1,0 +1,445 @@
+"""TARGET and LANDER (methods/target.py, methods/lander.py, methods/synthesis.py): the
+generator's loss falls against a fixed model, its terms (BN statistics, boundary, LTE
+bounding) against hand values, the clients' KD on synthetic rows and LANDER's local loss
+against hand values, replayed rows are rows of the server's synthetic pool, the label
+embeddings are MiniLM's, split-digits runs (class-IL, task-IL with per-task heads,
+domain-IL), exact resume mid-task and at a task boundary, FedGP over TARGET."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedforget.config import TrainSpec
+from fedforget.data.scenario import Scenario, resolve_scenario
+from fedforget.engine import Simulation
+from fedforget.methods import ClientContext, RunInfo, check_params, make_params
+from fedforget.methods.base import ServerContext, frozen_copy
+from fedforget.methods.lander import (
+    LANDER,
+    LTE,
+    LanderSynthesizer,
+    bounding_loss,
+    embedding_dim,
+    encode,
+    label_embeddings,
+    label_texts,
+)
+from fedforget.methods.synthesis import BNStatsLoss, Synthesizer, boundary_loss
+from fedforget.methods.target import TARGET
+from fedforget.models import Classifier
+from fedforget.partition import PartitionSpec
+from fedforget.utils import FedForgetError
+
+from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, strip
+
+# tiny synthesis budgets (the defaults are the papers')
+TINY = dict(
+    syn_size=40,
+    syn_batch=16,
+    syn_rounds=3,
+    g_steps=3,
+    warmup=1,
+    nz=8,
+    ngf=4,
+    student_steps=2,
+    student_batch=8,
+)
+TINY_L = {**TINY, "warmup": 0}  # LANDER: rounds 0..2 store, round 2 has the boundary term
+
+
+def split_info(input_shape=(1, 4, 4), tasks=2):
+    spec = resolve_scenario(
+        {"kind": "split", "tasks": tasks, "classes_per_task": 2}, 4, input_shape, "s"
+    )
+    return RunInfo(CPU, 4, 0, 2, TrainSpec(), Scenario.build(spec, 4, input_shape, tasks), input_shape,
+                   ("0", "1", "cat", "dog"))  # fmt: skip
+
+
+def toy_teacher(seed=0, lte=False):
+    """A fixed conv model on 1x4x4 inputs, 4 classes, whose BatchNorm statistics are those of
+    its "training data" (squared uniform images): what a generator can match."""
+    torch.manual_seed(seed)
+    body = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3, momentum=None), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(48, 6), nn.ReLU())  # fmt: skip
+    model = Classifier(body, 6, 4)
+    if lte:
+        model.lte_map = nn.Linear(6, 5)
+    with torch.no_grad():
+        model.train()(torch.rand(256, 1, 4, 4) ** 2)
+    return frozen_copy(model)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread (as the runs' train.threads = 1)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def ctx_for(model, broadcast, task, cid=0, rnd=3, n=8, batch=4):
+    return ClientContext(
+        cid=cid, round=rnd, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), global_params={},
+        broadcast=broadcast, state={}, n_samples=n, lr=0.1, local_epochs=1, batch_size=batch, task=task,
+    )  # fmt: skip
+
+
+def same(a, b):
+    """Nested dicts / lists of tensors and plain values, equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+# ----------------------------------------------------------------------------- the generator
+
+
+@pytest.mark.parametrize("variant", ["target", "lander"])
+def test_the_generator_loss_falls_against_a_fixed_model(variant):
+    """One synthesis round of 40 steps against a fixed BatchNorm model: L_gen (bn + CE,
+    LANDER with its LTE term) goes down; the kept batch is the lowest-loss iterate."""
+    info = split_info()
+    classes = torch.arange(4)
+    params = {
+        **TINY,
+        "syn_rounds": 1,
+        "g_steps": 40,
+        "adv": 0.0,
+        "student_steps": 0,
+        "lr_g": 0.01,
+        "lr_z": 0.05,
+    }
+    if variant == "target":
+        synth = Synthesizer(
+            make_params("target", params), toy_teacher(), classes, info.input_shape, CPU, (0, 0)
+        )
+    else:
+        lte = F.normalize(torch.randn(4, 5, generator=torch.Generator().manual_seed(1)), dim=1)
+        p = make_params("lander", {**params, "warmup": 0, "bn": 1.0})
+        synth = LanderSynthesizer(
+            p, toy_teacher(lte=True), classes, info.input_shape, CPU, (0, 0), lte
+        )
+    res = synth.run()
+    losses = res.losses[0]
+    assert len(losses) == 40 and res.stats["bn_layers"] == 1.0
+    assert sum(losses[-5:]) < 0.85 * sum(losses[:5]), losses
+    assert res.x.shape == (16, 1, 4, 4) and set(res.y.tolist()) <= {0, 1, 2, 3}
+
+
+def test_generated_images_are_normalised_as_the_data_pipeline_normalises_stored_images():
+    """A pipeline normalising by mean 0.5, std 0.25 (reported by the clients at the task end):
+    the pool holds (sigmoid - 0.5) / 0.25, in [-2, 2] and beyond [0, 1]."""
+    p = make_params("target", {**TINY, "syn_rounds": 1, "adv": 0.0, "student_steps": 0})
+    teacher = toy_teacher()
+    plain = Synthesizer(p, teacher, torch.arange(4), (1, 4, 4), CPU, (0, 0)).run().x
+    normed = (
+        Synthesizer(p, teacher, torch.arange(4), (1, 4, 4), CPU, (0, 0), ((0.5,), (0.25,))).run().x
+    )
+    assert ((plain > 0) & (plain < 1)).all() and normed.min() >= -2 and normed.max() <= 2
+    assert (normed.abs() > 1).any()
+
+
+@pytest.mark.parametrize("init", ["model", "code"])
+def test_the_student_is_reinitialised(init):
+    """student_init: model (each module's reset_parameters) or code (the code's weight_init:
+    BatchNorm weights N(1, 0.02), Linear / conv biases N(0, 1)); the teacher is untouched."""
+    p = make_params("target", {**TINY, "student_init": init})
+    teacher = toy_teacher()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student = Synthesizer(p, teacher, torch.arange(4), (1, 4, 4), CPU, (0, 0)).student
+    bn, lin = student.body[1], student.body[4]
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())
+    assert all(q.requires_grad for q in student.parameters())
+    assert not torch.equal(lin.weight, teacher.body[4].weight)
+    if init == "model":
+        assert torch.equal(bn.weight, torch.ones(3)) and lin.bias.abs().max() <= 48**-0.5
+    else:
+        assert not torch.equal(bn.weight, torch.ones(3)) and (bn.weight - 1).abs().max() < 0.1
+        assert lin.bias.abs().max() > 48**-0.5  # N(0, 1)
+
+
+def test_bn_statistics_loss_equals_the_hand_formula_with_momentum():
+    bn = nn.BatchNorm2d(2).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.tensor([1.0, -1.0]))
+        bn.running_var.copy_(torch.tensor([2.0, 0.5]))
+    loss = BNStatsLoss(bn, momentum=0.5)
+    x = torch.tensor([[[[0.0, 2.0]], [[1.0, 1.0]]], [[[4.0, 2.0]], [[3.0, 3.0]]]])  # [2, 2, 1, 2]
+    bn(x)
+    # channel 0: mean 2, var 2; channel 1: mean 2, var 1
+    hand = math.hypot(2 - 2, 0.5 - 1) + math.hypot(1 - 2, -1 - 2)
+    assert abs(float(loss.loss(x)) - hand) < 1e-6
+    loss.end_round()  # avg <- (mean 2 | 2, var 2 | 1)
+    bn(x + 2.0)  # means 4 | 4, variances unchanged: mixed 3 | 3
+    hand = math.hypot(2 - 2, 0.5 - 1) + math.hypot(1 - 3, -1 - 3)
+    assert abs(float(loss.loss(x)) - hand) < 1e-6
+    loss.close()
+    assert not bn._forward_hooks
+
+
+def test_boundary_loss_is_minus_the_kl_on_agreeing_rows():
+    s = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    t = torch.tensor([[2.0, 0.0], [3.0, 0.0]])  # row 0 agrees (class 0), row 1 does not
+    pt, ps = torch.softmax(t[0], 0), torch.softmax(s[0], 0)
+    kl = float((pt * (pt / ps).log()).sum())
+    assert abs(float(boundary_loss(s, t)) - (-kl / 2)) < 1e-6
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+def test_kd_on_a_synthetic_batch_equals_the_hand_value():
+    """One pool row, old classes {0, 1}, teacher logits (2, 0 | 5, -1), a student scoring 0
+    everywhere, tau = 2: KL(softmax(1, 0) || (1/2, 1/2)), times kd; the CE scores the row's
+    task (classes 2, 3) alone."""
+    info = split_info()
+    method = TARGET(make_params("target", {"kd": 3.0, "temperature": 2.0}), info)
+    model = Classifier(nn.Flatten(), 16, 4)
+    nn.init.zeros_(model.head.weight), nn.init.zeros_(model.head.bias)
+    pool = {
+        "x": torch.rand(1, 1, 4, 4),
+        "y": torch.tensor([1]),
+        "logits": torch.tensor([[2.0, 0.0, 5.0, -1.0]]),
+        "task": 0,
+    }
+    ctx = ctx_for(model, {"target_pool": pool}, task=1)
+    method.client_begin(ctx)
+    x, y = torch.rand(1, 1, 4, 4), torch.tensor([2])
+    kd = float(method.extra_loss(ctx, x, y, None, None).detach())
+    p = math.e / (1 + math.e)
+    hand = 3.0 * (p * math.log(2 * p) + (1 - p) * math.log(2 * (1 - p)))
+    assert abs(kd - hand) < 1e-6 and abs(hand - 0.332832) < 1e-6
+    logits = torch.tensor([[1.0, 9.0, 0.5, -0.5]])
+    ce = float(method.task_loss(ctx, logits, y))
+    assert abs(ce - math.log(1 + math.exp(-1.0))) < 1e-6  # softmax over (0.5, -0.5) alone
+
+
+def test_replay_draws_rows_of_the_pool():
+    info = split_info()
+    method = TARGET(make_params("target", {"replay_batch": 3}), info)
+    pool = {
+        "x": torch.rand(10, 1, 4, 4),
+        "y": torch.zeros(10, dtype=torch.long),
+        "logits": torch.randn(10, 4),
+        "task": 0,
+    }
+    ctx = ctx_for(Classifier(nn.Flatten(), 16, 4), {"target_pool": pool}, task=1)
+    method.client_begin(ctx)
+    rep = method.synthetic_batch(ctx)
+    assert rep.idx.unique().numel() == 3 and torch.equal(rep.x, pool["x"][rep.idx])
+    # auto size: floor(syn_size / steps per epoch), at most the pool
+    method = TARGET(make_params("target", {"syn_size": 12}), info)
+    assert method.replay_rows(ctx_for(ctx.model, {}, 1, n=8, batch=4), 10) == 6
+
+
+def test_replayed_batches_come_from_the_servers_synthetic_pool(make_run_config, monkeypatch):
+    """In a split-digits run every replayed batch is rows of the pool the server broadcast,
+    the pool was made by the generator (sigmoid images, targets among the teacher's classes)
+    and none of its rows is a training row."""
+    seen = []
+    original = TARGET.synthetic_batch
+
+    def spy(self, ctx):
+        rep = original(self, ctx)
+        if rep is not None:
+            seen.append((ctx.task, ctx.broadcast["target_pool"], rep))
+        return rep
+
+    monkeypatch.setattr(TARGET, "synthetic_batch", spy)
+    sim, rows = run(digits_cfg(make_run_config, "target", TINY))
+    assert {t for t, _, _ in seen} == {1, 2}
+    every = torch.arange(len(sim.clients.rows))
+    real = sim.clients.batch(every)[0].flatten(1)  # every training row, as the model sees it
+    for task, pool, rep in seen:
+        assert pool["task"] == task - 1 and torch.equal(rep.x, pool["x"][rep.idx])
+        assert set(pool["y"].tolist()) <= set(range(2 * task))  # classes of tasks 0 .. task - 1
+        assert ((pool["x"] > 0) & (pool["x"] < 1)).all()
+        assert torch.cdist(rep.x.flatten(1), real).min() > 0
+    assert seen[-1][1] is sim.server.state["target_pool"]
+    assert rows[-1]["target_kd"] > 0 and rows[1]["target_bn_layers"] == 0.0  # cnn2d: no BatchNorm
+
+
+def test_prediction_hides_classes_of_tasks_not_started():
+    method = TARGET(make_params("target", {}), split_info())
+    model = Classifier(nn.Flatten(), 16, 4)
+    server = ServerContext(1, {}, model, CPU, None)
+    x = torch.rand(3, 1, 4, 4)
+    scores = method.predict(server, model, x, None)
+    raw = model.logits(x)
+    assert torch.equal(scores[:, :2], raw[:, :2])
+    assert torch.allclose(scores[:, 2:], raw[:, :2].min(1, keepdim=True).values.expand(3, 2) - 30.0)
+    server.task = 1
+    assert torch.equal(method.predict(server, model, x, None), raw)
+
+
+def test_models_of_token_ids_are_refused():
+    method = TARGET(make_params("target", {}), split_info())
+    with pytest.raises(FedForgetError, match="token ids"):
+        method.prepare_model(Classifier(nn.Sequential(nn.Embedding(10, 4), nn.Flatten()), 8, 4))
+
+
+# ----------------------------------------------------------------------------- LANDER
+
+
+def test_label_embeddings_are_minilm_sentence_embeddings():
+    texts = label_texts(["3", "cat", "aquarium_fish"], "a photo of a {}")
+    assert texts == ["a photo of a digit 3", "a photo of a cat", "a photo of a aquarium fish"]
+    first = encode(texts)
+    assert first.shape == (3, embedding_dim()) == (3, 384) and first.dtype == torch.float32
+    assert torch.allclose(first.norm(dim=1), torch.ones(3), atol=1e-5)
+    assert torch.equal(label_embeddings(texts), first)  # computed again: the same numbers
+    assert torch.equal(label_embeddings(texts), first)  # memoised
+    digits = encode(label_texts(["4"], "a photo of a {}"))[0]
+    # "digit 3" is nearer "digit 4" than "cat" is
+    assert float(first[0] @ digits) > float(first[1] @ digits)
+
+
+def test_bounding_loss_on_a_hand_built_batch():
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    anchors = torch.zeros(2, 2)
+    assert abs(float(bounding_loss(a, anchors, 0.2)) - 0.3) < 1e-7  # mean square 0.5 - 0.2
+    assert float(bounding_loss(a, anchors, 0.6)) == 0.0  # inside the radius
+
+
+def test_lander_local_loss_equals_the_hand_formula():
+    """Task 0 (no pool): CE over the task's classes + ltc * max(0, MSE(lte_map(z), e_y) - r);
+    the cur / pre weights of a later task: alpha = log2(3), beta = sqrt(1/2)."""
+    info = split_info()
+    method = LANDER(make_params("lander", {"ltc": 2.0, "r": 0.01}), info)
+    model = Classifier(nn.Flatten(), 16, 4)
+    model.lte_map = nn.Linear(16, 3)
+    lte = torch.eye(4, 3)
+    ctx = ctx_for(model, {LTE: lte}, task=0)
+    method.client_begin(ctx)
+    x, y = torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+    z, logits = model.forward_with_features(x)
+    ce = F.cross_entropy(logits[:, :2], y)
+    bound = torch.relu(((model.lte_map(z) - lte[y]) ** 2).mean() - 0.01)
+    assert torch.allclose(method.local_loss(ctx, x, y), ce + 2.0 * bound)
+    pool = {"x": torch.rand(4, 1, 4, 4), "y": torch.zeros(4, dtype=torch.long), "logits": torch.zeros(4, 4),
+            "att": torch.zeros(4, 3), "task": 0}  # fmt: skip
+    ctx = ctx_for(model, {LTE: lte, "lander_pool": pool}, task=1, batch=4)  # replays all 4 rows
+    method.client_begin(ctx)
+    cur, pre = method.weights(ctx)
+    alpha, beta = math.log2(3), math.sqrt(0.5)
+    assert abs(cur - 0.2 * (1 + 1 / alpha) / beta) < 1e-12 and abs(pre - 0.4 * alpha * beta) < 1e-12
+    # task 1: cur (CE + ltc B) + pre (kd KL(uniform || student on classes 0, 1) + MSE(a, 0))
+    y = torch.tensor([2, 3])
+    z, logits = model.forward_with_features(x)
+    ce = F.cross_entropy(logits[:, 2:], y - 2)
+    bound = torch.relu(((model.lte_map(z) - lte[y]) ** 2).mean() - 0.01)
+    zs, ls = model.forward_with_features(pool["x"])
+    logq = F.log_softmax(ls[:, :2] / 2.0, 1)
+    kl = (0.5 * (math.log(0.5) - logq)).sum(1).mean()  # the teacher is uniform on classes 0, 1
+    fkd = (model.lte_map(zs) ** 2).mean()
+    hand = cur * (ce + 2.0 * bound) + pre * (kl + fkd)
+    assert torch.allclose(method.local_loss(ctx, x, y), hand, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def resume_cfg(make_run_config, method, params):
+    rc = digits_cfg(make_run_config, method, params, rounds=6, checkpoint_every=1, sample_rate=0.75)
+    return replace(
+        rc, dataset=replace(rc.dataset, scenario={**rc.dataset.scenario, "rounds_per_task": 2})
+    )
+
+
+@pytest.mark.parametrize("method,params", [("target", TINY), ("lander", TINY_L)])
+def test_split_digits_run_resumes_exactly_mid_task_and_at_a_boundary(
+    make_run_config, method, params
+):
+    """Class-IL split digits, 3 tasks x 2 rounds: pools made at the ends of tasks 0 and 1 and
+    replayed after; resumed after round 3 (mid task 1) and round 4 (task 1's end, pool just
+    made): the same rows, server state (pool, LTEs), client state and weights."""
+    rc = resume_cfg(make_run_config, method, params)
+    full = Simulation(rc, device=CPU)
+    saved, keep = checkpoint_keeper()
+    status, rows, msg = full.run(progress=False, on_checkpoint=keep)
+    assert status == "completed", msg
+    made = [r["round"] for r in rows if f"{method}_pool_rows" in r]
+    assert made == [2, 4] and all(
+        r[f"{method}_pool_rows"] > 0 for r in rows if f"{method}_pool_rows" in r
+    )
+    assert all(f"{method}_kd" in r for r in rows[3:]) and f"{method}_kd" not in rows[2]
+    if method == "lander":  # the anchors are MiniLM's embeddings of the digits' texts
+        texts = label_texts([str(i) for i in range(10)], "a photo of a {}")
+        assert torch.equal(full.server.state[LTE], label_embeddings(texts))
+        assert all("lander_bound" in r for r in rows[1:])
+    for stop in (3, 4):
+        sim = Simulation(rc, device=CPU)
+        status, resumed, msg = sim.run(
+            progress=False, resume=next(c for c in saved if c["round"] == stop)
+        )
+        assert status == "completed", msg
+        assert strip(resumed) == strip(rows)
+        assert same(sim.server.state, full.server.state) and same(
+            sim.client_state, full.client_state
+        )
+        assert same(sim.global_params, full.global_params)
+
+
+@pytest.mark.parametrize(
+    "method,scenario",
+    [("target", {**SPLIT, "incremental": "task", "heads": "per_task"}),
+     ("lander", {"kind": "rotated", "tasks": 2, "rounds_per_task": 1})],
+    ids=["target-task-il-heads", "lander-domain-il"],
+)  # fmt: skip
+def test_task_il_and_domain_il_streams(make_run_config, method, scenario):
+    rc = make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, scenario=scenario,
+        params=TINY_L if method == "lander" else TINY, rounds=scenario["tasks"], batch_size=32, eval_every=3,
+        partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=10, seed=0), eval_local_models=False,
+    )  # fmt: skip
+    sim, rows = run(rc)
+    pool = sim.server.state[f"{method}_pool"]
+    assert pool["task"] == scenario["tasks"] - 2 and rows[-1][f"{method}_kd"] >= 0
+    if scenario["kind"] == "rotated":  # every class is learned in every task
+        assert pool["logits"].shape[1] == 10 and len(pool["x"]) == TINY_L["syn_size"]
+
+
+def test_fedgp_over_target(make_run_config):
+    sim, rows = run(digits_cfg(make_run_config, "fedgp", {"base": "target", "base_params": TINY}))
+    assert "fedgp_target_pool_rows" in rows[1] and "fedgp_target_kd" in rows[-1]
+    assert rows[-1]["fedgp_ref_clients"] > 0 and sim.server.state["target_pool"]["task"] == 1
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    "method,params,match",
+    [("target", {"meta": "maml"}, "meta='maml'"), ("target", {"ce": "new"}, "ce='new'"),
+     ("target", {"syn_batch": 1}, "syn_batch=1"), ("target", {"bn_momentum": 1.0}, "bn_momentum=1.0"),
+     ("lander", {"prompt": "no slot"}, "prompt='no slot'"), ("lander", {"r": -1}, "r=-1"),
+     ("lander", {"meta": "fomaml"}, "meta"), ("target", {"student_init": "xavier"}, "student_init='xavier'")],
+)  # fmt: skip
+def test_bad_params_name_the_value(method, params, match):
+    with pytest.raises(FedForgetError, match=match):
+        check_params(method, params)
+
+
+def test_defaults_follow_the_papers_and_code():
+    t, lan = check_params("target", {}), check_params("lander", {})
+    assert (t["kd"], t["temperature"], t["syn_size"], t["syn_batch"], t["bn"]) == (
+        25.0,
+        2.0,
+        8000,
+        256,
+        10.0,
+    )
+    assert (t["meta"], t["ce"], t["warmup"]) == ("fomaml", "task", 20)
+    assert (lan["ltc"], lan["r"], lan["cur"], lan["pre"]) == (5.0, 0.015, 0.2, 0.4)
+    assert (lan["syn_size"], lan["g_steps"], lan["bn"], lan["kd"]) == (10000, 40, 1.0, 1.0)
