@@ -1,0 +1,200 @@
+"""What the continual baselines cost (issue 16): time per round and peak memory of each
+method relative to FedAvg on one task stream, and the per-task cost of their task ends
+(TARGET's and LANDER's server-side generator training, iCaRL's herding, GLFC's proxy
+server, FedProTIP's bases). The FedProTIP paper (Sec. 6.5, Figs. 6-7) reports TARGET and
+LANDER as the slowest methods and FedProTIP as the fastest after FedAvg.
+
+Setting (printed and written to ``--json``): split digits 5 x 2, class-incremental, one
+shared head (``--heads per_task`` for one head per task), cnn2d, Dirichlet 0.5 over 5
+clients, all sampled, 5 local epochs, batch 64, SGD lr 0.1, wd 5e-4 (the FedProTIP Table 1
+layout of config/experiments/fedprotip_table1.yaml); every method with its default
+hyperparameters (the papers'), one client after another, ``--threads`` torch threads. A
+surrogate set (8x8 ``blobs``, no digit classes) is declared for every run, so CFeD runs
+too; the others ignore it. L2P is not in the default list: it is defined on a ViT, another
+model (``--methods l2p`` runs it on a tiny ViT).
+
+Each method runs the first task (``--rounds`` rounds) and the rounds of the second; the
+timed rounds are the second task's (everything a method keeps from the first exists:
+exemplars, generators, bases), without evaluation. ``task_end_s``: the engine's end of the
+first task (clients' and server's task-end hooks, after-task passes), apart from the
+rounds. Rounds of all methods are interleaved so all see the same load; medians with
+min-max. Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` over each method's own
+rounds and task end; on a CPU, the peak resident memory of a separate process running the
+method alone (same rounds), less that of the same process running FedAvg
+(``peak_rss_over_fedavg_mib``).
+
+    python benchmarks/continual_cost.py --json out.json
+    python benchmarks/continual_cost.py --device cuda --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
+from fedforget.data import DATASETS, prepare_dataset
+from fedforget.data.scenario import resolve_scenario
+from fedforget.engine import Simulation
+from fedforget.partition import PartitionSpec
+
+METHODS = ("fedavg", "fedprotip", "fot", "icarl", "cfed", "glfc", "lga", "target", "lander")
+# the hyperparameters of config/experiments/fedprotip_table1.yaml (the from-scratch eps;
+# GLFC's and LGA's proxy inversion lightened for 8x8 digits; LANDER with TARGET's synthesis)
+PROXY = {"memory_size": 60, "recon_iters": 20, "recon_inner": 5, "recon_keep": 5}
+PARAMS = {
+    "fedprotip": {"threshold": 0.95}, "glfc": PROXY, "lga": {**PROXY, "proxy_init": 3},
+    "lander": {"syn_rounds": 10, "g_steps": 10, "warmup": 0, "syn_size": 2560},
+}  # fmt: skip
+PUBLIC = {"source": "dataset", "dataset": "blobs", "options": {"size": 8, "num_train": 2000, "num_test": 10}}
+TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--heads", default="shared", choices=["shared", "per_task"])
+    p.add_argument("--rounds", type=int, default=3, help="rounds per task; the second task's are timed")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None)
+    p.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)  # child: one method's peak RSS
+    return p.parse_args()
+
+
+def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
+    info = DATASETS.get("digits")
+    shape = tuple(info.input_shape(info.resolve({})))
+    stream = {"kind": "split", "tasks": 5, "classes_per_task": 2, "incremental": "class",
+              "rounds_per_task": a.rounds, "heads": a.heads}  # fmt: skip
+    sc = resolve_scenario(stream, info.num_classes, shape, "scenario")
+    model, mopts = ("vit", TINY_VIT) if name == "l2p" else ("cnn2d", {})
+    ds = DatasetSpec("digits", {}, model, mopts, PUBLIC, "digits", sc)
+    t = TrainSpec(
+        rounds=5 * a.rounds, local_epochs=5, batch_size=64, sample_rate=1.0, eval_local_models=False,
+        eval_every=10**6, threads=a.threads, device=a.device, client_engine="sequential",
+        optimizer=OptimizerSpec(lr=0.1, weight_decay=5e-4), checkpoint_every=10**6,
+    )  # fmt: skip
+    part = PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0)
+    rc = RunConfig("bench", ds, part, MethodSpec(name, PARAMS.get(name, {}), name), 0, t, root, f"{root}/results")
+    return Simulation(rc, device=torch.device(a.device))
+
+
+def prepare(root: str) -> None:
+    prepare_dataset("digits", {}, root)
+    prepare_dataset("blobs", PUBLIC["options"], root)
+
+
+def child_peak(a: argparse.Namespace) -> None:
+    """Run one method's two tasks' rounds alone; print the process's peak RSS (KiB)."""
+    with tempfile.TemporaryDirectory() as root:
+        prepare(root)
+        sim = build(a, root, a.memory_of)
+        sim.global_metrics = lambda rnd: ({}, [])
+        start = time.perf_counter()
+        for rnd in range(1, 2 * a.rounds + 1):
+            sim.run_round(rnd, start)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def main() -> None:
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    if a.memory_of:
+        child_peak(a)
+        return
+    names = a.methods.split(",")
+    cuda = a.device.startswith("cuda")
+    setting = {
+        "dataset": "digits", "stream": "split 5x2 class-IL", "heads": a.heads, "model": "cnn2d", "clients": 5,
+        "partition": "dirichlet 0.5", "sample_rate": 1.0, "local_epochs": 5, "batch_size": 64,
+        "optimizer": "sgd lr 0.1 wd 5e-4", "rounds_per_task": a.rounds, "timed": "rounds of task 2",
+        "threads": a.threads, "device": a.device, "torch": torch.__version__,
+    }  # fmt: skip
+    print("setting:", json.dumps(setting))
+    with tempfile.TemporaryDirectory() as root:
+        prepare(root)
+        sims, errors = {}, {}
+        for n in names:
+            try:
+                sims[n] = build(a, root, n)
+            except Exception as e:  # noqa: BLE001 - reported, the others still run
+                errors[n] = f"{type(e).__name__}: {e}"
+        task_end: dict[str, list[float]] = {n: [] for n in sims}
+        peak: dict[str, int] = {n: 0 for n in sims}
+        for n, sim in sims.items():
+            sim.global_metrics = lambda rnd: ({}, [])  # no evaluation in the timed loop
+            inner = sim.end_task
+
+            def timed_end(rnd, lr, inner=inner, n=n):
+                t0 = time.perf_counter()
+                inner(rnd, lr)
+                task_end[n].append(time.perf_counter() - t0)
+
+            sim.end_task = timed_end
+        times: dict[str, list[float]] = {n: [] for n in sims}
+        start = time.perf_counter()
+        for rnd in range(1, 2 * a.rounds + 1):
+            for n, sim in list(sims.items()):
+                ends = len(task_end[n])
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                try:
+                    sim.run_round(rnd, start)
+                except Exception as e:  # noqa: BLE001
+                    errors[n] = f"{type(e).__name__}: {e}"
+                    del sims[n]
+                    continue
+                if cuda:
+                    torch.cuda.synchronize()
+                    peak[n] = max(peak[n], torch.cuda.max_memory_allocated())
+                dt = time.perf_counter() - t0 - sum(task_end[n][ends:])
+                if rnd > a.rounds:
+                    times[n].append(dt)
+    if not cuda:  # peak RSS of each method alone, in its own process
+        for n in sims:
+            cmd = [sys.executable, __file__, "--memory-of", n, "--rounds", str(a.rounds),
+                   "--threads", str(a.threads), "--heads", a.heads]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            peak[n] = int(out.stdout.strip().splitlines()[-1]) * 1024 if out.returncode == 0 else 0
+    result = {"setting": setting, "methods": {}, "errors": errors}
+    ref = statistics.median(times["fedavg"]) if times.get("fedavg") else None
+    base_peak = peak.get("fedavg", 0)
+    for n in sorted(sims, key=lambda n: statistics.median(times[n])):
+        ts = times[n]
+        med = statistics.median(ts)
+        r = {"s_per_round": {"median": med, "min": min(ts), "max": max(ts)},
+             "task_end_s": task_end[n][0] if task_end[n] else None}  # fmt: skip
+        if ref:
+            r["vs_fedavg"] = med / ref
+        if cuda:
+            r["peak_gpu_mib"] = peak[n] / 2**20
+            r["peak_gpu_vs_fedavg"] = peak[n] / base_peak if base_peak else None
+        else:
+            r["peak_rss_mib"] = peak[n] / 2**20
+            r["peak_rss_over_fedavg_mib"] = (peak[n] - base_peak) / 2**20 if base_peak and peak[n] else None
+        result["methods"][n] = r
+        mem = (f"peak {r['peak_gpu_mib']:.0f} MiB" if cuda
+               else f"peak RSS +{(r['peak_rss_over_fedavg_mib'] or 0):.0f} MiB over fedavg")  # fmt: skip
+        rel = f" x{med / ref:.2f} of fedavg" if ref else ""
+        end = f"task end {r['task_end_s']:.2f} s" if r["task_end_s"] is not None else ""
+        print(f"{n:10s} {med * 1e3:8.1f} ms/round (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f}){rel}  {end}  {mem}")
+    for n, e in errors.items():
+        print(f"{n:10s} error: {e}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
