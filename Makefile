@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # every shipped config (the default and one file per experiment): data.dvc tracks their data
 CONFIGS := config/config.yaml $(sort $(wildcard config/experiments/*.yaml))
 
-.PHONY: install run test report clean data
+.PHONY: install run test report clean data smoke
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+
+# every paper config (config/experiments/paper/) end to end at `scale: smoke` (fedforget.smoke)
+# on native-format files the tests write, each in its own temporary directory, one after
+# another on SMOKE_CORES cores (`make test` runs one of them); a stage for CI runners with the
+# time. On your own raw data: snakemake --configfile CONFIG --config scale=smoke
+SMOKE_CORES ?= $(shell nproc 2>/dev/null || echo 2)
+smoke: install
+	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) $(BIN)/python -m pytest tests/test_smoke.py \
+	  -k every_paper_config -p no:cacheprovider --durations=0
 
 clean:
 	rm -rf results logs .snakemake report.html

@@ -89,7 +89,6 @@ def main() -> None:
     p.add_argument("--skip", default="", help="comma-separated method labels to leave out")
     p.add_argument("--json")
     a = p.parse_args()
-    from fedforget.pipeline import prepare_all  # noqa: F401  (datasets are prepared below)
     from fedforget.data import prepare_dataset
 
     todo = runs(a.which, a.seed, a.device, a.data_dir, a.results_dir)

@@ -135,6 +135,7 @@ class RunConfig:
     train: TrainSpec
     data_dir: str = "data"
     results_dir: str = "results"
+    scale: str = "full"  # full | smoke (fedforget.smoke: the config was shrunk)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -142,6 +143,8 @@ class RunConfig:
         for key in ("scenario", "augment"):  # unset: a run keeps the hash it had before the key
             if d["dataset"][key] is None:
                 del d["dataset"][key]
+        if d["scale"] == "full":  # a full run keeps the hash it had before the key
+            del d["scale"]
         return d
 
     @classmethod
@@ -161,6 +164,7 @@ class RunConfig:
             train=TrainSpec.from_dict(d["train"]),
             data_dir=d.get("data_dir", "data"),
             results_dir=d.get("results_dir", "results"),
+            scale=d.get("scale", "full"),
         )
 
     @property
@@ -204,6 +208,7 @@ class Experiment:
     # engine_pairing's answer, fixed when the config is validated (parse_config), so that a
     # config loaded from the parse cache (fedforget.parsecache) needs no method module
     pairing: str | None = None
+    scale: str = "full"  # full | smoke (fedforget.smoke), recorded in every run's config
 
     def train_for(self, m: MethodSpec) -> TrainSpec:
         return TrainSpec.from_dict(deep_merge(self.train, m.train))
@@ -236,7 +241,7 @@ class Experiment:
             t = self.train_for(m)
             train[m.label] = replace(t, engine_pairing=pairing) if pairing and t.client_engine == "auto" else t
         return [
-            RunConfig(self.name, ds, part, m, seed, train[m.label], data_dir, results_dir)
+            RunConfig(self.name, ds, part, m, seed, train[m.label], data_dir, results_dir, self.scale)
             for ds in self.datasets for part in self.partitions for m in self.methods for seed in self.seeds
         ]  # fmt: skip
 
@@ -254,6 +259,7 @@ class WorkflowConfig:
     data_dir: str = "data"
     results_dir: str = "results"
     paper_results: str = PAPER_RESULTS
+    scale: str = "full"  # full | smoke (fedforget.smoke)
 
     def runs(self) -> list[RunConfig]:
         return [r for e in self.experiments for r in e.runs(self.data_dir, self.results_dir)]
@@ -334,6 +340,12 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
 
     check_finite(raw)  # before the schema: its range checks pass NaN
     validate_schema(raw)
+    if raw.get("scale", "full") == "smoke":  # shrunk, then validated as any config
+        from .smoke import smoke_config
+
+        raw = smoke_config(raw)
+        validate_schema(raw)
+    scale = raw.get("scale", "full")
     problems: list[str] = []
 
     def check(fn, *args):
@@ -407,7 +419,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 problems.append(f"{pkey}: duplicate partition '{spec.slug}'")
             partitions.append(spec)
             for ds in datasets:
-                n_train = DATASETS.get(ds.name).sizes(ds.options)[0]
+                n_train = DATASETS.get(ds.name).split_sizes(ds.options)[0]
                 if ds.public and ds.public["source"] == "holdout":
                     n_train -= int(round(ds.public["fraction"] * n_train))
                 try:
@@ -484,6 +496,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 train,
                 ex.get("paper"),
                 figures,
+                scale=scale,
             )
         )
     if problems:
@@ -494,6 +507,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
         raw.get("data_dir", "data"),
         raw.get("results_dir", "results"),
         raw.get("paper_results", PAPER_RESULTS),
+        scale,
     )
 
 

@@ -52,19 +52,64 @@ class DatasetInfo:
     embedded: bool = True
 
     def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The options with defaults filled in and checked. Every dataset also takes the
+        generic ``subset`` (:data:`SUBSET`), kept only when it is not 0 (all rows), so
+        the id of a dataset without it is unchanged."""
         options = dict(options or {})
-        unknown = sorted(set(options) - set(self.defaults))
+        unknown = sorted(set(options) - set(self.defaults) - {SUBSET})
         if unknown:
             allowed = ", ".join(sorted(self.defaults)) or "none"
             raise FedForgetError(
-                f"dataset '{self.name}': unknown option(s) {unknown}; allowed: {allowed}"
+                f"dataset '{self.name}': unknown option(s) {unknown}; allowed: {allowed} "
+                f"(and {SUBSET}, which every dataset takes)"
+            )
+        subset = options.pop(SUBSET, 0)
+        if isinstance(subset, bool) or not isinstance(subset, int) or subset < 0:
+            raise FedForgetError(
+                f"dataset '{self.name}': option {SUBSET}={subset!r}; allowed: an integer >= 0 "
+                "(the first that many rows of each class in each split; 0: every row)"
             )
         merged = {**self.defaults, **options}
         self.check_options(merged)
+        if subset:
+            merged[SUBSET] = subset
         return merged
+
+    def split_sizes(self, options: Mapping[str, Any]) -> tuple[int, int]:
+        """(n_train, n_test) of resolved ``options``: the published sizes, at most
+        ``subset`` x classes with a subset (an upper bound: a class may have fewer rows)."""
+        n_train, n_test = self.sizes(options)
+        k = int(options.get(SUBSET, 0))
+        if k:
+            n_train, n_test = min(n_train, k * self.num_classes), min(n_test, k * self.num_classes)
+        return n_train, n_test
 
 
 DATASETS: Registry[DatasetInfo] = Registry("dataset")
+
+# [D] the option every dataset takes besides its own: keep the first N rows of each class in
+# each split (in the source's row order; deterministic), e.g. for ``scale: smoke``
+# (fedforget.smoke). Applied after the source is read: a subset of a large source still
+# reads (decodes, tokenizes) the whole source once.
+SUBSET = "subset"
+
+
+def first_per_class(y: np.ndarray, k: int) -> np.ndarray:
+    """Indices (ascending) of the first ``k`` rows of each class of labels ``y``."""
+    y = np.asarray(y)
+    order = np.argsort(y, kind="stable")  # rows grouped by class, each group in row order
+    sorted_y = y[order]
+    starts = np.searchsorted(sorted_y, sorted_y, side="left")
+    rank = np.arange(len(y)) - starts  # position of each row within its class
+    return np.sort(order[rank < k]).astype(np.int64)
+
+
+def subset_arrays(arrays: Arrays, k: int) -> Arrays:
+    """``arrays`` with only the first ``k`` rows of each class in each split."""
+    tr, te = first_per_class(arrays.y_train, k), first_per_class(arrays.y_test, k)
+    return Arrays(
+        arrays.x_train[tr], arrays.y_train[tr], arrays.x_test[te], arrays.y_test[te], list(arrays.class_names)
+    )
 
 
 @dataclass(frozen=True)
@@ -132,13 +177,21 @@ def prepare_dataset(
     the same name and options give the same bytes. A dataset that does not ship with a
     package (``embedded=False``: the paper datasets) reads its native files from ``raw_dir``
     (default ``<root>/raw``) and fetches missing ones only with ``download``; ``raw_dir``,
-    ``download`` and ``workers`` are no part of the id or the bytes (:class:`RawData`)."""
+    ``download`` and ``workers`` are no part of the id or the bytes (:class:`RawData`). The
+    generic option ``subset`` (:data:`SUBSET`) keeps the first that many rows of each class
+    of the built splits (it is in the id)."""
     info = DATASETS.get(name)
     opts = info.resolve(options)
     did = dataset_id(name, opts)
     out = Path(root) / did
+    subset = opts.get(SUBSET, 0)
+    build_opts = {k: v for k, v in opts.items() if k != SUBSET}
+
+    def rows(arrays: Arrays) -> Arrays:
+        return subset_arrays(arrays, subset) if subset else arrays
+
     if info.embedded:
-        return _write_prepared(info, opts, did, out, info.build(**opts), None)
+        return _write_prepared(info, opts, did, out, rows(info.build(**build_opts)), None)
     Path(root).mkdir(parents=True, exist_ok=True)
     # scratch on the same file system as the output: decoded memory maps are moved, not copied
     work = Path(tempfile.mkdtemp(prefix=f".{did}.", suffix=".work", dir=root))
@@ -149,7 +202,7 @@ def prepare_dataset(
             work,
             int(workers) if workers else default_workers(),
         )
-        return _write_prepared(info, opts, did, out, info.build(raw, **opts), work)
+        return _write_prepared(info, opts, did, out, rows(info.build(raw, **build_opts)), work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,0 +1,313 @@
+"""``scale: smoke``: any config, shrunk so that every cell of its tables runs end to end on a
+CPU in seconds [D].
+
+A config's top-level ``scale`` is ``full`` (default: the config as written) or ``smoke``.
+``parse_config`` applies :func:`smoke_config` to a schema-valid config before anything else
+is checked, so the shrunk config is validated like any other (registries, shapes, partition
+sizes, scenario rounds). The top-level ``smoke`` block tunes it (every key optional; ignored
+at ``scale: full``, so a config file may carry it while ``--config scale=smoke`` flips the
+scale)::
+
+    smoke:
+      rounds: 2         # rounds of a one-task run; a task stream gets 1 round per task
+      tasks: 2          # tasks of a stream at most (its first ones)
+      clients: 4        # clients of every partition (class_fractions partitions keep theirs)
+      rows: 200         # about this many rows per split: subset = max(2, ceil(rows / classes)) per class
+      image_size: 32    # image-folder sets' ``size``; models that resize (vit, resnet18_imagenet)
+      max_length: 32    # text sets' tokens per row
+      hf_model: DIR     # a local Hugging Face model directory: every ``hf`` model's
+                        # name_or_path and every text set's tokenizer (machines without the hub)
+      results_dir: ...  # default <results_dir>/smoke
+
+What changes, per experiment:
+
+- seeds: the first one; task streams: their first ``smoke.tasks`` tasks (a split keeps its
+  classes per task, so it stays valid); train (and every method's train override):
+  ``local_epochs`` 1, ``rounds`` ``smoke.rounds`` (at most the configured value), or, when a
+  dataset declares a task stream with ``rounds_per_task``, one round per task (``rounds`` =
+  the least common multiple of the streams' task counts, each ``rounds_per_task`` = rounds /
+  tasks, so the stream stays valid); ``sample_rate`` raised so that at least 2 clients of ``smoke.clients``
+  train per round (at least 1 anyway: ``engine.sample_clients``); ``save_client_models``
+  and figure ``rounds`` options kept within the rounds;
+- partitions: ``clients`` at most ``smoke.clients``, Dirichlet ``min_size`` at most 2
+  (a few hundred rows cannot give every client 10 with small alpha); partitions that become
+  identical are run once;
+- datasets and their public sets: the generic dataset option ``subset`` (first N rows per
+  class in each split, ``fedforget.data.base.SUBSET``), ``size`` at most ``image_size``,
+  ``max_length`` at most ``smoke.max_length``, ``tokenizer`` = ``hf_model`` when given; a
+  dataset keeps the label it has at full scale, so paper links (``dataset_map``) still match;
+- models: ``pretrained: false`` wherever a model takes it (pretrained weights need the
+  network; CI has none), ``resnet18_imagenet``'s ``input_size`` and ``vit``'s ``image_size``
+  = ``image_size`` (no resize to 224), ``vit`` a 2-layer, 64-wide ViT with 8x8 patches (a
+  ViT-B/16 is 86M parameters per client model), ``hf`` one encoder layer
+  (``config.num_hidden_layers``) and ``name_or_path`` = ``hf_model`` when given;
+- methods: the compute budgets that methods declare as hyperparameters (:data:`BUDGETS`:
+  gradient-inversion and generator iterations, synthesis rounds and batches, warm-up rounds,
+  FOT's sketch width), at most the smoke value, also inside ``base_params`` of methods that
+  run over a base;
+- ``results_dir``: ``smoke.results_dir``, default ``<results_dir>/smoke``: smoke outputs
+  never mix with real ones. ``data_dir`` is unchanged (the raw-data directory defaults to
+  ``<data_dir>/raw``); smoke datasets have their own ids (``subset`` is in the id).
+
+Every run records ``scale: smoke`` in its config (run.json), and its config hash differs from
+the full run's (the settings above are in it).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import MISSING, fields
+from typing import Any
+
+from .utils import FedForgetError, canonical_json
+
+SCALES = ("full", "smoke")
+DEFAULTS: dict[str, Any] = {
+    "rounds": 2,
+    "tasks": 2,
+    "clients": 4,
+    "rows": 200,
+    "image_size": 32,
+    "max_length": 32,
+    "hf_model": None,
+    "results_dir": None,
+}
+MIN_PER_CLASS = 2  # rows of each class kept at least (a class of one row cannot be split)
+MIN_SAMPLED = 2  # clients trained per round at least (aggregation over more than one)
+DIRICHLET_MIN_SIZE = 2
+# the smoke ViT: same code path as ViT-B/16 (patch embedding, encoder, class token), tiny
+VIT = {"layers": 2, "heads": 2, "hidden_dim": 64, "mlp_dim": 128}
+VIT_PATCH = 8
+HF_LAYERS = 1
+# method hyperparameters that are iteration budgets: at most this in a smoke run (only
+# methods whose Params declare the key are touched)
+BUDGETS: dict[str, int] = {
+    # GLFC / LGA: the proxy server's gradient perturbation and L-BFGS inversion
+    "perturb_iters": 2,
+    "recon_iters": 2,
+    "recon_inner": 2,
+    "recon_keep": 2,
+    # TARGET / LANDER: data-free synthesis at task ends
+    "syn_rounds": 2,
+    "g_steps": 2,
+    "warmup": 1,
+    "syn_batch": 8,
+    "syn_size": 32,
+    "student_steps": 2,
+    "student_batch": 8,
+    # FedProj: no projection in the first n rounds / last n rounds (a 2-round run projects)
+    "proj_warmup_rounds": 1,
+    "proj_cooldown_rounds": 0,
+}
+# float budgets: FOT's Gaussian sketch has sketch_factor x d_l columns per layer (5 x 4608
+# for ResNet-18's last convolutions: minutes of float64 eigendecomposition per task end)
+FLOAT_BUDGETS: dict[str, float] = {"sketch_factor": 0.1}
+
+
+def smoke_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    return {**DEFAULTS, **(raw.get("smoke") or {})}
+
+
+def smoke_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A schema-valid config at ``scale: smoke`` shrunk as the module says (a new dict;
+    ``raw`` is not changed). Names that no registry knows are left as they are, for the
+    validation that follows to report."""
+    s = smoke_settings(raw)
+    out = copy.deepcopy(raw)
+    out["scale"] = "smoke"
+    out["results_dir"] = s["results_dir"] or f"{str(raw.get('results_dir', 'results')).rstrip('/')}/smoke"
+    for ex in out["experiments"]:
+        _experiment(ex, s)
+    return out
+
+
+# ----------------------------------------------------------------------------- experiments
+
+
+def _experiment(ex: dict[str, Any], s: dict[str, Any]) -> None:
+    ex["seeds"] = ex["seeds"][:1]
+    for d in ex["datasets"]:
+        sc = d.get("scenario")
+        if sc and int(sc.get("tasks", 1)) > int(s["tasks"]):
+            sc["tasks"] = int(s["tasks"])
+    rounds, per_task = _rounds(ex, s)
+    for d in ex["datasets"]:
+        _dataset(d, s)
+        sc = d.get("scenario")
+        if per_task is not None and sc and sc.get("rounds_per_task") is not None:
+            sc["rounds_per_task"] = rounds // int(sc.get("tasks", 1))
+    parts, seen = [], set()
+    for p in ex["partitions"]:
+        p = _partition(p, s)
+        key = canonical_json(p)
+        if key not in seen:
+            seen.add(key)
+            parts.append(p)
+    ex["partitions"] = parts
+    clients = max(int(p["clients"]) for p in parts)
+    ex["train"] = _train(ex.get("train") or {}, rounds, per_task is not None, clients, s, top=True)
+    for m in ex["methods"]:
+        if m.get("train"):
+            m["train"] = _train(m["train"], rounds, per_task is not None, clients, s, top=False)
+        _method(m)
+    for f in ex.get("figures") or []:
+        opts = f.get("options") or {}
+        r = opts.get("rounds")
+        if isinstance(r, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in r):
+            opts["rounds"] = [v for v in r if v <= rounds] or [rounds]
+
+
+def _rounds(ex: dict[str, Any], s: dict[str, Any]) -> tuple[int, int | None]:
+    """(the smoke rounds, the task count they cover or None): one round per task when a
+    dataset declares a stream with ``rounds_per_task`` (the lcm of the task counts, so
+    every stream of the experiment fits the one ``train.rounds``), else smoke.rounds."""
+    tasks = [
+        int(d["scenario"].get("tasks", 1))
+        for d in ex["datasets"]
+        if d.get("scenario") and d["scenario"].get("rounds_per_task") is not None
+    ]
+    if tasks:
+        lcm = math.lcm(*tasks)
+        return lcm, lcm
+    configured = (ex.get("train") or {}).get("rounds", 50)
+    return min(int(configured), int(s["rounds"])), None
+
+
+def _train(t: dict[str, Any], rounds: int, stream: bool, clients: int, s: dict[str, Any], top: bool) -> dict[str, Any]:
+    t = copy.deepcopy(t)
+    if top or "rounds" in t:  # a method's own rounds: at most smoke.rounds (streams: the stream's)
+        t["rounds"] = rounds if stream or top else min(int(t["rounds"]), int(s["rounds"]))
+    r = int(t.get("rounds", rounds))
+    if top or "local_epochs" in t:
+        t["local_epochs"] = 1
+    if "sample_rate" in t:
+        floor = min(1.0, MIN_SAMPLED / max(1, min(clients, int(s["clients"]))))
+        t["sample_rate"] = max(float(t["sample_rate"]), floor)
+    if t.get("save_client_models"):
+        t["save_client_models"] = [v for v in t["save_client_models"] if v <= r] or [r]
+    return t
+
+
+def _partition(p: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+    p = dict(p)
+    if p["scheme"] != "classes":  # a class-fraction matrix has one row per client
+        p["clients"] = min(int(p["clients"]), int(s["clients"]))
+    if p["scheme"] == "dirichlet":
+        p["min_size"] = min(int(p.get("min_size", 10)), DIRICHLET_MIN_SIZE)
+    return p
+
+
+# ----------------------------------------------------------------------------- data and models
+
+
+def _options(name: str, options: dict[str, Any] | None, s: dict[str, Any]) -> dict[str, Any] | None:
+    """A dataset's options shrunk (None for a name no registry knows: left as it is)."""
+    from .data import DATASETS
+    from .data.base import SUBSET
+
+    if name not in DATASETS:
+        return None
+    info = DATASETS.get(name)
+    o = dict(options or {})
+    per_class = max(MIN_PER_CLASS, math.ceil(int(s["rows"]) / info.num_classes))
+    o[SUBSET] = min(int(o[SUBSET]), per_class) if o.get(SUBSET) else per_class
+    for key, cap in (("size", s["image_size"]), ("max_length", s["max_length"])):
+        if key in info.defaults:
+            value = o.get(key, info.defaults[key])
+            o[key] = min(int(value), int(cap)) if isinstance(value, int) and not isinstance(value, bool) else value
+    if "tokenizer" in info.defaults and s["hf_model"]:
+        o["tokenizer"] = str(s["hf_model"])
+    return o
+
+
+def _dataset(d: dict[str, Any], s: dict[str, Any]) -> None:
+    from .data import dataset_id
+
+    opts = _options(d["name"], d.get("options"), s)
+    if opts is None:
+        return
+    if not d.get("label"):  # the full-scale label: paper links and labels stay as they were
+        try:
+            d["label"] = dataset_id(d["name"], d.get("options"))
+        except FedForgetError:
+            pass  # bad options: the validation reports them
+    d["options"] = opts
+    pub = d.get("public")
+    if pub and pub.get("source") == "dataset":
+        popts = _options(pub["dataset"], pub.get("options"), s)
+        if popts is not None:
+            pub["options"] = popts
+    d["model"] = _model(d["model"], s)
+
+
+def _model(model: Any, s: dict[str, Any]) -> Any:
+    from .models import MODEL_DEFAULTS
+
+    name, opts = (model, {}) if isinstance(model, str) else (model["name"], dict(model.get("options") or {}))
+    defaults = MODEL_DEFAULTS.get(name)
+    if defaults is None:
+        return model
+    size = int(s["image_size"])
+    if "pretrained" in defaults:
+        opts["pretrained"] = False
+    if name == "resnet18_imagenet" and opts.get("input_size", defaults["input_size"]):
+        opts["input_size"] = size
+    if name == "vit":
+        patch = next(p for p in (VIT_PATCH, 4, 2, 1) if size % p == 0)
+        opts.update(VIT, image_size=size, patch_size=patch)
+    if name == "hf":
+        cfg = dict(opts.get("config") or {})
+        cfg["num_hidden_layers"] = min(int(cfg.get("num_hidden_layers", HF_LAYERS)), HF_LAYERS)
+        opts["config"] = cfg
+        if s["hf_model"]:
+            opts["name_or_path"] = str(s["hf_model"])
+    if not opts:
+        return model
+    return {"name": name, "options": opts}
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def _param_defaults(name: str) -> dict[str, Any] | None:
+    from .methods import METHODS
+
+    if name not in METHODS:
+        return None
+    out = {}
+    for f in fields(METHODS.get(name).Params):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
+    return out
+
+
+def _budgets(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    defaults = _param_defaults(name)
+    if defaults is None:
+        return params
+    p = dict(params)
+    for key, cap in BUDGETS.items():
+        if key not in defaults:
+            continue
+        value = p.get(key, defaults[key])
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            p[key] = cap
+    for key, fcap in FLOAT_BUDGETS.items():
+        value = p.get(key, defaults.get(key))
+        if key in defaults and isinstance(value, (int, float)) and not isinstance(value, bool) and value > fcap:
+            p[key] = fcap
+    base = p.get("base", defaults.get("base"))
+    if "base_params" in defaults and isinstance(base, str):
+        p["base_params"] = _budgets(base, dict(p.get("base_params") or defaults["base_params"] or {}))
+        if not p["base_params"] and "base_params" not in params:
+            del p["base_params"]
+    return p
+
+
+def _method(m: dict[str, Any]) -> None:
+    params = _budgets(m["name"], dict(m.get("params") or {}))
+    if params or "params" in m:
+        m["params"] = params
