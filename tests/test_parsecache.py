@@ -68,3 +68,17 @@ def test_bad_config_is_never_cached(tmp_path):
         with pytest.raises(FedForgetError, match="no_such_method"):
             parse_workflow(raw, cache)
     assert not cache.exists() or not list(cache.glob("parse-*"))
+
+
+def test_the_default_paper_results_file_is_part_of_the_key(tmp_path, monkeypatch):
+    """Removing config/paper_results.csv (read by validation although no config key names
+    it) must not let a cached parse hide the error."""
+    monkeypatch.chdir(tmp_path)
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw.pop("paper_results", None)
+    (tmp_path / "config").mkdir()
+    csv = tmp_path / "config" / "paper_results.csv"
+    csv.write_text("a\n")
+    k = parse_key(raw)
+    csv.unlink()
+    assert parse_key(raw) != k

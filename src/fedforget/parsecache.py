@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import WorkflowConfig, parse_config
+from .config import PAPER_RESULTS, WorkflowConfig, parse_config
 from .utils import atomic_write_bytes, canonical_json
 
 ROOT = Path(__file__).resolve().parent
@@ -58,7 +58,9 @@ def parse_key(raw: Mapping[str, Any]) -> str:
     h = hashlib.sha256()
     h.update(f"{FORMAT}\0{sys.version}\0{source_digest()}\0".encode())
     h.update(canonical_json(raw).encode())
-    for s in sorted(set(_strings(raw))):
+    # the files validation reads: every string of the config naming a file, and the papers'
+    # results file, named or the default (present or not: its removal is an error to report)
+    for s in sorted(set(_strings(raw)) | {str(raw.get("paper_results", PAPER_RESULTS))}):
         try:
             if len(s) < 4096 and os.path.isfile(s):
                 h.update(b"\0file\0" + s.encode() + b"\0" + Path(s).read_bytes())
