@@ -42,9 +42,9 @@ What changes, per experiment:
   ViT-B/16 is 86M parameters per client model), ``hf`` one encoder layer
   (``config.num_hidden_layers``) and ``name_or_path`` = ``hf_model`` when given;
 - methods: the compute budgets that methods declare as hyperparameters (:data:`BUDGETS`:
-  gradient-inversion and generator iterations, synthesis rounds and batches, warm-up rounds,
-  FOT's sketch width), at most the smoke value, also inside ``base_params`` of methods that
-  run over a base;
+  gradient-inversion and generator iterations, synthesis rounds and batches, distillation
+  epochs, memory batches, warm-up rounds, FOT's sketch width), at most the smoke value, also
+  inside ``base_params`` of methods that run over a base;
 - ``results_dir``: ``smoke.results_dir``, default ``<results_dir>/smoke``: smoke outputs
   never mix with real ones. ``data_dir`` is unchanged (the raw-data directory defaults to
   ``<data_dir>/raw``); smoke datasets have their own ids (``subset`` is in the id).
@@ -96,6 +96,10 @@ BUDGETS: dict[str, int] = {
     "syn_size": 32,
     "student_steps": 2,
     "student_batch": 8,
+    # server distillation (FedDF, FedET, FedProj, CFeD) and per-step memory batches (FedProj's
+    # public-set reference gradient, A-GEM's and DER's replay)
+    "distill_epochs": 1,
+    "memory_batch_size": 32,
     # FedProj: no projection in the first n rounds / last n rounds (a 2-round run projects)
     "proj_warmup_rounds": 1,
     "proj_cooldown_rounds": 0,
