@@ -20,8 +20,8 @@ first task (clients' and server's task-end hooks, after-task passes), apart from
 rounds. Rounds of all methods are interleaved so all see the same load; medians with
 min-max. Peak memory: on a GPU, ``torch.cuda.max_memory_allocated`` over each method's own
 rounds and task end; on a CPU, the peak resident memory of a separate process running the
-method alone (same rounds), less that of the same process running FedAvg
-(``peak_rss_over_fedavg_mib``).
+method alone over the same rounds (Linux: VmHWM, reset after data preparation and model
+building), less that of the same process running FedAvg (``peak_rss_over_fedavg_mib``).
 
     python benchmarks/continual_cost.py --json out.json
     python benchmarks/continual_cost.py --device cuda --json out.json
@@ -51,7 +51,7 @@ METHODS = ("fedavg", "fedprotip", "fot", "icarl", "cfed", "glfc", "lga", "target
 # GLFC's and LGA's proxy inversion lightened for 8x8 digits; LANDER with TARGET's synthesis)
 PROXY = {"memory_size": 60, "recon_iters": 20, "recon_inner": 5, "recon_keep": 5}
 PARAMS = {
-    "fedprotip": {"threshold": 0.95}, "glfc": PROXY, "lga": {**PROXY, "proxy_init": 3},
+    "fedprotip": {"threshold": 0.95}, "glfc": PROXY,  # shared head: FedProTIP(-t), tip none (main) "lga": {**PROXY, "proxy_init": 3},
     "lander": {"syn_rounds": 10, "g_steps": 10, "warmup": 0, "syn_size": 2560},
 }  # fmt: skip
 PUBLIC = {"source": "dataset", "dataset": "blobs", "options": {"size": 8, "num_train": 2000, "num_test": 10}}
@@ -77,6 +77,9 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
               "rounds_per_task": a.rounds, "heads": a.heads}  # fmt: skip
     sc = resolve_scenario(stream, info.num_classes, shape, "scenario")
     model, mopts = ("vit", TINY_VIT) if name == "l2p" else ("cnn2d", {})
+    params = PARAMS.get(name, {})
+    if name == "fedprotip" and a.heads == "shared":
+        params = {**params, "tip": "none"}  # FedProTIP(-t): TIP routes to per-task heads
     ds = DatasetSpec("digits", {}, model, mopts, PUBLIC, "digits", sc)
     t = TrainSpec(
         rounds=5 * a.rounds, local_epochs=5, batch_size=64, sample_rate=1.0, eval_local_models=False,
@@ -84,7 +87,7 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
         optimizer=OptimizerSpec(lr=0.1, weight_decay=5e-4), checkpoint_every=10**6,
     )  # fmt: skip
     part = PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0)
-    rc = RunConfig("bench", ds, part, MethodSpec(name, PARAMS.get(name, {}), name), 0, t, root, f"{root}/results")
+    rc = RunConfig("bench", ds, part, MethodSpec(name, params, name), 0, t, root, f"{root}/results")
     return Simulation(rc, device=torch.device(a.device))
 
 
@@ -93,16 +96,40 @@ def prepare(root: str) -> None:
     prepare_dataset("blobs", PUBLIC["options"], root)
 
 
+def reset_peak_rss() -> bool:
+    """Reset the process's peak resident set size (Linux: VmHWM, by writing 5 to
+    /proc/self/clear_refs); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_kib(reset: bool) -> int:
+    """Peak RSS (KiB) since the reset (VmHWM), or over the process's life (ru_maxrss)."""
+    if reset:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def child_peak(a: argparse.Namespace) -> None:
-    """Run one method's two tasks' rounds alone; print the process's peak RSS (KiB)."""
+    """Run one method's two tasks' rounds alone; print the process's peak RSS (KiB) over
+    those rounds (the data preparation and model building before them are not counted
+    where the peak can be reset, see reset_peak_rss)."""
     with tempfile.TemporaryDirectory() as root:
         prepare(root)
         sim = build(a, root, a.memory_of)
         sim.global_metrics = lambda rnd: ({}, [])
+        reset = reset_peak_rss()
         start = time.perf_counter()
         for rnd in range(1, 2 * a.rounds + 1):
             sim.run_round(rnd, start)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        print(peak_rss_kib(reset))
 
 
 def main() -> None:
@@ -173,7 +200,7 @@ def main() -> None:
     for n in sorted(sims, key=lambda n: statistics.median(times[n])):
         ts = times[n]
         med = statistics.median(ts)
-        r = {"s_per_round": {"median": med, "min": min(ts), "max": max(ts)},
+        r = {"s_per_round": {"median": med, "mean": statistics.mean(ts), "min": min(ts), "max": max(ts)},
              "task_end_s": task_end[n][0] if task_end[n] else None}  # fmt: skip
         if ref:
             r["vs_fedavg"] = med / ref
@@ -185,10 +212,11 @@ def main() -> None:
             r["peak_rss_over_fedavg_mib"] = (peak[n] - base_peak) / 2**20 if base_peak and peak[n] else None
         result["methods"][n] = r
         mem = (f"peak {r['peak_gpu_mib']:.0f} MiB" if cuda
-               else f"peak RSS +{(r['peak_rss_over_fedavg_mib'] or 0):.0f} MiB over fedavg")  # fmt: skip
+               else f"peak RSS {(r['peak_rss_over_fedavg_mib'] or 0):+.1f} MiB over fedavg")  # fmt: skip
         rel = f" x{med / ref:.2f} of fedavg" if ref else ""
         end = f"task end {r['task_end_s']:.2f} s" if r["task_end_s"] is not None else ""
-        print(f"{n:10s} {med * 1e3:8.1f} ms/round (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f}){rel}  {end}  {mem}")
+        print(f"{n:10s} {med * 1e3:8.1f} ms/round (mean {statistics.mean(ts) * 1e3:.1f}, min {min(ts) * 1e3:.1f}, "
+              f"max {max(ts) * 1e3:.1f}){rel}  {end}  {mem}")
     for n, e in errors.items():
         print(f"{n:10s} error: {e}")
     if a.json:
