@@ -82,3 +82,25 @@ def test_the_default_paper_results_file_is_part_of_the_key(tmp_path, monkeypatch
     k = parse_key(raw)
     csv.unlink()
     assert parse_key(raw) != k
+
+
+def test_cached_run_configs_and_code_digests_equal_their_definitions(tmp_path, monkeypatch):
+    """What the parse keeps for the rules (each run's config JSON and hash, the other rules'
+    code digests) is what RunConfig and provenance compute, so the cache changes no job's
+    params and no rerun trigger."""
+    from fedforget.parsecache import code_roots
+    from fedforget.provenance import module_code
+    from fedforget.utils import canonical_json
+
+    monkeypatch.chdir(tmp_path)
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["paper_results"] = str(REPO / "config" / "paper_results.csv")
+    wf, digests = parse_workflow(raw, tmp_path / "none")  # no .snakemake/: not written
+    runs = wf.runs()
+    assert set(digests["runs"]) == {str(rc.run_dir) for rc in runs}
+    for rc in runs:
+        cached = digests["runs"][str(rc.run_dir)]
+        assert cached["config"] == canonical_json(rc.to_dict()) and cached["hash"] == rc.hash
+    roots = code_roots(wf)
+    assert ("fedforget.partition",) in roots and any(r[-1] == "fedforget.data.base" for r in roots)
+    assert digests["code"] == {r: module_code(*r).digest for r in roots}

@@ -172,10 +172,7 @@ class RunConfig:
         """Hash of what determines the results: every setting except where and how fast
         the job runs (train.threads, train.device, train.checkpoint_every), so a job
         resumed with other threads or on another device keeps its identity."""
-        d = self.to_dict()
-        for k in RUNTIME_TRAIN_KEYS:
-            d["train"].pop(k, None)
-        return config_hash(d)
+        return run_hash(self.to_dict())
 
     # paths (relative to the working directory)
     @property
@@ -188,6 +185,12 @@ class RunConfig:
             Path(self.results_dir) / self.experiment / self.dataset.label / self.partition.slug
             / self.method.label / f"seed{self.seed}"
         )  # fmt: skip
+
+
+def run_hash(d: dict[str, Any]) -> str:
+    """``RunConfig.hash`` of a run's ``to_dict()`` (``d`` is not changed)."""
+    train = {k: v for k, v in d["train"].items() if k not in RUNTIME_TRAIN_KEYS}
+    return config_hash({**d, "train": train})
 
 
 def partition_dir(results_dir: str, ds: DatasetSpec, part: PartitionSpec) -> Path:

@@ -23,13 +23,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import PAPER_RESULTS, WorkflowConfig, parse_config
+from .config import PAPER_RESULTS, WorkflowConfig, parse_config, run_hash
 from .utils import atomic_write_bytes, canonical_json
 
 ROOT = Path(__file__).resolve().parent
 CACHE_DIR = Path(".snakemake") / "fedforget"
 KEEP = 8  # cached parses kept (one per config recently used in this directory)
-FORMAT = 1
+FORMAT = 2
 
 
 def source_digest() -> str:
@@ -74,19 +74,40 @@ def training_key(method: str, params: Mapping[str, Any] | None) -> str:
     return f"{method} {canonical_json(dict(params or {}))}"
 
 
-def _digests(wf: WorkflowConfig) -> dict[str, Any]:
-    """What the rules need beside the config (the torch-importing part of a parse): each
-    run's training-code digest, and the module of each figure function."""
+def code_roots(wf: WorkflowConfig) -> list[tuple[str, ...]]:
+    """The module sets whose code digests (``provenance.module_code``) the workflow's rules
+    take as params: each prepared dataset's source with the prepared-format writer, the
+    partitioner, the table, paper-table and plot modules, each figure's module."""
+    from .data import DATASETS
     from .figures import FIGURES
-    from .provenance import training_code
+
+    names = {name for name, _ in wf.datasets_to_prepare().values()}
+    roots = [(DATASETS.get(n).build.__module__, "fedforget.data.base") for n in sorted(names)]
+    roots += [("fedforget.partition",), ("fedforget.aggregate",), ("fedforget.paper_tables",), ("fedforget.plots",)]
+    figures = sorted({FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures})
+    return roots + [("fedforget.figures", m) for m in figures]
+
+
+def _digests(wf: WorkflowConfig) -> dict[str, Any]:
+    """What the rules need beside the config (the torch-importing part of a parse, and what
+    is slow to recompute for thousands of jobs): each run's training-code digest, the module
+    of each figure function, the code digests of the other rules (``code``, by module set:
+    :func:`code_roots`), and each run's resolved config as JSON and its hash (``runs``, by
+    run directory)."""
+    from .figures import FIGURES
+    from .provenance import module_code, training_code
 
     training = {}
+    runs = {}
     for rc in wf.runs():
         key = training_key(rc.method.name, rc.method.params)
         if key not in training:
             training[key] = training_code(rc.method.name, rc.method.params).digest
+        d = rc.to_dict()
+        runs[str(rc.run_dir)] = {"config": canonical_json(d), "hash": run_hash(d)}
     figures = {f.name: FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures}
-    return {"training": training, "figures": figures}
+    code = {roots: module_code(*roots).digest for roots in code_roots(wf)}
+    return {"training": training, "figures": figures, "code": code, "runs": runs}
 
 
 def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tuple[WorkflowConfig, dict[str, Any]]:

@@ -31,6 +31,9 @@ RUNS = {
     (rc.experiment, rc.dataset.label, rc.partition.slug, rc.method.label, str(rc.seed)): rc
     for rc in WF.runs()
 }
+RUN_DIRS = {key: str(rc.run_dir) for key, rc in RUNS.items()}
+# each run's resolved config (JSON) and hash, computed once per parse (parsecache: "runs")
+RUN_CONFIGS = DIGESTS["runs"]
 PARTITIONS = {(rc.dataset.pool_id, rc.partition.slug): rc for rc in RUNS.values()}
 PREPARE = WF.datasets_to_prepare()
 HOLDOUTS = WF.holdouts_to_prepare()
@@ -106,10 +109,17 @@ class JobArgument:
         return self.text
 
 
+def code_digest(*roots):
+    """provenance.module_code(*roots).digest, from the parse (parsecache.code_roots) where
+    it was computed there."""
+    digest = DIGESTS["code"].get(roots)
+    return digest if digest is not None else module_code(*roots).digest
+
+
 def prepare_code(name):
     """Digest of the code that prepares dataset ``name`` (its source module and the
     prepared-format writer): a params value, so editing that code prepares it again."""
-    return module_code(DATASETS.get(name).build.__module__, "fedforget.data.base").digest
+    return code_digest(DATASETS.get(name).build.__module__, "fedforget.data.base")
 
 
 def prepare_params(w):
@@ -147,12 +157,12 @@ def train_inputs(w):
     return data_inputs(rc.dataset) + [str(rc.partition_dir / "assignment.npy")]
 
 
-PARTITION_CODE = module_code("fedforget.partition").digest
+PARTITION_CODE = code_digest("fedforget.partition")
 
 
 def train_config(w):
     """The job's resolved config, runtime settings included (not a rerun trigger)."""
-    return JobArgument(canonical_json(RUNS[run_key(w)].to_dict()))
+    return JobArgument(RUN_CONFIGS[RUN_DIRS[run_key(w)]]["config"])
 
 
 def run_identity(rc):
@@ -161,7 +171,7 @@ def run_identity(rc):
     digest of the source it runs (fedforget.provenance) and the client engine it is asked
     for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing)."""
     return {
-        "config hash": rc.hash,
+        "config hash": RUN_CONFIGS[str(rc.run_dir)]["hash"],
         "code digest": DIGESTS["training"][training_key(rc.method.name, rc.method.params)],
         "client_engine": rc.train.client_engine,
         "engine_pairing": rc.train.engine_pairing,
@@ -230,9 +240,9 @@ def experiment_paper(w):
 
 
 # digests of the table and figure code: a params value of those rules, so editing it redraws
-AGGREGATE_CODE = module_code("fedforget.aggregate").digest
-PAPER_CODE = module_code("fedforget.paper_tables").digest
-PLOT_CODE = module_code("fedforget.plots").digest
+AGGREGATE_CODE = code_digest("fedforget.aggregate")
+PAPER_CODE = code_digest("fedforget.paper_tables")
+PLOT_CODE = code_digest("fedforget.plots")
 
 
 FIGURES = list(CURVES)  # the learning curves that rule plot draws for every experiment
@@ -289,8 +299,8 @@ def experiment_figure(w):
     """The experiment-specific figure with this label (config: experiments[].figures)."""
     for f in WF.experiment(w.experiment).figures:
         if f.label == w.figure:
-            code = module_code("fedforget.figures", DIGESTS["figures"][f.name])
-            return {"name": f.name, "options": canonical_json(f.options), "code": code.digest}
+            code = code_digest("fedforget.figures", DIGESTS["figures"][f.name])
+            return {"name": f.name, "options": canonical_json(f.options), "code": code}
     raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
 
 
@@ -331,7 +341,7 @@ def all_targets():
     """Every run's outputs (a deleted or failed run is redone: Snakemake does not rebuild a
     missing intermediate file whose consumers are up to date), every experiment's tables
     and figures, and every partition's heatmap."""
-    out = [str(rc.run_dir / f) for rc in RUNS.values() for f in RUN_OUTPUTS]
+    out = [f"{d}/{f}" for d in RUN_DIRS.values() for f in RUN_OUTPUTS]
     out += [f for did in PREPARE for f in dataset_files(did)]
     out += [f for pid in HOLDOUTS for f in public_files(pid)]
     for exp in WF.experiments:
