@@ -26,6 +26,14 @@ the device. Both client engines therefore augment every row identically, whateve
 grouping clients train in, CUDA graphs replay it (the occurrence travels inside the
 position tensor, ``encode``), and nothing needs checkpointing. Rows read outside local
 training steps (test sets, method passes over a client's data) are not augmented.
+
+Rows a method replays from its own store during a local step (iCaRL's and GLFC's exemplars:
+model inputs already, kept in the client's state) go through the same ``crop_flip``
+(``InputPipeline.replay_inputs``, reached as ``ClientContext.augment_rows``) where the
+method's source augments them [D: the keying]: the hash's salt is keyed by (the run's seed,
+REPLAY_AUGMENT_STREAM, the method's stream tag, round, client, local step) and each row's
+draw is its index in the store, so every step sees a new crop of a row, a resumed run the
+same ones, and the draws never coincide with the private rows' (another salt).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from .utils import FedForgetError, torch_seed
 AUGMENTS = ("none", "crop_flip")
 STORAGES = ("auto", "device", "stream")
 AUGMENT_STREAM = 0xA6  # keyed randomness of the augmentation hash
+REPLAY_AUGMENT_STREAM = 0xA8  # ... of replayed rows' augmentation (InputPipeline.replay_inputs)
 _P = 2_147_483_647  # 2^31 - 1: the hash's modulus (every product stays below 2^62)
 _MULT = (48_271, 69_621, 1_103_515_245 % _P, 16_807)
 
@@ -159,6 +168,17 @@ class InputPipeline:
             return x
         salt = torch_seed(self.seed, AUGMENT_STREAM) % _P
         return crop_flip(x, draw, salt, self.augment["pad"])
+
+    def replay_inputs(self, x: torch.Tensor, rows: torch.Tensor, *key: int) -> torch.Tensor:
+        """Rows ``x`` [B, C, H, W] a method replays from its own store (model inputs, already
+        converted) augmented as training rows are (``crop_flip``), the hash salted by (the
+        run's seed, REPLAY_AUGMENT_STREAM, ``key``: the method's stream tag, round, client,
+        local step) with each row's index in the store ``rows`` (int64 [B], >= 0) as its
+        draw; ``x`` itself (the same object) without augmentation."""
+        if self.augment is None:
+            return x
+        salt = torch_seed(self.seed, REPLAY_AUGMENT_STREAM, *key) % _P
+        return crop_flip(x, rows.to(device=x.device, dtype=torch.long), salt, self.augment["pad"])
 
 
 # ----------------------------------------------------------------------------- storage

@@ -22,7 +22,12 @@ paper fills a per-task episodic memory at task ends instead. The memory batch is
 uniformly without replacement from the buffer (it may hold current-task rows, as in A-GEM-R
 and FedGP) from a generator keyed (seed, round, client, task, 0x81). Replayed rows are
 scored with their own task's classes in task-incremental scenarios (mask of the row's task)
-and with their own task's head where heads are per task. The memory forward runs in the
+and with their own task's head where heads are per task. Buffer rows are not augmented
+again when replayed [C: FedGP's code (shenghongdai/Fed-A-GEM, models/Update_booster.py)
+stores the step's transformed image (its ``DatasetSplit`` returns it as ``not_aug_inputs``)
+and replays it with ``get_data(..., transform=None)``; the buffer here likewise keeps the
+step's rows as the model saw them, augmented if the dataset is. Mammoth's A-GEM instead
+stores unaugmented rows and re-augments them, ``get_data(transform=self.transform)``]. The memory forward runs in the
 model's training mode (BatchNorm statistics see it), as in mammoth.
 
 Hyperparameters [P/C, fedgp.md Sec. 5.1.1]: ``buffer_size`` = 200 (0: no memory, FedAvg

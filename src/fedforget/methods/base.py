@@ -114,6 +114,18 @@ class ClientContext:
     # scenarios mask logits outside each row's task), None where every class counts
     logit_mask: torch.Tensor | None = None
 
+    def augment_rows(self, x: torch.Tensor, rows: torch.Tensor, stream: int) -> torch.Tensor:
+        """Rows ``x`` [B, C, H, W] that a method replays in this local step from its own
+        store (exemplars: model inputs), augmented as the step's private rows are (the
+        dataset's ``augment``, ``fedforget.inputs.InputPipeline.replay_inputs``), keyed by
+        (run seed, the method's ``stream``, round, client, this step ``steps``, each row's
+        index ``rows`` in the store): a new crop per step, the same after a resume. ``x``
+        itself (the same object) where the dataset has no augmentation, or outside a run."""
+        inputs = getattr(getattr(self.data, "data", None), "inputs", None)
+        if inputs is None:
+            return x
+        return inputs.replay_inputs(x, rows, stream, self.round, self.cid, self.steps)
+
 
 @dataclass
 class Upload:

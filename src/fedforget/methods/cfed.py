@@ -14,7 +14,9 @@ Surrogate data [P, D]: the public set S (``datasets[].public``, its labels never
 split once, by a permutation keyed (seed, 0xCFE0), into K + 1 disjoint near-equal parts:
 part k is client k's surrogate set S_k, part K the server's S_0 [P: "each party
 independently"; the code gives each client an IID shard and lets the server reuse one
-client's shard]. The split is the same whether or not the server distils.
+client's shard]. The split is the same whether or not the server distils. Surrogate rows
+are never augmented [C: the code feeds its CIFAR arrays to the model as they are
+(utils.py ``CifarIterater``), with no train transform on any data].
 
 Objectives (round r of task t, m clients sampled) [C]:
 - t = 0: every client *learns*: FedAvg's local step, CE on its task data.

@@ -25,7 +25,11 @@ The buffer [D/C]: a reservoir of ``buffer_size`` rows per client, each sample of
 per task on the client's first pass over the task's data (``replay.py``; FedGP's code; the
 DER code offers every step of every epoch). Memory batches: uniform without replacement
 from the buffer, drawn from a generator keyed (seed, round, client, task, 0x82); the two
-DER++ batches are successive draws of it. Replay forwards run in training mode (BatchNorm
+DER++ batches are successive draws of it. Buffer rows are kept as the step saw them
+(augmented where the dataset is) and not augmented again when replayed [C: FedGP's code,
+shenghongdai/Fed-A-GEM models/Update_booster.py, stores its ``DatasetSplit``'s transformed
+image and replays with ``transform=None``; the DER code (Mammoth) stores the unaugmented
+row and re-augments it at each replay]. Replay forwards run in training mode (BatchNorm
 statistics see them), as in the DER code.
 
 One registered method, ``der``, with ``plus: bool`` (DER++ when true) [D]: the two share

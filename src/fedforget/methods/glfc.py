@@ -17,7 +17,12 @@ Client k, task t (classes Y^t new, the classes of the tasks before t old, C^p of
    pick one image twice), so a class keeps min(m, its samples). Memory rows join local
    training as the code's mixed loader does [C]: each epoch visits every memory row once,
    a keyed permutation (seed, round, client, task, 0xC1) cut into one slice per minibatch
-   and appended to it (the engine draws the current minibatches).
+   and appended to it (the engine draws the current minibatches). Memory rows are augmented
+   like the minibatch's own where the dataset declares an augmentation (``ctx.augment_rows``:
+   a new crop and flip at each step) [C: the code's ``getTrainData`` puts the exemplar images
+   into the training dataset's ``TrainData``, read through its ``train_transform``
+   (RandomCrop padding 4, RandomHorizontalFlip, ColorJitter: fl_main.py; the ColorJitter is
+   not reproduced, as for the private rows)]; the old model distils on the same rows [C].
 2. Class-aware gradient compensation [P]: per row, G_i = P_{y_i}(x_i) - 1, the
    gradient of the loss at the true class's logit; w_i = |G_i| / G_bar, G_bar the mean |G|
    over the minibatch's rows of the same group (new classes, old classes) [P; C
@@ -556,7 +561,7 @@ class GLFC(FedAvg):
         s, t, p = self.scratch(ctx), ctx.task, self.p
         if ctx.steps < len(s.chunks) and len(s.chunks[ctx.steps]):
             mem, idx = ctx.state[KEY], s.chunks[ctx.steps]
-            x = torch.cat([x, mem["x"][idx].to(x.dtype)])
+            x = torch.cat([x, ctx.augment_rows(mem["x"][idx].to(x.dtype), idx, MEMORY_STREAM)])
             y = torch.cat([y, mem["y"][idx]])
         rt = self.row_task(y, t)
         allowed = self.allowed(rt, t)

@@ -30,6 +30,11 @@ a share of the exemplars, a keyed permutation of them per local epoch split over
 epoch's steps (generator keyed (seed, round, client, task, 0x1CA0, epoch)), so every local
 epoch passes once over D = task data + exemplars, as Mammoth's ``icarl_replay`` merges the
 buffer into the task's training set [C]; the batches are then larger by |P| / steps [D].
+Exemplars are augmented like the task's rows where the dataset declares an augmentation
+(``ctx.augment_rows``: a new crop and flip at each step, keyed by the store index) [C:
+Mammoth's ``icarl_replay`` (utils/buffer.py) refolds the buffer to uint8 images appended to
+the training dataset's ``data``, so they pass through its train transform every epoch]; the
+previous model's targets q are computed on the same augmented rows [C].
 Loss, over the classes seen so far S_t = the classes of tasks 0 .. t (the scenario's; all
 classes in a one-task run), with g = sigmoid(scores)::
 
@@ -417,7 +422,8 @@ class ICaRL(FedAvg):
             s.prev = self._prev
 
     def exemplar_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """This step's share of the exemplars: rows lo..hi of the epoch's permutation."""
+        """This step's share of the exemplars: rows lo..hi of the epoch's permutation,
+        augmented as the step's own rows are (``ctx.augment_rows``)."""
         s = self.scratch(ctx)
         if s.rows is None:
             return None
@@ -433,7 +439,7 @@ class ICaRL(FedAvg):
         if hi <= lo:
             return None
         idx = s.perm[lo:hi]
-        return s.rows[0][idx], s.rows[1][idx]
+        return ctx.augment_rows(s.rows[0][idx], idx, EXEMPLAR_STREAM), s.rows[1][idx]
 
     def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Alg. 3 on the step's rows and its share of the exemplars."""

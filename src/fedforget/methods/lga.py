@@ -31,7 +31,9 @@ of papers/fedprotip.md Tables 1-3. GLFC (``glfc.py``) with these changes; tags [
    self-supervision (no rotation labels); none is added.
 4. Proxy warm-up [C ``--proxy_init`` = 6]: in the first ``proxy_init`` rounds of each task
    the model's score is 0 (it becomes the best only while the best accuracy is 0).
-Everything else is GLFC's: exemplar memory, prototype gradients through the LeNet encoder
+Everything else is GLFC's: exemplar memory (augmented like the private rows where the dataset
+declares an augmentation [C: LGA's ``iCIFAR100.getTrainData`` mixes the exemplar images into
+``TrainData``, read through fl_main.py's ``train_transform``: RandomCrop 4, flip]), prototype gradients through the LeNet encoder
 (perturbed by SGD on the local model), gradient inversion with L-BFGS (250 iterations [C]),
 the old model of task t = the proxy's best model of task t - 1. [C] the code resets the best
 accuracy once (at task 1's start); ``best_per_task`` (default true [D]) resets it at every
