@@ -1,0 +1,285 @@
+"""Expected time of each paper table config on one GPU (issue 17, item 8): an estimate from
+measured times per round, scaled by each run's arithmetic.
+
+Measured inputs (files under ``benchmarks/results``, overridable):
+
+* ``--gpu``: ``paper_gpu.json`` (``benchmarks/paper_gpu.py`` on a lent H100). It gives
+  FedAvg's seconds per round on the batched ("vectorized") engine and FedSOL's (head
+  perturbation) on the sequential one. The setting is FedSOL Table 1's CIFAR-10 layout:
+  McMahan CNN, 50,000 rows, 10 % of 100 clients per round, 5 local epochs, and global test
+  evaluation on 10,000 rows every round.
+* ``--method-cost``: ``method_cost.json`` (``benchmarks/method_cost.py``, CPU). Each one-task
+  method's time per round relative to FedAvg on the same engine.
+* ``--continual-cost``: ``continual_cost.json`` (``benchmarks/continual_cost.py``, CPU). The
+  same ratio for the continual baselines, as the median over a task's rounds. TARGET's is
+  rescaled by its replay rows per step at the run's scale (``target_replay``): on digits it
+  replays 40x a batch, on ImageNet-R about 14x.
+
+The model (``estimate_run``), per run of a config:
+
+    FLOPs/round  = 3 F x S x m + F x E
+    time         = rounds x FLOPs/round / R_engine
+
+The terms:
+
+* F: the model's forward FLOPs per input, counted by ``torch.utils.flop_counter`` on the
+  config's model at the dataset's input shape. Pretrained weights are not loaded. A Hugging
+  Face model is built from its hub config, or from the published shapes in ``HF_SHAPES``
+  when the hub cannot be reached.
+* The factor 3: a training step is one forward pass and one backward pass of about twice the
+  forward's FLOPs. It is 1 for a frozen encoder (``freeze_encoder``), whose head alone trains.
+* S: training inputs per round. That is sample rate x the rows of a task x local epochs. A
+  split stream's task holds its classes' share of the rows; a domain stream's task holds
+  every row.
+* m: the method's measured ratio to FedAvg (1 where none was measured, flagged "m?").
+* E: evaluated inputs per round. Global evaluation covers every ``eval_every`` rounds. Local
+  models are evaluated every round where ``eval_local_models``: the sampled clients times
+  the test rows.
+* R_engine: the FLOP rate measured in the calibration setting, one per engine:
+  * batched, from FedAvg;
+  * sequential, from FedSOL divided by its m.
+
+  A run takes the batched engine where its experiment's methods can all be batched
+  (``client_engine: auto`` on a GPU), else the sequential one.
+
+What this leaves out, so read the hours as an order of magnitude:
+
+* **The rates are those of a small CNN.** Larger models (ResNet-18, ViT-B/16, BERT) keep a
+  GPU busier per FLOP, so their estimates are likely too high.
+* **The measured ratios m come from a CPU.**
+* **Server work outside the steady rounds is not scaled.** That covers synthesis at task ends
+  (TARGET, LANDER), GLFC's and LGA's proxy rounds, and server distillation over a public set,
+  except as m includes it.
+* **The data pipeline is not modelled:** augmentation, streaming from disk, tokenization.
+
+``benchmarks/paper_gpu.py`` measures a config's real time per round on a lent GPU.
+
+    python benchmarks/paper_runtime.py                     # every config/experiments/paper/*.yaml
+    python benchmarks/paper_runtime.py --json runtime.json --markdown runtime.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from fedforget.config import RunConfig, parse_config
+from fedforget.data import DATASETS
+from fedforget.methods import METHODS
+from fedforget.models import build_model
+from fedforget.vectorized import method_not_vectorized
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+# NVIDIA H100 SXM's dense FP32 peak (datasheet): the compute floor of the estimate's lower end
+FP32_PEAK = 67e12
+# the calibration setting of benchmarks/paper_gpu.py (FedSOL Table 1, CIFAR-10 shaped)
+CALIBRATION = {"model": "cnn_mcmahan", "shape": (3, 32, 32), "classes": 10, "train_per_round": 0.1 * 50_000 * 5,
+               "eval_per_round": 10_000}  # fmt: skip
+# published encoder shapes (config.json of each hub id), for FLOP counting where the hub is not
+# reachable; only the shapes matter (weights are never loaded here)
+HF_SHAPES = {
+    "huawei-noah/TinyBERT_General_4L_312D": ("bert", {"hidden_size": 312, "num_hidden_layers": 4, "num_attention_heads": 12, "intermediate_size": 1200}),
+    "distilbert-base-uncased": ("distilbert", {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072}),
+}  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", nargs="+", default=sorted(str(f) for f in (REPO / "config/experiments/paper").glob("*.yaml")))
+    p.add_argument("--gpu", default=str(RESULTS / "h100-2026-11-24-paper/paper_gpu.json"))
+    p.add_argument("--method-cost", default=str(RESULTS / "cpu-2026-11-25/method_cost.json"))
+    p.add_argument("--continual-cost", default=str(RESULTS / "cpu-2026-11-25/continual_cost.json"))
+    p.add_argument("--json", default=None)
+    p.add_argument("--markdown", default=None)
+    return p.parse_args()
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def forward_flops(model: torch.nn.Module, shape: tuple[int, ...], text: bool) -> float:
+    """Forward FLOPs per input of ``model`` on inputs of ``shape`` (torch's flop counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros((2, *shape), dtype=torch.long) if text else torch.randn(2, *shape)
+    if text:
+        x[:, 1] = 1  # attention mask: every token
+    model.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops() / 2
+
+
+def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options: dict[str, Any]) -> torch.nn.Module:
+    """The ``hf`` model built from ``HF_SHAPES`` (no hub), with the config's overrides."""
+    from transformers import AutoModel, BertConfig, DistilBertConfig
+
+    from fedforget.models import Classifier, HFBody
+
+    if name_or_path not in HF_SHAPES:
+        raise KeyError(f"no shapes known offline for {name_or_path!r} (add it to HF_SHAPES)")
+    kind, dims = HF_SHAPES[name_or_path]
+    cfg = (BertConfig if kind == "bert" else DistilBertConfig)(**dims, **dict(options.get("config") or {}))
+    width = cfg.hidden_size if kind == "bert" else cfg.dim
+    return Classifier(HFBody(AutoModel.from_config(cfg), options.get("pooling", "cls"), False), width, classes)
+
+
+_FLOPS: dict[str, float] = {}
+
+
+def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], classes: int) -> tuple[float, str]:
+    """(forward FLOPs per input, how they were counted), cached per model and shape."""
+    key = json.dumps([name, options, shape, classes], sort_keys=True)
+    if key not in _FLOPS:
+        opts = {k: v for k, v in options.items() if k != "pretrained"}
+        if "pretrained" in options or name in ("hf", "vit", "resnet18_imagenet"):
+            opts["pretrained"] = False
+        if name == "hf" and str(options.get("name_or_path")) in HF_SHAPES:  # no hub call for known shapes
+            model, how = hf_offline(str(options["name_or_path"]), shape, classes, options), "counted (published shapes)"
+        else:
+            model, how = build_model(name, shape, classes, opts), "counted"
+        _FLOPS[key] = forward_flops(model, shape, name == "hf")
+        _FLOPS[key + "how"] = how  # type: ignore[assignment]
+    return _FLOPS[key], str(_FLOPS[key + "how"])
+
+
+# ----------------------------------------------------------------------------- measured inputs
+def rates(gpu: dict[str, Any], ratios: dict[str, float]) -> dict[str, float]:
+    """FLOPs per second of each engine in the calibration setting."""
+    c = CALIBRATION
+    f, _ = model_flops(c["model"], {}, c["shape"], c["classes"])
+    by = {r["method"]: r for r in gpu["results"]}
+    out = {}
+    for method, engine in (("fedavg", "vectorized"), ("fedsol", "sequential")):
+        r = by[method]
+        m = ratios.get("fedsol-head", 1.0) if method == "fedsol" else 1.0
+        flops = 3 * f * c["train_per_round"] * m + f * c["eval_per_round"]
+        out[r["engine"] if r["engine"] == engine else engine] = flops / r["s_per_round"]["median"]
+    return out
+
+
+def method_ratios(method_cost: dict[str, Any], continual_cost: dict[str, Any]) -> dict[str, float]:
+    """Each method's measured time per round relative to FedAvg's (CPU)."""
+    out = {n: float(r) for n, r in method_cost.get("ratio_vs_fedavg", {}).items() if r == r}
+    cont = continual_cost.get("methods", {})  # steady-state rounds (medians): task ends apart
+    base = cont.get("fedavg", {}).get("s_per_round", {}).get("median")
+    for name, r in cont.items():
+        if base and name not in out:
+            out[name] = r["s_per_round"]["median"] / base
+    return out
+
+
+# ----------------------------------------------------------------------------- the estimate
+def rows_per_task(rc: RunConfig) -> tuple[int, int]:
+    """(training rows of a task, test rows) of the run's dataset."""
+    info = DATASETS.get(rc.dataset.name)
+    n_train, n_test = info.split_sizes(info.resolve(rc.dataset.options))
+    pub = rc.dataset.public
+    if pub and pub.get("source") == "holdout":
+        n_train = int(n_train * (1 - float(pub["fraction"])))
+    sc = rc.dataset.scenario
+    if sc and sc.get("kind") == "split":
+        share = int(sc["tasks"]) * int(sc["classes_per_task"]) / info.num_classes
+        return int(n_train * share / int(sc["tasks"])), n_test
+    return n_train, n_test
+
+
+def target_replay(params: dict[str, Any], client_rows: float, batch: int) -> float:
+    """TARGET's inputs per local step relative to a plain step's: its replay adds
+    min(pool, syn_size // steps per epoch) synthetic rows to each batch of ``batch`` (the
+    code's rule, methods/target.py), so its cost grows with the pool and shrinks with the
+    client's data; what the measured ratio of ``continual_cost.py`` includes at its size."""
+    from fedforget.methods.synthesis import SynthesisParams
+
+    d = {f: getattr(SynthesisParams, f) for f in ("replay_batch", "syn_size", "syn_batch", "syn_rounds")}
+    p = {**d, **params}
+    pool = min(p["syn_size"], p["syn_rounds"] * p["syn_batch"])
+    steps = max(1, math.ceil(client_rows / batch))
+    rows = min(pool, p["replay_batch"] or p["syn_size"] // steps)
+    return (batch + rows) / batch
+
+
+# continual_cost.py's setting (split digits 5 x 2, 5 clients, batch 64): TARGET's replay factor
+# there, which its measured ratio includes
+COST_SETTING = {"client_rows": 1347 / 5 / 5, "batch": 64}  # digits' 1,347 training rows
+
+
+def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]) -> dict[str, Any]:
+    info = DATASETS.get(rc.dataset.name)
+    shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
+    f, how = model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)
+    rows, n_test = rows_per_task(rc)
+    t = rc.train
+    train = t.sample_rate * rows * t.local_epochs
+    evals = n_test / t.eval_every + (t.sample_rate * rc.partition.clients * n_test if t.eval_local_models else 0)
+    m = ratios.get(rc.method.name)
+    if rc.method.name == "target" and m is not None:  # the replay's rows at this run's scale
+        client_rows = rows / rc.partition.clients
+        m *= target_replay(rc.method.params, client_rows, t.batch_size) / target_replay({}, **COST_SETTING)
+    batched = (
+        t.client_engine in ("auto", "vectorized") and not t.engine_pairing
+        and method_not_vectorized(METHODS.get(rc.method.name), t.optimizer.name, t.drop_last) is None
+    )  # fmt: skip
+    engine = "vectorized" if batched else "sequential"
+    # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input
+    passes = 1 if (rc.dataset.model_options or {}).get("freeze_encoder") else 3
+    flops = t.rounds * (passes * f * train * (m or 1.0) + f * evals)
+    return {"seconds": flops / rate[engine], "flops": flops, "engine": engine, "measured_m": m is not None,
+            "model": rc.dataset.model, "flops_how": how}  # fmt: skip
+
+
+def load(path: str) -> dict[str, Any]:
+    p = Path(path)
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def hours(h: float) -> str:
+    return f"{h:.1f} h" if h >= 1 else f"{60 * h:.0f} min"
+
+
+def main() -> None:
+    a = parse_args()
+    torch.manual_seed(0)
+    ratios = method_ratios(load(a.method_cost), load(a.continual_cost))
+    rate = rates(load(a.gpu), ratios)
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    rows = []
+    for path in a.configs:
+        raw = {**defaults, **yaml.safe_load(Path(path).read_text())}
+        raw["paper_results"] = str(REPO / "config/paper_results.csv")
+        runs = parse_config(raw).runs()
+        est = [estimate_run(rc, ratios, rate) for rc in runs]
+        flops = sum(e["flops"] for e in est)
+        rows.append({
+            "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
+            "gpu_hours": sum(e["seconds"] for e in est) / 3600, "floor_hours": flops / FP32_PEAK / 3600,
+            "models": sorted({e["model"] for e in est}), "sequential_runs": sum(e["engine"] == "sequential" for e in est),
+            "unmeasured_methods": sorted({rc.method.name for rc, e in zip(runs, est) if not e["measured_m"]}),
+        })  # fmt: skip
+        r = rows[-1]
+        print(f"{r['config']:<32} {r['runs']:>5} runs {r['pflop']:>10.1f} PFLOP  measured-rate {hours(r['gpu_hours']):>10}  "
+              f"FP32-peak floor {hours(r['floor_hours']):>9}  {'/'.join(r['models'])}"
+              + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else ""))  # fmt: skip
+    tot = {k: sum(r[k] for r in rows) for k in ("runs", "pflop", "gpu_hours", "floor_hours")}
+    print(f"{'all':<32} {tot['runs']:>5} runs {tot['pflop']:>10.1f} PFLOP  measured-rate {hours(tot['gpu_hours']):>10}  "
+          f"FP32-peak floor {hours(tot['floor_hours']):>9}")  # fmt: skip
+    print("rates (FLOP/s, measured in the calibration setting):", {k: f"{v:.3g}" for k, v in rate.items()})
+    out = {"rates_flop_s": rate, "fp32_peak_flop_s": FP32_PEAK, "method_ratios": ratios,
+           "gpu": load(a.gpu).get("device"), "tables": rows, "total": tot}  # fmt: skip
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    if a.markdown:
+        lines = ["| config | runs | models | PFLOP | at the measured rate | FP32-peak floor |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['config']} | {r['runs']} | {', '.join(r['models'])} | {r['pflop']:.1f} | "
+                         f"{hours(r['gpu_hours'])} | {hours(r['floor_hours'])} |")  # fmt: skip
+        Path(a.markdown).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
