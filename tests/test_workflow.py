@@ -204,6 +204,14 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     assert len(before) == 4
     assert planned_jobs(tmp_path) == {}
 
+    # a finished run's deleted output (rule all names only the missing ones) redoes that run alone
+    model = next((tmp_path / "results" / "tiny").glob("digits/*/fedavg/seed0/model.pt"))
+    model.unlink()
+    assert planned_jobs(tmp_path).get("train") == 1
+    snakemake(tmp_path)
+    assert model.is_file() and planned_jobs(tmp_path) == {}
+    before = run_dirs(tmp_path)
+
     # one method's hyperparameter: only that method's 2 jobs (+ aggregate, plot, default)
     cfg = json.loads(json.dumps(TINY))
     cfg["experiments"][0]["methods"][1]["train"]["optimizer"]["lr"] = 0.2

@@ -1,6 +1,7 @@
 # Helpers: the config is validated once here, at parse time (schema + registries + sizes),
 # before any job starts, and expanded into lookup tables that the rules read by wildcard.
 import json
+import os
 import re
 from pathlib import Path
 
@@ -337,11 +338,22 @@ def stale_summary(w):
     return [f"{RESULTS}/{w.experiment}/summary/{f}" for f in summary_outputs(w.experiment)]
 
 
+def run_targets(run_dir):
+    """A run's outputs that rule all names: its run.json, and where that exists each other
+    output that is missing. Snakemake does not rebuild a missing intermediate file whose
+    consumers are up to date, but it does rebuild a missing target, so a deleted or failed
+    run is redone; a job that runs writes all its outputs, and outputs that exist need no
+    naming, so the DAG resolves one target per run instead of six (all paper configs' dry
+    run: about 1 s less of 11)."""
+    if not os.path.exists(f"{run_dir}/run.json"):
+        return [f"{run_dir}/run.json"]
+    return [f"{run_dir}/{f}" for f in RUN_OUTPUTS if f == "run.json" or not os.path.exists(f"{run_dir}/{f}")]
+
+
 def all_targets():
-    """Every run's outputs (a deleted or failed run is redone: Snakemake does not rebuild a
-    missing intermediate file whose consumers are up to date), every experiment's tables
-    and figures, and every partition's heatmap."""
-    out = [f"{d}/{f}" for d in RUN_DIRS.values() for f in RUN_OUTPUTS]
+    """Every run's targets (run_targets), every experiment's tables and figures, and every
+    partition's heatmap."""
+    out = [f for d in RUN_DIRS.values() for f in run_targets(d)]
     out += [f for did in PREPARE for f in dataset_files(did)]
     out += [f for pid in HOLDOUTS for f in public_files(pid)]
     for exp in WF.experiments:
