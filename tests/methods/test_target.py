@@ -1,9 +1,11 @@
 """TARGET and LANDER (methods/target.py, methods/lander.py, methods/synthesis.py): the
 generator's loss falls against a fixed model, its terms (BN statistics, boundary, LTE
 bounding) against hand values, the clients' KD on synthetic rows and LANDER's local loss
-against hand values, replayed rows are rows of the server's synthetic pool, the label
-embeddings are MiniLM's, split-digits runs (class-IL, task-IL with per-task heads,
-domain-IL), exact resume mid-task and at a task boundary, FedGP over TARGET."""
+against hand values, replayed rows are rows of the server's synthetic pool (with a dataset
+augmentation: their keyed crops, which the pool's teacher scores on the client; without:
+the KD of the teacher's logits on the pool rows as made), the label embeddings are
+MiniLM's, split-digits runs (class-IL, task-IL with per-task heads, domain-IL), exact
+resume mid-task and at a task boundary, FedGP over TARGET."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from torch import nn
 
 from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
+from fedforget.distill import softened_kl
 from fedforget.engine import Simulation
+from fedforget.inputs import REPLAY_AUGMENT_STREAM, crop_flip
 from fedforget.methods import ClientContext, RunInfo, check_params, make_params
 from fedforget.methods.base import ServerContext, frozen_copy
 from fedforget.methods.lander import (
@@ -30,11 +34,11 @@ from fedforget.methods.lander import (
     label_embeddings,
     label_texts,
 )
-from fedforget.methods.synthesis import BNStatsLoss, Synthesizer, boundary_loss
-from fedforget.methods.target import TARGET
+from fedforget.methods.synthesis import BNStatsLoss, Synthesizer, boundary_loss, score_pool
+from fedforget.methods.target import REPLAY_STREAM, TARGET, TEACHER
 from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
-from fedforget.utils import FedForgetError
+from fedforget.utils import FedForgetError, torch_seed
 
 from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, strip
 
@@ -50,7 +54,9 @@ TINY = dict(
     student_steps=2,
     student_batch=8,
 )
-TINY_L = {**TINY, "warmup": 0}  # LANDER: rounds 0..2 store, round 2 has the boundary term
+TINY_L = {**TINY, "warmup": 0}
+AUG = {"kind": "crop_flip", "pad": 2}  # a dataset augmentation block
+_P = 2_147_483_647  # LANDER: rounds 0..2 store, round 2 has the boundary term
 
 
 def split_info(input_shape=(1, 4, 4), tasks=2):
@@ -89,6 +95,18 @@ def ctx_for(model, broadcast, task, cid=0, rnd=3, n=8, batch=4):
         cid=cid, round=rnd, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), global_params={},
         broadcast=broadcast, state={}, n_samples=n, lr=0.1, local_epochs=1, batch_size=batch, task=task,
     )  # fmt: skip
+
+
+def linear_teacher(bias, lte=0):
+    """The weights of a Flatten-body classifier on 1x4x4 rows whose logits are ``bias`` on
+    every row (and, with ``lte`` > 0, LTE features 0 of that width)."""
+    model = Classifier(nn.Flatten(), 16, len(bias))
+    with torch.no_grad():
+        model.head.weight.zero_(), model.head.bias.copy_(bias)
+    if lte:
+        model.lte_map = nn.Linear(16, lte)
+        nn.init.zeros_(model.lte_map.weight), nn.init.zeros_(model.lte_map.bias)
+    return model.state_dict()
 
 
 def same(a, b):
@@ -207,12 +225,8 @@ def test_kd_on_a_synthetic_batch_equals_the_hand_value():
     method = TARGET(make_params("target", {"kd": 3.0, "temperature": 2.0}), info)
     model = Classifier(nn.Flatten(), 16, 4)
     nn.init.zeros_(model.head.weight), nn.init.zeros_(model.head.bias)
-    pool = {
-        "x": torch.rand(1, 1, 4, 4),
-        "y": torch.tensor([1]),
-        "logits": torch.tensor([[2.0, 0.0, 5.0, -1.0]]),
-        "task": 0,
-    }
+    teacher = linear_teacher(torch.tensor([2.0, 0.0, 5.0, -1.0]))  # these logits on any row
+    pool = {"x": torch.rand(1, 1, 4, 4), "y": torch.tensor([1]), "task": 0, TEACHER: teacher}
     ctx = ctx_for(model, {"target_pool": pool}, task=1)
     method.client_begin(ctx)
     x, y = torch.rand(1, 1, 4, 4), torch.tensor([2])
@@ -231,8 +245,8 @@ def test_replay_draws_rows_of_the_pool():
     pool = {
         "x": torch.rand(10, 1, 4, 4),
         "y": torch.zeros(10, dtype=torch.long),
-        "logits": torch.randn(10, 4),
         "task": 0,
+        TEACHER: Classifier(nn.Flatten(), 16, 4).state_dict(),
     }
     ctx = ctx_for(Classifier(nn.Flatten(), 16, 4), {"target_pool": pool}, task=1)
     method.client_begin(ctx)
@@ -268,6 +282,66 @@ def test_replayed_batches_come_from_the_servers_synthetic_pool(make_run_config, 
         assert torch.cdist(rep.x.flatten(1), real).min() > 0
     assert seen[-1][1] is sim.server.state["target_pool"]
     assert rows[-1]["target_kd"] > 0 and rows[1]["target_bn_layers"] == 0.0  # cnn2d: no BatchNorm
+
+
+@pytest.mark.parametrize("variant", ["target", "lander"])
+def test_unaugmented_kd_equals_the_kd_on_the_teachers_precomputed_pool_logits(variant):
+    """Without augmentation the replayed rows are the pool's rows, and the teacher's logits
+    (LANDER: and LTE features) on them, computed each step on the client, equal those of
+    scoring the whole pool once (the earlier precomputed form), so the KD terms agree."""
+    info = split_info()
+    cls = TARGET if variant == "target" else LANDER
+    method = cls(make_params(variant, {"replay_batch": 8}), info)
+    teacher = toy_teacher(0, lte=True)
+    pool_x = torch.rand(40, 1, 4, 4) ** 2
+    pool = {"x": pool_x, "y": torch.zeros(40, dtype=torch.long), "task": 0,
+            TEACHER: teacher.state_dict()}  # fmt: skip
+    student = toy_teacher(1, lte=True).train()
+    ctx = ctx_for(student, {f"{variant}_pool": pool}, task=1)
+    method.client_begin(ctx)
+    old_logits, old_att = score_pool(teacher, pool_x, lambda m, z: m.lte_map(z))
+    for _ in range(3):
+        rep = method.synthetic_batch(ctx)
+        assert torch.equal(rep.x, pool_x[rep.idx]) and not rep.t_logits.requires_grad
+        old = torch.tensor([0, 1])
+        precomputed = softened_kl(rep.logits[:, old], old_logits[rep.idx][:, old], 2.0)
+        assert abs(float(method.kd_term(ctx, rep)) - float(precomputed)) < 1e-5
+        if variant == "lander":
+            assert torch.allclose(rep.t_feats, old_att[rep.idx], atol=1e-5)
+        else:
+            assert rep.t_feats is None
+    assert not method.scratch(ctx).teacher.training
+
+
+def test_augmented_replay_is_augment_rows_of_the_pool_scored_by_the_teacher(
+    make_run_config, monkeypatch
+):
+    """With a dataset augmentation (digits, crop_flip): each replayed batch is crop_flip of
+    the drawn pool rows keyed by (seed, stream 0xB1, round, client, step, pool index), and
+    the teacher's logits are a direct forward of the pool's teacher on those augmented rows
+    (not on the rows as made)."""
+    seen = []
+    original = TARGET.synthetic_batch
+
+    def spy(self, ctx):
+        rep = original(self, ctx)
+        if rep is not None:
+            pool = ctx.broadcast["target_pool"]
+            salt = torch_seed(self.info.seed, REPLAY_AUGMENT_STREAM, REPLAY_STREAM, ctx.round, ctx.cid, ctx.steps) % _P  # fmt: skip
+            assert torch.equal(rep.x, crop_flip(pool["x"][rep.idx], rep.idx, salt, AUG["pad"]))
+            teacher = frozen_copy(ctx.model)
+            teacher.load_state_dict(pool[TEACHER])
+            assert torch.allclose(rep.t_logits, teacher(rep.x), atol=1e-6)
+            seen.append((rep.x, pool["x"][rep.idx], rep.t_logits, teacher(pool["x"][rep.idx])))
+        return rep
+
+    monkeypatch.setattr(TARGET, "synthetic_batch", spy)
+    rc = digits_cfg(make_run_config, "target", TINY)
+    sim, rows = run(replace(rc, dataset=replace(rc.dataset, augment=AUG)))
+    assert len(seen) > 2 and rows[-1]["target_kd"] > 0
+    assert all(
+        not torch.equal(x, raw) and not torch.allclose(t, t_raw) for x, raw, t, t_raw in seen
+    )
 
 
 def test_prediction_hides_classes_of_tasks_not_started():
@@ -327,8 +401,13 @@ def test_lander_local_loss_equals_the_hand_formula():
     ce = F.cross_entropy(logits[:, :2], y)
     bound = torch.relu(((model.lte_map(z) - lte[y]) ** 2).mean() - 0.01)
     assert torch.allclose(method.local_loss(ctx, x, y), ce + 2.0 * bound)
-    pool = {"x": torch.rand(4, 1, 4, 4), "y": torch.zeros(4, dtype=torch.long), "logits": torch.zeros(4, 4),
-            "att": torch.zeros(4, 3), "task": 0}  # fmt: skip
+    teacher = linear_teacher(torch.zeros(4), lte=3)  # logits and LTE features 0 on any row
+    pool = {
+        "x": torch.rand(4, 1, 4, 4),
+        "y": torch.zeros(4, dtype=torch.long),
+        "task": 0,
+        TEACHER: teacher,
+    }
     ctx = ctx_for(model, {LTE: lte, "lander_pool": pool}, task=1, batch=4)  # replays all 4 rows
     method.client_begin(ctx)
     cur, pre = method.weights(ctx)
@@ -407,7 +486,8 @@ def test_task_il_and_domain_il_streams(make_run_config, method, scenario):
     pool = sim.server.state[f"{method}_pool"]
     assert pool["task"] == scenario["tasks"] - 2 and rows[-1][f"{method}_kd"] >= 0
     if scenario["kind"] == "rotated":  # every class is learned in every task
-        assert pool["logits"].shape[1] == 10 and len(pool["x"]) == TINY_L["syn_size"]
+        assert len(pool["x"]) == TINY_L["syn_size"]
+    assert pool[TEACHER].keys() == sim.global_params.keys()
 
 
 def test_fedgp_over_target(make_run_config):

@@ -35,7 +35,13 @@ Local training [C ``_local_update``, ``_local_finetune``], with a = lte_map(feat
   beta = sqrt(C_old / C_total) [C]: C_total the classes learned by the client's task, C_old
   those the pool's teacher learned (domain-incremental streams: beta = 1).
 - x^: ``replay_batch`` pool rows per step, 0 (default): the client's batch size [C: syn_bs 1 x
-  local_bs]; KL as TARGET's (tau 2 [C]); a_old(x^) precomputed with the teacher's logits.
+  local_bs], through the dataset's train augmentation as TARGET's (``ctx.augment_rows``)
+  [C: ``get_syn_data_loader`` reads the pool through ``get_norm_and_transform``'s
+  ``train_transform``: RandomCrop(pad 4) + horizontal flip, and on ImageNet a brightness
+  ColorJitter, which the dataset's crop-and-flip augmentation here does not include [D]];
+  KL as TARGET's (tau 2 [C]); the teacher T_old computes its logits and a_old(x^) =
+  lte_map(its features) on the same augmented x^, in eval mode without gradient [C
+  ``_local_finetune``: ``teacher(syn_input)``, logits and ``att``].
 - CE: TARGET's (``ce: task``, the code's ``output[:, known:]``).
 
 Server synthesis [C ``NAYER``] (``LanderSynthesizer``; otherwise ``synthesis.py``):
@@ -381,8 +387,8 @@ class LANDER(TARGET):
         return LanderSynthesizer(self.p, teacher, classes, self.info.input_shape, server.device,
                                  (self.info.seed, server.task), self.anchors(server))  # fmt: skip
 
-    def pool_map(self) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
-        """The teacher's LTE-space features of the pool rows (the feature KD's targets)."""
+    def teacher_map(self) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+        """The teacher's LTE-space features of the replayed rows (the feature KD's targets)."""
         return lambda model, z: model.lte_map(z)
 
     # ---------------------------------------------------------------- client side
@@ -407,8 +413,7 @@ class LANDER(TARGET):
         rep = self.synthetic_batch(ctx)
         if rep is None:
             return current  # task 0 [C _local_update]
-        s = self.scratch(ctx)
-        fkd = F.mse_loss(ctx.model.lte_map(rep.features), s.pool["att"][rep.idx])
+        fkd = F.mse_loss(ctx.model.lte_map(rep.features), rep.t_feats)
         self.note(ctx, "fkd", fkd)
         cur, pre = self.weights(ctx)
         return cur * current + pre * (self.p.kd * self.kd_term(ctx, rep) + fkd)

@@ -18,10 +18,21 @@ knowledge distillation from the previous global model on synthetic data; C ``_lo
   max(1, floor(syn_size / steps per epoch)) rows [C: the code's nums / iters, which spreads the
   pool over a client's epoch; the code also stops an epoch when the shorter loader ends,
   which is not reproduced here [D]]. In task 0 (no pool yet) the loss is the CE alone [C].
-- T_old: the global model at the end of the task that made the pool (the previous one),
-  frozen, in eval mode; its logits on every pool row are computed once on the server when
-  the pool is made and sent with it [D: the same numbers as the code's teacher forward,
-  since the rows are not augmented here]. ``old``: the classes learned up to that task.
+- x^ = A(pool rows): the drawn rows pass through the dataset's train augmentation (its
+  ``augment`` block: keyed crop and flip, ``ctx.augment_rows`` with the pool index of each
+  row and the stream 0xB1; a new crop at every step) [C: the code reads the pool through
+  ``train_transform``, RandomCrop(pad 4) + horizontal flip, ``get_syn_data_loader``]; the
+  identity where the dataset declares none. The padding is the dataset's ``augment.pad``
+  (the code's 4 on CIFAR), with zeros in model-input space as the private rows'
+  augmentation here (the code pads black pixels before normalising) [D].
+- T_old: the global model at the end of the task that made the pool (the previous one)
+  [C ``after_task``: ``_old_network``], frozen, in eval mode, scoring the same augmented
+  rows x^ the student sees, without gradient, on the client [C ``_local_finetune``: the
+  teacher's forward on ``syn_input``]. Its weights travel with the pool (``pool["teacher"]``,
+  the task's final global weights, in server.state and every broadcast); each client
+  loads them into one cached frozen copy of the model (as iCaRL's previous model). Without
+  augmentation this is the KD of the teacher's logits on the pool rows as made, up to
+  float rounding of the batch forward. ``old``: the classes learned up to that task.
 - KL with temperature tau = ``temperature`` (2 [C]), batch mean, without a tau^2 factor: the
   code's ``_KD_loss`` is the soft-target cross-entropy, KL + the teacher's entropy, whose
   gradient this equals. kd = 25 [C README: --kd=25].
@@ -32,7 +43,7 @@ Server, after the aggregation of task t's last round, for t < T - 1 (nothing lat
 the last task's pool [C]): a generator trained data-free against the global model
 (``synthesis.py``: L_gen = bn L_BN + oh CE + adv L_adv, meta-learned generator, student for
 the boundary term) gives ``syn_size`` rows; the pool (rows, the generator's targets, the
-teacher's logits) replaces the previous one in server.state["target_pool"] [C: the code's
+teacher's weights) replaces the previous one in server.state["target_pool"] [C: the code's
 clients read task_{t-1}'s images only] and goes to every client with each round's broadcast.
 The generator's images in [0, 1] are normalised as the clients' data pipeline normalises
 stored images (its per-channel mean / std: dataset constants, which the clients' task-end
@@ -64,8 +75,8 @@ nums); FedProTIP's 8k rows in batches of 256 take ``syn_rounds`` >= 32.
 
 Not reproduced [D]: the code's cosine learning-rate schedule over each task's rounds and its
 momentum-0.9 local SGD are train settings, not the method's (``train.optimizer``,
-``train.lr_decay``); the real data's augmentation is the dataset's setting, and synthetic rows
-are replayed unaugmented (the code crops and flips them as it does real images).
+``train.lr_decay``); the data's augmentation is the dataset's setting (``dataset.augment``),
+which the replayed synthetic rows follow as the code's do.
 
 Diagnostics (``target_<key>``): clients ``kd`` (mean KL over steps); at a task end
 ``bn_layers``, ``gen_loss_first`` / ``gen_loss_last`` (mean L_gen of the first / last round),
@@ -87,6 +98,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distill import require, softened_kl
+from ..models import TaskHeads
 from ..utils import FedForgetError
 from .base import (
     ClientContext,
@@ -109,7 +121,8 @@ from .synthesis import (
 
 log = logging.getLogger(__name__)
 
-REPLAY_STREAM = 0xB1  # keyed randomness of the clients' synthetic batches
+REPLAY_STREAM = 0xB1  # keyed randomness of the clients' synthetic batches (rows, crops)
+TEACHER = "teacher"  # pool key: the weights of the global model that made the pool
 METAS = ("fomaml", "reptile")
 
 
@@ -144,6 +157,7 @@ class TARGET(FedAvg):
         self.class_task, self.class_mask = owner.to(info.device), mask.to(info.device)
         self.pool_key, self.stats_key = f"{self.name}_pool", f"{self.name}_synthesis"
         self.warned = False
+        self._teacher: nn.Module | None = None  # a reusable frozen model, loaded per client
 
     def learned(self, task: int) -> torch.Tensor:
         """The classes of tasks 0..task, sorted (long, on the device)."""
@@ -168,8 +182,8 @@ class TARGET(FedAvg):
         return self.synthesizer(self.p, teacher, classes, self.info.input_shape, server.device,
                                 (self.info.seed, server.task), normalize)  # fmt: skip
 
-    def pool_map(self) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
-        """What the pool keeps of the teacher's features besides its logits, as a function
+    def teacher_map(self) -> Callable[[nn.Module, torch.Tensor], torch.Tensor] | None:
+        """What the KD reads of the teacher's features besides its logits, as a function
         (model, features) -> [rows, ...] (TARGET: nothing)."""
         return None
 
@@ -185,11 +199,9 @@ class TARGET(FedAvg):
         classes = self.learned(t)
         norms = [r["normalize"] for _, r in sorted(reports.items()) if r and r.get("normalize")]
         res = self.make_synthesizer(server, teacher, classes, norms[0] if norms else None).run()
-        logits, feats = score_pool(teacher, res.x, self.pool_map())
-        pool: dict[str, Any] = {"x": res.x, "y": res.y, "logits": logits, "task": t}
-        if feats is not None:
-            pool["att"] = feats
-        server.state[self.pool_key] = pool
+        weights = {k: v.detach().clone() for k, v in server.global_params.items()}
+        server.state[self.pool_key] = {"x": res.x, "y": res.y, "task": t, TEACHER: weights}
+        logits = score_pool(teacher, res.x)[0]  # the diagnostic below
         agree = classes[logits[:, classes].argmax(1)] == res.y if len(res.x) else torch.zeros(0)
         server.state[self.stats_key] = {**res.stats, "pool_target_acc": float(agree.float().mean()) if len(agree) else math.nan}  # fmt: skip
         if not res.stats["bn_layers"] and not self.warned:
@@ -227,6 +239,18 @@ class TARGET(FedAvg):
             s.gen = keyed_generator(self.info.seed, ctx.round, ctx.cid, ctx.task, REPLAY_STREAM)
             s.rows = self.replay_rows(ctx, len(s.pool["x"]))
             s.old = self.learned(s.pool["task"])
+            s.teacher = self.teacher(ctx, s.pool)
+
+    def teacher(self, ctx: ClientContext, pool: dict[str, Any]) -> nn.Module:
+        """The pool's teacher: one frozen eval-mode copy of the model (kept on the method,
+        reloaded for each client, as iCaRL's previous model) holding the weights that made
+        the pool, scoring each class by its newest head up to the pool's task."""
+        if self._teacher is None:
+            self._teacher = frozen_copy(ctx.model)
+        self._teacher.load_state_dict(pool[TEACHER])
+        if isinstance(self._teacher.head, TaskHeads):
+            self._teacher.head.active = pool["task"]
+        return self._teacher
 
     def replay_rows(self, ctx: ClientContext, n_pool: int) -> int:
         """Synthetic rows per step: ``replay_batch``, or floor(syn_size / steps per epoch) [C]."""
@@ -242,22 +266,27 @@ class TARGET(FedAvg):
         sums[key] = (total + value.detach(), n + 1)
 
     def synthetic_batch(self, ctx: ClientContext) -> SimpleNamespace | None:
-        """This step's synthetic batch (pool rows ``idx``, inputs ``x``) and the model's
-        ``features`` and ``logits`` (every class) on it; None before the first pool."""
+        """This step's synthetic batch: pool rows ``idx``, their train augmentation ``x``
+        (``ctx.augment_rows``; the rows themselves without one), the model's ``features``
+        and ``logits`` (every class) on it, and the teacher's, without gradient, on the same
+        ``x``: ``t_logits`` and ``t_feats`` (``teacher_map``, None for TARGET); None before
+        the first pool."""
         s = self.scratch(ctx)
         if s.pool is None:
             return None
         x_pool = s.pool["x"]
         idx = torch.randperm(len(x_pool), generator=s.gen)[: s.rows].to(x_pool.device)
-        x = x_pool[idx]
+        x = ctx.augment_rows(x_pool[idx], idx, REPLAY_STREAM)
         features, logits = features_and_logits(ctx.model, x)
-        return SimpleNamespace(idx=idx, x=x, features=features, logits=logits)
+        with torch.no_grad():
+            t_logits, t_feats = score_pool(s.teacher, x, self.teacher_map())
+        return SimpleNamespace(idx=idx, x=x, features=features, logits=logits,
+                               t_logits=t_logits, t_feats=t_feats)  # fmt: skip
 
     def kd_term(self, ctx: ClientContext, rep: SimpleNamespace) -> torch.Tensor:
         """KL(softmax(T_old / tau) || softmax(f / tau)) over the old classes, batch mean."""
         s = self.scratch(ctx)
-        teacher = s.pool["logits"][rep.idx][:, s.old]
-        kd = softened_kl(rep.logits[:, s.old], teacher, self.p.temperature)
+        kd = softened_kl(rep.logits[:, s.old], rep.t_logits[:, s.old], self.p.temperature)
         self.note(ctx, "kd", kd)
         return kd
 
