@@ -410,26 +410,118 @@ class ViTBody(nn.Module):
 
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "layers": 12, "heads": 12, "hidden_dim": 768, "mlp_dim": 3072}
+VIT_WEIGHTS = (False, True, "imagenet1k", "imagenet21k")
+VIT_IN21K = "google/vit-base-patch16-224-in21k"
 
 
-@register("vit", rank=3, pretrained=False, **VIT_B16)
+@register("vit", rank=3, pretrained=False, name_or_path=VIT_IN21K, **VIT_B16)
 def vit(
-    input_shape: Sequence[int], num_classes: int, pretrained: bool = False, image_size: int = 224,
-    patch_size: int = 16, layers: int = 12, heads: int = 12, hidden_dim: int = 768, mlp_dim: int = 3072,
+    input_shape: Sequence[int], num_classes: int, pretrained: bool | str = False, name_or_path: str = VIT_IN21K,
+    image_size: int = 224, patch_size: int = 16, layers: int = 12, heads: int = 12, hidden_dim: int = 768,
+    mlp_dim: int = 3072,
 ) -> Classifier:
     """A Vision Transformer through torchvision (``VisionTransformer``), ViT-B/16 by default
     (FedProTIP Table 7, the FedGP L2P rows' backbone); inputs are resized to ``image_size``
-    (CIFAR's 32x32 to 224, as FedProTIP does). ``pretrained`` loads torchvision's ViT-B/16
-    IMAGENET1K_V1 weights [D: the papers used the timm/AugReg (Steiner et al.) checkpoints,
-    which torchvision does not ship]; it needs the B/16 shape. Smaller shapes (tests, CPU
-    smoke runs) run the same code path from random initialisation."""
+    (CIFAR's 32x32 to 224, as FedProTIP does). ``pretrained``: false (random initialisation),
+    ``imagenet1k`` (or true) torchvision's ViT-B/16 IMAGENET1K_V1 weights, or ``imagenet21k``
+    the ImageNet-21k ViT-B/16 of Dosovitskiy et al. that L2P's code starts from [C
+    google-research/l2p README: vit_models/imagenet21k/ViT-B_16.npz], as the Hugging Face
+    checkpoint ``name_or_path`` (default google/vit-base-patch16-224-in21k, the same weights
+    converted to PyTorch; or a local directory holding a ``ViTModel`` as save_pretrained
+    writes it), loaded through ``hf_load`` and converted to torchvision's layout
+    (``hf_vit_state_dict``), its LayerNorms given the checkpoint's eps (1e-12 there, 1e-6 in
+    torchvision) so the features are the checkpoint's own. Both pretrained weights need the
+    B/16 shape (a local checkpoint: the shape of its config). [D] FedProTIP's ViT rows cite
+    the AugReg checkpoints (Steiner et al.) without naming one; torchvision does not ship
+    them. [D] Inputs are normalised by the dataset's per-channel mean and std
+    (``inputs.InputPipeline``), not by the checkpoints' own statistics (ImageNet's for
+    torchvision's, 0.5 / 0.5 for the 21k image processor, [0, 1] in L2P's code, ``norm_01``):
+    centred inputs of unit scale either way, which fine-tuning and prompt tuning absorb.
+    Smaller shapes (tests, CPU smoke runs) run the same code path from random initialisation."""
+    from functools import partial
+
     from torchvision.models import ViT_B_16_Weights
     from torchvision.models.vision_transformer import VisionTransformer
 
-    net = VisionTransformer(image_size, patch_size, layers, heads, hidden_dim, mlp_dim)
-    if pretrained:
-        net.load_state_dict(torchvision_weights(ViT_B_16_Weights.IMAGENET1K_V1))
+    shape = (image_size, patch_size, layers, heads, hidden_dim, mlp_dim)
+    if pretrained == "imagenet21k":
+        cfg, state = hf_vit_state_dict(name_or_path, dict(zip(VIT_B16, shape)))
+        norm = partial(nn.LayerNorm, eps=float(cfg.layer_norm_eps))
+        net = VisionTransformer(*shape, norm_layer=norm)
+        net.heads = nn.Identity()
+        net.load_state_dict(state, strict=True)
+    else:
+        net = VisionTransformer(*shape)
+        if pretrained:
+            net.load_state_dict(torchvision_weights(ViT_B_16_Weights.IMAGENET1K_V1))
     return Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
+
+
+def _pop(state: dict[str, torch.Tensor], *names: str) -> torch.Tensor:
+    """The first of ``names`` (transformers 5 or 4 spelling of one parameter) from ``state``."""
+    for n in names:
+        if n in state:
+            return state.pop(n)
+    raise FedForgetError(f"model 'vit': the checkpoint has no parameter {' or '.join(names)}: not a ViTModel")
+
+
+def hf_vit_state_dict(name_or_path: str, shape: Mapping[str, int]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A Hugging Face ``ViTModel`` checkpoint (hub id or local directory, ``hf_load``) as
+    the config and state dict of torchvision's ``VisionTransformer`` without its head:
+    patch projection -> conv_proj, cls token -> class_token, position embeddings ->
+    encoder.pos_embedding; per layer query, key, value -> self_attention.in_proj_* (stacked
+    in that order, as ``nn.MultiheadAttention`` splits them), attention output ->
+    out_proj, layernorm_before / after -> ln_1 / ln_2, intermediate / output dense -> mlp.0
+    / mlp.3; the final layernorm -> encoder.ln; the pooler is dropped. ``shape``: the
+    ``vit`` options (image_size, patch_size, layers, heads, hidden_dim, mlp_dim) the
+    checkpoint must have."""
+    from transformers import ViTModel
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        hf_net = hf_load(ViTModel.from_pretrained, name_or_path, model="vit")
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    cfg = hf_net.config
+    got = {
+        "image_size": cfg.image_size, "patch_size": cfg.patch_size, "layers": cfg.num_hidden_layers,
+        "heads": cfg.num_attention_heads, "hidden_dim": cfg.hidden_size, "mlp_dim": cfg.intermediate_size,
+    }  # fmt: skip
+    if got != dict(shape) or cfg.num_channels != 3 or cfg.hidden_act != "gelu" or not cfg.qkv_bias:
+        raise FedForgetError(
+            f"model 'vit': the checkpoint {name_or_path!r} has the shape {got} (channels {cfg.num_channels}, "
+            f"activation {cfg.hidden_act}, qkv_bias {cfg.qkv_bias}); the model's options ask for {dict(shape)} "
+            "(allowed: the checkpoint's shape, 3 channels, gelu, qkv_bias true)"
+        )
+    sd = {k: v.detach().float() for k, v in hf_net.state_dict().items() if not k.startswith("pooler.")}
+    out = {
+        "class_token": _pop(sd, "embeddings.cls_token"),
+        "encoder.pos_embedding": _pop(sd, "embeddings.position_embeddings"),
+        "conv_proj.weight": _pop(sd, "embeddings.patch_embeddings.projection.weight"),
+        "conv_proj.bias": _pop(sd, "embeddings.patch_embeddings.projection.bias"),
+        "encoder.ln.weight": _pop(sd, "layernorm.weight"),
+        "encoder.ln.bias": _pop(sd, "layernorm.bias"),
+    }
+    for i in range(cfg.num_hidden_layers):
+        new, old, tv = f"layers.{i}.", f"encoder.layer.{i}.", f"encoder.layers.encoder_layer_{i}."
+        pairs = {  # torchvision name: (transformers 5 name, transformers 4 / checkpoint name)
+            "ln_1": ("layernorm_before", "layernorm_before"), "ln_2": ("layernorm_after", "layernorm_after"),
+            "self_attention.out_proj": ("attention.o_proj", "attention.output.dense"),
+            "mlp.0": ("mlp.fc1", "intermediate.dense"), "mlp.3": ("mlp.fc2", "output.dense"),
+        }  # fmt: skip
+        for p in ("weight", "bias"):
+            for t, (a, b) in pairs.items():
+                out[f"{tv}{t}.{p}"] = _pop(sd, f"{new}{a}.{p}", f"{old}{b}.{p}")
+            out[f"{tv}self_attention.in_proj_{p}"] = torch.cat([
+                _pop(sd, f"{new}attention.{q}_proj.{p}", f"{old}attention.attention.{n}.{p}")
+                for q, n in (("q", "query"), ("k", "key"), ("v", "value"))
+            ])  # fmt: skip
+    if sd:
+        raise FedForgetError(f"model 'vit': {name_or_path!r} has parameters a ViT-B/16 has not: {sorted(sd)[:5]}")
+    return cfg, out
 
 
 # ----------------------------------------------------------------------------- Hugging Face
@@ -447,12 +539,13 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def hf_load(loader: Callable[..., Any], name_or_path: str, **kwargs: Any) -> Any:
+def hf_load(loader: Callable[..., Any], name_or_path: str, model: str = "hf", **kwargs: Any) -> Any:
     """``loader(name_or_path, **kwargs)`` (a transformers ``from_pretrained``) from a local
     directory, else from the Hugging Face cache (``local_files_only``), else downloaded into
     that cache unless downloads are off (``hub_offline``). [D] The cache is tried first so
     a cached model loads without a network round trip (offline, a hub request retries for
-    about 25 s before it fails). Anything else: one error naming the model and how to get it."""
+    about 25 s before it fails). Anything else: one error naming the model and how to get it
+    (``model``: the fedforget model the error names)."""
     from huggingface_hub import constants
 
     local = os.path.expanduser(name_or_path)
@@ -461,13 +554,13 @@ def hf_load(loader: Callable[..., Any], name_or_path: str, **kwargs: Any) -> Any
             return loader(local, local_files_only=True, **kwargs)
         except (OSError, ValueError) as e:
             raise FedForgetError(
-                f"model 'hf': the directory {local} does not hold a Hugging Face model ({type(e).__name__}: {e}); "
+                f"model '{model}': the directory {local} does not hold a Hugging Face model ({type(e).__name__}: {e}); "
                 "it needs config.json and the weights (model.safetensors or pytorch_model.bin) as "
                 "save_pretrained writes them"
             ) from None
     if name_or_path.startswith(("/", "./", "../", "~")):
         raise FedForgetError(
-            f"model 'hf': name_or_path={name_or_path!r} is no directory; give a local directory that "
+            f"model '{model}': name_or_path={name_or_path!r} is no directory; give a local directory that "
             "holds a saved model (save_pretrained) or a Hugging Face hub id such as "
             "huawei-noah/TinyBERT_General_4L_312D"
         )
@@ -483,14 +576,14 @@ def hf_load(loader: Callable[..., Any], name_or_path: str, **kwargs: Any) -> Any
     )
     if hub_offline():
         raise FedForgetError(
-            f"model 'hf': {name_or_path!r} is not in the Hugging Face cache and downloads are off "
+            f"model '{model}': {name_or_path!r} is not in the Hugging Face cache and downloads are off "
             f"(HF_HUB_OFFLINE) ({cached}); {how}"
         )
     try:
         return loader(name_or_path, local_files_only=False, **kwargs)
     except Exception as e:  # network, auth or format errors: all mean "get it by hand"
         raise FedForgetError(
-            f"model 'hf': {name_or_path!r} is not in the Hugging Face cache and could not be "
+            f"model '{model}': {name_or_path!r} is not in the Hugging Face cache and could not be "
             f"downloaded ({type(e).__name__}: {e}); {how}"
         ) from None
 
@@ -673,12 +766,24 @@ def check_model(
         raise FedForgetError(f"{key}.name='cnn_fedgp' needs images of at least 16x16, got {list(input_shape)}")
     if MODEL_DEFAULTS[name].get("pretrained") is not None and options.get("pretrained") and input_shape[0] not in ((1, 3) if name == "vit" else (3,)):
         raise FedForgetError(
-            f"{key}.options.pretrained=true for model '{name}' needs 3-channel (RGB) inputs, got {list(input_shape)}"
+            f"{key}.options.pretrained={str(options['pretrained']).lower()} for model '{name}' needs 3-channel (RGB) inputs, got {list(input_shape)}"
         )
     if name == "vit":
         o = {**MODEL_DEFAULTS[name], **options}
-        if o["pretrained"] and any(o[k] != v for k, v in VIT_B16.items()):
-            raise FedForgetError(f"{key}.options: pretrained=true needs the ViT-B/16 shape {VIT_B16}; got {o}")
+        if not (isinstance(o["pretrained"], bool) or o["pretrained"] in VIT_WEIGHTS[2:]):
+            raise FedForgetError(
+                f"{key}.options.pretrained={o['pretrained']!r}; allowed: false | true (= imagenet1k) | imagenet1k | imagenet21k"
+            )
+        if not isinstance(o["name_or_path"], str) or not o["name_or_path"].strip():
+            raise FedForgetError(
+                f"{key}.options.name_or_path={o['name_or_path']!r}; allowed: a Hugging Face hub id of a ViTModel "
+                f"(default {VIT_IN21K}) or a local directory holding one (save_pretrained)"
+            )
+        hub = o["pretrained"] in (True, "imagenet1k") or o["name_or_path"] == VIT_IN21K  # the B/16 weights
+        if o["pretrained"] and hub and any(o[k] != v for k, v in VIT_B16.items()):
+            raise FedForgetError(
+                f"{key}.options: pretrained={o['pretrained']!r} needs the ViT-B/16 shape {VIT_B16}; got {o}"
+            )
         if int(o["image_size"]) % int(o["patch_size"]) or int(o["hidden_dim"]) % int(o["heads"]):
             raise FedForgetError(
                 f"{key}.options: image_size {o['image_size']} must be a multiple of patch_size {o['patch_size']} "

@@ -77,9 +77,11 @@ rounds_per_task):
   scale is 0.01; the PyTorch port's ``nn.init.uniform_`` draws U[0, 1)], from a generator
   keyed (seed, 0xA7), so every model built in a run gets the same pool.
 - The rest is the experiment's train block: the codes train with Adam (lr 0.03, constant,
-  batch 128), 5 epochs per task, on a ViT-B/16 pretrained on ImageNet-21k; ``vit``'s
-  ``pretrained`` loads torchvision's ImageNet-1k ViT-B/16 [D: the only ViT-B/16 weights
-  torchvision ships].
+  batch 128), 5 epochs per task, on a ViT-B/16 pretrained on ImageNet-21k [C: the README's
+  vit_models/imagenet21k/ViT-B_16.npz]: ``vit`` with ``pretrained: imagenet21k`` (the same
+  weights as the hub's google/vit-base-patch16-224-in21k, ``models.vit``); ``pretrained:
+  true`` keeps torchvision's ImageNet-1k ViT-B/16. [D] Inputs are normalised by the
+  dataset's mean and std, not scaled to [0, 1] as in the code (``norm_01``).
 
 Diagnostics (``l2p_<key>``): ``pull`` (mean over steps of the pull term before
 pull_coeff), ``prompts_used`` (distinct prompts selected in the client's round), means over
