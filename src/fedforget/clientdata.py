@@ -13,6 +13,7 @@ import torch
 
 from .config import RunConfig
 from .data import PublicSet, load_dataset, load_public
+from .data.base import domain_ids
 from .data.scenario import Scenario
 from .inputs import InputPipeline, Pool, choose_storage, occurrence
 from .partition import client_indices, load_partition, make_partition
@@ -184,7 +185,8 @@ def load_run_data(
             f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}"
         )
     sc = Scenario.build(cfg.dataset.scenario, data.num_classes, data.input_shape, cfg.train.rounds)
-    in_task = [sc.rows_of_task(data.y_train, t) for t in range(sc.tasks)]
+    dom_train = domain_ids(data.meta, "train")  # None but for a multi-domain dataset
+    in_task = [sc.rows_of_task(data.y_train, t, dom_train) for t in range(sc.tasks)]
     rows, tasks, offsets = [], [], []
     pos = 0
     for idx in client_indices(assignment, cfg.partition.clients):
@@ -207,11 +209,12 @@ def load_run_data(
         inputs,
     )
     # the test split and the public set are held as model inputs (converted once)
+    dom_test = domain_ids(data.meta, "test")
     test = TestSets(
         inputs.convert(torch.as_tensor(np.asarray(data.x_test), device=device)),
         torch.as_tensor(data.y_test, device=device),
         [
-            torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t)), device=device)
+            torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t, dom_test)), device=device)
             for t in range(sc.tasks)
         ],
     )

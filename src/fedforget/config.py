@@ -403,7 +403,9 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                             f"{dkey}.public.options.tokenizer: '{popts.get('tokenizer')}' differs from the private "
                             f"set's '{opts['tokenizer']}'; a public text set must be tokenized the same way"
                         )
-            scenario = check(resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario")
+            scenario = check(
+                resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario", info.domains(opts)
+            )
             augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
             ds = DatasetSpec(
                 d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario,

@@ -22,7 +22,8 @@ scale)::
 What changes, per experiment:
 
 - seeds: the first one; task streams: their first ``smoke.tasks`` tasks (a split keeps its
-  classes per task, so it stays valid); train (and every method's train override):
+  classes per task, so it stays valid; a stream of a dataset's domains keeps the dataset's
+  first ``smoke.tasks`` domains, its ``domains`` option); train (and every method's train override):
   ``local_epochs`` 1, ``rounds`` ``smoke.rounds`` (at most the configured value), or, when a
   dataset declares a task stream with ``rounds_per_task``, one round per task (``rounds`` =
   the least common multiple of the streams' task counts, each ``rounds_per_task`` = rounds /
@@ -133,7 +134,9 @@ def _experiment(ex: dict[str, Any], s: dict[str, Any]) -> None:
     ex["seeds"] = ex["seeds"][:1]
     for d in ex["datasets"]:
         sc = d.get("scenario")
-        if sc and int(sc.get("tasks", 1)) > int(s["tasks"]):
+        if sc and sc.get("kind") == "domains":
+            _first_domains(d, int(s["tasks"]))
+        elif sc and int(sc.get("tasks", 1)) > int(s["tasks"]):
             sc["tasks"] = int(s["tasks"])
     rounds, per_task = _rounds(ex, s)
     for d in ex["datasets"]:
@@ -223,6 +226,28 @@ def _options(name: str, options: dict[str, Any] | None, s: dict[str, Any]) -> di
     if "tokenizer" in info.defaults and s["hf_model"]:
         o["tokenizer"] = str(s["hf_model"])
     return o
+
+
+def _first_domains(d: dict[str, Any], cap: int) -> None:
+    """A stream of a dataset's domains (scenario kind ``domains``): the dataset's first
+    ``cap`` domains (its ``domains`` option), and as many tasks, so ``tasks`` still equals
+    the number of domains. Left as it is where the config is invalid (validation says why)."""
+    from .data import DATASETS, dataset_id
+
+    if d["name"] not in DATASETS or "domains" not in DATASETS.get(d["name"]).defaults:
+        return
+    info = DATASETS.get(d["name"])
+    try:
+        domains = info.domains(info.resolve(d.get("options")))
+        label = d.get("label") or dataset_id(d["name"], d.get("options"))
+    except FedForgetError:
+        return
+    sc = d["scenario"]
+    if len(domains) <= cap or int(sc.get("tasks", 1)) != len(domains):
+        return
+    d["label"] = label  # the full-scale label: paper links stay as they were
+    d["options"] = {**(d.get("options") or {}), "domains": list(domains[:cap])}
+    sc["tasks"] = cap
 
 
 def _dataset(d: dict[str, Any], s: dict[str, Any]) -> None:

@@ -11,7 +11,9 @@ reproduce on every machine::
     y_test.npy   int64   [M]
     meta.json    id, source, options, shapes, class names, the sha256 of every array file and,
                  for uint8 images, the training split's per-channel mean and std
-                 (``normalize``: how ``fedforget.inputs`` turns stored rows into model inputs)
+                 (``normalize``: how ``fedforget.inputs`` turns stored rows into model inputs);
+                 a multi-domain dataset's rows per domain of each split (``domains``: rows
+                 are grouped by domain, base.domain_counts)
 
 The paper datasets (``paper_sets``: CIFAR, MNIST, SVHN, MedMNIST, the image-folder sets and
 the text sets) are built from native files under a raw-data directory (default

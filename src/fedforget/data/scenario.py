@@ -5,11 +5,11 @@ one-task scenario (``kind: none``: one task holding every class, no transform), 
 how every non-continual experiment runs, through the same code path.
 
     scenario:
-      kind: split            # none | split | rotated | permuted
-      tasks: 5
+      kind: split            # none | split | rotated | permuted | domains
+      tasks: 5               # domains: the dataset's number of domains
       classes_per_task: 2    # split: task t holds classes class_order[t*c:(t+1)*c]
       class_order: natural   # split: natural (0, 1, ...) | shuffled (by seed)
-      incremental: class     # class | task (split);  domain | task (rotated, permuted)
+      incremental: class     # class | task (split);  domain | task (rotated, permuted, domains)
       rounds_per_task: 10    # train.rounds must be tasks x rounds_per_task
       rotation: [0, 180]     # rotated: task t's angle ~ U(rotation), in degrees
       heads: shared          # shared | per_task (one linear head per task, earlier ones frozen)
@@ -25,12 +25,19 @@ Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
   permutation of the flattened input. Transforms act on the device after the minibatch
   gather, per row (its task's transform), so a batch may mix tasks (asynchronous
   boundaries). ``incremental: task`` gives the task id at test time (with per-task heads).
+- domains (domain-IL over a multi-domain dataset, DomainNet [P, fedprotip.md Sec. 6, App.
+  E.1]): task t is the training and test rows of the dataset's t-th domain (its ``domains``
+  option order is the task order), every task has every class, no transform; ``tasks``
+  must be the number of domains. A row's domain comes from the prepared dataset's meta.json
+  (``data.base.domain_ids``) and is passed to ``rows_of_task``.
 - Clients: the partition assigns each training row to one client [D]; client k's data in
   task t are its rows in task t. A scheme drawn per class (Dirichlet, shards, classes)
   restricted to a task's classes is that scheme within the task, as FedGP partitions each
   task with Dirichlet; domain-IL clients keep their rows in every task (each client has
-  two digits of rotated MNIST in FedGP's setup). A client may hold nothing of a task (it
-  then does not train while the task runs).
+  two digits of rotated MNIST in FedGP's setup); with ``domains`` each row is in one task,
+  so client k's data in task t are its rows of domain t (a per-class scheme draws its
+  client shares once per class over all domains [D]). A client may hold nothing of a task
+  (it then does not train while the task runs).
 - Boundaries: ``sync`` [P]: every client trains on task t in rounds t*R+1 .. (t+1)*R.
   Asynchronous [P, fedgp.md Table 4]: each client traverses its own stream (its rows of
   task 0, then task 1, ...) at S samples per window of W rounds: in window w it trains on
@@ -54,13 +61,15 @@ import torch.nn.functional as F
 
 from ..utils import FedForgetError, seed_sequence
 
-KINDS = ("none", "split", "rotated", "permuted")
+KINDS = ("none", "split", "rotated", "permuted", "domains")
 SETTINGS = {
     "none": ("class",),
     "split": ("class", "task"),
     "rotated": ("domain", "task"),
     "permuted": ("domain", "task"),
+    "domains": ("domain", "task"),
 }
+DOMAIN_KINDS = ("rotated", "permuted", "domains")  # domain-incremental: every task, every class
 HEADS = ("shared", "per_task")
 CLASS_ORDERS = ("natural", "shuffled")
 _STREAM = 0x5C3A  # numpy SeedSequence stream tag of scenario randomness
@@ -70,7 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "tasks": 1,
     "classes_per_task": None,
     "class_order": "natural",
-    "incremental": None,  # class for split, domain for rotated / permuted
+    "incremental": None,  # class for split, domain for rotated / permuted / domains
     "rounds_per_task": None,  # = train.rounds for one task
     "rotation": [0.0, 180.0],
     "heads": "shared",
@@ -80,11 +89,15 @@ DEFAULTS: dict[str, Any] = {
 
 
 def resolve_scenario(
-    raw: Mapping[str, Any] | None, num_classes: int, input_shape: tuple[int, ...], key: str
+    raw: Mapping[str, Any] | None,
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    key: str,
+    domains: tuple[str, ...] = (),
 ) -> dict[str, Any] | None:
     """A config's scenario block with defaults filled in and checked against the dataset
     (one error naming the key, the value and what is allowed); None for no block (the
-    one-task scenario)."""
+    one-task scenario). ``domains``: the dataset's domains (``DatasetInfo.domains``)."""
     if not raw:
         return None
     s = {**DEFAULTS, **raw}
@@ -93,8 +106,19 @@ def resolve_scenario(
         raise FedForgetError(f"{key}.kind={kind!r}; allowed: {', '.join(KINDS)}")
     if kind == "none" and s["tasks"] != 1:
         raise FedForgetError(
-            f"{key}.tasks={s['tasks']} with kind 'none'; allowed: 1 (or a kind: split, rotated, permuted)"
+            f"{key}.tasks={s['tasks']} with kind 'none'; allowed: 1 (or a kind: {', '.join(KINDS[1:])})"
         )
+    if kind == "domains":
+        if not domains:
+            raise FedForgetError(
+                f"{key}.kind='domains' needs a dataset with domains (domainnet); this dataset has "
+                f"none; allowed kinds here: {', '.join(k for k in KINDS if k != 'domains')}"
+            )
+        if s["tasks"] != len(domains):
+            raise FedForgetError(
+                f"{key}.tasks={s['tasks']} with kind 'domains'; allowed: {len(domains)} (one task per "
+                f"domain of the dataset: {', '.join(domains)})"
+            )
     s["incremental"] = s["incremental"] or SETTINGS[kind][0]
     if s["incremental"] not in SETTINGS[kind]:
         raise FedForgetError(
@@ -251,8 +275,16 @@ class Scenario:
             m[t, cls] = True
         return m.to(device)
 
-    def rows_of_task(self, y: np.ndarray, t: int) -> np.ndarray:
-        """bool [N]: the rows (of a training or test split with labels ``y``) in task t."""
+    def rows_of_task(self, y: np.ndarray, t: int, domain: np.ndarray | None = None) -> np.ndarray:
+        """bool [N]: the rows (of a training or test split with labels ``y`` and, for kind
+        domains, each row's domain index ``domain``) in task t."""
+        if self.kind == "domains":
+            if domain is None or len(domain) != len(y):
+                raise FedForgetError(
+                    "scenario kind 'domains' needs each row's domain: the prepared dataset's meta.json has "
+                    "no 'domains' record (prepared by an older fedforget); delete the prepared folder to prepare it again"
+                )
+            return np.asarray(domain) == t
         if self.kind != "split":
             return np.ones(len(y), dtype=bool)
         return np.isin(y, self.task_classes[t])

@@ -85,7 +85,7 @@ its 2.0; FedProTIP's code 0.2 on CIFAR-100]; ``recon_iters`` 250 [C]; ``recon_lr
 [P fedprotip.md E.3, CIFAR-100 and DomainNet; the GLFC code 0.1]; ``recon_keep`` 20 [C];
 ``recon_inner`` 20 [C: torch's LBFGS max_iter default];
 ``best_per_task`` true [D]; ``proxy`` true [P]. Domain-incremental streams (rotated,
-permuted) are refused: old and new classes do not exist there [P fedprotip.md Table 1,
+permuted, domains) are refused: old and new classes do not exist there [P fedprotip.md Table 1,
 fedgp.md Table 1].
 
 State: ctx.state["glfc"] = {x, y, rank (herding position), classes (learned)};
@@ -107,6 +107,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.scenario import DOMAIN_KINDS
 from ..distill import is_int, is_number, require
 from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_copy
@@ -374,7 +375,7 @@ class GLFC(FedAvg):
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
         """Class-incremental streams only: a domain stream has no old and new classes."""
-        if scenario and scenario.get("kind") in ("rotated", "permuted"):
+        if scenario and scenario.get("kind") in DOMAIN_KINDS:
             raise FedForgetError(
                 f"method '{cls.name}' needs a split (class-incremental) stream: scenario.kind="
                 f"{scenario['kind']!r} (incremental: {scenario.get('incremental')!r}) is domain-incremental, "

@@ -84,7 +84,7 @@ there is no reference gradient until the first task end (no exemplars yet). FedG
 no iCaRL (its public repository lists FedAvg, FedCurv, FedProx, A-GEM, DER): unchecked.
 
 Streams: split (class-IL, task-IL; shared or per-task heads) and one-task runs. Refused:
-domain-incremental streams (``scenario.kind`` rotated / permuted: iCaRL is "incompatible
+domain-incremental streams (``scenario.kind`` rotated / permuted / domains: iCaRL is "incompatible
 with Domain-IL" [P fedgp.md Table 1]; new classes do not arrive there) and asynchronous task
 boundaries (``scenario.boundaries``: iCaRL needs task boundaries to snapshot the model and
 update its exemplars [P fedgp.md Sec. 5.1.1]; a window would mix old and new classes).
@@ -112,6 +112,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.scenario import DOMAIN_KINDS
 from ..models import TaskHeads
 from ..utils import FedForgetError, torch_seed
 from .base import (
@@ -288,7 +289,7 @@ class ICaRL(FedAvg):
         if not scenario:
             return
         kind = scenario.get("kind", "none")
-        if kind in ("rotated", "permuted"):
+        if kind in DOMAIN_KINDS:
             raise FedForgetError(
                 f"method 'icarl' is not defined for domain-incremental streams (every task holds every class; "
                 f"FedGP Table 1: iCaRL is incompatible with Domain-IL): scenario.kind={kind!r}; allowed: split, none"

@@ -15,6 +15,8 @@ from .folders import decode_splits
 from .result import SourceArrays
 from .table import DOMAINNET_DOMAINS
 
+_SAMPLE_STREAM = 0xD0D1  # SeedSequence tag of the per-domain training sample
+
 
 def _read_split_list(path: Path) -> list[tuple[str, int]]:
     rows = []
@@ -37,13 +39,18 @@ def read_domainnet(
     size: int = 224,
     download: bool = False,
     workers: int = 1,
+    train_per_domain: int = 0,
 ) -> SourceArrays:
     """DomainNet (cleaned release): the official train/test lists of each of ``domains``
     (``<domain>_train.txt``, lines ``<domain>/<class>/<file>.jpg <label>``), rows sorted
     by path within a domain, domains in the given order. Images uint8 [N, 3, size, size]
     (about 410k train / 176k test for all six domains: ~88 GB at size 224, so pick a
     smaller size or fewer domains where disk is short). ``extra["domain_train"]`` and
-    ``extra["domain_test"]`` give each row's index into ``extra["domain_names"]``."""
+    ``extra["domain_test"]`` give each row's index into ``extra["domain_names"]``.
+    ``train_per_domain`` k > 0: k training rows of each domain drawn without replacement
+    (all of a smaller domain), kept in path order [P: fedprotip.md App. E.1 "we sample 10k
+    images per domain"]; the draw is seeded by the domain's name alone [D], so a domain
+    gives the same rows in any selection or order of domains; the test lists stay whole."""
     domains = tuple(domains)
     bad = [d for d in domains if d not in DOMAINNET_DOMAINS]
     if bad or not domains or len(set(domains)) != len(domains):
@@ -60,7 +67,15 @@ def read_domainnet(
         require_unpacked("domainnet", f"{domain}.zip", root, download)
         for split in ("train", "test"):
             listing = require_file("domainnet", f"{domain}_{split}.txt", root, download)
-            for rel, label in _read_split_list(listing):
+            entries = _read_split_list(listing)
+            kept = np.ones(len(entries), dtype=bool)  # every entry names its class; kept ones are read
+            if split == "train" and 0 < train_per_domain < len(entries):
+                rng = np.random.default_rng(
+                    np.random.SeedSequence([DOMAINNET_DOMAINS.index(domain), _SAMPLE_STREAM])
+                )
+                kept[:] = False
+                kept[rng.choice(len(entries), train_per_domain, replace=False)] = True
+            for (rel, label), keep in zip(entries, kept):
                 parts = Path(rel).parts
                 if len(parts) != 3 or parts[0] != domain or label < 0:
                     raise FedForgetError(
@@ -73,6 +88,8 @@ def read_domainnet(
                         f"elsewhere but '{parts[1]}' in {listing}"
                     )
                 path = base / rel
+                if not keep:
+                    continue
                 if not path.is_file():
                     raise FedForgetError(
                         f"dataset 'domainnet': {path} (listed in {listing}) is missing; "
