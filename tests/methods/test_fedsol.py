@@ -143,6 +143,34 @@ def test_step_uses_ce_gradient_at_perturbed_weights_and_restores_them(perturb):
     assert float(loss) == pytest.approx(float(F.cross_entropy(model(x), y).detach()), rel=1e-6)  # loss at w
 
 
+def test_batchnorm_statistics_are_updated_by_the_first_pass_only():
+    """With BatchNorm the step's gradient is CE's at w + eps (batch statistics), and the
+    running statistics are those one forward at w leaves (the second pass's are undone)."""
+    torch.manual_seed(0)
+    model = build_model("resnet8", (3, 8, 8), 3, {"norm": "batch"})
+    global_params = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 3, (8,))
+    method = FedSOL(make_params("fedsol", {"rho": 1.0, "perturb": "all"}), RunInfo(CPU, 3, 0, 4, TrainSpec()))
+    ctx = ClientContext(0, 1, model, torch.optim.SGD(model.parameters(), lr=0.1), global_params, {}, {}, 8, 0.1, 1, 8)
+    method.client_begin(ctx)
+    once = copy.deepcopy(model)
+    once(x)  # one train-mode forward at w
+    seen = record_eps(method)
+    method.backward(ctx, x, y)
+    (eps,) = seen
+    assert eps is not None
+    expected = ce_grad(model, x, y, dict(zip(names(model, "all"), eps)))
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[n], rtol=1e-4, atol=1e-6)
+    bufs = dict(once.named_buffers())
+    assert any("running_mean" in n for n in bufs)
+    for n, b in model.named_buffers():
+        assert torch.equal(b, bufs[n]), n
+
+
 def test_head_only_leaves_the_body_unperturbed():
     method, model, ctx, x, y = setup({"rho": 2.0, "perturb": "head"})
     seen = []

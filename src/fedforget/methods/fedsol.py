@@ -71,8 +71,10 @@ Switches (``FedSOLParams``)
   w = w_g, so Lambda = 0 (adaptive) and g_p = 0 (kl, l2): eps = 0 and the step is FedAvg's.
   When eps = 0 the second forward/backward pass is skipped (same gradient).
 - Restoring [D, as FedSAM]: w is copied back from a saved copy (bit-exact), not w + eps - eps.
-  Buffers: the current models have none; a BatchNorm model would update running statistics in
-  both passes (the code freezes them in the second), so such models are refused.
+  Buffers (BatchNorm running statistics) are updated by the first pass only, at w: they are
+  restored after the second [C: the code disables running-stat updates in its second pass;
+  as FedSAM here]. The head-only second pass runs no BatchNorm. The KL proximal term's
+  frozen global model runs in eval mode (its running statistics, not the batch's) [D].
 - Head perturbation reuses the first pass's body features [D]: with only the head perturbed
   the body output at w + eps equals the one at w, so the second pass recomputes only the head
   and back-propagates CE through the retained body graph; the gradient is exactly
@@ -183,9 +185,7 @@ class FedSOL(OverBase):
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
         model, sc = ctx.model, self.scratch(ctx)
-        params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-        if any(n not in params for n in model.state_dict()):  # state buffers; not constants (HF position ids)
-            raise FedForgetError("fedsol: models with buffers (BatchNorm) are not supported (running statistics would be updated in both passes)")
+        sc.buffers = list(model.buffers())  # BatchNorm statistics: restored after the second pass
         self.base.client_begin(ctx)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         head = self.p.perturb == "head"
@@ -327,14 +327,18 @@ class FedSOL(OverBase):
             w = [p.detach().clone() for p in sc.sel]
             torch._foreach_add_(sc.sel, eps)  # w + eps*
             self._record(ctx, "eps_norm", math.sqrt(sum(float(e.pow(2).sum()) for e in eps)))
+        saved = None
         if sc.head_path:  # body unperturbed: reuse its output, recompute the head only
             loss_adv = self.local_loss_from(ctx, x, y, features, model.head(features))
         else:
+            saved = [b.detach().clone() for b in sc.buffers]
             feats_adv, logits_adv = model.forward_with_features(x)
             loss_adv = self.local_loss_from(ctx, x, y, feats_adv, logits_adv)
         loss_adv.backward()  # .grad = grad L_local at w + eps* (Eq. 6)
         with torch.no_grad():
             torch._foreach_copy_(sc.sel, w)  # back to w, bit-exact
+            if saved:  # running statistics as the first pass (at w) left them [C]
+                torch._foreach_copy_(sc.buffers, saved)
         self._record_cos(ctx, g_p, g_norm)
         return ce
 
