@@ -389,3 +389,13 @@ def test_load_yaml_errors(tmp_path):
     (tmp_path / "list.yaml").write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(FedForgetError, match="mapping at the top level"):
         load_yaml(tmp_path / "list.yaml")
+
+
+def test_epoch_rows_with_and_without_drop_last():
+    """drop_last trains full minibatches only; fewer rows than a batch are the client's one
+    batch, but a single row is none (BatchNorm cannot train on it: the client sits out)."""
+    keep = TrainSpec(batch_size=4)
+    drop = TrainSpec(batch_size=4, drop_last=True)
+    ns = [0, 1, 2, 3, 4, 5, 9]
+    assert [keep.epoch_rows(n) for n in ns] == ns
+    assert [drop.epoch_rows(n) for n in ns] == [0, 0, 2, 3, 4, 4, 8]

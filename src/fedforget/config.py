@@ -56,6 +56,18 @@ class TrainSpec:
     # one after another, to pair it with a method of its experiment that cannot batch them
     engine_pairing: str = ""
 
+    def epoch_rows(self, n: int) -> int:
+        """The rows of a local epoch over ``n`` rows that train: all of them; with
+        ``drop_last`` the full minibatches only, except that a client with fewer rows than
+        one batch keeps them as its one batch, unless it has a single row, which is no batch
+        (BatchNorm cannot train on one row: the client does not train) [D]."""
+        bs = self.batch_size
+        if not self.drop_last:
+            return n
+        if n >= bs:
+            return (n // bs) * bs
+        return n if n > 1 else 0
+
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TrainSpec:
         d = dict(d or {})

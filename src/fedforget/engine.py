@@ -265,8 +265,9 @@ class Simulation(ClientSide):
             self.server.task = sc.task_of_round(rnd)
             self.server_hook(self.method.server_task_begin)
         self.server.broadcast = self.method.broadcast(self.server)
-        # a client with no data in its task this round does not train
-        views = {c: v for c in sampled if len(v := self.round_view(c, rnd))}
+        # a client with no data in its task this round does not train (nor one whose rows
+        # make no minibatch: a single row with drop_last, TrainSpec.epoch_rows)
+        views = {c: v for c in sampled if t.epoch_rows(len(v := self.round_view(c, rnd)))}
         broadcast_params = self.global_params
         uploads, losses, stats, local_accs, eval_time = self.train_round(rnd, lr, views)
         if uploads:

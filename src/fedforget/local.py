@@ -114,9 +114,7 @@ class ClientSide:
         n, bs = len(view), t.batch_size
         gen = torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, cid, SHUFFLE_STREAM))
         loss_sum = torch.zeros((), device=self.device)
-        # drop_last: no trailing partial batch (BatchNorm cannot train on one sample), except
-        # for a client with fewer samples than one batch, which keeps its one batch
-        end = (n // bs) * bs if t.drop_last and n >= bs else n
+        end = t.epoch_rows(n)  # drop_last: full minibatches only (TrainSpec.epoch_rows)
         for epoch in range(t.local_epochs):
             # the epoch's order; its positions carry the step's augmentation key, if any
             perm = torch.randperm(n, generator=gen).to(self.device)

@@ -539,7 +539,7 @@ class GLFC(FedAvg):
         if m == 0 or ctx.data is None:
             return []
         n, bs = len(ctx.data), ctx.batch_size
-        end = (n // bs) * bs if self.info.train.drop_last and n >= bs else n
+        end = self.info.train.epoch_rows(n)
         steps = max(math.ceil(end / bs), 1)
         gen = torch.Generator().manual_seed(
             torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, MEMORY_STREAM)

@@ -106,7 +106,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -127,6 +127,9 @@ from .base import (
 )
 from .registry import METHODS
 from .replay import Replay, Reservoir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import TrainSpec
 
 EXEMPLAR_STREAM = 0x1CA0  # keyed randomness: the order exemplars join the steps of an epoch
 KEY = "icarl"  # ctx.state: the exemplar store
@@ -261,7 +264,7 @@ class ExemplarView(Reservoir):
     def offer(self, *args: Any, **kwargs: Any) -> int:
         raise TypeError("iCaRL's exemplars are chosen by herding at task ends, not offered")
 
-    def offer_budget(self, ctx: ClientContext, drop_last: bool) -> int:
+    def offer_budget(self, ctx: ClientContext, train: TrainSpec) -> int:
         return 0
 
 
@@ -407,7 +410,7 @@ class ICaRL(FedAvg):
         s.rows = (st["x"], st["y"]) if st is not None and len(st["y"]) else None
         n = len(ctx.data) if ctx.data is not None else ctx.n_samples
         bs = ctx.batch_size
-        end = (n // bs) * bs if self.info.train.drop_last and n >= bs else n
+        end = self.info.train.epoch_rows(n)
         s.steps_per_epoch = max(math.ceil(end / bs), 1)  # the engine's steps per local epoch
         s.epoch, s.perm = -1, None
         s.old = self.task_of_class < ctx.task

@@ -42,6 +42,7 @@ import torch
 from ..utils import torch_seed
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..config import TrainSpec
     from ..data.scenario import Scenario
     from .base import ClientContext, RunInfo
 
@@ -160,9 +161,9 @@ class Reservoir:
         return len(slot_of_row)
 
     # ------------------------------------------------------------------ the offer rule
-    def offer_budget(self, ctx: ClientContext, drop_last: bool) -> int:
+    def offer_budget(self, ctx: ClientContext, train: TrainSpec) -> int:
         """Rows the client offers this round: its first epoch's rows (the engine's first
-        epoch: every row, or the full minibatches only with ``drop_last``) if this round's
+        epoch: ``train.epoch_rows``, every row or the full minibatches only with ``drop_last``) if this round's
         data reach past what the buffer was last offered, else 0. Marks the data as
         offered. Call once per client-round (``client_begin``)."""
         view = ctx.data
@@ -172,8 +173,7 @@ class Reservoir:
         if view.stop <= int(buf["offered_upto"]):
             return 0
         buf["offered_upto"] = view.stop
-        n, bs = len(view), ctx.batch_size
-        return (n // bs) * bs if drop_last and n >= bs else n
+        return train.epoch_rows(len(view))
 
     def _buf(self, state: dict[str, Any]) -> dict[str, Any]:
         """The buffer's dict in ``state`` (created empty: its row tensors come with the
@@ -217,7 +217,7 @@ class Replay:
         """Set up client ``ctx``'s round in the namespace ``s``: its offer budget and
         generators (keyed by seed, round, client, task)."""
         seed = self.info.seed
-        s.to_offer = self.buffer.offer_budget(ctx, self.info.train.drop_last)
+        s.to_offer = self.buffer.offer_budget(ctx, self.info.train)
         s.offer_gen = offer_generator(seed, ctx.round, ctx.cid, ctx.task)
         s.sample_gen = sample_generator(seed, ctx.round, ctx.cid, ctx.task, self.sample_stream)
 
