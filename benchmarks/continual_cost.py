@@ -39,6 +39,7 @@ import tempfile
 import time
 
 import torch
+from task_timing import time_task_ends
 
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
 from fedforget.data import DATASETS, prepare_dataset
@@ -155,18 +156,8 @@ def main() -> None:
                 sims[n] = build(a, root, n)
             except Exception as e:  # noqa: BLE001 - reported, the others still run
                 errors[n] = f"{type(e).__name__}: {e}"
-        task_end: dict[str, list[float]] = {n: [] for n in sims}
+        task_end = time_task_ends(sims)
         peak: dict[str, int] = {n: 0 for n in sims}
-        for n, sim in sims.items():
-            sim.global_metrics = lambda rnd: ({}, [])  # no evaluation in the timed loop
-            inner = sim.end_task
-
-            def timed_end(rnd, lr, inner=inner, n=n):
-                t0 = time.perf_counter()
-                inner(rnd, lr)
-                task_end[n].append(time.perf_counter() - t0)
-
-            sim.end_task = timed_end
         times: dict[str, list[float]] = {n: [] for n in sims}
         start = time.perf_counter()
         for rnd in range(1, 2 * a.rounds + 1):

@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import torch
+from task_timing import time_task_ends
 
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
 from fedforget.data import DATASETS, prepare_dataset
@@ -87,17 +88,7 @@ def main() -> None:
                                     MethodSpec(n, METHODS[n], n), 0, t, tmp, f"{tmp}/results"))
             for n in names
         }  # fmt: skip
-        task_end: dict[str, list[float]] = {n: [] for n in names}
-        for n, sim in sims.items():
-            sim.global_metrics = lambda rnd: ({}, [])  # no evaluation in the timed loop
-            inner = sim.end_task
-
-            def timed_end(rnd, lr, inner=inner, n=n):
-                t0 = time.perf_counter()
-                inner(rnd, lr)
-                task_end[n].append(time.perf_counter() - t0)
-
-            sim.end_task = timed_end
+        task_end = time_task_ends(sims)
         times: dict[str, list[float]] = {n: [] for n in names}
         start = time.perf_counter()
         for rnd in range(1, 2 * a.rounds + 1):

@@ -129,7 +129,7 @@ def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options:
     return Classifier(HFBody(AutoModel.from_config(cfg), options.get("pooling", "cls"), False), width, classes)
 
 
-_FLOPS: dict[str, float] = {}
+_FLOPS: dict[str, tuple[float, str]] = {}
 
 
 def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], classes: int) -> tuple[float, str]:
@@ -143,9 +143,8 @@ def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], clas
             model, how = hf_offline(str(options["name_or_path"]), shape, classes, options), "counted (published shapes)"
         else:
             model, how = build_model(name, shape, classes, opts), "counted"
-        _FLOPS[key] = forward_flops(model, shape, name == "hf")
-        _FLOPS[key + "how"] = how  # type: ignore[assignment]
-    return _FLOPS[key], str(_FLOPS[key + "how"])
+        _FLOPS[key] = forward_flops(model, shape, name == "hf"), how
+    return _FLOPS[key]
 
 
 # ----------------------------------------------------------------------------- measured inputs
@@ -159,7 +158,7 @@ def rates(gpu: dict[str, Any], ratios: dict[str, float]) -> dict[str, float]:
         r = by[method]
         m = ratios.get("fedsol-head", 1.0) if method == "fedsol" else 1.0
         flops = 3 * f * c["train_per_round"] * m + f * c["eval_per_round"]
-        out[r["engine"] if r["engine"] == engine else engine] = flops / r["s_per_round"]["median"]
+        out[engine] = flops / r["s_per_round"]["median"]
     return out
 
 
@@ -191,16 +190,16 @@ def rows_per_task(rc: RunConfig) -> tuple[int, int]:
 
 def target_replay(params: dict[str, Any], client_rows: float, batch: int) -> float:
     """TARGET's inputs per local step relative to a plain step's: its replay adds
-    min(pool, syn_size // steps per epoch) synthetic rows to each batch of ``batch`` (the
-    code's rule, methods/target.py), so its cost grows with the pool and shrinks with the
-    client's data; what the measured ratio of ``continual_cost.py`` includes at its size."""
+    ``target_replay_rows`` synthetic rows to each batch of ``batch`` (the code's rule), so its
+    cost grows with the pool and shrinks with the client's data; what the measured ratio of
+    ``continual_cost.py`` includes at its size."""
     from fedforget.methods.synthesis import SynthesisParams
+    from fedforget.methods.target import target_replay_rows
 
     d = {f: getattr(SynthesisParams, f) for f in ("replay_batch", "syn_size", "syn_batch", "syn_rounds")}
     p = {**d, **params}
     pool = min(p["syn_size"], p["syn_rounds"] * p["syn_batch"])
-    steps = max(1, math.ceil(client_rows / batch))
-    rows = min(pool, p["replay_batch"] or p["syn_size"] // steps)
+    rows = target_replay_rows(p["replay_batch"], p["syn_size"], pool, math.ceil(client_rows), batch)
     return (batch + rows) / batch
 
 

@@ -5,6 +5,7 @@ data sizes, and expanded into one ``RunConfig`` per training job."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -56,17 +57,24 @@ class TrainSpec:
     # one after another, to pair it with a method of its experiment that cannot batch them
     engine_pairing: str = ""
 
-    def epoch_rows(self, n: int) -> int:
-        """The rows of a local epoch over ``n`` rows that train: all of them; with
-        ``drop_last`` the full minibatches only, except that a client with fewer rows than
-        one batch keeps them as its one batch, unless it has a single row, which is no batch
-        (BatchNorm cannot train on one row: the client does not train) [D]."""
-        bs = self.batch_size
+    def epoch_rows(self, n: int, batch_size: int | None = None) -> int:
+        """The rows of a local epoch over ``n`` rows that train, in minibatches of
+        ``batch_size`` (default ``self.batch_size``; a method passes its client context's):
+        all of them; with ``drop_last`` the full minibatches only, except that a client with
+        fewer rows than one batch keeps them as its one batch, unless it has a single row,
+        which is no batch (BatchNorm cannot train on one row: the client does not train) [D]."""
+        bs = batch_size or self.batch_size
         if not self.drop_last:
             return n
         if n >= bs:
             return (n // bs) * bs
         return n if n > 1 else 0
+
+    def epoch_steps(self, n: int, batch_size: int | None = None) -> int:
+        """Local steps per epoch over ``n`` rows (at least 1): the minibatches of
+        ``epoch_rows``."""
+        bs = batch_size or self.batch_size
+        return max(math.ceil(self.epoch_rows(n, bs) / bs), 1)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TrainSpec:

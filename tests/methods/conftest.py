@@ -3,6 +3,7 @@ distillation-method runs on it, and a Simulation runner."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import replace
 
@@ -131,3 +132,15 @@ def checkpoint_keeper():
 
     return saved, keep
 
+
+def same(a, b) -> bool:
+    """Nested dicts / lists of tensors and plain values, equal bit for bit (tensors of the
+    same dtype; NaN floats equal): a method's state after a resume against an uninterrupted
+    run's."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))

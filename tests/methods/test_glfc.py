@@ -35,7 +35,7 @@ from fedforget.methods.lga import LGA, RADIUS, adaptive_weights, augment_feature
 from fedforget.models import Classifier
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, checkpoint_keeper, digits_cfg, run, strip
+from .conftest import CPU, checkpoint_keeper, digits_cfg, run, same, strip
 
 FAST = {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2}
 
@@ -351,17 +351,6 @@ def test_resume_mid_task_and_at_a_task_boundary(make_run_config):
             resumed.client_state, full.client_state
         )
         assert same(resumed.global_params, full.global_params)
-
-
-def same(a, b) -> bool:
-    """Equal nested dicts / lists of tensors and numbers (tensors bit for bit)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, z) for x, z in zip(a, b))
-    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
 
 
 # ------------------------------------------------------------------ validation

@@ -32,7 +32,7 @@ from fedforget.methods.icarl import (
 from fedforget.models import Classifier
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, SPLIT, checkpoint_keeper, digits_cfg, run, strip
+from .conftest import CPU, SPLIT, checkpoint_keeper, digits_cfg, run, same, strip
 
 
 def identity_model(dim=2, classes=4):
@@ -317,19 +317,8 @@ def test_resume_mid_task_and_at_a_task_boundary_is_exact(make_run_config):
         assert strip(rows_res) == strip(rows_full)
         for k, v in full.global_params.items():
             assert torch.equal(v, resumed.global_params[k])
-        same(resumed.client_state, full.client_state)
-        same(resumed.server.state, full.server.state)
-
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            same(a[k], b[k])
-    else:
-        assert a == b
+        assert same(resumed.client_state, full.client_state)
+        assert same(resumed.server.state, full.server.state)
 
 
 def test_fedgp_over_icarl(make_run_config):

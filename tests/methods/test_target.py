@@ -40,7 +40,7 @@ from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError, torch_seed
 
-from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, strip
+from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, same, strip
 
 # tiny synthesis budgets (the defaults are the papers')
 TINY = dict(
@@ -107,17 +107,6 @@ def linear_teacher(bias, lte=0):
         model.lte_map = nn.Linear(16, lte)
         nn.init.zeros_(model.lte_map.weight), nn.init.zeros_(model.lte_map.bias)
     return model.state_dict()
-
-
-def same(a, b):
-    """Nested dicts / lists of tensors and plain values, equal bit for bit."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 # ----------------------------------------------------------------------------- the generator

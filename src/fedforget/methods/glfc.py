@@ -538,9 +538,7 @@ class GLFC(FedAvg):
         m = 0 if mem is None else len(mem["y"])
         if m == 0 or ctx.data is None:
             return []
-        n, bs = len(ctx.data), ctx.batch_size
-        end = self.info.train.epoch_rows(n)
-        steps = max(math.ceil(end / bs), 1)
+        steps = self.info.train.epoch_steps(len(ctx.data), ctx.batch_size)
         gen = torch.Generator().manual_seed(
             torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, MEMORY_STREAM)
         )

@@ -409,9 +409,7 @@ class ICaRL(FedAvg):
         st = ctx.state.get(KEY)
         s.rows = (st["x"], st["y"]) if st is not None and len(st["y"]) else None
         n = len(ctx.data) if ctx.data is not None else ctx.n_samples
-        bs = ctx.batch_size
-        end = self.info.train.epoch_rows(n)
-        s.steps_per_epoch = max(math.ceil(end / bs), 1)  # the engine's steps per local epoch
+        s.steps_per_epoch = self.info.train.epoch_steps(n, ctx.batch_size)  # the engine's steps per local epoch
         s.epoch, s.perm = -1, None
         s.old = self.task_of_class < ctx.task
         s.seen = self.task_of_class <= ctx.task

@@ -173,7 +173,7 @@ class Reservoir:
         if view.stop <= int(buf["offered_upto"]):
             return 0
         buf["offered_upto"] = view.stop
-        return train.epoch_rows(len(view))
+        return train.epoch_rows(len(view), ctx.batch_size)
 
     def _buf(self, state: dict[str, Any]) -> dict[str, Any]:
         """The buffer's dict in ``state`` (created empty: its row tensors come with the

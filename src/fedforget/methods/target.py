@@ -126,6 +126,16 @@ TEACHER = "teacher"  # pool key: the weights of the global model that made the p
 METAS = ("fomaml", "reptile")
 
 
+def target_replay_rows(replay_batch: int, syn_size: int, n_pool: int, n_samples: int, batch_size: int) -> int:
+    """Synthetic rows per local step of a client with ``n_samples`` rows: ``replay_batch``,
+    or floor(syn_size / steps per epoch) [C: the code's nums / iters], at most the pool's
+    ``n_pool`` rows and at least 1."""
+    if replay_batch:
+        return min(replay_batch, n_pool)
+    steps = max(1, math.ceil(n_samples / batch_size))
+    return min(n_pool, max(1, syn_size // steps))
+
+
 @METHODS.register("target")
 class TARGET(FedAvg):
     name = "target"
@@ -253,11 +263,8 @@ class TARGET(FedAvg):
         return self._teacher
 
     def replay_rows(self, ctx: ClientContext, n_pool: int) -> int:
-        """Synthetic rows per step: ``replay_batch``, or floor(syn_size / steps per epoch) [C]."""
-        if self.p.replay_batch:
-            return min(self.p.replay_batch, n_pool)
-        steps = max(1, math.ceil(ctx.n_samples / ctx.batch_size))
-        return min(n_pool, max(1, self.p.syn_size // steps))
+        """Synthetic rows per step (``target_replay_rows``)."""
+        return target_replay_rows(self.p.replay_batch, self.p.syn_size, n_pool, ctx.n_samples, ctx.batch_size)
 
     def note(self, ctx: ClientContext, key: str, value: torch.Tensor) -> None:
         """Add a per-step diagnostic (mean over the round's steps at client_end)."""
