@@ -144,10 +144,12 @@ def test_smoke_shrinks_every_part_and_is_validated_as_any_config():
     sc = {d.label: d.scenario for d in more.datasets}
     assert (sc["dn"]["tasks"], sc["dn"]["rounds_per_task"], sc["mnist"]["rounds_per_task"]) == (5, 2, 5)
     assert {more.train_for(m).rounds for m in more.methods} == {10}
-    # data: the first rows of each class (about 200 per split), small images, labels kept
+    # data: the first rows of each class (about 200 per split, or per task of a class split:
+    # 60 and 5 classes per task), small images, labels kept
     assert ds["cifar10"].id == "cifar10-subset20" and ds["cifar10"].public_id == "cifar100-subset2"
     assert ds["tiny_imagenet-size224"].id == "tiny_imagenet-size32-subset2"
-    assert ds["dn"].options["size"] == 32 and ds["dn"].options["subset"] == 2
+    assert ds["dn"].options["size"] == 32 and ds["dn"].options["subset"] == 4
+    assert ds["mnist"].options["subset"] == 40
     assert DATASETS.get("cifar10").split_sizes(ds["cifar10"].options) == (200, 200)
     # models: no pretrained weights, no resize to 224, a tiny ViT
     assert ds["dn"].model_options == {"pretrained": False, "input_size": 32}

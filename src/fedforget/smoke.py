@@ -12,7 +12,8 @@ scale)::
       rounds: 2         # rounds of a one-task run; a task stream gets 1 round per task
       tasks: 2          # tasks of a stream at most (its first ones)
       clients: 4        # clients of every partition (class_fractions partitions keep theirs)
-      rows: 200         # about this many rows per split: subset = max(2, ceil(rows / classes)) per class
+      rows: 200         # about this many rows per split (per task of a class split):
+                        # subset = max(2, ceil(rows / classes (per task))) per class
       image_size: 32    # image-folder sets' ``size``; models that resize (vit, resnet18_imagenet)
       max_length: 32    # text sets' tokens per row
       hf_model: DIR     # a local Hugging Face model directory: every ``hf`` model's
@@ -34,7 +35,9 @@ What changes, per experiment:
   (a few hundred rows cannot give every client 10 with small alpha); partitions that become
   identical are run once;
 - datasets and their public sets: the generic dataset option ``subset`` (first N rows per
-  class in each split, ``fedforget.data.base.SUBSET``), ``size`` at most ``image_size``,
+  class in each split, ``fedforget.data.base.SUBSET``: about ``smoke.rows`` rows per split,
+  or per task of a class split, so that a task's clients hold more than a handful of rows),
+  ``size`` at most ``image_size``,
   ``max_length`` at most ``smoke.max_length``, ``tokenizer`` = ``hf_model`` when given; a
   dataset keeps the label it has at full scale, so paper links (``dataset_map``) still match;
 - models: ``pretrained: false`` wherever a model takes it (pretrained weights need the
@@ -208,8 +211,13 @@ def _partition(p: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- data and models
 
 
-def _options(name: str, options: dict[str, Any] | None, s: dict[str, Any]) -> dict[str, Any] | None:
-    """A dataset's options shrunk (None for a name no registry knows: left as it is)."""
+def _options(
+    name: str, options: dict[str, Any] | None, s: dict[str, Any], scenario: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """A dataset's options shrunk (None for a name no registry knows: left as it is): about
+    ``smoke.rows`` rows per split, or per task of a class split (``scenario``), whose
+    clients would otherwise hold a few rows of a task (a BatchNorm batch of 2 rows at a
+    1x1 feature map makes the step's gradient explode)."""
     from .data import DATASETS
     from .data.base import SUBSET
 
@@ -217,7 +225,10 @@ def _options(name: str, options: dict[str, Any] | None, s: dict[str, Any]) -> di
         return None
     info = DATASETS.get(name)
     o = dict(options or {})
-    per_class = max(MIN_PER_CLASS, math.ceil(int(s["rows"]) / info.num_classes))
+    classes = info.num_classes
+    if scenario and scenario.get("kind") == "split" and scenario.get("classes_per_task"):
+        classes = min(classes, int(scenario["classes_per_task"]))
+    per_class = max(MIN_PER_CLASS, math.ceil(int(s["rows"]) / classes))
     o[SUBSET] = min(int(o[SUBSET]), per_class) if o.get(SUBSET) else per_class
     for key, cap in (("size", s["image_size"]), ("max_length", s["max_length"])):
         if key in info.defaults:
@@ -253,7 +264,7 @@ def _first_domains(d: dict[str, Any], cap: int) -> None:
 def _dataset(d: dict[str, Any], s: dict[str, Any]) -> None:
     from .data import dataset_id
 
-    opts = _options(d["name"], d.get("options"), s)
+    opts = _options(d["name"], d.get("options"), s, d.get("scenario"))
     if opts is None:
         return
     if not d.get("label"):  # the full-scale label: paper links and labels stay as they were
