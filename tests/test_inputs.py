@@ -13,7 +13,7 @@ import torch
 from fedforget.config import parse_config
 from fedforget.data import load_dataset, prepare_dataset
 from fedforget.engine import TIMING_COLUMNS, Simulation
-from fedforget.inputs import InputPipeline, Pool, crop_flip, keyed_uniform_ints
+from fedforget.inputs import InputPipeline, Pool, crop_flip, keyed_uniform_ints, prefetched
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
@@ -103,6 +103,29 @@ def test_streamed_run_equals_in_memory_run(make_run_config, blobs_root, augment)
     rows_dev, _ = _run(_cfg(make_run_config, blobs_root, augment, data_storage="device"))
     rows_stream, sim = _run(_cfg(make_run_config, blobs_root, augment, data_storage="stream"))
     assert sim.clients.x.stream and rows_stream == rows_dev
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_read_ahead_gives_the_in_memory_run(make_run_config, blobs_root, monkeypatch, engine):
+    """A streamed pool on a GPU reads minibatches ahead on a thread (Pool.read_ahead), in
+    both engines; forced on here: the same run as in memory, every step's gather read ahead."""
+    import fedforget.local
+    import fedforget.vectorized
+
+    monkeypatch.setattr(fedforget.vectorized, "LOOP_MIN_ROWS", 10**9)  # every step batched, as on a GPU
+    rows_dev, _ = _run(_cfg(make_run_config, blobs_root, AUG, client_engine=engine))
+    reads: list[int] = []
+
+    def counted(fetch, items, ahead=2):
+        reads.append(len(items))
+        return prefetched(fetch, items, ahead)
+
+    monkeypatch.setattr(Pool, "read_ahead", property(lambda self: self.stream))
+    for mod in (fedforget.local, fedforget.vectorized):
+        monkeypatch.setattr(mod, "prefetched", counted)
+    rows_ahead, sim = _run(_cfg(make_run_config, blobs_root, AUG, client_engine=engine, data_storage="stream"))
+    assert sim.vectorized == (engine == "vectorized") and sum(reads) > 0
+    assert rows_ahead == rows_dev
 
 
 def test_augmentation_changes_training_and_both_engines_augment_alike(make_run_config, blobs_root):

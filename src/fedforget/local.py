@@ -120,11 +120,8 @@ class ClientSide:
             perm = torch.randperm(n, generator=gen).to(self.device)
             perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
             chunks = [perm[s : s + bs] for s in range(0, end, bs)]
-            # a streamed pool reads the next minibatches on a background thread where a GPU
-            # computes (on a CPU that thread takes cores from the step: streamed 0.85x
-            # in-memory with it, 0.97x inline; benchmarks/streaming.py)
-            ahead = self.clients.x.stream and self.device.type == "cuda"
-            batches = prefetched(view.batch, chunks) if ahead else map(view.batch, chunks)
+            # a streamed pool on a GPU: the next minibatches read on a background thread
+            batches = prefetched(view.batch, chunks) if self.clients.x.read_ahead else map(view.batch, chunks)
             for x, y, ctx.logit_mask in batches:
                 opt.zero_grad(set_to_none=True)
                 loss = method.backward(ctx, x, y)
@@ -177,7 +174,7 @@ class ClientSide:
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.stacked_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
-            graphs=self.step_graphs,
+            graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead,
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's

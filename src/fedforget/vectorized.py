@@ -63,6 +63,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .cudagraph import StepGraphs
+from .inputs import prefetched
 from .methods.base import FedAvg, StepTerms, masked_logits
 from .models import Classifier, TaskHeads
 
@@ -266,6 +267,7 @@ def train_clients_together(
     batch_size: int,
     step_terms: Callable[[list[int]], StepTerms | None] | None = None,
     graphs: StepGraphs | None = None,
+    read_ahead: bool = False,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -274,6 +276,9 @@ def train_clients_together(
     (``FedAvg.stacked_step_terms``) for the jobs in that order (indices into ``jobs``), the
     order of the stack. ``graphs`` (on a GPU): the batched steps replayed as CUDA graphs
     (``fedforget.cudagraph``), for FedAvg's local training on ``stacked_forward`` models.
+    ``read_ahead`` (a streamed pool on a GPU, ``Pool.read_ahead``): the batched steps'
+    gathers run up to two steps ahead on a background thread (``fedforget.inputs.prefetched``,
+    as ``train_client``'s minibatches), the same rows in the same order.
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
@@ -393,12 +398,12 @@ def train_clients_together(
             for i, total in part:
                 loss_sum[i : i + 1] += total
 
-    def batched_step_(idx: torch.Tensor) -> None:
+    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None) -> None:
         """One step of the clients in ``idx`` ([a, w] rows, -1 = padding; the first a of
-        the stack) together: one gather, forward and backward, and their SGD updates."""
+        the stack) together: one gather (or its result ``gathered``, read ahead), forward
+        and backward, and their SGD updates."""
         active = idx.shape[0]
-        safe = idx.clamp(min=0)
-        xb, yb, lm = batch(safe)  # [a, w, ...]: one gather for all clients
+        xb, yb, lm = gathered or batch(idx.clamp(min=0))  # [a, w, ...]: one gather for all clients
         mask = (idx >= 0).to(xb.dtype)
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
@@ -445,6 +450,14 @@ def train_clients_together(
     replicas = [copy.deepcopy(model).train() for _ in range(workers)] if pool is not None else []
     was_training = model.training
     model.train()
+
+    def step_rows(k: int) -> torch.Tensor:  # step k's [a, w] rows: its active clients' widest
+        active = active_at[k]
+        return table[:active, k, : int(width[:active, k].max())]
+
+    ahead = None
+    if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)
+        ahead = prefetched(lambda k: batch(step_rows(k).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
     k = 0
     while k < n_steps:
         if wide[k]:  # a run of wide steps, client by client
@@ -454,13 +467,13 @@ def train_clients_together(
             loop_steps_(range(k, end), active_at[k])
             k = end
             continue
-        active = active_at[k]
-        w = int(width[:active, k].max())
-        idx = table[:active, k, :w]  # [a, w]
-        if graphs is None:
+        idx = step_rows(k)
+        if ahead is not None:
+            batched_step_(idx, next(ahead))
+        elif graphs is None:
             batched_step_(idx)
         else:  # the step's kernels depend on its shape and the optimizer's constants only
-            graphs.run((active, w, lr, momentum, weight_decay, batch), idx, batched_step_)
+            graphs.run((*idx.shape, lr, momentum, weight_decay, batch), idx, batched_step_)
         k += 1
     model.train(was_training)
     if pool is not None:
