@@ -70,8 +70,8 @@ def paper_configs() -> list[Path]:
 def smoke(raw: dict, **settings) -> dict:
     out = copy.deepcopy(raw)
     out["scale"] = "smoke"
-    if settings:
-        out["smoke"] = settings
+    if settings:  # over the config's own smoke block, as snakemake's --config merges them
+        out["smoke"] = {**(out.get("smoke") or {}), **settings}
     return out
 
 
@@ -137,7 +137,7 @@ def test_smoke_shrinks_every_part_and_is_validated_as_any_config():
     assert ds["dn"].scenario["rounds_per_task"] == 1 and ds["mnist"].scenario["rounds_per_task"] == 1
     for m in img.methods:
         t = img.train_for(m)
-        assert t.rounds == 2 and t.local_epochs == 2 and t.sample_rate == 0.5  # 2 of 4 clients
+        assert t.rounds == 2 and t.local_epochs == 1 and t.sample_rate == 0.5  # 2 of 4 clients
         assert t.save_client_models == (2,)
     # streams of other lengths in one experiment: lcm(5, 2) = 10 rounds, each stream fits it
     more = parse_config(smoke(PAPERLIKE, tasks=8)).experiments[0]
@@ -194,6 +194,8 @@ def test_smoke_settings_and_errors():
     assert ds["tiny_imagenet-size224"].model_options["image_size"] == 16
     assert [p.clients for p in img.partitions] == [2, 2]
     assert wf.experiments[1].train_for(wf.experiments[1].methods[0]).sample_rate == 1.0
+    two = parse_config(smoke(PAPERLIKE, local_epochs=2)).experiments[0]
+    assert {two.train_for(m).local_epochs for m in two.methods} == {2}  # at most the configured 5 and 3
     # budgets: only keys the method declares, never raised, floats too (FOT's sketch width)
     raw = {"experiments": [{"name": "e", "datasets": [{"name": "digits", "model": "mlp"}],
                             "partitions": [{"scheme": "iid", "clients": 2}], "seeds": [0],

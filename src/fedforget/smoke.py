@@ -10,7 +10,7 @@ scale)::
 
     smoke:
       rounds: 2         # rounds of a one-task run; a task stream gets 1 round per task
-      local_epochs: 2   # local epochs at most
+      local_epochs: 1   # local epochs at most
       tasks: 2          # tasks of a stream at most (its first ones)
       clients: 4        # clients of every partition (class_fractions partitions keep theirs)
       rows: 200         # about this many rows per split (per task of a class split):
@@ -26,9 +26,9 @@ What changes, per experiment:
 - seeds: the first one; task streams: their first ``smoke.tasks`` tasks (a split keeps its
   classes per task, so it stays valid; a stream of a dataset's domains keeps the dataset's
   first ``smoke.tasks`` domains, its ``domains`` option); train (and every method's train override):
-  ``local_epochs`` at most ``smoke.local_epochs`` (2: a client of one minibatch still takes a
-  second step, away from the global weights, where diagnostics such as FedSOL's
-  cos(g_u, g_p) first exist), ``rounds`` ``smoke.rounds`` (at most the configured value), or, when a
+  ``local_epochs`` at most ``smoke.local_epochs`` (1; a config whose diagnostics exist only
+  from a client's second step, as FedSOL's cos(g_u, g_p), sets 2 in its ``smoke`` block),
+  ``rounds`` ``smoke.rounds`` (at most the configured value), or, when a
   dataset declares a task stream with ``rounds_per_task``, one round per task (``rounds`` =
   the least common multiple of the streams' task counts, each ``rounds_per_task`` = rounds /
   tasks, so the stream stays valid); ``sample_rate`` raised so that at least 2 clients of ``smoke.clients``
@@ -72,7 +72,7 @@ from .utils import FedForgetError, canonical_json
 SCALES = ("full", "smoke")
 DEFAULTS: dict[str, Any] = {
     "rounds": 2,
-    "local_epochs": 2,
+    "local_epochs": 1,
     "tasks": 2,
     "clients": 4,
     "rows": 200,
@@ -193,7 +193,7 @@ def _train(t: dict[str, Any], rounds: int, stream: bool, clients: int, s: dict[s
     if top or "rounds" in t:  # a method's own rounds: at most smoke.rounds (streams: the stream's)
         t["rounds"] = rounds if stream or top else min(int(t["rounds"]), int(s["rounds"]))
     r = int(t.get("rounds", rounds))
-    if top or "local_epochs" in t:  # at least 2 steps per round for a client of one batch
+    if top or "local_epochs" in t:
         t["local_epochs"] = min(int(t.get("local_epochs", 1)), int(s["local_epochs"]))
     if "sample_rate" in t:
         floor = min(1.0, MIN_SAMPLED / max(1, min(clients, int(s["clients"]))))
