@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..plots import _plt, _save
+from ..plots import _plt, _save, axis_label, setting_label
 from ..utils import FedForgetError
 from . import FIGURES, FigureInput, run_config
 
@@ -88,14 +88,15 @@ def fedsol_vs_rho(
         for j, col in enumerate(columns):
             ax = axes[i, j]
             for variant, v in sub.groupby("variant"):
-                if v["rho"].isna().all():  # a non-FedSOL method: reference line
-                    ax.axhline(v[col].mean(), ls="--", color="grey", label=variant)
+                if v["rho"].isna().all():  # a non-FedSOL method: reference line, where it has the column
+                    if v[col].notna().any():
+                        ax.axhline(v[col].mean(), ls="--", color="grey", label=variant)
                     continue
                 s = v.groupby("rho")[col].agg(["mean", "std"]).reset_index()
                 ax.errorbar(s["rho"], s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=variant)
             ax.set_xlabel("rho")
-            ax.set_ylabel(f"{col} ({stat} over rounds)" if stat == "mean" else f"{col} (final round)")
-            ax.set_title(f"{ds} {st}".strip(), fontsize=9)
+            ax.set_ylabel(f"{axis_label(col)}\n({stat} over rounds)" if stat == "mean" else f"{axis_label(col)}\n(final round)")
+            ax.set_title(f"{ds}, {setting_label(st)}" if ds else "", fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.suptitle("FedSOL vs rho (mean ± std over seeds)")
@@ -118,8 +119,8 @@ def _round_grid(inp: FigureInput, out: Path, columns: list[str], labels: list[st
             ax = axes[i, j]
             sns.lineplot(data=sub.dropna(subset=[col]), x="round", y=col, hue="method", errorbar="sd", ax=ax,
                          legend=i == 0 and j == 0)  # fmt: skip
-            ax.set_title(f"{ds} {st}: {lab}".strip(), fontsize=9)
-            ax.set_ylabel(col)
+            ax.set_title(f"{ds}, {setting_label(st)}: {lab}" if ds else lab, fontsize=9)
+            ax.set_ylabel(axis_label(col))
             ax.grid(alpha=0.3)
     fig.suptitle(f"{title} (band: ±1 std over seeds)")
     fig.tight_layout()
