@@ -21,6 +21,7 @@ from fedforget.config import (
     load_yaml,
     parse_config,
     partition_dir,
+    typed_overrides,
 )
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
@@ -399,3 +400,34 @@ def test_epoch_rows_with_and_without_drop_last():
     ns = [0, 1, 2, 3, 4, 5, 9]
     assert [keep.epoch_rows(n) for n in ns] == ns
     assert [drop.epoch_rows(n) for n in ns] == [0, 0, 2, 3, 4, 4, 8]
+
+
+def test_nested_command_line_values_get_their_yaml_types(minimal_config):
+    """``snakemake --config scale=smoke "smoke={rounds: 1, ...}"``: Snakemake's own parser reads
+    the nested value with YAML's BaseLoader (every scalar a string, which the schema rejects);
+    typed_overrides gives those scalars their types, and only those."""
+    snakemake_cli = pytest.importorskip("snakemake.cli")
+    from snakemake.utils import update_config
+
+    args = ["scale=smoke", "smoke={rounds: 1, local_epochs: 2, rows: 50, results_dir: out/7}"]
+    over = snakemake_cli.parse_config(args)
+    assert over["smoke"]["rounds"] == "1"  # what Snakemake hands over
+    base = copy.deepcopy(minimal_config)
+    base["experiments"][0]["label_note"] = "3"  # a quoted file value outside --config: untouched
+    config = copy.deepcopy(base)
+    update_config(config, over)
+    with pytest.raises(FedForgetError, match=r"smoke\.rounds"):
+        parse_config(copy.deepcopy(config))
+    typed_overrides(config, over)
+    assert config["smoke"] == {"rounds": 1, "local_epochs": 2, "rows": 50, "results_dir": "out/7"}
+    assert config["experiments"][0]["label_note"] == "3"
+    del config["experiments"][0]["label_note"]
+    wf = parse_config(config)
+    assert wf.results_dir == "out/7" and {rc.train.rounds for rc in wf.runs()} == {1}
+    # a bad nested value is still refused, by name
+    bad = copy.deepcopy(minimal_config)
+    over = snakemake_cli.parse_config(["scale=smoke", "smoke={rounds: many}"])
+    update_config(bad, over)
+    typed_overrides(bad, over)
+    with pytest.raises(FedForgetError, match=r"smoke\.rounds.*many"):
+        parse_config(bad)

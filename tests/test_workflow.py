@@ -127,6 +127,15 @@ def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
 
 
+def test_nested_config_values_from_the_command_line(tmp_path: Path) -> None:
+    """``--config "smoke={rounds: 1, clients: 2}"`` (Snakemake reads nested scalars as strings;
+    workflow/rules/common.smk types them before validation, fedforget.config.typed_overrides)."""
+    write_config(tmp_path, TINY)
+    out = snakemake(tmp_path, "-n", "--config", "scale=smoke", "smoke={rounds: 1, clients: 2, results_dir: small}")
+    assert "small/" in out.stdout + out.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "small").exists()
+
+
 def _bad_config_catalogue():
     """The catalogue of tests/test_config.py (id -> (mutation, expected message parts))."""
     import importlib.util

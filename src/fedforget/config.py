@@ -143,6 +143,36 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def typed_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Give the scalars of Snakemake's nested ``--config`` values their YAML types, in place.
+
+    [D] ``--config smoke={rounds: 3}`` is read with YAML's BaseLoader, which leaves every
+    scalar inside a mapping or list a string ("3"), so the schema would reject it. Each such
+    string is read again as a YAML scalar (3, 0.5, true, null; anything else stays the
+    string) where it sits in ``config``, the merged config. A top-level ``key=value`` is left
+    as Snakemake typed it (int, float, bool, else str)."""
+
+    def walk(held: Any, over: Any) -> Any:
+        if isinstance(over, dict) and isinstance(held, dict):
+            for k, v in over.items():
+                if k in held:
+                    held[k] = walk(held[k], v)
+            return held
+        if isinstance(over, list) and isinstance(held, list) and len(over) == len(held):
+            return [walk(h, o) for h, o in zip(held, over)]
+        if isinstance(over, str) and held == over:
+            try:
+                typed = yaml.safe_load(over)
+            except yaml.YAMLError:
+                return held
+            return typed if typed is None or isinstance(typed, (bool, int, float)) else held
+        return held
+
+    for key, over in overrides.items():
+        if isinstance(over, (dict, list)) and key in config:
+            config[key] = walk(config[key], over)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one training job needs; its hash names the job's provenance."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from fedforget.aggregate import CONTINUAL_OUTPUTS
+from fedforget.config import typed_overrides
 from fedforget.continual import scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
@@ -19,7 +20,9 @@ from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 # ----------------------------------------------------------------------------- config
 # validated (config.parse_config) with the training jobs' code digests, or both loaded from
 # the cache of an earlier parse of the same config and package source (fedforget.parsecache:
-# a start without importing torch)
+# a start without importing torch). A nested --config value (smoke={rounds: 3}) reaches us
+# with its scalars as strings: they get their YAML types first (config.typed_overrides).
+typed_overrides(config, dict(workflow.config_settings.config))
 try:
     WF, DIGESTS = parse_workflow(config)
 except FedForgetError as err:
