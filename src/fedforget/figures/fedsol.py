@@ -82,6 +82,7 @@ def fedsol_vs_rho(
     table.reset_index().to_csv(out.with_suffix(".csv"), index=False)
     plt = _plt()
     panels = list(dict.fromkeys(zip(df["dataset"], df["setting"])))
+    over = f"{stat} over rounds" if stat == "mean" else "final round"  # the y labels' statistic
     fig, axes = plt.subplots(len(panels), len(columns), figsize=(4.8 * len(columns), 3.4 * len(panels)), squeeze=False)
     for i, (ds, st) in enumerate(panels):
         sub = df[(df["dataset"] == ds) & (df["setting"] == st)]
@@ -95,7 +96,7 @@ def fedsol_vs_rho(
                 s = v.groupby("rho")[col].agg(["mean", "std"]).reset_index()
                 ax.errorbar(s["rho"], s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=variant)
             ax.set_xlabel("rho")
-            ax.set_ylabel(f"{axis_label(col)}\n({stat} over rounds)" if stat == "mean" else f"{axis_label(col)}\n(final round)")
+            ax.set_ylabel(f"{axis_label(col)}\n({over})")
             ax.set_title(f"{ds}, {setting_label(st)}" if ds else "", fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
