@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
-from fedforget.config import load_config
+from fedforget.parse import load_config
 
 SELECT = {
     "fedprotip": ("config/experiments/fedprotip_table1.yaml", {

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 
 def jobs() -> None:
-    from fedforget.config import load_config
+    from fedforget.parse import load_config
     from fedforget.runner import run_training
 
     wf = load_config("config/config.yaml")

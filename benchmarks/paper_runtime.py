@@ -69,10 +69,11 @@ from typing import Any
 import torch
 import yaml
 
-from fedforget.config import RunConfig, parse_config
+from fedforget.config import RunConfig
 from fedforget.data import DATASETS
 from fedforget.methods import METHODS
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.vectorized import method_not_vectorized
 
 REPO = Path(__file__).resolve().parents[1]

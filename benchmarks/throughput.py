@@ -115,16 +115,16 @@ def main() -> None:
     sim = Simulation(cfg)
     init = {k: v.clone() for k, v in sim.global_params.items()}
 
-    local_s, train_client = [0.0], sim.train_client
+    local_s, train_client = [0.0], sim.trainer.train_client
 
-    def timed_train_client(cid: int, rnd: int, lr: float):
+    def timed_train_client(cid: int, rnd: int, lr: float, view=None):
         t0 = time.perf_counter()
-        out = train_client(cid, rnd, lr)
+        out = train_client(cid, rnd, lr, view)
         sync(sim.device)
         local_s[0] += time.perf_counter() - t0
         return out
 
-    sim.train_client = timed_train_client  # run_round calls self.train_client: time each client
+    sim.trainer.train_client = timed_train_client  # the sequential trainer calls it per client: time each
 
     # FedAvg's exact minibatch sizes per round; the same number of samples in full batches
     bs, fed = a.batch_size, []

@@ -255,7 +255,7 @@ def test_paper_link_with_several_tables_a_stream_label_and_a_method_map(tmp_path
     our labels; ``table: [1, 11]`` reads both tables (accuracy and forgetting); a bad
     dataset_map value is refused when the config is checked, naming it."""
     from fedforget.aggregate import attach_paper_continual
-    from fedforget.config import check_paper_link
+    from fedforget.parse import check_paper_link
     from fedforget.utils import FedForgetError
 
     ref = tmp_path / "paper.csv"

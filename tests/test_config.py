@@ -16,13 +16,12 @@ from fedforget.config import (
     OptimizerSpec,
     RunConfig,
     TrainSpec,
-    load_config,
     load_run_config,
     load_yaml,
-    parse_config,
     partition_dir,
     typed_overrides,
 )
+from fedforget.parse import load_config, parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 from fedforget.validation import schema

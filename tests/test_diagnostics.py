@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from fedforget.config import parse_config
 from fedforget.engine import Simulation
 from fedforget.methods.base import flatten_state
 from fedforget.metrics import classwise_accuracy
+from fedforget.parse import parse_config
 from fedforget.runner import run_training
 from fedforget.utils import FedForgetError
 

@@ -1,4 +1,4 @@
-"""The README's DVC steps on fresh clones (issue 19): `make data` in clone A prepares every
+"""The DVC steps of docs/data.md on fresh clones (issue 19): `make data` in clone A prepares every
 shipped config's data and puts data/ into the DVC cache without changing data.dvc, `dvc push`
 sends it to the default remote beside the clone, `dvc pull` in a fresh clone B fetches the same
 bytes, and Snakemake in B then plans no preparation. Marked e2e: slower, still run in CI."""

@@ -18,11 +18,11 @@ import fedforget
 from fedforget.config import RunConfig
 from fedforget.data import load_dataset
 from fedforget.engine import BASE_COLUMNS, INIT_STREAM, Simulation, sample_clients
-from fedforget.local import SHUFFLE_STREAM
 from fedforget.methods import METHODS, FedAvg
 from fedforget.models import build_model
 from fedforget.partition import PartitionSpec, client_indices, make_partition, save_partition
 from fedforget.runner import run_training
+from fedforget.trainers import SHUFFLE_STREAM
 from fedforget.utils import torch_seed
 
 CPU = torch.device("cpu")
@@ -132,10 +132,10 @@ def test_training_seed_changes_metrics_not_partition(make_run_config):
 def test_client_update_independent_of_client_order(make_run_config):
     cfg = make_run_config()
     sim = Simulation(cfg, device=CPU)
-    up_first, loss_first, _ = sim.train_client(2, 1, 0.1)
-    sim.train_client(0, 1, 0.1)
-    sim.train_client(3, 1, 0.1)
-    up_again, loss_again, _ = sim.train_client(2, 1, 0.1)
+    up_first, loss_first, _ = sim.trainer.train_client(2, 1, 0.1)
+    sim.trainer.train_client(0, 1, 0.1)
+    sim.trainer.train_client(3, 1, 0.1)
+    up_again, loss_again, _ = sim.trainer.train_client(2, 1, 0.1)
     assert loss_first == loss_again
     for k in up_first.params:
         assert torch.equal(up_first.params[k], up_again.params[k])
@@ -386,11 +386,11 @@ def test_drop_last_skips_trailing_partial_batches(make_run_config):
     steps = {}
     for drop in (False, True):
         sim = Simulation(replace(rc, train=replace(rc.train, drop_last=drop)), device=CPU)
-        up, _, _ = sim.train_client(0, 1, 0.1)
+        up, _, _ = sim.trainer.train_client(0, 1, 0.1)
         steps[drop] = up.steps
     assert steps == {False: 4, True: 2}
     big = make_run_config(rounds=1, batch_size=64, drop_last=True)
-    up, _, _ = Simulation(big, device=CPU).train_client(0, 1, 0.1)
+    up, _, _ = Simulation(big, device=CPU).trainer.train_client(0, 1, 0.1)
     assert up.steps == 1  # 30 samples < 64: one batch, not none
 
 
@@ -403,13 +403,13 @@ def test_drop_last_lets_batchnorm_models_train(make_run_config):
     bs = n - 1 if n % 32 != 1 else 32  # a batch size leaving one sample over
     rc = replace(rc, train=replace(rc.train, batch_size=bs))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
-        Simulation(rc, device=CPU).train_client(0, 1, 0.01)
+        Simulation(rc, device=CPU).trainer.train_client(0, 1, 0.01)
     status, _, msg = Simulation(replace(rc, train=replace(rc.train, drop_last=True)), device=CPU).run(progress=False)
     assert status == "completed", msg
 
 
 def test_to_device_moves_nested_tensors_only():
-    from fedforget.methods.base import to_device
+    from fedforget.state import to_device
 
     t = torch.ones(2)
     state = {"c": t, "hist": [t, (t, 3)], "n": 5, "name": "x"}
@@ -428,7 +428,7 @@ def test_local_optimizer_is_multi_tensor_and_bitwise_equal_to_the_plain_loop(nam
     import copy
 
     from fedforget.config import OptimizerSpec
-    from fedforget.local import make_optimizer
+    from fedforget.trainers import make_optimizer
 
     torch.manual_seed(0)
     model = build_model("cnn2d", (1, 8, 8), 10)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedforget.cli import main
-from fedforget.config import parse_config
 from fedforget.figures import FIGURES, figure_options
+from fedforget.parse import parse_config
 from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedforget.config import parse_config
 from fedforget.figures import figure_options, make_figure
+from fedforget.parse import parse_config
 from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fedforget.config import parse_config
 from fedforget.figures import figure_options, make_figure
+from fedforget.parse import parse_config
 from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
 

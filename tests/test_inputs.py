@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedforget.config import parse_config
 from fedforget.data import load_dataset, prepare_dataset
 from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.inputs import InputPipeline, Pool, crop_flip, keyed_uniform_ints, prefetched
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
@@ -109,7 +109,7 @@ def test_streamed_run_equals_in_memory_run(make_run_config, blobs_root, augment)
 def test_read_ahead_gives_the_in_memory_run(make_run_config, blobs_root, monkeypatch, engine):
     """A streamed pool on a GPU reads minibatches ahead on a thread (Pool.read_ahead), in
     both engines; forced on here: the same run as in memory, every step's gather read ahead."""
-    import fedforget.local
+    import fedforget.trainers
     import fedforget.vectorized
 
     monkeypatch.setattr(fedforget.vectorized, "LOOP_MIN_ROWS", 10**9)  # every step batched, as on a GPU
@@ -121,10 +121,10 @@ def test_read_ahead_gives_the_in_memory_run(make_run_config, blobs_root, monkeyp
         return prefetched(fetch, items, ahead)
 
     monkeypatch.setattr(Pool, "read_ahead", property(lambda self: self.stream))
-    for mod in (fedforget.local, fedforget.vectorized):
+    for mod in (fedforget.trainers, fedforget.vectorized):
         monkeypatch.setattr(mod, "prefetched", counted)
     rows_ahead, sim = _run(_cfg(make_run_config, blobs_root, AUG, client_engine=engine, data_storage="stream"))
-    assert sim.vectorized == (engine == "vectorized") and sum(reads) > 0
+    assert sim.trainer.name == engine and sum(reads) > 0
     assert rows_ahead == rows_dev
 
 
@@ -134,7 +134,7 @@ def test_augmentation_changes_training_and_both_engines_augment_alike(make_run_c
     assert sim.clients.inputs.augment == AUG
     assert seq[-1]["global_model_test_loss"] != plain[-1]["global_model_test_loss"]
     vec, vsim = _run(_cfg(make_run_config, blobs_root, AUG, client_engine="vectorized"))
-    assert vsim.vectorized
+    assert vsim.trainer.name == "vectorized"
     for a, b in zip(seq, vec):
         assert a["global_model_test_loss"] == pytest.approx(b["global_model_test_loss"], abs=1e-5)
 
@@ -180,7 +180,7 @@ def test_augmented_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blob
     for flag in ("1", "0"):
         monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
         sim = Simulation(rc, device=gpu)
-        assert (sim.step_graphs is not None) == (flag == "1")
+        assert (sim.trainer.step_graphs is not None) == (flag == "1")
         status, _, msg = sim.run(progress=False)
         assert status == "completed", msg
         weights.append(sim.global_params)

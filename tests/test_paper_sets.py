@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from fedforget.cli import main
-from fedforget.config import parse_config
 from fedforget.data import DATASETS, dataset_id, load_dataset, prepare_dataset
 from fedforget.data.base import channel_stats, save_array
 from fedforget.data.sources import READERS
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .data_sources.conftest import flip_byte, md5_of, patch_file, write_png_tree  # noqa: F401

@@ -1,5 +1,5 @@
 """The paper-scale table configs (config/experiments/paper/, issue 17 item 4): every seed table
-and figure has one; each validates in-process (``fedforget.config.load_config``: schema,
+and figure has one; each validates in-process (``fedforget.parse.load_config``: schema,
 registries, sizes, paper links); their paper links fill the paper-vs-ours tables (every
 column we run is a column of the linked table, every method the paper reports there is run);
 their experiment names are distinct from each other and from the embedded configs'; and two
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedforget.config import load_config
 from fedforget.paper_tables import paper_column, paper_method
+from fedforget.parse import load_config
 from fedforget.utils import paper_tables
 
 REPO = Path(__file__).resolve().parents[1]

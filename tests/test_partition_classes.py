@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from fedforget.config import RunConfig, parse_config
+from fedforget.config import RunConfig
+from fedforget.parse import parse_config
 from fedforget.partition import (
     PartitionSpec,
     class_counts,

@@ -37,7 +37,7 @@ def test_training_closure_is_the_training_side():
         "fedforget.methods.base", "fedforget.methods.registry")]  # fmt: skip
     assert not set(mods) & provenance.OUTPUT_SIDE
     files = provenance.training_code("fedproj").files
-    assert {"methods/fedproj.py", "methods/feddf.py", "distill.py"} <= set(files)  # imports followed
+    assert {"methods/fedproj.py", "methods/feddf.py", "methods/distill.py"} <= set(files)  # imports followed
     assert "methods/fedprox.py" not in files
     assert "methods/fedprox.py" in provenance.training_code("fedsol", {"base": "fedprox"}).files
 

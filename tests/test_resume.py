@@ -203,7 +203,7 @@ def test_atomic_write_failure_keeps_the_old_file(tmp_path):
 def test_every_job_of_every_shipped_config_has_its_own_directory(repo_root):
     """No job can overwrite another's outputs: run directories are distinct across all
     shipped configs' jobs (experiment / dataset / partition / method label / seed)."""
-    from fedforget.config import load_config
+    from fedforget.parse import load_config
 
     dirs = []
     for f in [

@@ -15,19 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedforget.clientdata import load_run_data
-from fedforget.config import (
-    DatasetSpec,
-    MethodSpec,
-    OptimizerSpec,
-    RunConfig,
-    TrainSpec,
-    parse_config,
-)
+from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
 from fedforget.data import DATASETS, dataset_id, load_dataset, prepare_dataset
 from fedforget.data.base import domain_ids
 from fedforget.data.scenario import Scenario, resolve_scenario
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
+from fedforget.rundata import load_run_data
 from fedforget.runner import run_training
 from fedforget.smoke import smoke_config
 from fedforget.utils import FedForgetError

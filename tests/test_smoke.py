@@ -30,11 +30,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedforget.config import RunConfig, load_yaml, parse_config
+from fedforget.config import RunConfig, load_yaml
 from fedforget.data import DATASETS, dataset_id, load_dataset, prepare_dataset
 from fedforget.data.base import first_per_class
 from fedforget.data.paper_sets import source_folder
 from fedforget.data.sources.table import IMAGENET100_WNIDS, SOURCES
+from fedforget.parse import parse_config
 from fedforget.smoke import BUDGETS, smoke_config
 from fedforget.utils import FedForgetError
 

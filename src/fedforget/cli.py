@@ -38,7 +38,7 @@ def cmd_list(args) -> None:
 
 
 def cmd_validate(args) -> None:
-    from .config import load_config
+    from .parse import load_config
     from .pipeline import describe
 
     wf = load_config(args.config)
@@ -50,7 +50,7 @@ def cmd_prepare(args) -> None:
     from .data import prepare_dataset, prepare_public
 
     if args.config:
-        from .config import load_config
+        from .parse import load_config
         from .pipeline import prepare_all
 
         for p in prepare_all([load_config(c) for c in args.config], args.raw_dir, args.download):
@@ -72,7 +72,8 @@ def cmd_prepare(args) -> None:
 
 
 def cmd_partition(args) -> None:
-    from .config import DatasetSpec, load_config
+    from .config import DatasetSpec
+    from .parse import load_config
     from .partition import PartitionSpec
     from .pipeline import partition_one
 
@@ -119,7 +120,7 @@ def cmd_train(args) -> None:
 
 def cmd_stale(args) -> None:
     """Finished runs of a config that no longer stand for its config or the current code."""
-    from .config import load_config
+    from .parse import load_config
     from .provenance import stale_reasons
 
     wf = load_config(args.config)
@@ -134,7 +135,7 @@ def cmd_stale(args) -> None:
 
 
 def cmd_plan(args) -> None:
-    from .config import load_config
+    from .parse import load_config
 
     wf = load_config(args.config)
     for rc in wf.runs():
@@ -149,7 +150,7 @@ def cmd_aggregate(args) -> None:
     from .aggregate import aggregate
 
     if args.config:
-        from .config import load_config
+        from .parse import load_config
         from .pipeline import experiment_run_dirs, summary_dir
 
         wf = load_config(args.config)
@@ -195,7 +196,7 @@ def cmd_figure(args) -> None:
 
 
 def cmd_run(args) -> None:
-    from .config import load_config
+    from .parse import load_config
     from .pipeline import run_all
 
     wf = load_config(args.config)

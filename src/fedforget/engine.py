@@ -26,23 +26,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import capture, restore
-from .clientdata import load_run_data
+from .checkpoint import checkpoint_of, restore
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
-from .local import ClientSide, Diverged
 from .methods import METHODS, RunInfo, ServerContext, make_params
+from .methods.base import AFTER_TASK, ROUND_END, TASK_END
 from .metrics import weight_divergence
 from .models import build_model
 from .progress import RoundProgress, progress_mode
-from .utils import FedForgetError, seed_sequence, torch_seed
-from .vectorized import auto_prefers_sequential, why_not_vectorized
+from .rundata import load_run_data
+from .schedule import sample_clients
+from .state import FedState
+from .trainers import Diverged, choose_trainer
+from .utils import FedForgetError, torch_seed
 
 log = logging.getLogger(__name__)
 
 # stream tags for keyed randomness
-SAMPLE_STREAM, INIT_STREAM = 0x51, 0x53  # (0x52: the clients' shuffling, fedforget.local)
+INIT_STREAM = 0x53  # (0x51: the client schedule, fedforget.schedule; 0x52: the shuffling)
 
 # metrics.csv columns written for every method; "test" is the test set of the tasks seen so
 # far, the mean of their accuracies (the whole test set in a one-task run; per task: tasks.csv).
@@ -66,16 +68,6 @@ TIMING_COLUMNS = [
 ]
 
 
-def sample_clients(seed: int, rnd: int, clients: int, rate: float) -> list[int]:
-    """Clients sampled in round ``rnd`` (1-based): max(1, round(rate*K)) without
-    replacement, from a generator keyed by (seed, round) only."""
-    m = max(1, int(round(rate * clients)))
-    if m >= clients:
-        return list(range(clients))
-    rng = np.random.default_rng(seed_sequence(seed, rnd, SAMPLE_STREAM))
-    return sorted(int(c) for c in rng.choice(clients, size=m, replace=False))
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -85,7 +77,7 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-class Simulation(ClientSide):
+class Simulation:
     """One federated training run (one experiment x dataset x partition x method x seed)."""
 
     def __init__(
@@ -101,8 +93,6 @@ class Simulation(ClientSide):
 
         data = load_run_data(cfg, self.device, method_cls.trait("public_labels", params), verify)
         self.clients, self.scenario = data.clients, data.scenario
-        # a streamed pool gathers minibatches on the host: no step can be captured
-        self.step_graphs = StepGraphs() if graphs_enabled(self.device) and not self.clients.x.stream else None
         if self.device.type == "cuda":
             # [D] the same bits on every run and under CUDA graphs: cuDNN may otherwise pick
             # another convolution algorithm during graph capture (seen on an H100: eager and
@@ -117,43 +107,53 @@ class Simulation(ClientSide):
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
         self.model = self.build(data)
         server_model = self.build(data)
-        self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        server_model.load_state_dict(self.global_params)
-        # the client model's tensors, for an in-place reload at each client (cheaper than
-        # load_state_dict, which re-validates keys and shapes every time)
-        self._model_tensors = dict(self.model.state_dict(keep_vars=True))
-        self.server = ServerContext(0, self.global_params, server_model, dev, public)
+        # the run's state (fedforget.state): global weights, the method's server and client
+        # state, task progress, metrics so far; per-client state lives in host memory between
+        # the client's rounds when training on a GPU, so device memory does not grow with the
+        # number of clients
+        self.fed = FedState(
+            {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            device=dev, offload_clients=dev.type == "cuda",
+        )  # fmt: skip
+        server_model.load_state_dict(self.fed.global_params)
+        self.server = ServerContext(0, self.fed.global_params, server_model, dev, public, fed=self.fed)
         self.evaluator = Evaluator(
             data.test, self.scenario, self.method, self.server, t.eval_batch_size
         )
-        self.client_state: dict[int, dict[str, Any]] = {}
-        # the task each client last trained on, and (asynchronous boundaries) what clients
-        # that moved on sent at their task's end, until the server's task ends
-        self.client_task: dict[int, int] = {}
-        self.task_reports: dict[int, Any] = {}
-        # per-client method state (SCAFFOLD's c_i, FedDyn's gradient, MOON's previous model)
-        # lives in host memory between the client's rounds when training on a GPU, so device
-        # memory does not grow with the number of clients
-        self.offload_client_state = dev.type == "cuda"
-        # clients trained together where that computes the same thing (fedforget.vectorized)
-        why_not = why_not_vectorized(method_cls, self.model, t.optimizer.name, t.drop_last)
-        if t.client_engine == "vectorized" and why_not is not None:
-            raise FedForgetError(
-                f"train.client_engine='vectorized' is not possible here: {why_not}"
-            )
-        if t.client_engine == "sequential":
-            why_not = "train.client_engine = sequential"
-        elif why_not is None and t.client_engine == "auto":
-            why_not = t.engine_pairing or auto_prefers_sequential(self.model, dev)
-        self.vectorized = why_not is None
-        self.engine_info = {
-            "client_engine": "vectorized" if self.vectorized else "sequential",
-            "client_engine_reason": why_not
-            or f"groups of at most {t.max_parallel_clients} clients",
-        }
+        # the local trainer (fedforget.trainers): clients one after another, or stacked where
+        # that computes the same thing; a streamed pool gathers minibatches on the host, so
+        # no step can be captured in a CUDA graph
+        trainer_cls, why = choose_trainer(method_cls, self.model, t, dev)
+        graphs = StepGraphs() if graphs_enabled(dev) and not self.clients.x.stream else None
+        self.trainer = trainer_cls(
+            model=self.model, method=self.method, clients=self.clients, fed=self.fed, server=self.server,
+            evaluator=self.evaluator, train=t, seed=cfg.seed, device=dev, step_graphs=graphs,
+        )  # fmt: skip
+        self.engine_info = {"client_engine": trainer_cls.name, "client_engine_reason": why}
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
         self.method.server_init(self.server)
+
+    # the run's state, read through the names the engine and the tests use (one home: fed)
+    @property
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return self.fed.global_params
+
+    @global_params.setter
+    def global_params(self, value: dict[str, torch.Tensor]) -> None:
+        self.fed.global_params = value
+
+    @property
+    def client_state(self) -> dict[int, dict[str, Any]]:
+        return self.fed.clients
+
+    @property
+    def client_task(self) -> dict[int, int]:
+        return self.fed.client_task
+
+    @property
+    def task_reports(self) -> dict[int, Any]:
+        return self.fed.task_reports
 
     def build(self, data) -> torch.nn.Module:
         cfg = self.cfg
@@ -166,30 +166,37 @@ class Simulation(ClientSide):
         return model.to(self.device)
 
     def end_task(self, rnd: int, lr: float) -> None:
-        """After the last round of the server's task: every client with data in it reports
-        (synchronous boundaries; asynchronously, those that have moved on did), then the
-        server's task end, then (methods with ``client_after_task``) the reporting clients'
-        replies on the server's new broadcast."""
+        """After the last round of the server's task, for a method with the TASK_END
+        exchange: every client with data in the task replies (synchronous boundaries;
+        asynchronously, those that have moved on did), the server collects; then, with
+        AFTER_TASK, the clients that replied reply again on the server's new broadcast."""
+        if TASK_END not in self.method.exchanges:
+            return
         task = self.server.task
-        reports, self.task_reports = self.task_reports, {}
+        reports, self.fed.task_reports = self.fed.task_reports, {}
         if self.scenario.window is None:
             for cid in range(self.cfg.partition.clients):
                 if self.clients.size(cid, task):
-                    report = self.end_client_task(cid, task, rnd, lr)
+                    report = self.trainer.end_client_task(cid, task, rnd, lr)
                     if report is not None:
                         reports[cid] = report
-        self.server_hook(self.method.server_task_end, reports)
-        if reports and self.method.replies_after_task():  # a second message, on what the server made of the first
+        self.collect(TASK_END, reports)
+        if reports and AFTER_TASK in self.method.exchanges:  # on what the server made of the first
             self.server.broadcast = self.method.broadcast(self.server)
-            replies = self.after_client_tasks(sorted(reports), task, rnd, lr)
-            self.server_hook(self.method.server_after_task, replies)
+            views = {cid: self.clients.task_view(cid, task) for cid in sorted(reports)}
+            self.collect(AFTER_TASK, self.trainer.client_pass(AFTER_TASK, views, rnd, lr))
+
+    def collect(self, exchange: str, replies: dict[int, Any]) -> None:
+        """The server's step of an exchange, with ``server.model`` holding the global
+        weights (it may read the global model and replace the global weights)."""
+        self.model_with(self.global_params)
+        self.method.collect(exchange, self.server, replies)
 
     def server_hook(self, hook: Callable[..., None], *args: Any) -> None:
         """A server hook that may read the global model and replace the global weights:
         ``hook(server, *args)`` with ``server.model`` holding them, its weights kept."""
         self.model_with(self.global_params)
         hook(self.server, *args)
-        self.global_params = self.server.global_params
 
     # ------------------------------------------------------------------ all rounds
     def run(
@@ -204,7 +211,8 @@ class Simulation(ClientSide):
         or "diverged" (non-finite loss or weights; the rows so far are kept).
 
         After every round r with r % train.checkpoint_every == 0 (and r < rounds),
-        ``on_checkpoint(capture(self, rows))`` receives everything needed to continue;
+        ``on_checkpoint(checkpoint)`` receives everything needed to continue (the run's
+        ``FedState``, ``fedforget.checkpoint.checkpoint_of``);
         ``run(resume=that checkpoint)`` continues from round r + 1 and gives the same rows
         and weights as an uninterrupted run. ``on_row`` is called after the checkpoint, so a
         crash inside it loses nothing.
@@ -214,22 +222,22 @@ class Simulation(ClientSide):
         goes to ``on_snapshot(round, snapshot)``, or is kept in ``self.snapshots``."""
         self.on_snapshot = on_snapshot
         t, cfg = self.cfg.train, self.cfg
-        rows: list[dict[str, Any]] = []
+        fed = self.fed
         start = time.perf_counter()
 
         def emit(row: dict[str, Any]) -> None:
-            rows.append(row)
-            rnd = row["round"]
+            fed.rows.append(row)
+            fed.round = rnd = row["round"]
             if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
-                on_checkpoint(capture(self, rows))
+                on_checkpoint(checkpoint_of(fed, cfg.hash))
             if on_row:
                 on_row(row)
 
         if resume is not None:
-            restore(self, resume)
-            rows = [dict(r) for r in resume["rows"]]
+            restore(fed, resume, cfg.hash)
+            rows = fed.rows
             start -= rows[-1].get("elapsed_s") or 0.0
-            first = resume["round"] + 1
+            first = fed.round + 1
             log.info("resuming %s seed %d after round %d", cfg.method.label, cfg.seed, first - 1)
         else:
             metrics, tasks = self.global_metrics(0)
@@ -248,12 +256,12 @@ class Simulation(ClientSide):
                     row = self.run_round(rnd, start)
                 except Diverged as e:
                     log.warning("run diverged: %s", e)
-                    return "diverged", rows, str(e)
+                    return "diverged", fed.rows, str(e)
                 emit(row)
                 bar.update(row)
         finally:
             bar.close()
-        return "completed", rows, ""
+        return "completed", fed.rows, ""
 
     def run_round(self, rnd: int, start: float) -> dict[str, Any]:
         t, cfg, sc = self.cfg.train, self.cfg, self.scenario
@@ -267,9 +275,9 @@ class Simulation(ClientSide):
         self.server.broadcast = self.method.broadcast(self.server)
         # a client with no data in its task this round does not train (nor one whose rows
         # make no minibatch: a single row with drop_last, TrainSpec.epoch_rows)
-        views = {c: v for c in sampled if t.epoch_rows(len(v := self.round_view(c, rnd)))}
+        views = {c: v for c in sampled if t.epoch_rows(len(v := self.trainer.round_view(c, rnd)))}
         broadcast_params = self.global_params
-        uploads, losses, stats, local_accs, eval_time = self.train_round(rnd, lr, views)
+        uploads, losses, stats, local_accs, eval_time = self.trainer.train_round(rnd, lr, views)
         if uploads:
             aggregated = self.method.aggregate(self.server, uploads)
             # parameters no client trained in this task (per-task heads of other tasks) keep
@@ -279,19 +287,19 @@ class Simulation(ClientSide):
                 if not p.requires_grad:
                     aggregated[k] = broadcast_params[k]
             self.server.global_params = aggregated
-            self.method.after_aggregate(self.server, uploads)  # may replace server.global_params
+            self.method.after_aggregate(self.server, uploads)  # may replace the global weights
         if not all(
             torch.isfinite(v).all()
             for v in self.server.global_params.values()
             if torch.is_floating_point(v)
         ):
             raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
-        self.global_params = self.server.global_params
         if sc.ends_task(rnd):
             self.end_task(rnd, lr)
-        replies = self.end_client_rounds({u.cid: views[u.cid] for u in uploads}, rnd, lr)
-        if replies:
-            self.server_hook(self.method.server_round_end, replies)
+        if ROUND_END in self.method.exchanges:  # a second message per round, on the new weights
+            replies = self.trainer.client_pass(ROUND_END, {u.cid: views[u.cid] for u in uploads}, rnd, lr)
+            if replies:
+                self.collect(ROUND_END, replies)
         train_time = time.perf_counter() - t0 - eval_time
         if rnd in t.save_client_models:
             cpu = lambda p: {k: v.detach().cpu().clone() for k, v in p.items()}  # noqa: E731

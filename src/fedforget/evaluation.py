@@ -99,5 +99,5 @@ class Evaluator:
         the whole test set, which ``vectorized.evaluate_stacked`` takes for all at once."""
         return (
             self.scenario.tasks == 1 and self.class_mask is None
-            and type(self.method).predict is FedAvg.predict and not self.scenario.transforms
+            and not self.method.own_predict and not self.scenario.transforms
         )  # fmt: skip

@@ -2,7 +2,7 @@
 rules need, reused while neither the config nor the package changes.
 
 Every ``snakemake`` call parses the Snakefile, which validates the whole config (schema,
-registries, sizes: ``config.parse_config``) and computes each training job's code digest
+registries, sizes: ``parse.parse_config``) and computes each training job's code digest
 (``provenance.training_code``). Both need the method, model and scenario modules, hence
 torch, whose import is most of a Snakemake start (about 2.5 of 3.5 s CPU on 2 cores). Both
 are pure functions of three inputs: the config dict, the package's source files and the
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import PAPER_RESULTS, WorkflowConfig, parse_config, run_hash
+from .config import PAPER_RESULTS, WorkflowConfig, run_hash
 from .utils import atomic_write_bytes, canonical_json
 
 ROOT = Path(__file__).resolve().parent
@@ -124,6 +124,8 @@ def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tu
             return wf, digests
         except Exception:  # noqa: BLE001 - a damaged or foreign cache file is a miss
             pass
+    from .parse import parse_config  # a miss only: a hit stays torch-free (see the module doc)
+
     wf = parse_config(raw)
     digests = _digests(wf)
     if path is not None and directory.parent.is_dir():  # only inside a Snakemake working dir

@@ -37,10 +37,11 @@ Each client keeps its own numerics:
 
 The results match the sequential loop up to floating-point summation order (a test checks
 1e-5 on a tiny config). The engine uses this path only where it computes the same thing:
-the method's local-training hooks are FedAvg's (``client_side_is_fedavg``; a method's own
-``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards) or the method states
-its change as per-step loss and gradient terms for the stacked clients
-(``FedAvg.stacked_step_terms``, their one definition: FedProx, FedDyn, SCAFFOLD, FedCurv), the model has no
+the method declares its local training FedAvg's step (``stacked``; a method's own
+``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards: ``own_upload``), with
+its change, if any, stated as per-step loss and gradient terms for the stacked clients
+(``step_terms``: ``FedAvg.stacked_step_terms``, their one definition: FedProx, FedDyn,
+SCAFFOLD, FedCurv), the model has no
 buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
 place) and no dropout (its random draws would differ from a client's alone), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
 back to one client after another; ``run.json`` records which path ran.
@@ -64,37 +65,15 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from .cudagraph import StepGraphs
 from .inputs import prefetched
-from .methods.base import FedAvg, StepTerms, masked_logits
+from .methods.base import StepTerms, masked_logits
 from .models import Classifier, TaskHeads
-
-# the hooks that shape local training; ``client_end`` (what a client uploads) may differ from
-# FedAvg's: the engine runs it for each client on its trained weights after the batched pass
-TRAINING_HOOKS = ("client_task_begin", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad")
-
-
-# the hooks a method may override and still train batched, when it states their effect
-# in ``stacked_step_terms`` (FedProx, FedDyn, SCAFFOLD, FedCurv)
-TERM_HOOKS = ("client_begin", "extra_loss", "transform_grad")
-
-
-def client_side_is_fedavg(method_cls: type) -> bool:
-    """True if the method trains clients exactly as FedAvg does (its upload, ``client_end``,
-    and its server hooks may differ)."""
-    return all(getattr(method_cls, h) is getattr(FedAvg, h) for h in TRAINING_HOOKS)
-
-
-def has_step_terms(method_cls: type) -> bool:
-    """True if the method states its local-training change as per-step terms for the
-    stacked clients (``FedAvg.stacked_step_terms``)."""
-    return method_cls.stacked_step_terms is not FedAvg.stacked_step_terms
 
 
 def method_not_vectorized(method_cls: type, optimizer_name: str, drop_last: bool = False) -> str | None:
     """The part of ``why_not_vectorized`` that depends on the method and its train settings
     alone (the same for every model): None, or why its clients cannot train together."""
-    hooks = [h for h in TRAINING_HOOKS if getattr(method_cls, h) is not getattr(FedAvg, h)]
-    if hooks and not (has_step_terms(method_cls) and set(hooks) <= set(TERM_HOOKS)):
-        return f"method '{method_cls.name}' overrides local-training hooks {hooks}"
+    if not method_cls.stacked:
+        return f"method '{method_cls.name}' has a local step of its own (declares stacked = False)"
     if optimizer_name != "sgd":
         return f"optimizer '{optimizer_name}' (the batched path implements SGD)"
     if drop_last:

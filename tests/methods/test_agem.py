@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, check_params
 from fedforget.methods.agem import AGEM, MEMORY_STREAM
-from fedforget.methods.fedproj import project
 from fedforget.methods.replay import Reservoir, sample_generator
+from fedforget.methods.shared import project
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, run

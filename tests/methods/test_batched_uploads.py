@@ -63,4 +63,4 @@ def test_methods_that_change_local_training_stay_sequential(public_run_cfg, meth
     rc = public_run_cfg(method)
     sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")), device=CPU)
     assert sim.engine_info["client_engine"] == "sequential", method
-    assert "local-training hooks" in sim.engine_info["client_engine_reason"]
+    assert "local step of its own" in sim.engine_info["client_engine_reason"]

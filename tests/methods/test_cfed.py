@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.data import prepare_public
 from fedforget.data.scenario import Scenario
-from fedforget.distill import DistillSpec, distill
 from fedforget.engine import Simulation, sample_clients
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
 from fedforget.methods.cfed import (
@@ -39,7 +38,9 @@ from fedforget.methods.cfed import (
     reviewers,
     split_parts,
 )
+from fedforget.methods.distill import DistillSpec, distill
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError, torch_seed
 
 from .conftest import CPU, checkpoint_keeper, digits_cfg, run, strip
@@ -341,7 +342,7 @@ def test_too_small_a_public_set_is_refused():
     with pytest.raises(FedForgetError, match="into 5 surrogate sets.*it has 4 rows"):
         CFeD(CFeD.Params(), info).server_init(server)
     with pytest.raises(FedForgetError, match="needs a public set"):
-        CFeD(CFeD.Params(), info).server_init(replace(server, public=None))
+        CFeD(CFeD.Params(), info).server_init(ServerContext(0, {}, None, CPU, None))
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, check_params
 from fedforget.methods.der import DER, MEMORY_STREAM
 from fedforget.methods.replay import Reservoir, sample_generator
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, run

@@ -1,4 +1,4 @@
-"""The shared server distillation (fedforget.distill): the KD loss (zero at equality, T^2
+"""The shared server distillation (fedforget.methods.distill): the KD loss (zero at equality, T^2
 scaling by hand), distillation lowers KL(teacher || student), the extra-loss gradient is
 added (FedProj's weight-divergence invariant), determinism, parameter checks."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fedforget.distill import DistillParams, DistillSpec, distill, kd_loss, public_logits
+from fedforget.methods.distill import DistillParams, DistillSpec, distill, kd_loss, public_logits
 from fedforget.models import build_model
 
 

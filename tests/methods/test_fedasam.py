@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, make_params
 from fedforget.methods.fedasam import FedASAM
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 CPU = torch.device("cpu")

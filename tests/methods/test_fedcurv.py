@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, check_params
 from fedforget.methods.base import masked_logits
 from fedforget.methods.fedcurv import OWN, SUMS, FedCurv, fisher_diagonal, flat_params
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 

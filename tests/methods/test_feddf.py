@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, Upload, make_params
 from fedforget.methods.feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, PUBLIC, run

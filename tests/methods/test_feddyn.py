@@ -10,11 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
 from fedforget.methods.feddyn import FedDyn
 from fedforget.methods.fedprox import FedProx
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 

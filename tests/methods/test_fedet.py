@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from fedforget.config import parse_config
 from fedforget.methods import make_params
 from fedforget.methods.fedet import fedet_loss, variance_weighted_consensus
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import PUBLIC, run

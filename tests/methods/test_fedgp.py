@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from fedforget.engine import Simulation
 from fedforget.methods import check_params
+from fedforget.methods.base import AFTER_TASK
 from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
 from fedforget.methods.replay import Reservoir, sample_generator
 from fedforget.partition import PartitionSpec
@@ -120,7 +121,7 @@ def test_fedgp_off_over_fedprotip_is_fedprotip(make_run_config):
     _, rows_b = run(make_run_config(method="fedprotip", params={"samples": 32}, **kw))
     sim, rows_g = run(make_run_config(method="fedgp", params={"base": "fedprotip", "base_params": {"samples": 32}, "rate": 0.0}, **kw))
     assert strip(rows_g, "fedgp_") == strip(rows_b, "fedprotip_")
-    assert sim.method.replies_after_task() and sim.server.state["fedprotip_refs"]
+    assert AFTER_TASK in sim.method.exchanges and sim.server.state["fedprotip_refs"]
     assert "tip_sample" in rows_g[-1]["_tasks"][0]
 
 
@@ -204,7 +205,7 @@ def test_resume_mid_task_gives_the_same_bytes(make_run_config):
 def test_a_plugin_has_its_base_traits(make_run_config):
     """FedGP over joint trains on every task's data from round 1 (as joint does); over a
     method that needs a public set, the config must declare one."""
-    from fedforget.config import parse_config
+    from fedforget.parse import parse_config
 
     _, rows_j = run(digits_cfg(make_run_config, "joint", rounds=1))
     sim, rows_g = run(fedgp_cfg(make_run_config, {"base": "joint", "rate": 0.0}, rounds=1))

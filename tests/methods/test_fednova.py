@@ -9,12 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import RunInfo, ServerContext, Upload
 from fedforget.methods.base import NoParams
-from fedforget.methods.fednova import FedNova, effective_steps
+from fedforget.methods.fednova import FedNova
+from fedforget.methods.shared import effective_steps
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 

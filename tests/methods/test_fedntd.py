@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, make_params
 from fedforget.methods.fedntd import FedNTD, not_true_logits, ntd_loss
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import run_method

@@ -13,19 +13,20 @@ import math
 import pytest
 import torch
 
-from fedforget.config import TrainSpec, parse_config
-from fedforget.distill import kd_loss
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, make_params
+from fedforget.methods.distill import kd_loss
 from fedforget.methods.feddf import PUBLIC_LOGITS, PUBLIC_X
 from fedforget.methods.fedproj import (
     PUBLIC_FEATURES,
     TEACHER,
     FedProj,
     memory_kl,
-    project,
     weight_divergence,
 )
+from fedforget.methods.shared import project
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, PUBLIC, run

@@ -22,6 +22,7 @@ from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, check_params, make_params
+from fedforget.methods.base import AFTER_TASK, TASK_END
 from fedforget.methods.fedprotip import (
     BASES,
     BLOCKS,
@@ -38,8 +39,7 @@ from fedforget.methods.fedprotip import (
     routed_scores,
     split_blocks,
 )
-from fedforget.methods.fot import state_mb
-from fedforget.methods.gpm import projected_layers
+from fedforget.methods.shared import projected_layers, state_mb
 from fedforget.models import TaskHeads, build_model
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
@@ -148,7 +148,7 @@ def test_aggregation_is_orthonormal_and_spans_the_union_in_client_order():
         {"l": [2]},
         1,
     )
-    m.server_task_end(server, {7: {"bases": {"l": clients[1]}}, 3: {"bases": {"l": clients[0]}}})
+    m.collect(TASK_END, server, {7: {"bases": {"l": clients[1]}}, 3: {"bases": {"l": clients[0]}}})
     phi = server.state[BASES]["l"]
     assert server.state[BLOCKS]["l"] == [2, 4]
     torch.testing.assert_close(phi.T @ phi, torch.eye(6), atol=1e-5, rtol=0)
@@ -203,7 +203,7 @@ def test_a_projected_round_keeps_first_layer_outputs_on_old_inputs(project):
     data = SimpleNamespace(sample=lambda m, g: (x_old[:m], None, None))
     m, ctx = client(model, {}, task=0, params={"threshold": 0.3, "samples": 64}, data=data)
     server = ServerContext(1, {}, model, CPU, None)
-    m.server_task_end(server, {0: m.client_task_end(ctx)})
+    m.collect(TASK_END, server, {0: m.reply(TASK_END, ctx)})
     conv = projected_layers(model)["body.0"]
     phi = server.state[BASES]["body.0"]
     assert 0 < phi.shape[1] < phi.shape[0]  # a proper subspace
@@ -238,13 +238,13 @@ def test_task_end_reports_bases_then_references_against_the_global_bases():
             model, method().broadcast(server), task=t, params={"samples": 64}, data=data
         )
         ctx.state = state
-        reports.append(m.client_task_end(ctx))
+        reports.append(m.reply(TASK_END, ctx))
         assert model.training  # the mode is restored
         assert "refs" not in reports[-1]
-        m.server_task_end(server, {0: reports[-1]})
+        m.collect(TASK_END, server, {0: reports[-1]})
         ctx.broadcast = m.broadcast(server)  # as the engine's after-task pass gives it
-        replies.append(m.client_after_task(ctx))
-        m.server_after_task(server, {0: replies[-1]})
+        replies.append(m.reply(AFTER_TASK, ctx))
+        m.collect(AFTER_TASK, server, {0: replies[-1]})
         assert server.state[REFS][0] is replies[-1]
         assert server.state[COMM][-1]["comm_refs_mb"] == sum(w.numel() * 4 for w in replies[-1].values()) / 1e6
     assert set(reports[0]["bases"]) == {*projected_layers(model), FEATURES}
@@ -349,7 +349,7 @@ def test_tip_needs_per_task_heads_and_tip_none_a_shared_one():
     assert method({"tip": "batch"}, scenario("per_task")).routes
     assert not method({}, scenario("shared", tasks=1)).routes  # one task: nothing to route
     # the same check when the config is validated, before any job
-    from fedforget.config import parse_config
+    from fedforget.parse import parse_config
 
     raw = {"experiments": [{
         "name": "e", "seeds": [0], "train": {"rounds": 3},

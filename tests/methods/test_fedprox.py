@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, FedAvg, RunInfo, check_params
 from fedforget.methods.base import NoParams
 from fedforget.methods.fedprox import FedProx
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from fedforget.config import parse_config
 from fedforget.methods import make_params
 from fedforget.methods.base import ClientContext, RunInfo
 from fedforget.methods.fedrcl import FedRCL, rcl_levels, rcl_terms, select_levels
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import run_method

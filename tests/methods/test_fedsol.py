@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, make_params
 from fedforget.methods.fedsol import FedSOL
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 CPU = torch.device("cpu")
@@ -296,7 +297,7 @@ def test_combined_base_direction_is_the_base_term_gradient(make_run_config, base
                  rounds=1, sample_rate=1.0)  # fmt: skip
     method = sim.method
     model = sim.model
-    sim.load_params(model, sim.global_params)
+    sim.trainer.load_params(model, sim.global_params)
     cid = 0
     state = sim.client_state[cid]
     ctx = ClientContext(cid, 2, model, torch.optim.SGD(model.parameters(), lr=0.1), sim.global_params,

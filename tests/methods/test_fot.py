@@ -24,7 +24,7 @@ from fedforget.methods.fot import (
     sketch_layers,
     sketch_width,
 )
-from fedforget.methods.gpm import projected_layers
+from fedforget.methods.shared import projected_layers
 from fedforget.models import build_model
 from fedforget.utils import FedForgetError, torch_seed
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
@@ -33,6 +33,7 @@ from fedforget.methods.glfc import (
 )  # fmt: skip
 from fedforget.methods.lga import LGA, RADIUS, adaptive_weights, augment_features, pooled_radius
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, checkpoint_keeper, digits_cfg, run, same, strip

@@ -13,15 +13,8 @@ from fedforget.activations import layer_inputs, weight_matrix
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, make_params
-from fedforget.methods.gpm import (
-    BASES,
-    GPM,
-    energy_rank,
-    gpm_update,
-    projected_layers,
-    representation_factors,
-    threshold_at,
-)
+from fedforget.methods.gpm import BASES, GPM, gpm_update, representation_factors
+from fedforget.methods.shared import energy_rank, projected_layers, threshold_at
 from fedforget.models import build_model
 from fedforget.utils import FedForgetError
 

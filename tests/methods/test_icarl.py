@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, check_params
+from fedforget.methods.base import ROUND_END, TASK_END
 from fedforget.methods.icarl import (
     FEATS,
     KEY,
@@ -30,6 +31,7 @@ from fedforget.methods.icarl import (
     reduce_exemplars,
 )
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, SPLIT, checkpoint_keeper, digits_cfg, run, same, strip
@@ -104,7 +106,7 @@ def test_task_ends_construct_then_reduce_and_report_feature_sums():
     model, state = identity_model(), {}
     x0 = torch.cat([line([0.0, 10.0, 4.0, 6.0, 5.5]), line([-1.0, -3.0, -2.0])])
     y0 = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
-    rep = method.client_task_end(context(model, state, task=0, data=View(x0, y0)))
+    rep = method.reply(TASK_END, context(model, state, task=0, data=View(x0, y0)))
     st = state[KEY]
     assert st["x"][:3, 0].tolist() == [5.5, 4.0, 6.0]  # class 0: herding order
     assert st["x"][3:, 0].tolist() == [-2.0, -1.0, -3.0]  # class 1: mean -2 first
@@ -114,7 +116,7 @@ def test_task_ends_construct_then_reduce_and_report_feature_sums():
     torch.testing.assert_close(rep["sums"][:2, 0], torch.tensor([15.5, -6.0]))
 
     x1, y1 = line([7.0, 9.0, 8.0]), torch.tensor([2, 2, 2])
-    rep = method.client_task_end(context(model, state, task=1, data=View(x1, y1)))
+    rep = method.reply(TASK_END, context(model, state, task=1, data=View(x1, y1)))
     st = state[KEY]
     assert st["x"][:, 0].tolist() == [5.5, 4.0, -2.0, -1.0, 8.0, 7.0]  # 7 and 9 tie: the lower row
     assert st["y"].tolist() == [0, 0, 1, 1, 2, 2] and st["task"].tolist() == [0, 0, 0, 0, 1, 1]
@@ -127,7 +129,7 @@ def test_normalised_features_enter_herding_and_the_sums():
     method = ICaRL(ICaRL.Params(buffer_size=4), info())
     state = {}
     x = torch.tensor([[3.0, 4.0], [6.0, 8.0], [0.0, 5.0], [1.0, 0.0]])
-    rep = method.client_task_end(
+    rep = method.reply(TASK_END,
         context(identity_model(), state, data=View(x, torch.zeros(4, dtype=torch.long)))
     )
     # phi = (.6,.8), (.6,.8), (0,1), (1,0); mean (.55,.65): (.6,.8) first (distance^2 .025)
@@ -389,16 +391,16 @@ def test_round_end_refreshes_the_means_on_the_new_model():
     model; its task end in the same round already did (no second message)."""
     method = ICaRL(ICaRL.Params(buffer_size=4, normalize=False), info())
     state, model = {}, identity_model()
-    method.client_task_end(
+    method.reply(TASK_END,
         context(model, state, rnd=3, data=View(line([1.0, 2.0]), torch.tensor([0, 1])))
     )
-    assert method.client_round_end(context(model, state, rnd=3)) is None
+    assert method.reply(ROUND_END, context(model, state, rnd=3)) is None
     model.body = nn.Linear(2, 2)  # the representation changed
     with torch.no_grad():
         model.body.weight.copy_(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
         model.body.bias.zero_()
-    rep = method.client_round_end(context(model, state, rnd=4))
+    rep = method.reply(ROUND_END, context(model, state, rnd=4))
     torch.testing.assert_close(rep["sums"][:2], torch.tensor([[2.0, 0.0], [4.0, 0.0]]))
     server = ServerContext(4, {}, model, CPU, None, {})
-    method.server_round_end(server, {1: rep})
+    method.collect(ROUND_END, server, {1: rep})
     assert server.state[FEATS][1]["round"] == 4

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, ServerContext, make_params
 from fedforget.methods.moon import (
     MOON,
@@ -19,6 +19,7 @@ from fedforget.methods.moon import (
     unflatten_state,
 )
 from fedforget.models import build_model
+from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import run_method

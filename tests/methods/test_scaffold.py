@@ -10,12 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from fedforget.config import TrainSpec, parse_config
+from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
-from fedforget.methods.fednova import effective_steps
 from fedforget.methods.scaffold import Scaffold
+from fedforget.methods.shared import effective_steps
 from fedforget.models import Classifier
+from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
@@ -151,8 +152,8 @@ def test_first_round_equals_fedavg(make_run_config):
     sc = Simulation(make_run_config(method="scaffold", **kw), device=CPU)
     sc.server.broadcast = sc.method.broadcast(sc.server)  # c = 0, as run_round would send
     for cid in range(4):  # with c = c_i = 0 the local updates are FedAvg's, bit for bit
-        up_avg, loss_avg, _ = avg.train_client(cid, 1, 0.1)
-        up_sc, loss_sc, _ = sc.train_client(cid, 1, 0.1)
+        up_avg, loss_avg, _ = avg.trainer.train_client(cid, 1, 0.1)
+        up_sc, loss_sc, _ = sc.trainer.train_client(cid, 1, 0.1)
         assert loss_avg == loss_sc
         for k in up_avg.params:
             assert torch.equal(up_avg.params[k], up_sc.params[k]), (cid, k)

@@ -19,11 +19,11 @@ from torch import nn
 
 from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
-from fedforget.distill import softened_kl
 from fedforget.engine import Simulation
 from fedforget.inputs import REPLAY_AUGMENT_STREAM, crop_flip
 from fedforget.methods import ClientContext, RunInfo, check_params, make_params
 from fedforget.methods.base import ServerContext, frozen_copy
+from fedforget.methods.distill import softened_kl
 from fedforget.methods.lander import (
     LANDER,
     LTE,

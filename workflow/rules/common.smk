@@ -18,7 +18,7 @@ from fedforget.provenance import module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
 # ----------------------------------------------------------------------------- config
-# validated (config.parse_config) with the training jobs' code digests, or both loaded from
+# validated (parse.parse_config) with the training jobs' code digests, or both loaded from
 # the cache of an earlier parse of the same config and package source (fedforget.parsecache:
 # a start without importing torch). A nested --config value (smoke={rounds: 3}) reaches us
 # with its scalars as strings: they get their YAML types first (config.typed_overrides).

@@ -44,10 +44,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, RunInfo, Upload, check_int, masked_logits
-from .fedproj import project
+from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
 from .registry import METHODS
 from .replay import Replay
+from .shared import check_int, project
 
 MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
 
@@ -55,6 +55,8 @@ MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
 @METHODS.register("agem")
 class AGEM(FedAvg):
     name = "agem"
+    stacked = False
+    own_upload = True
 
     @dataclass(frozen=True)
     class Params:

@@ -15,11 +15,11 @@ round 1: ``method.prepare_model(model)`` on each freshly built model, e.g. L2P's
         upload_k = method.client_end(ctx)                    # end of local training
     server.global_params = method.aggregate(server, uploads) # default: FedAvg, weighted by n_k
     method.after_aggregate(server, uploads)                  # e.g. distillation, FedDyn h
-    (a task's last round: the task-end hooks below)
-    if the method overrides client_round_end:                # a second message per round
+    (a task's last round: the task-end exchanges below)
+    if ROUND_END in method.exchanges:                        # a second message per round
         for each client k that trained this round:           # (FedGP's buffer gradients)
-            reply_k = method.client_round_end(ctx)           # ctx.model = new global model
-        method.server_round_end(server, {k: reply_k})        # before the next broadcast
+            reply_k = method.reply(ROUND_END, ctx)           # ctx.model = new global model
+        method.collect(ROUND_END, server, {k: reply_k})      # before the next broadcast
     metrics row += method.round_metrics(server)              # method diagnostics
     evaluation: method.predict(server, model, x, task)       # scores; default the logits
 
@@ -30,11 +30,15 @@ each round to the server's task and each (client, round) to the client's task::
     at a task's first round:  method.server_task_begin(server)            # server.task = t
     a client's first local training on its task t (ctx.task = t):
         method.client_task_begin(ctx)                        # before client_begin
-    after the task's last round (aggregated):
+    after the task's last round (aggregated), if TASK_END in method.exchanges:
         for every client with data in task t:
-            report_k = method.client_task_end(ctx)           # ctx.model = the task's final
+            report_k = method.reply(TASK_END, ctx)           # ctx.model = the task's final
                                                              # global model, ctx.data its data
-        method.server_task_end(server, {k: report_k})        # e.g. GPM/FOT bases
+        method.collect(TASK_END, server, {k: report_k})      # e.g. GPM/FOT bases
+        (AFTER_TASK: the same clients reply again on the new broadcast, then collect)
+
+An extra exchange is one generic message round, declared by name in ``exchanges``
+(``EXCHANGES`` below says when each runs); a method never needs a new hook pair for one.
 
 Clients trained together (``fedforget.vectorized``, the batched engine) run FedAvg's local
 step for all sampled clients at once. A method whose local-training change is a term added
@@ -70,17 +74,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..state import FedState, to_device  # noqa: F401 (to_device: re-exported)
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..clientdata import TaskView
-    from ..config import TrainSpec
     from ..data import PublicSet
     from ..data.scenario import Scenario
     from ..models import Classifier
+    from ..train_spec import TrainSpec
 
 Params = dict[str, torch.Tensor]
 # terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient additions by
 # name or None): FedAvg.stacked_step_terms
 StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None]]
+
+# The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
+# beside the upload, a client pass (``reply(exchange, ctx)``) then a server step
+# (``collect(exchange, server, replies)``). When each runs, and who replies on what:
+TASK_END = "task_end"  # after a task's last round: every client with data in the task, on
+#   the task's final global weights and its data of the task (asynchronous boundaries: a
+#   client that moves on replies then, on the weights it had); then collect, once per task
+AFTER_TASK = "after_task"  # after task_end's collect: the clients that replied to it, on the
+#   same weights and data, with the broadcast as task_end left the server (a second task-end
+#   message that needs what the server aggregated from the first: FedProTIP's references)
+ROUND_END = "round_end"  # after each round's aggregation (and task end): the clients that
+#   trained in it, on the NEW global weights and their data of the round (FedGP's buffer
+#   gradients, iCaRL's class means)
+EXCHANGES = (TASK_END, AFTER_TASK, ROUND_END)
 
 
 @dataclass
@@ -108,7 +128,7 @@ class ClientContext:
     scratch: dict[str, SimpleNamespace] = field(default_factory=dict)
     task: int = 0  # the client's current task (fedforget.data.scenario)
     # the client's training data of its current task (a ``TaskView``: len(), ``batch(pos)``,
-    # ``sample(m, generator)``, ``all()``), reachable in every hook, client_task_end included
+    # ``sample(m, generator)``, ``all()``), reachable in every hook, the task-end reply included
     data: TaskView | None = None
     # the classes the loss may score, for this step's rows: bool [B, C] (task-incremental
     # scenarios mask logits outside each row's task), None where every class counts
@@ -138,16 +158,64 @@ class Upload:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
 class ServerContext:
-    round: int
-    global_params: Params
-    model: Classifier  # a server-side model, for steps that need one (distillation)
-    device: torch.device
-    public: PublicSet | None
-    state: dict[str, Any] = field(default_factory=dict)
-    broadcast: dict[str, Any] = field(default_factory=dict)
-    task: int = 0  # the server's current task
+    """What a method sees of the server: the global weights, its own server state, the
+    round and the server's task (all four held by the run's ``FedState``, their one home,
+    so that what a method writes here is what is checkpointed), this round's ``broadcast``,
+    a server-side ``model`` for steps that need one (distillation), the device and the
+    public set. Built on the engine's ``FedState``, or on a fresh one (a method's test)."""
+
+    def __init__(
+        self,
+        round: int,
+        global_params: Params,
+        model: Classifier,
+        device: torch.device,
+        public: PublicSet | None,
+        state: dict[str, Any] | None = None,
+        broadcast: dict[str, Any] | None = None,
+        task: int = 0,
+        fed: FedState | None = None,
+    ) -> None:
+        if fed is None:
+            fed = FedState(global_params, {} if state is None else state, round=round, task=task, device=device)
+        self.fed = fed
+        self.model = model
+        self.device = device
+        self.public = public
+        self.broadcast: dict[str, Any] = {} if broadcast is None else broadcast
+
+    @property
+    def global_params(self) -> Params:
+        return self.fed.global_params
+
+    @global_params.setter
+    def global_params(self, value: Params) -> None:
+        self.fed.global_params = value
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.fed.server
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        self.fed.server = value
+
+    @property
+    def round(self) -> int:
+        return self.fed.round
+
+    @round.setter
+    def round(self, value: int) -> None:
+        self.fed.round = value
+
+    @property
+    def task(self) -> int:
+        return self.fed.task
+
+    @task.setter
+    def task(self, value: int) -> None:
+        self.fed.task = value
 
 
 @dataclass(frozen=True)
@@ -164,41 +232,10 @@ class RunInfo:
     class_names: tuple[str, ...] | None = None  # the dataset's class names (label texts: LANDER)
 
 
-def check_number(name: str, value: object, positive: bool = False) -> None:
-    """For ``Params.check()``: raise ValueError unless value is a finite real number >= 0
-    (> 0 if positive); bools are refused."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
-
-
-def check_int(name: str, value: object, low: int) -> None:
-    """For ``Params.check()``: raise ValueError unless value is an integer (not a bool)
-    >= low."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r}; allowed: an integer >= {low}")
-
-
 @dataclass
 class NoParams:
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is allowed."""
-
-
-def to_device(obj: Any, device: torch.device) -> Any:
-    """``obj`` with every tensor inside (dicts, lists, tuples) moved to ``device``; other
-    values unchanged. Tensors already there are returned as they are (no copy). Per-client
-    method state goes to host memory between a client's rounds this way on a GPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_device(v, device) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(to_device(v, device) for v in obj)
-    return obj
 
 
 def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -259,6 +296,17 @@ class FedAvg:
     needs_public: bool = False  # the experiment must declare a public set
     public_labels: bool = False  # the method may read the public set's labels
     sees_all_tasks: bool = False  # clients train on all tasks' data at once (the joint upper bound)
+    # the extra message rounds the method runs beside the upload (names from EXCHANGES): the
+    # engine runs these and only these, each a client pass (``reply``) and a server step
+    # (``collect``)
+    exchanges: tuple[str, ...] = ()
+    # what the trainers and the evaluator may assume, declared, never inferred from which
+    # hooks a method writes (tests/methods/test_protocol.py checks each against the code):
+    stacked: bool = True  # local training is FedAvg's SGD step plus ``stacked_step_terms``: the
+    #   stacked trainer may run it (False: a hook changes the step itself; sequential only)
+    step_terms: bool = False  # the method states per-step terms in ``stacked_step_terms``
+    own_upload: bool = False  # ``client_end`` differs from FedAvg's: run per client after a stacked pass
+    own_predict: bool = False  # ``predict`` differs from the model's logits
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         self.check_train(info.train, params)
@@ -314,21 +362,11 @@ class FedAvg:
     def server_task_begin(self, server: ServerContext) -> None:
         """Start of task ``server.task`` (before its first round's broadcast)."""
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
-        """End of task ``server.task``, after its last round's aggregation: ``reports`` maps
-        each client with data in the task to what its ``client_task_end`` returned (clients
-        that returned None are left out)."""
-
-    def server_after_task(self, server: ServerContext, replies: dict[int, Any]) -> None:
-        """After ``server_task_end``: ``replies`` maps each client that reported to it to
-        what its ``client_after_task`` returned on the server's new broadcast (None left
-        out). Runs only for methods that override ``client_after_task``."""
-
-    def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
-        """After a round's aggregation (and its task end, if it ends one): ``replies`` maps
-        each client that trained this round to what its ``client_round_end`` returned on the
-        new global model (clients that returned None are left out). Runs only for methods
-        that override ``client_round_end``."""
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+        """The server's step of the extra exchange ``exchange`` (one of the method's
+        ``exchanges``; ``EXCHANGES`` says when each runs): ``replies`` maps each client that
+        took part to what its ``reply`` returned (None left out). ``task_end`` runs once per
+        task even when no client replied."""
 
     def predict(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
@@ -360,39 +398,11 @@ class FedAvg:
         """The client's first local training on task ``ctx.task`` (before client_begin;
         ctx.model holds the global weights, ctx.data the task's data)."""
 
-    def client_task_end(self, ctx: ClientContext) -> Any:
-        """End of task ``ctx.task`` for a client with data in it: ctx.model holds the task's
-        final global model, ctx.data the client's data of the task, ctx.state its state.
-        Returns what the client sends to ``server_task_end`` (None: nothing). Runs for every
-        client with data in the task, sampled in its last round or not."""
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+        """A client's message in the extra exchange ``exchange`` (one of the method's
+        ``exchanges``; ``EXCHANGES`` says which clients reply, on which weights and data):
+        what goes to ``collect`` (None: nothing)."""
         return None
-
-    def client_round_end(self, ctx: ClientContext) -> Any:
-        """After the round's aggregation, for each client that trained in it: ctx.model holds
-        the NEW global weights (the client's copy: train or eval mode as the method sets it,
-        reloaded before the client trains again), ctx.data the client's data of the round,
-        ctx.state its state. Returns what the client sends to ``server_round_end`` (None:
-        nothing): a second upload per round, e.g. FedGP's buffer gradient. The engine skips
-        the pass for methods that do not override this hook."""
-        return None
-
-    def client_after_task(self, ctx: ClientContext) -> Any:
-        """After the server's task end, for each client that reported to it: ctx.broadcast
-        is ``broadcast(server)`` as the task end left the server (e.g. FedProTIP's
-        aggregated bases), ctx.model the task's final global weights, ctx.data the client's
-        data of the task (``ctx.task``). Returns what goes to ``server_after_task`` (None:
-        nothing): a second task-end message that needs what the server aggregated from the
-        first. The engine skips the pass for methods that do not override this hook."""
-        return None
-
-    def replies_after_task(self) -> bool:
-        """True if the engine must run the after-task pass (``client_after_task``)."""
-        return type(self).client_after_task is not FedAvg.client_after_task
-
-    def replies_each_round(self) -> bool:
-        """True if the engine must run the round-end pass (the method overrides
-        ``client_round_end``)."""
-        return type(self).client_round_end is not FedAvg.client_round_end
 
     def client_begin(self, ctx: ClientContext) -> None:
         """Start of local training (ctx.model holds the global weights)."""

@@ -104,18 +104,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..distill import (
-    DistillParams,
-    DistillStats,
-    check_temperature,
-    distill,
-    is_int,
-    public_logits,
-    require,
-)
+from ..schedule import sample_clients  # the engine's schedule: the round's sampled clients
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, FedAvg, ServerContext, Upload, check_number
+from .base import ClientContext, FedAvg, ServerContext, Upload
+from .distill import DistillParams, DistillStats, distill, public_logits
 from .registry import METHODS
+from .shared import check_number, check_temperature, is_int, require
 
 SPLIT_STREAM, ROLE_STREAM, REVIEW_STREAM, SERVER_STREAM = 0xCFE0, 0xCFE1, 0xCFE2, 0xCFE3
 TEACHER = "cfed_teacher"  # server.state / broadcast: w_{t-1}'s scores on the public set [N, C]
@@ -165,6 +159,8 @@ def reviewers(seed: int, rnd: int, sampled: Sequence[int], ratio: float) -> list
 @METHODS.register("cfed")
 class CFeD(FedAvg):
     name = "cfed"
+    stacked = False
+    own_upload = True
     needs_public = True
 
     @dataclass(frozen=True)
@@ -226,8 +222,6 @@ class CFeD(FedAvg):
         server.state[TEACHER] = z
 
     def broadcast(self, server: ServerContext) -> dict[str, Any]:
-        from ..engine import sample_clients  # the engine's schedule: the round's sampled clients
-
         teacher = server.state.get(TEACHER)
         review = []
         if teacher is not None:

@@ -54,9 +54,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, RunInfo, Upload, check_int, check_number, masked_logits
+from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
 from .registry import METHODS
 from .replay import Replay
+from .shared import check_int, check_number
 
 MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
 
@@ -64,6 +65,8 @@ MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
 @METHODS.register("der")
 class DER(FedAvg):
     name = "der"
+    stacked = False
+    own_upload = True
 
     @dataclass(frozen=True)
     class Params:

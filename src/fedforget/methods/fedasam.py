@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import check_number
 from .fedsam import NORM_GUARD, FedSAM, FedSAMParams
 from .registry import METHODS
+from .shared import check_number
 
 
 @dataclass

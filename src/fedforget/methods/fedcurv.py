@@ -66,11 +66,10 @@ from .base import (
     ServerContext,
     StepTerms,
     Upload,
-    check_int,
-    check_number,
     masked_logits,
 )
 from .registry import METHODS
+from .shared import check_int, check_number
 
 FISHER_STREAM = 0x83  # keyed randomness of the Fisher samples
 SUMS = "fedcurv_sums"  # server.state and broadcast key: (U, V, C) over all clients, flat
@@ -122,6 +121,8 @@ def fisher_diagonal(
 @METHODS.register("fedcurv")
 class FedCurv(FedAvg):
     name = "fedcurv"
+    step_terms = True
+    own_upload = True
 
     @dataclass(frozen=True)
     class Params:

@@ -10,13 +10,13 @@ Round t, with S_t the sampled clients and x_hat_t^k their weights after local tr
     x_{t+1} = x_{t,N}
 
 (Algorithm 1; d is a batch of the unlabelled public set, sigma the softmax). This module
-minimises T^2 * KL(sigma(teacher/T) || sigma(student/T)) (``fedforget.distill.kd_loss``),
+minimises T^2 * KL(sigma(teacher/T) || sigma(student/T)) (``fedforget.methods.distill.kd_loss``),
 which is the paper's loss at the default T = 1 (the FedDF code divides the logits by T but
 has no T^2 factor; the two agree at T = 1). The teacher is the *uniform* mean of the sampled clients' logits (``teacher_logits``), not weighted by n_k.
 Each client computes its local model's logits on the whole public set at the end of local
 training (eval mode, no grad) and uploads them with its weights (``Upload.extras``), so the
 server keeps no model copy per client; ``after_aggregate`` ensembles them and distils into
-the FedAvg average with ``fedforget.distill.distill`` (``server.model`` is the student;
+the FedAvg average with ``fedforget.methods.distill.distill`` (``server.model`` is the student;
 the result replaces ``server.global_params``).
 
 Hyperparameters (``Params``), from the paper's setup and its public code
@@ -48,21 +48,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distill import (
+from ..utils import FedForgetError, torch_seed
+from .base import ClientContext, FedAvg, ServerContext, Upload
+from .distill import (
     DISTILL_STREAM,
     BatchLoss,
     DistillParams,
     DistillStats,
     ExtraLoss,
     TeacherFn,
-    check_temperature,
     distill,
     public_logits,
-    require,
 )
-from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, FedAvg, ServerContext, Upload
 from .registry import METHODS
+from .shared import check_temperature, require
 
 PUBLIC_X = "public_x"  # broadcast key: the public inputs, for the clients' logits
 PUBLIC_LOGITS = "public_logits"  # upload key: a client's logits on the public set [N_pub, C]
@@ -72,6 +71,7 @@ TEACHER_ENSEMBLES = ("logits", "probs")
 @METHODS.register("feddf")
 class FedDF(FedAvg):
     name = "feddf"
+    own_upload = True
     needs_public = True
 
     @dataclass(frozen=True)

@@ -42,12 +42,12 @@ from .base import (
     ServerContext,
     StepTerms,
     Upload,
-    check_number,
     split_stacked,
     weighted_average,
 )
 from .base import Params as StateDict
 from .registry import METHODS
+from .shared import check_number
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -55,6 +55,8 @@ WEIGHTINGS = ("uniform", "samples")
 @METHODS.register("feddyn")
 class FedDyn(FedAvg):
     name = "feddyn"
+    step_terms = True
+    own_upload = True
 
     @dataclass(frozen=True)
     class Params:

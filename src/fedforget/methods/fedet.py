@@ -20,7 +20,7 @@ and the server model w (started from the FedAvg average) is trained on the publi
 The cross-entropy on the consensus pseudo-label transfers the confident majority; the KL
 term (the diversity regulariser, weight lambda) keeps some of the dissenting clients'
 knowledge. ``variance_weighted_consensus`` computes alpha, s_bar, y_hat, s_div; the loss is
-the ``batch_loss`` of ``fedforget.distill.distill``. Guards the paper need not state: if
+the ``batch_loss`` of ``fedforget.methods.distill.distill``. Guards the paper need not state: if
 every client's output is uniform (sum of variances 0) the weights are uniform; if every
 dissenting client is uniform, s_div is their plain mean; a sample without dissent has no
 diversity term (a 0/0 in the formula).
@@ -76,10 +76,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..distill import DistillParams, is_number, require
 from .base import ServerContext, Upload
+from .distill import DistillParams
 from .feddf import PUBLIC_LOGITS, FedDF
 from .registry import METHODS
+from .shared import is_number, require
 
 CONSENSUS_TARGETS = ("hard", "soft")
 

@@ -20,7 +20,7 @@ Each round, with the base method's training, server and state unchanged:
    first epoch of a task's first round). Over a base that keeps a replay buffer (A-GEM, DER:
    FedGP's Alg. 5-6 use one buffer M^k) FedGP reads that buffer and offers nothing itself;
    otherwise it keeps its own.
-3. After aggregation (the engine's round-end pass, ``client_round_end``) [P Alg. 1, 3; C
+3. After aggregation (the ROUND_END exchange: each client that trained replies) [P Alg. 1, 3; C
    ``GradER``]: each client that trained in the round computes its buffer gradient at the
    NEW global model, the mean cross-entropy on ``ref_batch_size`` (32) rows drawn uniformly
    without replacement from its buffer, in training mode [C]; replayed rows are scored with
@@ -66,19 +66,11 @@ import torch
 import torch.nn.functional as F
 
 from ..utils import FedForgetError, torch_seed
-from .base import (
-    ClientContext,
-    RunInfo,
-    ServerContext,
-    Upload,
-    check_int,
-    check_number,
-    masked_logits,
-)
-from .fedproj import project
+from .base import ROUND_END, ClientContext, RunInfo, ServerContext, Upload, masked_logits
 from .plugin import OverBase
 from .registry import METHODS
 from .replay import POLICIES, Replay, sample_generator
+from .shared import check_int, check_number, project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
 RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
@@ -148,7 +140,7 @@ def manipulate(
     """(g', applied, cos) for the flat vector made of ``g`` and ``g_ref`` (Table 7's
     manipulations, see the module docstring): ``applied`` (0-d bool) where the step
     qualifies (conflict, or always; g_ref != 0) and ``gate`` (the projection rate's draw)
-    allows it; cos = cos(g, g_ref) before. The projection is ``fedproj.project``."""
+    allows it; cos = cos(g, g_ref) before. The projection is ``shared.project``."""
     proj, applied, cos = project(g, g_ref, eps=EPS, norm_guard=0.0, always=always)
     if gate is not None:
         applied = applied & gate
@@ -173,6 +165,7 @@ def manipulate(
 @METHODS.register("fedgp")
 class FedGP(OverBase):
     name = "fedgp"
+    own_exchanges = (ROUND_END,)  # the buffer gradients g_ref^k after each aggregation
     Params = FedGPParams
 
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
@@ -193,10 +186,15 @@ class FedGP(OverBase):
             out[STATE_KEY] = g_ref
         return out
 
-    def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
-        """g_ref = mean of the clients' buffer gradients (None if no buffer had rows)."""
-        if self.base.replies_each_round():
-            self.base.server_round_end(server, {c: r[0] for c, r in replies.items() if r[0] is not None})
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+        """ROUND_END: g_ref = mean of the clients' buffer gradients (None if no buffer had
+        rows), after the base's own round-end step on its part of the replies. Any other
+        exchange is the base's."""
+        if exchange != ROUND_END:
+            self.base.collect(exchange, server, replies)
+            return
+        if ROUND_END in self.base.exchanges:
+            self.base.collect(ROUND_END, server, {c: r[0] for c, r in replies.items() if r[0] is not None})
         grads = [r[1] for r in replies.values() if r[1] is not None]
         server.state["fedgp_ref_clients"] = len(grads)
         if not grads:
@@ -288,10 +286,13 @@ class FedGP(OverBase):
             ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
         return up
 
-    def client_round_end(self, ctx: ClientContext) -> tuple[Any, dict[str, torch.Tensor] | None]:
-        """(the base's reply, g_ref^k): the mean CE gradient at the new global model on a
-        random batch of the client's buffer (Alg. 3); None while the buffer is empty."""
-        base_reply = self.base.client_round_end(ctx)
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+        """ROUND_END: (the base's reply, g_ref^k), g_ref^k the mean CE gradient at the new
+        global model on a random batch of the client's buffer (Alg. 3), None while the
+        buffer is empty. Any other exchange is the base's."""
+        if exchange != ROUND_END:
+            return self.base.reply(exchange, ctx)
+        base_reply = self.base.reply(ROUND_END, ctx) if ROUND_END in self.base.exchanges else None
         buf = self.replay.buffer
         if buf.size(ctx.state) == 0:
             return base_reply, None

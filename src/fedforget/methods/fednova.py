@@ -13,7 +13,7 @@ tau_i local steps, a_i = [1 - rho^tau, 1 - rho^(tau-1), ..., 1 - rho] / (1 - rho
 
     ||a_i||_1 = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho),   = tau_i for rho = 0
 
-(``effective_steps``). tau_i is the number of steps the client actually took (ctx.steps);
+(``shared.effective_steps``). tau_i is the number of steps the client actually took (ctx.steps);
 rho is read from the client's optimizer. Weight decay is part of the gradient and does not
 change a_i. With equal a_i for every client the update is (in exact arithmetic) FedAvg's
 sum_i p_i w_i.
@@ -32,33 +32,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..utils import FedForgetError
 from .base import ClientContext, FedAvg, NoParams, ServerContext, Upload, weighted_average
 from .base import Params as StateDict
 from .registry import METHODS
+from .shared import effective_steps, require_sgd
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..config import TrainSpec
-
-
-def effective_steps(tau: int, rho: float) -> float:
-    """||a||_1 for tau steps of SGD with heavy-ball momentum rho (tau for rho = 0)."""
-    if rho == 0:
-        return float(tau)
-    return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
-
-
-def require_sgd(method: str, train: TrainSpec, why: str) -> None:
-    name = train.optimizer.name
-    if name != "sgd":
-        raise FedForgetError(
-            f"method '{method}' needs train.optimizer.name='sgd' ({why}); got '{name}'"
-        )
+    from ..train_spec import TrainSpec
 
 
 @METHODS.register("fednova")
 class FedNova(FedAvg):
     name = "fednova"
+    own_upload = True
     Params = NoParams
 
     @classmethod

@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ClientContext, FedAvg, Upload, check_number, frozen_copy
+from .base import ClientContext, FedAvg, Upload, frozen_copy
 from .registry import METHODS
+from .shared import check_number
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -74,6 +75,8 @@ class FedNTD(FedAvg):
     """FedAvg whose local loss adds beta * tau^2 * KL over the not-true classes to the global model."""
 
     name = "fedntd"
+    stacked = False
+    own_upload = True
     Params = FedNTDParams
 
     def __init__(self, params: FedNTDParams, info) -> None:

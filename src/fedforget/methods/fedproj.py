@@ -25,7 +25,7 @@ the student starts at theta_avg and runs E_d epochs over the public set minimisi
     [+ gamma2 * mean_x ||h_student(x) - mean_k h_k(x)||^2]      (feature distillation, option)
 
 with Z_teacher = 1/|S_t| sum_k f(X; theta_k) (uniform, not n_k-weighted), through the shared
-``fedforget.distill.distill`` (as FedDF, which this class subclasses). The same ensemble
+``fedforget.methods.distill.distill`` (as FedDF, which this class subclasses). The same ensemble
 logits become next round's memory Z_server.
 
 Switches (``Params``) and their sources: [P] paper, [C] the authors' code (per METHODS.md),
@@ -88,19 +88,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..distill import (
-    DistillParams,
-    check_temperature,
-    is_int,
-    is_number,
-    public_logits,
-    require,
-    softened_kl,
-)
 from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, ServerContext, Upload
+from .distill import DistillParams, public_logits, softened_kl
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
 from .registry import METHODS
+from .shared import check_temperature, is_int, is_number, project, require
 
 MEMORY_STREAM, DROPOUT_STREAM = 0x60, 0x61  # keyed randomness: memory batches, dropout
 MEMORY_LOSSES = ("kl", "ce")
@@ -112,37 +105,6 @@ PUBLIC_FEATURES = "public_features"  # upload key (gamma2 > 0): penultimate feat
 def memory_kl(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """Eq. 3: batch mean of KL(softmax(teacher/T) || softmax(logits/T)), no T^2 factor."""
     return softened_kl(logits, teacher, temperature)
-
-
-def project(
-    g_new: Sequence[torch.Tensor],
-    g_glob: Sequence[torch.Tensor],
-    eps: float = 1e-8,
-    norm_guard: float = 1e-6,
-    coef_clamp: float = 0.0,
-    always: bool = False,
-) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Eq. 14 on the flat vector made of the tensors of ``g_new`` and ``g_glob``.
-
-    Returns (g_proj, projected, cos): g_proj = g_new - c * g_glob with
-    c = <g_new,g_glob>/(||g_glob||^2 + eps) (clamped to [-coef_clamp, coef_clamp] when > 0)
-    on conflict (<g_new,g_glob> < 0 and ||g_glob||^2 > norm_guard), else g_new unchanged;
-    ``always``: whenever ||g_glob||^2 > norm_guard, conflict or not (FedGP's "Always"
-    ablation, Table 7); ``projected`` a 0-d bool tensor, ``cos`` = cos(g_new, g_glob)
-    before projection (0 when a norm is 0). Tensor-only: no host sync. FedProj, A-GEM and
-    FedGP project with this one function."""
-    dot = sum((a * b).sum() for a, b in zip(g_new, g_glob))
-    gg = sum((b * b).sum() for b in g_glob)
-    nn_ = sum((a * a).sum() for a in g_new)
-    conflict = ((dot < 0) | always) & (gg > norm_guard)
-    coef = dot / (gg + eps)
-    if coef_clamp > 0:
-        coef = coef.clamp(-coef_clamp, coef_clamp)
-    coef = torch.where(conflict, coef, torch.zeros_like(coef))
-    out = [a - coef * b for a, b in zip(g_new, g_glob)]
-    denom = (nn_ * gg).sqrt()
-    cos = torch.where(denom > 0, dot / denom.clamp_min(1e-30), torch.zeros_like(dot))
-    return out, conflict, cos
 
 
 def weight_divergence(
@@ -157,6 +119,7 @@ def weight_divergence(
 @METHODS.register("fedproj")
 class FedProj(FedDF):
     name = "fedproj"
+    stacked = False
     needs_public = True
     public_labels = True  # only the memory_loss = ce variant reads them; dropped otherwise
 

@@ -6,11 +6,11 @@ as im2col columns, weights as [out, d_l]) and projection: ``fedforget.activation
 
 Training, task t = 0, 1, ... (Eq. 4-5) [P]: every local step, for every projected layer l,
 G_l <- G_l - G_l Phi_l Phi_l^T with Phi_l = Phi_l^(1:t-1) the GLOBAL bases of the earlier tasks
-(broadcast). Layers: every Linear / Conv outside per-task heads (``gpm.projected_layers``; the
+(broadcast). Layers: every Linear / Conv outside per-task heads (``shared.projected_layers``; the
 shared head too, FedProTIP(-t)); each per-task head trains on its task only, older ones are
 frozen by the engine. FedAvg aggregates.
 
-Core bases, client k at the end of task t (``client_task_end``, the task's final global model,
+Core bases, client k at the end of task t (the TASK_END reply, ``report_bases``: the task's final global model,
 eval mode) [P]: min(``samples``, n_k) inputs of its task data; of each layer's representation
 a_l [d_l, columns] m_s = ``samples`` columns drawn uniformly without replacement (all if fewer;
 512 [P App. D.2]); keyed (seed, task, client, 0x7A). a~ = a - Phi Phi^T a (Eq. 6); SVD a~ = U S V^T
@@ -18,7 +18,7 @@ a_l [d_l, columns] m_s = ``samples`` columns drawn uniformly without replacement
 ``threshold_step`` * t, at most 1; U_{l,k} = U[:, :r_l] (float32).
 - ``energy``: sigma [P, Eq. 8: sum of singular values of a~] | sigma2 [C, GPM's rule: total =
   ||a||_F^2 before Eq. 6, the energy already in span(Phi) counted: (||a||^2 - ||a~||^2 +
-  sum_{i<=r} s_i^2) / ||a||^2 >= eps, so r may be 0]. Smallest r for both (``gpm.energy_rank``;
+  sum_{i<=r} s_i^2) / ||a||^2 >= eps, so r may be 0]. Smallest r for both (``shared.energy_rank``;
   the code's first task keeps one fewer) [D].
 - ``threshold`` = 0.7, ``threshold_step`` = 0.001 [P Sec. 6, App. E.3]; the code's CIFAR-100
   config uses 0.775, App. D.1 uses 0.95 for a ResNet-18 trained from scratch.
@@ -28,7 +28,7 @@ a_l [d_l, columns] m_s = ``samples`` columns drawn uniformly without replacement
   denominator sums ALL singular values of a~, which a rank-q sketch with smaller q would truncate
   (r biased low). With q full, the result equals the exact SVD up to rounding; the saving the
   paper gets is the m_s-column sample, which both options share [D].
-Server (``server_task_end``, Eq. 9, App. C) [P]: per layer, clients in id order, each one's
+Server (the TASK_END collect, ``collect_bases``; Eq. 9, App. C) [P]: per layer, clients in id order, each one's
 residual U_k - P P^T U_k against P = [Phi^(1:t-1), Phi^(t) so far] (the old part only cleans
 rounding: U_k is orthogonal to it already), orthonormalised by an SVD that drops directions with
 singular value <= 1e-4 (already in the span up to float32 rounding of the clients' bases), then
@@ -53,7 +53,7 @@ the code's batch Frobenius norm ||A U U^T||_F computes up to sqrt(B) (it keeps r
 instead). Alg. 1 line 13: at each task end, after the server has aggregated the task's bases,
 the client recomputes omega_k^(tau) in R^(t+1) for every tau it had data in against the
 GLOBAL U_L^(1:t) [P Sec. 4.4: "the global task-specific core bases"; Alg. 1 writes the
-client's own U_k^(t)], in the engine's after-task pass (``client_after_task``: a second
+client's own U_k^(t)], in the AFTER_TASK exchange (``report_references``: a second
 task-end message, on the server's new broadcast); the server keeps each client's latest
 vectors, padding missing later entries with 0 [D].
 Test time (Eq. 11, ``route``): omega_hat^(t) = ||U_L^(t)T a_L^te|| over the learned tasks;
@@ -97,21 +97,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..activations import layer_dim, layer_inputs
-from ..distill import is_int, is_number, require
 from ..models import TaskHeads
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, masked_logits
-from .fot import MB, state_mb
-from .gpm import (
+from .base import (
+    AFTER_TASK,
+    TASK_END,
+    ClientContext,
+    FedAvg,
+    RunInfo,
+    ServerContext,
+    Upload,
+    masked_logits,
+)
+from .registry import METHODS
+from .shared import (
     CHUNK,
     REL_TOL,
     energy_rank,
+    float32_mb,
+    floor_unscored,
+    is_int,
+    is_number,
     project_step,
     projected_layers,
+    require,
+    state_mb,
     step_projection,
     threshold_at,
 )
-from .registry import METHODS
 
 SAMPLE_STREAM, SVD_STREAM = 0x7A, 0x7B  # keyed randomness: inputs and columns, SVD sketches
 FEATURES = "@features"  # the final layer's input a_L (TIP's subspaces); never a layer name
@@ -126,7 +139,6 @@ ENERGIES, SVDS, TIPS, BIAS = (
 )
 NITER = 2  # power iterations of the randomized SVD (torch.svd_lowrank's default)
 ORTH_TOL = 1e-4  # residual directions of unit columns below this are already in the span
-OUTSIDE_GAP = 30.0  # scores outside the routed task: its lowest logit minus this
 
 
 # ----------------------------------------------------------------------------- core bases
@@ -291,16 +303,14 @@ def route(z: torch.Tensor, blocks: Sequence[torch.Tensor], refs: dict[int, dict[
 
 def routed_scores(heads: TaskHeads, z: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
     """[B, C]: row i's logits from head task[i] on that task's classes, its lowest such logit
-    minus OUTSIDE_GAP elsewhere."""
+    minus ``shared.OUTSIDE_GAP`` elsewhere."""
     n = int(task.max()) + 1
     rows = torch.arange(len(z), device=z.device)
     logits = torch.stack([h(z) for h in heads.heads[:n]])[task, rows]
     mask = torch.zeros(n, heads.out_features, dtype=torch.bool, device=z.device)
     for t in range(n):
         mask[t, heads.task_classes[t]] = True
-    mask = mask[task]
-    floor = logits.masked_fill(~mask, float("inf")).amin(1, keepdim=True) - OUTSIDE_GAP
-    return torch.where(mask, logits, floor)
+    return floor_unscored(logits, mask[task])
 
 
 def split_blocks(
@@ -315,6 +325,9 @@ def split_blocks(
 @METHODS.register("fedprotip")
 class FedProTIP(FedAvg):
     name = "fedprotip"
+    stacked = False
+    own_predict = True
+    exchanges = (TASK_END, AFTER_TASK)  # core bases, then references against the global ones
 
     @dataclass(frozen=True)
     class Params:
@@ -374,7 +387,17 @@ class FedProTIP(FedAvg):
     def broadcast(self, server: ServerContext) -> dict[str, Any]:
         return {BASES: server.state.get(BASES, {}), BLOCKS: server.state.get(BLOCKS, {})}
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+        """TASK_END: the clients' core bases (``collect_bases``); AFTER_TASK: their
+        reference vectors (``collect_references``)."""
+        if exchange == TASK_END:
+            self.collect_bases(server, replies)
+        else:
+            self.collect_references(server, replies)
+
+    def collect_bases(self, server: ServerContext, reports: dict[int, Any]) -> None:
+        """Alg. 1: each layer's new global core basis from the clients' (``aggregate_bases``),
+        appended to the old ones; the task's communication and basis diagnostics."""
         st, order = server.state, sorted(reports)
         bases, blocks = dict(st.get(BASES, {})), {k: list(v) for k, v in st.get(BLOCKS, {}).items()}
         ended = st.get(ENDED, 0)
@@ -397,8 +420,8 @@ class FedProTIP(FedAvg):
         n = max(len(order), 1)
         comm = {
             "task": server.task, "reporting_clients": len(order), "comm_model_mb": state_mb(server.global_params),
-            "comm_bases_mb": sum(u.numel() * 4 for c in order for u in reports[c]["bases"].values()) / MB / n,
-            "comm_refs_mb": 0.0,  # server_after_task
+            "comm_bases_mb": float32_mb(u for c in order for u in reports[c]["bases"].values()) / n,
+            "comm_refs_mb": 0.0,  # collect_references
         }  # fmt: skip
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"]
         st.setdefault(COMM, []).append(comm)
@@ -410,12 +433,12 @@ class FedProTIP(FedAvg):
             "features_rank": float(bases[FEATURES].shape[1]) if FEATURES in bases else 0.0,
         }
 
-    def server_after_task(self, server: ServerContext, replies: dict[int, Any]) -> None:
+    def collect_references(self, server: ServerContext, replies: dict[int, Any]) -> None:
         """Each client's latest reference vectors (Eq. 10, against the global bases)."""
         st = server.state
         refs = st.setdefault(REFS, {})
         refs.update({c: replies[c] for c in sorted(replies)})
-        mb = sum(w.numel() * 4 for r in replies.values() for w in r.values()) / MB / max(len(replies), 1)
+        mb = float32_mb(w for r in replies.values() for w in r.values()) / max(len(replies), 1)
         comm = st[COMM][-1]
         comm["comm_refs_mb"] = mb
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"] + mb
@@ -500,7 +523,14 @@ class FedProTIP(FedAvg):
         s = self.scratch(ctx)
         project_step(s.pairs, s.frozen)  # G - G Phi Phi^T
 
-    def client_task_end(self, ctx: ClientContext) -> Any:
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+        """TASK_END: the client's core bases (``report_bases``); AFTER_TASK: its reference
+        vectors against the new global bases (``report_references``)."""
+        return self.report_bases(ctx) if exchange == TASK_END else self.report_references(ctx)
+
+    def report_bases(self, ctx: ClientContext) -> Any:
+        """Alg. 1 lines 9-11: each layer's core basis of the client's task representations
+        beyond the global bases it received, and (TIP) the summary C_tau of its features."""
         seed, t, k = self.info.seed, ctx.task, ctx.cid
         gen = torch.Generator().manual_seed(torch_seed(seed, t, k, SAMPLE_STREAM))
         x, _, _ = ctx.data.sample(self.p.samples, gen)
@@ -514,12 +544,12 @@ class FedProTIP(FedAvg):
         for i, (name, a) in enumerate(reps.items()):
             g = torch.Generator().manual_seed(torch_seed(seed, t, k, SVD_STREAM, i))
             out[name] = core_bases(a, bases.get(name), eps, self.p.energy, self.p.svd, g)
-        if z is not None:  # a_L^(t) for the references (client_after_task)
+        if z is not None:  # a_L^(t) for the references (report_references)
             z = z.double()
             ctx.state.setdefault(SUMMARY, {})[t] = (z.T @ z / len(z)).float()
         return {"bases": out}
 
-    def client_after_task(self, ctx: ClientContext) -> Any:
+    def report_references(self, ctx: ClientContext) -> Any:
         """Alg. 1 line 13, Eq. 10: omega_k^(tau) in R^(t+1) of every task tau the client had
         data in, against the GLOBAL U_L^(1:t) the server has just aggregated (Sec. 4.4: "the
         global task-specific core bases") [P]."""

@@ -26,13 +26,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, StepTerms, Upload, check_number
+from .base import ClientContext, FedAvg, StepTerms, Upload
 from .registry import METHODS
+from .shared import check_number
 
 
 @METHODS.register("fedprox")
 class FedProx(FedAvg):
     name = "fedprox"
+    step_terms = True
+    own_upload = True
 
     @dataclass(frozen=True)
     class Params:

@@ -98,8 +98,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, Upload, check_number
+from .base import ClientContext, FedAvg, Upload
 from .registry import METHODS
+from .shared import check_number
 
 PAIRS = ("all", "topk")
 TOPK_NEG = 2  # released config: two hardest other-label samples per anchor in L_SCL
@@ -203,6 +204,8 @@ class FedRCL(FedAvg):
     """FedAvg whose local loss adds weight * (level mean of L_SCL + beta * L_DIV)."""
 
     name = "fedrcl"
+    stacked = False
+    own_upload = True
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:

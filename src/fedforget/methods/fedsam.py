@@ -48,8 +48,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, Upload, check_number
+from .base import ClientContext, FedAvg, Upload
 from .registry import METHODS
+from .shared import check_number
 
 # below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
 NORM_GUARD = 1e-12
@@ -68,6 +69,8 @@ class FedSAM(FedAvg):
     """FedAvg with SAM local steps: eps* = rho * g / ||g||, step with grad L_k(w + eps*)."""
 
     name = "fedsam"
+    stacked = False
+    own_upload = True
     Params = FedSAMParams
 
     @torch.no_grad()

@@ -107,9 +107,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import ClientContext, Upload, check_number, frozen_copy
+from .base import ClientContext, Upload, frozen_copy
 from .plugin import OverBase
 from .registry import METHODS
+from .shared import check_number
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")

@@ -36,7 +36,7 @@ authors' code, [D] our decision):
   last round sketch their *local* models right after local training (FedGP App. A.6: "the
   activations of each local model"; the code's ``FedAVGTrainer.train`` with task_end), and
   that round's aggregation still uses the old bases. global: every client with data in the
-  task sketches the task's final *global* model after aggregation (``client_task_end``).
+  task sketches the task's final *global* model after aggregation (the TASK_END exchange).
 - ``residual_ratio``: energy [D] | norm [C]. energy: rho_k = ||R_k||_F^2 / ||A_k||_F^2, which
   makes eps' exactly GPM's energy criterion; the code sends the unsquared ratio of norms.
 - Where the old bases already capture eps (eps' <= 0) no direction is added [D] (GPM's rule);
@@ -68,20 +68,24 @@ import torch
 from torch import nn
 
 from ..activations import layer_dim, layer_inputs, project_out
-from ..distill import is_int, is_number, require
 from ..utils import torch_seed
-from .base import ClientContext, FedAvg, ServerContext, Upload
+from .base import TASK_END, ClientContext, FedAvg, ServerContext, Upload
 from .base import Params as StateDict
-from .gpm import (
+from .registry import METHODS
+from .shared import (
     CHUNK,
     energy_rank,
     extend_basis,
+    float32_mb,
+    is_int,
+    is_number,
     left_singular,
     one_d_params,
     projected_layers,
+    require,
+    state_mb,
     threshold_at,
 )
-from .registry import METHODS
 
 SAMPLE_STREAM, SKETCH_STREAM = 0x71, 0x72  # keyed randomness: samples, Gaussian sketches
 BASES = "fot_bases"  # server.state and broadcast: {layer: U [d_l, r_l]}
@@ -92,7 +96,6 @@ SKETCH_MODELS = ("local", "global")
 RATIOS = ("energy", "norm")
 BIAS = ("free", "freeze")
 BLOCK = 1 << 22  # Gaussian entries drawn at once (columns x s_l)
-MB = 1e6
 
 
 class Sketcher:
@@ -136,17 +139,11 @@ def fot_expand(
     return extend_basis(None if basis is None else basis.double(), u[:, :r]).float()
 
 
-def state_mb(params: StateDict) -> float:
-    """Megabytes of the floating tensors of a state dict (one model upload)."""
-    return (
-        sum(v.numel() * v.element_size() for v in params.values() if torch.is_floating_point(v))
-        / MB
-    )
-
-
 @METHODS.register("fot")
 class FOT(FedAvg):
     name = "fot"
+    own_upload = True
+    exchanges = (TASK_END,)
 
     @dataclass(frozen=True)
     class Params:
@@ -209,21 +206,21 @@ class FOT(FedAvg):
 
     def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         pending = {u.cid: u.extras[SKETCH] for u in uploads if SKETCH in u.extras}
-        if pending:  # sketch_model local: consumed by this round's server_task_end
+        if pending:  # sketch_model local: consumed by this round's TASK_END collect
             server.state[PENDING] = pending
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         if self.p.sketch_model == "local":
-            reports = server.state.pop(PENDING, {})
-        if not reports:
+            replies = server.state.pop(PENDING, {})
+        if not replies:
             return
-        order = sorted(reports)
-        n = torch.tensor([float(reports[c]["n"]) for c in order], dtype=torch.float64)
+        order = sorted(replies)
+        n = torch.tensor([float(replies[c]["n"]) for c in order], dtype=torch.float64)
         w = (n / n.sum()).tolist()
         eps = threshold_at(self.p.threshold, self.p.threshold_step, server.task)
         bases = dict(server.state.get(BASES, {}))
-        for name in reports[order[0]]["layers"]:
-            parts = [reports[c]["layers"][name] for c in order]
+        for name in replies[order[0]]["layers"]:
+            parts = [replies[c]["layers"][name] for c in order]
             y = torch.zeros(parts[0]["y"].shape, dtype=torch.float64, device=server.device)
             for p in parts:  # secure aggregation: the server sees the clients' sum only
                 y += p["y"].to(server.device, torch.float64)
@@ -232,12 +229,12 @@ class FOT(FedAvg):
             if new is not None:
                 bases[name] = new
         server.state[BASES] = bases
-        first = reports[order[0]]["layers"]
+        first = replies[order[0]]["layers"]
         comm = {
             "task": server.task,
             "sketch_clients": len(order),
             "comm_model_mb": state_mb(server.global_params),
-            "comm_sketch_mb": sum(p["y"].numel() * 4 for p in first.values()) / MB,  # float32
+            "comm_sketch_mb": float32_mb(p["y"] for p in first.values()),
         }
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_sketch_mb"]
         server.state.setdefault(COMM, []).append(comm)
@@ -263,7 +260,7 @@ class FOT(FedAvg):
             up.extras[SKETCH] = self.client_sketch(ctx)  # on the local model just trained
         return up
 
-    def client_task_end(self, ctx: ClientContext) -> Any:
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
         if self.p.sketch_model == "global":
             return self.client_sketch(ctx)  # on the task's final global model
         return None

@@ -9,7 +9,7 @@ code except where a difference is stated). LGA (``lga.py``) extends it.
 Client k, task t (classes Y^t new, the classes of the tasks before t old, C^p of them):
 
 1. Exemplar memory [P, C ``_construct_exemplar_set``]: at the end of each task
-   (``client_task_end``: the task's final global model, its data) the client keeps, for
+   (the TASK_END reply: the task's final global model, its data) the client keeps, for
    every class it learned, m = floor(memory_size / #classes it has learned) exemplars
    chosen by iCaRL herding on L2-normalised features (greedy: the k-th exemplar brings the
    mean of the first k closest to the class mean); older classes keep the first m of their
@@ -44,7 +44,7 @@ Client k, task t (classes Y^t new, the classes of the tasks before t old, C^p of
    the seen classes (unseen ones at the row's lowest seen logit - 30, finite) [C].
 4. Task transitions [D]: the code's clients detect a new task themselves (mean prediction
    entropy of the global model on their data rising by > 1.2); here the engine's task hooks
-   tell clients the boundaries (client_task_begin / client_task_end), so no detection runs.
+   tell clients the boundaries (client_task_begin, the TASK_END exchange), so no detection runs.
 5. Proxy server S_P [P; C ProxyServer.py]:
    - In the first round of each task (when the code's clients detect it), every client
      that trains sends, after local training and for each class of its task data, the
@@ -108,10 +108,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.scenario import DOMAIN_KINDS
-from ..distill import is_int, is_number, require
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_copy
+from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_copy
 from .registry import METHODS
+from .shared import floor_unscored, group_normalise, head_scores, is_int, is_number, require
 
 MEMORY_STREAM, ENCODER_STREAM, RECON_STREAM = 0xC1, 0xC2, 0xC3  # keyed randomness
 KEY = "glfc"  # ctx.state: the exemplar memory
@@ -119,29 +119,9 @@ OLD, BEST, BEST_ACC, MONITOR = "glfc_old", "glfc_best", "glfc_best_acc", "glfc_m
 PROTO = "glfc_proto"  # Upload.extras: the perturbed prototype gradients
 LOSSES = ("softmax", "sigmoid")
 PERTURB_WD = 1e-5  # [C] weight decay of the prototype perturbation
-OUTSIDE_GAP = 30.0  # predict: unseen classes at the row's lowest seen logit minus this
 
 
 # ----------------------------------------------------------------------------- scoring
-def head_scores(
-    model: nn.Module, z: torch.Tensor, row_task: torch.Tensor, top: int, masked: bool
-) -> torch.Tensor:
-    """Logits [N, C] of features ``z``: the shared head, or with per-task heads (up to head
-    ``top``) each class's newest head (class-IL) or each row's own task head (task-IL)."""
-    heads = getattr(model.head, "heads", None)
-    if heads is None:
-        return model.head(z)
-    outs = torch.stack([h(z) for h in heads[: top + 1]])  # [T', N, C]
-    rows = torch.arange(len(z), device=z.device)
-    if masked:
-        return outs[row_task.clamp(max=top), rows]
-    owner = torch.full((outs.shape[2],), top, dtype=torch.long)
-    for t in range(top + 1):
-        owner[model.head.task_classes[t]] = t
-    cls = torch.arange(outs.shape[2], device=z.device)
-    return outs[owner.to(z.device), :, cls].T
-
-
 def class_scores(
     model: nn.Module, x: torch.Tensor, row_task: torch.Tensor, top: int, masked: bool
 ) -> torch.Tensor:
@@ -159,17 +139,6 @@ def true_class_gap(
     else:
         p = torch.softmax(z.masked_fill(~allowed, float("-inf")), 1).gather(1, y[:, None])[:, 0]
     return (p - 1).abs()
-
-
-def group_normalise(g: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.Tensor:
-    """sum over groups (bool [N] masks) of g / mean(g over the group) on its rows [D: 0 for
-    a group whose mean is 0, where the code divides by zero]."""
-    w = torch.zeros_like(g)
-    for m in groups:
-        if bool(m.any()):
-            mean = (g * m).sum() / m.sum()
-            w = w + torch.where(m, g / mean.clamp_min(1e-12), torch.zeros_like(g))
-    return w
 
 
 def compensation_weights(g: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -369,6 +338,10 @@ class GLFCParams:
 @METHODS.register("glfc")
 class GLFC(FedAvg):
     name = "glfc"
+    stacked = False
+    own_upload = True
+    own_predict = True
+    exchanges = (TASK_END,)
     Params = GLFCParams
     report_w_old = False  # the mean weight of old rows is 1 by construction in GLFC
 
@@ -512,9 +485,7 @@ class GLFC(FedAvg):
         """The logits over the classes seen so far [C]; the others at the row's lowest seen
         logit - 30 (finite)."""
         z = model.logits(x, task)  # type: ignore[operator]
-        seen = self.seen[min(server.task, self.tasks - 1)]
-        floor = z.masked_fill(~seen, float("inf")).amin(1, keepdim=True) - OUTSIDE_GAP
-        return torch.where(seen, z, floor)
+        return floor_unscored(z, self.seen[min(server.task, self.tasks - 1)])
 
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
@@ -631,7 +602,7 @@ class GLFC(FedAvg):
         grads = [encoder_gradient(enc, xp[i : i + 1], yp[i : i + 1]) for i in range(len(yp))]
         return grads, tuple(int(v) for v in x.shape[1:])
 
-    def client_task_end(self, ctx: ClientContext) -> Any:
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
         """The exemplar memory after task ``ctx.task`` (its final global model) [P, C]."""
         self.update_memory(ctx)
         return None

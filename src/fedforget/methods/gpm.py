@@ -22,7 +22,7 @@ Federated, which memory: ``memory``
   samples of each task it had data in, and projects its own steps with it; FedAvg aggregates.
   This is the paper's "CL solution applied to clients"; it does not say which model the
   client's representation comes from: the task's final global model [D] (what a client holds
-  after the last round; ``client_task_end``).
+  after the last round; the TASK_END exchange).
 - ``global`` [D]: the clients' representations of the task are pooled on the server, which
   runs the memory update on their concatenation (GPM on the union of the clients' samples)
   and broadcasts the memory; every client projects with it. A client sends a factor F_k of
@@ -67,61 +67,33 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..activations import Projector, find_layers, layer_dim, layer_inputs
-from ..distill import is_int, is_number, require
-from ..models import TaskHeads
+from ..activations import layer_dim, layer_inputs
 from ..utils import torch_seed
-from .base import ClientContext, FedAvg, ServerContext
+from .base import TASK_END, ClientContext, FedAvg, ServerContext
 from .registry import METHODS
+from .shared import (
+    CHUNK,
+    REL_TOL,
+    energy_rank,
+    extend_basis,
+    is_int,
+    is_number,
+    left_singular,
+    project_step,
+    projected_layers,
+    require,
+    step_projection,
+    threshold_at,
+)
 
 SAMPLE_STREAM = 0x70  # keyed randomness: the representation samples
 BASES = "gpm_bases"  # server.state / broadcast (global) or ctx.state (local): {layer: M [d_l, r]}
 MEMORIES = ("local", "global")
 BIAS = ("freeze", "free")
-CHUNK = 32  # samples per forward pass when collecting representations
-REL_TOL = 1e-12  # directions with s^2 <= REL_TOL * total are numerical zeros, never kept
 
 
 # ----------------------------------------------------------------------------- GPM's rule
-
-
-def threshold_at(base: float, step: float, task: int) -> float:
-    """eps after task ``task`` (0-based): base + step * task, at most 1."""
-    return min(1.0, base + step * task)
-
-
-def energy_rank(sq_sigma: torch.Tensor, total: float, captured: float, threshold: float) -> int:
-    """The smallest r >= 0 with captured + sum_{i<r} sq_sigma[i] / total >= threshold
-    (``sq_sigma`` descending; GPM Eq. 5 / Eq. 9). Directions with sq_sigma <= REL_TOL * total
-    are not counted: when they would be needed, every non-zero direction is kept."""
-    if captured >= threshold or total <= 0:
-        return 0
-    keep = sq_sigma[sq_sigma > REL_TOL * total].double()
-    reached = (captured + torch.cumsum(keep, 0) / total) >= threshold
-    hit = torch.nonzero(reached)
-    return int(hit[0]) + 1 if len(hit) else len(keep)
-
-
-def left_singular(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(U [d, k], s^2 [k] descending) of ``a`` [d, n] (float64): an SVD when n < d, else an
-    eigendecomposition of a a^T (the same U and s^2, d x d work)."""
-    d, n = a.shape
-    if n < d:
-        u, s, _ = torch.linalg.svd(a, full_matrices=False)
-        return u, s * s
-    lam, vec = torch.linalg.eigh(a @ a.T)
-    return vec.flip(1), lam.flip(0).clamp_min(0)
-
-
-def extend_basis(basis: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """[basis, new] with orthonormal columns (float64): ``new`` is made orthogonal to
-    ``basis`` again and orthonormalised (QR), a numerical clean-up only (in exact arithmetic
-    it already is orthonormal and orthogonal to the basis)."""
-    if basis is not None:
-        new = new - basis @ (basis.T @ new)
-    q, r = torch.linalg.qr(new)
-    q = q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q)  # keep each column's sign
-    return q if basis is None else torch.cat([basis, q], 1)
+# (threshold_at, energy_rank, left_singular, extend_basis: ``shared``, with FOT and FedProTIP)
 
 
 def gpm_update(
@@ -146,43 +118,6 @@ def gpm_update(
 
 
 # ----------------------------------------------------------------------------- representations
-
-
-def projected_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """The layers GPM / FOT project: every Linear and convolution outside per-task heads."""
-    return find_layers(model, skip=(TaskHeads,))
-
-
-def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """(name, parameter) of every 1-D floating parameter outside the per-task heads (biases,
-    norm affines): what ``bias: freeze`` holds fixed once a memory exists."""
-    heads = {f"{n}." for n, m in model.named_modules() if isinstance(m, TaskHeads)}
-    return [
-        (n, p) for n, p in model.named_parameters()
-        if p.dim() == 1 and p.is_floating_point() and not any(n.startswith(h) for h in heads)
-    ]  # fmt: skip
-
-
-def step_projection(model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool) -> tuple[list, list]:
-    """(pairs, frozen) for ``project_step``: each projected layer's weight with a ``Projector``
-    of its basis (layers with a non-empty one), and the 1-D parameters held fixed once bases
-    exist (``freeze_bias``)."""
-    layers = projected_layers(model)
-    pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items() if n in layers and u.shape[1]]
-    frozen = [p for _, p in one_d_params(model)] if bases and freeze_bias else []
-    return pairs, frozen
-
-
-def project_step(pairs: list, frozen: list) -> None:
-    """After the backward pass: G <- G - G U U^T for each (weight, projector) of ``pairs``;
-    the ``frozen`` parameters lose their gradient (the optimizer skips them: no decay, no
-    momentum)."""
-    with torch.no_grad():
-        for w, project in pairs:
-            if w.grad is not None:
-                w.grad.copy_(project(w.grad))
-    for p in frozen:
-        p.grad = None
 
 
 def gram_factor(gram: torch.Tensor) -> torch.Tensor:
@@ -225,6 +160,8 @@ def representation_factors(
 @METHODS.register("gpm")
 class GPM(FedAvg):
     name = "gpm"
+    stacked = False
+    exchanges = (TASK_END,)
 
     @dataclass(frozen=True)
     class Params:
@@ -258,12 +195,12 @@ class GPM(FedAvg):
             return {BASES: server.state.get(BASES, {})}
         return {}
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
-        if not reports:
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+        if not replies:
             return
         if self.p.memory == "local":  # each client updated its own memory: diagnostics only
-            fills = [r["fill"] for r in reports.values()]
-            ranks = [r["rank"] for r in reports.values()]
+            fills = [r["fill"] for r in replies.values()]
+            ranks = [r["rank"] for r in replies.values()]
             server.state["gpm_task_end"] = {
                 "basis_fill": sum(fills) / len(fills),
                 "basis_rank": sum(ranks) / len(ranks),
@@ -271,9 +208,9 @@ class GPM(FedAvg):
             return
         bases = dict(server.state.get(BASES, {}))
         eps = threshold_at(self.p.threshold, self.p.threshold_step, server.task)
-        order = sorted(reports)
-        for name in reports[order[0]]:
-            pooled = torch.cat([reports[c][name].to(server.device) for c in order], 1)
+        order = sorted(replies)
+        for name in replies[order[0]]:
+            pooled = torch.cat([replies[c][name].to(server.device) for c in order], 1)
             new = gpm_update(bases.get(name), pooled, eps)
             if new is not None:
                 bases[name] = new
@@ -307,7 +244,7 @@ class GPM(FedAvg):
         s = self.scratch(ctx)
         project_step(s.pairs, s.frozen)  # G - G M M^T
 
-    def client_task_end(self, ctx: ClientContext) -> Any:
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
         gen = torch.Generator().manual_seed(
             torch_seed(self.info.seed, ctx.task, ctx.cid, SAMPLE_STREAM)
         )

@@ -5,7 +5,7 @@ its continual baselines on the Mammoth library: its ``models/icarl.py`` is the [
 here (read, not run). Symbols as in the iCaRL paper; tags: [P] paper, [C] Mammoth's code,
 [D] our decision.
 
-Exemplars, client k, at the end of each task t (``client_task_end``: the task's final global
+Exemplars, client k, at the end of each task t (the TASK_END reply: the task's final global
 model, eval mode, and the client's data of the task) [P Alg. 2]:
 - the client's memory holds at most K = ``buffer_size`` rows; m = floor(K / s) per class,
   s = the number of classes the client has had data of so far [P: m = K / t; floor: C].
@@ -62,7 +62,7 @@ without a mean scores the row's lowest score minus 30 (finite, for the evaluator
 How the means reach the server [D]: a client sends, per class, the sum of phi over its
 exemplars and their count, computed on the current global model: at each task end (every
 client with data in the task, after updating its exemplars) and after each round's
-aggregation (each client that trained: ``client_round_end``), so the means follow the
+aggregation (each client that trained: the ROUND_END reply), so the means follow the
 representation, as the paper's prototypes do (Sec. 2.1: computed from the exemplars with the
 current features; Mammoth recomputes them at each evaluation). The server keeps each client's latest report with its
 round; mu_y = sum of the sums / sum of the counts over the clients whose report for y is the
@@ -116,26 +116,27 @@ from ..data.scenario import DOMAIN_KINDS
 from ..models import TaskHeads
 from ..utils import FedForgetError, torch_seed
 from .base import (
+    ROUND_END,
+    TASK_END,
     ClientContext,
     FedAvg,
     RunInfo,
     ServerContext,
     Upload,
-    check_int,
     frozen_copy,
     masked_logits,
 )
 from .registry import METHODS
 from .replay import Replay, Reservoir
+from .shared import check_int, floor_unscored
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..config import TrainSpec
+    from ..train_spec import TrainSpec
 
 EXEMPLAR_STREAM = 0x1CA0  # keyed randomness: the order exemplars join the steps of an epoch
 KEY = "icarl"  # ctx.state: the exemplar store
 PREV, FEATS = "icarl_prev", "icarl_feats"  # server.state: previous model, clients' feature sums
 ROWS = ("x", "y", "task", "rank")  # the store's per-row tensors
-OUTSIDE_GAP = 30.0  # a class without a mean scores the row's lowest score minus this
 CHUNK = 512  # rows per forward when embedding a task's data
 REDUCTIONS = ("mean", "sum")
 
@@ -200,12 +201,10 @@ def class_scores(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
 
 def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
     """[B, C]: -||z_i - mu_c||^2 for the classes with a mean (bool ``known`` [C]), the row's
-    lowest such score minus OUTSIDE_GAP for the others."""
+    lowest such score minus ``shared.OUTSIDE_GAP`` for the others."""
     means = means.to(z.dtype)
     d = z.pow(2).sum(1, keepdim=True) + means.pow(2).sum(1).unsqueeze(0) - 2.0 * z @ means.T
-    scores = -d
-    floor = scores.masked_fill(~known, math.inf).amin(1, keepdim=True) - OUTSIDE_GAP
-    return torch.where(known.unsqueeze(0), scores, floor)
+    return floor_unscored(-d, known)
 
 
 def class_means(
@@ -271,6 +270,10 @@ class ExemplarView(Reservoir):
 @METHODS.register("icarl")
 class ICaRL(FedAvg):
     name = "icarl"
+    stacked = False
+    own_upload = True
+    own_predict = True
+    exchanges = (TASK_END, ROUND_END)  # exemplars at a task end, class means each round
 
     @dataclass(frozen=True)
     class Params:
@@ -367,13 +370,12 @@ class ICaRL(FedAvg):
         for cid in sorted(reports):
             entries[cid] = {**reports[cid], "round": server.round}
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
-        """The task's final global model becomes the previous model; the clients' feature
-        sums (on it, after their exemplar update) replace their older ones."""
-        server.state[PREV] = {k: v.detach().clone() for k, v in server.global_params.items()}
-        self.keep_reports(server, reports)
-
-    def server_round_end(self, server: ServerContext, replies: dict[int, Any]) -> None:
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+        """TASK_END: the task's final global model becomes the previous model; both
+        exchanges: the clients' feature sums (on the global model, after an exemplar update)
+        replace their older ones."""
+        if exchange == TASK_END:
+            server.state[PREV] = {k: v.detach().clone() for k, v in server.global_params.items()}
         self.keep_reports(server, replies)
 
     def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
@@ -463,7 +465,18 @@ class ICaRL(FedAvg):
         ctx.stats["exemplars"] = float(len(st["y"])) if st is not None else 0.0
         return up
 
-    def client_task_end(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+    def reply(self, exchange: str, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
+        """TASK_END: the exemplar update (``update_exemplars``); ROUND_END: the feature sums
+        of the client's exemplars on the new global model (None before its first task end,
+        or where its task end already sent them this round)."""
+        if exchange == TASK_END:
+            return self.update_exemplars(ctx)
+        st = ctx.state.get(KEY)
+        if st is None or st.get("refreshed") == ctx.round:
+            return None
+        return self.feature_report(ctx)
+
+    def update_exemplars(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Alg. 2's exemplar update (Alg. 5, then Alg. 4 for the task's classes) on the
         task's final global model; returns the feature sums for the class means."""
         x, y, _ = ctx.data.all()
@@ -496,12 +509,4 @@ class ICaRL(FedAvg):
                 "x": x[:0], "y": y[:0], "task": y[:0].clone(), "rank": y[:0].clone(),
             }  # fmt: skip
         ctx.state[KEY] = {**store, "seen": seen, "refreshed": -1}
-        return self.feature_report(ctx)
-
-    def client_round_end(self, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
-        """The feature sums of the client's exemplars on the new global model (None
-        before its first task end, or where its task end already sent them this round)."""
-        st = ctx.state.get(KEY)
-        if st is None or st.get("refreshed") == ctx.round:
-            return None
         return self.feature_report(ctx)

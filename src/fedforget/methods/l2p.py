@@ -105,11 +105,10 @@ from .base import (
     RunInfo,
     ServerContext,
     Upload,
-    check_int,
-    check_number,
     masked_logits,
 )
 from .registry import METHODS
+from .shared import check_int, check_number
 
 INIT_STREAM = 0xA7  # keyed randomness of the prompt pool's and the keys' initial values
 SELECTIONS = ("instance", "batch")
@@ -193,6 +192,8 @@ def head_logits(model: nn.Module, z: torch.Tensor, task: int | None) -> torch.Te
 @METHODS.register("l2p")
 class L2P(FedAvg):
     name = "l2p"
+    stacked = False
+    own_upload = True
     needs_model = "vit"  # the one model it is defined on (prepare_model refuses others)
 
     @dataclass(frozen=True)

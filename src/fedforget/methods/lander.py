@@ -100,10 +100,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distill import is_int, is_number, require
 from ..utils import FedForgetError
 from .base import ClientContext, RunInfo, ServerContext
 from .registry import METHODS
+from .shared import is_int, is_number, require
 from .synthesis import (
     NOISE,
     SYNTH_STREAM,

@@ -57,11 +57,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distill import is_int, is_number, require
 from ..utils import torch_seed
 from .base import ClientContext, ServerContext, Upload
-from .glfc import GLFC, GLFCParams, group_normalise, head_scores
+from .glfc import GLFC, GLFCParams
 from .registry import METHODS
+from .shared import group_normalise, head_scores, is_int, is_number, require
 
 AUG_STREAM = 0xC4  # keyed randomness of the prototype augmentation
 RADIUS = "lga_radius"  # server.state
@@ -171,7 +171,7 @@ class LGA(GLFC):
         return w
 
     # ---------------------------------------------------------------- radius
-    def client_task_end(self, ctx: ClientContext) -> Any:
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
         """The memory (GLFC) and, after the first task, the per-class feature sums of the
         task's final global model for the augmentation radius."""
         self.update_memory(ctx)
@@ -194,11 +194,11 @@ class LGA(GLFC):
             "classes": classes, "n": onehot.sum(0), "sum": onehot.T @ f, "sq": onehot.T @ (f * f).sum(1),
         }  # fmt: skip
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """The radius, once, from the first task end that brings task-0 sums (the first;
         with asynchronous boundaries, the one after the first clients left task 0)."""
-        if RADIUS not in server.state and reports:
-            r = pooled_radius([reports[c] for c in sorted(reports)])
+        if RADIUS not in server.state and replies:
+            r = pooled_radius([replies[c] for c in sorted(replies)])
             if r is not None:
                 server.state[RADIUS] = r
 

@@ -55,11 +55,11 @@ from .base import (
     Params,
     ServerContext,
     Upload,
-    check_number,
     flatten_state,
     frozen_copy,
 )
 from .registry import METHODS
+from .shared import check_number
 
 FIRST_PREV = ("skip", "init")
 
@@ -109,6 +109,8 @@ class MOON(FedAvg):
     """FedAvg whose local loss adds mu * l_con (global view positive, own previous model negative)."""
 
     name = "moon"
+    stacked = False
+    own_upload = True
     Params = MOONParams
 
     def __init__(self, params: MOONParams, info) -> None:

@@ -23,9 +23,8 @@ from .registry import METHODS
 # every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
 HOOKS = (
     "prepare_model", "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
-    "server_task_begin", "server_task_end", "server_after_task", "server_round_end", "predict", "eval_counts", "client_task_begin",
-    "client_task_end", "client_after_task", "client_round_end", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad",
-    "stacked_step_terms", "client_end",
+    "server_task_begin", "collect", "predict", "eval_counts", "client_task_begin", "reply", "client_begin",
+    "task_loss", "extra_loss", "local_loss", "backward", "transform_grad", "stacked_step_terms", "client_end",
 )  # fmt: skip
 
 
@@ -44,15 +43,16 @@ class OverBase(FedAvg):
         super().__init__(params, info)
         self.base = base_method(params, info)
 
-    def replies_each_round(self) -> bool:
-        """The round-end pass runs if the plug-in or its base replies."""
-        own = type(self).client_round_end is not OverBase.client_round_end
-        return own or self.base.replies_each_round()
+    own_exchanges: tuple[str, ...] = ()  # the plug-in's own extra exchanges (FedGP: ROUND_END)
+    # every hook forwards, so the trainers treat a plug-in as a method of its own step, upload
+    # and prediction (sequential only)
+    stacked, own_upload, own_predict = False, True, True
 
-    def replies_after_task(self) -> bool:
-        """The after-task pass runs if the plug-in or its base replies."""
-        own = type(self).client_after_task is not OverBase.client_after_task
-        return own or self.base.replies_after_task()
+    @property
+    def exchanges(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The plug-in's own exchanges and its base's: a plug-in that does not take part in
+        one of the base's forwards ``reply``/``collect`` to the base (the default)."""
+        return tuple(dict.fromkeys(self.own_exchanges + self.base.exchanges))
 
     def client_end(self, ctx: ClientContext) -> Upload:
         """The base's upload; the diagnostics it adds are renamed ``<base>_<key>`` (so a

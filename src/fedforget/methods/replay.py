@@ -42,8 +42,8 @@ import torch
 from ..utils import torch_seed
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..config import TrainSpec
     from ..data.scenario import Scenario
+    from ..train_spec import TrainSpec
     from .base import ClientContext, RunInfo
 
 OFFER_STREAM = 0x80  # keyed randomness of the reservoir's replacement draws

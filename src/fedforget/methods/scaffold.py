@@ -46,16 +46,15 @@ from .base import (
     ServerContext,
     StepTerms,
     Upload,
-    check_number,
     split_stacked,
     weighted_average,
 )
 from .base import Params as StateDict
-from .fednova import effective_steps, require_sgd
 from .registry import METHODS
+from .shared import check_number, effective_steps, require_sgd
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..config import TrainSpec
+    from ..train_spec import TrainSpec
 
 WEIGHTINGS = ("uniform", "samples")
 DIVISORS = ("steps", "effective_steps")
@@ -68,6 +67,8 @@ def _flat(params: StateDict, names: Sequence[str]) -> torch.Tensor:
 @METHODS.register("scaffold")
 class Scaffold(FedAvg):
     name = "scaffold"
+    step_terms = True
+    own_upload = True
 
     @dataclass(frozen=True)
     class Params:

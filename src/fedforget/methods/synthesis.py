@@ -76,9 +76,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..distill import is_int, is_number, kd_loss, require
 from ..models import TaskHeads
 from ..utils import torch_seed
+from .distill import kd_loss
+from .shared import is_int, is_number, require
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,6 @@ BETAS = (0.5, 0.999)  # Adam betas of the generator [C]
 REPTILE_SCALE = 67.0  # reptile's meta gradient: 67 (w_meta - w_fast) [C]
 RESET_L0_ROUND = 120  # + warmup: the round of ``reset_l0`` [C]
 CHUNK = 1024  # rows per teacher forward when scoring the pool
-OUTSIDE_GAP = 30.0  # unlearned classes score the row's lowest learned logit minus this
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -97,10 +97,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distill import require, softened_kl
 from ..models import TaskHeads
 from ..utils import FedForgetError
 from .base import (
+    TASK_END,
     ClientContext,
     FedAvg,
     RunInfo,
@@ -109,9 +109,10 @@ from .base import (
     frozen_copy,
     masked_logits,
 )
+from .distill import softened_kl
 from .registry import METHODS
+from .shared import floor_unscored, require
 from .synthesis import (
-    OUTSIDE_GAP,
     SynthesisParams,
     Synthesizer,
     features_and_logits,
@@ -139,6 +140,10 @@ def target_replay_rows(replay_batch: int, syn_size: int, n_pool: int, n_samples:
 @METHODS.register("target")
 class TARGET(FedAvg):
     name = "target"
+    stacked = False
+    own_upload = True
+    own_predict = True
+    exchanges = (TASK_END,)
     synthesizer: type[Synthesizer] = Synthesizer
 
     @dataclass(frozen=True)
@@ -197,7 +202,7 @@ class TARGET(FedAvg):
         (model, features) -> [rows, ...] (TARGET: nothing)."""
         return None
 
-    def server_task_end(self, server: ServerContext, reports: dict[int, Any]) -> None:
+    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         t = server.task
         if t >= len(self.task_classes) - 1:
             return  # no later task learns from it [C]
@@ -207,7 +212,7 @@ class TARGET(FedAvg):
         if hasattr(teacher, "set_task"):
             teacher.set_task(t)
         classes = self.learned(t)
-        norms = [r["normalize"] for _, r in sorted(reports.items()) if r and r.get("normalize")]
+        norms = [r["normalize"] for _, r in sorted(replies.items()) if r and r.get("normalize")]
         res = self.make_synthesizer(server, teacher, classes, norms[0] if norms else None).run()
         weights = {k: v.detach().clone() for k, v in server.global_params.items()}
         server.state[self.pool_key] = {"x": res.x, "y": res.y, "task": t, TEACHER: weights}
@@ -223,16 +228,15 @@ class TARGET(FedAvg):
 
     def predict(self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None) -> torch.Tensor:  # fmt: skip
         """Task-agnostic: classes of tasks not yet started score the row's lowest learned
-        logit minus OUTSIDE_GAP [C: the code's classifier has no outputs for them]."""
+        logit minus ``shared.OUTSIDE_GAP`` [C: the code's classifier has no outputs for them]."""
         scores = model.logits(x, task)  # type: ignore[operator]
         seen = self.class_mask[: server.task + 1].any(0)
         if task is not None or bool(seen.all()):
             return scores
-        floor = scores.masked_fill(~seen, float("inf")).amin(1, keepdim=True) - OUTSIDE_GAP
-        return torch.where(seen, scores, floor)
+        return floor_unscored(scores, seen)
 
     # ---------------------------------------------------------------- client side
-    def client_task_end(self, ctx: ClientContext) -> Any:
+    def reply(self, exchange: str, ctx: ClientContext) -> Any:
         """The per-channel (mean, std) by which the client's data pipeline normalises stored
         images (dataset constants, no rows), so the generator's images are model inputs as
         the data's are; None where inputs are used as stored."""

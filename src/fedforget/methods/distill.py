@@ -19,9 +19,6 @@ whose gradient is added to every step.
 The batch order comes from a generator seeded by the caller (``DistillSpec.seed``), so a
 distillation is reproducible and independent of the global torch RNG. The optimizer is
 built afresh for every call (as in the FedDF and FedProj code: one solver per round).
-
-This module depends on torch only (no fedforget.methods import), so every method module
-can import it without an import cycle.
 """
 
 from __future__ import annotations
@@ -33,6 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .shared import is_int, is_number, require
 
 # stream tag for the keyed seed of the distillation batch order (the engine uses 0x51-0x53)
 DISTILL_STREAM = 0x54
@@ -254,20 +253,6 @@ def distill(
 # ----------------------------------------------------------------------------- method params
 
 
-def is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def require(ok: bool, name: str, value: object, allowed: str) -> None:
-    """Raise the ValueError the config layer expects: field, value and allowed range."""
-    if not ok:
-        raise ValueError(f"{name}={value!r}; allowed: {allowed}")
-
-
 @dataclass(frozen=True)
 class DistillParams:
     """Config-facing hyperparameters of the server distillation; a method's ``Params``
@@ -282,6 +267,7 @@ class DistillParams:
     distill_max_grad_norm: float = 0.0  # 0 = no clipping
 
     def check(self) -> None:
+        """Raise ValueError naming the field, the value and what is allowed."""
         require(is_int(self.distill_epochs) and self.distill_epochs >= 0,
                 "distill_epochs", self.distill_epochs, "an integer >= 0")  # fmt: skip
         require(self.distill_optimizer in OPTIMIZERS,
@@ -309,7 +295,3 @@ class DistillParams:
             max_grad_norm=float(self.distill_max_grad_norm),
             seed=seed,
         )
-
-
-def check_temperature(value: object, name: str = "temperature") -> None:
-    require(is_number(value) and value > 0, name, value, "a finite number > 0")

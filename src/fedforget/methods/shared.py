@@ -1,0 +1,283 @@
+"""Shared math and parameter checks of the methods: what more than one method module uses,
+in one place, so that no method imports a helper from another method's module. (A subclass
+still imports its parent class and the constants of the parent's protocol: FedASAM(FedSAM),
+FedET / FedProj(FedDF), LANDER(TARGET), LGA(GLFC), and the base modules ``replay.py``,
+``synthesis.py``, ``plugin.py``.)
+
+Sections:
+
+- Parameter checks, for ``Params.check()`` and ``check_train``: ``is_int``, ``is_number``,
+  ``require`` (the ValueError the config layer expects), ``check_number``, ``check_int``,
+  ``check_temperature``, ``require_sgd``. Also used by ``fedforget.methods.distill``'s
+  ``DistillParams``.
+- Local steps: ``effective_steps``, ||a||_1 of SGD with heavy-ball momentum (FedNova,
+  SCAFFOLD's divisor).
+- Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
+  reference (FedProj Eq. 14; FedProj, A-GEM, FedGP).
+- Layer subspaces, GPM-style bases (GPM, FOT, FedProTIP): ``CHUNK``, ``REL_TOL``,
+  ``threshold_at``, ``energy_rank``, ``left_singular``, ``extend_basis``,
+  ``projected_layers``, ``one_d_params``, ``step_projection``, ``project_step``
+  (representations and the projection itself: ``fedforget.activations``).
+- Scores: ``OUTSIDE_GAP`` and ``floor_unscored`` (classes without a score at the row's lowest
+  allowed score minus a gap: FedProTIP, GLFC / LGA, iCaRL, TARGET / LANDER); ``head_scores``
+  (per-task heads' logits: GLFC, LGA).
+- Row weights: ``group_normalise`` (GLFC's gradient compensation, LGA's adaptive weights).
+- Communication: ``MB``, ``state_mb``, ``float32_mb`` (FOT, FedProTIP; MB = 10^6 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..activations import Projector, find_layers
+from ..models import TaskHeads
+from ..utils import FedForgetError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..train_spec import TrainSpec
+    from .base import Params as StateDict
+
+CHUNK = 32  # samples per forward pass when collecting representations
+REL_TOL = 1e-12  # directions with s^2 <= REL_TOL * total are numerical zeros, never kept
+OUTSIDE_GAP = 30.0  # classes outside the allowed ones: the row's lowest allowed score minus this
+MB = 1e6  # bytes per megabyte of the communication columns
+
+
+# ----------------------------------------------------------------------------- parameter checks
+
+
+def is_int(v: object) -> bool:
+    """An integer, not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: object) -> bool:
+    """A finite real number (int or float), not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def require(ok: bool, name: str, value: object, allowed: str) -> None:
+    """Raise the ValueError the config layer expects: field, value and allowed range."""
+    if not ok:
+        raise ValueError(f"{name}={value!r}; allowed: {allowed}")
+
+
+def check_number(name: str, value: object, positive: bool = False) -> None:
+    """For ``Params.check()``: raise ValueError unless value is a finite real number >= 0
+    (> 0 if positive); bools are refused."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
+
+
+def check_int(name: str, value: object, low: int) -> None:
+    """For ``Params.check()``: raise ValueError unless value is an integer (not a bool)
+    >= low."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name}={value!r}; allowed: an integer >= {low}")
+
+
+def check_temperature(value: object, name: str = "temperature") -> None:
+    """A distillation temperature: a finite number > 0, else ValueError."""
+    require(is_number(value) and value > 0, name, value, "a finite number > 0")
+
+
+def require_sgd(method: str, train: TrainSpec, why: str) -> None:
+    """For ``check_train``: raise FedForgetError unless the local optimizer is SGD (``why``:
+    the method's reason)."""
+    name = train.optimizer.name
+    if name != "sgd":
+        raise FedForgetError(
+            f"method '{method}' needs train.optimizer.name='sgd' ({why}); got '{name}'"
+        )
+
+
+# ----------------------------------------------------------------------------- local steps
+
+
+def effective_steps(tau: int, rho: float) -> float:
+    """||a||_1 for tau steps of SGD with heavy-ball momentum rho (tau for rho = 0)."""
+    if rho == 0:
+        return float(tau)
+    return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
+
+
+# ----------------------------------------------------------------------------- gradient projection
+
+
+def project(
+    g_new: Sequence[torch.Tensor],
+    g_glob: Sequence[torch.Tensor],
+    eps: float = 1e-8,
+    norm_guard: float = 1e-6,
+    coef_clamp: float = 0.0,
+    always: bool = False,
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """FedProj's Eq. 14 on the flat vector made of the tensors of ``g_new`` and ``g_glob``.
+
+    Returns (g_proj, projected, cos): g_proj = g_new - c * g_glob with
+    c = <g_new,g_glob>/(||g_glob||^2 + eps) (clamped to [-coef_clamp, coef_clamp] when > 0)
+    on conflict (<g_new,g_glob> < 0 and ||g_glob||^2 > norm_guard), else g_new unchanged;
+    ``always``: whenever ||g_glob||^2 > norm_guard, conflict or not (FedGP's "Always"
+    ablation, Table 7); ``projected`` a 0-d bool tensor, ``cos`` = cos(g_new, g_glob)
+    before projection (0 when a norm is 0). Tensor-only: no host sync. FedProj, A-GEM and
+    FedGP project with this one function."""
+    dot = sum((a * b).sum() for a, b in zip(g_new, g_glob))
+    gg = sum((b * b).sum() for b in g_glob)
+    nn_ = sum((a * a).sum() for a in g_new)
+    conflict = ((dot < 0) | always) & (gg > norm_guard)
+    coef = dot / (gg + eps)
+    if coef_clamp > 0:
+        coef = coef.clamp(-coef_clamp, coef_clamp)
+    coef = torch.where(conflict, coef, torch.zeros_like(coef))
+    out = [a - coef * b for a, b in zip(g_new, g_glob)]
+    denom = (nn_ * gg).sqrt()
+    cos = torch.where(denom > 0, dot / denom.clamp_min(1e-30), torch.zeros_like(dot))
+    return out, conflict, cos
+
+
+# ----------------------------------------------------------------------------- layer subspaces (GPM's rule)
+
+
+def threshold_at(base: float, step: float, task: int) -> float:
+    """eps after task ``task`` (0-based): base + step * task, at most 1."""
+    return min(1.0, base + step * task)
+
+
+def energy_rank(sq_sigma: torch.Tensor, total: float, captured: float, threshold: float) -> int:
+    """The smallest r >= 0 with captured + sum_{i<r} sq_sigma[i] / total >= threshold
+    (``sq_sigma`` descending; GPM Eq. 5 / Eq. 9). Directions with sq_sigma <= REL_TOL * total
+    are not counted: when they would be needed, every non-zero direction is kept."""
+    if captured >= threshold or total <= 0:
+        return 0
+    keep = sq_sigma[sq_sigma > REL_TOL * total].double()
+    reached = (captured + torch.cumsum(keep, 0) / total) >= threshold
+    hit = torch.nonzero(reached)
+    return int(hit[0]) + 1 if len(hit) else len(keep)
+
+
+def left_singular(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U [d, k], s^2 [k] descending) of ``a`` [d, n] (float64): an SVD when n < d, else an
+    eigendecomposition of a a^T (the same U and s^2, d x d work)."""
+    d, n = a.shape
+    if n < d:
+        u, s, _ = torch.linalg.svd(a, full_matrices=False)
+        return u, s * s
+    lam, vec = torch.linalg.eigh(a @ a.T)
+    return vec.flip(1), lam.flip(0).clamp_min(0)
+
+
+def extend_basis(basis: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """[basis, new] with orthonormal columns (float64): ``new`` is made orthogonal to
+    ``basis`` again and orthonormalised (QR), a numerical clean-up only (in exact arithmetic
+    it already is orthonormal and orthogonal to the basis)."""
+    if basis is not None:
+        new = new - basis @ (basis.T @ new)
+    q, r = torch.linalg.qr(new)
+    q = q * torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(q)  # keep each column's sign
+    return q if basis is None else torch.cat([basis, q], 1)
+
+
+def projected_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """The layers GPM / FOT / FedProTIP project: every Linear and convolution outside per-task heads."""
+    return find_layers(model, skip=(TaskHeads,))
+
+
+def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of every 1-D floating parameter outside the per-task heads (biases,
+    norm affines): what ``bias: freeze`` holds fixed once a memory exists."""
+    heads = {f"{n}." for n, m in model.named_modules() if isinstance(m, TaskHeads)}
+    return [
+        (n, p) for n, p in model.named_parameters()
+        if p.dim() == 1 and p.is_floating_point() and not any(n.startswith(h) for h in heads)
+    ]  # fmt: skip
+
+
+def step_projection(model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool) -> tuple[list, list]:
+    """(pairs, frozen) for ``project_step``: each projected layer's weight with a ``Projector``
+    of its basis (layers with a non-empty one), and the 1-D parameters held fixed once bases
+    exist (``freeze_bias``)."""
+    layers = projected_layers(model)
+    pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items() if n in layers and u.shape[1]]
+    frozen = [p for _, p in one_d_params(model)] if bases and freeze_bias else []
+    return pairs, frozen
+
+
+def project_step(pairs: list, frozen: list) -> None:
+    """After the backward pass: G <- G - G U U^T for each (weight, projector) of ``pairs``;
+    the ``frozen`` parameters lose their gradient (the optimizer skips them: no decay, no
+    momentum)."""
+    with torch.no_grad():
+        for w, project in pairs:
+            if w.grad is not None:
+                w.grad.copy_(project(w.grad))
+    for p in frozen:
+        p.grad = None
+
+
+# ----------------------------------------------------------------------------- scores
+
+
+def floor_unscored(
+    scores: torch.Tensor, allowed: torch.Tensor, gap: float = OUTSIDE_GAP
+) -> torch.Tensor:
+    """``scores`` [B, C] on the ``allowed`` classes (bool [C], or [B, C] per row), the row's
+    lowest allowed score minus ``gap`` elsewhere [D: finite, so the evaluator's cross-entropy
+    stays finite; softmax mass outside < C e^-gap]."""
+    floor = scores.masked_fill(~allowed, float("inf")).amin(1, keepdim=True) - gap
+    return torch.where(allowed, scores, floor)
+
+
+def head_scores(
+    model: nn.Module, z: torch.Tensor, row_task: torch.Tensor, top: int, masked: bool
+) -> torch.Tensor:
+    """Logits [N, C] of features ``z``: the shared head, or with per-task heads (up to head
+    ``top``) each class's newest head (class-IL) or each row's own task head (task-IL)."""
+    heads = getattr(model.head, "heads", None)
+    if heads is None:
+        return model.head(z)
+    outs = torch.stack([h(z) for h in heads[: top + 1]])  # [T', N, C]
+    rows = torch.arange(len(z), device=z.device)
+    if masked:
+        return outs[row_task.clamp(max=top), rows]
+    owner = torch.full((outs.shape[2],), top, dtype=torch.long)
+    for t in range(top + 1):
+        owner[model.head.task_classes[t]] = t
+    cls = torch.arange(outs.shape[2], device=z.device)
+    return outs[owner.to(z.device), :, cls].T
+
+
+# ----------------------------------------------------------------------------- row weights
+
+
+def group_normalise(g: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.Tensor:
+    """sum over groups (bool [N] masks) of g / mean(g over the group) on its rows [D: 0 for
+    a group whose mean is 0, where the code divides by zero]."""
+    w = torch.zeros_like(g)
+    for m in groups:
+        if bool(m.any()):
+            mean = (g * m).sum() / m.sum()
+            w = w + torch.where(m, g / mean.clamp_min(1e-12), torch.zeros_like(g))
+    return w
+
+
+# ----------------------------------------------------------------------------- communication
+
+
+def state_mb(params: StateDict) -> float:
+    """Megabytes of the floating tensors of a state dict (one model upload)."""
+    return (
+        sum(v.numel() * v.element_size() for v in params.values() if torch.is_floating_point(v))
+        / MB
+    )
+
+
+def float32_mb(tensors: Iterable[torch.Tensor]) -> float:
+    """Megabytes of ``tensors`` sent as float32 (4 bytes per entry, whatever their dtype)."""
+    return sum(t.numel() * 4 for t in tensors) / MB

@@ -1,0 +1,252 @@
+"""A raw config -> a validated ``WorkflowConfig`` (``parse_config``): the schema
+(``fedforget.validation``), then each part by the module it belongs to (datasets and their
+options, models, task streams, augmentation, partitions' feasibility, methods' parameters and
+requirements, figures, paper links), every problem reported in one error naming the key, the
+bad value and what is allowed, before any job runs. Its place is above everything it checks,
+so that none of those modules imports the config layer back.
+
+It imports the method, model and figure modules, hence torch: loading an already validated
+config (``fedforget.parsecache``) imports ``fedforget.config`` alone and stays torch-free."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from .config import (
+    PAPER_RESULTS,
+    DatasetSpec,
+    Experiment,
+    FigureSpec,
+    MethodSpec,
+    TrainSpec,
+    WorkflowConfig,
+    deep_merge,
+    load_yaml,
+)
+from .data import DATASETS, dataset_id
+from .data.scenario import check_rounds, resolve_scenario
+from .figures import check_figure
+from .inputs import check_augment
+from .methods import METHODS, make_params
+from .models import check_model
+from .partition import PartitionSpec, check_feasible
+from .plots import CURVES
+from .smoke import smoke_config
+from .trainers import engine_pairing
+from .utils import FedForgetError, paper_tables
+from .validation import check_finite, validate_schema
+
+
+def check_paper_link(paper: dict[str, Any], path: str, key: str) -> None:
+    """An experiment's paper link must point at rows that exist: the file (top-level key
+    ``paper_results``) and at least one row of that paper and table in it."""
+    file = Path(path)
+    if not file.is_file():
+        raise FedForgetError(
+            f"{key}: links paper '{paper['name']}' table {paper['table']!r}, but the paper results file "
+            f"'{path}' (top-level key paper_results) does not exist; run from the repository root or set paper_results"
+        )
+    with file.open(newline="", encoding="utf-8") as f:
+        tables = {(r.get("paper"), r.get("table")) for r in csv.DictReader(f)}
+    for table in paper_tables(paper):
+        if (paper["name"], table) not in tables:
+            known = sorted({f"{p}/{t}" for p, t in tables if p == paper["name"]}) or sorted({p for p, _ in tables})
+            raise FedForgetError(
+                f"{key}: paper '{paper['name']}' table {table!r} has no rows in '{path}'; allowed: {known}"
+            )
+    for ours, theirs in (paper.get("dataset_map") or {}).items():
+        ok = isinstance(theirs, str) or (
+            isinstance(theirs, dict) and "dataset" in theirs and set(theirs) <= {"dataset", "setting"}
+        )
+        if not ok:
+            raise FedForgetError(
+                f"{key}.dataset_map.{ours}={theirs!r}; allowed: the paper's dataset name, or {{dataset: ..., setting: ...}}"
+            )
+
+
+
+def _model(raw: Any) -> tuple[str, dict[str, Any]]:
+    return (raw, {}) if isinstance(raw, str) else (raw["name"], dict(raw.get("options", {})))
+
+
+def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
+    """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
+    problem is reported in one error naming the key, the bad value and what is allowed."""
+    check_finite(raw)  # before the schema: its range checks pass NaN
+    validate_schema(raw)
+    if raw.get("scale", "full") == "smoke":  # shrunk, then validated as any config
+        raw = smoke_config(raw)
+        validate_schema(raw)
+    scale = raw.get("scale", "full")
+    problems: list[str] = []
+
+    def check(fn, *args):
+        try:
+            return fn(*args)
+        except FedForgetError as e:
+            problems.append(str(e))
+            return None
+
+    experiments = []
+    names: set[str] = set()
+    for i, ex in enumerate(raw["experiments"]):
+        key = f"experiments[{i}]"
+        if ex["name"] == "partitions":
+            problems.append(
+                f"{key}.name: 'partitions' is reserved (results/partitions holds the partitions)"
+            )
+        if ex["name"] in names:
+            problems.append(f"{key}.name: duplicate experiment name '{ex['name']}'")
+        names.add(ex["name"])
+        train = dict(ex.get("train") or {})
+        datasets: list[DatasetSpec] = []
+        for j, d in enumerate(ex["datasets"]):
+            dkey = f"{key}.datasets[{j}]"
+            info = check(DATASETS.get, d["name"], f"{dkey}.name")
+            if info is None:
+                continue
+            try:
+                opts = info.resolve(d.get("options"))
+            except FedForgetError as e:
+                problems.append(f"{dkey}.options: {e}")
+                continue
+            mname, mopts = _model(d["model"])
+            shape = info.input_shape(opts)
+            if check(check_model, mname, shape, mopts, f"{dkey}.model") is None:
+                continue
+            public = dict(d["public"]) if d.get("public") else None
+            if public and public["source"] == "holdout":
+                public.setdefault("seed", 0)
+            if public and public["source"] == "dataset":
+                pinfo = check(DATASETS.get, public["dataset"], f"{dkey}.public.dataset")
+                popts = check(pinfo.resolve, public.get("options")) if pinfo else None
+                if popts is not None:
+                    public["options"] = popts
+                    if tuple(pinfo.input_shape(popts)) != tuple(shape):
+                        problems.append(
+                            f"{dkey}.public.dataset: '{public['dataset']}' has input shape {list(pinfo.input_shape(popts))}, "
+                            f"but '{d['name']}' has {list(shape)}; a public set must match the private data's shape"
+                        )
+                    elif "tokenizer" in opts and popts.get("tokenizer") != opts["tokenizer"]:  # text: same ids
+                        problems.append(
+                            f"{dkey}.public.options.tokenizer: '{popts.get('tokenizer')}' differs from the private "
+                            f"set's '{opts['tokenizer']}'; a public text set must be tokenized the same way"
+                        )
+            scenario = check(
+                resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario", info.domains(opts)
+            )
+            augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
+            ds = DatasetSpec(
+                d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario,
+                augment,
+            )  # fmt: skip
+            if ds.label in {x.label for x in datasets}:
+                problems.append(
+                    f"{dkey}.label: duplicate dataset label '{ds.label}' (set a distinct label)"
+                )
+            datasets.append(ds)
+        partitions: list[PartitionSpec] = []
+        for j, p in enumerate(ex["partitions"]):
+            spec = PartitionSpec(**p)
+            pkey = f"{key}.partitions[{j}]"
+            if spec.slug in {x.slug for x in partitions}:
+                problems.append(f"{pkey}: duplicate partition '{spec.slug}'")
+            partitions.append(spec)
+            for ds in datasets:
+                n_train = DATASETS.get(ds.name).split_sizes(ds.options)[0]
+                if ds.public and ds.public["source"] == "holdout":
+                    n_train -= int(round(ds.public["fraction"] * n_train))
+                try:
+                    check_feasible(spec, n_train, pkey, DATASETS.get(ds.name).num_classes)
+                except FedForgetError as e:
+                    problems.append(f"{e} (dataset '{ds.label}')")
+        methods: list[MethodSpec] = []
+        for j, m in enumerate(ex["methods"]):
+            mkey = f"{key}.methods[{j}]"
+            if check(METHODS.get, m["name"], f"{mkey}.name") is None:
+                continue
+            pobj = check(make_params, m["name"], m.get("params") or {}, f"{mkey}.params")
+            if pobj is None:
+                continue
+            params = asdict(pobj)  # with defaults filled in
+            label = m.get("label") or m["name"]
+            if label in {x.label for x in methods}:
+                problems.append(
+                    f"{mkey}.label: duplicate method label '{label}' (give each variant its own label)"
+                )
+            spec = MethodSpec(m["name"], params, label, dict(m.get("train") or {}))
+            methods.append(spec)
+            cls = METHODS.get(m["name"])
+            mtrain = TrainSpec.from_dict(deep_merge(train, spec.train))
+            try:
+                cls.check_train(mtrain, pobj)
+            except FedForgetError as e:
+                problems.append(f"{mkey}: {e}")
+            # a method defined on one model alone (its class's needs_model, or a plug-in's base's: L2P)
+            needs = {getattr(METHODS.get(n), "needs_model", None) for n in (m["name"], params.get("base"))
+                     if isinstance(n, str) and n in METHODS} - {None}  # fmt: skip
+            for ds in datasets:
+                if needs and ds.model not in needs:
+                    problems.append(
+                        f"{key}.datasets[{datasets.index(ds)}].model: method '{label}' needs model "
+                        f"{' or '.join(sorted(needs))}, got '{ds.model}'"
+                    )
+                dkey = f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')"
+                check(check_rounds, ds.scenario, mtrain.rounds, dkey)
+                try:
+                    cls.check_scenario(ds.scenario, pobj)
+                except FedForgetError as e:
+                    problems.append(f"{dkey}: {e}")
+            late = [r for r in mtrain.save_client_models if r > mtrain.rounds]
+            if late:
+                problems.append(
+                    f"{key}.train.save_client_models: rounds {late} are beyond train.rounds={mtrain.rounds} (method '{label}'); allowed: 1..{mtrain.rounds}"
+                )
+            for ds in datasets:
+                if cls.trait("needs_public", pobj) and not ds.public:
+                    problems.append(
+                        f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)"
+                    )
+        if len(set(ex["seeds"])) != len(ex["seeds"]):
+            problems.append(f"{key}.seeds: duplicate seeds {ex['seeds']}")
+        figures: list[FigureSpec] = []
+        for j, f in enumerate(ex.get("figures") or []):
+            fkey = f"{key}.figures[{j}]"
+            fig = FigureSpec(f["name"], f.get("label") or f["name"], dict(f.get("options") or {}))
+            check(check_figure, fig.name, fig.options, fkey)
+            if fig.label in {x.label for x in figures} or fig.label in CURVES:
+                problems.append(f"{fkey}.label: duplicate figure label '{fig.label}' (set a distinct label)")
+            figures.append(fig)
+        if ex.get("paper"):
+            check(check_paper_link, ex["paper"], raw.get("paper_results", PAPER_RESULTS), f"{key}.paper")
+        experiments.append(
+            Experiment(
+                ex["name"],
+                ex.get("description", ""),
+                datasets,
+                partitions,
+                methods,
+                list(ex["seeds"]),
+                train,
+                ex.get("paper"),
+                figures,
+                scale=scale,
+            )
+        )
+    if problems:
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
+    experiments = [replace(e, pairing=engine_pairing(e)) for e in experiments]
+    return WorkflowConfig(
+        experiments,
+        raw.get("data_dir", "data"),
+        raw.get("results_dir", "results"),
+        raw.get("paper_results", PAPER_RESULTS),
+        scale,
+    )
+
+
+def load_config(path: str | Path) -> WorkflowConfig:
+    return parse_config(load_yaml(path))

@@ -1,0 +1,119 @@
+"""``FedState``: everything a federated run carries from one round to the next, in one
+object. The engine (``fedforget.engine``) and the methods (through ``ServerContext`` and
+``ClientContext.state``) read and write it; a checkpoint (``fedforget.checkpoint``) is its
+``state_dict()`` and nothing else, so what a resumed run continues from is exactly this.
+
+Lifetimes [D]:
+
+- the run: ``global_params`` (the global weights: their one home), ``server`` (the method's
+  server state: SCAFFOLD's c, FedDyn's h, GPM's bases, teachers, ...), ``clients`` (each
+  client's own state, kept across the rounds it is sampled in: SCAFFOLD's c_i, replay
+  buffers, ...), the task progress (``task``, ``client_task``, ``task_reports``), the
+  metrics rows so far (``rows``) and, in the state dict, the global RNG states;
+- a round: ``ServerContext.broadcast``, the uploads, the clients' ``ClientContext``;
+- a step: ``ClientContext.scratch`` (never checkpointed).
+
+The engine's own randomness is keyed by (seed, round, client) and needs no state; the
+global RNG states cover models or methods that draw from the global generators.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+Params = dict[str, torch.Tensor]
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` with every tensor inside (dicts, lists, tuples) moved to ``device``; other
+    values unchanged. Tensors already there are returned as they are (no copy). Per-client
+    method state goes to host memory between a client's rounds this way on a GPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_device(v, device) for v in obj)
+    return obj
+
+
+@dataclass
+class FedState:
+    """The state of one run after its last completed round (``round``; 0: none yet)."""
+
+    global_params: Params
+    server: dict[str, Any] = field(default_factory=dict)
+    clients: dict[int, dict[str, Any]] = field(default_factory=dict)
+    round: int = 0
+    task: int = 0  # the server's current task (fedforget.data.scenario)
+    # the task each client last trained on; what clients that moved on to a later task sent
+    # at their task's end, until the server's task ends (asynchronous boundaries)
+    client_task: dict[int, int] = field(default_factory=dict)
+    task_reports: dict[int, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the metrics rows so far
+    # not state, how it is kept: the training device (its RNG is saved on a GPU), and whether
+    # per-client state lives in host memory between a client's rounds (on a GPU, so device
+    # memory does not grow with the number of clients)
+    device: torch.device = torch.device("cpu")
+    offload_clients: bool = False
+
+    def client(self, cid: int) -> dict[str, Any]:
+        """Client ``cid``'s state (created empty the first time), on the training device."""
+        st = self.clients.setdefault(cid, {})
+        if self.offload_clients:
+            st.update(to_device(st, self.device))
+        return st
+
+    def park(self, cid: int) -> None:
+        """Client ``cid``'s state back to host memory until it is sampled again (on a GPU)."""
+        if self.offload_clients and cid in self.clients:
+            st = self.clients[cid]
+            st.update(to_device(st, torch.device("cpu")))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a run needs to continue after ``round``, the global RNG states
+        included. Tensors stay where they are (the checkpoint writer moves them); the layout
+        is that of checkpoint format 2, so older checkpoints load."""
+        rng: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "round": self.round,
+            "global_params": self.global_params,
+            "server_state": self.server,
+            "client_state": self.clients,
+            "tasks": {"server": self.task, "clients": self.client_task, "reports": self.task_reports},
+            "rows": self.rows,
+            "rng": rng,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s output (its parameter keys are checked by the
+        caller); the global RNGs are set to where they were."""
+        self.round = d["round"]
+        self.global_params = d["global_params"]
+        self.server = d["server_state"]
+        self.clients = d["client_state"]
+        self.task = d["tasks"]["server"]
+        self.client_task = d["tasks"]["clients"]
+        self.task_reports = d["tasks"]["reports"]
+        self.rows = [dict(r) for r in d["rows"]]
+        for cid in self.clients:
+            self.park(cid)
+        rng = d["rng"]  # RNG states are CPU byte tensors (a checkpoint read with map_location=cuda moved them)
+        torch.set_rng_state(rng["torch"].cpu())
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)

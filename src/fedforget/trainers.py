@@ -1,0 +1,383 @@
+"""Local training, the client half of a federated round: ``LocalTrainer`` and its two
+implementations, chosen in one place (``choose_trainer``) from what the method, the model
+and the device allow:
+
+- ``SequentialTrainer``: one client after another (``train_client``: the whole local step
+  readable in one loop), any method;
+- ``StackedTrainer``: a group of clients in one batched pass (``fedforget.vectorized``),
+  FedAvg's local step with the method's per-step terms; equal to the sequential trainer
+  within float summation order (tests/methods/test_batched_uploads.py).
+
+Both share the client side of the protocol (``LocalTrainer``): a client's context and state
+(``FedState.client``), its task entry, and the extra client passes the server asks for (the
+task end, the after-task and round-end replies). ``Simulation`` (``fedforget.engine``) is the
+server's loop over a trainer; the trainer holds what it needs, passed in explicitly.
+
+Randomness is keyed: each client's shuffling by (seed, round, client), so a client's
+minibatches do not depend on the order clients run in or on the trainer that runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from .clientdata import ClientData, TaskView
+from .config import Experiment
+from .cudagraph import StepGraphs
+from .evaluation import Evaluator
+from .inputs import prefetched
+from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload
+from .methods.base import TASK_END
+from .state import FedState
+from .train_spec import OptimizerSpec, TrainSpec
+from .utils import FedForgetError, torch_seed
+from .vectorized import (
+    ClientJob,
+    auto_prefers_sequential,
+    evaluate_stacked,
+    method_not_vectorized,
+    train_clients_together,
+    why_not_vectorized,
+)
+
+log = logging.getLogger(__name__)
+
+SHUFFLE_STREAM = 0x52  # stream tag of the clients' shuffling
+
+
+def make_optimizer(params, spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
+    """The local optimizer. ``foreach=True`` (PyTorch's default only on a GPU): one multi-
+    tensor kernel per update step instead of one per parameter tensor, the same numbers bit
+    for bit (tests/test_engine.py), less per-step overhead on a CPU with small models."""
+    if spec.name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=spec.momentum, weight_decay=spec.weight_decay, foreach=True
+        )
+    if spec.name == "adam":
+        return torch.optim.Adam(
+            params, lr=lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay, foreach=True
+        )
+    raise FedForgetError(f"train.optimizer.name='{spec.name}'; allowed: sgd, adam")
+
+
+class Diverged(Exception):
+    """A non-finite local loss or global weights: the run stops, its rows so far kept."""
+
+
+class LocalTrainer:
+    """The client side of a round on one model object, reused for every client (its weights
+    loaded from the global state, so memory does not grow with the number of clients). A
+    subclass says how a group of clients trains (``train_group``) and how many form a group
+    (``group_size``); everything else is shared."""
+
+    name = ""  # the engine's name in run.json and the config (train.client_engine)
+    group_size = 1
+
+    def __init__(
+        self, *, model: torch.nn.Module, method: FedAvg, clients: ClientData, fed: FedState,
+        server: ServerContext, evaluator: Evaluator, train: TrainSpec, seed: int,
+        device: torch.device, step_graphs: StepGraphs | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.method, self.clients = model, method, clients
+        self.scenario = clients.scenario
+        self.fed, self.server, self.evaluator = fed, server, evaluator
+        self.train, self.seed, self.device = train, seed, device
+        self.step_graphs = step_graphs
+        # the client model's tensors, for an in-place reload at each client (cheaper than
+        # load_state_dict, which re-validates keys and shapes every time)
+        self._model_tensors = dict(model.state_dict(keep_vars=True))
+
+    def train_group(
+        self, views: dict[int, TaskView], rnd: int, lr: float
+    ) -> tuple[list[Upload], list[float], list[dict[str, float]]]:
+        """The clients ``views`` (at most ``group_size``) trained in round ``rnd``: their
+        uploads, mean losses and diagnostics."""
+        raise NotImplementedError
+
+    def local_accuracies(self, uploads: list[Upload]) -> list[float]:
+        """Each uploaded local model's accuracy on the test sets of the tasks seen so far."""
+        raise NotImplementedError
+
+    def client_context(self, cid: int, rnd: int, lr: float, view: TaskView) -> ClientContext:
+        """Client ``cid``'s context on ``self.model`` (its state brought to the device)."""
+        t = self.train
+        self.model.set_task(view.task)
+        opt = make_optimizer(self.model.parameters(), t.optimizer, lr)
+        state = self.fed.client(cid)
+        return ClientContext(
+            cid=cid, round=rnd, model=self.model, optimizer=opt, global_params=self.fed.global_params,
+            broadcast=self.server.broadcast, state=state, n_samples=len(view), lr=lr,
+            local_epochs=t.local_epochs, batch_size=t.batch_size, task=view.task, data=view,
+        )  # fmt: skip
+
+    def round_view(self, cid: int, rnd: int) -> TaskView:
+        """Client ``cid``'s data in round ``rnd`` (every task's for joint training)."""
+        return self.clients.view(cid, rnd, type(self.method).trait("sees_all_tasks", self.method.p))
+
+    def offload(self, ctx: ClientContext) -> None:
+        """The client's state back to host memory until it is sampled again (on a GPU)."""
+        self.fed.park(ctx.cid)
+
+    def enter_task(self, ctx: ClientContext) -> None:
+        """The client's task hooks when it trains on a task for the first time: asynchronous
+        boundaries end its previous task here (its report waits for the server's task end)."""
+        prev = self.fed.client_task.get(ctx.cid)
+        if prev == ctx.task:
+            return
+        if prev is not None and self.scenario.window is not None:
+            report = self.end_client_task(ctx.cid, prev, ctx.round, ctx.lr)
+            if report is not None:
+                if ctx.cid in self.fed.task_reports:  # [D] one report per client per server task end
+                    log.warning(
+                        "client %d ended two tasks before the server's task end: its earlier report is replaced",
+                        ctx.cid,
+                    )
+                self.fed.task_reports[ctx.cid] = report
+            self.load_params(self.model, self.fed.global_params)
+            self.model.set_task(ctx.task)
+        self.fed.client_task[ctx.cid] = ctx.task
+        self.method.client_task_begin(ctx)
+
+    def train_client(
+        self, cid: int, rnd: int, lr: float, view: TaskView | None = None
+    ) -> tuple[Upload, float, dict[str, float]]:
+        """Client ``cid``'s local training in round ``rnd`` on ``view`` (default: its data
+        of the round)."""
+        t = self.train
+        view = view or self.round_view(cid, rnd)
+        model = self.model
+        self.load_params(model, self.fed.global_params)
+        model.train()
+        ctx = self.client_context(cid, rnd, lr, view)
+        opt, method = ctx.optimizer, self.method
+        self.enter_task(ctx)
+        method.client_begin(ctx)
+        n, bs = len(view), t.batch_size
+        gen = torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM))
+        loss_sum = torch.zeros((), device=self.device)
+        end = t.epoch_rows(n)  # drop_last: full minibatches only (TrainSpec.epoch_rows)
+        for epoch in range(t.local_epochs):
+            # the epoch's order; its positions carry the step's augmentation key, if any
+            perm = torch.randperm(n, generator=gen).to(self.device)
+            perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
+            chunks = [perm[s : s + bs] for s in range(0, end, bs)]
+            # a streamed pool on a GPU: the next minibatches read on a background thread
+            batches = prefetched(view.batch, chunks) if self.clients.x.read_ahead else map(view.batch, chunks)
+            for x, y, ctx.logit_mask in batches:
+                opt.zero_grad(set_to_none=True)
+                loss = method.backward(ctx, x, y)
+                method.transform_grad(ctx)
+                opt.step()
+                loss_sum += loss.detach()
+                ctx.steps += 1
+        mean_loss = loss_sum.item() / max(ctx.steps, 1)
+        if not math.isfinite(mean_loss):
+            raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
+        ctx.logit_mask = None
+        upload = method.client_end(ctx)
+        self.offload(ctx)
+        return upload, mean_loss, ctx.stats
+
+    # ------------------------------------------------------------------ task boundaries
+    def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
+        """The clients ``views``' ``reply`` in the exchange ``exchange``, each on that view of
+        its data and the global weights, one after another; their replies, None left out."""
+        replies = {}
+        for cid, view in views.items():
+            self.load_params(self.model, self.fed.global_params)
+            ctx = self.client_context(cid, rnd, lr, view)
+            reply = self.method.reply(exchange, ctx)
+            self.offload(ctx)
+            if reply is not None:
+                replies[cid] = reply
+        return replies
+
+    def end_client_task(self, cid: int, task: int, rnd: int, lr: float) -> Any:
+        """Client ``cid``'s TASK_END reply for ``task`` on the global weights (None for a
+        method without that exchange)."""
+        if TASK_END not in self.method.exchanges:
+            return None
+        return self.client_pass(TASK_END, {cid: self.clients.task_view(cid, task)}, rnd, lr).get(cid)
+
+    # ------------------------------------------------------------------ a round
+    def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
+        """Local training of the clients ``views`` (each on its data of this round): their
+        uploads, mean losses, diagnostics, local models' accuracies, evaluation time."""
+        t = self.train
+        uploads, losses, local_accs, stats = [], [], [], []
+        eval_time = 0.0
+        cids = list(views)
+        step = self.group_size
+        for group in range(0, len(cids), step):
+            part = {c: views[c] for c in cids[group : group + step]}
+            ups, ls, st = self.train_group(part, rnd, lr)
+            uploads += ups
+            losses += ls
+            stats += st
+            if t.eval_local_models:
+                te = time.perf_counter()
+                local_accs += self.local_accuracies(ups)
+                eval_time += time.perf_counter() - te
+        return uploads, losses, stats, local_accs, eval_time
+
+    def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
+        """``params`` (a full state dict) into ``self.model``'s tensors, in place."""
+        if params.keys() != self._model_tensors.keys():
+            model.load_state_dict(params)  # raises, naming the mismatched keys
+        with torch.no_grad():
+            torch._foreach_copy_(
+                list(self._model_tensors.values()), [params[k] for k in self._model_tensors]
+            )
+
+
+class SequentialTrainer(LocalTrainer):
+    """One client after another (``LocalTrainer.train_client``): any method, optimizer and
+    model."""
+
+    name = "sequential"
+
+    def train_group(self, views, rnd, lr):
+        ((cid, view),) = views.items()
+        up, loss, s = self.train_client(cid, rnd, lr, view)
+        return [up], [loss], [s]
+
+    def local_accuracies(self, uploads: list[Upload]) -> list[float]:
+        """Each uploaded local model's accuracy on the test sets of the tasks seen so far
+        (the client model holds the last client's weights after its local training)."""
+        return [self.evaluator.seen_accuracy(self.model, self.server.task) for _ in uploads]
+
+
+class StackedTrainer(LocalTrainer):
+    """Groups of up to ``train.max_parallel_clients`` clients in one batched pass
+    (``fedforget.vectorized``): FedAvg's local SGD step for the stack, with the method's
+    per-step terms (``stacked_step_terms``), then the method's own ``client_end`` per client
+    on its trained weights."""
+
+    name = "vectorized"
+
+    def __init__(self, **parts) -> None:
+        super().__init__(**parts)
+        self.group_size = self.train.max_parallel_clients
+
+    def train_group(self, views, rnd, lr):
+        return self.train_clients_together(views, rnd, lr)
+
+    def train_clients_together(
+        self, views: dict[int, TaskView] | list[int], rnd: int, lr: float
+    ) -> tuple[list[Upload], list[float], list[dict[str, float]]]:
+        """The clients ``views`` trained in one batched pass (``fedforget.vectorized``): the
+        same minibatches, steps and optimizer as ``train_client`` gives each of them. A
+        method's own ``client_end`` (FedNova's step count, FedDF's public logits) then runs
+        for each client on its trained weights, as in ``train_client``."""
+        t = self.train
+        if not isinstance(views, dict):  # client ids: their data of the round
+            views = {c: self.round_view(c, rnd) for c in views}
+        cids = list(views)
+        jobs = [
+            ClientJob(cid, views[cid].start, len(views[cid]),
+                      torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM)),
+                      [self.clients.draw_offset(rnd, e, t.local_epochs) for e in range(t.local_epochs)])
+            for cid in cids
+        ]  # fmt: skip
+        opt, method = t.optimizer, self.method
+        # a method with per-step terms (FedProx, FedDyn, SCAFFOLD): its client_begin for
+        # every client on the global weights, then its terms for the stack
+        with_terms = method.step_terms
+        ctxs: dict[int, ClientContext] = {}
+        # clients entering a task, and every client of a method with step terms: their hooks
+        # on the global weights, loaded once (enter_task leaves them loaded)
+        setup = [c for c in cids if with_terms or self.fed.client_task.get(c) != views[c].task]
+        if setup:
+            self.load_params(self.model, self.fed.global_params)
+        for cid in setup:
+            ctxs[cid] = self.client_context(cid, rnd, lr, views[cid])
+            self.enter_task(ctxs[cid])
+            if with_terms:
+                method.client_begin(ctxs[cid])
+        results = train_clients_together(
+            self.model, self.fed.global_params, self.clients.batch, jobs,
+            lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+            epochs=t.local_epochs, batch_size=t.batch_size,
+            step_terms=(lambda order: method.stacked_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
+            graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead,
+        )  # fmt: skip
+        # client_end per client: a method's own upload, or (step terms) a context whose state
+        # goes back to host memory like train_client's
+        per_client = with_terms or method.own_upload
+        ups, stats = [], []
+        for r in results:
+            if not math.isfinite(r.mean_loss):
+                raise Diverged(f"client {r.cid} local loss is {r.mean_loss} in round {rnd}")
+            if not per_client:
+                ups.append(Upload(r.cid, len(views[r.cid]), r.params, r.steps))
+                stats.append({})
+                continue
+            self.load_params(self.model, r.params)
+            ctx = ctxs.get(r.cid) or self.client_context(r.cid, rnd, lr, views[r.cid])
+            if with_terms:  # set up again, on the trained weights, for client_end
+                method.client_begin(ctx)
+            ctx.steps = r.steps
+            ups.append(method.client_end(ctx))
+            stats.append(ctx.stats)
+            self.offload(ctx)
+        return ups, [r.mean_loss for r in results], stats
+
+    def local_accuracies(self, uploads: list[Upload]) -> list[float]:
+        """The local models' accuracies, evaluated together where the evaluation is plain
+        (one test set, no per-task routing), else one by one on the client model."""
+        if self.evaluator.plain:
+            test = self.evaluator.test
+            return evaluate_stacked(
+                self.model, [u.params for u in uploads], test.x, test.y, self.train.eval_batch_size
+            )
+        accs = []
+        for u in uploads:
+            self.load_params(self.model, u.params)
+            accs.append(self.evaluator.seen_accuracy(self.model, self.server.task))
+        return accs
+
+
+
+TRAINERS: dict[str, type[LocalTrainer]] = {t.name: t for t in (SequentialTrainer, StackedTrainer)}
+
+
+def choose_trainer(
+    method_cls: type, model: torch.nn.Module, train: TrainSpec, device: torch.device
+) -> tuple[type[LocalTrainer], str]:
+    """The one place a run's trainer is chosen: (trainer class, why). ``train.client_engine``
+    ``sequential`` or ``vectorized`` asks for one (``vectorized`` where the method, model and
+    optimizer do not allow it is refused, naming why); ``auto`` takes the stacked trainer
+    where it is possible, unless the experiment pairs its methods on the sequential one
+    (``engine_pairing``) or the model runs faster one client at a time on this device."""
+    why_not = why_not_vectorized(method_cls, model, train.optimizer.name, train.drop_last)
+    if train.client_engine == "vectorized" and why_not is not None:
+        raise FedForgetError(f"train.client_engine='vectorized' is not possible here: {why_not}")
+    if train.client_engine == "sequential":
+        why_not = "train.client_engine = sequential"
+    elif why_not is None and train.client_engine == "auto":
+        why_not = train.engine_pairing or auto_prefers_sequential(model, device)
+    if why_not is None:
+        return StackedTrainer, f"groups of at most {train.max_parallel_clients} clients"
+    return SequentialTrainer, why_not
+
+
+def engine_pairing(experiment: Experiment) -> str:
+    """Why every ``client_engine: auto`` job of ``experiment`` trains its clients one
+    after another ("" if none must): methods compared in one table run on the same
+    numerics, so if one method's local training cannot be batched (its hooks, optimizer
+    or drop_last), the others do not take the batched engine either (it equals the
+    sequential one only up to float summation order)."""
+    for m in experiment.methods:
+        t = experiment.train_for(m)
+        why = method_not_vectorized(METHODS.get(m.name), t.optimizer.name, t.drop_last)
+        if why is not None:
+            return (
+                f"auto, paired within experiment '{experiment.name}': {why} (method '{m.label}'), so every "
+                "method of the experiment trains clients one after another (train.client_engine overrides)"
+            )
+    return ""
