@@ -1,0 +1,37 @@
+"""The README's facts against the code: its method count and list against the registry, its
+job counts against the default config, its links against the files, its length (a guide of
+at most about 300 lines; reference material lives in docs/)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fedforget.methods import METHODS
+from fedforget.parse import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_method_count_and_every_method_named():
+    n = int(re.search(r"(\d+) methods \(`fedforget methods`\)", README).group(1))
+    assert n == len(METHODS.names())
+    flat = README.lower().replace("-", "")
+    missing = [m for m in METHODS.names() if m not in flat]
+    assert not missing, missing
+
+
+def test_default_pipeline_training_job_count(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    train = int(re.search(r"`make run` is \d+ jobs, (\d+) of them training jobs", README).group(1))
+    assert train == len(load_config(ROOT / "config" / "config.yaml").runs())
+
+
+def test_links_resolve_and_the_guide_is_short():
+    for target in re.findall(r"\]\(([^)#:]+)\)", README):
+        assert (ROOT / target).exists(), target
+    for doc in (ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\(([^)#:]+)\)", doc.read_text()):
+            assert (doc.parent / target).exists(), (doc.name, target)
+    assert len(README.splitlines()) <= 300
