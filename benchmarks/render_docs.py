@@ -1,0 +1,87 @@
+"""Numbers in the docs, filled in from the benchmark results they come from, so they cannot
+drift from them.
+
+A number in a Markdown file is written between two markers naming its source::
+
+    streamed pool <!--@ cpu-2026-11-25/streaming.json:stream_over_device | .2f -->0.97<!--@-->x
+
+``FILE:PATH``: a JSON file under ``benchmarks/results/`` and the dotted path to a number in
+it, or ``PATH/PATH`` for the ratio of two numbers of that file; ``| SPEC`` a Python format spec (default ``g``); ``* K`` before the bar scales the value
+(``* 100`` for a percentage). ``python benchmarks/render_docs.py`` rewrites every marked
+value in README.md and docs/*.md; ``--check`` changes nothing and exits 1, listing each
+stale or unresolvable value (tests/test_docs_numbers.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MARK = re.compile(
+    r"<!--@ (?P<file>[^:\s]+):(?P<path>[^\s|*]+)\s*(?:\*\s*(?P<scale>[0-9.eE+-]+)\s*)?(?:\|\s*(?P<spec>[^\s]+)\s*)?-->"
+    r"(?P<value>.*?)<!--@-->"
+)
+
+
+def lookup(file: str, path: str) -> float:
+    """The number at the dotted ``path`` of ``benchmarks/results/<file>`` (``a/b``: the
+    number at ``a`` over the number at ``b``)."""
+    if "/" in path:
+        num, den = path.split("/")
+        return lookup(file, num) / lookup(file, den)
+    node = json.loads((RESULTS / file).read_text())
+    for part in path.split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        raise ValueError(f"{file}:{path} is {node!r}, not a number")
+    return node
+
+
+def render(text: str) -> tuple[str, list[str]]:
+    """``text`` with every marked value recomputed, and a line per marker that changed or
+    could not be resolved."""
+    problems: list[str] = []
+
+    def one(m: re.Match) -> str:
+        try:
+            value = lookup(m["file"], m["path"])
+            if m["scale"]:
+                value *= float(m["scale"])
+            shown = format(value, m["spec"] or "g")
+        except (OSError, KeyError, IndexError, ValueError) as e:
+            problems.append(f"{m['file']}:{m['path']}: cannot be read ({type(e).__name__}: {e})")
+            return m.group(0)
+        if shown != m["value"]:
+            problems.append(f"{m['file']}:{m['path']}: the doc says {m['value']!r}, the result {shown!r}")
+        return m.group(0).replace(f"-->{m['value']}<!--@-->", f"-->{shown}<!--@-->")
+
+    return MARK.sub(one, text), problems
+
+
+def docs() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a value is stale")
+    args = ap.parse_args()
+    bad = 0
+    for path in docs():
+        text = path.read_text()
+        new, problems = render(text)
+        for p in problems:
+            print(f"{path.relative_to(ROOT)}: {p}", file=sys.stderr)
+        bad += len(problems)
+        if not args.check and new != text:
+            path.write_text(new)
+    return 1 if args.check and bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
