@@ -450,3 +450,37 @@ def test_class_il_forgets_more_than_task_il(data_root, tmp_path):
         out[inc] = [r for r in rows[-1]["_tasks"] if r["task"] == 0][0]["accuracy"]
     assert out["task"] > out["class"] + 0.2, out
     assert math.isfinite(out["class"])
+
+
+def test_no_accepted_stream_leaves_a_task_untrained(minimal_config):
+    """Issue 34, 1: a stream of several tasks without rounds_per_task once ran task 0 for
+    every round (the later tasks never trained); asynchronous windows longer than the run
+    never moved a client past its first window. Both are refused, naming the key."""
+    from fedforget.parse import parse_config
+
+    ex = minimal_config["experiments"][0]
+    ex["train"] = {"rounds": 6}
+    ex["datasets"][0]["scenario"] = {"kind": "split", "tasks": 3, "classes_per_task": 1}
+    with pytest.raises(FedForgetError, match=r"rounds_per_task is required for a stream of 3 tasks.*= 2\)"):
+        parse_config(minimal_config)
+    ex["datasets"][0]["scenario"]["rounds_per_task"] = 2
+    assert parse_config(minimal_config).runs()[0].dataset.scenario["rounds_per_task"] == 2
+    ex["datasets"][0]["scenario"]["boundaries"] = {"samples_per_window": 5, "window_rounds": 7}
+    with pytest.raises(FedForgetError, match=r"scenario \(method .fedavg.\): boundaries.window_rounds=7 is more than train.rounds=6.*allowed: 1..6"):
+        parse_config(minimal_config)
+    ex["datasets"][0]["scenario"]["boundaries"]["window_rounds"] = 6
+    parse_config(minimal_config)
+    one = {"kind": "split", "tasks": 1, "classes_per_task": 3}  # one task: all rounds are it
+    ex["datasets"][0]["scenario"] = one
+    parse_config(minimal_config)
+
+
+def test_smoke_scale_keeps_asynchronous_windows_within_its_rounds(repo_root, monkeypatch):
+    from fedforget.config import load_yaml
+    from fedforget.parse import parse_config
+
+    monkeypatch.chdir(repo_root)
+    raw = load_yaml(repo_root / "config/experiments/paper/fedgp_table4.yaml")
+    wf = parse_config({**raw, "scale": "smoke"})
+    for rc in wf.runs():
+        assert rc.dataset.scenario["boundaries"]["window_rounds"] <= rc.train.rounds

@@ -10,7 +10,7 @@ how every non-continual experiment runs, through the same code path.
       classes_per_task: 2    # split: task t holds classes class_order[t*c:(t+1)*c]
       class_order: natural   # split: natural (0, 1, ...) | shuffled (by seed)
       incremental: class     # class | task (split);  domain | task (rotated, permuted, domains)
-      rounds_per_task: 10    # train.rounds must be tasks x rounds_per_task
+      rounds_per_task: 10    # required for tasks > 1: train.rounds = tasks x rounds_per_task
       rotation: [0, 180]     # rotated: task t's angle ~ U(rotation), in degrees
       heads: shared          # shared | per_task (one linear head per task, earlier ones frozen)
       boundaries: sync       # sync | {samples_per_window: S, window_rounds: W}
@@ -80,7 +80,7 @@ DEFAULTS: dict[str, Any] = {
     "classes_per_task": None,
     "class_order": "natural",
     "incremental": None,  # class for split, domain for rotated / permuted / domains
-    "rounds_per_task": None,  # = train.rounds for one task
+    "rounds_per_task": None,  # = train.rounds for one task; required for more (check_rounds)
     "rotation": [0.0, 180.0],
     "heads": "shared",
     "boundaries": "sync",
@@ -166,9 +166,26 @@ def resolve_scenario(
 
 
 def check_rounds(s: dict[str, Any] | None, rounds: int, key: str) -> None:
-    """train.rounds must cover the scenario's tasks: tasks x rounds_per_task."""
-    if s is None or s["rounds_per_task"] is None:
+    """train.rounds must cover the scenario's tasks: tasks x rounds_per_task, stated for a
+    stream of more than one task (without it one task would span every round and the later
+    tasks would never train); asynchronous windows must fit in the run."""
+    if s is None:
         return
+    if s["rounds_per_task"] is None:
+        if s["tasks"] > 1:
+            t = s["tasks"]
+            hint = f" (train.rounds={rounds} / {t} tasks = {rounds // t})" if rounds % t == 0 else ""
+            raise FedForgetError(
+                f"{key}: rounds_per_task is required for a stream of {t} tasks (without it task 0 would "
+                f"take every round); allowed: an integer >= 1 with {t} x rounds_per_task = train.rounds{hint}"
+            )
+        return
+    b = s["boundaries"]
+    if b != "sync" and b["window_rounds"] > rounds:
+        raise FedForgetError(
+            f"{key}: boundaries.window_rounds={b['window_rounds']} is more than train.rounds={rounds}: "
+            f"no client would leave its first window; allowed: 1..{rounds}"
+        )
     if rounds != s["tasks"] * s["rounds_per_task"]:
         raise FedForgetError(
             f"{key}: train.rounds={rounds}, but the scenario has {s['tasks']} tasks x rounds_per_task "
