@@ -152,3 +152,57 @@ def test_a_killed_workflow_resumes_with_a_plain_rerun(workdir):
     assert len(runs) == 2 and all(r["status"] == "completed" for r in runs)
     assert any("resumed_after_round" in r for r in runs)
     assert planned_jobs(workdir) == {}
+
+
+def test_a_killed_run_frees_only_its_own_locks(workdir):
+    """Issue 34, 2: run A trains; run B (another config, its own data and results) starts
+    and is SIGKILLed; run C (A's config) removes B's locks, and only B's: A's stay, so C
+    refuses to start (Snakemake's lock check) instead of training into A's run directories."""
+    cfg = json.loads(json.dumps(SMALL))
+    cfg["experiments"][0]["train"]["rounds"] = 5000  # A runs for the whole test, then is killed
+    write_config(workdir, cfg)
+    other = json.loads(json.dumps(SMALL))
+    other["experiments"][0]["name"] = "other"
+    (workdir / "other.yaml").write_text(json.dumps({**other, "data_dir": "data_b", "results_dir": "results_b"}))
+
+    def start(*args):
+        return subprocess.Popen(
+            ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1", *args], cwd=workdir, env=env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    def wait_for(cond, proc, what):
+        deadline = time.time() + 120
+        while not cond():
+            assert time.time() < deadline and proc.poll() is None, what
+            time.sleep(0.2)
+
+    a = start()
+    try:
+        wait_for(lambda: list((workdir / "results" / "small").glob("*/*/*/seed0/checkpoint.pt")), a, "A trains")
+        a_locks = {p.name: p.read_text() for p in (workdir / ".snakemake" / "locks").iterdir()}
+        b = start("--configfile", "other.yaml")
+        # B's first job has started (so B is past its start): its data or results appear
+        wait_for(lambda: (workdir / "data_b").exists() or (workdir / "results_b").exists(), b, "B runs")
+        os.killpg(b.pid, signal.SIGKILL)
+        b.wait()
+        b_locks = set(p.name for p in (workdir / ".snakemake" / "locks").iterdir()) - set(a_locks)
+        assert b_locks  # B held locks of its own when it was killed
+        c = subprocess.Popen(
+            ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1"], cwd=workdir, env=env(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, _ = c.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(c.pid, signal.SIGKILL)
+            c.wait()
+            raise AssertionError("run C did not refuse: it took A's locks and trains A's runs") from None
+        assert c.returncode != 0 and "cannot be locked" in out, out[-2000:]
+        assert "removed the locks of a snakemake that was killed" in out
+        held = {p.name: p.read_text() for p in (workdir / ".snakemake" / "locks").iterdir()}
+        assert held == a_locks  # B's gone, A's untouched
+        assert a.poll() is None  # A still trains
+    finally:
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait()
