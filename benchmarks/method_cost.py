@@ -5,8 +5,8 @@ config: digits + cnn2d, iid over 20 clients, sample rate 0.5, 2 local epochs, ba
 lr 0.01, and a held-out public set {source: holdout, fraction: 0.1, seed: 0} declared for
 every method (so methods with ``needs_public`` run too, and all methods train on the same
 private pool). Evaluation is off (eval_local_models=False, eval_every beyond the last
-round), so a round is broadcast + local training + aggregation + after_aggregate +
-round_metrics. With ``--public-fraction 0`` no public set is declared and methods that need
+round), so a round is broadcast + local training + server_aggregate (the average and any
+server step after it) + server_metrics. With ``--public-fraction 0`` no public set is declared and methods that need
 one are skipped.
 
 Each repeat builds a fresh Simulation per method (untimed), runs ``--warmup`` untimed

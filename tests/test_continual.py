@@ -259,7 +259,7 @@ def test_task_il_masks_logits_in_training_and_evaluation(data_root, tmp_path):
     logits = torch.randn(len(y), 10, requires_grad=True)
     ctx = sim.trainer.client_context(0, 3, 0.1, view)
     ctx.logit_mask = mask
-    sim.method.task_loss(ctx, logits, y).backward()
+    sim.method.client_loss(ctx, None, y, None, logits)["task"].backward()
     assert (
         logits.grad[:, [0, 1, 4, 5, 6, 7, 8, 9]].abs().sum() == 0
         and logits.grad[:, [2, 3]].abs().sum() > 0
@@ -319,17 +319,19 @@ class Recorder(FedAvg):
     def server_task_begin(self, server):
         server.state["log"].append(("begin", server.task, server.round))
 
-    def client_task_begin(self, ctx):
-        ctx.state.setdefault("began", []).append((ctx.task, ctx.round))
+    def client_begin(self, ctx):  # a client's first training on a task
+        began = ctx.state.setdefault("began", [])
+        if not began or began[-1][0] != ctx.task:
+            began.append((ctx.task, ctx.round))
         assert ctx.steps == 0 and len(ctx.data) > 0
 
     exchanges = (TASK_END,)
 
-    def reply(self, exchange, ctx):
+    def client_reply(self, exchange, ctx):
         x, y, _ = ctx.data.all()
         return {"n": len(y), "task": ctx.task}
 
-    def collect(self, exchange, server, reports):
+    def server_collect(self, exchange, server, reports):
         server.state["log"].append(
             (
                 "end",

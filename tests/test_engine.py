@@ -275,10 +275,11 @@ def nan_method():
     name = f"test_nan_{uuid.uuid4().hex[:8]}"
 
     class NaNFromRound2(FedAvg):
-        def extra_loss(self, ctx, x, y, features, logits):
+        def client_loss(self, ctx, x, y, features, logits):
+            terms = super().client_loss(ctx, x, y, features, logits)
             if ctx.round >= 2:
-                return logits.sum() * float("nan")
-            return None
+                terms["nan"] = logits.sum() * float("nan")
+            return terms
 
     NaNFromRound2.name = name
     METHODS.register(name)(NaNFromRound2)
@@ -311,8 +312,8 @@ def test_nan_from_first_round(make_run_config, tmp_path):
     name = f"test_nan1_{uuid.uuid4().hex[:8]}"
 
     class NaNAlways(FedAvg):
-        def extra_loss(self, ctx, x, y, features, logits):
-            return logits.sum() * float("nan")
+        def client_loss(self, ctx, x, y, features, logits):
+            return {"nan": logits.sum() * float("nan")}
 
     METHODS.register(name)(NaNAlways)
     try:
@@ -331,7 +332,7 @@ def test_method_diagnostics_become_prefixed_columns(make_run_config, tmp_path):
             ctx.stats["cid"] = float(ctx.cid)
             return super().client_end(ctx)
 
-        def round_metrics(self, server, uploads):
+        def server_metrics(self, server, uploads):
             return {"uploads": len(uploads)}
 
     METHODS.register(name)(Diag)

@@ -37,7 +37,7 @@ from .models import build_model
 from .progress import RoundProgress, progress_mode
 from .rundata import load_run_data
 from .schedule import sample_clients
-from .state import FedState
+from .state import FedState, OnFed
 from .trainers import Diverged, choose_trainer
 from .utils import FedForgetError, torch_seed
 
@@ -135,25 +135,11 @@ class Simulation:
         self.method.server_init(self.server)
 
     # the run's state, read through the names the engine and the tests use (one home: fed)
-    @property
-    def global_params(self) -> dict[str, torch.Tensor]:
-        return self.fed.global_params
-
-    @global_params.setter
-    def global_params(self, value: dict[str, torch.Tensor]) -> None:
-        self.fed.global_params = value
-
-    @property
-    def client_state(self) -> dict[int, dict[str, Any]]:
-        return self.fed.clients
-
-    @property
-    def client_task(self) -> dict[int, int]:
-        return self.fed.client_task
-
-    @property
-    def task_reports(self) -> dict[int, Any]:
-        return self.fed.task_reports
+    # the run's state, held by ``self.fed`` (its one home)
+    global_params = OnFed("global_params")
+    client_state = OnFed("clients")
+    client_task = OnFed("client_task")
+    task_reports = OnFed("task_reports")
 
     def build(self, data) -> torch.nn.Module:
         cfg = self.cfg
@@ -162,7 +148,7 @@ class Simulation:
         )
         if self.scenario.heads == "per_task":
             model.use_task_heads(self.scenario.task_classes)
-        self.method.prepare_model(model)
+        self.method.model_init(model)
         return model.to(self.device)
 
     def end_task(self, rnd: int, lr: float) -> None:
@@ -182,7 +168,7 @@ class Simulation:
                         reports[cid] = report
         self.collect(TASK_END, reports)
         if reports and AFTER_TASK in self.method.exchanges:  # on what the server made of the first
-            self.server.broadcast = self.method.broadcast(self.server)
+            self.server.broadcast = self.method.server_broadcast(self.server)
             views = {cid: self.clients.task_view(cid, task) for cid in sorted(reports)}
             self.collect(AFTER_TASK, self.trainer.client_pass(AFTER_TASK, views, rnd, lr))
 
@@ -190,7 +176,7 @@ class Simulation:
         """The server's step of an exchange, with ``server.model`` holding the global
         weights (it may read the global model and replace the global weights)."""
         self.model_with(self.global_params)
-        self.method.collect(exchange, self.server, replies)
+        self.method.server_collect(exchange, self.server, replies)
 
     def server_hook(self, hook: Callable[..., None], *args: Any) -> None:
         """A server hook that may read the global model and replace the global weights:
@@ -272,22 +258,19 @@ class Simulation:
         if sc.starts_task(rnd):
             self.server.task = sc.task_of_round(rnd)
             self.server_hook(self.method.server_task_begin)
-        self.server.broadcast = self.method.broadcast(self.server)
+        self.server.broadcast = self.method.server_broadcast(self.server)
         # a client with no data in its task this round does not train (nor one whose rows
         # make no minibatch: a single row with drop_last, TrainSpec.epoch_rows)
         views = {c: v for c in sampled if t.epoch_rows(len(v := self.trainer.round_view(c, rnd)))}
         broadcast_params = self.global_params
         uploads, losses, stats, local_accs, eval_time = self.trainer.train_round(rnd, lr, views)
         if uploads:
-            aggregated = self.method.aggregate(self.server, uploads)
             # parameters no client trained in this task (per-task heads of other tasks) keep
-            # their global values, bit for bit
+            # their global values, bit for bit, whatever the method writes
             self.model.set_task(self.server.task)
-            for k, p in self.model.named_parameters():
-                if not p.requires_grad:
-                    aggregated[k] = broadcast_params[k]
-            self.server.global_params = aggregated
-            self.method.after_aggregate(self.server, uploads)  # may replace the global weights
+            self.server.untrained = tuple(k for k, p in self.model.named_parameters() if not p.requires_grad)
+            self.method.server_aggregate(self.server, uploads)
+            self.server.untrained = ()
         if not all(
             torch.isfinite(v).all()
             for v in self.server.global_params.values()
@@ -332,7 +315,7 @@ class Simulation:
         keys = sorted({k for s in stats for k in s})
         for k in keys:  # client-side diagnostics, averaged over the clients reporting them
             row[f"{cfg.method.name}_{k}"] = float(np.mean([s[k] for s in stats if k in s]))
-        for k, v in self.method.round_metrics(self.server, uploads).items():
+        for k, v in self.method.server_metrics(self.server, uploads).items():
             row[f"{cfg.method.name}_{k}"] = v
         row.update(
             train_time_s=train_time,

@@ -1,9 +1,9 @@
 """Evaluation of the global (and local) models on every task's test set.
 
 After every evaluated round the global model is scored on each task of the scenario (the
-tasks not yet trained too, for forward transfer), through the method's ``predict`` hook
+tasks not yet trained too, for forward transfer), through the method's ``eval_predict`` hook
 (default: the logits; iCaRL's nearest-mean classifier or FedProTIP's task routing replace
-it). Task-incremental scenarios give ``predict`` the task id and mask the scores outside
+it). Task-incremental scenarios give ``eval_predict`` the task id and mask the scores outside
 the task's classes. The per-task rows (round, current task, task, accuracy, loss, and the
 accuracies of the method's other inference modes, ``eval_counts``) are the run's
 ``tasks.csv``; at the last round of task t they are row t of the accuracy matrix
@@ -56,7 +56,7 @@ class Evaluator:
         extra: dict[str, torch.Tensor] = {}
         given = t if self.scenario.task_aware else None
         for x, y in self.test.batches(t, self.scenario, self.batch_size):
-            scores = self.method.predict(self.server, model, x, given)
+            scores = self.method.eval_predict(self.server, model, x, given)
             if self.class_mask is not None:
                 scores = masked_logits(scores, self.class_mask[t])
             correct += (scores.argmax(1) == y).sum()

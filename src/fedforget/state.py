@@ -10,8 +10,9 @@ Lifetimes [D]:
   client's own state, kept across the rounds it is sampled in: SCAFFOLD's c_i, replay
   buffers, ...), the task progress (``task``, ``client_task``, ``task_reports``), the
   metrics rows so far (``rows``) and, in the state dict, the global RNG states;
-- a round: ``ServerContext.broadcast``, the uploads, the clients' ``ClientContext``;
-- a step: ``ClientContext.scratch`` (never checkpointed).
+- a round: ``ServerContext.broadcast``, the uploads and their extras, the clients'
+  ``ClientContext`` with its ``scratch`` and ``stats`` (never checkpointed);
+- a step: the locals of the method's ``client_step``.
 
 The engine's own randomness is keyed by (seed, round, client) and needs no state; the
 global RNG states cover models or methods that draw from the global generators.
@@ -42,6 +43,21 @@ def to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, tuple):
         return tuple(to_device(v, device) for v in obj)
     return obj
+
+
+class OnFed:
+    """An attribute of an object with a ``fed`` (a ``FedState``) that is that state's field
+    ``name``: read and written there, its one home (``ServerContext.state`` is
+    ``FedState.server``, ``Simulation.client_state`` is ``FedState.clients``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj.fed, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj.fed, self.name, value)
 
 
 @dataclass

@@ -119,13 +119,9 @@ class LocalTrainer:
         """Client ``cid``'s data in round ``rnd`` (every task's for joint training)."""
         return self.clients.view(cid, rnd, type(self.method).trait("sees_all_tasks", self.method.p))
 
-    def offload(self, ctx: ClientContext) -> None:
-        """The client's state back to host memory until it is sampled again (on a GPU)."""
-        self.fed.park(ctx.cid)
-
     def enter_task(self, ctx: ClientContext) -> None:
-        """The client's task hooks when it trains on a task for the first time: asynchronous
-        boundaries end its previous task here (its report waits for the server's task end)."""
+        """A client's first training on a task: under asynchronous boundaries its previous
+        task ends here (its TASK_END report waits for the server's task end)."""
         prev = self.fed.client_task.get(ctx.cid)
         if prev == ctx.task:
             return
@@ -141,7 +137,6 @@ class LocalTrainer:
             self.load_params(self.model, self.fed.global_params)
             self.model.set_task(ctx.task)
         self.fed.client_task[ctx.cid] = ctx.task
-        self.method.client_task_begin(ctx)
 
     def train_client(
         self, cid: int, rnd: int, lr: float, view: TaskView | None = None
@@ -170,8 +165,8 @@ class LocalTrainer:
             batches = prefetched(view.batch, chunks) if self.clients.x.read_ahead else map(view.batch, chunks)
             for x, y, ctx.logit_mask in batches:
                 opt.zero_grad(set_to_none=True)
-                loss = method.backward(ctx, x, y)
-                method.transform_grad(ctx)
+                loss = method.client_step(ctx, x, y)
+                method.client_grad(ctx)
                 opt.step()
                 loss_sum += loss.detach()
                 ctx.steps += 1
@@ -180,19 +175,19 @@ class LocalTrainer:
             raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
         ctx.logit_mask = None
         upload = method.client_end(ctx)
-        self.offload(ctx)
+        self.fed.park(ctx.cid)
         return upload, mean_loss, ctx.stats
 
     # ------------------------------------------------------------------ task boundaries
     def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
-        """The clients ``views``' ``reply`` in the exchange ``exchange``, each on that view of
+        """The clients ``views``' ``client_reply`` in the exchange ``exchange``, each on that view of
         its data and the global weights, one after another; their replies, None left out."""
         replies = {}
         for cid, view in views.items():
             self.load_params(self.model, self.fed.global_params)
             ctx = self.client_context(cid, rnd, lr, view)
-            reply = self.method.reply(exchange, ctx)
-            self.offload(ctx)
+            reply = self.method.client_reply(exchange, ctx)
+            self.fed.park(ctx.cid)
             if reply is not None:
                 replies[cid] = reply
         return replies
@@ -255,7 +250,7 @@ class SequentialTrainer(LocalTrainer):
 class StackedTrainer(LocalTrainer):
     """Groups of up to ``train.max_parallel_clients`` clients in one batched pass
     (``fedforget.vectorized``): FedAvg's local SGD step for the stack, with the method's
-    per-step terms (``stacked_step_terms``), then the method's own ``client_end`` per client
+    per-step terms (``client_step_terms``), then the method's own ``client_end`` per client
     on its trained weights."""
 
     name = "vectorized"
@@ -289,8 +284,9 @@ class StackedTrainer(LocalTrainer):
         # every client on the global weights, then its terms for the stack
         with_terms = method.step_terms
         ctxs: dict[int, ClientContext] = {}
-        # clients entering a task, and every client of a method with step terms: their hooks
-        # on the global weights, loaded once (enter_task leaves them loaded)
+        # clients entering a task (an asynchronous boundary ends their previous one), and every
+        # client of a method with step terms: on the global weights, loaded once (enter_task
+        # leaves them loaded)
         setup = [c for c in cids if with_terms or self.fed.client_task.get(c) != views[c].task]
         if setup:
             self.load_params(self.model, self.fed.global_params)
@@ -303,7 +299,7 @@ class StackedTrainer(LocalTrainer):
             self.model, self.fed.global_params, self.clients.batch, jobs,
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
-            step_terms=(lambda order: method.stacked_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
+            step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
             graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead,
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
@@ -324,7 +320,7 @@ class StackedTrainer(LocalTrainer):
             ctx.steps = r.steps
             ups.append(method.client_end(ctx))
             stats.append(ctx.stats)
-            self.offload(ctx)
+            self.fed.park(ctx.cid)
         return ups, [r.mean_loss for r in results], stats
 
     def local_accuracies(self, uploads: list[Upload]) -> list[float]:

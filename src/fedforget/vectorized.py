@@ -40,7 +40,7 @@ The results match the sequential loop up to floating-point summation order (a te
 the method declares its local training FedAvg's step (``stacked``; a method's own
 ``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards: ``own_upload``), with
 its change, if any, stated as per-step loss and gradient terms for the stacked clients
-(``step_terms``: ``FedAvg.stacked_step_terms``, their one definition: FedProx, FedDyn,
+(``step_terms``: ``FedAvg.client_step_terms``, their one definition: FedProx, FedDyn,
 SCAFFOLD, FedCurv), the model has no
 buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
 place) and no dropout (its random draws would differ from a client's alone), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
@@ -252,7 +252,7 @@ def train_clients_together(
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
     ``ClientData.batch``): (x, y, logit mask or None), each [*pos.shape, ...].
     ``step_terms(order)``: the method's per-step loss and gradient terms
-    (``FedAvg.stacked_step_terms``) for the jobs in that order (indices into ``jobs``), the
+    (``FedAvg.client_step_terms``) for the jobs in that order (indices into ``jobs``), the
     order of the stack. ``graphs`` (on a GPU): the batched steps replayed as CUDA graphs
     (``fedforget.cudagraph``), for FedAvg's local training on ``stacked_forward`` models.
     ``read_ahead`` (a streamed pool on a GPU, ``Pool.read_ahead``): the batched steps'
@@ -308,7 +308,7 @@ def train_clients_together(
     tied = len(list(model.named_parameters(remove_duplicate=False))) != len(names)
 
     def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor):
-        """The method's per-step terms (``stacked_step_terms``) of clients lo..hi-1 added to
+        """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to
         their gradients and losses ([hi - lo, ...] each)."""
         if terms is None:
             return grads, losses

@@ -50,9 +50,9 @@ def step(seed: int, mem_y: torch.Tensor, mem_x: torch.Tensor | None = None):
     Reservoir(8).offer(state, mem_x, mem_y, torch.Generator(), task=0)
     ctx = context(model, state)
     method.client_begin(ctx)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     g = flat_grad(model).clone()
-    method.transform_grad(ctx)
+    method.client_grad(ctx)
     g_new = flat_grad(model).clone()
     # the memory batch A-GEM drew: the same keyed generator, the same draw
     mem = Reservoir(8).sample(state, 3, sample_generator(0, 3, 1, 0, MEMORY_STREAM))
@@ -75,7 +75,7 @@ def test_projection_formula_on_a_hand_built_example():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_client_step_projects_on_conflict_only(seed):
-    """The step's gradient after transform_grad is the formula applied to (g, g_ref), with
+    """The step's gradient after client_grad is the formula applied to (g, g_ref), with
     g_ref the gradient of the buffer batch drawn by the keyed generator; after it
     g' . g_ref >= -tol; without conflict g is unchanged bit for bit."""
     gen = torch.Generator().manual_seed(100 + seed)
@@ -109,9 +109,9 @@ def test_buffer_of_the_step_batch_itself_never_projects():
     method = AGEM(AGEM.Params(buffer_size=8, memory_batch_size=4), INFO)
     ctx = context(model, state)
     method.client_begin(ctx)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     g = flat_grad(model).clone()
-    method.transform_grad(ctx)
+    method.client_grad(ctx)
     assert torch.equal(flat_grad(model), g)
 
 

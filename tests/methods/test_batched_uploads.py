@@ -3,7 +3,7 @@ contract over the registry, not a list): FedAvg; those that train clients as Fed
 but upload something of their own (FedNova's effective step count, FedDF's and FedET's
 public logits: their client_end runs per client on its trained weights); and those whose
 local change is a per-step loss/gradient term (FedProx, FedDyn, SCAFFOLD: stated for the
-whole stack in ``stacked_step_terms``), with their per-client state carried over rounds."""
+whole stack in ``client_step_terms``), with their per-client state carried over rounds."""
 
 from __future__ import annotations
 

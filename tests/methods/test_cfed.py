@@ -24,6 +24,7 @@ from fedforget.data import prepare_public
 from fedforget.data.scenario import Scenario
 from fedforget.engine import Simulation, sample_clients
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
+from fedforget.methods.base import weighted_average
 from fedforget.methods.cfed import (
     GLOBAL,
     PARTS,
@@ -146,7 +147,7 @@ def reviewer_setup(params=None, heads=False):
 def test_a_reviewer_distils_the_old_model_on_its_own_surrogate_rows(classes):
     method, ctx, model, x_pub, teacher, parts = reviewer_setup({"review_classes": classes})
     x, y = torch.randn(5, 4), torch.tensor([2, 3, 2, 3, 2])  # its task batch: not used
-    loss = method.backward(ctx, x, y)
+    loss = method.client_step(ctx, x, y)
     # the first 5 rows of its stream: a permutation of its part keyed (seed, round, client, task)
     gen = torch.Generator().manual_seed(torch_seed(3, 4, 1, 1, REVIEW_STREAM))
     rows = parts[1][torch.randperm(len(parts[1]), generator=gen)[:5]]
@@ -162,7 +163,7 @@ def test_a_reviewer_distils_the_old_model_on_its_own_surrogate_rows(classes):
 
 def test_a_reviewer_with_task_heads_trains_the_body_through_frozen_old_heads():
     method, ctx, model, x_pub, teacher, parts = reviewer_setup(heads=True)
-    method.backward(ctx, torch.randn(4, 4), torch.tensor([2, 3, 2, 3]))
+    method.client_step(ctx, torch.randn(4, 4), torch.tensor([2, 3, 2, 3]))
     assert model.body[0].weight.grad.abs().sum() > 0
     assert all(p.grad is None for h in model.head.heads for p in h.parameters())
 
@@ -181,7 +182,7 @@ def test_a_learner_takes_fedavgs_step():
     ctx.broadcast = {**ctx.broadcast, REVIEWERS: frozenset({0})}
     method.client_begin(ctx)
     x, y = torch.randn(4, 4), torch.tensor([2, 3, 3, 2])
-    loss = method.backward(ctx, x, y)
+    loss = method.client_step(ctx, x, y)
     assert torch.allclose(loss, F.cross_entropy(model(x), y))
 
 
@@ -201,9 +202,9 @@ def test_the_review_learn_split_is_keyed_and_as_the_code_says():
     method = CFeD(CFeD.Params(), info)
     method.parts = split_parts(30, 11, 0)
     server = ServerContext(5, {}, None, CPU, SimpleNamespace(x=torch.zeros(30, 2)))
-    assert method.broadcast(server)[REVIEWERS] == frozenset()
+    assert method.server_broadcast(server)[REVIEWERS] == frozenset()
     server.state[TEACHER] = torch.zeros(30, 3)
-    got = method.broadcast(server)[REVIEWERS]
+    got = method.server_broadcast(server)[REVIEWERS]
     sampled = sample_clients(0, 5, 10, 0.5)
     assert got == frozenset(reviewers(0, 5, sampled, 0.4)) and len(got) == 2
 
@@ -231,16 +232,15 @@ def server_setup(params):
 
     glob = noisy(0.0)
     uploads = [Upload(0, 10, noisy(0.5), 3), Upload(1, 30, noisy(0.5), 3)]
-    server.broadcast = method.broadcast(server)
+    server.broadcast = method.server_broadcast(server)
     server.broadcast[GLOBAL] = glob
-    server.global_params = method.aggregate(server, uploads)
     return method, server, uploads, glob
 
 
 def test_server_distillation_is_as_specified():
     method, server, uploads, glob = server_setup({"distill_lr": 1e-2})
-    avg = {k: v.clone() for k, v in server.global_params.items()}
-    method.after_aggregate(server, uploads)
+    avg = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+    method.server_aggregate(server, uploads)  # FedAvg's average, then the distillation
     new = server.global_params
     # by hand: S_0 = the last part; row j of it labelled by teacher j mod 3 (clients 0, 1, then
     # the broadcast global model), eval mode; the student starts at the FedAvg average and takes
@@ -263,15 +263,16 @@ def test_server_distillation_is_as_specified():
     # what trains: the body and the current task's head; the other heads are untouched
     changed = {k for k in avg if not torch.equal(avg[k], new[k])}
     assert changed == {k for k in avg if k.startswith("body.") or k.startswith("head.heads.1.")}
-    assert method.round_metrics(server, uploads)["distill_steps"] == 2.0
+    assert method.server_metrics(server, uploads)["distill_steps"] == 2.0
 
 
 @pytest.mark.parametrize("params", [{"server_distill": False}, {"distill_epochs": 0}])
 def test_no_server_distillation_leaves_fedavgs_aggregate(params):
     method, server, uploads, _ = server_setup(params)
-    before = server.global_params
-    method.after_aggregate(server, uploads)
-    assert server.global_params is before
+    method.server_aggregate(server, uploads)
+    avg = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+    assert server.global_params.keys() == avg.keys()
+    assert all(torch.equal(server.global_params[k], v) for k, v in avg.items())
 
 
 # ------------------------------------------------------------------ runs

@@ -46,7 +46,7 @@ def setup(params: dict):
 def test_loss_equals_the_hand_formula(plus):
     method, ctx, model, state, x, y = setup({"alpha": 0.3, "beta": 0.7, "plus": plus})
     before = copy.deepcopy(state)
-    loss = method.local_loss(ctx, x, y)
+    loss = method.batch_loss(ctx, x, y)
     gen = sample_generator(0, 2, 1, 0, MEMORY_STREAM)  # the method's keyed draws, in order
     m1 = Reservoir(10).sample(before, 3, gen)
     expected = F.cross_entropy(model(x), y) + 0.3 * ((model(m1["x"]) - m1["logits"]) ** 2).mean()
@@ -61,7 +61,7 @@ def test_offered_rows_keep_the_training_forward_logits():
     method, ctx, model, state, x, y = setup({})
     method.scratch(ctx).to_offer = 4  # inside the first pass
     logits = model(x)
-    method.extra_loss(ctx, x, y, None, logits)
+    method.client_loss(ctx, x, y, None, logits)
     rows = Reservoir(10).rows(state)
     assert Reservoir(10).seen(state) == 11 and Reservoir(10).size(state) == 10
     got = {int(i): r for i, r in enumerate(rows["x"]) if any(torch.equal(r, xi) for xi in x)}
@@ -75,7 +75,7 @@ def test_empty_buffer_adds_nothing():
     method, ctx, model, state, x, y = setup({})
     ctx.state = {}
     method.client_begin(ctx)
-    assert torch.equal(method.local_loss(ctx, x, y), F.cross_entropy(model(x), y))
+    assert torch.equal(method.batch_loss(ctx, x, y), F.cross_entropy(model(x), y))
 
 
 @pytest.mark.parametrize("params", [{"alpha": 0.0}, {"alpha": 0.0, "beta": 0.0, "plus": True}, {"buffer_size": 0}])

@@ -67,7 +67,8 @@ def test_penalty_and_gradient_are_the_sum_over_the_other_clients():
     method = FedCurv(FedCurv.Params(lam=lam), INFO)
     method.client_begin(ctx)
     model.zero_grad()
-    pen = method.extra_loss(ctx, None, None, None, None)
+    x = torch.zeros(2, 4)
+    pen = method.client_loss(ctx, x, torch.zeros(2, dtype=torch.long), *model.forward_with_features(x))["step_terms"]
     pen.backward()
     w = flat_params(model)
     expected = lam * sum((fisher[j] * (w - w_hat[j]) ** 2).sum() for j in (0, 2))

@@ -57,7 +57,8 @@ def test_h_update_and_server_model_hand_computed(weighting):
         Upload(0, 1, sd([[2.0]], [3.0]), 2),  # client 0: n = 1
         Upload(2, 3, sd([[0.0]], [1.0]), 2),  # client 2: n = 3
     ]
-    new = method.aggregate(server, uploads)
+    method.server_aggregate(server, uploads)
+    new = server.global_params
     # weight: sum (theta_k - theta^{t-1}) = (2-1) + (0-1) = 0  -> h = 0.5 - (0.5/4)*0 = 0.5
     # bias:   sum = (3-1) + (1-1) = 2                          -> h = -0.5 - (0.5/4)*2 = -0.75
     # (h ignores the weighting: 1/m with m = all 4 clients)
@@ -95,7 +96,7 @@ def _grads(method, model, global_params, state=None):
     ctx = make_ctx(model, global_params, state)
     model.zero_grad(set_to_none=True)
     method.client_begin(ctx)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     return {n: p.grad.clone() for n, p in model.named_parameters()}, ctx
 
 

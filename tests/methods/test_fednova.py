@@ -65,14 +65,15 @@ def test_aggregate_hand_computed():
         Upload(0, 1, sd(2.0, 0.0), 1, {"a": 1.0}),  # n = 1 -> p = 0.25, a = 1
         Upload(1, 3, sd(2.0, 3.0), 2, {"a": 2.0}),  # n = 3 -> p = 0.75, a = 2
     ]
-    new = method.aggregate(server, uploads)
+    method.server_aggregate(server, uploads)
+    new = server.global_params
     # tau_eff = 0.25*1 + 0.75*2 = 1.75
     # weight: d = (4-2)/1 = 2, (4-2)/2 = 1; sum p d = 0.5 + 0.75 = 1.25; 4 - 1.75*1.25 = 1.8125
     # bias:   d = (1-0)/1 = 1, (1-3)/2 = -1; sum p d = 0.25 - 0.75 = -0.5; 1 + 1.75*0.5 = 1.875
     # (FedAvg would give weight 0.25*2 + 0.75*2 = 2, bias 0.25*0 + 0.75*3 = 2.25)
     torch.testing.assert_close(new["head.weight"], torch.tensor([[1.8125]]))
     torch.testing.assert_close(new["head.bias"], torch.tensor([1.875]))
-    assert method.round_metrics(server, uploads) == {"tau_eff": 1.75}
+    assert method.server_metrics(server, uploads) == {"tau_eff": 1.75}
 
 
 KW = dict(rounds=2, local_epochs=2, eval_local_models=False,

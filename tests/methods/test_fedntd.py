@@ -87,12 +87,12 @@ def test_method_distils_the_global_model_frozen_at_client_begin():
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     method.client_begin(ctx)
     feats, logits = model.forward_with_features(x)
-    assert float(method.extra_loss(ctx, x, y, feats, logits).detach()) == pytest.approx(0, abs=1e-7)
+    assert float(method.client_loss(ctx, x, y, feats, logits)["ntd"].detach()) == pytest.approx(0, abs=1e-7)
     with torch.no_grad():  # local training moves the model
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     feats, logits = model.forward_with_features(x)
-    got = method.extra_loss(ctx, x, y, feats, logits)
+    got = method.client_loss(ctx, x, y, feats, logits)["ntd"]
     g = copy.deepcopy(model)
     g.load_state_dict(glob)
     want = (

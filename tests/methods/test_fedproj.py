@@ -168,11 +168,11 @@ def test_client_step_projects_against_the_memory_gradient():
         ctx = client(m, model, x_pub, teacher)
         m.client_begin(ctx)
         model.zero_grad(set_to_none=True)
-        m.backward(ctx, x, y)
+        m.client_step(ctx, x, y)
         params = list(model.parameters())
         g_new = [p.grad.clone() for p in params]
         g_glob = torch.autograd.grad(memory_kl(model(x_pub), teacher, 3.0), params)
-        m.transform_grad(ctx)
+        m.client_grad(ctx)
         g = flat([p.grad for p in params])
         d = (flat(g_new) @ flat(g_glob)).item()
         if d < 0:
@@ -223,7 +223,7 @@ def test_local_lr_step_every_half_of_the_local_epochs():
     m.client_begin(ctx)
     lrs = []
     for _ in range(8):
-        m.backward(ctx, torch.randn(4, 2), torch.randint(0, 3, (4,)))
+        m.client_step(ctx, torch.randn(4, 2), torch.randint(0, 3, (4,)))
         lrs.append(opt.param_groups[0]["lr"])
         ctx.steps += 1
     assert lrs == pytest.approx([0.1] * 4 + [0.01] * 4)
@@ -301,7 +301,7 @@ def test_weight_divergence_keeps_the_student_near_the_average():
         m = method({"alpha": alpha, "distill_lr": 1e-2, "distill_epochs": 20, "distill_batch_size": 8})
         pub = type("Pub", (), {"x": x_pub, "y": None})()
         server = ServerContext(1, dict(theta_avg), model, CPU, pub)
-        m.after_aggregate(server, ups)
+        m.distillation(server, ups)  # the step after FedAvg's average
         assert torch.equal(server.state[TEACHER], teacher)  # next round's memory
         dist[alpha] = sum(((server.global_params[k] - v) ** 2).sum() for k, v in theta_avg.items()).item()
         stats = server.state["distill_stats"]

@@ -148,7 +148,7 @@ def test_aggregation_is_orthonormal_and_spans_the_union_in_client_order():
         {"l": [2]},
         1,
     )
-    m.collect(TASK_END, server, {7: {"bases": {"l": clients[1]}}, 3: {"bases": {"l": clients[0]}}})
+    m.server_collect(TASK_END, server, {7: {"bases": {"l": clients[1]}}, 3: {"bases": {"l": clients[0]}}})
     phi = server.state[BASES]["l"]
     assert server.state[BLOCKS]["l"] == [2, 4]
     torch.testing.assert_close(phi.T @ phi, torch.eye(6), atol=1e-5, rtol=0)
@@ -176,8 +176,8 @@ def test_projected_gradient_is_orthogonal_to_the_bases_conv_and_linear():
     bases = {n: orthonormal(weight_matrix(m).shape[1], max(1, weight_matrix(m).shape[1] // 3), i).float()
              for i, (n, m) in enumerate(layers.items())}  # fmt: skip
     m, ctx = client(model, {BASES: bases})
-    m.backward(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
-    m.transform_grad(ctx)
+    m.client_step(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
+    m.client_grad(ctx)
     kinds = set()
     for name, layer in layers.items():
         g = layer.weight.grad.reshape(layer.weight.shape[0], -1)
@@ -203,18 +203,18 @@ def test_a_projected_round_keeps_first_layer_outputs_on_old_inputs(project):
     data = SimpleNamespace(sample=lambda m, g: (x_old[:m], None, None))
     m, ctx = client(model, {}, task=0, params={"threshold": 0.3, "samples": 64}, data=data)
     server = ServerContext(1, {}, model, CPU, None)
-    m.collect(TASK_END, server, {0: m.reply(TASK_END, ctx)})
+    m.server_collect(TASK_END, server, {0: m.client_reply(TASK_END, ctx)})
     conv = projected_layers(model)["body.0"]
     phi = server.state[BASES]["body.0"]
     assert 0 < phi.shape[1] < phi.shape[0]  # a proper subspace
     a = input_matrix(conv, x_old)
     a_in = phi @ (phi.T @ a)
     before = weight_matrix(conv) @ a_in + conv.bias[:, None]
-    m, ctx = client(model, m.broadcast(server) if project else {}, lr=0.5)
+    m, ctx = client(model, m.server_broadcast(server) if project else {}, lr=0.5)
     for _ in range(3):
         ctx.optimizer.zero_grad(set_to_none=True)
-        m.backward(ctx, x_new, torch.arange(8))
-        m.transform_grad(ctx)
+        m.client_step(ctx, x_new, torch.arange(8))
+        m.client_grad(ctx)
         ctx.optimizer.step()
     after = weight_matrix(conv) @ a_in + conv.bias[:, None]
     if project:
@@ -235,16 +235,16 @@ def test_task_end_reports_bases_then_references_against_the_global_bases():
     for t, x in enumerate(xs):
         data = SimpleNamespace(sample=lambda n, g, x=x: (x[:n], None, None))
         m, ctx = client(
-            model, method().broadcast(server), task=t, params={"samples": 64}, data=data
+            model, method().server_broadcast(server), task=t, params={"samples": 64}, data=data
         )
         ctx.state = state
-        reports.append(m.reply(TASK_END, ctx))
+        reports.append(m.client_reply(TASK_END, ctx))
         assert model.training  # the mode is restored
         assert "refs" not in reports[-1]
-        m.collect(TASK_END, server, {0: reports[-1]})
-        ctx.broadcast = m.broadcast(server)  # as the engine's after-task pass gives it
-        replies.append(m.reply(AFTER_TASK, ctx))
-        m.collect(AFTER_TASK, server, {0: replies[-1]})
+        m.server_collect(TASK_END, server, {0: reports[-1]})
+        ctx.broadcast = m.server_broadcast(server)  # as the engine's after-task pass gives it
+        replies.append(m.client_reply(AFTER_TASK, ctx))
+        m.server_collect(AFTER_TASK, server, {0: replies[-1]})
         assert server.state[REFS][0] is replies[-1]
         assert server.state[COMM][-1]["comm_refs_mb"] == sum(w.numel() * 4 for w in replies[-1].values()) / 1e6
     assert set(reports[0]["bases"]) == {*projected_layers(model), FEATURES}

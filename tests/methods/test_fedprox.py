@@ -40,7 +40,7 @@ def grads_and_loss(method, model, global_params, x, y):
     )  # fmt: skip
     model.zero_grad(set_to_none=True)
     method.client_begin(ctx)
-    loss = method.backward(ctx, x, y)
+    loss = method.client_step(ctx, x, y)
     return {n: p.grad.clone() for n, p in model.named_parameters()}, loss.item()
 
 

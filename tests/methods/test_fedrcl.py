@@ -244,7 +244,7 @@ def test_client_step_on_one_level_model_is_the_single_level_loss(levels):
     )
     ctx = make_ctx(model)
     method.client_begin(ctx)
-    loss = method.backward(ctx, x, y)
+    loss = method.client_step(ctx, x, y)
     got = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     z, logits = model.forward_with_features(x)
@@ -287,7 +287,7 @@ def test_level_index_beyond_the_model_is_reported():
     ctx = make_ctx(model)
     method.client_begin(ctx)
     with pytest.raises(ValueError, match="levels=.*below 1"):
-        method.backward(ctx, torch.randn(4, 4), torch.tensor([0, 0, 1, 2]))
+        method.client_step(ctx, torch.randn(4, 4), torch.tensor([0, 0, 1, 2]))
 
 
 @pytest.mark.parametrize("levels", ["all", "last"])

@@ -56,7 +56,7 @@ def grads_at(model, x, y, shift=None):
 def test_perturbation_norm_is_rho_and_direction_is_g():
     method, model, ctx, x, y = tiny_setup(FedSAM, {"rho": 0.37})
     seen = record_eps(method)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     (eps,) = seen
     _, g = grads_at(model, x, y)
     norm = math.sqrt(sum(float(e.double().pow(2).sum()) for e in eps))
@@ -90,7 +90,7 @@ def test_step_gradient_is_gradient_at_perturbed_weights_and_weights_restored():
     eps = [0.5 * t / gnorm for t in g]
     loss_adv, g_adv = grads_at(model, x, y, shift=eps)
 
-    loss = method.backward(ctx, x, y)
+    loss = method.client_step(ctx, x, y)
 
     for k, v in model.state_dict().items():
         assert torch.equal(v, w0[k]), k  # bit-exact restore

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, make_params
+from fedforget.methods.base import total_loss
 from fedforget.methods.fedsol import FedSOL
 from fedforget.models import build_model
 from fedforget.parse import parse_config
@@ -81,7 +82,7 @@ def flat_norm(ts):
 def test_fixed_eps_has_norm_rho_and_is_parallel_to_the_kl_gradient(perturb):
     method, model, ctx, x, y = setup({"rho": 0.7, "adaptive": False, "perturb": perturb})
     seen = record_eps(method)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     (eps,) = seen
     g, _ = kl_grad(model, ctx.global_params, x)
     sel = names(model, perturb)
@@ -96,7 +97,7 @@ def test_fixed_eps_has_norm_rho_and_is_parallel_to_the_kl_gradient(perturb):
 def test_adaptive_eps_is_eq8_with_eq7_lambda(norm):
     method, model, ctx, x, y = setup({"rho": 1.3, "perturb": "all", "lambda_norm": norm})
     seen = record_eps(method)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     (eps,) = seen
     g, _ = kl_grad(model, ctx.global_params, x)
     gn = flat_norm(g.values())
@@ -130,7 +131,7 @@ def test_step_uses_ce_gradient_at_perturbed_weights_and_restores_them(perturb):
     method, model, ctx, x, y = setup({"rho": 1.0, "perturb": perturb})
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     seen = record_eps(method)
-    loss = method.backward(ctx, x, y)
+    loss = method.client_step(ctx, x, y)
     (eps,) = seen
     sel = names(model, perturb)
     shift = dict(zip(sel, eps))
@@ -160,7 +161,7 @@ def test_batchnorm_statistics_are_updated_by_the_first_pass_only():
     once = copy.deepcopy(model)
     once(x)  # one train-mode forward at w
     seen = record_eps(method)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     (eps,) = seen
     assert eps is not None
     expected = ce_grad(model, x, y, dict(zip(names(model, "all"), eps)))
@@ -184,7 +185,7 @@ def test_head_only_leaves_the_body_unperturbed():
 
     torch._foreach_add_ = spy
     try:
-        method.backward(ctx, x, y)
+        method.client_step(ctx, x, y)
     finally:
         torch._foreach_add_ = orig_add
     head_ids = {id(p) for p in model.head.parameters()}
@@ -192,7 +193,7 @@ def test_head_only_leaves_the_body_unperturbed():
     # and the body gradient is grad CE with only the head shifted
     method2, model2, ctx2, *_ = setup({"rho": 2.0, "perturb": "head"})
     eps_seen = record_eps(method2)
-    method2.backward(ctx2, x, y)
+    method2.client_step(ctx2, x, y)
     shift = dict(zip(names(model2, "head"), eps_seen[0]))
     expected = ce_grad(model2, x, y, shift)
     for n, p in model2.body.named_parameters():
@@ -204,7 +205,7 @@ def test_first_local_step_is_fedavg_step():
     for params in ({"rho": 2.0, "perturb": "all"}, {"rho": 2.0, "perturb": "all", "adaptive": False}):
         method, model, ctx, x, y = setup(params, shift=0.0)
         seen = record_eps(method)
-        method.backward(ctx, x, y)
+        method.client_step(ctx, x, y)
         assert seen == [None]
         plain = ce_grad(model, x, y)
         for n, p in model.named_parameters():
@@ -227,7 +228,7 @@ def test_projection_removes_the_conflicting_component_only():
     g_l = ce_grad(model, x, y)
     gp = torch.cat([g_p[n].flatten() for n, _ in model.named_parameters()]).double()
     gl = torch.cat([g_l[n].flatten() for n, _ in model.named_parameters()]).double()
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     gu = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
     if gl @ gp < 0:  # Eq. 3
         expected = gl - (gl @ gp) / (gp @ gp) * gp
@@ -239,20 +240,20 @@ def test_projection_removes_the_conflicting_component_only():
     conflicts = set()
     for seed in range(30):
         m, mod, c, xx, yy = setup({"update": "project", "perturb": "all"}, seed=seed)
-        m.backward(c, xx, yy)
+        m.client_step(c, xx, yy)
         conflicts.add(m.scratch(c).sums["conflict_rate"] > 0)
     assert conflicts == {True, False}
 
 
 def test_loss_variant_is_ce_plus_beta_kl_and_l2_is_fedprox():
     method, model, ctx, x, y = setup({"update": "loss", "beta": 0.5, "proximal": "kl", "perturb": "head"})
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     g_p, _ = kl_grad(model, ctx.global_params, x)
     g_l = ce_grad(model, x, y)
     for n, p in model.named_parameters():  # all parameters, though perturb says head
         torch.testing.assert_close(p.grad, g_l[n] + 0.5 * g_p[n], rtol=1e-4, atol=1e-7)
     method, model, ctx, x, y = setup({"update": "loss", "beta": 0.5, "proximal": "l2"})
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     g_l = ce_grad(model, x, y)
     for n, p in model.named_parameters():  # FedProx with mu = 0.5: + mu (w - w_g)
         torch.testing.assert_close(p.grad, g_l[n] + 0.5 * (p.detach() - ctx.global_params[n]))
@@ -261,7 +262,7 @@ def test_loss_variant_is_ce_plus_beta_kl_and_l2_is_fedprox():
 def test_l2_proximal_direction_is_w_minus_wg():
     method, model, ctx, x, y = setup({"proximal": "l2", "adaptive": False, "rho": 0.4, "perturb": "all"})
     seen = record_eps(method)
-    method.backward(ctx, x, y)
+    method.client_step(ctx, x, y)
     d = [p.detach() - ctx.global_params[n] for n, p in model.named_parameters()]
     dn = flat_norm(d)
     for e, di in zip(seen[0], d):
@@ -301,7 +302,7 @@ def test_combined_base_direction_is_the_base_term_gradient(make_run_config, base
     cid = 0
     state = sim.client_state[cid]
     ctx = ClientContext(cid, 2, model, torch.optim.SGD(model.parameters(), lr=0.1), sim.global_params,
-                        method.broadcast(sim.server), state, 10, 0.1, 1, 16)  # fmt: skip
+                        method.server_broadcast(sim.server), state, 10, 0.1, 1, 16)  # fmt: skip
     with torch.no_grad():  # move off w_g so every term is non-zero
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -313,10 +314,8 @@ def test_combined_base_direction_is_the_base_term_gradient(make_run_config, base
     # reference: (CE + base extra, base transform) minus CE alone, through the base itself
     model.zero_grad(set_to_none=True)
     f2, l2 = model.forward_with_features(x)
-    loss = F.cross_entropy(l2, y)
-    extra = method.base.extra_loss(ctx, x, y, f2, l2)
-    (loss if extra is None else loss + extra).backward()
-    method.base.transform_grad(ctx)
+    total_loss(method.base.client_loss(ctx, x, y, f2, l2)).backward()  # CE first, then its term
+    method.base.client_grad(ctx)
     full = [p.grad.clone() for p in model.parameters()]
     ce = ce_grad(model, x, y)
     diff = [f - ce[n] for f, (n, _) in zip(full, model.named_parameters())]

@@ -87,7 +87,7 @@ def test_compensation_weights_on_a_hand_built_batch():
     loss_hand = sum(wi * c for wi, c in zip(w_hand, ce)) / 4  # L_GC, no old model
     method = GLFC(GLFC.Params(), split_info())
     ctx, x, y = hand_ctx(method)
-    assert math.isclose(method.local_loss(ctx, x, y).item(), loss_hand, rel_tol=1e-6)
+    assert math.isclose(method.step_loss(ctx, x, y).item(), loss_hand, rel_tol=1e-6)
     # the code's sigmoid form: G_i = sigmoid(z_y) - 1, each row's mean binary cross-entropy
     sig = GLFC(GLFC.Params(loss="sigmoid"), split_info())
     ctx, x, y = hand_ctx(sig)
@@ -104,7 +104,7 @@ def test_compensation_weights_on_a_hand_built_batch():
         for i in range(4)
     ]
     assert math.isclose(
-        sig.local_loss(ctx, x, y).item(), sum(a * b for a, b in zip(w, bce)) / 4, rel_tol=1e-6
+        sig.step_loss(ctx, x, y).item(), sum(a * b for a, b in zip(w, bce)) / 4, rel_tol=1e-6
     )
 
 
@@ -131,7 +131,7 @@ def test_relation_distillation_target_on_a_hand_built_example():
     method = GLFC(GLFC.Params(), split_info())
     ctx, x, y = hand_ctx(method, old=old.state_dict())
     assert math.isclose(
-        method.local_loss(ctx, x, y).item(), 0.5 * gc + 0.5 * sum(kl) / 4, rel_tol=1e-6
+        method.step_loss(ctx, x, y).item(), 0.5 * gc + 0.5 * sum(kl) / 4, rel_tol=1e-6
     )
     # task-IL: a row scores its task's classes only, so a new row's target is its one-hot
     masked = GLFC(GLFC.Params(), split_info("task"))
@@ -186,7 +186,7 @@ def test_proxy_server_reconstructs_and_selects_the_model_best_on_its_samples():
     accs = {}
     for rnd, name in enumerate("ACB", start=1):
         server.round, server.global_params = rnd, candidates[name].state_dict()
-        method.after_aggregate(server, [up] if rnd == 1 else [])
+        method.proxy_step(server, [up] if rnd == 1 else [])
         mon = server.state[MONITOR]
         accs[name] = float((candidates[name](mon["x"]).argmax(1) == mon["y"]).double().mean())
     mon = server.state[MONITOR]
@@ -202,7 +202,7 @@ def test_proxy_server_reconstructs_and_selects_the_model_best_on_its_samples():
     server.task = 1
     method.server_task_begin(server)  # the best model of task 0 is task 1's old model
     assert server.state[OLD] is server.state[BEST] and server.state[BEST_ACC] == 0.0
-    assert method.broadcast(server)[OLD] is server.state[OLD]
+    assert method.server_broadcast(server)[OLD] is server.state[OLD]
 
 
 # ------------------------------------------------------------------ LGA
@@ -249,7 +249,7 @@ def test_lga_weights_the_distillation_too():
     method = LGA(LGA.Params(), split_info())
     ctx, x, y = hand_ctx(method, old=old.state_dict())
     expected = sum(wi * c for wi, c in zip(w, ce)) / 4 + sum(wi * k for wi, k in zip(w, kl)) / 4
-    assert math.isclose(method.local_loss(ctx, x, y).item(), expected, rel_tol=1e-6)
+    assert math.isclose(method.step_loss(ctx, x, y).item(), expected, rel_tol=1e-6)
 
 
 def test_lga_radius_and_prototype_augmentation():

@@ -114,15 +114,15 @@ def test_projected_gradient_is_orthogonal_to_the_memory_and_biases_are_dropped()
     model = build_model("cnn2d", (1, 8, 8), 10)
     bases = old_memory(model, torch.randn(3, 1, 8, 8, generator=gen(1)))
     method, ctx = client(model, bases)
-    method.backward(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
-    method.transform_grad(ctx)
+    method.client_step(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
+    method.client_grad(ctx)
     for name, layer in projected_layers(model).items():
         g = layer.weight.grad.reshape(layer.weight.shape[0], -1)
         assert (g @ bases[name]).abs().max() < 1e-5 * max(g.abs().max().item(), 1.0), name
         assert layer.bias.grad is None  # frozen (bias: freeze)
     method, ctx = client(model, bases, params={"bias": "free"})
-    method.backward(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
-    method.transform_grad(ctx)
+    method.client_step(ctx, torch.randn(8, 1, 8, 8, generator=gen(2)), torch.arange(8))
+    method.client_grad(ctx)
     assert all(layer.bias.grad is not None for layer in projected_layers(model).values())
 
 
@@ -145,8 +145,8 @@ def test_projected_steps_leave_outputs_on_old_inputs_unchanged():
     before_new = model(x_new).detach()
     for _ in range(3):
         ctx.optimizer.zero_grad(set_to_none=True)
-        method.backward(ctx, x_new, torch.arange(8) % 10)
-        method.transform_grad(ctx)
+        method.client_step(ctx, x_new, torch.arange(8) % 10)
+        method.client_grad(ctx)
         ctx.optimizer.step()
     after_old = model(x_old).detach()
     torch.testing.assert_close(after_old, before_old, atol=1e-4, rtol=1e-4)

@@ -106,7 +106,7 @@ def test_task_ends_construct_then_reduce_and_report_feature_sums():
     model, state = identity_model(), {}
     x0 = torch.cat([line([0.0, 10.0, 4.0, 6.0, 5.5]), line([-1.0, -3.0, -2.0])])
     y0 = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
-    rep = method.reply(TASK_END, context(model, state, task=0, data=View(x0, y0)))
+    rep = method.client_reply(TASK_END, context(model, state, task=0, data=View(x0, y0)))
     st = state[KEY]
     assert st["x"][:3, 0].tolist() == [5.5, 4.0, 6.0]  # class 0: herding order
     assert st["x"][3:, 0].tolist() == [-2.0, -1.0, -3.0]  # class 1: mean -2 first
@@ -116,7 +116,7 @@ def test_task_ends_construct_then_reduce_and_report_feature_sums():
     torch.testing.assert_close(rep["sums"][:2, 0], torch.tensor([15.5, -6.0]))
 
     x1, y1 = line([7.0, 9.0, 8.0]), torch.tensor([2, 2, 2])
-    rep = method.reply(TASK_END, context(model, state, task=1, data=View(x1, y1)))
+    rep = method.client_reply(TASK_END, context(model, state, task=1, data=View(x1, y1)))
     st = state[KEY]
     assert st["x"][:, 0].tolist() == [5.5, 4.0, -2.0, -1.0, 8.0, 7.0]  # 7 and 9 tie: the lower row
     assert st["y"].tolist() == [0, 0, 1, 1, 2, 2] and st["task"].tolist() == [0, 0, 0, 0, 1, 1]
@@ -129,7 +129,7 @@ def test_normalised_features_enter_herding_and_the_sums():
     method = ICaRL(ICaRL.Params(buffer_size=4), info())
     state = {}
     x = torch.tensor([[3.0, 4.0], [6.0, 8.0], [0.0, 5.0], [1.0, 0.0]])
-    rep = method.reply(TASK_END,
+    rep = method.client_reply(TASK_END,
         context(identity_model(), state, data=View(x, torch.zeros(4, dtype=torch.long)))
     )
     # phi = (.6,.8), (.6,.8), (0,1), (1,0); mean (.55,.65): (.6,.8) first (distance^2 .025)
@@ -160,14 +160,14 @@ def test_nme_scores_equal_the_hand_computation():
         [2 - 2 * (2 - 3) / r50, 2 + 2 * 3 / r10, 2 - 2 * 3 / r10],
     ])  # fmt: skip
     expected = torch.cat([-d, (-d).min(1, keepdim=True).values - 30.0], 1)
-    scores = method.predict(server, model, x, None)
+    scores = method.eval_predict(server, model, x, None)
     torch.testing.assert_close(scores, expected)
     assert scores.argmax(1).tolist() == [0, 2]
     # another model (a client's local one) and no reports: the logits
     other = identity_model()
-    torch.testing.assert_close(method.predict(server, other, x, None), other(x))
+    torch.testing.assert_close(method.eval_predict(server, other, x, None), other(x))
     empty = ServerContext(5, {}, model, CPU, None, {})
-    torch.testing.assert_close(method.predict(empty, model, x, None), model(x))
+    torch.testing.assert_close(method.eval_predict(empty, model, x, None), model(x))
 
 
 # ------------------------------------------------------------------ the loss
@@ -203,7 +203,7 @@ def test_local_loss_is_bce_with_distillation_targets_on_the_seen_classes(reducti
     ctx = context(model, state, task=1, broadcast={PREV: prev.state_dict()}, n=4, bs=4)
     method.client_begin(ctx)
     x, y = torch.randn(4, 3, generator=g), torch.tensor([2, 3, 3, 2])
-    loss = method.local_loss(ctx, x, y)
+    loss = method.step_loss(ctx, x, y)
     xa, ya = torch.cat([x, ex_x]), torch.cat([y, ex_y])
     g_new, q = torch.sigmoid(model(xa)), torch.sigmoid(prev(xa)).detach()
     target = torch.cat([q[:, :2], F.one_hot(ya, 6)[:, 2:4].float()], 1)
@@ -218,7 +218,7 @@ def test_local_loss_is_bce_with_distillation_targets_on_the_seen_classes(reducti
     t0 = F.one_hot(y0, 6)[:, :2].float()
     bce0 = -(t0 * p0.log() + (1 - t0) * (1 - p0).log())
     torch.testing.assert_close(
-        method.local_loss(ctx0, x, y0), bce0.mean() if reduction == "mean" else bce0.sum(1).mean()
+        method.step_loss(ctx0, x, y0), bce0.mean() if reduction == "mean" else bce0.sum(1).mean()
     )
     assert (
         icarl_loss(torch.zeros(1, 6), torch.zeros(1, 6), torch.ones(6, dtype=torch.bool), "mean")
@@ -391,16 +391,16 @@ def test_round_end_refreshes_the_means_on_the_new_model():
     model; its task end in the same round already did (no second message)."""
     method = ICaRL(ICaRL.Params(buffer_size=4, normalize=False), info())
     state, model = {}, identity_model()
-    method.reply(TASK_END,
+    method.client_reply(TASK_END,
         context(model, state, rnd=3, data=View(line([1.0, 2.0]), torch.tensor([0, 1])))
     )
-    assert method.reply(ROUND_END, context(model, state, rnd=3)) is None
+    assert method.client_reply(ROUND_END, context(model, state, rnd=3)) is None
     model.body = nn.Linear(2, 2)  # the representation changed
     with torch.no_grad():
         model.body.weight.copy_(torch.tensor([[2.0, 0.0], [0.0, 1.0]]))
         model.body.bias.zero_()
-    rep = method.reply(ROUND_END, context(model, state, rnd=4))
+    rep = method.client_reply(ROUND_END, context(model, state, rnd=4))
     torch.testing.assert_close(rep["sums"][:2], torch.tensor([[2.0, 0.0], [4.0, 0.0]]))
     server = ServerContext(4, {}, model, CPU, None, {})
-    method.collect(ROUND_END, server, {1: rep})
+    method.server_collect(ROUND_END, server, {1: rep})
     assert server.state[FEATS][1]["round"] == 4

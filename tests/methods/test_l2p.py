@@ -47,7 +47,7 @@ def method_and_model(params=None, scenario=None, num_classes=10):
     torch.manual_seed(0)
     model = build_model("vit", (1, 8, 8), num_classes, TINY_VIT)
     plain = copy.deepcopy(model.body)
-    method.prepare_model(model)
+    method.model_init(model)
     return method, model, plain
 
 
@@ -134,7 +134,7 @@ def test_local_loss_is_eq5_with_the_class_il_train_mask():
     x, y = digits(), torch.tensor([2, 3, 2, 2, 3, 3])  # task 1 holds classes 2 and 3
     ctx = context(model)
     method.client_begin(ctx)
-    loss = method.local_loss(ctx, x, y)
+    loss = method.step_loss(ctx, x, y)
     with torch.no_grad():
         z, _, idx = model.body.prompted(x)
         q = model.body.encode(model.body.embed(x))[:, 0]
@@ -150,7 +150,7 @@ def test_local_loss_is_eq5_with_the_class_il_train_mask():
     )
     ctx = context(model)
     method.client_begin(ctx)
-    torch.testing.assert_close(method.local_loss(ctx, x, y), F.cross_entropy(model(x), y))
+    torch.testing.assert_close(method.step_loss(ctx, x, y), F.cross_entropy(model(x), y))
 
 
 def test_only_prompts_keys_and_head_get_gradients():
@@ -158,8 +158,8 @@ def test_only_prompts_keys_and_head_get_gradients():
     x, y = digits(), torch.tensor([0, 1, 2, 3, 4, 5])
     ctx = context(model, task=0)
     method.client_begin(ctx)
-    method.backward(ctx, x, y)
-    method.transform_grad(ctx)
+    method.client_step(ctx, x, y)
+    method.client_grad(ctx)
     with torch.no_grad():
         used = set(model.body.prompted(x)[2].flatten().tolist())
     for n, p in model.named_parameters():

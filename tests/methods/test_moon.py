@@ -60,7 +60,7 @@ def make_ctx(model, state, rnd=1):
 def local_steps(method, ctx, x, y, n=3):
     for _ in range(n):
         ctx.optimizer.zero_grad(set_to_none=True)
-        method.backward(ctx, x, y)
+        method.client_step(ctx, x, y)
         ctx.optimizer.step()
         ctx.steps += 1
 
@@ -71,7 +71,7 @@ def test_prev_model_is_the_upload_and_is_contrasted_next_round():
     state: dict = {}
     ctx = make_ctx(model, state)
     method.client_begin(ctx)
-    assert method.extra_loss(ctx, x, y, *model.forward_with_features(x)) is None  # no prev yet
+    assert list(method.client_loss(ctx, x, y, *model.forward_with_features(x))) == ["task"]  # no prev yet
     local_steps(method, ctx, x, y)
     up = method.client_end(ctx)
     stored = unflatten_state(state["prev"], up.params)
@@ -94,7 +94,7 @@ def test_prev_model_is_the_upload_and_is_contrasted_next_round():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     feats, logits = model.forward_with_features(x)
-    got = method.extra_loss(ctx2, x, y, feats, logits)
+    got = method.client_loss(ctx2, x, y, feats, logits)["contrastive"]
     # independent reference: fresh models loaded from the two state dicts
     g, prev = copy.deepcopy(model), copy.deepcopy(model)
     g.load_state_dict(ctx2.global_params)

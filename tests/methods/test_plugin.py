@@ -25,9 +25,11 @@ def test_the_plugin_forwards_every_hook_of_the_api():
         n for n, f in vars(FedAvg).items()
         if inspect.isfunction(f) and not n.startswith("_")
     }  # fmt: skip
-    # scratch: each method's own per-client namespace (the exchanges a plug-in runs are its own
-    # and its base's: OverBase.exchanges, a property, not a hook)
-    assert set(HOOKS) == api - {"scratch"}
+    # scratch: each method's own per-client namespace; batch_loss: a helper over client_loss
+    # (the exchanges a plug-in runs are its own and its base's: OverBase.exchanges, a
+    # property, not a hook)
+    assert set(HOOKS) == api - {"scratch", "batch_loss"}
+    assert len(HOOKS) == 16 and all(h.split("_")[0] in ("model", "server", "client", "eval") for h in HOOKS)
     assert "fedsol" in PLUGINS
 
 

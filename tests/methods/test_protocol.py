@@ -1,6 +1,6 @@
 """The method protocol's declared capabilities, over every registered method (a contract, not
 a list): the extra exchanges a method runs are declared by name, from ``EXCHANGES``; a method
-that writes a ``reply`` or a ``collect`` declares an exchange for it, and one that declares an
+that writes a ``client_reply`` or a ``server_collect`` declares an exchange for it, and one that declares an
 exchange writes at least one of them; a plug-in runs its own exchanges and its base's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from fedforget.methods import METHODS, FedAvg, RunInfo, make_params
 from fedforget.methods.base import EXCHANGES, ROUND_END, TASK_END
-from fedforget.methods.plugin import OverBase
+from fedforget.methods.plugin import HOOKS, OverBase
 from fedforget.train_spec import TrainSpec
 
 from .conftest import CPU
@@ -22,6 +22,7 @@ def _instance(name: str, params: dict | None = None) -> FedAvg:
 
 def _writes(cls: type, hook: str) -> bool:
     """Whether ``cls`` or a class between it and FedAvg (or OverBase) defines ``hook``."""
+    assert hook in HOOKS, hook  # a renamed hook fails here, not silently
     stop = (FedAvg, OverBase)
     return any(hook in vars(k) for k in cls.__mro__ if issubclass(k, FedAvg) and k not in stop)
 
@@ -32,7 +33,7 @@ def test_exchanges_are_declared_by_name_and_written(name):
     declared = cls.own_exchanges if issubclass(cls, OverBase) else cls.exchanges
     assert set(declared) <= set(EXCHANGES), (name, declared)
     assert len(set(declared)) == len(declared)
-    writes = _writes(cls, "reply") or _writes(cls, "collect")
+    writes = _writes(cls, "client_reply") or _writes(cls, "server_collect")
     assert bool(declared) == writes, f"{name}: exchanges {declared}, writes reply/collect: {writes}"
 
 
@@ -57,8 +58,8 @@ def test_a_plugin_without_exchanges_of_its_own_runs_its_bases():
 
 
 # ----------------------------------------------------------------------------- capabilities
-TRAINING_HOOKS = ("client_task_begin", "client_begin", "task_loss", "extra_loss", "local_loss", "backward", "transform_grad")
-TERM_HOOKS = ("client_begin", "extra_loss", "transform_grad")  # what per-step terms may need
+TRAINING_HOOKS = ("client_begin", "client_loss", "client_step", "client_grad")
+TERM_HOOKS = ("client_begin",)  # what per-step terms may need
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS.names() if not issubclass(METHODS.get(n), OverBase)])
@@ -66,15 +67,15 @@ def test_declared_capabilities_match_the_code(name):
     """What a method declares is what its code does: ``stacked`` only if every hook that shapes
     local training is FedAvg's, or it states its change as per-step terms (and writes only
     the hooks those need); ``step_terms``, ``own_upload``, ``own_predict`` exactly when it
-    writes ``stacked_step_terms``, ``client_end``, ``predict``. A wrong declaration would let
+    writes ``client_step_terms``, ``client_end``, ``eval_predict``. A wrong declaration would let
     the stacked trainer run a step the method does not take."""
     cls = METHODS.get(name)
     written = [h for h in TRAINING_HOOKS if _writes(cls, h)]
-    terms = _writes(cls, "stacked_step_terms")
+    terms = _writes(cls, "client_step_terms")
     assert cls.step_terms == terms, name
     assert cls.stacked == (not written or (terms and set(written) <= set(TERM_HOOKS))), (name, written)
     assert cls.own_upload == _writes(cls, "client_end"), name
-    assert cls.own_predict == _writes(cls, "predict"), name
+    assert cls.own_predict == _writes(cls, "eval_predict"), name
 
 
 def test_a_plugin_trains_sequentially():

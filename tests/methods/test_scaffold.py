@@ -13,6 +13,7 @@ from torch import nn
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, check_params
+from fedforget.methods.base import TASK
 from fedforget.methods.scaffold import Scaffold
 from fedforget.methods.shared import effective_steps
 from fedforget.models import Classifier
@@ -41,8 +42,10 @@ def sd(w: float, b: float):
 class Quadratic(Scaffold):
     """SCAFFOLD with a loss whose gradient is easy by hand: 0.5 (logit - y)^2."""
 
-    def task_loss(self, ctx, logits, y):
-        return 0.5 * ((logits - y) ** 2).sum()
+    def client_loss(self, ctx, x, y, features, logits):
+        terms = super().client_loss(ctx, x, y, features, logits)
+        terms[TASK] = 0.5 * ((logits - y) ** 2).sum()
+        return terms
 
 
 def local_run(method, model, c, c_i, lr, momentum, steps, x, y):
@@ -56,8 +59,8 @@ def local_run(method, model, c, c_i, lr, momentum, steps, x, y):
     method.client_begin(ctx)
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        method.backward(ctx, x, y)
-        method.transform_grad(ctx)
+        method.client_step(ctx, x, y)
+        method.client_grad(ctx)
         opt.step()
         ctx.steps += 1
     return method.client_end(ctx), ctx
@@ -89,7 +92,7 @@ def test_control_variates_start_at_zero():
     server = ServerContext(0, sd(1.0, 2.0), tiny_model(1.0, 2.0), CPU, None)
     method.server_init(server)
     assert torch.equal(server.state["c"], torch.zeros(2))
-    c = method.broadcast(server)["c"]
+    c = method.server_broadcast(server)["c"]
     up, ctx = local_run(method, tiny_model(1.0, 2.0), c, None, 0.5, 0.0, 1,
                         torch.tensor([[1.0]]), torch.tensor([[0.0]]))  # fmt: skip
     # c_i created at 0; one plain step: x - y = 0.5 * g with g = [3, 3] -> c_i+ = g = [3, 3]
@@ -107,7 +110,9 @@ def test_server_updates_hand_computed(weighting):
         Upload(0, 1, sd(2.0, 2.0), 2, {"delta_c": torch.tensor([1.0, 2.0])}),  # n = 1
         Upload(3, 3, sd(0.0, 4.0), 2, {"delta_c": torch.tensor([3.0, 4.0])}),  # n = 3
     ]
-    new = method.aggregate(server, uploads)
+    old_c = server.state["c"]
+    method.server_aggregate(server, uploads)  # the weights, then c
+    new = server.global_params
     if weighting == "uniform":
         # mean (y_i - x) = ([-2, 2] + [-4, 4]) / 2 = [-3, 3]; x + 0.5 * [-3, 3] = [2.5, 1.5]
         exp = (2.5, 1.5)
@@ -116,8 +121,6 @@ def test_server_updates_hand_computed(weighting):
         exp = (2.25, 1.75)
     torch.testing.assert_close(new["head.weight"], torch.tensor([[exp[0]]]))
     torch.testing.assert_close(new["head.bias"], torch.tensor([exp[1]]))
-    old_c = server.state["c"]
-    method.after_aggregate(server, uploads)
     # c + |S|/N * mean dc = [1, 1] + (2/4) * [2, 3] = [2, 2.5]  (never weighted by n_k)
     torch.testing.assert_close(server.state["c"], torch.tensor([2.0, 2.5]))
     assert torch.equal(old_c, torch.tensor([1.0, 1.0]))  # the broadcast tensor is not mutated
@@ -129,8 +132,10 @@ def test_momentum_divisor(divisor):
     weights move by eta_l * a * g with a = 5.61 (FedNova's effective steps), not eta_l * 3 * g."""
 
     class Linear(Scaffold):
-        def task_loss(self, ctx, logits, y):
-            return logits.sum()
+        def client_loss(self, ctx, x, y, features, logits):
+            terms = super().client_loss(ctx, x, y, features, logits)
+            terms[TASK] = logits.sum()
+            return terms
 
     method = Linear(Scaffold.Params(divisor=divisor), INFO)
     model = tiny_model(0.0, 0.0)
@@ -150,7 +155,7 @@ def test_first_round_equals_fedavg(make_run_config):
               optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4})  # fmt: skip
     avg = Simulation(make_run_config(method="fedavg", **kw), device=CPU)
     sc = Simulation(make_run_config(method="scaffold", **kw), device=CPU)
-    sc.server.broadcast = sc.method.broadcast(sc.server)  # c = 0, as run_round would send
+    sc.server.broadcast = sc.method.server_broadcast(sc.server)  # c = 0, as run_round would send
     for cid in range(4):  # with c = c_i = 0 the local updates are FedAvg's, bit for bit
         up_avg, loss_avg, _ = avg.trainer.train_client(cid, 1, 0.1)
         up_sc, loss_sc, _ = sc.trainer.train_client(cid, 1, 0.1)

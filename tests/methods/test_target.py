@@ -219,12 +219,12 @@ def test_kd_on_a_synthetic_batch_equals_the_hand_value():
     ctx = ctx_for(model, {"target_pool": pool}, task=1)
     method.client_begin(ctx)
     x, y = torch.rand(1, 1, 4, 4), torch.tensor([2])
-    kd = float(method.extra_loss(ctx, x, y, None, None).detach())
+    kd = float(method.client_loss(ctx, x, y, None, model(x))["kd"].detach())
     p = math.e / (1 + math.e)
     hand = 3.0 * (p * math.log(2 * p) + (1 - p) * math.log(2 * (1 - p)))
     assert abs(kd - hand) < 1e-6 and abs(hand - 0.332832) < 1e-6
     logits = torch.tensor([[1.0, 9.0, 0.5, -0.5]])
-    ce = float(method.task_loss(ctx, logits, y))
+    ce = float(method.client_loss(ctx, x, y, None, logits)["task"])
     assert abs(ce - math.log(1 + math.exp(-1.0))) < 1e-6  # softmax over (0.5, -0.5) alone
 
 
@@ -338,18 +338,18 @@ def test_prediction_hides_classes_of_tasks_not_started():
     model = Classifier(nn.Flatten(), 16, 4)
     server = ServerContext(1, {}, model, CPU, None)
     x = torch.rand(3, 1, 4, 4)
-    scores = method.predict(server, model, x, None)
+    scores = method.eval_predict(server, model, x, None)
     raw = model.logits(x)
     assert torch.equal(scores[:, :2], raw[:, :2])
     assert torch.allclose(scores[:, 2:], raw[:, :2].min(1, keepdim=True).values.expand(3, 2) - 30.0)
     server.task = 1
-    assert torch.equal(method.predict(server, model, x, None), raw)
+    assert torch.equal(method.eval_predict(server, model, x, None), raw)
 
 
 def test_models_of_token_ids_are_refused():
     method = TARGET(make_params("target", {}), split_info())
     with pytest.raises(FedForgetError, match="token ids"):
-        method.prepare_model(Classifier(nn.Sequential(nn.Embedding(10, 4), nn.Flatten()), 8, 4))
+        method.model_init(Classifier(nn.Sequential(nn.Embedding(10, 4), nn.Flatten()), 8, 4))
 
 
 # ----------------------------------------------------------------------------- LANDER
@@ -389,7 +389,7 @@ def test_lander_local_loss_equals_the_hand_formula():
     z, logits = model.forward_with_features(x)
     ce = F.cross_entropy(logits[:, :2], y)
     bound = torch.relu(((model.lte_map(z) - lte[y]) ** 2).mean() - 0.01)
-    assert torch.allclose(method.local_loss(ctx, x, y), ce + 2.0 * bound)
+    assert torch.allclose(method.batch_loss(ctx, x, y), ce + 2.0 * bound)
     teacher = linear_teacher(torch.zeros(4), lte=3)  # logits and LTE features 0 on any row
     pool = {
         "x": torch.rand(4, 1, 4, 4),
@@ -412,7 +412,7 @@ def test_lander_local_loss_equals_the_hand_formula():
     kl = (0.5 * (math.log(0.5) - logq)).sum(1).mean()  # the teacher is uniform on classes 0, 1
     fkd = (model.lte_map(zs) ** 2).mean()
     hand = cur * (ce + 2.0 * bound) + pre * (kl + fkd)
-    assert torch.allclose(method.local_loss(ctx, x, y), hand, atol=1e-6)
+    assert torch.allclose(method.batch_loss(ctx, x, y), hand, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- runs

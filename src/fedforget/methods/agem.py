@@ -88,12 +88,12 @@ class AGEM(FedAvg):
             masked_logits(logits, self.replay.mask(mem["task"])), mem["y"]
         )
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = super().backward(ctx, x, y)  # g in p.grad
-        self.scratch(ctx).batch = (x, y)  # offered after the projection (transform_grad)
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = super().client_step(ctx, x, y)  # g in p.grad
+        self.scratch(ctx).batch = (x, y)  # offered after the projection (client_grad)
         return loss
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         loss_ref = self.reference_loss(ctx)
         if loss_ref is not None:

@@ -1,64 +1,75 @@
 """The method hook API, in one place.
 
-A federated round, as the engine (``fedforget.engine``) runs it (once per run, before
-round 1: ``method.prepare_model(model)`` on each freshly built model, e.g. L2P's prompts)::
+Sixteen hooks, named ``<where>_<what>``: ``model_`` on a freshly built model, ``server_`` on
+the server (a ``ServerContext``), ``client_`` on one client (a ``ClientContext``), ``eval_``
+in evaluation. A federated round, as the engine (``fedforget.engine``) and the local trainer
+(``fedforget.trainers``) run it (once per run: ``model_init(model)`` on each freshly built
+model, e.g. L2P's prompts; ``server_init(server)`` before round 1)::
 
-    server.broadcast = method.broadcast(server)            # extra payload for clients
+    at a task's first round:  method.server_task_begin(server)        # server.task = t
+    server.broadcast = method.server_broadcast(server)       # extra payload for clients
     for each sampled client k (same schedule for every method):
         model <- global weights; optimizer rebuilt at this round's lr
         method.client_begin(ctx)                             # start of local training
         for each epoch, for each minibatch (x, y):
-            loss = method.backward(ctx, x, y)                # forward + loss + backward
-                 # default: CE(logits, y) + method.extra_loss(ctx, x, y, features, logits)
-            method.transform_grad(ctx)                       # per-step gradient transform
+            loss = method.client_step(ctx, x, y)             # fills .grad; default:
+                 #   features, logits = model(x)
+                 #   sum of method.client_loss(ctx, x, y, features, logits).values()
+                 #   (the terms: "task" CE, then the method's own), .backward()
+            method.client_grad(ctx)                          # per-step gradient transform
             optimizer.step()
         upload_k = method.client_end(ctx)                    # end of local training
-    server.global_params = method.aggregate(server, uploads) # default: FedAvg, weighted by n_k
-    method.after_aggregate(server, uploads)                  # e.g. distillation, FedDyn h
+    method.server_aggregate(server, uploads)                 # new server.global_params
+                 # (default: FedAvg, weighted by n_k), then any server step after it
     (a task's last round: the task-end exchanges below)
     if ROUND_END in method.exchanges:                        # a second message per round
         for each client k that trained this round:           # (FedGP's buffer gradients)
-            reply_k = method.reply(ROUND_END, ctx)           # ctx.model = new global model
-        method.collect(ROUND_END, server, {k: reply_k})      # before the next broadcast
-    metrics row += method.round_metrics(server)              # method diagnostics
-    evaluation: method.predict(server, model, x, task)       # scores; default the logits
+            reply_k = method.client_reply(ROUND_END, ctx)    # ctx.model = new global model
+        method.server_collect(ROUND_END, server, {k: reply_k})   # before the next broadcast
+    metrics row += method.server_metrics(server, uploads)    # method diagnostics
+    evaluation: method.eval_predict(server, model, x, task)  # scores; default the logits
+                method.eval_counts(server, model, x, y, task)    # other accuracies
 
-Tasks (the continual track; a one-task experiment is the case T = 1, where only the first
-task's hooks run, once). The scenario (``fedforget.data.scenario``, ``info.scenario``) maps
-each round to the server's task and each (client, round) to the client's task::
+Tasks (the continual track; a one-task experiment is the case T = 1). The scenario
+(``fedforget.data.scenario``, ``info.scenario``) maps each round to the server's task and
+each (client, round) to the client's task (``ctx.task``)::
 
-    at a task's first round:  method.server_task_begin(server)            # server.task = t
-    a client's first local training on its task t (ctx.task = t):
-        method.client_task_begin(ctx)                        # before client_begin
     after the task's last round (aggregated), if TASK_END in method.exchanges:
         for every client with data in task t:
-            report_k = method.reply(TASK_END, ctx)           # ctx.model = the task's final
+            report_k = method.client_reply(TASK_END, ctx)    # ctx.model = the task's final
                                                              # global model, ctx.data its data
-        method.collect(TASK_END, server, {k: report_k})      # e.g. GPM/FOT bases
+        method.server_collect(TASK_END, server, {k: report_k})   # e.g. GPM/FOT bases
         (AFTER_TASK: the same clients reply again on the new broadcast, then collect)
 
 An extra exchange is one generic message round, declared by name in ``exchanges``
 (``EXCHANGES`` below says when each runs); a method never needs a new hook pair for one.
 
-Clients trained together (``fedforget.vectorized``, the batched engine) run FedAvg's local
+Clients trained together (``fedforget.vectorized``, the stacked trainer) run FedAvg's local
 step for all sampled clients at once. A method whose local-training change is a term added
 to every step's loss, that depends only on the client's own weights and on values fixed for
 the round (FedProx's proximal term, FedDyn's linear and quadratic terms, SCAFFOLD's
 control-variate correction, FedCurv's penalty), states that term once, for a stack of
-clients, in ``stacked_step_terms``: a client training alone is a stack of one (FedAvg's
-default ``extra_loss`` and ``transform_grad`` apply it), the batched engine applies it to
-the whole stack, and both take the loss term's gradient from autograd; ``client_begin`` then runs for every client
-before the batched pass (on the global weights) and again before its ``client_end`` (on its
-trained weights), so it must only set up, never accumulate.
+clients, in ``client_step_terms``: a client training alone is a stack of one (FedAvg's
+default ``client_loss`` and ``client_grad`` apply it), the stacked trainer applies it to the
+whole stack, and both take the loss term's gradient from autograd; ``client_begin`` then runs
+for every client before the stacked pass (on the global weights) and again before its
+``client_end`` (on its trained weights), so it must only set up, never accumulate.
 
-State: ``ctx.state`` is the client's own persistent dict (kept across the rounds in which
-it is sampled; e.g. SCAFFOLD's c_i); ``server.state`` is the server's (e.g. SCAFFOLD's c,
-FedDyn's h). ``ctx.global_params`` is what the server broadcast this round (read-only).
+State, by lifetime (``fedforget.state.FedState`` holds and checkpoints the last two):
+
+- a step: locals of ``client_step``;
+- a client's round: ``ctx.scratch`` (``self.scratch(ctx)``, one namespace per method) and
+  ``ctx.stats`` (diagnostics, averaged over the round's clients); never checkpointed;
+- a round's message: ``server.broadcast`` (server -> clients) and ``Upload.extras``
+  (client -> server);
+- the run: ``ctx.state`` (the client's own dict, e.g. SCAFFOLD's c_i) and ``server.state``
+  (the server's, e.g. SCAFFOLD's c), both checkpointed. Nothing that must survive a resume
+  lives on the method object (it is rebuilt at a resume).
 
 A method is one small file: subclass ``FedAvg``, set ``name``, declare hyperparameters in a
-``Params`` dataclass (with ``check()`` for ranges) and override only the hooks where it
-differs from FedAvg. Register it with ``@METHODS.register("name")``; every module in this package is imported
-(and so registered) by ``methods/__init__.py``.
+``Params`` dataclass (typed fields with their defaults; ``check()`` for ranges) and override
+only the hooks where it differs from FedAvg. Register it with ``@METHODS.register("name")``;
+every module in this package is imported (and so registered) by ``methods/__init__.py``.
 """
 
 from __future__ import annotations
@@ -74,7 +85,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..state import FedState, to_device  # noqa: F401 (to_device: re-exported)
+from ..state import FedState, OnFed, to_device  # noqa: F401 (to_device: re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..clientdata import TaskView
@@ -85,7 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Params = dict[str, torch.Tensor]
 # terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient additions by
-# name or None): FedAvg.stacked_step_terms
+# name or None): FedAvg.client_step_terms
 StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None]]
 
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
@@ -101,6 +112,10 @@ ROUND_END = "round_end"  # after each round's aggregation (and task end): the cl
 #   trained in it, on the NEW global weights and their data of the round (FedGP's buffer
 #   gradients, iCaRL's class means)
 EXCHANGES = (TASK_END, AFTER_TASK, ROUND_END)
+
+# the names of FedAvg's loss terms (``FedAvg.client_loss``)
+TASK = "task"  # cross-entropy on the minibatch's labels
+STEP_TERMS = "step_terms"  # the loss part of ``client_step_terms``
 
 
 @dataclass
@@ -161,7 +176,7 @@ class Upload:
 class ServerContext:
     """What a method sees of the server: the global weights, its own server state, the
     round and the server's task (all four held by the run's ``FedState``, their one home,
-    so that what a method writes here is what is checkpointed), this round's ``broadcast``,
+    so that what a method writes here is what is checkpointed), this round's ``server_broadcast``,
     a server-side ``model`` for steps that need one (distillation), the device and the
     public set. Built on the engine's ``FedState``, or on a fresh one (a method's test)."""
 
@@ -184,6 +199,9 @@ class ServerContext:
         self.device = device
         self.public = public
         self.broadcast: dict[str, Any] = {} if broadcast is None else broadcast
+        # while the method aggregates a round, the parameters no client trained in it (other
+        # tasks' heads): new global weights keep their current values, bit for bit [D]
+        self.untrained: tuple[str, ...] = ()
 
     @property
     def global_params(self) -> Params:
@@ -191,31 +209,13 @@ class ServerContext:
 
     @global_params.setter
     def global_params(self, value: Params) -> None:
+        for name in self.untrained:
+            value[name] = self.fed.global_params[name]
         self.fed.global_params = value
 
-    @property
-    def state(self) -> dict[str, Any]:
-        return self.fed.server
-
-    @state.setter
-    def state(self, value: dict[str, Any]) -> None:
-        self.fed.server = value
-
-    @property
-    def round(self) -> int:
-        return self.fed.round
-
-    @round.setter
-    def round(self, value: int) -> None:
-        self.fed.round = value
-
-    @property
-    def task(self) -> int:
-        return self.fed.task
-
-    @task.setter
-    def task(self, value: int) -> None:
-        self.fed.task = value
+    state = OnFed("server")
+    round = OnFed("round")
+    task = OnFed("task")
 
 
 @dataclass(frozen=True)
@@ -242,6 +242,22 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tens
     """``logits`` [..., C] with the classes outside ``mask`` (bool, broadcastable) set to
     -inf, so softmax and arg-max see only the allowed classes (their gradient is 0)."""
     return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
+
+
+def task_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The loss on the minibatch's labels: cross-entropy over the classes the step may score
+    (``mask``: ``ClientContext.logit_mask``, a task-incremental scenario's task classes)."""
+    return F.cross_entropy(masked_logits(logits, mask), y)
+
+
+def total_loss(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The sum of a ``client_loss``'s terms, in their order (the first term itself where it
+    is the only one: no added zero)."""
+    values = iter(terms.values())
+    total = next(values)
+    for v in values:
+        total = total + v
+    return total
 
 
 def flatten_state(params: Params) -> torch.Tensor:
@@ -297,16 +313,16 @@ class FedAvg:
     public_labels: bool = False  # the method may read the public set's labels
     sees_all_tasks: bool = False  # clients train on all tasks' data at once (the joint upper bound)
     # the extra message rounds the method runs beside the upload (names from EXCHANGES): the
-    # engine runs these and only these, each a client pass (``reply``) and a server step
-    # (``collect``)
+    # engine runs these and only these, each a client pass (``client_reply``) and a server step
+    # (``server_collect``)
     exchanges: tuple[str, ...] = ()
     # what the trainers and the evaluator may assume, declared, never inferred from which
     # hooks a method writes (tests/methods/test_protocol.py checks each against the code):
-    stacked: bool = True  # local training is FedAvg's SGD step plus ``stacked_step_terms``: the
+    stacked: bool = True  # local training is FedAvg's SGD step plus ``client_step_terms``: the
     #   stacked trainer may run it (False: a hook changes the step itself; sequential only)
-    step_terms: bool = False  # the method states per-step terms in ``stacked_step_terms``
+    step_terms: bool = False  # the method states per-step terms in ``client_step_terms``
     own_upload: bool = False  # ``client_end`` differs from FedAvg's: run per client after a stacked pass
-    own_predict: bool = False  # ``predict`` differs from the model's logits
+    own_predict: bool = False  # ``eval_predict`` differs from the model's logits
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         self.check_train(info.train, params)
@@ -333,7 +349,7 @@ class FedAvg:
         plug-in has its base's too)."""
         return bool(getattr(cls, name))
 
-    def prepare_model(self, model: nn.Module) -> None:
+    def model_init(self, model: nn.Module) -> None:
         """Change a freshly built model in place before training: add parameters (they
         become part of the global weights: aggregated, checkpointed), freeze a backbone
         (L2P's prompt pool on a frozen ViT). Called for the clients' and the server's model,
@@ -344,31 +360,32 @@ class FedAvg:
     def server_init(self, server: ServerContext) -> None:
         """Create per-run server state (server.state) before round 1."""
 
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         """Extra payload sent to every sampled client this round (beside the weights)."""
         return {}
 
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> Params:
-        """New global weights from the clients' uploads. FedAvg: weighted by n_k."""
-        return weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """The server's step on the round's uploads: new ``server.global_params`` (FedAvg:
+        the average weighted by n_k), then whatever follows from them (distillation on the
+        new weights, FedDyn's h, SCAFFOLD's c). ``server.global_params`` holds the broadcast
+        weights until the method writes the new ones; the parameters no client trained this
+        round keep their broadcast values whatever is written (``ServerContext``)."""
+        server.global_params = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        """Post-aggregation step on server.global_params (distillation, FedDyn h, ...)."""
-
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         """Method diagnostics added to this round's metrics row (prefixed by the method)."""
         return {}
 
     def server_task_begin(self, server: ServerContext) -> None:
         """Start of task ``server.task`` (before its first round's broadcast)."""
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """The server's step of the extra exchange ``exchange`` (one of the method's
         ``exchanges``; ``EXCHANGES`` says when each runs): ``replies`` maps each client that
-        took part to what its ``reply`` returned (None left out). ``task_end`` runs once per
+        took part to what its ``client_reply`` returned (None left out). ``task_end`` runs once per
         task even when no client replied."""
 
-    def predict(
+    def eval_predict(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
     ) -> torch.Tensor:
         """Scores [B, C] of test inputs ``x`` (prediction = arg-max; the test loss is their
@@ -383,7 +400,7 @@ class FedAvg:
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: int
     ) -> dict[str, torch.Tensor]:
         """Other ways to score the test batch ``x`` (labels ``y``) of task ``task`` than
-        ``predict``'s: {column: number of its rows counted correct} (0-d tensors). The
+        ``eval_predict``'s: {column: number of its rows counted correct} (0-d tensors). The
         evaluator sums each over the task's batches and divides by the task's test rows: an
         extra column of tasks.csv (an accuracy in [0, 1]), and its mean over the tasks after
         the last one in runs.csv and continual.csv, as ACC. Default: none."""
@@ -394,67 +411,65 @@ class FedAvg:
         """This method's working values for ``ctx``'s client in this round."""
         return ctx.scratch.setdefault(self.name, SimpleNamespace())
 
-    def client_task_begin(self, ctx: ClientContext) -> None:
-        """The client's first local training on task ``ctx.task`` (before client_begin;
-        ctx.model holds the global weights, ctx.data the task's data)."""
-
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """A client's message in the extra exchange ``exchange`` (one of the method's
         ``exchanges``; ``EXCHANGES`` says which clients reply, on which weights and data):
-        what goes to ``collect`` (None: nothing)."""
+        what goes to ``server_collect`` (None: nothing)."""
         return None
 
     def client_begin(self, ctx: ClientContext) -> None:
         """Start of local training (ctx.model holds the global weights)."""
 
-    def task_loss(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The loss on the minibatch's labels: cross-entropy over the classes the step may
-        score (``ctx.logit_mask``: a task-incremental scenario's task classes)."""
-        return F.cross_entropy(masked_logits(logits, ctx.logit_mask), y)
-
-    def extra_loss(
+    def client_loss(
         self,
         ctx: ClientContext,
         x: torch.Tensor,
         y: torch.Tensor,
         features: torch.Tensor,
         logits: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """Extra local loss terms (MOON's contrastive term, ...). Default: the loss part of
-        the method's ``stacked_step_terms`` for this client alone (a stack of one), so a
-        per-step term is written once and both engines derive its gradient by autograd."""
-        terms = self._own_terms(ctx)
-        if terms is None:
-            return None
-        w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
-        loss, self.scratch(ctx).step_grads = terms(0, 1, w)
-        return None if loss is None else loss[0]
+    ) -> dict[str, torch.Tensor]:
+        """The loss terms of one minibatch ``(x, y)`` given the model's forward pass on it
+        (``features``, ``logits``): {name: scalar}, summed in order (``total_loss``) into
+        what ``client_step`` differentiates. FedAvg: ``TASK`` (cross-entropy over the classes
+        the step may score, ``task_cross_entropy``), then the loss part of the method's
+        ``client_step_terms`` for this client alone (a stack of one). A method adds its own
+        term after ``super()``'s (MOON's contrastive term) or replaces ``TASK`` (a different
+        mask); a plug-in reads its base's terms apart (FedSOL)."""
+        terms = {TASK: task_cross_entropy(logits, y, ctx.logit_mask)}
+        step = self._own_terms(ctx)
+        if step is not None:
+            w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
+            loss, self.scratch(ctx).step_grads = step(0, 1, w)
+            if loss is not None:
+                terms[STEP_TERMS] = loss[0]
+        return terms
 
     def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
-        """This client's ``stacked_step_terms`` (built once per client and round)."""
+        """This client's ``client_step_terms`` (built once per client and round)."""
         sc = self.scratch(ctx)
         if not hasattr(sc, "step_terms"):
-            sc.step_terms = self.stacked_step_terms([ctx])
+            sc.step_terms = self.client_step_terms([ctx])
         return sc.step_terms
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """L_k(w) on one minibatch: task_loss + extra_loss (what backward differentiates;
-        SAM-style methods evaluate it twice per step)."""
+    def batch_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The forward pass on ``x`` and the sum of ``client_loss``'s terms: L_k(w) on one
+        minibatch (SAM-style methods evaluate it twice per step). A helper, not a hook."""
         features, logits = ctx.model.forward_with_features(x)
-        loss = self.task_loss(ctx, logits, y)
-        extra = self.extra_loss(ctx, x, y, features, logits)
-        return loss if extra is None else loss + extra
+        return total_loss(self.client_loss(ctx, x, y, features, logits))
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Fill .grad for one minibatch and return the loss. Methods that need more than one
-        gradient per step (SAM-style perturbation) override this."""
-        loss = self.local_loss(ctx, x, y)
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One local step's gradient: fill .grad for the minibatch and return the loss
+        (the trainer zeroes the gradients before, then ``client_grad``, then the optimizer's
+        step). FedAvg: ``batch_loss(...).backward()``. Overridden where a step is not one
+        forward pass on the minibatch: SAM-style perturbations (two passes), replayed rows
+        joined to the minibatch (iCaRL, GLFC), a prompted forward (L2P)."""
+        loss = self.batch_loss(ctx, x, y)
         loss.backward()
         return loss
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         """Per-step gradient transform, in place on p.grad (projection, ...). Default: the
-        gradient part of the method's ``stacked_step_terms`` for this client (SCAFFOLD's
+        gradient part of the method's ``client_step_terms`` for this client (SCAFFOLD's
         control-variate correction) added to p.grad."""
         terms = self._own_terms(ctx)
         if terms is None:
@@ -462,7 +477,7 @@ class FedAvg:
         sc = self.scratch(ctx)
         named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
         grads = getattr(sc, "step_grads", None)
-        if grads is None:  # no extra_loss call this step (a method calling this hook alone)
+        if grads is None:  # no client_loss call this step (a step of the method's own)
             with torch.no_grad():
                 grads = terms(0, 1, {n: p.unsqueeze(0) for n, p in named})[1]
         sc.step_grads = None
@@ -473,14 +488,14 @@ class FedAvg:
                 else:
                     p.grad.add_(grads[n][0])
 
-    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
         """A method's per-step terms, written once for a stack of clients ``ctxs`` (after
         their client_begin): a function ``terms(lo, hi, w)`` of the stacked trainable weights
         ``w[name]`` [hi - lo, ...] of clients ``ctxs[lo:hi]`` that returns (their extra loss
         values [hi - lo], differentiable in w, or None; gradient additions that are not the
         gradient of a loss, {name: [hi - lo, ...]}, or None). Both engines use this one
-        definition: a client alone is a stack of one (the default ``extra_loss`` and
-        ``transform_grad``), the batched engine takes the whole stack; the loss's gradient
+        definition: a client alone is a stack of one (the default ``client_loss`` and
+        ``client_grad``), the batched engine takes the whole stack; the loss's gradient
         comes from autograd in both. Terms that depend only on the client's own weights and
         values fixed for the round (FedProx, FedDyn, SCAFFOLD, FedCurv). None (FedAvg): no
         terms."""

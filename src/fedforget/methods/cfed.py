@@ -23,7 +23,7 @@ Objectives (round r of task t, m clients sampled) [C]:
 - t >= 1: floor(review_ratio * m) of the sampled clients *review*, the others *learn*
   (code: int(0.4 m) reviewers, int(0.6 m) learners). The server assigns the roles: a
   permutation of the sampled clients keyed (seed, round, 0xCFE1), its first ones review
-  (``broadcast``) [D: keyed; the code draws the two groups independently from all
+  (``server_broadcast``) [D: keyed; the code draws the two groups independently from all
   clients, so a client may do both and some sampled ones neither].
 - A reviewer's local loss on a surrogate minibatch x of S_k [C loss.py, update.py]:
 
@@ -221,7 +221,7 @@ class CFeD(FedAvg):
         model.train(was)
         server.state[TEACHER] = z
 
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         teacher = server.state.get(TEACHER)
         review = []
         if teacher is not None:
@@ -231,7 +231,8 @@ class CFeD(FedAvg):
         return {PUBLIC_X: server.public.x, PARTS: self.parts, TEACHER: teacher,
                 REVIEWERS: frozenset(review), GLOBAL: server.global_params}  # fmt: skip
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        super().server_aggregate(server, uploads)  # FedAvg's average
         if self.p.server_distill and self.epochs() > 0:
             server.state["cfed_distill_stats"] = self.distill_server(server, uploads)
 
@@ -271,7 +272,7 @@ class CFeD(FedAvg):
         server.global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return stats
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         review = server.broadcast.get(REVIEWERS, frozenset())
         out = {"reviewers": float(sum(u.cid in review for u in uploads))}
         stats = server.state.pop("cfed_distill_stats", None)
@@ -314,10 +315,10 @@ class CFeD(FedAvg):
             z, zt = z[:, s.cols], zt[:, s.cols]
         return self.p.kd_weight * kd_loss(z, zt, self.p.temperature)
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         s = self.scratch(ctx)
         if not s.review:  # a learner: FedAvg's step on its task data [C]
-            return super().backward(ctx, x, y)
+            return super().client_step(ctx, x, y)
         loss = self.review_loss(ctx, len(y))  # a reviewer: (1) on as many surrogate rows
         loss.backward()
         s.loss_sum += loss.detach()

@@ -118,11 +118,14 @@ class DER(FedAvg):
             return None
         return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
-    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor | None:
+    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
+        terms = super().client_loss(ctx, x, y, features, logits)
         extra = self.replay_loss(ctx)  # the buffer is sampled before this batch enters it [C]
         # offered now: the step changes only w, and the logits kept are this forward's
         self.replay.offer(ctx, self.scratch(ctx), x, y, logits=logits.detach())
-        return extra
+        if extra is not None:
+            terms["replay"] = extra
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from .base import FedAvg, ServerContext, Upload, weighted_average
-from .base import Params as StateDict
 from .registry import METHODS
 from .shared import check_number, require
 
@@ -48,7 +47,7 @@ class FedAvgM(FedAvg):
     name = "fedavgm"
     Params = FedAvgMParams
 
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         """FedAvg's average, then w_t - eta_s v_t for the trainable parameters."""
         avg = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
         velocity = server.state.setdefault(VELOCITY, {})
@@ -61,9 +60,9 @@ class FedAvgM(FedAvg):
             v = delta if v is None else self.p.server_momentum * v + delta
             velocity[name] = v
             avg[name] = w[name] - self.p.server_lr * v
-        return avg
+        server.global_params = avg
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         """||v_t||, the norm of the server's velocity over the trainable parameters."""
         v = server.state.get(VELOCITY) or {}
         norm = torch.sqrt(sum((t.double() ** 2).sum() for t in v.values())) if v else torch.zeros(())

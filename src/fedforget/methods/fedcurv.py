@@ -134,11 +134,12 @@ class FedCurv(FedAvg):
             check_int("fisher_samples", self.fisher_samples, 0)
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict:
+    def server_broadcast(self, server: ServerContext) -> dict:
         sums = server.state.get(SUMS)
         return {} if sums is None else {SUMS: sums}
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        super().server_aggregate(server, uploads)  # FedAvg's average
         deltas = [u.extras[DELTA] for u in uploads]
         total = [torch.stack([d[i] for d in deltas]).sum(0) for i in range(3)]
         sums = server.state.get(SUMS)
@@ -161,7 +162,7 @@ class FedCurv(FedAvg):
             if p.requires_grad:
                 s.by_name[n] = (u.view_as(p), v.view_as(p), c.view_as(p))
 
-    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
         """The penalty, per client of the stack: lam * sum(w^2 U - 2 w V + C) with each
         client's own (U, V, C) (its gradient 2 lam (w U - V) by autograd, on a client alone
         or the stack)."""
@@ -184,7 +185,7 @@ class FedCurv(FedAvg):
 
     def penalty(self, ctx: ClientContext) -> torch.Tensor | None:
         """sum_i w^2 U - 2 w V + C over the client's trainable parameters (before lam),
-        from the one definition in ``stacked_step_terms``."""
+        from the one definition in ``client_step_terms``."""
         terms = self._own_terms(ctx)
         if terms is None or self.p.lam == 0:
             return None

@@ -15,7 +15,7 @@ which is the paper's loss at the default T = 1 (the FedDF code divides the logit
 has no T^2 factor; the two agree at T = 1). The teacher is the *uniform* mean of the sampled clients' logits (``teacher_logits``), not weighted by n_k.
 Each client computes its local model's logits on the whole public set at the end of local
 training (eval mode, no grad) and uploads them with its weights (``Upload.extras``), so the
-server keeps no model copy per client; ``after_aggregate`` ensembles them and distils into
+server keeps no model copy per client; ``server_aggregate`` ensembles them and distils into
 the FedAvg average with ``fedforget.methods.distill.distill`` (``server.model`` is the student;
 the result replaces ``server.global_params``).
 
@@ -93,7 +93,7 @@ class FedDF(FedAvg):
                 f"method '{self.name}' needs a public set, but the run has none (datasets[].public)"
             )
 
-    def broadcast(self, server: ServerContext) -> dict:
+    def server_broadcast(self, server: ServerContext) -> dict:
         return {PUBLIC_X: server.public.x}
 
     def teacher_logits(self, uploads: Sequence[Upload]) -> torch.Tensor:
@@ -106,7 +106,14 @@ class FedDF(FedAvg):
         logp = torch.log_softmax(z / t, dim=-1)
         return t * (torch.logsumexp(logp, dim=0) - math.log(len(uploads)))
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """FedAvg's average, then the server-side distillation into it (``distillation``)."""
+        super().server_aggregate(server, uploads)
+        self.distillation(server, uploads)
+
+    def distillation(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """FedDF's ensemble distillation on the averaged weights (FedET and FedProj write
+        their own)."""
         if self.p.distill_epochs == 0:
             return  # FedAvg exactly
         self.distill_server(server, self.teacher_logits(uploads), self.p.temperature)
@@ -129,7 +136,7 @@ class FedDF(FedAvg):
         server.state["distill_stats"] = stats
         return stats
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         stats = server.state.pop("distill_stats", None)
         return stats.as_metrics() if stats is not None else {}
 

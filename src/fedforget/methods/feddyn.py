@@ -2,7 +2,7 @@
 on Dynamic Regularization", ICLR 2021), Algorithm 1.
 
 Client k in the sampled set P_t starts from the broadcast server model theta^{t-1} and
-minimises the dynamically regularised loss (``extra_loss`` adds the last two terms)
+minimises the dynamically regularised loss (``client_step_terms`` adds the last two terms)
 
     L_k(theta) - <grad L_k(theta_k^{t-1}), theta> + (alpha/2) ||theta - theta^{t-1}||^2
 
@@ -12,7 +12,7 @@ first-order condition of that problem (``client_end``):
 
     grad L_k(theta_k^t) = grad L_k(theta_k^{t-1}) - alpha (theta_k^t - theta^{t-1})
 
-The server keeps h (server.state["h"], zero at the start; ``aggregate``):
+The server keeps h (server.state["h"], zero at the start; ``server_aggregate``):
 
     h^t     = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})   # m = all clients
     theta^t = (1/|P_t|) sum_{k in P_t} theta_k^t - (1/alpha) h^t
@@ -45,7 +45,6 @@ from .base import (
     split_stacked,
     weighted_average,
 )
-from .base import Params as StateDict
 from .registry import METHODS
 from .shared import check_number
 
@@ -73,20 +72,20 @@ class FedDyn(FedAvg):
         names = [n for n, p in server.model.named_parameters() if p.requires_grad]
         server.state["h"] = {n: torch.zeros_like(server.global_params[n]) for n in names}
 
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         weights = [u.n_samples if self.p.weighting == "samples" else 1.0 for u in uploads]
         new = weighted_average([u.params for u in uploads], weights)
         alpha, m = self.p.alpha, self.info.num_clients
-        prev = server.global_params  # theta^{t-1}: the engine replaces it after aggregate
+        prev = server.global_params  # theta^{t-1}, until written below
         for name, h in server.state["h"].items():
             moved = torch.zeros_like(h)
             for u in uploads:
                 moved.add_(u.params[name] - prev[name])
             h.sub_(moved, alpha=alpha / m)  # h^t = h^{t-1} - alpha/m sum (theta_k^t - theta^{t-1})
             new[name] = new[name] - h / alpha  # theta^t = mean theta_k^t - h^t / alpha
-        return new
+        server.global_params = new
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         h = server.state["h"].values()
         return {"h_norm": float(torch.stack([t.pow(2).sum() for t in h]).sum().sqrt())}
 
@@ -101,7 +100,7 @@ class FedDyn(FedAvg):
         # (theta, theta^{t-1}, grad L_k(theta_k^{t-1})) per parameter, for this client only
         self.scratch(ctx).terms = [(p, ctx.global_params[n], g.view_as(p)) for (n, p), g in zip(params, views)]
 
-    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
         """The dynamic regulariser, per client of the stack: (alpha/2) ||theta -
         theta^{t-1}||^2 - <grad L_k(theta_k^{t-1}), theta> (its gradient alpha (theta -
         theta^{t-1}) - grad L_k(theta_k^{t-1}) by autograd, on a client alone or the stack)."""

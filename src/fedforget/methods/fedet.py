@@ -147,7 +147,7 @@ class FedET(FedDF):
             require(self.consensus_target in CONSENSUS_TARGETS, "consensus_target",
                     self.consensus_target, " | ".join(CONSENSUS_TARGETS))  # fmt: skip
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+    def distillation(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         if self.p.distill_epochs == 0:
             return  # FedAvg exactly
         c = variance_weighted_consensus(torch.stack([u.extras[PUBLIC_LOGITS] for u in uploads]))
@@ -162,8 +162,8 @@ class FedET(FedDF):
         server.state["fedet_dissent"] = c.has_div.float().mean().item()
         server.state["fedet_alpha_max"] = c.alpha.max(0).values.mean().item()
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
-        out = super().round_metrics(server, uploads)
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        out = super().server_metrics(server, uploads)
         if "fedet_dissent" in server.state:
             # share of public samples where some client dissents from the consensus label;
             # mean over samples of the largest client weight (1/K = uniform, 1 = one client)

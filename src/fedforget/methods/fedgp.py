@@ -5,7 +5,7 @@ method (``OverBase``): ``{name: fedgp, params: {base: der, base_params: {...}}}`
 Each round, with the base method's training, server and state unchanged:
 
 1. Client step [P Eq. 5, Alg. 2; C]: after the base method's own gradient terms (its
-   ``backward`` and ``transform_grad``: DER's logit replay, A-GEM's own projection, FedProx's
+   ``client_step`` and ``client_grad``: DER's logit replay, A-GEM's own projection, FedProx's
    proximal gradient, ...), over one flat vector made of every parameter with a gradient
    [C], with the reference gradient g_ref received this round::
 
@@ -179,22 +179,22 @@ class FedGP(OverBase):
             self.replay = base_replay
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
-        out = dict(self.base.broadcast(server))
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
+        out = dict(self.base.server_broadcast(server))
         g_ref = server.state.get(STATE_KEY)
         if g_ref is not None:
             out[STATE_KEY] = g_ref
         return out
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """ROUND_END: g_ref = mean of the clients' buffer gradients (None if no buffer had
         rows), after the base's own round-end step on its part of the replies. Any other
         exchange is the base's."""
         if exchange != ROUND_END:
-            self.base.collect(exchange, server, replies)
+            self.base.server_collect(exchange, server, replies)
             return
         if ROUND_END in self.base.exchanges:
-            self.base.collect(ROUND_END, server, {c: r[0] for c, r in replies.items() if r[0] is not None})
+            self.base.server_collect(ROUND_END, server, {c: r[0] for c, r in replies.items() if r[0] is not None})
         grads = [r[1] for r in replies.values() if r[1] is not None]
         server.state["fedgp_ref_clients"] = len(grads)
         if not grads:
@@ -207,8 +207,8 @@ class FedGP(OverBase):
             mean[n] = torch.stack(parts).sum(0) / len(grads)
         server.state[STATE_KEY] = mean
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
-        out = super().round_metrics(server, uploads)
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        out = super().server_metrics(server, uploads)
         g_ref = server.state.get(STATE_KEY)
         if g_ref is not None:
             out["ref_norm"] = math.sqrt(sum(float((v * v).sum()) for v in g_ref.values()))
@@ -241,14 +241,14 @@ class FedGP(OverBase):
         s.n_ref = 0
         s.batch = None
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = self.base.backward(ctx, x, y)
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self.base.client_step(ctx, x, y)
         if self.own_buffer:
-            self.scratch(ctx).batch = (x, y)  # offered in transform_grad
+            self.scratch(ctx).batch = (x, y)  # offered in client_grad
         return loss
 
-    def transform_grad(self, ctx: ClientContext) -> None:
-        self.base.transform_grad(ctx)  # the base's own terms first [P Alg. 5-6, C]
+    def client_grad(self, ctx: ClientContext) -> None:
+        self.base.client_grad(ctx)  # the base's own terms first [P Alg. 5-6, C]
         s = self.scratch(ctx)
         if s.pairs is not None and self.p.rate > 0:
             pairs = [(p, r) for p, r in s.pairs if p.grad is not None]
@@ -286,13 +286,13 @@ class FedGP(OverBase):
             ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
         return up
 
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """ROUND_END: (the base's reply, g_ref^k), g_ref^k the mean CE gradient at the new
         global model on a random batch of the client's buffer (Alg. 3), None while the
         buffer is empty. Any other exchange is the base's."""
         if exchange != ROUND_END:
-            return self.base.reply(exchange, ctx)
-        base_reply = self.base.reply(ROUND_END, ctx) if ROUND_END in self.base.exchanges else None
+            return self.base.client_reply(exchange, ctx)
+        base_reply = self.base.client_reply(ROUND_END, ctx) if ROUND_END in self.base.exchanges else None
         buf = self.replay.buffer
         if buf.size(ctx.state) == 0:
             return base_reply, None

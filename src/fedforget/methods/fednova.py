@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .base import ClientContext, FedAvg, NoParams, ServerContext, Upload, weighted_average
-from .base import Params as StateDict
 from .registry import METHODS
 from .shared import effective_steps, require_sgd
 
@@ -57,7 +56,7 @@ class FedNova(FedAvg):
         up.extras["a"] = effective_steps(ctx.steps, rho)
         return up
 
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         new = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
         total = float(sum(u.n_samples for u in uploads))
         p = [u.n_samples / total for u in uploads]
@@ -74,7 +73,7 @@ class FedNova(FedAvg):
                     acc.add_(w_g[name] - u.params[name], alpha=pi / ai)
             new[name] = w_g[name] - tau_eff * acc
         server.state["tau_eff"] = tau_eff
-        return new
+        server.global_params = new
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         return {"tau_eff": float(server.state["tau_eff"])}

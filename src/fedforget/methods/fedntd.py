@@ -92,15 +92,17 @@ class FedNTD(FedAvg):
         self.scratch(ctx).sum = torch.zeros((), device=self.info.device)
         self.scratch(ctx).n = 0
 
-    def extra_loss(self, ctx, x, y, features, logits):
+    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
+        terms = super().client_loss(ctx, x, y, features, logits)
         if self.p.beta == 0:
-            return None
+            return terms
         with torch.no_grad():
             global_logits = self._glob(x)
         l_ntd = ntd_loss(logits, global_logits, y, self.p.tau)
         self.scratch(ctx).sum += l_ntd.detach()
         self.scratch(ctx).n += 1
-        return self.p.beta * l_ntd
+        terms["ntd"] = self.p.beta * l_ntd
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.beta > 0:

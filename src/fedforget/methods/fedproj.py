@@ -14,7 +14,7 @@ Z_server is the *memory*: the uniform mean of last round's sampled clients' logi
 public set (their local models after local training, eval mode), kept in ``server.state``.
 (Eq. 14) solves the quadratic program (Eq. 5): the closest direction to g_new that does not
 increase L_mem to first order (Eq. 4). Gradients are one flat vector over every parameter
-with a gradient [C]. Backward computes g_new as FedAvg does; ``transform_grad`` computes
+with a gradient [C]. Backward computes g_new as FedAvg does; ``client_grad`` computes
 g_glob (one more forward/backward on a public batch) and projects p.grad in place.
 
 Server step (Sec. 4.3, Algorithm 1 lines 16-28): theta_avg = sum_k n_k/n theta_k (Eq. 1);
@@ -168,8 +168,8 @@ class FedProj(FedDF):
         else:
             server.public.y = None  # the label-free default never sees them
 
-    def broadcast(self, server: ServerContext) -> dict:
-        out = super().broadcast(server)
+    def server_broadcast(self, server: ServerContext) -> dict:
+        out = super().server_broadcast(server)
         teacher = server.state.get(TEACHER)
         out[TEACHER] = teacher
         if self.p.memory_loss == "ce":
@@ -194,7 +194,7 @@ class FedProj(FedDF):
         """Z_teacher = Z_server: uniform mean of the sampled clients' public logits."""
         return torch.stack([u.extras[PUBLIC_LOGITS] for u in uploads]).mean(0)
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+    def distillation(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         teacher = self.teacher_logits(uploads)
         server.state[TEACHER] = teacher  # next round's memory (Eq. 3's Z_server)
         if self.p.distill_epochs == 0:
@@ -216,8 +216,8 @@ class FedProj(FedDF):
         extra = l_div if alpha > 0 else None
         self.distill_server(server, teacher, self.p.temperature, batch_loss, extra)
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
-        out = super().round_metrics(server, uploads)
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        out = super().server_metrics(server, uploads)
         if "fedproj_mem_before" in server.state:
             out["mem_loss_before"] = server.state.pop("fedproj_mem_before")
         return out
@@ -247,12 +247,12 @@ class FedProj(FedDF):
         spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
         s.lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         every = self.scratch(ctx).lr_step_every
         if every and ctx.steps and ctx.steps % every == 0:
             for group in ctx.optimizer.param_groups:  # the code's StepLR(E/2, 0.1) [C]
                 group["lr"] *= 0.1
-        return super().backward(ctx, x, y)  # g_new in p.grad (Eq. 2)
+        return super().client_step(ctx, x, y)  # g_new in p.grad (Eq. 2)
 
     def memory_batch_loss(self, ctx: ClientContext) -> torch.Tensor:
         """L_mem (Eq. 3, or Algorithm 1's CE) on one random public batch M."""
@@ -267,7 +267,7 @@ class FedProj(FedDF):
         zt = ctx.broadcast[TEACHER]
         return memory_kl(logits, zt[idx] if idx is not None else zt, self.p.temperature)
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         if not s.active:
             return

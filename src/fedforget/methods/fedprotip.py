@@ -62,7 +62,7 @@ cosine with its references, majority decides, ties -> lowest task id [D]; batch 
 relevance vector per test batch (the RMS over its rows, the code's Frobenius norm), one routing
 for all rows: the evaluator's batches hold one task each, so this inflates task-agnostic
 accuracy; none: FedProTIP(-t), one shared classifier, default logits.
-Scores (``predict``): the routed task's head logits on that task's classes, the other classes at
+Scores (``eval_predict``): the routed task's head logits on that task's classes, the other classes at
 the row's lowest such logit - 30 (finite, so the evaluator's cross-entropy stays finite; softmax
 mass outside < C e^-30) [D]; task given (task-aware): that task's head; before the first task
 end: the model's logits. tip != none needs per_task heads, tip none shared ones (checked at
@@ -384,10 +384,10 @@ class FedProTIP(FedAvg):
         return dict(list(layers.items())[early:])
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         return {BASES: server.state.get(BASES, {}), BLOCKS: server.state.get(BLOCKS, {})}
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """TASK_END: the clients' core bases (``collect_bases``); AFTER_TASK: their
         reference vectors (``collect_references``)."""
         if exchange == TASK_END:
@@ -427,7 +427,7 @@ class FedProTIP(FedAvg):
         st.setdefault(COMM, []).append(comm)
         layers = projected_layers(server.model)
         fill = [bases[k].shape[1] / layer_dim(m) if k in bases else 0.0 for k, m in layers.items()]
-        st["fedprotip_task_end"] = {  # round_metrics adds the task's COMM entry, complete by then
+        st["fedprotip_task_end"] = {  # server_metrics adds the task's COMM entry, complete by then
             "basis_fill": sum(fill) / max(len(fill), 1),
             "basis_rank": float(sum(bases[k].shape[1] for k in layers if k in bases)),
             "features_rank": float(bases[FEATURES].shape[1]) if FEATURES in bases else 0.0,
@@ -443,7 +443,7 @@ class FedProTIP(FedAvg):
         comm["comm_refs_mb"] = mb
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"] + mb
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         """At a task's last round: its communication and basis sizes."""
         end = server.state.pop("fedprotip_task_end", None)
         if end is None:
@@ -469,7 +469,7 @@ class FedProTIP(FedAvg):
             self.route_features(server, model.features(x)) if self.routing(server, model) else None
         )
 
-    def predict(
+    def eval_predict(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
     ) -> torch.Tensor:
         if task is not None or not self.routing(server, model):
@@ -519,11 +519,11 @@ class FedProTIP(FedAvg):
             early = set(layers) - set(self.basis_layers(ctx.model))
             s.frozen += [p for n in early for p in layers[n].parameters()]
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         project_step(s.pairs, s.frozen)  # G - G Phi Phi^T
 
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """TASK_END: the client's core bases (``report_bases``); AFTER_TASK: its reference
         vectors against the new global bases (``report_references``)."""
         return self.report_bases(ctx) if exchange == TASK_END else self.report_references(ctx)

@@ -6,7 +6,7 @@ global weights w^t (the paper's local objective h_k):
 
     h_k(w; w^t) = F_k(w) + (mu/2) ||w - w^t||^2
 
-summed over the trainable parameters (``stacked_step_terms``, the term's one definition for
+summed over the trainable parameters (``client_step_terms``, the term's one definition for
 a client alone and for clients trained together), so each step's gradient is
 grad F_k(w) + mu (w - w^t). Everything else is FedAvg: local SGD from w^t, server average
 weighted by n_k (as the FedSOL code and the FedDyn authors' FedProx baseline do; the paper's
@@ -50,7 +50,7 @@ class FedProx(FedAvg):
             (p, ctx.global_params[n]) for n, p in ctx.model.named_parameters() if p.requires_grad
         ]
 
-    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
         """The proximal term, per client of the stack: (mu/2) ||w - w^t||^2 (its gradient
         mu (w - w^t) by autograd, on a client alone or the stack)."""
         mu, wg = self.p.mu, ctxs[0].global_params  # one broadcast for every client

@@ -98,7 +98,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, Upload
+from .base import ClientContext, FedAvg, Upload, task_cross_entropy
 from .registry import METHODS
 from .shared import check_number
 
@@ -212,17 +212,17 @@ class FedRCL(FedAvg):
         self.scratch(ctx).sums = torch.zeros(2, device=self.info.device)  # L_SCL, L_DIV over steps
         self.scratch(ctx).n = 0
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         p = self.p
         if p.weight == 0:
-            return super().backward(ctx, x, y)  # FedAvg exactly
+            return super().client_step(ctx, x, y)  # FedAvg exactly
         levels, logits = ctx.model.forward_levels(x)
         # multi-level RCL: L_SCL and L_DIV averaged over the chosen levels
         l_scl, l_div = rcl_levels(select_levels(levels, p.levels), y, p.tau, p.threshold, p.pairs)
         self.scratch(ctx).sums += torch.stack([l_scl.detach(), l_div.detach()])
         self.scratch(ctx).n += 1
         # L = L_CE + weight * L_RCL
-        loss = self.task_loss(ctx, logits, y) + p.weight * (l_scl + p.beta * l_div)
+        loss = task_cross_entropy(logits, y, ctx.logit_mask) + p.weight * (l_scl + p.beta * l_div)
         loss.backward()
         return loss
 

@@ -18,8 +18,8 @@ One minibatch step of client k:
     w      <- optimizer step from w (not from w + eps*), with w.grad
 
 ``||g||_2`` is the norm over all trainable parameters jointly (one global norm, as in SAM
-and both FedSAM codes). L_k is the local CE (``task_loss``); ``extra_loss`` is added in
-both passes, which is nothing for FedSAM itself.
+and both FedSAM codes). L_k is the minibatch loss (``batch_loss``: the sum of ``client_loss``'s
+terms, FedSAM's own being the CE alone), in both passes.
 
 Decisions
 - Guard: eps = rho * g / max(||g||, 1e-12), so g = 0 gives eps = 0 and otherwise ||eps|| =
@@ -86,9 +86,9 @@ class FedSAM(FedAvg):
         # sum over steps of L(w + eps) - L(w); one client trains at a time
         self.scratch(ctx).gap = torch.zeros((), device=self.info.device)
 
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         model = ctx.model
-        loss = self.local_loss(ctx, x, y)
+        loss = self.batch_loss(ctx, x, y)
         loss.backward()  # g = grad L_k(w)
         params = [p for p in model.parameters() if p.grad is not None]
         buffers = list(model.buffers())
@@ -99,7 +99,7 @@ class FedSAM(FedAvg):
             torch._foreach_add_(params, eps)  # w + eps*
         for p in params:
             p.grad = None
-        loss_adv = self.local_loss(ctx, x, y)
+        loss_adv = self.batch_loss(ctx, x, y)
         loss_adv.backward()  # .grad = grad L_k at w + eps*: what the optimizer steps with
         with torch.no_grad():
             torch._foreach_copy_(params, w)  # back to w, bit-exact

@@ -44,7 +44,7 @@ Switches (``FedSOLParams``)
   fedavg) and ``base_params`` (that method's hyperparameters). FedSOL is a plug-in
   (``methods/plugin.py``, ``OverBase``): an instance of the base method runs every hook but
   the local step: its server state, broadcast,
-  aggregation, after_aggregate, client state and upload (SCAFFOLD's c and c_i, FedDyn's h and
+  aggregation (server_aggregate), client state and upload (SCAFFOLD's c and c_i, FedDyn's h and
   client gradient, FedNova's normalised averaging, MOON's previous-model store). With
   ``proximal: base`` the perturbation direction is the gradient of the base method's local
   term at w: FedProx (mu/2)||w - w_g||^2 -> mu (w - w_g); FedDyn -> alpha (w - w_g) - grad
@@ -58,8 +58,8 @@ Switches (``FedSOLParams``)
   update. The paper contrasts the proximal objective "as an auxiliary objective alongside
   the original local objective (Base)" with "as proximal perturbation within FedSOL
   (Combined)", and Eq. 6 updates with the local loss only, so by default the term moves from
-  the loss into the perturbation. true keeps it (loss + extra_loss at w + eps, and the base's
-  transform_grad, e.g. SCAFFOLD's correction) and adds the perturbation on top. Note that
+  the loss into the perturbation. true keeps it (the base's loss terms at w + eps, and the base's
+  client_grad, e.g. SCAFFOLD's correction) and adds the perturbation on top. Note that
   SCAFFOLD's option-II c_i and FedDyn's client-gradient updates assume their term was in the
   update; with base_loss false they are still run unchanged (the base's state is kept).
 - ``update: perturb|project|loss`` (default perturb): ``project`` is Table 1's direct
@@ -107,7 +107,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import ClientContext, Upload, frozen_copy
+from .base import TASK, ClientContext, Upload, frozen_copy, task_cross_entropy, total_loss
 from .plugin import OverBase
 from .registry import METHODS
 from .shared import check_number
@@ -210,13 +210,10 @@ class FedSOL(OverBase):
         sc.counts[key] += 1
 
     def local_loss_from(self, ctx, x, y, features, logits) -> torch.Tensor:
-        """L_local: CE, plus the base method's term if base_loss."""
-        loss = self.task_loss(ctx, logits, y)
+        """L_local: CE, or the base method's loss terms (its CE first) if base_loss."""
         if self.p.base_loss:
-            extra = self.base.extra_loss(ctx, x, y, features, logits)
-            if extra is not None:
-                loss = loss + extra
-        return loss
+            return total_loss(self.base.client_loss(ctx, x, y, features, logits))
+        return task_cross_entropy(logits, y, ctx.logit_mask)
 
     # ---------------------------------------------------------------- proximal gradient g_p
     def proximal_grad(self, ctx, x, y, features, logits) -> tuple[list[torch.Tensor], float | None]:
@@ -238,8 +235,11 @@ class FedSOL(OverBase):
             with torch.no_grad():
                 value = 0.5 * sum(float((w - wg).pow(2).sum()) for w, wg in zip(sc.all, sc.all_global))
                 return [w.detach() - wg for w, wg in zip(params, sc.sel_global)], value
-        # the base method's local term: grad of its extra_loss + what its transform_grad adds
-        extra = self.base.extra_loss(ctx, x, y, features, logits)
+        # the base method's local term: grad of its loss terms beside the CE + what its
+        # client_grad adds
+        terms = self.base.client_loss(ctx, x, y, features, logits)
+        del terms[TASK]
+        extra = total_loss(terms) if terms else None
         value = None
         if extra is not None and extra.requires_grad:
             value = float(extra.detach())
@@ -250,7 +250,7 @@ class FedSOL(OverBase):
         saved = [p.grad for p in sc.all]
         for p in sc.all:
             p.grad = torch.zeros_like(p)
-        self.base.transform_grad(ctx)  # additive corrections (SCAFFOLD: + c - c_i) on zero grads
+        self.base.client_grad(ctx)  # additive corrections (SCAFFOLD: + c - c_i) on zero grads
         with torch.no_grad():
             g_p = [g + p.grad for g, p in zip(g_p, params)]
         for p, s in zip(sc.all, saved):
@@ -288,14 +288,14 @@ class FedSOL(OverBase):
         return None if norm == 0 else eps
 
     # ---------------------------------------------------------------- one step
-    def backward(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         model, sc = ctx.model, self.scratch(ctx)
         features, logits = model.forward_with_features(x)
         g_p, value = self.proximal_grad(ctx, x, y, features, logits)
         if value is not None:
             self._record(ctx, "prox_loss", value)
         g_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])))
-        ce = self.task_loss(ctx, logits.detach(), y)
+        ce = task_cross_entropy(logits.detach(), y, ctx.logit_mask)
 
         if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
             loss = self.local_loss_from(ctx, x, y, features, logits)
@@ -355,9 +355,9 @@ class FedSOL(OverBase):
         if un > 0:
             self._record(ctx, "cos_update_prox", dot / (un * g_norm))
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         if self.p.base_loss:
-            self.base.transform_grad(ctx)  # e.g. SCAFFOLD's + c - c_i
+            self.base.client_grad(ctx)  # e.g. SCAFFOLD's + c - c_i
 
     def client_end(self, ctx: ClientContext) -> Upload:
         sc = self.scratch(ctx)

@@ -1,7 +1,7 @@
 """FOT: Federated Orthogonal Training (Bakman, Yaldiz, Ezzeldin, Avestimehr, ICLR 2024;
 arXiv 2309.01289), as papers/fedprotip.md (Sec. 2.2, 4, App. E.3, F.2) and papers/fedgp.md
 (App. A.6) describe it and the authors' code computes it (duygunuryldz/Federated_Orthogonal_
-Training: trainer/*_trainer.py ``collect_activations``, FedAVGAggregator ``aggregate`` and
+Training: trainer/*_trainer.py ``collect_activations``, FedAVGAggregator ``server_aggregate`` and
 ``expand_orth_set``).
 
 Clients train as in FedAvg, unconstrained. The server keeps one orthonormal basis U_l
@@ -69,8 +69,7 @@ from torch import nn
 
 from ..activations import layer_dim, layer_inputs, project_out
 from ..utils import torch_seed
-from .base import TASK_END, ClientContext, FedAvg, ServerContext, Upload
-from .base import Params as StateDict
+from .base import TASK_END, ClientContext, FedAvg, ServerContext, Upload, weighted_average
 from .registry import METHODS
 from .shared import (
     CHUNK,
@@ -187,29 +186,26 @@ class FOT(FedAvg):
             require(self.bias in BIAS, "bias", self.bias, " | ".join(BIAS))
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         return {BASES: server.state.get(BASES, {})}  # clients remove its span before sketching
 
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
-        avg = super().aggregate(server, uploads)
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        avg = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
         bases = server.state.get(BASES)
-        if not bases:
-            return avg  # FedAvg, bit for bit
-        old = server.global_params
-        for name, u in bases.items():  # FedProject
-            key = f"{name}.weight"
-            avg[key] = old[key] + project_out(avg[key] - old[key], u)
-        if self.p.bias == "freeze":
-            for name, _ in one_d_params(server.model):
-                avg[name] = old[name]
-        return avg
-
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        if bases:  # without: FedAvg, bit for bit
+            old = server.global_params
+            for name, u in bases.items():  # FedProject
+                key = f"{name}.weight"
+                avg[key] = old[key] + project_out(avg[key] - old[key], u)
+            if self.p.bias == "freeze":
+                for name, _ in one_d_params(server.model):
+                    avg[name] = old[name]
+        server.global_params = avg
         pending = {u.cid: u.extras[SKETCH] for u in uploads if SKETCH in u.extras}
         if pending:  # sketch_model local: consumed by this round's TASK_END collect
             server.state[PENDING] = pending
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         if self.p.sketch_model == "local":
             replies = server.state.pop(PENDING, {})
         if not replies:
@@ -246,7 +242,7 @@ class FOT(FedAvg):
             "basis_rank": float(sum(b.shape[1] for b in bases.values())),
         }
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         return server.state.pop("fot_task_end", {})
 
     # ---------------------------------------------------------------- client side
@@ -260,7 +256,7 @@ class FOT(FedAvg):
             up.extras[SKETCH] = self.client_sketch(ctx)  # on the local model just trained
         return up
 
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         if self.p.sketch_model == "global":
             return self.client_sketch(ctx)  # on the task's final global model
         return None

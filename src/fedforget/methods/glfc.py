@@ -40,11 +40,11 @@ Client k, task t (classes Y^t new, the classes of the tasks before t old, C^p of
    sigmoid(old logits), G_i = sigmoid(z_{y_i}) - 1, each row's mean over its classes].
    Scored classes [C]: the classes seen so far (the code grows its output layer per task);
    task-IL: those of each row's task (as ``ctx.logit_mask``); per-task heads: each class's
-   newest head (class-IL) or the row's task head (task-IL). ``predict`` likewise scores only
+   newest head (class-IL) or the row's task head (task-IL). ``eval_predict`` likewise scores only
    the seen classes (unseen ones at the row's lowest seen logit - 30, finite) [C].
 4. Task transitions [D]: the code's clients detect a new task themselves (mean prediction
    entropy of the global model on their data rising by > 1.2); here the engine's task hooks
-   tell clients the boundaries (client_task_begin, the TASK_END exchange), so no detection runs.
+   tell clients the boundaries (``ctx.task``, the TASK_END exchange), so no detection runs.
 5. Proxy server S_P [P; C ProxyServer.py]:
    - In the first round of each task (when the code's clients detect it), every client
      that trains sends, after local training and for each class of its task data, the
@@ -403,7 +403,7 @@ class GLFC(FedAvg):
     def server_init(self, server: ServerContext) -> None:
         server.state.update({OLD: None, BEST: None, BEST_ACC: 0.0, MONITOR: None})
 
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         return {OLD: server.state.get(OLD)}
 
     def server_task_begin(self, server: ServerContext) -> None:
@@ -419,7 +419,14 @@ class GLFC(FedAvg):
         else:
             st[OLD] = {k: v.detach().clone() for k, v in server.global_params.items()}
 
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """FedAvg's average, then the proxy server's step on it (``proxy_step``)."""
+        super().server_aggregate(server, uploads)
+        self.proxy_step(server, uploads)
+
+    def proxy_step(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """The proxy server [C]: the monitor set inverted from the clients' prototype
+        gradients, and the best global model on it so far (the next task's old model)."""
         if not self.p.proxy:
             return
         st = server.state
@@ -474,12 +481,12 @@ class GLFC(FedAvg):
         model.train(was)
         return float((pred == y).double().mean())
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         out = server.state.pop("glfc_round", {})
         out["old_model"] = float(server.state.get(OLD) is not None)
         return out
 
-    def predict(
+    def eval_predict(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
     ) -> torch.Tensor:
         """The logits over the classes seen so far [C]; the others at the row's lowest seen
@@ -527,7 +534,13 @@ class GLFC(FedAvg):
         """Per-row weights of L_RD (GLFC: none)."""
         return torch.ones_like(w)
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One forward on the step's rows and its share of the memory: ``step_loss``, differentiated."""
+        loss = self.step_loss(ctx, x, y)
+        loss.backward()
+        return loss
+
+    def step_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         s, t, p = self.scratch(ctx), ctx.task, self.p
         if ctx.steps < len(s.chunks) and len(s.chunks[ctx.steps]):
             mem, idx = ctx.state[KEY], s.chunks[ctx.steps]
@@ -602,7 +615,7 @@ class GLFC(FedAvg):
         grads = [encoder_gradient(enc, xp[i : i + 1], yp[i : i + 1]) for i in range(len(yp))]
         return grads, tuple(int(v) for v in x.shape[1:])
 
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """The exemplar memory after task ``ctx.task`` (its final global model) [P, C]."""
         self.update_memory(ctx)
         return None

@@ -14,7 +14,7 @@ GPM, per layer l (representations and projection: ``fedforget.activations``):
   (at most d_l columns). For the first task c = 0 (Eq. 5).
 - eps_l = ``threshold`` + ``threshold_step`` * t after task t = 0, 1, ... [C: 0.97 + 0.003 t,
   CIFAR-100], capped at 1, the same for every layer.
-- Training on later tasks, every step (``transform_grad``): G_l <- G_l - G_l M_l M_l^T on each
+- Training on later tasks, every step (``client_grad``): G_l <- G_l - G_l M_l M_l^T on each
   layer's weight gradient reshaped to [out, d_l].
 
 Federated, which memory: ``memory``
@@ -190,12 +190,12 @@ class GPM(FedAvg):
             require(self.bias in BIAS, "bias", self.bias, " | ".join(BIAS))
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         if self.p.memory == "global":
             return {BASES: server.state.get(BASES, {})}
         return {}
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         if not replies:
             return
         if self.p.memory == "local":  # each client updated its own memory: diagnostics only
@@ -227,7 +227,7 @@ class GPM(FedAvg):
             "basis_rank": float(sum(b.shape[1] for b in bases.values())),
         }
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence) -> dict[str, float]:
         return server.state.pop("gpm_task_end", {})
 
     # ---------------------------------------------------------------- client side
@@ -240,11 +240,11 @@ class GPM(FedAvg):
         s = self.scratch(ctx)
         s.pairs, s.frozen = step_projection(ctx.model, self.memory_of(ctx), self.p.bias == "freeze")
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         project_step(s.pairs, s.frozen)  # G - G M M^T
 
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         gen = torch.Generator().manual_seed(
             torch_seed(self.info.seed, ctx.task, ctx.cid, SAMPLE_STREAM)
         )

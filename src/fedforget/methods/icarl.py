@@ -55,7 +55,7 @@ keeps one copy (``server.state["icarl_prev"]``, checkpointed) and broadcasts it 
 every client received at that task end, which a real client would keep itself. Its outputs
 are recomputed at each step, not stored [D; the same numbers: it is fixed, in eval mode].
 
-Nearest-mean-of-exemplars classification (``predict``) [P Alg. 1]: y* = argmin_y
+Nearest-mean-of-exemplars classification (``eval_predict``) [P Alg. 1]: y* = argmin_y
 || phi(x) - mu_y ||, mu_y the (re-normalised [P]) mean of phi over class y's exemplars; the
 scores are -|| phi(x) - mu_y ||^2 [C: Mammoth returns minus the squared distance]; a class
 without a mean scores the row's lowest score minus 30 (finite, for the evaluator's loss).
@@ -361,7 +361,7 @@ class ICaRL(FedAvg):
         return {"sums": sums, "counts": torch.bincount(st["y"], minlength=c)}
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         prev = server.state.get(PREV)
         return {} if prev is None else {PREV: prev}
 
@@ -370,7 +370,7 @@ class ICaRL(FedAvg):
         for cid in sorted(reports):
             entries[cid] = {**reports[cid], "round": server.round}
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """TASK_END: the task's final global model becomes the previous model; both
         exchanges: the clients' feature sums (on the global model, after an exemplar update)
         replace their older ones."""
@@ -378,11 +378,11 @@ class ICaRL(FedAvg):
             server.state[PREV] = {k: v.detach().clone() for k, v in server.global_params.items()}
         self.keep_reports(server, replies)
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         cm = class_means(server.state.get(FEATS) or {}, self.p.normalize, server.device)
         return {} if cm is None else {"mean_classes": float(cm[1].sum())}
 
-    def predict(
+    def eval_predict(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None
     ) -> torch.Tensor:
         """NME scores (Alg. 1) on the server's model once class means exist; else logits."""
@@ -445,7 +445,13 @@ class ICaRL(FedAvg):
         idx = s.perm[lo:hi]
         return ctx.augment_rows(s.rows[0][idx], idx, EXEMPLAR_STREAM), s.rows[1][idx]
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One forward on the step's rows and its share of the exemplars: ``step_loss``, differentiated."""
+        loss = self.step_loss(ctx, x, y)
+        loss.backward()
+        return loss
+
+    def step_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Alg. 3 on the step's rows and its share of the exemplars."""
         s = self.scratch(ctx)
         mem = self.exemplar_batch(ctx)
@@ -465,7 +471,7 @@ class ICaRL(FedAvg):
         ctx.stats["exemplars"] = float(len(st["y"])) if st is not None else 0.0
         return up
 
-    def reply(self, exchange: str, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
         """TASK_END: the exemplar update (``update_exemplars``); ROUND_END: the feature sums
         of the client's exemplars on the new global model (None before its first task end,
         or where its task end already sent them this round)."""

@@ -6,7 +6,7 @@ google-research/l2p (JAX; the original L2P configs, e.g. configs/cifar100_gaussi
 and its PyTorch port JH-LEE-KR/l2p-pytorch (prompt.py, vision_transformer.py, engine.py).
 Tags: [P] paper, [C] authors' code (read, not run), [D] our decision.
 
-The model (``prepare_model``, on the ``vit`` model of ``fedforget.models``: torchvision's
+The model (``model_init``, on the ``vit`` model of ``fedforget.models``: torchvision's
 VisionTransformer) [P Sec. 4, C]: the backbone (patch embedding, class token, position
 embeddings, encoder, final LayerNorm) is frozen (requires_grad False: the engine keeps
 its global values bit for bit); added are a pool of M prompts P_j in R^{L_p x D} and one
@@ -52,7 +52,7 @@ rows of older tasks in an asynchronous window [D]); task-incremental streams mas
 (ctx.logit_mask); domain streams hold every class in every task (nothing to mask); test
 time never masks beyond the scenario's own task-IL mask. Gradients of the trainable
 parameters are clipped to a total norm of ``clip_norm`` after the backward [C:
-grad_clip_max_norm / clip_grad 1.0] (``transform_grad``; under FedGP, before its
+grad_clip_max_norm / clip_grad 1.0] (``client_grad``; under FedGP, before its
 projection).
 
 Inputs with one channel (digits, MNIST) are repeated to the three the ViT's patch
@@ -194,7 +194,7 @@ class L2P(FedAvg):
     name = "l2p"
     stacked = False
     own_upload = True
-    needs_model = "vit"  # the one model it is defined on (prepare_model refuses others)
+    needs_model = "vit"  # the one model it is defined on (model_init refuses others)
 
     @dataclass(frozen=True)
     class Params:
@@ -244,7 +244,7 @@ class L2P(FedAvg):
             table[task_of < 0] = True  # classes in no task never come up
             self.row_mask = table.to(info.device)
 
-    def prepare_model(self, model: nn.Module) -> None:
+    def model_init(self, model: nn.Module) -> None:
         """The prompt pool and keys on the model's ViT, which is frozen (module docstring)."""
         body = getattr(model, "body", None)
         if not isinstance(body, ViTBody):
@@ -264,7 +264,7 @@ class L2P(FedAvg):
         s.pull_sum = torch.zeros((), device=self.info.device)
         s.used = torch.zeros(self.p.pool_size, dtype=torch.bool, device=self.info.device)
 
-    def task_loss(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def prompt_ce(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """CE over the classes of each row's task in class-IL split streams [C train_mask];
         elsewhere the step's own mask (task-IL) or none."""
         mask = ctx.logit_mask
@@ -272,16 +272,22 @@ class L2P(FedAvg):
             mask = self.row_mask[y]
         return F.cross_entropy(masked_logits(logits, mask), y)
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Eq. 5: task_loss on the prompted features' logits + pull_coeff * mean pull term."""
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One prompted forward: ``step_loss``, differentiated."""
+        loss = self.step_loss(ctx, x, y)
+        loss.backward()
+        return loss
+
+    def step_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Eq. 5: ``prompt_ce`` on the prompted features' logits + pull_coeff * mean pull term."""
         z, pull, idx = ctx.model.body.prompted(x)
-        loss = self.task_loss(ctx, ctx.model.head(z), y)
+        loss = self.prompt_ce(ctx, ctx.model.head(z), y)
         s = self.scratch(ctx)
         s.pull_sum += pull.detach().mean()
         s.used[idx.reshape(-1)] = True
         return loss + self.p.pull_coeff * pull.mean() if self.p.pull_coeff > 0 else loss
 
-    def transform_grad(self, ctx: ClientContext) -> None:
+    def client_grad(self, ctx: ClientContext) -> None:
         """The trainable parameters' gradients clipped to total norm ``clip_norm`` [C]."""
         if self.p.clip_norm > 0:
             grads = [p for p in ctx.model.parameters() if p.grad is not None]
@@ -301,7 +307,7 @@ class L2P(FedAvg):
     ) -> dict[str, torch.Tensor]:
         """Rows of the test batch counted correct with the other selection mode than the
         configured one (``batch_selection`` or ``instance_selection``), scored as
-        ``predict`` scores (the task's head and classes where the scenario is task-aware)."""
+        ``eval_predict`` scores (the task's head and classes where the scenario is task-aware)."""
         other = "instance" if self.p.selection == "batch" else "batch"
         sc = self.info.scenario
         aware = sc is not None and sc.task_aware

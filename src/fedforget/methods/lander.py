@@ -19,7 +19,7 @@ resumed run reads them from its checkpoint) and sent with every broadcast.
 
 Model [C ``mapping``: the code's ResNet maps its 512 features by a Linear to the LTE space]:
 a Linear ``lte_map`` from the features to the LTE dimension (384) is added to the model
-(``prepare_model``): aggregated and checkpointed like every weight; the classifier stays on
+(``model_init``): aggregated and checkpointed like every weight; the classifier stays on
 the features.
 
 Local training [C ``_local_update``, ``_local_finetune``], with a = lte_map(features)::
@@ -101,7 +101,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import ClientContext, RunInfo, ServerContext
+from .base import ClientContext, RunInfo, ServerContext, task_cross_entropy
 from .registry import METHODS
 from .shared import is_int, is_number, require
 from .synthesis import (
@@ -366,9 +366,9 @@ class LANDER(TARGET):
             )
         self.texts = label_texts(names, params.prompt)
 
-    def prepare_model(self, model: nn.Module) -> None:
+    def model_init(self, model: nn.Module) -> None:
         """Add ``lte_map``: features -> the LTE space [C ``mapping``]."""
-        super().prepare_model(model)
+        super().model_init(model)
         model.lte_map = nn.Linear(model.feature_dim, embedding_dim())
 
     # ---------------------------------------------------------------- server side
@@ -378,8 +378,8 @@ class LANDER(TARGET):
             server.state[LTE] = label_embeddings(self.texts).to(server.device)
         return server.state[LTE]
 
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
-        return {**super().broadcast(server), LTE: self.anchors(server)}
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
+        return {**super().server_broadcast(server), LTE: self.anchors(server)}
 
     def make_synthesizer(self, server: ServerContext, teacher: nn.Module, classes: torch.Tensor,
                          normalize: Any = None) -> Synthesizer:  # fmt: skip
@@ -404,16 +404,17 @@ class LANDER(TARGET):
         alpha, beta = math.log2(total / 2 + 1), math.sqrt(old / total)
         return self.p.cur * (1 + 1 / alpha) / beta, self.p.pre * alpha * beta
 
-    def local_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        features, logits = ctx.model.forward_with_features(x)
+    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
+        """One term: the current task's loss (TARGET's masked CE + ltc * the bounding loss),
+        from task 1 weighted against the KD and feature terms on the synthetic batch [C]."""
         lte = ctx.broadcast[LTE]
         bound = bounding_loss(ctx.model.lte_map(features), lte[y], self.p.r)
         self.note(ctx, "bound", bound)
-        current = self.task_loss(ctx, logits, y) + self.p.ltc * bound
+        current = task_cross_entropy(logits, y, self.row_mask(ctx, y)) + self.p.ltc * bound
         rep = self.synthetic_batch(ctx)
         if rep is None:
-            return current  # task 0 [C _local_update]
+            return {"lander": current}  # task 0 [C _local_update]
         fkd = F.mse_loss(ctx.model.lte_map(rep.features), rep.t_feats)
         self.note(ctx, "fkd", fkd)
         cur, pre = self.weights(ctx)
-        return cur * current + pre * (self.p.kd * self.kd_term(ctx, rep) + fkd)
+        return {"lander": cur * current + pre * (self.p.kd * self.kd_term(ctx, rep) + fkd)}

@@ -171,7 +171,7 @@ class LGA(GLFC):
         return w
 
     # ---------------------------------------------------------------- radius
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """The memory (GLFC) and, after the first task, the per-class feature sums of the
         task's final global model for the augmentation radius."""
         self.update_memory(ctx)
@@ -194,7 +194,7 @@ class LGA(GLFC):
             "classes": classes, "n": onehot.sum(0), "sum": onehot.T @ f, "sq": onehot.T @ (f * f).sum(1),
         }  # fmt: skip
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """The radius, once, from the first task end that brings task-0 sums (the first;
         with asynchronous boundaries, the one after the first clients left task 0)."""
         if RADIUS not in server.state and replies:
@@ -202,8 +202,8 @@ class LGA(GLFC):
             if r is not None:
                 server.state[RADIUS] = r
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
-        out = super().round_metrics(server, uploads)
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        out = super().server_metrics(server, uploads)
         out["radius"] = float(server.state.get(RADIUS, self.p.radius_init))
         return out
 

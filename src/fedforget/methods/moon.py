@@ -137,17 +137,19 @@ class MOON(FedAvg):
         load_flat(self._prev, prev)
         s.active, s.sum, s.n = True, torch.zeros((), device=self.info.device), 0
 
-    def extra_loss(self, ctx, x, y, features, logits):
+    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
+        terms = super().client_loss(ctx, x, y, features, logits)
         s = self.scratch(ctx)
         if not s.active:
-            return None
+            return terms
         with torch.no_grad():
             z_glob = self._glob.features(x)
             z_prev = self._prev.features(x)
         l_con = model_contrastive_loss(features, z_glob, z_prev, self.p.tau)
         s.sum += l_con.detach()
         s.n += 1
-        return self.p.mu * l_con
+        terms["contrastive"] = self.p.mu * l_con
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

@@ -8,7 +8,7 @@ API (``fedforget.methods.base``) goes to an instance of the base method named by
 hyperparameters ``base`` and ``base_params``, and the plug-in overrides only the hooks it
 changes, calling ``self.base`` (or ``super()``, which is the base) where it keeps them.
 The forwarding is generated once here from the hook list, not written per method; the
-diagnostics a base reports (``client_end``'s stats, ``round_metrics``) come out renamed
+diagnostics a base reports (``client_end``'s stats, ``server_metrics``) come out renamed
 ``<base>_<key>``, beside the plug-in's own.
 """
 
@@ -22,9 +22,12 @@ from .registry import METHODS
 
 # every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
 HOOKS = (
-    "prepare_model", "server_init", "broadcast", "aggregate", "after_aggregate", "round_metrics",
-    "server_task_begin", "collect", "predict", "eval_counts", "client_task_begin", "reply", "client_begin",
-    "task_loss", "extra_loss", "local_loss", "backward", "transform_grad", "stacked_step_terms", "client_end",
+    "model_init",
+    "server_init", "server_task_begin", "server_broadcast", "server_aggregate", "server_metrics",
+    "server_collect",
+    "client_begin", "client_loss", "client_step", "client_grad", "client_step_terms", "client_end",
+    "client_reply",
+    "eval_predict", "eval_counts",
 )  # fmt: skip
 
 
@@ -51,7 +54,7 @@ class OverBase(FedAvg):
     @property
     def exchanges(self) -> tuple[str, ...]:  # type: ignore[override]
         """The plug-in's own exchanges and its base's: a plug-in that does not take part in
-        one of the base's forwards ``reply``/``collect`` to the base (the default)."""
+        one of the base's forwards ``client_reply``/``server_collect`` to the base (the default)."""
         return tuple(dict.fromkeys(self.own_exchanges + self.base.exchanges))
 
     def client_end(self, ctx: ClientContext) -> Upload:
@@ -63,9 +66,9 @@ class OverBase(FedAvg):
             ctx.stats[f"{self.base.name}_{k}"] = ctx.stats.pop(k)
         return up
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         """The base's round diagnostics, renamed ``<base>_<key>``."""
-        return {f"{self.base.name}_{k}": v for k, v in self.base.round_metrics(server, uploads).items()}
+        return {f"{self.base.name}_{k}": v for k, v in self.base.server_metrics(server, uploads).items()}
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
@@ -106,5 +109,5 @@ def _forward(name: str):
 
 
 for _name in HOOKS:
-    if _name not in OverBase.__dict__:  # client_end, round_metrics: written above
+    if _name not in OverBase.__dict__:  # client_end, server_metrics: written above
         setattr(OverBase, _name, _forward(_name))

@@ -5,15 +5,15 @@ Server control variate c and client control variates c_i are flat tensors over t
 parameters, all initialised to ZERO (server.state["c"], ctx.state["c"]). x is the broadcast
 global model, y_i the client's local model:
 
-    local step:  y_i <- y_i - eta_l (g_i(y_i) - c_i + c)              # ``stacked_step_terms``
+    local step:  y_i <- y_i - eta_l (g_i(y_i) - c_i + c)              # ``client_step_terms``
     option II:   c_i^+ = c_i - c + (x - y_i) / (K eta_l)              # ``client_end``
     upload:      (Delta y_i, Delta c_i) = (y_i - x, c_i^+ - c_i);  c_i <- c_i^+
-    server:      x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i        # ``aggregate``
-                 c <- c + (|S|/N) (1/|S|) sum_{i in S} Delta c_i      # ``after_aggregate``
+    server:      x <- x + eta_g (1/|S|) sum_{i in S} Delta y_i        # ``server_aggregate``
+                 c <- c + (|S|/N) (1/|S|) sum_{i in S} Delta c_i      # ``server_aggregate``
 
 K is the number of local steps the client actually took (ctx.steps), eta_l this round's
 local lr (ctx.lr), N the number of clients (RunInfo.num_clients), eta_g = ``server_lr``.
-c is sent to the clients through ``broadcast``.
+c is sent to the clients through ``server_broadcast``.
 
 Decisions:
 - Aggregation is the paper's uniform mean over S (FedAvg weights by n_k); with eta_g = 1 and
@@ -92,10 +92,10 @@ class Scaffold(FedAvg):
         self.names = [n for n, p in server.model.named_parameters() if p.requires_grad]
         server.state["c"] = torch.zeros_like(_flat(server.global_params, self.names))
 
-    def broadcast(self, server: ServerContext) -> dict:
+    def server_broadcast(self, server: ServerContext) -> dict:
         return {"c": server.state["c"]}
 
-    def aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> StateDict:
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         weights = [u.n_samples if self.p.weighting == "samples" else 1.0 for u in uploads]
         new = weighted_average([u.params for u in uploads], weights)
         total = float(sum(weights))
@@ -105,14 +105,12 @@ class Scaffold(FedAvg):
             for u, w in zip(uploads, weights):
                 step.add_(u.params[name] - x[name], alpha=w / total)
             new[name] = x[name] + self.p.server_lr * step
-        return new
-
-    def after_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        server.global_params = new
         mean_dc = torch.stack([u.extras["delta_c"] for u in uploads]).mean(0)
         # a new tensor, not in place: this round's broadcast still references the old c
         server.state["c"] = server.state["c"] + (len(uploads) / self.info.num_clients) * mean_dc
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         return {"c_norm": float(server.state["c"].norm())}
 
     # ---------------------------------------------------------------- client side
@@ -122,9 +120,9 @@ class Scaffold(FedAvg):
             ctx.state["c"] = torch.zeros_like(c)
         self.scratch(ctx).names = [n for n, p in ctx.model.named_parameters() if p.requires_grad]
 
-    def stacked_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
         """The correction c - c_i added to every step's gradient (no loss term), per client
-        of the stack; on a client alone (a stack of one) FedAvg's ``transform_grad`` adds it."""
+        of the stack; on a client alone (a stack of one) FedAvg's ``client_grad`` adds it."""
         corr = split_stacked([ctx.broadcast["c"] - ctx.state["c"] for ctx in ctxs], ctxs[0].model)
         return lambda lo, hi, w: (None, {n: d[lo:hi] for n, d in corr.items()})
 

@@ -94,12 +94,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..models import TaskHeads
 from ..utils import FedForgetError
 from .base import (
+    TASK,
     TASK_END,
     ClientContext,
     FedAvg,
@@ -107,7 +107,7 @@ from .base import (
     ServerContext,
     Upload,
     frozen_copy,
-    masked_logits,
+    task_cross_entropy,
 )
 from .distill import softened_kl
 from .registry import METHODS
@@ -179,7 +179,7 @@ class TARGET(FedAvg):
         seen = self.class_mask[: task + 1].any(0)
         return seen.nonzero().flatten()
 
-    def prepare_model(self, model: nn.Module) -> None:
+    def model_init(self, model: nn.Module) -> None:
         """Refuse models of discrete inputs: a generator cannot synthesise token ids."""
         if any(isinstance(m, nn.Embedding) for m in model.modules()):
             raise FedForgetError(
@@ -188,7 +188,7 @@ class TARGET(FedAvg):
             )
 
     # ---------------------------------------------------------------- server side
-    def broadcast(self, server: ServerContext) -> dict[str, Any]:
+    def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         pool = server.state.get(self.pool_key)
         return {} if pool is None else {self.pool_key: pool}
 
@@ -202,7 +202,7 @@ class TARGET(FedAvg):
         (model, features) -> [rows, ...] (TARGET: nothing)."""
         return None
 
-    def collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         t = server.task
         if t >= len(self.task_classes) - 1:
             return  # no later task learns from it [C]
@@ -223,10 +223,10 @@ class TARGET(FedAvg):
             self.warned = True
             log.warning("%s: the model has no BatchNorm layer; the BN-statistics term of the generator's loss is dropped", self.name)  # fmt: skip
 
-    def round_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         return server.state.pop(self.stats_key, None) or {}
 
-    def predict(self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None) -> torch.Tensor:  # fmt: skip
+    def eval_predict(self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None) -> torch.Tensor:  # fmt: skip
         """Task-agnostic: classes of tasks not yet started score the row's lowest learned
         logit minus ``shared.OUTSIDE_GAP`` [C: the code's classifier has no outputs for them]."""
         scores = model.logits(x, task)  # type: ignore[operator]
@@ -236,7 +236,7 @@ class TARGET(FedAvg):
         return floor_unscored(scores, seen)
 
     # ---------------------------------------------------------------- client side
-    def reply(self, exchange: str, ctx: ClientContext) -> Any:
+    def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """The per-channel (mean, std) by which the client's data pipeline normalises stored
         images (dataset constants, no rows), so the generator's images are model inputs as
         the data's are; None where inputs are used as stored."""
@@ -310,12 +310,14 @@ class TARGET(FedAvg):
             return self.class_mask[self.class_task[y]]
         return None
 
-    def task_loss(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(masked_logits(logits, self.row_mask(ctx, y)), y)
-
-    def extra_loss(self, ctx, x, y, features, logits) -> torch.Tensor | None:
+    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
+        """CE over each row's allowed classes (``row_mask``), then the KD term on the
+        synthetic batch (from task 1)."""
+        terms = {TASK: task_cross_entropy(logits, y, self.row_mask(ctx, y))}
         rep = self.synthetic_batch(ctx)
-        return None if rep is None else self.p.kd * self.kd_term(ctx, rep)
+        if rep is not None:
+            terms["kd"] = self.p.kd * self.kd_term(ctx, rep)
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
