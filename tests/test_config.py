@@ -23,6 +23,8 @@ from fedforget.config import (
 )
 from fedforget.parse import load_config, parse_config
 from fedforget.partition import PartitionSpec
+from fedforget.reference import BLOCKS, documented_schema, reference_markdown
+from fedforget.smoke import DEFAULTS as SMOKE_DEFAULTS
 from fedforget.utils import FedForgetError
 from fedforget.validation import schema
 
@@ -344,40 +346,31 @@ def test_partition_slug_injective_in_alpha(alpha_a, alpha_b):
     assert a.slug != b.slug
 
 
-def _schema_defaults(defn: str) -> dict:
-    props = schema()["$defs"][defn]["properties"]
-    return {k: v["default"] for k, v in props.items() if "default" in v}
+def test_defaults_are_stated_once_in_the_code():
+    """The schema states no default of train, optimizer, partitions and smoke (the code that
+    reads them does: TrainSpec, OptimizerSpec, PartitionSpec, smoke.DEFAULTS); every key the
+    schema lists there is a field of that code, and the documented schema fills each default
+    from it."""
+    s = schema()
+    blocks = {b: (s["$defs"][b] if b in s["$defs"] else s["properties"][b])["properties"] for b in BLOCKS}
+    for block, props in blocks.items():
+        assert not [k for k, v in props.items() if "default" in v], block
+    assert set(blocks["train"]) == {f.name for f in fields(TrainSpec)} - set(INTERNAL_TRAIN_KEYS)
+    assert set(blocks["optimizer"]) == {f.name for f in fields(OptimizerSpec)}
+    assert set(blocks["partition"]) == {f.name for f in fields(PartitionSpec)}
+    assert set(blocks["smoke"]) == set(SMOKE_DEFAULTS)
+    doc = documented_schema()["$defs"]
+    assert doc["train"]["properties"]["rounds"]["default"] == TrainSpec().rounds
+    assert doc["optimizer"]["properties"]["betas"]["default"] == list(OptimizerSpec().betas)
+    assert doc["partition"]["properties"]["min_size"]["default"] == PartitionSpec().min_size
+    assert "default" not in doc["partition"]["properties"]["clients"]  # required: no default
 
 
-def test_schema_train_defaults_match_dataclass():
-    defaults = _schema_defaults("train")
-    t = TrainSpec()
-    names = {f.name for f in fields(TrainSpec)} - {"optimizer", *INTERNAL_TRAIN_KEYS}
-    assert set(defaults) == names  # every field a config sets has a documented default
-    for k, v in defaults.items():
-        got = getattr(t, k)
-        assert (list(got) if isinstance(got, tuple) else got) == v, k
-    assert set(schema()["$defs"]["train"]["properties"]) == names | {"optimizer"}
-
-
-def test_schema_optimizer_defaults_match_dataclass():
-    defaults = _schema_defaults("optimizer")
-    o = OptimizerSpec()
-    assert set(defaults) == {f.name for f in fields(OptimizerSpec)}
-    for k, v in defaults.items():
-        got = getattr(o, k)
-        assert (list(got) if isinstance(got, tuple) else got) == v, k
-
-
-def test_schema_partition_defaults_match_dataclass():
-    defaults = _schema_defaults("partition")
-    p = PartitionSpec()
-    assert set(defaults) == {"min_size", "max_redraws", "seed"}
-    for k, v in defaults.items():
-        assert getattr(p, k) == v, k
-    assert set(schema()["$defs"]["partition"]["properties"]) == {
-        f.name for f in fields(PartitionSpec)
-    }
+def test_the_reference_is_generated():
+    """docs/reference.md is what ``fedforget reference`` prints (regenerate it with
+    ``fedforget reference > docs/reference.md``)."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
+    assert path.read_text() == reference_markdown()
 
 
 def test_load_yaml_errors(tmp_path):

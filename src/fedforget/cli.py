@@ -37,6 +37,12 @@ def cmd_list(args) -> None:
     print("\n".join(reg.names()))
 
 
+def cmd_reference(args) -> None:
+    from .reference import reference_markdown
+
+    print(reference_markdown(), end="")
+
+
 def cmd_validate(args) -> None:
     from .parse import load_config
     from .pipeline import describe
@@ -230,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("figures", "experiment figures"),
     ):
         sub.add_parser(name, help=f"list registered {what}, one per line").set_defaults(fn=cmd_list)
+
+    sub.add_parser(
+        "reference", help="print the configuration reference: every key, what it allows, its default (docs/reference.md)"
+    ).set_defaults(fn=cmd_reference)
 
     s = sub.add_parser("validate", help="validate a workflow config and count its jobs")
     s.add_argument("--config", required=True, help="workflow config (YAML), e.g. config/config.yaml")

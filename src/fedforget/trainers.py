@@ -15,6 +15,18 @@ server's loop over a trainer; the trainer holds what it needs, passed in explici
 
 Randomness is keyed: each client's shuffling by (seed, round, client), so a client's
 minibatches do not depend on the order clients run in or on the trainer that runs them.
+
+Designed for next (issue 32), not built: the stacked trainer hosting models with per-client
+buffers and randomness [D]. Buffers (BatchNorm's running statistics, num_batches_tracked) are
+per-client state of a round, like the weights: the stack carries ``buffers[name]`` [G, ...]
+beside ``params[name]``, each client's step calls the model functionally on (its params, its
+buffers) and gets the updated buffers back (batch norm written as a function of its inputs
+and statistics, not an in-place module update), and a client's upload is its params and
+buffers, as ``train_client``'s ``state_dict`` is. Randomness (dropout) is drawn from a
+generator keyed by (seed, round, client, step, layer), in both trainers, so a stacked client
+draws the masks it draws alone; ``vmap(randomness="different")`` cannot reproduce the
+sequential draws and is not used. ``why_not_vectorized`` then stops refusing these models,
+and the equivalence test (tests/methods/test_batched_uploads.py) covers them.
 """
 
 from __future__ import annotations

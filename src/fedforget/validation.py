@@ -68,6 +68,29 @@ def _allowed(s: dict[str, Any] | None) -> str:
     return " ".join([what, " and ".join(bounds)]) if bounds else what
 
 
+def describe_allowed(s: dict[str, Any]) -> str:
+    """What a schema fragment allows, in words: 'a finite number >= 0', 'skip | init',
+    'a list of 2 items, each a finite number', 'an integer >= 1 or auto'."""
+    s = _resolve(s)
+    if "enum" in s:
+        return " | ".join("null" if v is None else str(v) for v in s["enum"])
+    if "const" in s:
+        return str(s["const"])
+    forms = s.get("anyOf") or s.get("oneOf")
+    if forms:
+        return " or ".join(describe_allowed(f) for f in forms)
+    t = s.get("type")
+    if t == "boolean":
+        return "true | false"
+    if t == "object":
+        return "a mapping"
+    if t == "array":
+        n = (s.get("minItems"), s.get("maxItems"))
+        count = f"{n[0]} " if n[0] is not None and n[0] == n[1] else ""
+        return f"a list of {count}items, each {describe_allowed(s.get('items') or {})}"
+    return _allowed(s)
+
+
 def check_finite(raw: Any) -> None:
     """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``) anywhere in a raw config, in
     one error naming every such key: range checks are false for NaN, so the schema would

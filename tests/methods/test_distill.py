@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from fedforget.methods.distill import DistillParams, DistillSpec, distill, kd_loss, public_logits
+from fedforget.methods.params import validate_params
 from fedforget.models import build_model
+from fedforget.utils import FedForgetError
 
 
 def tiny_model(seed: int = 0):
@@ -179,6 +181,6 @@ def test_distill_rejects_mismatched_teacher_and_empty_objective():
     ],
 )
 def test_distill_params_check_names_the_field(field, value):
-    with pytest.raises(ValueError, match=rf"^{field}="):
-        DistillParams(**{field: value}).check()
-    DistillParams().check()
+    with pytest.raises(FedForgetError, match=rf"\(method 'x'\): {field}="):
+        validate_params("x", DistillParams, {field: value})
+    validate_params("x", DistillParams, {})

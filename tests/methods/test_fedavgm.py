@@ -62,7 +62,7 @@ def test_momentum_changes_the_run(make_run_config):
 
 
 @pytest.mark.parametrize("params, match", [
-    ({"server_momentum": 1.0}, "server_momentum=1.0; allowed: a number in \\[0, 1\\)"),
+    ({"server_momentum": 1.0}, "server_momentum=1.0; allowed: a finite number >= 0 and < 1"),
     ({"server_momentum": -0.1}, "server_momentum=-0.1"),
     ({"server_lr": 0}, "server_lr=0; allowed: a finite number > 0"),
 ])  # fmt: skip

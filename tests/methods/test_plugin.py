@@ -6,12 +6,13 @@ every registered method (a contract over the registry), its diagnostics renamed
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from fedforget.methods import METHODS, FedAvg
+from fedforget.methods.params import mapping, text
 from fedforget.methods.plugin import HOOKS, OverBase
 
 from .conftest import run
@@ -35,11 +36,8 @@ def test_the_plugin_forwards_every_hook_of_the_api():
 
 @dataclass(frozen=True)
 class BareParams:
-    base: str = "fedavg"
-    base_params: dict[str, Any] = field(default_factory=dict)
-
-    def check(self) -> None:
-        pass
+    base: str = text("fedavg")
+    base_params: dict[str, Any] = mapping()
 
 
 class Bare(OverBase):

@@ -9,8 +9,6 @@ import torch
 
 from fedforget.methods.shared import (
     OUTSIDE_GAP,
-    check_int,
-    check_number,
     energy_rank,
     float32_mb,
     floor_unscored,
@@ -90,14 +88,7 @@ def test_message_sizes():
     assert float32_mb([]) == 0.0
 
 
-def test_check_messages():
-    with pytest.raises(ValueError, match=r"^lr=-1; allowed: a finite number >= 0$"):
-        check_number("lr", -1)
-    with pytest.raises(ValueError, match=r"^tau=0; allowed: a finite number > 0$"):
-        check_number("tau", 0, positive=True)
-    with pytest.raises(ValueError, match=r"^k=True; allowed: an integer >= 1$"):
-        check_int("k", True, 1)
+def test_require_message():
     with pytest.raises(ValueError, match=r"^mode='x'; allowed: a \| b$"):
         require(False, "mode", "x", "a | b")
-    check_number("lr", 0.5)
-    check_int("k", 3, 1)
+    require(True, "mode", "a", "a | b")

@@ -7,8 +7,8 @@ import importlib
 import pkgutil
 from typing import Any
 
-from ..utils import FedForgetError
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
+from .params import make_params
 from .registry import METHODS
 
 # import every method module so that it registers itself: adding a method is adding a file
@@ -27,22 +27,6 @@ __all__ = [
     "make_params",
     "weighted_average",
 ]
-
-
-def make_params(name: str, params: dict[str, Any], key: str = "params") -> Any:
-    cls = METHODS.get(name)
-    allowed = {f.name for f in dataclasses.fields(cls.Params)}
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise FedForgetError(
-            f"{key}: unknown hyperparameter(s) {unknown} for method '{name}'; allowed: {sorted(allowed) or 'none'}"
-        )
-    try:
-        p = cls.Params(**params)
-        p.check()
-    except (TypeError, ValueError) as e:
-        raise FedForgetError(f"{key} (method '{name}'): {e}") from None
-    return p
 
 
 def check_params(name: str, params: dict[str, Any], key: str = "params") -> dict[str, Any]:

@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import torch
 
 from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
+from .params import integer
 from .registry import METHODS
 from .replay import Replay
-from .shared import check_int, project
+from .shared import project
 
 MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
 
@@ -60,12 +61,8 @@ class AGEM(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        buffer_size: int = 200  # rows per client [P, fedgp.md]; 0: no memory (FedAvg)
-        memory_batch_size: int = 32  # rows of the reference batch [P, A-GEM; fedgp.md]
-
-        def check(self) -> None:
-            check_int("buffer_size", self.buffer_size, 0)
-            check_int("memory_batch_size", self.memory_batch_size, 1)
+        buffer_size: int = integer(200, minimum=0)  # rows per client [P, fedgp.md]; 0: no memory (FedAvg)
+        memory_batch_size: int = integer(32, minimum=1)  # rows of the reference batch [P, A-GEM; fedgp.md]
 
     def __init__(self, params, info: RunInfo) -> None:
         super().__init__(params, info)

@@ -67,7 +67,8 @@ State, by lifetime (``fedforget.state.FedState`` holds and checkpoints the last 
   lives on the method object (it is rebuilt at a resume).
 
 A method is one small file: subclass ``FedAvg``, set ``name``, declare hyperparameters in a
-``Params`` dataclass (typed fields with their defaults; ``check()`` for ranges) and override
+``Params`` dataclass (typed fields, ``fedforget.methods.params``; ``check()`` only for rules
+across fields) and override
 only the hooks where it differs from FedAvg. Register it with ``@METHODS.register("name")``;
 every module in this package is imported (and so registered) by ``methods/__init__.py``.
 """

@@ -108,8 +108,8 @@ from ..schedule import sample_clients  # the engine's schedule: the round's samp
 from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, FedAvg, ServerContext, Upload
 from .distill import DistillParams, DistillStats, distill, public_logits
+from .params import boolean, choice, number, one_of, redefault
 from .registry import METHODS
-from .shared import check_number, check_temperature, is_int, require
 
 SPLIT_STREAM, ROLE_STREAM, REVIEW_STREAM, SERVER_STREAM = 0xCFE0, 0xCFE1, 0xCFE2, 0xCFE3
 TEACHER = "cfed_teacher"  # server.state / broadcast: w_{t-1}'s scores on the public set [N, C]
@@ -165,25 +165,13 @@ class CFeD(FedAvg):
 
     @dataclass(frozen=True)
     class Params(DistillParams):
-        review_ratio: float = 0.4  # [C] share of sampled clients reviewing after task 0
-        temperature: float = 2.0  # [C] T of (1), clients and server
-        kd_weight: float = 0.1  # [C] DistillationLoss frac, clients and server
-        review_classes: str = "all"  # all [C] | old [D]: the classes (1) compares
-        server_distill: bool = True  # [P]; FedGP Table 1 runs false (A.9)
-        distill_epochs: int | None = None  # None: train.local_epochs [C]
-        distill_lr: float = 5e-5  # [C] Adam at the clients' learning rate
-
-        def check(self) -> None:
-            e = self.distill_epochs
-            require(e is None or (is_int(e) and e >= 0), "distill_epochs", e, "null (the local epochs) or an integer >= 0")
-            DistillParams.check(replace(self, distill_epochs=0))
-            check_number("review_ratio", self.review_ratio)
-            require(self.review_ratio <= 1, "review_ratio", self.review_ratio, "a number in [0, 1]")
-            check_temperature(self.temperature)
-            check_number("kd_weight", self.kd_weight)
-            require(self.review_classes in REVIEW_CLASSES, "review_classes", self.review_classes,
-                    " | ".join(REVIEW_CLASSES))  # fmt: skip
-            require(isinstance(self.server_distill, bool), "server_distill", self.server_distill, "true | false")
+        review_ratio: float = number(0.4, minimum=0, maximum=1)  # [C] share of sampled clients reviewing after task 0
+        temperature: float = number(2.0, exclusiveMinimum=0)  # [C] T of (1), clients and server
+        kd_weight: float = number(0.1, minimum=0)  # [C] DistillationLoss frac, clients and server
+        review_classes: str = choice("all", REVIEW_CLASSES)  # all [C] | old [D]: the classes (1) compares
+        server_distill: bool = boolean(True)  # [P]; FedGP Table 1 runs false (A.9)
+        distill_epochs: int | None = one_of(None, {"type": "null"}, {"type": "integer", "minimum": 0})  # None: train.local_epochs [C]
+        distill_lr: float = redefault(DistillParams, "distill_lr", 5e-5)  # [C] Adam at the clients' learning rate
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

@@ -55,9 +55,9 @@ import torch
 import torch.nn.functional as F
 
 from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
+from .params import boolean, integer, number
 from .registry import METHODS
 from .replay import Replay
-from .shared import check_int, check_number
 
 MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
 
@@ -70,19 +70,11 @@ class DER(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        alpha: float = 1.0  # logit-replay weight [P, fedgp.md Table 18]; 0.3 for S-CIFAR-10
-        beta: float = 0.5  # DER++ label-replay weight [D]; used only with plus
-        plus: bool = False  # DER++ (a second buffer batch with its labels)
-        buffer_size: int = 200  # rows per client [P, fedgp.md]; 0: no memory (FedAvg)
-        memory_batch_size: int = 32  # rows per buffer batch [D: FedGP's batch size]
-
-        def check(self) -> None:
-            check_number("alpha", self.alpha)
-            check_number("beta", self.beta)
-            if not isinstance(self.plus, bool):
-                raise ValueError(f"plus={self.plus!r}; allowed: true | false")
-            check_int("buffer_size", self.buffer_size, 0)
-            check_int("memory_batch_size", self.memory_batch_size, 1)
+        alpha: float = number(1.0, minimum=0)  # logit-replay weight [P, fedgp.md Table 18]; 0.3 for S-CIFAR-10
+        beta: float = number(0.5, minimum=0)  # DER++ label-replay weight [D]; used only with plus
+        plus: bool = boolean(False)  # DER++ (a second buffer batch with its labels)
+        buffer_size: int = integer(200, minimum=0)  # rows per client [P, fedgp.md]; 0: no memory (FedAvg)
+        memory_batch_size: int = integer(32, minimum=1)  # rows per buffer batch [D: FedGP's batch size]
 
     def __init__(self, params, info: RunInfo) -> None:
         super().__init__(params, info)

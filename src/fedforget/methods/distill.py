@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .shared import is_int, is_number, require
+from .params import choice, integer, number
 
 # stream tag for the keyed seed of the distillation batch order (the engine uses 0x51-0x53)
 DISTILL_STREAM = 0x54
@@ -256,32 +256,15 @@ def distill(
 @dataclass(frozen=True)
 class DistillParams:
     """Config-facing hyperparameters of the server distillation; a method's ``Params``
-    subclasses this and overrides the defaults that its paper fixes."""
+    subclasses this and overrides the defaults that its paper fixes (``redefault``)."""
 
-    distill_epochs: int = 1  # E_d: passes over the public set per round (0 = no distillation)
-    distill_optimizer: str = "adam"  # adam | sgd
-    distill_lr: float = 1e-3
-    distill_momentum: float = 0.0  # sgd only
-    distill_batch_size: int = 128
-    distill_schedule: str = "constant"  # constant | cosine
-    distill_max_grad_norm: float = 0.0  # 0 = no clipping
-
-    def check(self) -> None:
-        """Raise ValueError naming the field, the value and what is allowed."""
-        require(is_int(self.distill_epochs) and self.distill_epochs >= 0,
-                "distill_epochs", self.distill_epochs, "an integer >= 0")  # fmt: skip
-        require(self.distill_optimizer in OPTIMIZERS,
-                "distill_optimizer", self.distill_optimizer, " | ".join(OPTIMIZERS))  # fmt: skip
-        require(is_number(self.distill_lr) and self.distill_lr > 0,
-                "distill_lr", self.distill_lr, "a finite number > 0")  # fmt: skip
-        require(is_number(self.distill_momentum) and 0 <= self.distill_momentum < 1,
-                "distill_momentum", self.distill_momentum, "a number in [0, 1)")  # fmt: skip
-        require(is_int(self.distill_batch_size) and self.distill_batch_size >= 1,
-                "distill_batch_size", self.distill_batch_size, "an integer >= 1")  # fmt: skip
-        require(self.distill_schedule in SCHEDULES,
-                "distill_schedule", self.distill_schedule, " | ".join(SCHEDULES))  # fmt: skip
-        require(is_number(self.distill_max_grad_norm) and self.distill_max_grad_norm >= 0,
-                "distill_max_grad_norm", self.distill_max_grad_norm, "a finite number >= 0 (0 = off)")  # fmt: skip
+    distill_epochs: int = integer(1, minimum=0)  # E_d: passes over the public set per round (0 = no distillation)
+    distill_optimizer: str = choice("adam", OPTIMIZERS)  # adam | sgd
+    distill_lr: float = number(1e-3, exclusiveMinimum=0)
+    distill_momentum: float = number(0.0, minimum=0, exclusiveMaximum=1)  # sgd only
+    distill_batch_size: int = integer(128, minimum=1)
+    distill_schedule: str = choice("constant", SCHEDULES)  # constant | cosine
+    distill_max_grad_norm: float = number(0.0, minimum=0)  # 0 = no clipping
 
     def distill_spec(self, seed: int, temperature: float = 1.0) -> DistillSpec:
         return DistillSpec(

@@ -40,17 +40,13 @@ from dataclasses import dataclass
 import torch
 
 from .fedsam import NORM_GUARD, FedSAM, FedSAMParams
+from .params import number
 from .registry import METHODS
-from .shared import check_number
 
 
 @dataclass
 class FedASAMParams(FedSAMParams):
-    eta: float = 0.0  # T_w = |w| + eta; ASAM's code uses 0.01, the FL baselines 0
-
-    def check(self) -> None:
-        super().check()
-        check_number("eta", self.eta)
+    eta: float = number(0.0, minimum=0)  # T_w = |w| + eta; ASAM's code uses 0.01, the FL baselines 0
 
 
 @METHODS.register("fedasam")

@@ -24,22 +24,16 @@ from dataclasses import dataclass
 import torch
 
 from .base import FedAvg, ServerContext, Upload, weighted_average
+from .params import number
 from .registry import METHODS
-from .shared import check_number, require
 
 VELOCITY = "fedavgm_velocity"  # server.state: {parameter: v}
 
 
 @dataclass
 class FedAvgMParams:
-    server_momentum: float = 0.9  # beta [P]
-    server_lr: float = 1.0  # eta_s [P]
-
-    def check(self) -> None:
-        """Raise ValueError naming the field, the value and what is allowed."""
-        check_number("server_momentum", self.server_momentum)
-        require(self.server_momentum < 1, "server_momentum", self.server_momentum, "a number in [0, 1)")
-        check_number("server_lr", self.server_lr, positive=True)
+    server_momentum: float = number(0.9, minimum=0, exclusiveMaximum=1)  # beta [P]
+    server_lr: float = number(1.0, exclusiveMinimum=0)  # eta_s [P]
 
 
 @METHODS.register("fedavgm")

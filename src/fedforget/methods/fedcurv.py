@@ -68,8 +68,8 @@ from .base import (
     Upload,
     masked_logits,
 )
+from .params import integer, number
 from .registry import METHODS
-from .shared import check_int, check_number
 
 FISHER_STREAM = 0x83  # keyed randomness of the Fisher samples
 SUMS = "fedcurv_sums"  # server.state and broadcast key: (U, V, C) over all clients, flat
@@ -126,12 +126,8 @@ class FedCurv(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        lam: float = 0.5  # penalty weight lambda [D]
-        fisher_samples: int = 256  # rows per Fisher estimate [D]; 0: all of the client's
-
-        def check(self) -> None:
-            check_number("lam", self.lam)
-            check_int("fisher_samples", self.fisher_samples, 0)
+        lam: float = number(0.5, minimum=0)  # penalty weight lambda [D]
+        fisher_samples: int = integer(256, minimum=0)  # rows per Fisher estimate [D]; 0: all of the client's
 
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict:

@@ -60,8 +60,8 @@ from .distill import (
     distill,
     public_logits,
 )
+from .params import choice, number, redefault
 from .registry import METHODS
-from .shared import check_temperature, require
 
 PUBLIC_X = "public_x"  # broadcast key: the public inputs, for the clients' logits
 PUBLIC_LOGITS = "public_logits"  # upload key: a client's logits on the public set [N_pub, C]
@@ -76,15 +76,9 @@ class FedDF(FedAvg):
 
     @dataclass(frozen=True)
     class Params(DistillParams):
-        temperature: float = 1.0  # Algorithm 1: plain softmax; code KL_temperature = 1
-        distill_schedule: str = "cosine"  # paper and code: cosine annealing
-        teacher_ensemble: str = "logits"  # logits (Algorithm 1) | probs (code's avg_losses)
-
-        def check(self) -> None:
-            super().check()
-            check_temperature(self.temperature)
-            require(self.teacher_ensemble in TEACHER_ENSEMBLES, "teacher_ensemble",
-                    self.teacher_ensemble, " | ".join(TEACHER_ENSEMBLES))  # fmt: skip
+        temperature: float = number(1.0, exclusiveMinimum=0)  # Algorithm 1: plain softmax; code KL_temperature = 1
+        distill_schedule: str = redefault(DistillParams, "distill_schedule", "cosine")  # paper and code: cosine annealing
+        teacher_ensemble: str = choice("logits", TEACHER_ENSEMBLES)  # logits (Algorithm 1) | probs (code's avg_losses)
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

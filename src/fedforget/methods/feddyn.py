@@ -45,8 +45,8 @@ from .base import (
     split_stacked,
     weighted_average,
 )
+from .params import choice, number
 from .registry import METHODS
-from .shared import check_number
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -59,13 +59,8 @@ class FedDyn(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        alpha: float = 0.1  # dynamic regulariser weight (FedSOL code: 0.1)
-        weighting: str = "uniform"  # mean over sampled clients: paper "uniform", FedSOL "samples"
-
-        def check(self) -> None:
-            check_number("alpha", self.alpha, positive=True)
-            if self.weighting not in WEIGHTINGS:
-                raise ValueError(f"weighting={self.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
+        alpha: float = number(0.1, exclusiveMinimum=0)  # dynamic regulariser weight (FedSOL code: 0.1)
+        weighting: str = choice("uniform", WEIGHTINGS)  # mean over sampled clients: paper "uniform", FedSOL "samples"
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

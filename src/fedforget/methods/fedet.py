@@ -79,8 +79,8 @@ import torch.nn.functional as F
 from .base import ServerContext, Upload
 from .distill import DistillParams
 from .feddf import PUBLIC_LOGITS, FedDF
+from .params import choice, number
 from .registry import METHODS
-from .shared import is_number, require
 
 CONSENSUS_TARGETS = ("hard", "soft")
 
@@ -137,15 +137,8 @@ class FedET(FedDF):
 
     @dataclass(frozen=True)
     class Params(DistillParams):
-        diversity_weight: float = 0.05  # lambda of the diversity regulariser
-        consensus_target: str = "hard"  # hard: CE to y_hat (paper) | soft: KL(s_bar || f)
-
-        def check(self) -> None:
-            super().check()
-            require(is_number(self.diversity_weight) and self.diversity_weight >= 0,
-                    "diversity_weight", self.diversity_weight, "a finite number >= 0")  # fmt: skip
-            require(self.consensus_target in CONSENSUS_TARGETS, "consensus_target",
-                    self.consensus_target, " | ".join(CONSENSUS_TARGETS))  # fmt: skip
+        diversity_weight: float = number(0.05, minimum=0)  # lambda of the diversity regulariser
+        consensus_target: str = choice("hard", CONSENSUS_TARGETS)  # hard: CE to y_hat (paper) | soft: KL(s_bar || f)
 
     def distillation(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         if self.p.distill_epochs == 0:

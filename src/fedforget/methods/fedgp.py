@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,10 +67,11 @@ import torch.nn.functional as F
 
 from ..utils import FedForgetError, torch_seed
 from .base import ROUND_END, ClientContext, RunInfo, ServerContext, Upload, masked_logits
+from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
 from .replay import POLICIES, Replay, sample_generator
-from .shared import check_int, check_number, project
+from .shared import project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
 RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
@@ -89,36 +90,23 @@ def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class FedGPParams:
-    base: str = "fedavg"  # the method FedGP runs over (FL = fedavg)
-    base_params: dict[str, Any] = field(default_factory=dict)  # its hyperparameters
-    buffer_size: int | None = None  # None: the base's buffer if it keeps one, else 200
-    buffer_policy: str = "reservoir"  # reservoir | random | sliding (Table 9)
-    ref_batch_size: int = 32  # buffer rows behind each client's g_ref^k [C]
-    manipulation: str = "project"  # project | average | rotate | project_scale (Table 7)
-    apply: str = "conflict"  # conflict (> 90 degrees) | always (Table 7)
-    rate: float = 1.0  # projection rate p (Table 8); 0: FedGP off
+    base: str = text("fedavg")  # the method FedGP runs over (FL = fedavg); any registered method but fedgp
+    base_params: dict[str, Any] = mapping()  # its hyperparameters
+    buffer_size: int | None = one_of(None, {"type": "null"}, {"type": "integer", "minimum": 0})  # None: the base's buffer if it keeps one, else 200
+    buffer_policy: str = choice("reservoir", POLICIES)  # reservoir | random | sliding (Table 9)
+    ref_batch_size: int = integer(32, minimum=1)  # buffer rows behind each client's g_ref^k [C]
+    manipulation: str = choice("project", MANIPULATIONS)  # project | average | rotate | project_scale (Table 7)
+    apply: str = choice("conflict", APPLY)  # conflict (> 90 degrees) | always (Table 7)
+    rate: float = number(1.0, minimum=0, maximum=1)  # projection rate p (Table 8); 0: FedGP off
 
     def check(self) -> None:
-        from . import make_params  # the package is loaded by the time configs are checked
-
         if self.base == "fedgp" or self.base not in METHODS.names():
             allowed = [n for n in METHODS.names() if n != "fedgp"]
             raise ValueError(f"base={self.base!r}; allowed: {', '.join(allowed)}")
-        if not isinstance(self.base_params, dict):
-            raise ValueError(f"base_params={self.base_params!r}; allowed: a mapping of {self.base}'s hyperparameters")
         try:
             base_p = make_params(self.base, dict(self.base_params), "base_params")
         except FedForgetError as e:
             raise ValueError(str(e)) from None
-        if self.buffer_size is not None:
-            check_int("buffer_size", self.buffer_size, 0)
-        _choice("buffer_policy", self.buffer_policy, POLICIES)
-        check_int("ref_batch_size", self.ref_batch_size, 1)
-        _choice("manipulation", self.manipulation, MANIPULATIONS)
-        _choice("apply", self.apply, APPLY)
-        check_number("rate", self.rate)
-        if self.rate > 1:
-            raise ValueError(f"rate={self.rate!r}; allowed: a number in [0, 1]")
         base_buffer = getattr(base_p, "buffer_size", None)  # a replay base (A-GEM, DER)
         if base_buffer is not None:
             if self.buffer_size is not None and self.buffer_size != base_buffer:

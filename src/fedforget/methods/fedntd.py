@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import ClientContext, FedAvg, Upload, frozen_copy
+from .params import number
 from .registry import METHODS
-from .shared import check_number
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -62,12 +62,8 @@ def ntd_loss(
 
 @dataclass
 class FedNTDParams:
-    beta: float = 1.0  # weight of the not-true distillation; 0 = FedAvg
-    tau: float = 1.0  # softmax temperature
-
-    def check(self) -> None:
-        check_number("beta", self.beta)
-        check_number("tau", self.tau, positive=True)
+    beta: float = number(1.0, minimum=0)  # weight of the not-true distillation; 0 = FedAvg
+    tau: float = number(1.0, exclusiveMinimum=0)  # softmax temperature
 
 
 @METHODS.register("fedntd")

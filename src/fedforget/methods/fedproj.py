@@ -92,8 +92,9 @@ from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, ServerContext, Upload
 from .distill import DistillParams, public_logits, softened_kl
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
+from .params import boolean, choice, integer, number, redefault
 from .registry import METHODS
-from .shared import check_temperature, is_int, is_number, project, require
+from .shared import project
 
 MEMORY_STREAM, DROPOUT_STREAM = 0x60, 0x61  # keyed randomness: memory batches, dropout
 MEMORY_LOSSES = ("kl", "ce")
@@ -125,39 +126,21 @@ class FedProj(FedDF):
 
     @dataclass(frozen=True)
     class Params(DistillParams):
-        temperature: float = 3.0  # T of L_mem and L_KD [C]
-        memory_loss: str = "kl"  # kl (Eq. 3) | ce (Algorithm 1, labelled public data)
-        memory_batch_size: int = 256  # |M| per step [C]
-        eps: float = 1e-8  # Eq. 14 [D]
-        norm_guard: float = 1e-6  # no projection when ||g_glob||^2 <= this [C]
-        coef_clamp: float = 0.0  # > 0: clamp Eq. 14's coefficient to +-this (code: 10)
-        projection: bool = True  # false: FedAvg's client step
-        proj_warmup_rounds: int = 0  # no projection in rounds 1..n (code: 6 or 10)
-        proj_cooldown_rounds: int = 0  # no projection in the last n rounds
-        proj_dropout: float = 0.0  # P(skip projection for a client-round) (Fig. 3a: 1 - rate)
-        local_lr_step: bool = False  # code: local lr x0.1 every floor(E/2) epochs
-        alpha: float = 0.3  # weight divergence L_div weight [D]
-        gamma2: float = 0.0  # feature distillation weight (code 1e-4..3e-4), off
-        distill_lr: float = 1e-5  # [C]
-        distill_batch_size: int = 256  # [P] (code 128)
-
-        def check(self) -> None:
-            super().check()
-            check_temperature(self.temperature)
-            require(self.memory_loss in MEMORY_LOSSES, "memory_loss", self.memory_loss,
-                    " | ".join(MEMORY_LOSSES))  # fmt: skip
-            require(is_int(self.memory_batch_size) and self.memory_batch_size >= 1,
-                    "memory_batch_size", self.memory_batch_size, "an integer >= 1")  # fmt: skip
-            for name in ("eps", "norm_guard", "coef_clamp", "alpha", "gamma2"):
-                v = getattr(self, name)
-                require(is_number(v) and v >= 0, name, v, "a finite number >= 0")
-            require(isinstance(self.projection, bool), "projection", self.projection, "true | false")
-            require(isinstance(self.local_lr_step, bool), "local_lr_step", self.local_lr_step, "true | false")
-            for name in ("proj_warmup_rounds", "proj_cooldown_rounds"):
-                v = getattr(self, name)
-                require(is_int(v) and v >= 0, name, v, "an integer >= 0")
-            require(is_number(self.proj_dropout) and 0 <= self.proj_dropout <= 1,
-                    "proj_dropout", self.proj_dropout, "a number in [0, 1]")  # fmt: skip
+        temperature: float = number(3.0, exclusiveMinimum=0)  # T of L_mem and L_KD [C]
+        memory_loss: str = choice("kl", MEMORY_LOSSES)  # kl (Eq. 3) | ce (Algorithm 1, labelled public data)
+        memory_batch_size: int = integer(256, minimum=1)  # |M| per step [C]
+        eps: float = number(1e-8, minimum=0)  # Eq. 14 [D]
+        norm_guard: float = number(1e-6, minimum=0)  # no projection when ||g_glob||^2 <= this [C]
+        coef_clamp: float = number(0.0, minimum=0)  # > 0: clamp Eq. 14's coefficient to +-this (code: 10)
+        projection: bool = boolean(True)  # false: FedAvg's client step
+        proj_warmup_rounds: int = integer(0, minimum=0)  # no projection in rounds 1..n (code: 6 or 10)
+        proj_cooldown_rounds: int = integer(0, minimum=0)  # no projection in the last n rounds
+        proj_dropout: float = number(0.0, minimum=0, maximum=1)  # P(skip projection for a client-round) (Fig. 3a: 1 - rate)
+        local_lr_step: bool = boolean(False)  # code: local lr x0.1 every floor(E/2) epochs
+        alpha: float = number(0.3, minimum=0)  # weight divergence L_div weight [D]
+        gamma2: float = number(0.0, minimum=0)  # feature distillation weight (code 1e-4..3e-4), off
+        distill_lr: float = redefault(DistillParams, "distill_lr", 1e-5)  # [C]
+        distill_batch_size: int = redefault(DistillParams, "distill_batch_size", 256)  # [P] (code 128)
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

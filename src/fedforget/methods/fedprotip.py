@@ -109,6 +109,7 @@ from .base import (
     Upload,
     masked_logits,
 )
+from .params import boolean, choice, integer, number
 from .registry import METHODS
 from .shared import (
     CHUNK,
@@ -116,11 +117,8 @@ from .shared import (
     energy_rank,
     float32_mb,
     floor_unscored,
-    is_int,
-    is_number,
     project_step,
     projected_layers,
-    require,
     state_mb,
     step_projection,
     threshold_at,
@@ -331,30 +329,14 @@ class FedProTIP(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        threshold: float = 0.7  # eps after task 0 [P; code config 0.775; 0.95 from scratch]
-        threshold_step: float = 0.001  # + per task [P]
-        energy: str = "sigma"  # sigma: Eq. 8 [P] | sigma2: GPM's energy rule [C]
-        samples: int = 512  # m_s, columns per layer (and inputs) per client and task [P]
-        svd: str = "randomized"  # randomized [P] | exact [C]
-        tip: str = "sample"  # sample [P] | batch [C] | none: FedProTIP(-t)
-        freeze_early: bool = False  # freeze the first half of the layers after task 0 [C]
-        bias: str = "freeze"  # freeze: 1-D parameters fixed once bases exist [C] | free
-
-        def check(self) -> None:
-            require(is_number(self.threshold) and 0 <= self.threshold <= 1, "threshold",
-                    self.threshold, "a number in [0, 1]")  # fmt: skip
-            require(is_number(self.threshold_step) and self.threshold_step >= 0, "threshold_step",
-                    self.threshold_step, "a finite number >= 0")  # fmt: skip
-            require(is_int(self.samples) and self.samples >= 1, "samples", self.samples, "an integer >= 1")  # fmt: skip
-            for key, allowed in (
-                ("energy", ENERGIES),
-                ("svd", SVDS),
-                ("tip", TIPS),
-                ("bias", BIAS),
-            ):
-                value = getattr(self, key)
-                require(value in allowed, key, value, " | ".join(allowed))
-            require(isinstance(self.freeze_early, bool), "freeze_early", self.freeze_early, "true | false")  # fmt: skip
+        threshold: float = number(0.7, minimum=0, maximum=1)  # eps after task 0 [P; code config 0.775; 0.95 from scratch]
+        threshold_step: float = number(0.001, minimum=0)  # + per task [P]
+        energy: str = choice("sigma", ENERGIES)  # sigma: Eq. 8 [P] | sigma2: GPM's energy rule [C]
+        samples: int = integer(512, minimum=1)  # m_s, columns per layer (and inputs) per client and task [P]
+        svd: str = choice("randomized", SVDS)  # randomized [P] | exact [C]
+        tip: str = choice("sample", TIPS)  # sample [P] | batch [C] | none: FedProTIP(-t)
+        freeze_early: bool = boolean(False)  # freeze the first half of the layers after task 0 [C]
+        bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once bases exist [C] | free
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from .base import ClientContext, FedAvg, StepTerms, Upload
+from .params import number
 from .registry import METHODS
-from .shared import check_number
 
 
 @METHODS.register("fedprox")
@@ -39,10 +39,7 @@ class FedProx(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        mu: float = 1.0  # proximal weight; FedSOL code 1.0, grid {0.001, 0.01, 0.1, 1}
-
-        def check(self) -> None:
-            check_number("mu", self.mu)
+        mu: float = number(1.0, minimum=0)  # proximal weight; FedSOL code 1.0, grid {0.001, 0.01, 0.1, 1}
 
     def client_begin(self, ctx: ClientContext) -> None:
         # (w, w^t) pairs of this client's trainable parameters, for the distance diagnostic

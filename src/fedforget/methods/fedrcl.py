@@ -99,8 +99,8 @@ import torch
 import torch.nn.functional as F
 
 from .base import ClientContext, FedAvg, Upload, task_cross_entropy
+from .params import choice, number, one_of
 from .registry import METHODS
-from .shared import check_number
 
 PAIRS = ("all", "topk")
 TOPK_NEG = 2  # released config: two hardest other-label samples per anchor in L_SCL
@@ -171,32 +171,15 @@ def select_levels(levels: list[torch.Tensor], which: str | list[int]) -> list[to
 
 @dataclass(frozen=True)
 class FedRCLParams:
-    weight: float = 1.0  # multiplies the level mean of L_RCL = L_SCL + beta * L_DIV; 0 = FedAvg
-    beta: float = 1.0  # weight of the divergence penalty L_DIV
-    tau: float = 0.05  # temperature
-    threshold: float = 0.7  # lambda: same-class pairs above this cosine are penalised
-    pairs: str = "all"  # all pairs | topk (the released code's hardest-pair selection)
-    levels: str | list[int] = "all"  # all | last | indices into Classifier.forward_levels
-
-    def check(self) -> None:
-        check_number("weight", self.weight)
-        check_number("beta", self.beta)
-        check_number("tau", self.tau, positive=True)
-        t = self.threshold
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not -1 <= t <= 1:
-            raise ValueError(f"threshold={t!r}; allowed: a number in [-1, 1] (a cosine)")
-        if self.pairs not in PAIRS:
-            raise ValueError(f"pairs={self.pairs!r}; allowed: {', '.join(PAIRS)}")
-        lv = self.levels
-        named = isinstance(lv, str) and lv in ("all", "last")
-        listed = (
-            isinstance(lv, list) and len(lv) > 0 and len(set(lv)) == len(lv)
-            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in lv)
-        )  # fmt: skip
-        if not (named or listed):
-            raise ValueError(
-                f"levels={lv!r}; allowed: all | last | a non-empty list of distinct indices >= 0"
-            )
+    weight: float = number(1.0, minimum=0)  # multiplies the level mean of L_RCL = L_SCL + beta * L_DIV; 0 = FedAvg
+    beta: float = number(1.0, minimum=0)  # weight of the divergence penalty L_DIV
+    tau: float = number(0.05, exclusiveMinimum=0)  # temperature
+    threshold: float = number(0.7, minimum=-1, maximum=1)  # lambda (a cosine): same-class pairs above it are penalised
+    pairs: str = choice("all", PAIRS)  # all pairs | topk (the released code's hardest-pair selection)
+    levels: str | list[int] = one_of(  # all | last | indices into Classifier.forward_levels
+        "all", {"enum": ["all", "last"]},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1, "uniqueItems": True},
+    )
 
 
 @METHODS.register("fedrcl")

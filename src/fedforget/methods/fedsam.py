@@ -49,8 +49,8 @@ from dataclasses import dataclass
 import torch
 
 from .base import ClientContext, FedAvg, Upload
+from .params import number
 from .registry import METHODS
-from .shared import check_number
 
 # below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
 NORM_GUARD = 1e-12
@@ -58,10 +58,7 @@ NORM_GUARD = 1e-12
 
 @dataclass
 class FedSAMParams:
-    rho: float = 0.5  # SAM neighbourhood radius; 0 = FedAvg (two passes, same gradient)
-
-    def check(self) -> None:
-        check_number("rho", self.rho)
+    rho: float = number(0.5, minimum=0)  # SAM neighbourhood radius; 0 = FedAvg (two passes, same gradient)
 
 
 @METHODS.register("fedsam")

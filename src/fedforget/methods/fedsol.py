@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -108,9 +108,9 @@ from torch import nn
 
 from ..utils import FedForgetError
 from .base import TASK, ClientContext, Upload, frozen_copy, task_cross_entropy, total_loss
+from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
-from .shared import check_number
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")
@@ -128,33 +128,19 @@ def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
 
 @dataclass(frozen=True)
 class FedSOLParams:
-    rho: float = 1.5  # perturbation strength; 0 = FedAvg
-    perturb: str = "head"  # head | body | all (partial perturbation, Sec. 3.4)
-    adaptive: bool = True  # Lambda of Eq. 7; false: Lambda = 1 (fixed rho)
-    lambda_norm: str = "layer"  # layer (paper Eq. 7) | column (authors' code)
-    proximal: str = "kl"  # kl | l2 | base (the base method's local term)
-    temperature: float = 3.0  # T of the KL proximal loss (code: 3)
-    base: str = "fedavg"  # combined mode: the method whose server/state FedSOL keeps
-    base_params: dict[str, Any] = field(default_factory=dict)  # its hyperparameters
-    base_loss: bool = False  # keep the base method's local term in the update too
-    update: str = "perturb"  # perturb (FedSOL) | project (Eq. 3) | loss (Eq. 2)
-    beta: float = 1.0  # weight of L_p for update = loss
+    rho: float = number(1.5, minimum=0)  # perturbation strength; 0 = FedAvg
+    perturb: str = choice("head", PERTURBS)  # head | body | all (partial perturbation, Sec. 3.4)
+    adaptive: bool = boolean(True)  # Lambda of Eq. 7; false: Lambda = 1 (fixed rho)
+    lambda_norm: str = choice("layer", LAMBDA_NORMS)  # layer (paper Eq. 7) | column (authors' code)
+    proximal: str = choice("kl", PROXIMALS)  # kl | l2 | base (the base method's local term)
+    temperature: float = number(3.0, exclusiveMinimum=0)  # T of the KL proximal loss (code: 3)
+    base: str = choice("fedavg", BASES)  # combined mode: the method whose server/state FedSOL keeps
+    base_params: dict[str, Any] = mapping()  # its hyperparameters
+    base_loss: bool = boolean(False)  # keep the base method's local term in the update too
+    update: str = choice("perturb", UPDATES)  # perturb (FedSOL) | project (Eq. 3) | loss (Eq. 2)
+    beta: float = number(1.0, minimum=0)  # weight of L_p for update = loss
 
     def check(self) -> None:
-        check_number("rho", self.rho)
-        _choice("perturb", self.perturb, PERTURBS)
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(f"adaptive={self.adaptive!r}; allowed: true, false")
-        _choice("lambda_norm", self.lambda_norm, LAMBDA_NORMS)
-        _choice("proximal", self.proximal, PROXIMALS)
-        check_number("temperature", self.temperature, positive=True)
-        _choice("base", self.base, BASES)
-        if not isinstance(self.base_params, dict):
-            raise ValueError(f"base_params={self.base_params!r}; allowed: a mapping of {self.base}'s hyperparameters")
-        if not isinstance(self.base_loss, bool):
-            raise ValueError(f"base_loss={self.base_loss!r}; allowed: true, false")
-        _choice("update", self.update, UPDATES)
-        check_number("beta", self.beta)
         if self.proximal == "base" and self.base not in BASES_WITH_TERM:
             raise ValueError(
                 f"proximal='base' with base={self.base!r}: that method has no local proximal term; "
@@ -162,8 +148,6 @@ class FedSOLParams:
             )
         if self.update == "loss" and self.proximal == "base":
             raise ValueError("update='loss' with proximal='base' is the base method itself; allowed proximal: kl, l2")
-        from . import make_params  # the package is loaded by the time configs are checked
-
         try:
             make_params(self.base, dict(self.base_params), "base_params")
         except FedForgetError as e:

@@ -70,18 +70,16 @@ from torch import nn
 from ..activations import layer_dim, layer_inputs, project_out
 from ..utils import torch_seed
 from .base import TASK_END, ClientContext, FedAvg, ServerContext, Upload, weighted_average
+from .params import choice, integer, number
 from .registry import METHODS
 from .shared import (
     CHUNK,
     energy_rank,
     extend_basis,
     float32_mb,
-    is_int,
-    is_number,
     left_singular,
     one_d_params,
     projected_layers,
-    require,
     state_mb,
     threshold_at,
 )
@@ -146,44 +144,13 @@ class FOT(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        threshold: float = 0.9  # eps after task 0 [P: DomainNet, ImageNet-R; CIFAR-100 0.87]
-        threshold_step: float = 0.01  # + per task [P]
-        sketch_factor: float = 5.0  # s_l = factor * d_l [P]
-        samples: int = 0  # per client and task; 0: all of its data [C]
-        sketch_model: str = "local"  # local: last round's local models [C] | global [D]
-        residual_ratio: str = "energy"  # energy: ||R||^2/||A||^2 [D] | norm: ||R||/||A|| [C]
-        bias: str = "free"  # free: 1-D parameters averaged as in FedAvg [C] | freeze
-
-        def check(self) -> None:
-            require(
-                is_number(self.threshold) and 0 <= self.threshold <= 1,
-                "threshold",
-                self.threshold,
-                "a number in [0, 1]",
-            )
-            require(is_number(self.threshold_step) and self.threshold_step >= 0, "threshold_step",
-                    self.threshold_step, "a finite number >= 0")  # fmt: skip
-            require(is_number(self.sketch_factor) and self.sketch_factor > 0, "sketch_factor",
-                    self.sketch_factor, "a finite number > 0")  # fmt: skip
-            require(
-                is_int(self.samples) and self.samples >= 0,
-                "samples",
-                self.samples,
-                "an integer >= 0 (0: all)",
-            )
-            require(
-                self.sketch_model in SKETCH_MODELS,
-                "sketch_model",
-                self.sketch_model,
-                " | ".join(SKETCH_MODELS),
-            )
-            require(
-                self.residual_ratio in RATIOS,
-                "residual_ratio",
-                self.residual_ratio,
-                " | ".join(RATIOS),
-            )
-            require(self.bias in BIAS, "bias", self.bias, " | ".join(BIAS))
+        threshold: float = number(0.9, minimum=0, maximum=1)  # eps after task 0 [P: DomainNet, ImageNet-R; CIFAR-100 0.87]
+        threshold_step: float = number(0.01, minimum=0)  # + per task [P]
+        sketch_factor: float = number(5.0, exclusiveMinimum=0)  # s_l = factor * d_l [P]
+        samples: int = integer(0, minimum=0)  # per client and task; 0: all of its data [C]
+        sketch_model: str = choice("local", SKETCH_MODELS)  # local: last round's local models [C] | global [D]
+        residual_ratio: str = choice("energy", RATIOS)  # energy: ||R||^2/||A||^2 [D] | norm: ||R||/||A|| [C]
+        bias: str = choice("free", BIAS)  # free: 1-D parameters averaged as in FedAvg [C] | freeze
 
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:

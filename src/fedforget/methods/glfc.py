@@ -110,8 +110,9 @@ from torch import nn
 from ..data.scenario import DOMAIN_KINDS
 from ..utils import FedForgetError, torch_seed
 from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_copy
+from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import floor_unscored, group_normalise, head_scores, is_int, is_number, require
+from .shared import floor_unscored, group_normalise, head_scores
 
 MEMORY_STREAM, ENCODER_STREAM, RECON_STREAM = 0xC1, 0xC2, 0xC3  # keyed randomness
 KEY = "glfc"  # ctx.state: the exemplar memory
@@ -301,38 +302,18 @@ def reconstruct(encoder: nn.Module, grads: Sequence[torch.Tensor], label: int, s
 
 @dataclass(frozen=True)
 class GLFCParams:
-    memory_size: int = 2000  # exemplars per client [P; fedprotip.md E.3; fedgp.md: 200]
-    loss: str = "softmax"  # softmax [P] | sigmoid [C]
-    lambda_gc: float = 0.5  # [C]
-    lambda_rd: float = 0.5  # [C]
-    perturb_iters: int = 50  # [C]
-    perturb_lr: float = 0.2  # [C]
-    recon_iters: int = 250  # [C]
-    recon_lr: float = 0.5  # [P fedprotip.md E.3; code 0.1]
-    recon_keep: int = 20  # [C]
-    recon_inner: int = 20  # L-BFGS iterations per step [C: torch's default max_iter]
-    best_per_task: bool = True  # [D]
-    proxy: bool = True  # [P]; false: the previous task's final model is the old model [D]
-
-    def check(self) -> None:
-        ints = {
-            "memory_size": 0,
-            "perturb_iters": 0,
-            "recon_iters": 1,
-            "recon_keep": 1,
-            "recon_inner": 1,
-        }
-        for key, low in ints.items():
-            v = getattr(self, key)
-            require(is_int(v) and v >= low, key, v, f"an integer >= {low}")
-        for key in ("lambda_gc", "lambda_rd", "perturb_lr", "recon_lr"):
-            v = getattr(self, key)
-            positive = key == "recon_lr"
-            ok = is_number(v) and (v > 0 if positive else v >= 0)
-            require(ok, key, v, f"a finite number {'>' if positive else '>='} 0")
-        require(self.loss in LOSSES, "loss", self.loss, " | ".join(LOSSES))
-        for key in ("best_per_task", "proxy"):
-            require(isinstance(getattr(self, key), bool), key, getattr(self, key), "true | false")
+    memory_size: int = integer(2000, minimum=0)  # exemplars per client [P; fedprotip.md E.3; fedgp.md: 200]
+    loss: str = choice("softmax", LOSSES)  # softmax [P] | sigmoid [C]
+    lambda_gc: float = number(0.5, minimum=0)  # [C]
+    lambda_rd: float = number(0.5, minimum=0)  # [C]
+    perturb_iters: int = integer(50, minimum=0)  # [C]
+    perturb_lr: float = number(0.2, minimum=0)  # [C]
+    recon_iters: int = integer(250, minimum=1)  # [C]
+    recon_lr: float = number(0.5, exclusiveMinimum=0)  # [P fedprotip.md E.3; code 0.1]
+    recon_keep: int = integer(20, minimum=1)  # [C]
+    recon_inner: int = integer(20, minimum=1)  # L-BFGS iterations per step [C: torch's default max_iter]
+    best_per_task: bool = boolean(True)  # [D]
+    proxy: bool = boolean(True)  # [P]; false: the previous task's final model is the old model [D]
 
 
 @METHODS.register("glfc")

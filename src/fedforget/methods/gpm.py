@@ -70,18 +70,16 @@ from torch import nn
 from ..activations import layer_dim, layer_inputs
 from ..utils import torch_seed
 from .base import TASK_END, ClientContext, FedAvg, ServerContext
+from .params import choice, integer, number
 from .registry import METHODS
 from .shared import (
     CHUNK,
     REL_TOL,
     energy_rank,
     extend_basis,
-    is_int,
-    is_number,
     left_singular,
     project_step,
     projected_layers,
-    require,
     step_projection,
     threshold_at,
 )
@@ -165,29 +163,11 @@ class GPM(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        memory: str = "local"  # local: each client's own GPM [P] | global: pooled [D]
-        samples: int = 125  # representation samples per client and task [C]
-        threshold: float = 0.97  # eps after the first task [C, CIFAR-100]
-        threshold_step: float = 0.003  # + per task [C]
-        bias: str = "freeze"  # freeze: 1-D parameters fixed once a memory exists [C] | free
-
-        def check(self) -> None:
-            require(self.memory in MEMORIES, "memory", self.memory, " | ".join(MEMORIES))
-            require(
-                is_int(self.samples) and self.samples >= 1,
-                "samples",
-                self.samples,
-                "an integer >= 1",
-            )
-            require(
-                is_number(self.threshold) and 0 <= self.threshold <= 1,
-                "threshold",
-                self.threshold,
-                "a number in [0, 1]",
-            )
-            require(is_number(self.threshold_step) and self.threshold_step >= 0, "threshold_step",
-                    self.threshold_step, "a finite number >= 0")  # fmt: skip
-            require(self.bias in BIAS, "bias", self.bias, " | ".join(BIAS))
+        memory: str = choice("local", MEMORIES)  # local: each client's own GPM [P] | global: pooled [D]
+        samples: int = integer(125, minimum=1)  # representation samples per client and task [C]
+        threshold: float = number(0.97, minimum=0, maximum=1)  # eps after the first task [C, CIFAR-100]
+        threshold_step: float = number(0.003, minimum=0)  # + per task [C]
+        bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once a memory exists [C] | free
 
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:

@@ -126,9 +126,10 @@ from .base import (
     frozen_copy,
     masked_logits,
 )
+from .params import boolean, choice, integer
 from .registry import METHODS
 from .replay import Replay, Reservoir
-from .shared import check_int, floor_unscored
+from .shared import floor_unscored
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -277,16 +278,9 @@ class ICaRL(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        buffer_size: int = 200  # K exemplars per client [P, fedgp.md]
-        normalize: bool = True  # L2-normalised features [P] | raw [C]
-        reduction: str = "sum"  # BCE summed over classes, mean over rows [P] | mean over both [C]
-
-        def check(self) -> None:
-            check_int("buffer_size", self.buffer_size, 0)
-            if not isinstance(self.normalize, bool):
-                raise ValueError(f"normalize={self.normalize!r}; allowed: true | false")
-            if self.reduction not in REDUCTIONS:
-                raise ValueError(f"reduction={self.reduction!r}; allowed: {' | '.join(REDUCTIONS)}")
+        buffer_size: int = integer(200, minimum=0)  # K exemplars per client [P, fedgp.md]
+        normalize: bool = boolean(True)  # L2-normalised features [P] | raw [C]
+        reduction: str = choice("sum", REDUCTIONS)  # BCE summed over classes, mean over rows [P] | mean over both [C]
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

@@ -107,8 +107,8 @@ from .base import (
     Upload,
     masked_logits,
 )
+from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import check_int, check_number
 
 INIT_STREAM = 0xA7  # keyed randomness of the prompt pool's and the keys' initial values
 SELECTIONS = ("instance", "batch")
@@ -198,30 +198,20 @@ class L2P(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        pool_size: int = 10  # M [C]
-        length: int = 5  # L_p, tokens per prompt [C]
-        top_k: int = 5  # N, prompts per input [C]
-        pull_coeff: float = 0.1  # lambda of the key-pull term [C]
-        selection: str = "instance"  # instance [P Eq. 3] | batch [C batchwise_prompt]
-        train_mask: bool = True  # class-IL: CE over the row's task's classes [C]
-        clip_norm: float = 1.0  # gradient-norm clip of the trainable parameters [C]; 0: off
-        init_scale: float = 0.01  # prompts and keys ~ U[0, init_scale) [C, JAX]
+        pool_size: int = integer(10, minimum=1)  # M [C]
+        length: int = integer(5, minimum=1)  # L_p, tokens per prompt [C]
+        top_k: int = integer(5, minimum=1)  # N, prompts per input [C]; at most pool_size
+        pull_coeff: float = number(0.1, minimum=0)  # lambda of the key-pull term [C]
+        selection: str = choice("instance", SELECTIONS)  # instance [P Eq. 3] | batch [C batchwise_prompt]
+        train_mask: bool = boolean(True)  # class-IL: CE over the row's task's classes [C]
+        clip_norm: float = number(1.0, minimum=0)  # gradient-norm clip of the trainable parameters [C]; 0: off
+        init_scale: float = number(0.01, exclusiveMinimum=0)  # prompts and keys ~ U[0, init_scale) [C, JAX]
 
         def check(self) -> None:
-            check_int("pool_size", self.pool_size, 1)
-            check_int("length", self.length, 1)
-            check_int("top_k", self.top_k, 1)
             if self.top_k > self.pool_size:
                 raise ValueError(
                     f"top_k={self.top_k}; allowed: an integer in 1..pool_size={self.pool_size}"
                 )
-            check_number("pull_coeff", self.pull_coeff)
-            if self.selection not in SELECTIONS:
-                raise ValueError(f"selection={self.selection!r}; allowed: {' | '.join(SELECTIONS)}")
-            if not isinstance(self.train_mask, bool):
-                raise ValueError(f"train_mask={self.train_mask!r}; allowed: true | false")
-            check_number("clip_norm", self.clip_norm)
-            check_number("init_scale", self.init_scale, positive=True)
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)

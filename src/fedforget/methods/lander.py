@@ -102,8 +102,9 @@ from torch import nn
 
 from ..utils import FedForgetError
 from .base import ClientContext, RunInfo, ServerContext, task_cross_entropy
+from .params import integer, number, redefault, text
 from .registry import METHODS
-from .shared import is_int, is_number, require
+from .shared import require
 from .synthesis import (
     NOISE,
     SYNTH_STREAM,
@@ -322,40 +323,34 @@ class LANDER(TARGET):
 
     @dataclass(frozen=True)
     class Params(SynthesisParams):
-        kd: float = 1.0  # the KL's weight inside pre's bracket [C: 1]
-        temperature: float = 2.0  # [C tau]
-        syn_size: int = 10000  # [C --nums]
-        syn_batch: int = 256  # [C]
-        syn_rounds: int = 40  # [C] (+ warmup rounds)
-        g_steps: int = 40  # [C]
-        warmup: int = 10  # [C]
-        lr_g: float = 0.002  # [C]
-        lr_z: float = 0.01  # lr of the learnable data statistics [C]
-        nz: int = 256  # noisy-layer output width [C --nz]
-        ngf: int = 64  # [C]
-        bn: float = 1.0  # [C]
-        oh: float = 0.5  # [C]
-        adv: float = 1.0  # [C]
-        bn_momentum: float = 0.9  # [C]
-        student_steps: int = 50  # [C]
-        student_batch: int = 128  # [C local_bs]
-        student_lr: float = 0.1  # [C]
-        student_temperature: float = 20.0  # [C]
-        ltc: float = 5.0  # weight of the bounding / LTE terms [C]
-        r: float = 0.015  # the bounding radius [C]
-        cur: float = 0.2  # alpha_cur [C]
-        pre: float = 0.4  # alpha_pre [C]
-        noise_rows: int = 10  # rows per noisy layer [C nl]
-        prompt: str = "a photo of a {}"  # [P fedprotip.md App. E.3]
+        kd: float = redefault(SynthesisParams, "kd", 1.0)  # the KL's weight inside pre's bracket [C: 1]
+        temperature: float = redefault(SynthesisParams, "temperature", 2.0)  # [C tau]
+        syn_size: int = redefault(SynthesisParams, "syn_size", 10000)  # [C --nums]
+        syn_batch: int = redefault(SynthesisParams, "syn_batch", 256)  # [C]
+        syn_rounds: int = redefault(SynthesisParams, "syn_rounds", 40)  # [C] (+ warmup rounds)
+        g_steps: int = redefault(SynthesisParams, "g_steps", 40)  # [C]
+        warmup: int = redefault(SynthesisParams, "warmup", 10)  # [C]
+        lr_g: float = redefault(SynthesisParams, "lr_g", 0.002)  # [C]
+        lr_z: float = redefault(SynthesisParams, "lr_z", 0.01)  # lr of the learnable data statistics [C]
+        nz: int = redefault(SynthesisParams, "nz", 256)  # noisy-layer output width [C --nz]
+        ngf: int = redefault(SynthesisParams, "ngf", 64)  # [C]
+        bn: float = redefault(SynthesisParams, "bn", 1.0)  # [C]
+        oh: float = redefault(SynthesisParams, "oh", 0.5)  # [C]
+        adv: float = redefault(SynthesisParams, "adv", 1.0)  # [C]
+        bn_momentum: float = redefault(SynthesisParams, "bn_momentum", 0.9)  # [C]
+        student_steps: int = redefault(SynthesisParams, "student_steps", 50)  # [C]
+        student_batch: int = redefault(SynthesisParams, "student_batch", 128)  # [C local_bs]
+        student_lr: float = redefault(SynthesisParams, "student_lr", 0.1)  # [C]
+        student_temperature: float = redefault(SynthesisParams, "student_temperature", 20.0)  # [C]
+        ltc: float = number(5.0, minimum=0)  # weight of the bounding / LTE terms [C]
+        r: float = number(0.015, minimum=0)  # the bounding radius [C]
+        cur: float = number(0.2, minimum=0)  # alpha_cur [C]
+        pre: float = number(0.4, minimum=0)  # alpha_pre [C]
+        noise_rows: int = integer(10, minimum=1)  # rows per noisy layer [C nl]
+        prompt: str = text("a photo of a {}")  # [P fedprotip.md App. E.3]; one {} for the class name
 
         def check(self) -> None:
-            super().check()
-            for key in ("ltc", "r", "cur", "pre"):
-                value = getattr(self, key)
-                require(is_number(value) and value >= 0, key, value, "a finite number >= 0")
-            require(is_int(self.noise_rows) and self.noise_rows >= 1, "noise_rows", self.noise_rows, "an integer >= 1")  # fmt: skip
-            ok = isinstance(self.prompt, str) and self.prompt.count("{}") == 1
-            require(ok, "prompt", self.prompt, "a text with one {} for the class name")
+            require(self.prompt.count("{}") == 1, "prompt", self.prompt, "a text with one {} for the class name")
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)

@@ -60,8 +60,9 @@ from torch import nn
 from ..utils import torch_seed
 from .base import ClientContext, ServerContext, Upload
 from .glfc import GLFC, GLFCParams
+from .params import choice, integer, number, redefault
 from .registry import METHODS
-from .shared import group_normalise, head_scores, is_int, is_number, require
+from .shared import group_normalise, head_scores, require
 
 AUG_STREAM = 0xC4  # keyed randomness of the prototype augmentation
 RADIUS = "lga_radius"  # server.state
@@ -130,30 +131,20 @@ def augment_features(f: torch.Tensor, y: torch.Tensor, radius: float, k: int, ge
 
 @dataclass(frozen=True)
 class LGAParams(GLFCParams):
-    lambda_gc: float = 1.0  # [C --lam]
-    lambda_rd: float = 1.0  # [C --lam]
-    weight_min: float = 0.5  # [C]
-    weight_max: float = 5.0  # [C]
-    old_groups: str = "cumulative"  # [C] | task [D]
-    proxy_init: int = 6  # [C]
-    radius_init: float = 0.15  # [C]
-    augment: int = 5  # [C]
+    lambda_gc: float = redefault(GLFCParams, "lambda_gc", 1.0)  # [C --lam]
+    lambda_rd: float = redefault(GLFCParams, "lambda_rd", 1.0)  # [C --lam]
+    weight_min: float = number(0.5, minimum=0)  # [C]
+    weight_max: float = number(5.0, minimum=0)  # [C]; at least weight_min
+    old_groups: str = choice("cumulative", OLD_GROUPS)  # [C] | task [D]
+    proxy_init: int = integer(6, minimum=0)  # [C]
+    radius_init: float = number(0.15, minimum=0)  # [C]
+    augment: int = integer(5, minimum=1)  # [C]
 
     def check(self) -> None:
-        super().check()
-        for key in ("weight_min", "weight_max", "radius_init"):
-            v = getattr(self, key)
-            require(is_number(v) and v >= 0, key, v, "a finite number >= 0")
         lo = self.weight_min
         require(
             self.weight_max >= lo, "weight_max", self.weight_max, f"a number >= weight_min ({lo})"
         )
-        require(
-            self.old_groups in OLD_GROUPS, "old_groups", self.old_groups, " | ".join(OLD_GROUPS)
-        )
-        for key, low in (("proxy_init", 0), ("augment", 1)):
-            v = getattr(self, key)
-            require(is_int(v) and v >= low, key, v, f"an integer >= {low}")
 
 
 @METHODS.register("lga")

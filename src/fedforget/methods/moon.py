@@ -58,8 +58,8 @@ from .base import (
     flatten_state,
     frozen_copy,
 )
+from .params import choice, number
 from .registry import METHODS
-from .shared import check_number
 
 FIRST_PREV = ("skip", "init")
 
@@ -93,15 +93,9 @@ def model_contrastive_loss(
 
 @dataclass
 class MOONParams:
-    mu: float = 1.0  # weight of l_con; 0 = FedAvg
-    tau: float = 0.5  # temperature of l_con
-    first_prev: str = "skip"  # z_prev before a client's first upload: skip l_con | init (w^0)
-
-    def check(self) -> None:
-        check_number("mu", self.mu)
-        check_number("tau", self.tau, positive=True)
-        if self.first_prev not in FIRST_PREV:
-            raise ValueError(f"first_prev={self.first_prev!r}; allowed: {', '.join(FIRST_PREV)}")
+    mu: float = number(1.0, minimum=0)  # weight of l_con; 0 = FedAvg
+    tau: float = number(0.5, exclusiveMinimum=0)  # temperature of l_con
+    first_prev: str = choice("skip", FIRST_PREV)  # z_prev before a client's first upload: skip l_con | init (w^0)
 
 
 @METHODS.register("moon")

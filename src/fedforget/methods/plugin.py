@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .params import make_params
 from .registry import METHODS
 
 # every hook of the method API (fedforget.methods.base); a plug-in forwards each to its base
@@ -33,8 +34,6 @@ HOOKS = (
 
 def base_method(params: Any, info: RunInfo) -> FedAvg:
     """The base method of a plug-in's ``params`` (``base``, ``base_params``)."""
-    from . import make_params  # the package is loaded by the time a method is built
-
     return METHODS.get(params.base)(make_params(params.base, dict(params.base_params), "base_params"), info)
 
 
@@ -76,8 +75,6 @@ class OverBase(FedAvg):
         data, over a method that needs a public set it needs one."""
         if bool(getattr(cls, name)) or params is None:
             return bool(getattr(cls, name))
-        from . import make_params
-
         base = METHODS.get(params.base)
         return base.trait(name, make_params(params.base, dict(params.base_params)))
 
@@ -85,8 +82,6 @@ class OverBase(FedAvg):
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
         """The base method's task-stream requirements are the plug-in's."""
         if params is not None:
-            from . import make_params
-
             METHODS.get(params.base).check_scenario(scenario, make_params(params.base, dict(params.base_params)))
 
     @classmethod
@@ -94,8 +89,6 @@ class OverBase(FedAvg):
         """The base method's train requirements (e.g. SCAFFOLD's SGD) are the plug-in's,
         checked at config validation like any method's."""
         if params is not None:
-            from . import make_params
-
             METHODS.get(params.base).check_train(train, make_params(params.base, dict(params.base_params)))
 
 

@@ -50,8 +50,9 @@ from .base import (
     weighted_average,
 )
 from .base import Params as StateDict
+from .params import choice, number
 from .registry import METHODS
-from .shared import check_number, effective_steps, require_sgd
+from .shared import effective_steps, require_sgd
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -72,16 +73,9 @@ class Scaffold(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        server_lr: float = 1.0  # eta_g
-        weighting: str = "uniform"  # mean over S: paper "uniform", FedSOL code "samples"
-        divisor: str = "effective_steps"  # a_i eta_l (= K eta_l without momentum) or K eta_l
-
-        def check(self) -> None:
-            check_number("server_lr", self.server_lr, positive=True)
-            if self.weighting not in WEIGHTINGS:
-                raise ValueError(f"weighting={self.weighting!r}; allowed: {', '.join(WEIGHTINGS)}")
-            if self.divisor not in DIVISORS:
-                raise ValueError(f"divisor={self.divisor!r}; allowed: {', '.join(DIVISORS)}")
+        server_lr: float = number(1.0, exclusiveMinimum=0)  # eta_g
+        weighting: str = choice("uniform", WEIGHTINGS)  # mean over S: paper "uniform", FedSOL code "samples"
+        divisor: str = choice("effective_steps", DIVISORS)  # a_i eta_l (= K eta_l without momentum) or K eta_l
 
     @classmethod
     def check_train(cls, train: TrainSpec, params: Any = None) -> None:

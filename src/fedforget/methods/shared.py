@@ -6,10 +6,9 @@ FedET / FedProj(FedDF), LANDER(TARGET), LGA(GLFC), and the base modules ``replay
 
 Sections:
 
-- Parameter checks, for ``Params.check()`` and ``check_train``: ``is_int``, ``is_number``,
-  ``require`` (the ValueError the config layer expects), ``check_number``, ``check_int``,
-  ``check_temperature``, ``require_sgd``. Also used by ``fedforget.methods.distill``'s
-  ``DistillParams``.
+- Parameter checks across fields, for ``Params.check()`` and ``check_train``: ``require``
+  (the ValueError the config layer expects), ``require_sgd``. A single field's type and range
+  are declared with the field itself (``fedforget.methods.params``).
 - Local steps: ``effective_steps``, ||a||_1 of SGD with heavy-ball momentum (FedNova,
   SCAFFOLD's divisor).
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
@@ -27,7 +26,6 @@ Sections:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -51,41 +49,10 @@ MB = 1e6  # bytes per megabyte of the communication columns
 # ----------------------------------------------------------------------------- parameter checks
 
 
-def is_int(v: object) -> bool:
-    """An integer, not a bool."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v: object) -> bool:
-    """A finite real number (int or float), not a bool."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def require(ok: bool, name: str, value: object, allowed: str) -> None:
     """Raise the ValueError the config layer expects: field, value and allowed range."""
     if not ok:
         raise ValueError(f"{name}={value!r}; allowed: {allowed}")
-
-
-def check_number(name: str, value: object, positive: bool = False) -> None:
-    """For ``Params.check()``: raise ValueError unless value is a finite real number >= 0
-    (> 0 if positive); bools are refused."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):  # type: ignore[arg-type]
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name}={value!r}; allowed: a finite number {bound}")
-
-
-def check_int(name: str, value: object, low: int) -> None:
-    """For ``Params.check()``: raise ValueError unless value is an integer (not a bool)
-    >= low."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}={value!r}; allowed: an integer >= {low}")
-
-
-def check_temperature(value: object, name: str = "temperature") -> None:
-    """A distillation temperature: a finite number > 0, else ValueError."""
-    require(is_number(value) and value > 0, name, value, "a finite number > 0")
 
 
 def require_sgd(method: str, train: TrainSpec, why: str) -> None:

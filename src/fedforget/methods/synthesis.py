@@ -79,7 +79,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..models import TaskHeads
 from ..utils import torch_seed
 from .distill import kd_loss
-from .shared import is_int, is_number, require
+from .params import boolean, choice, integer, number
 
 log = logging.getLogger(__name__)
 
@@ -290,49 +290,29 @@ class BNStatsLoss:
 class SynthesisParams:
     """The hyperparameters TARGET and LANDER share (defaults: TARGET's; see each method)."""
 
-    kd: float = 25.0  # weight of the clients' KD term [C TARGET README --kd 25]
-    temperature: float = 2.0  # the clients' KD temperature [C _KD_loss(..., 2)]
-    ce: str = "task"  # the clients' CE over their task's classes [C] | all classes [D]
-    replay_batch: int = 0  # synthetic rows per local step; 0: the method's rule [C]
-    syn_size: int = 8000  # synthetic rows kept [P fedprotip App. E.3; C --nums 8000]
-    syn_batch: int = 256  # rows per synthesis round [P fedprotip App. E.3; C]
-    syn_rounds: int = 10  # synthesis rounds [C cifar100 syn_round]
-    g_steps: int = 10  # generator steps per round [C]
-    warmup: int = 20  # rounds before the student learns / the adversarial term [C]
-    lr_g: float = 0.002  # generator Adam lr [C]
-    lr_z: float = 0.01  # lr of the round's free inputs (TARGET: z) [C]
-    nz: int = 256  # generator input width [C]
-    ngf: int = 64  # generator width [C]
-    bn: float = 10.0  # weight of L_BN [C]
-    oh: float = 0.5  # weight of the CE on the targets [C]
-    adv: float = 1.0  # weight of L_adv [C]
-    bn_momentum: float = 0.9  # mixing of the BN statistics over rounds [C bn_mmt]
-    student_steps: int = 400  # student KD steps per round [C kd_steps]
-    student_batch: int = 256  # rows per student step [C sample_batch_size]
-    student_lr: float = 0.2  # [C]
-    student_temperature: float = 20.0  # [C T]
-    augment: bool = False  # generation-time crop + flip [C] (off: [D])
-    student_init: str = "model"  # the student's re-initialisation: the model's own [D] | code [C]
-
-    def check(self) -> None:
-        for key in ("kd", "bn", "oh", "adv"):
-            require(is_number(getattr(self, key)) and getattr(self, key) >= 0, key, getattr(self, key), "a finite number >= 0")  # fmt: skip
-        for key in ("temperature", "lr_g", "lr_z", "student_lr", "student_temperature"):
-            require(is_number(getattr(self, key)) and getattr(self, key) > 0, key, getattr(self, key), "a finite number > 0")  # fmt: skip
-        require(self.ce in ("task", "all"), "ce", self.ce, "task | all")
-        require(is_number(self.bn_momentum) and 0 <= self.bn_momentum < 1, "bn_momentum", self.bn_momentum, "a number in [0, 1)")  # fmt: skip
-        for key, low in (("replay_batch", 0), ("syn_size", 1), ("syn_batch", 2), ("syn_rounds", 1),
-                         ("g_steps", 1), ("warmup", 0), ("nz", 1), ("ngf", 1), ("student_steps", 0),
-                         ("student_batch", 1)):  # fmt: skip
-            value = getattr(self, key)
-            require(is_int(value) and value >= low, key, value, f"an integer >= {low}")
-        require(isinstance(self.augment, bool), "augment", self.augment, "true | false")
-        require(
-            self.student_init in ("model", "code"),
-            "student_init",
-            self.student_init,
-            "model | code",
-        )
+    kd: float = number(25.0, minimum=0)  # weight of the clients' KD term [C TARGET README --kd 25]
+    temperature: float = number(2.0, exclusiveMinimum=0)  # the clients' KD temperature [C _KD_loss(..., 2)]
+    ce: str = choice("task", ("task", "all"))  # the clients' CE over their task's classes [C] | all classes [D]
+    replay_batch: int = integer(0, minimum=0)  # synthetic rows per local step; 0: the method's rule [C]
+    syn_size: int = integer(8000, minimum=1)  # synthetic rows kept [P fedprotip App. E.3; C --nums 8000]
+    syn_batch: int = integer(256, minimum=2)  # rows per synthesis round [P fedprotip App. E.3; C]
+    syn_rounds: int = integer(10, minimum=1)  # synthesis rounds [C cifar100 syn_round]
+    g_steps: int = integer(10, minimum=1)  # generator steps per round [C]
+    warmup: int = integer(20, minimum=0)  # rounds before the student learns / the adversarial term [C]
+    lr_g: float = number(0.002, exclusiveMinimum=0)  # generator Adam lr [C]
+    lr_z: float = number(0.01, exclusiveMinimum=0)  # lr of the round's free inputs (TARGET: z) [C]
+    nz: int = integer(256, minimum=1)  # generator input width [C]
+    ngf: int = integer(64, minimum=1)  # generator width [C]
+    bn: float = number(10.0, minimum=0)  # weight of L_BN [C]
+    oh: float = number(0.5, minimum=0)  # weight of the CE on the targets [C]
+    adv: float = number(1.0, minimum=0)  # weight of L_adv [C]
+    bn_momentum: float = number(0.9, minimum=0, exclusiveMaximum=1)  # mixing of the BN statistics over rounds [C bn_mmt]
+    student_steps: int = integer(400, minimum=0)  # student KD steps per round [C kd_steps]
+    student_batch: int = integer(256, minimum=1)  # rows per student step [C sample_batch_size]
+    student_lr: float = number(0.2, exclusiveMinimum=0)  # [C]
+    student_temperature: float = number(20.0, exclusiveMinimum=0)  # [C T]
+    augment: bool = boolean(False)  # generation-time crop + flip [C] (off: [D])
+    student_init: str = choice("model", ("model", "code"))  # the student's re-initialisation: the model's own [D] | code [C]
 
 
 # ----------------------------------------------------------------------------- the synthesis

@@ -110,8 +110,9 @@ from .base import (
     task_cross_entropy,
 )
 from .distill import softened_kl
+from .params import boolean, choice
 from .registry import METHODS
-from .shared import floor_unscored, require
+from .shared import floor_unscored
 from .synthesis import (
     SynthesisParams,
     Synthesizer,
@@ -148,13 +149,8 @@ class TARGET(FedAvg):
 
     @dataclass(frozen=True)
     class Params(SynthesisParams):
-        meta: str = "fomaml"  # the generator's meta-learning [C cifar100] | reptile [C]
-        reset_l0: bool = True  # re-initialise its first layers at round 120 + warmup [C]
-
-        def check(self) -> None:
-            super().check()
-            require(self.meta in METAS, "meta", self.meta, " | ".join(METAS))
-            require(isinstance(self.reset_l0, bool), "reset_l0", self.reset_l0, "true | false")
+        meta: str = choice("fomaml", METAS)  # the generator's meta-learning [C cifar100] | reptile [C]
+        reset_l0: bool = boolean(True)  # re-initialise its first layers at round 120 + warmup [C]
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)
