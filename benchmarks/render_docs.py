@@ -1,15 +1,20 @@
-"""Numbers in the docs, filled in from the benchmark results they come from, so they cannot
+r"""Numbers in the docs, filled in from the benchmark results they come from, so they cannot
 drift from them.
 
 A number in a Markdown file is written between two markers naming its source::
 
     streamed pool <!--@ cpu-2026-11-25/streaming.json:stream_over_device | .2f -->0.97<!--@-->x
+    <!--@ h100-2026-11-24/profile-graphs1.txt~GPU busy (\d+)% -->103<!--@--> %
 
 ``FILE:PATH``: a JSON file under ``benchmarks/results/`` and the dotted path to a number in
-it, or ``PATH/PATH`` for the ratio of two numbers of that file; ``| SPEC`` a Python format spec (default ``g``); ``* K`` before the bar scales the value
-(``* 100`` for a percentage). ``python benchmarks/render_docs.py`` rewrites every marked
-value in README.md and docs/*.md; ``--check`` changes nothing and exits 1, listing each
-stale or unresolvable value (tests/test_docs_numbers.py runs it).
+it, or ``PATH/PATH`` for the ratio of two numbers of that file; ``* K`` after it scales the
+value (``* 100`` for a percentage). ``FILE~REGEX``: a text file there (a log, a profile) and
+a Python regex with one group, searched for in it; the group's text of the first match, as
+a number. ``| SPEC`` a Python format spec (default ``g`` for JSON; for text, the group as it
+is), after a space in the text form; ``\|`` instead of ``|`` inside a Markdown table.
+``python benchmarks/render_docs.py`` rewrites every marked value in README.md and
+docs/*.md; ``--check`` changes nothing and exits 1, listing each stale or unresolvable value
+(tests/test_docs_numbers.py runs it).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MARK = re.compile(
-    r"<!--@ (?P<file>[^:\s]+):(?P<path>[^\s|*]+)\s*(?:\*\s*(?P<scale>[0-9.eE+-]+)\s*)?(?:\|\s*(?P<spec>[^\s]+)\s*)?-->"
+    r"<!--@ (?P<file>[^:~\s]+)"
+    r"(?::(?P<path>[^\s|*\\]+)\s*(?:\*\s*(?P<scale>[0-9.eE+-]+)\s*)?"  # FILE:PATH [* K]
+    r"|~(?P<regex>.+?)(?:\s+(?=\\?\|)|\s*(?=-->)))"  # FILE~REGEX, up to " |" or "-->"
+    r"(?:\\?\|\s*(?P<spec>\S+?)\s*)?-->"
     r"(?P<value>.*?)<!--@-->"
 )
 
@@ -42,22 +50,35 @@ def lookup(file: str, path: str) -> float:
     return node
 
 
+def search(file: str, regex: str) -> str:
+    """The text of ``regex``'s group in its first match in ``benchmarks/results/<file>``."""
+    m = re.search(regex, (RESULTS / file).read_text(), re.MULTILINE)
+    if m is None:
+        raise ValueError(f"{regex!r} matches nothing")
+    return m.group(1)
+
+
 def render(text: str) -> tuple[str, list[str]]:
     """``text`` with every marked value recomputed, and a line per marker that changed or
     could not be resolved."""
     problems: list[str] = []
 
     def one(m: re.Match) -> str:
+        source = f"{m['file']}~{m['regex']}" if m["regex"] else f"{m['file']}:{m['path']}"
         try:
-            value = lookup(m["file"], m["path"])
-            if m["scale"]:
-                value *= float(m["scale"])
-            shown = format(value, m["spec"] or "g")
-        except (OSError, KeyError, IndexError, ValueError) as e:
-            problems.append(f"{m['file']}:{m['path']}: cannot be read ({type(e).__name__}: {e})")
+            if m["regex"]:
+                found = search(m["file"], m["regex"])
+                shown = format(float(found), m["spec"]) if m["spec"] else found
+            else:
+                value = lookup(m["file"], m["path"])
+                if m["scale"]:
+                    value *= float(m["scale"])
+                shown = format(value, m["spec"] or "g")
+        except (OSError, KeyError, IndexError, ValueError, re.error) as e:
+            problems.append(f"{source}: cannot be read ({type(e).__name__}: {e})")
             return m.group(0)
         if shown != m["value"]:
-            problems.append(f"{m['file']}:{m['path']}: the doc says {m['value']!r}, the result {shown!r}")
+            problems.append(f"{source}: the doc says {m['value']!r}, the result {shown!r}")
         return m.group(0).replace(f"-->{m['value']}<!--@-->", f"-->{shown}<!--@-->")
 
     return MARK.sub(one, text), problems
