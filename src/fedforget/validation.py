@@ -80,6 +80,8 @@ def describe_allowed(s: dict[str, Any]) -> str:
     if forms:
         return " or ".join(describe_allowed(f) for f in forms)
     t = s.get("type")
+    if t == "null":
+        return "null"
     if t == "boolean":
         return "true | false"
     if t == "object":

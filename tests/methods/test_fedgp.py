@@ -175,6 +175,8 @@ def test_fedgp_over_a_replay_base_reads_its_buffer(make_run_config):
         ({"rate": 1.5}, "rate=1.5"),
         ({"buffer_policy": "fifo"}, "buffer_policy='fifo'"),
         ({"buffer_size": -1}, "buffer_size=-1"),
+        ({"buffer_size": 0}, "buffer_size=0; allowed: null or an integer >= 1"),  # FedGP = its base
+        ({"base": "der", "base_params": {"buffer_size": 0}}, "base_params.buffer_size=0 .base 'der'.: FedGP without"),
         ({"ref_batch_size": 0}, "ref_batch_size=0"),
         ({"base": "der", "buffer_size": 100}, "base_params.buffer_size=200"),
         ({"base": "agem", "buffer_policy": "sliding"}, "buffer_policy='sliding' over base 'agem'"),

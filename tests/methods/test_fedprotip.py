@@ -322,7 +322,7 @@ def test_routed_scores_use_the_routed_head_on_its_classes():
 
 
 def test_bad_params_are_refused_naming_the_value():
-    bads = ({"threshold": 1.5}, {"threshold_step": -0.1}, {"energy": "l1"}, {"samples": 0}, {"svd": "qr"},
+    bads = ({"threshold": 1.5}, {"threshold": 0}, {"threshold_step": -0.1}, {"energy": "l1"}, {"samples": 0}, {"svd": "qr"},
             {"tip": "oracle"}, {"freeze_early": "yes"}, {"bias": "augment"})  # fmt: skip
     for bad in bads:
         ((k, v),) = bad.items()
@@ -339,11 +339,12 @@ def scenario(heads, tasks=3):
 def test_tip_needs_per_task_heads_and_tip_none_a_shared_one():
     with pytest.raises(
         FedForgetError,
-        match=r"tip='sample'.*scenario.heads='per_task'.*got scenario.heads='shared'",
+        match=r"tip='sample'.*scenario.heads='per_task'.*got scenario.heads='shared' \(or, for these heads, tip: none\)",
     ):
         method({}, scenario("shared"))
     with pytest.raises(
-        FedForgetError, match=r"tip='none'.*scenario.heads='shared'.*got scenario.heads='per_task'"
+        FedForgetError,
+        match=r"tip='none'.*scenario.heads='shared'.*got scenario.heads='per_task' \(or, for these heads, tip: sample \| batch\)",
     ):
         method({"tip": "none"}, scenario("per_task"))
     assert method({"tip": "batch"}, scenario("per_task")).routes

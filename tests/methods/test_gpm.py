@@ -12,7 +12,7 @@ import torch
 from fedforget.activations import layer_inputs, weight_matrix
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
-from fedforget.methods import ClientContext, RunInfo, make_params
+from fedforget.methods import ClientContext, RunInfo, check_params, make_params
 from fedforget.methods.gpm import BASES, GPM, gpm_update, representation_factors
 from fedforget.methods.shared import energy_rank, projected_layers, threshold_at
 from fedforget.models import build_model
@@ -234,3 +234,10 @@ def test_resume_after_a_task_end_equals_the_uninterrupted_run(make_run_config):
     lost = {**saved[0], "client_state": {}}  # not vacuous: without the memories it differs
     _, rows_lost, _ = Simulation(rc, device=CPU).run(progress=False, resume=lost)
     assert strip(rows_lost) != strip(rows_full)
+
+
+@pytest.mark.parametrize("name", ["gpm", "fot", "fedprotip"])
+def test_a_zero_threshold_is_refused(name):
+    """eps = 0 keeps no basis: the method would silently be FedAvg."""
+    with pytest.raises(FedForgetError, match=r"threshold=0; allowed: a finite number > 0 and <= 1"):
+        check_params(name, {"threshold": 0})

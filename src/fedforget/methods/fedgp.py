@@ -92,7 +92,7 @@ def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
 class FedGPParams:
     base: str = text("fedavg")  # the method FedGP runs over (FL = fedavg); any registered method but fedgp
     base_params: dict[str, Any] = mapping()  # its hyperparameters
-    buffer_size: int | None = one_of(None, {"type": "null"}, {"type": "integer", "minimum": 0})  # None: the base's buffer if it keeps one, else 200
+    buffer_size: int | None = one_of(None, {"type": "null"}, {"type": "integer", "minimum": 1})  # None: the base's buffer if it keeps one, else 200; 0 rows would be the base alone [D]
     buffer_policy: str = choice("reservoir", POLICIES)  # reservoir | random | sliding (Table 9)
     ref_batch_size: int = integer(32, minimum=1)  # buffer rows behind each client's g_ref^k [C]
     manipulation: str = choice("project", MANIPULATIONS)  # project | average | rotate | project_scale (Table 7)
@@ -108,6 +108,11 @@ class FedGPParams:
         except FedForgetError as e:
             raise ValueError(str(e)) from None
         base_buffer = getattr(base_p, "buffer_size", None)  # a replay base (A-GEM, DER)
+        if base_buffer == 0:  # [D] no g_ref ever: FedGP would silently be its base
+            raise ValueError(
+                f"base_params.buffer_size=0 (base '{self.base}'): FedGP without buffer rows is its base "
+                "alone; allowed: an integer >= 1 (or run the base by itself)"
+            )
         if base_buffer is not None:
             if self.buffer_size is not None and self.buffer_size != base_buffer:
                 raise ValueError(

@@ -329,7 +329,7 @@ class FedProTIP(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        threshold: float = number(0.7, minimum=0, maximum=1)  # eps after task 0 [P; code config 0.775; 0.95 from scratch]
+        threshold: float = number(0.7, exclusiveMinimum=0, maximum=1)  # eps after task 0 [P; code config 0.775; 0.95 from scratch]; > 0 (0 keeps no basis: FedAvg) [D]
         threshold_step: float = number(0.001, minimum=0)  # + per task [P]
         energy: str = choice("sigma", ENERGIES)  # sigma: Eq. 8 [P] | sigma2: GPM's energy rule [C]
         samples: int = integer(512, minimum=1)  # m_s, columns per layer (and inputs) per client and task [P]
@@ -349,7 +349,7 @@ class FedProTIP(FedAvg):
             why = "one shared classifier (FedProTIP(-t))" if want == "shared" else "one head per task to route inputs to"
             raise FedForgetError(
                 f"method 'fedprotip': tip={params.tip!r} needs {why}, scenario.heads={want!r}; "
-                f"got scenario.heads={scenario.get('heads')!r} (or set tip: {'sample' if want == 'per_task' else 'none'})"
+                f"got scenario.heads={scenario.get('heads')!r} (or, for these heads, tip: {'none' if want == 'per_task' else 'sample | batch'})"
             )
 
     def __init__(self, params: Any, info: RunInfo) -> None:

@@ -144,7 +144,7 @@ class FOT(FedAvg):
 
     @dataclass(frozen=True)
     class Params:
-        threshold: float = number(0.9, minimum=0, maximum=1)  # eps after task 0 [P: DomainNet, ImageNet-R; CIFAR-100 0.87]
+        threshold: float = number(0.9, exclusiveMinimum=0, maximum=1)  # eps after task 0 [P: DomainNet, ImageNet-R; CIFAR-100 0.87]; > 0 (0 keeps no basis: FedAvg) [D]
         threshold_step: float = number(0.01, minimum=0)  # + per task [P]
         sketch_factor: float = number(5.0, exclusiveMinimum=0)  # s_l = factor * d_l [P]
         samples: int = integer(0, minimum=0)  # per client and task; 0: all of its data [C]

@@ -165,7 +165,7 @@ class GPM(FedAvg):
     class Params:
         memory: str = choice("local", MEMORIES)  # local: each client's own GPM [P] | global: pooled [D]
         samples: int = integer(125, minimum=1)  # representation samples per client and task [C]
-        threshold: float = number(0.97, minimum=0, maximum=1)  # eps after the first task [C, CIFAR-100]
+        threshold: float = number(0.97, exclusiveMinimum=0, maximum=1)  # eps after the first task [C, CIFAR-100]; > 0 (0 keeps no basis: FedAvg) [D]
         threshold_step: float = number(0.003, minimum=0)  # + per task [C]
         bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once a memory exists [C] | free
 
