@@ -43,6 +43,10 @@ data: install
 # end-to-end tests mostly wait on their snakemake subprocesses); pytest's exit 5 (nothing
 # collected) is not a failure; worksteal: a worker that is done takes tests from the other
 # (the long end-to-end chains would otherwise leave one idle)
+# It installs no system packages: the SLURM stage (tests/test_slurm.py) runs where SLURM is
+# already installed and is skipped, saying how to run it, elsewhere; FEDFORGET_SLURM_INSTALL=1
+# in the environment (or `make test FEDFORGET_SLURM_INSTALL=1`) lets it apt-get install
+# slurm-wlm and munge: CI's switch (.ci/run), not for your own machine.
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check

@@ -202,7 +202,7 @@ def test_schedule_and_asynchronous_windows(data_root, tmp_path):
         ({"kind": "rotated", "incremental": "class"}, "incremental='class' for kind 'rotated'"),
         ({"kind": "rotated", "rotation": [30, 10]}, "rotation=[30, 10]"),
         ({"kind": "none", "tasks": 3}, "tasks=3 with kind 'none'"),
-        ({"kind": "split", "tasks": 2, "classes_per_task": 2, "heads": "per_task",
+        ({"kind": "split", "tasks": 2, "classes_per_task": 5, "heads": "per_task",
           "boundaries": {"samples_per_window": 5, "window_rounds": 1}}, "heads='per_task' needs boundaries: sync"),
     ],
 )  # fmt: skip
@@ -378,7 +378,7 @@ def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(
     rc = digits_run(
         data_root,
         tmp_path,
-        {**SPLIT, "rounds_per_task": 3, "tasks": 3},
+        {**SPLIT, "rounds_per_task": 3, "tasks": 3, "leftover_classes": "drop"},
         method="recorder",
         rounds=9,
     )
@@ -486,3 +486,16 @@ def test_smoke_scale_keeps_asynchronous_windows_within_its_rounds(repo_root, mon
     wf = parse_config({**raw, "scale": "smoke"})
     for rc in wf.runs():
         assert rc.dataset.scenario["boundaries"]["window_rounds"] <= rc.train.rounds
+
+
+def test_classes_in_no_task_are_refused_unless_dropped_on_purpose():
+    """3 tasks x 3 classes of digits' 10: class 9 would be neither trained nor tested (issue 34)."""
+    from fedforget.data.scenario import resolve_scenario
+
+    raw = {"kind": "split", "tasks": 3, "classes_per_task": 3, "rounds_per_task": 1}
+    with pytest.raises(FedForgetError, match=r"ds.scenario: tasks x classes_per_task = 3 x 3 = 9 leaves 1 of the dataset's 10 classes in no task"):
+        resolve_scenario(raw, 10, (1, 8, 8), "ds.scenario")
+    assert resolve_scenario({**raw, "leftover_classes": "drop"}, 10, (1, 8, 8), "ds.scenario")["tasks"] == 3
+    assert "leftover_classes" not in resolve_scenario({**raw, "tasks": 2, "classes_per_task": 5}, 10, (1, 8, 8), "s")
+    with pytest.raises(FedForgetError, match=r"s.leftover_classes is only for kind 'split'"):
+        resolve_scenario({"kind": "rotated", "tasks": 2, "rounds_per_task": 1, "leftover_classes": "drop"}, 10, (1, 8, 8), "s")

@@ -17,6 +17,7 @@ from fedforget.partition import (
     check_feasible,
     class_counts,
     client_indices,
+    corrupt_partition,
     dirichlet,
     load_partition,
     make_partition,
@@ -437,6 +438,40 @@ def test_corrupt_assignment_names_file_and_hashes(tmp_path, digits_y):
     assert str(path) in msg
     assert meta["sha256"]["assignment.npy"] in msg
     assert sha256_file(path) in msg
+
+
+def test_truncated_or_edited_assignment_is_a_problem_with_its_fix(tmp_path, digits_y):
+    """Issue 34, 4: the workflow's parse-time check (workflow/rules/common.smk) names the
+    file and how to draw it again; so does a training job that meets it."""
+    _, a, out = _save(tmp_path, digits_y)
+    assert corrupt_partition(out) == [] and corrupt_partition(tmp_path / "nothing") == []
+    path = out / "assignment.npy"
+    whole = path.read_bytes()
+    hint = f"delete {out} and rerun `snakemake` (or `fedforget partition`) to draw it again"
+    for damaged in (whole[: len(whole) // 2], b"", whole[:-1] + bytes([whole[-1] ^ 1])):
+        path.write_bytes(damaged)
+        assert corrupt_partition(out) == [
+            f"partition file {path} does not match the sha256 in {out / 'meta.json'} (truncated or changed); {hint}"
+        ]
+        with pytest.raises(FedForgetError, match=re.escape(hint)):
+            load_partition(out)
+    path.write_bytes(whole)
+    (out / "meta.json").write_text('{"dataset": "dig')
+    (problem,) = corrupt_partition(out)
+    assert problem.startswith(f"partition file {out / 'meta.json'} cannot be read (") and problem.endswith(hint)
+
+
+def test_partition_without_a_recorded_hash_is_accepted(tmp_path, digits_y):
+    """A meta.json that records no sha256 (written before it was recorded) is accepted
+    unchecked, by the workflow and by a training job: no redraw, no retraining."""
+    import json
+
+    _, a, out = _save(tmp_path, digits_y)
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["sha256"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert corrupt_partition(out) == []
+    np.testing.assert_array_equal(load_partition(out)[0], a)
 
 
 def test_missing_partition_tells_to_run_partition(tmp_path):

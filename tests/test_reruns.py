@@ -129,6 +129,34 @@ def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir
     assert jobs.get("prepare_dataset") == 1
 
 
+def test_a_truncated_partition_stops_the_workflow_before_any_job(workdir):
+    """Issue 34, 4: a truncated assignment.npy passed a dry run and failed every training
+    job on it with no fix; now the parse stops, naming the file and the fix, which works.
+    A partition whose meta.json records no sha256 (written before it was recorded) is
+    accepted as it is: not drawn again."""
+    snakemake(workdir, "--until", "partition")  # the data and the partition, no training
+    (assignment,) = (workdir / "results" / "partitions").glob("*/iid_k3_ps0/assignment.npy")
+    part = assignment.parent
+    whole = assignment.read_bytes()
+    assignment.write_bytes(whole[: len(whole) // 2])
+    proc = snakemake(workdir, "-n", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"partition file {assignment.relative_to(workdir)} does not match the sha256" in out, out[-3000:]
+    assert f"delete {part.relative_to(workdir)} and rerun `snakemake`" in out
+    assert "Building DAG" not in out
+    # the fix: the partition is drawn again, byte for byte
+    shutil.rmtree(part)
+    assert planned_jobs(workdir).get("partition") == 1
+    snakemake(workdir, "--until", "partition")
+    assert assignment.read_bytes() == whole
+    # an old partition: no hash recorded, accepted unchecked
+    meta = json.loads((part / "meta.json").read_text())
+    del meta["sha256"]
+    (part / "meta.json").write_text(json.dumps(meta))
+    assert "partition" not in planned_jobs(workdir)
+
+
 def test_a_killed_workflow_resumes_with_a_plain_rerun(workdir):
     cfg = json.loads(json.dumps(SMALL))
     cfg["experiments"][0]["train"]["rounds"] = 100  # long enough to be killed mid-way

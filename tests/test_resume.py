@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,55 @@ def test_damaged_checkpoint_is_a_clear_error(make_run_config, tmp_path):
     (tmp_path / CHECKPOINT).write_bytes(b"\x80\x02 not a checkpoint")
     with pytest.raises(
         FedForgetError, match=rf"checkpoint {tmp_path / CHECKPOINT} cannot be read.*delete it"
+    ):
+        run_training(rc, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("kept", [0.5, 0.0], ids=["first-half", "empty"])
+def test_truncated_checkpoint_is_a_clear_error(make_run_config, tmp_path, kept):
+    """Issue 34, 10: a real checkpoint cut short (its first half, or no byte) is one error
+    naming the file, that it is truncated or empty, and how to start over, as a damaged one
+    is; not torch's words for it (an OSError "Invalid argument", EOFError "Ran out of input",
+    or its zip reader's paragraph)."""
+    from fedforget.engine import Simulation
+    from fedforget.utils import atomic_torch_save
+
+    rc = make_run_config(rounds=3)
+    path = tmp_path / CHECKPOINT
+    Simulation(rc).run(progress=False, on_checkpoint=lambda c: atomic_torch_save(path, c))
+    whole = path.read_bytes()
+    path.write_bytes(whole[: int(len(whole) * kept)])
+    what = r"it is empty \(0 bytes\)" if kept == 0 else rf"it is truncated \({len(whole) // 2} bytes, its end is missing\)"
+    with pytest.raises(FedForgetError) as ei:
+        run_training(rc, tmp_path, progress=False)
+    msg = str(ei.value)
+    assert re.fullmatch(rf"checkpoint {re.escape(str(path))} cannot be read: {what}; delete it to start this run over", msg), msg
+    assert ei.value.__cause__ is None and ei.value.__suppress_context__  # no torch traceback chained
+    assert path.exists()  # the error only names it: deleting is the user's call
+
+
+def test_bit_flipped_checkpoint_is_a_clear_error(make_run_config, tmp_path):
+    """A flipped bit in a tensor's bytes: torch.load reads it without a word (it checks no
+    CRC), so the run resumed from weights it never had; the zip archive's CRC-32 finds it."""
+    import zipfile
+
+    from fedforget.engine import Simulation
+    from fedforget.utils import atomic_torch_save
+
+    rc = make_run_config(rounds=3)
+    path = tmp_path / CHECKPOINT
+    Simulation(rc).run(progress=False, on_checkpoint=lambda c: atomic_torch_save(path, c))
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size)
+    blob = bytearray(path.read_bytes())
+    at = info.header_offset
+    name_len, extra_len = int.from_bytes(blob[at + 26 : at + 28], "little"), int.from_bytes(blob[at + 28 : at + 30], "little")
+    blob[at + 30 + name_len + extra_len] ^= 0x01  # the member's first byte of data
+    path.write_bytes(bytes(blob))
+    with pytest.raises(
+        FedForgetError,
+        match=rf"checkpoint {re.escape(str(path))} cannot be read: it is damaged: its part {info.filename} "
+        r"is not as written \(Bad CRC-32.*\); delete it to start this run over$",
     ):
         run_training(rc, tmp_path, progress=False)
 

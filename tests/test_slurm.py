@@ -1,13 +1,18 @@
 """The cluster profile against a real scheduler (issue 18): a one-node SLURM cluster on this
-machine (tests/slurm/cluster.sh: Debian's slurm-wlm and munge, installed where missing), the
-default pipeline through `--workflow-profile profiles/slurm` with only the profile's CLUSTER
-keys changed for this node, and one training job cancelled with scancel in the middle of its
-run: Snakemake's retry resubmits it, it resumes from its last round checkpoint, and every
-result equals a local run's byte for byte.
+machine (tests/slurm/cluster.sh), the default pipeline through `--workflow-profile
+profiles/slurm` with only the profile's CLUSTER keys changed for this node, and one training
+job cancelled with scancel in the middle of its run: Snakemake's retry resubmits it, it resumes
+from its last round checkpoint, and every result equals a local run's byte for byte.
 
 The default config is run at CI size (one seed, one partition, fewer rounds): every rule of
-the pipeline, both experiments, every method. Skipped, saying why, only where SLURM cannot be
-set up (not root, no apt-get, or a real cluster's slurm.conf on this machine). Marked e2e."""
+the pipeline, both experiments, every method. Marked e2e.
+
+`make test` installs nothing on your machine (issue 34, 13): the scheduler test runs where
+SLURM is already installed (slurmctld, munged and sbatch on PATH), or where the environment
+sets FEDFORGET_SLURM_INSTALL=1 (.ci/run does): only then may cluster.sh install Debian's
+slurm-wlm and munge with apt. Anywhere else it is skipped with NOT_INSTALLED, which says how
+to run it; also skipped, saying why, where SLURM cannot be set up (not root, no apt-get, or a
+real cluster's slurm.conf on this machine). The tests of that decision run everywhere."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -28,10 +34,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
-pytestmark = pytest.mark.e2e
 
-if shutil.which("snakemake", path=str(BIN)) is None:  # pragma: no cover
-    pytest.skip("snakemake is not installed (pip install -e .[workflow])", allow_module_level=True)
+# what cluster.sh checks before it installs anything (`command -v`, the same PATH); the
+# switch that lets it install (CI: .ci/run), and the skip reason where neither holds
+SLURM_BINARIES = ("slurmctld", "munged", "sbatch")
+INSTALL_SWITCH = "FEDFORGET_SLURM_INSTALL"
+NOT_INSTALLED = (
+    "SLURM is not installed: the scheduler tests run where it is, or with "
+    f"{INSTALL_SWITCH}=1 (CI), which installs slurm-wlm and munge with apt"
+)
 
 # the run scancel interrupts: long enough (12 rounds, about 1 s each under SLURM here) to be
 # caught after its first checkpoint and before its end
@@ -46,14 +57,31 @@ def env() -> dict[str, str]:
     return e
 
 
-@pytest.fixture(scope="module")
-def slurm():
-    """A running one-node cluster; its daemons stopped afterwards, by their PIDs. The state
-    directory is world-traversable: slurmctld runs as the slurm user."""
+def not_installed(environ: Mapping[str, str]) -> str | None:
+    """Why the test cluster must not be set up here (NOT_INSTALLED), or None where it may:
+    SLURM is installed (every SLURM_BINARIES on environ's PATH, so cluster.sh installs
+    nothing), or environ asks for the install (INSTALL_SWITCH=1)."""
+    path = environ.get("PATH", "")
+    if all(shutil.which(b, path=path) for b in SLURM_BINARIES):
+        return None
+    return None if environ.get(INSTALL_SWITCH) == "1" else NOT_INSTALLED
+
+
+def one_node_cluster(environ: Mapping[str, str]) -> Iterator[Path]:
+    """Yields the state directory of a running one-node cluster; its daemons stopped
+    afterwards, by their PIDs. cluster.sh runs only where not_installed() allows it, in
+    environ. The state directory is world-traversable: slurmctld runs as the slurm user."""
+    reason = not_installed(environ)
+    if reason is not None:
+        pytest.skip(reason)
     state = Path(tempfile.mkdtemp(prefix="fedforget-slurm-"))
     state.chmod(0o755)
     up = subprocess.run(
-        ["bash", str(CLUSTER), "up", str(state)], capture_output=True, text=True, timeout=600
+        ["bash", str(CLUSTER), "up", str(state)],
+        env=dict(environ),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if up.returncode == 3:
         shutil.rmtree(state, ignore_errors=True)
@@ -62,8 +90,13 @@ def slurm():
     try:
         yield state
     finally:
-        subprocess.run(["bash", str(CLUSTER), "down", str(state)], timeout=120)
+        subprocess.run(["bash", str(CLUSTER), "down", str(state)], env=dict(environ), timeout=120)
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Path]:
+    yield from one_node_cluster(os.environ)
 
 
 def ci_config() -> dict:
@@ -141,6 +174,11 @@ def jobcomp(state: Path) -> dict[str, str]:
     return dict(re.findall(r"JobId=(\d+) .*?JobState=(\w+)", text))
 
 
+@pytest.mark.e2e
+@pytest.mark.skipif(
+    shutil.which("snakemake", path=str(BIN)) is None,
+    reason="snakemake is not installed (pip install -e .[workflow])",
+)
 def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, tmp_path) -> None:
     local = workdir(tmp_path / "local", None)
     cluster = workdir(tmp_path / "cluster", cluster_profile())
@@ -188,3 +226,67 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
                 assert twin.read_bytes() == (summary / name).read_bytes(), twin
                 compared += 1
     assert compared >= 4 * len(RUN_FILES) + 3
+
+
+# --- whether `make test` may install SLURM (issue 34, 13): no scheduler, no apt, run everywhere
+
+
+def fake_binaries(root: Path, names) -> str:
+    """A PATH directory holding executables with these names (they are never run)."""
+    root.mkdir()
+    for name in names:
+        (root / name).write_text("#!/bin/sh\nexit 99\n")
+        (root / name).chmod(0o755)
+    return str(root)
+
+
+@pytest.fixture
+def cluster_sh(monkeypatch) -> list[list[str]]:
+    """Every command one_node_cluster runs, recorded instead of run: `up` succeeds."""
+    calls: list[list[str]] = []
+
+    def run(cmd, **kwargs):
+        calls.append([*cmd, kwargs["env"].get(INSTALL_SWITCH, "")])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return calls
+
+
+@pytest.mark.parametrize("switch", [None, "", "0", "yes"])
+def test_without_slurm_or_the_switch_nothing_is_installed_and_the_skip_says_how(
+    cluster_sh, tmp_path, switch
+) -> None:
+    """SLURM missing (sbatch alone, as on a login node, counts as missing) and no
+    FEDFORGET_SLURM_INSTALL=1: cluster.sh (whose `up` would apt-get install slurm-wlm and
+    munge) is not run, and the test is skipped with the one line that says how to run it."""
+    environ = {"PATH": fake_binaries(tmp_path / "bin", ["sbatch"])}
+    if switch is not None:
+        environ[INSTALL_SWITCH] = switch
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        next(one_node_cluster(environ))
+    assert cluster_sh == []
+    assert skipped.value.msg == NOT_INSTALLED and "\n" not in NOT_INSTALLED
+    assert f"{INSTALL_SWITCH}=1" in NOT_INSTALLED and "apt" in NOT_INSTALLED
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_with_slurm_installed_or_the_switch_the_cluster_is_set_up(
+    cluster_sh, tmp_path, installed
+) -> None:
+    """SLURM on PATH (cluster.sh then installs nothing), or the CI switch without it: `up`
+    runs, in that environment (the switch reaches cluster.sh), and `down` afterwards."""
+    names = SLURM_BINARIES if installed else ()
+    environ = {"PATH": fake_binaries(tmp_path / "bin", names)}
+    if not installed:
+        environ[INSTALL_SWITCH] = "1"
+    assert not_installed(environ) is None
+    cluster = one_node_cluster(environ)
+    state = next(cluster)
+    cluster.close()
+    switch = "" if installed else "1"
+    assert cluster_sh == [
+        ["bash", str(CLUSTER), "up", str(state), switch],
+        ["bash", str(CLUSTER), "down", str(state), switch],
+    ]
+    assert not state.exists()

@@ -6,6 +6,7 @@ rounds; a resumed run equals an uninterrupted one byte for byte on a CPU."""
 from __future__ import annotations
 
 import logging
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,11 @@ def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[st
     if not path.exists():
         return None
     try:
+        check_crc(path)
         ckpt = torch.load(path, map_location=device, weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling error means a damaged file
         raise FedForgetError(
-            f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete it to start this run over"
+            f"checkpoint {path} cannot be read: {why_unreadable(path, e)}; delete it to start this run over"
         ) from None
     if not isinstance(ckpt, dict) or "config_hash" not in ckpt:
         raise FedForgetError(f"checkpoint {path} is not a fedforget checkpoint; delete it to start this run over")
@@ -58,3 +60,49 @@ def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[st
         path.unlink()
         return None
     return ckpt
+
+
+class DamagedArchive(Exception):
+    """A member of a checkpoint's zip archive whose bytes are not those written."""
+
+
+def check_crc(path: Path) -> None:
+    """Raise ``DamagedArchive`` if a member of checkpoint ``path`` (a zip archive, the format
+    ``torch.save`` writes) fails its CRC-32. [D] ``torch.load`` does not check these: a
+    flipped bit in a tensor's bytes loads, and the run would resume from weights it never
+    had. Reading the file once more costs little beside a resume; a file that is no zip
+    archive (truncated, or another format) is left to ``torch.load`` and its error."""
+    if not zipfile.is_zipfile(path):
+        return
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if info.CRC == 0 and info.file_size:  # written without CRCs (torch's compute_crc32 off)
+                continue
+            try:
+                with z.open(info) as f:
+                    while f.read(1 << 24):
+                        pass
+            except (zipfile.BadZipFile, UnicodeDecodeError) as e:  # a bad CRC or a mangled header
+                raise DamagedArchive(f"its part {info.filename} is not as written ({e})") from None
+
+
+def why_unreadable(path: Path, error: BaseException) -> str:
+    """Why ``torch.load`` could not read checkpoint ``path`` (it raised ``error``), in a few
+    words. [D] A truncated file (a copy or a disk cut short; the runner's own writes are
+    atomic) is named as such: torch's own words for it are an ``OSError`` "Invalid
+    argument" or a paragraph from its zip reader, which say neither what is wrong nor what
+    to do. The format torch writes is a zip archive, whose directory is at its end, so a
+    file that begins as one but has no readable end is truncated. Any other error keeps
+    its type and the first line of its message (a damaged file: wrong bytes, not missing
+    ones)."""
+    if isinstance(error, DamagedArchive):
+        return f"it is damaged: {error}"
+    size = path.stat().st_size
+    if size == 0:
+        return "it is empty (0 bytes)"
+    with path.open("rb") as f:
+        zip_start = f.read(4) == b"PK\x03\x04"
+    if (zip_start and not zipfile.is_zipfile(path)) or isinstance(error, EOFError):
+        return f"it is truncated ({size} bytes, its end is missing)"
+    first = (str(error).strip().splitlines() or [""])[0].split(". ")[0]  # not torch's advice
+    return f"{type(error).__name__}: {first[:200]}"

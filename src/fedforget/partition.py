@@ -363,6 +363,42 @@ def save_partition(
     return out
 
 
+def redraw_hint(directory: Path) -> str:
+    """How to get a partition back: draw it again (it is a function of its dataset, spec and
+    seed, so the same bytes come back)."""
+    return f"delete {directory} and rerun `snakemake` (or `fedforget partition`) to draw it again"
+
+
+def recorded_sha256(meta: dict) -> str | None:
+    """The sha256 of assignment.npy that meta.json records, None if it records none."""
+    return (meta.get("sha256") or {}).get("assignment.npy")
+
+
+def corrupt_partition(directory: str | Path) -> list[str]:
+    """Problems with an existing partition directory, one line per file with the fix (the
+    workflow's check at parse time, like ``data.base.corrupt_files`` for prepared data): an
+    assignment.npy whose sha256 differs from the one its meta.json records (truncated or
+    edited), or an unreadable meta.json. A missing directory or file is no problem here
+    (the workflow draws it again). [D] A meta.json that records no sha256 is accepted
+    unchecked, so that partitions written before their hash was recorded do not make the
+    workflow stop, or draw them and retrain every run on them again. Every file is hashed
+    at every start: an assignment is 8 bytes per training row (8 MB per million rows)."""
+    directory = Path(directory)
+    meta_path, path = directory / "meta.json", directory / "assignment.npy"
+    if not meta_path.is_file():
+        return []
+    try:
+        expected = recorded_sha256(json.loads(meta_path.read_text()))
+    except (json.JSONDecodeError, AttributeError, TypeError) as e:
+        return [f"partition file {meta_path} cannot be read ({e}); {redraw_hint(directory)}"]
+    if expected is None or not path.is_file() or sha256_file(path) == expected:
+        return []
+    return [
+        f"partition file {path} does not match the sha256 in {meta_path} (truncated or changed); "
+        f"{redraw_hint(directory)}"
+    ]
+
+
 def load_partition(directory: str | Path) -> tuple[np.ndarray, dict]:
     directory = Path(directory)
     meta_path = directory / "meta.json"
@@ -372,9 +408,10 @@ def load_partition(directory: str | Path) -> tuple[np.ndarray, dict]:
         )
     meta = json.loads(meta_path.read_text())
     path = directory / "assignment.npy"
+    expected = recorded_sha256(meta)  # None: written before the hash was recorded (corrupt_partition)
     actual = sha256_file(path)
-    if actual != meta["sha256"]["assignment.npy"]:
+    if expected is not None and actual != expected:
         raise FedForgetError(
-            f"corrupt partition file {path}: sha256 expected {meta['sha256']['assignment.npy']}, got {actual}"
+            f"corrupt partition file {path}: sha256 expected {expected}, got {actual}; {redraw_hint(directory)}"
         )
     return np.load(path, allow_pickle=False), meta

@@ -24,7 +24,7 @@ scale)::
 What changes, per experiment:
 
 - seeds: the first one; task streams: their first ``smoke.tasks`` tasks (a split keeps its
-  classes per task, so it stays valid; a stream of a dataset's domains keeps the dataset's
+  classes per task and says ``leftover_classes: drop`` for the later tasks' classes; a stream of a dataset's domains keeps the dataset's
   first ``smoke.tasks`` domains, its ``domains`` option); train (and every method's train override):
   ``local_epochs`` at most ``smoke.local_epochs`` (1; a config whose diagnostics exist only
   from a client's second step, as FedSOL's cos(g_u, g_p), sets 2 in its ``smoke`` block),
@@ -146,6 +146,8 @@ def _experiment(ex: dict[str, Any], s: dict[str, Any]) -> None:
             _first_domains(d, int(s["tasks"]))
         elif sc and int(sc.get("tasks", 1)) > int(s["tasks"]):
             sc["tasks"] = int(s["tasks"])
+            if sc.get("kind") == "split":  # the later tasks' classes: left out on purpose
+                sc["leftover_classes"] = "drop"
     rounds, per_task = _rounds(ex, s)
     for d in ex["datasets"]:
         _dataset(d, s)

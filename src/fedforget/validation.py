@@ -7,6 +7,7 @@ meant as, and the forms are listed."""
 
 from __future__ import annotations
 
+import difflib
 import math
 from functools import cache
 from importlib import resources
@@ -168,25 +169,45 @@ def _alternatives(e) -> str:
             if chosen is None:
                 detail = f"{key}: {inst[key]!r} is not one of {[v for v, _ in values]!r}"
     if chosen is None and not detail:  # the only alternative of the value's type
+        # a const or enum of scalars cannot be what a mapping or list was meant as
+        wrong_kind = ("type", "const", "enum") if isinstance(inst, (dict, list)) else ("type",)
         fits = [
             i for i in range(len(alts))
-            if not any(c.validator == "type" and not c.relative_path for c in errs.get(i, []))
+            if not any(c.validator in wrong_kind and not c.relative_path for c in errs.get(i, []))
         ]  # fmt: skip
         if len(fits) == 1:
             chosen = fits[0]
     if chosen is not None:
         subs = sorted(errs.get(chosen, []), key=lambda c: [str(p) for p in c.relative_path])
-        detail = "; ".join(
-            f"{_path(c.relative_path)}: {_message(c)}" if c.relative_path else _message(c) for c in subs
-        )
+        detail = "; ".join(_leaf(c) for c in subs)
     head = f"{e.message.split(' is not valid')[0]} matches no allowed form"
     allowed = " | ".join(_form(a) for a in alts)
     return f"{head} ({detail}); allowed: {allowed}" if detail else f"{head}; allowed: {allowed}"
 
 
+def unknown_keys(given: Any, allowed: list[str]) -> str:
+    """'\'resuts_dir\' was unexpected (did you mean \'results_dir\'?); allowed keys: ...'
+    for the keys of ``given`` outside ``allowed``."""
+    parts = []
+    for k in [k for k in given if k not in allowed]:
+        near = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
+        parts.append(f"{k!r} was unexpected" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return "; ".join(parts) + f"; allowed keys: {', '.join(allowed) or 'none'}"
+
+
+def _leaf(c) -> str:
+    """An error inside the alternative a value was meant as: 'key=value; allowed: ...' for a
+    value out of its range or of the wrong type (the field named, issue 34), else the message."""
+    if c.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "type", "enum", "const") and c.relative_path:
+        return f"{_path(c.relative_path)}={c.instance!r}; allowed: {describe_allowed(c.schema)}"
+    return f"{_path(c.relative_path)}: {_message(c)}" if c.relative_path else _message(c)
+
+
 def _message(e) -> str:
     if e.validator in ("oneOf", "anyOf") and e.context:
         return _alternatives(e)
+    if e.validator == "additionalProperties" and isinstance(e.instance, dict) and e.validator_value is False:
+        return unknown_keys(e.instance, list(e.schema.get("properties") or {}))
     return e.message
 
 

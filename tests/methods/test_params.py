@@ -42,7 +42,7 @@ def test_bad_values_are_named_with_what_is_allowed():
     )
     with pytest.raises(FedForgetError, match=r"lr=nan; allowed: a finite number > 0"):
         validate_params("toy", Toy, {"lr": float("nan")})
-    with pytest.raises(FedForgetError, match=r"unknown hyperparameter\(s\) \['l_r'\] for method 'toy'; allowed: \['k', 'lr', 'momentum'\]"):
+    with pytest.raises(FedForgetError, match=r"unknown hyperparameter\(s\) \['l_r'\] for method 'toy' \(did you mean 'lr' for 'l_r'\?\); allowed: \['k', 'lr', 'momentum'\]"):
         validate_params("toy", Toy, {"l_r": 0.1})
 
 

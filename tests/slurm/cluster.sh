@@ -31,6 +31,7 @@ up() {
   fi
   if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v sbatch >/dev/null; then
     command -v apt-get >/dev/null || cannot "slurmctld/munged are not installed and there is no apt-get"
+    [ "${FEDFORGET_SLURM_INSTALL:-}" = 1 ] || cannot "SLURM is not installed and FEDFORGET_SLURM_INSTALL=1 is not set (only CI installs system packages)"
     echo "installing slurm-wlm and munge (apt-get)" >&2
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } \
       >"$state.apt.log" 2>&1 || cannot "apt-get install slurm-wlm munge failed (log: $state.apt.log)"

@@ -13,6 +13,7 @@ from fedforget.continual import scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
 from fedforget.parsecache import parse_workflow, training_key
+from fedforget.partition import corrupt_partition
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
 from fedforget.provenance import module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
@@ -97,6 +98,21 @@ def check_prepared_data():
 
 
 check_prepared_data()
+
+
+def check_partitions():
+    """At parse time, before any job, as check_prepared_data: every partition the config uses
+    that exists must have the assignment.npy whose sha256 its meta.json records, else one
+    error names each such file and how to draw it again (partition.corrupt_partition). A
+    truncated assignment would otherwise pass a dry run and fail every training job on it.
+    Partitions whose meta.json records no sha256 (written before it was recorded) are
+    accepted: none is drawn again, no run retrained."""
+    problems = [p for rc in PARTITIONS.values() for p in corrupt_partition(rc.partition_dir)]
+    if problems:
+        raise WorkflowError("fedforget: partitions do not match their checksums:\n  " + "\n  ".join(problems))
+
+
+check_partitions()
 
 
 class JobArgument:

@@ -9,6 +9,7 @@ how every non-continual experiment runs, through the same code path.
       tasks: 5               # domains: the dataset's number of domains
       classes_per_task: 2    # split: task t holds classes class_order[t*c:(t+1)*c]
       class_order: natural   # split: natural (0, 1, ...) | shuffled (by seed)
+      leftover_classes: refuse  # split: refuse | drop the classes beyond tasks x classes_per_task
       incremental: class     # class | task (split);  domain | task (rotated, permuted, domains)
       rounds_per_task: 10    # required for tasks > 1: train.rounds = tasks x rounds_per_task
       rotation: [0, 180]     # rotated: task t's angle ~ U(rotation), in degrees
@@ -72,6 +73,7 @@ SETTINGS = {
 DOMAIN_KINDS = ("rotated", "permuted", "domains")  # domain-incremental: every task, every class
 HEADS = ("shared", "per_task")
 CLASS_ORDERS = ("natural", "shuffled")
+LEFTOVER = ("refuse", "drop")  # split: classes beyond tasks x classes_per_task
 _STREAM = 0x5C3A  # numpy SeedSequence stream tag of scenario randomness
 
 DEFAULTS: dict[str, Any] = {
@@ -133,8 +135,20 @@ def resolve_scenario(
                 f"{key}: tasks x classes_per_task = {s['tasks']} x {c} = {s['tasks'] * c} is more than the dataset's "
                 f"{num_classes} classes; allowed: at most {num_classes}"
             )
+        left = s.get("leftover_classes", "refuse")  # absent from DEFAULTS: old hashes kept [D]
+        if left not in LEFTOVER:
+            raise FedForgetError(f"{key}.leftover_classes={left!r}; allowed: {' | '.join(LEFTOVER)}")
+        if s["tasks"] * c < num_classes and left != "drop":
+            n = num_classes - s["tasks"] * c
+            raise FedForgetError(
+                f"{key}: tasks x classes_per_task = {s['tasks']} x {c} = {s['tasks'] * c} leaves {n} of the dataset's "
+                f"{num_classes} classes in no task (never trained nor tested); allowed: tasks x classes_per_task = "
+                f"{num_classes}, or leftover_classes: drop to leave them out on purpose"
+            )
     elif s["classes_per_task"] is not None:
         raise FedForgetError(f"{key}.classes_per_task is only for kind 'split' (kind is '{kind}')")
+    elif "leftover_classes" in s:
+        raise FedForgetError(f"{key}.leftover_classes is only for kind 'split' (kind is '{kind}')")
     lo, hi = (float(v) for v in s["rotation"])
     if not (0.0 <= lo <= hi <= 360.0):
         raise FedForgetError(

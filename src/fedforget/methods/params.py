@@ -27,6 +27,7 @@ its hash; and there is no second model library beside the dataclasses the engine
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -146,8 +147,10 @@ def validate_params(method: str, params_cls: type, raw: dict[str, Any], key: str
     allowed = sorted(f.name for f in dataclasses.fields(params_cls))
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
+        near = {k: difflib.get_close_matches(k, allowed, n=1, cutoff=0.6) for k in unknown}
+        hints = "".join(f" (did you mean {n[0]!r} for {k!r}?)" for k, n in near.items() if n)
         raise FedForgetError(
-            f"{key}: unknown hyperparameter(s) {unknown} for method '{method}'; allowed: {allowed or 'none'}"
+            f"{key}: unknown hyperparameter(s) {unknown} for method '{method}'{hints}; allowed: {allowed or 'none'}"
         )
     errors = field_errors(params_cls, raw)
     if errors:
