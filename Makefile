@@ -42,7 +42,7 @@ data: install
 # the whole test suite, end-to-end tests included, on TEST_WORKERS processes (pytest-xdist; the
 # end-to-end tests mostly wait on their snakemake subprocesses); pytest's exit 5 (nothing
 # collected) is not a failure; worksteal: a worker that is done takes tests from the other
-# (the long end-to-end chains would otherwise leave one idle)
+# (the long end-to-end chains would otherwise leave one idle); the 15 slowest tests are listed
 # It installs no system packages: the SLURM stage (tests/test_slurm.py) runs where SLURM is
 # already installed and is skipped, saying how to run it, elsewhere; FEDFORGET_SLURM_INSTALL=1
 # in the environment (or `make test FEDFORGET_SLURM_INSTALL=1`) lets it apt-get install
@@ -50,7 +50,7 @@ data: install
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # every paper config (config/experiments/paper/) end to end at `scale: smoke` (fedforget.smoke)
 # on native-format files the tests write, each in its own temporary directory, one after

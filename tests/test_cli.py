@@ -154,6 +154,17 @@ def test_every_option_has_help():
     assert all(sub.choices[c].description or c for c in sub.choices)
 
 
+def test_help_is_plain_text():
+    """No reStructuredText markup (``literal``, :role:) in what --help prints (issue 35)."""
+    from fedforget.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "cmd")
+    for name, p in [("fedforget", parser), *sub.choices.items()]:
+        text = p.format_help()
+        assert "``" not in text and ":func:" not in text and ":class:" not in text, name
+
+
 def test_python_m_fedforget(tmp_path):
     import subprocess
     import sys

@@ -1,4 +1,4 @@
-"""``fedforget`` console script. Every workflow rule calls one of these subcommands; all of
+"""The fedforget command line. Every workflow rule calls one of these subcommands; all of
 them also work without Snakemake."""
 
 from __future__ import annotations
