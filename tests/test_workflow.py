@@ -117,6 +117,31 @@ def planned_jobs_for(workdir: Path, configfile: Path) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
+def test_only_runs_part_of_a_file(tmp_path: Path) -> None:
+    """``--config only=EXPERIMENT[/METHOD[/SEED]]`` (issue 35): a whole experiment is its runs,
+    tables and figures; a method or a seed is its training runs alone (a table of part of an
+    experiment would overwrite the whole one); an unknown name fails before any job, naming
+    the nearest one."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["experiments"][0]["seeds"] = [0, 1]
+    cfg["experiments"].append({**json.loads(json.dumps(cfg["experiments"][0])), "name": "other"})
+    write_config(tmp_path, cfg)
+
+    def jobs(only: str) -> dict[str, int]:
+        out = snakemake(tmp_path, "-n", "--config", f"only={only}")
+        table = (out.stdout + out.stderr).split("Job stats:")[1]
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+    whole = jobs("tiny")
+    assert whole["train"] == 8 and whole["aggregate"] == whole["plot"] == 1  # 2 partitions x 2 methods x 2 seeds
+    part = jobs("tiny/fedavg-lr0.1")
+    assert part["train"] == 4 and "aggregate" not in part and "plot" not in part
+    assert jobs("tiny/fedavg-lr0.1/1")["train"] == 2
+    proc = snakemake(tmp_path, "-n", "--config", "only=tiny/fedavg-lr01", check=False)
+    assert proc.returncode != 0
+    assert "unknown method 'fedavg-lr01' (did you mean 'fedavg-lr0.1'?)" in proc.stdout + proc.stderr
+
+
 def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
     bad = json.loads(json.dumps(TINY))
     bad["experiments"][0]["partitions"][0]["alpha"] = 0

@@ -4,13 +4,16 @@ chains them in-process for use without Snakemake."""
 
 from __future__ import annotations
 
+import difflib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import DatasetSpec, Experiment, WorkflowConfig
+from .config import DatasetSpec, Experiment, RunConfig, WorkflowConfig
 from .data import DATASETS, load_dataset, load_public, prepare_dataset, prepare_public
 from .partition import PartitionSpec, class_counts, make_partition, save_partition
+from .utils import FedForgetError
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,55 @@ def describe(wf: WorkflowConfig) -> str:
             f"{len(e.methods)} methods x {len(e.seeds)} seeds = {n} training jobs"
         )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``--config only=EXPERIMENT[/METHOD[/SEED]]`` asks a run of the workflow for: one
+    experiment (its training runs, tables and figures), or one method of it, or one seed of
+    that method (their training runs only: an experiment's tables and figures need every run
+    of it, so they are not rebuilt from a part) [D]."""
+
+    experiment: str
+    method: str | None = None
+    seed: int | None = None
+
+    @property
+    def whole_experiment(self) -> bool:
+        return self.method is None and self.seed is None
+
+    def takes(self, rc: RunConfig) -> bool:
+        return (
+            rc.experiment == self.experiment
+            and (self.method is None or rc.method.label == self.method)
+            and (self.seed is None or rc.seed == self.seed)
+        )
+
+
+def _pick(what: str, value: str, allowed: list[str], where: str) -> str:
+    if value in allowed:
+        return value
+    near = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise FedForgetError(f"only={where!r}: unknown {what} {value!r}{hint}; allowed: {', '.join(allowed)}")
+
+
+def parse_only(wf: WorkflowConfig, only: Any) -> Selection | None:
+    """The ``only`` config value (EXPERIMENT, EXPERIMENT/METHOD or EXPERIMENT/METHOD/SEED,
+    the method by its label) checked against the config: None where it is unset; one error
+    naming the unknown part, the nearest name and the allowed ones."""
+    if only is None or only == "":
+        return None
+    text = str(only)
+    parts = text.split("/")
+    if len(parts) > 3 or not all(parts):
+        raise FedForgetError(f"only={text!r}; allowed: EXPERIMENT, EXPERIMENT/METHOD or EXPERIMENT/METHOD/SEED")
+    exp = wf.experiment(_pick("experiment", parts[0], [e.name for e in wf.experiments], text))
+    method = _pick("method", parts[1], [m.label for m in exp.methods], text) if len(parts) > 1 else None
+    seed = None
+    if len(parts) > 2:
+        seed = int(_pick("seed", parts[2], [str(s) for s in exp.seeds], text))
+    return Selection(exp.name, method, seed)
 
 
 def dataset_names() -> list[str]:

@@ -14,6 +14,7 @@ from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
 from fedforget.parsecache import parse_workflow, training_key
 from fedforget.partition import corrupt_partition
+from fedforget.pipeline import parse_only
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
 from fedforget.provenance import module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
@@ -31,6 +32,10 @@ except FedForgetError as err:
 
 DATA = WF.data_dir
 RESULTS = WF.results_dir
+try:  # --config only=EXPERIMENT[/METHOD[/SEED]]: part of the file (targets only)
+    ONLY = parse_only(WF, config.get("only"))
+except FedForgetError as err:
+    raise WorkflowError(f"fedforget: {err}") from None
 
 RUNS = {
     (rc.experiment, rc.dataset.label, rc.partition.slug, rc.method.label, str(rc.seed)): rc
@@ -371,19 +376,32 @@ def run_targets(run_dir):
 
 def all_targets():
     """Every run's targets (run_targets), every experiment's tables and figures, and every
-    partition's heatmap."""
+    partition's heatmap; with ``only`` (fedforget.pipeline.parse_only) the selected runs'
+    targets and partitions, and the selected experiment's tables and figures where the
+    selection is the whole experiment."""
+    if ONLY is not None:
+        keys = [k for k, rc in RUNS.items() if ONLY.takes(rc)]
+        out = [f for k in keys for f in run_targets(RUN_DIRS[k])]
+        out += [f"{RESULTS}/partitions/{RUNS[k].dataset.pool_id}/{RUNS[k].partition.slug}/heatmap.png" for k in keys]
+        return list(dict.fromkeys(out)) + (experiment_targets(WF.experiment(ONLY.experiment)) if ONLY.whole_experiment else [])
     out = [f for d in RUN_DIRS.values() for f in run_targets(d)]
     out += [f for did in PREPARE for f in dataset_files(did)]
     out += [f for pid in HOLDOUTS for f in public_files(pid)]
     for exp in WF.experiments:
-        base = f"{RESULTS}/{exp.name}"
-        out += [f"{base}/summary/table.csv", f"{base}/summary/table.md"]
-        out += [f"{base}/figures/{f}.png" for f in FIGURES]
-        if exp.name in CONTINUAL:
-            out += [f"{base}/summary/continual.csv", f"{base}/summary/continual.md"]
-            out += [f"{base}/figures/{CONTINUAL_DIR}/{f}.png" for f in CONTINUAL_FIGURES]
-        out += [f"{base}/figures/{f.label}.png" for f in exp.figures]
-        if exp.paper:
-            out += [f"{base}/summary/paper.csv", f"{base}/summary/paper.md"]
+        out += experiment_targets(exp)
     out += [f"{RESULTS}/partitions/{pool}/{slug}/heatmap.png" for pool, slug in PARTITIONS]
+    return out
+
+
+def experiment_targets(exp):
+    """An experiment's tables and figures."""
+    base = f"{RESULTS}/{exp.name}"
+    out = [f"{base}/summary/table.csv", f"{base}/summary/table.md"]
+    out += [f"{base}/figures/{f}.png" for f in FIGURES]
+    if exp.name in CONTINUAL:
+        out += [f"{base}/summary/continual.csv", f"{base}/summary/continual.md"]
+        out += [f"{base}/figures/{CONTINUAL_DIR}/{f}.png" for f in CONTINUAL_FIGURES]
+    out += [f"{base}/figures/{f.label}.png" for f in exp.figures]
+    if exp.paper:
+        out += [f"{base}/summary/paper.csv", f"{base}/summary/paper.md"]
     return out
