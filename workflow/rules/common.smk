@@ -204,7 +204,7 @@ def run_identity(rc):
 
 
 def train_identity(w):
-    """run_identity as rule train's param: a change to any part reruns exactly this job;
+    """run_identity as the train rule's param: a change to any part reruns exactly this job;
     editing one method's file reruns that method's jobs, editing the engine every job."""
     i = run_identity(RUNS[run_key(w)])
     engine = i["client_engine"] + (" paired" if i["engine_pairing"] else "")
@@ -363,7 +363,7 @@ def stale_summary(w):
 
 
 def run_targets(run_dir):
-    """A run's outputs that rule all names: its run.json, and where that exists each other
+    """A run's outputs, the targets of the default: its run.json, and where that exists each other
     output that is missing. Snakemake does not rebuild a missing intermediate file whose
     consumers are up to date, but it does rebuild a missing target, so a deleted or failed
     run is redone; a job that runs writes all its outputs, and outputs that exist need no
