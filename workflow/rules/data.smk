@@ -15,6 +15,8 @@ rule prepare_dataset:
         p=prepare_params,
         root=subpath(output[-1], ancestor=2),
         raw=RAW_ARGS,
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/prepare/{dataset}.log",
     # a failure's one error (a missing or corrupt native file and how to obtain it) is also
@@ -35,6 +37,8 @@ rule prepare_public:
     params:
         p=holdout_params,
         root=subpath(output[-1], ancestor=3),
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/prepare/public_{public}.log",
     shell:

@@ -19,6 +19,8 @@ rule partition:
         p=partition_params,
         root=DATA,
         out=f"{RESULTS}/partitions/{{pool}}/{{partition}}",
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/partition/{pool}/{partition}.log",
     shell:

@@ -13,6 +13,8 @@ rule aggregate:
         paper=experiment_paper,
         code=AGGREGATE_CODE,
         out=subpath(output.table, parent=True),
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/aggregate/{experiment}.log",
     shell:
@@ -74,6 +76,8 @@ rule paper_table:
         paper=experiment_paper,
         code=PAPER_CODE,
         summary=subpath(input.runs, parent=True),
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/paper_table/{experiment}.log",
     shell:
@@ -92,6 +96,8 @@ rule plot:
         summary=subpath(input[0], parent=True),
         out=f"{RESULTS}/{{experiment}}/figures",
         code=PLOT_CODE,
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/plot/{experiment}.log",
     shell:
@@ -139,6 +145,8 @@ rule figure:
     params:
         fig=experiment_figure,
         summary=subpath(input.runs, parent=True),
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/figure/{experiment}/{figure}.log",
     shell:

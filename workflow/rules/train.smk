@@ -24,6 +24,8 @@ rule train:
     threads: 1
     resources:
         gpu=0,
+    conda:
+        "../envs/fedforget.yaml"
     log:
         "logs/train/{experiment}/{dataset}/{partition}/{method}/seed{seed}.log",
     shell:
