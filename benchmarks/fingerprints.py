@@ -41,7 +41,7 @@ from fedforget.utils import FedForgetError
 
 CPU = torch.device("cpu")
 PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
-SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1}
+SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop"}
 SMALL_CNN = {"channels": [4, 8], "hidden": 16}
 TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
 
