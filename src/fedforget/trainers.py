@@ -16,17 +16,14 @@ server's loop over a trainer; the trainer holds what it needs, passed in explici
 Randomness is keyed: each client's shuffling by (seed, round, client), so a client's
 minibatches do not depend on the order clients run in or on the trainer that runs them.
 
-Designed for next (issue 32), not built: the stacked trainer hosting models with per-client
-buffers and randomness [D]. Buffers (BatchNorm's running statistics, num_batches_tracked) are
-per-client state of a round, like the weights: the stack carries ``buffers[name]`` [G, ...]
-beside ``params[name]``, each client's step calls the model functionally on (its params, its
-buffers) and gets the updated buffers back (batch norm written as a function of its inputs
-and statistics, not an in-place module update), and a client's upload is its params and
-buffers, as ``train_client``'s ``state_dict`` is. Randomness (dropout) is drawn from a
-generator keyed by (seed, round, client, step, layer), in both trainers, so a stacked client
-draws the masks it draws alone; ``vmap(randomness="different")`` cannot reproduce the
-sequential draws and is not used. ``why_not_vectorized`` then stops refusing these models,
-and the equivalence test (tests/methods/test_batched_uploads.py) covers them.
+Per-client buffers (issue 32): the stacked trainer keeps BatchNorm's running statistics per
+client, stacked beside the weights ([G, ...]), updated by each client's own forward passes
+(``vmap`` over ``functional_call`` with the client's statistics; a step of unequal batches
+client by client), and a client's upload is its weights and statistics, as
+``train_client``'s ``state_dict`` is (tests/test_vectorized.py). Designed, not built:
+dropout drawn from a generator keyed by (seed, round, client, step, layer) in both trainers,
+so a stacked client draws the masks it draws alone (``vmap(randomness="different")`` cannot
+reproduce the sequential draws); until then dropout models train one client at a time.
 """
 
 from __future__ import annotations
@@ -312,7 +309,7 @@ class StackedTrainer(LocalTrainer):
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
-            graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead,
+            graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's

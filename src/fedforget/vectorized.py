@@ -41,10 +41,12 @@ the method declares its local training FedAvg's step (``stacked``; a method's ow
 ``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards: ``own_upload``), with
 its change, if any, stated as per-step loss and gradient terms for the stacked clients
 (``step_terms``: ``FedAvg.client_step_terms``, their one definition: FedProx, FedDyn,
-SCAFFOLD, FedCurv), the model has no
-buffers (BatchNorm running statistics are per-client state that ``vmap`` cannot update in
-place) and no dropout (its random draws would differ from a client's alone), the optimizer is SGD and no per-step diagnostics are asked for. Otherwise it falls
-back to one client after another; ``run.json`` records which path ran.
+SCAFFOLD, FedCurv), the model's buffers are BatchNorm's running statistics (kept per
+client, stacked like the weights and updated by each client's own forward passes inside
+``vmap``; a step whose clients' batches differ in size runs client by client, since padding
+rows would enter the batch statistics) or none, it has no dropout (its random draws would
+differ from a client's alone), and the optimizer is SGD. Otherwise it falls back to one
+client after another; ``run.json`` records which path ran.
 
 Memory: the stack holds (weights + momentum + gradient) for the clients of one group; the
 engine splits a round's clients into groups of at most ``train.max_parallel_clients``.
@@ -76,8 +78,20 @@ def method_not_vectorized(method_cls: type, optimizer_name: str, drop_last: bool
         return f"method '{method_cls.name}' has a local step of its own (declares stacked = False)"
     if optimizer_name != "sgd":
         return f"optimizer '{optimizer_name}' (the batched path implements SGD)"
-    if drop_last:
-        return "train.drop_last (the batched path keeps every batch)"
+    return None
+
+
+def unstacked_buffers(model: nn.Module) -> str | None:
+    """None if every buffer of ``model`` is one the stacked path keeps per client (BatchNorm's
+    running statistics with an exponential ``momentum``), else why not."""
+    owners = {n for n, _ in model.named_buffers()}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            if m.momentum is None:
+                return f"BatchNorm {name or 'module'} with momentum=None (a cumulative average: not batched)"
+            owners -= {f"{name}.{b}" if name else b for b, _ in m.named_buffers(recurse=False)}
+    if owners:
+        return f"the model has buffers other than BatchNorm's running statistics ({sorted(owners)[0]})"
     return None
 
 
@@ -85,8 +99,9 @@ def why_not_vectorized(
     method_cls: type, model: nn.Module, optimizer_name: str, drop_last: bool = False
 ) -> str | None:
     """None if clients can be trained together, else the reason (recorded in run.json)."""
-    if any(True for _ in model.buffers()):
-        return "the model has buffers (e.g. BatchNorm running statistics)"
+    bad = unstacked_buffers(model)
+    if bad is not None:
+        return bad
     if isinstance(getattr(model, "head", None), TaskHeads):
         return "per-task heads (the batched path trains every parameter of the model)"
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
@@ -208,17 +223,22 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
     return ELEMENTWISE[type(module)](h), layout
 
 
-def _batch_table(jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.device):
+def _batch_table(
+    jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.device, epoch_rows: Callable[[int], int] | None = None
+):
     """Per client, the rows of each step's minibatch in the engine's data, padded with -1:
-    [M, T, bs], T = the largest step count."""
+    [M, T, bs], T = the largest step count. ``epoch_rows(n)``: the rows of an epoch that
+    train (``TrainSpec.epoch_rows``: all, or with drop_last the full minibatches), the first
+    of each epoch's permutation, as ``train_client`` takes them."""
     tables, steps = [], []
     for job in jobs:
         n = job.n
-        spe = math.ceil(n / bs)
-        pad = spe * bs - n
+        end = n if epoch_rows is None else epoch_rows(n)
+        spe = math.ceil(end / bs)
+        pad = spe * bs - end
         rows = []
         for e in range(epochs):
-            perm = torch.randperm(n, generator=job.generator) + job.start
+            perm = (torch.randperm(n, generator=job.generator) + job.start)[:end]
             if job.draw_offsets:
                 perm += job.draw_offsets[e]
             if pad:
@@ -247,6 +267,7 @@ def train_clients_together(
     step_terms: Callable[[list[int]], StepTerms | None] | None = None,
     graphs: StepGraphs | None = None,
     read_ahead: bool = False,
+    epoch_rows: Callable[[int], int] | None = None,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -257,16 +278,24 @@ def train_clients_together(
     (``fedforget.cudagraph``), for FedAvg's local training on ``stacked_forward`` models.
     ``read_ahead`` (a streamed pool on a GPU, ``Pool.read_ahead``): the batched steps'
     gathers run up to two steps ahead on a background thread (``fedforget.inputs.prefetched``,
-    as ``train_client``'s minibatches), the same rows in the same order.
+    as ``train_client``'s minibatches), the same rows in the same order. ``epoch_rows``:
+    the rows of an epoch that train (``TrainSpec.epoch_rows``; default all).
+    BatchNorm's running statistics are kept per client, stacked like the weights, and
+    updated as each client's own forward passes update them alone; a step whose clients
+    have batches of different sizes then runs client by client (padding rows would enter
+    the batch statistics).
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
     terms = None if step_terms is None else step_terms(order)
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
-    table, steps = _batch_table(jobs_sorted, epochs, batch_size, device)
+    table, steps = _batch_table(jobs_sorted, epochs, batch_size, device, epoch_rows)
 
     names = [k for k, _ in model.named_parameters()]
+    # BatchNorm's running statistics (unstacked_buffers): per client, [G, ...], updated in place
+    buffer_names = [k for k, _ in model.named_buffers()]
+    stats = {k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim()) for k in buffer_names}
     use_stacked = stacked_supported(model) is None
     if graphs is not None and not (use_stacked and terms is None):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
@@ -277,8 +306,8 @@ def train_clients_together(
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else None
         loss_sum = torch.zeros(m, device=device)
 
-    def client_loss(p, xb, yb, mask, lm):
-        logits = masked_logits(functional_call(model, p, (xb,)), lm)
+    def client_loss(p, st, xb, yb, mask, lm):
+        logits = masked_logits(functional_call(model, {**p, **st}, (xb,)), lm)
         per = F.cross_entropy(logits, yb, reduction="none") * mask
         return per.sum() / mask.sum()
 
@@ -332,13 +361,14 @@ def train_clients_together(
         invalidate this client's autograd graph."""
         total = torch.zeros(1, device=device)
         p_i = {n: params[n][i : i + 1].clone() for n in names}
+        s_i = {n: stats[n][i].clone() for n in buffer_names}  # updated in place by the forward
         b_i = None if bufs is None else [bufs[n][i : i + 1].clone() for n in names]
         for k in ks:
             if k >= steps[i]:
                 break
             xb, yb, lm = batch(table[i, k, : int(width[i, k])])
             leaves = {n: v.detach().requires_grad_() for n, v in p_i.items()}
-            logits = functional_call(net, {n: v[0] for n, v in leaves.items()}, (xb,), tie_weights=tied)
+            logits = functional_call(net, {**{n: v[0] for n, v in leaves.items()}, **s_i}, (xb,), tie_weights=tied)
             loss = F.cross_entropy(masked_logits(logits, lm), yb).unsqueeze(0)
             grads = dict(zip(names, torch.autograd.grad(loss, list(leaves.values()))))
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach())
@@ -350,6 +380,8 @@ def train_clients_together(
                 params[n][i : i + 1].copy_(v)
             for n, v in zip(names, b_i or []):
                 bufs[n][i : i + 1].copy_(v)
+            for n, v in s_i.items():
+                stats[n][i].copy_(v)
         return total
 
     def loop_steps_(ks: range, active: int) -> None:
@@ -389,14 +421,14 @@ def train_clients_together(
             grads, losses = stacked_step(p_act, xb, yb, mask, lm)
         elif active == 1:  # one client left (a large client's tail): no vmap overhead
             p_act = {n: v[0] for n, v in params.items()}
-            g1, l1 = one_fn(p_act, xb[0], yb[0], mask[0], None if lm is None else lm[0])
+            g1, l1 = one_fn(p_act, {n: v[0] for n, v in stats.items()}, xb[0], yb[0], mask[0], None if lm is None else lm[0])
             grads = {n: g.unsqueeze(0) for n, g in g1.items()}
             losses = l1.unsqueeze(0)
             p_act = {n: v[:1] for n, v in params.items()}
         else:
             p_act = {n: v[:active] for n, v in params.items()}
-            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, None if lm is None else 0))
-            grads, losses = step_fn(p_act, xb, yb, mask, lm)
+            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0))
+            grads, losses = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm)
         grads, losses = add_terms(0, active, p_act, grads, losses.detach())
         loss_sum[:active] += losses
         with torch.no_grad():
@@ -420,11 +452,16 @@ def train_clients_together(
     n_steps = table.shape[1]
     active_at = [int((steps_t > k).sum()) for k in range(n_steps)]  # a prefix: sorted by step count
     wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
+    if buffer_names:  # batch statistics: a step of unequal batches runs client by client
+        wide = [w or int(width[: active_at[k], k].min()) != int(width[: active_at[k], k].max()) for k, w in enumerate(wide)]
     # the client-by-client steps use the intra-op threads as workers, one client each: small
     # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
     # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
     # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
-    workers = torch.get_num_threads() if any(wide) else 1
+    # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
+    # worker threads (each on its own replica) came out up to 2e-2 off the sequential
+    # weights, and exact on one worker (/tmp check, torch 2.x CPU); not investigated further
+    workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
     replicas = [copy.deepcopy(model).train() for _ in range(workers)] if pool is not None else []
     was_training = model.training
@@ -463,7 +500,9 @@ def train_clients_together(
     state_keys = list(global_params)
     results: list[ClientResult | None] = [None] * m
     for j, job in enumerate(jobs_sorted):
-        state = {k: (params[k][j] if k in params else global_params[k].clone()) for k in state_keys}
+        state = {
+            k: params[k][j] if k in params else stats[k][j] if k in stats else global_params[k].clone() for k in state_keys
+        }
         results[order[j]] = ClientResult(job.cid, state, loss_sum[j].item() / steps[j], steps[j])
     return results  # type: ignore[return-value]
 
@@ -509,7 +548,7 @@ def evaluate_stacked(
             accs.append(correct / max(len(y), 1))
         model.train(was_training)
         return accs
-    names = [k for k, _ in model.named_parameters()]
+    names = [k for k, _ in model.named_parameters()] + [k for k, _ in model.named_buffers()]  # BatchNorm's statistics
     p = {k: torch.stack([s[k] for s in stacked]) for k in names}
     if stacked_supported(model) is None:
         g = len(stacked)
