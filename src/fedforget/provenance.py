@@ -33,10 +33,12 @@ ROOT = Path(__file__).resolve().parent
 TRAINING_ROOTS = ("fedforget.runner",)
 # modules that never compute a job's results: they draw, tabulate, dispatch or check a
 # config's form (the config module imports plots and figures only to check figure labels,
-# validation for its error messages)
+# validation for its error messages; methods.params declares and checks hyperparameters,
+# whose values reach a job through its config hash)
 OUTPUT_SIDE = frozenset({
     "fedforget.plots", "fedforget.figures", "fedforget.aggregate", "fedforget.cli",
     "fedforget.pipeline", "fedforget.__main__", "fedforget.provenance", "fedforget.validation",
+    "fedforget.methods.params", "fedforget.reference",
 })  # fmt: skip
 
 

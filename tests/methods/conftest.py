@@ -81,7 +81,7 @@ def run_method(make_run_config, method, params, **train):
 
 
 # ----------------------------------------------------------------------------- task streams
-SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1}
+SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop"}
 SMALL_CNN = {"channels": [4, 8], "hidden": 16}
 
 

@@ -124,7 +124,7 @@ def test_no_buffer_is_fedavg_bit_for_bit(make_run_config):
 
 
 def test_task_il_run_projects_and_fills_the_buffer(make_run_config):
-    scenario = {"kind": "split", "tasks": 2, "classes_per_task": 2, "rounds_per_task": 2, "incremental": "task"}
+    scenario = {"kind": "split", "tasks": 2, "classes_per_task": 2, "rounds_per_task": 2, "incremental": "task", "leftover_classes": "drop"}
     rc = make_run_config(dataset="digits", model="cnn2d", method="agem", params={"buffer_size": 20},
                          scenario=scenario, rounds=4, batch_size=32, eval_local_models=False)  # fmt: skip
     sim, rows = run(rc)

@@ -93,7 +93,7 @@ def test_no_replay_term_is_fedavg_bit_for_bit(make_run_config, params):
 def test_class_il_run_with_per_task_heads(make_run_config):
     """DER++ on split digits with one head per task: replayed rows of task 0 go through
     their own task's (frozen) head while task 1 trains; the buffers hold both tasks."""
-    scenario = {"kind": "split", "tasks": 2, "classes_per_task": 2, "rounds_per_task": 2, "heads": "per_task"}
+    scenario = {"kind": "split", "tasks": 2, "classes_per_task": 2, "rounds_per_task": 2, "heads": "per_task", "leftover_classes": "drop"}
     rc = make_run_config(dataset="digits", model="cnn2d", method="der", params={"plus": True, "buffer_size": 20},
                          scenario=scenario, rounds=4, batch_size=32, eval_local_models=False)  # fmt: skip
     sim, rows = run(rc)

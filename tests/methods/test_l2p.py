@@ -118,7 +118,7 @@ def test_features_come_from_the_selected_prompts_alone():
 
 
 def class_il(tasks=2):
-    raw = {"kind": "split", "tasks": tasks, "classes_per_task": 2}
+    raw = {"kind": "split", "tasks": tasks, "classes_per_task": 2, "leftover_classes": "drop"}
     return Scenario.build(resolve_scenario(raw, 10, (1, 8, 8), "scenario"), 10, (1, 8, 8), tasks)
 
 

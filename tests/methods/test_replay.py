@@ -16,7 +16,7 @@ from fedforget.methods.replay import Reservoir
 
 from .conftest import CPU, checkpoint_keeper
 
-SPLIT3 = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 2}
+SPLIT3 = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 2, "leftover_classes": "drop"}
 
 
 def reference_reservoir(items, capacity, u):
