@@ -11,7 +11,7 @@ config (``fedforget.parsecache``) imports ``fedforget.config`` alone and stays t
 from __future__ import annotations
 
 import csv
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from .data.scenario import check_rounds, resolve_scenario
 from .figures import check_figure
 from .inputs import check_augment
 from .methods import METHODS, make_params
+from .methods.params import recorded
 from .models import check_model
 from .partition import PartitionSpec, check_feasible
 from .plots import CURVES
@@ -171,7 +172,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             pobj = check(make_params, m["name"], m.get("params") or {}, f"{mkey}.params")
             if pobj is None:
                 continue
-            params = asdict(pobj)  # with defaults filled in
+            params = recorded(pobj)  # with defaults filled in (methods.params.recorded)
             label = m.get("label") or m["name"]
             if label in {x.label for x in methods}:
                 problems.append(

@@ -75,6 +75,19 @@ def test_memory_update_on_a_hand_made_spectrum():
     assert gpm_update(None, torch.zeros(6, 5), 0.97) is None  # no energy, no memory
 
 
+
+def test_the_codes_first_rank_keeps_one_direction_fewer():
+    """update_GPM's first memory: r = #(cumulative ratios < eps) [C], Eq. 5's smallest r
+    reaching eps minus one; later memories use the smallest r in both (issue 36)."""
+    a, q = hand_matrix()  # ratios 9, 13, 14, 14.25 of 14.25: 0.632, 0.912, 0.982, 1.0
+    assert gpm_update(None, a, 0.9).shape == (6, 2)  # paper: 0.912 >= 0.9 at r = 2
+    code = gpm_update(None, a, 0.9, "code")
+    assert code.shape == (6, 1)  # code: one ratio (0.632) below 0.9
+    torch.testing.assert_close(projector(code), projector(q[:, :1]), atol=1e-6, rtol=0)
+    assert gpm_update(code, a, 0.97, "code").shape == (6, 3)  # later: smallest r, as the paper
+    assert check_params("gpm", {})["task0_rank"] == "paper"
+
+
 def test_bases_stay_orthonormal_and_at_most_d_columns():
     m = None
     for t in range(6):

@@ -71,3 +71,14 @@ def test_real_methods_reject_with_the_same_words():
         make_params("fedrcl", {"levels": []})
     with pytest.raises(FedForgetError, match=r"top_k=11; allowed: an integer in 1..pool_size=10"):
         make_params("l2p", {"top_k": 11})  # a rule across fields: Params.check()
+
+
+def test_a_field_added_later_leaves_old_runs_their_identity():
+    """GPM's task0_rank (added after results existed): left out of the recorded params, so
+    out of the run hash, while it has its default; recorded when set (issue 36)."""
+    from fedforget.methods.params import recorded
+
+    assert "task0_rank" not in recorded(make_params("gpm", {}))
+    assert "task0_rank" not in recorded(make_params("gpm", {"task0_rank": "paper"}))
+    assert recorded(make_params("gpm", {"task0_rank": "code"}))["task0_rank"] == "code"
+    assert recorded(make_params("gpm", {}))["samples"] == 125  # other defaults are filled in

@@ -37,14 +37,14 @@ from ..validation import describe_allowed
 from .registry import METHODS
 
 SCHEMA = "schema"  # the field metadata key holding the field's JSON-schema fragment
+ADDED = "added"  # the field metadata key marking a field added after results existed
 
 
-def _field(default: Any, schema: dict[str, Any]) -> Any:
+def _field(default: Any, schema: dict[str, Any], added: bool = False) -> Any:
+    meta = {SCHEMA: schema, ADDED: added}
     if isinstance(default, (dict, list)):
-        return dataclasses.field(
-            default_factory=lambda: type(default)(default), metadata={SCHEMA: schema}
-        )
-    return dataclasses.field(default=default, metadata={SCHEMA: schema})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 def number(default: float, **bounds: float) -> Any:
@@ -62,9 +62,10 @@ def boolean(default: bool) -> Any:
     return _field(default, {"type": "boolean"})
 
 
-def choice(default: Any, options: Sequence[Any]) -> Any:
-    """One of ``options`` (strings, numbers, or None)."""
-    return _field(default, {"enum": list(options)})
+def choice(default: Any, options: Sequence[Any], added: bool = False) -> Any:
+    """One of ``options`` (strings, numbers, or None). ``added``: a field added to a method
+    after results existed (see ``recorded``)."""
+    return _field(default, {"enum": list(options)}, added)
 
 
 def text(default: str) -> Any:
@@ -86,6 +87,18 @@ def sequence(default: Sequence[Any], items: dict[str, Any], **size: int) -> Any:
 def one_of(default: Any, *forms: dict[str, Any]) -> Any:
     """A value of any of the JSON-schema ``forms`` (a number or ``"auto"``, ...)."""
     return _field(default, {"anyOf": list(forms)})
+
+
+def recorded(params: Any) -> dict[str, Any]:
+    """The hyperparameters a run records (its config, and so its hash): every field, with its
+    default filled in, except a field marked ``added`` while it has its default [D]. A switch
+    added to a method later (GPM's ``task0_rank``) so leaves the identity of every run from
+    before it unchanged (no rerun of finished results), and a run that sets it gets its own."""
+    out = dataclasses.asdict(params)
+    for f in dataclasses.fields(params):
+        if f.metadata.get(ADDED) and out[f.name] == schema(type(params))["properties"][f.name]["default"]:
+            del out[f.name]
+    return out
 
 
 def redefault(base: type, name: str, default: Any) -> Any:
