@@ -3,6 +3,7 @@ metrics.csv, stale and damaged checkpoints, and nothing lost when a job fails.""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -171,6 +172,35 @@ def test_runtime_settings_do_not_change_the_run_identity(make_run_config):
     ):
         assert replace(rc, train=changed).hash == rc.hash
     assert replace(rc, train=replace(t, rounds=4)).hash != rc.hash
+
+
+def test_a_resume_continues_on_the_checkpoints_thread_count(make_run_config):
+    """CPU results depend on the torch thread count (issue 34, 3): a checkpoint records it; a
+    run left to the environment's count resumes on the checkpoint's and equals the run
+    uninterrupted on that count; a config that asks for another count is refused."""
+    from fedforget.engine import Simulation
+
+    rc = make_run_config(dataset="digits", model="cnn2d", rounds=3, batch_size=32, sample_rate=0.5,
+                         partition=PartitionSpec("dirichlet", clients=6, alpha=0.5, seed=0))  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _, full, _ = Simulation(rc).run(progress=False)
+        kept = []  # copies: a checkpoint's tensors and rows are the live run's until written out
+        Simulation(rc).run(progress=False, on_checkpoint=lambda c: kept.append(copy.deepcopy(c)))
+        ckpt = next(c for c in kept if c["round"] == 1)
+        assert ckpt["torch_threads"] == 1
+        torch.set_num_threads(2)
+        env = replace(rc, train=replace(rc.train, threads=0))  # the count left to the environment
+        _, resumed, _ = Simulation(env).run(progress=False, resume=ckpt)
+        assert torch.get_num_threads() == 1
+        strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rows]  # noqa: E731
+        assert strip(resumed) == strip(full)
+        asks = replace(rc, train=replace(rc.train, threads=2))
+        with pytest.raises(FedForgetError, match="computed on 1 torch threads and train.threads asks for 2"):
+            Simulation(asks).run(progress=False, resume=ckpt)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_checkpoint_every(make_run_config, tmp_path):

@@ -24,8 +24,31 @@ CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 
 def checkpoint_of(fed: FedState, config_hash: str) -> dict[str, Any]:
     """The checkpoint of a run after its round ``fed.round``: ``fed.state_dict()`` with the
-    format and the config hash it belongs to."""
-    return {"format": CHECKPOINT_FORMAT, "config_hash": config_hash, **fed.state_dict()}
+    format, the config hash it belongs to and the number of torch threads that computed it
+    (CPU results depend on it: ``resume_threads``)."""
+    return {
+        "format": CHECKPOINT_FORMAT, "config_hash": config_hash, "torch_threads": torch.get_num_threads(),
+        **fed.state_dict(),
+    }  # fmt: skip
+
+
+def resume_threads(ckpt: dict[str, Any], asked: int) -> int | None:
+    """The torch thread count a run must continue on from ``ckpt`` [D]: on a CPU the bytes of a
+    result depend on it (summation order; measured: 1 vs 2 threads changes a ResNet-8 run's
+    weights), so a resumed run keeps the count the checkpoint was computed with. ``asked``:
+    ``train.threads`` (0: left to the environment, which then yields to the checkpoint).
+    None where nothing needs to change (or the checkpoint predates the record); an error
+    where the config asks for another count."""
+    had = ckpt.get("torch_threads")
+    if had is None or had == torch.get_num_threads():
+        return None
+    if asked and asked != had:
+        raise FedForgetError(
+            f"checkpoint was computed on {had} torch threads and train.threads asks for {asked}: results on a "
+            f"CPU depend on the thread count; resume with train.threads: {had}, or delete the checkpoint to "
+            "start this run over"
+        )
+    return had
 
 
 def restore(fed: FedState, ckpt: dict[str, Any], config_hash: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import checkpoint_of, restore
+from .checkpoint import checkpoint_of, restore, resume_threads
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
@@ -221,6 +221,10 @@ class Simulation:
 
         if resume is not None:
             restore(fed, resume, cfg.hash)
+            threads = resume_threads(resume, t.threads)
+            if threads is not None:
+                log.info("resuming on the checkpoint's %d torch threads (CPU results depend on the count)", threads)
+                torch.set_num_threads(threads)
             rows = fed.rows
             start -= rows[-1].get("elapsed_s") or 0.0
             first = fed.round + 1
