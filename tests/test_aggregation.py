@@ -494,6 +494,26 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     assert "acc_task_aware (%)" in (out / "continual.html").read_text()
 
 
+def test_task_streams_show_no_best_round(tmp_path):
+    """A task stream's best round comes before its later tasks exist (issue 35, 4): table.csv
+    leaves it empty for those rows, table.md and table.html show none for them and say why; a
+    one-task row of the same experiment keeps its best round; wide tables scroll."""
+    from fedforget.aggregate import STREAM_NOTE, aggregate
+
+    out = tmp_path / "summary"
+    aggregate(write_continual_experiment(tmp_path / "runs"), out, "e")
+    table = pd.read_csv(out / "table.csv")
+    stream, plain = table[table["dataset"] == "digits"], table[table["dataset"] == "iris"]
+    assert stream["task_stream"].all() and stream["best_acc_mean"].isna().all()
+    assert not plain["task_stream"].any() and plain["best_acc_mean"].notna().all()
+    md = (out / "table.md").read_text()
+    best = md.split("## Best-round")[1]
+    assert STREAM_NOTE in md and "100.00" not in best
+    html_text = (out / "table.html").read_text()
+    assert '<div class="scroll">' in html_text and "overflow-x: auto" in html_text
+    assert '<div class="scroll">' in (out / "continual.html").read_text()
+
+
 def test_continual_table_over_seeds_with_paper_numbers(tmp_path):
     from fedforget.aggregate import aggregate
 

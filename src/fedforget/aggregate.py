@@ -187,9 +187,21 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_acc_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_acc_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
+        # [D] a task stream's best round comes before its later tasks exist (its accuracy is
+        # over the tasks seen so far): not a result of the stream; its ACC is the final round's
+        if "tasks" in g and bool((g["tasks"].fillna(1) > 1).any()):
+            row["best_acc_mean"] = row["best_acc_std"] = math.nan
+            row["task_stream"] = True
         row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
         out.append(row)
-    return mark_other_engines(pd.DataFrame(out))
+    df = pd.DataFrame(out)
+    if "task_stream" in df:  # one-task experiments keep table.csv's columns as before
+        df["task_stream"] = df["task_stream"].astype("boolean").fillna(False).astype(bool)
+    return mark_other_engines(df)
+
+
+def _stream(r: pd.Series) -> bool:
+    return bool(r.get("task_stream", False))
 
 
 def mark_other_engines(table: pd.DataFrame) -> pd.DataFrame:
@@ -275,7 +287,10 @@ def _cell(mean: float, std: float, status: str, n_ok: int | None = None) -> str:
 
 
 def _row_cell(r: pd.Series, metric: str) -> str:
-    """A table row's cell for ``metric`` (final | best), marked when it ran on another engine."""
+    """A table row's cell for ``metric`` (final | best), marked when it ran on another engine;
+    a task stream's best round: '' (continual.md holds its ACC, forgetting and transfer)."""
+    if metric == "best" and _stream(r):
+        return ""
     cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r))
     return cell + (f" † {r['client_engine']}" if r["other_engine"] else "")
 
@@ -296,6 +311,11 @@ FOOTNOTE = (
     "std is the sample standard deviation (ddof = 1) over completed seeds; 'n = 1': a single "
     "completed seed (no std); 'failed seeds': some seeds diverged or failed; 'failed': every seed did."
 )
+STREAM_NOTE = (
+    "Task streams: the final round's accuracy is over every task (ACC after the last task); their "
+    "best round is not shown, as it comes before the later tasks exist (continual.md: ACC, "
+    "forgetting, transfer)."
+)
 ENGINE_NOTE = (
     "'† engine': the cell's runs trained their clients on another client engine than the rest of "
     "its column (equal results up to float summation order; runs.csv, client_engine)."
@@ -306,7 +326,11 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
     cols = _columns(table)
     methods = list(dict.fromkeys(table["method"]))
     lines = [f"# {experiment}", ""]
-    for metric, title in (("final", "Final-round"), ("best", "Best-round")):
+    streams = "task_stream" in table and bool(table["task_stream"].any())
+    metrics = [("final", "Final-round"), ("best", "Best-round")]
+    if streams and bool(table["task_stream"].all()):
+        metrics = metrics[:1]  # every row a task stream: no best round to show
+    for metric, title in metrics:
         lines += [
             f"## {title} global-model accuracy on the full test set (%), mean ± std over seeds",
             "",
@@ -327,7 +351,7 @@ def markdown(table: pd.DataFrame, experiment: str) -> str:
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     n = table["n_seeds"].max()
-    lines.append(f"Seeds per cell: {n}. {FOOTNOTE}{_engine_note(table)}")
+    lines.append(f"Seeds per cell: {n}. {FOOTNOTE}{_engine_note(table)}" + (f" {STREAM_NOTE}" if streams else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -343,6 +367,7 @@ td { white-space: nowrap; }
 td:nth-child(n+5), td:nth-child(3), th:nth-child(n+5), th:nth-child(3) {
     text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:hover { background: #f8fafc; }
+.scroll { overflow-x: auto; max-width: 100%; }
 """
 
 
@@ -370,12 +395,14 @@ def html_table(table: pd.DataFrame, experiment: str) -> str:
             "Failed seeds": int(r["n_failed"]),
             "Paper (%)": _paper(r),
         })  # fmt: skip
-    df = _drop_empty(pd.DataFrame(rows), ["Paper (%)"])
+    df = _drop_empty(pd.DataFrame(rows), ["Paper (%)", "Best round (%)"])
     intro = (
         "<p>Final-round and best-round global-model accuracy on the full test set (%), mean ± std "
         "over seeds, per dataset x partition x method.</p>\n"
     )
-    return _html_page(experiment, "summary table", intro, df, FOOTNOTE + _engine_note(table))
+    streams = "task_stream" in table and bool(table["task_stream"].any())
+    note = FOOTNOTE + _engine_note(table) + (f" {STREAM_NOTE}" if streams else "")
+    return _html_page(experiment, "summary table", intro, df, note)
 
 
 def _drop_empty(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -386,6 +413,7 @@ def _drop_empty(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def _html_page(experiment: str, what: str, intro: str, df: pd.DataFrame, note: str) -> str:
     body = df.to_html(index=False, border=0, escape=True, na_rep="", classes="summary")
+    body = f'<div class="scroll">{body}</div>'  # a wide table scrolls inside its pane
     title = html.escape(experiment, quote=False)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
