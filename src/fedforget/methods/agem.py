@@ -26,8 +26,11 @@ and with their own task's head where heads are per task. Buffer rows are not aug
 again when replayed [C: FedGP's code (shenghongdai/Fed-A-GEM, models/Update_booster.py)
 stores the step's transformed image (its ``DatasetSplit`` returns it as ``not_aug_inputs``)
 and replays it with ``get_data(..., transform=None)``; the buffer here likewise keeps the
-step's rows as the model saw them, augmented if the dataset is. Mammoth's A-GEM instead
-stores unaugmented rows and re-augments them, ``get_data(transform=self.transform)``]. The memory forward runs in the
+step's rows as the model saw them, augmented if the dataset is. Mammoth differs by variant:
+its ``agem.py`` stores unaugmented rows and re-augments them
+(``get_data(transform=self.transform)``); its ``agem_r.py``, the reservoir variant whose
+filling this follows, stores ``not_aug_inputs`` and replays them unaugmented
+(``buffer.get_data(minibatch_size, device=...)``, no transform)]. The memory forward runs in the
 model's training mode (BatchNorm statistics see it), as in mammoth.
 
 Hyperparameters [P/C, fedgp.md Sec. 5.1.1]: ``buffer_size`` = 200 (0: no memory, FedAvg

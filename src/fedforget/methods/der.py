@@ -41,7 +41,9 @@ it is 0.3]; ``beta`` = 0.5 [D: the DER paper picks beta per benchmark and buffer
 size; 0.5 is its value for S-CIFAR-10, not checked here against its appendix; FedGP runs DER,
 not DER++]; ``plus`` = false (FedGP's FL+DER);
 ``buffer_size`` = 200 [P, fedgp.md]; ``memory_batch_size`` = 32 (FedGP's batch size; the
-DER code's minibatch_size defaults to the batch size).
+DER code's minibatch_size defaults to the batch size). These follow FedGP's tables, not
+mammoth's best arguments per benchmark and buffer (its ``best_args``), which set other alpha
+and beta values: a table's DER/DER++ row names its alpha and beta in the config.
 
 Diagnostics (``der_<key>``): ``mse`` (mean over steps of the logit MSE, before alpha),
 ``buffer_size`` (rows held after the round), means over the round's clients.
