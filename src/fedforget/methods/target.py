@@ -15,9 +15,14 @@ knowledge distillation from the previous global model on synthetic data; C ``_lo
   domain-incremental streams every class is the task's. ``ce: all``: every class [D].
 - x^: ``replay_batch`` rows drawn from the synthetic pool (uniformly, without replacement,
   generator keyed (seed, round, client, task, 0xB1)) at every local step; 0 (default):
-  max(1, floor(syn_size / steps per epoch)) rows [C: the code's nums / iters, which spreads the
-  pool over a client's epoch; the code also stops an epoch when the shorter loader ends,
-  which is not reproduced here [D]]. In task 0 (no pool yet) the loss is the CE alone [C].
+  max(1, floor(syn_size / steps per epoch)) rows, the client's own steps per epoch [D]. The
+  code instead divides by a nominal, dataset-wide step count, ``iters = ceil(dataset_size /
+  (num_users * tasks * local_bs))`` with dataset_size fixed per dataset (50,000 for
+  CIFAR-100), and its epoch zips the private and synthetic loaders, so an epoch stops when
+  the synthetic one runs out [C, ``get_syn_data_loader``, ``_local_finetune``]. The rule here
+  replays more rows per epoch than the code's where a client has more steps than ``iters``,
+  and never truncates its epoch (issue 36 names the cost; not re-measured here). In task 0
+  (no pool yet) the loss is the CE alone [C].
 - x^ = A(pool rows): the drawn rows pass through the dataset's train augmentation (its
   ``augment`` block: keyed crop and flip, ``ctx.augment_rows`` with the pool index of each
   row and the stream 0xB1; a new crop at every step) [C: the code reads the pool through
@@ -73,10 +78,11 @@ steps; ImageNet-R 12,800 rows, batches of 64, 40 rounds of 40 steps.
 With the defaults a pool holds 10 x 256 = 2,560 rows (``syn_size`` is a cap, as the code's
 nums); FedProTIP's 8k rows in batches of 256 take ``syn_rounds`` >= 32.
 
-Not reproduced [D]: the code's cosine learning-rate schedule over each task's rounds and its
-momentum-0.9 local SGD are train settings, not the method's (``train.optimizer``,
-``train.lr_decay``); the data's augmentation is the dataset's setting (``dataset.augment``),
-which the replayed synthetic rows follow as the code's do.
+Not reproduced [D]: the code's local SGD (lr 0.01, momentum 0.9, weight decay 5e-4, a
+constant rate: the cosine schedule in its code is the server student's, not the clients')
+is a train setting, not the method's (``train.optimizer``); the data's augmentation is the
+dataset's setting (``dataset.augment``), which the replayed synthetic rows follow as the
+code's do.
 
 Diagnostics (``target_<key>``): clients ``kd`` (mean KL over steps); at a task end
 ``bn_layers``, ``gen_loss_first`` / ``gen_loss_last`` (mean L_gen of the first / last round),
