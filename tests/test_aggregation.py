@@ -237,6 +237,28 @@ def test_collect_reads_runs_and_ignores_accuracy_of_failed(tmp_path):
     assert t.iloc[0]["status"] == "failed" and t.iloc[0]["final_acc_mean"] == pytest.approx(90.0)
 
 
+def test_partitions_that_differ_only_in_seed_or_clients_get_their_own_columns(tmp_path):
+    """Two dirichlet-0.5 partitions of one dataset, seeds 0 and 1, and a third with 5 clients
+    (issue 33, 3): each its own setting label, table.md column and table row; none dropped."""
+    from fedforget.aggregate import aggregate
+
+    dirs = []
+    for i, (clients, pseed, acc) in enumerate([(3, 0, 0.9), (3, 1, 0.7), (5, 0, 0.5)]):
+        d = tmp_path / f"r{i}"
+        _fake_run(d, 0, "completed", acc, acc)
+        rec = json.loads((d / "run.json").read_text())
+        rec["config"]["partition"].update(clients=clients, seed=pseed)
+        (d / "run.json").write_text(json.dumps(rec))
+        dirs.append(d)
+    table = aggregate(dirs, tmp_path / "summary", "e")
+    assert sorted(table["setting"]) == ["dirichlet-0.5 k=3 seed 0", "dirichlet-0.5 k=3 seed 1", "dirichlet-0.5 k=5 seed 0"]
+    md = (tmp_path / "summary" / "table.md").read_text()
+    for cell in ("90.00 (n = 1)", "70.00 (n = 1)", "50.00 (n = 1)"):
+        assert cell in md
+    runs = pd.read_csv(tmp_path / "summary" / "runs.csv")
+    assert runs["setting"].nunique() == 3
+
+
 def test_paper_setting_map_links_our_setting_to_the_papers(tmp_path):
     from fedforget.aggregate import attach_paper
 

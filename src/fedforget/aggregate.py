@@ -115,6 +115,10 @@ def collect_all(
         raise FedForgetError("no runs to aggregate")
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     runs_df = pd.DataFrame(runs)
+    relabel = distinct_settings(runs_df)
+    runs_df, metrics = _relabel(runs_df, relabel), _relabel(metrics, relabel)
+    task_frames = [_relabel(f, relabel) for f in task_frames]
+    matrix_frames = [_relabel(f, relabel) for f in matrix_frames]
     if not matrix_frames:  # one-task runs only: the tables as before continual runs existed
         return runs_df, metrics, None, None
     at = runs_df.columns.get_loc("best_global_model_test_acc") + 1
@@ -122,6 +126,33 @@ def collect_all(
     tasks = pd.concat(task_frames, ignore_index=True)
     matrices = pd.concat(matrix_frames, ignore_index=True)
     return runs_df, metrics, tasks, matrices
+
+
+def distinct_settings(runs: pd.DataFrame) -> dict[tuple, str]:
+    """Setting labels that tell an experiment's partitions apart (issue 33): a dataset whose
+    label (dirichlet-0.3) stands for partitions that differ in their client count or seed gets
+    those in the label ("dirichlet-0.3 k=20 seed 1"), so no table column or figure merges two
+    partitions; {(dataset, setting, clients, partition_seed): new label}, empty where every
+    label is already distinct (every shipped config) [D]."""
+    out: dict[tuple, str] = {}
+    if runs.empty:
+        return out
+    parts = runs[["dataset", "setting", "clients", "partition_seed"]].drop_duplicates()
+    for (_, setting), g in parts.groupby(["dataset", "setting"], sort=False):
+        if len(g) < 2:
+            continue
+        by_clients, by_seed = g["clients"].nunique() > 1, g["partition_seed"].nunique() > 1
+        for row in g.itertuples(index=False):
+            label = setting + (f" k={row.clients}" if by_clients else "") + (f" seed {row.partition_seed}" if by_seed else "")
+            out[(row.dataset, row.setting, row.clients, row.partition_seed)] = label
+    return out
+
+
+def _relabel(df: pd.DataFrame, relabel: dict[tuple, str]) -> pd.DataFrame:
+    if not relabel or df.empty or "setting" not in df:
+        return df
+    keys = zip(df["dataset"], df["setting"], df["clients"], df["partition_seed"])
+    return df.assign(setting=[relabel.get(k, s) for k, s in zip(keys, df["setting"])])
 
 
 def continual_run(
