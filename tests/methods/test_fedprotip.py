@@ -401,7 +401,10 @@ def test_split_digits_run_heads_frozen_bases_references_and_communication(make_r
         assert row["fedprotip_comm_task_mb"] == pytest.approx(
             model_mb + comm["comm_bases_mb"] + comm["comm_refs_mb"]
         )
-        assert 0 < row["fedprotip_basis_fill"] <= 1 and row["fedprotip_features_rank"] > 0
+        assert 0 < row["fedprotip_basis_fill_mean"] <= 1 and row["fedprotip_features_rank"] > 0
+        per_layer = [v for k, v in row.items() if k.startswith("fedprotip_basis_fill_") and k != "fedprotip_basis_fill_mean"]
+        assert per_layer and all(0 <= v <= 1 for v in per_layer)  # issue 33, 4: each layer's own fill
+        assert row["fedprotip_basis_fill_mean"] == pytest.approx(sum(per_layer) / len(per_layer))
     assert rows[1]["fedprotip_comm_refs_mb"] == pytest.approx(4e-6)  # one scalar per client
     assert all(r["global_model_test_loss"] < 1e3 for r in rows)  # routed scores stay finite
     x = sim.evaluator.test.x[:40]

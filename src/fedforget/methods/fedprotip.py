@@ -74,8 +74,10 @@ accuracy per task (App. Table 14).
 Communication per client per task (Table 9), the row of a task's last round, columns
 ``fedprotip_<key>``, and ``server.state["fedprotip_comm"]``: ``comm_model_mb`` (one model upload),
 ``comm_bases_mb`` (float32 U_k of every layer and @features), ``comm_refs_mb`` (float32 omega's),
-means over the ``reporting_clients``, ``comm_task_mb`` (their sum); ``basis_fill`` (mean over
-projected layers of rank / d_l), ``basis_rank`` (sum of ranks), ``features_rank`` (TIP's U_L, all
+means over the ``reporting_clients``, ``comm_task_mb`` (their sum); ``basis_fill_<layer>`` (each projected
+layer's rank / d_l: the share of its input space the bases span; per-task heads excepted,
+every layer of a shared-head model), ``basis_fill_mean`` (their mean over the layers),
+``basis_rank`` (sum of ranks), ``features_rank`` (TIP's U_L, all
 tasks). MB = 10^6 bytes.
 
 Known differences from the code, beside those above: it grows one shared basis client after
@@ -408,9 +410,10 @@ class FedProTIP(FedAvg):
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"]
         st.setdefault(COMM, []).append(comm)
         layers = projected_layers(server.model)
-        fill = [bases[k].shape[1] / layer_dim(m) if k in bases else 0.0 for k, m in layers.items()]
+        fill = {k: bases[k].shape[1] / layer_dim(m) if k in bases else 0.0 for k, m in layers.items()}
         st["fedprotip_task_end"] = {  # server_metrics adds the task's COMM entry, complete by then
-            "basis_fill": sum(fill) / max(len(fill), 1),
+            "basis_fill_mean": sum(fill.values()) / max(len(fill), 1),
+            **{f"basis_fill_{k.replace('.', '_')}": v for k, v in fill.items()},
             "basis_rank": float(sum(bases[k].shape[1] for k in layers if k in bases)),
             "features_rank": float(bases[FEATURES].shape[1]) if FEATURES in bases else 0.0,
         }
