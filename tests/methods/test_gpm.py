@@ -256,3 +256,18 @@ def test_a_zero_threshold_is_refused(name):
     """eps = 0 keeps no basis: the method would silently be FedAvg."""
     with pytest.raises(FedForgetError, match=r"threshold=0; allowed: a finite number > 0 and <= 1"):
         check_params(name, {"threshold": 0})
+
+
+def test_per_layer_thresholds_as_in_the_codes_pmnist():
+    """``threshold`` may give one value per projected layer (issue 36, 4); another length is
+    refused naming the layers."""
+    model = build_model("mlp", (6,), 3, {"hidden": [5, 4]})
+    layers = projected_layers(model)
+    m = make_params("gpm", {"threshold": [0.95, 0.99, 0.99], "threshold_step": 0.01})
+    method = GPM(m, RunInfo(CPU, num_classes=3, seed=0, num_clients=2, train=TrainSpec()))
+    eps = method.thresholds(layers, 2)
+    assert list(eps.values()) == pytest.approx([0.97, 1.0, 1.0])  # + 0.01 x 2, capped at 1
+    wrong = GPM(make_params("gpm", {"threshold": [0.9, 0.9]}), method.info)
+    with pytest.raises(FedForgetError, match=r"threshold has 2 values for 3 projected layers"):
+        wrong.thresholds(layers, 0)
+    assert check_params("gpm", {})["threshold"] == 0.97

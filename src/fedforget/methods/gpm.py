@@ -35,7 +35,9 @@ Switches and their sources ([P] paper, [C] authors' code, [D] our decision):
   (seed, task, client, 0x70). The code unfolds only the first 24 / 100 of them for its conv
   layers to bound the matrix width; here every sample is used for every layer, the Gram
   matrix being accumulated in chunks [D].
-- ``threshold`` = 0.97, ``threshold_step`` = 0.003 [C, CIFAR-100].
+- ``threshold`` = 0.97, ``threshold_step`` = 0.003 [C, CIFAR-100]; ``threshold`` may be a list,
+  one value per projected layer in the model's order (the code's PMNIST setting, [0.95, 0.99,
+  0.99]); a list of another length is refused at the first task end, naming the layers.
 - ``task0_rank``: the code's rule for a layer's first memory keeps one direction fewer than
   Eq. 5 (``r = np.sum(np.cumsum(sval_ratio) < threshold)``, "#+1" commented out; later tasks
   use the smallest r reaching eps, as Eq. 9). ``paper`` [P, default] applies Eq. 5; ``code``
@@ -55,7 +57,10 @@ Switches and their sources ([P] paper, [C] authors' code, [D] our decision):
   head too (as the code's PMNIST MLP), per-task heads excepted (each trains on its own task
   only; older ones are frozen by the engine) [C].
 - The model's BatchNorm running statistics are buffers, not projected (GPM's code uses
-  BatchNorm without running statistics).
+  BatchNorm without running statistics). The representations are taken in eval mode, so a
+  BatchNorm layer normalises them with its running statistics; the code's BatchNorm keeps no
+  running statistics and normalises with the batch's [D, documented difference: it matters for
+  ResNets, not for the networks without BatchNorm].
 
 Diagnostics (rows of a task's last round, columns ``gpm_<key>``): ``basis_fill``, the mean
 over layers of rank(M_l) / d_l (local memory: mean over the reporting clients too), and
@@ -72,9 +77,9 @@ import torch
 from torch import nn
 
 from ..activations import layer_dim, layer_inputs
-from ..utils import torch_seed
+from ..utils import FedForgetError, torch_seed
 from .base import TASK_END, ClientContext, FedAvg, ServerContext
-from .params import choice, integer, number
+from .params import choice, integer, number, one_of
 from .registry import METHODS
 from .shared import (
     CHUNK,
@@ -176,7 +181,12 @@ class GPM(FedAvg):
     class Params:
         memory: str = choice("local", MEMORIES)  # local: each client's own GPM [P] | global: pooled [D]
         samples: int = integer(125, minimum=1)  # representation samples per client and task [C]
-        threshold: float = number(0.97, exclusiveMinimum=0, maximum=1)  # eps after the first task [C, CIFAR-100]; > 0 (0 keeps no basis: FedAvg) [D]
+        # eps after the first task [C, CIFAR-100]; > 0 (0 keeps no basis: FedAvg) [D]; or one per
+        # projected layer, in the model's order (the code's PMNIST [0.95, 0.99, 0.99])
+        threshold: float | list[float] = one_of(
+            0.97, {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "minItems": 1},
+        )
         threshold_step: float = number(0.003, minimum=0)  # + per task [C]
         bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once a memory exists [C] | free
         # a layer's first memory: smallest r reaching eps [P Eq. 5] | ratios below eps, one fewer [C]
@@ -200,15 +210,29 @@ class GPM(FedAvg):
             }
             return
         bases = dict(server.state.get(BASES, {}))
-        eps = threshold_at(self.p.threshold, self.p.threshold_step, server.task)
+        eps = self.thresholds(projected_layers(server.model), server.task)
         order = sorted(replies)
         for name in replies[order[0]]:
             pooled = torch.cat([replies[c][name].to(server.device) for c in order], 1)
-            new = gpm_update(bases.get(name), pooled, eps, self.p.task0_rank)
+            new = gpm_update(bases.get(name), pooled, eps[name], self.p.task0_rank)
             if new is not None:
                 bases[name] = new
         server.state[BASES] = bases
         server.state["gpm_task_end"] = self.basis_stats(bases, projected_layers(server.model))
+
+    def thresholds(self, layers: dict[str, nn.Module], task: int) -> dict[str, float]:
+        """eps per projected layer after ``task``: ``threshold`` (one number, or one per layer
+        in ``layers``' order) + ``threshold_step`` * task, capped at 1 [C: the code's
+        ``threshold`` array per layer]."""
+        base = self.p.threshold
+        if isinstance(base, (list, tuple)):
+            if len(base) != len(layers):
+                raise FedForgetError(
+                    f"method 'gpm': threshold has {len(base)} values for {len(layers)} projected layers "
+                    f"({', '.join(layers)}); allowed: one number, or one per layer"
+                )
+            return {n: threshold_at(b, self.p.threshold_step, task) for n, b in zip(layers, base)}
+        return dict.fromkeys(layers, threshold_at(base, self.p.threshold_step, task))
 
     @staticmethod
     def basis_stats(
@@ -247,9 +271,9 @@ class GPM(FedAvg):
         if self.p.memory == "global":
             return factors
         bases = dict(ctx.state.get(BASES, {}))
-        eps = threshold_at(self.p.threshold, self.p.threshold_step, ctx.task)
+        eps = self.thresholds(layers, ctx.task)
         for name, f in factors.items():
-            new = gpm_update(bases.get(name), f, eps, self.p.task0_rank)
+            new = gpm_update(bases.get(name), f, eps[name], self.p.task0_rank)
             if new is not None:
                 bases[name] = new
         ctx.state[BASES] = bases
