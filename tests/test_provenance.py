@@ -21,11 +21,17 @@ def source_copy(tmp_path, monkeypatch):
     root = tmp_path / "fedforget"
     shutil.copytree(provenance.ROOT, root, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(provenance, "ROOT", root)
-    for fn in (provenance.imports_of, provenance.file_sha256, provenance._training_digest):
-        fn.cache_clear()
+    provenance.clear_caches()
     yield root
-    for fn in (provenance.imports_of, provenance.file_sha256, provenance._training_digest):
-        fn.cache_clear()
+    provenance.clear_caches()
+
+
+def edit(path, old: str, new: str, count: int = 1) -> None:
+    """Replace ``old`` by ``new`` in the file (it must occur), and forget every hash."""
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, count))
+    provenance.clear_caches()
 
 
 def test_training_closure_is_the_training_side():
@@ -46,26 +52,92 @@ def test_editing_a_method_changes_only_its_digests(source_copy):
     methods = ("fedavg", "fedprox", "fedsol", "moon")
     before = {m: provenance.training_code(m) for m in methods}
     combined = provenance.training_code("fedsol", {"base": "fedprox"})
-    (source_copy / "methods" / "fedprox.py").write_text(
-        (source_copy / "methods" / "fedprox.py").read_text() + "\n# an edit\n"
-    )
-    provenance.file_sha256.cache_clear()
-    provenance._training_digest.cache_clear()
+    fedprox = source_copy / "methods" / "fedprox.py"
+    edit(fedprox, "    name = ", "    EDITED = 1\n    name = ")
     after = {m: provenance.training_code(m) for m in methods}
     assert [m for m in methods if after[m].digest != before[m].digest] == ["fedprox"]
     assert after["fedprox"].changed(before["fedprox"].files) == ["methods/fedprox.py"]
     assert provenance.training_code("fedsol", {"base": "fedprox"}).digest != combined.digest
 
-    (source_copy / "engine.py").write_text((source_copy / "engine.py").read_text() + "\n# an edit\n")
-    provenance.file_sha256.cache_clear()
-    provenance._training_digest.cache_clear()
+    engine = source_copy / "engine.py"
+    edit(engine, "\nimport ", "\nEDITED = 1\nimport ")
     assert all(provenance.training_code(m).digest != after[m].digest for m in methods)
     # a figure or table module is not training code
     current = {m: provenance.training_code(m).digest for m in methods}
-    (source_copy / "plots.py").write_text((source_copy / "plots.py").read_text() + "\n# an edit\n")
-    provenance.file_sha256.cache_clear()
-    provenance._training_digest.cache_clear()
+    edit(source_copy / "plots.py", "\nimport ", "\nEDITED = 1\nimport ")
     assert {m: provenance.training_code(m).digest for m in methods} == current
+
+
+def test_comments_docstrings_and_layout_change_no_digest(source_copy):
+    """Issue 34, 5: the digest is of each file's canonical form (provenance: ast-v1), so
+    an edit of comments, docstrings or layout reruns nothing; one token of behaviour reruns
+    exactly the jobs whose code holds the file."""
+    methods = ("fedavg", "fedprox", "fedsol", "moon")
+    before = {m: provenance.training_code(m).digest for m in methods}
+    combined = provenance.training_code("fedsol", {"base": "fedprox"}).digest
+    bytes_before = provenance.training_code("fedprox", form=provenance.BYTES)
+    fedprox = source_copy / "methods" / "fedprox.py"
+    source = fedprox.read_bytes()
+
+    def digests():
+        return {m: provenance.training_code(m).digest for m in methods}
+
+    # comments: edited, added, and a whole-line one
+    edit(fedprox, "# proximal weight;", "# the proximal weight (an edited comment);")
+    edit(fedprox, "    def client_begin", "    # a new comment\n    def client_begin")
+    assert digests() == before
+    # docstrings: the module's, a method's (edited), and one added to a class
+    edit(fedprox, '"""FedProx (Li,', '"""FedProx, the method of (Li,')
+    edit(fedprox, "The proximal term, per client of the stack:", "Per client of the stack, the proximal term")
+    edit(fedprox, "class FedProx(FedAvg):\n", 'class FedProx(FedAvg):\n    """A new docstring."""\n\n')
+    assert digests() == before
+    # layout: a call and a tuple split over lines (with a formatter's trailing commas and
+    # parentheses), other quotes, blank lines, a line joined
+    edit(fedprox, "number(1.0, minimum=0)", "number(\n            1.0,\n            minimum=0,\n        )")
+    edit(fedprox, "return 0.5 * mu * sq, None", "return (\n                0.5 * mu * sq,\n                None,\n            )")
+    edit(fedprox, 'ctx.stats["dist_to_global"]', "ctx.stats['dist_to_global']")
+    edit(fedprox, "\n\n\n@METHODS", "\n\n\n\n\n@METHODS")
+    assert fedprox.read_bytes() != source
+    assert digests() == before
+    assert provenance.training_code("fedsol", {"base": "fedprox"}).digest == combined
+    # the bytes form (of runs recorded before the canonical one) sees every edit
+    assert provenance.training_code("fedprox", form=provenance.BYTES).changed(bytes_before.files) == [
+        "methods/fedprox.py"
+    ]
+
+    # one token of behaviour: that method's digests only
+    edit(fedprox, "0.5 * mu * sq", "0.25 * mu * sq")
+    after = digests()
+    assert [m for m in methods if after[m] != before[m]] == ["fedprox"]
+    assert provenance.training_code("fedsol", {"base": "fedprox"}).digest != combined
+    assert provenance.training_code("fedprox").changed(provenance.training_code("fedavg").files) == [
+        "methods/fedprox.py"
+    ]
+
+
+@pytest.mark.parametrize(
+    "a,b,same",
+    [
+        ("x = 1  # c\n", "x = 1\n", True),
+        ('def f():\n    """a"""\n    return 1\n', "def f():\n    return 1\n", True),
+        ('def f(): """d"""\nx = 1\n', "def f(): x = 1\n", False),  # not the same body
+        ('x = 1\n"""not a docstring"""\n', 'x = 1\n"""another"""\n', False),
+        ("f(a, b)\n", "f(\n    a,\n    b,\n)\n", True),
+        ("x = a + b\n", "x = (\n    a\n    + b\n)\n", True),
+        ("x = (a,)\n", "x = (a)\n", False),  # a tuple is no parenthesised name
+        ("x = y[a,]\n", "x = y[a]\n", False),
+        ("x = (a + b) * c\n", "x = a + b * c\n", False),
+        ("x = 'a'\n", 'x = "a"\n', True),
+        ("x = 1_000\n", "x = 1000\n", True),
+        ("x = 1000\n", "x = 1000.0\n", False),
+        ("x = True\n", "x = 1\n", False),
+        ("if x:\n    a\nb\n", "if x:\n    a\n    b\n", False),
+        ('x = f"{a!r:>{w}}"\n', 'x = f"{a!s:>{w}}"\n', False),
+        ('x = b"a"\n', 'x = "a"\n', False),
+    ],
+)
+def test_the_canonical_form_keeps_behaviour_only(a, b, same):
+    assert (provenance.canonical_source(a.encode()) == provenance.canonical_source(b.encode())) is same
 
 
 def test_run_json_records_code_and_stale_lists_changed_runs(make_run_config, tmp_path, source_copy):
@@ -73,18 +145,59 @@ def test_run_json_records_code_and_stale_lists_changed_runs(make_run_config, tmp
     rec = run_training(rc, rc.run_dir, progress=False)
     assert rec["code_digest"] == provenance.training_code("fedprox").digest
     assert rec["code_files"]["methods/fedprox.py"] and "git" in rec
+    assert provenance.recorded_form(rec) == provenance.FORM
     on_disk = json.loads((rc.run_dir / "run.json").read_text())
     assert on_disk["code_digest"] == rec["code_digest"]
     assert provenance.stale_reasons(rc) == []
+    edit(source_copy / "methods" / "fedprox.py", "\n@METHODS", "\n# a comment\n@METHODS")
+    assert provenance.stale_reasons(rc) == []
 
     (source_copy / "methods" / "fedprox.py").write_text("# changed\n")
-    provenance.file_sha256.cache_clear()
-    provenance._training_digest.cache_clear()
+    provenance.clear_caches()
     assert provenance.stale_reasons(rc) == ["code changed: methods/fedprox.py"]
     (rc.run_dir / "model.pt").unlink()
     assert "model.pt missing" in provenance.stale_reasons(rc)
     shutil.rmtree(rc.run_dir)
     assert provenance.stale_reasons(rc) == ["no run.json (never run, or deleted)"]
+
+
+def test_runs_recorded_before_the_canonical_form_keep_their_identity(make_run_config, source_copy):
+    """Issue 34, 5, migration: a finished run whose run.json holds a digest of its files'
+    bytes (the form before the canonical one, no code_digest_form) keeps that digest as its
+    identity, and is current, while those files are byte-identical; once one changes, even
+    by a comment, it is stale and gets the canonical digest (workflow: run_identity)."""
+    rc = make_run_config(method="fedprox", rounds=1)
+    run_training(rc, rc.run_dir, progress=False)
+    path = rc.run_dir / "run.json"
+    old = provenance.training_code("fedprox", form=provenance.BYTES)
+    rec = json.loads(path.read_text())
+    rec.update(code_digest=old.digest, code_files=old.files)  # as the version before wrote it
+    rec.pop("code_digest_form", None)
+    path.write_text(json.dumps(rec))
+    assert provenance.recorded_form(rec) == provenance.BYTES
+    assert old.digest != provenance.training_code("fedprox").digest  # no form's digest is another's
+
+    def current_bytes():
+        return provenance.training_code("fedprox", form=provenance.BYTES).digest
+
+    assert provenance.kept_digest(rec, current_bytes())
+    assert provenance.stale_reasons(rc) == []
+    # another method's file: not this run's code
+    edit(source_copy / "methods" / "moon.py", "\nimport ", "\nEDITED = 1\nimport ")
+    assert provenance.kept_digest(rec, current_bytes()) and provenance.stale_reasons(rc) == []
+    # an unfinished run keeps nothing (it runs again anyway)
+    assert not provenance.kept_digest({**rec, "status": "running"}, current_bytes())
+    # a record in the canonical form is not kept: its digest is the current one, or stale
+    new = provenance.training_code("fedprox")
+    assert not provenance.kept_digest({**rec, "code_digest": new.digest, "code_files": new.files}, current_bytes())
+
+    # one of its files changed, by a comment: its bytes differ, so it is stale (reruns once)
+    edit(source_copy / "methods" / "fedprox.py", "\n@METHODS", "\n# a comment\n@METHODS")
+    assert not provenance.kept_digest(rec, current_bytes())
+    assert provenance.stale_reasons(rc) == ["code changed: methods/fedprox.py"]
+    # a form this version does not know: stale, never taken as current
+    path.write_text(json.dumps({**rec, "code_digest_form": "future-v9"}))
+    assert provenance.stale_reasons(rc) == ["code changed: recorded in a form this version cannot check ('future-v9')"]
 
 
 def test_identical_runs_write_identical_model_bytes(make_run_config, tmp_path):

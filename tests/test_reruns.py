@@ -48,7 +48,13 @@ def workdir(tmp_path, monkeypatch):
 
 
 def edit(path: Path) -> None:
-    path.write_text(path.read_text() + "\n# an edit that changes no behaviour\n")
+    """A change of behaviour: one statement more."""
+    path.write_text(path.read_text() + "\nEDITED_BY_A_TEST = 1\n")
+
+
+def comment(path: Path) -> None:
+    """A change of no behaviour (the code digest is of the source's canonical form)."""
+    path.write_text(path.read_text().replace("\nimport ", "\n# a comment\nimport ", 1) + "\n# another\n")
 
 
 def run_dir(work: Path, method: str) -> Path:
@@ -85,6 +91,10 @@ def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir
     assert jobs.get("train") == 1 and "prepare_dataset" not in jobs and "partition" not in jobs
     snakemake(workdir)
     assert stale(workdir) == ""
+    # comments (issue 34, 5): nothing
+    comment(src / "methods" / "fedprox.py")
+    comment(src / "engine.py")
+    assert planned_jobs(workdir) == {} and stale(workdir) == ""
 
     # the engine: every job; the edit undone: none (the digest is of the source's content)
     engine = src / "engine.py"
@@ -127,6 +137,53 @@ def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir
     x.unlink()
     jobs = planned_jobs(workdir)
     assert jobs.get("prepare_dataset") == 1
+
+
+def test_results_recorded_before_the_canonical_code_digest_rerun_only_where_code_changed(workdir):
+    """Issue 34, 5, migration: runs made by the version whose code digest was of the files'
+    bytes (simulated: this package with that form as training_code's default, which is what
+    run.json and the train rule's params then hold) are not rerun by the upgrade while their
+    files are byte-identical; a run whose files changed since (here by a comment) reruns
+    once and then holds the canonical digest; and a run that reruns for another reason with
+    byte-identical code (a forced rerun) is not run a second time afterwards."""
+    src = Path(os.environ["PYTHONPATH"]) / "fedforget"
+    prov = src / "provenance.py"
+    new = prov.read_text()
+    default = "def training_code(method: str, params: Mapping[str, Any] | None = None, form: str = FORM)"
+    assert default in new
+    prov.write_text(new.replace(default, default.replace("= FORM)", "= BYTES)")))
+    snakemake(workdir)
+    for method in ("fedavg", "fedprox"):
+        path = run_dir(workdir, method) / "run.json"
+        rec = json.loads(path.read_text())
+        rec.pop("code_digest_form", None)  # that version recorded none
+        path.write_text(json.dumps(rec))
+        assert provenance.recorded_form(rec) == provenance.BYTES
+
+    prov.write_text(new)  # the upgrade
+    assert planned_jobs(workdir) == {} and stale(workdir) == ""
+
+    comment(src / "methods" / "fedprox.py")  # bytes changed since fedprox's run: once, in the new form
+    assert stale(workdir).strip().splitlines() == [
+        f"{run_dir(workdir, 'fedprox').relative_to(workdir)}\tstale: code changed: methods/fedprox.py"
+    ]
+    assert planned_jobs(workdir).get("train") == 1
+    snakemake(workdir)
+    rec = json.loads((run_dir(workdir, "fedprox") / "run.json").read_text())
+    assert provenance.recorded_form(rec) == provenance.FORM
+    comment(src / "methods" / "fedprox.py")
+    assert planned_jobs(workdir) == {} and stale(workdir) == ""
+
+    # fedavg, still in the bytes form, forced to rerun: under its old digest, which Snakemake
+    # records while its new run.json holds the canonical one; no second run for that
+    metrics = run_dir(workdir, "fedavg") / "metrics.csv"
+    snakemake(workdir, "--forcerun", str(metrics.relative_to(workdir)))
+    rec = json.loads((run_dir(workdir, "fedavg") / "run.json").read_text())
+    assert provenance.recorded_form(rec) == provenance.FORM
+    assert planned_jobs(workdir) == {} and stale(workdir) == ""
+    # and a change of its code's behaviour still reruns it (the engine: both runs)
+    edit(src / "engine.py")
+    assert planned_jobs(workdir).get("train") == 2
 
 
 def test_a_truncated_partition_stops_the_workflow_before_any_job(workdir):

@@ -29,7 +29,7 @@ from .utils import atomic_write_bytes, canonical_json
 ROOT = Path(__file__).resolve().parent
 CACHE_DIR = Path(".snakemake") / "fedforget"
 KEEP = 8  # cached parses kept (one per config recently used in this directory)
-FORMAT = 2
+FORMAT = 3  # 3: digests["training_bytes"]
 
 
 def source_digest() -> str:
@@ -90,24 +90,28 @@ def code_roots(wf: WorkflowConfig) -> list[tuple[str, ...]]:
 
 def _digests(wf: WorkflowConfig) -> dict[str, Any]:
     """What the rules need beside the config (the torch-importing part of a parse, and what
-    is slow to recompute for thousands of jobs): each run's training-code digest, the module
-    of each figure function, the code digests of the other rules (``code``, by module set:
+    is slow to recompute for thousands of jobs): each run's training-code digest, and the
+    same in the ``bytes`` form by which runs recorded before the canonical form keep their
+    identity (``training_bytes``: provenance.kept_digest), the module of each figure
+    function, the code digests of the other rules (``code``, by module set:
     :func:`code_roots`), and each run's resolved config as JSON and its hash (``runs``, by
     run directory)."""
     from .figures import FIGURES
-    from .provenance import module_code, training_code
+    from .provenance import BYTES, module_code, training_code
 
     training = {}
+    training_bytes = {}
     runs = {}
     for rc in wf.runs():
         key = training_key(rc.method.name, rc.method.params)
         if key not in training:
             training[key] = training_code(rc.method.name, rc.method.params).digest
+            training_bytes[key] = training_code(rc.method.name, rc.method.params, BYTES).digest
         d = rc.to_dict()
         runs[str(rc.run_dir)] = {"config": canonical_json(d), "hash": run_hash(d)}
     figures = {f.name: FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures}
     code = {roots: module_code(*roots).digest for roots in code_roots(wf)}
-    return {"training": training, "figures": figures, "code": code, "runs": runs}
+    return {"training": training, "training_bytes": training_bytes, "figures": figures, "code": code, "runs": runs}
 
 
 def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tuple[WorkflowConfig, dict[str, Any]]:

@@ -13,12 +13,52 @@ editing the engine changes every digest.
 The workflow passes the digest to each training job as a rerun trigger, the job records it
 in run.json (with every file's own hash and the git commit when there is one), and
 ``fedforget stale`` compares finished runs with the current code.
+
+A file's hash is of its canonical form (``ast-v1``, :func:`canonical_source`), so an edit
+of comments, docstrings or layout reruns nothing, while any other edit, one token suffices,
+reruns exactly the jobs whose code contains the file.
+
+[D] The canonical form is the file's syntax tree, written by this module, not ``ast.dump``
+and not ``tokenize``'s token stream. ast.dump's text changes between Python minor versions
+(measured: ``engine.py`` dumps to three different texts on 3.11, 3.12 and 3.13), and a digest
+that changes on a Python upgrade would rerun every job. The token stream (less COMMENT and
+NL, INDENT and DEDENT as markers, docstrings located by ``ast``) was tried first: it is the
+same on 3.10 to 3.13 once 3.12's split f-string tokens are joined, but it keeps what a
+formatter adds or removes without changing behaviour, redundant parentheses and magic
+trailing commas, which only a parser tells apart from meaningful ones (``(a,)`` is no
+``(a)``, ``x[a,]`` no ``x[a]``): ``ruff format`` at another line length changed the token
+form of 80 of the 93 package files it rewrote, and the tree form of none. The tree is what
+the compiler runs: ``_write`` writes each node as its class name and its fields, sorted by
+name, leaving out fields that are None or empty (the fields new versions add, such as
+3.12's ``type_params``, are empty for code that does not use them), the positions
+(``lineno``...: not fields), a string constant's ``u`` prefix and type comments; constants
+as type-tagged values in a text fixed here (``'a'`` is ``"a"``, ``1_000`` is ``1000`` but
+not ``1000.0``); and drops the docstrings, the first statement of a module, class or
+function body when it is a string literal (as ``python -OO`` does; code that reads
+``__doc__`` would miss an edit: none on the training side does). One version difference
+is taken out: Python 3.12.1 (the 3.12 checked) puts an empty string part into an
+f-string's format spec after a nested field. Checked: the form of each of the 410 files of this package, its
+tests, benchmarks and a reformatted copy, and of an f-string torture file, is the same on
+Python 3.10, 3.11, 3.12 and 3.13. A file that does not parse hashes as its bytes.
+
+Runs recorded before the canonical form (run.json without ``code_digest_form``, whose digest
+is of the files' bytes: form ``bytes``, :func:`recorded_form`) keep their identity while
+their files are byte-identical (:func:`kept_digest`): the workflow's train rule gives such a
+run its recorded digest as its rerun trigger, so Snakemake sees no change of params
+(workflow/rules/common.smk: ``run_identity``, and ``train_identity`` for a run that ran
+again for another reason under that digest), and ``fedforget stale`` compares it in its own
+form; upgrading reruns only the runs whose files have changed since, which then get the
+canonical digest. The digests of the other rules (data preparation, partitioning, tables,
+figures: :func:`module_code`) stay in the ``bytes`` form: changing them would prepare the
+data again, whose new files would retrain every run by their mtimes, unless those rules got
+a shim of their own (through Snakemake's metadata, as ``train_identity``'s).
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -52,6 +92,12 @@ def module_file(name: str) -> Path | None:
 
 
 @cache
+def syntax_tree(path: Path) -> ast.Module:
+    """The file's syntax tree (read once: the imports and the canonical form use it)."""
+    return ast.parse(path.read_bytes(), str(path))
+
+
+@cache
 def imports_of(name: str) -> frozenset[str]:
     """Package modules that module ``name`` imports anywhere in its source (also inside
     functions and ``TYPE_CHECKING`` blocks: over-inclusion reruns a job, omission would
@@ -62,7 +108,7 @@ def imports_of(name: str) -> frozenset[str]:
     is_pkg = path.name == "__init__.py"
     parts = name.split(".") if is_pkg else name.split(".")[:-1]  # the importing package
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(syntax_tree(path)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
         elif isinstance(node, ast.ImportFrom):
@@ -113,15 +159,114 @@ def _strings(obj: Any) -> Iterable[str]:
             yield from _strings(v)
 
 
+# the form of the digests that training_code computes, and the form before it
+FORM = "ast-v1"
+BYTES = "bytes"
+FORMS = (BYTES, FORM)
+
+_BODIES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+_NO_BEHAVIOUR = frozenset({"kind", "type_comment"})  # Constant's u prefix; a type comment
+
+
+def _constant(value: Any) -> str:
+    """A constant's value, type-tagged, in a text fixed here (ASCII escapes: no Unicode
+    table of the running version decides what is printable)."""
+    if isinstance(value, str):
+        return "s" + json.dumps(value)
+    if isinstance(value, bytes):
+        return "b" + value.hex()
+    if isinstance(value, (int, float, complex)) and not isinstance(value, bool):
+        return f"{type(value).__name__}:{value!r}"
+    return repr(value)  # None, True, False, Ellipsis
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # per node class: its fields that are behaviour, sorted
+
+
+def _write(node: Any, out: list[str]) -> None:
+    if isinstance(node, ast.AST):
+        cls = type(node)
+        fields = _FIELDS.get(cls)
+        if fields is None:
+            fields = _FIELDS[cls] = tuple(sorted(set(cls._fields) - _NO_BEHAVIOUR))
+        out.append(cls.__name__ + "(")
+        for name in fields:
+            value = getattr(node, name, None)
+            if value is None or value == []:
+                continue
+            if name == "body" and isinstance(node, _BODIES) and _docstring(node):
+                value = value[1:]
+            elif name == "values" and cls is ast.JoinedStr:
+                # Python 3.12.1 leaves an empty part after a nested field (module docstring)
+                value = [v for v in value if not (type(v) is ast.Constant and v.value == "")]
+            out.append(name + "=")
+            if cls is ast.Constant and name == "value":
+                out.append(_constant(value))
+            else:
+                _write(value, out)
+            out.append(",")
+        out.append(")")
+    elif isinstance(node, list):
+        out.append("[")
+        for item in node:
+            _write(item, out)
+            out.append(",")
+        out.append("]")
+    elif isinstance(node, str):  # an identifier (no quote in it), a dotted module name, "*"
+        out.append("'" + node + "'")
+    else:  # an int field (a conversion, an import's level), or None in a list
+        out.append(_constant(node))
+
+
+def _docstring(node: ast.AST) -> bool:
+    body = getattr(node, "body", None)
+    first = body[0] if body else None
+    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+
+
+def canonical_source(source: bytes | ast.Module) -> str:
+    """The canonical form (``ast-v1``, module docstring) of Python source ``source`` (or
+    of its syntax tree): its syntax tree without docstrings, positions, parentheses and
+    layout, as text. Raises SyntaxError (ValueError for a null byte) when it does not
+    parse."""
+    out: list[str] = []
+    _write(source if isinstance(source, ast.Module) else ast.parse(source), out)
+    return "".join(out)
+
+
 @cache
 def file_sha256(path: Path) -> str:
+    """sha256 of the file's bytes (the ``bytes`` form)."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@cache
+def canonical_sha256(path: Path) -> str:
+    """sha256 of the file's canonical form (``ast-v1``); of its bytes, tagged, when it does
+    not parse."""
+    try:
+        text = canonical_source(syntax_tree(path))
+    except (SyntaxError, ValueError, RecursionError):
+        return hashlib.sha256(b"unparsed\0" + path.read_bytes()).hexdigest()
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def file_hash(path: Path, form: str = FORM) -> str:
+    return {BYTES: file_sha256, FORM: canonical_sha256}[form](path)
+
+
+def combined(files: Mapping[str, str], form: str = FORM) -> str:
+    """The digest of per-file hashes ``files`` in ``form``: the ``bytes`` form's as it always
+    was, a later form's with the form's name in it (so no digest of one form is another's)."""
+    text = "".join(f"{k}\0{v}\n" for k, v in sorted(files.items()))
+    return hashlib.sha256(((f"{form}\n" if form != BYTES else "") + text).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class CodeDigest:
     digest: str  # over the files below, in order
-    files: dict[str, str]  # path relative to the package -> sha256 (first 16 hex digits)
+    files: dict[str, str]  # path relative to the package -> its hash in ``form`` (first 16 hex digits)
+    form: str = FORM
 
     def changed(self, recorded: Mapping[str, str] | None) -> list[str]:
         """Files whose hash differs from ``recorded`` (added and removed files included)."""
@@ -129,29 +274,64 @@ class CodeDigest:
         return sorted(f for f in set(self.files) | set(recorded) if self.files.get(f) != recorded.get(f))
 
 
-def digest_of(modules: Iterable[str]) -> CodeDigest:
+def digest_of(modules: Iterable[str], form: str = FORM) -> CodeDigest:
     files = {}
     for m in sorted(set(modules)):
         path = module_file(m)
-        files[path.relative_to(ROOT).as_posix()] = file_sha256(path)[:16]  # type: ignore[union-attr]
-    h = hashlib.sha256("".join(f"{k}\0{v}\n" for k, v in sorted(files.items())).encode())
-    return CodeDigest(h.hexdigest()[:16], files)
+        files[path.relative_to(ROOT).as_posix()] = file_hash(path, form)[:16]  # type: ignore[arg-type,union-attr]
+    return CodeDigest(combined(files, form), files, form)
 
 
 @cache
-def _training_digest(modules: tuple[str, ...]) -> CodeDigest:
-    return digest_of(closure(TRAINING_ROOTS + modules, OUTPUT_SIDE))
+def _training_digest(modules: tuple[str, ...], form: str) -> CodeDigest:
+    return digest_of(closure(TRAINING_ROOTS + modules, OUTPUT_SIDE), form)
 
 
-def training_code(method: str, params: Mapping[str, Any] | None = None) -> CodeDigest:
-    """The digest of the code a training job of ``method`` with ``params`` runs."""
-    return _training_digest(tuple(method_modules(method, params)))
+def training_code(method: str, params: Mapping[str, Any] | None = None, form: str = FORM) -> CodeDigest:
+    """The digest of the code a training job of ``method`` with ``params`` runs (in
+    ``form``: ``bytes`` for runs recorded before the canonical form)."""
+    return _training_digest(tuple(method_modules(method, params)), form)
 
 
 def module_code(*roots: str) -> CodeDigest:
     """The digest of ``roots`` and everything they import (a dataset's source for its
-    preparation, the table and figure modules for those steps)."""
-    return digest_of(closure(roots))
+    preparation, the table and figure modules for those steps), in the ``bytes`` form (the
+    module docstring says why)."""
+    return digest_of(closure(roots), BYTES)
+
+
+def clear_caches() -> None:
+    """Forget every file's hashes and imports (after the source changed under this process)."""
+    for fn in (syntax_tree, imports_of, file_sha256, canonical_sha256, _training_digest):
+        fn.cache_clear()
+
+
+def recorded_form(rec: Mapping[str, Any]) -> str | None:
+    """The form of the code digest that run record ``rec`` (run.json) holds: its
+    ``code_digest_form``, or for a record without one the form whose digest of its
+    ``code_files`` is its ``code_digest`` (``bytes`` for the runs recorded before the
+    canonical form); None if neither (no digest, or one this version cannot check)."""
+    form = rec.get("code_digest_form")
+    if form is not None:
+        return form if form in FORMS else None
+    files, digest = rec.get("code_files"), rec.get("code_digest")
+    if not isinstance(files, Mapping) or not isinstance(digest, str):
+        return None
+    return next((f for f in FORMS if combined(files, f) == digest), None)
+
+
+def kept_digest(rec: Mapping[str, Any] | None, current_bytes: str) -> bool:
+    """Whether finished run record ``rec`` keeps its recorded code digest as its identity
+    (the migration to the canonical form): it holds a ``bytes``-form digest (recorded before
+    the canonical form), equal to ``current_bytes``, the ``bytes``-form digest of the same
+    job's current code, i.e. its files are byte-identical to those it ran. Any other run's
+    identity has the canonical digest."""
+    return (
+        isinstance(rec, Mapping)
+        and rec.get("status") in ("completed", "diverged")
+        and rec.get("code_digest") == current_bytes
+        and recorded_form(rec) == BYTES
+    )
 
 
 @cache
@@ -173,8 +353,6 @@ def stale_reasons(rc: Any, run_dir: str | Path | None = None) -> list[str]:
     """Why the finished run of ``rc`` (a RunConfig) in ``run_dir`` (default its run_dir)
     does not stand for the current config and code; [] if it does. A run that diverged is
     finished (its status is a result)."""
-    import json
-
     path = Path(run_dir or rc.run_dir) / "run.json"
     if not path.is_file():
         return ["no run.json (never run, or deleted)"]
@@ -190,8 +368,16 @@ def stale_reasons(rc: Any, run_dir: str | Path | None = None) -> list[str]:
             reasons.append(f"{name} missing")
     if rec.get("config_hash") != rc.hash:
         reasons.append(f"config changed ({str(rec.get('config_hash'))[:12]} -> {rc.hash})")
-    code = training_code(rc.method.name, rc.method.params)
+    # compared in the form it was recorded in: a run recorded before the canonical form is
+    # current while its files are byte-identical (kept_digest)
+    form = recorded_form(rec) if rec.get("code_files") else None
+    code = training_code(rc.method.name, rc.method.params, form or FORM)
     if rec.get("code_digest") != code.digest:
-        changed = code.changed(rec.get("code_files")) if rec.get("code_files") else ["no code digest recorded"]
+        if not rec.get("code_files"):
+            changed = ["no code digest recorded"]
+        elif form is None:
+            changed = [f"recorded in a form this version cannot check ({rec.get('code_digest_form')!r})"]
+        else:
+            changed = code.changed(rec.get("code_files"))
         reasons.append("code changed: " + ", ".join(changed))
     return reasons

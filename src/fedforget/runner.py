@@ -107,6 +107,7 @@ def run_training(
         "config": cfg.to_dict(),
         "config_hash": cfg.hash,
         "code_digest": code.digest,  # fedforget.provenance: the source this run executes
+        "code_digest_form": code.form,  # its canonical form (provenance.recorded_form)
         "code_files": code.files,
         "git": git_commit(),
         "versions": package_versions(),

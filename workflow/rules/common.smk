@@ -16,7 +16,7 @@ from fedforget.parsecache import parse_workflow, training_key
 from fedforget.partition import corrupt_partition
 from fedforget.pipeline import parse_only
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
-from fedforget.provenance import module_code
+from fedforget.provenance import kept_digest, module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
 # ----------------------------------------------------------------------------- config
@@ -190,23 +190,80 @@ def train_config(w):
     return JobArgument(RUN_CONFIGS[RUN_DIRS[run_key(w)]]["config"])
 
 
-def run_identity(rc):
+def recorded_run(rc):
+    """The run.json of rc's run directory, or None when there is none or it is not JSON."""
+    try:
+        return json.loads((Path(rc.run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def recorded_identity(rec):
+    """run_identity's parts and the status as run.json ``rec`` records them (KeyError or
+    TypeError when one is missing)."""
+    train = rec["config"]["train"]
+    return {"status": rec["status"], "config hash": rec["config_hash"], "code digest": rec["code_digest"],
+            "client_engine": train["client_engine"], "engine_pairing": train.get("engine_pairing", "")}  # fmt: skip
+
+
+def run_identity(rc, rec=None):
     """What a run's results are a function of, beside its input files: the config hash
     (every setting but threads, device, checkpointing and logging: RunConfig.hash), the
     digest of the source it runs (fedforget.provenance) and the client engine it is asked
-    for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing)."""
-    return {
+    for (auto pairs an experiment's methods on one engine: Experiment.engine_pairing).
+    The digest is of the source's canonical form, but a finished run recorded before that
+    form keeps its recorded digest (of the files' bytes) while those bytes are the same and
+    nothing else of its identity changed (provenance.kept_digest): upgrading reruns only the
+    runs whose code changed. ``rec``: the run's run.json, read when not given."""
+    key = training_key(rc.method.name, rc.method.params)
+    identity = {
         "config hash": RUN_CONFIGS[str(rc.run_dir)]["hash"],
-        "code digest": DIGESTS["training"][training_key(rc.method.name, rc.method.params)],
+        "code digest": DIGESTS["training"][key],
         "client_engine": rc.train.client_engine,
         "engine_pairing": rc.train.engine_pairing,
     }
+    legacy = DIGESTS["training_bytes"][key]
+    rec = recorded_run(rc) if rec is None else rec
+    if kept_digest(rec, legacy):
+        try:
+            got = recorded_identity(rec)
+        except (KeyError, TypeError):
+            return identity
+        if all(got[k] == v for k, v in identity.items() if k != "code digest"):
+            identity["code digest"] = legacy
+    return identity
+
+
+def scheduled_code_digest(path):
+    """The code digest in the identity that Snakemake recorded when it last ran the job of
+    output ``path`` (its metadata, which its params trigger compares), or None."""
+    try:
+        from snakemake.io import IOFile
+
+        params = workflow.persistence.params(IOFile(path)) or []
+    except Exception:  # no metadata to read (at parse time, another Snakemake): none kept
+        return None
+    for p in params:
+        m = re.search(r"\bcode ([0-9a-f]{16}) engine ", str(p))
+        if m:
+            return m.group(1)
+    return None
 
 
 def train_identity(w):
     """run_identity as the train rule's param: a change to any part reruns exactly this job;
-    editing one method's file reruns that method's jobs, editing the engine every job."""
-    i = run_identity(RUNS[run_key(w)])
+    editing one method's file reruns that method's jobs, editing the engine every job. A run
+    recorded before the canonical code digest that ran again for another reason (its config,
+    its input files, a forced rerun) while its code stayed byte-identical did so under its
+    old digest (run_identity keeps it), which Snakemake recorded, while its new run.json
+    holds the canonical one: that job keeps the old digest as long as its files' bytes stay
+    the same, so it is not run a second time."""
+    rc = RUNS[run_key(w)]
+    i = run_identity(rc)
+    legacy = DIGESTS["training_bytes"][training_key(rc.method.name, rc.method.params)]
+    out = f"{RESULTS}/{w.experiment}/{w.dataset}/{w.partition}/{w.method}/seed{w.seed}/run.json"  # rule train's
+    if i["code digest"] != legacy and os.path.exists(out) and scheduled_code_digest(out) == legacy:
+        i["code digest"] = legacy
     engine = i["client_engine"] + (" paired" if i["engine_pairing"] else "")
     return f"config {i['config hash']} code {i['code digest']} engine {engine}"
 
@@ -226,13 +283,11 @@ def check_adopted_results():
             continue
         try:
             rec = json.loads(path.read_text())
-            train = rec["config"]["train"]
-            got = {"status": rec["status"], "config hash": rec["config_hash"], "code digest": rec["code_digest"],
-                   "client_engine": train["client_engine"], "engine_pairing": train.get("engine_pairing", "")}  # fmt: skip
+            got = recorded_identity(rec)
         except (ValueError, KeyError, TypeError) as e:
             bad.append(f"{path}: unreadable ({e})")
             continue
-        want = {"status": "completed", **run_identity(rc)}
+        want = {"status": "completed", **run_identity(rc, rec)}
         diff = ", ".join(f"{k} {got[k]!r} (this checkout: {x!r})" for k, x in want.items() if got[k] != x)
         if diff:
             bad.append(f"{path.parent}: {diff}")
