@@ -78,3 +78,53 @@ def test_continual_figures_only_for_experiments_with_continual_runs(tmp_path):
     paths = plot_experiment(tmp_path / "summary1", tmp_path / "figures1")
     assert paths == [tmp_path / "figures1" / f"{c}.png" for c in CURVES]
     assert not (tmp_path / "figures1" / CONTINUAL_DIR).exists()
+
+
+def _metrics(local):
+    """Two runs' metrics rows; the local models' accuracy ``local`` (a value or NaN)."""
+    import numpy as np
+    import pandas as pd
+
+    rows = [{"dataset": "digits", "setting": "iid", "method": m, "seed": 0, "round": r,
+             "global_model_test_acc": 0.5, "local_models_global_test_acc_mean": local if r else np.nan}
+            for m in ("fedavg", "fedprox") for r in range(3)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_a_curve_no_run_measured_is_a_notice_not_empty_axes(monkeypatch, tmp_path):
+    """train.eval_local_models: false leaves the local models' accuracy NaN in every row (or
+    the column absent): its figure says that it was not measured and what measures it,
+    with no axes; a measured column draws its panels."""
+    import numpy as np
+
+    from fedforget import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.update({path.name: fig}))
+    column = "local_models_global_test_acc_mean"
+    for name, metrics in (("nan.png", _metrics(np.nan)), ("absent.png", _metrics(np.nan).drop(columns=[column]))):
+        assert not plots.measured(metrics, column)
+        plots.learning_curves(metrics, column, tmp_path / name)
+        fig = drawn[name]
+        assert not fig.axes
+        text = " ".join(t.get_text().replace("\n", " ") for t in fig.texts)
+        assert "Not measured in this experiment" in text and "train.eval_local_models: true" in text, text
+    assert plots.measured(_metrics(0.7), column)
+    plots.learning_curves(_metrics(0.7), column, tmp_path / "measured.png")
+    assert [ax.get_title() for ax in drawn["measured.png"].axes if ax.get_visible()] == ["digits, IID"]
+
+
+def test_experiment_figure_of_a_column_no_run_measured_is_refused(tmp_path):
+    """A configured figure of a column that is NaN in every run (fedsol_knowledge's local
+    models' accuracy without train.eval_local_models) is one error naming the column,
+    not an empty figure."""
+    import numpy as np
+    import pandas as pd
+
+    from fedforget.figures import FigureInput
+
+    inp = FigureInput("e", tmp_path, pd.DataFrame(), _metrics(np.nan))
+    for name in ("fedsol_knowledge", "curves"):
+        options = {"column": "local_models_global_test_acc_mean"} if name == "curves" else {}
+        with pytest.raises(FedForgetError, match=r"\['local_models_global_test_acc_mean'\] have a value in no run"):
+            FIGURES.get(name)(inp, tmp_path / f"{name}.png", **options)

@@ -4,8 +4,8 @@ the per-task accuracy over rounds (CONTINUAL_FIGURES)."""
 
 from __future__ import annotations
 
+import functools
 import re
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -93,42 +93,60 @@ def _save(fig, path: Path) -> None:
     )
 
 
+# the learning curves that some runs do not measure, and what measures them: a curve whose
+# column no run of an experiment measured is drawn as a notice that says so and why, not as
+# empty axes [D]. (Its file is still written: rule plot's outputs are the same for every
+# experiment; see docs/outputs.md.)
+CURVE_NEEDS = {"local_models_global_test_acc_mean": "train.eval_local_models: true"}
+
+
+def measured(metrics: pd.DataFrame, column: str) -> bool:
+    """Whether some run measured ``column``: it is in the summary and not all NaN (a column
+    that only some runs write, e.g. with ``train.eval_local_models: false`` in the others, is
+    NaN in their rows)."""
+    return column in metrics and bool(metrics[column].notna().any())
+
+
+def _not_measured(column: str, path: Path, heading: str) -> Path:
+    """The figure of a curve that no run measured: its heading and why it has no data."""
+    plt = _plt()
+    need = CURVE_NEEDS.get(column)
+    text = (f"Not measured in this experiment: no run has a value in the metrics column '{column}'"
+            + (f" (it needs {need})." if need else "."))  # fmt: skip
+    fig = plt.figure(figsize=(6.4, 1.6), layout="constrained")
+    fig.suptitle(_wrap(heading, 6.2, SUPTITLE_SIZE))
+    fig.text(0.5, 0.4, _wrap(text, 6.0, 10), ha="center", va="center", fontsize=10)
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
 def learning_curves(
     metrics: pd.DataFrame, column: str, path: str | Path, title: str | None = None
 ) -> Path:
-    """One panel per dataset x setting, one line per method, band = ±1 std over seeds.
-    Accuracy columns are drawn in % (0-100); axes are labelled in words."""
+    """One panel per dataset x setting (those with a value in ``column``), one line per
+    method, band = ±1 std over seeds. Accuracy columns are drawn in % (0-100); axes are
+    labelled in words. A column that no run measured: a notice saying so (``_not_measured``)."""
     import seaborn as sns
     from matplotlib.ticker import MaxNLocator
 
-    plt = _plt()
     path = Path(path)
-    df = metrics.dropna(subset=[column]) if column in metrics else metrics.iloc[0:0]
+    heading = title or CURVES.get(column) or axis_label(column).removesuffix(" (%)")
+    if not measured(metrics, column):
+        return _not_measured(column, path, heading)
+    plt = _plt()
+    df = metrics.dropna(subset=[column])
     acc = is_accuracy(column)
-    if acc and len(df):
+    if acc:
         df = df.assign(**{column: df[column].astype(float) * 100})
-    panels = list(dict.fromkeys(zip(df["dataset"], df["setting"]))) or [("", "")]
-    ncol = min(3, len(panels))
-    nrow = int(np.ceil(len(panels) / ncol))
-    fig, axes = plt.subplots(
-        nrow, ncol, figsize=(4.6 * ncol, 3.4 * nrow), squeeze=False, sharey=acc
-    )
+    panels = _panels(df, ["dataset", "setting"])
+    titles = [f"{ds}, {setting_label(setting)}" for ds, setting in panels]
+    fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=acc)
     ylabel = axis_label(column)
-    for i, (ax, (ds, setting)) in enumerate(zip(axes.flat, panels)):
+    for i, (ax, (ds, setting), title_) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
-        if len(sub):
-            sns.lineplot(
-                data=sub,
-                x="round",
-                y=column,
-                hue="method",
-                errorbar="sd",
-                ax=ax,
-                legend=i == 0,
-            )
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(f"{ds}, {setting_label(setting)}" if ds else "")
+        sns.lineplot(data=sub, x="round", y=column, hue="method", errorbar="sd", ax=ax, legend=i == 0)
+        ax.set_title(title_, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel("Round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel if i % ncol == 0 else "")
@@ -136,36 +154,54 @@ def learning_curves(
             ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
     _method_legend(fig, axes)
-    for ax in axes.flat[len(panels) :]:
-        ax.set_visible(False)
-    heading = title or CURVES.get(column) or axis_label(column).removesuffix(" (%)")
-    heading = textwrap.fill(heading, width=50 * ncol)
-    fig.suptitle(f"{heading}\nmean over seeds, band ±1 std")
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _finish(fig, plt, path, f"{heading}\nmean over seeds, band ±1 std")
 
 
 def partition_heatmap(
     counts: np.ndarray, path: str | Path, title: str, class_names: list[str] | None = None
 ) -> Path:
-    """Clients x classes sample counts."""
+    """Clients x classes sample counts, annotated up to 400 cells, each cell as wide as its
+    largest count (two classes of SST-2 over 15 clients, 0.45 inches a cell, overlapped
+    their four-digit counts) [D]; past the tick labels that fit, every n-th client and class
+    is labelled (``_thin_ticks``)."""
     import seaborn as sns
 
     plt = _plt()
     path = Path(path)
     k, c = counts.shape
-    fig, ax = plt.subplots(figsize=(min(1.0 + 0.45 * c, 12), min(1.5 + 0.28 * k, 14)))
-    sns.heatmap(counts, ax=ax, cmap="viridis", annot=k * c <= 400, fmt="d", cbar_kws={"label": "samples"},
+    annot = k * c <= 400
+    cell = max(0.45, _text_width(str(int(counts.max(initial=0))), 10) + 0.15) if annot else 0.45
+    # beside the cells: the y labels (0.6 inches) and the colour bar with its label (1.4)
+    fig, ax = plt.subplots(figsize=(min(2.0 + cell * c, 12), min(1.5 + 0.28 * k, 14)))
+    sns.heatmap(counts, ax=ax, cmap="viridis", annot=annot, fmt="d", cbar_kws={"label": "samples"},
                 xticklabels=class_names or list(range(c)), yticklabels=list(range(k)))  # fmt: skip
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(title)
     fig.tight_layout()
+    _thin_ticks(fig, ax)
+    fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
     return path
+
+
+def _thin_ticks(fig, ax) -> None:
+    """Label every n-th tick of each axis, the smallest n at which neighbouring labels keep
+    apart: the cells of 100 clients in 14 inches are narrower than a label (FedSOL's and
+    FedProj's 100- and 200-client partitions, CIFAR-100's 100 classes overlapped) [D]."""
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)
+    for axis, length in ((ax.xaxis, box.width), (ax.yaxis, box.height)):
+        ticks, labels = axis.get_ticklocs(), axis.get_ticklabels()
+        if len(ticks) < 2:
+            continue
+        extents = [t.get_window_extent(renderer) for t in labels]
+        along = [e.width if axis is ax.xaxis else e.height for e in extents]
+        step = max(1, int(np.ceil(1.2 * max(along) / (length / len(ticks)))))
+        if step > 1:
+            texts = [t.get_text() if i % step == 0 else "" for i, t in enumerate(labels)]
+            axis.set_ticks(ticks, texts, rotation=labels[0].get_rotation())
 
 
 RUN_KEYS = ["dataset", "setting", "clients", "partition_seed", "method", "seed"]
@@ -182,19 +218,70 @@ def _panels(frame: pd.DataFrame, keys: list[str]) -> list[tuple]:
     return list(dict.fromkeys(zip(*(frame[k] for k in keys)))) or [("",) * len(keys)]
 
 
-def _grid(plt, n: int, ncol: int, w: float, h: float, **kw):
+# font sizes (points) of the panel titles and the figure's heading. Panel titles at
+# matplotlib's default (12) overlapped in a row of four 3.45-inch heatmaps (5 tasks) [D].
+PANEL_TITLE_SIZE = 10
+SUPTITLE_SIZE = 12
+# room (inches) beside a panel's axes for its y tick labels and y label: a panel title may be
+# as wide as the panel less this and overlap no neighbour [D]
+Y_MARGIN = 0.8
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_width(text: str, size: float) -> float:
+    """Width in inches of the widest line of ``text`` drawn at ``size`` points, measured with
+    the renderer the figures are drawn with (Agg, 72 dpi: pixels = points)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer, font = RendererAgg(1, 1, 72), FontProperties(size=size)
+    lines = text.split("\n")
+    return max(renderer.get_text_width_height_descent(line, font, ismath=False)[0] for line in lines) / 72
+
+
+def _wrap(text: str, width: float, size: float) -> str:
+    """``text`` with each line broken so that it fits ``width`` inches at ``size`` points:
+    after a comma where it can ("digits-class-il," / "Dirichlet α = 0.5"), else between
+    words; a word wider than ``width`` stays whole."""
+    out = []
+    for line in text.split("\n"):
+        current = ""
+        for part in re.split(r"(?<=,) ", line):
+            for piece in [part] if _text_width(part, size) <= width else part.split(" "):
+                joined = f"{current} {piece}" if current else piece
+                if current and _text_width(joined, size) > width:
+                    out.append(current)
+                    current = piece
+                else:
+                    current = joined
+        out.append(current)
+    return "\n".join(out)
+
+
+def _grid(plt, titles: list[str], ncol: int, w: float, h: float, cap: float = 1.4, **kw):
+    """A figure with one panel per title, ``ncol`` columns at most, in constrained layout
+    (room for the heading, the titles, the colour bar and a legend beside the panels).
+    Panels are ``w`` x ``h`` inches, widened (up to ``cap`` x ``w``) for the longest title
+    (``_text_width``) and the titles wrapped to that width (``_wrap``): long dataset and
+    method labels overlap no neighbour [D]. Returns (fig, axes, ncol, wrapped titles)."""
+    n = len(titles)
     ncol = max(1, min(ncol, n))
     nrow = int(np.ceil(n / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(w * ncol, h * nrow), squeeze=False, **kw)
+    longest = max((_text_width(t, PANEL_TITLE_SIZE) for t in titles), default=0.0)
+    w = min(max(w, longest + Y_MARGIN), cap * w)
+    titles = [_wrap(t, w - Y_MARGIN, PANEL_TITLE_SIZE) for t in titles]
+    lines = max((t.count("\n") + 1 for t in titles), default=1)
+    h += 0.18 * max(0, lines - 2)  # a title of more lines than the two most have: its height
+    fig, axes = plt.subplots(nrow, ncol, figsize=(w * ncol, h * nrow), squeeze=False, layout="constrained", **kw)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
-    return fig, axes, ncol
+    return fig, axes, ncol, titles
 
 
-def _finish(fig, plt, path: Path, heading: str, ncol: int, tight: bool = True) -> Path:
-    fig.suptitle("\n".join(textwrap.fill(line, width=50 * ncol) for line in heading.split("\n")))
-    if tight:
-        fig.tight_layout()
+def _finish(fig, plt, path: Path, heading: str) -> Path:
+    """The heading (each line wrapped to the figure's width), saved, closed."""
+    width = fig.get_figwidth() - 0.2
+    fig.suptitle("\n".join(_wrap(line, width, SUPTITLE_SIZE) for line in heading.split("\n")), fontsize=SUPTITLE_SIZE)
     _save(fig, path)
     plt.close(fig)
     return path
@@ -207,7 +294,10 @@ MAX_INLINE_LEGEND = 6
 
 def _method_legend(fig, axes) -> None:
     """The first panel's legend (one entry per method), titled "Method"; past
-    ``MAX_INLINE_LEGEND`` entries it moves to the right of the figure."""
+    ``MAX_INLINE_LEGEND`` entries it moves to the right of the figure (constrained layout
+    makes room for it; the figure widens by its width), in as many columns as keep it within
+    the figure's height (16 FedSOL variants in one column, 0.2 inches each, reached up into
+    the heading of a one-row figure) [D]."""
     legend = axes.flat[0].get_legend()
     if legend is None:
         return
@@ -217,7 +307,12 @@ def _method_legend(fig, axes) -> None:
     labels = [t.get_text() for t in legend.get_texts()]
     handles = legend.legend_handles
     legend.remove()
-    fig.legend(handles, labels, title="Method", loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    rows = max(1, int((fig.get_figheight() - 1.0) / 0.2))  # less the heading and the legend's title
+    legend = fig.legend(handles, labels, title="Method", loc="outside right center", fontsize=8,
+                        ncol=-(-len(labels) // rows))  # fmt: skip
+    # the figure widens by the legend's width: the panels keep theirs
+    width = legend.get_window_extent(fig.canvas.get_renderer()).width / fig.dpi
+    fig.set_figwidth(fig.get_figwidth() + width + 0.1)
 
 
 def _no_data(ax, text: str = "no completed seed") -> None:
@@ -229,11 +324,34 @@ def _task_ticks(n: int) -> list[int]:
     return list(range(1, n + 1, step))
 
 
+def _matrix_panel(ax, values: np.ndarray, annotate: bool) -> None:
+    """One accuracy matrix (%) as an image, rows = after training task t, columns = task i
+    (both numbered from 1), cells annotated with their values where ``annotate``. Drawn with
+    matplotlib, not seaborn's heatmap: that draws the whole figure once per annotated panel
+    (to pick the text colours), quadratic in the panels: 30 panels of 10 tasks (FedGP's
+    Table 1, CIFAR-100) took 225 s [D]."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    n_rows, n_cols = values.shape
+    ax.imshow(values, cmap=cmap, vmin=0, vmax=100, aspect="equal", interpolation="nearest")
+    ax.set_xticks(range(n_cols), labels=[str(i + 1) for i in range(n_cols)])
+    ax.set_yticks(range(n_rows), labels=[str(t + 1) for t in range(n_rows)])
+    ax.tick_params(length=0)
+    if not annotate:
+        return
+    for (r, c), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            red, green, blue, _ = cmap(v / 100)
+            dark = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.408  # seaborn's rule
+            ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=7, color="0.15" if dark else "white",
+                    in_layout=False)  # inside the axes: nothing for the layout to make room for
+
+
 def accuracy_matrix_heatmaps(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
     """One heatmap per dataset x setting x method: a[t][i] (%), mean over completed seeds,
     rows = after training task t, columns = task i evaluated, values annotated (up to 12
     tasks)."""
-    import seaborn as sns
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -243,26 +361,29 @@ def accuracy_matrix_heatmaps(matrices: pd.DataFrame, runs: pd.DataFrame, path: s
     panels = _panels(matrices, ["dataset", "setting", "method"])
     n_methods = matrices["method"].nunique() if len(matrices) else 1
     tasks = int(matrices["task"].max()) + 1 if len(matrices) else 1
-    size = max(3.2, 0.45 * tasks + 1.2)
-    fig, axes, ncol = _grid(plt, len(panels), min(4, n_methods), size, size * 0.9, layout="constrained")
-    for ax, (ds, setting, method) in zip(axes.flat, panels):
+    annotate = tasks <= 12
+    size = max(3.2, (0.45 if annotate else 0.25) * tasks + 1.2)
+    seeds = ok.groupby(["dataset", "setting", "method"])["seed"].nunique()
+    titles = []
+    for ds, setting, method in panels:
+        n = int(seeds.get((ds, setting, method), 0))
+        titles.append(f"{ds}, {setting_label(setting)}\n{method} ({n} seed{'s' if n != 1 else ''})" if ds else "")
+    fig, axes, _, titles = _grid(plt, titles, min(4, n_methods), size, size * 0.9)
+    for ax, (ds, setting, method), title in zip(axes.flat, panels, titles):
         sub = ok[(ok["dataset"] == ds) & (ok["setting"] == setting) & (ok["method"] == method)]
-        seeds = sub["seed"].nunique()
         if len(sub):
             m = sub.groupby(["after_task", "task"])["accuracy"].mean().unstack("task") * 100
-            labels = [str(t + 1) for t in m.columns]
-            sns.heatmap(m.to_numpy(dtype=float), ax=ax, cmap="viridis", vmin=0, vmax=100, cbar=False,
-                        annot=len(m.columns) <= 12, fmt=".1f", annot_kws={"size": 7}, square=True,
-                        xticklabels=labels, yticklabels=[str(t + 1) for t in m.index])  # fmt: skip
+            m = m.reindex(index=range(int(m.index.max()) + 1), columns=range(int(m.columns.max()) + 1))
+            _matrix_panel(ax, m.to_numpy(dtype=float), annotate)
         else:
             _no_data(ax)
-        ax.set_title(f"{ds}, {setting_label(setting)}\n{method} ({seeds} seed{'s' if seeds != 1 else ''})" if ds else "")
+        ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel("Task evaluated")
         ax.set_ylabel("After training task")
     fig.colorbar(ScalarMappable(Normalize(0, 100), "viridis"), ax=list(axes.flat[: len(panels)]),
                  label="Accuracy (%)", shrink=0.8)  # fmt: skip
     heading = f"{CONTINUAL_FIGURES['accuracy_matrix']} (%)\nmean over seeds"
-    return _finish(fig, plt, path, heading, ncol, tight=False)  # constrained layout: room for the colour bar
+    return _finish(fig, plt, path, heading)
 
 
 def acc_after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
@@ -281,8 +402,9 @@ def acc_after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str 
             rows.append({**dict(zip(RUN_KEYS, key)), "tasks_learned": t + 1, "acc": v * 100})
     df = pd.DataFrame(rows, columns=[*RUN_KEYS, "tasks_learned", "acc"])
     panels = _panels(matrices, ["dataset", "setting"])
-    fig, axes, ncol = _grid(plt, len(panels), 3, 4.6, 3.4, sharey=True)
-    for i, (ax, (ds, setting)) in enumerate(zip(axes.flat, panels)):
+    titles = [f"{ds}, {setting_label(setting)}" if ds else "" for ds, setting in panels]
+    fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=True)
+    for i, (ax, (ds, setting), title) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
         if len(sub):
             sns.lineplot(data=sub, x="tasks_learned", y="acc", hue="method", errorbar="sd", marker="o", ax=ax,
@@ -290,14 +412,14 @@ def acc_after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str 
             ax.set_xticks(_task_ticks(int(sub["tasks_learned"].max())))
         else:
             _no_data(ax)
-        ax.set_title(f"{ds}, {setting_label(setting)}" if ds else "")
+        ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel("Tasks learned")
         ax.set_ylabel("Average accuracy over learned tasks (%)" if i % ncol == 0 else "")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
     _method_legend(fig, axes)
     heading = f"{CONTINUAL_FIGURES['acc_after_task']} (Acc_t)\nmean over seeds, band ±1 std"
-    return _finish(fig, plt, path, heading, ncol)
+    return _finish(fig, plt, path, heading)
 
 
 def task_accuracy_curves(tasks: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
@@ -313,8 +435,9 @@ def task_accuracy_curves(tasks: pd.DataFrame, runs: pd.DataFrame, path: str | Pa
     n_methods = tasks["method"].nunique() if len(tasks) else 1
     n_tasks = int(tasks["task"].max()) + 1 if len(tasks) else 1
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, n_tasks))
-    fig, axes, ncol = _grid(plt, len(panels), min(4, n_methods), 4.6, 3.4, sharey=True)
-    for i, (ax, (ds, setting, method)) in enumerate(zip(axes.flat, panels)):
+    titles = [f"{ds}, {setting_label(setting)}\n{method}" if ds else "" for ds, setting, method in panels]
+    fig, axes, ncol, titles = _grid(plt, titles, min(4, n_methods), 4.6, 3.4, sharey=True)
+    for i, (ax, (ds, setting, method), title) in enumerate(zip(axes.flat, panels, titles)):
         sel = (ok["dataset"] == ds) & (ok["setting"] == setting) & (ok["method"] == method)
         sub = ok[sel].groupby(["task", "round"])["accuracy"].mean() * 100
         for t in sub.index.get_level_values("task").unique():
@@ -327,7 +450,7 @@ def task_accuracy_curves(tasks: pd.DataFrame, runs: pd.DataFrame, path: str | Pa
                 ax.axvline(b * rpt, color="0.4", ls="--", lw=0.8)
         if not len(sub):
             _no_data(ax)
-        ax.set_title(f"{ds}, {setting_label(setting)}\n{method}" if ds else "")
+        ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel("Round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("Global model test accuracy (%)" if i % ncol == 0 else "")
@@ -337,7 +460,7 @@ def task_accuracy_curves(tasks: pd.DataFrame, runs: pd.DataFrame, path: str | Pa
     if handles:
         axes.flat[0].legend(handles, labels, title="Task", fontsize=7, ncol=2 if n_tasks > 5 else 1)
     heading = f"{CONTINUAL_FIGURES['task_accuracy']}\nmean over seeds, dashed: task boundaries"
-    return _finish(fig, plt, path, heading, ncol)
+    return _finish(fig, plt, path, heading)
 
 
 def plot_continual(summary_dir: str | Path, out_dir: str | Path) -> list[Path]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from ..plots import measured
 from ..registry import Registry
 from ..utils import FedForgetError
 
@@ -61,13 +62,16 @@ class FigureInput:
 
 
     def require_columns(self, figure: str, columns: list[str], hint: str = "") -> None:
-        """One error naming the figure, the missing metrics columns and (``hint``) what
-        produces them."""
-        missing = [c for c in columns if c not in self.metrics.columns]
+        """One error naming the figure, the metrics columns that no run measured and
+        (``hint``) what produces them. A column that is NaN in every row counts as missing:
+        e.g. the local models' accuracy where every run says ``train.eval_local_models:
+        false``; its figure would be empty axes [D]."""
+        missing = [c for c in columns if not measured(self.metrics, c)]
         if missing:
-            have = sorted(c for c in self.metrics.columns if c not in ("dataset", "setting", "method", "seed"))
+            have = sorted(c for c in self.metrics.columns
+                          if c not in ("dataset", "setting", "method", "seed") and measured(self.metrics, c))  # fmt: skip
             raise FedForgetError(
-                f"figure '{figure}': column(s) {missing} are in no run's metrics.csv{hint}; have: {have}"
+                f"figure '{figure}': column(s) {missing} have a value in no run's metrics.csv{hint}; have: {have}"
             )
 
 

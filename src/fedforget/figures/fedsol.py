@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..plots import _plt, _save, axis_label, setting_label
+from ..plots import Y_MARGIN, _plt, _save, _wrap, axis_label, setting_label
 from ..utils import FedForgetError
 from . import FIGURES, FigureInput, run_config
 
@@ -120,7 +120,8 @@ def _round_grid(inp: FigureInput, out: Path, columns: list[str], labels: list[st
             ax = axes[i, j]
             sns.lineplot(data=sub.dropna(subset=[col]), x="round", y=col, hue="method", errorbar="sd", ax=ax,
                          legend=i == 0 and j == 0)  # fmt: skip
-            ax.set_title(f"{ds}, {setting_label(st)}: {lab}" if ds else lab, fontsize=9)
+            panel = f"{ds}, {setting_label(st)}: {lab}" if ds else lab
+            ax.set_title(_wrap(panel, 4.8 - Y_MARGIN, 9), fontsize=9)  # wider, it met the next panel's y label
             ax.set_ylabel(axis_label(col))
             ax.grid(alpha=0.3)
     fig.suptitle(f"{title} (band: ±1 std over seeds)")
