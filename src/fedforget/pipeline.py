@@ -4,7 +4,6 @@ chains them in-process for use without Snakemake."""
 
 from __future__ import annotations
 
-import difflib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from .config import DatasetSpec, Experiment, RunConfig, WorkflowConfig
 from .data import DATASETS, load_dataset, load_public, prepare_dataset, prepare_public
 from .partition import PartitionSpec, class_counts, make_partition, save_partition
 from .utils import FedForgetError
+from .validation import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,7 @@ class Selection:
 def _pick(what: str, value: str, allowed: list[str], where: str) -> str:
     if value in allowed:
         return value
-    near = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    hint = did_you_mean(value, allowed)
     raise FedForgetError(f"only={where!r}: unknown {what} {value!r}{hint}; allowed: {', '.join(allowed)}")
 
 

@@ -185,13 +185,25 @@ def _alternatives(e) -> str:
     return f"{head} ({detail}); allowed: {allowed}" if detail else f"{head}; allowed: {allowed}"
 
 
+def nearest(value: Any, allowed: list[str]) -> str | None:
+    """The allowed name nearest ``value`` (None when none is near): the one rule behind every
+    'did you mean' of an unknown key, hyperparameter or name."""
+    near = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
+def did_you_mean(value: Any, allowed: list[str]) -> str:
+    """' (did you mean 'x'?)' for ``nearest(value, allowed)``, '' when there is none."""
+    near = nearest(value, allowed)
+    return f" (did you mean {near!r}?)" if near else ""
+
+
 def unknown_keys(given: Any, allowed: list[str]) -> str:
     """'\'resuts_dir\' was unexpected (did you mean \'results_dir\'?); allowed keys: ...'
     for the keys of ``given`` outside ``allowed``."""
     parts = []
     for k in [k for k in given if k not in allowed]:
-        near = difflib.get_close_matches(str(k), allowed, n=1, cutoff=0.6)
-        parts.append(f"{k!r} was unexpected" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        parts.append(f"{k!r} was unexpected{did_you_mean(k, allowed)}")
     return "; ".join(parts) + f"; allowed keys: {', '.join(allowed) or 'none'}"
 
 

@@ -27,13 +27,12 @@ its hash; and there is no second model library beside the dataclasses the engine
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from ..utils import FedForgetError
-from ..validation import describe_allowed
+from ..validation import describe_allowed, nearest
 from .registry import METHODS
 
 SCHEMA = "schema"  # the field metadata key holding the field's JSON-schema fragment
@@ -96,9 +95,13 @@ def recorded(params: Any) -> dict[str, Any]:
     before it unchanged (no rerun of finished results), and a run that sets it gets its own."""
     out = dataclasses.asdict(params)
     for f in dataclasses.fields(params):
-        if f.metadata.get(ADDED) and out[f.name] == schema(type(params))["properties"][f.name]["default"]:
+        if f.metadata.get(ADDED) and out[f.name] == _default(f):
             del out[f.name]
     return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
 def redefault(base: type, name: str, default: Any) -> Any:
@@ -118,7 +121,7 @@ def schema(params_cls: type) -> dict[str, Any]:
     for f in dataclasses.fields(params_cls):
         if SCHEMA not in f.metadata:
             raise TypeError(f"{params_cls.__qualname__}.{f.name} is declared without a schema (fedforget.methods.params)")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = _default(f)
         props[f.name] = {**f.metadata[SCHEMA], "default": list(default) if isinstance(default, tuple) else default}
     return {"type": "object", "properties": props, "additionalProperties": False}
 
@@ -160,8 +163,8 @@ def validate_params(method: str, params_cls: type, raw: dict[str, Any], key: str
     allowed = sorted(f.name for f in dataclasses.fields(params_cls))
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        near = {k: difflib.get_close_matches(k, allowed, n=1, cutoff=0.6) for k in unknown}
-        hints = "".join(f" (did you mean {n[0]!r} for {k!r}?)" for k, n in near.items() if n)
+        near = {k: nearest(k, allowed) for k in unknown}
+        hints = "".join(f" (did you mean {n!r} for {k!r}?)" for k, n in near.items() if n)
         raise FedForgetError(
             f"{key}: unknown hyperparameter(s) {unknown} for method '{method}'{hints}; allowed: {allowed or 'none'}"
         )
