@@ -459,8 +459,8 @@ def train_clients_together(
     # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
     # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
     # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
-    # worker threads (each on its own replica) came out up to 2e-2 off the sequential
-    # weights, and exact on one worker (/tmp check, torch 2.x CPU); not investigated further
+    # worker threads (each on its own replica) gave other weights than the sequential
+    # trainer, and exact ones on one worker (an ad-hoc check; no script kept); not understood
     workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
     replicas = [copy.deepcopy(model).train() for _ in range(workers)] if pool is not None else []
