@@ -115,6 +115,10 @@ class TaskView:
         """Rows ``pos`` of this view (0-based positions within it)."""
         return self.data.batch(pos + self.start)
 
+    def empty(self) -> TaskView:
+        """No rows, the same client and task (a reply that needs none, ``round_end_untrained``)."""
+        return TaskView(self.data, self.start, self.start, self.task)
+
     def sample(
         self, m: int, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -284,7 +284,13 @@ class Simulation:
         if sc.ends_task(rnd):
             self.end_task(rnd, lr)
         if ROUND_END in self.method.exchanges:  # a second message per round, on the new weights
-            replies = self.trainer.client_pass(ROUND_END, {u.cid: views[u.cid] for u in uploads}, rnd, lr)
+            trained = {u.cid for u in uploads}
+            repliers = {
+                c: views[c] if c in trained else self.trainer.round_view(c, rnd).empty()
+                for c in sampled
+                if c in trained or self.method.round_end_untrained
+            }
+            replies = self.trainer.client_pass(ROUND_END, repliers, rnd, lr)
             if replies:
                 self.collect(ROUND_END, replies)
         train_time = time.perf_counter() - t0 - eval_time

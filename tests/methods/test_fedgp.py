@@ -219,3 +219,29 @@ def test_a_plugin_has_its_base_traits(make_run_config):
     }]}  # fmt: skip
     with pytest.raises(FedForgetError, match="method 'fedgp' needs a public set"):
         parse_config(raw)
+
+
+def test_every_client_with_a_buffer_sends_g_ref_trained_or_not(make_run_config):
+    """[P] "the server aggregates the local buffer gradients g_ref^k from client k in [K]":
+    a sampled client with no rows of the round's task (Dirichlet 0.1 leaves some) still
+    sends its buffer's gradient; g_ref is the mean over every client whose buffer has rows."""
+    rc = fedgp_cfg(make_run_config, {"buffer_size": 16, "ref_batch_size": 5})
+    rc = replace(rc, partition=PartitionSpec("dirichlet", clients=4, alpha=0.1, min_size=5, seed=2))
+    sim, rows = run(rc)
+    assert [sim.clients.size(cid, 2) for cid in (0, 3)] == [0, 0]  # they do not train in task 3
+    with_buffer = [cid for cid in range(4) if Reservoir(16).size(sim.client_state.get(cid, {}))]
+    last = rows[-1]
+    assert last["fedgp_ref_clients"] == len(with_buffer)
+    assert last["n_sampled_clients"] == 2 and with_buffer == [0, 1, 2, 3]
+    model = sim.model_with(sim.global_params)
+    model.train()
+    grads = []
+    for cid in with_buffer:
+        st = sim.client_state[cid]
+        mem = Reservoir(16).sample(st, 5, sample_generator(0, 3, cid, 2, REF_STREAM))
+        model.zero_grad()
+        F.cross_entropy(model(mem["x"]), mem["y"]).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    g_ref = sim.server.state[STATE_KEY]
+    for n in grads[0]:
+        torch.testing.assert_close(g_ref[n], sum(g[n] for g in grads) / len(grads))

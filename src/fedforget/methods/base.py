@@ -23,7 +23,8 @@ model, e.g. L2P's prompts; ``server_init(server)`` before round 1)::
                  # (default: FedAvg, weighted by n_k), then any server step after it
     (a task's last round: the task-end exchanges below)
     if ROUND_END in method.exchanges:                        # a second message per round
-        for each client k that trained this round:           # (FedGP's buffer gradients)
+        for each client k that trained this round:           # (iCaRL's class means; with
+                 # round_end_untrained every sampled client: FedGP's buffer gradients)
             reply_k = method.client_reply(ROUND_END, ctx)    # ctx.model = new global model
         method.server_collect(ROUND_END, server, {k: reply_k})   # before the next broadcast
     metrics row += method.server_metrics(server, uploads)    # method diagnostics
@@ -110,8 +111,9 @@ AFTER_TASK = "after_task"  # after task_end's collect: the clients that replied 
 #   same weights and data, with the broadcast as task_end left the server (a second task-end
 #   message that needs what the server aggregated from the first: FedProTIP's references)
 ROUND_END = "round_end"  # after each round's aggregation (and task end): the clients that
-#   trained in it, on the NEW global weights and their data of the round (FedGP's buffer
-#   gradients, iCaRL's class means)
+#   trained in it, on the NEW global weights and their data of the round (iCaRL's class
+#   means); with ``round_end_untrained``, also the sampled clients that did not train (no rows
+#   in the round), on an empty view of their round's task (FedGP's buffer gradients)
 EXCHANGES = (TASK_END, AFTER_TASK, ROUND_END)
 
 # the names of FedAvg's loss terms (``FedAvg.client_loss``)
@@ -317,6 +319,10 @@ class FedAvg:
     # engine runs these and only these, each a client pass (``client_reply``) and a server step
     # (``server_collect``)
     exchanges: tuple[str, ...] = ()
+    # ROUND_END: the reply does not depend on the round's new data, so a sampled client that
+    # did not train (no rows in the round) replies too, on an empty view (FedGP's buffer
+    # gradients, from rows kept in earlier rounds); False: only the clients that trained
+    round_end_untrained: bool = False
     # what the trainers and the evaluator may assume, declared, never inferred from which
     # hooks a method writes (tests/methods/test_protocol.py checks each against the code):
     stacked: bool = True  # local training is FedAvg's SGD step plus ``client_step_terms``: the

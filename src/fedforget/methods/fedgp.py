@@ -20,9 +20,14 @@ Each round, with the base method's training, server and state unchanged:
    first epoch of a task's first round). Over a base that keeps a replay buffer (A-GEM, DER:
    FedGP's Alg. 5-6 use one buffer M^k) FedGP reads that buffer and offers nothing itself;
    otherwise it keeps its own.
-3. After aggregation (the ROUND_END exchange: each client that trained replies) [P Alg. 1, 3; C
-   ``GradER``]: each client that trained in the round computes its buffer gradient at the
-   NEW global model, the mean cross-entropy on ``ref_batch_size`` (32) rows drawn uniformly
+3. After aggregation (the ROUND_END exchange) [P Alg. 1, 3; C ``GradER``]: every client
+   sampled in the round whose buffer has rows computes its buffer gradient at the NEW global
+   model, whether or not it trained in the round (``round_end_untrained``: the reply reads
+   only the buffer, rows of earlier rounds; a client with no rows of the current task, whose
+   buffer holds only old tasks, is exactly the anti-forgetting signal: "the server aggregates
+   the local buffer gradients g_ref^k from client k in [K]" [P]; the code samples every
+   client every round, so each has trained [C]), the mean cross-entropy on
+   ``ref_batch_size`` (32) rows drawn uniformly
    without replacement from its buffer, in training mode [C]; replayed rows are scored with
    their own task's classes (task-IL) and head (per-task heads), as A-GEM's are. The server
    averages them (mean over the clients with a non-empty buffer [D]; the code sums, and the
@@ -159,6 +164,7 @@ def manipulate(
 class FedGP(OverBase):
     name = "fedgp"
     own_exchanges = (ROUND_END,)  # the buffer gradients g_ref^k after each aggregation
+    round_end_untrained = True  # from every sampled client with buffer rows, trained or not
     Params = FedGPParams
 
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
@@ -282,10 +288,14 @@ class FedGP(OverBase):
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """ROUND_END: (the base's reply, g_ref^k), g_ref^k the mean CE gradient at the new
         global model on a random batch of the client's buffer (Alg. 3), None while the
-        buffer is empty. Any other exchange is the base's."""
+        buffer is empty. The base's reply from a client that trained, or from any where the
+        base's reply needs no new rows (its ``round_end_untrained``). Any other exchange is
+        the base's."""
         if exchange != ROUND_END:
             return self.base.client_reply(exchange, ctx)
-        base_reply = self.base.client_reply(ROUND_END, ctx) if ROUND_END in self.base.exchanges else None
+        base_reply = None
+        if ROUND_END in self.base.exchanges and (self.base.round_end_untrained or len(ctx.data)):
+            base_reply = self.base.client_reply(ROUND_END, ctx)
         buf = self.replay.buffer
         if buf.size(ctx.state) == 0:
             return base_reply, None

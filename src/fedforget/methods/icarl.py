@@ -62,7 +62,8 @@ without a mean scores the row's lowest score minus 30 (finite, for the evaluator
 How the means reach the server [D]: a client sends, per class, the sum of phi over its
 exemplars and their count, computed on the current global model: at each task end (every
 client with data in the task, after updating its exemplars) and after each round's
-aggregation (each client that trained: the ROUND_END reply), so the means follow the
+aggregation (every sampled client with exemplars, trained in the round or not: the ROUND_END
+reply reads only the exemplars, ``round_end_untrained``), so the means follow the
 representation, as the paper's prototypes do (Sec. 2.1: computed from the exemplars with the
 current features; Mammoth recomputes them at each evaluation). The server keeps each client's latest report with its
 round; mu_y = sum of the sums / sum of the counts over the clients whose report for y is the
@@ -275,6 +276,7 @@ class ICaRL(FedAvg):
     own_upload = True
     own_predict = True
     exchanges = (TASK_END, ROUND_END)  # exemplars at a task end, class means each round
+    round_end_untrained = True  # the class-mean report reads the exemplars, not the round's rows
 
     @dataclass(frozen=True)
     class Params:
