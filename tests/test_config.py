@@ -22,6 +22,7 @@ from fedforget.config import (
     typed_overrides,
 )
 from fedforget.parse import load_config, parse_config
+from fedforget.partition import INTERNAL_KEYS as PARTITION_INTERNAL_KEYS
 from fedforget.partition import PartitionSpec
 from fedforget.reference import BLOCKS, documented_schema, reference_markdown
 from fedforget.smoke import DEFAULTS as SMOKE_DEFAULTS
@@ -366,7 +367,7 @@ def test_defaults_are_stated_once_in_the_code():
         assert not [k for k, v in props.items() if "default" in v], block
     assert set(blocks["train"]) == {f.name for f in fields(TrainSpec)} - set(INTERNAL_TRAIN_KEYS)
     assert set(blocks["optimizer"]) == {f.name for f in fields(OptimizerSpec)}
-    assert set(blocks["partition"]) == {f.name for f in fields(PartitionSpec)}
+    assert set(blocks["partition"]) == {f.name for f in fields(PartitionSpec)} - set(PARTITION_INTERNAL_KEYS)
     assert set(blocks["smoke"]) == set(SMOKE_DEFAULTS)
     doc = documented_schema()["$defs"]
     assert doc["train"]["properties"]["rounds"]["default"] == TrainSpec().rounds

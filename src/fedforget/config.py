@@ -208,7 +208,7 @@ class Experiment:
             t = self.train_for(m)
             train[m.label] = replace(t, engine_pairing=self.pairing) if self.pairing and t.client_engine == "auto" else t
         return [
-            RunConfig(self.name, ds, part, m, seed, train[m.label], data_dir, results_dir, self.scale)
+            RunConfig(self.name, ds, part.for_dataset(ds.scenario), m, seed, train[m.label], data_dir, results_dir, self.scale)
             for ds in self.datasets for part in self.partitions for m in self.methods for seed in self.seeds
         ]  # fmt: skip
 

@@ -1,6 +1,16 @@
 """Client partitioners: iid, dirichlet (label skew, bounded redraws), shards and classes
 (an explicit clients x classes matrix of fractions).
 
+Over the whole private pool (the default), or within each task (``per_task: true``; on a
+stream whose every task holds every row, rotated or permuted, that is the pool): the scheme is drawn on each task's rows apart, with
+its minimum (dirichlet's ``min_size``, ``min_per_class``) per client per task, so every
+client holds rows of every task [P fedgp.md Sec. 5.1.1: "Once we define the data for each
+task, we split it among K clients in a non-IID manner"; fedprotip.md App.: "each client
+holds at least one sample from every class present in its assigned task", ``min_per_class:
+1``]. Task t's draw is keyed by (partition seed, t). Drawn over the pool, a per-class scheme
+restricted to a task's classes is also that scheme within the task, but a client may hold
+nothing of a task (it then does not train while the task runs).
+
 A partition assigns every row of the private training pool to exactly one client. It is
 stored as ``assignment.npy`` (int64, one entry per row of the dataset's training split: the
 client id, or -1 for rows that are not private, e.g. a held-out public slice), with
@@ -14,11 +24,14 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from .data.base import domain_ids
+from .data.scenario import row_tasks, task_rows
 from .registry import Registry
 from .utils import (
     FedForgetError,
@@ -43,6 +56,12 @@ class PartitionSpec:
     # classes: [clients][classes] fractions; column c says how class c's samples are split
     class_fractions: list[list[float]] | None = None
     seed: int = 0
+    per_task: bool = False  # draw within each task's rows (iid, dirichlet, shards), minimums per task
+    min_per_class: int = 0  # dirichlet: every client holds at least this many rows of every class
+    #   (per_task: of every class of each task) [P fedprotip.md: 1], the rest drawn as usual
+    # per_task: which rows each task holds (``data.scenario.task_rows`` of the dataset's scenario),
+    # bound per dataset when the runs are made (``for_dataset``), never written in a config
+    tasks: dict | None = None
 
     @property
     def setting(self) -> str:
@@ -61,13 +80,32 @@ class PartitionSpec:
         parts = [self.setting, f"k{self.clients}"]
         if self.scheme == "dirichlet":
             parts.append(f"min{self.min_size}")
+            if self.min_per_class:
+                parts.append(f"mpc{self.min_per_class}")
+        if self.per_task:  # the task rows' digest: two streams of one pool, two partitions
+            parts.append("pertask" + (f"-{_digest(self.tasks)}" if self.tasks else ""))
         parts.append(f"ps{self.seed}")
         return "_".join(parts)
+
+    def for_dataset(self, scenario: dict | None) -> PartitionSpec:
+        """This partition for a dataset with the resolved ``scenario``: per_task binds its
+        task rows (``tasks``). [D] Where every task holds every row (no scenario, rotated,
+        permuted) a per-task draw is the draw over the pool (every client then holds rows of
+        every task), so per_task is dropped there: one experiment's partition may serve a
+        split and a rotated stream, and the rotated one's partition is the pool's."""
+        if not self.per_task:
+            return self
+        rows = task_rows(scenario)
+        return replace(self, tasks=rows) if rows else replace(self, per_task=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if self.scheme != "dirichlet":
             d.pop("alpha"), d.pop("min_size"), d.pop("max_redraws")
+        if not self.min_per_class:  # absent unless set: the partitions drawn before it keep their keys
+            d.pop("min_per_class")
+        if not self.per_task:
+            d.pop("per_task"), d.pop("tasks")
         if self.scheme != "shards":
             d.pop("shards_per_client")
         if self.scheme != "classes":
@@ -77,7 +115,12 @@ class PartitionSpec:
 
 def fractions_digest(matrix: list[list[float]] | None) -> str:
     """8 hex digits naming a class-fraction matrix (its canonical JSON, floats as floats)."""
-    canon = json.dumps([[float(v) for v in row] for row in matrix or []], separators=(",", ":"))
+    return _digest([[float(v) for v in row] for row in matrix or []])
+
+
+def _digest(value: object) -> str:
+    """8 hex digits of ``value``'s canonical JSON."""
+    canon = json.dumps(value, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(canon.encode()).hexdigest()[:8]
 
 
@@ -93,6 +136,17 @@ def check_feasible(
     known, also checks the width of a class-fraction matrix)."""
     if spec.clients < 1:
         raise FedForgetError(f"{key}.clients={spec.clients}; allowed: >= 1")
+    if not isinstance(spec.min_per_class, int) or isinstance(spec.min_per_class, bool) or spec.min_per_class < 0:
+        raise FedForgetError(f"{key}.min_per_class={spec.min_per_class!r}; allowed: an integer >= 0")
+    if spec.min_per_class and spec.scheme != "dirichlet":
+        raise FedForgetError(
+            f"{key}.min_per_class={spec.min_per_class} is for scheme dirichlet (scheme is '{spec.scheme}')"
+        )
+    if spec.per_task and spec.scheme not in PER_TASK_SCHEMES:
+        raise FedForgetError(
+            f"{key}.per_task=true with scheme '{spec.scheme}'; allowed: {', '.join(PER_TASK_SCHEMES)} (a class-fraction "
+            "matrix already splits each task's classes as written)"
+        )
     if spec.clients > n:
         raise FedForgetError(
             f"{key}.clients={spec.clients} is more than the {n} training samples available"
@@ -120,6 +174,12 @@ def check_feasible(
     if spec.scheme == "classes":
         check_class_fractions(spec.class_fractions, spec.clients, num_classes, f"{key}.class_fractions")
 
+
+# PartitionSpec fields that are bound by the code, never written in a config
+INTERNAL_KEYS = ("tasks",)
+
+# the schemes a per-task partition draws within each task
+PER_TASK_SCHEMES = ("iid", "dirichlet", "shards")
 
 # a class column's fractions must sum to 1 within this tolerance
 FRACTION_TOL = 1e-6
@@ -175,12 +235,25 @@ def dirichlet(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> l
     client below N/K may still receive any part of a class), however unlikely, so the rest
     can only be found by drawing: ``max_redraws`` cheap draws, then an error that says which
     min_size the best draw met."""
-    n, k = len(y), spec.clients
-    members = [np.flatnonzero(y == c) for c in np.unique(y)]
+    n, k, m = len(y), spec.clients, spec.min_per_class
+    labels = np.unique(y)
+    members = [np.flatnonzero(y == c) for c in labels]
     clients = np.arange(k)
+    # min_per_class m [P fedprotip.md]: m rows of each class to every client first (client j:
+    # positions j*m .. (j+1)*m - 1 of the class's permutation), the rest drawn below
+    reserved: list[np.ndarray] = []
+    if m:
+        for c, rows in zip(labels, members):
+            if len(rows) < m * k:
+                raise FedForgetError(
+                    f"dirichlet partition infeasible: min_per_class={m} x clients={k} = {m * k} rows of every "
+                    f"class, but class {int(c)} has {len(rows)}; allowed: min_per_class <= {len(rows) // k}"
+                )
+        reserved = [rng.permutation(rows)[: m * k] for rows in members]
+        members = [np.setdiff1d(rows, r) for rows, r in zip(members, reserved)]
     best = -1  # the largest smallest client over the draws
     for _ in range(spec.max_redraws):
-        sizes = np.zeros(k, dtype=np.int64)
+        sizes = np.full(k, m * len(members), dtype=np.int64)
         perms, counts = [], []
         for rows in members:
             idx = rng.permutation(rows)
@@ -195,7 +268,11 @@ def dirichlet(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> l
         smallest = int(sizes.min())
         best = max(best, smallest)
         if smallest >= spec.min_size:
-            # client j: its piece of each class in class order, each in permuted order
+            # client j: its piece of each class in class order (its reserved rows first), each
+            # in permuted order
+            if m:
+                perms = [np.concatenate([r, p]) for r, p in zip(reserved, perms)]
+                counts = [np.full(k, m) + c for c in counts]
             owner = np.concatenate([np.repeat(clients, c) for c in counts])
             order = np.concatenate(perms)[np.argsort(owner, kind="stable")]
             return np.split(order, np.cumsum(sizes)[:-1])
@@ -296,17 +373,45 @@ def make_partition(
     spec: PartitionSpec,
     excluded: np.ndarray | None = None,
     key: str = "partition",
+    num_classes: int | None = None,
+    domain: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Assignment vector over the training split: client id per row, -1 for excluded rows."""
+    """Assignment vector over the training split: client id per row, -1 for excluded rows
+    (and, per_task, for rows in no task). A per-task partition needs the dataset's
+    ``num_classes`` (and, for a domains scenario, each row's ``domain``)."""
     fn = PARTITIONERS.get(spec.scheme, f"{key}.scheme")
     pool = np.setdiff1d(np.arange(len(y_train)), excluded if excluded is not None else [])
-    check_feasible(spec, len(pool), key)
-    rng = np.random.default_rng(np.random.SeedSequence([int(spec.seed), _STREAM]))
-    parts = fn(y_train[pool], spec, rng)
     assignment = np.full(len(y_train), -1, dtype=np.int64)
-    for cid, rows in enumerate(parts):
-        assignment[pool[rows]] = cid
+    if not spec.per_task:
+        pieces = [(pool, np.random.SeedSequence([int(spec.seed), _STREAM]), key)]
+    else:
+        if not spec.tasks or num_classes is None:
+            raise FedForgetError(
+                f"{key}.per_task=true needs the task rows of a dataset with a split or domains scenario "
+                f"(tasks={spec.tasks!r}) and its number of classes"
+            )
+        task = row_tasks(spec.tasks, y_train, num_classes, domain)[pool]
+        pieces = [
+            (pool[task == t], np.random.SeedSequence([int(spec.seed), _STREAM, t]), f"{key} (task {t})")
+            for t in range(int(spec.tasks["tasks"]))
+        ]
+    for rows, seq, where in pieces:
+        check_feasible(spec, len(rows), where)
+        try:
+            parts = fn(y_train[rows], spec, np.random.default_rng(seq))
+        except FedForgetError as e:
+            raise FedForgetError(f"{where}: {e}") if spec.per_task else e from None
+        for cid, part in enumerate(parts):
+            assignment[rows[part]] = cid
     return assignment
+
+
+def partition_dataset(data: Any, spec: PartitionSpec, excluded: np.ndarray | None = None) -> np.ndarray:
+    """``make_partition`` of a loaded dataset (``data.load_dataset``): its training labels,
+    number of classes and, for a multi-domain dataset, each row's domain."""
+    return make_partition(
+        data.y_train, spec, excluded, num_classes=data.num_classes, domain=domain_ids(data.meta, "train")
+    )
 
 
 def client_indices(assignment: np.ndarray, clients: int) -> list[np.ndarray]:
@@ -337,7 +442,10 @@ def save_partition(
     y: np.ndarray,
     num_classes: int,
     public_id: str | None,
+    task: np.ndarray | None = None,
 ) -> Path:
+    """assignment.npy, class_counts.csv and meta.json (per_task: with ``task``, each row's
+    task, meta.json records each client's rows per task, ``task_sizes``)."""
     out = Path(out)
     atomic_save_npy(out / "assignment.npy", assignment)
     counts = class_counts(assignment, y, spec.clients, num_classes)
@@ -346,9 +454,15 @@ def save_partition(
     ]
     atomic_write_text(out / "class_counts.csv", "\n".join(rows) + "\n")
     sizes = counts.sum(1)
+    per_task = {}
+    if task is not None:
+        tasks = int(task.max(initial=-1)) + 1
+        # a row in no task is in no client's share (make_partition), so every counted row has a task
+        per_task["task_sizes"] = class_counts(assignment, task, spec.clients, tasks).tolist()
     atomic_write_json(
         out / "meta.json",
         {
+            **per_task,
             "dataset": dataset_id,
             "public": public_id,
             "spec": spec.to_dict(),

@@ -11,7 +11,9 @@ from typing import Any
 
 from .config import DatasetSpec, Experiment, RunConfig, WorkflowConfig
 from .data import DATASETS, load_dataset, load_public, prepare_dataset, prepare_public
-from .partition import PartitionSpec, class_counts, make_partition, save_partition
+from .data.base import domain_ids
+from .data.scenario import row_tasks
+from .partition import PartitionSpec, class_counts, partition_dataset, save_partition
 from .utils import FedForgetError
 from .validation import did_you_mean
 
@@ -37,12 +39,14 @@ def partition_one(ds: DatasetSpec, spec: PartitionSpec, data_dir: str, out_dir: 
     data = load_dataset(ds.id, data_dir)
     public = load_public(ds.public, ds.id, data_dir, with_labels=False)
     excluded = public.excluded_train_rows if public is not None else None
-    assignment = make_partition(data.y_train, spec, excluded)
+    assignment = partition_dataset(data, spec, excluded)
+    task = row_tasks(spec.tasks, data.y_train, data.num_classes, domain_ids(data.meta, "train")) if spec.per_task else None
     out = save_partition(
-        out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id
+        out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id, task
     )
     counts = class_counts(assignment, data.y_train, spec.clients, data.num_classes)
-    partition_heatmap(counts, out / "heatmap.png", f"{ds.pool_id}: {spec.slug}", data.class_names)
+    per_task = None if task is None else class_counts(assignment, task, spec.clients, int(spec.tasks["tasks"]))  # type: ignore[index]
+    partition_heatmap(counts, out / "heatmap.png", f"{ds.pool_id}: {spec.slug}", data.class_names, per_task)
     return out
 
 

@@ -158,28 +158,44 @@ def learning_curves(
 
 
 def partition_heatmap(
-    counts: np.ndarray, path: str | Path, title: str, class_names: list[str] | None = None
+    counts: np.ndarray,
+    path: str | Path,
+    title: str,
+    class_names: list[str] | None = None,
+    task_counts: np.ndarray | None = None,
 ) -> Path:
     """Clients x classes sample counts, annotated up to 400 cells, each cell as wide as its
     largest count (two classes of SST-2 over 15 clients, 0.45 inches a cell, overlapped
     their four-digit counts) [D]; past the tick labels that fit, every n-th client and class
-    is labelled (``_thin_ticks``)."""
+    is labelled (``_thin_ticks``). A per-task partition adds ``task_counts`` (clients x
+    tasks) in a second panel, so a client without rows of a task shows as a 0."""
     import seaborn as sns
 
     plt = _plt()
     path = Path(path)
-    k, c = counts.shape
-    annot = k * c <= 400
-    cell = max(0.45, _text_width(str(int(counts.max(initial=0))), 10) + 0.15) if annot else 0.45
-    # beside the cells: the y labels (0.6 inches) and the colour bar with its label (1.4)
-    fig, ax = plt.subplots(figsize=(min(2.0 + cell * c, 12), min(1.5 + 0.28 * k, 14)))
-    sns.heatmap(counts, ax=ax, cmap="viridis", annot=annot, fmt="d", cbar_kws={"label": "samples"},
-                xticklabels=class_names or list(range(c)), yticklabels=list(range(k)))  # fmt: skip
-    ax.set_xlabel("class")
-    ax.set_ylabel("client")
-    ax.set_title(title)
+    panels = [(counts, "class", class_names)] + ([] if task_counts is None else [(task_counts, "task", None)])
+    sizes = []
+    for m, _, _ in panels:
+        k, c = m.shape
+        annot = k * c <= 400
+        cell = max(0.45, _text_width(str(int(m.max(initial=0))), 10) + 0.15) if annot else 0.45
+        sizes.append((annot, min(2.0 + cell * c, 12)))  # + y labels (0.6 in) and colour bar (1.4)
+    k = counts.shape[0]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(sum(w for _, w in sizes), min(1.5 + 0.28 * k, 14)), squeeze=False,
+        gridspec_kw={"width_ratios": [w for _, w in sizes]},
+    )  # fmt: skip
+    for ax, (m, what, names), (annot, _) in zip(axes[0], panels, sizes):
+        sns.heatmap(m, ax=ax, cmap="viridis", annot=annot, fmt="d", cbar_kws={"label": "samples"},
+                    xticklabels=names or list(range(m.shape[1])), yticklabels=list(range(k)))  # fmt: skip
+        ax.set_xlabel(what)
+        ax.set_ylabel("client")
+    axes[0][0].set_title(title)
+    if task_counts is not None:
+        axes[0][1].set_title("per task")
     fig.tight_layout()
-    _thin_ticks(fig, ax)
+    for ax in axes[0]:
+        _thin_ticks(fig, ax)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)

@@ -20,6 +20,7 @@ from typing import Any
 from .config import INTERNAL_TRAIN_KEYS
 from .methods import METHODS
 from .methods.params import schema as params_schema
+from .partition import INTERNAL_KEYS as PARTITION_INTERNAL_KEYS
 from .partition import PartitionSpec
 from .smoke import DEFAULTS as SMOKE_DEFAULTS
 from .train_spec import OptimizerSpec, TrainSpec
@@ -42,7 +43,7 @@ def _dataclass_defaults(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]
 
 def block_defaults() -> dict[str, dict[str, Any]]:
     """{block: {key: default}}, read from the code that uses them (None: no default)."""
-    partition = _dataclass_defaults(PartitionSpec)
+    partition = _dataclass_defaults(PartitionSpec, PARTITION_INTERNAL_KEYS)
     required = set(schema()["$defs"]["partition"].get("required", ()))
     return {
         "train": _dataclass_defaults(TrainSpec, ("optimizer", *INTERNAL_TRAIN_KEYS)),

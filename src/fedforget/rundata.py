@@ -15,7 +15,7 @@ from .data import PublicSet, load_dataset, load_public
 from .data.base import domain_ids
 from .data.scenario import Scenario
 from .inputs import InputPipeline, Pool, choose_storage
-from .partition import client_indices, load_partition, make_partition
+from .partition import client_indices, load_partition, partition_dataset
 from .utils import FedForgetError
 
 
@@ -50,7 +50,7 @@ def load_run_data(
             )
     else:  # usable without the workflow: the same deterministic partition, in memory
         excluded = public.excluded_train_rows if public is not None else None
-        assignment = make_partition(data.y_train, cfg.partition, excluded)
+        assignment = partition_dataset(data, cfg.partition, excluded)
     if len(assignment) != len(data.y_train):
         raise FedForgetError(
             f"partition {cfg.partition_dir} has {len(assignment)} rows, dataset '{data.id}' {len(data.y_train)}"

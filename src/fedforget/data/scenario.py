@@ -207,6 +207,33 @@ def check_rounds(s: dict[str, Any] | None, rounds: int, key: str) -> None:
         )
 
 
+# what decides which training rows each task holds, per kind with rows of their own
+# (``task_rows``): a per-task partition (``partition.PartitionSpec.per_task``) is keyed by it
+TASK_ROW_KEYS = {"split": ("kind", "tasks", "classes_per_task", "class_order", "seed"), "domains": ("kind", "tasks")}
+
+
+def task_rows(s: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The part of a resolved scenario that decides which training rows each task holds
+    (split: the classes of each task; domains: the domain order), None where every task
+    holds every row (none, rotated, permuted): a per-task partition is drawn from it."""
+    if not s or s["kind"] not in TASK_ROW_KEYS:
+        return None
+    return {k: s[k] for k in TASK_ROW_KEYS[s["kind"]]}
+
+
+def row_tasks(
+    rows: Mapping[str, Any], y: np.ndarray, num_classes: int, domain: np.ndarray | None = None
+) -> np.ndarray:
+    """int [N]: each row's task under ``rows`` (``task_rows``), -1 for a row in no task (a
+    class left out of a split)."""
+    spec = {**DEFAULTS, **rows, "incremental": SETTINGS[rows["kind"]][0], "rounds_per_task": 1}
+    sc = Scenario.build(spec, num_classes, (1,), int(rows["tasks"]))
+    out = np.full(len(y), -1, dtype=np.int64)
+    for t in range(sc.tasks):
+        out[sc.rows_of_task(y, t, domain)] = t
+    return out
+
+
 @dataclass
 class Scenario:
     """A resolved scenario for one run: which rows and classes each task holds, each task's

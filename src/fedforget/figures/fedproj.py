@@ -46,7 +46,7 @@ def _snapshot(run_dir: Path, rnd: int) -> dict:
 def _run_context(run_dir: Path):
     """(RunConfig, train x, train y, client id per train row) of a finished run."""
     from ..data import load_dataset, load_public
-    from ..partition import make_partition
+    from ..partition import partition_dataset
 
     rc = run_config(run_dir)
     data = load_dataset(rc.dataset.id, rc.data_dir)
@@ -56,7 +56,7 @@ def _run_context(run_dir: Path):
         )
     public = load_public(rc.dataset.public, rc.dataset.id, rc.data_dir, False)
     excluded = public.excluded_train_rows if public is not None else None
-    owner = make_partition(data.y_train, rc.partition, excluded)  # deterministic: the run's partition
+    owner = partition_dataset(data, rc.partition, excluded)  # deterministic: the run's partition
     return rc, np.asarray(data.x_train), np.asarray(data.y_train), owner
 
 
