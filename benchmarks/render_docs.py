@@ -15,11 +15,16 @@ is), after a space in the text form; ``\|`` instead of ``|`` inside a Markdown t
 ``python benchmarks/render_docs.py`` rewrites every marked value in README.md and
 docs/*.md; ``--check`` changes nothing and exits 1, listing each stale or unresolvable value
 (tests/test_docs_numbers.py runs it).
+
+It also writes the generated page docs/coverage.md (``benchmarks/paper_coverage.py``: every
+table and figure of the papers, its config, its transcribed numbers, the reasons for the
+gaps), which ``--check`` reports when stale (tests/test_coverage.py checks it too).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -90,7 +95,9 @@ def docs() -> list[Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a value is stale")
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a value is stale"
+    )
     args = ap.parse_args()
     bad = 0
     for path in docs():
@@ -101,7 +108,25 @@ def main() -> int:
         bad += len(problems)
         if not args.check and new != text:
             path.write_text(new)
+    coverage = _coverage()
+    if args.check:
+        for p in coverage.check(ROOT):
+            print(p, file=sys.stderr)
+            bad += 1
+    elif coverage.write(ROOT):
+        print(f"wrote {coverage.PAGE}", file=sys.stderr)
     return 1 if args.check and bad else 0
+
+
+def _coverage():
+    """benchmarks/paper_coverage.py (loaded here: it imports fedforget, the markers do not)."""
+    spec = importlib.util.spec_from_file_location(
+        "paper_coverage", Path(__file__).with_name("paper_coverage.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
 
 
 if __name__ == "__main__":

@@ -295,3 +295,34 @@ def test_cli_writes_the_tables_and_names_a_missing_summary(tmp_path, capsys):
     )
     assert main([*argv[:-1], f"--paper-results={tmp_path / 'nope.csv'}"]) == 2
     assert "nope.csv" in capsys.readouterr().err
+
+
+def test_a_note_on_the_papers_number_is_marked_and_printed(tmp_path):
+    """A paper results row's note (optional column ``note``, issue 33: FedProTIP Table 11's
+    DomainNet cells contradict its Tables 1 and 16) marks the paper's number "(note n)" in
+    paper.md and paper.html, is printed under the grids, and is paper.csv's paper_note; a
+    note shared by two cells has one number."""
+    dirs = [write_run(tmp_path / f"a{s}", "A", s, final=0.5) for s in range(2)]
+    dirs += [write_run(tmp_path / "b0", "B", 0, final=0.4)]
+    swapped = "printed in the +TIP column; the columns look swapped, see Table 1"
+    ref = tmp_path / "paper_results.csv"
+    ref.write_text(
+        "paper,table,dataset,setting,method,metric,value,std,note\n"
+        f'P,11,digits,dirichlet-0.5,A,accuracy,28.85,,"{swapped}"\n'
+        f'P,11,digits,dirichlet-0.5,B,accuracy,25.30,0.5,"{swapped}"\n'
+        "P,11,digits,dirichlet-0.5,C,accuracy,20.00,,\n"
+    )
+    paper = {"name": "P", "table": 11}
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e", paper, ref)
+    write_paper_tables(out, "e", paper, ref)
+    cells = pd.read_csv(out / "paper.csv", keep_default_na=False)
+    assert list(cells["paper_note"]) == [swapped, swapped, ""]
+    md = (out / "paper.md").read_text()
+    assert "| A | paper | 28.85 (note 1) |" in md and "| B | paper | 25.30 ± 0.50 (note 1) |" in md
+    assert "| C | paper | 20.00 |" in md and "(note 2)" not in md
+    assert (
+        f"- Note 1 (P table 11, digits dirichlet-0.5, A, accuracy and 1 more cell): {swapped}" in md
+    )
+    page = (out / "paper.html").read_text()
+    assert "<td>28.85 (note 1)</td>" in page and "<li>Note 1 (P table 11" in page

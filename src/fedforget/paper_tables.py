@@ -23,6 +23,11 @@ Units [D]: the papers report percentages; ours are the fractions of runs.csv × 
 in percentage points (for the forgetting measures Fgt_T and FT lower is better: a positive
 difference forgets more).
 
+Notes [D]: a paper results row may carry a ``note`` (config/paper_results.csv, optional column):
+a remark on the paper's number itself (a cell that contradicts another table of the paper, a
+cell printed once for several rows). The cell's paper number is then marked "(note n)" and
+the note printed under the grids; paper.csv has it in ``paper_note``.
+
 Written per experiment into its summary directory (``PAPER_OUTPUTS``) from the summary's
 runs.csv, by ``fedforget paper-table`` (rule paper_table) or ``write_paper_tables``:
 ``paper.csv``, one row per cell (``CELL_COLUMNS``), ``paper.md`` and ``paper.html`` (the
@@ -57,7 +62,7 @@ MODE_METRICS = ("ACC", "FT")
 CELL_COLUMNS = [
     "method", "dataset", "setting", "metric", "paper_pct", "ours_mean_pct", "ours_std_pct", "n_seeds",
     "diff_pct_points", "status", "table", "paper_method", "our_dataset", "our_setting", "clients",
-    "partition_seed", "our_column", "paper_std_pct", "n_failed", "n_not_finished",
+    "partition_seed", "our_column", "paper_std_pct", "n_failed", "n_not_finished", "paper_note",
 ]  # fmt: skip
 
 # status words: "ok" when both numbers exist, else the reasons joined by "; "
@@ -81,7 +86,8 @@ NOTE = (
     "has no finished run of that method on that column (another experiment may have it); "
     "'failed': every seed diverged or failed; 'failed seeds' / 'unfinished seeds': the mean is "
     "over the completed seeds only; 'not measured': our runs do not compute that metric; "
-    "'not in paper': the paper has no number there; '-': the paper's cell is '-'."
+    "'not in paper': the paper has no number there; '-': the paper's cell is '-'; '(note n)': "
+    "a remark on the paper's number, below the tables."
 )
 
 
@@ -131,6 +137,8 @@ def read_paper_results(paper: dict[str, Any], path: str | Path | None) -> pd.Dat
             f"{path}: no column(s) {missing}; a paper results file has the columns {need}"
         )
     ref = ref[(ref["paper"] == paper["name"]) & ref["table"].isin(paper_tables(paper))]
+    if "note" not in ref.columns:  # optional: a remark on the paper's number
+        ref = ref.assign(note="")
     return ref.reset_index(drop=True)
 
 
@@ -194,17 +202,19 @@ def our_cell(runs: pd.DataFrame | None, column: str | None) -> dict[str, Any]:
 def _paper_cell(
     ref: pd.DataFrame, method: str | None, col: tuple[str, str], metric: str
 ) -> dict[str, Any]:
-    """The paper's value and std (%) of one cell and the paper's side of the status."""
+    """The paper's value and std (%) of one cell, its note, and the paper's side of the status."""
     hit = pd.DataFrame()
     if method is not None:
         hit = ref[(ref["dataset"] == col[0]) & (ref["setting"] == col[1]) & (ref["metric"] == metric)
                   & (ref["method"].str.lower() == method.lower())]  # fmt: skip
+    none = {"paper_pct": math.nan, "paper_std_pct": math.nan, "paper_note": ""}
     if not len(hit):
-        return {"paper_pct": math.nan, "paper_std_pct": math.nan, "paper": NOT_IN_PAPER}
+        return {**none, "paper": NOT_IN_PAPER}
     value, std = hit["value"].iloc[0].strip(), hit["std"].iloc[0].strip()
+    note = str(hit["note"].iloc[0]).strip() if "note" in hit else ""
     if value in DASHES:
-        return {"paper_pct": math.nan, "paper_std_pct": math.nan, "paper": PAPER_DASH}
-    return {"paper_pct": _number(value), "paper_std_pct": _number(std),
+        return {**none, "paper_note": note, "paper": PAPER_DASH}
+    return {"paper_pct": _number(value), "paper_std_pct": _number(std), "paper_note": note,
             "paper": PAPER_FAILED if std.lower() == "failed" else "ok"}  # fmt: skip
 
 
@@ -295,11 +305,21 @@ def _num(v: float, std: float = math.nan) -> str:
     return f"{v:.2f}" + ("" if math.isnan(std) else f" ± {std:.2f}")
 
 
-def paper_text(r: pd.Series) -> str:
+def note_numbers(cells: pd.DataFrame) -> dict[str, int]:
+    """{note: its number on the page}: the paper notes of ``cells`` in order, from 1."""
+    notes = cells["paper_note"].fillna("").astype(str) if "paper_note" in cells else []
+    return {n: i for i, n in enumerate(dict.fromkeys(n for n in notes if n.strip()), start=1)}
+
+
+def paper_text(r: pd.Series, numbers: dict[str, int] | None = None) -> str:
+    note = str(r.get("paper_note", "") or "")
+    mark = f" (note {numbers[note]})" if numbers and note in numbers else ""
     if pd.isna(r["paper_pct"]):
-        return "-" if PAPER_DASH in r["status"] else NOT_IN_PAPER
-    return _num(r["paper_pct"], r["paper_std_pct"]) + (
-        " (failed)" if PAPER_FAILED in r["status"] else ""
+        return ("-" if PAPER_DASH in r["status"] else NOT_IN_PAPER) + mark
+    return (
+        _num(r["paper_pct"], r["paper_std_pct"])
+        + (" (failed)" if PAPER_FAILED in r["status"] else "")
+        + mark
     )
 
 
@@ -321,7 +341,13 @@ def diff_text(r: pd.Series) -> str:
 
 def _grids(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(title, grid) per table x metric: rows per method (paper, ours, Δ; ours only in the
-    section of methods the paper's tables do not have), a column per paper column."""
+    section of methods the paper's tables do not have), a column per paper column; a paper
+    number with a note is marked with the note's number (``note_numbers``)."""
+    numbers = note_numbers(cells)
+
+    def paper_cell(r: pd.Series) -> str:
+        return paper_text(r, numbers)
+
     out = []
     for table in dict.fromkeys(cells["table"]):
         sec = cells[cells["table"] == table]
@@ -342,7 +368,7 @@ def _grids(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
                     method if not pm or pm.lower() == method.lower() else f"{method} (paper: {pm})"
                 )
                 kinds = (
-                    (("paper", paper_text), ("ours", ours_text), ("Δ", diff_text))
+                    (("paper", paper_cell), ("ours", ours_text), ("Δ", diff_text))
                     if table
                     else (("ours", ours_text),)
                 )
@@ -369,6 +395,21 @@ def _column_head(key: tuple[str, str, str, str], table: str) -> str:
     return f"{dataset} {setting}" + (f" (ours: {ours})" if ours else "")
 
 
+def note_lines(cells: pd.DataFrame, paper: dict[str, Any]) -> list[str]:
+    """'Note n (fedprotip table 11, domainnet-6 dirichlet-0.5, FedProTIP eps=0.7, ACC): ...'
+    per note of the page, where it first appears."""
+    out = []
+    for note, n in note_numbers(cells).items():
+        r = cells[cells["paper_note"].fillna("").astype(str) == note].iloc[0]
+        method = r["paper_method"] or r["method"]
+        where = f"{paper['name']} table {r['table']}, {r['dataset']} {r['setting']}, {method}, {r['metric']}"
+        more = int((cells["paper_note"].fillna("").astype(str) == note).sum()) - 1
+        if more:
+            where += f" and {more} more cell{'s' if more > 1 else ''}"
+        out.append(f"Note {n} ({where}): {note}")
+    return out
+
+
 def _title(experiment: str, paper: dict[str, Any]) -> str:
     tables = paper_tables(paper)
     return f"{experiment}: paper vs ours ({paper['name']} table{'s' if len(tables) > 1 else ''} {', '.join(tables)})"
@@ -389,6 +430,9 @@ def paper_markdown(
             for row in g.itertuples(index=False)
         ]
         lines.append("")
+    remarks = note_lines(cells, paper)
+    if remarks:
+        lines += ["Notes on the paper's numbers:", "", *(f"- {n}" for n in remarks), ""]
     lines += [*notes, "", NOTE] if notes else [NOTE]
     return "\n".join(lines) + "\n"
 
@@ -418,6 +462,11 @@ def paper_html(
         body.append(g.to_html(index=False, border=0, escape=True, classes="paper"))
     if not len(cells):
         body.append("<p>No cell of the linked table(s) in this experiment's columns.</p>")
+    remarks = note_lines(cells, paper)
+    if remarks:
+        body.append("<p>Notes on the paper's numbers:</p>\n<ul>")
+        body += [f"<li>{html.escape(n, quote=False)}</li>" for n in remarks]
+        body.append("</ul>")
     body += [f"<p>{html.escape(n, quote=False)}</p>" for n in [*notes, NOTE]]
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
