@@ -114,6 +114,17 @@ def test_a_curve_no_run_measured_is_a_notice_not_empty_axes(monkeypatch, tmp_pat
     assert [ax.get_title() for ax in drawn["measured.png"].axes if ax.get_visible()] == ["digits, IID"]
 
 
+def test_an_experiment_draws_the_curves_its_runs_measure():
+    """The local models' curve only where some run sets train.eval_local_models."""
+    from fedforget.plots import CURVES, experiment_curves
+    from fedforget.train_spec import TrainSpec
+
+    local = "local_models_global_test_acc_mean"
+    off, on = TrainSpec(eval_local_models=False), TrainSpec(eval_local_models=True)
+    assert experiment_curves([off, off]) == [c for c in CURVES if c != local]
+    assert experiment_curves([off, on]) == list(CURVES)
+
+
 def test_experiment_figure_of_a_column_no_run_measured_is_refused(tmp_path):
     """A configured figure of a column that is NaN in every run (fedsol_knowledge's local
     models' accuracy without train.eval_local_models) is one error naming the column,

@@ -109,6 +109,15 @@ def test_dry_run_of_every_shipped_config(tmp_path: Path) -> None:
     assert jobs.get("aggregate_continual", 0) == jobs.get("plot_continual", 0) == continual
     figures = sum(len(e.get("figures", [])) for e in experiments)
     assert jobs.get("figure", 0) == figures
+    # the local models' curve only for the experiments where some run measures it (issue 35):
+    # train.eval_local_models (default true) in the experiment's or a method's train block
+    def measures_local(e):
+        trains = [{**e.get("train", {}), **m.get("train", {})} for m in e["methods"]]
+        return any(t.get("eval_local_models", True) for t in trains)
+
+    local = sum(measures_local(e) for e in experiments)
+    assert 0 < local < len(experiments)
+    assert jobs.get("plot_local_models_global_test_acc_mean", 0) == local
 
 
 def planned_jobs_for(workdir: Path, configfile: Path) -> dict[str, int]:

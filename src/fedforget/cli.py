@@ -190,7 +190,8 @@ def cmd_paper_table(args) -> None:
 def cmd_plot(args) -> None:
     from .plots import plot_experiment
 
-    for p in plot_experiment(args.summary, args.out):
+    curves = [c for c in args.curves.split(",") if c] if args.curves is not None else None
+    for p in plot_experiment(args.summary, args.out, curves, continual=not args.curves_only):
         print(p)
 
 
@@ -326,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("plot", help="learning curves from an experiment's summary")
     s.add_argument("--summary", required=True, help="the experiment's summary directory (metrics.parquet)")
     s.add_argument("--out", required=True, help="output directory for the PNGs")
+    s.add_argument("--curves", help="comma-separated learning curves to draw (default: every one)")
+    s.add_argument("--curves-only", action="store_true", help="draw the learning curves alone, no continual figures")
     s.set_defaults(fn=cmd_plot)
 
     s = sub.add_parser("figure", help="draw one experiment-specific figure (fedforget.figures)")

@@ -70,7 +70,7 @@ def run_all(
     from .aggregate import aggregate
     from .figures import make_figure
     from .paper_tables import write_paper_tables
-    from .plots import plot_experiment
+    from .plots import experiment_curves, plot_experiment
     from .provenance import stale_reasons
     from .runner import run_training
 
@@ -97,7 +97,8 @@ def run_all(
         )
         if exp.paper:
             write_paper_tables(summary_dir(wf, exp.name), exp.name, exp.paper, wf.paper_results)
-        plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name))
+        curves = experiment_curves(exp.train_for(m) for m in exp.methods)  # what it measured
+        plot_experiment(summary_dir(wf, exp.name), figures_dir(wf, exp.name), curves)
         for fig in exp.figures:
             make_figure(
                 fig.name,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -93,11 +95,19 @@ def _save(fig, path: Path) -> None:
     )
 
 
-# the learning curves that some runs do not measure, and what measures them: a curve whose
-# column no run of an experiment measured is drawn as a notice that says so and why, not as
-# empty axes [D]. (Its file is still written: rule plot's outputs are the same for every
-# experiment; see docs/outputs.md.)
-CURVE_NEEDS = {"local_models_global_test_acc_mean": "train.eval_local_models: true"}
+# the learning curves that some runs do not measure, and the train setting that measures
+# them: an experiment draws such a curve only where one of its runs has that setting
+# (``experiment_curves``; the workflow's rule plot_curve), so no figure of a column the
+# config never measures is published [D]. Asked for anyway (``fedforget plot --curve``), a
+# curve no run measured is a notice that says so and why, not empty axes.
+CURVE_NEEDS = {"local_models_global_test_acc_mean": "eval_local_models"}
+
+
+def experiment_curves(trains: Iterable[Any]) -> list[str]:
+    """The learning curves (CURVES) an experiment whose runs train with ``trains``
+    (``TrainSpec``s) measures: every curve but those whose CURVE_NEEDS setting no run has."""
+    trains = list(trains)
+    return [c for c in CURVES if c not in CURVE_NEEDS or any(getattr(t, CURVE_NEEDS[c]) for t in trains)]
 
 
 def measured(metrics: pd.DataFrame, column: str) -> bool:
@@ -112,7 +122,7 @@ def _not_measured(column: str, path: Path, heading: str) -> Path:
     plt = _plt()
     need = CURVE_NEEDS.get(column)
     text = (f"Not measured in this experiment: no run has a value in the metrics column '{column}'"
-            + (f" (it needs {need})." if need else "."))  # fmt: skip
+            + (f" (it needs train.{need}: true)." if need else "."))  # fmt: skip
     fig = plt.figure(figsize=(6.4, 1.6), layout="constrained")
     fig.suptitle(_wrap(heading, 6.2, SUPTITLE_SIZE))
     fig.text(0.5, 0.4, _wrap(text, 6.0, 10), ha="center", va="center", fontsize=10)
@@ -496,15 +506,22 @@ def plot_continual(summary_dir: str | Path, out_dir: str | Path) -> list[Path]:
     ]  # CONTINUAL_FIGURES' order
 
 
-def plot_experiment(summary_dir: str | Path, out_dir: str | Path) -> list[Path]:
-    """The learning curves (CURVES) and, where the experiment has continual runs (its
-    summary has tasks.parquet), the CONTINUAL_FIGURES in ``out_dir``/CONTINUAL_DIR."""
+def plot_experiment(
+    summary_dir: str | Path, out_dir: str | Path, curves: Sequence[str] | None = None, continual: bool = True
+) -> list[Path]:
+    """The learning curves ``curves`` (default: CURVES) and, with ``continual`` where the
+    experiment has continual runs (its summary has tasks.parquet), the CONTINUAL_FIGURES in
+    ``out_dir``/CONTINUAL_DIR."""
     path = Path(summary_dir) / "metrics.parquet"
     if not path.is_file():
         raise FedForgetError(f"summary {path} not found; run `fedforget aggregate` first")
+    curves = list(CURVES) if curves is None else list(curves)
+    unknown = [c for c in curves if c not in CURVES]
+    if unknown:
+        raise FedForgetError(f"learning curve {unknown[0]!r}; allowed: {', '.join(CURVES)}")
     metrics = pd.read_parquet(path)
     out = Path(out_dir)
-    paths = [learning_curves(metrics, col, out / f"{col}.png") for col in CURVES]
-    if (Path(summary_dir) / "tasks.parquet").is_file():
+    paths = [learning_curves(metrics, col, out / f"{col}.png") for col in curves]
+    if continual and (Path(summary_dir) / "tasks.parquet").is_file():
         paths += plot_continual(summary_dir, out / CONTINUAL_DIR)
     return paths

@@ -15,7 +15,7 @@ from fedforget.data.base import corrupt_files
 from fedforget.parsecache import parse_workflow, training_key
 from fedforget.partition import corrupt_partition
 from fedforget.pipeline import parse_only
-from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES
+from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVE_NEEDS, CURVES, experiment_curves
 from fedforget.provenance import kept_digest, module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
@@ -325,7 +325,11 @@ PAPER_CODE = code_digest("fedforget.paper_tables")
 PLOT_CODE = code_digest("fedforget.plots")
 
 
-FIGURES = list(CURVES)  # the learning curves that rule plot draws for every experiment
+FIGURES = [c for c in CURVES if c not in CURVE_NEEDS]  # the learning curves rule plot draws for every experiment
+# the other curves, drawn by rule plot_curve for the experiments that measure them
+# (fedforget.plots.experiment_curves): no figure of a column a config never measures
+MEASURED_CURVES = {exp.name: [c for c in experiment_curves(exp.train_for(m) for m in exp.methods) if c in CURVE_NEEDS]
+                   for exp in WF.experiments}  # fmt: skip
 
 
 def aggregate_outputs():
@@ -353,20 +357,23 @@ def aggregate_outputs():
     )
 
 
+def curve_output(fig, name):
+    """A learning curve's figure (``fig``: a curve, or the {curve} wildcard), its report entry
+    labelled ``name``."""
+    return report(
+        f"{RESULTS}/{{experiment}}/figures/{fig}.png",
+        caption="../report/curves.rst",
+        category="Learning curves",
+        subcategory="{experiment}",
+        labels={"figure": name, "experiment": "{experiment}"},
+    )
+
+
 def plot_outputs():
     """The outputs of rules plot and plot_continual: one named output and report entry per
     learning curve (FIGURES), each with its own labels (entries with the same labels
     collapse into one in the report)."""
-    return {
-        fig: report(
-            f"{RESULTS}/{{experiment}}/figures/{fig}.png",
-            caption="../report/curves.rst",
-            category="Learning curves",
-            subcategory="{experiment}",
-            labels={"figure": CURVES[fig], "experiment": "{experiment}"},
-        )
-        for fig in FIGURES
-    }
+    return {fig: curve_output(fig, CURVES[fig]) for fig in FIGURES}
 
 
 # labels of experiment-specific figures: the {figure} wildcard takes only these, so rule
@@ -452,7 +459,7 @@ def experiment_targets(exp):
     """An experiment's tables and figures."""
     base = f"{RESULTS}/{exp.name}"
     out = [f"{base}/summary/table.csv", f"{base}/summary/table.md"]
-    out += [f"{base}/figures/{f}.png" for f in FIGURES]
+    out += [f"{base}/figures/{f}.png" for f in FIGURES + MEASURED_CURVES[exp.name]]
     if exp.name in CONTINUAL:
         out += [f"{base}/summary/continual.csv", f"{base}/summary/continual.md"]
         out += [f"{base}/figures/{CONTINUAL_DIR}/{f}.png" for f in CONTINUAL_FIGURES]

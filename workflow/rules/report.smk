@@ -128,6 +128,34 @@ use rule plot as plot_continual with:
         experiment=CONTINUAL_RE,
 
 
+# each learning curve that only some runs measure (fedforget.plots.CURVE_NEEDS), for the
+# experiments whose config measures it (MEASURED_CURVES): the others publish no such figure
+for curve in CURVE_NEEDS:
+
+    rule:
+        name:
+            f"plot_{curve}"
+        input:
+            f"{RESULTS}/{{experiment}}/summary/metrics.parquet",
+        output:
+            curve=curve_output(curve, CURVES[curve]),
+        wildcard_constraints:
+            experiment=names_re(sorted(e for e, cs in MEASURED_CURVES.items() if curve in cs)),
+        params:
+            summary=subpath(input[0], parent=True),
+            out=f"{RESULTS}/{{experiment}}/figures",
+            code=PLOT_CODE,
+            curve=curve,
+        conda:
+            "../envs/fedforget.yaml"
+        log:
+            f"logs/plot/{{experiment}}.{curve}.log",
+        localrule: True
+        shell:
+            "fedforget plot --summary {params.summary} --out {params.out} --curves {params.curve} "
+            "--curves-only > {log} 2>&1"
+
+
 rule figure:
     input:
         runs=f"{RESULTS}/{{experiment}}/summary/runs.csv",
