@@ -590,3 +590,27 @@ def test_continual_group_with_every_seed_failed(tmp_path):
     assert t.iloc[0]["status"] == "failed" and pd.isna(t.iloc[0]["acc_mean"])
     md = (tmp_path / "summary" / "continual.md").read_text()
     assert md.count("| fedavg | failed |") == 5
+
+
+def test_tables_say_which_gpm_rank_rule_ran(tmp_path):
+    """GPM's rows (also under FedGP) name the task-0 rank rule in the tables' notes; a
+    method without such a switch adds nothing (issue 36, 4)."""
+    from fedforget.aggregate import aggregate, method_note
+
+    assert method_note({"name": "gpm", "params": {}}).startswith("GPM task0_rank=paper")
+    assert method_note({"name": "gpm", "params": {"task0_rank": "code"}}).startswith("GPM task0_rank=code")
+    assert method_note({"name": "fedgp", "params": {"base": "gpm", "base_params": {"task0_rank": "code"}}}).startswith(
+        "GPM task0_rank=code"
+    )
+    assert method_note({"name": "fedavg", "params": {}}) == method_note({"name": "gone", "params": {}}) == ""
+    dirs = []
+    for label, name in (("FL", "fedavg"), ("FL+GPM", "gpm")):
+        d = write_run(tmp_path / label, label, 0)
+        rec = json.loads((d / "run.json").read_text())
+        rec["config"]["method"]["name"] = name
+        (d / "run.json").write_text(json.dumps(rec))
+        dirs.append(d)
+    aggregate(dirs, tmp_path / "summary", "e")
+    md = (tmp_path / "summary" / "table.md").read_text()
+    assert "Method variants: FL+GPM: GPM task0_rank=paper" in md and "FL:" not in md.split("Method variants")[1]
+    assert "FL+GPM: GPM task0_rank=paper" in (tmp_path / "summary" / "table.html").read_text()

@@ -38,6 +38,7 @@ from .continual import (
     initial_accuracy,
     scenario_shape,
 )
+from .methods import METHODS
 from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
 
@@ -99,6 +100,7 @@ def collect_all(
             "torch_version": rec.get("versions", {}).get("torch"),
             "device": rec.get("device"),
             "client_engine": rec.get("client_engine"),
+            "method_note": method_note(c["method"]),
             "run_dir": str(d),
         })  # fmt: skip
         if df is not None:
@@ -115,6 +117,8 @@ def collect_all(
         raise FedForgetError("no runs to aggregate")
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     runs_df = pd.DataFrame(runs)
+    if not runs_df["method_note"].astype(bool).any():  # no method states a variant: the columns as before
+        runs_df = runs_df.drop(columns="method_note")
     relabel = distinct_settings(runs_df)
     runs_df, metrics = _relabel(runs_df, relabel), _relabel(metrics, relabel)
     task_frames = [_relabel(f, relabel) for f in task_frames]
@@ -224,6 +228,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             row["best_acc_mean"] = row["best_acc_std"] = math.nan
             row["task_stream"] = True
         row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
+        if "method_note" in g:  # (the column exists where some method states its variant)
+            row["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
         out.append(row)
     df = pd.DataFrame(out)
     if "task_stream" in df:  # one-task experiments keep table.csv's columns as before
@@ -327,7 +333,24 @@ def _row_cell(r: pd.Series, metric: str) -> str:
 
 
 def _engine_note(table: pd.DataFrame) -> str:
-    return f" {ENGINE_NOTE}" if table["other_engine"].any() else ""
+    return (f" {ENGINE_NOTE}" if table["other_engine"].any() else "") + _method_notes(table)
+
+
+def method_note(method: dict[str, Any]) -> str:
+    """Which paper-or-code variant of the method a run ran (``FedAvg.table_note`` of its
+    recorded ``{name, params}``); '' for a method with no such switch, or one no longer
+    registered."""
+    if method.get("name") not in METHODS.names():
+        return ""
+    return METHODS.get(method["name"]).table_note(method.get("params") or {})
+
+
+def _method_notes(table: pd.DataFrame) -> str:
+    """' Method variants: LABEL: note; ...' for the rows whose method states one."""
+    if "method_note" not in table:
+        return ""
+    notes = {m: n for m, n in zip(table["method"], table["method_note"].fillna("")) if n}
+    return (" Method variants: " + "; ".join(f"{m}: {n}" for m, n in notes.items()) + ".") if notes else ""
 
 
 def _n_ok(row: pd.Series) -> int:
@@ -507,6 +530,8 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
         row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
+        if "method_note" in g:  # (the column exists where some method states its variant)
+            row["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
         out.append(row)
     return mark_other_engines(pd.DataFrame(out)) if out else pd.DataFrame(out)
 

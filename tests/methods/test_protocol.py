@@ -83,3 +83,9 @@ def test_a_plugin_trains_sequentially():
         cls = METHODS.get(name)
         if issubclass(cls, OverBase):
             assert not cls.stacked and cls.own_upload and cls.own_predict, name
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_table_note_is_text_from_recorded_params(name):
+    """Every method's variant note reads the recorded params dict (defaults: {}) and is text."""
+    assert isinstance(METHODS.get(name).table_note({}), str)

@@ -356,6 +356,13 @@ class FedAvg:
         plug-in has its base's too)."""
         return bool(getattr(cls, name))
 
+    @classmethod
+    def table_note(cls, params: dict[str, Any]) -> str:
+        """Which paper-or-code variant ran, in words, for the tables' notes (``params``: the
+        run's recorded hyperparameters, a dict): e.g. GPM's task-0 rank rule. '' where the
+        method has no such switch (the default)."""
+        return ""
+
     def model_init(self, model: nn.Module) -> None:
         """Change a freshly built model in place before training: add parameters (they
         become part of the global weights: aggregated, checkpointed), freeze a backbone

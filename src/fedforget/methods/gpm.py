@@ -192,6 +192,13 @@ class GPM(FedAvg):
         # a layer's first memory: smallest r reaching eps [P Eq. 5] | ratios below eps, one fewer [C]
         task0_rank: str = choice("paper", ("paper", "code"), added=True)
 
+    @classmethod
+    def table_note(cls, params: dict[str, Any]) -> str:
+        """The task-0 rank rule that ran (issue 36: the tables say which)."""
+        rule = params.get("task0_rank", "paper")  # runs recorded before the switch: the paper's
+        what = "Eq. 5's smallest r reaching eps" if rule == "paper" else "the code's count below eps, one fewer"
+        return f"GPM task0_rank={rule} ({what})"
+
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         if self.p.memory == "global":

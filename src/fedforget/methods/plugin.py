@@ -79,6 +79,14 @@ class OverBase(FedAvg):
         return base.trait(name, make_params(params.base, dict(params.base_params)))
 
     @classmethod
+    def table_note(cls, params: dict[str, Any]) -> str:
+        """The base method's variant note (a plug-in's own switches are its hyperparameters)."""
+        base = params.get("base")
+        if base not in METHODS.names():
+            return ""
+        return METHODS.get(base).table_note(params.get("base_params") or {})
+
+    @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
         """The base method's task-stream requirements are the plug-in's."""
         if params is not None:
