@@ -178,7 +178,7 @@ def test_schedule_and_asynchronous_windows(data_root, tmp_path):
     assert [sc.task_of_round(r) for r in range(11)] == [0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert [r for r in range(1, 11) if sc.starts_task(r)] == [1, 3, 5, 7, 9]
     assert [r for r in range(1, 11) if sc.ends_task(r)] == [2, 4, 6, 8, 10]
-    scen = {**SPLIT, "boundaries": {"samples_per_window": 40, "window_rounds": 2}}
+    scen = {**SPLIT, "boundaries": {"samples_per_window": 70, "window_rounds": 2}}
     sim = Simulation(digits_run(data_root, tmp_path, scen))
     cd = sim.clients
     for k in range(5):
@@ -187,9 +187,9 @@ def test_schedule_and_asynchronous_windows(data_root, tmp_path):
         for rnd in range(1, 11):
             v = cd.view(k, rnd)
             w = (rnd - 1) // 2
-            a = min(w * 40, max(n - 40, 0))
+            a = min(w * 70, max(n - 70, 0))
             assert (
-                cd.rows[v.start : v.stop].tolist() == stream[a : a + 40]
+                cd.rows[v.start : v.stop].tolist() == stream[a : a + 70]
             )  # S samples of its stream per window
             assert v.task == int(cd.task[v.stop - 1])  # its task: its newest sample's
 
@@ -406,7 +406,7 @@ def test_asynchronous_boundaries_end_each_clients_task_when_it_moves_on(
     """Each client reports the end of a task when its window first reaches the next task
     (on the global weights of that round); the server's task end receives the reports of
     the clients that moved on since the last one."""
-    scen = {**SPLIT, "boundaries": {"samples_per_window": 40, "window_rounds": 2}}
+    scen = {**SPLIT, "boundaries": {"samples_per_window": 60, "window_rounds": 2}}
     sim = Simulation(digits_run(data_root, tmp_path, scen, method="recorder"))
     status, rows, _ = sim.run(progress=False)
     assert status == "completed"
@@ -475,6 +475,20 @@ def test_no_accepted_stream_leaves_a_task_untrained(minimal_config):
     one = {"kind": "split", "tasks": 1, "classes_per_task": 3}  # one task: all rounds are it
     ex["datasets"][0]["scenario"] = one
     parse_config(minimal_config)
+
+
+def test_windows_that_never_reach_a_task_are_refused_before_round_1():
+    """5 windows of 40 rows reach the first 200 rows of a stream: a client whose last task
+    starts at row 230 would never train it (issue 34, 1)."""
+    scen = {**SPLIT, "boundaries": {"samples_per_window": 40, "window_rounds": 2}}
+    sc = Scenario.build(resolve_scenario(scen, 10, (1, 8, 8), "s"), 10, (1, 8, 8), 10)
+    ok = [[0, 30, 60, 90, 120, 150], [150, 200, 250, 300, 340, 349]]  # client 1: task 4 at row 190
+    sc.check_windows(ok, 10)
+    late = [[0, 60, 120, 180, 230, 290]] + ok
+    with pytest.raises(FedForgetError, match=r"client 0's task 4 starts at row 230 of its 290 .1 client task.s. never trained.; allowed: samples_per_window >= 47"):
+        sc.check_windows(late, 10)
+    sc.check_windows([[0, 60, 120, 180, 230, 230]], 10)  # an empty last task is no task to reach
+    Scenario.build(resolve_scenario(SPLIT, 10, (1, 8, 8), "s"), 10, (1, 8, 8), 10).check_windows(late, 10)  # sync
 
 
 def test_smoke_scale_keeps_asynchronous_windows_within_its_rounds(repo_root, monkeypatch):

@@ -69,6 +69,7 @@ def load_run_data(
             pos += len(r)
             o.append(pos)
         offsets.append(o)
+    sc.check_windows(offsets, cfg.train.rounds)
     clients = ClientData(
         Pool(data.x_train, device, stream),
         torch.as_tensor(data.y_train, device=device),

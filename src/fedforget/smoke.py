@@ -32,7 +32,8 @@ What changes, per experiment:
   dataset declares a task stream with ``rounds_per_task``, one round per task (``rounds`` =
   the least common multiple of the streams' task counts, each ``rounds_per_task`` = rounds /
   tasks, so the stream stays valid; asynchronous windows of more rounds than that become one
-  round each); ``sample_rate`` raised so that at least 2 clients of ``smoke.clients``
+  round each, and hold at least ``smoke.rows`` samples, so that each reaches a client's next
+  task); ``sample_rate`` raised so that at least 2 clients of ``smoke.clients``
   train per round (at least 1 anyway: ``engine.sample_clients``); ``save_client_models``
   and figure ``rounds`` options kept within the rounds;
 - partitions: ``clients`` at most ``smoke.clients``, Dirichlet ``min_size`` at most 2
@@ -155,8 +156,12 @@ def _experiment(ex: dict[str, Any], s: dict[str, Any]) -> None:
         if per_task is not None and sc and sc.get("rounds_per_task") is not None:
             sc["rounds_per_task"] = rounds // int(sc.get("tasks", 1))
         b = sc.get("boundaries") if sc else None
-        if isinstance(b, dict) and b.get("window_rounds", 1) > rounds:  # windows within the rounds
-            sc["boundaries"] = {**b, "window_rounds": 1}
+        if isinstance(b, dict):  # windows within the rounds, each reaching a client's next task
+            # (a client's task holds at most about smoke.rows rows: Scenario.check_windows)
+            sc["boundaries"] = {
+                "samples_per_window": max(int(b["samples_per_window"]), int(s["rows"])),
+                "window_rounds": 1 if b.get("window_rounds", 1) > rounds else b["window_rounds"],
+            }
     parts, seen = [], set()
     for p in ex["partitions"]:
         p = _partition(p, s)

@@ -311,6 +311,32 @@ class Scenario:
         assert self.window is not None
         return (rnd - 1) // self.window[1]
 
+    def check_windows(self, offsets: list[list[int]], rounds: int) -> None:
+        """Asynchronous boundaries must bring every client to each of its tasks: its
+        windows cover positions 0 .. windows x samples_per_window - 1 of its stream
+        (``ClientData.view``), so a task starting at or after that is never trained. One
+        error naming the client, the task and the smallest samples_per_window that reaches
+        every client's last task (clients' stream sizes come with the partition, so this is
+        checked when a run's data are built, before round 1). ``offsets``: [K][T + 1]."""
+        if self.window is None:
+            return
+        per, w = self.window
+        windows = (rounds - 1) // w + 1
+        late = [
+            (o[t] - o[0], k, t, o[-1] - o[0])
+            for k, o in enumerate(offsets)
+            for t in range(self.tasks)
+            if o[t + 1] > o[t] and o[t] - o[0] >= windows * per
+        ]
+        if late:
+            start, k, t, n = max(late)
+            raise FedForgetError(
+                f"scenario.boundaries: samples_per_window={per} x {windows} windows (train.rounds={rounds} / "
+                f"window_rounds={w}) reach the first {windows * per} rows of a client's stream, but client {k}'s "
+                f"task {t} starts at row {start} of its {n} ({len(late)} client task(s) never trained); allowed: "
+                f"samples_per_window >= {start // windows + 1}, or fewer window_rounds"
+            )
+
     # ------------------------------------------------------------------ rows and classes
     @property
     def masked(self) -> bool:
