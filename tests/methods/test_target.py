@@ -368,6 +368,28 @@ def test_label_embeddings_are_minilm_sentence_embeddings():
     assert float(first[0] @ digits) > float(first[1] @ digits)
 
 
+# the first ten CIFAR-100 class names
+CIFAR100_SOME = ["apple", "aquarium_fish", "baby", "bear", "beaver", "bed", "bee", "beetle", "bicycle", "bottle"]
+
+
+@pytest.mark.parametrize("names", [[str(i) for i in range(10)], CIFAR100_SOME])
+def test_anchors_at_the_codes_scale_separate_the_classes(names):
+    """Issue 36, 1: unit-norm anchors lie within r = 0.015 of every other class's (the
+    bounding loss of a row at its own anchor is as small against any class's); at
+    anchor_norm 9.7 a row at its own anchor is outside the radius of every other class, so
+    the loss tells classes apart."""
+    p = make_params("lander", {})
+    unit = label_embeddings(label_texts(names, p.prompt))
+    pair = lambda e: torch.stack([((e[i] - e[j]) ** 2).mean() for i in range(len(e)) for j in range(len(e)) if i != j])  # noqa: E731
+    assert float(pair(unit).max()) < p.r  # inert: every anchor inside every class's bound
+    anchors = p.anchor_norm * unit
+    assert float(pair(anchors).min()) > p.r
+    for c in range(len(names)):  # features exactly at class c's anchor
+        a = anchors[c].expand(4, -1)
+        losses = torch.stack([bounding_loss(a, anchors[k].expand(4, -1), p.r) for k in range(len(names))])
+        assert float(losses[c]) == 0.0 and bool((losses[torch.arange(len(names)) != c] > 0).all())
+
+
 def test_bounding_loss_on_a_hand_built_batch():
     a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     anchors = torch.zeros(2, 2)
@@ -444,7 +466,7 @@ def test_split_digits_run_resumes_exactly_mid_task_and_at_a_boundary(
     assert all(f"{method}_kd" in r for r in rows[3:]) and f"{method}_kd" not in rows[2]
     if method == "lander":  # the anchors are MiniLM's embeddings of the digits' texts
         texts = label_texts([str(i) for i in range(10)], "a photo of a {}")
-        assert torch.equal(full.server.state[LTE], label_embeddings(texts))
+        assert torch.equal(full.server.state[LTE], 9.7 * label_embeddings(texts))  # anchor_norm
         assert all("lander_bound" in r for r in rows[1:])
     for stop in (3, 4):
         sim = Simulation(rc, device=CPU)

