@@ -56,10 +56,13 @@ test: install
 # on native-format files the tests write, each in its own temporary directory, one after
 # another on SMOKE_CORES cores (`make test` runs one of them); a stage for CI runners with the
 # time. On your own raw data: snakemake --configfile CONFIG --config scale=smoke
+# SMOKE_LOG: one JSON line per config (config, training jobs, seconds, passed).
 SMOKE_CORES ?= $(shell nproc 2>/dev/null || echo 2)
+SMOKE_LOG ?= logs/smoke.jsonl
 smoke: install
-	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) $(BIN)/python -m pytest tests/test_smoke.py \
-	  -k every_paper_config -p no:cacheprovider --durations=0
+	mkdir -p $(dir $(SMOKE_LOG)) && rm -f $(SMOKE_LOG)
+	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) FEDFORGET_SMOKE_LOG=$(abspath $(SMOKE_LOG)) \
+	  $(BIN)/python -m pytest tests/test_smoke.py -k every_paper_config -p no:cacheprovider --durations=0
 
 clean:
 	rm -rf results logs .snakemake report.html
