@@ -4,8 +4,12 @@ at most about 300 lines; reference material lives in docs/)."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 from fedforget.methods import METHODS
 from fedforget.parse import load_config
@@ -26,6 +30,22 @@ def test_default_pipeline_training_job_count(monkeypatch):
     monkeypatch.chdir(ROOT)
     train = int(re.search(r"`make run` is \d+ jobs, (\d+) of them training jobs", README).group(1))
     assert train == len(load_config(ROOT / "config" / "config.yaml").runs())
+
+
+@pytest.mark.e2e
+def test_default_pipeline_job_count_is_the_dry_runs(tmp_path):
+    """The README's "`make run` is N jobs" is what snakemake plans for the default config."""
+    import shutil
+    import subprocess
+
+    total = int(re.search(r"`make run` is (\d+) jobs", README).group(1))
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run(["snakemake", "-s", str(ROOT / "Snakefile"), "-n", "--quiet", "rules"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    planned = re.search(r"^total\s+(\d+)$", out.stdout + out.stderr, re.M)
+    assert planned, out.stdout[-2000:] + out.stderr[-2000:]
+    assert int(planned.group(1)) == total
 
 
 def test_links_resolve_and_the_guide_is_short():
