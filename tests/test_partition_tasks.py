@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedforget.data import load_dataset
-from fedforget.data.scenario import row_tasks, task_rows
+from fedforget.data.tasks import row_tasks, task_rows
 from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec, class_counts, make_partition, partition_dataset
 from fedforget.utils import FedForgetError

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .data.base import domain_ids
-from .data.scenario import row_tasks, task_rows
+from .data.tasks import row_tasks, task_rows
 from .registry import Registry
 from .utils import (
     FedForgetError,

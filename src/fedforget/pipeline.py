@@ -12,7 +12,7 @@ from typing import Any
 from .config import DatasetSpec, Experiment, RunConfig, WorkflowConfig
 from .data import DATASETS, load_dataset, load_public, prepare_dataset, prepare_public
 from .data.base import domain_ids
-from .data.scenario import row_tasks
+from .data.tasks import row_tasks
 from .partition import PartitionSpec, class_counts, partition_dataset, save_partition
 from .utils import FedForgetError
 from .validation import did_you_mean

@@ -60,7 +60,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError, seed_sequence
+from ..utils import FedForgetError
+from .tasks import scenario_rng, split_classes
 
 KINDS = ("none", "split", "rotated", "permuted", "domains")
 SETTINGS = {
@@ -74,7 +75,6 @@ DOMAIN_KINDS = ("rotated", "permuted", "domains")  # domain-incremental: every t
 HEADS = ("shared", "per_task")
 CLASS_ORDERS = ("natural", "shuffled")
 LEFTOVER = ("refuse", "drop")  # split: classes beyond tasks x classes_per_task
-_STREAM = 0x5C3A  # numpy SeedSequence stream tag of scenario randomness
 
 DEFAULTS: dict[str, Any] = {
     "kind": "none",
@@ -207,33 +207,6 @@ def check_rounds(s: dict[str, Any] | None, rounds: int, key: str) -> None:
         )
 
 
-# what decides which training rows each task holds, per kind with rows of their own
-# (``task_rows``): a per-task partition (``partition.PartitionSpec.per_task``) is keyed by it
-TASK_ROW_KEYS = {"split": ("kind", "tasks", "classes_per_task", "class_order", "seed"), "domains": ("kind", "tasks")}
-
-
-def task_rows(s: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The part of a resolved scenario that decides which training rows each task holds
-    (split: the classes of each task; domains: the domain order), None where every task
-    holds every row (none, rotated, permuted): a per-task partition is drawn from it."""
-    if not s or s["kind"] not in TASK_ROW_KEYS:
-        return None
-    return {k: s[k] for k in TASK_ROW_KEYS[s["kind"]]}
-
-
-def row_tasks(
-    rows: Mapping[str, Any], y: np.ndarray, num_classes: int, domain: np.ndarray | None = None
-) -> np.ndarray:
-    """int [N]: each row's task under ``rows`` (``task_rows``), -1 for a row in no task (a
-    class left out of a split)."""
-    spec = {**DEFAULTS, **rows, "incremental": SETTINGS[rows["kind"]][0], "rounds_per_task": 1}
-    sc = Scenario.build(spec, num_classes, (1,), int(rows["tasks"]))
-    out = np.full(len(y), -1, dtype=np.int64)
-    for t in range(sc.tasks):
-        out[sc.rows_of_task(y, t, domain)] = t
-    return out
-
-
 @dataclass
 class Scenario:
     """A resolved scenario for one run: which rows and classes each task holds, each task's
@@ -260,13 +233,9 @@ class Scenario:
     ) -> Scenario:
         s = dict(spec) if spec else {**DEFAULTS, "incremental": "class"}
         t = int(s["tasks"])
-        rng = np.random.default_rng(seed_sequence(int(s["seed"]), _STREAM))
+        rng = scenario_rng(s["seed"])
         if s["kind"] == "split":
-            order = list(range(num_classes))
-            if s["class_order"] == "shuffled":
-                order = [int(c) for c in rng.permutation(num_classes)]
-            c = int(s["classes_per_task"])
-            task_classes = [sorted(order[i * c : (i + 1) * c]) for i in range(t)]
+            task_classes = split_classes(t, s["classes_per_task"], s["class_order"], num_classes, rng)
         else:
             task_classes = [list(range(num_classes)) for _ in range(t)]
         angles = (
