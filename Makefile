@@ -50,16 +50,20 @@ data: install
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
-# every paper config (config/experiments/paper/) end to end at `scale: smoke` (fedforget.smoke)
-# on native-format files the tests write, each in its own temporary directory, one after
-# another on SMOKE_CORES cores (`make test` runs one of them); a stage for CI runners with the
-# time. On your own raw data: snakemake --configfile CONFIG --config scale=smoke
+# the stage for CI runners with the time: the longest end-to-end chains (tests marked `long`:
+# reruns after code, settings and data changes, a killed workflow's resume, results adopted
+# through a cluster remote, the code-digest migration, a truncated partition, the FedProj
+# pilot table), then every paper config (config/experiments/paper/) end to end at
+# `scale: smoke` (fedforget.smoke) on native-format files the tests write, each in its own
+# temporary directory, one after another on SMOKE_CORES cores (`make test` runs one of them).
+# On your own raw data: snakemake --configfile CONFIG --config scale=smoke
 # SMOKE_LOG: one JSON line per config (config, training jobs, seconds, passed).
 SMOKE_CORES ?= $(shell nproc 2>/dev/null || echo 2)
 SMOKE_LOG ?= logs/smoke.jsonl
 smoke: install
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m long -p no:cacheprovider --durations=0
 	mkdir -p $(dir $(SMOKE_LOG)) && rm -f $(SMOKE_LOG)
 	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) FEDFORGET_SMOKE_LOG=$(abspath $(SMOKE_LOG)) \
 	  $(BIN)/python -m pytest tests/test_smoke.py -k every_paper_config -p no:cacheprovider --durations=0

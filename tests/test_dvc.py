@@ -143,6 +143,7 @@ def test_make_data_push_pull_round_trip(tmp_path: Path) -> None:
         assert not {"prepare_dataset", "prepare_public"} & set(jobs), (args, jobs)
 
 
+@pytest.mark.long
 def test_results_shared_through_a_cluster_remote_are_adopted_without_retraining(
     tmp_path: Path, minimal_config: dict
 ) -> None:

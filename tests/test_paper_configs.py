@@ -17,6 +17,7 @@ from .test_workflow import REPO, snakemake
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.long
 def test_pilot_table_shows_the_papers_numbers(tmp_path: Path) -> None:
     shutil.copytree(REPO / "config", tmp_path / "config")
     pilot = yaml.safe_load((REPO / "config/experiments/fedproj_pilot_iris.yaml").read_text())

@@ -67,6 +67,7 @@ def stale(work: Path) -> str:
     return proc.stdout
 
 
+@pytest.mark.long
 def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir):
     """One workflow, changed step by step (each step's set-up is the previous step's end)."""
     snakemake(workdir)
@@ -139,6 +140,7 @@ def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir
     assert jobs.get("prepare_dataset") == 1
 
 
+@pytest.mark.long
 def test_results_recorded_before_the_canonical_code_digest_rerun_only_where_code_changed(workdir):
     """Issue 34, 5, migration: runs made by the version whose code digest was of the files'
     bytes (simulated: this package with that form as training_code's default, which is what
@@ -186,6 +188,7 @@ def test_results_recorded_before_the_canonical_code_digest_rerun_only_where_code
     assert planned_jobs(workdir).get("train") == 2
 
 
+@pytest.mark.long
 def test_a_truncated_partition_stops_the_workflow_before_any_job(workdir):
     """Issue 34, 4: a truncated assignment.npy passed a dry run and failed every training
     job on it with no fix; now the parse stops, naming the file and the fix, which works.
@@ -214,6 +217,7 @@ def test_a_truncated_partition_stops_the_workflow_before_any_job(workdir):
     assert "partition" not in planned_jobs(workdir)
 
 
+@pytest.mark.long
 def test_a_killed_workflow_resumes_with_a_plain_rerun(workdir):
     cfg = json.loads(json.dumps(SMALL))
     cfg["experiments"][0]["train"]["rounds"] = 100  # long enough to be killed mid-way
