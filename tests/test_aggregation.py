@@ -614,3 +614,65 @@ def test_tables_say_which_gpm_rank_rule_ran(tmp_path):
     md = (tmp_path / "summary" / "table.md").read_text()
     assert "Method variants: FL+GPM: GPM task0_rank=paper" in md and "FL:" not in md.split("Method variants")[1]
     assert "FL+GPM: GPM task0_rank=paper" in (tmp_path / "summary" / "table.html").read_text()
+
+
+def test_a_collapsed_model_is_marked_in_its_cells(tmp_path):
+    """Issue 36, 2: a task-stream run whose global model gave 95 % of the current task's test
+    rows one class (global_model_test_top_pred_share) is counted in its cells, continual and
+    summary tables alike; a run without the column (older, one-task) marks nothing."""
+    from fedforget.aggregate import aggregate
+
+    dirs = write_continual_experiment(tmp_path / "runs")
+    for d in dirs:
+        if "plain" in str(d):
+            continue
+        share = "0.99" if d.name == "s0" and "fedprotip" in str(d) else "0.5"
+        (d / "metrics.csv").write_text(
+            f"round,global_model_test_acc,global_model_test_top_pred_share\n0,0.1,1.0\n1,0.5,{share}\n2,0.7,0.5\n"
+        )
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e")
+    runs = pd.read_csv(out / "runs.csv")
+    hit = runs[runs["collapsed_round"].notna()]
+    assert hit[["method", "seed", "collapsed_round"]].values.tolist() == [["fedprotip", 0, 1.0]]  # round 0 ignored
+    md = (out / "continual.md").read_text()
+    assert "(collapsed: 1 of 3 seeds)" in md.split("| fedprotip |")[1].split("\n")[0]
+    assert "collapsed" not in md.split("| fedavg |")[1].split("\n")[0]
+    assert "(collapsed: 1 of 3 seeds)" in (out / "table.md").read_text()
+    assert "collapsed" not in (out / "continual.html").read_text().split("fedavg")[1].split("</tr>")[0]
+
+
+def test_evaluation_reports_the_top_predicted_share_of_task_streams(data_root, tmp_path):
+    """A model that predicts class 0 for every row: share 1 on the current task."""
+    import torch
+
+    from fedforget.clientdata import TestSets
+    from fedforget.data.scenario import Scenario
+    from fedforget.evaluation import TOP_SHARE, Evaluator
+    from fedforget.methods.base import ServerContext
+
+    sc = Scenario.build({"kind": "split", "tasks": 2, "classes_per_task": 2, "class_order": "natural",
+                         "incremental": "class", "rounds_per_task": 1, "heads": "shared", "boundaries": "sync",
+                         "seed": 0, "rotation": [0, 180]}, 4, (3,), 2)  # fmt: skip
+    y = torch.tensor([0, 1, 0, 1, 2, 3, 2, 3])
+    test = TestSets(torch.rand(8, 3), y, [torch.arange(4), torch.arange(4, 8)])
+
+    class Zero(torch.nn.Module):
+        def logits(self, x, task=None):
+            return torch.tensor([[1.0, 0.0, 0.0, 0.0]]).expand(len(x), 4)
+
+    server = ServerContext(0, {}, Zero(), torch.device("cpu"), None)
+    ev = Evaluator(test, sc, _fedavg(), server, 4)
+    row, _ = ev.global_model(Zero(), 1, 4, ())
+    assert row[TOP_SHARE] == 1.0
+    one = Scenario.build(None, 4, (3,), 2)
+    test1 = TestSets(torch.rand(8, 3), y, [torch.arange(8)])
+    row1, _ = Evaluator(test1, one, _fedavg(), server, 4).global_model(Zero(), 0, 4, ())
+    assert TOP_SHARE not in row1  # one-task runs keep their columns
+
+
+def _fedavg():
+    """FedAvg's hooks without a run (its evaluation hooks read nothing of the run)."""
+    from fedforget.methods import FedAvg
+
+    return FedAvg.__new__(FedAvg)

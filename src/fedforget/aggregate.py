@@ -38,6 +38,7 @@ from .continual import (
     initial_accuracy,
     scenario_shape,
 )
+from .evaluation import COLLAPSE_SHARE, TOP_SHARE
 from .methods import METHODS
 from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
@@ -105,6 +106,8 @@ def collect_all(
         })  # fmt: skip
         if df is not None:
             frames.append(df.assign(**keys))
+            if TOP_SHARE in df:  # a task stream: the round its global model collapsed, if any
+                runs[-1]["collapsed_round"] = collapsed_round(df, c["dataset"].get("scenario"))
         info, tasks, matrix = continual_run(d, rec)
         comm = [c for c in (df.columns if df is not None else []) if c.endswith(COMM_SUFFIX)]
         if comm and tasks is not None:  # FOT's / FedProTIP's task-end rows
@@ -228,6 +231,8 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
             row["best_acc_mean"] = row["best_acc_std"] = math.nan
             row["task_stream"] = True
         row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
+        if "collapsed_round" in g:  # task streams: runs whose model predicted one class
+            row["n_collapsed"] = int(g["collapsed_round"].notna().sum())
         if "method_note" in g:  # (the column exists where some method states its variant)
             row["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
         out.append(row)
@@ -328,12 +333,28 @@ def _row_cell(r: pd.Series, metric: str) -> str:
     a task stream's best round: '' (continual.md holds its ACC, forgetting and transfer)."""
     if metric == "best" and _stream(r):
         return ""
-    cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r))
+    cell = _cell(r[f"{metric}_acc_mean"], r[f"{metric}_acc_std"], r["status"], _n_ok(r)) + _collapse(r)
     return cell + (f" † {r['client_engine']}" if r["other_engine"] else "")
 
 
 def _engine_note(table: pd.DataFrame) -> str:
     return (f" {ENGINE_NOTE}" if table["other_engine"].any() else "") + _method_notes(table)
+
+
+def collapsed_round(metrics: pd.DataFrame, scenario: dict[str, Any] | None) -> float:
+    """The first round (>= 1) whose global model gave COLLAPSE_SHARE of the current task's
+    test rows one class, NaN if none (or where a task has a single class)."""
+    if scenario and scenario.get("kind") == "split" and int(scenario.get("classes_per_task") or 2) < 2:
+        return math.nan
+    share = metrics[TOP_SHARE]
+    hit = metrics.loc[(metrics["round"] >= 1) & (share >= COLLAPSE_SHARE), "round"]
+    return float(hit.iloc[0]) if len(hit) else math.nan
+
+
+def _collapse(r: pd.Series) -> str:
+    """' (collapsed: k of n seeds)' for a cell with runs whose model collapsed."""
+    k = int(r.get("n_collapsed", 0) or 0)
+    return f" (collapsed: {k} of {int(r['n_seeds'])} seeds)" if k else ""
 
 
 def method_note(method: dict[str, Any]) -> str:
@@ -530,6 +551,8 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
         row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
+        if "collapsed_round" in g:  # task streams: runs whose model predicted one class
+            row["n_collapsed"] = int(g["collapsed_round"].notna().sum())
         if "method_note" in g:  # (the column exists where some method states its variant)
             row["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
         out.append(row)
@@ -563,7 +586,7 @@ def attach_paper_continual(
 
 
 def _continual_cell(r: pd.Series, metric: str) -> str:
-    cell = _cell(r[f"{metric}_mean"], r[f"{metric}_std"], r["status"])
+    cell = _cell(r[f"{metric}_mean"], r[f"{metric}_std"], r["status"]) + _collapse(r)
     return cell + (f" † {r['client_engine']}" if r["other_engine"] else "")
 
 

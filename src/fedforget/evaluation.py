@@ -26,6 +26,14 @@ from .methods import FedAvg, ServerContext
 from .methods.base import masked_logits
 from .metrics import classwise_accuracy
 
+# the metrics column of a task stream's evaluations: the share of the current task's test rows
+# that the global model gives its most predicted class. A model that predicts one class for
+# nearly all of a task of several classes has collapsed (issue 36: TARGET at 10x its code's
+# learning rate) [D]; the tables mark a cell with a run that reached COLLAPSE_SHARE
+# (``fedforget.aggregate``). Where a task has one class (classes_per_task 1) no run counts.
+TOP_SHARE = "global_model_test_top_pred_share"
+COLLAPSE_SHARE = 0.95
+
 
 class Evaluator:
     def __init__(
@@ -42,12 +50,14 @@ class Evaluator:
 
     def task(self, model: nn.Module, t: int) -> tuple[float, float]:
         """(accuracy, mean cross-entropy of the scores) of ``model`` on task t's test rows."""
-        acc, loss, _ = self.task_scores(model, t)
+        acc, loss, _, _ = self.task_scores(model, t)
         return acc, loss
 
     @torch.no_grad()
-    def task_scores(self, model: nn.Module, t: int) -> tuple[float, float, dict[str, float]]:
-        """``task``'s two and the method's other accuracies on task t (``eval_counts``)."""
+    def task_scores(self, model: nn.Module, t: int) -> tuple[float, float, dict[str, float], float]:
+        """``task``'s two, the method's other accuracies on task t (``eval_counts``) and the
+        share of task t's test rows given its most predicted class (``COLLAPSE_SHARE``)."""
+        counts = torch.zeros(self.scenario.num_classes, device=self.test.x.device)
         was_training = model.training
         model.eval()
         dev = self.test.x.device
@@ -59,13 +69,16 @@ class Evaluator:
             scores = self.method.eval_predict(self.server, model, x, given)
             if self.class_mask is not None:
                 scores = masked_logits(scores, self.class_mask[t])
-            correct += (scores.argmax(1) == y).sum()
+            pred = scores.argmax(1)
+            correct += (pred == y).sum()
+            counts += torch.bincount(pred, minlength=len(counts))[: len(counts)]
             loss += F.cross_entropy(scores, y, reduction="sum").double()
             for k, v in self.method.eval_counts(self.server, model, x, y, t).items():
                 extra[k] = extra.get(k, 0) + v
         model.train(was_training)
         n = max(len(self.test.rows[t]), 1)
-        return correct.item() / n, loss.item() / n, {k: float(v) / n for k, v in extra.items()}
+        extras = {k: float(v) / n for k, v in extra.items()}
+        return correct.item() / n, loss.item() / n, extras, float(counts.max()) / n
 
     def seen_accuracy(self, model: nn.Module, current: int) -> float:
         """Mean accuracy over tasks 0..current (a local model's score)."""
@@ -78,12 +91,14 @@ class Evaluator:
         """(metrics-row columns, per-task rows) of the global model ``model`` while the
         server trains task ``current``."""
         scored = [self.task_scores(model, t) for t in range(self.scenario.tasks)]
-        res, extras = [(a, lo) for a, lo, _ in scored], [e for _, _, e in scored]
+        res, extras = [(a, lo) for a, lo, _, _ in scored], [e for _, _, e, _ in scored]
         seen = res[: current + 1]
         row = {
             "global_model_test_acc": sum(a for a, _ in seen) / len(seen),
             "global_model_test_loss": sum(lo for _, lo in seen) / len(seen),
         }
+        if self.scenario.tasks > 1:  # task streams: one-task runs keep their columns, bytes
+            row[TOP_SHARE] = scored[current][3]
         if "classwise_accuracy" in diagnostics:  # the raw test set, every class
             accs = classwise_accuracy(model, self.test.x, self.test.y, num_classes, self.batch_size)
             row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
