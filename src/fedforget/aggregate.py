@@ -230,16 +230,26 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
         if "tasks" in g and bool((g["tasks"].fillna(1) > 1).any()):
             row["best_acc_mean"] = row["best_acc_std"] = math.nan
             row["task_stream"] = True
-        row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
-        if "collapsed_round" in g:  # task streams: runs whose model predicted one class
-            row["n_collapsed"] = int(g["collapsed_round"].notna().sum())
-        if "method_note" in g:  # (the column exists where some method states its variant)
-            row["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
+        row.update(_group_marks(g))
         out.append(row)
     df = pd.DataFrame(out)
     if "task_stream" in df:  # one-task experiments keep table.csv's columns as before
         df["task_stream"] = df["task_stream"].astype("boolean").fillna(False).astype(bool)
     return mark_other_engines(df)
+
+
+def _group_marks(g: pd.DataFrame) -> dict[str, Any]:
+    """What a table row says of its runs ``g`` besides the numbers (summary and continual
+    tables alike): the client engines, the runs whose model collapsed (task streams) and
+    the methods' variant notes (where some method states one)."""
+    out: dict[str, Any] = {
+        "client_engine": "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
+    }
+    if "collapsed_round" in g:
+        out["n_collapsed"] = int(g["collapsed_round"].notna().sum())
+    if "method_note" in g:
+        out["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
+    return out
 
 
 def _stream(r: pd.Series) -> bool:
@@ -550,11 +560,7 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
         row["status"] = FAILED if row["n_failed"] else "ok"
-        row["client_engine"] = "/".join(sorted(set(g["client_engine"].dropna()))) if "client_engine" in g else ""
-        if "collapsed_round" in g:  # task streams: runs whose model predicted one class
-            row["n_collapsed"] = int(g["collapsed_round"].notna().sum())
-        if "method_note" in g:  # (the column exists where some method states its variant)
-            row["method_note"] = " / ".join(dict.fromkeys(n for n in g["method_note"].fillna("") if n))
+        row.update(_group_marks(g))
         out.append(row)
     return mark_other_engines(pd.DataFrame(out)) if out else pd.DataFrame(out)
 

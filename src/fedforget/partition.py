@@ -2,8 +2,9 @@
 (an explicit clients x classes matrix of fractions).
 
 Over the whole private pool (the default), or within each task (``per_task: true``; on a
-stream whose every task holds every row, rotated or permuted, that is the pool): the scheme is drawn on each task's rows apart, with
-its minimum (dirichlet's ``min_size``, ``min_per_class``) per client per task, so every
+stream whose every task holds every row, rotated or permuted, that is the pool): the scheme
+is drawn on each task's rows apart, with its minimum (dirichlet's ``min_size``,
+``min_per_class``) per client per task, so every
 client holds rows of every task [P fedgp.md Sec. 5.1.1: "Once we define the data for each
 task, we split it among K clients in a non-IID manner"; fedprotip.md App.: "each client
 holds at least one sample from every class present in its assigned task", ``min_per_class:
@@ -59,7 +60,7 @@ class PartitionSpec:
     per_task: bool = False  # draw within each task's rows (iid, dirichlet, shards), minimums per task
     min_per_class: int = 0  # dirichlet: every client holds at least this many rows of every class
     #   (per_task: of every class of each task) [P fedprotip.md: 1], the rest drawn as usual
-    # per_task: which rows each task holds (``data.scenario.task_rows`` of the dataset's scenario),
+    # per_task: which rows each task holds (``data.tasks.task_rows`` of the dataset's scenario),
     # bound per dataset when the runs are made (``for_dataset``), never written in a config
     tasks: dict | None = None
 
@@ -400,7 +401,9 @@ def make_partition(
         try:
             parts = fn(y_train[rows], spec, np.random.default_rng(seq))
         except FedForgetError as e:
-            raise FedForgetError(f"{where}: {e}") if spec.per_task else e from None
+            if not spec.per_task:
+                raise
+            raise FedForgetError(f"{where}: {e}") from None  # which task could not be drawn
         for cid, part in enumerate(parts):
             assignment[rows[part]] = cid
     return assignment
@@ -442,10 +445,10 @@ def save_partition(
     y: np.ndarray,
     num_classes: int,
     public_id: str | None,
-    task: np.ndarray | None = None,
+    task_sizes: np.ndarray | None = None,
 ) -> Path:
-    """assignment.npy, class_counts.csv and meta.json (per_task: with ``task``, each row's
-    task, meta.json records each client's rows per task, ``task_sizes``)."""
+    """assignment.npy, class_counts.csv and meta.json (per_task: ``task_sizes``, each
+    client's rows per task [clients, tasks], recorded there too)."""
     out = Path(out)
     atomic_save_npy(out / "assignment.npy", assignment)
     counts = class_counts(assignment, y, spec.clients, num_classes)
@@ -454,11 +457,7 @@ def save_partition(
     ]
     atomic_write_text(out / "class_counts.csv", "\n".join(rows) + "\n")
     sizes = counts.sum(1)
-    per_task = {}
-    if task is not None:
-        tasks = int(task.max(initial=-1)) + 1
-        # a row in no task is in no client's share (make_partition), so every counted row has a task
-        per_task["task_sizes"] = class_counts(assignment, task, spec.clients, tasks).tolist()
+    per_task = {} if task_sizes is None else {"task_sizes": task_sizes.tolist()}
     atomic_write_json(
         out / "meta.json",
         {

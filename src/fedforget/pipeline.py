@@ -40,12 +40,14 @@ def partition_one(ds: DatasetSpec, spec: PartitionSpec, data_dir: str, out_dir: 
     public = load_public(ds.public, ds.id, data_dir, with_labels=False)
     excluded = public.excluded_train_rows if public is not None else None
     assignment = partition_dataset(data, spec, excluded)
-    task = row_tasks(spec.tasks, data.y_train, data.num_classes, domain_ids(data.meta, "train")) if spec.per_task else None
+    per_task = None  # [clients, tasks]: a row in no task is in no client's share (make_partition)
+    if spec.per_task:
+        task = row_tasks(spec.tasks, data.y_train, data.num_classes, domain_ids(data.meta, "train"))  # type: ignore[arg-type]
+        per_task = class_counts(assignment, task, spec.clients, int(spec.tasks["tasks"]))  # type: ignore[index]
     out = save_partition(
-        out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id, task
+        out_dir, assignment, spec, ds.id, data.y_train, data.num_classes, ds.public_id, per_task
     )
     counts = class_counts(assignment, data.y_train, spec.clients, data.num_classes)
-    per_task = None if task is None else class_counts(assignment, task, spec.clients, int(spec.tasks["tasks"]))  # type: ignore[index]
     partition_heatmap(counts, out / "heatmap.png", f"{ds.pool_id}: {spec.slug}", data.class_names, per_task)
     return out
 

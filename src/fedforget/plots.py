@@ -97,8 +97,8 @@ def _save(fig, path: Path) -> None:
 
 # the learning curves that some runs do not measure, and the train setting that measures
 # them: an experiment draws such a curve only where one of its runs has that setting
-# (``experiment_curves``; the workflow's rule plot_curve), so no figure of a column the
-# config never measures is published [D]. Asked for anyway (``fedforget plot --curve``), a
+# (``experiment_curves``; the workflow's rule plot_<curve>), so no figure of a column the
+# config never measures is published [D]. Asked for anyway (``fedforget plot --curves``), a
 # curve no run measured is a notice that says so and why, not empty axes.
 CURVE_NEEDS = {"local_models_global_test_acc_mean": "eval_local_models"}
 

@@ -326,7 +326,7 @@ PLOT_CODE = code_digest("fedforget.plots")
 
 
 FIGURES = [c for c in CURVES if c not in CURVE_NEEDS]  # the learning curves rule plot draws for every experiment
-# the other curves, drawn by rule plot_curve for the experiments that measure them
+# the other curves, each drawn by its rule plot_<curve> for the experiments that measure them
 # (fedforget.plots.experiment_curves): no figure of a column a config never measures
 MEASURED_CURVES = {exp.name: [c for c in experiment_curves(exp.train_for(m) for m in exp.methods) if c in CURVE_NEEDS]
                    for exp in WF.experiments}  # fmt: skip
@@ -358,8 +358,8 @@ def aggregate_outputs():
 
 
 def curve_output(fig, name):
-    """A learning curve's figure (``fig``: a curve, or the {curve} wildcard), its report entry
-    labelled ``name``."""
+    """A learning curve's figure (``fig``: a curve of CURVES), its report entry labelled
+    ``name``."""
     return report(
         f"{RESULTS}/{{experiment}}/figures/{fig}.png",
         caption="../report/curves.rst",
