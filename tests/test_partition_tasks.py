@@ -136,3 +136,11 @@ def test_per_task_on_a_stream_whose_tasks_share_rows_is_the_pool(tmp_path):
     sc = {"kind": "rotated", "tasks": 2, "rounds_per_task": 1}
     (rc,) = parse_config(_config(tmp_path, part, sc)).runs()
     assert rc.partition == PartitionSpec("iid", clients=4)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_a_bad_min_per_class_is_named(value):
+    from fedforget.partition import check_feasible
+
+    with pytest.raises(FedForgetError, match=rf"p.min_per_class={value!r}; allowed: an integer >= 0"):
+        check_feasible(PartitionSpec("dirichlet", clients=2, alpha=0.5, min_per_class=value), 100, "p")

@@ -390,6 +390,14 @@ def test_anchors_at_the_codes_scale_separate_the_classes(names):
         assert float(losses[c]) == 0.0 and bool((losses[torch.arange(len(names)) != c] > 0).all())
 
 
+@pytest.mark.parametrize("value", [0, -1.0])
+def test_a_bad_anchor_norm_is_named(value):
+    from fedforget.methods import check_params
+
+    with pytest.raises(FedForgetError, match=f"anchor_norm={value}"):
+        check_params("lander", {"anchor_norm": value})
+
+
 def test_bounding_loss_on_a_hand_built_batch():
     a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     anchors = torch.zeros(2, 2)
