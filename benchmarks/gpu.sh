@@ -23,7 +23,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$out/gpu.txt"
 FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider "$here/../tests/test_device.py" \
-    "$here/../tests/test_vectorized.py" "$here/../tests/methods/test_batched_uploads.py" 2>&1 | tail -40 | tee "$out/tests.txt"
+    "$here/../tests/test_vectorized.py" "$here/../tests/test_dropout.py" "$here/../tests/methods/test_batched_uploads.py" 2>    "$here/../tests/test_vectorized.py" "$here/../tests/methods/test_batched_uploads.py" 2>&11 | tail -40 | tee "$out/tests.txt"
 for g in 1 0; do
     FEDFORGET_CUDA_GRAPHS=$g python "$here/profile_round.py" --preset mcmahan --mode vectorized --device cuda \
         --warmup 15 --rounds 5 --rows 15 >"$out/profile-graphs$g.txt" 2>&1

@@ -73,6 +73,21 @@ class StepGraphs:
         loss_sum.zero_()
         return params, bufs, loss_sum
 
+    def dropout_inputs(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the clients' dropout keys, a step counter): persistent tensors that captured steps
+        read (``fedforget.dropout``), ``keys`` copied in; the caller fills the counter with
+        each step's number before running it. Called after ``stack``."""
+        have = self.tensors.get("dropout_keys")
+        if have is None or len(have) < len(keys):
+            self.graphs.clear()  # graphs that read the old tensors go
+            self.seen.clear()
+            size = max(len(keys), len(self.tensors.get("loss_sum", keys)))
+            self.tensors["dropout_keys"] = torch.zeros(size, dtype=torch.int64, device=keys.device)
+            self.tensors["dropout_step"] = torch.zeros((), dtype=torch.int64, device=keys.device)
+        static = self.tensors["dropout_keys"][: len(keys)]
+        static.copy_(keys)
+        return static, self.tensors["dropout_step"]
+
     def run(self, key: Hashable, idx: torch.Tensor, step: Callable[[torch.Tensor], None]) -> None:
         """``step(idx)``: eagerly the first time ``key`` (the step's shape and constants) is
         met, captured the second, replayed after. ``step`` must only update tensors of

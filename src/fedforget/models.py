@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dropout import KeyedDropout
 from .registry import Registry
 from .utils import FedForgetError
 
@@ -293,12 +294,12 @@ def cnn_fedgp(input_shape: Sequence[int], num_classes: int, dropout: bool = True
     code defines it [C] (models/Nets.py, CNNMnist): conv5x5(C->10)-maxpool2-ReLU-
     conv5x5(10->20)-Dropout2d-maxpool2-ReLU-FC(->50)-ReLU-Dropout-FC(50->classes), 21,840
     parameters on 1x28x28 MNIST. Not the 582k-parameter CNN of FedSOL (``cnn_mcmahan``).
-    ``dropout: false`` drops both dropout layers [D] (deterministic, and the batched engine
-    can run it)."""
+    Its dropout is keyed (``fedforget.dropout``: the same masks in both trainers, so the
+    stacked trainer can run it); ``dropout: false`` drops both dropout layers [D]."""
     c, h, w = input_shape
     h2, w2 = ((h - 4) // 2 - 4) // 2, ((w - 4) // 2 - 4) // 2
-    drop2d: nn.Module = nn.Dropout2d() if dropout else nn.Identity()
-    drop: nn.Module = nn.Dropout() if dropout else nn.Identity()
+    drop2d: nn.Module = KeyedDropout(0.5, channelwise=True) if dropout else nn.Identity()
+    drop: nn.Module = KeyedDropout(0.5) if dropout else nn.Identity()
     body = nn.Sequential(
         nn.Conv2d(c, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
         nn.Conv2d(10, 20, 5), drop2d, nn.MaxPool2d(2), nn.ReLU(),

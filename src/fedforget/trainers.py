@@ -14,16 +14,15 @@ task end, the after-task and round-end replies). ``Simulation`` (``fedforget.eng
 server's loop over a trainer; the trainer holds what it needs, passed in explicitly.
 
 Randomness is keyed: each client's shuffling by (seed, round, client), so a client's
-minibatches do not depend on the order clients run in or on the trainer that runs them.
+minibatches do not depend on the order clients run in or on the trainer that runs them;
+its dropout masks (``fedforget.dropout``) by (seed, round, client, step, layer), so a
+stacked client draws the masks it draws alone.
 
 Per-client buffers (issue 32): the stacked trainer keeps BatchNorm's running statistics per
 client, stacked beside the weights ([G, ...]), updated by each client's own forward passes
 (``vmap`` over ``functional_call`` with the client's statistics; a step of unequal batches
 client by client), and a client's upload is its weights and statistics, as
-``train_client``'s ``state_dict`` is (tests/test_vectorized.py). Designed, not built:
-dropout drawn from a generator keyed by (seed, round, client, step, layer) in both trainers,
-so a stacked client draws the masks it draws alone (``vmap(randomness="different")`` cannot
-reproduce the sequential draws); until then dropout models train one client at a time.
+``train_client``'s ``state_dict`` is (tests/test_vectorized.py).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import torch
 from .clientdata import ClientData, TaskView
 from .config import Experiment
 from .cudagraph import StepGraphs
+from .dropout import DropoutKey, client_key, keyed_modules, set_dropout_key
 from .evaluation import Evaluator
 from .inputs import prefetched
 from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload
@@ -100,6 +100,7 @@ class LocalTrainer:
         # the client model's tensors, for an in-place reload at each client (cheaper than
         # load_state_dict, which re-validates keys and shapes every time)
         self._model_tensors = dict(model.state_dict(keep_vars=True))
+        self.dropout = keyed_modules(model)  # keyed dropout: masks keyed by (client, round, step)
 
     def train_group(
         self, views: dict[int, TaskView], rnd: int, lr: float
@@ -164,6 +165,7 @@ class LocalTrainer:
         n, bs = len(view), t.batch_size
         gen = torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM))
         loss_sum = torch.zeros((), device=self.device)
+        key = torch.tensor(client_key(self.seed, rnd, cid), device=self.device) if self.dropout else None
         end = t.epoch_rows(n)  # drop_last: full minibatches only (TrainSpec.epoch_rows)
         for epoch in range(t.local_epochs):
             # the epoch's order; its positions carry the step's augmentation key, if any
@@ -173,12 +175,15 @@ class LocalTrainer:
             # a streamed pool on a GPU: the next minibatches read on a background thread
             batches = prefetched(view.batch, chunks) if self.clients.x.read_ahead else map(view.batch, chunks)
             for x, y, ctx.logit_mask in batches:
+                if key is not None:  # this step's masks (fedforget.dropout)
+                    set_dropout_key(self.dropout, DropoutKey(key, ctx.steps))
                 opt.zero_grad(set_to_none=True)
                 loss = method.client_step(ctx, x, y)
                 method.client_grad(ctx)
                 opt.step()
                 loss_sum += loss.detach()
                 ctx.steps += 1
+        set_dropout_key(self.dropout, None)
         mean_loss = loss_sum.item() / max(ctx.steps, 1)
         if not math.isfinite(mean_loss):
             raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
@@ -285,7 +290,8 @@ class StackedTrainer(LocalTrainer):
         jobs = [
             ClientJob(cid, views[cid].start, len(views[cid]),
                       torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM)),
-                      [self.clients.draw_offset(rnd, e, t.local_epochs) for e in range(t.local_epochs)])
+                      [self.clients.draw_offset(rnd, e, t.local_epochs) for e in range(t.local_epochs)],
+                      client_key(self.seed, rnd, cid))
             for cid in cids
         ]  # fmt: skip
         opt, method = t.optimizer, self.method

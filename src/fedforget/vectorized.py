@@ -44,8 +44,9 @@ its change, if any, stated as per-step loss and gradient terms for the stacked c
 SCAFFOLD, FedCurv), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own forward passes inside
 ``vmap``; a step whose clients' batches differ in size runs client by client, since padding
-rows would enter the batch statistics) or none, it has no dropout (its random draws would
-differ from a client's alone), and the optimizer is SGD. Otherwise it falls back to one
+rows would enter the batch statistics) or none, its dropout, if any, is keyed
+(``fedforget.dropout``: each client's masks drawn from its own key, as alone; torch's
+dropout is refused), and the optimizer is SGD. Otherwise it falls back to one
 client after another; ``run.json`` records which path ran.
 
 Memory: the stack holds (weights + momentum + gradient) for the clients of one group; the
@@ -66,6 +67,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .cudagraph import StepGraphs
+from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
 from .methods.base import StepTerms, masked_logits
 from .models import Classifier, TaskHeads
@@ -105,7 +107,10 @@ def why_not_vectorized(
     if isinstance(getattr(model, "head", None), TaskHeads):
         return "per-task heads (the batched path trains every parameter of the model)"
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        return "the model has dropout (its random draws would differ from one client alone)"
+        return (
+            "the model has torch's dropout (its draws would differ from one client alone; "
+            "fedforget.dropout.KeyedDropout draws the same in both trainers)"
+        )
     return method_not_vectorized(method_cls, optimizer_name, drop_last)
 
 
@@ -122,6 +127,7 @@ class ClientJob:
     # per local epoch, what its steps add to their positions (ClientData.draw_offset: the
     # rows' augmentation key); empty: nothing
     draw_offsets: Sequence[int] = ()
+    dropout_key: int = 0  # the client's dropout key of the round (fedforget.dropout.client_key)
 
 
 @dataclass
@@ -162,6 +168,8 @@ def stacked_supported(module: nn.Module) -> str | None:
     if isinstance(module, nn.GELU) and module.approximate == "none":
         return None
     if isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1:
+        return None
+    if isinstance(module, KeyedDropout):
         return None
     if isinstance(module, nn.MaxPool1d | nn.MaxPool2d) and module.return_indices:
         return type(module).__name__ + "(return_indices=True)"
@@ -220,7 +228,23 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
         return out.view(*lead, -1), GB
     if isinstance(module, nn.GELU):
         return F.gelu(h), layout
+    if isinstance(module, KeyedDropout):
+        return _stacked_dropout(module, h, layout, g), layout
     return ELEMENTWISE[type(module)](h), layout
+
+
+def _stacked_dropout(module: KeyedDropout, h: torch.Tensor, layout: str, g: int) -> torch.Tensor:
+    """``module`` on the G clients' activations ``h``: each client's mask drawn from its own
+    key (``module.key.clients`` [G]) over its own [B, ...] activation, as it is alone."""
+    if not module.training or module.p == 0:
+        return h
+    if module.key is None:
+        raise RuntimeError("a stacked step without dropout keys (train_clients_together sets them)")
+    per_client = h.shape[1:] if layout == GB else (h.shape[0], h.shape[1] // g, *h.shape[2:])
+    mask = module.draw(per_client, h.dtype)  # [G, B, ...] (channelwise: [G, B, C, 1, ...])
+    if layout == GRP:  # [G, B, C, ...] -> [B, G*C, ...]
+        mask = mask.transpose(0, 1).reshape(mask.shape[1], g * mask.shape[2], *mask.shape[3:])
+    return h * mask
 
 
 def _batch_table(
@@ -305,8 +329,17 @@ def train_clients_together(
         params = {k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim()) for k in names}
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else None
         loss_sum = torch.zeros(m, device=device)
+    # keyed dropout (fedforget.dropout): each client's masks from its key and its step, k of
+    # the stack (a device tensor, so that captured steps read it)
+    drop = keyed_modules(model)
+    keys = torch.tensor([j.dropout_key for j in jobs_sorted], dtype=torch.int64, device=device)
+    step_t = torch.zeros((), dtype=torch.int64, device=device)
+    if drop and graphs is not None:
+        keys, step_t = graphs.dropout_inputs(keys)
 
-    def client_loss(p, st, xb, yb, mask, lm):
+    def client_loss(p, st, xb, yb, mask, lm, key):
+        if drop:  # inside vmap: the client's own key
+            set_dropout_key(drop, DropoutKey(key, step_t))
         logits = masked_logits(functional_call(model, {**p, **st}, (xb,)), lm)
         per = F.cross_entropy(logits, yb, reduction="none") * mask
         return per.sum() / mask.sum()
@@ -316,6 +349,8 @@ def train_clients_together(
     def stacked_step(p_act, xb, yb, mask, lm):
         """(gradients, losses) of every client in the stack: the same values as ``step_fn``."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
+        if drop:
+            set_dropout_key(drop, DropoutKey(keys[: xb.shape[0]], step_t))
         logits = masked_logits(stacked_forward(model, leaves, xb), lm)  # [a, w, C]
         per = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(mask.shape)
         losses = (per * mask).sum(1) / mask.sum(1)  # each client's mean over its real rows
@@ -363,10 +398,13 @@ def train_clients_together(
         p_i = {n: params[n][i : i + 1].clone() for n in names}
         s_i = {n: stats[n][i].clone() for n in buffer_names}  # updated in place by the forward
         b_i = None if bufs is None else [bufs[n][i : i + 1].clone() for n in names]
+        drop_i = keyed_modules(net)
         for k in ks:
             if k >= steps[i]:
                 break
             xb, yb, lm = batch(table[i, k, : int(width[i, k])])
+            if drop_i:
+                set_dropout_key(drop_i, DropoutKey(keys[i], k))
             leaves = {n: v.detach().requires_grad_() for n, v in p_i.items()}
             logits = functional_call(net, {**{n: v[0] for n, v in leaves.items()}, **s_i}, (xb,), tie_weights=tied)
             loss = F.cross_entropy(masked_logits(logits, lm), yb).unsqueeze(0)
@@ -421,14 +459,16 @@ def train_clients_together(
             grads, losses = stacked_step(p_act, xb, yb, mask, lm)
         elif active == 1:  # one client left (a large client's tail): no vmap overhead
             p_act = {n: v[0] for n, v in params.items()}
-            g1, l1 = one_fn(p_act, {n: v[0] for n, v in stats.items()}, xb[0], yb[0], mask[0], None if lm is None else lm[0])
+            g1, l1 = one_fn(
+                p_act, {n: v[0] for n, v in stats.items()}, xb[0], yb[0], mask[0], None if lm is None else lm[0], keys[0]
+            )
             grads = {n: g.unsqueeze(0) for n, g in g1.items()}
             losses = l1.unsqueeze(0)
             p_act = {n: v[:1] for n, v in params.items()}
         else:
             p_act = {n: v[:active] for n, v in params.items()}
-            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0))
-            grads, losses = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm)
+            step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0, 0))
+            grads, losses = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm, keys[:active])
         grads, losses = add_terms(0, active, p_act, grads, losses.detach())
         loss_sum[:active] += losses
         with torch.no_grad():
@@ -484,6 +524,8 @@ def train_clients_together(
             k = end
             continue
         idx = step_rows(k)
+        if drop:
+            step_t.fill_(k)
         if ahead is not None:
             batched_step_(idx, next(ahead))
         elif graphs is None:
@@ -492,6 +534,7 @@ def train_clients_together(
             graphs.run((*idx.shape, lr, momentum, weight_decay, batch), idx, batched_step_)
         k += 1
     model.train(was_training)
+    set_dropout_key(drop, None)
     if pool is not None:
         pool.shutdown()
 
