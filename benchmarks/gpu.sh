@@ -15,6 +15,8 @@
 #      split with 10 per client; mnist1d-k100 Dirichlet 0.5);
 #   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
 #      eagerly: no graphs).
+#   6. benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU (gpu_slots), McMahan
+#      CNN and ResNet-18, with each job's peak GPU memory.
 # usage: bash benchmarks/gpu.sh [OUTDIR]    (results: OUTDIR/*.json, OUTDIR/*.txt)
 set -u
 out=${1:-gpu-results}
@@ -40,4 +42,10 @@ for p in digits-k100 mnist1d-k100; do
 done
 for m in fedprox feddyn scaffold; do
     sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
+done
+# 6. several training jobs sharing the GPU (profiles/gpu, gpu_slots): 1, 2, 4 at once, McMahan
+#    CNN and ResNet-18 (CIFAR-shaped, BatchNorm), batched engine; peak GPU memory per job
+for p in mcmahan resnet18; do
+    python "$here/packing.py" --preset "$p" --device cuda --threads 2 --warmup 5 --seconds 10 \
+        --json "$out/packing-$p.json" | tee -a "$out/packing.txt"
 done

@@ -226,6 +226,17 @@ def run_dirs(workdir: Path) -> dict[str, float]:
     }
 
 
+def overlapping(workdir: Path, part: str) -> bool:
+    """Whether the two runs whose directory names ``part`` trained at the same time."""
+    spans = sorted(
+        (r["started_at"], r["finished_at"])
+        for p in (workdir / "results" / "tiny").glob("*/*/*/seed*/run.json")
+        if part in str(p) and (r := json.loads(p.read_text()))
+    )
+    assert len(spans) == 2, spans
+    return spans[0][1] > spans[1][0]
+
+
 def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     write_config(tmp_path, TINY)
     snakemake(tmp_path)
@@ -262,13 +273,16 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     model.unlink()
     assert planned_jobs(tmp_path).get("train") == 1
 
-    # one method's hyperparameter: only that method's 2 jobs (+ aggregate, plot, default)
+    # one method's hyperparameter: only that method's 2 jobs (+ aggregate, plot, default),
+    # here through profiles/gpu with one GPU slot: the 2 training jobs run one after another
     cfg = json.loads(json.dumps(TINY))
     cfg["experiments"][0]["methods"][1]["train"]["optimizer"]["lr"] = 0.2
     write_config(tmp_path, cfg)
     jobs = planned_jobs(tmp_path)
     assert jobs.get("train") == 2 and "partition" not in jobs and "prepare_dataset" not in jobs
-    snakemake(tmp_path)
+    gpu_profile = ("--workflow-profile", str(REPO / "profiles" / "gpu"), "--set-threads", "train=1")
+    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=1")
+    assert not overlapping(tmp_path, "/fedavg-lr0.1/")
     assert model.is_file()
     after = run_dirs(tmp_path)
     changed = {k for k in before if after[k] != before[k]}
@@ -286,7 +300,8 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     jobs = planned_jobs(tmp_path)
     assert jobs.get("train") == 2 and jobs.get("partition") == 1 and "prepare_dataset" not in jobs
     before = run_dirs(tmp_path)
-    snakemake(tmp_path)
+    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=2")  # 2 slots: at once
+    assert overlapping(tmp_path, "dirichlet-0.3_")
     after = run_dirs(tmp_path)
     shards = {k for k in before if "/shards-2_" in k}
     assert all(after[k] == before[k] for k in shards)
