@@ -152,6 +152,8 @@ BAD = [
     ("scaffold-with-adam", lambda d: (ex(d)["methods"][0].update(name="scaffold"), ex(d).update(train={"optimizer": {"name": "adam"}})),
      ["experiments[0].methods[0]", "scaffold", "adam"]),
     # NaN and +-inf (YAML .nan, .inf, -.inf) pass the schema's range checks: refused first, everywhere
+    ("precision-fp16", lambda d: ex(d).update(train={"precision": "fp16"}),
+     ["experiments[0].train.precision", "fp16", "fp32", "bf16"]),
     ("lr-nan", lambda d: ex(d).update(train={"optimizer": {"lr": NAN}}),
      ["experiments[0].train.optimizer.lr=nan", "allowed: a finite number > 0"]),
     ("sample-rate-nan", lambda d: ex(d).update(train={"sample_rate": NAN}),

@@ -129,6 +129,8 @@ class RunConfig:
                 del d["dataset"][key]
         if d["scale"] == "full":  # a full run keeps the hash it had before the key
             del d["scale"]
+        if d["train"]["precision"] == "fp32":  # likewise
+            del d["train"]["precision"]
         return d
 
     @classmethod

@@ -37,7 +37,8 @@ What changes, per experiment:
   train per round (at least 1 anyway: ``engine.sample_clients``); ``save_client_models``
   and figure ``rounds`` options kept within the rounds;
 - partitions: ``clients`` at most ``smoke.clients``, Dirichlet ``min_size`` at most 2
-  (a few hundred rows cannot give every client 10 with small alpha); partitions that become
+  (a few hundred rows cannot give every client 10 with small alpha) and ``min_per_class`` 0
+  (a smoke pool, or one task's share of it, may hold a single row of a class); partitions that become
   identical are run once;
 - datasets and their public sets: the generic dataset option ``subset`` (first N rows per
   class in each split, ``fedforget.data.base.SUBSET``: about ``smoke.rows`` rows per split,
@@ -220,6 +221,7 @@ def _partition(p: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
         p["clients"] = min(int(p["clients"]), int(s["clients"]))
     if p["scheme"] == "dirichlet":
         p["min_size"] = min(int(p.get("min_size", 10)), DIRICHLET_MIN_SIZE)
+        p.pop("min_per_class", None)  # 0, the default: a smoke pool may hold one row of a class
     return p
 
 

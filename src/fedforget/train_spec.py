@@ -39,6 +39,7 @@ class TrainSpec:
     device: str = "auto"
     threads: int = 0
     data_storage: str = "auto"  # auto | device | stream: where the training pool lives (fedforget.inputs)
+    precision: str = "fp32"  # fp32 | bf16: the local steps' forward passes (LocalTrainer.autocast)
     log_every: int = 1  # rounds between progress lines when not on a terminal (fedforget.progress)
     # set by Experiment.runs, not by users: why client_engine auto trains this job's clients
     # one after another, to pair it with a method of its experiment that cannot batch them

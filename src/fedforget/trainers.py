@@ -27,6 +27,7 @@ client by client), and a client's upload is its weights and statistics, as
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -57,6 +58,7 @@ from .vectorized import (
 log = logging.getLogger(__name__)
 
 SHUFFLE_STREAM = 0x52  # stream tag of the clients' shuffling
+PRECISIONS = ("fp32", "bf16")  # train.precision
 
 
 def make_optimizer(params, spec: OptimizerSpec, lr: float) -> torch.optim.Optimizer:
@@ -101,6 +103,17 @@ class LocalTrainer:
         # load_state_dict, which re-validates keys and shapes every time)
         self._model_tensors = dict(model.state_dict(keep_vars=True))
         self.dropout = keyed_modules(model)  # keyed dropout: masks keyed by (client, round, step)
+        if train.precision not in PRECISIONS:
+            raise FedForgetError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The arithmetic of a local step's forward pass (``train.precision``): fp32 as it is,
+        or bf16 autocast [D] (matrix products and convolutions in bfloat16; losses, softmax and
+        reductions in fp32 by autocast's own lists) on fp32 weights, gradients and optimizer.
+        Without its cast cache, so that a captured CUDA graph holds no cast weights."""
+        if self.train.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
 
     def train_group(
         self, views: dict[int, TaskView], rnd: int, lr: float
@@ -178,7 +191,8 @@ class LocalTrainer:
                 if key is not None:  # this step's masks (fedforget.dropout)
                     set_dropout_key(self.dropout, DropoutKey(key, ctx.steps))
                 opt.zero_grad(set_to_none=True)
-                loss = method.client_step(ctx, x, y)
+                with self.autocast():  # the step's forward passes (and their backward)
+                    loss = method.client_step(ctx, x, y)
                 method.client_grad(ctx)
                 opt.step()
                 loss_sum += loss.detach()
@@ -316,6 +330,7 @@ class StackedTrainer(LocalTrainer):
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
             graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
+            autocast=self.autocast,
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's

@@ -55,6 +55,7 @@ engine splits a round's clients into groups of at most ``train.max_parallel_clie
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable, Sequence
@@ -292,6 +293,7 @@ def train_clients_together(
     graphs: StepGraphs | None = None,
     read_ahead: bool = False,
     epoch_rows: Callable[[int], int] | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -303,7 +305,9 @@ def train_clients_together(
     ``read_ahead`` (a streamed pool on a GPU, ``Pool.read_ahead``): the batched steps'
     gathers run up to two steps ahead on a background thread (``fedforget.inputs.prefetched``,
     as ``train_client``'s minibatches), the same rows in the same order. ``epoch_rows``:
-    the rows of an epoch that train (``TrainSpec.epoch_rows``; default all).
+    the rows of an epoch that train (``TrainSpec.epoch_rows``; default all). ``autocast()``:
+    the context of every forward pass (``LocalTrainer.autocast``: ``train.precision``); the
+    losses are taken on fp32 logits, as autocast takes them in a client's own step.
     BatchNorm's running statistics are kept per client, stacked like the weights, and
     updated as each client's own forward passes update them alone; a step whose clients
     have batches of different sizes then runs client by client (padding rows would enter
@@ -340,7 +344,9 @@ def train_clients_together(
     def client_loss(p, st, xb, yb, mask, lm, key):
         if drop:  # inside vmap: the client's own key
             set_dropout_key(drop, DropoutKey(key, step_t))
-        logits = masked_logits(functional_call(model, {**p, **st}, (xb,)), lm)
+        with autocast():
+            out = functional_call(model, {**p, **st}, (xb,))
+        logits = masked_logits(out.float(), lm)
         per = F.cross_entropy(logits, yb, reduction="none") * mask
         return per.sum() / mask.sum()
 
@@ -351,7 +357,9 @@ def train_clients_together(
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
         if drop:
             set_dropout_key(drop, DropoutKey(keys[: xb.shape[0]], step_t))
-        logits = masked_logits(stacked_forward(model, leaves, xb), lm)  # [a, w, C]
+        with autocast():
+            out = stacked_forward(model, leaves, xb)
+        logits = masked_logits(out.float(), lm)  # [a, w, C]
         per = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(mask.shape)
         losses = (per * mask).sum(1) / mask.sum(1)  # each client's mean over its real rows
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
@@ -406,8 +414,9 @@ def train_clients_together(
             if drop_i:
                 set_dropout_key(drop_i, DropoutKey(keys[i], k))
             leaves = {n: v.detach().requires_grad_() for n, v in p_i.items()}
-            logits = functional_call(net, {**{n: v[0] for n, v in leaves.items()}, **s_i}, (xb,), tie_weights=tied)
-            loss = F.cross_entropy(masked_logits(logits, lm), yb).unsqueeze(0)
+            with autocast():
+                logits = functional_call(net, {**{n: v[0] for n, v in leaves.items()}, **s_i}, (xb,), tie_weights=tied)
+            loss = F.cross_entropy(masked_logits(logits.float(), lm), yb).unsqueeze(0)
             grads = dict(zip(names, torch.autograd.grad(loss, list(leaves.values()))))
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach())
             with torch.no_grad():
