@@ -15,6 +15,7 @@
 #      split with 10 per client; mnist1d-k100 Dirichlet 0.5);
 #   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
 #      eagerly: no graphs).
+#      The McMahan preset once more with train.precision bf16 (autocast);
 #   6. benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU (gpu_slots), McMahan
 #      CNN and ResNet-18, with each job's peak GPU memory.
 # usage: bash benchmarks/gpu.sh [OUTDIR]    (results: OUTDIR/*.json, OUTDIR/*.txt)
@@ -40,6 +41,7 @@ sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --eval glob
 for p in digits-k100 mnist1d-k100; do
     sim --preset "$p" --partition "$([ "$p" = digits-k100 ] && echo iid || echo dirichlet0.5)" --epochs 1 --rounds 10 --json "$out/$p-e1.json" | tee -a "$out/sim.txt"
 done
+sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --precision bf16 --json "$out/mcmahan-dir-e1-bf16.json" | tee -a "$out/sim.txt"
 for m in fedprox feddyn scaffold; do
     sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
 done

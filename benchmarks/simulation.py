@@ -81,6 +81,7 @@ def run_config(args, engine: str):
         sample_rate=p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
         eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
+        precision=getattr(args, "precision", "fp32"),
     )  # fmt: skip
     clients = args.memory or p["clients"]
     method = getattr(args, "method", "fedavg")
@@ -282,6 +283,8 @@ def main() -> None:
                     "--rounds x --repeats rounds per mode; peak memory not per mode)")  # fmt: skip
     ap.add_argument("--method", default="fedavg",
                     help="the engine modes run this method with its default hyperparameters (central is plain SGD)")  # fmt: skip
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="train.precision of the engine modes (central stays fp32)")  # fmt: skip
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -299,6 +302,7 @@ def main() -> None:
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
+        "--precision", args.precision,
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
