@@ -56,7 +56,9 @@ test: install
 # reruns after code, settings and data changes, a killed workflow's resume, results adopted
 # through a cluster remote, the code-digest migration, a truncated partition, the FedProj
 # pilot table), then every paper config (config/experiments/paper/) end to end at
-# `scale: smoke` (fedforget.smoke) on native-format files the tests write, each in its own
+# `scale: smoke` (fedforget.smoke) on native-format files the tests write, then every config on
+# embedded data (config/experiments/*.yaml) at smoke scale with up to 20 rounds, where FedAvg
+# must beat chance (tests/test_smoke.py, check_learns); each in its own
 # temporary directory, one after another on SMOKE_CORES cores (`make test` runs one of them).
 # On your own raw data: snakemake --configfile CONFIG --config scale=smoke
 # SMOKE_LOG: one JSON line per config (config, training jobs, seconds, passed).
@@ -66,7 +68,7 @@ smoke: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m long -p no:cacheprovider --durations=0
 	mkdir -p $(dir $(SMOKE_LOG)) && rm -f $(SMOKE_LOG)
 	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) FEDFORGET_SMOKE_LOG=$(abspath $(SMOKE_LOG)) \
-	  $(BIN)/python -m pytest tests/test_smoke.py -k every_paper_config -p no:cacheprovider --durations=0
+	  $(BIN)/python -m pytest tests/test_smoke.py -k "every_paper_config or every_embedded_config" -p no:cacheprovider --durations=0
 
 clean:
 	rm -rf results logs .snakemake report.html
