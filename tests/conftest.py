@@ -181,6 +181,22 @@ def run_engines():
 
 
 @pytest.fixture
+def assert_same_weights():
+    """assert_same_weights(sim_a, sim_b, tol=1e-5): two simulations' global weights, floats
+    within ``tol`` (absolute and relative), the rest (BatchNorm's num_batches_tracked) equal."""
+    import torch
+
+    def check(a, b, tol=1e-5):
+        for k, v in a.global_params.items():
+            if torch.is_floating_point(v):
+                assert torch.allclose(v, b.global_params[k], atol=tol, rtol=tol), k
+            else:
+                assert torch.equal(v, b.global_params[k]), k
+
+    return check
+
+
+@pytest.fixture
 def assert_same_metrics():
     """assert_same_metrics(rows_a, rows_b, tol=1e-5): two runs' metrics rows have the same
     columns and values, floats within ``tol`` (absolute; NaN equals NaN), timings ignored

@@ -110,7 +110,9 @@ def test_stacked_forward_draws_each_clients_masks():
     [(8, "none"), (32, "none"), (16, "batch")],
     ids=["stacked-forward", "wide-steps-client-by-client", "batchnorm-vmap"],
 )
-def test_dropout_model_stacked_equals_sequential(make_run_config, run_engines, assert_same_metrics, dropout_model, batch_size, norm):
+def test_dropout_model_stacked_equals_sequential(
+    make_run_config, run_engines, assert_same_metrics, assert_same_weights, dropout_model, batch_size, norm
+):
     """A model with keyed dropout trains stacked (stacked_forward; a CPU's wide steps client
     by client; the vmap path of a BatchNorm model) with the masks each client draws alone:
     the same metrics and weights within 1e-5. Dropout acts (other weights than without it),
@@ -124,9 +126,7 @@ def test_dropout_model_stacked_equals_sequential(make_run_config, run_engines, a
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
-    for k, v in seq.global_params.items():
-        if torch.is_floating_point(v):
-            assert torch.allclose(v, vec.global_params[k], atol=1e-5, rtol=1e-5), k
+    assert_same_weights(seq, vec)
     again = Simulation(replace(rc, train=replace(rc.train, client_engine="sequential")))
     again.run(progress=False)
     assert all(torch.equal(v, again.global_params[k]) for k, v in seq.global_params.items())
