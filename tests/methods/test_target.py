@@ -195,6 +195,21 @@ def test_bn_statistics_loss_equals_the_hand_formula_with_momentum():
     assert not bn._forward_hooks
 
 
+def test_bn_statistics_loss_stays_finite_where_a_variance_squared_overflows_float32():
+    """A generator far from the data drove a deep layer's batch variance to 1e19 at smoke
+    scale: squared, past float32's range, the loss was inf and TARGET's pool NaN (a diverged
+    run). The norm is then taken in float64: finite, with a finite gradient."""
+    bn = nn.BatchNorm1d(2).eval()
+    loss = BNStatsLoss(bn, momentum=0.0)
+    x = torch.tensor([[1e10, 1.0], [-1e10, 2.0]], requires_grad=True)  # channel 0: var 1e20, squared 1e40 > float32
+    bn(x)
+    value = loss.loss(x)
+    assert torch.isfinite(value) and float(value) > 9e19
+    value.backward()
+    assert torch.isfinite(x.grad).all()
+    loss.close()
+
+
 def test_boundary_loss_is_minus_the_kl_on_agreeing_rows():
     s = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     t = torch.tensor([[2.0, 0.0], [3.0, 0.0]])  # row 0 agrees (class 0), row 1 does not

@@ -228,6 +228,15 @@ def make_decoder(nz: int, ngf: int, shape: Sequence[int]) -> nn.Module:
 # ----------------------------------------------------------------------------- BN statistics
 
 
+def _norm(d: torch.Tensor) -> torch.Tensor:
+    """||d||_2, finite wherever it fits a float32 [D]: a generator far from the data can drive
+    a deep layer's batch variance past 1e19, whose square overflows float32 (the loss, then the
+    generator and its pool, became inf / NaN at smoke scale); there the norm is taken in
+    float64. Elsewhere it is the float32 norm, bit for bit."""
+    n = torch.linalg.vector_norm(d)
+    return torch.where(torch.isfinite(n), n, torch.linalg.vector_norm(d.double()).to(n.dtype))
+
+
 class BNStatsLoss:
     """L_BN over ``model``'s BatchNorm layers (forward hooks; ``close()`` removes them): after
     a forward, ``loss()`` is sum_l ||var_l - mix(var)||_2 + ||mean_l - mix(mean)||_2, with
@@ -255,9 +264,7 @@ class BNStatsLoss:
             if i in self.avg and self.momentum > 0:
                 m, (a_mean, a_var) = self.momentum, self.avg[i]
                 mean, var = (1 - m) * mean + m * a_mean, (1 - m) * var + m * a_var
-            self.terms[i] = torch.linalg.vector_norm(
-                module.running_var - var
-            ) + torch.linalg.vector_norm(module.running_mean - mean)
+            self.terms[i] = _norm(module.running_var - var) + _norm(module.running_mean - mean)
 
         return hook
 
