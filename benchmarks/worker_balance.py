@@ -1,6 +1,7 @@
 """How evenly the batched engine's CPU workers share a round's clients: the makespan (the
 busiest worker's rows) over a perfect split (all rows / workers), per round, for the split
-the engine uses (``vectorized.balance``: longest first onto the least loaded worker) and for
+the engine makes (its workers take the clients longest first, each the next one as it
+finishes one: with times proportional to rows, ``balance`` below) and for
 the split it used before (client i on worker i mod workers, clients sorted by size). A
 count, not a timing: on the wide client-by-client steps a worker's time is proportional to
 its rows (1 local epoch, every step wide), so this is the time lost to imbalance.
@@ -19,12 +20,24 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Sequence
 
 import simulation as S
 
 from fedforget.data import prepare_dataset
 from fedforget.engine import Simulation, sample_clients
-from fedforget.vectorized import balance
+
+
+def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
+    """Clients (indices of ``costs``) onto ``workers`` lists: longest first onto the least
+    loaded worker (ties: the lower index), each list in ascending client order (LPT: within
+    4/3 of the best makespan): the engine's split when a client's time is its cost."""
+    load, out = [0.0] * workers, [[] for _ in range(workers)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        j = min(range(workers), key=lambda j: (load[j], j))
+        load[j] += costs[i]
+        out[j].append(i)
+    return [sorted(x) for x in out]
 
 
 def makespan(loads: list[float], total: float) -> float:

@@ -275,6 +275,7 @@ def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, run
             return super().map(fn, *iterables, **kw)
 
     monkeypatch.setattr(vz, "ThreadPoolExecutor", CountingPool)
+    monkeypatch.setattr(vz, "_POOLS", {})  # the process's pools are kept across rounds
     before = torch.get_num_threads()
     try:
         rc = make_run_config(dataset="digits", model="cnn2d", device="cpu", threads=2, rounds=2, local_epochs=2,
@@ -291,18 +292,6 @@ def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, run
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-
-
-def test_balance_puts_the_longest_first_on_the_least_loaded_worker():
-    from fedforget.vectorized import balance
-
-    # i mod 2 after sorting by size gave 9+5+1 / 7+3 (15 vs 10); LPT: 9+3+1 / 7+5 (13 vs 12)
-    assert balance([9, 7, 5, 3, 1], 2) == [[0, 3, 4], [1, 2]]
-    assert balance([1, 1, 1, 1], 2) == [[0, 2], [1, 3]]  # ties: the lower worker, then the lower client
-    assert balance([4], 3) == [[0], [], []]
-    costs = [30, 28, 20, 19, 11, 7, 5, 2, 2, 1]
-    loads = [sum(costs[i] for i in w) for w in balance(costs, 2)]
-    assert sorted(x for w in balance(costs, 2) for x in w) == list(range(10)) and max(loads) - min(loads) <= 2
 
 
 def test_step_graph_stack_keeps_its_tensors_across_rounds_and_grows() -> None:
@@ -347,3 +336,27 @@ def test_cuda_graphs_replay_the_eager_steps_bit_for_bit(make_run_config, monkeyp
     assert rows_e == rows_g
     for k, v in eager.global_params.items():
         assert torch.equal(v, graphed.global_params[k]), k
+
+
+def test_client_replicas_are_kept_across_rounds_and_remade_when_the_model_changes():
+    """The client-by-client steps' model copies live across rounds (copying the model every
+    round cost about a tenth of a digits round) and are made again when the model's
+    parameters, modules or hooks change; each copy differentiates every parameter."""
+    from fedforget.models import build_model
+    from fedforget.vectorized import _replicas
+
+    model = build_model("cnn2d", (1, 8, 8), 10)
+    model.head.weight.requires_grad_(False)  # frozen or not, the step differentiates it
+    first = _replicas(model, 2)
+    assert _replicas(model, 2) == first and _replicas(model, 1) == first[:1]
+    assert all(q.requires_grad for r in first for q in r.parameters()) and all(r.training for r in first)
+    assert first[0] is not model and first[0] is not first[1]
+    hook = model.register_forward_hook(lambda *_: None)
+    hooked = _replicas(model, 2)
+    assert hooked[0] is not first[0] and len(hooked[0]._forward_hooks) == 1
+    hook.remove()
+    plain = _replicas(model, 2)
+    assert plain[0] is not hooked[0] and not plain[0]._forward_hooks
+    model.body[2] = nn.Conv2d(32, 64, 3, padding=2)  # same weights' shapes, another module
+    assert _replicas(model, 2)[0] is not plain[0]
+    assert len(_replicas(model, 3)) == 3

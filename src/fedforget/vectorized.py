@@ -57,7 +57,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -142,18 +145,6 @@ class ClientResult:
 LOOP_MIN_ROWS = 16  # see train_clients_together: Conv2d models on a CPU
 ELEMENTWISE = {nn.ReLU: F.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid, nn.Identity: lambda h: h}
 POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
-
-
-def balance(costs: Sequence[float], workers: int) -> list[list[int]]:
-    """Clients (indices of ``costs``) onto ``workers`` lists: longest first onto the least
-    loaded worker (ties: the lower index), each list in ascending client order (LPT: within
-    4/3 of the best makespan). Deterministic, from the costs alone."""
-    load, out = [0.0] * workers, [[] for _ in range(workers)]
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        j = min(range(workers), key=lambda j: (load[j], j))
-        load[j] += costs[i]
-        out[j].append(i)
-    return [sorted(x) for x in out]
 
 
 def stacked_supported(module: nn.Module) -> str | None:
@@ -278,6 +269,44 @@ def _batch_table(
     return out.to(device), steps
 
 
+# [D] The client-by-client steps' worker threads and model replicas live across rounds:
+# starting the threads and deep-copying the model every round cost about 15 ms of a 95 ms
+# round on digits (benchmarks/simulation.py --preset digits, 2 threads).
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_REPLICAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _worker_pool(workers: int) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads, started once per process (idle between rounds)."""
+    if workers not in _POOLS:
+        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="fedforget-client")
+    return _POOLS[workers]
+
+
+def _replicas(model: nn.Module, n: int) -> list[nn.Module]:
+    """``n`` copies of ``model`` for the client-by-client steps (``_replica``; each client's
+    weights are loaded into one, so only the architecture is kept), made again whenever the
+    model's parameters, buffers, modules or hooks differ from those they were copied from."""
+    layout = (
+        tuple((k, tuple(v.shape), v.dtype, v.device) for k, v in itertools.chain(model.named_parameters(), model.named_buffers())),
+        repr(model),
+        tuple((tuple(m._forward_pre_hooks), tuple(m._forward_hooks), tuple(m._backward_hooks)) for m in model.modules()),
+    )
+    kept = _REPLICAS.get(model)
+    if kept is None or kept[0] != layout or len(kept[1]) < n:
+        kept = _REPLICAS[model] = (layout, [_replica(model) for _ in range(n)])
+    return kept[1][:n]
+
+
+def _replica(model: nn.Module) -> nn.Module:
+    """A training-mode copy of ``model`` whose every parameter takes a gradient (the stacked
+    step differentiates all of them, frozen or not, as it always has)."""
+    net = copy.deepcopy(model).train()
+    for q in net.parameters():
+        q.requires_grad_(True)
+    return net
+
+
 def train_clients_together(
     model: nn.Module,
     global_params: dict[str, torch.Tensor],
@@ -323,15 +352,46 @@ def train_clients_together(
     names = [k for k, _ in model.named_parameters()]
     # BatchNorm's running statistics (unstacked_buffers): per client, [G, ...], updated in place
     buffer_names = [k for k, _ in model.named_buffers()]
-    stats = {k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim()) for k in buffer_names}
+    # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
+    # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
+    # threads: McMahan CNN, 10 clients x 32 rows, 131 ms batched vs 114 ms one by one, x 4
+    # rows 21 vs 32 ms; cnn2d x 4 rows 6.0 vs 14.9 ms; cnn2d x 32 varies between runs, 28.5 vs
+    # 24.6 and 32.5 vs 39.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
+    # and the short steps (the clients' last, partial batches) batched. The choice depends
+    # only on batch widths, never on timings, so results stay deterministic; a client's
+    # arithmetic is the same whichever worker thread runs it, so the split of clients over
+    # the workers (each takes the next client as it finishes one) changes no result.
+    loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    steps_t = torch.tensor(steps)
+    # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
+    # step needs only as many columns as its fullest active client has rows
+    width = (table >= 0).sum(-1).cpu()  # [M, T]
+    n_steps = table.shape[1]
+    active_at = [int((steps_t > k).sum()) for k in range(n_steps)]  # a prefix: sorted by step count
+    wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
+    if buffer_names:  # batch statistics: a step of unequal batches runs client by client
+        wide = [w or int(width[: active_at[k], k].min()) != int(width[: active_at[k], k].max()) for k, w in enumerate(wide)]
+    # the client-by-client steps use the intra-op threads as workers, one client each: small
+    # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
+    # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
+    # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
+    # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
+    # worker threads (each on its own replica) gave other weights than the sequential
+    # trainer, and exact ones on one worker (an ad-hoc check; no script kept); not understood
+    # every step client by client (a CPU's usual case): each client trains from the global
+    # weights in its own replica, and no stack is built
+    alone = all(wide)
+    stack = (lambda k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim())) if not alone else None
+    stats = {k: stack(k) for k in buffer_names} if not alone else {}
+    states: list[dict[str, torch.Tensor] | None] = [None] * m  # alone: each client's final state
     use_stacked = stacked_supported(model) is None
     if graphs is not None and not (use_stacked and terms is None):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
     if graphs is not None:
         params, bufs, loss_sum = graphs.stack(global_params, names, m, bool(momentum))
     else:
-        params = {k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim()) for k in names}
-        bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum else None
+        params = {k: stack(k) for k in names} if not alone else {}
+        bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum and not alone else None
         loss_sum = torch.zeros(m, device=device)
     # keyed dropout (fedforget.dropout): each client's masks from its key and its step, k of
     # the stack (a device tensor, so that captured steps read it)
@@ -375,10 +435,6 @@ def train_clients_together(
             ds = bs
         torch._foreach_add_(ps, ds, alpha=-lr)
 
-    # functional_call re-ties shared weights at every call (a walk over all modules); only
-    # needed if the model has any
-    tied = len(list(model.named_parameters(remove_duplicate=False))) != len(names)
-
     def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor):
         """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to
         their gradients and losses ([hi - lo, ...] each)."""
@@ -396,16 +452,25 @@ def train_clients_together(
         return grads, losses
 
     def loop_client_(net: nn.Module, i: int, ks: range) -> torch.Tensor:
-        """Client i's steps ``ks`` on its own, on its slice of the stack (weights and momentum
-        updated in place); returns the sum of its losses ([1]). ``net``: a replica of the
-        model owned by the calling thread (functional_call swaps a module's parameters). The
-        client trains on its own copies ([1, ...], a stack of one), written back at the end:
-        views of one stack share a version counter, so another thread's in-place update would
-        invalidate this client's autograd graph."""
+        """Client i's steps ``ks`` on its own; returns the sum of its losses ([1]). ``net``:
+        a replica of the model owned by the calling thread (``_replicas``): the client's
+        weights and statistics are loaded into it, trained there by the module's own
+        forward, as a client alone trains, and written back to the client's slice of the
+        stack at the end (views of one stack share a version counter, so another thread's
+        in-place update would invalidate this client's autograd graph)."""
         total = torch.zeros(1, device=device)
-        p_i = {n: params[n][i : i + 1].clone() for n in names}
-        s_i = {n: stats[n][i].clone() for n in buffer_names}  # updated in place by the forward
-        b_i = None if bufs is None else [bufs[n][i : i + 1].clone() for n in names]
+        own, own_stats = dict(net.named_parameters()), dict(net.named_buffers())
+        w = [own[n] for n in names]
+        with torch.no_grad():
+            for n in names:
+                own[n].copy_(global_params[n] if alone else params[n][i])
+            for n in buffer_names:  # updated in place by the forward
+                own_stats[n].copy_(global_params[n] if alone else stats[n][i])
+        p_i = {n: own[n].detach().unsqueeze(0) for n in names}  # [1, ...] views: a stack of one
+        if alone:
+            b_i = [torch.zeros_like(v) for v in p_i.values()] if momentum else None
+        else:
+            b_i = None if bufs is None else [bufs[n][i : i + 1].clone() for n in names]
         drop_i = keyed_modules(net)
         for k in ks:
             if k >= steps[i]:
@@ -413,22 +478,24 @@ def train_clients_together(
             xb, yb, lm = batch(table[i, k, : int(width[i, k])])
             if drop_i:
                 set_dropout_key(drop_i, DropoutKey(keys[i], k))
-            leaves = {n: v.detach().requires_grad_() for n, v in p_i.items()}
             with autocast():
-                logits = functional_call(net, {**{n: v[0] for n, v in leaves.items()}, **s_i}, (xb,), tie_weights=tied)
+                logits = net(xb)
             loss = F.cross_entropy(masked_logits(logits.float(), lm), yb).unsqueeze(0)
-            grads = dict(zip(names, torch.autograd.grad(loss, list(leaves.values()))))
+            grads = {n: g.unsqueeze(0) for n, g in zip(names, torch.autograd.grad(loss, w))}
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach())
             with torch.no_grad():
                 sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
             total += loss
+        if alone:
+            states[i] = {n: v[0].clone() for n, v in p_i.items()} | {n: own_stats[n].clone() for n in buffer_names}
+            return total
         with torch.no_grad():
             for n, v in p_i.items():
                 params[n][i : i + 1].copy_(v)
             for n, v in zip(names, b_i or []):
                 bufs[n][i : i + 1].copy_(v)
-            for n, v in s_i.items():
-                stats[n][i].copy_(v)
+            for n in buffer_names:
+                stats[n][i].copy_(own_stats[n])
         return total
 
     def loop_steps_(ks: range, active: int) -> None:
@@ -437,19 +504,28 @@ def train_clients_together(
         (a client's steps stay in order; clients share nothing but read-only data)."""
         if pool is None:
             for i in range(active):
-                loss_sum[i : i + 1] += loop_client_(model, i, ks)
+                loss_sum[i : i + 1] += loop_client_(replicas[0], i, ks)
             return
 
-        # each client's rows over these steps: its cost, for balancing the workers
+        # clients longest first (rows over these steps), each worker taking the next client
+        # when it finishes one: a client's arithmetic is the same on any thread, so the split
+        # changes no result, and a worker slowed by the machine takes fewer clients
         cost = width[:active, ks.start : ks.stop].sum(1).tolist()
-        shares = balance(cost, workers)
+        todo = iter(sorted(range(active), key=lambda i: -cost[i]))
+        lock = threading.Lock()
 
         def work(j: int) -> list[tuple[int, torch.Tensor]]:
             torch.set_num_threads(1)  # this thread's ops on one core (OpenMP and MKL)
-            return [(i, loop_client_(replicas[j], i, ks)) for i in shares[j]]
+            done = []
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return done
+                done.append((i, loop_client_(replicas[j], i, ks)))
 
         try:
-            parts = list(pool.map(work, [j for j in range(workers) if shares[j]]))
+            parts = list(pool.map(work, range(min(workers, active))))
         finally:
             torch.set_num_threads(workers)  # MKL's count is process-wide: back for the batched steps
         for part in parts:
@@ -484,35 +560,9 @@ def train_clients_together(
             bs = None if bufs is None else [bufs[n][:active] for n in names]
             sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
 
-    # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
-    # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
-    # threads: McMahan CNN, 10 clients x 32 rows, 131 ms batched vs 114 ms one by one, x 4
-    # rows 21 vs 32 ms; cnn2d x 4 rows 6.0 vs 14.9 ms; cnn2d x 32 varies between runs, 28.5 vs
-    # 24.6 and 32.5 vs 39.9 ms). So Conv2d models on a CPU run steps of >= LOOP_MIN_ROWS rows client by client
-    # and the short steps (the clients' last, partial batches) batched. The choice depends
-    # only on batch widths, never on timings, so results stay deterministic; so does the
-    # split of clients over worker threads (``balance``: by rows, from the widths), and each
-    # client's arithmetic is the same whichever thread runs it.
-    loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
-    steps_t = torch.tensor(steps)
-    # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
-    # step needs only as many columns as its fullest active client has rows
-    width = (table >= 0).sum(-1).cpu()  # [M, T]
-    n_steps = table.shape[1]
-    active_at = [int((steps_t > k).sum()) for k in range(n_steps)]  # a prefix: sorted by step count
-    wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
-    if buffer_names:  # batch statistics: a step of unequal batches runs client by client
-        wide = [w or int(width[: active_at[k], k].min()) != int(width[: active_at[k], k].max()) for k, w in enumerate(wide)]
-    # the client-by-client steps use the intra-op threads as workers, one client each: small
-    # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
-    # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
-    # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
-    # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
-    # worker threads (each on its own replica) gave other weights than the sequential
-    # trainer, and exact ones on one worker (an ad-hoc check; no script kept); not understood
     workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
-    pool = ThreadPoolExecutor(workers) if workers > 1 else None
-    replicas = [copy.deepcopy(model).train() for _ in range(workers)] if pool is not None else []
+    pool = _worker_pool(workers) if workers > 1 else None
+    replicas = _replicas(model, workers) if any(wide) else []
     was_training = model.training
     model.train()
 
@@ -544,17 +594,14 @@ def train_clients_together(
         k += 1
     model.train(was_training)
     set_dropout_key(drop, None)
-    if pool is not None:
-        pool.shutdown()
 
     if graphs is not None:  # the stack is the graphs' and is overwritten next round
         params = {n: v.clone() for n, v in params.items()}
     state_keys = list(global_params)
     results: list[ClientResult | None] = [None] * m
     for j, job in enumerate(jobs_sorted):
-        state = {
-            k: params[k][j] if k in params else stats[k][j] if k in stats else global_params[k].clone() for k in state_keys
-        }
+        own = states[j] or {**{k: v[j] for k, v in params.items()}, **{k: v[j] for k, v in stats.items()}}
+        state = {k: own[k] if k in own else global_params[k].clone() for k in state_keys}
         results[order[j]] = ClientResult(job.cid, state, loss_sum[j].item() / steps[j], steps[j])
     return results  # type: ignore[return-value]
 
