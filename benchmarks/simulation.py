@@ -37,6 +37,7 @@ Presets (``--preset``):
   mnist1d   mnist1d + cnn1d (embedded), 20 clients, 50% per round, batch 32
   digits-k100, mnist1d-k100   the embedded models with 100 clients, 10% per round, batch 50
             (the McMahan preset's client setup: 14 and 40 samples per client)
+  resnet8   blobs 3x32x32 (4000 train), resnet8 (BatchNorm), 20 clients, 50% per round, batch 32
 
     python benchmarks/simulation.py --preset mcmahan --epochs 5
     python benchmarks/simulation.py --preset mcmahan --epochs 1 --eval global
@@ -65,6 +66,10 @@ PRESETS = {
     # the embedded models with the McMahan preset's client setup (100 clients, 10%, batch 50)
     "digits-k100": dict(dataset="digits", options={}, model="cnn2d", model_options={}, clients=100, rate=0.1, batch=50),
     "mnist1d-k100": dict(dataset="mnist1d", options={}, model="cnn1d", model_options={}, clients=100, rate=0.1, batch=50),
+    # ResNet-8 with BatchNorm on CIFAR-shaped synthetic images (issue 32's CPU target for
+    # BatchNorm models: batched >= 1.2x sequential)
+    "resnet8": dict(dataset="blobs", options={"num_train": 4000, "num_test": 1000, "channels": 3, "size": 32},
+                    model="resnet8", model_options={}, clients=20, rate=0.5, batch=32),
 }  # fmt: skip
 
 
