@@ -184,9 +184,11 @@ def test_markdown_and_html_in_the_papers_layout(one_task):
 
 
 def test_continual_metrics_of_two_linked_tables(tmp_path):
-    """FedGP-style link (table: [1, 11]): acc_T from table 1 and Fgt_T from table 11, each its own
-    grid; a[t][i] of two tasks x one round: a = [[0.8, 0.1], [0.6, 0.9 + 0.05 seed]], so ACC
-    = 75.00 / 77.50 % (mean 76.25, std 1.25·√2) and Fgt_T = a[0][0] − a[1][0] = 20 % in both."""
+    """FedGP-style link (table: [1, 11, 16]): acc_T from table 1, Fgt_T from table 11, BWT and
+    FWT from table 16, each its own grid; a[t][i] of two tasks x one round: a = [[0.8, 0.3],
+    [0.6, 0.9 + 0.05 seed]], b = [0.1, 0.1], so ACC = 75.00 / 77.50 % (mean 76.25, std
+    1.25·√2), Fgt_T = a[0][0] − a[1][0] = 20 %, BWT = a[1][0] − a[0][0] = −20 % and FWT =
+    a[0][1] − b[1] = 20 % in both."""
     sc = {
         "kind": "split",
         "tasks": 2,
@@ -200,7 +202,7 @@ def test_continual_metrics_of_two_linked_tables(tmp_path):
             (0, 0, 0, 0.1),
             (0, 0, 1, 0.1),
             (1, 0, 0, 0.8),
-            (1, 0, 1, 0.1),
+            (1, 0, 1, 0.3),
             (2, 1, 0, 0.6),
             (2, 1, 1, 0.9 + 0.05 * seed),
         ]
@@ -217,10 +219,12 @@ def test_continual_metrics_of_two_linked_tables(tmp_path):
         + "G,1,split-cifar10,class-il,FL+FedGP,acc_T,80.00,\n"
         + "G,11,split-cifar10,class-il,FL,Fgt_T,25.00,2.0\n"
         + "G,11,split-cifar10,class-il,FL+FedGP,Fgt_T,10.00,\n"
+        + "G,16,split-cifar10,class-il,FL,BWT,-25.00,\n"
+        + "G,16,split-cifar10,class-il,FL,FWT,15.00,\n"
     )
     paper = {
         "name": "G",
-        "table": [1, 11],
+        "table": [1, 11, 16],
         "dataset_map": {"digits": {"dataset": "split-cifar10", "setting": "class-il"}},
     }
     out = tmp_path / "summary"
@@ -228,7 +232,8 @@ def test_continual_metrics_of_two_linked_tables(tmp_path):
     write_paper_tables(out, "e", paper, ref)
     cells = pd.read_csv(out / "paper.csv")
     assert list(zip(cells["table"], cells["method"], cells["metric"])) == [
-        (1, "FL", "acc_T"), (1, "FL+FedGP", "acc_T"), (11, "FL", "Fgt_T"), (11, "FL+FedGP", "Fgt_T")]  # fmt: skip
+        (1, "FL", "acc_T"), (1, "FL+FedGP", "acc_T"), (11, "FL", "Fgt_T"), (11, "FL+FedGP", "Fgt_T"),
+        (16, "FL", "BWT"), (16, "FL", "FWT")]  # fmt: skip
     acc = _cell(cells, "FL", metric="acc_T")
     assert acc["ours_mean_pct"] == pytest.approx(76.25) and acc["ours_std_pct"] == pytest.approx(
         1.25 * math.sqrt(2)
@@ -239,9 +244,16 @@ def test_continual_metrics_of_two_linked_tables(tmp_path):
         -5.0
     )
     assert fgt["paper_std_pct"] == 2.0 and fgt["status"] == "ok" and fgt["our_column"] == "fgt"
+    bwt, fwt = _cell(cells, "FL", metric="BWT"), _cell(cells, "FL", metric="FWT")
+    assert bwt["our_column"] == "bwt" and bwt["ours_mean_pct"] == pytest.approx(-20.0)
+    assert bwt["diff_pct_points"] == pytest.approx(5.0) and bwt["status"] == "ok"
+    assert fwt["our_column"] == "fwt" and fwt["ours_mean_pct"] == pytest.approx(20.0)
+    assert fwt["diff_pct_points"] == pytest.approx(5.0)
+    continual = (out / "continual.md").read_text()  # the paper's BWT / FWT beside ours there too
+    assert "(paper -25.00)" in continual and "(paper 15.00)" in continual
     assert (cells[cells["method"] == "FL+FedGP"]["status"] == "not run").all()
     md = (out / "paper.md").read_text()
-    assert md.startswith("# e: paper vs ours (G tables 1, 11)\n")
+    assert md.startswith("# e: paper vs ours (G tables 1, 11, 16)\n")
     assert "## G table 1: acc_T (%)" in md and "## G table 11: Fgt_T (%)" in md
     assert "| FL | paper | 25.00 ± 2.00 |\n|  | ours | 20.00 ± 0.00 |\n|  | Δ | -5.00 |" in md
 

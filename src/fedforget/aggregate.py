@@ -527,7 +527,7 @@ CONTINUAL_TITLES = {
 }
 # the paper results' metric names that stand for our metric (paper_results.csv, column
 # metric); a paper number is shown beside ACC and the forgetting measures only
-PAPER_METRICS = {"acc": ("ACC", "acc_T"), "fgt": ("Fgt_T",), "ft": ("FT",)}
+PAPER_METRICS = {"acc": ("ACC", "acc_T"), "fgt": ("Fgt_T",), "ft": ("FT",), "bwt": ("BWT",), "fwt": ("FWT",)}
 CONTINUAL_NOTE = (
     "a[t][i]: global-model accuracy on task i's test set at the last round of task t; b[i]: "
     "the initial model's; T tasks, numbered 1..T here (from 0 in accuracy_matrix.csv and tasks.csv). "
@@ -630,7 +630,7 @@ def _extra_columns(table: pd.DataFrame) -> list[str]:
 
 def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
     """continual.md: one table per metric (methods x dataset-setting columns), the paper's
-    number beside ACC and forgetting where the experiment links a paper table."""
+    number beside ACC, forgetting and transfer where the experiment links a paper table."""
     cols = _columns(table)
     methods = list(dict.fromkeys(table["method"]))
     lines = [f"# {experiment}: continual metrics", "", "Scenarios: " + "; ".join(_scenarios(table)) + ".", ""]

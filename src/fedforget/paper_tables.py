@@ -55,6 +55,8 @@ PAPER_METRICS = {
     "ACC": "acc",  # FedProTIP
     "Fgt_T": "fgt",  # FedGP
     "FT": "ft",  # FedProTIP eq. 16
+    "BWT": "bwt",  # FedGP App. A.7 (Table 16)
+    "FWT": "fwt",  # FedGP App. A.7 (Table 16)
 }
 MODE_METRICS = ("ACC", "FT")
 
@@ -82,7 +84,8 @@ NOTE = (
     "std, ddof = 1, over the completed seeds; 'n = 1': one completed seed, no std) and "
     "Δ = ours − paper in percentage points. 'accuracy': the final-round global-model accuracy on "
     "the full test set; ACC / acc_T: mean accuracy over all tasks after the last task; Fgt_T / "
-    "FT: forgetting (lower is better, so a positive Δ forgets more). 'not run': the experiment "
+    "FT: forgetting (lower is better, so a positive Δ forgets more); BWT / FWT: backward and "
+    "forward transfer (FedGP App. A.7; higher is better). 'not run': the experiment "
     "has no finished run of that method on that column (another experiment may have it); "
     "'failed': every seed diverged or failed; 'failed seeds' / 'unfinished seeds': the mean is "
     "over the completed seeds only; 'not measured': our runs do not compute that metric; "
