@@ -16,6 +16,7 @@
 #   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
 #      eagerly: no graphs).
 #      The McMahan preset once more with train.precision bf16 (autocast);
+#      FedSOL's round profiled (sequential: GPU busy share);
 #   6. benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU (gpu_slots), McMahan
 #      CNN and ResNet-18, with each job's peak GPU memory.
 # usage: bash benchmarks/gpu.sh [OUTDIR]    (results: OUTDIR/*.json, OUTDIR/*.txt)
@@ -26,7 +27,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$out/gpu.txt"
 FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider "$here/../tests/test_device.py" \
-    "$here/../tests/test_vectorized.py" "$here/../tests/test_dropout.py" "$here/../tests/methods/test_batched_uploads.py" 2>    "$here/../tests/test_vectorized.py" "$here/../tests/methods/test_batched_uploads.py" 2>&11 | tail -40 | tee "$out/tests.txt"
+    "$here/../tests/test_vectorized.py" "$here/../tests/test_dropout.py" "$here/../tests/methods/test_batched_uploads.py" 2>&1 | tail -40 | tee "$out/tests.txt"
 for g in 1 0; do
     FEDFORGET_CUDA_GRAPHS=$g python "$here/profile_round.py" --preset mcmahan --mode vectorized --device cuda \
         --warmup 15 --rounds 5 --rows 15 >"$out/profile-graphs$g.txt" 2>&1
@@ -45,6 +46,11 @@ sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --precision
 for m in fedprox feddyn scaffold; do
     sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
 done
+# FedSOL (sequential: two passes per step), how busy it keeps the GPU now that its step reads
+# nothing back to the host (23 % before)
+python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \
+    --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol.txt" 2>&1
+sed -n 1,3p "$out/profile-fedsol.txt"
 # 6. several training jobs sharing the GPU (profiles/gpu, gpu_slots): 1, 2, 4 at once, McMahan
 #    CNN and ResNet-18 (CIFAR-shaped, BatchNorm), batched engine; peak GPU memory per job
 for p in mcmahan resnet18; do

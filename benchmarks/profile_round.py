@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (then as many profiled)")
     ap.add_argument("--rows", type=int, default=25, help="operators in the table")
+    ap.add_argument("--method", default="fedavg", help="the engine's method, default hyperparameters")
     ap.add_argument("--cudnn-benchmark", action="store_true")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     args = ap.parse_args()
@@ -80,7 +81,7 @@ def main() -> None:
             one(rnd)
         wall = time.perf_counter() - t0
     events = prof.key_averages()
-    print(f"# {args.preset} ({args.partition}), {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
+    print(f"# {args.preset} ({args.partition}), {args.method}, {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
           f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}")  # fmt: skip
     print(f"s/round (median of {args.rounds}): {statistics.median(times):.4f}  (min {min(times):.4f})")
     if cuda:
