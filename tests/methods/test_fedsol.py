@@ -201,12 +201,14 @@ def test_head_only_leaves_the_body_unperturbed():
 
 
 def test_first_local_step_is_fedavg_step():
-    # at the first step w = w_g: Lambda = 0 and g_p = 0 (KL of identical outputs) -> eps = 0
+    # at the first step w = w_g: Lambda = 0 and g_p = 0 (KL of identical outputs) -> eps = 0,
+    # decided on the device: the second pass runs at w + 0 and gives CE's gradient at w exactly
     for params in ({"rho": 2.0, "perturb": "all"}, {"rho": 2.0, "perturb": "all", "adaptive": False}):
         method, model, ctx, x, y = setup(params, shift=0.0)
         seen = record_eps(method)
         method.client_step(ctx, x, y)
-        assert seen == [None]
+        (eps,) = seen
+        assert all(torch.count_nonzero(e) == 0 for e in eps)
         plain = ce_grad(model, x, y)
         for n, p in model.named_parameters():
             assert torch.equal(p.grad, plain[n]), n
@@ -241,7 +243,7 @@ def test_projection_removes_the_conflicting_component_only():
     for seed in range(30):
         m, mod, c, xx, yy = setup({"update": "project", "perturb": "all"}, seed=seed)
         m.client_step(c, xx, yy)
-        conflicts.add(m.scratch(c).sums["conflict_rate"] > 0)
+        conflicts.add(any(row[0] > 0 for row in m.scratch(c).log["conflict_rate"]))
     assert conflicts == {True, False}
 
 

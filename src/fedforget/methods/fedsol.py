@@ -121,6 +121,26 @@ UPDATES = ("perturb", "project", "loss")
 NORM_GUARD = 1e-12  # ||g_p|| below this counts as zero: eps = 0, no projection
 
 
+def _sum64(values) -> torch.Tensor:
+    """The float32 0-dim tensors ``values`` summed one after another in float64, on their
+    device: Python's ``sum(float(v) for v in values)`` without reading them to the host."""
+    total = None
+    for v in values:
+        total = v.double() if total is None else total + v.double()
+    return total
+
+
+def _step_value(key: str, row: list[float]) -> float | None:
+    """One step's diagnostic from its logged inputs (None: the step has none)."""
+    if key == "eps_norm":  # ||eps*||: the root of its squared norm
+        return math.sqrt(row[0])
+    if key == "cos_update_prox":  # cos(g_u, g_p) from g_u . g_p, ||g_u||^2 and ||g_p||
+        dot, sq, g_norm = row
+        un = math.sqrt(sq)
+        return dot / (un * g_norm) if g_norm >= NORM_GUARD and un > 0 else None
+    return row[0]
+
+
 def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
@@ -185,13 +205,15 @@ class FedSOL(OverBase):
             if self._glob is None:
                 self._glob = frozen_copy(model)
             self._glob.load_state_dict(ctx.global_params)
-        sc.sums = {"prox_loss": 0.0, "cos_update_prox": 0.0, "eps_norm": 0.0, "conflict_rate": 0.0}
-        sc.counts = dict.fromkeys(sc.sums, 0)
+        # [D] each step's diagnostic inputs stay on the device and are read once, at the
+        # client's end (a host read per step stalls a GPU); their means are taken there in
+        # Python, in step order, as they were per step before (the same numbers, bit for bit)
+        sc.log = {"prox_loss": [], "cos_update_prox": [], "eps_norm": [], "conflict_rate": []}
 
-    def _record(self, ctx: ClientContext, key: str, value: float) -> None:
-        sc = self.scratch(ctx)
-        sc.sums[key] += value
-        sc.counts[key] += 1
+    def _record(self, ctx: ClientContext, key: str, *values: float | torch.Tensor) -> None:
+        """Log one step's inputs of the diagnostic ``key`` (numbers or 0-dim tensors left on
+        the device; ``client_end`` reads them and takes the mean)."""
+        self.scratch(ctx).log[key].append(values)
 
     def local_loss_from(self, ctx, x, y, features, logits) -> torch.Tensor:
         """L_local: CE, or the base method's loss terms (its CE first) if base_loss."""
@@ -200,8 +222,9 @@ class FedSOL(OverBase):
         return task_cross_entropy(logits, y, ctx.logit_mask)
 
     # ---------------------------------------------------------------- proximal gradient g_p
-    def proximal_grad(self, ctx, x, y, features, logits) -> tuple[list[torch.Tensor], float | None]:
-        """(g_p over the selected parameters, L_p value or None); keeps the forward graph."""
+    def proximal_grad(self, ctx, x, y, features, logits) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """(g_p over the selected parameters, L_p's value, a 0-dim tensor, or None); keeps the
+        forward graph."""
         sc = self.scratch(ctx)
         params = sc.sel
         if self.p.proximal == "kl":
@@ -210,14 +233,14 @@ class FedSOL(OverBase):
                 z_g = self._glob(x)
                 p_g = F.softmax(z_g / t, dim=1)
                 log_q = F.log_softmax(logits.detach() / t, dim=1)
-                value = F.kl_div(log_q, p_g, reduction="batchmean").item()
+                value = F.kl_div(log_q, p_g, reduction="batchmean")
                 # d KL(p_g || softmax(z/T)) / dz, batch mean: (softmax(z/T) - p_g) / (T B)
                 dz = (F.softmax(logits.detach() / t, dim=1) - p_g) / (t * len(x))
             grads = torch.autograd.grad(logits, params, grad_outputs=dz, retain_graph=True, allow_unused=True)
             return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)], value
         if self.p.proximal == "l2":
             with torch.no_grad():
-                value = 0.5 * sum(float((w - wg).pow(2).sum()) for w, wg in zip(sc.all, sc.all_global))
+                value = 0.5 * _sum64((w - wg).pow(2).sum() for w, wg in zip(sc.all, sc.all_global))
                 return [w.detach() - wg for w, wg in zip(params, sc.sel_global)], value
         # the base method's local term: grad of its loss terms beside the CE + what its
         # client_grad adds
@@ -226,7 +249,7 @@ class FedSOL(OverBase):
         extra = total_loss(terms) if terms else None
         value = None
         if extra is not None and extra.requires_grad:
-            value = float(extra.detach())
+            value = extra.detach()
             grads = torch.autograd.grad(extra, params, retain_graph=True, allow_unused=True)
             g_p = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)]
         else:
@@ -253,23 +276,30 @@ class FedSOL(OverBase):
                 out.append(F.normalize(d, p=2, dim=0, eps=NORM_GUARD))
             else:
                 n = torch.linalg.vector_norm(d)
-                out.append(d / n if n > 0 else torch.zeros_like(d))
+                out.append(torch.where(n > 0, d / n, 0.0))  # d = 0 where n = 0 (no host read)
         return out
 
     @torch.no_grad()
-    def perturbation(self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: float) -> list[torch.Tensor] | None:
-        """eps* = rho * Lambda (.) g_p / ||g_p|| (Eq. 8; Lambda = 1 if not adaptive); None if 0."""
+    def perturbation(
+        self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: torch.Tensor
+    ) -> list[torch.Tensor] | None:
+        """eps* = rho * Lambda (.) g_p / ||g_p|| (Eq. 8; Lambda = 1 if not adaptive); None if
+        rho = 0. [D] eps* = 0 where ||g_p|| < NORM_GUARD or Lambda = 0 (both at a client's
+        first step, w = w_g), decided on the device without a host read: the second pass
+        then runs at w itself and gives the first pass's gradient bit for bit (tested; with
+        dropout it draws its own masks, as every second pass does)."""
         sc = self.scratch(ctx)
-        if self.p.rho == 0 or g_norm < NORM_GUARD:
+        if self.p.rho == 0:
             return None
-        scale = self.p.rho / g_norm
+        # float64 rho / ||g_p||, as Python divided it (a scalar over a tensor would take the
+        # reciprocal: another last bit)
+        scale = torch.where(g_norm < NORM_GUARD, 0.0, torch.full_like(g_norm, self.p.rho) / g_norm)
         if self.p.adaptive:
             lam = self.lambdas(sc.sel, sc.sel_global)
             eps = [lm * g * scale for lm, g in zip(lam, g_p)]
         else:
             eps = [g * scale for g in g_p]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(e) for e in eps]))
-        return None if norm == 0 else eps
+        return eps
 
     # ---------------------------------------------------------------- one step
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -278,7 +308,8 @@ class FedSOL(OverBase):
         g_p, value = self.proximal_grad(ctx, x, y, features, logits)
         if value is not None:
             self._record(ctx, "prox_loss", value)
-        g_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])))
+        # ||g_p||, float64 on the device (the exact value of the float32 norm): no host read
+        g_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])).double()
         ce = task_cross_entropy(logits.detach(), y, ctx.logit_mask)
 
         if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
@@ -288,30 +319,32 @@ class FedSOL(OverBase):
                 for p, g in zip(sc.sel, g_p):
                     p.grad.add_(g, alpha=self.p.beta)
             self._record_cos(ctx, g_p, g_norm)
-            return loss.detach() + self.p.beta * (value or 0.0)
+            # + beta * L_p, rounded to float32 as a Python number added to a float32 tensor is
+            return loss.detach() + (0.0 if value is None else (value.double() * self.p.beta).float())
 
         if self.p.update == "project":  # Eq. 3: remove the conflicting component
             self.local_loss_from(ctx, x, y, features, logits).backward()
-            if g_norm >= NORM_GUARD:
+            g_n = float(g_norm)  # the branch reads the host (update: project only)
+            if g_n >= NORM_GUARD:
                 with torch.no_grad():
                     grads = [p.grad for p in sc.sel]
                     dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
                     if dot < 0:
-                        torch._foreach_add_(grads, list(g_p), alpha=-dot / g_norm**2)
+                        torch._foreach_add_(grads, list(g_p), alpha=-dot / g_n**2)
                 self._record(ctx, "conflict_rate", float(dot < 0))
             self._record_cos(ctx, g_p, g_norm)
             return ce
 
         eps = self.perturbation(ctx, g_p, g_norm)
-        if eps is None:  # eps = 0: grad CE(w) from the first pass
+        if eps is None:  # rho = 0: grad CE(w) from the first pass
             self.local_loss_from(ctx, x, y, features, logits).backward()
-            self._record(ctx, "eps_norm", 0.0)
+            self._record(ctx, "eps_norm", 0.0)  # the squared norm
             self._record_cos(ctx, g_p, g_norm)
             return ce
         with torch.no_grad():
             w = [p.detach().clone() for p in sc.sel]
             torch._foreach_add_(sc.sel, eps)  # w + eps*
-            self._record(ctx, "eps_norm", math.sqrt(sum(float(e.pow(2).sum()) for e in eps)))
+            self._record(ctx, "eps_norm", _sum64(e.pow(2).sum() for e in eps))  # squared
         saved = None
         if sc.head_path:  # body unperturbed: reuse its output, recompute the head only
             loss_adv = self.local_loss_from(ctx, x, y, features, model.head(features))
@@ -327,17 +360,13 @@ class FedSOL(OverBase):
         self._record_cos(ctx, g_p, g_norm)
         return ce
 
-    def _record_cos(self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: float) -> None:
+    def _record_cos(self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: torch.Tensor) -> None:
         """cos(g_u, g_p) over the selected parameters (Fig. 2b), if g_p != 0."""
         sc = self.scratch(ctx)
-        if g_norm < NORM_GUARD:
-            return
         with torch.no_grad():
             grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in sc.sel]
-            dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
-            un = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
-        if un > 0:
-            self._record(ctx, "cos_update_prox", dot / (un * g_norm))
+            dot = _sum64((g * gp).sum() for g, gp in zip(grads, g_p))
+            self._record(ctx, "cos_update_prox", dot, _sum64(g.pow(2).sum() for g in grads), g_norm)
 
     def client_grad(self, ctx: ClientContext) -> None:
         if self.p.base_loss:
@@ -345,7 +374,11 @@ class FedSOL(OverBase):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         sc = self.scratch(ctx)
-        for k, s in sc.sums.items():
-            if sc.counts[k]:
-                ctx.stats[k] = s / sc.counts[k]
+        logged = [v for rows in sc.log.values() for row in rows for v in row if isinstance(v, torch.Tensor)]
+        read = iter(torch.stack([v.double() for v in logged]).tolist() if logged else [])
+        for k, rows in sc.log.items():
+            values = [_step_value(k, [next(read) if isinstance(v, torch.Tensor) else v for v in row]) for row in rows]
+            values = [v for v in values if v is not None]
+            if values:
+                ctx.stats[k] = sum(values) / len(values)
         return super().client_end(ctx)  # OverBase: the base's upload, its stats prefixed
