@@ -40,6 +40,7 @@ from .continual import (
 )
 from .evaluation import COLLAPSE_SHARE, TOP_SHARE
 from .methods import METHODS
+from .paper_tables import PAPER_METRICS as PAPER_COLUMNS
 from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
 
@@ -525,9 +526,9 @@ CONTINUAL_TITLES = {
     "bwt": "Backward transfer BWT (Lopez-Paz & Ranzato 2017)",
     "fwt": "Forward transfer FWT (Lopez-Paz & Ranzato 2017)",
 }
-# the paper results' metric names that stand for our metric (paper_results.csv, column
-# metric); a paper number is shown beside ACC and the forgetting measures only
-PAPER_METRICS = {"acc": ("ACC", "acc_T"), "fgt": ("Fgt_T",), "ft": ("FT",), "bwt": ("BWT",), "fwt": ("FWT",)}
+# the paper results' metric names that stand for each continual metric (paper_results.csv,
+# column metric), from the one paper-name -> runs.csv-column table of fedforget.paper_tables
+PAPER_METRICS = {m: tuple(p for p, col in PAPER_COLUMNS.items() if col == m) for m in CONTINUAL_METRICS}
 CONTINUAL_NOTE = (
     "a[t][i]: global-model accuracy on task i's test set at the last round of task t; b[i]: "
     "the initial model's; T tasks, numbered 1..T here (from 0 in accuracy_matrix.csv and tasks.csv). "
