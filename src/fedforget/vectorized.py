@@ -371,17 +371,13 @@ def train_clients_together(
     wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
     if buffer_names:  # batch statistics: a step of unequal batches runs client by client
         wide = [w or int(width[: active_at[k], k].min()) != int(width[: active_at[k], k].max()) for k, w in enumerate(wide)]
-    # the client-by-client steps use the intra-op threads as workers, one client each: small
-    # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
-    # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
-    # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
-    # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
-    # worker threads (each on its own replica) gave other weights than the sequential
-    # trainer, and exact ones on one worker (an ad-hoc check; no script kept); not understood
     # every step client by client (a CPU's usual case): each client trains from the global
     # weights in its own replica, and no stack is built
     alone = all(wide)
-    stack = (lambda k: global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim())) if not alone else None
+
+    def stack(k: str) -> torch.Tensor:  # the global tensor k once per client, [m, ...]
+        return global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim())
+
     stats = {k: stack(k) for k in buffer_names} if not alone else {}
     states: list[dict[str, torch.Tensor] | None] = [None] * m  # alone: each client's final state
     use_stacked = stacked_supported(model) is None
@@ -560,6 +556,13 @@ def train_clients_together(
             bs = None if bufs is None else [bufs[n][:active] for n in names]
             sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
 
+    # the client-by-client steps use the intra-op threads as workers, one client each: small
+    # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
+    # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
+    # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
+    # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
+    # worker threads (each on its own replica) gave other weights than the sequential
+    # trainer, and exact ones on one worker (an ad-hoc check; no script kept); not understood
     workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
     pool = _worker_pool(workers) if workers > 1 else None
     replicas = _replicas(model, workers) if any(wide) else []
