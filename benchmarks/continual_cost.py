@@ -10,7 +10,8 @@ clients, all sampled, 5 local epochs, batch 64, SGD lr 0.1, wd 5e-4 (the FedProT
 layout of config/experiments/fedprotip_table1.yaml); every method with its default
 hyperparameters (the papers'), one client after another, ``--threads`` torch threads. A
 surrogate set (8x8 ``blobs``, no digit classes) is declared for every run, so CFeD runs
-too; the others ignore it. L2P is not in the default list: it is defined on a ViT, another
+too; the others ignore it. ``target_code``: TARGET with ``replay_rule: code`` (the authors'
+code's synthetic rows per step and cut epochs). L2P is not in the default list: it is defined on a ViT, another
 model (``--methods l2p`` runs it on a tiny ViT).
 
 Each method runs the first task (``--rounds`` rounds) and the rounds of the second; the
@@ -55,6 +56,9 @@ PARAMS = {
     "fedprotip": {"threshold": 0.95}, "glfc": PROXY,  # shared head: FedProTIP(-t), tip none (main) "lga": {**PROXY, "proxy_init": 3},
     "lander": {"syn_rounds": 10, "g_steps": 10, "warmup": 0, "syn_size": 2560},
 }  # fmt: skip
+# a method run under another name, with its own hyperparameters: TARGET under its code's
+# replay rule (issue 36; ``target`` is the default rule)
+VARIANTS = {"target_code": ("target", {"replay_rule": "code"})}
 PUBLIC = {"source": "dataset", "dataset": "blobs", "options": {"size": 8, "num_train": 2000, "num_test": 10}}
 TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
 
@@ -78,7 +82,7 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
               "rounds_per_task": a.rounds, "heads": a.heads}  # fmt: skip
     sc = resolve_scenario(stream, info.num_classes, shape, "scenario")
     model, mopts = ("vit", TINY_VIT) if name == "l2p" else ("cnn2d", {})
-    params = PARAMS.get(name, {})
+    method, params = VARIANTS.get(name, (name, PARAMS.get(name, {})))
     if name == "fedprotip" and a.heads == "shared":
         params = {**params, "tip": "none"}  # FedProTIP(-t): TIP routes to per-task heads
     ds = DatasetSpec("digits", {}, model, mopts, PUBLIC, "digits", sc)
@@ -88,7 +92,7 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
         optimizer=OptimizerSpec(lr=0.1, weight_decay=5e-4), checkpoint_every=10**6,
     )  # fmt: skip
     part = PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0)
-    rc = RunConfig("bench", ds, part, MethodSpec(name, params, name), 0, t, root, f"{root}/results")
+    rc = RunConfig("bench", ds, part, MethodSpec(method, params, name), 0, t, root, f"{root}/results")
     return Simulation(rc, device=torch.device(a.device))
 
 

@@ -12,8 +12,13 @@ pass (each client's buffer gradient at the new global model); no evaluation. Med
 min-max over the timed rounds, runs interleaved round by round so all see the same load.
 ``proj_share``: FedGP's share of projected steps in the timed rounds.
 
+``--engines sequential,vectorized`` times every method on both local trainers (names
+``<method>@<engine>``; the stacked trainer takes FedGP over a stacked base, FedAvg or FedProx,
+issue 32); ``vs_sequential``: a stacked run's median against the same method's sequential one.
+
     python benchmarks/fedgp_overhead.py
     python benchmarks/fedgp_overhead.py --stream split --json fedgp_overhead.json
+    python benchmarks/fedgp_overhead.py --bases fedavg,fedprox --engines sequential,vectorized
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=10, help="timed rounds per method")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--engines", default="sequential", help="local trainers, comma-separated: sequential,vectorized")
     p.add_argument("--json", default=None)
     return p.parse_args()
 
@@ -71,26 +77,28 @@ def main() -> None:
     scen, part = STREAMS[a.stream]
     rounds = a.warmup + a.rounds
     specs = methods(a.bases.split(","), a.buffer)
+    engines = a.engines.split(",")
     setting = {
         "dataset": "digits", "model": "cnn2d", "stream": a.stream, "partition": part.setting,
         "clients": part.clients, "sample_rate": 1.0, "local_epochs": 1, "batch_size": 32, "optimizer": "sgd lr 0.1",
-        "buffer": a.buffer, "threads": a.threads, "client_engine": "sequential", "timed_rounds": a.rounds,
+        "buffer": a.buffer, "threads": a.threads, "client_engine": ",".join(engines), "timed_rounds": a.rounds,
         "warmup": a.warmup, "device": "cpu", "torch": torch.__version__,
     }  # fmt: skip
     print("setting:", json.dumps(setting))
     with tempfile.TemporaryDirectory() as tmp:
         prepare_dataset("digits", {}, tmp)
         s = resolve_scenario({**scen, "rounds_per_task": rounds}, info.num_classes, shape, "scenario")
-        t = TrainSpec(
-            rounds=5 * rounds, local_epochs=1, batch_size=32, sample_rate=1.0, eval_local_models=False,
-            eval_every=10**6, threads=a.threads, device="cpu", client_engine="sequential",
-            optimizer=OptimizerSpec(lr=0.1),
-        )  # fmt: skip
+        def train(engine: str) -> TrainSpec:
+            return TrainSpec(
+                rounds=5 * rounds, local_epochs=1, batch_size=32, sample_rate=1.0, eval_local_models=False,
+                eval_every=10**6, threads=a.threads, device="cpu", client_engine=engine,
+                optimizer=OptimizerSpec(lr=0.1),
+            )  # fmt: skip
+
+        ds = DatasetSpec("digits", {}, "cnn2d", {}, None, "digits", s)
         sims = {
-            name: Simulation(
-                RunConfig("bench", DatasetSpec("digits", {}, "cnn2d", {}, None, "digits", s), part, m, 0, t, tmp, f"{tmp}/results")
-            )
-            for name, m in specs.items()
+            name if len(engines) == 1 else f"{name}@{e}": Simulation(RunConfig("bench", ds, part, m, 0, train(e), tmp, f"{tmp}/results"))
+            for e in engines for name, m in specs.items()
         }  # fmt: skip
         times: dict[str, list[float]] = {n: [] for n in sims}
         proj: dict[str, list[float]] = {n: [] for n in sims}
@@ -105,14 +113,20 @@ def main() -> None:
                         proj[name].append(row["fedgp_proj_share"])
     result = {"setting": setting, "s_per_round": {}}
     for name, ts in times.items():
-        base = name.split("+")[0]
+        method, _, engine = name.partition("@")
+        base = method.split("+")[0] + (f"@{engine}" if engine else "")
         med, bmed = statistics.median(ts), statistics.median(times[base])
         r = {"median": med, "min": min(ts), "max": max(ts), "vs_base": med / bmed}
+        if engine and engine != "sequential" and f"{method}@sequential" in times:
+            r["vs_sequential"] = med / statistics.median(times[f"{method}@sequential"])
+            r["client_engine"] = sims[name].engine_info["client_engine"]
         if proj[name]:
             r["proj_share"] = statistics.mean(proj[name])
         result["s_per_round"][name] = r
         extra = f"  proj_share {r['proj_share']:.2f}" if "proj_share" in r else ""
-        print(f"{name:14s} {med * 1e3:8.1f} ms/round (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})  x{med / bmed:.3f} of {base}{extra}")
+        if "vs_sequential" in r:
+            extra += f"  x{r['vs_sequential']:.2f} of sequential ({r['client_engine']} ran)"
+        print(f"{name:26s} {med * 1e3:8.1f} ms/round (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})  x{med / bmed:.3f} of {base}{extra}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=2)

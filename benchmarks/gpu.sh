@@ -14,7 +14,8 @@
 #   4. the embedded models with 100 clients (digits-k100 IID: its 1347 samples admit no Dirichlet 0.5
 #      split with 10 per client; mnist1d-k100 Dirichlet 0.5);
 #   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
-#      eagerly: no graphs).
+#      eagerly: no graphs); ResNet-18 FedAvg against a plain loop, and FedGP over FedAvg on
+#      ResNet-18 and the McMahan preset, sequential vs stacked.
 #      The McMahan preset once more with train.precision bf16 (autocast);
 #      FedSOL's round profiled (sequential: GPU busy share);
 #   6. benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU (gpu_slots), McMahan
@@ -46,6 +47,12 @@ sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --precision
 for m in fedprox feddyn scaffold; do
     sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
 done
+# ResNet-18 (BatchNorm, issue 32's setting): FedAvg against a plain loop (central), and FedGP
+# over FedAvg (its projection a gradient map of the stacked step), sequential vs stacked
+python "$here/simulation.py" --device cuda --warmup 3 --repeats 1 --modes central sequential vectorized \
+    --preset resnet18 --partition dirichlet0.5 --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
+sim --preset resnet18 --partition dirichlet0.5 --epochs 1 --rounds 5 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
+sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method fedgp --json "$out/mcmahan-e1-fedgp.json" | tee -a "$out/sim.txt"
 # FedSOL (sequential: two passes per step), how busy it keeps the GPU now that its step reads
 # nothing back to the host (23 % before)
 python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \

@@ -10,9 +10,9 @@ the throughput of 1 job. Also per job: peak CUDA memory (``torch.cuda.max_memory
 what a job needs on the GPU, per model) and peak resident memory.
 
 Settings are benchmarks/simulation.py's presets (``mcmahan``: FedSOL's McMahan CNN, 100
-clients, 10% per round, batch 50; ...) plus ``resnet18``: CIFAR-shaped blobs (3x32x32), the
+clients, 10% per round, batch 50; ``resnet18``: CIFAR-shaped blobs (3x32x32), the
 CIFAR-style ResNet-18 with BatchNorm, 100 clients, 10 per round, batch 64, the issue's
-ResNet-18 setting.
+ResNet-18 setting; ...).
 
     python benchmarks/packing.py --preset mcmahan --device cuda --json out.json
     python benchmarks/packing.py --preset digits --device cpu --threads 1 --jobs 1 2
@@ -32,12 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import simulation  # noqa: E402  (benchmarks/simulation.py: presets, run configs, timed rounds)
 
-PRESETS = {
-    **simulation.PRESETS,
-    "resnet18": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18",
-                     model_options={"norm": "batch"}, clients=100, rate=0.1, batch=64),
-}  # fmt: skip
-simulation.PRESETS.update(PRESETS)
+PRESETS = simulation.PRESETS
 
 
 def child(args) -> None:

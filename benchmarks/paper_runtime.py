@@ -71,7 +71,7 @@ import yaml
 
 from fedforget.config import RunConfig
 from fedforget.data import DATASETS
-from fedforget.methods import METHODS
+from fedforget.methods import METHODS, make_params
 from fedforget.models import build_model
 from fedforget.parse import parse_config
 from fedforget.vectorized import method_not_vectorized
@@ -189,23 +189,28 @@ def rows_per_task(rc: RunConfig) -> tuple[int, int]:
     return n_train, n_test
 
 
-def target_replay(params: dict[str, Any], client_rows: float, batch: int) -> float:
-    """TARGET's inputs per local step relative to a plain step's: its replay adds
-    ``target_replay_rows`` synthetic rows to each batch of ``batch`` (the code's rule), so its
-    cost grows with the pool and shrinks with the client's data; what the measured ratio of
-    ``continual_cost.py`` includes at its size."""
+def target_replay(params: dict[str, Any], client_rows: float, batch: int, dataset_rows: float = 0.0,
+                  clients: int = 1, tasks: int = 1) -> float:  # fmt: skip
+    """TARGET's inputs per local epoch relative to a plain epoch's. ``replay_rule: steps``
+    (the default): ``target_replay_rows`` synthetic rows join each batch of ``batch``, so
+    its cost grows with the pool and shrinks with the client's data. ``code``: the code's
+    ``code_replay_rows`` per step, and the epoch stops after ceil(pool / rows) steps
+    (``dataset_rows``, ``clients``, ``tasks``: the nominal step count's terms). What the
+    measured ratio of ``continual_cost.py`` includes at its size (the steps rule)."""
     from fedforget.methods.synthesis import SynthesisParams
-    from fedforget.methods.target import target_replay_rows
+    from fedforget.methods.target import code_replay_rows, target_replay_rows
 
     d = {f: getattr(SynthesisParams, f) for f in ("replay_batch", "syn_size", "syn_batch", "syn_rounds")}
     p = {**d, **params}
     pool = min(p["syn_size"], p["syn_rounds"] * p["syn_batch"])
+    if p.get("replay_rule", "steps") == "code":
+        rows = code_replay_rows(p["replay_batch"], p["syn_size"], pool, round(dataset_rows), clients, tasks, batch)
+        private = max(1, math.ceil(client_rows / batch))
+        return min(private, math.ceil(pool / rows)) * (batch + rows) / (private * batch)
     rows = target_replay_rows(p["replay_batch"], p["syn_size"], pool, math.ceil(client_rows), batch)
     return (batch + rows) / batch
 
 
-# continual_cost.py's setting (split digits 5 x 2, 5 clients, batch 64): TARGET's replay factor
-# there, which its measured ratio includes
 COST_SETTING = {"client_rows": 1347 / 5 / 5, "batch": 64}  # digits' 1,347 training rows
 
 
@@ -219,11 +224,16 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     evals = n_test / t.eval_every + (t.sample_rate * rc.partition.clients * n_test if t.eval_local_models else 0)
     m = ratios.get(rc.method.name)
     if rc.method.name == "target" and m is not None:  # the replay's rows at this run's scale
-        client_rows = rows / rc.partition.clients
-        m *= target_replay(rc.method.params, client_rows, t.batch_size) / target_replay({}, **COST_SETTING)
+        sc = rc.dataset.scenario or {}
+        tasks = int(sc.get("tasks", 1))
+        pool_rows = rows * tasks if sc.get("kind") == "split" else rows  # the training split's rows
+        here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
+                             rc.partition.clients, tasks)  # fmt: skip
+        m *= here / target_replay({}, **COST_SETTING)
     batched = (
         t.client_engine in ("auto", "vectorized") and not t.engine_pairing
-        and method_not_vectorized(METHODS.get(rc.method.name), t.optimizer.name, t.drop_last) is None
+        and method_not_vectorized(METHODS.get(rc.method.name), t.optimizer.name, t.drop_last,
+                                  make_params(rc.method.name, rc.method.params)) is None
     )  # fmt: skip
     engine = "vectorized" if batched else "sequential"
     # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input

@@ -70,6 +70,10 @@ PRESETS = {
     # BatchNorm models: batched >= 1.2x sequential)
     "resnet8": dict(dataset="blobs", options={"num_train": 4000, "num_test": 1000, "channels": 3, "size": 32},
                     model="resnet8", model_options={}, clients=20, rate=0.5, batch=32),
+    # issue 32's GPU setting: CIFAR-shaped blobs, the CIFAR-style ResNet-18 with BatchNorm,
+    # 100 clients, 10 per round, batch 64
+    "resnet18": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18",
+                     model_options={"norm": "batch"}, clients=100, rate=0.1, batch=64),
 }  # fmt: skip
 
 

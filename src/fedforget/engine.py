@@ -123,7 +123,7 @@ class Simulation:
         # the local trainer (fedforget.trainers): clients one after another, or stacked where
         # that computes the same thing; a streamed pool gathers minibatches on the host, so
         # no step can be captured in a CUDA graph
-        trainer_cls, why = choose_trainer(method_cls, self.model, t, dev)
+        trainer_cls, why = choose_trainer(method_cls, self.model, t, dev, params)
         graphs = StepGraphs() if graphs_enabled(dev) and not self.clients.x.stream else None
         self.trainer = trainer_cls(
             model=self.model, method=self.method, clients=self.clients, fed=self.fed, server=self.server,

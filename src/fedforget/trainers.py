@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from .cudagraph import StepGraphs
 from .dropout import DropoutKey, client_key, keyed_modules, set_dropout_key
 from .evaluation import Evaluator
 from .inputs import prefetched
-from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload
+from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload, make_params
 from .methods.base import TASK_END
 from .state import FedState
 from .train_spec import OptimizerSpec, TrainSpec
@@ -136,7 +137,21 @@ class LocalTrainer:
             cid=cid, round=rnd, model=self.model, optimizer=opt, global_params=self.fed.global_params,
             broadcast=self.server.broadcast, state=state, n_samples=len(view), lr=lr,
             local_epochs=t.local_epochs, batch_size=t.batch_size, task=view.task, data=view,
+            minibatches=lambda epoch: map(view.batch, list(self.epoch_orders(cid, rnd, len(view)))[epoch]),
         )  # fmt: skip
+
+    def epoch_orders(self, cid: int, rnd: int, n: int) -> Iterator[list[torch.Tensor]]:
+        """Client ``cid``'s minibatches in round ``rnd`` over its ``n`` rows, epoch by epoch:
+        each a list of position tensors (at most a batch each; ``TrainSpec.epoch_rows``), from
+        its keyed shuffle, with each step's augmentation key added (``ClientData.draw_offset``)."""
+        t, bs = self.train, self.train.batch_size
+        gen = torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM))
+        end = t.epoch_rows(n)  # drop_last: full minibatches only (TrainSpec.epoch_rows)
+        for epoch in range(t.local_epochs):
+            # the epoch's order; its positions carry the step's augmentation key, if any
+            perm = torch.randperm(n, generator=gen).to(self.device)
+            perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
+            yield [perm[s : s + bs] for s in range(0, end, bs)]
 
     def round_view(self, cid: int, rnd: int) -> TaskView:
         """Client ``cid``'s data in round ``rnd`` (every task's for joint training)."""
@@ -166,7 +181,6 @@ class LocalTrainer:
     ) -> tuple[Upload, float, dict[str, float]]:
         """Client ``cid``'s local training in round ``rnd`` on ``view`` (default: its data
         of the round)."""
-        t = self.train
         view = view or self.round_view(cid, rnd)
         model = self.model
         self.load_params(model, self.fed.global_params)
@@ -175,16 +189,10 @@ class LocalTrainer:
         opt, method = ctx.optimizer, self.method
         self.enter_task(ctx)
         method.client_begin(ctx)
-        n, bs = len(view), t.batch_size
-        gen = torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM))
         loss_sum = torch.zeros((), device=self.device)
         key = torch.tensor(client_key(self.seed, rnd, cid), device=self.device) if self.dropout else None
-        end = t.epoch_rows(n)  # drop_last: full minibatches only (TrainSpec.epoch_rows)
-        for epoch in range(t.local_epochs):
-            # the epoch's order; its positions carry the step's augmentation key, if any
-            perm = torch.randperm(n, generator=gen).to(self.device)
-            perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
-            chunks = [perm[s : s + bs] for s in range(0, end, bs)]
+        for chunks in self.epoch_orders(cid, rnd, len(view)):
+            chunks = chunks[: ctx.epoch_steps]  # a method may cut the epoch short
             # a streamed pool on a GPU: the next minibatches read on a background thread
             batches = prefetched(view.batch, chunks) if self.clients.x.read_ahead else map(view.batch, chunks)
             for x, y, ctx.logit_mask in batches:
@@ -309,7 +317,7 @@ class StackedTrainer(LocalTrainer):
             for cid in cids
         ]  # fmt: skip
         opt, method = t.optimizer, self.method
-        # a method with per-step terms (FedProx, FedDyn, SCAFFOLD): its client_begin for
+        # a method with per-step terms (FedProx, FedDyn, SCAFFOLD, FedGP): its client_begin for
         # every client on the global weights, then its terms for the stack
         with_terms = method.step_terms
         ctxs: dict[int, ClientContext] = {}
@@ -324,6 +332,8 @@ class StackedTrainer(LocalTrainer):
             self.enter_task(ctxs[cid])
             if with_terms:
                 method.client_begin(ctxs[cid])
+                if ctxs[cid].epoch_steps is not None:  # a method that cuts epochs declares stacked = False
+                    raise FedForgetError(f"method '{method.name}' cuts local epochs (epoch_steps); it trains sequentially only")
         results = train_clients_together(
             self.model, self.fed.global_params, self.clients.batch, jobs,
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
@@ -373,14 +383,14 @@ TRAINERS: dict[str, type[LocalTrainer]] = {t.name: t for t in (SequentialTrainer
 
 
 def choose_trainer(
-    method_cls: type, model: torch.nn.Module, train: TrainSpec, device: torch.device
+    method_cls: type, model: torch.nn.Module, train: TrainSpec, device: torch.device, params: Any = None
 ) -> tuple[type[LocalTrainer], str]:
     """The one place a run's trainer is chosen: (trainer class, why). ``train.client_engine``
     ``sequential`` or ``vectorized`` asks for one (``vectorized`` where the method, model and
     optimizer do not allow it is refused, naming why); ``auto`` takes the stacked trainer
     where it is possible, unless the experiment pairs its methods on the sequential one
     (``engine_pairing``) or the model runs faster one client at a time on this device."""
-    why_not = why_not_vectorized(method_cls, model, train.optimizer.name, train.drop_last)
+    why_not = why_not_vectorized(method_cls, model, train.optimizer.name, train.drop_last, params)
     if train.client_engine == "vectorized" and why_not is not None:
         raise FedForgetError(f"train.client_engine='vectorized' is not possible here: {why_not}")
     if train.client_engine == "sequential":
@@ -400,7 +410,7 @@ def engine_pairing(experiment: Experiment) -> str:
     sequential one only up to float summation order)."""
     for m in experiment.methods:
         t = experiment.train_for(m)
-        why = method_not_vectorized(METHODS.get(m.name), t.optimizer.name, t.drop_last)
+        why = method_not_vectorized(METHODS.get(m.name), t.optimizer.name, t.drop_last, make_params(m.name, m.params))
         if why is not None:
             return (
                 f"auto, paired within experiment '{experiment.name}': {why} (method '{m.label}'), so every "

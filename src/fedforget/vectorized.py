@@ -77,10 +77,15 @@ from .methods.base import StepTerms, masked_logits
 from .models import Classifier, TaskHeads
 
 
-def method_not_vectorized(method_cls: type, optimizer_name: str, drop_last: bool = False) -> str | None:
-    """The part of ``why_not_vectorized`` that depends on the method and its train settings
-    alone (the same for every model): None, or why its clients cannot train together."""
-    if not method_cls.stacked:
+def method_not_vectorized(
+    method_cls: type, optimizer_name: str, drop_last: bool = False, params: object = None
+) -> str | None:
+    """The part of ``why_not_vectorized`` that depends on the method (configured with
+    ``params``: a plug-in stacks only over a stacked base) and its train settings alone (the
+    same for every model): None, or why its clients cannot train together."""
+    if not method_cls.trait("stacked", params):
+        if getattr(method_cls, "stacks_with_base", False) and params is not None:
+            return f"method '{method_cls.name}' over '{params.base}', whose local step is its own"
         return f"method '{method_cls.name}' has a local step of its own (declares stacked = False)"
     if optimizer_name != "sgd":
         return f"optimizer '{optimizer_name}' (the batched path implements SGD)"
@@ -102,7 +107,7 @@ def unstacked_buffers(model: nn.Module) -> str | None:
 
 
 def why_not_vectorized(
-    method_cls: type, model: nn.Module, optimizer_name: str, drop_last: bool = False
+    method_cls: type, model: nn.Module, optimizer_name: str, drop_last: bool = False, params: object = None
 ) -> str | None:
     """None if clients can be trained together, else the reason (recorded in run.json)."""
     bad = unstacked_buffers(model)
@@ -115,7 +120,7 @@ def why_not_vectorized(
             "the model has torch's dropout (its draws would differ from one client alone; "
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
-    return method_not_vectorized(method_cls, optimizer_name, drop_last)
+    return method_not_vectorized(method_cls, optimizer_name, drop_last, params)
 
 
 # positions -> (x, y, logit mask or None) of the engine's training rows (ClientData.batch)
@@ -422,7 +427,15 @@ def train_clients_together(
         return dict(zip(leaves, grads)), losses.detach()
 
     def sgd_(ps: list, ds: list, bs: list | None) -> None:
-        """torch.optim.SGD's update in place: d = g + wd*p; buf = mom*buf + d; p -= lr*buf."""
+        """torch.optim.SGD's update in place: d = g + wd*p; buf = mom*buf + d; p -= lr*buf;
+        a parameter whose gradient is None (a method's gradient map holds it this step) is
+        skipped, as torch.optim.SGD skips it: no decay, no momentum."""
+        if any(d is None for d in ds):
+            keep = [i for i, d in enumerate(ds) if d is not None]
+            ps, ds = [ps[i] for i in keep], [ds[i] for i in keep]
+            bs = None if bs is None else [bs[i] for i in keep]
+            if not ps:
+                return
         if weight_decay:
             ds = torch._foreach_add(ds, ps, alpha=weight_decay)
         if bs is not None:
@@ -433,18 +446,21 @@ def train_clients_together(
 
     def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor):
         """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to
-        their gradients and losses ([hi - lo, ...] each)."""
+        their gradients and losses ([hi - lo, ...] each), then its gradient map, if any."""
         if terms is None:
             return grads, losses
         leaves = {n: v.detach().requires_grad_() for n, v in w.items()}
         with torch.enable_grad():
-            ext_loss, ext = terms(lo, hi, leaves)
+            ext_loss, ext, gmap = terms(lo, hi, leaves)
         if ext_loss is not None:  # the loss term's gradient, by autograd as on a client alone
             d = dict(zip(leaves, torch.autograd.grad(ext_loss.sum(), list(leaves.values()), allow_unused=True)))
             grads = {n: g + d[n] if d.get(n) is not None else g for n, g in grads.items()}
             losses = losses + ext_loss.detach()
         if ext:
             grads = {n: g + ext[n] if n in ext else g for n, g in grads.items()}
+        if gmap is not None:  # e.g. FedGP's projection of the whole gradient
+            with torch.no_grad():
+                grads = gmap(grads)
         return grads, losses
 
     def loop_client_(net: nn.Module, i: int, ks: range) -> torch.Tensor:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedforget.engine import Simulation
-from fedforget.methods import METHODS
+from fedforget.methods import METHODS, make_params
 from fedforget.partition import PartitionSpec
 from fedforget.vectorized import method_not_vectorized
 
@@ -21,12 +21,13 @@ from .conftest import CPU
 
 # every registered method whose local training the batched engine can run, discovered from
 # the hook API (no hand-written list: a new method that qualifies is tested here by itself)
-BATCHED = [n for n in METHODS.names() if method_not_vectorized(METHODS.get(n), "sgd") is None]
+# (each with its default hyperparameters: FedGP over FedAvg)
+BATCHED = [n for n in METHODS.names() if method_not_vectorized(METHODS.get(n), "sgd", params=make_params(n, {})) is None]
 SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
 
 
 def test_discovery_finds_the_batched_methods():
-    assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold"} <= set(BATCHED)
+    assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
     assert {"moon", "fedntd", "fedproj", "fedsol", "fedsam"} <= set(SEQUENTIAL)
 
 
@@ -46,7 +47,19 @@ def test_every_batched_method_equals_sequential(public_run_cfg, run_engines, ass
     assert kept.keys() == {cid for cid, st in vec.client_state.items() if st}
     for cid, st in kept.items():
         for k, v in st.items():
-            assert torch.allclose(v, vec.client_state[cid][k], atol=1e-5), (cid, k)
+            close(v, vec.client_state[cid][k], (cid, k))
+
+
+def close(a, b, where):
+    """Client state within 1e-5 (tensors), equal otherwise, nested dicts (a replay buffer) entry by entry."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            close(a[k], b[k], (*where, k))
+    elif isinstance(a, torch.Tensor):
+        assert torch.allclose(a.float(), b.float(), atol=1e-5), where
+    else:
+        assert a == b, where
 
 
 def test_step_terms_on_conv_steps_client_by_client(make_run_config, run_engines, assert_same_metrics):

@@ -11,6 +11,7 @@ from a mid-task checkpoint."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -462,3 +463,29 @@ def test_resume_from_a_mid_task_checkpoint_equals_the_uninterrupted_run(make_run
     lost = {**ckpt, "server_state": {}}  # not vacuous: without the bases and references it differs
     _, rows_lost, _ = Simulation(rc, device=CPU).run(progress=False, resume=lost)
     assert strip(rows_lost) != strip(rows_full)
+
+
+@pytest.mark.parametrize(
+    "model,params",
+    [
+        ("cnn2d", {"tip": "none", "samples": 32}),
+        ("cnn2d", {"tip": "none", "samples": 32, "freeze_early": True}),
+        ("mlp", {"tip": "none", "samples": 32, "freeze_early": True, "bias": "free"}),
+    ],
+    ids=["cnn2d", "cnn2d-early", "mlp-early-free"],
+)
+def test_fedprotip_minus_t_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, params):
+    """FedProTIP(-t) (one shared head) on the stacked trainer: its projection and held
+    parameters are the step terms' gradient map (``projection_map``), the same for every
+    client of the stack; metrics within 1e-5 of the sequential trainer's (cnn2d on a CPU: wide
+    steps client by client, tails batched; an MLP: every step batched), 2 local epochs with
+    momentum and weight decay, the frozen parameters untouched by both."""
+    rc = digits(make_run_config, params, scenario=SPLIT, local_epochs=2, sample_rate=0.75,
+                optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
+    rc = replace(rc, dataset=replace(rc.dataset, model=model, model_options=SMALL_CNN if model == "cnn2d" else {}))
+    out = run_engines(rc, CPU)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    assert seq.server.state[BASES]
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5)

@@ -35,7 +35,13 @@ from fedforget.methods.lander import (
     label_texts,
 )
 from fedforget.methods.synthesis import BNStatsLoss, Synthesizer, boundary_loss, score_pool
-from fedforget.methods.target import REPLAY_STREAM, TARGET, TEACHER
+from fedforget.methods.target import (
+    REPLAY_STREAM,
+    TARGET,
+    TEACHER,
+    code_replay_rows,
+    target_replay_rows,
+)
 from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError, torch_seed
@@ -259,6 +265,70 @@ def test_replay_draws_rows_of_the_pool():
     # auto size: floor(syn_size / steps per epoch), at most the pool
     method = TARGET(make_params("target", {"syn_size": 12}), info)
     assert method.replay_rows(ctx_for(ctx.model, {}, 1, n=8, batch=4), 10) == 6
+
+
+def test_code_replay_rule_rows_per_step_follow_the_nominal_step_count():
+    """replay_rule code [C get_syn_data_loader]: int(syn_size / iters), iters = ceil(dataset
+    rows / (clients x tasks x batch)), at most the pool; FedProTIP's CIFAR-100 layout
+    (50,000 rows, 5 clients, 10 tasks, batch 64, syn_size 8,000): iters 16, 500 rows."""
+    assert code_replay_rows(0, 8000, 2560, 50_000, 5, 10, 64) == 500
+    assert code_replay_rows(0, 8000, 300, 50_000, 5, 10, 64) == 300  # the whole pool
+    assert code_replay_rows(7, 8000, 2560, 50_000, 5, 10, 64) == 7  # replay_batch fixes it
+    assert code_replay_rows(0, 3, 2560, 50_000, 5, 10, 64) == 1  # at least one row
+    # the default rule divides by the client's own steps: 1,000 rows -> 16 steps -> 500 rows
+    assert target_replay_rows(0, 8000, 2560, 1000, 64) == 500
+    assert target_replay_rows(0, 8000, 2560, 3000, 64) == 170  # 47 steps: more rows per epoch
+
+
+def test_code_replay_rule_cuts_the_epoch_and_walks_one_shuffle_per_epoch():
+    """Under the code's rule a client's epoch stops when the synthetic loader runs out
+    (ctx.epoch_steps = min(private minibatches, ceil(pool / rows))), and an epoch's
+    batches are one permutation of the pool taken in order, the last one short; the next
+    epoch shuffles again."""
+    info = split_info()  # 2 clients, 2 tasks, batch 64 (TrainSpec defaults)
+    pool = {"x": torch.rand(10, 1, 4, 4), "y": torch.zeros(10, dtype=torch.long), "task": 0,
+            TEACHER: Classifier(nn.Flatten(), 16, 4).state_dict()}  # fmt: skip
+    method = TARGET(make_params("target", {"replay_rule": "code", "replay_batch": 4}), info)
+    ctx = ctx_for(Classifier(nn.Flatten(), 16, 4), {"target_pool": pool}, task=1, n=40, batch=4)
+    method.client_begin(ctx)
+    assert ctx.epoch_steps == 3  # 10 private minibatches, ceil(10 / 4) = 3 synthetic ones
+    epochs = []
+    for _ in range(2):
+        idx = []
+        for _ in range(ctx.epoch_steps):
+            idx.append(method.synthetic_batch(ctx).idx)
+            ctx.steps += 1
+        assert [len(i) for i in idx] == [4, 4, 2]
+        assert sorted(torch.cat(idx).tolist()) == list(range(10))
+        epochs.append(torch.cat(idx))
+    assert not torch.equal(epochs[0], epochs[1])
+    # the default rule leaves epochs whole
+    ctx = ctx_for(ctx.model, {"target_pool": pool}, task=1, n=40, batch=4)
+    TARGET(make_params("target", {"replay_batch": 4}), info).client_begin(ctx)
+    assert ctx.epoch_steps is None
+
+
+def test_code_replay_rule_trains_the_cut_epochs(make_run_config, monkeypatch):
+    """In a split-digits run under the code's rule each client of a task with a pool trains
+    epoch_steps x local_epochs steps (its epochs cut), and task 0 (no pool) whole epochs;
+    the rule is recorded in the tables' method note."""
+    ends = []
+    original = TARGET.client_end
+
+    def spy(self, ctx):
+        ends.append((ctx.task, ctx.steps, ctx.epoch_steps, ctx.n_samples))
+        return original(self, ctx)
+
+    monkeypatch.setattr(TARGET, "client_end", spy)
+    params = {**TINY, "replay_rule": "code", "syn_size": 40, "replay_batch": 16}
+    _, rows = run(digits_cfg(make_run_config, "target", params, local_epochs=2))
+    later = [e for e in ends if e[0] > 0]
+    assert later and all(steps == cut * 2 for _, steps, cut, _ in later)
+    assert any(cut < math.ceil(n / 32) for _, _, cut, n in later)  # some epoch was cut
+    assert all(cut is None and steps == 2 * math.ceil(n / 32) for t, steps, cut, n in ends if t == 0)
+    assert rows[-1]["target_epoch_steps"] >= 1
+    assert "replay_rule=code" in TARGET.table_note({"replay_rule": "code"})
+    assert "replay_rule=steps" in TARGET.table_note({}) and LANDER.table_note({}) == ""
 
 
 def test_replayed_batches_come_from_the_servers_synthetic_pool(make_run_config, monkeypatch):

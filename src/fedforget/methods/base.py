@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -98,8 +98,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 Params = dict[str, torch.Tensor]
 # terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient additions by
-# name or None): FedAvg.client_step_terms
-StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None]]
+# name or None, the step's gradient map or None): FedAvg.client_step_terms. A map's None for
+# a name: the optimizer skips that parameter this step, for every client of the stack
+GradMap = Callable[[Params], Params]
+StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None, GradMap | None]]
 
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
 # beside the upload, a client pass (``reply(exchange, ctx)``) then a server step
@@ -151,6 +153,14 @@ class ClientContext:
     # the classes the loss may score, for this step's rows: bool [B, C] (task-incremental
     # scenarios mask logits outside each row's task), None where every class counts
     logit_mask: torch.Tensor | None = None
+    # the trainer's minibatches of local epoch e, (x, y, logit mask) in its order, rows and
+    # augmentation: for a method that needs them after a stacked pass, where no step hook ran
+    # (FedGP's buffer offers); None outside a trainer
+    minibatches: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] | None = None
+    # at most this many minibatches per local epoch, set in client_begin (TARGET's code rule:
+    # an epoch stops when its synthetic loader runs out); None: every minibatch. The
+    # sequential trainer only (a method that sets it declares ``stacked = False``)
+    epoch_steps: int | None = None
 
     def augment_rows(self, x: torch.Tensor, rows: torch.Tensor, stream: int) -> torch.Tensor:
         """Rows ``x`` [B, C, H, W] that a method replays in this local step from its own
@@ -279,6 +289,21 @@ def split_stacked(flats: Sequence[torch.Tensor], model: nn.Module) -> Params:
     return {n: part.reshape(len(flats), *s) for (n, s), part in zip(shapes, parts)}
 
 
+def map_grads(named: Sequence[tuple[str, nn.Parameter]], gmap: GradMap) -> None:
+    """A step's gradient map (``FedAvg.client_step_terms``) applied to one client's ``.grad``,
+    in place, as a stack of one; a parameter the map gives None loses its gradient (the
+    optimizer skips it: no decay, no momentum)."""
+    with torch.no_grad():
+        mapped = gmap({n: p.grad.unsqueeze(0) for n, p in named if p.grad is not None})
+        for n, p in named:
+            if n not in mapped:
+                continue
+            if mapped[n] is None:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.copy_(mapped[n][0])
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A gradient-free eval-mode copy of ``model`` (weights reloaded by the caller): the
     frozen global (or previous) model of MOON, FedNTD and FedSOL."""
@@ -351,9 +376,9 @@ class FedAvg:
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
-        """A class-level trait (``needs_public``, ``public_labels``, ``sees_all_tasks``) of
-        the method configured with ``params``: what the engine and config validation read (a
-        plug-in has its base's too)."""
+        """A class-level trait (``needs_public``, ``public_labels``, ``sees_all_tasks``,
+        ``stacked``) of the method configured with ``params``: what the engine and config
+        validation read (a plug-in has its base's too)."""
         return bool(getattr(cls, name))
 
     @classmethod
@@ -453,7 +478,8 @@ class FedAvg:
         step = self._own_terms(ctx)
         if step is not None:
             w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
-            loss, self.scratch(ctx).step_grads = step(0, 1, w)
+            sc = self.scratch(ctx)
+            loss, sc.step_grads, sc.step_map = step(0, 1, w)
             if loss is not None:
                 terms[STEP_TERMS] = loss[0]
         return terms
@@ -484,35 +510,40 @@ class FedAvg:
     def client_grad(self, ctx: ClientContext) -> None:
         """Per-step gradient transform, in place on p.grad (projection, ...). Default: the
         gradient part of the method's ``client_step_terms`` for this client (SCAFFOLD's
-        control-variate correction) added to p.grad."""
+        control-variate correction) added to p.grad, then its gradient map (a stack of one)."""
         terms = self._own_terms(ctx)
         if terms is None:
             return
         sc = self.scratch(ctx)
         named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
-        grads = getattr(sc, "step_grads", None)
-        if grads is None:  # no client_loss call this step (a step of the method's own)
+        grads, gmap = getattr(sc, "step_grads", None), getattr(sc, "step_map", None)
+        if grads is None and gmap is None:  # no client_loss call this step (a step of the method's own)
             with torch.no_grad():
-                grads = terms(0, 1, {n: p.unsqueeze(0) for n, p in named})[1]
-        sc.step_grads = None
+                _, grads, gmap = terms(0, 1, {n: p.unsqueeze(0) for n, p in named})
+        sc.step_grads = sc.step_map = None
         for n, p in named:
             if grads and n in grads:
                 if p.grad is None:  # a parameter outside this step's loss graph
                     p.grad = grads[n][0].clone()
                 else:
                     p.grad.add_(grads[n][0])
+        if gmap is not None:
+            map_grads(named, gmap)
 
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
         """A method's per-step terms, written once for a stack of clients ``ctxs`` (after
         their client_begin): a function ``terms(lo, hi, w)`` of the stacked trainable weights
-        ``w[name]`` [hi - lo, ...] of clients ``ctxs[lo:hi]`` that returns (their extra loss
-        values [hi - lo], differentiable in w, or None; gradient additions that are not the
-        gradient of a loss, {name: [hi - lo, ...]}, or None). Both engines use this one
+        ``w[name]`` [hi - lo, ...] of clients ``ctxs[lo:hi]`` at one local step that returns
+        (their extra loss values [hi - lo], differentiable in w, or None; gradient additions
+        that are not the gradient of a loss, {name: [hi - lo, ...]}, or None; the step's
+        gradient map, a function of their whole gradients {name: [hi - lo, ...]} (the loss
+        term's and the additions included) returning new ones, applied last, or None: FedGP's
+        projection against g_ref). Both engines use this one
         definition: a client alone is a stack of one (the default ``client_loss`` and
         ``client_grad``), the batched engine takes the whole stack; the loss's gradient
         comes from autograd in both. Terms that depend only on the client's own weights and
-        values fixed for the round (FedProx, FedDyn, SCAFFOLD, FedCurv). None (FedAvg): no
-        terms."""
+        values fixed for the round (FedProx, FedDyn, SCAFFOLD, FedCurv), or a map of the
+        step's gradient by values fixed for the round (FedGP). None (FedAvg): no terms."""
         return None
 
     def client_end(self, ctx: ClientContext) -> Upload:

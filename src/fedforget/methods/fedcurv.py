@@ -175,7 +175,7 @@ class FedCurv(FedAvg):
                 (w[n] * w[n] * u[lo:hi] - 2 * w[n] * v[lo:hi] + c[lo:hi]).flatten(1).sum(1)
                 for n, (u, v, c) in stacked.items()
             ]
-            return lam * torch.stack(vals).sum(0), None
+            return lam * torch.stack(vals).sum(0), None, None
 
         return terms
 

@@ -105,7 +105,7 @@ class FedDyn(FedAvg):
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
             sq = torch.stack([(w[n] - wg[n]).pow(2).flatten(1).sum(1) for n in g]).sum(0)
             lin = torch.stack([(g[n][lo:hi] * w[n]).flatten(1).sum(1) for n in g]).sum(0)
-            return 0.5 * alpha * sq - lin, None
+            return 0.5 * alpha * sq - lin, None, None
 
         return terms
 

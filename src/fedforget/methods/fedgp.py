@@ -50,8 +50,17 @@ Ablations (Sec. 5.2), each a hyperparameter, defaults = FedGP:
 - ``buffer_size`` [P Table 2]; over a replay base it is the base's ``buffer_size``.
 
 Randomness: buffer batches for g_ref from (seed, round, client, task, 0x84); the buffer's
-offers from the replay stream (``replay.offer_generator``). The engine runs FedGP's clients
-one after another (the projection depends on each step's gradient).
+offers from the replay stream (``replay.offer_generator``).
+
+Trainers: over a base whose local step is FedAvg's or stated in step terms (FedAvg, FedProx,
+FedDyn, SCAFFOLD, FedCurv, ...; ``trait("stacked", params)``), FedGP trains on the stacked
+trainer too [D]: its manipulation is the gradient map of ``client_step_terms`` (the same
+``manipulate``, on each client of the stack: ``stacked=True``), the rate's draws come from
+each client's own generator, one per step, and its own buffer is offered the first epoch's
+minibatches in order at the client's end (``ctx.minibatches``: the rows, order and
+augmentation its steps saw), so buffers, g_ref and results equal the sequential trainer's up
+to float summation order (tests/methods/test_fedgp.py). Over a base with a step of its own
+(A-GEM, DER, GPM, ...) the clients train one after another.
 
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
 ``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
@@ -76,7 +85,7 @@ from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
 from .replay import POLICIES, Replay, sample_generator
-from .shared import project
+from .shared import flat_dot, per_client, project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
 RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
@@ -133,31 +142,34 @@ class FedGPParams:
 
 
 def manipulate(
-    g: Sequence[torch.Tensor], g_ref: Sequence[torch.Tensor], how: str, always: bool, gate: torch.Tensor | None
+    g: Sequence[torch.Tensor], g_ref: Sequence[torch.Tensor], how: str, always: bool, gate: torch.Tensor | None,
+    stacked: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """(g', applied, cos) for the flat vector made of ``g`` and ``g_ref`` (Table 7's
     manipulations, see the module docstring): ``applied`` (0-d bool) where the step
     qualifies (conflict, or always; g_ref != 0) and ``gate`` (the projection rate's draw)
-    allows it; cos = cos(g, g_ref) before. The projection is ``shared.project``."""
-    proj, applied, cos = project(g, g_ref, eps=EPS, norm_guard=0.0, always=always)
+    allows it; cos = cos(g, g_ref) before. The projection is ``shared.project``.
+    ``stacked``: each client of a stack at once (``g``'s tensors [G, ...], one ``g_ref``
+    for all, ``gate`` [G]; applied and cos [G]), as each alone."""
+    proj, applied, cos = project(g, g_ref, eps=EPS, norm_guard=0.0, always=always, stacked=stacked)
     if gate is not None:
         applied = applied & gate
     if how == "project":
         out = proj
     else:
-        gn = torch.sqrt(sum((a * a).sum() for a in g))
+        gn = torch.sqrt(flat_dot(g, g, stacked))
         if how == "project_scale":
-            pn = torch.sqrt(sum((a * a).sum() for a in proj))
-            out = [a * (gn / pn.clamp_min(1e-30)) for a in proj]
+            pn = torch.sqrt(flat_dot(proj, proj, stacked))
+            out = [a * per_client(gn / pn.clamp_min(1e-30), a, stacked) for a in proj]
         elif how == "average":
             out = [(a + b) / 2 for a, b in zip(g, g_ref)]
         else:  # rotate: half-way to g_ref, magnitude kept
-            rn = torch.sqrt(sum((b * b).sum() for b in g_ref))
-            u = [a / gn.clamp_min(1e-30) + b / rn.clamp_min(1e-30) for a, b in zip(g, g_ref)]
-            un = torch.sqrt(sum((a * a).sum() for a in u))
+            rn = torch.sqrt(flat_dot(g_ref, g_ref))
+            u = [a / per_client(gn.clamp_min(1e-30), a, stacked) + b / rn.clamp_min(1e-30) for a, b in zip(g, g_ref)]
+            un = torch.sqrt(flat_dot(u, u, stacked))
             applied = applied & (un > 0)  # g exactly opposite g_ref: no bisector, unchanged
-            out = [a * (gn / un.clamp_min(1e-30)) for a in u]
-    return [torch.where(applied, o, a) for o, a in zip(out, g)], applied, cos
+            out = [a * per_client(gn / un.clamp_min(1e-30), a, stacked) for a in u]
+    return [torch.where(per_client(applied, a, stacked), o, a) for o, a in zip(out, g)], applied, cos
 
 
 @METHODS.register("fedgp")
@@ -165,6 +177,8 @@ class FedGP(OverBase):
     name = "fedgp"
     own_exchanges = (ROUND_END,)  # the buffer gradients g_ref^k after each aggregation
     round_end_untrained = True  # from every sampled client with buffer rows, trained or not
+    # the manipulation is a gradient map of the step terms: stacked over a stacked base
+    stacks_with_base, step_terms = True, True
     Params = FedGPParams
 
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
@@ -218,6 +232,9 @@ class FedGP(OverBase):
     def client_begin(self, ctx: ClientContext) -> None:
         self.base.client_begin(ctx)
         s = self.scratch(ctx)
+        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
+            return  # set up once (the buffer's offer budget is taken once per round)
+        s.begun, s.stack = True, None
         if self.own_buffer:
             self.replay.begin(ctx, s)
         g_ref = ctx.broadcast.get(STATE_KEY)
@@ -275,9 +292,58 @@ class FedGP(OverBase):
             s.batch = None
             self.replay.offer(ctx, s, x, y)
 
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> Any:
+        """The stacked form of the step (``client_grad``): the base's terms, then as the
+        gradient map ``manipulate`` of each client's whole gradient against the one g_ref of
+        the round (its rate draws from each client's own generator, one per step, as alone);
+        the diagnostics' sums kept per client of the stack (``s.stack``). The base alone
+        where the round has no g_ref. The buffer's offers wait for ``client_end``."""
+        base = self.base.client_step_terms(ctxs) if self.base.step_terms else None
+        g_ref = ctxs[0].broadcast.get(STATE_KEY)
+        if g_ref is None:
+            return base
+        p, dev = self.p, self.info.device
+        sums = torch.zeros(2, len(ctxs), device=dev)  # per client: steps manipulated, sum of cos
+        gens = []
+        for i, c in enumerate(ctxs):
+            s = self.scratch(c)
+            s.stack = (sums, i)
+            gens.append(s.gate_gen)
+
+        def manipulated(lo: int, hi: int, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            names = list(grads)
+            g = [grads[n] for n in names]
+            r = [g_ref[n] if n in g_ref else torch.zeros_like(grads[n][0]) for n in names]
+            if p.rate == 0:  # diagnostics only, g untouched
+                sums[1, lo:hi] += project(g, r, EPS, 0.0, stacked=True)[2]
+                return grads
+            gate = None
+            if gens[lo] is not None:
+                gate = torch.stack([torch.rand((), generator=gens[i]) < p.rate for i in range(lo, hi)]).to(dev)
+            new, applied, cos = manipulate(g, r, p.manipulation, p.apply == "always", gate, stacked=True)
+            sums[0, lo:hi] += applied
+            sums[1, lo:hi] += cos
+            return dict(zip(names, new))
+
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
+            loss, add, base_map = base(lo, hi, w) if base is not None else (None, None, None)
+
+            def gmap(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                return manipulated(lo, hi, grads if base_map is None else base_map(grads))
+
+            return loss, add, gmap
+
+        return terms
+
     def client_end(self, ctx: ClientContext) -> Upload:
-        up = super().client_end(ctx)  # the base's upload, its diagnostics renamed
         s = self.scratch(ctx)
+        if s.stack is not None:  # trained in a stack: its sums, one per step with a g_ref
+            sums, i = s.stack
+            s.n_applied, s.cos_sum, s.n_ref = sums[0, i], sums[1, i], ctx.steps
+        if self.own_buffer and s.to_offer > 0 and ctx.minibatches is not None:
+            for x, y, _ in ctx.minibatches(0):  # no step offered (a stacked pass): the first epoch's
+                self.replay.offer(ctx, s, x, y)  # minibatches in their order, as client_grad would
+        up = super().client_end(ctx)  # the base's upload, its diagnostics renamed
         ctx.stats["proj_share"] = s.n_applied.item() / max(ctx.steps, 1)
         if s.n_ref:
             ctx.stats["cos_before"] = s.cos_sum.item() / s.n_ref

@@ -8,7 +8,12 @@ Training, task t = 0, 1, ... (Eq. 4-5) [P]: every local step, for every projecte
 G_l <- G_l - G_l Phi_l Phi_l^T with Phi_l = Phi_l^(1:t-1) the GLOBAL bases of the earlier tasks
 (broadcast). Layers: every Linear / Conv outside per-task heads (``shared.projected_layers``; the
 shared head too, FedProTIP(-t)); each per-task head trains on its task only, older ones are
-frozen by the engine. FedAvg aggregates.
+frozen by the engine. FedAvg aggregates. The step is stated once as the gradient map of
+``client_step_terms`` (``shared.projection_map``): a client alone applies it to its own
+gradient (the sequential trainer), the stacked trainer to each client of a stack (every
+client projects against the same global bases); with a shared head (FedProTIP(-t)) the
+clients train stacked, per-task heads keep them sequential (the stacked trainer refuses
+per-task heads).
 
 Core bases, client k at the end of task t (the TASK_END reply, ``report_bases``: the task's final global model,
 eval mode) [P]: min(``samples``, n_k) inputs of its task data; of each layer's representation
@@ -37,9 +42,11 @@ Phi^T Phi = I. Per-task ranks are kept (``fedprotip_blocks``): TIP needs U_L^(t)
 - ``bias``: freeze [C: the code zeroes 1-D gradients from task 2 on] | free. Once bases exist,
   the gradients of every 1-D parameter outside the per-task heads are dropped (p.grad = None: no
   decay either), as ``gpm``. ``freeze_early`` [C, default off: our CNNs are not pretrained]: from
-  the second task on, the first floor(n/2) projected layers in module order (the code freezes
-  ResNet-18's stem, layer1, layer2: 10 of its 20 convolutions) are frozen (weights, biases)
-  and never get bases (the code collects none for them).
+  the second task on (once the first task's bases exist [D]: with synchronous boundaries the
+  same round; asynchronous ones then hold every client alike), the first floor(n/2) projected
+  layers in module order (the code freezes ResNet-18's stem, layer1, layer2: 10 of its 20
+  convolutions) are frozen (weights, biases) and never get bases (the code collects none for
+  them).
 - Exact invariance needs wd = 0: weight decay, added by the optimizer after the projection,
   breaks it (the paper trains with wd 5e-4); momentum keeps it (its buffer sums projected steps).
 
@@ -119,10 +126,9 @@ from .shared import (
     energy_rank,
     float32_mb,
     floor_unscored,
-    project_step,
     projected_layers,
+    projection_map,
     state_mb,
-    step_projection,
     threshold_at,
 )
 
@@ -325,7 +331,7 @@ def split_blocks(
 @METHODS.register("fedprotip")
 class FedProTIP(FedAvg):
     name = "fedprotip"
-    stacked = False
+    step_terms = True  # the projection is a gradient map of the step terms: trains stacked too
     own_predict = True
     exchanges = (TASK_END, AFTER_TASK)  # core bases, then references against the global ones
 
@@ -495,18 +501,21 @@ class FedProTIP(FedAvg):
         return out
 
     # ---------------------------------------------------------------- client side
-    def client_begin(self, ctx: ClientContext) -> None:
-        s = self.scratch(ctx)
-        bases = ctx.broadcast.get(BASES) or {}
-        s.pairs, s.frozen = step_projection(ctx.model, bases, self.p.bias == "freeze")
-        if self.p.freeze_early and ctx.task > 0:
-            layers = projected_layers(ctx.model)
-            early = set(layers) - set(self.basis_layers(ctx.model))
-            s.frozen += [p for n in early for p in layers[n].parameters()]
-
-    def client_grad(self, ctx: ClientContext) -> None:
-        s = self.scratch(ctx)
-        project_step(s.pairs, s.frozen)  # G - G Phi Phi^T
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> Any:
+        """G - G Phi Phi^T against the global bases of the broadcast, one for every client,
+        and the parameters held fixed (``projection_map``): the 1-D ones once bases exist
+        (``bias: freeze``), and with ``freeze_early`` the early layers' once the first
+        task's bases exist [D: the code freezes them after task 0; with synchronous
+        boundaries that is the same round, and it holds for every client of a stack]."""
+        bases = ctxs[0].broadcast.get(BASES) or {}
+        model = ctxs[0].model
+        early = []
+        if self.p.freeze_early and bases:
+            early = [n for n in projected_layers(model) if n not in self.basis_layers(model)]
+        gmap = projection_map(model, bases, self.p.bias == "freeze", early)
+        if gmap is None:
+            return None
+        return lambda lo, hi, w: (None, None, gmap)
 
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """TASK_END: the client's core bases (``report_bases``); AFTER_TASK: its reference

@@ -54,7 +54,7 @@ class FedProx(FedAvg):
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
             sq = torch.stack([(v - wg[n]).pow(2).flatten(1).sum(1) for n, v in w.items()]).sum(0)
-            return 0.5 * mu * sq, None
+            return 0.5 * mu * sq, None, None
 
         return terms
 

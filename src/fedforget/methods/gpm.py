@@ -78,7 +78,7 @@ from torch import nn
 
 from ..activations import layer_dim, layer_inputs
 from ..utils import FedForgetError, torch_seed
-from .base import TASK_END, ClientContext, FedAvg, ServerContext
+from .base import TASK_END, ClientContext, FedAvg, ServerContext, map_grads
 from .params import choice, integer, number, one_of
 from .registry import METHODS
 from .shared import (
@@ -87,9 +87,8 @@ from .shared import (
     energy_rank,
     extend_basis,
     left_singular,
-    project_step,
     projected_layers,
-    step_projection,
+    projection_map,
     threshold_at,
 )
 
@@ -262,11 +261,16 @@ class GPM(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        s.pairs, s.frozen = step_projection(ctx.model, self.memory_of(ctx), self.p.bias == "freeze")
+        s.map = projection_map(ctx.model, self.memory_of(ctx), self.p.bias == "freeze")
+        s.named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
 
     def client_grad(self, ctx: ClientContext) -> None:
+        """G - G M M^T, the 1-D parameters held once a memory exists (``projection_map``: a
+        client alone; with ``memory: local`` each client projects against its own memory,
+        so GPM trains one client after another)."""
         s = self.scratch(ctx)
-        project_step(s.pairs, s.frozen)  # G - G M M^T
+        if s.map is not None:
+            map_grads(s.named, s.map)
 
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         gen = torch.Generator().manual_seed(

@@ -49,6 +49,9 @@ class OverBase(FedAvg):
     # every hook forwards, so the trainers treat a plug-in as a method of its own step, upload
     # and prediction (sequential only)
     stacked, own_upload, own_predict = False, True, True
+    # the plug-in states its own change of the local step in ``client_step_terms`` (over its
+    # base's terms): it trains stacked wherever its base does (``trait("stacked", params)``)
+    stacks_with_base: bool = False
 
     @property
     def exchanges(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -72,8 +75,12 @@ class OverBase(FedAvg):
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
         """The plug-in's own trait or its base's: FedGP over joint trains on every task's
-        data, over a method that needs a public set it needs one."""
-        if bool(getattr(cls, name)) or params is None:
+        data, over a method that needs a public set it needs one. ``stacked``: the base's, for
+        a plug-in that ``stacks_with_base`` (FedGP over FedAvg or FedProx), else False."""
+        if name == "stacked":  # stacked only over a stacked base, and only if the plug-in says so
+            if not cls.stacks_with_base or params is None:
+                return False
+        elif bool(getattr(cls, name)) or params is None:
             return bool(getattr(cls, name))
         base = METHODS.get(params.base)
         return base.trait(name, make_params(params.base, dict(params.base_params)))

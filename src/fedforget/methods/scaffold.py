@@ -118,7 +118,7 @@ class Scaffold(FedAvg):
         """The correction c - c_i added to every step's gradient (no loss term), per client
         of the stack; on a client alone (a stack of one) FedAvg's ``client_grad`` adds it."""
         corr = split_stacked([ctx.broadcast["c"] - ctx.state["c"] for ctx in ctxs], ctxs[0].model)
-        return lambda lo, hi, w: (None, {n: d[lo:hi] for n, d in corr.items()})
+        return lambda lo, hi, w: (None, {n: d[lo:hi] for n, d in corr.items()}, None)
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

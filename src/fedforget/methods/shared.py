@@ -12,10 +12,11 @@ Sections:
 - Local steps: ``effective_steps``, ||a||_1 of SGD with heavy-ball momentum (FedNova,
   SCAFFOLD's divisor).
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
-  reference (FedProj Eq. 14; FedProj, A-GEM, FedGP).
+  reference (FedProj Eq. 14; FedProj, A-GEM, FedGP), for one client or each of a stack
+  (``flat_dot``, ``per_client``).
 - Layer subspaces, GPM-style bases (GPM, FOT, FedProTIP): ``CHUNK``, ``REL_TOL``,
   ``threshold_at``, ``energy_rank``, ``left_singular``, ``extend_basis``,
-  ``projected_layers``, ``one_d_params``, ``step_projection``, ``project_step``
+  ``projected_layers``, ``one_d_params``, ``projection_map``
   (representations and the projection itself: ``fedforget.activations``).
 - Scores: ``OUTSIDE_GAP`` and ``floor_unscored`` (classes without a score at the row's lowest
   allowed score minus a gap: FedProTIP, GLFC / LGA, iCaRL, TARGET / LANDER); ``head_scores``
@@ -38,6 +39,7 @@ from ..utils import FedForgetError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
+    from .base import GradMap
     from .base import Params as StateDict
 
 CHUNK = 32  # samples per forward pass when collecting representations
@@ -78,6 +80,21 @@ def effective_steps(tau: int, rho: float) -> float:
 # ----------------------------------------------------------------------------- gradient projection
 
 
+def flat_dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], stacked: bool = False) -> torch.Tensor:
+    """<a, b> of the flat vectors made of the tensors of ``a`` and ``b``: 0-d; ``stacked``:
+    one per client [G] of a stack, ``a``'s tensors [G, ...] and each of ``b``'s [G, ...] or
+    one shared by the stack (the shape of ``a``'s without G)."""
+    if not stacked:
+        return sum((x * y).sum() for x, y in zip(a, b))
+    return sum((x * y).reshape(len(x), -1).sum(1) for x, y in zip(a, b))
+
+
+def per_client(c: torch.Tensor, like: torch.Tensor, stacked: bool) -> torch.Tensor:
+    """A per-client factor ``c`` ([G], or 0-d) shaped to scale ``like`` ([G, ...], or one
+    client's tensor)."""
+    return c.view(-1, *[1] * (like.dim() - 1)) if stacked else c
+
+
 def project(
     g_new: Sequence[torch.Tensor],
     g_glob: Sequence[torch.Tensor],
@@ -85,6 +102,7 @@ def project(
     norm_guard: float = 1e-6,
     coef_clamp: float = 0.0,
     always: bool = False,
+    stacked: bool = False,
 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """FedProj's Eq. 14 on the flat vector made of the tensors of ``g_new`` and ``g_glob``.
 
@@ -94,16 +112,17 @@ def project(
     ``always``: whenever ||g_glob||^2 > norm_guard, conflict or not (FedGP's "Always"
     ablation, Table 7); ``projected`` a 0-d bool tensor, ``cos`` = cos(g_new, g_glob)
     before projection (0 when a norm is 0). Tensor-only: no host sync. FedProj, A-GEM and
-    FedGP project with this one function."""
-    dot = sum((a * b).sum() for a, b in zip(g_new, g_glob))
-    gg = sum((b * b).sum() for b in g_glob)
-    nn_ = sum((a * a).sum() for a in g_new)
+    FedGP project with this one function. ``stacked``: the same for each client of a stack
+    (the stacked trainer; ``flat_dot``), each value then one per client [G]."""
+    dot = flat_dot(g_new, g_glob, stacked)
+    gg = flat_dot(g_glob, g_glob, stacked and g_glob[0].dim() == g_new[0].dim())
+    nn_ = flat_dot(g_new, g_new, stacked)
     conflict = ((dot < 0) | always) & (gg > norm_guard)
     coef = dot / (gg + eps)
     if coef_clamp > 0:
         coef = coef.clamp(-coef_clamp, coef_clamp)
     coef = torch.where(conflict, coef, torch.zeros_like(coef))
-    out = [a - coef * b for a, b in zip(g_new, g_glob)]
+    out = [a - per_client(coef, a, stacked) * b for a, b in zip(g_new, g_glob)]
     denom = (nn_ * gg).sqrt()
     cos = torch.where(denom > 0, dot / denom.clamp_min(1e-30), torch.zeros_like(dot))
     return out, conflict, cos
@@ -166,26 +185,33 @@ def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     ]  # fmt: skip
 
 
-def step_projection(model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool) -> tuple[list, list]:
-    """(pairs, frozen) for ``project_step``: each projected layer's weight with a ``Projector``
-    of its basis (layers with a non-empty one), and the 1-D parameters held fixed once bases
-    exist (``freeze_bias``)."""
+def projection_map(
+    model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool, frozen_layers: Sequence[str] = ()
+) -> GradMap | None:
+    """GPM's step (GPM, FedProTIP) as a gradient map of ``client_step_terms`` (a client alone
+    is a stack of one, ``base.map_grads``): for clients that share ``bases`` ({layer: U
+    [d, r]}), each projected layer's weight gradient G <- G - G U U^T (every client's rows,
+    ``Projector``; layers with a non-empty basis), and None, so that the optimizer skips them
+    (no decay, no momentum), for the 1-D parameters once bases exist (``freeze_bias``) and
+    every parameter of the layers ``frozen_layers``. None where it changes nothing."""
     layers = projected_layers(model)
-    pairs = [(layers[n].weight, Projector(u)) for n, u in bases.items() if n in layers and u.shape[1]]
-    frozen = [p for _, p in one_d_params(model)] if bases and freeze_bias else []
-    return pairs, frozen
+    proj = {f"{n}.weight": Projector(u) for n, u in bases.items() if n in layers and u.shape[1]}
+    frozen = [n for n, _ in one_d_params(model)] if bases and freeze_bias else []
+    frozen += [f"{n}.{k}" for n in frozen_layers for k, _ in layers[n].named_parameters()]
+    if not proj and not frozen:
+        return None
 
+    def gmap(grads: StateDict) -> StateDict:
+        out = dict(grads)
+        for n, project in proj.items():
+            g = grads.get(n)
+            if g is not None:  # [G, out, ...] -> each client's rows against U
+                out[n] = project(g.reshape(-1, *g.shape[2:])).reshape(g.shape)
+        for n in frozen:
+            out[n] = None
+        return out
 
-def project_step(pairs: list, frozen: list) -> None:
-    """After the backward pass: G <- G - G U U^T for each (weight, projector) of ``pairs``;
-    the ``frozen`` parameters lose their gradient (the optimizer skips them: no decay, no
-    momentum)."""
-    with torch.no_grad():
-        for w, project in pairs:
-            if w.grad is not None:
-                w.grad.copy_(project(w.grad))
-    for p in frozen:
-        p.grad = None
+    return gmap
 
 
 # ----------------------------------------------------------------------------- scores

@@ -13,16 +13,27 @@ knowledge distillation from the previous global model on synthetic data; C ``_lo
 - CE: ``ce: task`` [C]: over the classes of the row's task (the code scores its new classes
   alone, ``output[:, known:]``; in task 0 its classifier has only task 0's classes); in
   domain-incremental streams every class is the task's. ``ce: all``: every class [D].
-- x^: ``replay_batch`` rows drawn from the synthetic pool (uniformly, without replacement,
-  generator keyed (seed, round, client, task, 0xB1)) at every local step; 0 (default):
-  max(1, floor(syn_size / steps per epoch)) rows, the client's own steps per epoch [D]. The
-  code instead divides by a nominal, dataset-wide step count, ``iters = ceil(dataset_size /
-  (num_users * tasks * local_bs))`` with dataset_size fixed per dataset (50,000 for
-  CIFAR-100), and its epoch zips the private and synthetic loaders, so an epoch stops when
-  the synthetic one runs out [C, ``get_syn_data_loader``, ``_local_finetune``]. The rule here
-  replays more rows per epoch than the code's where a client has more steps than ``iters``,
-  and never truncates its epoch (issue 36 names the cost; not re-measured here). In task 0
-  (no pool yet) the loss is the CE alone [C].
+- x^: synthetic pool rows at every local step, by ``replay_rule`` (randomness keyed (seed,
+  round, client, task, 0xB1)); ``replay_batch`` > 0 fixes the rows per step under either:
+
+  - ``steps`` (default) [D]: max(1, floor(syn_size / the client's own steps per epoch)) rows,
+    a fresh uniform draw without replacement at every step; every epoch runs all of the
+    client's minibatches.
+  - ``code`` [C ``get_syn_data_loader``, ``_local_finetune``]: int(syn_size / iters) rows
+    with the nominal, dataset-wide step count ``iters = ceil(dataset_size / (num_users *
+    tasks * local_bs))`` (dataset_size: here the training split's rows, the code's constant
+    per dataset, 50,000 for CIFAR-100; num_users: every client); each epoch shuffles the
+    pool once and takes it batch by batch (the last one short), and the epoch zips the
+    private and synthetic loaders, so it stops after min(private minibatches, ceil(pool /
+    rows)) steps (``ClientContext.epoch_steps``; diagnostic ``target_epoch_steps``).
+
+  Per local epoch of a client with 1,000 rows of a CIFAR-100 task (FedProTIP's layout: 5
+  clients, 10 tasks, batch 64; a pool of 10 x 256 = 2,560 rows, syn_size 8,000): ``steps``
+  trains 16 private minibatches with 500 pool rows each (8,000 replayed rows); ``code``
+  has iters = 16, so 500 rows per step, and stops after ceil(2,560 / 500) = 6 steps (384
+  private rows, 2,560 replayed). Measured cost on digits: docs/benchmarks.md
+  (``benchmarks/continual_cost.py``, methods ``target`` and ``target_code``). In task 0 (no
+  pool yet) the loss is the CE alone and every epoch is whole under both rules [C].
 - x^ = A(pool rows): the drawn rows pass through the dataset's train augmentation (its
   ``augment`` block: keyed crop and flip, ``ctx.augment_rows`` with the pool index of each
   row and the stream 0xB1; a new crop at every step) [C: the code reads the pool through
@@ -63,7 +74,7 @@ task-agnostic evaluation, classes of tasks not yet started score the row's lowes
 logit minus 30 (finite, so the test loss stays finite); task-aware evaluation is unchanged.
 
 Hyperparameters (defaults; [P] fedprotip.md App. E.3, [C] the code's CIFAR-100 block):
-``kd`` 25 [C], ``temperature`` 2 [C], ``ce`` task [C], ``replay_batch`` 0 (auto) [C],
+``kd`` 25 [C], ``temperature`` 2 [C], ``ce`` task [C], ``replay_batch`` 0 (auto) [C], ``replay_rule`` steps [D],
 ``syn_size`` 8000 [P, C --nums], ``syn_batch`` 256 [P, C], ``syn_rounds`` 10 [C], ``g_steps``
 10 [C], ``warmup`` 20 [C: with 10 rounds the student and the boundary term never start, as in
 the code's CIFAR-100 setting], ``lr_g`` 0.002 [C], ``lr_z`` 0.01 [C], ``nz`` 256 [C], ``ngf`` 64
@@ -132,16 +143,29 @@ log = logging.getLogger(__name__)
 REPLAY_STREAM = 0xB1  # keyed randomness of the clients' synthetic batches (rows, crops)
 TEACHER = "teacher"  # pool key: the weights of the global model that made the pool
 METAS = ("fomaml", "reptile")
+REPLAY_RULES = ("steps", "code")
 
 
 def target_replay_rows(replay_batch: int, syn_size: int, n_pool: int, n_samples: int, batch_size: int) -> int:
-    """Synthetic rows per local step of a client with ``n_samples`` rows: ``replay_batch``,
-    or floor(syn_size / steps per epoch) [C: the code's nums / iters], at most the pool's
-    ``n_pool`` rows and at least 1."""
+    """Synthetic rows per local step of a client with ``n_samples`` rows (``replay_rule:
+    steps`` [D]): ``replay_batch``, or floor(syn_size / the client's steps per epoch), at
+    most the pool's ``n_pool`` rows and at least 1."""
     if replay_batch:
         return min(replay_batch, n_pool)
     steps = max(1, math.ceil(n_samples / batch_size))
     return min(n_pool, max(1, syn_size // steps))
+
+
+def code_replay_rows(replay_batch: int, syn_size: int, n_pool: int, dataset_rows: int, clients: int,
+                     tasks: int, batch_size: int) -> int:  # fmt: skip
+    """Synthetic rows per local step under ``replay_rule: code`` [C ``get_syn_data_loader``]:
+    ``replay_batch``, or int(syn_size / iters) with the nominal, dataset-wide step count
+    iters = ceil(dataset_rows / (clients * tasks * batch_size)); at most the pool's ``n_pool``
+    rows (a loader's batch larger than its dataset is the whole dataset) and at least 1."""
+    if replay_batch:
+        return min(replay_batch, n_pool)
+    iters = math.ceil(dataset_rows / (clients * tasks * batch_size))
+    return min(n_pool, max(1, int(syn_size / iters)))
 
 
 @METHODS.register("target")
@@ -157,6 +181,20 @@ class TARGET(FedAvg):
     class Params(SynthesisParams):
         meta: str = choice("fomaml", METAS)  # the generator's meta-learning [C cifar100] | reptile [C]
         reset_l0: bool = boolean(True)  # re-initialise its first layers at round 120 + warmup [C]
+        # synthetic rows per step: syn_size / the client's steps per epoch, every epoch whole [D]
+        # | the code's: syn_size / a nominal step count, the epoch cut when the pool runs out [C]
+        replay_rule: str = choice("steps", REPLAY_RULES, added=True)
+
+    @classmethod
+    def table_note(cls, params: dict[str, Any]) -> str:
+        """The replay rule that ran (issue 36: the tables say which); '' for a subclass
+        without the switch (LANDER replays by its own rule)."""
+        if "replay_rule" not in cls.Params.__dataclass_fields__:
+            return ""
+        rule = params.get("replay_rule", "steps")  # runs recorded before the switch: steps
+        what = ("syn_size / the client's steps, whole epochs [D]" if rule == "steps"
+                else "the code's syn_size / nominal steps, epochs cut [C]")  # fmt: skip
+        return f"TARGET replay_rule={rule} ({what})"
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)
@@ -251,11 +289,34 @@ class TARGET(FedAvg):
         pool = ctx.broadcast.get(self.pool_key)
         s.pool = pool if pool is not None and len(pool["x"]) else None
         s.sums = {}
+        s.order = None  # replay_rule code: this epoch's order of the pool's rows
         if s.pool is not None:
             s.gen = keyed_generator(self.info.seed, ctx.round, ctx.cid, ctx.task, REPLAY_STREAM)
-            s.rows = self.replay_rows(ctx, len(s.pool["x"]))
+            n_pool = len(s.pool["x"])
+            if self.code_rule:
+                s.rows = self.code_rows(ctx, n_pool)
+                # [C _local_finetune] zip(private loader, synthetic loader): an epoch stops
+                # at the shorter; the synthetic one holds ceil(n_pool / rows) batches
+                private = math.ceil(self.info.train.epoch_rows(ctx.n_samples, ctx.batch_size) / ctx.batch_size)
+                ctx.epoch_steps = min(private, math.ceil(n_pool / s.rows))
+                ctx.stats["epoch_steps"] = float(ctx.epoch_steps)
+            else:
+                s.rows = self.replay_rows(ctx, n_pool)
             s.old = self.learned(s.pool["task"])
             s.teacher = self.teacher(ctx, s.pool)
+
+    @property
+    def code_rule(self) -> bool:
+        """Whether the clients replay by the code's rule (``replay_rule: code``)."""
+        return getattr(self.p, "replay_rule", "steps") == "code"
+
+    def code_rows(self, ctx: ClientContext, n_pool: int) -> int:
+        """Synthetic rows per step by the code's rule (``code_replay_rows``): the nominal step
+        count of the training split's rows over every client and task."""
+        sc = self.info.scenario
+        rows = len(ctx.data.data.x) if ctx.data is not None else ctx.n_samples
+        return code_replay_rows(self.p.replay_batch, self.p.syn_size, n_pool, rows, self.info.num_clients,
+                                sc.tasks if sc is not None else 1, ctx.batch_size)  # fmt: skip
 
     def teacher(self, ctx: ClientContext, pool: dict[str, Any]) -> nn.Module:
         """The pool's teacher: one frozen eval-mode copy of the model (kept on the method,
@@ -288,7 +349,13 @@ class TARGET(FedAvg):
         if s.pool is None:
             return None
         x_pool = s.pool["x"]
-        idx = torch.randperm(len(x_pool), generator=s.gen)[: s.rows].to(x_pool.device)
+        if self.code_rule:  # the epoch's shuffled loader, one batch per step [C]
+            j = ctx.steps % ctx.epoch_steps
+            if j == 0:
+                s.order = torch.randperm(len(x_pool), generator=s.gen)
+            idx = s.order[j * s.rows : (j + 1) * s.rows].to(x_pool.device)
+        else:  # a fresh draw at every step
+            idx = torch.randperm(len(x_pool), generator=s.gen)[: s.rows].to(x_pool.device)
         x = ctx.augment_rows(x_pool[idx], idx, REPLAY_STREAM)
         features, logits = features_and_logits(ctx.model, x)
         with torch.no_grad():
