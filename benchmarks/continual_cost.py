@@ -11,7 +11,9 @@ layout of config/experiments/fedprotip_table1.yaml); every method with its defau
 hyperparameters (the papers'), one client after another, ``--threads`` torch threads. A
 surrogate set (8x8 ``blobs``, no digit classes) is declared for every run, so CFeD runs
 too; the others ignore it. ``target_code``: TARGET with ``replay_rule: code`` (the authors'
-code's synthetic rows per step and cut epochs). L2P is not in the default list: it is defined on a ViT, another
+code's synthetic rows per step and cut epochs). ``<method>@vectorized``: that method on the
+stacked trainer (``--methods fedavg@vectorized,fedprotip@vectorized``: FedAvg and FedProTIP(-t)
+batched, issue 32; vs_fedavg stays against the sequential FedAvg). L2P is not in the default list: it is defined on a ViT, another
 model (``--methods l2p`` runs it on a tiny ViT).
 
 Each method runs the first task (``--rounds`` rounds) and the rounds of the second; the
@@ -81,6 +83,7 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
     stream = {"kind": "split", "tasks": 5, "classes_per_task": 2, "incremental": "class",
               "rounds_per_task": a.rounds, "heads": a.heads}  # fmt: skip
     sc = resolve_scenario(stream, info.num_classes, shape, "scenario")
+    name, _, engine = name.partition("@")  # <method>@<engine>
     model, mopts = ("vit", TINY_VIT) if name == "l2p" else ("cnn2d", {})
     method, params = VARIANTS.get(name, (name, PARAMS.get(name, {})))
     if name == "fedprotip" and a.heads == "shared":
@@ -88,7 +91,7 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
     ds = DatasetSpec("digits", {}, model, mopts, PUBLIC, "digits", sc)
     t = TrainSpec(
         rounds=5 * a.rounds, local_epochs=5, batch_size=64, sample_rate=1.0, eval_local_models=False,
-        eval_every=10**6, threads=a.threads, device=a.device, client_engine="sequential",
+        eval_every=10**6, threads=a.threads, device=a.device, client_engine=engine or "sequential",
         optimizer=OptimizerSpec(lr=0.1, weight_decay=5e-4), checkpoint_every=10**6,
     )  # fmt: skip
     part = PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0)
