@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -31,11 +32,12 @@ from fedforget.evaluation import COLLAPSE_SHARE, TOP_SHARE
 from fedforget.parse import load_config
 
 CONFIG = "config/experiments/fedprotip_table1.yaml"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def target_runs(seeds: list[int]):
     """The config's TARGET runs on split digits with Dirichlet 0.5 (one per seed)."""
-    cfg = load_config(CONFIG)
+    cfg = load_config(REPO / CONFIG)
     runs = [r for r in cfg.runs() if r.method.name == "target" and r.dataset.scenario
             and r.dataset.scenario.get("kind") == "split" and r.partition.scheme == "dirichlet"
             and r.partition.alpha == 0.5 and r.seed in seeds]  # fmt: skip

@@ -94,7 +94,7 @@ def test_comments_docstrings_and_layout_change_no_digest(source_copy):
     # layout: a call and a tuple split over lines (with a formatter's trailing commas and
     # parentheses), other quotes, blank lines, a line joined
     edit(fedprox, "number(1.0, minimum=0)", "number(\n            1.0,\n            minimum=0,\n        )")
-    edit(fedprox, "return 0.5 * mu * sq, None", "return (\n                0.5 * mu * sq,\n                None,\n            )")
+    edit(fedprox, "return 0.5 * mu * sq, None, None", "return (\n                0.5 * mu * sq,\n                None,\n                None,\n            )")
     edit(fedprox, 'ctx.stats["dist_to_global"]', "ctx.stats['dist_to_global']")
     edit(fedprox, "\n\n\n@METHODS", "\n\n\n\n\n@METHODS")
     assert fedprox.read_bytes() != source
