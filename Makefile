@@ -59,7 +59,7 @@ test: install
 # `scale: smoke` (fedforget.smoke) on native-format files the tests write, then every config on
 # embedded data (config/experiments/*.yaml) at smoke scale with up to 20 rounds, where FedAvg
 # must beat chance (tests/test_smoke.py, check_learns); each in its own
-# temporary directory, one after another on SMOKE_CORES cores (`make test` runs one of them).
+# temporary directory, one after another on SMOKE_CORES cores (`make test` dry-runs them).
 # On your own raw data: snakemake --configfile CONFIG --config scale=smoke
 # SMOKE_LOG: one JSON line per config (config, training jobs, seconds, passed).
 SMOKE_CORES ?= $(shell nproc 2>/dev/null || echo 2)

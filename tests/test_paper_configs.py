@@ -38,6 +38,7 @@ def test_pilot_table_shows_the_papers_numbers(tmp_path: Path) -> None:
     assert "Building DAG" not in out
 
 
+@pytest.mark.long  # make smoke; make test keeps the engine-level twin (methods/test_fedsol.py, rho 0 is FedAvg bit for bit)
 def test_fedsol_rho0_equals_fedavg_bit_for_bit_under_snakemake(tmp_path: Path) -> None:
     shutil.copytree(REPO / "config", tmp_path / "config")
     cfg = yaml.safe_load((REPO / "config/experiments/fedsol_partial.yaml").read_text())

@@ -505,6 +505,7 @@ def check_outputs(config: Path, workdir: Path, **settings) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.long  # make smoke (which then runs every paper config this way); make test dry-runs them
 @pytest.mark.skipif(not (PAPER / REPRESENTATIVE).is_file(), reason=f"no {REPRESENTATIVE} yet")
 def test_one_paper_config_end_to_end_at_smoke_scale(tmp_path):
     config = PAPER / REPRESENTATIVE

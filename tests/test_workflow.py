@@ -307,8 +307,4 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     assert all(after[k] == before[k] for k in shards)
     assert any("dirichlet-0.3_" in k for k in after)
     assert planned_jobs(tmp_path) == {}
-
-    # the HTML report collects tables and figures
-    snakemake(tmp_path, "--report", "report.html")
-    html = (tmp_path / "report.html").read_text(errors="ignore")
-    assert "global_model_test_acc" in html and "heatmap" in html
+    # the HTML report of these outputs: tests/test_report.py (its own pipeline)
