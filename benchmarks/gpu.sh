@@ -14,8 +14,9 @@
 #   4. the embedded models with 100 clients (digits-k100 IID: its 1347 samples admit no Dirichlet 0.5
 #      split with 10 per client; mnist1d-k100 Dirichlet 0.5);
 #   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
-#      eagerly: no graphs); ResNet-18 FedAvg against a plain loop, and FedGP over FedAvg on
-#      ResNet-18 and the McMahan preset, sequential vs stacked.
+#      eagerly: no graphs); ResNet-18 FedAvg against a plain loop, FedGP over FedAvg on
+#      ResNet-18 and the McMahan preset and FedProTIP(-t) on ResNet-18 (task 1 of a split),
+#      sequential vs stacked.
 #      The McMahan preset once more with train.precision bf16 (autocast);
 #      FedSOL's round profiled (sequential: GPU busy share);
 #   6. benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU (gpu_slots), McMahan
@@ -53,6 +54,11 @@ python "$here/simulation.py" --device cuda --warmup 3 --repeats 1 --modes centra
     --preset resnet18 --partition dirichlet0.5 --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
 sim --preset resnet18 --partition dirichlet0.5 --epochs 1 --rounds 5 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
 sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method fedgp --json "$out/mcmahan-e1-fedgp.json" | tee -a "$out/sim.txt"
+# FedProTIP(-t) on ResNet-18, split 5 x 2: task 0 and its bases in the warm-up, task 1's
+# projected rounds timed, sequential vs stacked
+python "$here/simulation.py" --device cuda --warmup 4 --repeats 1 --modes sequential vectorized --preset resnet18 \
+    --partition dirichlet0.5 --epochs 1 --rounds 3 --method fedprotip --params '{"tip": "none"}' --tasks 5 \
+    --json "$out/resnet18-e1-fedprotip.json" | tee -a "$out/sim.txt"
 # FedSOL (sequential: two passes per step), how busy it keeps the GPU now that its step reads
 # nothing back to the host (23 % before)
 python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \

@@ -82,11 +82,28 @@ def run_config(args, engine: str):
     from fedforget.partition import PartitionSpec
 
     p = PRESETS[args.preset]
-    ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], None, p["dataset"])
+    rounds = args.rounds * getattr(args, "repeats", 1) + args.warmup + 1
+    scenario, tasks = None, getattr(args, "tasks", 1)
+    if tasks > 1:  # a class-incremental split: task 0 in the warm-up, the timed rounds in task 1
+        from fedforget.data import DATASETS
+        from fedforget.data.scenario import resolve_scenario
+
+        info = DATASETS.get(p["dataset"])
+        timed = args.rounds * (args.repeats if getattr(args, "interleave", False) else 1)  # in this process
+        if timed >= args.warmup:
+            raise SystemExit(f"--tasks {tasks}: the timed rounds must end within task 1, before its task end: "
+                             f"--rounds (x --repeats with --interleave) < --warmup ({args.warmup})")  # fmt: skip
+        shape = tuple(info.input_shape(info.resolve(p["options"])))
+        classes = info.resolve(p["options"]).get("num_classes", info.num_classes)
+        scenario = resolve_scenario({"kind": "split", "tasks": tasks, "classes_per_task": classes // tasks,
+                                     "rounds_per_task": args.warmup, "leftover_classes": "drop"},
+                                    classes, shape, "scenario")  # fmt: skip
+        rounds = tasks * args.warmup
+    ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], None, p["dataset"], scenario)
     ts = TrainSpec(
         # one round more than any mode runs: the engine evaluates at its final round (and task
         # end) whatever eval_every says, which would put an evaluation in a timed round
-        rounds=args.rounds * getattr(args, "repeats", 1) + args.warmup + 1, local_epochs=args.epochs, batch_size=p["batch"],
+        rounds=rounds, local_epochs=args.epochs, batch_size=p["batch"],
         sample_rate=p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
         eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
@@ -96,8 +113,9 @@ def run_config(args, engine: str):
     method = getattr(args, "method", "fedavg")
     part = (PartitionSpec("iid", clients=clients, seed=0) if args.partition == "iid"
             else PartitionSpec("dirichlet", clients=clients, alpha=0.5, min_size=10, seed=0))  # fmt: skip
+    params = json.loads(getattr(args, "params", None) or "{}")
     return RunConfig("bench", ds, part,
-                     MethodSpec(method, {}, method), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
+                     MethodSpec(method, params, method), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
 
 
 def peak_rss_mb() -> float:
@@ -292,6 +310,10 @@ def main() -> None:
                     "--rounds x --repeats rounds per mode; peak memory not per mode)")  # fmt: skip
     ap.add_argument("--method", default="fedavg",
                     help="the engine modes run this method with its default hyperparameters (central is plain SGD)")  # fmt: skip
+    ap.add_argument("--params", default="{}", help="the method's hyperparameters, JSON (e.g. '{\"tip\": \"none\"}')")
+    ap.add_argument("--tasks", type=int, default=1,
+                    help="a class-incremental split of this many tasks: task 0 in the warm-up, the timed rounds "
+                         "in task 1 (continual methods with bases or buffers; --rounds x --repeats < --warmup)")  # fmt: skip
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="train.precision of the engine modes (central stays fp32)")  # fmt: skip
     ap.add_argument("--json", help="also write the results here")
@@ -311,7 +333,7 @@ def main() -> None:
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
-        "--precision", args.precision,
+        "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -327,7 +349,8 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    print(f"# {args.preset}, {args.method}: {args.memory or p['clients']} clients ({args.partition}), rate {p['rate']}, batch {p['batch']}, "
+    extra = (f" {args.params}" if args.params != "{}" else "") + (f", {args.tasks} tasks (task 1 timed)" if args.tasks > 1 else "")
+    print(f"# {args.preset}, {args.method}{extra}: {args.memory or p['clients']} clients ({args.partition}), rate {p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     central = limit = None
