@@ -73,7 +73,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from .cudagraph import StepGraphs
 from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
-from .methods.base import StepTerms, masked_logits
+from .methods.base import Held, StepTerms, masked_logits
 from .models import Classifier, TaskHeads
 
 
@@ -436,6 +436,19 @@ def train_clients_together(
             bs = None if bs is None else [bs[i] for i in keep]
             if not ps:
                 return
+        # held by some clients (methods.base.Held): those clients' rows are put back after
+        # the update, the parameter and its momentum, as if skipped
+        held = [(ps[i], None if bs is None else bs[i], d.held, ps[i].clone(), None if bs is None else bs[i].clone())
+                for i, d in enumerate(ds) if isinstance(d, Held)]  # fmt: skip
+        ds = [d.grad if isinstance(d, Held) else d for d in ds]
+        _sgd_update(ps, ds, bs)
+        for p, b, h, p0, b0 in held:
+            rows = h.view(-1, *[1] * (p.dim() - 1))
+            p.copy_(torch.where(rows, p0, p))
+            if b is not None:
+                b.copy_(torch.where(rows, b0, b))
+
+    def _sgd_update(ps: list, ds: list, bs: list | None) -> None:
         if weight_decay:
             ds = torch._foreach_add(ds, ps, alpha=weight_decay)
         if bs is not None:

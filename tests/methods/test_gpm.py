@@ -7,6 +7,7 @@ digits runs with both memories (threshold 0: FedAvg bit for bit)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,9 +16,11 @@ from fedforget.activations import layer_inputs, weight_matrix
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, check_params, make_params
+from fedforget.methods.base import Held
 from fedforget.methods.gpm import BASES, GPM, gpm_update, representation_factors
 from fedforget.methods.shared import energy_rank, projected_layers, threshold_at
 from fedforget.models import build_model
+from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, checkpoint_keeper, digits_cfg, gen, projector, run, strip
@@ -271,3 +274,36 @@ def test_per_layer_thresholds_as_in_the_codes_pmnist():
     with pytest.raises(FedForgetError, match=r"threshold has 2 values for 3 projected layers"):
         wrong.thresholds(layers, 0)
     assert check_params("gpm", {})["threshold"] == 0.97
+
+
+# ----------------------------------------------------------------------------- the stacked trainer
+@pytest.mark.parametrize("memory", ["local", "global"])
+def test_gpm_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, memory):
+    """GPM's projection and held biases are the step terms' gradient map: each client's rows
+    against its own memory (local) or the broadcast's (global). On an MLP (every step
+    batched) with a pool partition where a client holds no task-0 rows (so it has no memory
+    in task 1 while the others hold their biases: a stack of held and free clients,
+    ``Held``), 2 local epochs with momentum and weight decay: metrics and global weights
+    within 1e-5 of the sequential trainer."""
+    import fedforget.methods.shared as shared
+
+    mixed = []
+    original = shared.each_client
+
+    def spy(maps, grads):
+        out = original(maps, grads)
+        mixed.extend(n for n, v in out.items() if isinstance(v, Held))
+        return out
+
+    monkeypatch.setattr("fedforget.methods.gpm.each_client", spy)
+    rc = digits_cfg(make_run_config, "gpm", {"samples": 32, "memory": memory}, local_epochs=2, sample_rate=1.0,
+                    optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
+    rc = replace(rc, dataset=replace(rc.dataset, model="mlp", model_options={}),
+                 partition=PartitionSpec("dirichlet", clients=4, alpha=0.1, min_size=10, seed=3))  # fmt: skip
+    out = run_engines(rc, CPU)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5)
+    if memory == "local":
+        assert mixed, "no stack mixed held and free clients: the partition no longer leaves a client without task-0 rows"

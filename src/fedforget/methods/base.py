@@ -81,7 +81,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -99,8 +99,18 @@ if TYPE_CHECKING:  # pragma: no cover
 Params = dict[str, torch.Tensor]
 # terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient additions by
 # name or None, the step's gradient map or None): FedAvg.client_step_terms. A map's None for
-# a name: the optimizer skips that parameter this step, for every client of the stack
+# a name: the optimizer skips that parameter this step, for every client of the stack; a
+# ``Held``: for the clients it marks
 GradMap = Callable[[Params], Params]
+
+
+class Held(NamedTuple):
+    """A gradient map's value for a parameter that some clients of the stack hold this step:
+    the stack's gradients ``grad`` [G, ...] and ``held`` (bool [G]); the optimizer skips the
+    held clients' parameter (no decay, no momentum), as torch.optim.SGD skips a None grad."""
+
+    grad: torch.Tensor
+    held: torch.Tensor
 StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None, GradMap | None]]
 
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
@@ -296,12 +306,13 @@ def map_grads(named: Sequence[tuple[str, nn.Parameter]], gmap: GradMap) -> None:
     with torch.no_grad():
         mapped = gmap({n: p.grad.unsqueeze(0) for n, p in named if p.grad is not None})
         for n, p in named:
-            if n not in mapped:
-                continue
-            if mapped[n] is None:
+            v = mapped.get(n, p.grad)
+            if isinstance(v, Held):
+                v = None if bool(v.held[0]) else v.grad
+            if v is None:
                 p.grad = None
-            elif p.grad is not None:
-                p.grad.copy_(mapped[n][0])
+            elif v is not p.grad and p.grad is not None:
+                p.grad.copy_(v[0])
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

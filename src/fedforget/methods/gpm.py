@@ -62,6 +62,13 @@ Switches and their sources ([P] paper, [C] authors' code, [D] our decision):
   running statistics and normalises with the batch's [D, documented difference: it matters for
   ResNets, not for the networks without BatchNorm].
 
+Trainers: the projection and the held parameters are the gradient map of
+``client_step_terms`` (``shared.projection_map``; ``each_client`` with local memories), so
+GPM trains on the stacked trainer too where the model allows (one shared head): a client
+alone is a stack of one; in a stack each client's rows are projected against its own memory,
+and a client without one (no rows in the earlier tasks) keeps its biases free while the
+others hold theirs (``base.Held``: the optimizer's update of those rows is undone).
+
 Diagnostics (rows of a task's last round, columns ``gpm_<key>``): ``basis_fill``, the mean
 over layers of rank(M_l) / d_l (local memory: mean over the reporting clients too), and
 ``basis_rank``, the summed ranks (per client, local).
@@ -78,12 +85,13 @@ from torch import nn
 
 from ..activations import layer_dim, layer_inputs
 from ..utils import FedForgetError, torch_seed
-from .base import TASK_END, ClientContext, FedAvg, ServerContext, map_grads
+from .base import TASK_END, ClientContext, FedAvg, ServerContext
 from .params import choice, integer, number, one_of
 from .registry import METHODS
 from .shared import (
     CHUNK,
     REL_TOL,
+    each_client,
     energy_rank,
     extend_basis,
     left_singular,
@@ -173,7 +181,7 @@ def representation_factors(
 @METHODS.register("gpm")
 class GPM(FedAvg):
     name = "gpm"
-    stacked = False
+    step_terms = True  # the projection is a gradient map of the step terms: trains stacked too
     exchanges = (TASK_END,)
 
     @dataclass(frozen=True)
@@ -259,18 +267,20 @@ class GPM(FedAvg):
             return ctx.broadcast.get(BASES) or {}
         return ctx.state.get(BASES) or {}
 
-    def client_begin(self, ctx: ClientContext) -> None:
-        s = self.scratch(ctx)
-        s.map = projection_map(ctx.model, self.memory_of(ctx), self.p.bias == "freeze")
-        s.named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
-
-    def client_grad(self, ctx: ClientContext) -> None:
-        """G - G M M^T, the 1-D parameters held once a memory exists (``projection_map``: a
-        client alone; with ``memory: local`` each client projects against its own memory,
-        so GPM trains one client after another)."""
-        s = self.scratch(ctx)
-        if s.map is not None:
-            map_grads(s.named, s.map)
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> Any:
+        """G - G M M^T against each client's memory (``memory: local``: its own, so a stack
+        projects each client's rows against its own bases, ``shared.each_client``; ``global``:
+        the broadcast's, one map for all), the 1-D parameters held once that memory exists
+        (``bias: freeze``; a stack may mix held and free clients: ``base.Held``)."""
+        freeze = self.p.bias == "freeze"
+        if self.p.memory == "global":
+            maps = [projection_map(ctxs[0].model, self.memory_of(ctxs[0]), freeze)]
+        else:
+            maps = [projection_map(c.model, self.memory_of(c), freeze) for c in ctxs]
+        if all(m is None for m in maps):
+            return None
+        shared = len(maps) == 1
+        return lambda lo, hi, w: (None, None, lambda g: each_client(maps if shared else maps[lo:hi], g))
 
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         gen = torch.Generator().manual_seed(

@@ -16,7 +16,7 @@ Sections:
   (``flat_dot``, ``per_client``).
 - Layer subspaces, GPM-style bases (GPM, FOT, FedProTIP): ``CHUNK``, ``REL_TOL``,
   ``threshold_at``, ``energy_rank``, ``left_singular``, ``extend_basis``,
-  ``projected_layers``, ``one_d_params``, ``projection_map``
+  ``projected_layers``, ``one_d_params``, ``projection_map``, ``each_client``
   (representations and the projection itself: ``fedforget.activations``).
 - Scores: ``OUTSIDE_GAP`` and ``floor_unscored`` (classes without a score at the row's lowest
   allowed score minus a gap: FedProTIP, GLFC / LGA, iCaRL, TARGET / LANDER); ``head_scores``
@@ -36,6 +36,7 @@ from torch import nn
 from ..activations import Projector, find_layers
 from ..models import TaskHeads
 from ..utils import FedForgetError
+from .base import Held
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -212,6 +213,26 @@ def projection_map(
         return out
 
     return gmap
+
+
+def each_client(maps: Sequence[GradMap | None], grads: StateDict) -> StateDict:
+    """Client i's own gradient map ``maps[i]`` (None: unchanged) applied to its slice of the
+    stack ``grads`` ({name: [G, ...]}, G = len(maps)): GPM's projection against each client's
+    own memory. A parameter every client holds (its map's None) is None, one some hold a
+    ``base.Held``."""
+    if len(maps) == 1:  # a client alone, or one client of the stack: its map as it is
+        return grads if maps[0] is None else maps[0](grads)
+    outs = [grads if m is None else m({n: g[i : i + 1] for n, g in grads.items()}) for i, m in enumerate(maps)]
+    out: StateDict = {}
+    for n, g in grads.items():
+        parts = [o[n] if o is not grads else g[i : i + 1] for i, o in enumerate(outs)]
+        held = [p is None for p in parts]
+        if all(held):
+            out[n] = None
+            continue
+        grad = torch.cat([g[i : i + 1] if p is None else p for i, p in enumerate(parts)])
+        out[n] = Held(grad, torch.tensor(held, device=g.device)) if any(held) else grad
+    return out
 
 
 # ----------------------------------------------------------------------------- scores
