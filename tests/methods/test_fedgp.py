@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fedforget.engine import Simulation
 from fedforget.methods import check_params
-from fedforget.methods.base import AFTER_TASK
+from fedforget.methods.base import AFTER_TASK, Held
 from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
 from fedforget.methods.replay import KEY, Reservoir, sample_generator
 from fedforget.partition import PartitionSpec
@@ -310,3 +310,31 @@ def test_fedgp_on_conv_steps_of_a_task_stream_stacked(make_run_config, run_engin
     sim = Simulation(replace(der, train=replace(der.train, client_engine="auto")), device=CPU)
     assert sim.engine_info["client_engine"] == "sequential"
     assert "over 'der'" in sim.engine_info["client_engine_reason"]
+
+
+def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, assert_same_metrics, monkeypatch):
+    """Over a base whose own map projects and holds biases (GPM's memories exist from task 1),
+    the base's map, then FedGP's, on every batched step of an MLP; a client without task-0
+    rows has no memory, so a stack mixes held and free biases and FedGP manipulates those
+    clients one by one (each leaving out what the base holds for it): within 1e-5 of the
+    sequential trainer."""
+    import fedforget.methods.shared as shared
+
+    mixed = []
+    original = shared.each_client
+
+    def spy(maps, grads):
+        out = original(maps, grads)
+        mixed.extend(n for n, v in out.items() if isinstance(v, Held))
+        return out
+
+    monkeypatch.setattr("fedforget.methods.gpm.each_client", spy)
+    rc = fedgp_cfg(make_run_config, {"base": "gpm", "base_params": {"samples": 16}, "buffer_size": 30},
+                   local_epochs=2, sample_rate=1.0, optimizer={"lr": 0.05, "momentum": 0.9})  # fmt: skip
+    rc = replace(rc, dataset=replace(rc.dataset, model="mlp", model_options={}),
+                 partition=PartitionSpec("dirichlet", clients=4, alpha=0.1, min_size=10, seed=3))  # fmt: skip
+    out = run_engines(rc, CPU)
+    (seq, rows_s), (_, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    assert any(st.get("gpm_bases") for st in seq.fed.clients.values())  # GPM's memories took part
+    assert mixed and any(r.get("fedgp_proj_share", 0) > 0 for r in rows_s)

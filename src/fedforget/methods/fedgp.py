@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 
 from ..utils import FedForgetError, torch_seed
-from .base import ROUND_END, ClientContext, RunInfo, ServerContext, Upload, masked_logits
+from .base import ROUND_END, ClientContext, Held, RunInfo, ServerContext, Upload, masked_logits
 from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
@@ -310,8 +310,16 @@ class FedGP(OverBase):
             s.stack = (sums, i)
             gens.append(s.gate_gen)
 
-        def manipulated(lo: int, hi: int, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            names = list(grads)
+        def manipulated(lo: int, hi: int, grads: dict[str, Any]) -> dict[str, Any]:
+            """Clients lo..hi-1's gradients after the manipulation. A parameter the base holds
+            (None; GPM's biases) is left out of the flat vector, as its p.grad = None leaves
+            it out of a client alone's; where the base holds it for some clients only
+            (``Held``), each client is manipulated on its own."""
+            if hi - lo > 1 and any(isinstance(v, Held) for v in grads.values()):
+                return each_own(lo, hi, grads)
+            if hi - lo == 1:  # a Held of one client: None, or its gradient
+                grads = {n: (None if bool(v.held[0]) else v.grad) if isinstance(v, Held) else v for n, v in grads.items()}
+            names = [n for n, v in grads.items() if v is not None]
             g = [grads[n] for n in names]
             r = [g_ref[n] if n in g_ref else torch.zeros_like(grads[n][0]) for n in names]
             if p.rate == 0:  # diagnostics only, g untouched
@@ -323,7 +331,26 @@ class FedGP(OverBase):
             new, applied, cos = manipulate(g, r, p.manipulation, p.apply == "always", gate, stacked=True)
             sums[0, lo:hi] += applied
             sums[1, lo:hi] += cos
-            return dict(zip(names, new))
+            return {**grads, **dict(zip(names, new))}
+
+        def each_own(lo: int, hi: int, grads: dict[str, Any]) -> dict[str, Any]:
+            """``manipulated`` client by client, reassembled (a held row keeps its gradient:
+            the optimizer puts that row back)."""
+            def row(v: Any, j: int) -> Any:
+                if isinstance(v, Held):
+                    return None if bool(v.held[j]) else v.grad[j : j + 1]
+                return None if v is None else v[j : j + 1]
+
+            parts = [manipulated(lo + j, lo + j + 1, {n: row(v, j) for n, v in grads.items()}) for j in range(hi - lo)]
+            out: dict[str, Any] = {}
+            for n, v in grads.items():
+                if v is None:
+                    out[n] = None
+                    continue
+                base_rows = v.grad if isinstance(v, Held) else v
+                rows = torch.cat([base_rows[j : j + 1] if q[n] is None else q[n] for j, q in enumerate(parts)])
+                out[n] = Held(rows, v.held) if isinstance(v, Held) else rows
+            return out
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
             loss, add, base_map = base(lo, hi, w) if base is not None else (None, None, None)
