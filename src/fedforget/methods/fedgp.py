@@ -53,14 +53,17 @@ Randomness: buffer batches for g_ref from (seed, round, client, task, 0x84); the
 offers from the replay stream (``replay.offer_generator``).
 
 Trainers: over a base whose local step is FedAvg's or stated in step terms (FedAvg, FedProx,
-FedDyn, SCAFFOLD, FedCurv, ...; ``trait("stacked", params)``), FedGP trains on the stacked
-trainer too [D]: its manipulation is the gradient map of ``client_step_terms`` (the same
+FedDyn, SCAFFOLD, FedCurv, GPM, FedProTIP(-t), ...; ``trait("stacked", params)``), FedGP
+trains on the stacked trainer too [D]: its manipulation is the gradient map of ``client_step_terms`` (the same
 ``manipulate``, on each client of the stack: ``stacked=True``), the rate's draws come from
 each client's own generator, one per step, and its own buffer is offered the first epoch's
 minibatches in order at the client's end (``ctx.minibatches``: the rows, order and
 augmentation its steps saw), so buffers, g_ref and results equal the sequential trainer's up
-to float summation order (tests/methods/test_fedgp.py). Over a base with a step of its own
-(A-GEM, DER, GPM, ...) the clients train one after another.
+to float summation order (tests/methods/test_fedgp.py). A parameter the base holds (GPM's
+biases, FedProTIP's early layers) is left out of the flat vector, as its None gradient leaves
+it out of a client alone's; where only some clients of a stack hold it, those clients are
+manipulated one by one. Over a base with a step of its own (A-GEM, DER, FedSOL, ...) the
+clients train one after another.
 
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
 ``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
