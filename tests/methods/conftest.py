@@ -144,3 +144,22 @@ def same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def held_stacks(monkeypatch) -> list[str]:
+    """The parameters GPM's per-client maps hand the stacked trainer as ``Held`` (some clients
+    of a stack hold them, others do not), recorded as they happen in a run: a test's proof
+    that its stacks mixed held and free clients."""
+    import fedforget.methods.shared as shared
+    from fedforget.methods.base import Held
+
+    names: list[str] = []
+    original = shared.each_client
+
+    def spy(maps, grads):
+        out = original(maps, grads)
+        names.extend(n for n, v in out.items() if isinstance(v, Held))
+        return out
+
+    monkeypatch.setattr("fedforget.methods.gpm.each_client", spy)
+    return names

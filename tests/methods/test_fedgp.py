@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 from fedforget.engine import Simulation
 from fedforget.methods import check_params
-from fedforget.methods.base import AFTER_TASK, Held
+from fedforget.methods.base import AFTER_TASK
 from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
 from fedforget.methods.replay import KEY, Reservoir, sample_generator
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, strip
+from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, held_stacks, run, strip
 
 
 def flat(ts):
@@ -318,17 +318,7 @@ def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, a
     rows has no memory, so a stack mixes held and free biases and FedGP manipulates those
     clients one by one (each leaving out what the base holds for it): within 1e-5 of the
     sequential trainer."""
-    import fedforget.methods.shared as shared
-
-    mixed = []
-    original = shared.each_client
-
-    def spy(maps, grads):
-        out = original(maps, grads)
-        mixed.extend(n for n, v in out.items() if isinstance(v, Held))
-        return out
-
-    monkeypatch.setattr("fedforget.methods.gpm.each_client", spy)
+    mixed = held_stacks(monkeypatch)
     rc = fedgp_cfg(make_run_config, {"base": "gpm", "base_params": {"samples": 16}, "buffer_size": 30},
                    local_epochs=2, sample_rate=1.0, optimizer={"lr": 0.05, "momentum": 0.9})  # fmt: skip
     rc = replace(rc, dataset=replace(rc.dataset, model="mlp", model_options={}),

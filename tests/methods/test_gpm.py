@@ -16,14 +16,13 @@ from fedforget.activations import layer_inputs, weight_matrix
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import ClientContext, RunInfo, check_params, make_params
-from fedforget.methods.base import Held
 from fedforget.methods.gpm import BASES, GPM, gpm_update, representation_factors
 from fedforget.methods.shared import energy_rank, projected_layers, threshold_at
 from fedforget.models import build_model
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, checkpoint_keeper, digits_cfg, gen, projector, run, strip
+from .conftest import CPU, checkpoint_keeper, digits_cfg, gen, held_stacks, projector, run, strip
 
 
 def orthonormal(d, r, seed):
@@ -285,17 +284,7 @@ def test_gpm_trains_stacked_as_sequential(make_run_config, run_engines, assert_s
     in task 1 while the others hold their biases: a stack of held and free clients,
     ``Held``), 2 local epochs with momentum and weight decay: metrics and global weights
     within 1e-5 of the sequential trainer."""
-    import fedforget.methods.shared as shared
-
-    mixed = []
-    original = shared.each_client
-
-    def spy(maps, grads):
-        out = original(maps, grads)
-        mixed.extend(n for n, v in out.items() if isinstance(v, Held))
-        return out
-
-    monkeypatch.setattr("fedforget.methods.gpm.each_client", spy)
+    mixed = held_stacks(monkeypatch)
     rc = digits_cfg(make_run_config, "gpm", {"samples": 32, "memory": memory}, local_epochs=2, sample_rate=1.0,
                     optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
     rc = replace(rc, dataset=replace(rc.dataset, model="mlp", model_options={}),
