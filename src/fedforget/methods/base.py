@@ -102,6 +102,7 @@ Params = dict[str, torch.Tensor]
 # a name: the optimizer skips that parameter this step, for every client of the stack; a
 # ``Held``: for the clients it marks
 GradMap = Callable[[Params], Params]
+StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None, GradMap | None]]
 
 
 class Held(NamedTuple):
@@ -111,7 +112,6 @@ class Held(NamedTuple):
 
     grad: torch.Tensor
     held: torch.Tensor
-StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None, GradMap | None]]
 
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
 # beside the upload, a client pass (``reply(exchange, ctx)``) then a server step

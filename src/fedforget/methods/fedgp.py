@@ -88,7 +88,7 @@ from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
 from .replay import POLICIES, Replay, sample_generator
-from .shared import flat_dot, per_client, project
+from .shared import each_client, flat_dot, per_client, project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
 RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
@@ -319,7 +319,8 @@ class FedGP(OverBase):
             it out of a client alone's; where the base holds it for some clients only
             (``Held``), each client is manipulated on its own."""
             if hi - lo > 1 and any(isinstance(v, Held) for v in grads.values()):
-                return each_own(lo, hi, grads)
+                own = [lambda g, i=i: manipulated(i, i + 1, g) for i in range(lo, hi)]
+                return each_client(own, grads)
             if hi - lo == 1:  # a Held of one client: None, or its gradient
                 grads = {n: (None if bool(v.held[0]) else v.grad) if isinstance(v, Held) else v for n, v in grads.items()}
             names = [n for n, v in grads.items() if v is not None]
@@ -335,25 +336,6 @@ class FedGP(OverBase):
             sums[0, lo:hi] += applied
             sums[1, lo:hi] += cos
             return {**grads, **dict(zip(names, new))}
-
-        def each_own(lo: int, hi: int, grads: dict[str, Any]) -> dict[str, Any]:
-            """``manipulated`` client by client, reassembled (a held row keeps its gradient:
-            the optimizer puts that row back)."""
-            def row(v: Any, j: int) -> Any:
-                if isinstance(v, Held):
-                    return None if bool(v.held[j]) else v.grad[j : j + 1]
-                return None if v is None else v[j : j + 1]
-
-            parts = [manipulated(lo + j, lo + j + 1, {n: row(v, j) for n, v in grads.items()}) for j in range(hi - lo)]
-            out: dict[str, Any] = {}
-            for n, v in grads.items():
-                if v is None:
-                    out[n] = None
-                    continue
-                base_rows = v.grad if isinstance(v, Held) else v
-                rows = torch.cat([base_rows[j : j + 1] if q[n] is None else q[n] for j, q in enumerate(parts)])
-                out[n] = Held(rows, v.held) if isinstance(v, Held) else rows
-            return out
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
             loss, add, base_map = base(lo, hi, w) if base is not None else (None, None, None)

@@ -217,19 +217,31 @@ def projection_map(
 
 def each_client(maps: Sequence[GradMap | None], grads: StateDict) -> StateDict:
     """Client i's own gradient map ``maps[i]`` (None: unchanged) applied to its slice of the
-    stack ``grads`` ({name: [G, ...]}, G = len(maps)): GPM's projection against each client's
-    own memory. A parameter every client holds (its map's None) is None, one some hold a
-    ``base.Held``."""
+    stack ``grads`` ({name: [G, ...], None, or a ``base.Held``}, G = len(maps)): GPM's
+    projection against each client's own memory, FedGP's manipulation where its base holds a
+    parameter for some clients only. A client's slice leaves out (None) what is held for it;
+    a parameter every client holds afterwards is None, one some hold a ``Held`` (a held row
+    keeps its gradient: the optimizer puts that row back)."""
     if len(maps) == 1:  # a client alone, or one client of the stack: its map as it is
         return grads if maps[0] is None else maps[0](grads)
-    outs = [grads if m is None else m({n: g[i : i + 1] for n, g in grads.items()}) for i, m in enumerate(maps)]
+
+    def row(v: torch.Tensor | Held | None, i: int) -> torch.Tensor | None:
+        if isinstance(v, Held):
+            return None if bool(v.held[i]) else v.grad[i : i + 1]
+        return None if v is None else v[i : i + 1]
+
+    outs = []
+    for i, m in enumerate(maps):
+        rows = {n: row(v, i) for n, v in grads.items()}
+        outs.append(rows if m is None else m(rows))
     out: StateDict = {}
-    for n, g in grads.items():
-        parts = [o[n] if o is not grads else g[i : i + 1] for i, o in enumerate(outs)]
+    for n, v in grads.items():
+        parts = [o.get(n) for o in outs]
         held = [p is None for p in parts]
-        if all(held):
+        if v is None or all(held):
             out[n] = None
             continue
+        g = v.grad if isinstance(v, Held) else v
         grad = torch.cat([g[i : i + 1] if p is None else p for i, p in enumerate(parts)])
         out[n] = Held(grad, torch.tensor(held, device=g.device)) if any(held) else grad
     return out
