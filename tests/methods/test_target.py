@@ -608,7 +608,8 @@ def test_fedgp_over_target(make_run_config):
     [("target", {"meta": "maml"}, "meta='maml'"), ("target", {"ce": "new"}, "ce='new'"),
      ("target", {"syn_batch": 1}, "syn_batch=1"), ("target", {"bn_momentum": 1.0}, "bn_momentum=1.0"),
      ("lander", {"prompt": "no slot"}, "prompt='no slot'"), ("lander", {"r": -1}, "r=-1"),
-     ("lander", {"meta": "fomaml"}, "meta"), ("target", {"student_init": "xavier"}, "student_init='xavier'")],
+     ("lander", {"meta": "fomaml"}, "meta"), ("target", {"student_init": "xavier"}, "student_init='xavier'"),
+     ("target", {"replay_rule": "nominal"}, "replay_rule='nominal'"), ("lander", {"replay_rule": "code"}, "replay_rule")],
 )  # fmt: skip
 def test_bad_params_name_the_value(method, params, match):
     with pytest.raises(FedForgetError, match=match):
