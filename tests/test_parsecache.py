@@ -104,3 +104,4 @@ def test_cached_run_configs_and_code_digests_equal_their_definitions(tmp_path, m
     roots = code_roots(wf)
     assert ("fedforget.partition",) in roots and any(r[-1] == "fedforget.data.base" for r in roots)
     assert digests["code"] == {r: module_code(*r).digest for r in roots}
+    assert digests["code_bytes"] == {r: module_code(*r, form="bytes").digest for r in roots}

@@ -189,6 +189,36 @@ def test_results_recorded_before_the_canonical_code_digest_rerun_only_where_code
 
 
 @pytest.mark.long
+def test_data_partitions_tables_and_figures_made_before_the_canonical_digest_are_kept(workdir):
+    """Issue 34, 5, migration of the other rules (data preparation, partitions, tables,
+    figures): their jobs, run by the version whose code digests of those rules were of the
+    files' bytes (simulated: module_code with that form as its default, which is what the
+    rules' params then held and Snakemake recorded), are not redone by the upgrade, which
+    would otherwise prepare and partition again and retrain every run by mtime; a job whose
+    files changed since (here: a comment in the table code) runs once and then holds the
+    canonical digest, which a comment no longer changes; a change of behaviour still reruns."""
+    src = Path(os.environ["PYTHONPATH"]) / "fedforget"
+    prov = src / "provenance.py"
+    new = prov.read_text()
+    default = "def module_code(*roots: str, form: str = FORM)"
+    assert default in new
+    prov.write_text(new.replace(default, default.replace("= FORM)", "= BYTES)")))
+    snakemake(workdir)
+    prov.write_text(new)  # the upgrade
+    assert planned_jobs(workdir) == {}
+
+    comment(src / "aggregate.py")  # bytes changed since the tables were made: once, canonical
+    jobs = planned_jobs(workdir)
+    assert jobs.get("aggregate") == 1 and not {"train", "partition", "prepare_dataset"} & set(jobs)
+    snakemake(workdir)
+    comment(src / "aggregate.py")
+    assert planned_jobs(workdir) == {}
+    edit(src / "partition.py")
+    jobs = planned_jobs(workdir)
+    assert jobs.get("partition") == 1 and jobs.get("train") == 2
+
+
+@pytest.mark.long
 def test_a_truncated_partition_stops_the_workflow_before_any_job(workdir):
     """Issue 34, 4: a truncated assignment.npy passed a dry run and failed every training
     job on it with no fix; now the parse stops, naming the file and the fix, which works.

@@ -29,7 +29,7 @@ from .utils import atomic_write_bytes, canonical_json
 ROOT = Path(__file__).resolve().parent
 CACHE_DIR = Path(".snakemake") / "fedforget"
 KEEP = 8  # cached parses kept (one per config recently used in this directory)
-FORMAT = 3  # 3: digests["training_bytes"]
+FORMAT = 4  # 3: digests["training_bytes"]; 4: canonical digests["code"], digests["code_bytes"]
 
 
 def source_digest() -> str:
@@ -94,7 +94,7 @@ def _digests(wf: WorkflowConfig) -> dict[str, Any]:
     same in the ``bytes`` form by which runs recorded before the canonical form keep their
     identity (``training_bytes``: provenance.kept_digest), the module of each figure
     function, the code digests of the other rules (``code``, by module set:
-    :func:`code_roots`), and each run's resolved config as JSON and its hash (``runs``, by
+    :func:`code_roots`, and the same in the ``bytes`` form: ``code_bytes``), and each run's resolved config as JSON and its hash (``runs``, by
     run directory)."""
     from .figures import FIGURES
     from .provenance import BYTES, module_code, training_code
@@ -110,8 +110,11 @@ def _digests(wf: WorkflowConfig) -> dict[str, Any]:
         d = rc.to_dict()
         runs[str(rc.run_dir)] = {"config": canonical_json(d), "hash": run_hash(d)}
     figures = {f.name: FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures}
-    code = {roots: module_code(*roots).digest for roots in code_roots(wf)}
-    return {"training": training, "training_bytes": training_bytes, "figures": figures, "code": code, "runs": runs}
+    roots = code_roots(wf)
+    code = {r: module_code(*r).digest for r in roots}
+    code_bytes = {r: module_code(*r, form=BYTES).digest for r in roots}
+    return {"training": training, "training_bytes": training_bytes, "figures": figures, "code": code,
+            "code_bytes": code_bytes, "runs": runs}  # fmt: skip
 
 
 def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tuple[WorkflowConfig, dict[str, Any]]:

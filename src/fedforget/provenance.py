@@ -49,9 +49,12 @@ run its recorded digest as its rerun trigger, so Snakemake sees no change of par
 again for another reason under that digest), and ``fedforget stale`` compares it in its own
 form; upgrading reruns only the runs whose files have changed since, which then get the
 canonical digest. The digests of the other rules (data preparation, partitioning, tables,
-figures: :func:`module_code`) stay in the ``bytes`` form: changing them would prepare the
-data again, whose new files would retrain every run by their mtimes, unless those rules got
-a shim of their own (through Snakemake's metadata, as ``train_identity``'s).
+figures: :func:`module_code`) are canonical too, with the same migration: a job that
+Snakemake last ran under the ``bytes``-form digest of files that are still byte-identical
+keeps that digest as its params value (workflow/rules/common.smk: ``kept_code``, which reads
+Snakemake's metadata, as there is no run.json), so the upgrade prepares no data again
+(whose new files would retrain every run by their mtimes); the first edit of such a file,
+of any kind, reruns its jobs once, in the canonical form.
 """
 
 from __future__ import annotations
@@ -293,11 +296,11 @@ def training_code(method: str, params: Mapping[str, Any] | None = None, form: st
     return _training_digest(tuple(method_modules(method, params)), form)
 
 
-def module_code(*roots: str) -> CodeDigest:
+def module_code(*roots: str, form: str = FORM) -> CodeDigest:
     """The digest of ``roots`` and everything they import (a dataset's source for its
-    preparation, the table and figure modules for those steps), in the ``bytes`` form (the
-    module docstring says why)."""
-    return digest_of(closure(roots), BYTES)
+    preparation, the table and figure modules for those steps), in ``form`` (``bytes`` for
+    the jobs Snakemake ran before the canonical form: the module docstring)."""
+    return digest_of(closure(roots), form)
 
 
 def clear_caches() -> None:

@@ -16,7 +16,7 @@ from fedforget.parsecache import parse_workflow, training_key
 from fedforget.partition import corrupt_partition
 from fedforget.pipeline import parse_only
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVE_NEEDS, CURVES, experiment_curves
-from fedforget.provenance import kept_digest, module_code
+from fedforget.provenance import BYTES, kept_digest, module_code
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
 # ----------------------------------------------------------------------------- config
@@ -134,22 +134,43 @@ class JobArgument:
         return self.text
 
 
-def code_digest(*roots):
-    """provenance.module_code(*roots).digest, from the parse (parsecache.code_roots) where
-    it was computed there."""
-    digest = DIGESTS["code"].get(roots)
-    return digest if digest is not None else module_code(*roots).digest
+def recorded_params(path):
+    """The params (their reprs) that Snakemake recorded when it last ran the job of output
+    ``path`` (its metadata, which its params trigger compares); [] if none."""
+    try:
+        from snakemake.io import IOFile
+
+        return [str(p) for p in workflow.persistence.params(IOFile(path)) or []]
+    except Exception:  # no metadata to read (at parse time, another Snakemake): none kept
+        return []
 
 
-def prepare_code(name):
+def kept_code(output, *roots):
+    """The digest of the code ``roots`` and what they import (provenance.module_code, from
+    the parse where it was computed there) as a params value of the job of ``output``, so
+    that a change of that code's behaviour reruns the job: the canonical digest, but a job
+    that Snakemake last ran under the ``bytes``-form digest of the same, still
+    byte-identical files keeps that digest (the migration: the provenance module's
+    docstring), so that upgrading prepares, partitions and draws nothing again."""
+    canonical, legacy = DIGESTS["code"].get(roots), DIGESTS["code_bytes"].get(roots)
+    if canonical is None or legacy is None:
+        canonical, legacy = module_code(*roots).digest, module_code(*roots, form=BYTES).digest
+    if os.path.exists(output) and any(legacy in p for p in recorded_params(output)):
+        return legacy
+    return canonical
+
+
+def prepare_code(name, output):
     """Digest of the code that prepares dataset ``name`` (its source module and the
-    prepared-format writer): a params value, so editing that code prepares it again."""
-    return code_digest(DATASETS.get(name).build.__module__, "fedforget.data.base")
+    prepared-format writer), as a params value of the job of ``output`` (kept_code), so
+    editing that code prepares it again."""
+    return kept_code(output, DATASETS.get(name).build.__module__, "fedforget.data.base")
 
 
 def prepare_params(w):
     name, opts = PREPARE[w.dataset]
-    return {"name": name, "options": canonical_json(opts), "code": prepare_code(name)}
+    code = prepare_code(name, f"{DATA}/{w.dataset}/meta.json")  # an output of rule prepare_dataset
+    return {"name": name, "options": canonical_json(opts), "code": code}
 
 
 def holdout_input(w):
@@ -159,7 +180,8 @@ def holdout_input(w):
 def holdout_params(w):
     """The private dataset, the slice's spec and the digest of the code that builds both."""
     private, spec = HOLDOUTS[w.public]
-    return {"of": private, "spec": canonical_json(spec), "code": prepare_code(PREPARE[private][0])}
+    code = prepare_code(PREPARE[private][0], f"{DATA}/public/{w.public}/meta.json")  # rule prepare_public's
+    return {"of": private, "spec": canonical_json(spec), "code": code}
 
 
 def partition_inputs(w):
@@ -173,16 +195,13 @@ def partition_params(w):
         "options": canonical_json(rc.dataset.options),
         "public": canonical_json(rc.dataset.public),
         "spec": canonical_json(rc.partition.to_dict()),
-        "code": PARTITION_CODE,
+        "code": kept_code(f"{RESULTS}/partitions/{w.pool}/{w.partition}/assignment.npy", "fedforget.partition"),
     }
 
 
 def train_inputs(w):
     rc = RUNS[run_key(w)]
     return data_inputs(rc.dataset) + [str(rc.partition_dir / "assignment.npy")]
-
-
-PARTITION_CODE = code_digest("fedforget.partition")
 
 
 def train_config(w):
@@ -236,15 +255,9 @@ def run_identity(rc, rec=None):
 
 def scheduled_code_digest(path):
     """The code digest in the identity that Snakemake recorded when it last ran the job of
-    output ``path`` (its metadata, which its params trigger compares), or None."""
-    try:
-        from snakemake.io import IOFile
-
-        params = workflow.persistence.params(IOFile(path)) or []
-    except Exception:  # no metadata to read (at parse time, another Snakemake): none kept
-        return None
-    for p in params:
-        m = re.search(r"\bcode ([0-9a-f]{16}) engine ", str(p))
+    output ``path``, or None."""
+    for p in recorded_params(path):
+        m = re.search(r"\bcode ([0-9a-f]{16}) engine ", p)
         if m:
             return m.group(1)
     return None
@@ -319,10 +332,19 @@ def experiment_paper(w):
     return {"link": canonical_json(exp.paper or {}), "results": WF.paper_results if exp.paper else ""}
 
 
-# digests of the table and figure code: a params value of those rules, so editing it redraws
-AGGREGATE_CODE = code_digest("fedforget.aggregate")
-PAPER_CODE = code_digest("fedforget.paper_tables")
-PLOT_CODE = code_digest("fedforget.plots")
+# digests of the table and figure code (kept_code), a params value of those rules, so that
+# editing that code redraws: each a function of the job's wildcards, given an output of its rule
+def summary_code(w):
+    return kept_code(f"{RESULTS}/{w.experiment}/summary/table.csv", "fedforget.aggregate")
+
+
+def paper_code(w):
+    return kept_code(f"{RESULTS}/{w.experiment}/summary/paper.csv", "fedforget.paper_tables")
+
+
+def plot_code(figure):
+    """The plot code's digest for the rule that draws learning curve ``figure`` (first)."""
+    return lambda w: kept_code(f"{RESULTS}/{w.experiment}/figures/{figure}.png", "fedforget.plots")
 
 
 FIGURES = [c for c in CURVES if c not in CURVE_NEEDS]  # the learning curves rule plot draws for every experiment
@@ -386,7 +408,8 @@ def experiment_figure(w):
     """The experiment-specific figure with this label (config: experiments[].figures)."""
     for f in WF.experiment(w.experiment).figures:
         if f.label == w.figure:
-            code = code_digest("fedforget.figures", DIGESTS["figures"][f.name])
+            out = f"{RESULTS}/{w.experiment}/figures/{w.figure}.png"  # rule figure's output
+            code = kept_code(out, "fedforget.figures", DIGESTS["figures"][f.name])
             return {"name": f.name, "options": canonical_json(f.options), "code": code}
     raise WorkflowError(f"experiment '{w.experiment}' has no figure labelled '{w.figure}'")
 

@@ -11,7 +11,7 @@ rule aggregate:
     params:
         runs=experiment_run_dirs,
         paper=experiment_paper,
-        code=AGGREGATE_CODE,
+        code=summary_code,
         out=subpath(output.table, parent=True),
     conda:
         "../envs/fedforget.yaml"
@@ -74,7 +74,7 @@ rule paper_table:
         experiment=PAPER_RE,
     params:
         paper=experiment_paper,
-        code=PAPER_CODE,
+        code=paper_code,
         summary=subpath(input.runs, parent=True),
     conda:
         "../envs/fedforget.yaml"
@@ -95,7 +95,7 @@ rule plot:
     params:
         summary=subpath(input[0], parent=True),
         out=f"{RESULTS}/{{experiment}}/figures",
-        code=PLOT_CODE,
+        code=plot_code(FIGURES[0]),
     conda:
         "../envs/fedforget.yaml"
     log:
@@ -144,7 +144,7 @@ for curve in CURVE_NEEDS:
         params:
             summary=subpath(input[0], parent=True),
             out=f"{RESULTS}/{{experiment}}/figures",
-            code=PLOT_CODE,
+            code=plot_code(curve),
             curve=curve,
         conda:
             "../envs/fedforget.yaml"
