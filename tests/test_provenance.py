@@ -68,6 +68,22 @@ def test_editing_a_method_changes_only_its_digests(source_copy):
     assert {m: provenance.training_code(m).digest for m in methods} == current
 
 
+def test_the_other_rules_digests_ignore_comments_too(source_copy):
+    """Issue 34, 5: the digests of preparation, partitioning, tables and figures
+    (module_code) are canonical as well; their bytes form sees every edit."""
+    roots = [("fedforget.partition",), ("fedforget.aggregate",), ("fedforget.data.sources.table", "fedforget.data.base")]
+    before = {r: provenance.module_code(*r).digest for r in roots}
+    legacy = {r: provenance.module_code(*r, form=provenance.BYTES).digest for r in roots}
+    for name in ("partition.py", "aggregate.py", "data/base.py"):
+        edit(source_copy / name, "\nimport ", "\n# a comment\nimport ")
+    assert {r: provenance.module_code(*r).digest for r in roots} == before
+    assert all(provenance.module_code(*r, form=provenance.BYTES).digest != legacy[r] for r in roots)
+    edit(source_copy / "partition.py", "\nimport ", "\nEDITED = 1\nimport ")
+    after = {r: provenance.module_code(*r).digest for r in roots}
+    # the table code imports the partitioner (PartitionSpec), a dataset's source does not
+    assert [r for r in roots if after[r] != before[r]] == roots[:2]
+
+
 def test_comments_docstrings_and_layout_change_no_digest(source_copy):
     """Issue 34, 5: the digest is of each file's canonical form (provenance: ast-v1), so
     an edit of comments, docstrings or layout reruns nothing; one token of behaviour reruns
