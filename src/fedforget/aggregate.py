@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from .continual import METRICS as CONTINUAL_METRICS
 from .continual import (
+    CONTINUAL_OUTPUTS,
     TASK_COLUMNS,
     accuracy_matrix,
     accuracy_matrix_rows,
@@ -38,6 +38,7 @@ from .continual import (
     initial_accuracy,
     scenario_shape,
 )
+from .continual import METRICS as CONTINUAL_METRICS
 from .evaluation import COLLAPSE_SHARE, TOP_SHARE
 from .methods import METHODS
 from .paper_tables import PAPER_METRICS as PAPER_COLUMNS
@@ -46,10 +47,6 @@ from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
 
 FAILED = "failed"
 GROUP = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]  # a table row
-# the summary files of an experiment with continual runs only (rule aggregate_continual's)
-CONTINUAL_OUTPUTS = (
-    "tasks.parquet", "accuracy_matrix.csv", "continual.csv", "continual.md", "continual.html",
-)  # fmt: skip
 
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any], pd.DataFrame | None]:

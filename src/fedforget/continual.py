@@ -32,6 +32,11 @@ from .utils import FedForgetError
 TASK_COLUMNS = ("round", "current_task", "task", "accuracy", "loss")  # tasks.csv
 MATRIX_COLUMNS = ("after_task", "task", "accuracy")  # accuracy_matrix.csv
 METRICS = ("acc", "fgt", "ft", "bwt", "fwt")  # continual_metrics' keys
+# the summary files of an experiment with continual runs only (rule aggregate_continual's,
+# written by fedforget.aggregate; here so that the workflow's parse imports no torch)
+CONTINUAL_OUTPUTS = (
+    "tasks.parquet", "accuracy_matrix.csv", "continual.csv", "continual.md", "continual.html",
+)  # fmt: skip
 
 
 def scenario_shape(

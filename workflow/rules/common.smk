@@ -7,9 +7,8 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from fedforget.aggregate import CONTINUAL_OUTPUTS
 from fedforget.config import typed_overrides
-from fedforget.continual import scenario_shape
+from fedforget.continual import CONTINUAL_OUTPUTS, scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
 from fedforget.parsecache import parse_workflow, training_key

@@ -23,7 +23,7 @@ rule aggregate:
 
 
 # the same command for experiments with continual runs, which also writes the continual
-# summary (fedforget.aggregate.CONTINUAL_OUTPUTS) and its tables for the report
+# summary (fedforget.continual.CONTINUAL_OUTPUTS) and its tables for the report
 use rule aggregate as aggregate_continual with:
     output:
         **aggregate_outputs(),
