@@ -72,6 +72,8 @@ def test_key_follows_the_config_and_the_files_it_names(tmp_path, monkeypatch):
     assert parse_key(raw) != k
     changed = {**raw, "results_dir": "elsewhere"}
     assert parse_key(changed) != parse_key(raw)
+    # `only` selects targets: the parse of the whole file serves every part of it
+    assert parse_key({**raw, "only": "default/fedavg"}) == parse_key(raw)
 
 
 def test_bad_config_is_never_cached(tmp_path):

@@ -54,7 +54,11 @@ def _strings(obj: Any) -> Iterable[str]:
 
 def parse_key(raw: Mapping[str, Any]) -> str:
     """The cache key: the config, the package source, the contents of every file the config
-    names (a string that is an existing file's path), Python's version and the format."""
+    names (a string that is an existing file's path), Python's version and the format. The
+    config's ``only`` is left out: it selects targets and changes nothing a parse computes
+    (pipeline.parse_only checks it at every start), so a dry run of part of a file reuses
+    the parse of the whole."""
+    raw = {k: v for k, v in raw.items() if k != "only"}
     h = hashlib.sha256()
     h.update(f"{FORMAT}\0{sys.version}\0{source_digest()}\0".encode())
     h.update(canonical_json(raw).encode())
