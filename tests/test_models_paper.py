@@ -33,6 +33,11 @@ def test_parameter_counts_as_the_papers_code_builds_them() -> None:
     assert n_params(build_model("vgg11", (3, 32, 32), 10)) == 9_750_922
     # FedGP's CNN: conv 260 + 5,020, FC 320*50+50 = 16,050, head 510
     assert n_params(build_model("cnn_fedgp", (1, 28, 28), 10)) == 21_840
+    # SL-ViT (FedSOL Table 3, its code's shape on 3x32x32, patch 8): SPT LayerNorm(960) 1,920
+    # + Linear(960, 192) 184,512; class token 192 + position embedding 17 x 192 = 3,264; per
+    # block LayerNorm 384 + temperature 1 + qkv 192 x 2,304 = 442,368 + out 768 x 192 + 192 =
+    # 147,648 + LayerNorm 384 + MLP 2 x 37,056 = 664,897, 9 blocks; LayerNorm 384 + head 1,930
+    assert n_params(build_model("slvit", (3, 32, 32), 10)) == 1_920 + 184_512 + 192 + 3_264 + 9 * 664_897 + 384 + 1_930
     # torchvision's ResNet-18 is 11,689,512 with its 1000-class fc (513,000) + our 10-class head
     assert n_params(build_model("resnet18_imagenet", (3, 32, 32), 10)) == 11_689_512 - 513_000 + 5_130
 
@@ -90,6 +95,73 @@ def test_model_checks_before_any_job() -> None:
         check_model("vit", (3, 32, 32), {**SMALL_VIT, "patch_size": 5})
 
 
+SMALL_SLVIT = {"dim": 32, "depth": 2, "heads": 2, "dim_head": 16, "mlp_dim": 32}
+
+
+def test_slvit_tokens_attention_and_shapes() -> None:
+    """SL-ViT's two parts by their equations (Lee, Lee and Song 2021; FedSOL's code): the
+    shifted patch tokens are patches of the image and of its four one-pixel shifts, in
+    (row, column, channel) order; locality self-attention is softmax(exp(T) q k^T) v with
+    the diagonal masked (no token attends to itself). Patch size min(side / 4, 16); one
+    channel repeated to three; checks before any job."""
+    torch.manual_seed(0)
+    model = build_model("slvit", (3, 32, 32), 10, SMALL_SLVIT)
+    assert model.body.tokens.patch_size == 8 and model.body.pos.shape == (1, 17, 32)
+    assert build_model("slvit", (3, 28, 28), 9, SMALL_SLVIT).body.tokens.patch_size == 7
+
+    spt = model.body.tokens
+    x = torch.randn(2, 3, 32, 32)
+    got = spt.norm.forward  # the tokens before their LayerNorm: capture them
+    seen = []
+    spt.norm.forward = lambda t: seen.append(t) or got(t)
+    spt(x)
+    spt.norm.forward = got
+    right = torch.zeros_like(x)
+    right[..., 1:] = x[..., :-1]  # shifted right by one pixel, zero-filled
+    up = torch.zeros_like(x)
+    up[..., :-1, :] = x[..., 1:, :]  # shifted up by one pixel
+    # token 1 is the patch at row 0, column 1 (rows 0-7, columns 8-15): 8 x 8 pixels of 15
+    # channels, the image's 3, then the shifts right, left, down, up
+    tok = seen[0][:, 1].reshape(2, 8, 8, 15)
+    assert torch.allclose(tok[..., 0:3], x[:, :, 0:8, 8:16].permute(0, 2, 3, 1))
+    assert torch.allclose(tok[..., 3:6], right[:, :, 0:8, 8:16].permute(0, 2, 3, 1))
+    assert torch.allclose(tok[..., 12:15], up[:, :, 0:8, 8:16].permute(0, 2, 3, 1))
+
+    lsa = model.body.blocks[0][1]
+    t = torch.randn(2, 5, 32)
+    q, k, v = lsa.qkv(t).chunk(3, -1)
+    split = lambda a: a.reshape(2, 5, 2, 16).transpose(1, 2)  # noqa: E731
+    scores = split(q) @ split(k).transpose(-1, -2) * lsa.temperature.exp()
+    scores = scores - torch.diag(torch.full((5,), float("inf")))
+    ref = lsa.out((scores.softmax(-1) @ split(v)).transpose(1, 2).reshape(2, 5, 32))
+    assert torch.allclose(lsa(t), ref, atol=1e-6)
+    assert torch.isclose(lsa.temperature.exp(), torch.tensor(16**-0.5))
+
+    gray = build_model("slvit", (1, 28, 28), 10, SMALL_SLVIT)
+    g = torch.randn(2, 1, 28, 28)
+    assert torch.equal(gray(g), gray(g.expand(-1, 3, -1, -1)))
+    assert why_not_vectorized(METHODS.get("fedavg"), model, "sgd") is None  # batched through vmap
+    with pytest.raises(FedForgetError, match="slvit' needs square images whose side the patch size 7 divides"):
+        check_model("slvit", (3, 30, 30), {})
+    with pytest.raises(FedForgetError, match="integers >= 1"):
+        check_model("slvit", (3, 32, 32), {"depth": 0})
+
+
+def test_vgg11_upsamples_28x28_inputs_as_the_fedsol_code() -> None:
+    """PathMNIST's 28x28 images reach FedSOL's VGG-11 upsampled to 32 by nearest neighbour
+    (the code's forward: ``F.upsample(x, size=32)``): ``input_size: 32``."""
+    torch.manual_seed(0)
+    model = build_model("vgg11", (3, 28, 28), 9, {"input_size": 32})
+    x = torch.randn(2, 3, 28, 28)
+    near = x[..., (torch.arange(32) * 28) // 32, :][..., (torch.arange(32) * 28) // 32]
+    assert torch.equal(model.body[0](x), near)
+    assert torch.equal(model(x), model.head(model.body[1:](near)))
+    with pytest.raises(FedForgetError, match=r"input_size: 32"):
+        check_model("vgg11", (3, 28, 28), {})
+    with pytest.raises(FedForgetError, match=r"input_size=-1"):
+        check_model("vgg11", (3, 28, 28), {"input_size": -1})
+
+
 def test_vit_resizes_inputs_and_returns_the_class_token_features() -> None:
     torch.manual_seed(0)
     model = build_model("vit", (3, 16, 16), 5, SMALL_VIT)
@@ -112,7 +184,7 @@ def blobs_root(tmp_path_factory):
 
 
 MODELS = [("vgg11", IMAGES, {}), ("resnet18_imagenet", IMAGES, {}), ("vit", IMAGES, SMALL_VIT),
-          ("cnn_fedgp", MNIST_LIKE, {})]  # fmt: skip
+          ("slvit", IMAGES, SMALL_SLVIT), ("cnn_fedgp", MNIST_LIKE, {})]  # fmt: skip
 USERS = [("fedsol", {"perturb": "head"}), ("moon", {}), ("fedproj", {"memory_batch_size": 8})]
 
 
@@ -130,3 +202,24 @@ def test_head_and_feature_methods_run_on_each_model(
     status, rows, msg = sim.run(progress=False)
     assert status == "completed", msg
     assert 0 <= rows[-1]["global_model_test_acc"] <= 100
+
+
+def test_slvit_trains_batched_as_sequentially(make_run_config, run_engines, assert_same_metrics, blobs_root) -> None:
+    """SL-ViT (FedSOL Table 3) in the batched engine (vmap over the model) equals the
+    sequential trainer within 1e-5: uneven clients, momentum, 2 rounds."""
+    rc = make_run_config(dataset="blobs", options=IMAGES, model="slvit", model_options=SMALL_SLVIT, rounds=2,
+                         batch_size=16, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu",
+                         partition=PartitionSpec("dirichlet", clients=3, alpha=0.5, min_size=4, seed=0))  # fmt: skip
+    out = run_engines(replace(rc, data_dir=str(blobs_root)))
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+
+
+@pytest.mark.parametrize("method", ["fedprox", "feddyn", "fedcurv", "scaffold"])
+def test_step_terms_over_a_scalar_parameter(make_run_config, run_engines, assert_same_metrics, blobs_root, method) -> None:
+    """The per-step terms sum each client's stacked parameters, SL-ViT's 0-d attention
+    temperature included ([G] stacked: FedProx failed on it), alike in both trainers."""
+    rc = make_run_config(dataset="blobs", options=IMAGES, model="slvit", model_options=SMALL_SLVIT, rounds=2,
+                         batch_size=16, device="cpu", method=method,
+                         partition=PartitionSpec("iid", clients=2, seed=0))  # fmt: skip
+    out = run_engines(replace(rc, data_dir=str(blobs_root)))
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])

@@ -605,3 +605,15 @@ def log_smoke(record: dict) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def test_smoke_caps_the_compute_of_the_landscape_figure():
+    """fedsol_landscape's Hessian power iteration over its rows (FedSOL Fig. 7) is a figure
+    job's minutes at full scale: at smoke scale its rows, iterations and grid are capped
+    (smoke.FIGURE_BUDGETS), an option smaller than the cap kept, other options untouched."""
+    raw = load_yaml(Path(__file__).resolve().parents[1] / "config" / "experiments" / "paper" / "fedsol_fig7.yaml")
+    (fig,) = smoke_config({**raw, "scale": "smoke"})["experiments"][0]["figures"]
+    assert fig["options"] == {"seed": 0, "rows": 64, "iters": 5, "top": 5, "points": 5}
+    raw["experiments"][0]["figures"][0]["options"] = {"rows": 10}
+    (fig,) = smoke_config({**raw, "scale": "smoke"})["experiments"][0]["figures"]
+    assert fig["options"]["rows"] == 10 and fig["options"]["iters"] == 5

@@ -311,17 +311,21 @@ def cnn_fedgp(input_shape: Sequence[int], num_classes: int, dropout: bool = True
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
-@register("vgg11", rank=3, fc_dim=512)
-def vgg11(input_shape: Sequence[int], num_classes: int, fc_dim: int = 512) -> Classifier:
+@register("vgg11", rank=3, fc_dim=512, input_size=0)
+def vgg11(input_shape: Sequence[int], num_classes: int, fc_dim: int = 512, input_size: int = 0) -> Classifier:
     """VGG-11 as the FedSOL code builds it [C] (train_tools/models/vgg.py): the VGG-11
     convolutions (3x3, padding 1, ReLU, no BatchNorm; 64-M-128-M-256-256-M-512-512-M-512-
     512-M), flattened, FC(->fc_dim)-ReLU-FC(fc_dim->fc_dim)-ReLU, then the linear head; no
     dropout (the code's default); convolutions initialised N(0, 2/(9 x out channels)) with
     zero bias, linear layers PyTorch's default. 9,750,922 parameters on 3x32x32 with 10
-    classes. [D] Inputs need sides of at least 32 (five 2x2 max-pools); the code's
-    upsampling of 28x28 inputs is not copied: resize such data instead."""
+    classes. Inputs need sides of at least 32 (five 2x2 max-pools): ``input_size`` > 0
+    first resizes them to that side by nearest neighbour, as the code's forward does for
+    28x28 inputs (``F.upsample(x, size=32)``, PathMNIST in FedSOL Table 3) [C]."""
     c, h, w = input_shape
     layers: list[nn.Module] = []
+    if input_size:
+        layers.append(Resize(int(input_size), mode="nearest"))
+        h = w = int(input_size)
     for v in VGG11:
         if v == "M":
             layers.append(nn.MaxPool2d(2))
@@ -354,15 +358,19 @@ def torchvision_weights(weights: Any) -> dict[str, torch.Tensor]:
 
 
 class Resize(nn.Module):
-    """Inputs resized (bilinear) to the size a pretrained backbone was trained at [D]."""
+    """Inputs resized to a square side: bilinear (the size a pretrained backbone was
+    trained at [D]) or ``nearest`` (a code's upsampling, vgg11)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, mode: str = "bilinear") -> None:
         super().__init__()
         self.size = int(size)
+        self.mode = mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-2:] == (self.size, self.size):
             return x
+        if self.mode == "nearest":
+            return F.interpolate(x, size=(self.size, self.size), mode="nearest")
         return F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
 
 
@@ -456,6 +464,100 @@ def vit(
         if pretrained:
             net.load_state_dict(torchvision_weights(ViT_B_16_Weights.IMAGENET1K_V1))
     return Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
+
+
+class ShiftedPatchTokens(nn.Module):
+    """Shifted patch tokenization (SPT, Lee, Lee and Song 2021, "Vision Transformer for
+    Small-Size Datasets"), as the FedSOL code writes it [C]: the image and its four copies
+    shifted by one pixel (right, left, down, up; zero-filled, cropped to the image) stacked
+    on the channels, cut into p x p patches flattened in (row, column, channel) order, then
+    LayerNorm and a linear map to ``dim``."""
+
+    def __init__(self, channels: int, patch_size: int, dim: int) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        patch_dim = patch_size * patch_size * 5 * channels
+        self.norm = nn.LayerNorm(patch_dim)
+        self.proj = nn.Linear(patch_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shifts = ((1, -1, 0, 0), (-1, 1, 0, 0), (0, 0, 1, -1), (0, 0, -1, 1))
+        x = torch.cat([x, *(F.pad(x, s) for s in shifts)], dim=1)
+        b, c, h, w = x.shape
+        p = self.patch_size
+        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // p) * (w // p), p * p * c)
+        return self.proj(self.norm(x))
+
+
+class LocalitySelfAttention(nn.Module):
+    """Locality self-attention (LSA, the same paper) [C]: multi-head attention whose softmax
+    temperature is learned (initialised at dim_head^-1/2, kept as its log) and whose
+    diagonal is masked, so no token attends to itself."""
+
+    def __init__(self, dim: int, heads: int, dim_head: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.temperature = nn.Parameter(torch.log(torch.tensor(dim_head**-0.5)))
+        self.qkv = nn.Linear(dim, 3 * heads * dim_head, bias=False)
+        self.out = nn.Linear(heads * dim_head, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, N, d]
+        dots = (q @ k.transpose(-1, -2)) * self.temperature.exp()
+        eye = torch.eye(n, dtype=torch.bool, device=x.device)
+        attn = dots.masked_fill(eye, -torch.finfo(dots.dtype).max).softmax(-1)
+        return self.out((attn @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+class SLViTBody(nn.Module):
+    """SL-ViT up to its head's LayerNorm [C]: SPT tokens, a learned class token and position
+    embedding (both N(0, 1) at initialisation), ``depth`` pre-norm blocks (LSA, then a GELU
+    MLP, each with a residual), the class token's final representation LayerNorm-ed (the
+    code's ``mlp_head`` is LayerNorm then Linear: the Linear is our head). One-channel
+    images are repeated to three channels, as the code does."""
+
+    def __init__(self, image_size: int, patch_size: int, dim: int, depth: int, heads: int, dim_head: int, mlp_dim: int) -> None:
+        super().__init__()
+        self.tokens = ShiftedPatchTokens(3, patch_size, dim)
+        self.pos = nn.Parameter(torch.randn(1, (image_size // patch_size) ** 2 + 1, dim))
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.blocks = nn.ModuleList(
+            nn.ModuleList([
+                nn.LayerNorm(dim), LocalitySelfAttention(dim, heads, dim_head),
+                nn.LayerNorm(dim), nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim)),
+            ])  # fmt: skip
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        t = self.tokens(x)
+        t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], dim=1) + self.pos
+        for norm1, attn, norm2, mlp in self.blocks:
+            t = attn(norm1(t)) + t
+            t = mlp(norm2(t)) + t
+        return self.norm(t[:, 0])
+
+
+@register("slvit", rank=3, patch_size=0, dim=192, depth=9, heads=12, dim_head=64, mlp_dim=192)
+def slvit(
+    input_shape: Sequence[int], num_classes: int, patch_size: int = 0, dim: int = 192, depth: int = 9,
+    heads: int = 12, dim_head: int = 64, mlp_dim: int = 192,
+) -> Classifier:
+    """SL-ViT, the small-dataset ViT of FedSOL Table 3 [P: fedsol.md Sec. 4.3, "SL-ViT"; C:
+    Lee-Gihun/FedSOL train_tools/models/small_vit.py and utils.py ``create_models``]:
+    shifted patch tokenization and locality self-attention (``SLViTBody``), class-token
+    pooling, no dropout; the code's shape: dim 192, depth 9, 12 heads of 64, MLP 192, patch
+    size min(side / 4, 16) (``patch_size`` 0: 8 on 32x32, 7 on 28x28). Linear and LayerNorm
+    layers keep PyTorch's default initialisation, as in the code. 6,176,275 parameters
+    (3 x 32 x 32, 10 classes). Square images whose side the patch size divides."""
+    side = int(input_shape[1])
+    p = int(patch_size) or min(side // 4, 16)
+    body = SLViTBody(side, p, int(dim), int(depth), int(heads), int(dim_head), int(mlp_dim))
+    return Classifier(body, int(dim), num_classes)
 
 
 def _pop(state: dict[str, torch.Tensor], *names: str) -> torch.Tensor:
@@ -759,10 +861,27 @@ def check_model(
             raise FedForgetError(
                 f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}"
             )
-    if name == "vgg11" and (input_shape[1] < 32 or input_shape[2] < 32):
-        raise FedForgetError(
-            f"{key}.name='vgg11' needs images of at least 32x32 (five 2x2 max-pools), got {list(input_shape)}; resize the data"
-        )
+    if name == "vgg11":
+        size = options.get("input_size", 0)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise FedForgetError(f"{key}.options.input_size={size!r}; allowed: an integer >= 32, or 0 (no resize)")
+        if (size and size < 32) or (not size and (input_shape[1] < 32 or input_shape[2] < 32)):
+            raise FedForgetError(
+                f"{key}.name='vgg11' needs images of at least 32x32 (five 2x2 max-pools), got "
+                f"{[input_shape[0], size, size] if size else list(input_shape)}; set options.input_size: 32 "
+                "(nearest-neighbour upsampling, as the FedSOL code does for 28x28 inputs)"
+            )
+    if name == "slvit":
+        o = {**MODEL_DEFAULTS[name], **options}
+        ints = {k: v for k, v in o.items() if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "patch_size" else 1)}
+        if ints:
+            raise FedForgetError(f"{key}.options: {ints}; allowed: integers >= 1 (patch_size: >= 0, 0 = min(side / 4, 16))")
+        side = input_shape[1]
+        p = o["patch_size"] or min(side // 4, 16)
+        if input_shape[1] != input_shape[2] or p < 1 or side % p:
+            raise FedForgetError(
+                f"{key}.name='slvit' needs square images whose side the patch size {p} divides, got {list(input_shape)}"
+            )
     if name == "cnn_fedgp" and (input_shape[1] < 16 or input_shape[2] < 16):
         raise FedForgetError(f"{key}.name='cnn_fedgp' needs images of at least 16x16, got {list(input_shape)}")
     if MODEL_DEFAULTS[name].get("pretrained") is not None and options.get("pretrained") and input_shape[0] not in ((1, 3) if name == "vit" else (3,)):

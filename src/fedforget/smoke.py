@@ -35,7 +35,8 @@ What changes, per experiment:
   round each, and hold at least ``smoke.rows`` samples, so that each reaches a client's next
   task); ``sample_rate`` raised so that at least 2 clients of ``smoke.clients``
   train per round (at least 1 anyway: ``engine.sample_clients``); ``save_client_models``
-  and figure ``rounds`` options kept within the rounds;
+  and figure ``rounds`` options kept within the rounds; figures' compute budgets
+  (:data:`FIGURE_BUDGETS`: fedsol_landscape's rows, iterations and grid) at most the smoke value;
 - partitions: ``clients`` at most ``smoke.clients``, Dirichlet ``min_size`` at most 2
   (a few hundred rows cannot give every client 10 with small alpha) and ``min_per_class`` 0
   (a smoke pool, or one task's share of it, may hold a single row of a class); partitions that become
@@ -115,6 +116,9 @@ BUDGETS: dict[str, int] = {
     "proj_warmup_rounds": 1,
     "proj_cooldown_rounds": 0,
 }
+# the compute budgets of experiment figures (their options), at most these at smoke scale:
+# fedsol_landscape's Hessian power iteration and loss grid
+FIGURE_BUDGETS: dict[str, dict[str, int]] = {"fedsol_landscape": {"rows": 64, "iters": 5, "top": 5, "points": 5}}
 # float budgets: FOT's Gaussian sketch has sketch_factor x d_l columns per layer (5 x 4608
 # for ResNet-18's last convolutions: minutes of float64 eigendecomposition per task end)
 FLOAT_BUDGETS: dict[str, float] = {"sketch_factor": 0.1}
@@ -182,6 +186,10 @@ def _experiment(ex: dict[str, Any], s: dict[str, Any]) -> None:
         r = opts.get("rounds")
         if isinstance(r, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in r):
             opts["rounds"] = [v for v in r if v <= rounds] or [rounds]
+        for k, cap in FIGURE_BUDGETS.get(f.get("name"), {}).items():
+            v = opts.get(k)
+            opts[k] = cap if not isinstance(v, int) or isinstance(v, bool) else min(v, cap)
+        f["options"] = opts
 
 
 def _rounds(ex: dict[str, Any], s: dict[str, Any]) -> tuple[int, int | None]:

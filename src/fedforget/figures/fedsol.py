@@ -1,4 +1,4 @@
-"""FedSOL figures (paper Figs. 2, 4a, 5, 6), drawn from an experiment's runs.
+"""FedSOL figures (paper Figs. 2, 4a, 5, 6, 7), drawn from an experiment's runs.
 
 - ``fedsol_vs_rho`` (Fig. 2, Fig. 4a): a per-run statistic of metrics columns (mean over
   rounds, or the final round) against FedSOL's rho, one line per variant (``group``: the
@@ -11,6 +11,10 @@
 - ``fedsol_classwise`` (Fig. 6b): class-wise test accuracy of the global model per round, one
   heatmap (class x round, mean over seeds) per method and setting (engine diagnostic
   ``classwise_accuracy``), plus a .csv of the final-round class accuracies.
+- ``fedsol_landscape`` (Fig. 7): each method's final global model (model.pt): the training
+  loss over the plane of its Hessian's top-2 eigenvectors, titled with lambda_1 and
+  lambda_1 / lambda_5 (``fedforget.landscape``), plus a .csv of the top eigenvalues and one
+  of the loss grids.
 The per-round figures have one row of panels per dataset x setting, one line per method and
 a ±1 std band over seeds.
 """
@@ -191,3 +195,102 @@ def fedsol_classwise(inp: FigureInput, out: Path, methods: list[str] | None = No
     plt.close(fig)
     pd.DataFrame(finals).to_csv(out.with_suffix(".csv"), index=False)
     return [out, out.with_suffix(".csv")]
+
+
+def _landscape_rows(rc, rows: int, seed: int):
+    """(x, y, input shape, classes): ``rows`` rows of the run's training pool (the rows a
+    public holdout takes left out) drawn without replacement by a keyed generator, as the
+    model sees them before augmentation."""
+    import torch
+
+    from ..data import load_dataset, load_public
+    from ..inputs import InputPipeline
+    from ..utils import torch_seed
+
+    data = load_dataset(rc.dataset.id, rc.data_dir)
+    public = load_public(rc.dataset.public, rc.dataset.id, rc.data_dir, False)
+    pool = np.arange(len(data.y_train))
+    if public is not None and public.excluded_train_rows is not None:
+        pool = np.setdiff1d(pool, np.asarray(public.excluded_train_rows))
+    gen = torch.Generator().manual_seed(torch_seed(seed, LANDSCAPE_ROWS))
+    take = np.sort(pool[torch.randperm(len(pool), generator=gen)[: min(rows, len(pool))].numpy()])
+    x = InputPipeline.of(data.meta, None, rc.seed).convert(torch.as_tensor(np.asarray(data.x_train[take])))
+    y = torch.as_tensor(np.asarray(data.y_train[take]), dtype=torch.long)
+    return x, y, data.input_shape, data.num_classes
+
+
+LANDSCAPE_ROWS = 0xE2  # keyed randomness of the rows fedsol_landscape evaluates
+
+
+@FIGURES.register("fedsol_landscape")
+def fedsol_landscape(
+    inp: FigureInput, out: Path, methods: list[str] | None = None, seed: int = 0, setting: str | None = None,
+    rows: int = 500, top: int = 5, iters: int = 100, tol: float = 1e-3, radius: float = 1.0, points: int = 21,
+    batch: int = 500, device: str = "auto",
+) -> list[Path]:
+    """FedSOL Fig. 7 [P: fedsol.md Sec. 5, "Smoothness of Loss Landscape"]: per method, the
+    final global model's training loss L(w + a v_1 + b v_2) over the top-2 Hessian
+    eigenvectors, and lambda_1, lambda_1 / lambda_5 (``fedforget.landscape``) of the run of
+    ``seed`` (one dataset and ``setting``, default the first). [D] The loss is the mean
+    cross-entropy over ``rows`` rows of the training pool (keyed draw), unaugmented, the
+    model in eval mode; the figure does not say which data or range the paper used (500
+    rows: PyHessian's examples take the Hessian on one batch of a few hundred). The cost is
+    up to top x iters Hessian-vector products over the rows per method (each about three
+    backward passes): ``device`` auto computes on the GPU where there is one."""
+    import torch
+
+    from ..landscape import loss_grid, top_eigen
+    from ..models import build_model
+
+    if top < 2:
+        raise FedForgetError(f"figure 'fedsol_landscape': top={top}; allowed: an integer >= 2 (two directions)")
+    runs = inp.runs[(inp.runs["seed"] == seed) & (inp.runs["status"] == "completed")]
+    if setting is not None:
+        runs = runs[runs["setting"] == setting]
+    if runs.empty:
+        raise FedForgetError(f"figure 'fedsol_landscape': no completed run with seed {seed}" + (f" and setting '{setting}'" if setting else ""))
+    first = runs.iloc[0]
+    runs = runs[(runs["dataset"] == first["dataset"]) & (runs["setting"] == first["setting"])]
+    order = list(methods) if methods else list(dict.fromkeys(runs["method"]))
+    missing = [m for m in order if m not in set(runs["method"])]
+    if missing:
+        raise FedForgetError(f"figure 'fedsol_landscape': no run of method(s) {missing}; have {sorted(set(runs['method']))}")
+    results, grids = [], []
+    for method in order:
+        run_dir = Path(runs[runs["method"] == method].iloc[0]["run_dir"])
+        rc = run_config(run_dir)
+        if rc.dataset.scenario:
+            raise FedForgetError(f"figure 'fedsol_landscape': run {run_dir} is a task stream; the figure is of one-task runs")
+        x, y, shape, classes = _landscape_rows(rc, rows, seed)
+        model = build_model(rc.dataset.model, shape, classes, rc.dataset.model_options)
+        model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
+        dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+        model, x, y = model.to(dev).eval(), x.to(dev), y.to(dev)
+        values, vectors = top_eigen(model, x, y, top=top, iters=iters, tol=tol, seed=seed, batch=batch)
+        coords, grid = loss_grid(model, x, y, vectors, radius=radius, points=points, batch=batch)
+        results.append({"method": method, "seed": seed, "rows": len(y),
+                        **{f"lambda_{k + 1}": v for k, v in enumerate(values)},
+                        "lambda_1_over_lambda_top": values[0] / values[-1]})  # fmt: skip
+        grids.append((method, coords.numpy(), grid.cpu().numpy(), values))
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(grids), figsize=(4.0 * len(grids), 3.6), squeeze=False, constrained_layout=True)
+    lo = min(g.min() for _, _, g, _ in grids)
+    hi = max(g.max() for _, _, g, _ in grids)
+    levels = np.linspace(lo, hi, 21) if hi > lo else 21
+    for ax, (method, c, g, values) in zip(axes[0], grids):
+        cs = ax.contourf(c, c, g.T, levels=levels, cmap="viridis")  # rows of g: a (x axis)
+        ax.contour(c, c, g.T, levels=levels, colors="k", linewidths=0.3)
+        ax.set_title(f"{method}\nλ1 = {values[0]:.2f}, λ1/λ{top} = {values[0] / values[-1]:.2f}", fontsize=9)
+        ax.set_xlabel("top-1 eigenvector")
+        ax.set_ylabel("top-2 eigenvector")
+    fig.colorbar(cs, ax=axes, shrink=0.8, label="training loss")
+    fig.suptitle(f"Loss landscape of the global model (FedSOL Fig. 7): {first['dataset']}, "
+                 f"{setting_label(first['setting'])}, seed {seed}", fontsize=10)  # fmt: skip
+    out = Path(out)
+    _save(fig, out)
+    plt.close(fig)
+    pd.DataFrame(results).to_csv(out.with_suffix(".csv"), index=False)
+    surface = out.with_name(out.stem + "_grid.csv")
+    pd.DataFrame([{"method": m, "a": float(a), "b": float(b), "loss": float(g[i, j])}
+                  for m, c, g, _ in grids for i, a in enumerate(c) for j, b in enumerate(c)]).to_csv(surface, index=False)  # fmt: skip
+    return [out, out.with_suffix(".csv"), surface]

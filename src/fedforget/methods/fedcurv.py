@@ -70,6 +70,7 @@ from .base import (
 )
 from .params import integer, number
 from .registry import METHODS
+from .shared import client_sums
 
 FISHER_STREAM = 0x83  # keyed randomness of the Fisher samples
 SUMS = "fedcurv_sums"  # server.state and broadcast key: (U, V, C) over all clients, flat
@@ -172,7 +173,7 @@ class FedCurv(FedAvg):
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
             vals = [
-                (w[n] * w[n] * u[lo:hi] - 2 * w[n] * v[lo:hi] + c[lo:hi]).flatten(1).sum(1)
+                client_sums(w[n] * w[n] * u[lo:hi] - 2 * w[n] * v[lo:hi] + c[lo:hi])
                 for n, (u, v, c) in stacked.items()
             ]
             return lam * torch.stack(vals).sum(0), None, None

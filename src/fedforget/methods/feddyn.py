@@ -47,6 +47,7 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
+from .shared import client_sums
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -103,8 +104,8 @@ class FedDyn(FedAvg):
         g = split_stacked([ctx.state["grad"] for ctx in ctxs], ctxs[0].model)
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            sq = torch.stack([(w[n] - wg[n]).pow(2).flatten(1).sum(1) for n in g]).sum(0)
-            lin = torch.stack([(g[n][lo:hi] * w[n]).flatten(1).sum(1) for n in g]).sum(0)
+            sq = torch.stack([client_sums((w[n] - wg[n]).pow(2)) for n in g]).sum(0)
+            lin = torch.stack([client_sums(g[n][lo:hi] * w[n]) for n in g]).sum(0)
             return 0.5 * alpha * sq - lin, None, None
 
         return terms

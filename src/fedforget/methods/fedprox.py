@@ -29,6 +29,7 @@ import torch
 from .base import ClientContext, FedAvg, StepTerms, Upload
 from .params import number
 from .registry import METHODS
+from .shared import client_sums
 
 
 @METHODS.register("fedprox")
@@ -53,7 +54,7 @@ class FedProx(FedAvg):
         mu, wg = self.p.mu, ctxs[0].global_params  # one broadcast for every client
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            sq = torch.stack([(v - wg[n]).pow(2).flatten(1).sum(1) for n, v in w.items()]).sum(0)
+            sq = torch.stack([client_sums((v - wg[n]).pow(2)) for n, v in w.items()]).sum(0)
             return 0.5 * mu * sq, None, None
 
         return terms
