@@ -103,7 +103,8 @@ def checked(monkeypatch):
     def save(fig, path):
         found[str(path)] = overlaps(fig)
 
-    for module in ("fedforget.plots", "fedforget.figures.fedsol", "fedforget.figures.fedproj"):
+    for module in ("fedforget.plots", "fedforget.figures.fedsol", "fedforget.figures.fedproj", "fedforget.figures.sweep",
+                   "fedforget.figures.fedgp"):
         monkeypatch.setattr(f"{module}._save", save)
     return found
 
@@ -317,9 +318,11 @@ FIGURE_COLUMNS = {
     "fedsol_divergence": ["local_models_dist_to_global_mean", "local_models_pairwise_dist_mean"],
     "fedsol_knowledge": ["local_models_global_test_acc_mean"],
     "fedsol_classwise": [f"global_model_test_acc_class{c}" for c in range(10)],  # digits, CIFAR-10
+    "buffer_tasks": [f"fedgp_buffer_task{t}" for t in range(10)],  # FedGP Table 9's 10 tasks
 }
-NOT_DRAWN = {"decision_boundaries"}  # reads model snapshots and the dataset (tests/test_figures_fedproj.py)
-FIGURE_METHODS = ("fedsol", "fedproj")  # methods whose own columns ("<method>_<name>") experiment figures draw
+# these read model files and the dataset (tests/test_figures_fedproj.py, tests/test_figures_fedsol.py)
+NOT_DRAWN = {"decision_boundaries", "fedsol_landscape"}
+FIGURE_METHODS = ("fedsol", "fedproj", "fedgp")  # methods whose own columns ("<method>_<name>") experiment figures draw
 
 
 def experiment_figure_input(shape: Shape, columns: list[str], rng) -> tuple[FigureInput, dict]:
@@ -354,10 +357,11 @@ def test_no_text_overlaps_in_the_experiment_figures_of_the_shipped_configs(shipp
     """Rule figure's figures (``fedforget figure``) that the shipped configs list: each
     figure with each of its option sets once, on the experiment listing it with the widest
     panel titles, then the most methods (the legend)."""
-    from fedforget.figures import fedproj, fedsol
+    from fedforget.figures import fedproj, fedsol, sweep
 
     configs: dict = {}
     monkeypatch.setattr(fedproj, "run_config", lambda run_dir: configs[run_dir])
+    monkeypatch.setattr(sweep, "run_config", lambda run_dir: configs[run_dir])
     monkeypatch.setattr(fedsol, "_method_params", lambda run_dir: (configs[run_dir].method.name, configs[run_dir].method.params))
     listed: dict[str, tuple] = {}
     for shape in shipped:

@@ -49,6 +49,19 @@ class Classifier(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
 
+    def row_logits(self, x: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
+        """Training scores of rows of several tasks (replayed rows): with per-task heads each
+        row ``x[i]`` through its own task ``task[i]``'s head (the active head for a row of a
+        later task; earlier heads are frozen, so only the body learns from their rows), else
+        the logits (``task`` unused)."""
+        heads = getattr(self.head, "heads", None)
+        if heads is None or task is None:
+            return self(x)
+        z = self.body(x)
+        top = int(getattr(self.head, "active", len(heads) - 1))
+        outs = torch.stack([h(z) for h in heads[: top + 1]])  # [T', B, C]
+        return outs[task.clamp(max=top), torch.arange(len(x), device=x.device)]
+
     def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.body(x)
         return z, self.head(z)

@@ -41,7 +41,9 @@ the method declares its local training FedAvg's step (``stacked``; a method's ow
 ``client_end``, e.g. FedNova's or FedDF's, runs per client afterwards: ``own_upload``), with
 its change, if any, stated as per-step loss and gradient terms for the stacked clients
 (``step_terms``: ``FedAvg.client_step_terms``, their one definition: FedProx, FedDyn,
-SCAFFOLD, FedCurv), the model's buffers are BatchNorm's running statistics (kept per
+SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, FedGP; and,
+for a method that ``sees_step``, terms of the step's minibatch: A-GEM's memory batches, each
+client's from its own buffer, forwarded as one stack), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own forward passes inside
 ``vmap``; a step whose clients' batches differ in size runs client by client, since padding
 rows would enter the batch statistics) or none, its dropout, if any, is keyed
@@ -73,7 +75,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from .cudagraph import StepGraphs
 from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
-from .methods.base import Held, StepTerms, masked_logits
+from .methods.base import Held, StepBatch, StepTerms, masked_logits
 from .models import Classifier, TaskHeads
 
 
@@ -120,6 +122,13 @@ def why_not_vectorized(
             "the model has torch's dropout (its draws would differ from one client alone; "
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
+    if method_cls.trait("sees_step", params) and method_cls.trait("stacked", params):
+        # [D] replayed rows would need their own BatchNorm updates and dropout keys per client
+        if any(True for _ in model.buffers()) or keyed_modules(model):
+            return (
+                f"method '{method_cls.name}' replays rows through the model each step; the batched "
+                "path does so for models without BatchNorm and dropout"
+            )
     return method_not_vectorized(method_cls, optimizer_name, drop_last, params)
 
 
@@ -328,6 +337,7 @@ def train_clients_together(
     read_ahead: bool = False,
     epoch_rows: Callable[[int], int] | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    sees_step: bool = False,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -345,7 +355,8 @@ def train_clients_together(
     BatchNorm's running statistics are kept per client, stacked like the weights, and
     updated as each client's own forward passes update them alone; a step whose clients
     have batches of different sizes then runs client by client (padding rows would enter
-    the batch statistics).
+    the batch statistics). ``sees_step``: the terms take the step's minibatch
+    (``methods.base.StepBatch``; models without buffers and dropout: ``why_not_vectorized``).
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
@@ -457,14 +468,43 @@ def train_clients_together(
             ds = bs
         torch._foreach_add_(ps, ds, alpha=-lr)
 
-    def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor):
+    def stack_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+        """Logits [a, m, C] of the stack's weights ``w`` [a, ...] on its inputs [a, m, ...]
+        (StepBatch.forward; heads are shared here, so ``task`` scores nothing apart)."""
+        with autocast():
+            if use_stacked:
+                out = stacked_forward(model, w, x)
+            elif x.shape[0] == 1:
+                out = functional_call(model, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0)
+            else:
+                out = vmap(lambda p, xb: functional_call(model, p, (xb,)))(w, x)
+        return out.float()
+
+    def stack_grad(loss: torch.Tensor, w: dict) -> dict:
+        gs = torch.autograd.grad(loss, list(w.values()), allow_unused=True)
+        return {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
+
+    def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], net: nn.Module | None = None) -> StepBatch:
+        """The step's StepBatch (xb, yb [a, w, ...]); ``net``: a client's own replica
+        (``loop_client_``), whose forward the memory rows then take."""
+        if net is None:
+            return StepBatch(xb, yb, rows, stack_forward, stack_grad)
+
+        def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+            with autocast():
+                return functional_call(net, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0).float()
+
+        return StepBatch(xb, yb, rows, own_forward, stack_grad)
+
+    def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor, step: StepBatch | None = None):
         """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to
-        their gradients and losses ([hi - lo, ...] each), then its gradient map, if any."""
+        their gradients and losses ([hi - lo, ...] each), then its gradient map, if any;
+        ``step``: the step's minibatch, for terms that see it (``sees_step``)."""
         if terms is None:
             return grads, losses
         leaves = {n: v.detach().requires_grad_() for n, v in w.items()}
         with torch.enable_grad():
-            ext_loss, ext, gmap = terms(lo, hi, leaves)
+            ext_loss, ext, gmap = terms(lo, hi, leaves, step) if sees_step else terms(lo, hi, leaves)
         if ext_loss is not None:  # the loss term's gradient, by autograd as on a client alone
             d = dict(zip(leaves, torch.autograd.grad(ext_loss.sum(), list(leaves.values()), allow_unused=True)))
             grads = {n: g + d[n] if d.get(n) is not None else g for n, g in grads.items()}
@@ -507,7 +547,8 @@ def train_clients_together(
                 logits = net(xb)
             loss = F.cross_entropy(masked_logits(logits.float(), lm), yb).unsqueeze(0)
             grads = {n: g.unsqueeze(0) for n, g in zip(names, torch.autograd.grad(loss, w))}
-            grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach())
+            step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], net) if sees_step else None
+            grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach(), step)
             with torch.no_grad():
                 sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
             total += loss
@@ -579,7 +620,8 @@ def train_clients_together(
             p_act = {n: v[:active] for n, v in params.items()}
             step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0, 0))
             grads, losses = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm, keys[:active])
-        grads, losses = add_terms(0, active, p_act, grads, losses.detach())
+        step = step_batch(xb, yb, (idx >= 0).sum(1).tolist()) if sees_step else None
+        grads, losses = add_terms(0, active, p_act, grads, losses.detach(), step)
         loss_sum[:active] += losses
         with torch.no_grad():
             bs = None if bufs is None else [bufs[n][:active] for n in names]

@@ -26,9 +26,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
+from ..data import load_dataset, load_public
+from ..inputs import InputPipeline
+from ..landscape import loss_grid, top_eigen
+from ..models import build_model
 from ..plots import Y_MARGIN, _plt, _save, _wrap, axis_label, setting_label
-from ..utils import FedForgetError
+from ..utils import FedForgetError, torch_seed
 from . import FIGURES, FigureInput, run_config
 
 STATS = ("mean", "final")
@@ -201,12 +206,6 @@ def _landscape_rows(rc, rows: int, seed: int):
     """(x, y, input shape, classes): ``rows`` rows of the run's training pool (the rows a
     public holdout takes left out) drawn without replacement by a keyed generator, as the
     model sees them before augmentation."""
-    import torch
-
-    from ..data import load_dataset, load_public
-    from ..inputs import InputPipeline
-    from ..utils import torch_seed
-
     data = load_dataset(rc.dataset.id, rc.data_dir)
     public = load_public(rc.dataset.public, rc.dataset.id, rc.data_dir, False)
     pool = np.arange(len(data.y_train))
@@ -237,11 +236,6 @@ def fedsol_landscape(
     rows: PyHessian's examples take the Hessian on one batch of a few hundred). The cost is
     up to top x iters Hessian-vector products over the rows per method (each about three
     backward passes): ``device`` auto computes on the GPU where there is one."""
-    import torch
-
-    from ..landscape import loss_grid, top_eigen
-    from ..models import build_model
-
     if top < 2:
         raise FedForgetError(f"figure 'fedsol_landscape': top={top}; allowed: an integer >= 2 (two directions)")
     runs = inp.runs[(inp.runs["seed"] == seed) & (inp.runs["status"] == "completed")]

@@ -33,6 +33,16 @@ filling this follows, stores ``not_aug_inputs`` and replays them unaugmented
 (``buffer.get_data(minibatch_size, device=...)``, no transform)]. The memory forward runs in the
 model's training mode (BatchNorm statistics see it), as in mammoth.
 
+Both trainers run this one step (``client_step_terms``, which ``sees_step``): the memory
+batch, g_ref (in the model's own forward for a client alone, per-task heads routed per row;
+one stacked forward of every client's memory batch in the stacked trainer, each client's
+mean over its own rows), the projection as the map of the step's gradient, the offers. The
+stacked trainer runs it on models without BatchNorm and dropout [D]: replayed rows would
+need each client's own running statistics and dropout keys. A client alone computes what
+this file computed before the step was written as terms, bit for bit (checked on split
+digits: class-IL and task-IL, shared and per-task heads, MLP and cnn2d, and FedGP over
+A-GEM).
+
 Hyperparameters [P/C, fedgp.md Sec. 5.1.1]: ``buffer_size`` = 200 (0: no memory, FedAvg
 exactly); ``memory_batch_size`` = 32 (A-GEM's and FedGP's batch size).
 
@@ -43,11 +53,13 @@ round), means over the round's clients.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
+from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, masked_logits
 from .params import integer
 from .registry import METHODS
 from .replay import Replay
@@ -59,8 +71,9 @@ MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
 @METHODS.register("agem")
 class AGEM(FedAvg):
     name = "agem"
-    stacked = False
     own_upload = True
+    step_terms = True
+    sees_step = True  # the memory batch and the buffer's offers: the step's own rows
 
     @dataclass(frozen=True)
     class Params:
@@ -73,50 +86,78 @@ class AGEM(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
+        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
+            return  # set up once (the buffer's offer budget is taken once per round)
+        s.begun = True
         self.replay.begin(ctx, s)
-        s.n_proj = torch.zeros((), device=self.info.device)
-        s.cos_sum = torch.zeros((), device=self.info.device)
-        s.n_mem = 0
+        s.stack = None
 
-    def reference_loss(self, ctx: ClientContext) -> torch.Tensor | None:
-        """CE on one random buffer batch (None while the buffer is empty)."""
-        mem = self.replay.sample(ctx, self.scratch(ctx), self.p.memory_batch_size)
-        if mem is None:
-            return None
-        logits = self.replay.logits(ctx.model, mem["x"], mem["task"])
-        return torch.nn.functional.cross_entropy(
-            masked_logits(logits, self.replay.mask(mem["task"])), mem["y"]
-        )
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+        """The step, for each client of the stack: its memory batch drawn from its buffer,
+        g_ref = the gradient of the batch's cross-entropy (``reference``), the step's
+        gradient projected against it (the map; no memory: unchanged), then the step's rows
+        offered to the buffer. Per client: steps projected, the sum of cos(g, g_ref), steps
+        with a memory batch (``s.stack``)."""
+        dev = self.info.device
+        sums = torch.zeros(3, len(ctxs), device=dev)
+        for i, c in enumerate(ctxs):
+            self.scratch(c).stack = (sums, i)
 
-    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = super().client_step(ctx, x, y)  # g in p.grad
-        self.scratch(ctx).batch = (x, y)  # offered after the projection (client_grad)
-        return loss
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
+            mems = [self.replay.sample(c, self.scratch(c), self.p.memory_batch_size) for c in ctxs[lo:hi]]
+            g_ref = self.reference(w, step, mems) if any(m is not None for m in mems) else None
+            for j, c in enumerate(ctxs[lo:hi]):  # after the draws: the step's rows enter the buffer
+                n = step.rows[j]
+                self.replay.offer(c, self.scratch(c), step.x[j, :n], step.y[j, :n])
+            if g_ref is None:
+                return None, None, None
+            has = torch.tensor([m is not None for m in mems], device=dev)
 
-    def client_grad(self, ctx: ClientContext) -> None:
-        s = self.scratch(ctx)
-        loss_ref = self.reference_loss(ctx)
-        if loss_ref is not None:
-            params = [p for p in ctx.model.parameters() if p.grad is not None]
-            g_ref = torch.autograd.grad(loss_ref, params, allow_unused=True)
-            g_ref = [torch.zeros_like(p) if g is None else g for p, g in zip(params, g_ref)]
-            g = [p.grad for p in params]
-            with torch.no_grad():
-                # A-GEM's update: eps = 0, no norm guard (a conflict implies g_ref != 0)
-                g_new, projected, cos = project(g, g_ref, eps=0.0, norm_guard=0.0)
-                torch._foreach_copy_(g, g_new)
-                s.n_proj += projected
-                s.cos_sum += cos
-            s.n_mem += 1
-        x, y = s.batch
-        s.batch = None
-        self.replay.offer(ctx, s, x, y)
+            def gmap(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                names = [n for n, v in grads.items() if v is not None]
+                g, r = [grads[n] for n in names], [g_ref[n] for n in names]
+                if hi - lo == 1:  # a client alone: its own flat vectors
+                    new, projected, cos = project([a[0] for a in g], [b[0] for b in r], eps=0.0, norm_guard=0.0)
+                    new = [a.unsqueeze(0) for a in new]
+                else:  # A-GEM's update: eps = 0, no norm guard (a conflict implies g_ref != 0)
+                    new, projected, cos = project(g, r, eps=0.0, norm_guard=0.0, stacked=True)
+                sums[0, lo:hi] += projected
+                sums[1, lo:hi] += torch.where(has, cos, torch.zeros_like(cos))
+                sums[2, lo:hi] += has
+                return {**grads, **dict(zip(names, new))}
+
+            return None, None, gmap
+
+        return terms
+
+    def reference(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list) -> dict[str, torch.Tensor]:
+        """g_ref of each client of the stack: the gradient of the cross-entropy on its memory
+        batch (each row scored with its own task's classes where the scenario masks them), in
+        its weights; zeros for a client without one."""
+        if len(mems) == 1:  # a client alone: the batch's mean, as it always was
+            m = mems[0]
+            logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
+            loss = F.cross_entropy(masked_logits(logits, self.replay.mask(m["task"])), m["y"])
+            return step.grad(loss, w)
+        real = [m for m in mems if m is not None]
+        width = max(len(m["y"]) for m in real)
+        x = real[0]["x"].new_zeros((len(mems), width, *real[0]["x"].shape[1:]))
+        y = torch.zeros((len(mems), width), dtype=torch.long, device=x.device)
+        task = torch.zeros_like(y)
+        mask = torch.zeros((len(mems), width), device=x.device)
+        for j, m in enumerate(mems):
+            if m is not None:
+                n = len(m["y"])
+                x[j, :n], y[j, :n], task[j, :n], mask[j, :n] = m["x"], m["y"], m["task"], 1.0
+        logits = masked_logits(step.forward(w, x, task), self.replay.mask(task))
+        per = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask) * mask
+        return step.grad((per.sum(1) / mask.sum(1).clamp_min(1.0)).sum(), w)
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        s = self.scratch(ctx)
-        ctx.stats["proj_share"] = s.n_proj.item() / max(ctx.steps, 1)
-        if s.n_mem:
-            ctx.stats["cos_before"] = s.cos_sum.item() / s.n_mem
+        sums, i = self.scratch(ctx).stack
+        ctx.stats["proj_share"] = sums[0, i].item() / max(ctx.steps, 1)
+        if sums[2, i] > 0:
+            ctx.stats["cos_before"] = sums[1, i].item() / sums[2, i].item()
         ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
         return up

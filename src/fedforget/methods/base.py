@@ -97,12 +97,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
 
 Params = dict[str, torch.Tensor]
-# terms(lo, hi, stacked weights) -> (extra loss per client or None, gradient additions by
-# name or None, the step's gradient map or None): FedAvg.client_step_terms. A map's None for
-# a name: the optimizer skips that parameter this step, for every client of the stack; a
-# ``Held``: for the clients it marks
+# terms(lo, hi, stacked weights[, the step's minibatch: StepBatch, for a method that
+# ``sees_step``]) -> (extra loss per client or None, gradient additions by name or None, the
+# step's gradient map or None): FedAvg.client_step_terms. A map's None for a name: the
+# optimizer skips that parameter this step, for every client of the stack; a ``Held``: for
+# the clients it marks
 GradMap = Callable[[Params], Params]
-StepTerms = Callable[[int, int, Params], tuple[torch.Tensor | None, Params | None, GradMap | None]]
+StepTerms = Callable[..., tuple[torch.Tensor | None, Params | None, GradMap | None]]
 
 
 class Held(NamedTuple):
@@ -112,6 +113,25 @@ class Held(NamedTuple):
 
     grad: torch.Tensor
     held: torch.Tensor
+
+class StepBatch(NamedTuple):
+    """The step's minibatch, for the step terms of a method that ``sees_step`` (A-GEM's
+    replay: its memory batches, its buffer's offers), for the clients lo..hi-1 of the stack
+    (a client alone: a stack of one). ``x`` [G, w, ...] the inputs as the model saw them
+    (augmented where the dataset is), ``y`` [G, w], ``rows`` each client's real rows (a
+    prefix of its w; padding follows). ``forward(w, x, task)``: logits [G, m, C] of the
+    stack's weights ``w`` (the terms' own argument) on inputs [G, m, ...], each row scored
+    by its own task's head where heads are per task (``task`` [G, m]; the model's training
+    mode: BatchNorm statistics see the rows); ``grad(loss, w)``: the gradient {name: [G,
+    ...]} of a loss (the sum of the clients' own, each a function of its weights alone)
+    in the weights ``w``, zeros for a parameter outside its graph."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    rows: list[int]
+    forward: Callable[[Params, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    grad: Callable[[torch.Tensor, Params], Params]
+
 
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
 # beside the upload, a client pass (``reply(exchange, ctx)``) then a server step
@@ -290,6 +310,12 @@ def flatten_state(params: Params) -> torch.Tensor:
     )
 
 
+def client_sums(t: torch.Tensor) -> torch.Tensor:
+    """[G]: each client's sum of a stacked tensor [G, ...] (a per-step term's per-client
+    value; a scalar parameter's stack is [G]: SL-ViT's attention temperature)."""
+    return t.reshape(t.shape[0], -1).sum(1)
+
+
 def split_stacked(flats: Sequence[torch.Tensor], model: nn.Module) -> Params:
     """One flat vector per client over ``model``'s trainable parameters, in their order
     (SCAFFOLD's c_i, FedDyn's gradient) -> {name: [G, *shape]}, laid out like the batched
@@ -364,6 +390,7 @@ class FedAvg:
     stacked: bool = True  # local training is FedAvg's SGD step plus ``client_step_terms``: the
     #   stacked trainer may run it (False: a hook changes the step itself; sequential only)
     step_terms: bool = False  # the method states per-step terms in ``client_step_terms``
+    sees_step: bool = False  # its terms read the step's minibatch (a fourth argument: StepBatch)
     own_upload: bool = False  # ``client_end`` differs from FedAvg's: run per client after a stacked pass
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
 
@@ -490,10 +517,29 @@ class FedAvg:
         if step is not None:
             w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
             sc = self.scratch(ctx)
-            loss, sc.step_grads, sc.step_map = step(0, 1, w)
+            args = (self._step_alone(ctx, x, y),) if self.sees_step else ()
+            loss, sc.step_grads, sc.step_map = step(0, 1, w, *args)
+            sc.step_done = True
             if loss is not None:
                 terms[STEP_TERMS] = loss[0]
         return terms
+
+    def _step_alone(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> StepBatch:
+        """The StepBatch of a client training alone: its model's own forward (per-task heads
+        routed per row: ``Classifier.row_logits``) and the gradient in its parameters,
+        which the stack-of-one weights of ``client_loss`` are views of."""
+        model = ctx.model
+        live = dict(model.named_parameters())
+
+        def forward(w: Params, xm: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+            return model.row_logits(xm[0], None if task is None else task[0]).unsqueeze(0)
+
+        def grad(loss: torch.Tensor, w: Params) -> Params:
+            ps = [live[n] for n in w]
+            gs = torch.autograd.grad(loss, ps, allow_unused=True)
+            return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for n, p, g in zip(w, ps, gs)}
+
+        return StepBatch(x.unsqueeze(0), y.unsqueeze(0), [len(y)], forward, grad)
 
     def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
         """This client's ``client_step_terms`` (built once per client and round)."""
@@ -528,10 +574,11 @@ class FedAvg:
         sc = self.scratch(ctx)
         named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
         grads, gmap = getattr(sc, "step_grads", None), getattr(sc, "step_map", None)
-        if grads is None and gmap is None:  # no client_loss call this step (a step of the method's own)
-            with torch.no_grad():
+        if not getattr(sc, "step_done", False) and not self.sees_step:  # no client_loss call
+            with torch.no_grad():  # this step (a step of the method's own): its terms now
                 _, grads, gmap = terms(0, 1, {n: p.unsqueeze(0) for n, p in named})
         sc.step_grads = sc.step_map = None
+        sc.step_done = False
         for n, p in named:
             if grads and n in grads:
                 if p.grad is None:  # a parameter outside this step's loss graph

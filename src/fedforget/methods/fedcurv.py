@@ -66,11 +66,11 @@ from .base import (
     ServerContext,
     StepTerms,
     Upload,
+    client_sums,
     masked_logits,
 )
 from .params import integer, number
 from .registry import METHODS
-from .shared import client_sums
 
 FISHER_STREAM = 0x83  # keyed randomness of the Fisher samples
 SUMS = "fedcurv_sums"  # server.state and broadcast key: (U, V, C) over all clients, flat

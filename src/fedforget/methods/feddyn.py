@@ -42,12 +42,12 @@ from .base import (
     ServerContext,
     StepTerms,
     Upload,
+    client_sums,
     split_stacked,
     weighted_average,
 )
 from .params import choice, number
 from .registry import METHODS
-from .shared import client_sums
 
 WEIGHTINGS = ("uniform", "samples")
 

@@ -68,7 +68,9 @@ clients train one after another.
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
 ``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
 steps with a g_ref, before manipulation), ``buffer_size`` (rows in the client's buffer after
-the round), means over the round's clients; ``ref_norm`` (||g_ref|| computed at the end of
+the round) and, in task streams, ``buffer_task<t>`` (its rows of task t: the per-task
+composition of Fig. 4, which compares the buffer policies), means over the round's clients;
+``ref_norm`` (||g_ref|| computed at the end of
 the round, for the next) and ``ref_clients`` (clients that contributed to it).
 """
 
@@ -186,6 +188,7 @@ class FedGP(OverBase):
 
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
         super().__init__(params, info)
+        self.sees_step = self.base.sees_step  # the base's terms read the step's minibatch (A-GEM)
         base_replay = getattr(self.base, "replay", None)
         self.own_buffer = not isinstance(base_replay, Replay)
         if self.own_buffer:
@@ -337,8 +340,9 @@ class FedGP(OverBase):
             sums[1, lo:hi] += cos
             return {**grads, **dict(zip(names, new))}
 
-        def terms(lo: int, hi: int, w: dict[str, torch.Tensor]):
-            loss, add, base_map = base(lo, hi, w) if base is not None else (None, None, None)
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor], *step: Any):
+            # step: the step's minibatch, for a base whose terms see it (A-GEM: sees_step)
+            loss, add, base_map = base(lo, hi, w, *step) if base is not None else (None, None, None)
 
             def gmap(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 return manipulated(lo, hi, grads if base_map is None else base_map(grads))
@@ -361,6 +365,8 @@ class FedGP(OverBase):
             ctx.stats["cos_before"] = s.cos_sum.item() / s.n_ref
         if self.own_buffer:
             ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
+        for t, n in enumerate(self.replay.task_counts(ctx.state)):
+            ctx.stats[f"buffer_task{t}"] = float(n)
         return up
 
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:

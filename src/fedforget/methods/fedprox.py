@@ -26,10 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, StepTerms, Upload
+from .base import ClientContext, FedAvg, StepTerms, Upload, client_sums
 from .params import number
 from .registry import METHODS
-from .shared import client_sums
 
 
 @METHODS.register("fedprox")

@@ -239,15 +239,20 @@ class Replay:
         return self.buffer.sample(ctx.state, m, s.sample_gen)
 
     def logits(self, model: torch.nn.Module, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        """Scores of replayed rows: the model's logits (with per-task heads, each row's own
-        task's head; earlier heads are frozen, so only the body learns from them)."""
-        heads = getattr(getattr(model, "head", None), "heads", None)
-        if heads is None:
-            return model(x)
-        z = model.features(x)
-        top = int(getattr(model.head, "active", len(heads) - 1))
-        outs = torch.stack([h(z) for h in heads[: top + 1]])  # [T', B, C]
-        return outs[task.clamp(max=top), torch.arange(len(x), device=x.device)]
+        """Scores of replayed rows (``Classifier.row_logits``: with per-task heads, each
+        row's own task's head; earlier heads are frozen, so only the body learns from them)."""
+        return model.row_logits(x, task)
+
+    def task_counts(self, state: dict[str, Any]) -> list[int]:
+        """The buffer's rows of each task of the stream (FedGP Fig. 4); [] without tasks."""
+        sc = self.info.scenario
+        tasks = int(getattr(sc, "tasks", 1)) if sc is not None else 1
+        if tasks <= 1:
+            return []
+        rows = self.buffer.rows(state).get("task")
+        if rows is None:
+            return [0] * tasks
+        return torch.bincount(rows.reshape(-1).long().cpu(), minlength=tasks)[:tasks].tolist()
 
     def mask(self, task: torch.Tensor) -> torch.Tensor | None:
         """Task-IL masks of replayed rows (their tasks' classes), None where nothing is masked."""

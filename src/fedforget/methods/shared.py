@@ -90,12 +90,6 @@ def flat_dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], stacked: bool
     return sum((x * y).reshape(len(x), -1).sum(1) for x, y in zip(a, b))
 
 
-def client_sums(t: torch.Tensor) -> torch.Tensor:
-    """[G]: each client's sum of a stacked tensor [G, ...] (a scalar parameter's stack is
-    [G]: SL-ViT's attention temperature)."""
-    return t.reshape(t.shape[0], -1).sum(1)
-
-
 def per_client(c: torch.Tensor, like: torch.Tensor, stacked: bool) -> torch.Tensor:
     """A per-client factor ``c`` ([G], or 0-d) shaped to scale ``like`` ([G, ...], or one
     client's tensor)."""
