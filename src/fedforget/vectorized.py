@@ -42,8 +42,8 @@ the method declares its local training FedAvg's step (``stacked``; a method's ow
 its change, if any, stated as per-step loss and gradient terms for the stacked clients
 (``step_terms``: ``FedAvg.client_step_terms``, their one definition: FedProx, FedDyn,
 SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, FedGP; and,
-for a method that ``sees_step``, terms of the step's minibatch: A-GEM's memory batches, each
-client's from its own buffer, forwarded as one stack), the model's buffers are BatchNorm's running statistics (kept per
+for a method that ``sees_step``, terms of the step's minibatch: A-GEM's and DER's memory
+batches, each client's from its own buffer, forwarded as one stack), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own forward passes inside
 ``vmap``; a step whose clients' batches differ in size runs client by client, since padding
 rows would enter the batch statistics) or none, its dropout, if any, is keyed
@@ -420,9 +420,9 @@ def train_clients_together(
             out = functional_call(model, {**p, **st}, (xb,))
         logits = masked_logits(out.float(), lm)
         per = F.cross_entropy(logits, yb, reduction="none") * mask
-        return per.sum() / mask.sum()
+        return per.sum() / mask.sum(), out.detach()
 
-    one_fn = grad_and_value(client_loss)
+    one_fn = grad_and_value(client_loss, has_aux=True)  # the aux: the step's logits (StepBatch)
 
     def stacked_step(p_act, xb, yb, mask, lm):
         """(gradients, losses) of every client in the stack: the same values as ``step_fn``."""
@@ -435,7 +435,7 @@ def train_clients_together(
         per = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(mask.shape)
         losses = (per * mask).sum(1) / mask.sum(1)  # each client's mean over its real rows
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-        return dict(zip(leaves, grads)), losses.detach()
+        return dict(zip(leaves, grads)), losses.detach(), out.detach()
 
     def sgd_(ps: list, ds: list, bs: list | None) -> None:
         """torch.optim.SGD's update in place: d = g + wd*p; buf = mom*buf + d; p -= lr*buf;
@@ -484,17 +484,18 @@ def train_clients_together(
         gs = torch.autograd.grad(loss, list(w.values()), allow_unused=True)
         return {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
 
-    def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], net: nn.Module | None = None) -> StepBatch:
-        """The step's StepBatch (xb, yb [a, w, ...]); ``net``: a client's own replica
-        (``loop_client_``), whose forward the memory rows then take."""
+    def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], logits: torch.Tensor,
+                   net: nn.Module | None = None) -> StepBatch:  # fmt: skip
+        """The step's StepBatch (xb, yb [a, w, ...], the step's logits [a, w, C]); ``net``: a
+        client's own replica (``loop_client_``), whose forward the memory rows then take."""
         if net is None:
-            return StepBatch(xb, yb, rows, stack_forward, stack_grad)
+            return StepBatch(xb, yb, rows, logits, stack_forward, stack_grad)
 
         def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
             with autocast():
                 return functional_call(net, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0).float()
 
-        return StepBatch(xb, yb, rows, own_forward, stack_grad)
+        return StepBatch(xb, yb, rows, logits, own_forward, stack_grad)
 
     def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor, step: StepBatch | None = None):
         """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to
@@ -547,7 +548,7 @@ def train_clients_together(
                 logits = net(xb)
             loss = F.cross_entropy(masked_logits(logits.float(), lm), yb).unsqueeze(0)
             grads = {n: g.unsqueeze(0) for n, g in zip(names, torch.autograd.grad(loss, w))}
-            step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], net) if sees_step else None
+            step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], logits.detach().unsqueeze(0), net) if sees_step else None
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach(), step)
             with torch.no_grad():
                 sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
@@ -607,20 +608,20 @@ def train_clients_together(
         mask = (idx >= 0).to(xb.dtype)
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
-            grads, losses = stacked_step(p_act, xb, yb, mask, lm)
+            grads, losses, logits = stacked_step(p_act, xb, yb, mask, lm)
         elif active == 1:  # one client left (a large client's tail): no vmap overhead
             p_act = {n: v[0] for n, v in params.items()}
-            g1, l1 = one_fn(
+            g1, (l1, z1) = one_fn(
                 p_act, {n: v[0] for n, v in stats.items()}, xb[0], yb[0], mask[0], None if lm is None else lm[0], keys[0]
             )
             grads = {n: g.unsqueeze(0) for n, g in g1.items()}
-            losses = l1.unsqueeze(0)
+            losses, logits = l1.unsqueeze(0), z1.unsqueeze(0)
             p_act = {n: v[:1] for n, v in params.items()}
         else:
             p_act = {n: v[:active] for n, v in params.items()}
             step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0, 0))
-            grads, losses = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm, keys[:active])
-        step = step_batch(xb, yb, (idx >= 0).sum(1).tolist()) if sees_step else None
+            grads, (losses, logits) = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm, keys[:active])
+        step = step_batch(xb, yb, (idx >= 0).sum(1).tolist(), logits) if sees_step else None
         grads, losses = add_terms(0, active, p_act, grads, losses.detach(), step)
         loss_sum[:active] += losses
         with torch.no_grad():

@@ -17,10 +17,9 @@ from fedforget.methods.replay import Reservoir, sample_generator
 from fedforget.methods.shared import project
 from fedforget.models import Classifier
 from fedforget.parse import parse_config
-from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, run
+from .conftest import CPU, close_buffers, replay_stream_cfg, run
 
 INFO = RunInfo(CPU, num_classes=3, seed=0, num_clients=2, train=TrainSpec())
 
@@ -147,9 +146,6 @@ def test_defaults():
     assert check_params("agem", {}) == {"buffer_size": 200, "memory_batch_size": 32}
 
 
-SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 3, "rounds_per_task": 2, "leftover_classes": "drop"}
-
-
 @pytest.mark.parametrize(
     "model,opts,incremental,params",
     [("mlp", {}, "class", {"buffer_size": 30}),  # batched steps (stacked_forward)
@@ -163,29 +159,17 @@ def test_agem_trains_stacked_as_sequential(make_run_config, run_engines, assert_
     the projection as the gradient map, then the step's rows offered): the stacked trainer
     within 1e-5 of the sequential one, metrics and buffers, on a split digits stream whose
     buffers fill and project; clients of unequal sizes, some with an empty buffer early."""
-    rc = make_run_config(dataset="digits", model=model, model_options=opts, method="agem", params=params,
-                         scenario={**SPLIT, "incremental": incremental}, rounds=6, local_epochs=2, batch_size=32,
-                         sample_rate=0.75, device="cpu", optimizer={"lr": 0.05, "momentum": 0.9},
-                         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
-                         eval_local_models=False)  # fmt: skip
-    out = run_engines(rc)
+    out = run_engines(replay_stream_cfg(make_run_config, "agem", params, model, opts, incremental))
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     assert any(r.get("agem_proj_share", 0) > 0 for r in rows_s)
-    for cid, st in seq.fed.clients.items():
-        buf, other = st["replay"], vec.fed.clients[cid]["replay"]
-        assert buf.keys() == other.keys()
-        for k, v in buf.items():
-            assert torch.allclose(v.float(), other[k].float(), atol=1e-5) if isinstance(v, torch.Tensor) else v == other[k], (cid, k)
+    close_buffers(seq, vec)
 
 
 def test_fedgp_over_agem_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics):
     """FedGP over A-GEM stacks with its base: the base's terms get the step (its memory
     batch, offers), FedGP's manipulation follows as the map."""
-    rc = make_run_config(dataset="digits", model="mlp", method="fedgp", params={"base": "agem", "base_params": {"buffer_size": 30}},
-                         scenario={**SPLIT, "incremental": "class"}, rounds=6, batch_size=32, sample_rate=0.75,
-                         device="cpu", partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
-                         eval_local_models=False)  # fmt: skip
+    rc = replay_stream_cfg(make_run_config, "fedgp", {"base": "agem", "base_params": {"buffer_size": 30}})
     out = run_engines(rc)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
     assert out["vectorized"][0].engine_info["client_engine"] == "vectorized"

@@ -301,15 +301,19 @@ def test_fedgp_trains_stacked_as_sequential(public_run_cfg, run_engines, assert_
 
 def test_fedgp_on_conv_steps_of_a_task_stream_stacked(make_run_config, run_engines, assert_same_metrics):
     """Split digits, cnn2d on a CPU (wide steps client by client, their tails batched): the
-    stacked trainer's metrics within 1e-5 of the sequential one's; over a base that keeps
-    its own step (DER) FedGP stays sequential, naming the base."""
+    stacked trainer's metrics within 1e-5 of the sequential one's, over FedAvg and over DER
+    (whose replay terms see the step); over a base that keeps its own step (FedNTD) FedGP
+    stays sequential, naming the base."""
     rc = fedgp_cfg(make_run_config, {"buffer_size": 30}, local_epochs=2, sample_rate=0.75)
     out = run_engines(rc)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
-    der = fedgp_cfg(make_run_config, {"base": "der", "base_params": {"buffer_size": 30}})
-    sim = Simulation(replace(der, train=replace(der.train, client_engine="auto")), device=CPU)
+    der = fedgp_cfg(make_run_config, {"base": "der", "base_params": {"buffer_size": 30}}, sample_rate=0.75)
+    out = run_engines(der)
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+    ntd = fedgp_cfg(make_run_config, {"base": "fedntd"})
+    sim = Simulation(replace(ntd, train=replace(ntd.train, client_engine="auto")), device=CPU)
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "over 'der'" in sim.engine_info["client_engine_reason"]
+    assert "over 'fedntd'" in sim.engine_info["client_engine_reason"]
 
 
 def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, assert_same_metrics, monkeypatch):

@@ -61,6 +61,27 @@ class FigureInput:
         return cls(experiment, d, pd.read_csv(runs_csv), pd.read_parquet(metrics_pq))
 
 
+    def runs_of_one_setting(
+        self, figure: str, seed: int, setting: str | None, methods: list[str] | None
+    ) -> tuple[pd.DataFrame, list[str]]:
+        """(the completed runs of ``seed`` on one dataset and ``setting`` (default: the first
+        run's), the methods to draw in order: ``methods`` or every one of them): for a
+        figure of one run per method. One error naming the figure where a run is missing."""
+        runs = self.runs[(self.runs["seed"] == seed) & (self.runs["status"] == "completed")]
+        if setting is not None:
+            runs = runs[runs["setting"] == setting]
+        if runs.empty:
+            raise FedForgetError(
+                f"figure '{figure}': no completed run with seed {seed}" + (f" and setting '{setting}'" if setting else "")
+            )
+        first = runs.iloc[0]
+        runs = runs[(runs["dataset"] == first["dataset"]) & (runs["setting"] == first["setting"])]
+        order = list(methods) if methods else list(dict.fromkeys(runs["method"]))
+        missing = [m for m in order if m not in set(runs["method"])]
+        if missing:
+            raise FedForgetError(f"figure '{figure}': no run of method(s) {missing}; have {sorted(set(runs['method']))}")
+        return runs, order
+
     def require_columns(self, figure: str, columns: list[str], hint: str = "") -> None:
         """One error naming the figure, the metrics columns that no run measured and
         (``hint``) what produces them. A column that is NaN in every row counts as missing:

@@ -89,17 +89,8 @@ def decision_boundaries(
     setting: str | None = None,
     resolution: int = 150,
 ) -> list[Path]:
-    runs = inp.runs[(inp.runs["seed"] == seed) & (inp.runs["status"] == "completed")]
-    if setting is not None:
-        runs = runs[runs["setting"] == setting]
-    if runs.empty:
-        raise FedForgetError(f"figure 'decision_boundaries': no completed run with seed {seed}" + (f" and setting '{setting}'" if setting else ""))
+    runs, order = inp.runs_of_one_setting("decision_boundaries", seed, setting, methods)
     first = runs.iloc[0]
-    runs = runs[(runs["dataset"] == first["dataset"]) & (runs["setting"] == first["setting"])]
-    order = list(methods) if methods else list(dict.fromkeys(runs["method"]))
-    missing = [m for m in order if m not in set(runs["method"])]
-    if missing:
-        raise FedForgetError(f"figure 'decision_boundaries': no run of method(s) {missing}; have {sorted(set(runs['method']))}")
     rounds = [int(r) for r in rounds]
     rc, x, y, owner = _run_context(Path(runs[runs["method"] == order[0]].iloc[0]["run_dir"]))
     num_classes = int(y.max()) + 1

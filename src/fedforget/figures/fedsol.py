@@ -238,17 +238,8 @@ def fedsol_landscape(
     backward passes): ``device`` auto computes on the GPU where there is one."""
     if top < 2:
         raise FedForgetError(f"figure 'fedsol_landscape': top={top}; allowed: an integer >= 2 (two directions)")
-    runs = inp.runs[(inp.runs["seed"] == seed) & (inp.runs["status"] == "completed")]
-    if setting is not None:
-        runs = runs[runs["setting"] == setting]
-    if runs.empty:
-        raise FedForgetError(f"figure 'fedsol_landscape': no completed run with seed {seed}" + (f" and setting '{setting}'" if setting else ""))
+    runs, order = inp.runs_of_one_setting("fedsol_landscape", seed, setting, methods)
     first = runs.iloc[0]
-    runs = runs[(runs["dataset"] == first["dataset"]) & (runs["setting"] == first["setting"])]
-    order = list(methods) if methods else list(dict.fromkeys(runs["method"]))
-    missing = [m for m in order if m not in set(runs["method"])]
-    if missing:
-        raise FedForgetError(f"figure 'fedsol_landscape': no run of method(s) {missing}; have {sorted(set(runs['method']))}")
     results, grids = [], []
     for method in order:
         run_dir = Path(runs[runs["method"] == method].iloc[0]["run_dir"])

@@ -119,7 +119,8 @@ class StepBatch(NamedTuple):
     replay: its memory batches, its buffer's offers), for the clients lo..hi-1 of the stack
     (a client alone: a stack of one). ``x`` [G, w, ...] the inputs as the model saw them
     (augmented where the dataset is), ``y`` [G, w], ``rows`` each client's real rows (a
-    prefix of its w; padding follows). ``forward(w, x, task)``: logits [G, m, C] of the
+    prefix of its w; padding follows), ``logits`` [G, w, C] the step's training forward on
+    them, detached (DER keeps them). ``forward(w, x, task)``: logits [G, m, C] of the
     stack's weights ``w`` (the terms' own argument) on inputs [G, m, ...], each row scored
     by its own task's head where heads are per task (``task`` [G, m]; the model's training
     mode: BatchNorm statistics see the rows); ``grad(loss, w)``: the gradient {name: [G,
@@ -129,6 +130,7 @@ class StepBatch(NamedTuple):
     x: torch.Tensor
     y: torch.Tensor
     rows: list[int]
+    logits: torch.Tensor
     forward: Callable[[Params, torch.Tensor, torch.Tensor | None], torch.Tensor]
     grad: Callable[[torch.Tensor, Params], Params]
 
@@ -517,14 +519,14 @@ class FedAvg:
         if step is not None:
             w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
             sc = self.scratch(ctx)
-            args = (self._step_alone(ctx, x, y),) if self.sees_step else ()
+            args = (self._step_alone(ctx, x, y, logits),) if self.sees_step else ()
             loss, sc.step_grads, sc.step_map = step(0, 1, w, *args)
             sc.step_done = True
             if loss is not None:
                 terms[STEP_TERMS] = loss[0]
         return terms
 
-    def _step_alone(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> StepBatch:
+    def _step_alone(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> StepBatch:
         """The StepBatch of a client training alone: its model's own forward (per-task heads
         routed per row: ``Classifier.row_logits``) and the gradient in its parameters,
         which the stack-of-one weights of ``client_loss`` are views of."""
@@ -539,7 +541,7 @@ class FedAvg:
             gs = torch.autograd.grad(loss, ps, allow_unused=True)
             return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for n, p, g in zip(w, ps, gs)}
 
-        return StepBatch(x.unsqueeze(0), y.unsqueeze(0), [len(y)], forward, grad)
+        return StepBatch(x.unsqueeze(0), y.unsqueeze(0), [len(y)], logits.detach().unsqueeze(0), forward, grad)
 
     def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
         """This client's ``client_step_terms`` (built once per client and round)."""

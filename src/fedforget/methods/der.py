@@ -45,18 +45,28 @@ DER code's minibatch_size defaults to the batch size). These follow FedGP's tabl
 mammoth's best arguments per benchmark and buffer (its ``best_args``), which set other alpha
 and beta values: a table's DER/DER++ row names its alpha and beta in the config.
 
+Both trainers run this one step (``client_step_terms``, which ``sees_step``): the buffer
+batches, the replay terms (in the model's own forward for a client alone, per-task heads
+routed per row; one stacked forward of every client's batch in the stacked trainer, each
+client's mean over its own rows), the offers of the step's rows with its logits. The
+stacked trainer runs it on models without BatchNorm and dropout [D] (as A-GEM). A client
+alone computes what this file computed before the step was written as terms, bit for bit
+(checked on split digits: DER and DER++, class-IL and task-IL, shared and per-task heads,
+MLP and cnn2d, and FedGP over DER).
+
 Diagnostics (``der_<key>``): ``mse`` (mean over steps of the logit MSE, before alpha),
 ``buffer_size`` (rows held after the round), means over the round's clients.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, RunInfo, Upload, masked_logits
+from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, masked_logits
 from .params import boolean, integer, number
 from .registry import METHODS
 from .replay import Replay
@@ -67,8 +77,9 @@ MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
 @METHODS.register("der")
 class DER(FedAvg):
     name = "der"
-    stacked = False
     own_upload = True
+    step_terms = True
+    sees_step = True  # the memory batches and the buffer's offers: the step's rows and logits
 
     @dataclass(frozen=True)
     class Params:
@@ -84,47 +95,82 @@ class DER(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
+        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
+            return  # set up once (the buffer's offer budget is taken once per round)
+        s.begun = True
         self.replay.begin(ctx, s)
-        s.mse_sum = torch.zeros((), device=self.info.device)
-        s.n_mse = 0
+        s.stack = None
 
-    def replay_loss(self, ctx: ClientContext) -> torch.Tensor | None:
-        """alpha * MSE on one buffer batch [+ beta * CE on another]; None when nothing applies
-        (empty buffer, zero weights)."""
-        s, p = self.scratch(ctx), self.p
-        terms = []
-        if p.alpha > 0:
-            mem = self.replay.sample(ctx, s, p.memory_batch_size)
-            if mem is not None:
-                mse = F.mse_loss(
-                    self.replay.logits(ctx.model, mem["x"], mem["task"]), mem["logits"]
-                )
-                s.mse_sum += mse.detach()
-                s.n_mse += 1
-                terms.append(p.alpha * mse)
-        if p.plus and p.beta > 0:
-            mem = self.replay.sample(ctx, s, p.memory_batch_size)
-            if mem is not None:
-                logits = self.replay.logits(ctx.model, mem["x"], mem["task"])
-                ce = F.cross_entropy(masked_logits(logits, self.replay.mask(mem["task"])), mem["y"])
-                terms.append(p.beta * ce)
-        if not terms:
-            return None
-        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+        """The replay terms of each client of the stack: alpha * MSE on one buffer batch [+
+        beta * CE on another], drawn before this step's rows (and logits) enter its buffer;
+        per client, the sum of the MSE values and the steps with one (``s.stack``)."""
+        p = self.p
+        sums = torch.zeros(2, len(ctxs), device=self.info.device)
+        for i, c in enumerate(ctxs):
+            self.scratch(c).stack = (sums, i)
 
-    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
-        terms = super().client_loss(ctx, x, y, features, logits)
-        extra = self.replay_loss(ctx)  # the buffer is sampled before this batch enters it [C]
-        # offered now: the step changes only w, and the logits kept are this forward's
-        self.replay.offer(ctx, self.scratch(ctx), x, y, logits=logits.detach())
-        if extra is not None:
-            terms["replay"] = extra
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
+            own = ctxs[lo:hi]
+            parts = []
+            if p.alpha > 0:
+                mems = [self.replay.sample(c, self.scratch(c), p.memory_batch_size) for c in own]
+                if any(m is not None for m in mems):
+                    mse, has = self.replayed(w, step, mems, "mse")
+                    sums[0, lo:hi] += mse.detach() * has
+                    sums[1, lo:hi] += has
+                    parts.append(p.alpha * mse)
+            if p.plus and p.beta > 0:
+                mems = [self.replay.sample(c, self.scratch(c), p.memory_batch_size) for c in own]
+                if any(m is not None for m in mems):
+                    parts.append(p.beta * self.replayed(w, step, mems, "ce")[0])
+            # offered now: the step changes only w, and the logits kept are this step's forward's
+            for j, c in enumerate(own):
+                n = step.rows[j]
+                self.replay.offer(c, self.scratch(c), step.x[j, :n], step.y[j, :n], logits=step.logits[j, :n])
+            if not parts:
+                return None, None, None
+            return (parts[0] if len(parts) == 1 else parts[0] + parts[1]), None, None
+
         return terms
+
+    def replayed(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each client's loss on its buffer batch [G], differentiable in w; whether it had
+        one [G]): ``mse`` the MSE between the logits and the stored ones (F.mse_loss's mean
+        over rows and classes), ``ce`` the cross-entropy on the stored labels (each row
+        masked to its task's classes in task-incremental scenarios); 0 for a client without
+        a batch."""
+        dev = step.x.device
+        has = torch.tensor([m is not None for m in mems], dtype=torch.float32, device=dev)
+        if len(mems) == 1:  # a client alone: the batch's mean, as it always was
+            m = mems[0]
+            logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
+            if kind == "mse":
+                return F.mse_loss(logits, m["logits"]).unsqueeze(0), has
+            return F.cross_entropy(masked_logits(logits, self.replay.mask(m["task"])), m["y"]).unsqueeze(0), has
+        real = [m for m in mems if m is not None]
+        width = max(len(m["y"]) for m in real)
+        pad = {k: real[0][k].new_zeros((len(mems), width, *real[0][k].shape[1:])) for k in ("x", "y", "task", "logits")}
+        mask = torch.zeros((len(mems), width), device=dev)
+        for j, m in enumerate(mems):
+            if m is not None:
+                n = len(m["y"])
+                for k in pad:
+                    pad[k][j, :n] = m[k]
+                mask[j, :n] = 1.0
+        logits = step.forward(w, pad["x"], pad["task"])
+        rows = mask.sum(1).clamp_min(1.0)
+        if kind == "mse":
+            sq = (logits - pad["logits"].to(logits.dtype)).pow(2).mean(-1) * mask
+            return sq.sum(1) / rows, has
+        z = masked_logits(logits, self.replay.mask(pad["task"]))
+        per = F.cross_entropy(z.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask) * mask
+        return per.sum(1) / rows, has
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        s = self.scratch(ctx)
-        if s.n_mse:
-            ctx.stats["mse"] = s.mse_sum.item() / s.n_mse
+        sums, i = self.scratch(ctx).stack
+        if sums[1, i] > 0:
+            ctx.stats["mse"] = sums[0, i].item() / sums[1, i].item()
         ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
         return up
