@@ -123,11 +123,14 @@ def why_not_vectorized(
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
     if method_cls.trait("sees_step", params) and method_cls.trait("stacked", params):
-        # [D] replayed rows would need their own BatchNorm updates and dropout keys per client
-        if any(True for _ in model.buffers()) or keyed_modules(model):
+        # [D] replayed rows would need each client's own BatchNorm updates (padding rows would
+        # enter the batch statistics); keyed dropout draws them as alone (the step's second
+        # forward call, padding rows after the real ones) where stacked_forward runs the model
+        if any(True for _ in model.buffers()) or (keyed_modules(model) and stacked_supported(model) is not None):
             return (
                 f"method '{method_cls.name}' replays rows through the model each step; the batched "
-                "path does so for models without BatchNorm and dropout"
+                "path does so for models without BatchNorm (and with keyed dropout where it runs "
+                "the model layer by layer: stacked_forward)"
             )
     return method_not_vectorized(method_cls, optimizer_name, drop_last, params)
 

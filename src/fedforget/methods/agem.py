@@ -37,8 +37,10 @@ Both trainers run this one step (``client_step_terms``, which ``sees_step``): th
 batch, g_ref (in the model's own forward for a client alone, per-task heads routed per row;
 one stacked forward of every client's memory batch in the stacked trainer, each client's
 mean over its own rows), the projection as the map of the step's gradient, the offers. The
-stacked trainer runs it on models without BatchNorm and dropout [D]: replayed rows would
-need each client's own running statistics and dropout keys. A client alone computes what
+stacked trainer runs it on models without BatchNorm [D]: replayed rows would need each
+client's own running statistics (padding rows would enter the batch statistics); keyed
+dropout draws their masks as alone (the step's second call of each module). A client alone
+computes what
 this file computed before the step was written as terms, bit for bit (checked on split
 digits: class-IL and task-IL, shared and per-task heads, MLP and cnn2d, and FedGP over
 A-GEM).

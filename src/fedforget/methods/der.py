@@ -49,7 +49,7 @@ Both trainers run this one step (``client_step_terms``, which ``sees_step``): th
 batches, the replay terms (in the model's own forward for a client alone, per-task heads
 routed per row; one stacked forward of every client's batch in the stacked trainer, each
 client's mean over its own rows), the offers of the step's rows with its logits. The
-stacked trainer runs it on models without BatchNorm and dropout [D] (as A-GEM). A client
+stacked trainer runs it on models without BatchNorm [D] (as A-GEM). A client
 alone computes what this file computed before the step was written as terms, bit for bit
 (checked on split digits: DER and DER++, class-IL and task-IL, shared and per-task heads,
 MLP and cnn2d, and FedGP over DER).
