@@ -123,14 +123,13 @@ def why_not_vectorized(
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
     if method_cls.trait("sees_step", params) and method_cls.trait("stacked", params):
-        # [D] replayed rows would need each client's own BatchNorm updates (padding rows would
-        # enter the batch statistics); keyed dropout draws them as alone (the step's second
-        # forward call, padding rows after the real ones) where stacked_forward runs the model
-        if any(True for _ in model.buffers()) or (keyed_modules(model) and stacked_supported(model) is not None):
+        # replayed rows: keyed dropout draws them as alone (the step's second forward call,
+        # padding rows after the real ones) where stacked_forward runs the model; [D] not
+        # under vmap (its key per client inside the mapped function is not passed there)
+        if keyed_modules(model) and stacked_supported(model) is not None:
             return (
                 f"method '{method_cls.name}' replays rows through the model each step; the batched "
-                "path does so for models without BatchNorm (and with keyed dropout where it runs "
-                "the model layer by layer: stacked_forward)"
+                "path does so with keyed dropout where it runs the model layer by layer (stacked_forward)"
             )
     return method_not_vectorized(method_cls, optimizer_name, drop_last, params)
 
@@ -471,11 +470,34 @@ def train_clients_together(
             ds = bs
         torch._foreach_add_(ps, ds, alpha=-lr)
 
-    def stack_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    def stack_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
         """Logits [a, m, C] of the stack's weights ``w`` [a, ...] on its inputs [a, m, ...]
-        (StepBatch.forward; heads are shared here, so ``task`` scores nothing apart)."""
+        (StepBatch.forward; heads are shared here, so ``task`` scores nothing apart). With
+        BatchNorm, each client's running statistics are updated by its own real rows (the
+        first ``rows[j]``; padding never enters the batch statistics): one vmap where every
+        client has as many, else client by client; a client without rows is not run."""
         with autocast():
-            if use_stacked:
+            if buffer_names:
+                a, width = x.shape[0], x.shape[1]
+                st = {n: v[:a] for n, v in stats.items()}
+                if rows is None or len(set(rows)) == 1:
+                    n_rows = width if rows is None else rows[0]
+                    fn = vmap(lambda p, b, xb: functional_call(model, {**p, **b}, (xb,)))
+                    out = fn(w, st, x[:, :n_rows])
+                else:
+                    outs = [
+                        functional_call(model, {**{n: v[j] for n, v in w.items()}, **{n: v[j] for n, v in st.items()}},
+                                        (x[j, : rows[j]],)) if rows[j] else None
+                        for j in range(a)
+                    ]  # fmt: skip
+                    classes = next(o for o in outs if o is not None).shape[-1]
+                    out = x.new_zeros((a, width, classes), dtype=torch.float32)
+                    for j, o in enumerate(outs):
+                        if o is not None:
+                            out[j, : rows[j]] = o.float()
+                if out.shape[1] < width:
+                    out = torch.cat([out, out.new_zeros((a, width - out.shape[1], out.shape[2]))], 1)
+            elif use_stacked:
                 out = stacked_forward(model, w, x)
             elif x.shape[0] == 1:
                 out = functional_call(model, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0)
@@ -494,7 +516,7 @@ def train_clients_together(
         if net is None:
             return StepBatch(xb, yb, rows, logits, stack_forward, stack_grad)
 
-        def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+        def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
             with autocast():
                 return functional_call(net, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0).float()
 

@@ -37,10 +37,9 @@ Both trainers run this one step (``client_step_terms``, which ``sees_step``): th
 batch, g_ref (in the model's own forward for a client alone, per-task heads routed per row;
 one stacked forward of every client's memory batch in the stacked trainer, each client's
 mean over its own rows), the projection as the map of the step's gradient, the offers. The
-stacked trainer runs it on models without BatchNorm [D]: replayed rows would need each
-client's own running statistics (padding rows would enter the batch statistics); keyed
-dropout draws their masks as alone (the step's second call of each module). A client alone
-computes what
+replayed rows update each client's own BatchNorm statistics with its real rows only (one
+vmap where every client has as many, else client by client), and keyed dropout draws their
+masks as alone (the step's second call of each module). A client alone computes what
 this file computed before the step was written as terms, bit for bit (checked on split
 digits: class-IL and task-IL, shared and per-task heads, MLP and cnn2d, and FedGP over
 A-GEM).
@@ -151,7 +150,8 @@ class AGEM(FedAvg):
             if m is not None:
                 n = len(m["y"])
                 x[j, :n], y[j, :n], task[j, :n], mask[j, :n] = m["x"], m["y"], m["task"], 1.0
-        logits = masked_logits(step.forward(w, x, task), self.replay.mask(task))
+        rows = [0 if m is None else len(m["y"]) for m in mems]
+        logits = masked_logits(step.forward(w, x, task, rows), self.replay.mask(task))
         per = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask) * mask
         return step.grad((per.sum(1) / mask.sum(1).clamp_min(1.0)).sum(), w)
 

@@ -120,10 +120,11 @@ class StepBatch(NamedTuple):
     (a client alone: a stack of one). ``x`` [G, w, ...] the inputs as the model saw them
     (augmented where the dataset is), ``y`` [G, w], ``rows`` each client's real rows (a
     prefix of its w; padding follows), ``logits`` [G, w, C] the step's training forward on
-    them, detached (DER keeps them). ``forward(w, x, task)``: logits [G, m, C] of the
-    stack's weights ``w`` (the terms' own argument) on inputs [G, m, ...], each row scored
-    by its own task's head where heads are per task (``task`` [G, m]; the model's training
-    mode: BatchNorm statistics see the rows); ``grad(loss, w)``: the gradient {name: [G,
+    them, detached (DER keeps them). ``forward(w, x, task, rows=None)``: logits [G, m, C]
+    of the stack's weights ``w`` (the terms' own argument) on inputs [G, m, ...], each row
+    scored by its own task's head where heads are per task (``task`` [G, m]; the model's
+    training mode: each client's BatchNorm statistics see its first ``rows[j]`` rows, its
+    real ones, and only those); ``grad(loss, w)``: the gradient {name: [G,
     ...]} of a loss (the sum of the clients' own, each a function of its weights alone)
     in the weights ``w``, zeros for a parameter outside its graph."""
 
@@ -131,7 +132,7 @@ class StepBatch(NamedTuple):
     y: torch.Tensor
     rows: list[int]
     logits: torch.Tensor
-    forward: Callable[[Params, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    forward: Callable[..., torch.Tensor]
     grad: Callable[[torch.Tensor, Params], Params]
 
 
@@ -533,7 +534,7 @@ class FedAvg:
         model = ctx.model
         live = dict(model.named_parameters())
 
-        def forward(w: Params, xm: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+        def forward(w: Params, xm: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
             return model.row_logits(xm[0], None if task is None else task[0]).unsqueeze(0)
 
         def grad(loss: torch.Tensor, w: Params) -> Params:

@@ -49,7 +49,8 @@ Both trainers run this one step (``client_step_terms``, which ``sees_step``): th
 batches, the replay terms (in the model's own forward for a client alone, per-task heads
 routed per row; one stacked forward of every client's batch in the stacked trainer, each
 client's mean over its own rows), the offers of the step's rows with its logits. The
-stacked trainer runs it on models without BatchNorm [D] (as A-GEM). A client
+replayed rows update each client's own BatchNorm statistics and draw their keyed dropout
+masks as alone (as A-GEM's). A client
 alone computes what this file computed before the step was written as terms, bit for bit
 (checked on split digits: DER and DER++, class-IL and task-IL, shared and per-task heads,
 MLP and cnn2d, and FedGP over DER).
@@ -158,7 +159,7 @@ class DER(FedAvg):
                 for k in pad:
                     pad[k][j, :n] = m[k]
                 mask[j, :n] = 1.0
-        logits = step.forward(w, pad["x"], pad["task"])
+        logits = step.forward(w, pad["x"], pad["task"], [0 if m is None else len(m["y"]) for m in mems])
         rows = mask.sum(1).clamp_min(1.0)
         if kind == "mse":
             sq = (logits - pad["logits"].to(logits.dtype)).pow(2).mean(-1) * mask
