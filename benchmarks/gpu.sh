@@ -68,6 +68,13 @@ sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method fed
 python "$here/simulation.py" --device cuda --warmup 4 --repeats 1 --modes sequential vectorized --preset resnet18 \
     --partition dirichlet0.5 --epochs 1 --rounds 3 --method fedprotip --params '{"tip": "none"}' --tasks 5 \
     --json "$out/resnet18-e1-fedprotip.json" | tee -a "$out/sim.txt"
+# A-GEM and DER on ResNet-18, split 5 x 2 (FedGP's baselines): each client's memory batches in
+# one stacked forward, BatchNorm statistics per client; task 0 in the warm-up (buffers fill)
+for m in agem der; do
+python "$here/simulation.py" --device cuda --warmup 4 --repeats 1 --modes sequential vectorized --preset resnet18 \
+    --partition dirichlet0.5 --epochs 1 --rounds 3 --method "$m" --tasks 5 \
+    --json "$out/resnet18-e1-$m.json" | tee -a "$out/sim.txt"
+done
 fi
 if want fedsol; then
 # FedSOL (sequential: two passes per step), how busy it keeps the GPU now that its step reads

@@ -50,10 +50,9 @@ batches, the replay terms (in the model's own forward for a client alone, per-ta
 routed per row; one stacked forward of every client's batch in the stacked trainer, each
 client's mean over its own rows), the offers of the step's rows with its logits. The
 replayed rows update each client's own BatchNorm statistics and draw their keyed dropout
-masks as alone (as A-GEM's). A client
-alone computes what this file computed before the step was written as terms, bit for bit
-(checked on split digits: DER and DER++, class-IL and task-IL, shared and per-task heads,
-MLP and cnn2d, and FedGP over DER).
+masks as alone (as A-GEM's). A client alone computes what this file computed before the
+step was written as terms, bit for bit (checked on split digits: DER and DER++, class-IL
+and task-IL, shared and per-task heads, MLP and cnn2d, and FedGP over DER).
 
 Diagnostics (``der_<key>``): ``mse`` (mean over steps of the logit MSE, before alpha),
 ``buffer_size`` (rows held after the round), means over the round's clients.
