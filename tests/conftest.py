@@ -73,6 +73,18 @@ def shared_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> P
     return path
 
 
+def run_experiment(experiment: dict[str, Any], data_dir: Path, work: Path) -> Path:
+    """One experiment through the in-process pipeline (``fedforget.pipeline.run_all``) with
+    its results under ``work``: the experiment's results directory (its runs, summary and
+    figures)."""
+    from fedforget.parse import parse_config
+    from fedforget.pipeline import run_all
+
+    cfg = {"data_dir": str(data_dir), "results_dir": str(work / "results"), "experiments": [experiment]}
+    run_all(parse_config(cfg), progress=False)
+    return work / "results" / experiment["name"]
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

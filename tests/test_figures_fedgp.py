@@ -8,8 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fedforget.parse import parse_config
-from fedforget.pipeline import run_all
+from .conftest import run_experiment
 
 TASKS = 3
 
@@ -17,26 +16,21 @@ TASKS = 3
 @pytest.fixture(scope="module")
 def policies(data_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fedgp_fig")
-    cfg = {
-        "data_dir": str(data_root),
-        "results_dir": str(tmp / "results"),
-        "experiments": [{
-            "name": "buffers",
-            "datasets": [{"name": "digits", "model": "mlp",
-                          "scenario": {"kind": "split", "tasks": TASKS, "classes_per_task": 3,
-                                       "leftover_classes": "drop", "rounds_per_task": 1}}],
-            "partitions": [{"scheme": "iid", "clients": 3, "seed": 0}],
-            "methods": [{"name": "fedavg", "label": "FL"}] + [
-                {"name": "fedgp", "label": p, "params": {"buffer_policy": p, "buffer_size": 20}}
-                for p in ("sliding", "random", "reservoir")],
-            "seeds": [0],
-            "train": {"rounds": TASKS, "local_epochs": 1, "batch_size": 32, "threads": 1, "eval_local_models": False,
-                      "optimizer": {"name": "sgd", "lr": 0.05}},
-            "figures": [{"name": "buffer_tasks", "label": "fig4"}],
-        }],
+    experiment = {
+        "name": "buffers",
+        "datasets": [{"name": "digits", "model": "mlp",
+                      "scenario": {"kind": "split", "tasks": TASKS, "classes_per_task": 3,
+                                   "leftover_classes": "drop", "rounds_per_task": 1}}],
+        "partitions": [{"scheme": "iid", "clients": 3, "seed": 0}],
+        "methods": [{"name": "fedavg", "label": "FL"}] + [
+            {"name": "fedgp", "label": p, "params": {"buffer_policy": p, "buffer_size": 20}}
+            for p in ("sliding", "random", "reservoir")],
+        "seeds": [0],
+        "train": {"rounds": TASKS, "local_epochs": 1, "batch_size": 32, "threads": 1, "eval_local_models": False,
+                  "optimizer": {"name": "sgd", "lr": 0.05}},
+        "figures": [{"name": "buffer_tasks", "label": "fig4"}],
     }  # fmt: skip
-    run_all(parse_config(cfg), progress=False)
-    return tmp / "results" / "buffers"
+    return run_experiment(experiment, data_root, tmp)
 
 
 def test_the_buffer_composition_per_task_follows_each_policy(policies):

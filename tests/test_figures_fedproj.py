@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from fedforget.figures import figure_options, make_figure
-from fedforget.parse import parse_config
-from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
+
+from .conftest import run_experiment
 
 PILOT = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]
 
@@ -23,28 +23,23 @@ PILOT = [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]
 def pilot(data_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fedproj_fig")
     shutil.copytree(data_root / "iris-pca2", tmp / "data" / "iris-pca2")
-    cfg = {
-        "data_dir": str(tmp / "data"),
-        "results_dir": str(tmp / "results"),
-        "experiments": [{
-            "name": "pilot_tiny",
-            "datasets": [{"name": "iris", "options": {"pca": 2}, "model": {"name": "mlp", "options": {"hidden": [8, 8]}},
-                          "public": {"source": "holdout", "fraction": 0.2, "seed": 0}}],
-            "partitions": [{"scheme": "classes", "clients": 3, "class_fractions": PILOT}],
-            "methods": [
-                {"name": "fedavg"},
-                {"name": "fedproj", "label": "fedproj-a0", "params": {"alpha": 0.0}},
-                {"name": "fedproj", "label": "fedproj-a05", "params": {"alpha": 0.5}},
-            ],
-            "seeds": [0, 1],
-            "train": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "sample_rate": 1.0,
-                      "optimizer": {"name": "sgd", "lr": 0.05}, "threads": 1, "save_client_models": [1, 2]},
-            "figures": [{"name": "decision_boundaries", "label": "boundaries",
-                         "options": {"rounds": [1, 2], "seed": 1, "resolution": 40}}],
-        }],
+    experiment = {
+        "name": "pilot_tiny",
+        "datasets": [{"name": "iris", "options": {"pca": 2}, "model": {"name": "mlp", "options": {"hidden": [8, 8]}},
+                      "public": {"source": "holdout", "fraction": 0.2, "seed": 0}}],
+        "partitions": [{"scheme": "classes", "clients": 3, "class_fractions": PILOT}],
+        "methods": [
+            {"name": "fedavg"},
+            {"name": "fedproj", "label": "fedproj-a0", "params": {"alpha": 0.0}},
+            {"name": "fedproj", "label": "fedproj-a05", "params": {"alpha": 0.5}},
+        ],
+        "seeds": [0, 1],
+        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "sample_rate": 1.0,
+                  "optimizer": {"name": "sgd", "lr": 0.05}, "threads": 1, "save_client_models": [1, 2]},
+        "figures": [{"name": "decision_boundaries", "label": "boundaries",
+                     "options": {"rounds": [1, 2], "seed": 1, "resolution": 40}}],
     }  # fmt: skip
-    run_all(parse_config(cfg), progress=False)
-    return tmp / "results" / "pilot_tiny"
+    return run_experiment(experiment, tmp / "data", tmp)
 
 
 def test_options():

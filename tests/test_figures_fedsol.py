@@ -8,41 +8,36 @@ import pandas as pd
 import pytest
 
 from fedforget.figures import figure_options, make_figure
-from fedforget.parse import parse_config
-from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
+
+from .conftest import run_experiment
 
 
 @pytest.fixture(scope="module")
 def tiny(data_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fedsol_fig")
-    cfg = {
-        "data_dir": str(data_root),
-        "results_dir": str(tmp / "results"),
-        "experiments": [{
-            "name": "fedsol_tiny",
-            "datasets": [{"name": "iris", "model": "mlp"}],
-            "partitions": [{"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}],
-            "methods": [
-                {"name": "fedavg"},
-                {"name": "fedsol", "label": "all-r0.5", "params": {"rho": 0.5, "perturb": "all"}},
-                {"name": "fedsol", "label": "all-r1", "params": {"rho": 1.0, "perturb": "all"}},
-                {"name": "fedsol", "label": "head-r1", "params": {"rho": 1.0, "perturb": "head"}},
-            ],
-            "seeds": [0, 1],
-            "train": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "sample_rate": 1.0, "threads": 1,
-                      "optimizer": {"name": "sgd", "lr": 0.1},
-                      "diagnostics": ["weight_divergence", "classwise_accuracy"]},
-            "figures": [{"name": "fedsol_vs_rho", "label": "fig2"},
-                        {"name": "fedsol_divergence", "label": "fig5"},
-                        {"name": "fedsol_knowledge", "label": "fig6a"},
-                        {"name": "fedsol_classwise", "label": "fig6b"},
-                        {"name": "fedsol_landscape", "label": "fig7",
-                         "options": {"methods": ["fedavg", "head-r1"], "rows": 60, "points": 5, "iters": 500, "tol": 1e-9}}],
-        }],
+    experiment = {
+        "name": "fedsol_tiny",
+        "datasets": [{"name": "iris", "model": "mlp"}],
+        "partitions": [{"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}],
+        "methods": [
+            {"name": "fedavg"},
+            {"name": "fedsol", "label": "all-r0.5", "params": {"rho": 0.5, "perturb": "all"}},
+            {"name": "fedsol", "label": "all-r1", "params": {"rho": 1.0, "perturb": "all"}},
+            {"name": "fedsol", "label": "head-r1", "params": {"rho": 1.0, "perturb": "head"}},
+        ],
+        "seeds": [0, 1],
+        "train": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "sample_rate": 1.0, "threads": 1,
+                  "optimizer": {"name": "sgd", "lr": 0.1},
+                  "diagnostics": ["weight_divergence", "classwise_accuracy"]},
+        "figures": [{"name": "fedsol_vs_rho", "label": "fig2"},
+                    {"name": "fedsol_divergence", "label": "fig5"},
+                    {"name": "fedsol_knowledge", "label": "fig6a"},
+                    {"name": "fedsol_classwise", "label": "fig6b"},
+                    {"name": "fedsol_landscape", "label": "fig7",
+                     "options": {"methods": ["fedavg", "head-r1"], "rows": 60, "points": 5, "iters": 500, "tol": 1e-9}}],
     }  # fmt: skip
-    run_all(parse_config(cfg), progress=False)
-    return tmp / "results" / "fedsol_tiny"
+    return run_experiment(experiment, data_root, tmp)
 
 
 def test_options():

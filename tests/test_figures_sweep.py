@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from fedforget.figures import figure_options, make_figure
-from fedforget.parse import parse_config
-from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
+
+from .conftest import run_experiment
 
 
 @pytest.fixture(scope="module")
@@ -18,22 +18,17 @@ def swept(data_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     methods = [{"name": name, "label": f"{name}-q{q}", "train": {"sample_rate": q}}
                for name in ("fedavg", "fedprox") for q in (0.5, 1.0)]  # fmt: skip
-    cfg = {
-        "data_dir": str(data_root),
-        "results_dir": str(tmp / "results"),
-        "experiments": [{
-            "name": "swept",
-            "datasets": [{"name": "iris", "model": "mlp"}],
-            "partitions": [{"scheme": "iid", "clients": 4, "seed": 0}],
-            "methods": methods,
-            "seeds": [0, 1],
-            "train": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "threads": 1, "eval_local_models": False,
-                      "optimizer": {"name": "sgd", "lr": 0.1}},
-            "figures": [{"name": "sweep", "label": "fig3a", "options": {"key": "train.sample_rate", "log_x": True}}],
-        }],
+    experiment = {
+        "name": "swept",
+        "datasets": [{"name": "iris", "model": "mlp"}],
+        "partitions": [{"scheme": "iid", "clients": 4, "seed": 0}],
+        "methods": methods,
+        "seeds": [0, 1],
+        "train": {"rounds": 2, "local_epochs": 1, "batch_size": 16, "threads": 1, "eval_local_models": False,
+                  "optimizer": {"name": "sgd", "lr": 0.1}},
+        "figures": [{"name": "sweep", "label": "fig3a", "options": {"key": "train.sample_rate", "log_x": True}}],
     }  # fmt: skip
-    run_all(parse_config(cfg), progress=False)
-    return tmp / "results" / "swept"
+    return run_experiment(experiment, data_root, tmp)
 
 
 def test_options():

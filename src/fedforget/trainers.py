@@ -340,7 +340,7 @@ class StackedTrainer(LocalTrainer):
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
             graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
-            autocast=self.autocast, sees_step=bool(getattr(method, "sees_step", False)),
+            autocast=self.autocast, sees_step=method.sees_step,
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's

@@ -358,7 +358,8 @@ def train_clients_together(
     updated as each client's own forward passes update them alone; a step whose clients
     have batches of different sizes then runs client by client (padding rows would enter
     the batch statistics). ``sees_step``: the terms take the step's minibatch
-    (``methods.base.StepBatch``; models without buffers and dropout: ``why_not_vectorized``).
+    (``methods.base.StepBatch``; keyed dropout only where stacked_forward runs the model:
+    ``why_not_vectorized``).
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
@@ -427,7 +428,7 @@ def train_clients_together(
     one_fn = grad_and_value(client_loss, has_aux=True)  # the aux: the step's logits (StepBatch)
 
     def stacked_step(p_act, xb, yb, mask, lm):
-        """(gradients, losses) of every client in the stack: the same values as ``step_fn``."""
+        """(gradients, losses, logits) of every client in the stack: the same values as ``step_fn``."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
         if drop:
             set_dropout_key(drop, DropoutKey(keys[: xb.shape[0]], step_t))

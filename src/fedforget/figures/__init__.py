@@ -61,6 +61,16 @@ class FigureInput:
         return cls(experiment, d, pd.read_csv(runs_csv), pd.read_parquet(metrics_pq))
 
 
+    def per_run(self, columns: list[str], stat: str) -> pd.DataFrame:
+        """One row per run (dataset, setting, method, seed) of a statistic of metrics
+        ``columns`` over its rounds >= 1: ``mean``, ``final`` (the last round's value) or
+        ``best`` (the largest)."""
+        keys = ["dataset", "setting", "method", "seed"]
+        m = self.metrics[self.metrics["round"] >= 1]
+        if stat == "final":
+            m = m[m["round"] == m.groupby(keys)["round"].transform("max")]
+        return m.groupby(keys)[columns].agg("max" if stat == "best" else "mean").reset_index()
+
     def runs_of_one_setting(
         self, figure: str, seed: int, setting: str | None, methods: list[str] | None
     ) -> tuple[pd.DataFrame, list[str]]:

@@ -67,10 +67,7 @@ def fedsol_vs_rho(
     _need(inp, "fedsol_vs_rho", columns)
     runs = inp.runs[inp.runs["status"] == "completed"]
     keys = ["dataset", "setting", "method", "seed"]
-    m = inp.metrics[inp.metrics["round"] >= 1]
-    if stat == "final":
-        m = m[m["round"] == m.groupby(keys)["round"].transform("max")]
-    per_run = m.groupby(keys)[columns].mean().reset_index()
+    per_run = inp.per_run(columns, stat)
     rows = []
     for _, r in runs.iterrows():
         name, params = _method_params(r["run_dir"])
@@ -240,16 +237,19 @@ def fedsol_landscape(
         raise FedForgetError(f"figure 'fedsol_landscape': top={top}; allowed: an integer >= 2 (two directions)")
     runs, order = inp.runs_of_one_setting("fedsol_landscape", seed, setting, methods)
     first = runs.iloc[0]
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+    data = None  # the rows: one dataset (runs_of_one_setting), the same for every method
     results, grids = [], []
     for method in order:
         run_dir = Path(runs[runs["method"] == method].iloc[0]["run_dir"])
         rc = run_config(run_dir)
         if rc.dataset.scenario:
             raise FedForgetError(f"figure 'fedsol_landscape': run {run_dir} is a task stream; the figure is of one-task runs")
-        x, y, shape, classes = _landscape_rows(rc, rows, seed)
+        if data is None:
+            data = _landscape_rows(rc, rows, seed)
+        x, y, shape, classes = data
         model = build_model(rc.dataset.model, shape, classes, rc.dataset.model_options)
         model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True))
-        dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
         model, x, y = model.to(dev).eval(), x.to(dev), y.to(dev)
         values, vectors = top_eigen(model, x, y, top=top, iters=iters, tol=tol, seed=seed, batch=batch)
         coords, grid = loss_grid(model, x, y, vectors, radius=radius, points=points, batch=batch)

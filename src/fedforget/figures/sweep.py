@@ -39,10 +39,7 @@ def sweep(
     inp.require_columns("sweep", [column])
     runs = inp.runs[inp.runs["status"] == "completed"]
     keys = ["dataset", "setting", "method", "seed"]
-    m = inp.metrics[inp.metrics["round"] >= 1]
-    if stat == "final":
-        m = m[m["round"] == m.groupby(keys)["round"].transform("max")]
-    per_run = m.groupby(keys)[column].agg("max" if stat == "best" else "mean").reset_index()
+    per_run = inp.per_run([column], stat)
     rows = []
     for _, r in runs.iterrows():
         cfg = run_config(r["run_dir"]).to_dict()

@@ -140,19 +140,9 @@ class AGEM(FedAvg):
             logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
             loss = F.cross_entropy(masked_logits(logits, self.replay.mask(m["task"])), m["y"])
             return step.grad(loss, w)
-        real = [m for m in mems if m is not None]
-        width = max(len(m["y"]) for m in real)
-        x = real[0]["x"].new_zeros((len(mems), width, *real[0]["x"].shape[1:]))
-        y = torch.zeros((len(mems), width), dtype=torch.long, device=x.device)
-        task = torch.zeros_like(y)
-        mask = torch.zeros((len(mems), width), device=x.device)
-        for j, m in enumerate(mems):
-            if m is not None:
-                n = len(m["y"])
-                x[j, :n], y[j, :n], task[j, :n], mask[j, :n] = m["x"], m["y"], m["task"], 1.0
-        rows = [0 if m is None else len(m["y"]) for m in mems]
-        logits = masked_logits(step.forward(w, x, task, rows), self.replay.mask(task))
-        per = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(mask) * mask
+        pad, mask, rows = self.replay.padded(mems)
+        logits = masked_logits(step.forward(w, pad["x"], pad["task"], rows), self.replay.mask(pad["task"]))
+        per = F.cross_entropy(logits.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask) * mask
         return step.grad((per.sum(1) / mask.sum(1).clamp_min(1.0)).sum(), w)
 
     def client_end(self, ctx: ClientContext) -> Upload:

@@ -140,32 +140,22 @@ class DER(FedAvg):
         over rows and classes), ``ce`` the cross-entropy on the stored labels (each row
         masked to its task's classes in task-incremental scenarios); 0 for a client without
         a batch."""
-        dev = step.x.device
-        has = torch.tensor([m is not None for m in mems], dtype=torch.float32, device=dev)
+        has = torch.tensor([m is not None for m in mems], dtype=torch.float32, device=step.x.device)
         if len(mems) == 1:  # a client alone: the batch's mean, as it always was
             m = mems[0]
             logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
             if kind == "mse":
                 return F.mse_loss(logits, m["logits"]).unsqueeze(0), has
             return F.cross_entropy(masked_logits(logits, self.replay.mask(m["task"])), m["y"]).unsqueeze(0), has
-        real = [m for m in mems if m is not None]
-        width = max(len(m["y"]) for m in real)
-        pad = {k: real[0][k].new_zeros((len(mems), width, *real[0][k].shape[1:])) for k in ("x", "y", "task", "logits")}
-        mask = torch.zeros((len(mems), width), device=dev)
-        for j, m in enumerate(mems):
-            if m is not None:
-                n = len(m["y"])
-                for k in pad:
-                    pad[k][j, :n] = m[k]
-                mask[j, :n] = 1.0
-        logits = step.forward(w, pad["x"], pad["task"], [0 if m is None else len(m["y"]) for m in mems])
-        rows = mask.sum(1).clamp_min(1.0)
+        pad, mask, rows = self.replay.padded(mems, ("x", "y", "task", "logits"))
+        logits = step.forward(w, pad["x"], pad["task"], rows)
+        n = mask.sum(1).clamp_min(1.0)
         if kind == "mse":
             sq = (logits - pad["logits"].to(logits.dtype)).pow(2).mean(-1) * mask
-            return sq.sum(1) / rows, has
+            return sq.sum(1) / n, has
         z = masked_logits(logits, self.replay.mask(pad["task"]))
         per = F.cross_entropy(z.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask) * mask
-        return per.sum(1) / rows, has
+        return per.sum(1) / n, has
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

@@ -62,7 +62,8 @@ augmentation its steps saw), so buffers, g_ref and results equal the sequential 
 to float summation order (tests/methods/test_fedgp.py). A parameter the base holds (GPM's
 biases, FedProTIP's early layers) is left out of the flat vector, as its None gradient leaves
 it out of a client alone's; where only some clients of a stack hold it, those clients are
-manipulated one by one. Over a base with a step of its own (A-GEM, DER, FedSOL, ...) the
+manipulated one by one. Over a base whose step terms see the step (A-GEM, DER) FedGP passes
+the step on (``sees_step``); over a base with a step of its own (FedSOL, FedNTD, ...) the
 clients train one after another.
 
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
@@ -388,7 +389,7 @@ class FedGP(OverBase):
         model = ctx.model
         model.train()  # [C] GradER: net.train()
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        logits = self.replay.logits(model, mem["x"], mem["task"])
+        logits = model.row_logits(mem["x"], mem["task"])
         loss = F.cross_entropy(masked_logits(logits, self.replay.mask(mem["task"])), mem["y"])
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
         return base_reply, {

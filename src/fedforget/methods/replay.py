@@ -238,10 +238,24 @@ class Replay:
     ) -> dict[str, torch.Tensor] | None:
         return self.buffer.sample(ctx.state, m, s.sample_gen)
 
-    def logits(self, model: torch.nn.Module, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
-        """Scores of replayed rows (``Classifier.row_logits``: with per-task heads, each
-        row's own task's head; earlier heads are frozen, so only the body learns from them)."""
-        return model.row_logits(x, task)
+    def padded(
+        self, mems: list[dict[str, torch.Tensor] | None], keys: tuple[str, ...] = ("x", "y", "task")
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, list[int]]:
+        """The buffer batches of a stack's clients (``mems``: ``sample``'s, None for a client
+        without one, at least one not None) stacked [G, width, ...], zero rows after each
+        client's real ones: (the tensors of ``keys``, a mask [G, width] of 1.0 on the real
+        rows, each client's row count)."""
+        real = [m for m in mems if m is not None]
+        rows = [0 if m is None else len(m["y"]) for m in mems]
+        shape = (len(mems), max(rows))
+        pad = {k: real[0][k].new_zeros((*shape, *real[0][k].shape[1:])) for k in keys}
+        mask = real[0]["x"].new_zeros(shape, dtype=torch.float32)
+        for j, m in enumerate(mems):
+            if m is not None:
+                for k in keys:
+                    pad[k][j, : rows[j]] = m[k]
+                mask[j, : rows[j]] = 1.0
+        return pad, mask, rows
 
     def task_counts(self, state: dict[str, Any]) -> list[int]:
         """The buffer's rows of each task of the stream (FedGP Fig. 4); [] without tasks."""
