@@ -32,7 +32,7 @@ from ..data import load_dataset, load_public
 from ..inputs import InputPipeline
 from ..landscape import loss_grid, top_eigen
 from ..models import build_model
-from ..plots import Y_MARGIN, _plt, _save, _wrap, axis_label, setting_label
+from ..plots import Y_MARGIN, _plt, _save, _wrap, axis_label, is_accuracy, setting_label
 from ..utils import FedForgetError, torch_seed
 from . import FIGURES, FigureInput, run_config
 
@@ -94,13 +94,14 @@ def fedsol_vs_rho(
         sub = df[(df["dataset"] == ds) & (df["setting"] == st)]
         for j, col in enumerate(columns):
             ax = axes[i, j]
+            k = 100 if is_accuracy(col) else 1  # accuracies drawn in % (the .csv: fractions)
             for variant, v in sub.groupby("variant"):
                 if v["rho"].isna().all():  # a non-FedSOL method: reference line, where it has the column
                     if v[col].notna().any():
-                        ax.axhline(v[col].mean(), ls="--", color="grey", label=variant)
+                        ax.axhline(k * v[col].mean(), ls="--", color="grey", label=variant)
                     continue
                 s = v.groupby("rho")[col].agg(["mean", "std"]).reset_index()
-                ax.errorbar(s["rho"], s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=variant)
+                ax.errorbar(s["rho"], k * s["mean"], yerr=k * s["std"].fillna(0), marker="o", capsize=3, label=variant)
             ax.set_xlabel("rho")
             ax.set_ylabel(f"{axis_label(col)}\n({over})")
             ax.set_title(f"{ds}, {setting_label(st)}" if ds else "", fontsize=9)

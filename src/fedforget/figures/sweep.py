@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..plots import _plt, _save, axis_label, setting_label
+from ..plots import _plt, _save, axis_label, is_accuracy, setting_label
 from ..utils import FedForgetError
 from . import FIGURES, FigureInput, run_config
 
@@ -63,12 +63,16 @@ def sweep(
     panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.6), squeeze=False)
     what = {"final": "final round", "best": "best round", "mean": "mean over rounds"}[stat]
+    scale = 100 if is_accuracy(column) else 1  # accuracies drawn in %, as the learning curves
     for ax, (ds, st) in zip(axes[0], panels):
         sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
         for g, s in sub.groupby("group", sort=False):
-            ax.errorbar(s["x"], s["mean"], yerr=s["std"].fillna(0), marker="o", capsize=3, label=g)
+            ax.errorbar(s["x"], scale * s["mean"], yerr=scale * s["std"].fillna(0), marker="o", capsize=3, label=g)
         if log_x:
             ax.set_xscale("log")
+        xs = sorted(set(sub["x"]))  # ticks at the swept values, written as in the config
+        ax.set_xticks(xs, labels=[f"{v:g}" for v in xs])
+        ax.minorticks_off()
         ax.set_xlabel(key)
         ax.set_ylabel(f"{axis_label(column)}\n({what})")
         ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
