@@ -1,93 +1,110 @@
 #!/usr/bin/env bash
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
-# torch sees it (fedforget importable: installed, or PYTHONPATH=src).
-#   1. the engine and device tests on the GPU (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients
-#      trained together give the same metrics as one after another within 1e-5, CUDA graphs
-#      the same bits as eager steps, `device: auto` takes the GPU and records it;
-#   2. benchmarks/profile_round.py on the McMahan preset (Dirichlet 0.5, 1 epoch), with and
-#      without CUDA graphs (FEDFORGET_CUDA_GRAPHS=0): s/round, how busy the GPU was, kernel
-#      launches per round;
-#   3. benchmarks/simulation.py, McMahan CNN preset (100 clients, 10% per round, batch 50):
-#      Dirichlet 0.5 and IID at 1 local epoch, Dirichlet 0.5 at 5, 1 epoch with global
-#      evaluation every round; the last line of each says vectorized / sequential. Rounds are
-#      timed after WARMUP rounds, by which time the step shapes a run meets have their graphs;
-#   4. the embedded models with 100 clients (digits-k100 IID: its 1347 samples admit no Dirichlet 0.5
-#      split with 10 per client; mnist1d-k100 Dirichlet 0.5);
-#   5. FedProx, FedDyn and SCAFFOLD on the McMahan preset, 1 epoch (their per-step terms run
-#      eagerly: no graphs); ResNet-18 FedAvg against a plain loop, FedGP over FedAvg on
-#      ResNet-18 and the McMahan preset and FedProTIP(-t) on ResNet-18 (task 1 of a split),
-#      sequential vs stacked.
-#      The McMahan preset once more with train.precision bf16 (autocast);
-#      FedSOL's round profiled (sequential: GPU busy share);
-#   6. benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU (gpu_slots), McMahan
-#      CNN and ResNet-18, with each job's peak GPU memory.
-# usage: bash benchmarks/gpu.sh [OUTDIR]    (results: OUTDIR/*.json, OUTDIR/*.txt); all of it
-#        has not yet run within the 8-minute budget of one device session: split it with SECTIONS
-#        SECTIONS="tests resnet18" bash benchmarks/gpu.sh OUTDIR   (a part, to fit a device budget:
-#        tests profile sims methods resnet18 fedsol packing; default all)
+# torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, in order of
+# priority (each in its own time box; a section that would start after BUDGET seconds is
+# skipped and listed in OUTDIR/skipped.txt, so one device session gets the most important
+# numbers first):
+#   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
+#             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
+#             another within 1e-5, CUDA graphs the same bits as eager steps;
+#   resnet18  issue 32's setting (CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients,
+#             10 per round, batch 64, 1 epoch): a plain loop of the model (central) against
+#             the sequential and batched engines; VGG-11 likewise, every round's seconds kept
+#             (rounds meeting new step shapes); FedGP, FedProTIP(-t), A-GEM and DER on
+#             ResNet-18, sequential vs stacked (split 5 x 2: task 0 in the warm-up);
+#   fedsol    FedSOL's round profiled (sequential: how busy the GPU is);
+#   packing   benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU, McMahan CNN
+#             and ResNet-18, each job's peak GPU memory;
+#   sims      the McMahan preset (Dirichlet 0.5, 1 epoch): sequential vs batched, and batched
+#             in bf16; FedProx, FedDyn and SCAFFOLD (per-step terms);
+#   stream    benchmarks/streaming.py: streamed vs in-memory pool, batched engine;
+#   rates     benchmarks/model_rates.py: FedAvg samples/s of every distinct (model, input
+#             shape, batch) of the paper configs, with what is left of BUDGET.
+# usage: [BUDGET=seconds] [SECTIONS="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
 want() { [ "${SECTIONS:-all}" = all ] || case " $SECTIONS " in *" $1 "*) true ;; *) false ;; esac; }
 out=${1:-gpu-results}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
+BUDGET=${BUDGET:-100000}
+start=$SECONDS
+# box SECONDS CMD...: CMD with a time limit of SECONDS, cut to what is left of BUDGET; not
+# started when under 10 s are left; a cut or skipped command is listed in skipped.txt
+box() {
+    local s=$1 left
+    shift
+    left=$((BUDGET - (SECONDS - start)))
+    if [ "$left" -lt 10 ]; then
+        echo "skipped (budget spent): $*" >>"$out/skipped.txt"
+        return 0
+    fi
+    [ "$s" -gt "$left" ] && s=$left
+    timeout -k 5 "$s" "$@"
+    local rc=$?
+    [ $rc = 124 ] || [ $rc = 137 ] && echo "cut at ${s}s: $*" >>"$out/skipped.txt"
+    echo "[$((SECONDS - start))s] done (rc $rc): ${*:1:6}" >&2
+    return 0
+}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$out/gpu.txt"
-want tests && FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider "$here/../tests/test_device.py" \
-    "$here/../tests/test_vectorized.py" "$here/../tests/test_dropout.py" "$here/../tests/methods/test_batched_uploads.py" 2>&1 | tail -40 | tee "$out/tests.txt"
-want profile && for g in 1 0; do
-    FEDFORGET_CUDA_GRAPHS=$g python "$here/profile_round.py" --preset mcmahan --mode vectorized --device cuda \
-        --warmup 15 --rounds 5 --rows 15 >"$out/profile-graphs$g.txt" 2>&1
-    sed -n 1,3p "$out/profile-graphs$g.txt"
-done
-WARMUP=${WARMUP:-15}
-sim() { python "$here/simulation.py" --device cuda --warmup "$WARMUP" --repeats 1 --modes sequential vectorized "$@"; }
-if want sims; then
-sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 20 --json "$out/mcmahan-dir-e1.json" | tee -a "$out/sim.txt"
-sim --preset mcmahan --partition iid --epochs 1 --rounds 20 --json "$out/mcmahan-iid-e1.json" | tee -a "$out/sim.txt"
-sim --preset mcmahan --partition dirichlet0.5 --epochs 5 --rounds 10 --json "$out/mcmahan-dir-e5.json" | tee -a "$out/sim.txt"
-sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --eval global --json "$out/mcmahan-dir-e1-eval.json" | tee -a "$out/sim.txt"
-for p in digits-k100 mnist1d-k100; do
-    sim --preset "$p" --partition "$([ "$p" = digits-k100 ] && echo iid || echo dirichlet0.5)" --epochs 1 --rounds 10 --json "$out/$p-e1.json" | tee -a "$out/sim.txt"
-done
-sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 --precision bf16 --json "$out/mcmahan-dir-e1-bf16.json" | tee -a "$out/sim.txt"
-fi
-if want methods; then
-for m in fedprox feddyn scaffold; do
-    sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
-done
+sim=(python "$here/simulation.py" --device cuda --repeats 1)
+
+if want tests; then
+    box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
+        "$here/../tests/test_device.py" "$here/../tests/test_vectorized.py" "$here/../tests/test_dropout.py" \
+        "$here/../tests/methods/test_batched_uploads.py" "$here/../tests/test_precision.py" \
+        "$here/../tests/methods/test_agem.py" "$here/../tests/methods/test_der.py" \
+        "$here/../tests/methods/test_fedgp.py" "$here/../tests/methods/test_fedprotip.py" \
+        -k "stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph" \
+        >"$out/tests.txt" 2>&1
+    tail -25 "$out/tests.txt"
 fi
 if want resnet18; then
-# ResNet-18 (BatchNorm, issue 32's setting): FedAvg against a plain loop (central), and FedGP
-# over FedAvg (its projection a gradient map of the stacked step), sequential vs stacked
-python "$here/simulation.py" --device cuda --warmup 3 --repeats 1 --modes central sequential vectorized \
-    --preset resnet18 --partition dirichlet0.5 --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
-sim --preset resnet18 --partition dirichlet0.5 --epochs 1 --rounds 5 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
-sim --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 5 --method fedgp --json "$out/mcmahan-e1-fedgp.json" | tee -a "$out/sim.txt"
-# FedProTIP(-t) on ResNet-18, split 5 x 2: task 0 and its bases in the warm-up, task 1's
-# projected rounds timed, sequential vs stacked
-python "$here/simulation.py" --device cuda --warmup 4 --repeats 1 --modes sequential vectorized --preset resnet18 \
-    --partition dirichlet0.5 --epochs 1 --rounds 3 --method fedprotip --params '{"tip": "none"}' --tasks 5 \
-    --json "$out/resnet18-e1-fedprotip.json" | tee -a "$out/sim.txt"
-# A-GEM and DER on ResNet-18, split 5 x 2 (FedGP's baselines): each client's memory batches in
-# one stacked forward, BatchNorm statistics per client; task 0 in the warm-up (buffers fill)
-for m in agem der; do
-python "$here/simulation.py" --device cuda --warmup 4 --repeats 1 --modes sequential vectorized --preset resnet18 \
-    --partition dirichlet0.5 --epochs 1 --rounds 3 --method "$m" --tasks 5 \
-    --json "$out/resnet18-e1-$m.json" | tee -a "$out/sim.txt"
-done
+    # FedAvg: the plain loop (central) and both engines, one process each
+    box 150 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
+    # VGG-11: s_rounds in the JSON are every round's seconds, the warm-up's first
+    box 90 "${sim[@]}" --warmup 2 --modes central vectorized --preset vgg11 --partition dirichlet0.5 \
+        --epochs 1 --rounds 12 --json "$out/vgg11-dir-e1.json" | tee -a "$out/sim.txt"
+    box 90 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
+    # split 5 x 2: task 0 (bases, buffers) in the warm-up, task 1's rounds timed
+    box 110 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 --epochs 1 \
+        --rounds 3 --method fedprotip --params '{"tip": "none"}' --tasks 5 \
+        --json "$out/resnet18-e1-fedprotip.json" | tee -a "$out/sim.txt"
+    for m in agem der; do
+        box 90 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+            --epochs 1 --rounds 3 --method "$m" --tasks 5 --json "$out/resnet18-e1-$m.json" | tee -a "$out/sim.txt"
+    done
 fi
 if want fedsol; then
-# FedSOL (sequential: two passes per step), how busy it keeps the GPU now that its step reads
-# nothing back to the host (23 % before)
-python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \
-    --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol.txt" 2>&1
-sed -n 1,3p "$out/profile-fedsol.txt"
+    box 60 python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \
+        --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol.txt" 2>&1
+    sed -n 1,3p "$out/profile-fedsol.txt"
 fi
 if want packing; then
-# 6. several training jobs sharing the GPU (profiles/gpu, gpu_slots): 1, 2, 4 at once, McMahan
-#    CNN and ResNet-18 (CIFAR-shaped, BatchNorm), batched engine; peak GPU memory per job
-for p in mcmahan resnet18; do
-    python "$here/packing.py" --preset "$p" --device cuda --threads 2 --warmup 5 --seconds 10 \
-        --json "$out/packing-$p.json" | tee -a "$out/packing.txt"
-done
+    for p in mcmahan resnet18; do
+        box 100 python "$here/packing.py" --preset "$p" --device cuda --threads 2 --warmup 4 --seconds 8 \
+            --json "$out/packing-$p.json" | tee -a "$out/packing.txt"
+    done
 fi
+if want sims; then
+    box 60 "${sim[@]}" --warmup 10 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
+        --rounds 10 --json "$out/mcmahan-dir-e1.json" | tee -a "$out/sim.txt"
+    box 40 "${sim[@]}" --warmup 10 --modes vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 --rounds 10 \
+        --precision bf16 --json "$out/mcmahan-dir-e1-bf16.json" | tee -a "$out/sim.txt"
+    for m in fedprox feddyn scaffold; do
+        box 45 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
+            --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
+    done
+fi
+if want stream; then
+    box 60 python "$here/streaming.py" --device cuda --engine vectorized --threads 4 --rounds 5 \
+        --json "$out/stream.json" | tee -a "$out/stream.txt"
+fi
+if want rates; then
+    left=$((BUDGET - (SECONDS - start) - 20))
+    [ "$left" -gt 30 ] && box $((left + 15)) python "$here/model_rates.py" --device cuda --budget "$left" \
+        --json "$out/model_rates.json" | tee -a "$out/rates.txt"
+fi
+echo "gpu.sh: $((SECONDS - start)) s" | tee -a "$out/gpu.txt"

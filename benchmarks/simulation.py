@@ -74,6 +74,11 @@ PRESETS = {
     # 100 clients, 10 per round, batch 64
     "resnet18": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18",
                      model_options={"norm": "batch"}, clients=100, rate=0.1, batch=64),
+    # VGG-11 (FedSOL Table 3) in the same setting: no BatchNorm, so on a GPU its batched steps
+    # are full width (fedforget.vectorized: full_width) and the rounds that meet new step
+    # shapes are what issue 32 measures (each round's seconds are in the JSON: s_rounds)
+    "vgg11": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="vgg11",
+                  model_options={}, clients=100, rate=0.1, batch=64),
 }  # fmt: skip
 
 
@@ -232,15 +237,17 @@ def mode_round(args, mode: str):
     return central_round(args) if mode == "central" else engine_round(args, mode)
 
 
-def summarize(mode: str, timed: list[tuple[float, int]], device) -> dict:
+def summarize(mode: str, timed: list[tuple[float, int]], device, every: list[tuple[float, int]] | None = None) -> dict:
     """Medians over rounds (one slow round, a burst of load elsewhere, does not move them),
-    and the throughput's min and max over the rounds."""
+    and the throughput's min and max over the rounds; ``every``: all rounds' seconds, the
+    warm-up's first (s_rounds)."""
     import torch
 
     rates = [n / s for s, n in timed]
     out = {"mode": mode, "s_per_round": statistics.median(s for s, _ in timed),
            "samples_per_s": statistics.median(rates), "samples_per_s_min": min(rates),
-           "samples_per_s_max": max(rates), "peak_rss_mb": peak_rss_mb()}  # fmt: skip
+           "samples_per_s_max": max(rates), "peak_rss_mb": peak_rss_mb(),
+           "s_rounds": [round(sec, 4) for sec, _ in (every or timed)]}  # fmt: skip
     if device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -249,7 +256,7 @@ def summarize(mode: str, timed: list[tuple[float, int]], device) -> dict:
 def measure(args, mode: str) -> dict:
     device, one = mode_round(args, mode)
     timed = [one(rnd) for rnd in range(1, args.warmup + args.rounds + 1)]
-    return summarize(mode, timed[args.warmup :], device)
+    return summarize(mode, timed[args.warmup :], device, timed)
 
 
 def measure_interleaved(args) -> dict[str, dict]:

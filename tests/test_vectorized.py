@@ -45,6 +45,41 @@ def test_vectorized_equals_sequential_within_1e5(make_run_config, run_engines, a
         assert torch.allclose(v, vec.global_params[k], atol=1e-4, rtol=1e-4), k
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(dataset="iris", model="mlp", partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=3, seed=1),
+             rounds=2, local_epochs=2, batch_size=7, sample_rate=1.0, optimizer={"lr": 0.1, "momentum": 0.9}),
+        dict(dataset="mnist1d", model="cnn1d",
+             partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, min_size=5, seed=0),
+             rounds=2, local_epochs=1, batch_size=32, sample_rate=0.5, optimizer={"lr": 0.05, "weight_decay": 1e-4}),
+    ],
+    ids=["iris-mlp", "mnist1d-cnn1d"],
+)
+def test_full_width_steps_equal_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, kw):
+    """full_width (a GPU's default for models without BatchNorm): every batched step is
+    batch_size rows wide, the partial last minibatches padded with masked rows; the clients'
+    results stay those of one after another within 1e-5."""
+    import fedforget.trainers as tr
+
+    real, widths = tr.train_clients_together, set()
+
+    def padded(model, global_params, batch, jobs, **k):
+        def spy(pos):
+            widths.add(pos.shape[-1])
+            return batch(pos)
+
+        return real(model, global_params, spy, jobs, **{**k, "full_width": True})
+
+    monkeypatch.setattr(tr, "train_clients_together", padded)
+    out = run_engines(make_run_config(**kw))
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert widths == {kw["batch_size"]}  # partial minibatches exist in these splits, and were padded
+    assert_same_metrics(rows_s, rows_v)
+    for k, v in seq.global_params.items():
+        assert torch.allclose(v, vec.global_params[k], atol=1e-4, rtol=1e-4), k
+
+
 def test_small_groups_give_the_same_result(make_run_config, run_engines, assert_same_metrics):
     rc = make_run_config(dataset="digits", model="cnn2d", rounds=2, sample_rate=1.0,
                          partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, seed=0))  # fmt: skip

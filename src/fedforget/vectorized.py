@@ -340,6 +340,7 @@ def train_clients_together(
     epoch_rows: Callable[[int], int] | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     sees_step: bool = False,
+    full_width: bool | None = None,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -393,6 +394,8 @@ def train_clients_together(
     # every step client by client (a CPU's usual case): each client trains from the global
     # weights in its own replica, and no stack is built
     alone = all(wide)
+    if full_width is None:
+        full_width = device.type == "cuda" and not buffer_names
 
     def stack(k: str) -> torch.Tensor:  # the global tensor k once per client, [m, ...]
         return global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim())
@@ -667,9 +670,9 @@ def train_clients_together(
     was_training = model.training
     model.train()
 
-    def step_rows(k: int) -> torch.Tensor:  # step k's [a, w] rows: its active clients' widest
+    def step_rows(k: int) -> torch.Tensor:  # step k's [a, w] rows: its active clients' widest (full_width: all)
         active = active_at[k]
-        return table[:active, k, : int(width[:active, k].max())]
+        return table[:active, k] if full_width else table[:active, k, : int(width[:active, k].max())]
 
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)

@@ -1,0 +1,149 @@
+"""Local-training throughput of every distinct (model, model options, input shape, batch size)
+of the paper configs, measured (issue 32, item 6): prints numbers, not a test.
+
+For each setting, FedAvg rounds of fedforget's engine (``client_engine: auto``: batched on a
+GPU) on ``blobs`` images of the config's input shape: 10 clients of ``--steps`` full
+minibatches each, all sampled every round, 1 local epoch, SGD with momentum; ``--warmup``
+rounds untimed (kernels chosen, CUDA graphs captured), then ``--rounds`` timed. Reported per
+setting: samples/s (median over the timed rounds), seconds of the first round, the engine
+that ran, peak GPU memory, and how many runs of the paper configs use the setting (the
+order of measurement: most runs first, so a ``--budget`` cut leaves the rarest unmeasured,
+listed as such). Pretrained weights are not loaded (the same arithmetic; the lent GPU
+machine reaches no hub); Hugging Face text models and the 2-feature MLP (Iris) are left out
+(no image input; the MLP's runs take seconds on a CPU).
+
+    python benchmarks/model_rates.py --device cuda --budget 120 --json out.json
+    python benchmarks/model_rates.py --device cpu --only cnn_fedgp --steps 2 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
+from fedforget.data import DATASETS, prepare_dataset
+from fedforget.engine import Simulation, sample_clients
+from fedforget.parse import parse_config
+from fedforget.partition import PartitionSpec
+
+REPO = Path(__file__).resolve().parents[1]
+CLIENTS = 10
+
+
+def paper_settings() -> list[dict]:
+    """The distinct (model, options, input shape, batch) of config/experiments/paper, most
+    runs first; pretrained weights dropped from the options (same shapes, no download)."""
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    count: collections.Counter = collections.Counter()
+    for path in sorted((REPO / "config/experiments/paper").glob("*.yaml")):
+        raw = {**defaults, **yaml.safe_load(path.read_text())}
+        raw["paper_results"] = str(REPO / "config/paper_results.csv")
+        for rc in parse_config(raw).runs():
+            info = DATASETS.get(rc.dataset.name)
+            shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
+            opts = {k: v for k, v in rc.dataset.model_options.items() if k != "pretrained"}
+            count[(rc.dataset.model, json.dumps(opts, sort_keys=True), shape, rc.train.batch_size)] += 1
+    out = []
+    for (model, opts, shape, batch), runs in count.most_common():
+        if model == "hf" or len(shape) != 3 or shape[1] != shape[2]:
+            continue
+        out.append({"model": model, "options": json.loads(opts), "shape": list(shape), "batch": batch, "paper_runs": runs})
+    return out
+
+
+def run_config(s: dict, a: argparse.Namespace) -> RunConfig:
+    c, size = s["shape"][0], s["shape"][1]
+    n = CLIENTS * a.steps * s["batch"]
+    options = {"channels": c, "size": size, "num_train": n, "num_test": 100, "uint8": True}
+    ds = DatasetSpec("blobs", options, s["model"], s["options"], None, "blobs")
+    ts = TrainSpec(
+        rounds=a.warmup + a.rounds + 1, local_epochs=1, batch_size=s["batch"], sample_rate=1.0,
+        optimizer=OptimizerSpec(lr=0.01, momentum=0.9), eval_local_models=False, eval_every=10**9,
+        device=a.device, threads=a.threads, client_engine="auto", checkpoint_every=10**9,
+    )  # fmt: skip
+    part = PartitionSpec("iid", clients=CLIENTS, seed=0)
+    return RunConfig("rates", ds, part, MethodSpec("fedavg", {}, "fedavg"), 0, ts, a.data, os.path.join(a.data, "results"))
+
+
+def measure(s: dict, a: argparse.Namespace) -> dict:
+    rc = run_config(s, a)
+    prepare_dataset("blobs", rc.dataset.options, a.data)  # before any timing
+    cuda = a.device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sim = Simulation(rc)
+    times, first = [], None
+    for rnd in range(1, a.warmup + a.rounds + 1):
+        n = sum(sim.clients.size(c) for c in sample_clients(rc.seed, rnd, CLIENTS, 1.0))
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sim.run_round(rnd, t0)
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        first = dt if first is None else first
+        if rnd > a.warmup:
+            times.append((dt, n))
+    out = {
+        **s, "engine": sim.engine_info["client_engine"], "samples_per_s": statistics.median(n / t for t, n in times),
+        "s_per_round": statistics.median(t for t, _ in times), "s_first_round": first, "samples_per_round": times[0][1],
+    }  # fmt: skip
+    if cuda:
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    del sim
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8, help="minibatches per client per round")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=float("inf"), help="seconds: start no setting after this")
+    ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
+    ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-rates-data"))
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    start, rows = time.perf_counter(), []
+    for s in paper_settings():
+        if a.only and s["model"] not in a.only:
+            continue
+        if time.perf_counter() - start > a.budget:
+            rows.append({**s, "error": "not measured: --budget spent"})
+        else:
+            try:
+                rows.append(measure(s, a))
+            except Exception as e:  # noqa: BLE001  (one setting's failure is reported, the others run)
+                rows.append({**s, "error": f"{type(e).__name__}: {e}"})
+        r = rows[-1]
+        what = f"{r['model']} {json.dumps(r['options'])} {tuple(r['shape'])} batch {r['batch']} ({r['paper_runs']} runs)"
+        if "error" in r:
+            print(f"{what}: {r['error']}", flush=True)
+        else:
+            mem = f", peak {r['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in r else ""
+            print(f"{what}: {r['engine']} {r['samples_per_s']:.0f} samples/s, {r['s_per_round']:.3f} s/round "
+                  f"(first {r['s_first_round']:.2f} s){mem}", flush=True)  # fmt: skip
+        if a.json:  # after every setting: a cut run keeps what it measured
+            device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
+            meta = {"device": device, "torch": torch.__version__, "clients": CLIENTS, "steps": a.steps,
+                    "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads}  # fmt: skip
+            Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
