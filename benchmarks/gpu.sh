@@ -63,6 +63,12 @@ if want resnet18; then
     # FedAvg: the plain loop (central) and both engines, one process each
     box 150 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
+    # where a sequential ResNet-18 round's time goes, beside the plain loop's (GPU busy share)
+    for m in sequential central; do
+        box 45 python "$here/profile_round.py" --preset resnet18 --mode $m --device cuda --partition dirichlet0.5 \
+            --epochs 1 --warmup 2 --rounds 2 --rows 20 >"$out/profile-resnet18-$m.txt" 2>&1
+        sed -n 1,3p "$out/profile-resnet18-$m.txt"
+    done
     # VGG-11: s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central vectorized --preset vgg11 --partition dirichlet0.5 \
         --epochs 1 --rounds 12 --json "$out/vgg11-dir-e1.json" | tee -a "$out/sim.txt"
