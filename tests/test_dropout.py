@@ -176,6 +176,6 @@ def test_dropout_steps_under_cuda_graphs_replay_the_eager_steps(make_run_config,
     monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "1")
     graphed = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized")))
     _, rows_g, _ = graphed.run(progress=False)
-    assert graphed.step_graphs.replays > 0
+    assert graphed.trainer.step_graphs.replays > 0
     assert_same_metrics(eager["vectorized"][1], rows_g, tol=0.0)
     assert_same_metrics(eager["sequential"][1], rows_g)

@@ -161,7 +161,7 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     assert sim.engine_info["client_engine"] == "sequential"
     assert "ResNetBody would need the vmap path" in sim.engine_info["client_engine_reason"]
     gn = build_model("resnet8", (1, 8, 8), 10, {"norm": "group"})
-    assert auto_prefers_sequential(gn, torch.device("cuda")) is None
+    assert "auto on a GPU: sequential (module ResNetBody" in auto_prefers_sequential(gn, torch.device("cuda"))
 
 
 def _stacked_params(model, g, seed=0):
@@ -367,7 +367,7 @@ def test_cuda_graphs_replay_the_eager_steps_bit_for_bit(make_run_config, monkeyp
         assert status == "completed", msg
         runs[flag] = (sim, [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows])
     (eager, rows_e), (graphed, rows_g) = runs["0"], runs["1"]
-    assert eager.step_graphs is None and graphed.step_graphs.replays > 0
+    assert eager.trainer.step_graphs is None and graphed.trainer.step_graphs.replays > 0
     assert rows_e == rows_g
     for k, v in eager.global_params.items():
         assert torch.equal(v, graphed.global_params[k]), k

@@ -712,18 +712,19 @@ def train_clients_together(
 
 def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | None:
     """Why ``client_engine: auto`` trains one client after another on ``device`` although
-    the batched path is possible (None: it trains clients together). On a GPU it is always
-    batched. On a CPU it is batched when ``stacked_forward`` runs the model (measured on 2
-    cores, ``benchmarks/engine_choice.py`` and ``benchmarks/simulation.py``: MLP and 1-D CNN
-    steps run several times faster batched; Conv2d models, whose wide steps run client by
-    client, tie or gain through their batched short steps), and sequential where only the
-    ``vmap`` fallback could batch it (slower than a loop on a CPU)."""
-    if device.type == "cuda":
-        return None
+    the batched path is possible (None: it trains clients together): where only the ``vmap``
+    fallback could batch the model (``stacked_forward`` cannot run it: BatchNorm, GroupNorm,
+    ResNet blocks), on a CPU and on a GPU alike. Measured: on 2 CPU cores
+    (``benchmarks/engine_choice.py``, ``benchmarks/simulation.py``) MLP and 1-D CNN steps run
+    several times faster batched, Conv2d models tie or gain through their batched short steps,
+    and vmap steps are slower than a loop; on an H200 (``benchmarks/results/h200-2026-11-27``,
+    issue 32's setting) the McMahan CNN batched ran 9.45x the sequential trainer, ResNet-18
+    with BatchNorm through vmap 0.86x (its convolutions become grouped ones)."""
     bad = stacked_supported(model)
-    if bad is not None:
-        return f"auto on a CPU: sequential (module {bad} would need the vmap path, slower than a loop on a CPU)"
-    return None
+    if bad is None:
+        return None
+    where = "a CPU" if device.type != "cuda" else "a GPU"
+    return f"auto on {where}: sequential (module {bad} would need the vmap path, slower than a loop on {where})"
 
 
 @torch.no_grad()
