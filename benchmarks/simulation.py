@@ -368,7 +368,8 @@ def main() -> None:
             print(f"{m:11s} error: {rs[0]['error']}")
             continue
         pick = {"_min": min, "_max": max}  # over every process's rounds; medians of the rest
-        s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k != "mode"}
+        s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k not in ("mode", "s_rounds")}
+        s["s_rounds"] = [x["s_rounds"] for x in ok]  # every process's rounds
         summary[m] = s
         if m == "central":
             central = s["samples_per_s"]
