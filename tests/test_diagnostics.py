@@ -10,7 +10,7 @@ import torch
 
 from fedforget.engine import Simulation
 from fedforget.methods.base import flatten_state
-from fedforget.metrics import classwise_accuracy
+from fedforget.metrics import classwise_accuracy, layer_lambda
 from fedforget.parse import parse_config
 from fedforget.runner import run_training
 from fedforget.utils import FedForgetError
@@ -32,6 +32,32 @@ def test_weight_divergence_matches_hand_computation(make_run_config):
     assert all(torch.equal(snap["global_after"][k], sim.global_params[k].to(snap["global_after"][k].device))
                for k in sim.global_params)  # fmt: skip (snapshots live on the CPU)
     assert not all(torch.equal(snap["global_before"][k], snap["global_after"][k]) for k in sim.global_params)
+
+
+def test_layer_lambda_by_hand():
+    """FedSOL's Eq. 7 lambda per tensor, averaged over its elements, then over the clients."""
+    g = {"w": torch.zeros(4), "b": torch.ones(2)}
+    moved = {"w": torch.tensor([3.0, -4.0, 0.0, 0.0]), "b": torch.tensor([1.0, 3.0])}  # |d| = 3,4,0,0 and 0,2
+    still = {"w": torch.zeros(4), "b": torch.ones(2)}  # not moved: lambda 0
+    out = layer_lambda(g, [moved, still], ["w", "b"])
+    assert out == {"layer_lambda:w": pytest.approx((0.6 + 0.8) / 4 / 2), "layer_lambda:b": pytest.approx((0 + 1.0) / 2 / 2)}
+
+
+def test_layer_lambda_matches_the_saved_local_models(make_run_config):
+    cfg = make_run_config(rounds=2, diagnostics=("layer_lambda",), save_client_models=(2,))
+    sim = Simulation(cfg)
+    _, rows, _ = sim.run(progress=False)
+    snap = sim.snapshots[2]
+    names = [n for n, p in sim.model.named_parameters() if p.requires_grad]
+    assert {k for k in rows[2] if k.startswith("layer_lambda:")} == {f"layer_lambda:{n}" for n in names}
+    for n in names:
+        per_client = []
+        for local in snap["clients"].values():
+            d = (local[n].double() - snap["global_before"][n].double()).abs()
+            per_client.append(float((d / d.norm()).mean()))
+            # the mean of a unit vector's n entries lies in [1/n, 1/sqrt(n)]
+            assert 1 / d.numel() - 1e-12 <= per_client[-1] <= d.numel() ** -0.5 + 1e-12
+        assert rows[2][f"layer_lambda:{n}"] == pytest.approx(sum(per_client) / len(per_client), rel=1e-9)
 
 
 def test_one_sampled_client_has_undefined_pairwise_divergence(make_run_config):

@@ -30,6 +30,7 @@ import pytest
 from fedforget import plots
 from fedforget.continual import scenario_shape
 from fedforget.figures import FIGURES, FigureInput
+from fedforget.models import build_model
 from fedforget.parse import load_config
 from fedforget.plots import CURVES, RUN_KEYS, setting_label
 
@@ -319,17 +320,20 @@ FIGURE_COLUMNS = {
     "fedsol_knowledge": ["local_models_global_test_acc_mean"],
     "fedsol_classwise": [f"global_model_test_acc_class{c}" for c in range(10)],  # digits, CIFAR-10
     "buffer_tasks": [f"fedgp_buffer_task{t}" for t in range(10)],  # FedGP Table 9's 10 tasks
+    # the McMahan CNN's parameters (FedSOL Fig. 4b)
+    "layer_lambda": [f"layer_lambda:{n}" for n, _ in build_model("cnn_mcmahan", (3, 32, 32), 10, {}).named_parameters()],
 }
 # these read model files and the dataset (tests/test_figures_fedproj.py, tests/test_figures_fedsol.py)
 NOT_DRAWN = {"decision_boundaries", "fedsol_landscape"}
 FIGURE_METHODS = ("fedsol", "fedproj", "fedgp")  # methods whose own columns ("<method>_<name>") experiment figures draw
 
 
-def experiment_figure_input(shape: Shape, columns: list[str], rng) -> tuple[FigureInput, dict]:
+def experiment_figure_input(shape: Shape, columns: list[str], rng, rounds: tuple[int, ...] = ()) -> tuple[FigureInput, dict]:
     """A FigureInput of the shape's runs of its two datasets x partitions with the widest
     titles (these figures have a row of panels per dataset x partition; the rows below repeat
     their geometry), random values in ``columns`` (a method's own column, "<method>_<name>",
-    only in that method's runs), and {run_dir: RunConfig} for the figures that read a run's
+    only in that method's runs; rows at 5 rounds from 0 to the last, and at ``rounds``, e.g. the
+    round a figure's options name), and {run_dir: RunConfig} for the figures that read a run's
     config."""
     from fedforget.plots import _text_width
 
@@ -344,7 +348,7 @@ def experiment_figure_input(shape: Shape, columns: list[str], rng) -> tuple[Figu
         configs[run_dir] = rc
         runs.append({**key, "status": "completed", "run_dir": run_dir,
                      "final_global_model_test_acc": rng.random(), "best_global_model_test_acc": rng.random()})  # fmt: skip
-        for rnd in sorted(set(np.linspace(0, rc.train.rounds, 5).astype(int))):
+        for rnd in sorted(set(np.linspace(0, rc.train.rounds, 5).astype(int)) | set(rounds)):
             row = {**key, "round": rnd, "global_model_test_acc": rng.random()}
             for c in columns:
                 mine = c.split("_")[0] not in FIGURE_METHODS or c.startswith(f"{rc.method.name}_")
@@ -374,7 +378,8 @@ def test_no_text_overlaps_in_the_experiment_figures_of_the_shipped_configs(shipp
     for _, shape, fig in listed.values():
         columns = FIGURE_COLUMNS.get(fig.name, []) + list(fig.options.get("columns", []))
         columns += [fig.options["column"]] if "column" in fig.options else []
-        inp, cfgs = experiment_figure_input(shape, list(dict.fromkeys(columns)), rng)
+        at = (fig.options["round"],) if "round" in fig.options else ()
+        inp, cfgs = experiment_figure_input(shape, list(dict.fromkeys(columns)), rng, at)
         configs.update(cfgs)
         out = tmp_path / shape.name / f"{fig.label}.png"
         out.parent.mkdir(parents=True, exist_ok=True)  # as make_figure does

@@ -29,11 +29,12 @@ def tiny(data_root, tmp_path_factory):
         "seeds": [0, 1],
         "train": {"rounds": 3, "local_epochs": 1, "batch_size": 16, "sample_rate": 1.0, "threads": 1,
                   "optimizer": {"name": "sgd", "lr": 0.1},
-                  "diagnostics": ["weight_divergence", "classwise_accuracy"]},
+                  "diagnostics": ["weight_divergence", "classwise_accuracy", "layer_lambda"]},
         "figures": [{"name": "fedsol_vs_rho", "label": "fig2"},
                     {"name": "fedsol_divergence", "label": "fig5"},
                     {"name": "fedsol_knowledge", "label": "fig6a"},
                     {"name": "fedsol_classwise", "label": "fig6b"},
+                    {"name": "layer_lambda", "label": "fig4b", "options": {"round": 2}},
                     {"name": "fedsol_landscape", "label": "fig7",
                      "options": {"methods": ["fedavg", "head-r1"], "rows": 60, "points": 5, "iters": 500, "tol": 1e-9}}],
     }  # fmt: skip
@@ -44,12 +45,13 @@ def test_options():
     assert figure_options("fedsol_vs_rho") == {"columns", "group", "stat"}
     assert figure_options("fedsol_divergence") == set()
     assert figure_options("fedsol_classwise") == {"methods"}
+    assert figure_options("layer_lambda") == {"round"}
     assert figure_options("fedsol_landscape") == {"methods", "seed", "setting", "rows", "top", "iters", "tol",
                                                   "radius", "points", "batch", "device"}  # fmt: skip
 
 
 def test_all_figures_drawn_by_the_pipeline(tiny):
-    for label in ("fig2", "fig5", "fig6a", "fig6b", "fig7"):
+    for label in ("fig2", "fig4b", "fig5", "fig6a", "fig6b", "fig7"):
         png = tiny / "figures" / f"{label}.png"
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000, label
 
@@ -73,6 +75,19 @@ def test_vs_rho_table_is_the_per_run_mean_of_the_metrics(tiny, tmp_path):
     fa = metrics[(metrics["method"] == "fedavg") & (metrics["round"] == 3)]["global_model_test_acc"].mean()
     ref = table[table["variant"] == "fedavg"].iloc[0]
     assert pd.isna(ref["rho"]) and ref["global_model_test_acc_mean"] == pytest.approx(fa)
+
+
+def test_layer_lambda_table_is_the_seed_mean_of_the_round_in_the_models_order(tiny):
+    table = pd.read_csv(tiny / "figures" / "fig4b.csv")
+    metrics = pd.read_parquet(tiny / "summary" / "metrics.parquet")
+    cols = [c for c in metrics.columns if c.startswith("layer_lambda:")]
+    assert cols and set(table["method"]) == {"fedavg", "all-r0.5", "all-r1", "head-r1"}
+    one = table[table["method"] == "all-r1"]
+    model_order = ["body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias", "head.weight", "head.bias"]
+    assert one["parameter"].tolist() == model_order  # iris's MLP, as registered
+    m = metrics[(metrics["method"] == "all-r1") & (metrics["round"] == 2)]
+    assert one["mean"].tolist() == pytest.approx(m[[f"layer_lambda:{n}" for n in model_order]].mean().tolist())
+    assert (one["count"] == 2).all() and (one["mean"] > 0).all()
 
 
 def test_classwise_csv_has_the_final_class_accuracies(tiny):

@@ -32,7 +32,7 @@ from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
 from .methods import METHODS, RunInfo, ServerContext, make_params
 from .methods.base import AFTER_TASK, ROUND_END, TASK_END
-from .metrics import weight_divergence
+from .metrics import layer_lambda, weight_divergence
 from .models import build_model
 from .progress import RoundProgress, progress_mode
 from .rundata import load_run_data
@@ -317,6 +317,10 @@ class Simulation:
             row.update(metrics)
         if "weight_divergence" in t.diagnostics and uploads:
             row.update(weight_divergence(broadcast_params, [u.params for u in uploads]))
+        if "layer_lambda" in t.diagnostics and uploads:
+            names = [n for n, p in self.model.named_parameters()
+                     if p.requires_grad and all(n in u.params for u in uploads)]  # fmt: skip
+            row.update(layer_lambda(broadcast_params, [u.params for u in uploads], names))
         if local_accs:
             row.update(
                 local_models_global_test_acc_mean=float(np.mean(local_accs)),

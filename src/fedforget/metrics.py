@@ -59,6 +59,9 @@ DIAGNOSTICS = {
     "weight_divergence": ["local_models_dist_to_global_mean", "local_models_pairwise_dist_mean"],
     # the aggregated model's test accuracy per true class: global_model_test_acc_class<c>
     "classwise_accuracy": [],
+    # FedSOL's Eq. 7 lambda of each local model per trainable parameter tensor, averaged over
+    # the tensor's elements and the sampled clients: layer_lambda:<parameter name> (Fig. 4b)
+    "layer_lambda": [],
 }
 
 
@@ -72,6 +75,27 @@ def weight_divergence(global_params: dict, local_params: Sequence[dict]) -> dict
         pair = (d.sum() / (m * (m - 1))).item()  # the diagonal is 0
     return {"local_models_dist_to_global_mean": to_global, "local_models_pairwise_dist_mean": pair}
 
+
+
+@torch.no_grad()
+def layer_lambda(global_params: dict, local_params: Sequence[dict], names: Sequence[str]) -> dict[str, float]:
+    """FedSOL's Eq. 7 [P, fedsol.md Sec. 3.3] per parameter tensor m of each local model
+    w_k: lambda^(m) = |w_k^(m) - w_g^(m)| / ||w_k^(m) - w_g^(m)||_2 (0 where w_k^(m) =
+    w_g^(m)), averaged over the tensor's elements, then over the local models ("layer-wisely
+    averaged lambda values across the local models", Fig. 4b). One column per name in
+    ``names`` (the model's trainable parameters), ``layer_lambda:<name>``; computed in
+    float64. The mean of a unit vector's entries is ||d||_1 / (n ||d||_2): between 1/n (one
+    entry moved) and 1/sqrt(n) (all moved alike), so it also reads how evenly a layer moved."""
+    out = {}
+    for name in names:
+        g = global_params[name].double()
+        means = []
+        for local in local_params:
+            d = (local[name].double() - g).abs()
+            n = torch.linalg.vector_norm(d)
+            means.append(float(d.sum() / (n * d.numel())) if n > 0 else 0.0)
+        out[f"layer_lambda:{name}"] = sum(means) / len(means)
+    return out
 
 
 @torch.no_grad()

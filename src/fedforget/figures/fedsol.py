@@ -11,6 +11,11 @@
 - ``fedsol_classwise`` (Fig. 6b): class-wise test accuracy of the global model per round, one
   heatmap (class x round, mean over seeds) per method and setting (engine diagnostic
   ``classwise_accuracy``), plus a .csv of the final-round class accuracies.
+- ``layer_lambda`` (Fig. 4b): FedSOL's Eq. 7 lambda of the local models per layer (engine
+  diagnostic ``layer_lambda``: the mean over a parameter tensor's elements and the round's
+  clients) in one round (default each run's last), one bar per parameter tensor in the
+  model's order (a run's saved model.pt), one group per method, mean ± std over seeds, one panel per dataset x
+  setting. Writes a .csv beside it.
 - ``fedsol_landscape`` (Fig. 7): each method's final global model (model.pt): the training
   loss over the plane of its Hessian's top-2 eigenvectors, titled with lambda_1 and
   lambda_1 / lambda_5 (``fedforget.landscape``), plus a .csv of the top eigenvalues and one
@@ -44,12 +49,76 @@ def _method_params(run_dir: str) -> tuple[str, dict]:
     return method.name, method.params
 
 
-NEEDS = (" (FedSOL diagnostics need method fedsol; weight divergence / class-wise accuracy need "
-         "train.diagnostics: [weight_divergence, classwise_accuracy])")  # fmt: skip
+NEEDS = (" (FedSOL diagnostics need method fedsol; weight divergence / class-wise accuracy / layer lambda need "
+         "train.diagnostics: [weight_divergence, classwise_accuracy, layer_lambda])")  # fmt: skip
 
 
 def _need(inp: FigureInput, figure: str, columns: list[str]) -> None:
     inp.require_columns(figure, columns, NEEDS)
+
+
+def _parameter_order(inp: FigureInput, names: list[str]) -> list[str]:
+    """``names`` in the model's order: that of the state dict a run saved (model.pt, the
+    model's registration order), else a natural sort (numbers as numbers, a module's weight
+    before its bias)."""
+    for run_dir in inp.runs.loc[inp.runs["status"] == "completed", "run_dir"]:
+        saved = Path(run_dir) / "model.pt"
+        if saved.is_file():
+            keys = list(torch.load(saved, map_location="cpu", weights_only=True))
+            return [k for k in keys if k in names] + sorted(set(names) - set(keys))
+
+    def natural(name: str) -> list:
+        *path, leaf = name.split(".")
+        return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in path] + [(2, leaf != "weight", leaf)]
+
+    return sorted(names, key=natural)
+
+
+@FIGURES.register("layer_lambda")
+def layer_lambda(inp: FigureInput, out: Path, round: int | None = None) -> list[Path]:
+    cols = [c for c in inp.metrics.columns if c.startswith("layer_lambda:")]
+    if not cols:
+        _need(inp, "layer_lambda", ["layer_lambda:<parameter>"])
+    keys = ["dataset", "setting", "method", "seed"]
+    m = inp.metrics[inp.metrics[cols].notna().any(axis=1)]
+    m = m[m["round"] == m.groupby(keys)["round"].transform("max")] if round is None else m[m["round"] == int(round)]
+    if m.empty:
+        raise FedForgetError(f"figure 'layer_lambda': no run has layer_lambda columns in round {round}")
+    long = m.melt(id_vars=keys, value_vars=cols, var_name="parameter", value_name="lambda").dropna(subset=["lambda"])
+    long["parameter"] = long["parameter"].str.slice(len("layer_lambda:"))
+    order = {n: i for i, n in enumerate(_parameter_order(inp, [c[len("layer_lambda:"):] for c in cols]))}
+    table = (long.groupby(["dataset", "setting", "method", "parameter"], sort=False)["lambda"]
+             .agg(["mean", "std", "count"]).reset_index())  # fmt: skip
+    table["position"] = table["parameter"].map(order)
+    table = table.sort_values(["dataset", "setting", "method", "position"], kind="stable").drop(columns="position")
+    out = Path(out)
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    plt = _plt()
+    panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
+    n_par = max(len(set(table["parameter"])), 1)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.35 * n_par + 2), 3.4 * len(panels)), squeeze=False)
+    for ax, (ds, st) in zip(axes[:, 0], panels):
+        sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
+        params = list(dict.fromkeys(sub["parameter"]))
+        methods = list(dict.fromkeys(sub["method"]))
+        width = 0.8 / len(methods)
+        x = np.arange(len(params))
+        for i, meth in enumerate(methods):
+            s = sub[sub["method"] == meth].set_index("parameter").reindex(params)
+            ax.bar(x + (i - (len(methods) - 1) / 2) * width, s["mean"], width, yerr=s["std"].fillna(0),
+                   capsize=2, label=meth)  # fmt: skip
+        ax.set_xticks(x)
+        ax.set_xticklabels(params, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("mean λ of the layer\n(over local models)")
+        ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    which = "the last round" if round is None else f"round {round}"
+    fig.suptitle(f"Layer-wise λ (Eq. 7) of the local models, {which} (FedSOL Fig. 4b), mean ± std over seeds", fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return [out, out.with_suffix(".csv")]
 
 
 @FIGURES.register("fedsol_vs_rho")
