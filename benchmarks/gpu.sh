@@ -12,8 +12,9 @@
 #             setting: CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients, 10 per round,
 #             batch 64, 1 epoch; the sequential trainer ran 0.67x the plain loop);
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
-#             engines; VGG-11 likewise, every round's seconds kept (rounds meeting new step
-#             shapes);
+#             engines, and the sequential one without its up-front pass over every minibatch
+#             size (FEDFORGET_WARM_SHAPES=0); VGG-11 likewise, every round's seconds kept
+#             (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER, FedGP and A-GEM on ResNet-18, sequential vs stacked
 #             (split 5 x 2: task 0 in the warm-up);
 #   fedsol    FedSOL's round profiled (sequential: how busy the GPU is);
@@ -27,7 +28,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests profile18 continual18 stream rates packing fedsol resnet18 sims}}
+ORDER=${ORDER:-${SECTIONS:-tests resnet18 profile18 continual18 stream rates packing fedsol sims}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -73,9 +74,13 @@ profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, t
     done
 }
 resnet18() {
-    # FedAvg: the plain loop (central) and both engines, one process each
+    # FedAvg: the plain loop (central) and both engines, one process each; then the sequential
+    # trainer without meeting every minibatch size up front (trainers.warm_conv_shapes), the
+    # H200's 0.67x of 2026-11-27 (a new cuDNN shape per client's last minibatch, inferred)
     box 150 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
+    box 80 env FEDFORGET_WARM_SHAPES=0 "${sim[@]}" --warmup 3 --modes sequential --preset resnet18 \
+        --partition dirichlet0.5 --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1-nowarm.json" | tee -a "$out/sim.txt"
     # VGG-11: s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \
         --epochs 1 --rounds 12 --json "$out/vgg11-dir-e1.json" | tee -a "$out/sim.txt"

@@ -63,3 +63,40 @@ def test_a_run_on_a_real_gpu_uses_it_batched_and_records_it(tmp_path, make_run_c
     assert record["device"].startswith("cuda")
     assert record["host"]["gpu"] == torch.cuda.get_device_name(0)
     assert record["client_engine"] == "vectorized"
+
+
+def test_warming_every_minibatch_size_changes_no_result(make_run_config, monkeypatch) -> None:
+    """The sequential trainer's up-front pass over every minibatch size (on a GPU: cuDNN's
+    kernels chosen before the rounds, trainers.warm_conv_shapes), forced here on the CPU:
+    the run's metrics and weights are the bits of a run without it, and it met each size
+    1..batch_size once, on a twin of the model."""
+    import fedforget.trainers as tr
+
+    from fedforget.engine import Simulation
+    from fedforget.engine import TIMING_COLUMNS
+
+    rc = make_run_config(dataset="digits", model="resnet8", rounds=1, batch_size=16, client_engine="sequential", drop_last=True,
+                         sample_rate=0.5,
+                         optimizer={"lr": 0.05, "momentum": 0.9})  # fmt: skip
+    runs, seen = {}, []
+    real = tr.warm_conv_shapes
+
+    def spy(model, row, sizes, autocast):
+        seen.append((list(sizes), tuple(row.shape)))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        rng = torch.get_rng_state()
+        n = real(model, row, sizes, autocast)
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+        assert torch.equal(rng, torch.get_rng_state()) and all(p.grad is None for p in model.parameters())
+        return n
+
+    monkeypatch.setattr(tr, "warm_conv_shapes", spy)
+    for warm in (False, True):
+        monkeypatch.setattr(tr, "conv_warmup_wanted", lambda model, device, warm=warm: warm)
+        sim = Simulation(rc)
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        runs[warm] = (sim, [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows])
+    assert seen == [(list(range(1, 17)), (1, 1, 8, 8))]
+    assert runs[False][1] == runs[True][1]
+    assert all(torch.equal(v, runs[True][0].global_params[k]) for k, v in runs[False][0].global_params.items())

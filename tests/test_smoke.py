@@ -617,3 +617,13 @@ def test_smoke_caps_the_compute_of_the_landscape_figure():
     raw["experiments"][0]["figures"][0]["options"] = {"rows": 10}
     (fig,) = smoke_config({**raw, "scale": "smoke"})["experiments"][0]["figures"]
     assert fig["options"]["rows"] == 10 and fig["options"]["iters"] == 5
+
+
+def test_smoke_keeps_a_figures_round_within_the_rounds():
+    """FedSOL Fig. 4b draws round 200 of 300: at smoke scale that round does not exist, and
+    the figure draws the last one; a round within the smoke rounds is kept."""
+    raw = load_yaml(Path(__file__).resolve().parents[1] / "config" / "experiments" / "paper" / "fedsol_fig4.yaml")
+    ex = smoke_config({**raw, "scale": "smoke"})["experiments"][1]
+    assert ex["figures"][0]["options"] == {"round": ex["train"]["rounds"]}
+    raw["experiments"][1]["figures"][0]["options"] = {"round": 1}
+    assert smoke_config({**raw, "scale": "smoke"})["experiments"][1]["figures"][0]["options"] == {"round": 1}

@@ -35,7 +35,7 @@ What changes, per experiment:
   round each, and hold at least ``smoke.rows`` samples, so that each reaches a client's next
   task); ``sample_rate`` raised so that at least 2 clients of ``smoke.clients``
   train per round (at least 1 anyway: ``engine.sample_clients``); ``save_client_models``
-  and figure ``rounds`` options kept within the rounds; figures' compute budgets
+  and figure ``rounds`` and ``round`` options kept within the rounds; figures' compute budgets
   (:data:`FIGURE_BUDGETS`: fedsol_landscape's rows, iterations and grid) at most the smoke value;
 - partitions: ``clients`` at most ``smoke.clients``, Dirichlet ``min_size`` at most 2
   (a few hundred rows cannot give every client 10 with small alpha) and ``min_per_class`` 0
@@ -186,6 +186,9 @@ def _experiment(ex: dict[str, Any], s: dict[str, Any]) -> None:
         r = opts.get("rounds")
         if isinstance(r, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in r):
             opts["rounds"] = [v for v in r if v <= rounds] or [rounds]
+        one = opts.get("round")  # a figure of one round (layer_lambda, buffer_tasks): the last one, if beyond
+        if isinstance(one, int) and not isinstance(one, bool) and one > rounds:
+            opts["round"] = rounds
         for k, cap in FIGURE_BUDGETS.get(f.get("name"), {}).items():
             v = opts.get(k)
             opts[k] = cap if not isinstance(v, int) or isinstance(v, bool) else min(v, cap)
