@@ -71,9 +71,7 @@ def test_warming_every_minibatch_size_changes_no_result(make_run_config, monkeyp
     the run's metrics and weights are the bits of a run without it, and it met each size
     1..batch_size once, on a twin of the model."""
     import fedforget.trainers as tr
-
-    from fedforget.engine import Simulation
-    from fedforget.engine import TIMING_COLUMNS
+    from fedforget.engine import TIMING_COLUMNS, Simulation
 
     rc = make_run_config(dataset="digits", model="resnet8", rounds=1, batch_size=16, client_engine="sequential", drop_last=True,
                          sample_rate=0.5,

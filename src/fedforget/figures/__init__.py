@@ -106,6 +106,71 @@ class FigureInput:
             )
 
 
+def round_means(inp: FigureInput, figure: str, columns: dict[str, Any], key: str, round: int | None) -> pd.DataFrame:
+    """The metrics ``columns`` (column -> its ``key`` value) of every run in one round
+    (default each run's last round with a value), mean / std / count over seeds, long:
+    dataset, setting, method, ``key``, mean, std, count, in the order of ``columns`` within
+    each method. One error naming the figure where no run has them in that round."""
+    runs = ["dataset", "setting", "method", "seed"]
+    cols = list(columns)
+    m = inp.metrics[inp.metrics[cols].notna().any(axis=1)]
+    m = m[m["round"] == m.groupby(runs)["round"].transform("max")] if round is None else m[m["round"] == int(round)]
+    if m.empty:
+        raise FedForgetError(f"figure '{figure}': no run has {cols[0]} (or its siblings) in round {round}")
+    long = m.melt(id_vars=runs, value_vars=cols, var_name=key, value_name="value").dropna(subset=["value"])
+    long["position"] = long[key].map({c: i for i, c in enumerate(cols)})
+    long[key] = long[key].map(columns)
+    table = (long.groupby(["dataset", "setting", "method", "position", key], sort=False)["value"]
+             .agg(["mean", "std", "count"]).reset_index())  # fmt: skip
+    order = {meth: i for i, meth in enumerate(dict.fromkeys(table["method"]))}
+    table = table.assign(_m=table["method"].map(order)).sort_values(["dataset", "setting", "_m", "position"], kind="stable")
+    return table.drop(columns=["_m", "position"]).reset_index(drop=True)
+
+
+def method_bars(table: pd.DataFrame, key: str, out: Path, *, ylabel: str, title: str, xlabel: str | None = None,
+                ticks: Callable[[list], list[str]] = lambda keys: [str(k) for k in keys], stacked: bool = False) -> list[Path]:  # fmt: skip
+    """``round_means``'s table as bars: one per (``key`` value, method) with ±1 std, one
+    panel per dataset x setting (side by side, or one under another with ``stacked`` for
+    many, rotated tick labels); writes ``out`` and the table beside it (.csv)."""
+    from ..plots import _plt, _save, setting_label
+
+    out = Path(out)
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    plt = _plt()
+    panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
+    n_keys = len(set(table[key]))
+    if stacked:
+        fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.35 * n_keys + 2), 3.4 * len(panels)), squeeze=False)
+        axes = axes[:, 0]
+    else:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
+        axes = axes[0]
+    for ax, (ds, st) in zip(axes, panels):
+        sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
+        keys, methods = list(dict.fromkeys(sub[key])), list(dict.fromkeys(sub["method"]))
+        width, x = 0.8 / len(methods), list(range(len(keys)))
+        for i, meth in enumerate(methods):
+            s = sub[sub["method"] == meth].set_index(key).reindex(keys)
+            ax.bar([v + (i - (len(methods) - 1) / 2) * width for v in x], s["mean"], width,
+                   yerr=s["std"].fillna(0), capsize=2, label=meth)  # fmt: skip
+        ax.set_xticks(x)
+        if stacked:
+            ax.set_xticklabels(ticks(keys), rotation=60, ha="right", fontsize=7)
+        else:
+            ax.set_xticklabels(ticks(keys))
+        if xlabel:
+            ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return [out, out.with_suffix(".csv")]
+
+
 def run_config(run_dir: str | Path) -> RunConfig:
     """The resolved config of a finished run (its run.json)."""
     from ..config import load_run_config

@@ -39,7 +39,7 @@ from ..landscape import loss_grid, top_eigen
 from ..models import build_model
 from ..plots import Y_MARGIN, _plt, _save, _wrap, axis_label, is_accuracy, setting_label
 from ..utils import FedForgetError, torch_seed
-from . import FIGURES, FigureInput, run_config
+from . import FIGURES, FigureInput, method_bars, round_means, run_config
 
 STATS = ("mean", "final")
 
@@ -76,49 +76,14 @@ def _parameter_order(inp: FigureInput, names: list[str]) -> list[str]:
 
 @FIGURES.register("layer_lambda")
 def layer_lambda(inp: FigureInput, out: Path, round: int | None = None) -> list[Path]:
-    cols = [c for c in inp.metrics.columns if c.startswith("layer_lambda:")]
-    if not cols:
+    names = [c[len("layer_lambda:"):] for c in inp.metrics.columns if c.startswith("layer_lambda:")]
+    if not names:
         _need(inp, "layer_lambda", ["layer_lambda:<parameter>"])
-    keys = ["dataset", "setting", "method", "seed"]
-    m = inp.metrics[inp.metrics[cols].notna().any(axis=1)]
-    m = m[m["round"] == m.groupby(keys)["round"].transform("max")] if round is None else m[m["round"] == int(round)]
-    if m.empty:
-        raise FedForgetError(f"figure 'layer_lambda': no run has layer_lambda columns in round {round}")
-    long = m.melt(id_vars=keys, value_vars=cols, var_name="parameter", value_name="lambda").dropna(subset=["lambda"])
-    long["parameter"] = long["parameter"].str.slice(len("layer_lambda:"))
-    order = {n: i for i, n in enumerate(_parameter_order(inp, [c[len("layer_lambda:"):] for c in cols]))}
-    table = (long.groupby(["dataset", "setting", "method", "parameter"], sort=False)["lambda"]
-             .agg(["mean", "std", "count"]).reset_index())  # fmt: skip
-    table["position"] = table["parameter"].map(order)
-    table = table.sort_values(["dataset", "setting", "method", "position"], kind="stable").drop(columns="position")
-    out = Path(out)
-    table.to_csv(out.with_suffix(".csv"), index=False)
-    plt = _plt()
-    panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
-    n_par = max(len(set(table["parameter"])), 1)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.35 * n_par + 2), 3.4 * len(panels)), squeeze=False)
-    for ax, (ds, st) in zip(axes[:, 0], panels):
-        sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
-        params = list(dict.fromkeys(sub["parameter"]))
-        methods = list(dict.fromkeys(sub["method"]))
-        width = 0.8 / len(methods)
-        x = np.arange(len(params))
-        for i, meth in enumerate(methods):
-            s = sub[sub["method"] == meth].set_index("parameter").reindex(params)
-            ax.bar(x + (i - (len(methods) - 1) / 2) * width, s["mean"], width, yerr=s["std"].fillna(0),
-                   capsize=2, label=meth)  # fmt: skip
-        ax.set_xticks(x)
-        ax.set_xticklabels(params, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("mean λ of the layer\n(over local models)")
-        ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
+    cols = {f"layer_lambda:{n}": n for n in _parameter_order(inp, names)}
+    table = round_means(inp, "layer_lambda", cols, "parameter", round)
     which = "the last round" if round is None else f"round {round}"
-    fig.suptitle(f"Layer-wise λ (Eq. 7) of the local models, {which} (FedSOL Fig. 4b), mean ± std over seeds", fontsize=10)
-    fig.tight_layout()
-    _save(fig, out)
-    plt.close(fig)
-    return [out, out.with_suffix(".csv")]
+    return method_bars(table, "parameter", out, ylabel="mean λ of the layer\n(over local models)", stacked=True,
+                       title=f"Layer-wise λ (Eq. 7) of the local models, {which} (FedSOL Fig. 4b), mean ± std over seeds")  # fmt: skip
 
 
 @FIGURES.register("fedsol_vs_rho")
