@@ -105,7 +105,8 @@ def checked(monkeypatch):
         found[str(path)] = overlaps(fig)
 
     # (figures.method_bars reads fedforget.plots._save when it draws)
-    for module in ("fedforget.plots", "fedforget.figures.fedsol", "fedforget.figures.fedproj", "fedforget.figures.sweep"):
+    for module in ("fedforget.plots", "fedforget.figures.fedsol", "fedforget.figures.fedproj", "fedforget.figures.sweep",
+                   "fedforget.figures.cost"):
         monkeypatch.setattr(f"{module}._save", save)
     return found
 
@@ -361,9 +362,10 @@ def test_no_text_overlaps_in_the_experiment_figures_of_the_shipped_configs(shipp
     """Rule figure's figures (``fedforget figure``) that the shipped configs list: each
     figure with each of its option sets once, on the experiment listing it with the widest
     panel titles, then the most methods (the legend)."""
-    from fedforget.figures import fedproj, fedsol, sweep
+    from fedforget.figures import cost, fedproj, fedsol, sweep
 
     configs: dict = {}
+    monkeypatch.setattr(cost, "_cost", lambda run_dir: {"hours": 12.5, "memory_gb": 40.0, "gpu": True})
     monkeypatch.setattr(fedproj, "run_config", lambda run_dir: configs[run_dir])
     monkeypatch.setattr(sweep, "run_config", lambda run_dir: configs[run_dir])
     monkeypatch.setattr(fedsol, "_method_params", lambda run_dir: (configs[run_dir].method.name, configs[run_dir].method.params))

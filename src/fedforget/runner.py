@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import math
 import os
+import resource
 import socket
 import time
 import traceback
@@ -72,6 +73,18 @@ def timings_csv(rows: list[dict[str, Any]]) -> str:
     return table_csv([{c: r.get(c) for c in TIMING_COLUMNS} for r in rows], TIMING_COLUMNS)
 
 
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """run.json's memory record of the process that ran the job (its last segment, if it was
+    resumed): ``peak_rss_mb``, the process's peak resident memory (ru_maxrss; the process
+    may have run other work before, as tests do), and on a GPU ``peak_gpu_memory_mb``, the
+    most memory torch allocated on it during the run (``torch.cuda.max_memory_allocated``,
+    reset when the run started). FedProTIP Figs. 6 and 7 (figure ``run_cost``)."""
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -117,6 +130,8 @@ def run_training(
     t0 = time.perf_counter()
     try:
         sim = Simulation(cfg)
+        if sim.device.type == "cuda":  # this run's peak (run.json: peak_gpu_memory_mb)
+            torch.cuda.reset_peak_memory_stats(sim.device)
         record["device"] = str(sim.device)
         record["host"] = where_it_runs(sim.device)
         record["torch_threads"] = torch.get_num_threads()
@@ -175,6 +190,7 @@ def run_training(
         best_global_model_test_acc=max(accs) if accs else None,
         wall_time_s=time.perf_counter() - t0,
         finished_at=_now(),
+        **peak_memory(sim.device),
     )
     atomic_write_json(out / "run.json", record)
     ckpt_path.unlink(missing_ok=True)  # the run is over: its outputs are complete
