@@ -104,9 +104,8 @@ def checked(monkeypatch):
     def save(fig, path):
         found[str(path)] = overlaps(fig)
 
-    # (figures.method_bars reads fedforget.plots._save when it draws)
-    for module in ("fedforget.plots", "fedforget.figures.fedsol", "fedforget.figures.fedproj", "fedforget.figures.sweep",
-                   "fedforget.figures.cost"):
+    for module in ("fedforget.plots", "fedforget.figures", "fedforget.figures.fedsol", "fedforget.figures.fedproj",
+                   "fedforget.figures.sweep", "fedforget.figures.cost"):
         monkeypatch.setattr(f"{module}._save", save)
     return found
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ..plots import measured
+from ..plots import _plt, _save, measured, setting_label
 from ..registry import Registry
 from ..utils import FedForgetError
 
@@ -132,8 +132,6 @@ def method_bars(table: pd.DataFrame, key: str, out: Path, *, ylabel: str, title:
     """``round_means``'s table as bars: one per (``key`` value, method) with ±1 std, one
     panel per dataset x setting (side by side, or one under another with ``stacked`` for
     many, rotated tick labels); writes ``out`` and the table beside it (.csv)."""
-    from ..plots import _plt, _save, setting_label
-
     out = Path(out)
     table.to_csv(out.with_suffix(".csv"), index=False)
     plt = _plt()
