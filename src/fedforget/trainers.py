@@ -319,9 +319,9 @@ class SequentialTrainer(LocalTrainer):
 
     def train_group(self, views, rnd, lr):
         ((cid, view),) = views.items()
-        if not self.warmed:
+        if not self.warmed and len(view):  # (a client without rows this round has none to copy)
             self.warmed = True
-            if conv_warmup_wanted(self.model, self.device) and len(view):
+            if conv_warmup_wanted(self.model, self.device):
                 row = view.batch(torch.zeros(1, dtype=torch.long, device=self.device))[0]
                 warm_conv_shapes(self.model, row, range(1, self.train.batch_size + 1), self.autocast)
         up, loss, s = self.train_client(cid, rnd, lr, view)
