@@ -86,16 +86,12 @@ def layer_lambda(global_params: dict, local_params: Sequence[dict], names: Seque
     ``names`` (the model's trainable parameters), ``layer_lambda:<name>``; computed in
     float64. The mean of a unit vector's entries is ||d||_1 / (n ||d||_2): between 1/n (one
     entry moved) and 1/sqrt(n) (all moved alike), so it also reads how evenly a layer moved."""
-    out = {}
-    for name in names:
-        g = global_params[name].double()
-        means = []
-        for local in local_params:
-            d = (local[name].double() - g).abs()
-            n = torch.linalg.vector_norm(d)
-            means.append(float(d.sum() / (n * d.numel())) if n > 0 else 0.0)
-        out[f"layer_lambda:{name}"] = sum(means) / len(means)
-    return out
+    values = []
+    for name in names:  # [clients, elements] per tensor; the host reads every value once, at the end
+        d = (torch.stack([local[name].double() for local in local_params]) - global_params[name].double()).abs().flatten(1)
+        n = torch.linalg.vector_norm(d, dim=1)
+        values.append(torch.where(n > 0, d.sum(1) / (n * d.shape[1]), 0.0).mean())
+    return dict(zip((f"layer_lambda:{n}" for n in names), torch.stack(values).tolist())) if values else {}
 
 
 @torch.no_grad()

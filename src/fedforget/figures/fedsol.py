@@ -64,7 +64,7 @@ def _parameter_order(inp: FigureInput, names: list[str]) -> list[str]:
     for run_dir in inp.runs.loc[inp.runs["status"] == "completed", "run_dir"]:
         saved = Path(run_dir) / "model.pt"
         if saved.is_file():
-            keys = list(torch.load(saved, map_location="cpu", weights_only=True))
+            keys = list(torch.load(saved, map_location="cpu", weights_only=True, mmap=True))  # its keys: the file mapped, not read
             return [k for k in keys if k in names] + sorted(set(names) - set(keys))
 
     def natural(name: str) -> list:
