@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedforget.activations import input_matrix, weight_matrix
+from fedforget.activations import input_matrix, layer_dim, weight_matrix
 from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
@@ -38,7 +38,9 @@ from fedforget.methods.fedprotip import (
     references,
     route,
     routed_scores,
+    sketch_bases,
     split_blocks,
+    weighted_sketch,
 )
 from fedforget.methods.shared import projected_layers, state_mb
 from fedforget.models import TaskHeads, build_model
@@ -156,6 +158,67 @@ def test_aggregation_is_orthonormal_and_spans_the_union_in_client_order():
     torch.testing.assert_close(
         projector(phi[:, 2:5]), projector(u0), atol=1e-5, rtol=0
     )  # client 3 first
+
+
+def test_weighted_gaussian_sketch_recovers_the_union_or_its_leading_directions():
+    """App. F.2 (Eq. 40): B_k = U_k diag(sigma_k) G_k; the server reads the sum. With as many
+    columns as the union's rank it spans exactly what Eq. 9 aggregates from the bases
+    themselves; with fewer, that many orthonormal directions inside the union, orthogonal
+    to the old bases; zero sketches add nothing."""
+    q = orthonormal(12, 9, 7)
+    old = q[:, :2].float()
+    us = [q[:, 2:5], torch.linalg.qr(q[:, 4:8] @ orthonormal(4, 3, 8))[0]]  # overlapping in q_4
+    sig = [torch.tensor([3.0, 1.0, 0.2], dtype=torch.float64), torch.tensor([2.0, 0.5, 0.1], dtype=torch.float64)]
+    b = [weighted_sketch(u.float(), s, 12, gen(10 + k)) for k, (u, s) in enumerate(zip(us, sig))]
+    g0 = torch.randn(3, 12, generator=gen(10), dtype=torch.float64)
+    torch.testing.assert_close(b[0].double(), (us[0].float().double() * sig[0]) @ g0, atol=1e-5, rtol=1e-6)
+    assert b[0].dtype == torch.float32 and b[0].shape == (12, 12)
+    phi = sketch_bases(old, b[0].double() + b[1].double())
+    union = aggregate_bases(old, [u.float() for u in us])
+    assert phi.shape[1] == union.shape[1] == 6  # q_2 .. q_7
+    torch.testing.assert_close(projector(phi), projector(union), atol=1e-5, rtol=0)
+    torch.testing.assert_close(phi.T @ phi, torch.eye(6, dtype=phi.dtype), atol=1e-6, rtol=0)
+    assert (old.double().T @ phi).abs().max() < 1e-6
+    few = sketch_bases(old, sum(weighted_sketch(u.float(), s, 2, gen(20 + k)).double() for k, (u, s) in enumerate(zip(us, sig))))
+    assert few.shape[1] == 2 and (few - union @ (union.T @ few)).norm() < 1e-5  # inside the union
+    assert (old.double().T @ few).abs().max() < 1e-6
+    assert sketch_bases(old, torch.zeros(12, 5)).shape == (12, 0)
+
+
+@pytest.mark.parametrize("sketch", ["full", 3])
+def test_sketched_task_end_reports_and_aggregation(sketch):
+    """Through the hooks: a client's sketched report is [d_l, s_l] per layer (s_l = d_l for
+    full), keyed; from one client the full sketch aggregates to the span its own bases do,
+    3 columns to at most 3 directions inside it; comm_bases_mb counts d_l * s_l floats."""
+    torch.manual_seed(0)
+    model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
+    x = torch.randn(12, 1, 8, 8, generator=gen(30))
+    data = SimpleNamespace(sample=lambda n, g: (x[:n], None, None))
+
+    def report(params):
+        m, ctx = client(model, {}, task=0, params={"samples": 64, **params}, data=data)
+        server = ServerContext(1, {}, model, CPU, None)
+        rep = m.client_reply(TASK_END, ctx)
+        m.server_collect(TASK_END, server, {0: rep})
+        return rep["bases"], server.state
+
+    plain, st_plain = report({})
+    sk, st = report({"sketch": sketch})
+    assert set(sk) == set(plain) == {*projected_layers(model), FEATURES}
+    layers = projected_layers(model)
+    dims = {k: layer_dim(m) for k, m in layers.items()} | {FEATURES: plain[FEATURES].shape[0]}
+    for name, b in sk.items():
+        cols = dims[name] if sketch == "full" else sketch
+        assert b.shape == (dims[name], cols) and b.dtype == torch.float32, name
+        phi, own = st[BASES][name].double(), plain[name].double()
+        if sketch == "full":
+            torch.testing.assert_close(projector(phi), projector(own), atol=1e-5, rtol=0, msg=name)
+        else:
+            assert phi.shape[1] <= min(3, own.shape[1]) and (phi - own @ (own.T @ phi)).norm() < 1e-4, name
+    assert torch.equal(report({"sketch": sketch})[0][FEATURES], sk[FEATURES])  # keyed
+    expected = sum(d * (d if sketch == "full" else sketch) for d in dims.values()) * 4 / 1e6
+    assert st[COMM][-1]["comm_bases_mb"] == pytest.approx(expected)
+    assert st_plain[COMM][-1]["comm_bases_mb"] == pytest.approx(sum(u.numel() for u in plain.values()) * 4 / 1e6)
 
 
 # ----------------------------------------------------------------------------- local training
@@ -489,3 +552,20 @@ def test_fedprotip_minus_t_trains_stacked_as_sequential(make_run_config, run_eng
     assert seq.server.state[BASES]
     for k, v in seq.global_params.items():
         torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5)
+
+
+def test_split_digits_run_with_a_sketch(make_run_config):
+    """A whole run sends sketches of s_l = 4 columns: every task adds at most 4 directions
+    per layer, the bases stay orthonormal, TIP routes, and each task's comm_bases_mb is the
+    sketches' size."""
+    sim, rows = run(digits(make_run_config, {"samples": 32, "sketch": 4}))
+    st = sim.server.state
+    for name, phi in st[BASES].items():
+        torch.testing.assert_close(phi.T @ phi, torch.eye(phi.shape[1]), atol=1e-5, rtol=0, msg=name)
+        assert all(r <= 4 for r in st[BLOCKS][name]) and sum(st[BLOCKS][name]) == phi.shape[1]
+    assert st[REFS] and len(split_blocks(st[BASES], st[BLOCKS])) == 3
+    model = sim.model_with(sim.global_params)
+    dims = [layer_dim(m) for m in projected_layers(model).values()] + [st[BASES][FEATURES].shape[0]]
+    for comm in st[COMM]:
+        clients = comm["reporting_clients"]
+        assert clients and comm["comm_bases_mb"] == pytest.approx(sum(dims) * 4 * 4 / 1e6)

@@ -87,6 +87,21 @@ every layer of a shared-head model), ``basis_fill_mean`` (their mean over the la
 ``basis_rank`` (sum of ranks), ``features_rank`` (TIP's U_L, all
 tasks). MB = 10^6 bytes.
 
+Weighted Gaussian sketch (App. F.2, Eq. 40, Table 19) [P], ``sketch`` (default None: each
+client sends its U_{l,k}, as above): instead of its bases, client k sends, per layer (and
+@features), B_k = U_k diag(sigma_k) G_k [d_l, s_l] (float32), sigma_k the singular values of a~
+that U_k keeps (Eq. 7-8), G_k [r_k, s_l] standard Gaussian, independent per client, drawn from a
+generator keyed (seed, task, client, 0x7C, layer); s_l = ``sketch`` columns, or d_l with
+``full``. The server sees only the sum B = sum_k B_k (what secure aggregation reveals; here
+the clients' sketches are summed in client id order, float64) and takes Phi^(t) as an
+orthonormal basis of span(B - Phi^(1:t-1) Phi^(1:t-1)^T B) (``sketch_bases``): the directions
+whose singular value exceeds max(d_l, s_l) * eps_float32 * the largest (numpy's
+``matrix_rank`` tolerance for the float32 sketches) [D: the paper does not say how the server
+reads B]. With s_l >= sum_k r_k that span is, almost surely, the union of the U_k (Eq. 9's);
+with fewer columns it keeps s_l directions, weighted towards the larger singular values
+(Table 19's trade-off). ``comm_bases_mb`` then counts d_l * s_l floats per layer and client
+(Table 19's MB/task; s_l may exceed d_l, as the paper's 128 columns for every layer).
+
 Known differences from the code, beside those above: it grows one shared basis client after
 client with GPM's rule (client k's directions chosen against clients 1..k-1's of the same task)
 instead of Eq. 9; its relevance vector leaves out the first task's subspace and two learned tasks
@@ -118,7 +133,7 @@ from .base import (
     Upload,
     masked_logits,
 )
-from .params import boolean, choice, integer, number
+from .params import boolean, choice, integer, number, one_of
 from .registry import METHODS
 from .shared import (
     CHUNK,
@@ -132,7 +147,9 @@ from .shared import (
     threshold_at,
 )
 
-SAMPLE_STREAM, SVD_STREAM = 0x7A, 0x7B  # keyed randomness: inputs and columns, SVD sketches
+SAMPLE_STREAM, SVD_STREAM, SKETCH_STREAM = 0x7A, 0x7B, 0x7C  # keyed randomness: inputs and
+# columns, the randomized SVD's test matrices, the weighted Gaussian sketches' G_k
+SKETCH_FULL = "full"  # sketch: s_l = d_l
 FEATURES = "@features"  # the final layer's input a_L (TIP's subspaces); never a layer name
 BASES, BLOCKS = "fedprotip_bases", "fedprotip_blocks"  # server.state / broadcast
 ENDED, REFS, COMM = "fedprotip_ended", "fedprotip_refs", "fedprotip_comm"  # server.state
@@ -186,6 +203,12 @@ def core_bases(a: torch.Tensor, phi: torch.Tensor | None, eps: float, energy: st
                generator: torch.Generator) -> torch.Tensor:  # fmt: skip
     """U [d, r] (float32, orthonormal, orthogonal to ``phi``) of the representation ``a``
     [d, m]: Eq. 6-8."""
+    return core_svd(a, phi, eps, energy, svd, generator)[0]
+
+
+def core_svd(a: torch.Tensor, phi: torch.Tensor | None, eps: float, energy: str, svd: str,
+             generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(U [d, r] as ``core_bases``, the singular values [r] of a~ it keeps, float64)."""
     a = a.double()
     m = phi.double() if phi is not None else a.new_zeros(a.shape[0], 0)
     resid = a - m @ (m.T @ a)
@@ -196,8 +219,34 @@ def core_bases(a: torch.Tensor, phi: torch.Tensor | None, eps: float, energy: st
         u, s = randomized_svd(resid, q, generator)
     total = float((a * a).sum())
     captured = 1.0 - float((resid * resid).sum()) / total if total > 0 else 0.0
-    r = core_rank(s, eps, energy, total, captured)
-    return u[:, : min(r, a.shape[0] - m.shape[1])].float()
+    r = min(core_rank(s, eps, energy, total, captured), a.shape[0] - m.shape[1])
+    return u[:, :r].float(), s[:r]
+
+
+def weighted_sketch(u: torch.Tensor, s: torch.Tensor, cols: int, generator: torch.Generator) -> torch.Tensor:
+    """B_k = U_k diag(sigma_k) G_k [d, cols] (float32, as sent; Eq. 40) of a client's core
+    basis ``u`` [d, r] and its singular values ``s`` [r], G_k [r, cols] standard Gaussian from
+    ``generator`` (CPU)."""
+    g = torch.randn(u.shape[1], cols, generator=generator, dtype=torch.float64).to(u.device)
+    return ((u.double() * s.to(u.device).double()) @ g).float()
+
+
+def sketch_bases(old: torch.Tensor | None, total: torch.Tensor) -> torch.Tensor:
+    """Phi^(t) [d, r] (float64, orthonormal, orthogonal to ``old``) from the sum ``total`` [d,
+    s] of the clients' weighted sketches: a basis of its span beyond ``old``, r its numerical
+    rank (singular values above max(d, s) * eps_float32 * the largest)."""
+    b = total.double()
+    if old is not None:
+        ref = old.double().to(b.device)
+        b = b - ref @ (ref.T @ b)
+    if b.numel() == 0:
+        return b.new_zeros(b.shape[0], 0)
+    q, s, _ = torch.linalg.svd(b, full_matrices=False)
+    tol = max(b.shape) * torch.finfo(torch.float32).eps * float(s[0]) if len(s) else 0.0
+    q = q[:, s > tol]
+    if old is not None and q.shape[1]:  # a clean-up: re-projected, re-orthonormalised
+        q = torch.linalg.qr(q - ref @ (ref.T @ q)).Q
+    return q
 
 
 def aggregate_bases(old: torch.Tensor | None, clients: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -345,6 +394,10 @@ class FedProTIP(FedAvg):
         tip: str = choice("sample", TIPS)  # sample [P] | batch [C] | none: FedProTIP(-t)
         freeze_early: bool = boolean(False)  # freeze the first half of the layers after task 0 [C]
         bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once bases exist [C] | free
+        # None: clients send their bases [P] | full | s: a weighted Gaussian sketch of s_l = d_l | s columns [P App. F.2]
+        sketch: str | int | None = one_of(
+            None, {"type": "null"}, {"enum": [SKETCH_FULL]}, {"type": "integer", "minimum": 1}, added=True
+        )
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
@@ -386,8 +439,9 @@ class FedProTIP(FedAvg):
             self.collect_references(server, replies)
 
     def collect_bases(self, server: ServerContext, reports: dict[int, Any]) -> None:
-        """Alg. 1: each layer's new global core basis from the clients' (``aggregate_bases``),
-        appended to the old ones; the task's communication and basis diagnostics."""
+        """Alg. 1: each layer's new global core basis from the clients' (``aggregate_bases``;
+        with ``sketch``, from the sum of their sketches: ``sketch_bases``), appended to the
+        old ones; the task's communication and basis diagnostics."""
         st, order = server.state, sorted(reports)
         bases, blocks = dict(st.get(BASES, {})), {k: list(v) for k, v in st.get(BLOCKS, {}).items()}
         ended = st.get(ENDED, 0)
@@ -399,7 +453,12 @@ class FedProTIP(FedAvg):
                 if name in reports[c]["bases"]
             ]
             old = bases.get(name)
-            new = aggregate_bases(old, ups) if ups else None
+            if not ups:
+                new = None
+            elif self.p.sketch is None:
+                new = aggregate_bases(old, ups)
+            else:  # the server sees only the sum of the sketches (secure aggregation)
+                new = sketch_bases(old, torch.stack([b.double() for b in ups]).sum(0))
             if new is not None:
                 new = new.to(server.device).float()
                 bases[name] = new if old is None else torch.cat([old, new], 1)
@@ -524,7 +583,8 @@ class FedProTIP(FedAvg):
 
     def report_bases(self, ctx: ClientContext) -> Any:
         """Alg. 1 lines 9-11: each layer's core basis of the client's task representations
-        beyond the global bases it received, and (TIP) the summary C_tau of its features."""
+        beyond the global bases it received (with ``sketch``: its weighted Gaussian sketch,
+        Eq. 40, in its place), and (TIP) the summary C_tau of its features."""
         seed, t, k = self.info.seed, ctx.task, ctx.cid
         gen = torch.Generator().manual_seed(torch_seed(seed, t, k, SAMPLE_STREAM))
         x, _, _ = ctx.data.sample(self.p.samples, gen)
@@ -537,7 +597,13 @@ class FedProTIP(FedAvg):
         out = {}
         for i, (name, a) in enumerate(reps.items()):
             g = torch.Generator().manual_seed(torch_seed(seed, t, k, SVD_STREAM, i))
-            out[name] = core_bases(a, bases.get(name), eps, self.p.energy, self.p.svd, g)
+            u, s = core_svd(a, bases.get(name), eps, self.p.energy, self.p.svd, g)
+            if self.p.sketch is None:
+                out[name] = u
+            else:  # Eq. 40: only the sketch leaves the client
+                cols = a.shape[0] if self.p.sketch == SKETCH_FULL else int(self.p.sketch)
+                gk = torch.Generator().manual_seed(torch_seed(seed, t, k, SKETCH_STREAM, i))
+                out[name] = weighted_sketch(u, s, cols, gk)
         if z is not None:  # a_L^(t) for the references (report_references)
             z = z.double()
             ctx.state.setdefault(SUMMARY, {})[t] = (z.T @ z / len(z)).float()

@@ -83,9 +83,10 @@ def sequence(default: Sequence[Any], items: dict[str, Any], **size: int) -> Any:
     return _field(default, {"type": "array", "items": items, **size})
 
 
-def one_of(default: Any, *forms: dict[str, Any]) -> Any:
-    """A value of any of the JSON-schema ``forms`` (a number or ``"auto"``, ...)."""
-    return _field(default, {"anyOf": list(forms)})
+def one_of(default: Any, *forms: dict[str, Any], added: bool = False) -> Any:
+    """A value of any of the JSON-schema ``forms`` (a number or ``"auto"``, ...); ``added``:
+    as ``choice``'s."""
+    return _field(default, {"anyOf": list(forms)}, added)
 
 
 def recorded(params: Any) -> dict[str, Any]:
