@@ -18,11 +18,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedforget.activations import input_matrix, layer_dim, weight_matrix
+from fedforget.activations import input_matrix, layer_dim, project_out, weight_matrix
 from fedforget.config import TrainSpec
 from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
-from fedforget.methods import ClientContext, RunInfo, ServerContext, check_params, make_params
+from fedforget.methods import (
+    ClientContext,
+    RunInfo,
+    ServerContext,
+    Upload,
+    check_params,
+    make_params,
+)
 from fedforget.methods.base import AFTER_TASK, TASK_END
 from fedforget.methods.fedprotip import (
     BASES,
@@ -569,3 +576,63 @@ def test_split_digits_run_with_a_sketch(make_run_config):
     for comm in st[COMM]:
         clients = comm["reporting_clients"]
         assert clients and comm["comm_bases_mb"] == pytest.approx(sum(dims) * 4 * 4 / 1e6)
+
+
+def test_global_projection_projects_the_aggregated_update_not_the_steps():
+    """Sec. 6.3's baseline (projection: global): a client's step map only holds (1-D
+    parameters: no projection of its weight gradients); the server's new weights are
+    FedAvg's with each based layer's update W - W_old projected out of span(Phi) (and only
+    those: a layer without bases, the features key, keep FedAvg's)."""
+    torch.manual_seed(0)
+    model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
+    layers = list(projected_layers(model))
+    old = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    d0 = layer_dim(projected_layers(model)[layers[0]])
+    bases = {layers[0]: orthonormal(d0, 3, 40).float(), FEATURES: orthonormal(128, 2, 41).float()}
+    ups = [
+        Upload(k, 10 + k, {n: v + 0.1 * torch.randn(v.shape, generator=gen(50 + k)) for n, v in old.items()}, 1)
+        for k in range(3)
+    ]
+    results = {}
+    for proj in ("local", "global"):
+        m = method({"projection": proj})
+        server = ServerContext(1, dict(old), model, CPU, None)
+        server.state[BASES] = bases
+        m.server_aggregate(server, ups)
+        results[proj] = server.global_params
+    fedavg, glob = results["local"], results["global"]
+    w = f"{layers[0]}.weight"
+    delta = (glob[w] - old[w]).reshape(glob[w].shape[0], -1).double()
+    assert (delta @ bases[layers[0]].double()).abs().max() < 1e-6  # the update leaves span(Phi)
+    torch.testing.assert_close(glob[w], old[w] + project_out(fedavg[w] - old[w], bases[layers[0]]))
+    assert all(torch.equal(glob[k], fedavg[k]) for k in old if k != w)
+    # the local step: the weight gradients pass unprojected, the biases are held
+    grads = {f"{n}.weight": torch.randn(1, *old[f"{n}.weight"].shape, generator=gen(60)) for n in layers}
+    grads |= {f"{n}.bias": torch.randn(1, *old[f"{n}.bias"].shape, generator=gen(61)) for n in layers}
+    for proj in ("local", "global"):
+        m, ctx = client(model, {BASES: bases, BLOCKS: {}}, params={"projection": proj})
+        out = m.client_step_terms([ctx])(0, 1, {})[2](grads)
+        assert all(out[f"{n}.bias"] is None for n in layers)
+        assert torch.equal(out[w], grads[w]) == (proj == "global")
+
+
+def test_split_digits_run_with_global_projection(make_run_config):
+    """A whole run with projection: global: once bases exist, every round's global update of
+    each based layer is orthogonal to the bases the round was broadcast with."""
+    snaps = []
+
+    def keep(row):
+        snaps.append(({k: v.clone() for k, v in sim.global_params.items()}, dict(sim.server.state.get(BASES, {}))))
+
+    sim = Simulation(digits(make_run_config, {"samples": 32, "projection": "global"}), device=CPU)
+    status, rows, msg = sim.run(progress=False, on_row=keep)
+    assert status == "completed", msg
+    checked = 0
+    for (before, bases), (after, _) in zip(snaps, snaps[1:]):
+        for name, u in bases.items():
+            key = f"{name}.weight"
+            if key in after and u.shape[1]:
+                delta = (after[key] - before[key]).reshape(after[key].shape[0], -1).double()
+                assert (delta @ u.double()).abs().max() < 1e-5, name
+                checked += 1
+    assert checked >= 2

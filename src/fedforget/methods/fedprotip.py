@@ -102,6 +102,12 @@ with fewer columns it keeps s_l directions, weighted towards the larger singular
 (Table 19's trade-off). ``comm_bases_mb`` then counts d_l * s_l floats per layer and client
 (Table 19's MB/task; s_l may exceed d_l, as the paper's 128 columns for every layer).
 
+Global projection (Sec. 6.3, Fig. 5) [P], ``projection: global`` (default local): the
+baseline FedProTIP is compared with. Clients train without projection (the holds stay:
+``bias: freeze`` and ``freeze_early`` are not projections); the server projects the
+aggregated update of each layer with bases out of their span, W <- W_old + (W - W_old)(I - Phi
+Phi^T) (``shared.project_update``, FOT's FedProject). Bases, references and TIP are as above.
+
 Known differences from the code, beside those above: it grows one shared basis client after
 client with GPM's rule (client k's directions chosen against clients 1..k-1's of the same task)
 instead of Eq. 9; its relevance vector leaves out the first task's subspace and two learned tasks
@@ -141,6 +147,7 @@ from .shared import (
     energy_rank,
     float32_mb,
     floor_unscored,
+    project_update,
     projected_layers,
     projection_map,
     state_mb,
@@ -150,6 +157,7 @@ from .shared import (
 SAMPLE_STREAM, SVD_STREAM, SKETCH_STREAM = 0x7A, 0x7B, 0x7C  # keyed randomness: inputs and
 # columns, the randomized SVD's test matrices, the weighted Gaussian sketches' G_k
 SKETCH_FULL = "full"  # sketch: s_l = d_l
+PROJECTIONS = ("local", "global")
 FEATURES = "@features"  # the final layer's input a_L (TIP's subspaces); never a layer name
 BASES, BLOCKS = "fedprotip_bases", "fedprotip_blocks"  # server.state / broadcast
 ENDED, REFS, COMM = "fedprotip_ended", "fedprotip_refs", "fedprotip_comm"  # server.state
@@ -398,6 +406,8 @@ class FedProTIP(FedAvg):
         sketch: str | int | None = one_of(
             None, {"type": "null"}, {"enum": [SKETCH_FULL]}, {"type": "integer", "minimum": 1}, added=True
         )
+        # local: every local step projected (Eq. 4-5) [P] | global: the aggregated update only (Sec. 6.3's baseline) [P Fig. 5]
+        projection: str = choice("local", PROJECTIONS, added=True)
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
@@ -429,6 +439,17 @@ class FedProTIP(FedAvg):
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         return {BASES: server.state.get(BASES, {}), BLOCKS: server.state.get(BLOCKS, {})}
+
+    def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
+        """FedAvg; with ``projection: global``, then the aggregated update of every layer with
+        bases projected out of their span (``project_update``, as FOT's FedProject)."""
+        old = server.global_params
+        super().server_aggregate(server, uploads)
+        bases = server.state.get(BASES)
+        if self.p.projection == "global" and bases:
+            new = dict(server.global_params)
+            project_update(new, old, {k: u for k, u in bases.items() if u.shape[1]})
+            server.global_params = new
 
     def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """TASK_END: the clients' core bases (``collect_bases``); AFTER_TASK: their
@@ -571,7 +592,7 @@ class FedProTIP(FedAvg):
         early = []
         if self.p.freeze_early and bases:
             early = [n for n in projected_layers(model) if n not in self.basis_layers(model)]
-        gmap = projection_map(model, bases, self.p.bias == "freeze", early)
+        gmap = projection_map(model, bases, self.p.bias == "freeze", early, project=self.p.projection == "local")
         if gmap is None:
             return None
         return lambda lo, hi, w: (None, None, gmap)

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..activations import layer_dim, layer_inputs, project_out
+from ..activations import layer_dim, layer_inputs
 from ..utils import torch_seed
 from .base import TASK_END, ClientContext, FedAvg, ServerContext, Upload, weighted_average
 from .params import choice, integer, number
@@ -79,6 +79,7 @@ from .shared import (
     float32_mb,
     left_singular,
     one_d_params,
+    project_update,
     projected_layers,
     state_mb,
     threshold_at,
@@ -161,9 +162,7 @@ class FOT(FedAvg):
         bases = server.state.get(BASES)
         if bases:  # without: FedAvg, bit for bit
             old = server.global_params
-            for name, u in bases.items():  # FedProject
-                key = f"{name}.weight"
-                avg[key] = old[key] + project_out(avg[key] - old[key], u)
+            project_update(avg, old, bases)  # FedProject
             if self.p.bias == "freeze":
                 for name, _ in one_d_params(server.model):
                     avg[name] = old[name]

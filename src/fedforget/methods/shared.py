@@ -16,8 +16,9 @@ Sections:
   (``flat_dot``, ``per_client``).
 - Layer subspaces, GPM-style bases (GPM, FOT, FedProTIP): ``CHUNK``, ``REL_TOL``,
   ``threshold_at``, ``energy_rank``, ``left_singular``, ``extend_basis``,
-  ``projected_layers``, ``one_d_params``, ``projection_map``, ``each_client``
-  (representations and the projection itself: ``fedforget.activations``).
+  ``projected_layers``, ``one_d_params``, ``projection_map``, ``each_client``,
+  ``project_update`` (the server-side projection of an aggregated update: FOT, FedProTIP's
+  global projection) (representations and the projection itself: ``fedforget.activations``).
 - Scores: ``OUTSIDE_GAP`` and ``floor_unscored`` (classes without a score at the row's lowest
   allowed score minus a gap: FedProTIP, GLFC / LGA, iCaRL, TARGET / LANDER); ``head_scores``
   (per-task heads' logits: GLFC, LGA).
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..activations import Projector, find_layers
+from ..activations import Projector, find_layers, project_out
 from ..models import TaskHeads
 from ..utils import FedForgetError
 from .base import Held
@@ -187,16 +188,18 @@ def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 def projection_map(
-    model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool, frozen_layers: Sequence[str] = ()
+    model: nn.Module, bases: dict[str, torch.Tensor], freeze_bias: bool, frozen_layers: Sequence[str] = (),
+    project: bool = True,
 ) -> GradMap | None:
     """GPM's step (GPM, FedProTIP) as a gradient map of ``client_step_terms`` (a client alone
     is a stack of one, ``base.map_grads``): for clients that share ``bases`` ({layer: U
     [d, r]}), each projected layer's weight gradient G <- G - G U U^T (every client's rows,
     ``Projector``; layers with a non-empty basis), and None, so that the optimizer skips them
     (no decay, no momentum), for the 1-D parameters once bases exist (``freeze_bias``) and
-    every parameter of the layers ``frozen_layers``. None where it changes nothing."""
+    every parameter of the layers ``frozen_layers``. ``project`` False: the holds only, no
+    projection (FedProTIP's ``projection: global``). None where it changes nothing."""
     layers = projected_layers(model)
-    proj = {f"{n}.weight": Projector(u) for n, u in bases.items() if n in layers and u.shape[1]}
+    proj = {f"{n}.weight": Projector(u) for n, u in bases.items() if project and n in layers and u.shape[1]}
     frozen = [n for n, _ in one_d_params(model)] if bases and freeze_bias else []
     frozen += [f"{n}.{k}" for n in frozen_layers for k, _ in layers[n].named_parameters()]
     if not proj and not frozen:
@@ -213,6 +216,17 @@ def projection_map(
         return out
 
     return gmap
+
+
+def project_update(new: StateDict, old: StateDict, bases: dict[str, torch.Tensor]) -> None:
+    """The aggregated update projected out of the old tasks' subspaces, in place (FOT's
+    FedProject; FedProTIP's ``projection: global``): for each layer with a basis U
+    ({layer: U [d, r]}; keys that name no layer's weight in ``new`` are skipped),
+    W_new <- W_old + (W_new - W_old)(I - U U^T) (``project_out``)."""
+    for name, u in bases.items():
+        key = f"{name}.weight"
+        if key in new:
+            new[key] = old[key] + project_out(new[key] - old[key], u)
 
 
 def each_client(maps: Sequence[GradMap | None], grads: StateDict) -> StateDict:
