@@ -30,8 +30,10 @@ from typing import Any
 import pandas as pd
 
 from .continual import (
+    COLLAPSE_SHARE,
     CONTINUAL_OUTPUTS,
     TASK_COLUMNS,
+    TOP_SHARE,
     accuracy_matrix,
     accuracy_matrix_rows,
     continual_metrics,
@@ -39,8 +41,6 @@ from .continual import (
     scenario_shape,
 )
 from .continual import METRICS as CONTINUAL_METRICS
-from .evaluation import COLLAPSE_SHARE, TOP_SHARE
-from .methods import METHODS
 from .paper_tables import PAPER_METRICS as PAPER_COLUMNS
 from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
@@ -99,7 +99,7 @@ def collect_all(
             "torch_version": rec.get("versions", {}).get("torch"),
             "device": rec.get("device"),
             "client_engine": rec.get("client_engine"),
-            "method_note": method_note(c["method"]),
+            "method_note": rec["method_note"] if "method_note" in rec else method_note(c["method"]),
             "run_dir": str(d),
         })  # fmt: skip
         if df is not None:
@@ -368,7 +368,10 @@ def _collapse(r: pd.Series) -> str:
 def method_note(method: dict[str, Any]) -> str:
     """Which paper-or-code variant of the method a run ran (``FedAvg.table_note`` of its
     recorded ``{name, params}``); '' for a method with no such switch, or one no longer
-    registered."""
+    registered. A run's run.json records it (``method_note``; this is for runs from before):
+    only then are the methods, and torch, imported."""
+    from .methods import METHODS
+
     if method.get("name") not in METHODS.names():
         return ""
     return METHODS.get(method["name"]).table_note(method.get("params") or {})

@@ -79,11 +79,12 @@ def cmd_prepare(args) -> None:
 
 def cmd_partition(args) -> None:
     from .config import DatasetSpec
-    from .parse import load_config
     from .partition import PartitionSpec
     from .pipeline import partition_one
 
     if args.config:
+        from .parse import load_config  # the whole config's validation: the methods, torch
+
         wf = load_config(args.config)
         seen = set()
         for rc in wf.runs():

@@ -29,6 +29,15 @@ import numpy as np
 
 from .utils import FedForgetError
 
+# the metrics column of a task stream's evaluations (``fedforget.evaluation``): the share of
+# the current task's test rows that the global model gives its most predicted class. A model
+# that predicts one class for nearly all of a task of several classes has collapsed (issue 36:
+# TARGET at 10x its code's learning rate) [D]; the tables mark a cell with a run that reached
+# COLLAPSE_SHARE (``fedforget.aggregate``). Where a task has one class (classes_per_task 1) no
+# run counts.
+TOP_SHARE = "global_model_test_top_pred_share"
+COLLAPSE_SHARE = 0.95
+
 TASK_COLUMNS = ("round", "current_task", "task", "accuracy", "loss")  # tasks.csv
 MATRIX_COLUMNS = ("after_task", "task", "accuracy")  # accuracy_matrix.csv
 METRICS = ("acc", "fgt", "ft", "bwt", "fwt")  # continual_metrics' keys

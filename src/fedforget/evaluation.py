@@ -21,18 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .clientdata import TestSets
+from .continual import TOP_SHARE
 from .data.scenario import Scenario
 from .methods import FedAvg, ServerContext
 from .methods.base import masked_logits
 from .metrics import classwise_accuracy
-
-# the metrics column of a task stream's evaluations: the share of the current task's test rows
-# that the global model gives its most predicted class. A model that predicts one class for
-# nearly all of a task of several classes has collapsed (issue 36: TARGET at 10x its code's
-# learning rate) [D]; the tables mark a cell with a run that reached COLLAPSE_SHARE
-# (``fedforget.aggregate``). Where a task has one class (classes_per_task 1) no run counts.
-TOP_SHARE = "global_model_test_top_pred_share"
-COLLAPSE_SHARE = 0.95
 
 
 class Evaluator:

@@ -1,4 +1,4 @@
-"""Figures: learning curves with seed bands (seaborn), partition heatmaps and, for
+"""Figures: learning curves with seed bands, partition heatmaps and, for
 experiments with continual runs, the accuracy matrices, the accuracy after each task and
 the per-task accuracy over rounds (CONTINUAL_FIGURES)."""
 
@@ -137,7 +137,6 @@ def learning_curves(
     """One panel per dataset x setting (those with a value in ``column``), one line per
     method, band = ±1 std over seeds. Accuracy columns are drawn in % (0-100); axes are
     labelled in words. A column that no run measured: a notice saying so (``_not_measured``)."""
-    import seaborn as sns
     from matplotlib.ticker import MaxNLocator
 
     path = Path(path)
@@ -153,9 +152,10 @@ def learning_curves(
     titles = [f"{ds}, {setting_label(setting)}" for ds, setting in panels]
     fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=acc)
     ylabel = axis_label(column)
+    colors = method_colors(df["method"])
     for i, (ax, (ds, setting), title_) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
-        sns.lineplot(data=sub, x="round", y=column, hue="method", errorbar="sd", ax=ax, legend=i == 0)
+        mean_sd_lines(ax, sub, "round", column, colors, legend=i == 0)
         ax.set_title(title_, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel("Round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -178,9 +178,9 @@ def partition_heatmap(
     largest count (two classes of SST-2 over 15 clients, 0.45 inches a cell, overlapped
     their four-digit counts) [D]; past the tick labels that fit, every n-th client and class
     is labelled (``_thin_ticks``). A per-task partition adds ``task_counts`` (clients x
-    tasks) in a second panel, so a client without rows of a task shows as a 0."""
-    import seaborn as sns
-
+    tasks) in a second panel, so a client without rows of a task shows as a 0. Drawn with
+    matplotlib (``_count_panel``), not seaborn, whose import (scipy.stats) was half of a
+    partition job's time [D]."""
     plt = _plt()
     path = Path(path)
     panels = [(counts, "class", class_names)] + ([] if task_counts is None else [(task_counts, "task", None)])
@@ -196,8 +196,7 @@ def partition_heatmap(
         gridspec_kw={"width_ratios": [w for _, w in sizes]},
     )  # fmt: skip
     for ax, (m, what, names), (annot, _) in zip(axes[0], panels, sizes):
-        sns.heatmap(m, ax=ax, cmap="viridis", annot=annot, fmt="d", cbar_kws={"label": "samples"},
-                    xticklabels=names or list(range(m.shape[1])), yticklabels=list(range(k)))  # fmt: skip
+        _count_panel(fig, ax, m, annot, names or list(range(m.shape[1])))
         ax.set_xlabel(what)
         ax.set_ylabel("client")
     axes[0][0].set_title(title)
@@ -210,6 +209,31 @@ def partition_heatmap(
     _save(fig, path)
     plt.close(fig)
     return path
+
+
+def _count_panel(fig, ax, m: np.ndarray, annotate: bool, xlabels: list) -> None:
+    """Clients x columns counts as cells (viridis, a colour bar "samples"), a label per row
+    and column at the cell's centre, each cell's count written where ``annotate``, dark on
+    light cells (seaborn's heatmap rule)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
+    cmap, m = colormaps["viridis"], np.asarray(m)
+    norm = Normalize(vmin=float(m.min(initial=0)), vmax=float(max(m.max(initial=0), m.min(initial=0) + 1)))
+    image = ax.pcolormesh(m, cmap=cmap, norm=norm)
+    ax.set_xlim(0, m.shape[1])
+    ax.set_ylim(m.shape[0], 0)  # client 0 on top
+    ax.set_xticks(np.arange(m.shape[1]) + 0.5, labels=[str(x) for x in xlabels], rotation=90)
+    ax.set_yticks(np.arange(m.shape[0]) + 0.5, labels=[str(i) for i in range(m.shape[0])], rotation=0)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    fig.colorbar(image, ax=ax, label="samples")
+    if annotate:
+        for (r, c), v in np.ndenumerate(m):
+            red, green, blue, _ = cmap(norm(v))
+            dark = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.408
+            ax.text(c + 0.5, r + 0.5, f"{int(v)}", ha="center", va="center", color="0.15" if dark else "white")
 
 
 def _thin_ticks(fig, ax) -> None:
@@ -318,6 +342,32 @@ def _finish(fig, plt, path: Path, heading: str) -> Path:
 MAX_INLINE_LEGEND = 6
 
 
+def method_colors(methods: pd.Series) -> dict[str, Any]:
+    """One colour per method, in order of appearance, from matplotlib's colour cycle (the
+    same in every panel of a figure)."""
+    import matplotlib as mpl
+
+    cycle = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {m: cycle[i % len(cycle)] for i, m in enumerate(dict.fromkeys(methods))}
+
+
+def mean_sd_lines(ax, data: pd.DataFrame, x: str, y: str, colors: dict[str, Any], marker: str | None = None,
+                  legend: bool = False) -> None:  # fmt: skip
+    """One line per method of ``data``: the mean of ``y`` over its rows (seeds) at each ``x``,
+    a band of ±1 sample standard deviation where there are two or more (seaborn's
+    ``lineplot(errorbar="sd")``, drawn with matplotlib: seaborn's import, scipy.stats
+    included, took a third of a plot job) [D]; the legend (title "method") where ``legend``."""
+    for method, g in data.groupby("method", sort=False):
+        stats = g.groupby(x)[y].agg(["mean", "std"]).sort_index()
+        ax.plot(stats.index, stats["mean"], color=colors[method], marker=marker, label=str(method))
+        band = stats.dropna(subset=["std"])
+        if len(band):
+            ax.fill_between(band.index, band["mean"] - band["std"], band["mean"] + band["std"],
+                            color=colors[method], alpha=0.2, linewidth=0)  # fmt: skip
+    if legend:
+        ax.legend(title="method")
+
+
 def _method_legend(fig, axes) -> None:
     """The first panel's legend (one entry per method), titled "Method"; past
     ``MAX_INLINE_LEGEND`` entries it moves to the right of the figure (constrained layout
@@ -415,8 +465,6 @@ def accuracy_matrix_heatmaps(matrices: pd.DataFrame, runs: pd.DataFrame, path: s
 def acc_after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
     """Acc_t = mean_{i <= t} a[t][i] (%) against the number of tasks learned, one panel per
     dataset x setting, one line per method, band = ±1 std over completed seeds."""
-    import seaborn as sns
-
     from .continual import acc_after_each_task
 
     plt = _plt()
@@ -430,11 +478,11 @@ def acc_after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str 
     panels = _panels(matrices, ["dataset", "setting"])
     titles = [f"{ds}, {setting_label(setting)}" if ds else "" for ds, setting in panels]
     fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=True)
+    colors = method_colors(df["method"])
     for i, (ax, (ds, setting), title) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
         if len(sub):
-            sns.lineplot(data=sub, x="tasks_learned", y="acc", hue="method", errorbar="sd", marker="o", ax=ax,
-                         legend=i == 0)  # fmt: skip
+            mean_sd_lines(ax, sub, "tasks_learned", "acc", colors, marker="o", legend=i == 0)
             ax.set_xticks(_task_ticks(int(sub["tasks_learned"].max())))
         else:
             _no_data(ax)

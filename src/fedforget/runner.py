@@ -26,6 +26,7 @@ from .checkpoint import CHECKPOINT, load_checkpoint
 from .config import RunConfig
 from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
+from .methods import METHODS
 from .provenance import git_commit, training_code
 from .utils import (
     atomic_torch_save,
@@ -115,9 +116,13 @@ def run_training(
         tmp.unlink(missing_ok=True)
     ckpt_path = out / CHECKPOINT
     code = training_code(cfg.method.name, cfg.method.params)
+    config = cfg.to_dict()
     record: dict[str, Any] = {
         "status": "running",
-        "config": cfg.to_dict(),
+        "config": config,
+        # the method's variant in words, for the tables' notes (FedAvg.table_note), so that
+        # aggregating needs neither the methods nor torch
+        "method_note": METHODS.get(cfg.method.name).table_note(config["method"].get("params") or {}),
         "config_hash": cfg.hash,
         "code_digest": code.digest,  # fedforget.provenance: the source this run executes
         "code_digest_form": code.form,  # its canonical form (provenance.recorded_form)

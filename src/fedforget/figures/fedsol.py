@@ -37,7 +37,17 @@ from ..data import load_dataset, load_public
 from ..inputs import InputPipeline
 from ..landscape import loss_grid, top_eigen
 from ..models import build_model
-from ..plots import Y_MARGIN, _plt, _save, _wrap, axis_label, is_accuracy, setting_label
+from ..plots import (
+    Y_MARGIN,
+    _plt,
+    _save,
+    _wrap,
+    axis_label,
+    is_accuracy,
+    mean_sd_lines,
+    method_colors,
+    setting_label,
+)
 from ..utils import FedForgetError, torch_seed
 from . import FIGURES, FigureInput, method_bars, round_means, run_config
 
@@ -149,9 +159,8 @@ def fedsol_vs_rho(
 
 
 def _round_grid(inp: FigureInput, out: Path, columns: list[str], labels: list[str], title: str) -> list[Path]:
-    import seaborn as sns
-
     df = inp.metrics[inp.metrics["round"] >= 1]
+    colors = method_colors(df["method"])
     panels = list(dict.fromkeys(zip(df["dataset"], df["setting"])))
     plt = _plt()
     fig, axes = plt.subplots(len(panels), len(columns), figsize=(4.8 * len(columns), 3.4 * len(panels)), squeeze=False)
@@ -159,8 +168,7 @@ def _round_grid(inp: FigureInput, out: Path, columns: list[str], labels: list[st
         sub = df[(df["dataset"] == ds) & (df["setting"] == st)]
         for j, (col, lab) in enumerate(zip(columns, labels)):
             ax = axes[i, j]
-            sns.lineplot(data=sub.dropna(subset=[col]), x="round", y=col, hue="method", errorbar="sd", ax=ax,
-                         legend=i == 0 and j == 0)  # fmt: skip
+            mean_sd_lines(ax, sub.dropna(subset=[col]), "round", col, colors, legend=i == 0 and j == 0)
             panel = f"{ds}, {setting_label(st)}: {lab}" if ds else lab
             ax.set_title(_wrap(panel, 4.8 - Y_MARGIN, 9), fontsize=9)  # wider, it met the next panel's y label
             ax.set_ylabel(axis_label(col))
