@@ -53,3 +53,20 @@ def test_bad_options_name_themselves(swept, tmp_path):
         make_figure("sweep", swept / "summary", "swept", tmp_path / "x.png", {"key": "method.name"})
     with pytest.raises(FedForgetError, match="stat='last'; allowed: final, best, mean"):
         make_figure("sweep", swept / "summary", "swept", tmp_path / "x.png", {"stat": "last"})
+
+
+def test_a_partition_value_is_swept_over_the_partitions_in_one_panel(data_root, tmp_path):
+    """key partition.alpha: each partition is a value of the x axis, all in one panel per
+    dataset (FedProTIP Fig. 5), not one panel per partition with a single point."""
+    experiment = {
+        "name": "alphas",
+        "datasets": [{"name": "iris", "model": "mlp"}],
+        "partitions": [{"scheme": "dirichlet", "alpha": a, "clients": 3, "min_size": 5, "seed": 0} for a in (0.5, 2.0)],
+        "methods": [{"name": "fedavg"}],
+        "seeds": [0],
+        "train": {"rounds": 1, "local_epochs": 1, "batch_size": 16, "threads": 1, "eval_local_models": False},
+        "figures": [{"name": "sweep", "label": "alpha", "options": {"key": "partition.alpha", "group": "method.label", "log_x": True}}],
+    }  # fmt: skip
+    done = run_experiment(experiment, data_root, tmp_path)
+    table = pd.read_csv(done / "figures" / "alpha.csv")
+    assert "setting" not in table and list(zip(table["group"], table["x"])) == [("fedavg", 0.5), ("fedavg", 2.0)]

@@ -2,7 +2,8 @@
 3: accuracy against the sampling ratio, the local epochs, the learning rate), one line per
 group of runs (default: the method's name), mean ± std over seeds; the swept value is read
 from each run's resolved config (run.json), so a sweep is written as methods with their own
-``train`` override (or params) and any label. Writes a .csv beside it."""
+``train`` override (or params) and any label; a partition's value (``partition.alpha``) is
+swept over the experiment's partitions, one panel per dataset. Writes a .csv beside it."""
 
 from __future__ import annotations
 
@@ -56,16 +57,20 @@ def sweep(
     if not rows:
         raise FedForgetError("figure 'sweep': no completed run to draw")
     df = pd.DataFrame(rows).merge(per_run, on=keys)
-    table = df.groupby(["dataset", "setting", "group", "x"])[column].agg(["mean", "std", "count"]).reset_index()
+    # a partition's value is swept (FedProTIP Fig. 5: alpha): the settings are the x axis, so
+    # one panel per dataset holds them all [D]; otherwise one panel per dataset x setting
+    across = key.split(".")[0] == "partition"
+    by = ["dataset", "group", "x"] if across else ["dataset", "setting", "group", "x"]
+    table = df.groupby(by)[column].agg(["mean", "std", "count"]).reset_index()
     out = Path(out)
     table.to_csv(out.with_suffix(".csv"), index=False)
     plt = _plt()
-    panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
+    panels = list(dict.fromkeys(zip(table["dataset"], [None] * len(table) if across else table["setting"])))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.6), squeeze=False)
     what = {"final": "final round", "best": "best round", "mean": "mean over rounds"}[stat]
     scale = 100 if is_accuracy(column) else 1  # accuracies drawn in %, as the learning curves
     for ax, (ds, st) in zip(axes[0], panels):
-        sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
+        sub = table[(table["dataset"] == ds) & (across or table["setting"] == st)]
         for g, s in sub.groupby("group", sort=False):
             ax.errorbar(s["x"], scale * s["mean"], yerr=scale * s["std"].fillna(0), marker="o", capsize=3, label=g)
         if log_x:
@@ -75,7 +80,7 @@ def sweep(
         ax.minorticks_off()
         ax.set_xlabel(key)
         ax.set_ylabel(f"{axis_label(column)}\n({what})")
-        ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
+        ax.set_title(ds if across else f"{ds}, {setting_label(st)}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title or f"{axis_label(column)} against {key} (mean ± std over seeds)", fontsize=10)
