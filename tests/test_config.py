@@ -393,6 +393,10 @@ def test_load_yaml_errors(tmp_path):
     (tmp_path / "bad.yaml").write_text("experiments: [\n")
     with pytest.raises(FedForgetError, match="not valid YAML"):
         load_yaml(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text("a: 1\n b: 2\n")  # one line: the file, where, what
+    with pytest.raises(FedForgetError) as e:
+        load_yaml(tmp_path / "bad.yaml")
+    assert str(e.value) == f"config file {tmp_path / 'bad.yaml'}, line 2, column 3 is not valid YAML: mapping values are not allowed here"
     (tmp_path / "list.yaml").write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(FedForgetError, match="mapping at the top level"):
         load_yaml(tmp_path / "list.yaml")

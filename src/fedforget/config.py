@@ -266,8 +266,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise FedForgetError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise FedForgetError(f"config file {path} is not valid YAML: {e}") from None
+    except yaml.YAMLError as e:  # one line: the file, the line and column, the problem
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise FedForgetError(f"config file {path}{where} is not valid YAML: {what}") from None
     if not isinstance(data, dict):
         raise FedForgetError(f"config file {path}: expected a mapping at the top level")
     return data
