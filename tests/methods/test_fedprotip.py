@@ -42,6 +42,7 @@ from fedforget.methods.fedprotip import (
     aggregate_bases,
     core_bases,
     core_rank,
+    range_svd,
     references,
     route,
     routed_scores,
@@ -190,6 +191,23 @@ def test_weighted_gaussian_sketch_recovers_the_union_or_its_leading_directions()
     assert few.shape[1] == 2 and (few - union @ (union.T @ few)).norm() < 1e-5  # inside the union
     assert (old.double().T @ few).abs().max() < 1e-6
     assert sketch_bases(old, torch.zeros(12, 5)).shape == (12, 0)
+
+
+@pytest.mark.parametrize("rank", [90, 250])
+def test_range_svd_finds_the_numerical_range_of_a_low_rank_sum(rank):
+    """The server's range finder on a 250 x 240 sum of rank 90 (stops at 128 test columns)
+    or of full numerical rank (falls back to the exact SVD): the directions it keeps (above
+    the float32 rank tolerance) span what the exact SVD's do, with the same count."""
+    d, cols = 250, 240
+    left = orthonormal(d, min(rank, cols), 70) * torch.logspace(0, -2, min(rank, cols), dtype=torch.float64)
+    b = (left @ torch.randn(min(rank, cols), cols, generator=gen(71), dtype=torch.float64)).float().double()
+    tol = lambda s: max(d, cols) * torch.finfo(torch.float32).eps * float(s[0])  # noqa: E731
+    u, s = range_svd(b, gen(72))
+    ue, se, _ = torch.linalg.svd(b, full_matrices=False)
+    keep, keep_e = u[:, s > tol(s)], ue[:, se > tol(se)]
+    assert keep.shape[1] == keep_e.shape[1] == min(rank, cols)
+    assert len(s) == (128 if rank == 90 else cols)
+    torch.testing.assert_close(projector(keep), projector(keep_e), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("sketch", ["full", 3])

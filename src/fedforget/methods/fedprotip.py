@@ -96,8 +96,9 @@ generator keyed (seed, task, client, 0x7C, layer); s_l = ``sketch`` columns, or 
 the clients' sketches are summed in client id order, float64) and takes Phi^(t) as an
 orthonormal basis of span(B - Phi^(1:t-1) Phi^(1:t-1)^T B) (``sketch_bases``): the directions
 whose singular value exceeds max(d_l, s_l) * eps_float32 * the largest (numpy's
-``matrix_rank`` tolerance for the float32 sketches) [D: the paper does not say how the server
-reads B]. With s_l >= sum_k r_k that span is, almost surely, the union of the U_k (Eq. 9's);
+``matrix_rank`` tolerance for the float32 sketches), found by a randomized range finder that
+grows until it meets a numerical zero (``range_svd``; keyed (seed, task, 0x7D, layer)) [D: the
+paper does not say how the server reads B]. With s_l >= sum_k r_k that span is, almost surely, the union of the U_k (Eq. 9's);
 with fewer columns it keeps s_l directions, weighted towards the larger singular values
 (Table 19's trade-off). ``comm_bases_mb`` then counts d_l * s_l floats per layer and client
 (Table 19's MB/task; s_l may exceed d_l, as the paper's 128 columns for every layer).
@@ -156,6 +157,7 @@ from .shared import (
 
 SAMPLE_STREAM, SVD_STREAM, SKETCH_STREAM = 0x7A, 0x7B, 0x7C  # keyed randomness: inputs and
 # columns, the randomized SVD's test matrices, the weighted Gaussian sketches' G_k
+RANGE_STREAM = 0x7D  # keyed randomness: the server's range finder on the summed sketches
 SKETCH_FULL = "full"  # sketch: s_l = d_l
 PROJECTIONS = ("local", "global")
 FEATURES = "@features"  # the final layer's input a_L (TIP's subspaces); never a layer name
@@ -239,22 +241,49 @@ def weighted_sketch(u: torch.Tensor, s: torch.Tensor, cols: int, generator: torc
     return ((u.double() * s.to(u.device).double()) @ g).float()
 
 
-def sketch_bases(old: torch.Tensor | None, total: torch.Tensor) -> torch.Tensor:
+def sketch_bases(old: torch.Tensor | None, total: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Phi^(t) [d, r] (float64, orthonormal, orthogonal to ``old``) from the sum ``total`` [d,
     s] of the clients' weighted sketches: a basis of its span beyond ``old``, r its numerical
-    rank (singular values above max(d, s) * eps_float32 * the largest)."""
+    rank (singular values above max(d, s) * eps_float32 * the largest). The span is found by
+    ``range_svd`` (``generator``: its test matrices; default seeded 0)."""
     b = total.double()
     if old is not None:
         ref = old.double().to(b.device)
         b = b - ref @ (ref.T @ b)
     if b.numel() == 0:
         return b.new_zeros(b.shape[0], 0)
-    q, s, _ = torch.linalg.svd(b, full_matrices=False)
+    q, s = range_svd(b, generator if generator is not None else torch.Generator().manual_seed(0))
     tol = max(b.shape) * torch.finfo(torch.float32).eps * float(s[0]) if len(s) else 0.0
     q = q[:, s > tol]
     if old is not None and q.shape[1]:  # a clean-up: re-projected, re-orthonormalised
         q = torch.linalg.qr(q - ref @ (ref.T @ q)).Q
     return q
+
+
+RANGE_START = 64  # range_svd's first number of test columns
+
+
+def range_svd(b: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(U [d, k], s [k]): the leading left singular vectors and values of ``b`` [d, s]
+    (float64) until they include a numerical zero, or all of them [D]. A randomized range
+    finder (Halko et al., Alg. 4.4, one power iteration) of k = 64, 128, ... test columns:
+    once the k-th singular value found is at most max(d, s) * eps_float32 * the largest, the
+    k columns hold the whole numerical range of ``b``; at k = min(d, s) the exact SVD. The
+    sum of the sketches has rank sum_k r_k at most, far below min(d_l, s_l): with s_l = d_l an
+    exact SVD costs O(d_l^3) per layer and task end (d_l = 4608 in ResNet-18's widest layers),
+    these steps O(d_l s_l k)."""
+    d, cols = b.shape
+    full, k = min(d, cols), RANGE_START
+    while k < full:
+        omega = torch.randn(cols, k, generator=generator, dtype=torch.float64).to(b.device)
+        y = torch.linalg.qr(b @ omega).Q
+        y = torch.linalg.qr(b @ (b.T @ y)).Q
+        u, s, _ = torch.linalg.svd(y.T @ b, full_matrices=False)
+        if s[-1] <= max(d, cols) * torch.finfo(torch.float32).eps * s[0]:
+            return y @ u, s
+        k *= 2
+    u, s, _ = torch.linalg.svd(b, full_matrices=False)
+    return u, s
 
 
 def aggregate_bases(old: torch.Tensor | None, clients: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -479,7 +508,8 @@ class FedProTIP(FedAvg):
             elif self.p.sketch is None:
                 new = aggregate_bases(old, ups)
             else:  # the server sees only the sum of the sketches (secure aggregation)
-                new = sketch_bases(old, torch.stack([b.double() for b in ups]).sum(0))
+                g = torch.Generator().manual_seed(torch_seed(self.info.seed, server.task, RANGE_STREAM, names.index(name)))
+                new = sketch_bases(old, torch.stack([b.double() for b in ups]).sum(0), g)
             if new is not None:
                 new = new.to(server.device).float()
                 bases[name] = new if old is None else torch.cat([old, new], 1)
