@@ -53,7 +53,8 @@ test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # the stage for CI runners with the time: the longest end-to-end chains (tests marked `long`:
-# reruns after code, settings and data changes, a killed workflow's resume, results adopted
+# reruns after code, settings and data changes, a killed workflow's resume, a one-task run's
+# resume after SIGKILL (make test kills a task stream's), results adopted
 # through a cluster remote, the code-digest migration, a truncated partition, the FedProj
 # pilot table), then every paper config (config/experiments/paper/) end to end at
 # `scale: smoke` (fedforget.smoke) on native-format files the tests write, then every config on

@@ -227,7 +227,9 @@ def test_failed_job_leaves_other_results_intact(make_run_config, tmp_path):
 @pytest.mark.parametrize(
     "method, scenario",
     [
-        ("fedavg", None),
+        # one task: make smoke (`long`); make test keeps the task stream below, which also kills
+        # a one-model run mid-write, and the SLURM stage's scancel of a one-task FedAvg job
+        pytest.param("fedavg", None, marks=pytest.mark.long),
         # a task stream: killed in the middle of task 1, with DER's per-client buffers
         ("der", {"kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 3}),
     ],
