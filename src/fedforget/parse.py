@@ -165,6 +165,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 except FedForgetError as e:
                     problems.append(f"{e} (dataset '{ds.label}')")
         methods: list[MethodSpec] = []
+        rounds: dict[str, int] = {}  # each method's train.rounds (a figure's round option is checked against them)
         for j, m in enumerate(ex["methods"]):
             mkey = f"{key}.methods[{j}]"
             if check(METHODS.get, m["name"], f"{mkey}.name") is None:
@@ -182,6 +183,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             methods.append(spec)
             cls = METHODS.get(m["name"])
             mtrain = TrainSpec.from_dict(deep_merge(train, spec.train))
+            rounds[label] = mtrain.rounds
             try:
                 cls.check_train(mtrain, pobj)
             except FedForgetError as e:
@@ -218,6 +220,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             fkey = f"{key}.figures[{j}]"
             fig = FigureSpec(f["name"], f.get("label") or f["name"], dict(f.get("options") or {}))
             check(check_figure, fig.name, fig.options, fkey)
+            at = fig.options.get("round")
+            if isinstance(at, int) and not isinstance(at, bool) and rounds:
+                label, last = min(rounds.items(), key=lambda kv: kv[1])
+                if not 1 <= at <= last:  # else found only by the figure job, after training
+                    problems.append(
+                        f"{fkey}.options.round: {at} is beyond the rounds of method '{label}' (train.rounds={last}); allowed: 1..{last}"
+                    )
             if fig.label in {x.label for x in figures} or fig.label in CURVES:
                 problems.append(f"{fkey}.label: duplicate figure label '{fig.label}' (set a distinct label)")
             figures.append(fig)
