@@ -30,6 +30,7 @@ PACKAGE = "fedforget"
 # prefix -> layer; the longest matching prefix wins
 LAYERS: dict[str, int] = {
     "utils": 0, "registry": 0, "train_spec": 0, "schedule": 0, "state": 0, "validation": 0, "progress": 0, "__init__": 0,
+    "memory": 0,
     "data": 1, "partition": 1, "models": 1, "dropout": 1, "activations": 1, "landscape": 1, "inputs": 1, "cudagraph": 1,
     "clientdata": 1,
     "methods": 2,

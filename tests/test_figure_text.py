@@ -365,6 +365,7 @@ def test_no_text_overlaps_in_the_experiment_figures_of_the_shipped_configs(shipp
 
     configs: dict = {}
     monkeypatch.setattr(cost, "_cost", lambda run_dir: {"hours": 12.5, "memory_gb": 40.0, "gpu": True})
+    monkeypatch.setattr(cost, "_phase_peaks", lambda run_dir: ({p: 40960.0 for p in cost.PHASES}, True))
     monkeypatch.setattr(fedproj, "run_config", lambda run_dir: configs[run_dir])
     monkeypatch.setattr(sweep, "run_config", lambda run_dir: configs[run_dir])
     monkeypatch.setattr(fedsol, "_method_params", lambda run_dir: (configs[run_dir].method.name, configs[run_dir].method.params))

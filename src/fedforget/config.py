@@ -27,7 +27,7 @@ INTERNAL_TRAIN_KEYS = ("engine_pairing",)
 # train settings that do not change what a job computes (excluded from RunConfig.hash)
 RUNTIME_TRAIN_KEYS = (
     "threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients", "log_every",
-    "engine_pairing", "data_storage",
+    "engine_pairing", "data_storage", "phase_memory",
 )  # fmt: skip
 
 

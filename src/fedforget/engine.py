@@ -30,6 +30,7 @@ from .checkpoint import checkpoint_of, restore, resume_threads
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
+from .memory import PhaseMemory
 from .methods import METHODS, RunInfo, ServerContext, make_params
 from .methods.base import AFTER_TASK, ROUND_END, TASK_END
 from .metrics import layer_lambda, weight_divergence
@@ -86,6 +87,7 @@ class Simulation:
         self.cfg = cfg
         t = cfg.train
         self.device = device or resolve_device(t.device)
+        self.memory = PhaseMemory(self.device, t.phase_memory)  # per phase (run.json; FedProTIP Fig. 7)
         if t.threads > 0:
             torch.set_num_threads(t.threads)
         method_cls = METHODS.get(cfg.method.name, "method.name")
@@ -230,7 +232,8 @@ class Simulation:
             first = fed.round + 1
             log.info("resuming %s seed %d after round %d", cfg.method.label, cfg.seed, first - 1)
         else:
-            metrics, tasks = self.global_metrics(0)
+            with self.memory.phase("evaluate"):
+                metrics, tasks = self.global_metrics(0)
             emit({"round": 0, **metrics, "_tasks": tasks, "elapsed_s": time.perf_counter() - start})
             first = 1
         bar = RoundProgress(
@@ -267,13 +270,15 @@ class Simulation:
         # make no minibatch: a single row with drop_last, TrainSpec.epoch_rows)
         views = {c: v for c in sampled if t.epoch_rows(len(v := self.trainer.round_view(c, rnd)))}
         broadcast_params = self.global_params
-        uploads, losses, stats, local_accs, eval_time = self.trainer.train_round(rnd, lr, views)
+        with self.memory.phase("train"):
+            uploads, losses, stats, local_accs, eval_time = self.trainer.train_round(rnd, lr, views)
         if uploads:
             # parameters no client trained in this task (per-task heads of other tasks) keep
             # their global values, bit for bit, whatever the method writes
             self.model.set_task(self.server.task)
             self.server.untrained = tuple(k for k, p in self.model.named_parameters() if not p.requires_grad)
-            self.method.server_aggregate(self.server, uploads)
+            with self.memory.phase("aggregate"):
+                self.method.server_aggregate(self.server, uploads)
             self.server.untrained = ()
         if not all(
             torch.isfinite(v).all()
@@ -282,7 +287,8 @@ class Simulation:
         ):
             raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
         if sc.ends_task(rnd):
-            self.end_task(rnd, lr)
+            with self.memory.phase("task_end"):
+                self.end_task(rnd, lr)
         if ROUND_END in self.method.exchanges:  # a second message per round, on the new weights
             trained = {u.cid for u in uploads}
             repliers = {
@@ -290,9 +296,10 @@ class Simulation:
                 for c in sampled
                 if c in trained or self.method.round_end_untrained
             }
-            replies = self.trainer.client_pass(ROUND_END, repliers, rnd, lr)
-            if replies:
-                self.collect(ROUND_END, replies)
+            with self.memory.phase("round_end"):
+                replies = self.trainer.client_pass(ROUND_END, repliers, rnd, lr)
+                if replies:
+                    self.collect(ROUND_END, replies)
         train_time = time.perf_counter() - t0 - eval_time
         if rnd in t.save_client_models:
             cpu = lambda p: {k: v.detach().cpu().clone() for k, v in p.items()}  # noqa: E731
@@ -313,7 +320,8 @@ class Simulation:
         }  # fmt: skip
         te = time.perf_counter()
         if rnd % t.eval_every == 0 or rnd == t.rounds or sc.ends_task(rnd):  # task ends: the accuracy matrix
-            metrics, row["_tasks"] = self.global_metrics(rnd)
+            with self.memory.phase("evaluate"):
+                metrics, row["_tasks"] = self.global_metrics(rnd)
             row.update(metrics)
         if "weight_divergence" in t.diagnostics and uploads:
             row.update(weight_divergence(broadcast_params, [u.params for u in uploads]))

@@ -26,6 +26,7 @@ from .checkpoint import CHECKPOINT, load_checkpoint
 from .config import RunConfig
 from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
+from .memory import PhaseMemory
 from .methods import METHODS
 from .provenance import git_commit, training_code
 from .utils import (
@@ -74,15 +75,21 @@ def timings_csv(rows: list[dict[str, Any]]) -> str:
     return table_csv([{c: r.get(c) for c in TIMING_COLUMNS} for r in rows], TIMING_COLUMNS)
 
 
-def peak_memory(device: torch.device) -> dict[str, float]:
+def peak_memory(device: torch.device, phases: PhaseMemory | None = None) -> dict[str, float]:
     """run.json's memory record of the process that ran the job (its last segment, if it was
     resumed): ``peak_rss_mb``, the process's peak resident memory (ru_maxrss; the process
     may have run other work before, as tests do), and on a GPU ``peak_gpu_memory_mb``, the
     most memory torch allocated on it during the run (``torch.cuda.max_memory_allocated``,
-    reset when the run started). FedProTIP Figs. 6 and 7 (figure ``run_cost``)."""
+    reset when the run started). Each phase resets the peak it measures (``phases``,
+    ``fedforget.memory``), so the run's peak is the largest of the phases' and the peak
+    since the last reset. FedProTIP Fig. 6 (figure ``run_cost``); per phase, Fig. 7
+    (run.json's ``peak_memory_by_phase_mb``, figure ``phase_memory``)."""
+    run = phases.run_peak_mb() if phases is not None else None
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if device.type == "cuda":
-        out["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        out["peak_gpu_memory_mb"] = max(torch.cuda.max_memory_allocated(device) / 2**20, run or 0.0)
+    elif run is not None:
+        out["peak_rss_mb"] = max(out["peak_rss_mb"], run)
     return out
 
 
@@ -195,8 +202,10 @@ def run_training(
         best_global_model_test_acc=max(accs) if accs else None,
         wall_time_s=time.perf_counter() - t0,
         finished_at=_now(),
-        **peak_memory(sim.device),
+        **peak_memory(sim.device, sim.memory),
     )
+    if sim.memory.enabled:  # train.phase_memory
+        record["peak_memory_by_phase_mb"] = dict(sim.memory.peaks)
     atomic_write_json(out / "run.json", record)
     ckpt_path.unlink(missing_ok=True)  # the run is over: its outputs are complete
     log.info("%s: %s after %d rounds", out, status, record["rounds_completed"])

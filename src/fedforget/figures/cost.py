@@ -1,4 +1,4 @@
-"""What the runs cost, per method (FedProTIP Fig. 6: training time and GPU memory).
+"""What the runs cost, per method (FedProTIP Fig. 6: training time and GPU memory; Fig. 7: memory per phase).
 
 - ``run_cost``: each method's training time (hours: the run's ``elapsed_s`` at its last
   round, timings.csv, which a resumed run continues) and peak memory (run.json's
@@ -63,6 +63,69 @@ def run_cost(inp: FigureInput, out: Path) -> list[Path]:
             ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
             ax.grid(alpha=0.3, axis="y")
     fig.suptitle("Training time and peak memory per method (FedProTIP Fig. 6), mean ± std over seeds", fontsize=10)
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return [out, out.with_suffix(".csv")]
+
+
+# the engine's phases of a round (fedforget.memory), in the order the figure draws them
+PHASES = ("train", "aggregate", "task_end", "round_end", "evaluate")
+PHASE_LABELS = {"train": "local training", "aggregate": "aggregation", "task_end": "task end (bases)",
+                "round_end": "round end", "evaluate": "evaluation"}  # fmt: skip
+
+
+def _phase_peaks(run_dir: Path) -> tuple[dict[str, float], bool]:
+    """One run's peak memory per phase (MB) and whether it is GPU memory."""
+    record = json.loads((run_dir / "run.json").read_text())
+    return dict(record.get("peak_memory_by_phase_mb") or {}), record.get("peak_gpu_memory_mb") is not None
+
+
+@FIGURES.register("phase_memory")
+def phase_memory(inp: FigureInput, out: Path) -> list[Path]:
+    """FedProTIP Fig. 7: each method's peak memory in each phase of a round (run.json's
+    ``peak_memory_by_phase_mb``: local training, aggregation, the task-end exchanges, the
+    round-end exchange, evaluation; ``fedforget.memory``), in GB, mean ± std over seeds,
+    bars grouped by phase, one panel per dataset x setting. GPU memory where the runs
+    trained on a GPU, else the process's resident memory (which holds the data and models
+    throughout); runs of both kinds are not mixed [D]. Writes a .csv beside it."""
+    runs = inp.runs[inp.runs["status"] == "completed"]
+    rows, kinds = [], set()
+    for _, r in runs.iterrows():
+        peaks, gpu = _phase_peaks(Path(r["run_dir"]))
+        kinds.add(gpu)
+        rows += [{**r[["dataset", "setting", "method", "seed"]].to_dict(), "phase": k, "gb": v / 1024}
+                 for k, v in peaks.items()]  # fmt: skip
+    if not rows:
+        raise FedForgetError(
+            "figure 'phase_memory': no completed run records its peak memory per phase (run.json's "
+            "peak_memory_by_phase_mb); set train.phase_memory: true before they train (a runtime setting: runs already "
+            "finished keep their run.json)"
+        )
+    if len(kinds) > 1:
+        raise FedForgetError("figure 'phase_memory': some runs trained on a GPU and some on a CPU; their memory is not one quantity")
+    gpu = kinds.pop()
+    table = pd.DataFrame(rows).groupby(["dataset", "setting", "phase", "method"], sort=False)["gb"].agg(["mean", "std", "count"]).reset_index()
+    out = Path(out)
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    plt = _plt()
+    panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
+    methods = list(dict.fromkeys(runs["method"]))
+    phases = [p for p in PHASES if p in set(table["phase"])] + sorted(set(table["phase"]) - set(PHASES))
+    width = 0.8 / max(len(methods), 1)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.2 * len(phases) * max(1, len(methods) / 3) + 2), 3.4 * len(panels)), squeeze=False)
+    for ax, (ds, st) in zip(axes[:, 0], panels):
+        sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
+        for i, m in enumerate(methods):
+            s = sub[sub["method"] == m].set_index("phase").reindex(phases)
+            ax.bar([j + (i - (len(methods) - 1) / 2) * width for j in range(len(phases))], s["mean"],
+                   width=width, yerr=s["std"].fillna(0), capsize=2, label=m)  # fmt: skip
+        ax.set_xticks(range(len(phases)), [PHASE_LABELS.get(p, p) for p in phases], fontsize=8)
+        ax.set_ylabel("peak GPU memory (GB)" if gpu else "peak process memory (GB)")
+        ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.suptitle("Peak memory per phase of a round (FedProTIP Fig. 7), mean ± std over seeds", fontsize=10)
     fig.tight_layout()
     _save(fig, out)
     plt.close(fig)

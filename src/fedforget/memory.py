@@ -1,0 +1,77 @@
+"""Peak memory per phase of a run (FedProTIP Fig. 7: "the maximum GPU memory allocated at
+each training phase").
+
+``PhaseMemory(device).phase(name)`` around each phase of a round (the engine's ``PHASES``:
+local training, aggregation, the task-end exchanges, the round-end exchange, evaluation)
+resets the peak before it and keeps the largest peak seen in it over the run, in MB
+(2^20 bytes): on a GPU ``torch.cuda.max_memory_allocated`` (what torch allocated, as run.json's
+``peak_gpu_memory_mb``); on a CPU the process's peak resident memory (``VmHWM``, reset by
+writing 5 to /proc/self/clear_refs, Linux), which includes the data and models held
+throughout, so a phase's number is the process's size at that phase's peak [D]. Where the
+peak cannot be reset (no such file, or it refuses the write) nothing is recorded on a CPU:
+an unreset peak is the run's so far, not the phase's. Resetting lowers the process-wide peak
+that ``getrusage`` reports, so the run's peak is the largest of the phases' (``run_peak_mb``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+CLEAR_REFS, STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+
+
+class PhaseMemory:
+    """``enabled`` (``train.phase_memory``): off, a phase measures nothing and resets no peak
+    (the run's peak stays what ``torch`` and ``getrusage`` report, as benchmark scripts read)."""
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.device, self.enabled = device, enabled
+        self.peaks: dict[str, float] = {}  # phase -> MB, the largest over the run
+        self.cpu_ok = enabled and (device.type == "cuda" or _reset_cpu())
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.cpu_ok:
+            self.cpu_ok = _reset_cpu()
+        try:
+            yield
+        finally:
+            mb = self.peak_mb()
+            if mb is not None:
+                self.peaks[name] = max(self.peaks.get(name, 0.0), mb)
+
+    def peak_mb(self) -> float | None:
+        """The peak since the last reset (MB), or None where it cannot be told apart."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return _vm_hwm_mb() if self.cpu_ok else None
+
+    def run_peak_mb(self) -> float | None:
+        """The largest peak of the phases (None before any was recorded)."""
+        return max(self.peaks.values()) if self.peaks else None
+
+
+def _reset_cpu() -> bool:
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return _vm_hwm_mb() is not None
+
+
+def _vm_hwm_mb() -> float | None:
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
