@@ -57,6 +57,7 @@ def test_phase_memory_is_each_phases_own_peak_and_its_seed_mean(costly):
             record = json.loads((run_dir / "run.json").read_text())
             by_phase = record["peak_memory_by_phase_mb"]
             assert {"train", "aggregate", "evaluate"} <= set(by_phase) and all(v > 0 for v in by_phase.values())
+            assert "task_end" not in by_phase  # no task-end exchange, no such phase
             assert record["peak_rss_mb"] >= max(by_phase.values())  # the run's peak covers every phase's
             peaks.append(by_phase)
         got = table[table["method"] == method].set_index("phase")

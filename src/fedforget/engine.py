@@ -157,22 +157,24 @@ class Simulation:
         """After the last round of the server's task, for a method with the TASK_END
         exchange: every client with data in the task replies (synchronous boundaries;
         asynchronously, those that have moved on did), the server collects; then, with
-        AFTER_TASK, the clients that replied reply again on the server's new broadcast."""
+        AFTER_TASK, the clients that replied reply again on the server's new broadcast. Its
+        memory is the phase task_end (only for a method that has the exchange)."""
         if TASK_END not in self.method.exchanges:
             return
         task = self.server.task
-        reports, self.fed.task_reports = self.fed.task_reports, {}
-        if self.scenario.window is None:
-            for cid in range(self.cfg.partition.clients):
-                if self.clients.size(cid, task):
-                    report = self.trainer.end_client_task(cid, task, rnd, lr)
-                    if report is not None:
-                        reports[cid] = report
-        self.collect(TASK_END, reports)
-        if reports and AFTER_TASK in self.method.exchanges:  # on what the server made of the first
-            self.server.broadcast = self.method.server_broadcast(self.server)
-            views = {cid: self.clients.task_view(cid, task) for cid in sorted(reports)}
-            self.collect(AFTER_TASK, self.trainer.client_pass(AFTER_TASK, views, rnd, lr))
+        with self.memory.phase("task_end"):
+            reports, self.fed.task_reports = self.fed.task_reports, {}
+            if self.scenario.window is None:
+                for cid in range(self.cfg.partition.clients):
+                    if self.clients.size(cid, task):
+                        report = self.trainer.end_client_task(cid, task, rnd, lr)
+                        if report is not None:
+                            reports[cid] = report
+            self.collect(TASK_END, reports)
+            if reports and AFTER_TASK in self.method.exchanges:  # on what the server made of the first
+                self.server.broadcast = self.method.server_broadcast(self.server)
+                views = {cid: self.clients.task_view(cid, task) for cid in sorted(reports)}
+                self.collect(AFTER_TASK, self.trainer.client_pass(AFTER_TASK, views, rnd, lr))
 
     def collect(self, exchange: str, replies: dict[int, Any]) -> None:
         """The server's step of an exchange, with ``server.model`` holding the global
@@ -287,8 +289,7 @@ class Simulation:
         ):
             raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
         if sc.ends_task(rnd):
-            with self.memory.phase("task_end"):
-                self.end_task(rnd, lr)
+            self.end_task(rnd, lr)
         if ROUND_END in self.method.exchanges:  # a second message per round, on the new weights
             trained = {u.cid for u in uploads}
             repliers = {

@@ -1,8 +1,9 @@
 """Peak memory per phase of a run (FedProTIP Fig. 7: "the maximum GPU memory allocated at
 each training phase").
 
-``PhaseMemory(device).phase(name)`` around each phase of a round (the engine's ``PHASES``:
-local training, aggregation, the task-end exchanges, the round-end exchange, evaluation)
+``PhaseMemory(device).phase(name)`` around each phase of a round (``PHASES``, as the engine
+names them: local training, aggregation, the task-end exchanges, the round-end exchange,
+evaluation)
 resets the peak before it and keeps the largest peak seen in it over the run, in MB
 (2^20 bytes): on a GPU ``torch.cuda.max_memory_allocated`` (what torch allocated, as run.json's
 ``peak_gpu_memory_mb``); on a CPU the process's peak resident memory (``VmHWM``, reset by
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 CLEAR_REFS, STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+PHASES = ("train", "aggregate", "task_end", "round_end", "evaluate")  # in the order of a round
 
 
 class PhaseMemory:
@@ -30,7 +32,7 @@ class PhaseMemory:
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.device, self.enabled = device, enabled
         self.peaks: dict[str, float] = {}  # phase -> MB, the largest over the run
-        self.cpu_ok = enabled and (device.type == "cuda" or _reset_cpu())
+        self.cpu_ok = enabled and (device.type == "cuda" or (_reset_cpu() and _vm_hwm_mb() is not None))
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -60,11 +62,12 @@ class PhaseMemory:
 
 
 def _reset_cpu() -> bool:
+    """Reset the process's peak resident memory; False where the system refuses."""
     try:
         CLEAR_REFS.write_text("5")
     except OSError:
         return False
-    return _vm_hwm_mb() is not None
+    return True
 
 
 def _vm_hwm_mb() -> float | None:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..memory import PHASES
 from ..plots import _plt, _save, setting_label
 from ..utils import FedForgetError
-from . import FIGURES, FigureInput
+from . import FIGURES, FigureInput, method_bars
 
 MEASURES = ("hours", "memory_gb")
 
@@ -69,8 +70,6 @@ def run_cost(inp: FigureInput, out: Path) -> list[Path]:
     return [out, out.with_suffix(".csv")]
 
 
-# the engine's phases of a round (fedforget.memory), in the order the figure draws them
-PHASES = ("train", "aggregate", "task_end", "round_end", "evaluate")
 PHASE_LABELS = {"train": "local training", "aggregate": "aggregation", "task_end": "task end (bases)",
                 "round_end": "round end", "evaluate": "evaluation"}  # fmt: skip
 
@@ -86,9 +85,9 @@ def phase_memory(inp: FigureInput, out: Path) -> list[Path]:
     """FedProTIP Fig. 7: each method's peak memory in each phase of a round (run.json's
     ``peak_memory_by_phase_mb``: local training, aggregation, the task-end exchanges, the
     round-end exchange, evaluation; ``fedforget.memory``), in GB, mean ± std over seeds,
-    bars grouped by phase, one panel per dataset x setting. GPU memory where the runs
-    trained on a GPU, else the process's resident memory (which holds the data and models
-    throughout); runs of both kinds are not mixed [D]. Writes a .csv beside it."""
+    bars grouped by phase, one panel per dataset x setting (``method_bars``). GPU memory where
+    the runs trained on a GPU, else the process's resident memory (which holds the data and
+    models throughout); runs of both kinds are not mixed [D]. Writes a .csv beside it."""
     runs = inp.runs[inp.runs["status"] == "completed"]
     rows, kinds = [], set()
     for _, r in runs.iterrows():
@@ -104,29 +103,10 @@ def phase_memory(inp: FigureInput, out: Path) -> list[Path]:
         )
     if len(kinds) > 1:
         raise FedForgetError("figure 'phase_memory': some runs trained on a GPU and some on a CPU; their memory is not one quantity")
-    gpu = kinds.pop()
-    table = pd.DataFrame(rows).groupby(["dataset", "setting", "phase", "method"], sort=False)["gb"].agg(["mean", "std", "count"]).reset_index()
-    out = Path(out)
-    table.to_csv(out.with_suffix(".csv"), index=False)
-    plt = _plt()
-    panels = list(dict.fromkeys(zip(table["dataset"], table["setting"])))
-    methods = list(dict.fromkeys(runs["method"]))
-    phases = [p for p in PHASES if p in set(table["phase"])] + sorted(set(table["phase"]) - set(PHASES))
-    width = 0.8 / max(len(methods), 1)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 1.2 * len(phases) * max(1, len(methods) / 3) + 2), 3.4 * len(panels)), squeeze=False)
-    for ax, (ds, st) in zip(axes[:, 0], panels):
-        sub = table[(table["dataset"] == ds) & (table["setting"] == st)]
-        for i, m in enumerate(methods):
-            s = sub[sub["method"] == m].set_index("phase").reindex(phases)
-            ax.bar([j + (i - (len(methods) - 1) / 2) * width for j in range(len(phases))], s["mean"],
-                   width=width, yerr=s["std"].fillna(0), capsize=2, label=m)  # fmt: skip
-        ax.set_xticks(range(len(phases)), [PHASE_LABELS.get(p, p) for p in phases], fontsize=8)
-        ax.set_ylabel("peak GPU memory (GB)" if gpu else "peak process memory (GB)")
-        ax.set_title(f"{ds}, {setting_label(st)}", fontsize=9)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
-    fig.suptitle("Peak memory per phase of a round (FedProTIP Fig. 7), mean ± std over seeds", fontsize=10)
-    fig.tight_layout()
-    _save(fig, out)
-    plt.close(fig)
-    return [out, out.with_suffix(".csv")]
+    per_run = pd.DataFrame(rows)
+    order = {p: i for i, p in enumerate(PHASES)}  # the phases in the order of a round, any other after
+    per_run = per_run.sort_values("phase", key=lambda s: s.map(lambda p: order.get(p, len(order))), kind="stable")
+    table = per_run.groupby(["dataset", "setting", "method", "phase"], sort=False)["gb"].agg(["mean", "std", "count"]).reset_index()
+    return method_bars(table, "phase", Path(out), stacked=True, ticks=lambda phases: [PHASE_LABELS.get(p, p) for p in phases],
+                       ylabel="peak GPU memory (GB)" if kinds.pop() else "peak process memory (GB)",
+                       title="Peak memory per phase of a round (FedProTIP Fig. 7), mean ± std over seeds")  # fmt: skip

@@ -496,7 +496,7 @@ class FedProTIP(FedAvg):
         bases, blocks = dict(st.get(BASES, {})), {k: list(v) for k, v in st.get(BLOCKS, {}).items()}
         ended = st.get(ENDED, 0)
         names = list(dict.fromkeys([n for c in order for n in reports[c]["bases"]] + list(bases)))
-        for name in names:
+        for i, name in enumerate(names):
             ups = [
                 reports[c]["bases"][name].to(server.device)
                 for c in order
@@ -508,7 +508,7 @@ class FedProTIP(FedAvg):
             elif self.p.sketch is None:
                 new = aggregate_bases(old, ups)
             else:  # the server sees only the sum of the sketches (secure aggregation)
-                g = torch.Generator().manual_seed(torch_seed(self.info.seed, server.task, RANGE_STREAM, names.index(name)))
+                g = torch.Generator().manual_seed(torch_seed(self.info.seed, server.task, RANGE_STREAM, i))
                 new = sketch_bases(old, torch.stack([b.double() for b in ups]).sum(0), g)
             if new is not None:
                 new = new.to(server.device).float()
