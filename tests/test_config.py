@@ -202,6 +202,8 @@ BAD = [
     ("model-not-string-or-object", lambda d: dset(d).update(model=5),
      ["experiments[0].datasets[0].model: 5 matches no allowed form; allowed: a string | {name, options}"]),
     # a figure's round beyond the runs' rounds: refused before training, not by the figure job after it
+    ("phase-memory-not-a-bool", lambda d: ex(d).update(train={"phase_memory": "yes"}),
+     ["experiments[0].train.phase_memory", "'yes'"]),
     ("figure-round-beyond-rounds", lambda d: ex(d).update(figures=[{"name": "layer_lambda", "options": {"round": 999}}]),
      ["experiments[0].figures[0].options.round: 999 is beyond the rounds of method", "allowed: 1.."]),
 ]  # fmt: skip

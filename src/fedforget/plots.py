@@ -213,13 +213,13 @@ def partition_heatmap(
 
 def _count_panel(fig, ax, m: np.ndarray, annotate: bool, xlabels: list) -> None:
     """Clients x columns counts as cells (viridis, a colour bar "samples"), a label per row
-    and column at the cell's centre, each cell's count written where ``annotate``, dark on
-    light cells (seaborn's heatmap rule)."""
+    and column at the cell's centre, each cell's count written where ``annotate``
+    (``_text_on``)."""
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
 
     cmap, m = colormaps["viridis"], np.asarray(m)
-    norm = Normalize(vmin=float(m.min(initial=0)), vmax=float(max(m.max(initial=0), m.min(initial=0) + 1)))
+    norm = Normalize(vmin=0.0, vmax=float(max(m.max(initial=0), 1)))  # counts: 0 at the bottom
     image = ax.pcolormesh(m, cmap=cmap, norm=norm)
     ax.set_xlim(0, m.shape[1])
     ax.set_ylim(m.shape[0], 0)  # client 0 on top
@@ -231,9 +231,14 @@ def _count_panel(fig, ax, m: np.ndarray, annotate: bool, xlabels: list) -> None:
     fig.colorbar(image, ax=ax, label="samples")
     if annotate:
         for (r, c), v in np.ndenumerate(m):
-            red, green, blue, _ = cmap(norm(v))
-            dark = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.408
-            ax.text(c + 0.5, r + 0.5, f"{int(v)}", ha="center", va="center", color="0.15" if dark else "white")
+            ax.text(c + 0.5, r + 0.5, f"{int(v)}", ha="center", va="center", color=_text_on(cmap(norm(v))))
+
+
+def _text_on(rgba: tuple) -> str:
+    """The colour of a cell's text on a cell of colour ``rgba``: dark on light cells, white
+    on dark ones (seaborn's heatmap rule, relative luminance > 0.408)."""
+    red, green, blue, _ = rgba
+    return "0.15" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.408 else "white"
 
 
 def _thin_ticks(fig, ax) -> None:
@@ -418,9 +423,7 @@ def _matrix_panel(ax, values: np.ndarray, annotate: bool) -> None:
         return
     for (r, c), v in np.ndenumerate(values):
         if np.isfinite(v):
-            red, green, blue, _ = cmap(v / 100)
-            dark = 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.408  # seaborn's rule
-            ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=7, color="0.15" if dark else "white",
+            ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=7, color=_text_on(cmap(v / 100)),
                     in_layout=False)  # inside the axes: nothing for the layout to make room for
 
 

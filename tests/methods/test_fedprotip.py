@@ -412,7 +412,8 @@ def test_routed_scores_use_the_routed_head_on_its_classes():
 
 def test_bad_params_are_refused_naming_the_value():
     bads = ({"threshold": 1.5}, {"threshold": 0}, {"threshold_step": -0.1}, {"energy": "l1"}, {"samples": 0}, {"svd": "qr"},
-            {"tip": "oracle"}, {"freeze_early": "yes"}, {"bias": "augment"})  # fmt: skip
+            {"tip": "oracle"}, {"freeze_early": "yes"}, {"bias": "augment"}, {"sketch": 0}, {"sketch": "half"},
+            {"sketch": 1.5}, {"sketch": True}, {"projection": "server"})  # fmt: skip
     for bad in bads:
         ((k, v),) = bad.items()
         with pytest.raises(FedForgetError, match=re.escape(f"{k}={v!r}")):
