@@ -105,7 +105,7 @@ def test_engine_choice_and_fallback(make_run_config):
 
 
 def test_which_methods_train_clients_like_fedavg():
-    like = {m for m in METHODS.names() if METHODS.get(m).stacked and not METHODS.get(m).step_terms}
+    like = {m for m in METHODS.names() if METHODS.get(m).stacked and not (METHODS.get(m).step_terms or METHODS.get(m).live_terms)}
     assert "fedavg" in like and "fedprox" not in like and "scaffold" not in like
     assert "feddyn" not in like and "moon" not in like and "fedsam" not in like
     # their own upload (client_end) only: batched training, then client_end per client

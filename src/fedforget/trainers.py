@@ -369,7 +369,7 @@ class StackedTrainer(LocalTrainer):
         opt, method = t.optimizer, self.method
         # a method with per-step terms (FedProx, FedDyn, SCAFFOLD, FedGP): its client_begin for
         # every client on the global weights, then its terms for the stack
-        with_terms = method.step_terms
+        with_terms = method.step_terms or method.live_terms
         ctxs: dict[int, ClientContext] = {}
         # clients entering a task (an asynchronous boundary ends their previous one), and every
         # client of a method with step terms: on the global weights, loaded once (enter_task
@@ -388,7 +388,8 @@ class StackedTrainer(LocalTrainer):
             self.model, self.fed.global_params, self.clients.batch, jobs,
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
-            step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if with_terms else None,
+            step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if method.step_terms else None,
+            live_terms=(lambda order: method.client_live_terms([ctxs[cids[j]] for j in order])) if method.live_terms else None,
             graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
             autocast=self.autocast, sees_step=method.sees_step,
         )  # fmt: skip

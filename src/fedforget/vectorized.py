@@ -75,7 +75,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from .cudagraph import StepGraphs
 from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
-from .methods.base import Held, StepBatch, StepTerms, masked_logits
+from .methods.base import Held, LiveStep, LiveTerms, StepBatch, StepTerms, masked_logits
 from .models import Classifier, TaskHeads
 
 
@@ -122,6 +122,13 @@ def why_not_vectorized(
             "the model has torch's dropout (its draws would differ from one client alone; "
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
+    if method_cls.trait("live_terms", params) and method_cls.trait("stacked", params):
+        bad = stacked_supported(model)
+        if bad is not None:  # [D] its second pass or logit loss is written for stacked_forward
+            return (
+                f"method '{method_cls.name}' has terms of the step's own forward pass (live_terms); the "
+                f"batched path runs them where it runs the model layer by layer (module {bad} would need vmap)"
+            )
     if method_cls.trait("sees_step", params) and method_cls.trait("stacked", params):
         # replayed rows: keyed dropout draws them as alone (the step's second forward call,
         # padding rows after the real ones) where stacked_forward runs the model; [D] not
@@ -193,6 +200,19 @@ def stacked_forward(module: nn.Module, params: dict[str, torch.Tensor], x: torch
     g = x.shape[0]
     h, layout = _stacked(module, params, x, g, "", GB)
     return _relayout(h, layout, GB, g)
+
+
+def stacked_head(model: Classifier, params: dict[str, torch.Tensor], features: torch.Tensor) -> torch.Tensor:
+    """The head of ``model`` on stacked body features [G, B, F] (``stacked_features``):
+    logits [G, B, classes], as ``stacked_forward`` computes them after the body."""
+    return _relayout(*_stacked(model.head, params, features, features.shape[0], "head.", GB), GB, features.shape[0])
+
+
+def stacked_features(model: Classifier, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The body features [G, B, F] of G weight sets of ``model`` (a ``Classifier``), each on
+    its own inputs [G, B, ...]: ``stacked_forward``'s first half."""
+    h, layout = _stacked(model.body, params, x, x.shape[0], "body.", GB)
+    return _relayout(h, layout, GB, x.shape[0])
 
 
 # activation layouts of stacked_forward
@@ -341,6 +361,7 @@ def train_clients_together(
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     sees_step: bool = False,
     full_width: bool | None = None,
+    live_terms: Callable[[list[int]], LiveTerms | None] | None = None,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -360,11 +381,14 @@ def train_clients_together(
     have batches of different sizes then runs client by client (padding rows would enter
     the batch statistics). ``sees_step``: the terms take the step's minibatch
     (``methods.base.StepBatch``; keyed dropout only where stacked_forward runs the model:
-    ``why_not_vectorized``).
+    ``why_not_vectorized``). ``live_terms(order)``: the method's terms of the step's own
+    forward pass (``FedAvg.client_live_terms``: an extra loss of the logits, or a second
+    pass at perturbed weights), for models ``stacked_forward`` runs.
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
     terms = None if step_terms is None else step_terms(order)
+    live = None if live_terms is None else live_terms(order)
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
     table, steps = _batch_table(jobs_sorted, epochs, batch_size, device, epoch_rows)
@@ -403,7 +427,9 @@ def train_clients_together(
     stats = {k: stack(k) for k in buffer_names} if not alone else {}
     states: list[dict[str, torch.Tensor] | None] = [None] * m  # alone: each client's final state
     use_stacked = stacked_supported(model) is None
-    if graphs is not None and not (use_stacked and terms is None):
+    if live is not None and not use_stacked:
+        raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
+    if graphs is not None and not (use_stacked and terms is None and live is None):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
     if graphs is not None:
         params, bufs, loss_sum = graphs.stack(global_params, names, m, bool(momentum))
@@ -430,11 +456,52 @@ def train_clients_together(
 
     one_fn = grad_and_value(client_loss, has_aux=True)  # the aux: the step's logits (StepBatch)
 
-    def stacked_step(p_act, xb, yb, mask, lm):
+    def task_losses(out: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, lm) -> torch.Tensor:
+        """Each client's cross-entropy [a] on its real rows (``mask``) of the logits [a, w, C]."""
+        per = F.cross_entropy(masked_logits(out.float(), lm).flatten(0, 1), yb.flatten(), reduction="none")
+        return (per.view(mask.shape) * mask).sum(1) / mask.sum(1)
+
+    def live_pass(lo: int, w: dict, step: StepBatch, second: Callable[[dict, bool], torch.Tensor], mask, lm):
+        """The gradients {name: [a, ...]} and logged losses [a] of a step with the method's
+        live terms: ``step`` carries the first pass (logits and task losses, live in ``w``);
+        ``second(w2, head_only)``: the logits of the second pass at weights ``w2`` (the head
+        alone on the first pass's body features when only head weights moved)."""
+        res: LiveStep = live(lo, lo + len(step.rows), w, step)
+        if res.loss is not None and res.eps is not None:
+            raise ValueError("live terms returned both an extra loss and a perturbation")
+        if res.eps is None:
+            total = step.loss if res.loss is None else step.loss + res.loss
+            gs = torch.autograd.grad(total.sum(), list(w.values()), allow_unused=True)
+            adv = None
+        else:
+            total = step.loss  # logged: the task loss at w (FedSAM, FedSOL)
+            w2 = {n: (v.detach() + res.eps[n]).requires_grad_() if n in res.eps else v for n, v in w.items()}
+            head_only = all(n.startswith("head.") for n in res.eps)
+            adv = task_losses(second(w2, head_only), step.y, mask, lm)
+            gs = torch.autograd.grad(adv.sum(), list(w2.values()), allow_unused=True)
+            adv = adv.detach()
+        grads = {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
+        if res.done is not None:
+            res.done(grads, adv)
+        return grads, total.detach()
+
+    def stacked_step(p_act, xb, yb, mask, lm, rows=None):
         """(gradients, losses, logits) of every client in the stack: the same values as ``step_fn``."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
         if drop:
             set_dropout_key(drop, DropoutKey(keys[: xb.shape[0]], step_t))
+        if live is not None:  # the method's terms of this forward pass (client_live_terms)
+            with autocast():
+                feats = stacked_features(model, leaves, xb)
+                out = stacked_head(model, leaves, feats)
+
+            def second(w2: dict, head_only: bool) -> torch.Tensor:
+                with autocast():
+                    return stacked_head(model, w2, feats) if head_only else stacked_forward(model, w2, xb)
+
+            step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm))
+            grads, losses = live_pass(0, leaves, step, second, mask, lm)
+            return grads, losses, out.detach()
         with autocast():
             out = stacked_forward(model, leaves, xb)
         logits = masked_logits(out.float(), lm)  # [a, w, C]
@@ -510,7 +577,9 @@ def train_clients_together(
         return out.float()
 
     def stack_grad(loss: torch.Tensor, w: dict) -> dict:
-        gs = torch.autograd.grad(loss, list(w.values()), allow_unused=True)
+        # the graph is kept: a method's live terms differentiate the step's own forward pass,
+        # which the trainer's backward then follows
+        gs = torch.autograd.grad(loss, list(w.values()), allow_unused=True, retain_graph=live is not None)
         return {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
 
     def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], logits: torch.Tensor,
@@ -573,6 +642,12 @@ def train_clients_together(
             xb, yb, lm = batch(table[i, k, : int(width[i, k])])
             if drop_i:
                 set_dropout_key(drop_i, DropoutKey(keys[i], k))
+            if live is not None:
+                grads, loss = live_alone(net, i, xb, yb, lm)
+                with torch.no_grad():
+                    sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
+                total += loss
+                continue
             with autocast():
                 logits = net(xb)
             loss = F.cross_entropy(masked_logits(logits.float(), lm), yb).unsqueeze(0)
@@ -593,6 +668,30 @@ def train_clients_together(
             for n in buffer_names:
                 stats[n][i].copy_(own_stats[n])
         return total
+
+    def live_alone(net: nn.Module, i: int, xb: torch.Tensor, yb: torch.Tensor, lm) -> tuple[dict, torch.Tensor]:
+        """One step of client i with the method's live terms in its own replica ``net``
+        (``loop_client_``), as a stack of one: its weights are [1, ...] views of the
+        replica's parameters, which the forward passes read (``functional_call``); a second
+        pass runs at new leaves w + eps, so the parameters are never written."""
+        own = dict(net.named_parameters())
+        w = {n: own[n].unsqueeze(0) for n in names}  # in the step's graph
+
+        def part(mod: nn.Module, prefix: str, ws: dict, h: torch.Tensor) -> torch.Tensor:
+            return functional_call(mod, {n[len(prefix) :]: v[0] for n, v in ws.items() if n.startswith(prefix)}, (h,))
+
+        with autocast():
+            feats = part(net.body, "body.", w, xb)
+            out = part(net.head, "head.", w, feats)
+
+        def second(w2: dict, head_only: bool) -> torch.Tensor:
+            with autocast():
+                return part(net.head, "head.", w2, feats if head_only else part(net.body, "body.", w2, xb)).unsqueeze(0)
+
+        loss = F.cross_entropy(masked_logits(out.float(), lm), yb).unsqueeze(0)
+        step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(loss=loss)
+        lm1 = None if lm is None else lm.unsqueeze(0)
+        return live_pass(i, w, step, second, torch.ones(1, len(yb), device=yb.device), lm1)
 
     def loop_steps_(ks: range, active: int) -> None:
         """Steps ``ks`` (a run of wide steps) of the ``active`` clients, each client on its
@@ -637,7 +736,8 @@ def train_clients_together(
         mask = (idx >= 0).to(xb.dtype)
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
-            grads, losses, logits = stacked_step(p_act, xb, yb, mask, lm)
+            rows = (idx >= 0).sum(1).tolist() if sees_step or live is not None else None
+            grads, losses, logits = stacked_step(p_act, xb, yb, mask, lm, rows)
         elif active == 1:  # one client left (a large client's tail): no vmap overhead
             p_act = {n: v[0] for n, v in params.items()}
             g1, (l1, z1) = one_fn(

@@ -17,7 +17,7 @@ from fedforget.methods import METHODS, make_params
 from fedforget.partition import PartitionSpec
 from fedforget.vectorized import method_not_vectorized
 
-from .conftest import CPU
+from .conftest import CPU, SMALL_CNN, replay_stream_cfg
 
 # every registered method whose local training the batched engine can run, discovered from
 # the hook API (no hand-written list: a new method that qualifies is tested here by itself)
@@ -28,7 +28,8 @@ SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
 
 def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
-    assert {"moon", "fedntd", "fedproj", "fedsol", "fedsam"} <= set(SEQUENTIAL)
+    assert {"fedsol", "fedsam", "fedasam"} <= set(BATCHED)  # their second pass: client_live_terms
+    assert {"moon", "fedntd", "fedproj"} <= set(SEQUENTIAL)
 
 
 @pytest.mark.parametrize(
@@ -77,3 +78,42 @@ def test_methods_that_change_local_training_stay_sequential(public_run_cfg, meth
     sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")), device=CPU)
     assert sim.engine_info["client_engine"] == "sequential", method
     assert "local step of its own" in sim.engine_info["client_engine_reason"]
+
+
+# the methods whose step has live terms (client_live_terms: a second pass at perturbed weights,
+# a loss of the step's logits), on each path of the stacked trainer: an MLP's steps all
+# batched (stacked_forward); a Conv2d model on a CPU: its wide steps client by client in
+# replicas (live_alone), its short tails batched; FedSOL's head perturbation runs the head
+# alone on the first pass's features, its body and all perturbations a full second pass
+LIVE = [
+    ("fedsol", {"rho": 1.0}, "cnn2d"),
+    ("fedsol", {"rho": 0.5, "perturb": "all", "proximal": "l2", "adaptive": False}, "cnn2d"),
+    ("fedsol", {"rho": 2.0, "perturb": "body", "lambda_norm": "column"}, "mlp"),
+    ("fedsol", {"rho": 0.0}, "mlp"),
+    ("fedsam", {"rho": 0.1}, "cnn2d"),
+    ("fedasam", {"rho": 0.5, "eta": 0.01}, "mlp"),
+]
+
+
+@pytest.mark.parametrize("method,params,model", LIVE, ids=[f"{m}-{'-'.join(map(str, p.values()))}-{mo}" for m, p, mo in LIVE])
+def test_live_terms_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights, method, params, model):
+    """Within 1e-5: metrics (the methods' diagnostics included) and weights, 2 rounds of 2
+    local epochs at batch 20 over Dirichlet clients of unequal sizes."""
+    part = PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0)
+    rc = make_run_config(dataset="digits", model=model, model_options=SMALL_CNN if model == "cnn2d" else None,
+                         method=method, params=params, rounds=2, local_epochs=2, batch_size=20, sample_rate=0.5,
+                         device="cpu", optimizer={"lr": 0.05, "momentum": 0.9}, partition=part)  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    assert_same_weights(seq, vec)
+    assert any(k.startswith(f"{method}_") for k in rows_v[-1])  # the diagnostics came through
+
+
+def test_live_terms_under_task_masks_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights):
+    """Task-incremental split digits: the task loss masks each row's logits to its task,
+    FedSOL's KL term reads the unmasked logits, as alone."""
+    rc = replay_stream_cfg(make_run_config, "fedsol", {"rho": 1.0}, incremental="task", local_epochs=1)
+    out = run_engines(rc)
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+    assert_same_weights(out["sequential"][0], out["vectorized"][0])

@@ -29,11 +29,16 @@ def method_with(**params):
 W = [torch.tensor([1.0, -2.0]), torch.tensor([0.5])]
 
 
+def alone(method, params, grads):
+    """``perturbation`` (written for a stack of clients) of one client: a stack of one."""
+    return [e[0] for e in method.perturbation([p[None] for p in params], [g[None] for g in grads])]
+
+
 def test_perturbation_hand_computed_eta0():
     # w = ([1, -2], [0.5]), g = ([2, 0.5], [-4]), eta = 0, rho = 0.6
     # T_w = |w| = ([1, 2], [0.5]);  T_w g = ([2, 1], [-2]);  ||T_w g|| = sqrt(4 + 1 + 4) = 3
     # eps = rho T_w (T_w g) / 3 = 0.2 * ([1*2, 2*1], [0.5*-2]) = ([0.4, 0.4], [-0.2])
-    eps = method_with(rho=0.6).perturbation(W, [torch.tensor([2.0, 0.5]), torch.tensor([-4.0])])
+    eps = alone(method_with(rho=0.6), W, [torch.tensor([2.0, 0.5]), torch.tensor([-4.0])])
     torch.testing.assert_close(eps[0], torch.tensor([0.4, 0.4]))
     torch.testing.assert_close(eps[1], torch.tensor([-0.2]))
 
@@ -43,18 +48,24 @@ def test_perturbation_hand_computed_eta():
     # T_w = |w| + 0.5 = ([1.5, 2.5], [1]);  T_w g = ([3, 0], [4]);  ||T_w g|| = 5
     # eps = 0.5 / 5 * ([1.5*3, 2.5*0], [1*4]) = ([0.45, 0], [0.4])
     m = method_with(rho=0.5, eta=0.5)
-    eps = m.perturbation(W, [torch.tensor([2.0, 0.0]), torch.tensor([4.0])])
+    eps = alone(m, W, [torch.tensor([2.0, 0.0]), torch.tensor([4.0])])
     torch.testing.assert_close(eps[0], torch.tensor([0.45, 0.0]))
     torch.testing.assert_close(eps[1], torch.tensor([0.4]))
     assert torch.equal(W[0], torch.tensor([1.0, -2.0]))  # the weights are not touched
+    # a stack of two: each client its own norm (the second: w = ([2, 1], [1]), g = ([1, 0], [0]):
+    # T_w g = ([2.5, 0], [0]), norm 2.5 -> eps = 0.2 * ([2.5 * 2.5, 0], [0]) = ([1.25, 0], [0]))
+    stack = m.perturbation([torch.stack([W[0], torch.tensor([2.0, 1.0])]), torch.tensor([[0.5], [1.0]])],
+                           [torch.tensor([[2.0, 0.0], [1.0, 0.0]]), torch.tensor([[4.0], [0.0]])])  # fmt: skip
+    torch.testing.assert_close(stack[0], torch.tensor([[0.45, 0.0], [1.25, 0.0]]))
+    torch.testing.assert_close(stack[1], torch.tensor([[0.4], [0.0]]))
 
 
 def test_zero_gradient_and_zero_weight():
     m = method_with(rho=0.5)
-    eps = m.perturbation([torch.ones(2)], [torch.zeros(2)])
+    eps = alone(m, [torch.ones(2)], [torch.zeros(2)])
     assert torch.equal(eps[0], torch.zeros(2))  # norm guard: no 0/0
     # eta = 0: a zero weight is not perturbed, the other takes the whole radius in T_w^-1 norm
-    eps = m.perturbation([torch.tensor([0.0, 2.0])], [torch.tensor([1.0, 1.0])])
+    eps = alone(m, [torch.tensor([0.0, 2.0])], [torch.tensor([1.0, 1.0])])
     assert eps[0][0] == 0
     assert (eps[0] / torch.tensor([1.0, 2.0]))[1] == pytest.approx(0.5)  # ||T_w^-1 eps|| = rho
 
@@ -65,7 +76,7 @@ def test_adaptive_norm_is_rho_on_a_model():
     model = build_model("mlp", (4,), 3, {"hidden": [5]})
     F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 3, (8,))).backward()
     ps = list(model.parameters())
-    eps = method_with(rho=0.8, eta=0.01).perturbation(ps, [p.grad for p in ps])
+    eps = alone(method_with(rho=0.8, eta=0.01), [p.detach() for p in ps], [p.grad for p in ps])
     ratio = [e.double() / (p.detach().double().abs() + 0.01) for e, p in zip(eps, ps)]
     assert math.sqrt(sum(float(r.pow(2).sum()) for r in ratio)) == pytest.approx(0.8, rel=1e-5)
 

@@ -36,7 +36,8 @@ def tiny_setup(method_cls, params, seed=0):
 def record_eps(method):
     """Wrap method.perturbation to keep what it returns."""
     seen, orig = [], method.perturbation
-    method.perturbation = lambda ps, gs: seen.append(orig(ps, gs)) or seen[-1]
+    # one client's step: a stack of one; kept per client, as its own tensors
+    method.perturbation = lambda ps, gs: seen.append([e[0] for e in orig(ps, gs)]) or orig(ps, gs)
     return seen
 
 
@@ -67,18 +68,28 @@ def test_perturbation_norm_is_rho_and_direction_is_g():
         torch.testing.assert_close(e.double(), 0.37 * gi.double() / gnorm, rtol=1e-5, atol=1e-8)
 
 
+def alone(method, params, grads):
+    """``perturbation`` (written for a stack of clients) of one client: a stack of one."""
+    return [e[0] for e in method.perturbation([p[None] for p in params], [g[None] for g in grads])]
+
+
 def test_perturbation_hand_computed():
     # g = ([3, 0], [-4]): ||g|| = sqrt(9 + 0 + 16) = 5, rho = 0.5 -> eps = 0.1 g = ([0.3, 0], [-0.4])
     method, *_ = tiny_setup(FedSAM, {"rho": 0.5})
     w = [torch.tensor([1.0, -2.0]), torch.tensor([0.5])]
-    eps = method.perturbation(w, [torch.tensor([3.0, 0.0]), torch.tensor([-4.0])])
+    eps = alone(method, w, [torch.tensor([3.0, 0.0]), torch.tensor([-4.0])])
     torch.testing.assert_close(eps[0], torch.tensor([0.3, 0.0]))
     torch.testing.assert_close(eps[1], torch.tensor([-0.4]))
+    # a stack of two clients: one norm per client; the second's g = ([0, 6], [8]), norm 10
+    stack = method.perturbation([torch.stack([v, v]) for v in w],
+                                [torch.tensor([[3.0, 0.0], [0.0, 6.0]]), torch.tensor([[-4.0], [8.0]])])  # fmt: skip
+    torch.testing.assert_close(stack[0], torch.tensor([[0.3, 0.0], [0.0, 0.3]]))
+    torch.testing.assert_close(stack[1], torch.tensor([[-0.4], [0.4]]))
 
 
 def test_zero_gradient_gives_zero_perturbation():
     method, *_ = tiny_setup(FedSAM, {"rho": 0.5})
-    eps = method.perturbation([torch.ones(3)], [torch.zeros(3)])
+    eps = alone(method, [torch.ones(3)], [torch.zeros(3)])
     assert torch.equal(eps[0], torch.zeros(3))  # the norm guard: no 0/0
 
 

@@ -65,8 +65,15 @@ def ce_grad(model, x, y, shift=None):
 
 
 def record_eps(method):
+    """The perturbations of the method's steps, each one client's (a stack of one)."""
     seen, orig = [], method.perturbation
-    method.perturbation = lambda ctx, g, n: seen.append(orig(ctx, g, n)) or seen[-1]
+
+    def record(*args):
+        out = orig(*args)
+        seen.append(None if out is None else [e[0] for e in out])
+        return out
+
+    method.perturbation = record
     return seen
 
 
@@ -116,14 +123,17 @@ def test_lambda_hand_computed():
     method, *_ = setup({"lambda_norm": "layer"})
     w, wg = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[1.0, 5.0], [7.0, 4.0]])
     # |w - w_g| = [[0, 3], [4, 0]]: layer norm 5 -> [[0, .6], [.8, 0]]
-    (lam,) = method.lambdas([w], [wg])
-    torch.testing.assert_close(lam, torch.tensor([[0.0, 0.6], [0.8, 0.0]]))
+    (lam,) = method.lambdas([w[None]], [wg])  # one client: a stack of one
+    torch.testing.assert_close(lam[0], torch.tensor([[0.0, 0.6], [0.8, 0.0]]))
+    # a stack of two: each client's own norm (the second: |w - w_g| = [[0, 0], [0, 2]] -> [[0, 0], [0, 1]])
+    (lam,) = method.lambdas([torch.stack([w, wg + torch.tensor([[0.0, 0.0], [0.0, 2.0]])])], [wg])
+    torch.testing.assert_close(lam, torch.tensor([[[0.0, 0.6], [0.8, 0.0]], [[0.0, 0.0], [0.0, 1.0]]]))
     method, *_ = setup({"lambda_norm": "column"})
     # per column (dim 0): column 0 = [0, 4] -> [0, 1]; column 1 = [3, 0] -> [1, 0]
-    (lam,) = method.lambdas([w], [wg])
-    torch.testing.assert_close(lam, torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
-    (lam,) = method.lambdas([wg], [wg])  # w = w_g: Lambda = 0, no 0/0
-    assert torch.equal(lam, torch.zeros(2, 2))
+    (lam,) = method.lambdas([torch.stack([w, w])], [wg])
+    torch.testing.assert_close(lam, torch.tensor([[[0.0, 1.0], [1.0, 0.0]]] * 2))
+    (lam,) = method.lambdas([wg[None]], [wg])  # w = w_g: Lambda = 0, no 0/0
+    assert torch.equal(lam, torch.zeros(1, 2, 2))
 
 
 @pytest.mark.parametrize("perturb", ["all", "body", "head"])

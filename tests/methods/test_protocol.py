@@ -60,20 +60,28 @@ def test_a_plugin_without_exchanges_of_its_own_runs_its_bases():
 # ----------------------------------------------------------------------------- capabilities
 TRAINING_HOOKS = ("client_begin", "client_loss", "client_step", "client_grad")
 TERM_HOOKS = ("client_begin",)  # what per-step terms may need
+# live terms (a second pass, a loss of the step's logits): the sequential step written out
+# over the same equations (FedSAM's client_step calls its perturbation on a stack of one)
+LIVE_HOOKS = ("client_begin", "client_step")
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS.names() if not issubclass(METHODS.get(n), OverBase)])
 def test_declared_capabilities_match_the_code(name):
     """What a method declares is what its code does: ``stacked`` only if every hook that shapes
     local training is FedAvg's, or it states its change as per-step terms (and writes only
-    the hooks those need); ``step_terms``, ``own_upload``, ``own_predict`` exactly when it
-    writes ``client_step_terms``, ``client_end``, ``eval_predict``. A wrong declaration would let
+    the hooks those need), or as live terms (``client_live_terms``, beside its sequential
+    ``client_step``); ``step_terms``, ``live_terms``, ``own_upload``, ``own_predict`` exactly
+    when it writes ``client_step_terms``, ``client_live_terms``, ``client_end``, ``eval_predict``. A wrong declaration would let
     the stacked trainer run a step the method does not take."""
     cls = METHODS.get(name)
     written = [h for h in TRAINING_HOOKS if _writes(cls, h)]
     terms = _writes(cls, "client_step_terms")
+    live = _writes(cls, "client_live_terms")
     assert cls.step_terms == terms, name
-    assert cls.stacked == (not written or (terms and set(written) <= set(TERM_HOOKS))), (name, written)
+    assert cls.live_terms == live, name
+    assert cls.stacked == (
+        not written or (terms and set(written) <= set(TERM_HOOKS)) or (live and set(written) <= set(LIVE_HOOKS))
+    ), (name, written)
     assert cls.own_upload == _writes(cls, "client_end"), name
     assert cls.own_predict == _writes(cls, "eval_predict"), name
 

@@ -134,6 +134,30 @@ class StepBatch(NamedTuple):
     logits: torch.Tensor
     forward: Callable[..., torch.Tensor]
     grad: Callable[[torch.Tensor, Params], Params]
+    # for a method's live terms (``client_live_terms``): each client's task loss [G] on the
+    # step's rows (its cross-entropy: the mean over its real rows, its logit mask applied),
+    # and ``logits`` (the model's, unmasked) with it, still in the step's graph: differentiable in the stack's weights ``w`` (``grad``
+    # keeps the graph, so the trainer's own backward follows); None for step terms
+    loss: torch.Tensor | None = None
+
+
+class LiveStep(NamedTuple):
+    """What a method's live terms (``FedAvg.client_live_terms``) return for one step of
+    clients lo..hi-1: ``loss`` [hi - lo], an extra loss of the step's own forward pass (a
+    function of ``StepBatch.logits``: FedNTD's distillation), added to the task loss before
+    the step's one backward; ``eps`` {name: [hi - lo, ...]}, a perturbation: the update
+    gradient is then the task loss's at w + eps, by a second pass (SAM-style: FedSAM,
+    FedSOL), taken from w; ``done(grads, losses)``, called after the step's gradients (by
+    name, [hi - lo, ...]) and the second pass's task losses [hi - lo] (None without one)
+    are known, for diagnostics. Each None where unused."""
+
+    loss: torch.Tensor | None = None
+    eps: Params | None = None
+    done: Callable[[Params, torch.Tensor | None], None] | None = None
+
+
+# live(lo, hi, stacked weights, the step's StepBatch with live logits and loss) -> LiveStep
+LiveTerms = Callable[[int, int, Params, StepBatch], LiveStep]
 
 
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
@@ -395,6 +419,9 @@ class FedAvg:
     step_terms: bool = False  # the method states per-step terms in ``client_step_terms``
     sees_step: bool = False  # its terms read the step's minibatch (a fourth argument: StepBatch)
     own_upload: bool = False  # ``client_end`` differs from FedAvg's: run per client after a stacked pass
+    live_terms: bool = False  # the method states terms of the step's own forward pass in
+    #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
+    #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
 
     def __init__(self, params: Any, info: RunInfo) -> None:
@@ -605,6 +632,20 @@ class FedAvg:
         comes from autograd in both. Terms that depend only on the client's own weights and
         values fixed for the round (FedProx, FedDyn, SCAFFOLD, FedCurv), or a map of the
         step's gradient by values fixed for the round (FedGP). None (FedAvg): no terms."""
+        return None
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
+        """A method's terms of the step's own forward pass, written once for a stack of
+        clients ``ctxs`` (after their client_begin), for a method that declares
+        ``live_terms``: a function ``live(lo, hi, w, step)`` of the stacked weights ``w``
+        [hi - lo, ...] of clients ``ctxs[lo:hi]`` and the step's ``StepBatch``, whose
+        ``logits`` and ``loss`` (each client's task loss) are still differentiable in ``w``,
+        returning a ``LiveStep``: an extra loss of those logits (FedNTD), or a perturbation
+        eps for a second pass whose task-loss gradient at w + eps is the update (FedSAM,
+        FedSOL; when eps touches only the head, the second pass reuses the first pass's
+        body features, which are unchanged), and a callback for diagnostics. The stacked
+        trainer runs it; a method's sequential ``client_step`` calls the same function on
+        a stack of one where it can. None: no terms this round (e.g. rho = 0)."""
         return None
 
     def client_end(self, ctx: ClientContext) -> Upload:

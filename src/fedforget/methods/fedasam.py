@@ -42,6 +42,7 @@ import torch
 from .fedsam import NORM_GUARD, FedSAM, FedSAMParams
 from .params import number
 from .registry import METHODS
+from .shared import client_norms, per_client
 
 
 @dataclass
@@ -64,6 +65,5 @@ class FedASAM(FedSAM):
         if self.p.eta:
             torch._foreach_add_(t_w, self.p.eta)
         t_g = torch._foreach_mul(t_w, list(grads))  # T_w (.) g
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(t_g)))
-        scale = self.p.rho / norm.clamp_min(NORM_GUARD)
-        return [t * tg * scale for t, tg in zip(t_w, t_g)]  # rho * T_w^2 (.) g / ||T_w g||
+        scale = self.p.rho / client_norms(t_g).clamp_min(NORM_GUARD)  # one per client of the stack
+        return [t * tg * per_client(scale, tg, True) for t, tg in zip(t_w, t_g)]  # rho * T_w^2 (.) g / ||T_w g||

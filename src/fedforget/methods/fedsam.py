@@ -36,6 +36,9 @@ Decisions
 - Diagnostic ``sharpness``: per client, the mean over its steps of L_k(w + eps*) - L_k(w)
   (SAM's sharpness term at the first-order maximiser); the metrics column is
   ``fedsam_sharpness`` (``fedasam_sharpness`` for FedASAM).
+- Both trainers: the sequential trainer runs ``client_step``; the stacked trainer runs the
+  same perturbation (``perturbation``, written once for a stack of clients: one norm per
+  client) through ``client_live_terms``, its second pass in the batched forward (issue 32).
 - Default rho = 0.5 (METHODS.md; FedSOL's fedsam config; Caldarola et al.'s released
   scripts). That is 10x the radius SAM itself is usually run with on CIFAR-10 (0.05), so a
   sweep should include 0.05.
@@ -48,8 +51,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ClientContext, FedAvg, Upload
+from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload
 from .params import number
+from .shared import client_norms, per_client
 from .registry import METHODS
 
 # below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
@@ -66,22 +70,43 @@ class FedSAM(FedAvg):
     """FedAvg with SAM local steps: eps* = rho * g / ||g||, step with grad L_k(w + eps*)."""
 
     name = "fedsam"
-    stacked = False
     own_upload = True
+    live_terms = True  # its second pass at w + eps (client_live_terms)
     Params = FedSAMParams
 
     @torch.no_grad()
     def perturbation(
         self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
     ) -> list[torch.Tensor]:
-        """eps* = rho * g / ||g||_2, one norm over all parameters. FedASAM overrides this."""
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads))))
-        scale = self.p.rho / norm.clamp_min(NORM_GUARD)
-        return [g * scale for g in grads]
+        """eps* = rho * g / ||g||_2 for each client of a stack (``params`` and ``grads``
+        [G, ...]; one norm per client over all its parameters). FedASAM overrides this."""
+        scale = self.p.rho / client_norms(grads).clamp_min(NORM_GUARD)
+        return [g * per_client(scale, g, True) for g in grads]
 
     def client_begin(self, ctx: ClientContext) -> None:
-        # sum over steps of L(w + eps) - L(w); one client trains at a time
-        self.scratch(ctx).gap = torch.zeros((), device=self.info.device)
+        # sum over steps of L(w + eps) - L(w); kept at the stacked trainer's second call
+        s = self.scratch(ctx)
+        if not hasattr(s, "gap"):
+            s.gap = torch.zeros((), device=self.info.device)
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
+        """The step of a stack of clients: g = grad L_k(w) from the step's own forward,
+        eps* per client, the update gradient from the trainer's second pass at w + eps*;
+        each client's gap L_k(w + eps*) - L_k(w) summed in its slot of one tensor."""
+        gaps = torch.zeros(len(ctxs), device=self.info.device)
+        for i, c in enumerate(ctxs):
+            self.scratch(c).gap = gaps[i]  # a view: the stack's sums land in it
+
+        def live(lo: int, hi: int, w, step) -> LiveStep:
+            g = step.grad(step.loss.sum(), w)
+            eps = self.perturbation([v.detach() for v in w.values()], list(g.values()))
+
+            def done(grads, adv: torch.Tensor) -> None:
+                gaps[lo:hi] += adv - step.loss.detach()
+
+            return LiveStep(eps=dict(zip(w, eps)), done=done)
+
+        return live
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         model = ctx.model
@@ -90,7 +115,7 @@ class FedSAM(FedAvg):
         params = [p for p in model.parameters() if p.grad is not None]
         buffers = list(model.buffers())
         with torch.no_grad():
-            eps = self.perturbation(params, [p.grad for p in params])
+            eps = [e[0] for e in self.perturbation([p[None] for p in params], [p.grad[None] for p in params])]
             w = [p.detach().clone() for p in params]
             saved_buffers = [b.detach().clone() for b in buffers]
             torch._foreach_add_(params, eps)  # w + eps*

@@ -81,6 +81,14 @@ Switches (``FedSOLParams``)
   grad CE(w + eps). (The paper's 1.33x FLOPs count a second full forward.)
 - The returned (logged) training loss is CE at the unperturbed w, as FedSAM and the code.
 
+Both trainers [D, issue 32]: with base fedavg, update perturb and a kl or l2 proximal term
+(Tables 1, 2, 3, 5: the paper's FedSOL), the stacked trainer runs the step for a stack of
+clients (``client_live_terms``): g_p from the stacked forward's logits, Lambda and eps* by
+the same functions as ``client_step`` (``lambdas``, ``perturbation``, ``kl_direction``,
+written for a stack; a client alone is a stack of one), and the second pass in the batched
+forward (the head alone on the first pass's features when only the head moves). The other
+forms (a combined base, project, loss) train sequentially.
+
 Diagnostics (ctx.stats, metrics columns ``fedsol_<key>``, mean over a client's steps, then
 over clients):
 - ``prox_loss`` [P Fig. 2a]: L_p(w; w_g) on the minibatch before each step (KL, L2, or the base
@@ -107,10 +115,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import TASK, ClientContext, Upload, frozen_copy, task_cross_entropy, total_loss
+from .base import TASK, ClientContext, LiveStep, LiveTerms, Upload, frozen_copy, task_cross_entropy, total_loss
 from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
+from .shared import client_norms, per_client, tensor_norms
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")
@@ -139,6 +148,24 @@ def _step_value(key: str, row: list[float]) -> float | None:
         un = math.sqrt(sq)
         return dot / (un * g_norm) if g_norm >= NORM_GUARD and un > 0 else None
     return row[0]
+
+
+def kl_direction(
+    logits: torch.Tensor, z_g: torch.Tensor, t: float, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KL proximal loss of each client of a stack and its gradient at the logits, no
+    graph: L_p = KL(softmax(z_g / T) || softmax(z / T)), the mean over a client's rows, and
+    dL_p/dz = (softmax(z/T) - softmax(z_g/T)) / (T B). ``logits``, ``z_g`` [G, B, C];
+    ``mask`` [G, B] each client's real rows (None: every row; the padding rows get dz = 0)."""
+    p_g = F.softmax(z_g / t, dim=-1)
+    log_q = F.log_softmax(logits / t, dim=-1)
+    if mask is None:  # every row real: the batch mean, as one client's step always took it
+        value = torch.stack([F.kl_div(lq, pg, reduction="batchmean") for lq, pg in zip(log_q, p_g)])
+        return (F.softmax(logits / t, dim=-1) - p_g) / (t * logits.shape[1]), value
+    n = mask.sum(1)
+    value = (F.kl_div(log_q, p_g, reduction="none").sum(-1) * mask).sum(1) / n
+    dz = (F.softmax(logits / t, dim=-1) - p_g) / (t * n).view(-1, 1, 1) * mask.unsqueeze(-1)
+    return dz, value
 
 
 def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
@@ -182,20 +209,35 @@ class FedSOL(OverBase):
 
     name = "fedsol"
     Params = FedSOLParams
+    live_terms = True  # the stacked step (client_live_terms), for the forms ``trait`` names
+
+    @classmethod
+    def trait(cls, name: str, params: Any = None) -> bool:
+        """``stacked``: the paper's FedSOL (base fedavg, update perturb, proximal kl or l2),
+        whose step ``client_live_terms`` states for a stack; other forms run sequentially."""
+        if name == "stacked":
+            return params is not None and (params.base, params.update, params.proximal) in (
+                ("fedavg", "perturb", "kl"), ("fedavg", "perturb", "l2"))  # fmt: skip
+        return super().trait(name, params)
 
     def __init__(self, params: FedSOLParams, info) -> None:
         super().__init__(params, info)
         self._glob: nn.Module | None = None  # frozen w_g for the KL proximal loss
 
     # ---------------------------------------------------------------- client side
+    def selects(self, name: str) -> bool:
+        """Whether the parameter ``name`` is perturbed (or projected; all for update loss)."""
+        return self.p.perturb == "all" or self.p.update == "loss" or name.startswith("head.") == (self.p.perturb == "head")
+
     def client_begin(self, ctx: ClientContext) -> None:
         model, sc = ctx.model, self.scratch(ctx)
+        if hasattr(sc, "log"):  # the stacked trainer's second call: keep what the stack logged
+            return
         sc.buffers = list(model.buffers())  # BatchNorm statistics: restored after the second pass
         self.base.client_begin(ctx)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         head = self.p.perturb == "head"
-        every = self.p.perturb == "all" or self.p.update == "loss"  # Eq. 2's L_p acts on all
-        sel = [(n, p) for n, p in named if every or n.startswith("head.") == head]
+        sel = [(n, p) for n, p in named if self.selects(n)]
         sc.all = [p for _, p in named]
         sc.sel = [p for _, p in sel]  # the perturbed (or projected) parameters
         sc.sel_global = [ctx.global_params[n] for n, _ in sel]
@@ -209,6 +251,49 @@ class FedSOL(OverBase):
         # client's end (a host read per step stalls a GPU); their means are taken there in
         # Python, in step order, as they were per step before (the same numbers, bit for bit)
         sc.log = {"prox_loss": [], "cos_update_prox": [], "eps_norm": [], "conflict_rate": []}
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
+        """The step of a stack of clients (the forms ``trait`` stacks: base fedavg, update
+        perturb, proximal kl or l2): g_p from the step's own forward (kl: its logits against
+        the frozen global model's, ``kl_direction``; l2: w - w_g), eps* by ``perturbation``,
+        the update gradient from the trainer's second pass at w + eps*; each client's
+        diagnostics logged per step as ``client_step`` logs them."""
+        p, t = self.p, self.p.temperature
+        glob = ctxs[0].global_params if ctxs else {}
+
+        def live(lo: int, hi: int, w, step) -> LiveStep:
+            own = ctxs[lo:hi]
+            sel = [n for n in w if self.selects(n)]
+            if p.proximal == "kl":
+                a, width = step.logits.shape[:2]
+                mask = (torch.arange(width, device=step.logits.device) < torch.tensor(step.rows, device=step.logits.device)[:, None]).float()
+                with torch.no_grad():
+                    z_g = self._glob(step.x.flatten(0, 1)).view(a, width, -1).float()
+                    dz, value = kl_direction(step.logits.detach(), z_g, t, mask)
+                g = step.grad((step.logits * dz).sum(), {n: w[n] for n in sel})  # grad_outputs dz
+                g_p = [g[n] for n in sel]
+            else:
+                with torch.no_grad():  # L_p = (1/2) ||w - w_g||^2 over every parameter, per client
+                    value = 0.5 * sum((v - glob[n]).pow(2).flatten(1).sum(1).double() for n, v in w.items())
+                    g_p = [w[n].detach() - glob[n] for n in sel]
+            g_norm = client_norms(g_p).double()
+            eps = self.perturbation([w[n].detach() for n in sel], [glob[n] for n in sel], g_p, g_norm)
+            sq = None if eps is None else sum(e.pow(2).flatten(1).sum(1).double() for e in eps)
+            for j, c in enumerate(own):
+                self._record(c, "prox_loss", value[j])
+                self._record(c, "eps_norm", 0.0 if sq is None else sq[j])
+
+            def done(grads, adv) -> None:  # cos(g_u, g_p) over the selected parameters
+                with torch.no_grad():
+                    g_u = [grads[n] for n in sel]
+                    dot = sum((u * gp).flatten(1).sum(1).double() for u, gp in zip(g_u, g_p))
+                    un = sum(u.pow(2).flatten(1).sum(1).double() for u in g_u)
+                for j, c in enumerate(own):
+                    self._record(c, "cos_update_prox", dot[j], un[j], g_norm[j])
+
+            return LiveStep(eps=None if eps is None else dict(zip(sel, eps)), done=done)
+
+        return live
 
     def _record(self, ctx: ClientContext, key: str, *values: float | torch.Tensor) -> None:
         """Log one step's inputs of the diagnostic ``key`` (numbers or 0-dim tensors left on
@@ -230,12 +315,8 @@ class FedSOL(OverBase):
         if self.p.proximal == "kl":
             t = self.p.temperature
             with torch.no_grad():
-                z_g = self._glob(x)
-                p_g = F.softmax(z_g / t, dim=1)
-                log_q = F.log_softmax(logits.detach() / t, dim=1)
-                value = F.kl_div(log_q, p_g, reduction="batchmean")
-                # d KL(p_g || softmax(z/T)) / dz, batch mean: (softmax(z/T) - p_g) / (T B)
-                dz = (F.softmax(logits.detach() / t, dim=1) - p_g) / (t * len(x))
+                dz, value = kl_direction(logits.detach().unsqueeze(0), self._glob(x).unsqueeze(0), t)
+                dz, value = dz[0], value[0]
             grads = torch.autograd.grad(logits, params, grad_outputs=dz, retain_graph=True, allow_unused=True)
             return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)], value
         if self.p.proximal == "l2":
@@ -267,39 +348,42 @@ class FedSOL(OverBase):
     # ---------------------------------------------------------------- Eq. 7-8
     @torch.no_grad()
     def lambdas(self, params: Sequence[torch.Tensor], global_params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Lambda of Eq. 7 per selected tensor: |w - w_g| normalised per tensor (layer) or
-        per dim-0 slice (column, the code's F.normalize(dim=0))."""
+        """Lambda of Eq. 7 per selected tensor of each client of a stack (``params`` [G, ...],
+        ``global_params`` the broadcast ones, without G): |w - w_g| normalised per tensor
+        (layer) or per dim-0 slice (column, the code's F.normalize(dim=0))."""
         out = []
         for w, wg in zip(params, global_params):
             d = (w - wg).abs()
             if self.p.lambda_norm == "column":
-                out.append(F.normalize(d, p=2, dim=0, eps=NORM_GUARD))
+                out.append(F.normalize(d, p=2, dim=1, eps=NORM_GUARD))
             else:
-                n = torch.linalg.vector_norm(d)
+                n = tensor_norms(d)
                 out.append(torch.where(n > 0, d / n, 0.0))  # d = 0 where n = 0 (no host read)
         return out
 
     @torch.no_grad()
     def perturbation(
-        self, ctx: ClientContext, g_p: Sequence[torch.Tensor], g_norm: torch.Tensor
+        self,
+        params: Sequence[torch.Tensor],
+        global_params: Sequence[torch.Tensor],
+        g_p: Sequence[torch.Tensor],
+        g_norm: torch.Tensor,
     ) -> list[torch.Tensor] | None:
-        """eps* = rho * Lambda (.) g_p / ||g_p|| (Eq. 8; Lambda = 1 if not adaptive); None if
-        rho = 0. [D] eps* = 0 where ||g_p|| < NORM_GUARD or Lambda = 0 (both at a client's
-        first step, w = w_g), decided on the device without a host read: the second pass
-        then runs at w itself and gives the first pass's gradient bit for bit (tested; with
-        dropout it draws its own masks, as every second pass does)."""
-        sc = self.scratch(ctx)
+        """eps* = rho * Lambda (.) g_p / ||g_p|| (Eq. 8; Lambda = 1 if not adaptive) for each
+        client of a stack: the selected weights ``params`` and ``g_p`` [G, ...], ``g_norm``
+        [G] (float64); None if rho = 0. [D] eps* = 0 where ||g_p|| < NORM_GUARD or Lambda
+        = 0 (both at a client's first step, w = w_g), decided on the device without a host
+        read: the second pass then runs at w itself and gives the first pass's gradient bit
+        for bit (tested; with dropout it draws its own masks, as every second pass does)."""
         if self.p.rho == 0:
             return None
         # float64 rho / ||g_p||, as Python divided it (a scalar over a tensor would take the
-        # reciprocal: another last bit)
-        scale = torch.where(g_norm < NORM_GUARD, 0.0, torch.full_like(g_norm, self.p.rho) / g_norm)
+        # reciprocal: another last bit); each client's, in float32 as it scales its tensors
+        scale = torch.where(g_norm < NORM_GUARD, 0.0, torch.full_like(g_norm, self.p.rho) / g_norm).float()
         if self.p.adaptive:
-            lam = self.lambdas(sc.sel, sc.sel_global)
-            eps = [lm * g * scale for lm, g in zip(lam, g_p)]
-        else:
-            eps = [g * scale for g in g_p]
-        return eps
+            lam = self.lambdas(params, global_params)
+            return [lm * g * per_client(scale, g, True) for lm, g in zip(lam, g_p)]
+        return [g * per_client(scale, g, True) for g in g_p]
 
     # ---------------------------------------------------------------- one step
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -309,7 +393,7 @@ class FedSOL(OverBase):
         if value is not None:
             self._record(ctx, "prox_loss", value)
         # ||g_p||, float64 on the device (the exact value of the float32 norm): no host read
-        g_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in g_p])).double()
+        g_norm = client_norms([g.unsqueeze(0) for g in g_p])[0].double()
         ce = task_cross_entropy(logits.detach(), y, ctx.logit_mask)
 
         if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
@@ -335,12 +419,13 @@ class FedSOL(OverBase):
             self._record_cos(ctx, g_p, g_norm)
             return ce
 
-        eps = self.perturbation(ctx, g_p, g_norm)
+        eps = self.perturbation([p.unsqueeze(0) for p in sc.sel], sc.sel_global, [g.unsqueeze(0) for g in g_p], g_norm.view(1))
         if eps is None:  # rho = 0: grad CE(w) from the first pass
             self.local_loss_from(ctx, x, y, features, logits).backward()
             self._record(ctx, "eps_norm", 0.0)  # the squared norm
             self._record_cos(ctx, g_p, g_norm)
             return ce
+        eps = [e[0] for e in eps]
         with torch.no_grad():
             w = [p.detach().clone() for p in sc.sel]
             torch._foreach_add_(sc.sel, eps)  # w + eps*

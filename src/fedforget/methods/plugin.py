@@ -26,7 +26,8 @@ HOOKS = (
     "model_init",
     "server_init", "server_task_begin", "server_broadcast", "server_aggregate", "server_metrics",
     "server_collect",
-    "client_begin", "client_loss", "client_step", "client_grad", "client_step_terms", "client_end",
+    "client_begin", "client_loss", "client_step", "client_grad", "client_step_terms", "client_live_terms",
+    "client_end",
     "client_reply",
     "eval_predict", "eval_counts",
 )  # fmt: skip
@@ -80,6 +81,9 @@ class OverBase(FedAvg):
         if name == "stacked":  # stacked only over a stacked base, and only if the plug-in says so
             if not cls.stacks_with_base or params is None:
                 return False
+            base_params = make_params(params.base, dict(params.base_params))
+            if METHODS.get(params.base).trait("live_terms", base_params):
+                return False  # [D] a plug-in's step terms over a base's live terms: not composed
         elif bool(getattr(cls, name)) or params is None:
             return bool(getattr(cls, name))
         base = METHODS.get(params.base)

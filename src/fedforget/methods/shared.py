@@ -11,6 +11,8 @@ Sections:
   are declared with the field itself (``fedforget.methods.params``).
 - Local steps: ``effective_steps``, ||a||_1 of SGD with heavy-ball momentum (FedNova,
   SCAFFOLD's divisor).
+- Perturbed steps (SAM-style: FedSAM, FedASAM, FedSOL): ``client_norms``, ``tensor_norms``,
+  the L2 norms of each client of a stack.
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
   reference (FedProj Eq. 14; FedProj, A-GEM, FedGP), for one client or each of a stack
   (``flat_dot``, ``per_client``).
@@ -77,6 +79,24 @@ def effective_steps(tau: int, rho: float) -> float:
     if rho == 0:
         return float(tau)
     return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
+
+
+# ----------------------------------------------------------------------------- perturbed steps
+
+
+def client_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[G]: the L2 norm of each client's flat vector made of ``tensors`` (each [G, ...]).
+    A stack of one takes the norm of its tensors whole, as one client's step always did."""
+    if len(tensors[0]) == 1:
+        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm([t[0] for t in tensors]))).unsqueeze(0)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1) for t in tensors]), dim=0)
+
+
+def tensor_norms(t: torch.Tensor) -> torch.Tensor:
+    """Each client's L2 norm of its slice of ``t`` [G, ...], shaped [G, 1, ...] to scale it."""
+    if len(t) == 1:
+        return torch.linalg.vector_norm(t[0]).view(1, *[1] * (t.dim() - 1))
+    return torch.linalg.vector_norm(t.flatten(1), dim=1).view(-1, *[1] * (t.dim() - 1))
 
 
 # ----------------------------------------------------------------------------- gradient projection
