@@ -299,20 +299,23 @@ def test_every_shipped_config_is_valid(repo_root, monkeypatch, name):
 
 def test_pairing_puts_an_experiments_methods_on_one_engine(repo_root, monkeypatch):
     """client_engine auto: an experiment with a method whose local step cannot be batched
-    (FedSOL) trains every method sequentially, FedAvg too; one without such a method (the
+    (FedSOL over FedProx, MOON) trains every method sequentially, FedAvg too; one without such a method (the
     default config's embedded experiment: FedAvg only) pairs nothing, nor does its continual
     experiment now that DER's replay trains stacked (it paired FL and Joint with DER on the
     sequential trainer before)."""
     monkeypatch.chdir(repo_root)
-    runs = load_config(repo_root / "config/experiments/fedsol_partial.yaml").runs()
+    runs = load_config(repo_root / "config/experiments/fedsol_combined.yaml").runs()
     fedavg = [r for r in runs if r.method.name == "fedavg"]
-    assert fedavg and all("paired within experiment 'fedsol_partial'" in r.train.engine_pairing for r in runs)
+    assert fedavg and all("paired within experiment 'fedsol_combined'" in r.train.engine_pairing for r in runs)
+    # the paper's FedSOL trains stacked (client_live_terms): fedsol_partial pairs nothing
+    partial = load_config(repo_root / "config/experiments/fedsol_partial.yaml").runs()
+    assert all(r.train.engine_pairing == "" for r in partial)
     default = load_config(repo_root / "config/config.yaml").runs()
     assert all(r.train.engine_pairing == "" for r in default if r.experiment == "embedded")
     continual = [r for r in default if r.experiment == "continual"]
     assert {r.method.name for r in continual} >= {"der"} and all(r.train.engine_pairing == "" for r in continual)
     # a method that asks for an engine keeps it; the pairing hint does not enter the hash
-    raw = load_yaml(repo_root / "config/experiments/fedsol_partial.yaml")
+    raw = load_yaml(repo_root / "config/experiments/fedsol_combined.yaml")
     raw["experiments"][0]["methods"][0]["train"] = {"client_engine": "vectorized"}
     own = [r for r in parse_config(raw).runs() if r.method.name == "fedavg"]
     assert all(r.train.engine_pairing == "" and r.train.client_engine == "vectorized" for r in own)

@@ -93,12 +93,17 @@ def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
     # a method with its own client step falls back, and says why
-    ntd = make_run_config(method="fedntd")
-    sim = Simulation(replace(ntd, train=replace(ntd.train, client_engine="auto")))
+    moon = make_run_config(method="moon")
+    sim = Simulation(replace(moon, train=replace(moon.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "fedntd" in sim.engine_info["client_engine_reason"]
-    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'fedntd'"):
-        Simulation(replace(ntd, train=replace(ntd.train, client_engine="vectorized")))
+    assert "moon" in sim.engine_info["client_engine_reason"]
+    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'moon'"):
+        Simulation(replace(moon, train=replace(moon.train, client_engine="vectorized")))
+    # live terms (FedSOL's second pass) run where stacked_forward runs the model: a
+    # BatchNorm ResNet (vmap) trains sequentially, and asking for the batched engine says why
+    sol = make_run_config(dataset="digits", model="resnet8", method="fedsol")
+    with pytest.raises(FedForgetError, match="method 'fedsol' has terms of the step's own forward pass"):
+        Simulation(replace(sol, train=replace(sol.train, client_engine="vectorized")))
     adam = make_run_config(optimizer={"name": "adam", "lr": 1e-3})
     with pytest.raises(FedForgetError, match="optimizer 'adam'"):
         Simulation(replace(adam, train=replace(adam.train, client_engine="vectorized")))

@@ -367,8 +367,9 @@ class StackedTrainer(LocalTrainer):
             for cid in cids
         ]  # fmt: skip
         opt, method = t.optimizer, self.method
-        # a method with per-step terms (FedProx, FedDyn, SCAFFOLD, FedGP): its client_begin for
-        # every client on the global weights, then its terms for the stack
+        # a method with per-step or live terms (FedProx, FedDyn, SCAFFOLD, FedGP; FedSAM,
+        # FedSOL, FedNTD): its client_begin for every client on the global weights, then its
+        # terms for the stack
         with_terms = method.step_terms or method.live_terms
         ctxs: dict[int, ClientContext] = {}
         # clients entering a task (an asynchronous boundary ends their previous one), and every

@@ -43,7 +43,10 @@ its change, if any, stated as per-step loss and gradient terms for the stacked c
 (``step_terms``: ``FedAvg.client_step_terms``, their one definition: FedProx, FedDyn,
 SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, FedGP; and,
 for a method that ``sees_step``, terms of the step's minibatch: A-GEM's and DER's memory
-batches, each client's from its own buffer, forwarded as one stack), the model's buffers are BatchNorm's running statistics (kept per
+batches, each client's from its own buffer, forwarded as one stack; ``live_terms``:
+terms of the step's own forward pass, ``FedAvg.client_live_terms``, a loss of its logits,
+FedNTD, or a second pass at perturbed weights, FedSAM, FedASAM, FedSOL, for models
+``stacked_forward`` runs), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own forward passes inside
 ``vmap``; a step whose clients' batches differ in size runs client by client, since padding
 rows would enter the batch statistics) or none, its dropout, if any, is keyed

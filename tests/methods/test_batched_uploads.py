@@ -28,8 +28,8 @@ SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
 
 def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
-    assert {"fedsol", "fedsam", "fedasam"} <= set(BATCHED)  # their second pass: client_live_terms
-    assert {"moon", "fedntd", "fedproj"} <= set(SEQUENTIAL)
+    assert {"fedsol", "fedsam", "fedasam", "fedntd"} <= set(BATCHED)  # client_live_terms
+    assert {"moon", "fedproj"} <= set(SEQUENTIAL)
 
 
 @pytest.mark.parametrize(
@@ -92,6 +92,8 @@ LIVE = [
     ("fedsol", {"rho": 0.0}, "mlp"),
     ("fedsam", {"rho": 0.1}, "cnn2d"),
     ("fedasam", {"rho": 0.5, "eta": 0.01}, "mlp"),
+    ("fedntd", {"beta": 1.0, "tau": 2.0}, "cnn2d"),
+    ("fedntd", {"beta": 0.5, "tau": 1.0}, "mlp"),
 ]
 
 

@@ -41,15 +41,24 @@ KL1 = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
 KL2 = 0.5 * math.log(0.75) + 0.5 * math.log(1.5)
 
 
+def one(local, glob, y, tau):
+    """``ntd_loss`` (written for a stack of clients) of one client's batch: a stack of one."""
+    return ntd_loss(local[None], glob[None], y[None], tau)[0]
+
+
 def test_ntd_loss_hand_computed():
-    got = ntd_loss(LOCAL, GLOBAL, Y, tau=1.0)
+    got = one(LOCAL, GLOBAL, Y, tau=1.0)
     assert float(got) == pytest.approx((KL1 + KL2) / 2, rel=1e-6)  # batch mean
-    assert float(ntd_loss(LOCAL[:1], GLOBAL[:1], Y[:1], tau=1.0)) == pytest.approx(KL1, rel=1e-6)
+    assert float(one(LOCAL[:1], GLOBAL[:1], Y[:1], tau=1.0)) == pytest.approx(KL1, rel=1e-6)
+    # a stack of two clients: the second holds sample 1 and a padding row (masked out)
+    stack = ntd_loss(torch.stack([LOCAL, LOCAL]), torch.stack([GLOBAL, GLOBAL]), torch.stack([Y, Y]), 1.0,
+                     mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]))  # fmt: skip
+    torch.testing.assert_close(stack, torch.tensor([(KL1 + KL2) / 2, KL1]))
 
 
 def test_tau_squared_scaling():
     # logits x2 with tau = 2 give the same q~, so the loss is tau^2 = 4 times the KL
-    got = ntd_loss(2 * LOCAL, 2 * GLOBAL, Y, tau=2.0)
+    got = one(2 * LOCAL, 2 * GLOBAL, Y, tau=2.0)
     assert float(got) == pytest.approx(4 * (KL1 + KL2) / 2, rel=1e-6)
 
 
@@ -57,21 +66,21 @@ def test_true_class_left_out_of_both_models():
     torch.manual_seed(0)
     local, glob = torch.randn(6, 5), torch.randn(6, 5)
     y = torch.tensor([0, 1, 2, 3, 4, 2])
-    base = ntd_loss(local, glob, y, tau=1.5)
+    base = one(local, glob, y, tau=1.5)
     rows = torch.arange(6)
     for target in (local, glob):
         moved = target.clone()
         moved[rows, y] += torch.tensor([9.0, -7, 3, 100, -50, 0.5])
         args = (moved, glob) if target is local else (local, moved)
-        assert torch.equal(ntd_loss(*args, y, tau=1.5), base)
+        assert torch.equal(one(*args, y, tau=1.5), base)
     # and no gradient reaches a true-class logit
     local = local.requires_grad_()
-    ntd_loss(local, glob, y, tau=1.5).backward()
+    one(local, glob, y, tau=1.5).backward()
     assert torch.all(local.grad[rows, y] == 0)
     assert local.grad.abs().sum() > 0
     # a one-class-left problem (C = 2) has nothing to distil
     assert (
-        float(ntd_loss(torch.randn(4, 2), torch.randn(4, 2), torch.tensor([0, 1, 1, 0]), 1.0)) == 0
+        float(one(torch.randn(4, 2), torch.randn(4, 2), torch.tensor([0, 1, 1, 0]), 1.0)) == 0
     )
 
 

@@ -290,10 +290,19 @@ def run(make_run_config, method, params, **kw):
     return sim, rows
 
 
-@pytest.mark.parametrize("perturb", ["all", "head"])
-def test_rho_zero_is_fedavg_bit_exact(make_run_config, perturb):
-    ref, ref_rows = run(make_run_config, "fedavg", {})
-    sim, rows = run(make_run_config, "fedsol", {"rho": 0.0, "perturb": perturb})
+@pytest.mark.parametrize(
+    "perturb,engine,data",
+    [("all", "sequential", {}), ("head", "sequential", {}), ("all", "vectorized", {}),
+     ("head", "vectorized", {"dataset": "digits", "model": "cnn2d", "batch_size": 20})],
+    ids=["all-sequential", "head-sequential", "all-stacked", "head-stacked-conv"],
+)  # fmt: skip
+def test_rho_zero_is_fedavg_bit_exact(make_run_config, perturb, engine, data):
+    """On either trainer (the stacked one: an MLP's batched steps; a Conv2d model's wide
+    steps client by client in replicas on a CPU, its tails batched), against FedAvg on it."""
+    kw = {"client_engine": engine, **data}
+    ref, ref_rows = run(make_run_config, "fedavg", {}, **kw)
+    sim, rows = run(make_run_config, "fedsol", {"rho": 0.0, "perturb": perturb}, **kw)
+    assert sim.engine_info["client_engine"] == engine
     for k, v in ref.global_params.items():
         assert torch.equal(sim.global_params[k], v), k
     for a, b in zip(rows, ref_rows):

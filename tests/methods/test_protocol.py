@@ -61,8 +61,9 @@ def test_a_plugin_without_exchanges_of_its_own_runs_its_bases():
 TRAINING_HOOKS = ("client_begin", "client_loss", "client_step", "client_grad")
 TERM_HOOKS = ("client_begin",)  # what per-step terms may need
 # live terms (a second pass, a loss of the step's logits): the sequential step written out
-# over the same equations (FedSAM's client_step calls its perturbation on a stack of one)
-LIVE_HOOKS = ("client_begin", "client_step")
+# over the same equations (FedSAM's client_step calls its perturbation, FedNTD's client_loss
+# its distillation, on a stack of one)
+LIVE_HOOKS = ("client_begin", "client_loss", "client_step")
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS.names() if not issubclass(METHODS.get(n), OverBase)])

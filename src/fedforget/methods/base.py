@@ -1,6 +1,6 @@
 """The method hook API, in one place.
 
-Sixteen hooks, named ``<where>_<what>``: ``model_`` on a freshly built model, ``server_`` on
+Seventeen hooks, named ``<where>_<what>``: ``model_`` on a freshly built model, ``server_`` on
 the server (a ``ServerContext``), ``client_`` on one client (a ``ClientContext``), ``eval_``
 in evaluation. A federated round, as the engine (``fedforget.engine``) and the local trainer
 (``fedforget.trainers``) run it (once per run: ``model_init(model)`` on each freshly built
@@ -41,6 +41,12 @@ each (client, round) to the client's task (``ctx.task``)::
                                                              # global model, ctx.data its data
         method.server_collect(TASK_END, server, {k: report_k})   # e.g. GPM/FOT bases
         (AFTER_TASK: the same clients reply again on the new broadcast, then collect)
+
+A method whose step is not one forward and backward of its loss, but still a function of
+the step's own forward pass, states it once for a stack of clients in
+``client_live_terms`` (``live_terms``): a loss of the step's logits (FedNTD), or a
+perturbation eps for a second pass at w + eps whose task-loss gradient is the update
+(FedSAM, FedSOL); its sequential ``client_step`` calls the same functions on a stack of one.
 
 An extra exchange is one generic message round, declared by name in ``exchanges``
 (``EXCHANGES`` below says when each runs); a method never needs a new hook pair for one.
@@ -139,6 +145,11 @@ class StepBatch(NamedTuple):
     # and ``logits`` (the model's, unmasked) with it, still in the step's graph: differentiable in the stack's weights ``w`` (``grad``
     # keeps the graph, so the trainer's own backward follows); None for step terms
     loss: torch.Tensor | None = None
+
+    def row_mask(self) -> torch.Tensor:
+        """[G, w] float: 1 on each client's real rows, 0 on its padding."""
+        cols = torch.arange(self.x.shape[1], device=self.x.device)
+        return (cols < torch.tensor(self.rows, device=self.x.device)[:, None]).float()
 
 
 class LiveStep(NamedTuple):

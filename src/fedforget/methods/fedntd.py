@@ -26,38 +26,50 @@ Decisions
 - The frozen global model is in eval mode (the official code leaves its deepcopy in train
   mode); our models have no BatchNorm or dropout, so the logits are the same.
 - beta = 0 is FedAvg exactly: no global copy is made and no extra loss is returned.
+- Both trainers [D, issue 32]: the distillation is a loss of the step's own logits, stated
+  once for a stack of clients (``ntd_loss``; a client alone is a stack of one): the
+  sequential trainer adds it in ``client_loss``, the stacked trainer in the batched forward
+  (``client_live_terms``), each client's the mean over its real rows.
 - Diagnostic ``l_ntd``: per client, the mean of tau^2 * L_NTD over its steps; metrics
   column ``fedntd_l_ntd``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ClientContext, FedAvg, Upload, frozen_copy
+from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, frozen_copy
 from .params import number
 from .registry import METHODS
+from .shared import frozen_logits
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """[B, C] -> [B, C-1]: each row without its true-class column, other columns in order."""
-    c = logits.shape[1]
-    cols = torch.arange(c - 1, device=logits.device).expand(len(y), c - 1)
-    cols = cols + (cols >= y[:, None]).long()  # skip column y
-    return logits.gather(1, cols)
+    """[..., C] -> [..., C-1]: each row without its true-class column ``y`` [...], other
+    columns in order."""
+    c = logits.shape[-1]
+    cols = torch.arange(c - 1, device=logits.device).expand(*y.shape, c - 1)
+    cols = cols + (cols >= y.unsqueeze(-1)).long()  # skip column y
+    return logits.gather(-1, cols)
 
 
 def ntd_loss(
-    local_logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor, tau: float
+    local_logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor, tau: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """tau^2 * KL(q~^g_tau || q~^l_tau), batch mean; no gradient into the global logits."""
-    log_q_local = F.log_softmax(not_true_logits(local_logits, y) / tau, dim=1)
-    q_global = F.softmax(not_true_logits(global_logits.detach(), y) / tau, dim=1)
-    return tau**2 * F.kl_div(log_q_local, q_global, reduction="batchmean")
+    """tau^2 * KL(q~^g_tau || q~^l_tau) of each client of a stack [G], the mean over its
+    rows: logits [G, B, C], ``y`` [G, B]; ``mask`` [G, B] its real rows (None: every row,
+    the batch mean as one client's step always took it). No gradient into the global logits."""
+    log_q_local = F.log_softmax(not_true_logits(local_logits, y) / tau, dim=-1)
+    q_global = F.softmax(not_true_logits(global_logits.detach(), y) / tau, dim=-1)
+    if mask is None:
+        return tau**2 * torch.stack([F.kl_div(lq, qg, reduction="batchmean") for lq, qg in zip(log_q_local, q_global)])
+    per_row = F.kl_div(log_q_local, q_global, reduction="none").sum(-1)
+    return tau**2 * ((per_row * mask).sum(1) / mask.sum(1))
 
 
 @dataclass
@@ -71,8 +83,8 @@ class FedNTD(FedAvg):
     """FedAvg whose local loss adds beta * tau^2 * KL over the not-true classes to the global model."""
 
     name = "fedntd"
-    stacked = False
     own_upload = True
+    live_terms = True  # the distillation of the step's logits (client_live_terms)
     Params = FedNTDParams
 
     def __init__(self, params: FedNTDParams, info) -> None:
@@ -85,8 +97,9 @@ class FedNTD(FedAvg):
         if self._glob is None:
             self._glob = frozen_copy(ctx.model)
         self._glob.load_state_dict(ctx.global_params)
-        self.scratch(ctx).sum = torch.zeros((), device=self.info.device)
-        self.scratch(ctx).n = 0
+        s = self.scratch(ctx)
+        if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
+            s.sums, s.slot = torch.zeros(2, 1, device=self.info.device), 0  # sum of L_NTD, steps
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
         terms = super().client_loss(ctx, x, y, features, logits)
@@ -94,13 +107,33 @@ class FedNTD(FedAvg):
             return terms
         with torch.no_grad():
             global_logits = self._glob(x)
-        l_ntd = ntd_loss(logits, global_logits, y, self.p.tau)
-        self.scratch(ctx).sum += l_ntd.detach()
-        self.scratch(ctx).n += 1
+        l_ntd = ntd_loss(logits.unsqueeze(0), global_logits.unsqueeze(0), y.unsqueeze(0), self.p.tau)[0]
+        s = self.scratch(ctx)
+        s.sums[0, s.slot] += l_ntd.detach()
+        s.sums[1, s.slot] += 1
         terms["ntd"] = self.p.beta * l_ntd
         return terms
 
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
+        """beta * L_NTD of each client of a stack on the step's own logits, against the
+        frozen global model's (one forward over the stack's rows); summed per client in
+        one tensor for ``l_ntd``."""
+        if self.p.beta == 0:
+            return None
+        sums = torch.zeros(2, len(ctxs), device=self.info.device)
+        for i, c in enumerate(ctxs):
+            self.scratch(c).sums, self.scratch(c).slot = sums, i
+
+        def live(lo: int, hi: int, w, step) -> LiveStep:
+            l_ntd = ntd_loss(step.logits, frozen_logits(self._glob, step.x), step.y, self.p.tau, step.row_mask())
+            sums[0, lo:hi] += l_ntd.detach()
+            sums[1, lo:hi] += 1
+            return LiveStep(loss=self.p.beta * l_ntd)
+
+        return live
+
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.beta > 0:
-            ctx.stats["l_ntd"] = self.scratch(ctx).sum.item() / max(self.scratch(ctx).n, 1)
+            s = self.scratch(ctx)
+            ctx.stats["l_ntd"] = s.sums[0, s.slot].item() / max(s.sums[1, s.slot].item(), 1)
         return super().client_end(ctx)

@@ -119,7 +119,7 @@ from .base import TASK, ClientContext, LiveStep, LiveTerms, Upload, frozen_copy,
 from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
-from .shared import client_norms, per_client, tensor_norms
+from .shared import client_norms, frozen_logits, per_client, tensor_norms
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")
@@ -265,11 +265,9 @@ class FedSOL(OverBase):
             own = ctxs[lo:hi]
             sel = [n for n in w if self.selects(n)]
             if p.proximal == "kl":
-                a, width = step.logits.shape[:2]
-                mask = (torch.arange(width, device=step.logits.device) < torch.tensor(step.rows, device=step.logits.device)[:, None]).float()
                 with torch.no_grad():
-                    z_g = self._glob(step.x.flatten(0, 1)).view(a, width, -1).float()
-                    dz, value = kl_direction(step.logits.detach(), z_g, t, mask)
+                    z_g = frozen_logits(self._glob, step.x)
+                    dz, value = kl_direction(step.logits.detach(), z_g, t, step.row_mask())
                 g = step.grad((step.logits * dz).sum(), {n: w[n] for n in sel})  # grad_outputs dz
                 g_p = [g[n] for n in sel]
             else:

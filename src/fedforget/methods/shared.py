@@ -11,8 +11,9 @@ Sections:
   are declared with the field itself (``fedforget.methods.params``).
 - Local steps: ``effective_steps``, ||a||_1 of SGD with heavy-ball momentum (FedNova,
   SCAFFOLD's divisor).
-- Perturbed steps (SAM-style: FedSAM, FedASAM, FedSOL): ``client_norms``, ``tensor_norms``,
-  the L2 norms of each client of a stack.
+- Steps of a stack of clients: ``client_norms``, ``tensor_norms``, the L2 norms of each
+  client (SAM-style perturbations: FedSAM, FedASAM, FedSOL); ``frozen_logits``, a frozen
+  model's logits on each client's rows (the global model of FedSOL's and FedNTD's terms).
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
   reference (FedProj Eq. 14; FedProj, A-GEM, FedGP), for one client or each of a stack
   (``flat_dot``, ``per_client``).
@@ -90,6 +91,13 @@ def client_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if len(tensors[0]) == 1:
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm([t[0] for t in tensors]))).unsqueeze(0)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1) for t in tensors]), dim=0)
+
+
+@torch.no_grad()
+def frozen_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits [G, B, C] (float32) of one frozen ``model`` on each client's rows ``x`` [G, B,
+    ...]: one forward over all rows."""
+    return model(x.flatten(0, 1)).view(*x.shape[:2], -1).float()
 
 
 def tensor_norms(t: torch.Tensor) -> torch.Tensor:
