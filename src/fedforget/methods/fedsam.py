@@ -53,8 +53,8 @@ import torch
 
 from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload
 from .params import number
-from .shared import client_norms, per_client
 from .registry import METHODS
+from .shared import client_norms, per_client
 
 # below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
 NORM_GUARD = 1e-12

@@ -115,7 +115,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import TASK, ClientContext, LiveStep, LiveTerms, Upload, frozen_copy, task_cross_entropy, total_loss
+from .base import (
+    TASK,
+    ClientContext,
+    LiveStep,
+    LiveTerms,
+    Upload,
+    frozen_copy,
+    task_cross_entropy,
+    total_loss,
+)
 from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
