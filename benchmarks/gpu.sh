@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
-# order of ORDER (default: what the last GPU session, H200 2026-11-27, left unmeasured first),
+# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27, and what
+# it left unmeasured first),
 # each command in its own time box; a command that would start after BUDGET seconds is
 # skipped and listed in OUTDIR/skipped.txt, so one device session gets the most wanted
 # numbers first:
@@ -17,7 +18,9 @@
 #             (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER, FedGP and A-GEM on ResNet-18, sequential vs stacked
 #             (split 5 x 2: task 0 in the warm-up);
-#   fedsol    FedSOL's round profiled (sequential: how busy the GPU is);
+#   fedsol    FedSOL's round profiled, batched (its live terms, since 2026-11-27) and
+#             sequential (how busy the GPU is: 10 % sequential on the H200); FedSOL, FedSAM and
+#             FedNTD on the McMahan preset, sequential vs batched;
 #   packing   benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU, McMahan CNN
 #             (batched) and ResNet-18 (sequential, as client_engine auto trains it on a GPU),
 #             each job's peak GPU memory;
@@ -28,7 +31,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests resnet18 profile18 continual18 stream rates packing fedsol sims}}
+ORDER=${ORDER:-${SECTIONS:-tests fedsol resnet18 profile18 continual18 stream rates packing sims}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -99,6 +102,13 @@ continual18() {
         --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
 }
 fedsol() {
+    box 60 python "$here/profile_round.py" --preset mcmahan --mode vectorized --method fedsol --device cuda \
+        --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol-batched.txt" 2>&1
+    sed -n 1,3p "$out/profile-fedsol-batched.txt"
+    for m in fedsol fedsam fedntd; do
+        box 50 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
+            --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
+    done
     box 60 python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \
         --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol.txt" 2>&1
     sed -n 1,3p "$out/profile-fedsol.txt"

@@ -53,8 +53,16 @@ def test_vectorized_equals_sequential_within_1e5(make_run_config, run_engines, a
         dict(dataset="mnist1d", model="cnn1d",
              partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, min_size=5, seed=0),
              rounds=2, local_epochs=1, batch_size=32, sample_rate=0.5, optimizer={"lr": 0.05, "weight_decay": 1e-4}),
+        # live terms on padded rows: FedSOL's KL direction and FedNTD's distillation read
+        # each client's real rows only
+        dict(dataset="iris", model="mlp", method="fedsol", params={"rho": 1.0},
+             partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=3, seed=1),
+             rounds=2, local_epochs=2, batch_size=7, sample_rate=1.0, optimizer={"lr": 0.1, "momentum": 0.9}),
+        dict(dataset="iris", model="mlp", method="fedntd", params={"tau": 2.0},
+             partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=3, seed=1),
+             rounds=2, local_epochs=2, batch_size=7, sample_rate=1.0, optimizer={"lr": 0.1, "momentum": 0.9}),
     ],
-    ids=["iris-mlp", "mnist1d-cnn1d"],
+    ids=["iris-mlp", "mnist1d-cnn1d", "iris-mlp-fedsol", "iris-mlp-fedntd"],
 )
 def test_full_width_steps_equal_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, kw):
     """full_width (a GPU's default for models without BatchNorm): every batched step is

@@ -87,7 +87,9 @@ clients (``client_live_terms``): g_p from the stacked forward's logits, Lambda a
 the same functions as ``client_step`` (``lambdas``, ``perturbation``, ``kl_direction``,
 written for a stack; a client alone is a stack of one), and the second pass in the batched
 forward (the head alone on the first pass's features when only the head moves). The other
-forms (a combined base, project, loss) train sequentially.
+forms train sequentially: Table 1's project and loss updates (a gradient map and an
+auxiliary loss, not yet stated as live terms) and Table 4's combined bases (the base's own
+terms would have to run inside the perturbation: not composed; MOON has no stacked step).
 
 Diagnostics (ctx.stats, metrics columns ``fedsol_<key>``, mean over a client's steps, then
 over clients):
