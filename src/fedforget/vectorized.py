@@ -484,6 +484,9 @@ def train_clients_together(
             gs = torch.autograd.grad(adv.sum(), list(w2.values()), allow_unused=True)
             adv = adv.detach()
         grads = {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
+        if res.gmap is not None:
+            with torch.no_grad():
+                grads = res.gmap(grads)
         if res.done is not None:
             res.done(grads, adv)
         return grads, total.detach()

@@ -90,6 +90,9 @@ LIVE = [
     ("fedsol", {"rho": 0.5, "perturb": "all", "proximal": "l2", "adaptive": False}, "cnn2d"),
     ("fedsol", {"rho": 2.0, "perturb": "body", "lambda_norm": "column"}, "mlp"),
     ("fedsol", {"rho": 0.0}, "mlp"),
+    ("fedsol", {"update": "loss", "proximal": "kl", "beta": 1.0}, "cnn2d"),  # Table 1's forms
+    ("fedsol", {"update": "project", "proximal": "l2", "perturb": "all"}, "mlp"),
+    ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}, "cnn2d"),
     ("fedsam", {"rho": 0.1}, "cnn2d"),
     ("fedasam", {"rho": 0.5, "eta": 0.01}, "mlp"),
     ("fedntd", {"beta": 1.0, "tau": 2.0}, "cnn2d"),

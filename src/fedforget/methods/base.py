@@ -156,14 +156,17 @@ class LiveStep(NamedTuple):
     """What a method's live terms (``FedAvg.client_live_terms``) return for one step of
     clients lo..hi-1: ``loss`` [hi - lo], an extra loss of the step's own forward pass (a
     function of ``StepBatch.logits``: FedNTD's distillation), added to the task loss before
-    the step's one backward; ``eps`` {name: [hi - lo, ...]}, a perturbation: the update
-    gradient is then the task loss's at w + eps, by a second pass (SAM-style: FedSAM,
-    FedSOL), taken from w; ``done(grads, losses)``, called after the step's gradients (by
-    name, [hi - lo, ...]) and the second pass's task losses [hi - lo] (None without one)
-    are known, for diagnostics. Each None where unused."""
+    the step's one backward (and to the logged loss; a value without a graph is logged
+    only); ``eps`` {name: [hi - lo, ...]}, a perturbation: the update gradient is then the
+    task loss's at w + eps, by a second pass (SAM-style: FedSAM, FedSOL), taken from w;
+    ``gmap``, a map of the step's gradients {name: [hi - lo, ...]} applied after them
+    (FedSOL's projection, Eq. 3); ``done(grads, losses)``, called with the step's final
+    gradients and the second pass's task losses [hi - lo] (None without one), for
+    diagnostics. Each None where unused."""
 
     loss: torch.Tensor | None = None
     eps: Params | None = None
+    gmap: Callable[[Params], Params] | None = None
     done: Callable[[Params, torch.Tensor | None], None] | None = None
 
 

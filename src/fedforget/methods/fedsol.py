@@ -86,10 +86,10 @@ Both trainers [D, issue 32]: with base fedavg, update perturb and a kl or l2 pro
 clients (``client_live_terms``): g_p from the stacked forward's logits, Lambda and eps* by
 the same functions as ``client_step`` (``lambdas``, ``perturbation``, ``kl_direction``,
 written for a stack; a client alone is a stack of one), and the second pass in the batched
-forward (the head alone on the first pass's features when only the head moves). The other
-forms train sequentially: Table 1's project and loss updates (a gradient map and an
-auxiliary loss, not yet stated as live terms) and Table 4's combined bases (the base's own
-terms would have to run inside the perturbation: not composed; MOON has no stacked step).
+forward (the head alone on the first pass's features when only the head moves); Table 1's
+project and loss updates as a map of the step's gradient. Table 4's combined bases train
+sequentially (the base's own terms would have to run inside the perturbation: not
+composed; MOON has no stacked step).
 
 Diagnostics (ctx.stats, metrics columns ``fedsol_<key>``, mean over a client's steps, then
 over clients):
@@ -158,6 +158,8 @@ def _step_value(key: str, row: list[float]) -> float | None:
         dot, sq, g_norm = row
         un = math.sqrt(sq)
         return dot / (un * g_norm) if g_norm >= NORM_GUARD and un > 0 else None
+    if key == "conflict_rate" and math.isnan(row[0]):  # a stacked step without g_p
+        return None
     return row[0]
 
 
@@ -224,11 +226,10 @@ class FedSOL(OverBase):
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
-        """``stacked``: the paper's FedSOL (base fedavg, update perturb, proximal kl or l2),
-        whose step ``client_live_terms`` states for a stack; other forms run sequentially."""
+        """``stacked``: base fedavg with a kl or l2 proximal term (Tables 1, 2, 3, 5), whose
+        step ``client_live_terms`` states for a stack; the combined bases run sequentially."""
         if name == "stacked":
-            return params is not None and (params.base, params.update, params.proximal) in (
-                ("fedavg", "perturb", "kl"), ("fedavg", "perturb", "l2"))  # fmt: skip
+            return params is not None and params.base == "fedavg" and params.proximal in ("kl", "l2")
         return super().trait(name, params)
 
     def __init__(self, params: FedSOLParams, info) -> None:
@@ -264,11 +265,13 @@ class FedSOL(OverBase):
         sc.log = {"prox_loss": [], "cos_update_prox": [], "eps_norm": [], "conflict_rate": []}
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
-        """The step of a stack of clients (the forms ``trait`` stacks: base fedavg, update
-        perturb, proximal kl or l2): g_p from the step's own forward (kl: its logits against
-        the frozen global model's, ``kl_direction``; l2: w - w_g), eps* by ``perturbation``,
-        the update gradient from the trainer's second pass at w + eps*; each client's
-        diagnostics logged per step as ``client_step`` logs them."""
+        """The step of a stack of clients (the forms ``trait`` stacks: base fedavg, proximal
+        kl or l2): g_p from the step's own forward (kl: its logits against the frozen global
+        model's, ``kl_direction``; l2: w - w_g); then, by ``update``: perturb, eps* by
+        ``perturbation`` and the update gradient from the trainer's second pass at w + eps*;
+        loss (Eq. 2), beta g_p added to the task loss's gradient (and beta L_p to the logged
+        loss); project (Eq. 3), the conflicting component of the task gradient removed. Each
+        client's diagnostics are logged per step as ``client_step`` logs them."""
         p, t = self.p, self.p.temperature
         glob = ctxs[0].global_params if ctxs else {}
 
@@ -286,11 +289,8 @@ class FedSOL(OverBase):
                     value = 0.5 * sum((v - glob[n]).pow(2).flatten(1).sum(1).double() for n, v in w.items())
                     g_p = [w[n].detach() - glob[n] for n in sel]
             g_norm = client_norms(g_p).double()
-            eps = self.perturbation([w[n].detach() for n in sel], [glob[n] for n in sel], g_p, g_norm)
-            sq = None if eps is None else sum(e.pow(2).flatten(1).sum(1).double() for e in eps)
             for j, c in enumerate(own):
                 self._record(c, "prox_loss", value[j])
-                self._record(c, "eps_norm", 0.0 if sq is None else sq[j])
 
             def done(grads, adv) -> None:  # cos(g_u, g_p) over the selected parameters
                 with torch.no_grad():
@@ -300,6 +300,30 @@ class FedSOL(OverBase):
                 for j, c in enumerate(own):
                     self._record(c, "cos_update_prox", dot[j], un[j], g_norm[j])
 
+            if p.update == "loss":  # Eq. 2: + beta g_p; the logged loss + beta L_p (no gradient)
+                def plus(grads):
+                    return {n: g + p.beta * g_p[sel.index(n)] if n in sel else g for n, g in grads.items()}
+
+                return LiveStep(loss=(value.double() * p.beta).float(), gmap=plus, done=done)
+            if p.update == "project":  # Eq. 3, per client: g_l - <g_l, g_p>/||g_p||^2 g_p on conflict
+                def project(grads):
+                    g_l = [grads[n] for n in sel]
+                    dot = sum((u * gp).flatten(1).sum(1).double() for u, gp in zip(g_l, g_p))
+                    valid = g_norm >= NORM_GUARD
+                    coef = torch.where(valid & (dot < 0), -dot / g_norm.pow(2).clamp_min(NORM_GUARD), 0.0).float()
+                    rate = torch.where(valid, (dot < 0).double(), math.nan)  # no record without g_p
+                    for j, c in enumerate(own):
+                        self._record(c, "conflict_rate", rate[j])
+                    out = dict(grads)
+                    for n, gp in zip(sel, g_p):
+                        out[n] = grads[n] + per_client(coef, gp, True) * gp
+                    return out
+
+                return LiveStep(gmap=project, done=done)
+            eps = self.perturbation([w[n].detach() for n in sel], [glob[n] for n in sel], g_p, g_norm)
+            sq = None if eps is None else sum(e.pow(2).flatten(1).sum(1).double() for e in eps)
+            for j, c in enumerate(own):
+                self._record(c, "eps_norm", 0.0 if sq is None else sq[j])
             return LiveStep(eps=None if eps is None else dict(zip(sel, eps)), done=done)
 
         return live
