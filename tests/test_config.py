@@ -299,7 +299,7 @@ def test_every_shipped_config_is_valid(repo_root, monkeypatch, name):
 
 def test_pairing_puts_an_experiments_methods_on_one_engine(repo_root, monkeypatch):
     """client_engine auto: an experiment with a method whose local step cannot be batched
-    (FedSOL over FedProx, MOON) trains every method sequentially, FedAvg too; one without such a method (the
+    (FedSOL over FedProx) trains every method sequentially, FedAvg too; one without such a method (the
     default config's embedded experiment: FedAvg only) pairs nothing, nor does its continual
     experiment now that DER's replay trains stacked (it paired FL and Joint with DER on the
     sequential trainer before)."""

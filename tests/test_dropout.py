@@ -179,3 +179,25 @@ def test_dropout_steps_under_cuda_graphs_replay_the_eager_steps(make_run_config,
     assert graphed.trainer.step_graphs.replays > 0
     assert_same_metrics(eager["vectorized"][1], rows_g, tol=0.0)
     assert_same_metrics(eager["sequential"][1], rows_g)
+
+
+@pytest.mark.parametrize(
+    "method,params",
+    [("fedsol", {"rho": 1.0}), ("fedsol", {"rho": 1.0, "perturb": "all"}), ("fedsam", {"rho": 0.1}),
+     ("moon", {"first_prev": "init"})],
+    ids=["fedsol-head", "fedsol-all", "fedsam", "moon"],
+)  # fmt: skip
+def test_live_terms_draw_the_masks_of_a_client_alone(
+    make_run_config, run_engines, assert_same_metrics, assert_same_weights, dropout_model, method, params
+):
+    """Live terms on a model with keyed dropout (batch 20 on a CPU: wide steps client by
+    client in replicas, tails batched): a second full pass draws the step's second masks,
+    FedSOL's head-only pass none (it reuses the first pass's features), MOON's previous
+    models none (eval mode, as the frozen copies): within 1e-5 of the sequential trainer."""
+    part = PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0)
+    rc = make_run_config(dataset="digits", model=dropout_model, method=method, params=params, rounds=2,
+                         local_epochs=2, batch_size=20, sample_rate=0.5, optimizer={"lr": 0.05, "momentum": 0.9},
+                         partition=part)  # fmt: skip
+    out = run_engines(rc)
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+    assert_same_weights(out["sequential"][0], out["vectorized"][0])

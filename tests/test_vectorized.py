@@ -101,12 +101,12 @@ def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
     # a method with its own client step falls back, and says why
-    moon = make_run_config(method="moon")
-    sim = Simulation(replace(moon, train=replace(moon.train, client_engine="auto")))
+    rcl = make_run_config(method="fedrcl")
+    sim = Simulation(replace(rcl, train=replace(rcl.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "moon" in sim.engine_info["client_engine_reason"]
-    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'moon'"):
-        Simulation(replace(moon, train=replace(moon.train, client_engine="vectorized")))
+    assert "fedrcl" in sim.engine_info["client_engine_reason"]
+    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'fedrcl'"):
+        Simulation(replace(rcl, train=replace(rcl.train, client_engine="vectorized")))
     # live terms (FedSOL's second pass) run where stacked_forward runs the model: a
     # BatchNorm ResNet (vmap) trains sequentially, and asking for the batched engine says why
     sol = make_run_config(dataset="digits", model="resnet8", method="fedsol")

@@ -505,7 +505,8 @@ def train_clients_together(
                 with autocast():
                     return stacked_head(model, w2, feats) if head_only else stacked_forward(model, w2, xb)
 
-            step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm))
+            step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm),
+                             feats.float(), stack_features)  # fmt: skip
             grads, losses = live_pass(0, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -581,6 +582,17 @@ def train_clients_together(
             else:
                 out = vmap(lambda p, xb: functional_call(model, p, (xb,)))(w, x)
         return out.float()
+
+    @torch.no_grad()
+    def stack_features(w: dict, x: torch.Tensor) -> torch.Tensor:
+        """Body features [a, m, F] of stacked weights ``w`` on inputs [a, m, ...], keyed
+        dropout off (StepBatch.features_of: as a frozen copy in eval mode computes them)."""
+        model.eval()
+        try:
+            with autocast():
+                return stacked_features(model, w, x).float()
+        finally:
+            model.train()
 
     def stack_grad(loss: torch.Tensor, w: dict) -> dict:
         # the graph is kept: a method's live terms differentiate the step's own forward pass,
@@ -695,7 +707,18 @@ def train_clients_together(
                 return part(net.head, "head.", w2, feats if head_only else part(net.body, "body.", w2, xb)).unsqueeze(0)
 
         loss = F.cross_entropy(masked_logits(out.float(), lm), yb).unsqueeze(0)
-        step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(loss=loss)
+        @torch.no_grad()
+        def own_features(ws: dict, x: torch.Tensor) -> torch.Tensor:
+            net.eval()
+            try:
+                with autocast():
+                    return part(net.body, "body.", ws, x[0]).unsqueeze(0).float()
+            finally:
+                net.train()
+
+        step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(
+            loss=loss, features=feats.float().unsqueeze(0), features_of=own_features
+        )
         lm1 = None if lm is None else lm.unsqueeze(0)
         return live_pass(i, w, step, second, torch.ones(1, len(yb), device=yb.device), lm1)
 

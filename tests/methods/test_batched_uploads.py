@@ -28,8 +28,8 @@ SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
 
 def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
-    assert {"fedsol", "fedsam", "fedasam", "fedntd"} <= set(BATCHED)  # client_live_terms
-    assert {"moon", "fedproj"} <= set(SEQUENTIAL)
+    assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon"} <= set(BATCHED)  # client_live_terms
+    assert {"fedproj", "fedrcl"} <= set(SEQUENTIAL)
 
 
 @pytest.mark.parametrize(
@@ -97,6 +97,8 @@ LIVE = [
     ("fedasam", {"rho": 0.5, "eta": 0.01}, "mlp"),
     ("fedntd", {"beta": 1.0, "tau": 2.0}, "cnn2d"),
     ("fedntd", {"beta": 0.5, "tau": 1.0}, "mlp"),
+    ("moon", {"mu": 1.0, "tau": 0.5}, "cnn2d"),  # round 2: some clients with a previous model, some without
+    ("moon", {"mu": 5.0, "tau": 1.0, "first_prev": "init"}, "mlp"),
 ]
 
 

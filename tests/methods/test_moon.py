@@ -37,11 +37,15 @@ def test_l_con_hand_computed():
     z_glob = torch.tensor([[2.0, 1, -2], [2, 0, 0]])
     z_prev = torch.tensor([[0.0, 3, 4], [0, 1, 0]])
     want = (math.log1p(math.exp(28 / 15)) + math.log1p(math.exp(-2))) / 2  # batch mean
-    got = model_contrastive_loss(z, z_glob, z_prev, tau=0.5)
-    assert float(got) == pytest.approx(want, rel=1e-6)
+    got = model_contrastive_loss(z[None], z_glob[None], z_prev[None], tau=0.5)  # one client: a stack of one
+    assert float(got[0]) == pytest.approx(want, rel=1e-6)
     # z_prev = z_glob: l_con = log 2 whatever z is (why "global as prev" = no gradient)
-    same = model_contrastive_loss(z, z_glob, z_glob, tau=0.5)
-    assert float(same) == pytest.approx(math.log(2), rel=1e-6)
+    same = model_contrastive_loss(z[None], z_glob[None], z_glob[None], tau=0.5)
+    assert float(same[0]) == pytest.approx(math.log(2), rel=1e-6)
+    # a stack of two: the second client holds the first row and a padding row (masked out)
+    two = model_contrastive_loss(torch.stack([z, z]), torch.stack([z_glob, z_glob]), torch.stack([z_prev, z_prev]),
+                                 tau=0.5, mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]))  # fmt: skip
+    torch.testing.assert_close(two, torch.tensor([want, math.log1p(math.exp(28 / 15))]))
 
 
 def tiny(params, seed=0):
@@ -99,7 +103,7 @@ def test_prev_model_is_the_upload_and_is_contrasted_next_round():
     g, prev = copy.deepcopy(model), copy.deepcopy(model)
     g.load_state_dict(ctx2.global_params)
     prev.load_state_dict(up.params)
-    want = 2.0 * model_contrastive_loss(feats, g.features(x), prev.features(x), 0.5)
+    want = 2.0 * model_contrastive_loss(feats[None], g.features(x)[None], prev.features(x)[None], 0.5)[0]
     torch.testing.assert_close(got, want)
     got.backward()  # the frozen copies take no gradient
     assert all(p.grad is None for p in method._glob.parameters())

@@ -142,9 +142,14 @@ class StepBatch(NamedTuple):
     grad: Callable[[torch.Tensor, Params], Params]
     # for a method's live terms (``client_live_terms``): each client's task loss [G] on the
     # step's rows (its cross-entropy: the mean over its real rows, its logit mask applied),
-    # and ``logits`` (the model's, unmasked) with it, still in the step's graph: differentiable in the stack's weights ``w`` (``grad``
-    # keeps the graph, so the trainer's own backward follows); None for step terms
+    # ``logits`` (the model's, unmasked) and ``features`` [G, w, F] (the body's output) with
+    # it, still in the step's graph: differentiable in the stack's weights ``w`` (``grad``
+    # keeps the graph, so the trainer's own backward follows); ``features_of(w, x)``: the
+    # body features [G, m, F] of other stacked weights ``w`` on inputs [G, m, ...], without
+    # dropout (as a frozen model in eval mode: MOON's previous models). None for step terms
     loss: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+    features_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
 
     def row_mask(self) -> torch.Tensor:
         """[G, w] float: 1 on each client's real rows, 0 on its padding."""

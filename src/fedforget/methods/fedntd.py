@@ -46,7 +46,7 @@ from torch import nn
 from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, frozen_copy
 from .params import number
 from .registry import METHODS
-from .shared import frozen_logits
+from .shared import on_stack
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -125,7 +125,7 @@ class FedNTD(FedAvg):
             self.scratch(c).sums, self.scratch(c).slot = sums, i
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
-            l_ntd = ntd_loss(step.logits, frozen_logits(self._glob, step.x), step.y, self.p.tau, step.row_mask())
+            l_ntd = ntd_loss(step.logits, on_stack(self._glob, step.x), step.y, self.p.tau, step.row_mask())
             sums[0, lo:hi] += l_ntd.detach()
             sums[1, lo:hi] += 1
             return LiveStep(loss=self.p.beta * l_ntd)

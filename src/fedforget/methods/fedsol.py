@@ -130,7 +130,7 @@ from .base import (
 from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
-from .shared import client_norms, frozen_logits, per_client, tensor_norms
+from .shared import client_norms, on_stack, per_client, tensor_norms
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")
@@ -280,7 +280,7 @@ class FedSOL(OverBase):
             sel = [n for n in w if self.selects(n)]
             if p.proximal == "kl":
                 with torch.no_grad():
-                    z_g = frozen_logits(self._glob, step.x)
+                    z_g = on_stack(self._glob, step.x)
                     dz, value = kl_direction(step.logits.detach(), z_g, t, step.row_mask())
                 g = step.grad((step.logits * dz).sum(), {n: w[n] for n in sel})  # grad_outputs dz
                 g_p = [g[n] for n in sel]

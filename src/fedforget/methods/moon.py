@@ -37,12 +37,19 @@ Decisions
 - Defaults mu = 1, tau = 0.5: tau 0.5 is the paper's; mu 1 is the paper's for CIFAR-100 and
   Tiny-ImageNet (5 for CIFAR-10). The FedSOL code runs mu 0.1, tau 1 (METHODS.md).
 - mu = 0 is FedAvg exactly: nothing is copied, computed or stored.
+- Both trainers [D, issue 32]: l_con is a loss of the step's own features, stated once for
+  a stack of clients (``model_contrastive_loss``; a client alone is a stack of one): the
+  sequential trainer adds it in ``client_loss``, the stacked trainer in the batched forward
+  (``client_live_terms``), z_glob by one forward of the frozen global model over the stack's
+  rows, z_prev by one stacked forward of the clients' previous models (no dropout, as the
+  frozen copies in eval mode), each client's l_con the mean over its real rows.
 - Diagnostic ``l_con``: per client, the mean of l_con over its steps (clients that skipped
   it report nothing); metrics column ``moon_l_con``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +59,8 @@ from torch import nn
 from .base import (
     ClientContext,
     FedAvg,
+    LiveStep,
+    LiveTerms,
     Params,
     ServerContext,
     Upload,
@@ -60,6 +69,7 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
+from .shared import on_stack
 
 FIRST_PREV = ("skip", "init")
 
@@ -80,15 +90,20 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
 
 
 def model_contrastive_loss(
-    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """MOON's l_con (Eq. 3), averaged over the batch: a 2-way cross-entropy over
-    [sim(z, z_glob), sim(z, z_prev)] / tau with the first (the global view) as the target."""
+    """MOON's l_con (Eq. 3) of each client of a stack [G], averaged over its rows: a 2-way
+    cross-entropy over [sim(z, z_glob), sim(z, z_prev)] / tau with the first (the global
+    view) as the target. ``z``, ``z_glob``, ``z_prev`` [G, B, F]; ``mask`` [G, B] each
+    client's real rows (None: every row, the batch mean as one client's step took it)."""
     pos = F.cosine_similarity(z, z_glob, dim=-1)
     neg = F.cosine_similarity(z, z_prev, dim=-1)
-    logits = torch.stack([pos, neg], dim=1) / tau
-    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
-    return F.cross_entropy(logits, target)
+    logits = torch.stack([pos, neg], dim=-1) / tau  # [G, B, 2]
+    if mask is None:
+        target = torch.zeros(z.shape[1], dtype=torch.long, device=z.device)
+        return torch.stack([F.cross_entropy(lg, target) for lg in logits])
+    per_row = -F.log_softmax(logits, dim=-1)[..., 0]
+    return (per_row * mask).sum(1) / mask.sum(1)
 
 
 @dataclass
@@ -103,8 +118,8 @@ class MOON(FedAvg):
     """FedAvg whose local loss adds mu * l_con (global view positive, own previous model negative)."""
 
     name = "moon"
-    stacked = False
     own_upload = True
+    live_terms = True  # l_con of the step's own features (client_live_terms)
     Params = MOONParams
 
     def __init__(self, params: MOONParams, info) -> None:
@@ -119,6 +134,8 @@ class MOON(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
+        if hasattr(s, "active"):  # the stacked trainer's second call: keep what the stack summed
+            return
         s.active = False  # l_con is on for this client
         if self.p.mu == 0:
             return
@@ -129,7 +146,7 @@ class MOON(FedAvg):
             self._glob, self._prev = frozen_copy(ctx.model), frozen_copy(ctx.model)
         self._glob.load_state_dict(ctx.global_params)
         load_flat(self._prev, prev)
-        s.active, s.sum, s.n = True, torch.zeros((), device=self.info.device), 0
+        s.active, s.sums, s.slot = True, torch.zeros(2, 1, device=self.info.device), 0  # sum of l_con, steps
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
         terms = super().client_loss(ctx, x, y, features, logits)
@@ -139,11 +156,37 @@ class MOON(FedAvg):
         with torch.no_grad():
             z_glob = self._glob.features(x)
             z_prev = self._prev.features(x)
-        l_con = model_contrastive_loss(features, z_glob, z_prev, self.p.tau)
-        s.sum += l_con.detach()
-        s.n += 1
+        l_con = model_contrastive_loss(features[None], z_glob[None], z_prev[None], self.p.tau)[0]
+        s.sums[0, s.slot] += l_con.detach()
+        s.sums[1, s.slot] += 1
         terms["contrastive"] = self.p.mu * l_con
         return terms
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
+        """mu * l_con of each client of a stack whose l_con is on (a previous model; the
+        others train as FedAvg, a zero term), on the step's own features: z_glob from the
+        frozen global model, z_prev from the stack of the clients' previous models (built
+        once for the round); summed per client in one tensor for ``l_con``."""
+        act = [self.scratch(c).active for c in ctxs]
+        if not any(act):
+            return None
+        sums = torch.zeros(2, len(ctxs), device=self.info.device)
+        for i, c in enumerate(ctxs):
+            self.scratch(c).sums, self.scratch(c).slot = sums, i
+        like = {k: v for k, v in ctxs[0].global_params.items() if torch.is_floating_point(v)}
+        prevs = [unflatten_state(c.state.get("prev", self._w0), like) if a else like for c, a in zip(ctxs, act)]
+        prev = {k: torch.stack([q[k] for q in prevs]) for k in prevs[0]}
+        on = torch.tensor(act, dtype=torch.float32, device=self.info.device)
+
+        def live(lo: int, hi: int, w, step) -> LiveStep:
+            z_glob = on_stack(self._glob.features, step.x)
+            z_prev = step.features_of({k: v[lo:hi] for k, v in prev.items()}, step.x)
+            l_con = model_contrastive_loss(step.features, z_glob, z_prev, self.p.tau, step.row_mask()) * on[lo:hi]
+            sums[0, lo:hi] += l_con.detach()
+            sums[1, lo:hi] += on[lo:hi]
+            return LiveStep(loss=self.p.mu * l_con)
+
+        return live
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
@@ -151,5 +194,5 @@ class MOON(FedAvg):
             ctx.state["prev"] = flatten_state(up.params)  # w_k for this client's next round
         s = self.scratch(ctx)
         if s.active:
-            ctx.stats["l_con"] = s.sum.item() / max(s.n, 1)
+            ctx.stats["l_con"] = s.sums[0, s.slot].item() / max(s.sums[1, s.slot].item(), 1)
         return up

@@ -12,8 +12,9 @@ Sections:
 - Local steps: ``effective_steps``, ||a||_1 of SGD with heavy-ball momentum (FedNova,
   SCAFFOLD's divisor).
 - Steps of a stack of clients: ``client_norms``, ``tensor_norms``, the L2 norms of each
-  client (SAM-style perturbations: FedSAM, FedASAM, FedSOL); ``frozen_logits``, a frozen
-  model's logits on each client's rows (the global model of FedSOL's and FedNTD's terms).
+  client (SAM-style perturbations: FedSAM, FedASAM, FedSOL); ``on_stack``, a frozen
+  model's logits or features on each client's rows (the global model of FedSOL's, FedNTD's
+  and MOON's terms).
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
   reference (FedProj Eq. 14; FedProj, A-GEM, FedGP), for one client or each of a stack
   (``flat_dot``, ``per_client``).
@@ -31,7 +32,7 @@ Sections:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,10 +95,10 @@ def client_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def frozen_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Logits [G, B, C] (float32) of one frozen ``model`` on each client's rows ``x`` [G, B,
-    ...]: one forward over all rows."""
-    return model(x.flatten(0, 1)).view(*x.shape[:2], -1).float()
+def on_stack(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A frozen model's output [G, B, D] (float32) on each client's rows ``x`` [G, B, ...]:
+    ``fn`` (its forward, or its ``features``) once over all rows."""
+    return fn(x.flatten(0, 1)).view(*x.shape[:2], -1).float()
 
 
 def tensor_norms(t: torch.Tensor) -> torch.Tensor:
