@@ -99,16 +99,24 @@ LIVE = [
     ("fedntd", {"beta": 0.5, "tau": 1.0}, "mlp"),
     ("moon", {"mu": 1.0, "tau": 0.5}, "cnn2d"),  # round 2: some clients with a previous model, some without
     ("moon", {"mu": 5.0, "tau": 1.0, "first_prev": "init"}, "mlp"),
+    # Table 4's combined mode: g_p the gradient of the base's term, its state carried over rounds
+    ("fedsol", {"rho": 2.0, "perturb": "all", "base": "fedprox", "proximal": "base"}, "cnn2d"),
+    ("fedsol", {"rho": 2.0, "perturb": "all", "base": "scaffold", "proximal": "base"}, "mlp"),
+    ("fedsol", {"rho": 2.0, "perturb": "all", "base": "feddyn", "base_params": {"alpha": 0.1}, "proximal": "base"}, "cnn2d"),
+    ("fedsol", {"rho": 2.0, "perturb": "all", "base": "fednova", "proximal": "kl"}, "mlp"),
+    ("fedsol", {"rho": 2.0, "perturb": "all", "base": "moon", "base_params": {"mu": 0.1, "tau": 1.0}, "proximal": "base"}, "cnn2d"),
 ]
 
 
-@pytest.mark.parametrize("method,params,model", LIVE, ids=[f"{m}-{'-'.join(map(str, p.values()))}-{mo}" for m, p, mo in LIVE])
+@pytest.mark.parametrize("method,params,model", LIVE, ids=[f"{m}-{'-'.join(str(v) for k, v in p.items() if k != 'base_params')}-{mo}" for m, p, mo in LIVE])
 def test_live_terms_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights, method, params, model):
-    """Within 1e-5: metrics (the methods' diagnostics included) and weights, 2 rounds of 2
-    local epochs at batch 20 over Dirichlet clients of unequal sizes."""
+    """Within 1e-5: metrics (the methods' diagnostics included) and weights, 2 rounds (3 in
+    combined mode: clients come back with their base's state) of 2 local epochs at batch 20
+    over Dirichlet clients of unequal sizes."""
     part = PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0)
+    rounds = 3 if "base" in params else 2
     rc = make_run_config(dataset="digits", model=model, model_options=SMALL_CNN if model == "cnn2d" else None,
-                         method=method, params=params, rounds=2, local_epochs=2, batch_size=20, sample_rate=0.5,
+                         method=method, params=params, rounds=rounds, local_epochs=2, batch_size=20, sample_rate=0.5,
                          device="cpu", optimizer={"lr": 0.05, "momentum": 0.9}, partition=part)  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]

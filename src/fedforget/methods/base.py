@@ -167,12 +167,15 @@ class LiveStep(NamedTuple):
     ``gmap``, a map of the step's gradients {name: [hi - lo, ...]} applied after them
     (FedSOL's projection, Eq. 3); ``done(grads, losses)``, called with the step's final
     gradients and the second pass's task losses [hi - lo] (None without one), for
-    diagnostics. Each None where unused."""
+    diagnostics; ``has`` (bool [hi - lo]), the clients ``loss`` is a term of (None: all;
+    the others' loss is 0, as where a client alone adds no term: MOON's first round). Each
+    None where unused."""
 
     loss: torch.Tensor | None = None
     eps: Params | None = None
     gmap: Callable[[Params], Params] | None = None
     done: Callable[[Params, torch.Tensor | None], None] | None = None
+    has: torch.Tensor | None = None
 
 
 # live(lo, hi, stacked weights, the step's StepBatch with live logits and loss) -> LiveStep

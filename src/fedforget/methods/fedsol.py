@@ -87,9 +87,10 @@ clients (``client_live_terms``): g_p from the stacked forward's logits, Lambda a
 the same functions as ``client_step`` (``lambdas``, ``perturbation``, ``kl_direction``,
 written for a stack; a client alone is a stack of one), and the second pass in the batched
 forward (the head alone on the first pass's features when only the head moves); Table 1's
-project and loss updates as a map of the step's gradient. Table 4's combined bases train
-sequentially (the base's own terms would have to run inside the perturbation: not
-composed; MOON has no stacked step).
+project and loss updates as a map of the step's gradient; Table 4's combined mode (update
+perturb, base_loss false) with g_p the gradient of the base's step terms (FedProx, FedDyn,
+SCAFFOLD's additions) or live loss (MOON), FedNova with its KL. With ``base_loss: true`` it
+trains sequentially (the base's terms at w + eps in the update: not composed).
 
 Diagnostics (ctx.stats, metrics columns ``fedsol_<key>``, mean over a client's steps, then
 over clients):
@@ -158,7 +159,7 @@ def _step_value(key: str, row: list[float]) -> float | None:
         dot, sq, g_norm = row
         un = math.sqrt(sq)
         return dot / (un * g_norm) if g_norm >= NORM_GUARD and un > 0 else None
-    if key == "conflict_rate" and math.isnan(row[0]):  # a stacked step without g_p
+    if key in ("conflict_rate", "prox_loss") and math.isnan(row[0]):  # a stacked client without one
         return None
     return row[0]
 
@@ -226,10 +227,19 @@ class FedSOL(OverBase):
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
-        """``stacked``: base fedavg with a kl or l2 proximal term (Tables 1, 2, 3, 5), whose
-        step ``client_live_terms`` states for a stack; the combined bases run sequentially."""
+        """``stacked``: base fedavg with a kl or l2 proximal term (Tables 1, 2, 3, 5), or the
+        combined mode over a stacked base (Table 4: update perturb, base_loss false), whose
+        step ``client_live_terms`` states for a stack; other forms run sequentially."""
         if name == "stacked":
-            return params is not None and params.base == "fedavg" and params.proximal in ("kl", "l2")
+            if params is None:
+                return False
+            if params.base == "fedavg":
+                return params.proximal in ("kl", "l2")
+            base = METHODS.get(params.base)
+            base_params = make_params(params.base, dict(params.base_params))
+            # combined mode (Table 4): the base's term moves into the perturbation
+            return (params.update == "perturb" and not params.base_loss and base.trait("stacked", base_params)
+                    and not base.trait("sees_step", base_params))  # fmt: skip
         return super().trait(name, params)
 
     def __init__(self, params: FedSOLParams, info) -> None:
@@ -243,7 +253,8 @@ class FedSOL(OverBase):
 
     def client_begin(self, ctx: ClientContext) -> None:
         model, sc = ctx.model, self.scratch(ctx)
-        if hasattr(sc, "log"):  # the stacked trainer's second call: keep what the stack logged
+        if hasattr(sc, "log"):  # the stacked trainer's second call: the base sets up again on the
+            self.base.client_begin(ctx)  # trained weights (as for its own step terms); the log is kept
             return
         sc.buffers = list(model.buffers())  # BatchNorm statistics: restored after the second pass
         self.base.client_begin(ctx)
@@ -274,11 +285,15 @@ class FedSOL(OverBase):
         client's diagnostics are logged per step as ``client_step`` logs them."""
         p, t = self.p, self.p.temperature
         glob = ctxs[0].global_params if ctxs else {}
+        base_terms = self.base.client_step_terms(ctxs) if p.proximal == "base" and self.base.step_terms else None
+        base_live = self.base.client_live_terms(ctxs) if p.proximal == "base" and self.base.live_terms else None
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
             own = ctxs[lo:hi]
             sel = [n for n in w if self.selects(n)]
-            if p.proximal == "kl":
+            if p.proximal == "base":  # combined mode: the gradient of the base's local term
+                g_p, value = self._base_direction(lo, hi, w, step, sel, base_terms, base_live)
+            elif p.proximal == "kl":
                 with torch.no_grad():
                     z_g = on_stack(self._glob, step.x)
                     dz, value = kl_direction(step.logits.detach(), z_g, t, step.row_mask())
@@ -289,8 +304,9 @@ class FedSOL(OverBase):
                     value = 0.5 * sum((v - glob[n]).pow(2).flatten(1).sum(1).double() for n, v in w.items())
                     g_p = [w[n].detach() - glob[n] for n in sel]
             g_norm = client_norms(g_p).double()
-            for j, c in enumerate(own):
-                self._record(c, "prox_loss", value[j])
+            if value is not None:
+                for j, c in enumerate(own):
+                    self._record(c, "prox_loss", value[j])
 
             def done(grads, adv) -> None:  # cos(g_u, g_p) over the selected parameters
                 with torch.no_grad():
@@ -327,6 +343,27 @@ class FedSOL(OverBase):
             return LiveStep(eps=None if eps is None else dict(zip(sel, eps)), done=done)
 
         return live
+
+    def _base_direction(self, lo, hi, w, step, sel, base_terms, base_live) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """g_p of a stack in combined mode, as ``proximal_grad`` takes it for a client alone:
+        the gradient of the base's local term at w (its step terms' loss, FedProx, FedDyn,
+        or its live loss, MOON) plus the gradient additions of its step terms (SCAFFOLD's
+        c - c_i), over the selected parameters; and the term's value per client (None:
+        the base's term has none; NaN for a client the term does not apply to: no record)."""
+        ext_loss, ext, has = None, None, None
+        if base_terms is not None:
+            ext_loss, ext, _ = base_terms(lo, hi, w)
+        if base_live is not None:
+            res = base_live(lo, hi, w, step)
+            ext_loss, has = res.loss, res.has
+        if ext_loss is not None and ext_loss.requires_grad:
+            g = step.grad(ext_loss.sum(), {n: w[n] for n in sel})
+            value = ext_loss.detach()
+            if has is not None:
+                value = torch.where(has, value, math.nan)
+        else:
+            g, value = {n: torch.zeros_like(w[n]) for n in sel}, None
+        return [g[n] + ext[n] if ext and n in ext else g[n] for n in sel], value
 
     def _record(self, ctx: ClientContext, key: str, *values: float | torch.Tensor) -> None:
         """Log one step's inputs of the diagnostic ``key`` (numbers or 0-dim tensors left on

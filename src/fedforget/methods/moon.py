@@ -184,7 +184,7 @@ class MOON(FedAvg):
             l_con = model_contrastive_loss(step.features, z_glob, z_prev, self.p.tau, step.row_mask()) * on[lo:hi]
             sums[0, lo:hi] += l_con.detach()
             sums[1, lo:hi] += on[lo:hi]
-            return LiveStep(loss=self.p.mu * l_con)
+            return LiveStep(loss=self.p.mu * l_con, has=on[lo:hi] > 0)
 
         return live
 
