@@ -44,7 +44,7 @@ each (client, round) to the client's task (``ctx.task``)::
 
 A method whose step is not one forward and backward of its loss, but still a function of
 the step's own forward pass, states it once for a stack of clients in
-``client_live_terms`` (``live_terms``): a loss of the step's logits (FedNTD), or a
+``client_live_terms`` (``live_terms``): a loss of the step's logits or features (FedNTD, MOON), or a
 perturbation eps for a second pass at w + eps whose task-loss gradient is the update
 (FedSAM, FedSOL); its sequential ``client_step`` calls the same functions on a stack of one.
 
