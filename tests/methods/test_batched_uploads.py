@@ -117,7 +117,7 @@ def test_live_terms_equal_sequential(make_run_config, run_engines, assert_same_m
     rounds = 3 if "base" in params else 2
     rc = make_run_config(dataset="digits", model=model, model_options=SMALL_CNN if model == "cnn2d" else None,
                          method=method, params=params, rounds=rounds, local_epochs=2, batch_size=20, sample_rate=0.5,
-                         device="cpu", optimizer={"lr": 0.05, "momentum": 0.9}, partition=part)  # fmt: skip
+                         optimizer={"lr": 0.05, "momentum": 0.9}, partition=part)  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
