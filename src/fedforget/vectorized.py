@@ -469,7 +469,7 @@ def train_clients_together(
         live terms: ``step`` carries the first pass (logits and task losses, live in ``w``);
         ``second(w2, head_only)``: the logits of the second pass at weights ``w2`` (the head
         alone on the first pass's body features when only head weights moved)."""
-        res: LiveStep = live(lo, lo + len(step.rows), w, step)
+        res: LiveStep = live(lo, lo + step.x.shape[0], w, step)
         if res.loss is not None and res.eps is not None:
             raise ValueError("live terms returned both an extra loss and a perturbation")
         if res.eps is None:
@@ -506,7 +506,7 @@ def train_clients_together(
                     return stacked_head(model, w2, feats) if head_only else stacked_forward(model, w2, xb)
 
             step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm),
-                             feats.float(), stack_features)  # fmt: skip
+                             feats.float(), stack_features, mask)  # fmt: skip
             grads, losses = live_pass(0, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -707,6 +707,7 @@ def train_clients_together(
                 return part(net.head, "head.", w2, feats if head_only else part(net.body, "body.", w2, xb)).unsqueeze(0)
 
         loss = F.cross_entropy(masked_logits(out.float(), lm), yb).unsqueeze(0)
+
         @torch.no_grad()
         def own_features(ws: dict, x: torch.Tensor) -> torch.Tensor:
             net.eval()
@@ -763,9 +764,9 @@ def train_clients_together(
         active = idx.shape[0]
         xb, yb, lm = gathered or batch(idx.clamp(min=0))  # [a, w, ...]: one gather for all clients
         mask = (idx >= 0).to(xb.dtype)
+        rows = (idx >= 0).sum(1).tolist() if sees_step else None  # a host read: the terms that see the step
         if use_stacked:
             p_act = {n: v[:active] for n, v in params.items()}
-            rows = (idx >= 0).sum(1).tolist() if sees_step or live is not None else None
             grads, losses, logits = stacked_step(p_act, xb, yb, mask, lm, rows)
         elif active == 1:  # one client left (a large client's tail): no vmap overhead
             p_act = {n: v[0] for n, v in params.items()}
@@ -779,7 +780,7 @@ def train_clients_together(
             p_act = {n: v[:active] for n, v in params.items()}
             step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0, 0))
             grads, (losses, logits) = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm, keys[:active])
-        step = step_batch(xb, yb, (idx >= 0).sum(1).tolist(), logits) if sees_step else None
+        step = step_batch(xb, yb, rows, logits) if sees_step else None
         grads, losses = add_terms(0, active, p_act, grads, losses.detach(), step)
         loss_sum[:active] += losses
         with torch.no_grad():

@@ -136,7 +136,7 @@ class StepBatch(NamedTuple):
 
     x: torch.Tensor
     y: torch.Tensor
-    rows: list[int]
+    rows: list[int] | None
     logits: torch.Tensor
     forward: Callable[..., torch.Tensor]
     grad: Callable[[torch.Tensor, Params], Params]
@@ -150,9 +150,13 @@ class StepBatch(NamedTuple):
     loss: torch.Tensor | None = None
     features: torch.Tensor | None = None
     features_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
+    mask: torch.Tensor | None = None  # [G, w] float, 1 on real rows: ``row_mask`` without
+    #   ``rows`` (the batched live step leaves ``rows`` None: no host read per step)
 
     def row_mask(self) -> torch.Tensor:
         """[G, w] float: 1 on each client's real rows, 0 on its padding."""
+        if self.mask is not None:
+            return self.mask
         cols = torch.arange(self.x.shape[1], device=self.x.device)
         return (cols < torch.tensor(self.rows, device=self.x.device)[:, None]).float()
 
