@@ -32,8 +32,14 @@ from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
 from .memory import PhaseMemory
 from .methods import METHODS, RunInfo, ServerContext, make_params
-from .methods.base import AFTER_TASK, ROUND_END, TASK_END
-from .metrics import layer_lambda, weight_divergence
+from .methods.base import AFTER_TASK, ROUND_END, TASK_END, ClientContext
+from .metrics import (
+    GEOMETRY_ROWS,
+    GEOMETRY_STREAM,
+    layer_lambda,
+    projection_geometry,
+    weight_divergence,
+)
 from .models import build_model
 from .progress import RoundProgress, progress_mode
 from .rundata import load_run_data
@@ -288,6 +294,9 @@ class Simulation:
             if torch.is_floating_point(v)
         ):
             raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
+        geometry = {}
+        if "projection_geometry" in t.diagnostics:  # before the task end changes the projection
+            geometry = self.projection_geometry(rnd, broadcast_params, lr)
         if sc.ends_task(rnd):
             self.end_task(rnd, lr)
         if ROUND_END in self.method.exchanges:  # a second message per round, on the new weights
@@ -330,6 +339,7 @@ class Simulation:
             names = [n for n, p in self.model.named_parameters()
                      if p.requires_grad and all(n in u.params for u in uploads)]  # fmt: skip
             row.update(layer_lambda(broadcast_params, [u.params for u in uploads], names))
+        row.update(geometry)
         if local_accs:
             row.update(
                 local_models_global_test_acc_mean=float(np.mean(local_accs)),
@@ -346,6 +356,31 @@ class Simulation:
             elapsed_s=time.perf_counter() - start,
         )
         return row
+
+    def projection_geometry(self, rnd: int, params: dict[str, torch.Tensor], lr: float) -> dict[str, float]:
+        """The diagnostic ``projection_geometry`` (``metrics.projection_geometry``, FedProTIP
+        Fig. 2) at the round's broadcast weights ``params``: P is the method's step map of
+        this round for a client alone (its ``client_step_terms`` on the round's broadcast;
+        ``shared_projection``: the same for every client), each task's gradient taken on
+        ``GEOMETRY_ROWS`` rows of its training data pooled over every client, keyed by
+        (seed, round, task)."""
+        task = self.server.task
+        model = self.model_with(params)
+        model.set_task(task)
+        ctx = ClientContext(
+            cid=-1, round=rnd, model=model, optimizer=None, global_params=params, broadcast=self.server.broadcast,
+            state={}, n_samples=0, lr=lr, local_epochs=self.cfg.train.local_epochs,
+            batch_size=self.cfg.train.batch_size, task=task,
+        )  # fmt: skip
+        terms = self.method.client_step_terms([ctx])
+        w = {n: p.detach().unsqueeze(0) for n, p in model.named_parameters() if p.requires_grad}
+        step_map = None if terms is None else terms(0, 1, w)[2]
+        batches = {}
+        for tau in range(task + 1):
+            pos = (self.clients.task == tau).nonzero().squeeze(1)
+            gen = torch.Generator().manual_seed(torch_seed(self.cfg.seed, rnd, tau, GEOMETRY_STREAM))
+            batches[tau] = self.clients.batch(pos[torch.randperm(len(pos), generator=gen)[:GEOMETRY_ROWS].to(pos.device)])
+        return projection_geometry(model, batches, task, step_map)
 
     def global_metrics(self, rnd: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """The global model's metrics columns and per-task rows (``fedforget.evaluation``)."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .methods.base import flatten_state
+from .methods.base import GradMap, flatten_state, masked_logits
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
@@ -62,7 +62,48 @@ DIAGNOSTICS = {
     # FedSOL's Eq. 7 lambda of each local model per trainable parameter tensor, averaged over
     # the tensor's elements and the sampled clients: layer_lambda:<parameter name> (Fig. 4b)
     "layer_lambda": [],
+    # FedProTIP's Assumptions 4-5 estimated at each round's broadcast weights W (Fig. 2): the
+    # share of the current task's gradient energy its projection keeps, projection_rho =
+    # ||P g_t||^2 / ||g_t||^2, and for each older task tau projection_beta_task<tau> =
+    # ||P g_tau|| / ||g_tau||; projection_task = the current task t (projection_geometry)
+    "projection_geometry": ["projection_task", "projection_rho"],
 }
+GEOMETRY_ROWS = 512  # [D] rows of each task's pooled training data behind its gradient
+GEOMETRY_STREAM = 0x5B  # keyed randomness of those rows (0x51-0x55: schedule, shuffling, init, distillation, dropout)
+
+
+def projection_geometry(
+    model: nn.Module, batches: dict[int, tuple], task: int, step_map: GradMap | None
+) -> dict[str, float]:
+    """FedProTIP's rho_t and beta_tau^(t-1) (Assumptions 4 and 5 [P, fedprotip.md App. A.2],
+    Fig. 2) at the weights ``model`` holds (a round's broadcast: the synchronization
+    iterate), ``task`` = t the current task. ``batches[tau]`` = (x, y, logit mask) of task
+    tau's training rows; g_tau is the gradient of their mean cross-entropy in the trainable
+    parameters (each row scored by its task's head where heads are per task; the model in
+    eval mode: no dropout draws [D]); P is the method's map of a local step's gradient this
+    round (``step_map``, a client alone: a stack of one; a parameter it holds counts 0;
+    None: the identity). Returns projection_task, projection_rho = ||P g_t||^2 / ||g_t||^2
+    and projection_beta_task<tau> = ||P g_tau|| / ||g_tau|| for tau < t (NaN where a
+    gradient is 0)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    was_training = model.training
+    model.eval()
+    out: dict[str, float] = {"projection_task": float(task)}
+    for tau, (x, y, lm) in sorted(batches.items()):
+        logits = model.row_logits(x, torch.full((len(y),), tau, device=y.device))
+        loss = F.cross_entropy(masked_logits(logits.float(), lm), y)
+        gs = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        g = {n: (torch.zeros_like(p) if v is None else v).unsqueeze(0) for (n, p), v in zip(named, gs)}
+        pg = g if step_map is None else step_map(dict(g))
+        kept = sum(float(v.double().pow(2).sum()) for v in pg.values() if v is not None)
+        whole = sum(float(v.double().pow(2).sum()) for v in g.values())
+        ratio = kept / whole if whole > 0 else math.nan
+        if tau == task:
+            out["projection_rho"] = ratio
+        else:
+            out[f"projection_beta_task{tau}"] = math.sqrt(ratio)
+    model.train(was_training)
+    return out
 
 
 def weight_divergence(global_params: dict, local_params: Sequence[dict]) -> dict[str, float]:

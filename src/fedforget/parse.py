@@ -208,6 +208,11 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 problems.append(
                     f"{key}.train.save_client_models: rounds {late} are beyond train.rounds={mtrain.rounds} (method '{label}'); allowed: 1..{mtrain.rounds}"
                 )
+            if "projection_geometry" in mtrain.diagnostics and not cls.trait("shared_projection", pobj):
+                problems.append(
+                    f"{key}.train.diagnostics: projection_geometry needs a method whose local step is one projection "
+                    f"shared by every client (shared_projection: fedprotip); method '{label}' ('{m['name']}') has none"
+                )
             for ds in datasets:
                 if cls.trait("needs_public", pobj) and not ds.public:
                     problems.append(

@@ -89,7 +89,6 @@ LIVE = [
     ("fedsol", {"rho": 1.0}, "cnn2d"),
     ("fedsol", {"rho": 0.5, "perturb": "all", "proximal": "l2", "adaptive": False}, "cnn2d"),
     ("fedsol", {"rho": 2.0, "perturb": "body", "lambda_norm": "column"}, "mlp"),
-    ("fedsol", {"rho": 0.0}, "mlp"),
     ("fedsol", {"update": "loss", "proximal": "kl", "beta": 1.0}, "cnn2d"),  # Table 1's forms
     ("fedsol", {"update": "project", "proximal": "l2", "perturb": "all"}, "mlp"),
     ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}, "cnn2d"),

@@ -51,9 +51,10 @@ from fedforget.methods.fedprotip import (
     weighted_sketch,
 )
 from fedforget.methods.shared import projected_layers, state_mb
+from fedforget.metrics import GEOMETRY_ROWS, GEOMETRY_STREAM
 from fedforget.models import TaskHeads, build_model
 from fedforget.partition import PartitionSpec
-from fedforget.utils import FedForgetError
+from fedforget.utils import FedForgetError, torch_seed
 
 from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, gen, projector, run, strip
 
@@ -655,3 +656,72 @@ def test_split_digits_run_with_global_projection(make_run_config):
                 assert (delta @ u.double()).abs().max() < 1e-5, name
                 checked += 1
     assert checked >= 2
+
+
+# ----------------------------------------------------------------------------- Fig. 2: rho and beta
+
+
+def test_projection_geometry_is_fig2s_rho_and_beta(make_run_config, monkeypatch):
+    """The diagnostic projection_geometry at each round's broadcast weights W: rho_t =
+    ||P g_t||^2 / ||g_t||^2 and beta_tau = ||P g_tau|| / ||g_tau||, recomputed here with an
+    independent P (each based layer's weight gradient G - G U U^T, the 1-D parameters held:
+    bias freeze) on the rows the engine drew; task 0 has no bases: rho = 1."""
+    seen = {}
+    real = Simulation.projection_geometry
+
+    def keep(self, rnd, params, lr):
+        seen[rnd] = ({k: v.clone() for k, v in params.items()}, dict(self.server.broadcast.get(BASES) or {}))
+        return real(self, rnd, params, lr)
+
+    monkeypatch.setattr(Simulation, "projection_geometry", keep)
+    rc = digits(make_run_config, {"threshold": 0.9, "tip": "none"}, scenario=SPLIT, rounds=3, diagnostics=("projection_geometry",))
+    sim = Simulation(rc, device=CPU)
+    status, rows, msg = sim.run(progress=False)
+    assert status == "completed", msg
+    rows = [r for r in rows if r["round"] >= 1]  # (round 0: the initial evaluation)
+    assert rows[0]["projection_task"] == 0 and rows[0]["projection_rho"] == 1.0
+    model = sim.model_with(sim.global_params)
+    layers = projected_layers(model)
+    for row in rows[1:]:
+        rnd, t = row["round"], int(row["projection_task"])
+        params, bases = seen[rnd]
+        assert t == rnd - 1 and bases  # one round per task: the bases of tasks < t
+        model.load_state_dict(params)
+        model.set_task(t)
+        model.eval()
+        for tau in range(t + 1):
+            pos = (sim.clients.task == tau).nonzero().squeeze(1)
+            g_rows = torch.Generator().manual_seed(torch_seed(rc.seed, rnd, tau, GEOMETRY_STREAM))
+            x, y, lm = sim.clients.batch(pos[torch.randperm(len(pos), generator=g_rows)[:GEOMETRY_ROWS]])
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            logits = model.row_logits(x, torch.full((len(y),), tau))
+            grads = torch.autograd.grad(F.cross_entropy(logits if lm is None else logits.masked_fill(~lm, float("-inf")), y),
+                                        [p for _, p in named], allow_unused=True)  # fmt: skip
+            whole = kept = 0.0
+            for (n, p), g in zip(named, grads):
+                g = torch.zeros_like(p) if g is None else g.double()
+                whole += float(g.pow(2).sum())
+                layer = n.rsplit(".", 1)[0]
+                if p.dim() == 1:
+                    continue  # held (bias: freeze)
+                if n.endswith(".weight") and layer in bases and layer in layers and bases[layer].shape[1]:
+                    m = g.reshape(g.shape[0], -1)
+                    g = m - m @ projector(bases[layer])
+                kept += float(g.pow(2).sum())
+            want = kept / whole
+            if tau == t:
+                assert row["projection_rho"] == pytest.approx(want, rel=1e-5)
+            else:
+                assert row[f"projection_beta_task{tau}"] == pytest.approx(want**0.5, rel=1e-3, abs=1e-6)  # float32 P
+        assert 0 < row["projection_rho"] < 1 and all(0 <= row[f"projection_beta_task{k}"] <= 1 for k in range(t))
+
+
+def test_projection_geometry_needs_a_shared_projection():
+    from fedforget.parse import parse_config
+
+    raw = {"experiments": [{
+        "name": "geo", "datasets": [{"name": "iris", "model": "mlp"}],
+        "partitions": [{"scheme": "iid", "clients": 2}], "methods": [{"name": "fedavg"}, {"name": "fedprotip"}],
+        "seeds": [0], "train": {"rounds": 2, "diagnostics": ["projection_geometry"]}}]}  # fmt: skip
+    with pytest.raises(FedForgetError, match=r"projection_geometry needs .*method 'fedavg'"):
+        parse_config(raw)

@@ -449,6 +449,9 @@ class FedAvg:
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
     #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
+    shared_projection: bool = False  # its step terms are one map of the step's gradient, fixed
+    #   by the round's broadcast, the same for every client (FedProTIP's projection): the
+    #   engine's projection_geometry diagnostic applies it to whole-task gradients
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         self.check_train(info.train, params)

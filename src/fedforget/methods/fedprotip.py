@@ -419,6 +419,7 @@ class FedProTIP(FedAvg):
     name = "fedprotip"
     step_terms = True  # the projection is a gradient map of the step terms: trains stacked too
     own_predict = True
+    shared_projection = True  # one map for every client: the broadcast's bases (Fig. 2's P)
     exchanges = (TASK_END, AFTER_TASK)  # core bases, then references against the global ones
 
     @dataclass(frozen=True)
