@@ -105,7 +105,7 @@ def checked(monkeypatch):
         found[str(path)] = overlaps(fig)
 
     for module in ("fedforget.plots", "fedforget.figures", "fedforget.figures.fedsol", "fedforget.figures.fedproj",
-                   "fedforget.figures.sweep", "fedforget.figures.cost"):
+                   "fedforget.figures.sweep", "fedforget.figures.cost", "fedforget.figures.fedprotip"):
         monkeypatch.setattr(f"{module}._save", save)
     return found
 
@@ -322,6 +322,8 @@ FIGURE_COLUMNS = {
     "buffer_tasks": [f"fedgp_buffer_task{t}" for t in range(10)],  # FedGP Table 9's 10 tasks
     # the McMahan CNN's parameters (FedSOL Fig. 4b)
     "layer_lambda": [f"layer_lambda:{n}" for n, _ in build_model("cnn_mcmahan", (3, 32, 32), 10, {}).named_parameters()],
+    # FedProTIP Fig. 2 (10 tasks): rho of the current task, beta of each older one
+    "projection_geometry": ["projection_task", "projection_rho", *(f"projection_beta_task{t}" for t in range(9))],
 }
 # these read model files and the dataset (tests/test_figures_fedproj.py, tests/test_figures_fedsol.py)
 NOT_DRAWN = {"decision_boundaries", "fedsol_landscape"}
@@ -348,11 +350,19 @@ def experiment_figure_input(shape: Shape, columns: list[str], rng, rounds: tuple
         configs[run_dir] = rc
         runs.append({**key, "status": "completed", "run_dir": run_dir,
                      "final_global_model_test_acc": rng.random(), "best_global_model_test_acc": rng.random()})  # fmt: skip
-        for rnd in sorted(set(np.linspace(0, rc.train.rounds, 5).astype(int)) | set(rounds)):
+        every_task = ()  # Fig. 2's heatmap: a round in every task
+        if "projection_task" in columns:
+            tasks = (rc.dataset.scenario or {}).get("tasks", 1)
+            every_task = tuple(int((k + 0.5) * rc.train.rounds / tasks) for k in range(tasks))
+        for rnd in sorted(set(np.linspace(0, rc.train.rounds, 5).astype(int)) | set(rounds) | set(every_task)):
             row = {**key, "round": rnd, "global_model_test_acc": rng.random()}
             for c in columns:
                 mine = c.split("_")[0] not in FIGURE_METHODS or c.startswith(f"{rc.method.name}_")
                 row[c] = rng.random() if mine and rnd else np.nan
+            if "projection_task" in columns and rnd:  # the round's task; beta of the older ones only
+                tasks = (rc.dataset.scenario or {}).get("tasks", 1)
+                row["projection_task"] = task = min(rnd * tasks // rc.train.rounds, tasks - 1)
+                row.update({c: np.nan for c in columns if c.startswith("projection_beta_task") and int(c[20:]) >= task})
             metrics.append(row)
     return FigureInput(shape.name, Path(), pd.DataFrame(runs), pd.DataFrame(metrics)), configs
 

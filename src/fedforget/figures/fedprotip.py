@@ -1,0 +1,119 @@
+"""FedProTIP's figures of its theory's quantities (fedprotip.md Sec. 5, Fig. 2).
+
+- ``projection_geometry`` (Fig. 2): from the engine diagnostic ``projection_geometry``
+  (``metrics.projection_geometry``: at each round's broadcast weights, rho_t = ||P g_t||^2 /
+  ||g_t||^2 of the current task and beta = ||P g_tau|| / ||g_tau|| of each older one), one
+  row of three panels per dataset x setting: (a) rho_t per task, one line per method (the
+  paper: per threshold eps), mean over the task's rounds, then mean ± std over seeds; (b)
+  beta_tau->t as a heatmap (current task t x older task tau) of one method (``method``,
+  default the first; the paper: eps 0.7), mean over the rounds of task t and the seeds; (c)
+  rho (mean over tasks) and beta (mean over the pairs tau < t) per method, in the methods'
+  order, ± std over seeds. The first task is left out of (a) and (c) [D]: with no old
+  bases its rho is 1 by construction. Writes a .csv of each panel's table beside it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..plots import _plt, _save, _text_on, method_colors, setting_label
+from ..utils import FedForgetError
+from . import FIGURES, FigureInput
+
+RUN = ["dataset", "setting", "method", "seed"]
+NEEDS = " (train.diagnostics: [projection_geometry], a method with a shared projection: fedprotip)"
+
+
+def _geometry(inp: FigureInput) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rho per run and task t >= 1, beta per run, task t and older task tau), each the mean
+    over the task's rounds."""
+    inp.require_columns("projection_geometry", ["projection_task", "projection_rho"], NEEDS)
+    m = inp.metrics[(inp.metrics["round"] >= 1) & inp.metrics["projection_task"].notna()].copy()
+    m["task"] = m["projection_task"].round().astype(int)
+    rho = m[m["task"] >= 1].groupby([*RUN, "task"], sort=False)["projection_rho"].mean().rename("rho").reset_index()
+    betas = sorted((c for c in m.columns if re.fullmatch(r"projection_beta_task\d+", c)), key=lambda c: int(c[20:]))
+    long = m.melt(id_vars=[*RUN, "task"], value_vars=betas, var_name="old", value_name="beta").dropna(subset=["beta"])
+    long["old"] = long["old"].str[len("projection_beta_task"):].astype(int)
+    beta = long.groupby([*RUN, "task", "old"], sort=False)["beta"].mean().reset_index()
+    return rho, beta
+
+
+def _over_seeds(df: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    return df.groupby(keys, sort=False)[value].agg(["mean", "std", "count"]).reset_index()
+
+
+@FIGURES.register("projection_geometry")
+def projection_geometry(inp: FigureInput, out: Path, method: str | None = None) -> list[Path]:
+    rho, beta = _geometry(inp)
+    if rho.empty:
+        raise FedForgetError("figure 'projection_geometry': no run has a round after its first task")
+    methods = list(dict.fromkeys(inp.runs.loc[inp.runs["status"] == "completed", "method"]))
+    methods = [m for m in methods if m in set(rho["method"])]
+    shown = method or methods[0]
+    if shown not in methods:
+        raise FedForgetError(f"figure 'projection_geometry': method '{shown}' has no projection_geometry; have {methods}")
+    a = _over_seeds(rho, ["dataset", "setting", "method", "task"], "rho")
+    b = _over_seeds(beta[beta["method"] == shown], ["dataset", "setting", "task", "old"], "beta")
+    per_run = rho.groupby(RUN, sort=False)["rho"].mean().reset_index().merge(
+        beta.groupby(RUN, sort=False)["beta"].mean().reset_index(), on=RUN, how="left")  # fmt: skip
+    c = per_run.melt(id_vars=RUN, value_vars=["rho", "beta"], var_name="quantity", value_name="value")
+    c = _over_seeds(c.dropna(subset=["value"]), ["dataset", "setting", "quantity", "method"], "value")
+    out = Path(out)
+    for table, part in ((a, "rho_per_task"), (b, "beta_heatmap"), (c, "means")):
+        table.to_csv(out.with_name(f"{out.stem}_{part}.csv"), index=False)
+
+    plt = _plt()
+    panels = list(dict.fromkeys(zip(a["dataset"], a["setting"])))
+    colors = method_colors(pd.Series(methods))
+    fig, axes = plt.subplots(len(panels), 3, figsize=(15.5, 4.2 * len(panels)), squeeze=False)
+    for row, (ds, st) in zip(axes, panels):
+        where = f"{ds}, {setting_label(st)}"
+        ax = row[0]  # (a) rho_t per task and method
+        sub = a[(a["dataset"] == ds) & (a["setting"] == st)]
+        for meth in methods:
+            s = sub[sub["method"] == meth].sort_values("task")
+            ax.errorbar(s["task"] + 1, s["mean"], yerr=s["std"].fillna(0), marker="o", ms=3, capsize=2,
+                        color=colors[meth], label=meth)  # fmt: skip
+        ax.set_xlabel("task")
+        ax.set_ylabel("projected-gradient adequacy ρ̂_t")
+        ax.set_title(f"(a) ρ̂_t per task\n{where}", fontsize=9)
+        ax.legend(fontsize=7, title="method", title_fontsize=7)
+        ax = row[1]  # (b) beta heatmap of one method
+        sub = b[(b["dataset"] == ds) & (b["setting"] == st)]
+        n = int(max(sub["task"].max(), 0)) + 1 if len(sub) else 1
+        grid = np.full((n, n), np.nan)
+        for _, r in sub.iterrows():
+            grid[int(r["task"]), int(r["old"])] = r["mean"]
+        image = ax.imshow(grid[1:, :-1] if n > 1 else grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        fig.colorbar(image, ax=ax, label="interference β̂")
+        if n > 1:
+            ax.set_yticks(range(n - 1), [str(t + 1) for t in range(1, n)])
+            ax.set_xticks(range(n - 1), [str(t + 1) for t in range(n - 1)])
+            if n <= 11:  # values in the cells where they fit
+                for i in range(1, n):
+                    for j in range(i):
+                        v = grid[i, j]
+                        if np.isfinite(v):
+                            ax.text(j, i - 1, f"{v:.2f}", ha="center", va="center", fontsize=6,
+                                    color=_text_on(image.cmap(image.norm(v))))  # fmt: skip
+        ax.set_xlabel("old task τ")
+        ax.set_ylabel("current task t")
+        ax.set_title(f"(b) β̂_τ→t, {shown}\n{where}", fontsize=9)
+        ax = row[2]  # (c) the means per method
+        sub = c[(c["dataset"] == ds) & (c["setting"] == st)]
+        for quantity, label, mark in (("rho", "ρ̂ (mean over tasks)", "o"), ("beta", "β̂ (mean over τ < t)", "s")):
+            s = sub[sub["quantity"] == quantity].set_index("method").reindex(methods)
+            ax.errorbar(range(len(methods)), s["mean"], yerr=s["std"].fillna(0), marker=mark, capsize=2, label=label)
+        ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right", fontsize=7)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"(c) ρ̂ and β̂ per method\n{where}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("FedProTIP Fig. 2: projected-gradient adequacy and interference")
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+    return [out]
