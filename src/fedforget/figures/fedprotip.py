@@ -78,6 +78,7 @@ def projection_geometry(inp: FigureInput, out: Path, method: str | None = None) 
             s = sub[sub["method"] == meth].sort_values("task")
             ax.errorbar(s["task"] + 1, s["mean"], yerr=s["std"].fillna(0), marker="o", ms=3, capsize=2,
                         color=colors[meth], label=meth)  # fmt: skip
+        ax.set_xticks(sorted(set(sub["task"] + 1)))
         ax.set_xlabel("task")
         ax.set_ylabel("projected-gradient adequacy ρ̂_t")
         ax.set_title(f"(a) ρ̂_t per task\n{where}", fontsize=9)
