@@ -18,9 +18,9 @@
 #             (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER, FedGP and A-GEM on ResNet-18, sequential vs stacked
 #             (split 5 x 2: task 0 in the warm-up);
-#   fedsol    FedSOL's round profiled, batched (its live terms, since 2026-11-27) and
-#             sequential (how busy the GPU is: 10 % sequential on the H200); FedSOL, FedSAM and
-#             FedNTD on the McMahan preset, sequential vs batched;
+#   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
+#             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
+#             McMahan preset, sequential vs batched (about 3 minutes);
 #   packing   benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU, McMahan CNN
 #             (batched) and ResNet-18 (sequential, as client_engine auto trains it on a GPU),
 #             each job's peak GPU memory;
@@ -106,12 +106,9 @@ fedsol() {
         --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol-batched.txt" 2>&1
     sed -n 1,3p "$out/profile-fedsol-batched.txt"
     for m in fedsol fedsam fedntd; do
-        box 50 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
-            --rounds 5 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
+        box 35 "${sim[@]}" --warmup 2 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
+            --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
     done
-    box 60 python "$here/profile_round.py" --preset mcmahan --mode sequential --method fedsol --device cuda \
-        --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol.txt" 2>&1
-    sed -n 1,3p "$out/profile-fedsol.txt"
 }
 packing() {
     box 100 python "$here/packing.py" --preset mcmahan --device cuda --threads 2 --warmup 4 --seconds 8 \
