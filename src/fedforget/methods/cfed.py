@@ -159,6 +159,8 @@ def reviewers(seed: int, rnd: int, sampled: Sequence[int], ratio: float) -> list
 @METHODS.register("cfed")
 class CFeD(FedAvg):
     name = "cfed"
+    # [D] sequential: a review round's step distils the old model on the client's surrogate rows,
+    # a term not yet stated for a stack
     stacked = False
     own_upload = True
     needs_public = True

@@ -187,6 +187,9 @@ class FedRCL(FedAvg):
     """FedAvg whose local loss adds weight * (level mean of L_SCL + beta * L_DIV)."""
 
     name = "fedrcl"
+    # [D] sequential: its contrastive terms read the intermediate stage outputs (forward_levels)
+    # that the stacked forward does not give; the ResNets it runs on train one client after
+    # another under auto on a GPU anyway
     stacked = False
     own_upload = True
     Params = FedRCLParams

@@ -319,6 +319,8 @@ class GLFCParams:
 @METHODS.register("glfc")
 class GLFC(FedAvg):
     name = "glfc"
+    # [D] sequential: exemplars joined to each minibatch with gradient-compensation weights and
+    # the old model's relation distillation, a step not yet stated for a stack (LGA likewise)
     stacked = False
     own_upload = True
     own_predict = True

@@ -272,6 +272,8 @@ class ExemplarView(Reservoir):
 @METHODS.register("icarl")
 class ICaRL(FedAvg):
     name = "icarl"
+    # [D] sequential: exemplars joined to each minibatch and distilled against the old model, a
+    # step not yet stated for a stack
     stacked = False
     own_upload = True
     own_predict = True

@@ -192,6 +192,8 @@ def head_logits(model: nn.Module, z: torch.Tensor, task: int | None) -> torch.Te
 @METHODS.register("l2p")
 class L2P(FedAvg):
     name = "l2p"
+    # [D] sequential: a prompted forward of a frozen ViT (prompts chosen per row), which the
+    # stacked forward does not run
     stacked = False
     own_upload = True
     needs_model = "vit"  # the one model it is defined on (model_init refuses others)

@@ -171,6 +171,8 @@ def code_replay_rows(replay_batch: int, syn_size: int, n_pool: int, dataset_rows
 @METHODS.register("target")
 class TARGET(FedAvg):
     name = "target"
+    # [D] sequential: synthetic batches replayed with KD in every step, and epochs cut where the
+    # synthetic loader runs out (epoch_steps), which a stack cannot (LANDER likewise)
     stacked = False
     own_upload = True
     own_predict = True
