@@ -101,12 +101,12 @@ def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
     # a method with its own client step falls back, and says why
-    rcl = make_run_config(method="fedrcl")
-    sim = Simulation(replace(rcl, train=replace(rcl.train, client_engine="auto")))
+    seq = make_run_config(method="icarl")
+    sim = Simulation(replace(seq, train=replace(seq.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "fedrcl" in sim.engine_info["client_engine_reason"]
-    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'fedrcl'"):
-        Simulation(replace(rcl, train=replace(rcl.train, client_engine="vectorized")))
+    assert "icarl" in sim.engine_info["client_engine_reason"]
+    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'icarl'"):
+        Simulation(replace(seq, train=replace(seq.train, client_engine="vectorized")))
     # live terms (FedSOL's second pass) run where stacked_forward runs the model: a
     # BatchNorm ResNet (vmap) trains sequentially, and asking for the batched engine says why
     sol = make_run_config(dataset="digits", model="resnet8", method="fedsol")

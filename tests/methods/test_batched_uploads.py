@@ -28,8 +28,8 @@ SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
 
 def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
-    assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon"} <= set(BATCHED)  # client_live_terms
-    assert {"fedproj", "fedrcl"} <= set(SEQUENTIAL)
+    assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon", "fedrcl"} <= set(BATCHED)  # client_live_terms
+    assert {"fedproj", "icarl", "l2p"} <= set(SEQUENTIAL)
 
 
 @pytest.mark.parametrize(
@@ -98,6 +98,8 @@ LIVE = [
     ("fedntd", {"beta": 0.5, "tau": 1.0}, "mlp"),
     ("moon", {"mu": 1.0, "tau": 0.5}, "cnn2d"),  # round 2: some clients with a previous model, some without
     ("moon", {"mu": 5.0, "tau": 1.0, "first_prev": "init"}, "mlp"),
+    ("fedrcl", {}, "cnn2d"),  # one level: the penultimate features
+    ("fedrcl", {"pairs": "topk", "beta": 0.5, "tau": 0.5}, "mlp"),
     # Table 4's combined mode: g_p the gradient of the base's term, its state carried over rounds
     ("fedsol", {"rho": 2.0, "perturb": "all", "base": "fedprox", "proximal": "base"}, "cnn2d"),
     ("fedsol", {"rho": 2.0, "perturb": "all", "base": "scaffold", "proximal": "base"}, "mlp"),

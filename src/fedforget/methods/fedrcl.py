@@ -93,12 +93,13 @@ Deviations from the code, and notes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, Upload, task_cross_entropy
+from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, task_cross_entropy
 from .params import choice, number, one_of
 from .registry import METHODS
 
@@ -187,16 +188,42 @@ class FedRCL(FedAvg):
     """FedAvg whose local loss adds weight * (level mean of L_SCL + beta * L_DIV)."""
 
     name = "fedrcl"
-    # [D] sequential: its contrastive terms read the intermediate stage outputs (forward_levels)
-    # that the stacked forward does not give; the ResNets it runs on train one client after
-    # another under auto on a GPU anyway
-    stacked = False
     own_upload = True
+    # [D] the stacked trainer runs one-level models (the penultimate features, StepBatch.features:
+    # the models stacked_forward runs); the ResNets' stage outputs (forward_levels) are not in
+    # the stacked forward, and those models train one client after another (why_not_vectorized)
+    live_terms = True
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:
-        self.scratch(ctx).sums = torch.zeros(2, device=self.info.device)  # L_SCL, L_DIV over steps
-        self.scratch(ctx).n = 0
+        s = self.scratch(ctx)
+        if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
+            s.sums, s.slot = torch.zeros(3, 1, device=self.info.device), 0  # L_SCL, L_DIV, steps
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
+        """weight * L_RCL of each client of a stack, on its real rows of the step's own
+        features (one level: the penultimate features), by ``rcl_terms`` client by client as
+        each client alone computes it; summed per client in one tensor for the diagnostics."""
+        p = self.p
+        if p.weight == 0 or not ctxs:
+            return None
+        if hasattr(ctxs[0].model.body, "forward_levels"):  # why_not_vectorized keeps these sequential
+            raise ValueError("fedrcl's stacked step has one level: a model with stages trains sequentially")
+        sums = torch.zeros(3, len(ctxs), device=self.info.device)
+        for i, c in enumerate(ctxs):
+            self.scratch(c).sums, self.scratch(c).slot = sums, i
+
+        def live(lo: int, hi: int, w, step) -> LiveStep:
+            rows = step.rows if step.rows is not None else step.row_mask().sum(1).long().tolist()
+            terms = [rcl_levels(select_levels([step.features[j, :n]], p.levels), step.y[j, :n], p.tau, p.threshold, p.pairs)
+                     for j, n in enumerate(rows)]  # fmt: skip
+            scl, div = (torch.stack(t) for t in zip(*terms))
+            sums[0, lo:hi] += scl.detach()
+            sums[1, lo:hi] += div.detach()
+            sums[2, lo:hi] += 1
+            return LiveStep(loss=p.weight * (scl + p.beta * div))
+
+        return live
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         p = self.p
@@ -205,8 +232,8 @@ class FedRCL(FedAvg):
         levels, logits = ctx.model.forward_levels(x)
         # multi-level RCL: L_SCL and L_DIV averaged over the chosen levels
         l_scl, l_div = rcl_levels(select_levels(levels, p.levels), y, p.tau, p.threshold, p.pairs)
-        self.scratch(ctx).sums += torch.stack([l_scl.detach(), l_div.detach()])
-        self.scratch(ctx).n += 1
+        s = self.scratch(ctx)
+        s.sums[:, s.slot] += torch.stack([l_scl.detach(), l_div.detach(), torch.ones_like(l_scl)])
         # L = L_CE + weight * L_RCL
         loss = task_cross_entropy(logits, y, ctx.logit_mask) + p.weight * (l_scl + p.beta * l_div)
         loss.backward()
@@ -214,6 +241,7 @@ class FedRCL(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.weight > 0:
-            scl, div = (self.scratch(ctx).sums / max(self.scratch(ctx).n, 1)).tolist()
+            s = self.scratch(ctx)
+            scl, div = (s.sums[:2, s.slot] / s.sums[2, s.slot].clamp_min(1)).tolist()
             ctx.stats["l_scl"], ctx.stats["l_div"] = scl, div
         return super().client_end(ctx)
