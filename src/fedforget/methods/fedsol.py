@@ -151,6 +151,15 @@ def _sum64(values) -> torch.Tensor:
     return total
 
 
+def _client_dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[G] float64: each client's <a, b> over the tensors of a stack ([G, ...] each), each
+    tensor's float32 sum added in float64 in order (``_sum64``, one per client); a stack of
+    one sums each tensor whole, as one client's step always did."""
+    if len(a[0]) == 1:
+        return _sum64((x * y).sum() for x, y in zip(a, b)).view(1)
+    return _sum64((x * y).flatten(1).sum(1) for x, y in zip(a, b))
+
+
 def _step_value(key: str, row: list[float]) -> float | None:
     """One step's diagnostic from its logged inputs (None: the step has none)."""
     if key == "eps_norm":  # ||eps*||: the root of its squared norm
@@ -301,7 +310,8 @@ class FedSOL(OverBase):
                 g_p = [g[n] for n in sel]
             else:
                 with torch.no_grad():  # L_p = (1/2) ||w - w_g||^2 over every parameter, per client
-                    value = 0.5 * sum((v - glob[n]).pow(2).flatten(1).sum(1).double() for n, v in w.items())
+                    d = [v - glob[n] for n, v in w.items()]
+                    value = 0.5 * _client_dot(d, d)
                     g_p = [w[n].detach() - glob[n] for n in sel]
             g_norm = client_norms(g_p).double()
             if value is not None:
@@ -311,8 +321,7 @@ class FedSOL(OverBase):
             def done(grads, adv) -> None:  # cos(g_u, g_p) over the selected parameters
                 with torch.no_grad():
                     g_u = [grads[n] for n in sel]
-                    dot = sum((u * gp).flatten(1).sum(1).double() for u, gp in zip(g_u, g_p))
-                    un = sum(u.pow(2).flatten(1).sum(1).double() for u in g_u)
+                    dot, un = _client_dot(g_u, g_p), _client_dot(g_u, g_u)
                 for j, c in enumerate(own):
                     self._record(c, "cos_update_prox", dot[j], un[j], g_norm[j])
 
@@ -324,7 +333,7 @@ class FedSOL(OverBase):
             if p.update == "project":  # Eq. 3, per client: g_l - <g_l, g_p>/||g_p||^2 g_p on conflict
                 def project(grads):
                     g_l = [grads[n] for n in sel]
-                    dot = sum((u * gp).flatten(1).sum(1).double() for u, gp in zip(g_l, g_p))
+                    dot = _client_dot(g_l, g_p)
                     valid = g_norm >= NORM_GUARD
                     coef = torch.where(valid & (dot < 0), -dot / g_norm.pow(2).clamp_min(NORM_GUARD), 0.0).float()
                     rate = torch.where(valid, (dot < 0).double(), math.nan)  # no record without g_p
@@ -337,7 +346,7 @@ class FedSOL(OverBase):
 
                 return LiveStep(gmap=project, done=done)
             eps = self.perturbation([w[n].detach() for n in sel], [glob[n] for n in sel], g_p, g_norm)
-            sq = None if eps is None else sum(e.pow(2).flatten(1).sum(1).double() for e in eps)
+            sq = None if eps is None else _client_dot(eps, eps)
             for j, c in enumerate(own):
                 self._record(c, "eps_norm", 0.0 if sq is None else sq[j])
             return LiveStep(eps=None if eps is None else dict(zip(sel, eps)), done=done)
@@ -391,7 +400,8 @@ class FedSOL(OverBase):
             return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)], value
         if self.p.proximal == "l2":
             with torch.no_grad():
-                value = 0.5 * _sum64((w - wg).pow(2).sum() for w, wg in zip(sc.all, sc.all_global))
+                d = [(w - wg).unsqueeze(0) for w, wg in zip(sc.all, sc.all_global)]
+                value = 0.5 * _client_dot(d, d)[0]
                 return [w.detach() - wg for w, wg in zip(params, sc.sel_global)], value
         # the base method's local term: grad of its loss terms beside the CE + what its
         # client_grad adds
@@ -499,7 +509,7 @@ class FedSOL(OverBase):
         with torch.no_grad():
             w = [p.detach().clone() for p in sc.sel]
             torch._foreach_add_(sc.sel, eps)  # w + eps*
-            self._record(ctx, "eps_norm", _sum64(e.pow(2).sum() for e in eps))  # squared
+            self._record(ctx, "eps_norm", _client_dot([e[None] for e in eps], [e[None] for e in eps])[0])  # squared
         saved = None
         if sc.head_path:  # body unperturbed: reuse its output, recompute the head only
             loss_adv = self.local_loss_from(ctx, x, y, features, model.head(features))
@@ -519,9 +529,9 @@ class FedSOL(OverBase):
         """cos(g_u, g_p) over the selected parameters (Fig. 2b), if g_p != 0."""
         sc = self.scratch(ctx)
         with torch.no_grad():
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in sc.sel]
-            dot = _sum64((g * gp).sum() for g, gp in zip(grads, g_p))
-            self._record(ctx, "cos_update_prox", dot, _sum64(g.pow(2).sum() for g in grads), g_norm)
+            g_u = [(torch.zeros_like(p) if p.grad is None else p.grad).unsqueeze(0) for p in sc.sel]
+            g_p1 = [g.unsqueeze(0) for g in g_p]
+            self._record(ctx, "cos_update_prox", _client_dot(g_u, g_p1)[0], _client_dot(g_u, g_u)[0], g_norm)
 
     def client_grad(self, ctx: ClientContext) -> None:
         if self.p.base_loss:
