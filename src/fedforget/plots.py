@@ -405,26 +405,27 @@ def _task_ticks(n: int) -> list[int]:
     return list(range(1, n + 1, step))
 
 
-def _matrix_panel(ax, values: np.ndarray, annotate: bool) -> None:
-    """One accuracy matrix (%) as an image, rows = after training task t, columns = task i
-    (both numbered from 1), cells annotated with their values where ``annotate``. Drawn with
-    matplotlib, not seaborn's heatmap: that draws the whole figure once per annotated panel
-    (to pick the text colours), quadratic in the panels: 30 panels of 10 tasks (FedGP's
-    Table 1, CIFAR-100) took 225 s [D]."""
+def _matrix_panel(ax, values: np.ndarray, annotate: bool, vmax: float = 100, fmt: str = ".1f", first_row: int = 0):
+    """One task x task matrix as an image (an accuracy matrix, %: rows = after training task
+    t, columns = task i), tasks numbered from 1 (the rows from ``first_row`` + 1), cells
+    annotated with their values (``fmt``) where ``annotate``, the colour scale 0..``vmax``;
+    returns the image. Drawn with matplotlib, not seaborn's heatmap: that draws the whole
+    figure once per annotated panel (to pick the text colours), quadratic in the panels: 30
+    panels of 10 tasks (FedGP's Table 1, CIFAR-100) took 225 s [D]."""
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"]
     n_rows, n_cols = values.shape
-    ax.imshow(values, cmap=cmap, vmin=0, vmax=100, aspect="equal", interpolation="nearest")
+    image = ax.imshow(values, cmap=cmap, vmin=0, vmax=vmax, aspect="equal", interpolation="nearest")
     ax.set_xticks(range(n_cols), labels=[str(i + 1) for i in range(n_cols)])
-    ax.set_yticks(range(n_rows), labels=[str(t + 1) for t in range(n_rows)])
+    ax.set_yticks(range(n_rows), labels=[str(t + first_row + 1) for t in range(n_rows)])
     ax.tick_params(length=0)
-    if not annotate:
-        return
-    for (r, c), v in np.ndenumerate(values):
-        if np.isfinite(v):
-            ax.text(c, r, f"{v:.1f}", ha="center", va="center", fontsize=7, color=_text_on(cmap(v / 100)),
-                    in_layout=False)  # inside the axes: nothing for the layout to make room for
+    if annotate:
+        for (r, c), v in np.ndenumerate(values):
+            if np.isfinite(v):
+                ax.text(c, r, f"{v:{fmt}}", ha="center", va="center", fontsize=7, color=_text_on(cmap(v / vmax)),
+                        in_layout=False)  # inside the axes: nothing for the layout to make room for
+    return image
 
 
 def accuracy_matrix_heatmaps(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:

@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..plots import _plt, _save, _text_on, method_colors, setting_label
+from ..plots import _matrix_panel, _plt, _save, method_colors, setting_label
 from ..utils import FedForgetError
 from . import FIGURES, FigureInput
 
 RUN = ["dataset", "setting", "method", "seed"]
+PARTS = ("rho_per_task", "beta_heatmap", "means")  # the tables written beside the figure
 NEEDS = " (train.diagnostics: [projection_geometry], a method with a shared projection: fedprotip)"
 
 
@@ -63,7 +64,7 @@ def projection_geometry(inp: FigureInput, out: Path, method: str | None = None) 
     c = per_run.melt(id_vars=RUN, value_vars=["rho", "beta"], var_name="quantity", value_name="value")
     c = _over_seeds(c.dropna(subset=["value"]), ["dataset", "setting", "quantity", "method"], "value")
     out = Path(out)
-    for table, part in ((a, "rho_per_task"), (b, "beta_heatmap"), (c, "means")):
+    for table, part in zip((a, b, c), PARTS):
         table.to_csv(out.with_name(f"{out.stem}_{part}.csv"), index=False)
 
     plt = _plt()
@@ -89,18 +90,10 @@ def projection_geometry(inp: FigureInput, out: Path, method: str | None = None) 
         grid = np.full((n, n), np.nan)
         for _, r in sub.iterrows():
             grid[int(r["task"]), int(r["old"])] = r["mean"]
-        image = ax.imshow(grid[1:, :-1] if n > 1 else grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        # rows: current tasks from the second, columns: older tasks up to the last but one;
+        # values in the cells where they fit
+        image = _matrix_panel(ax, grid[1:, :-1] if n > 1 else grid, n <= 11, vmax=1, fmt=".2f", first_row=1 if n > 1 else 0)
         fig.colorbar(image, ax=ax, label="interference β̂")
-        if n > 1:
-            ax.set_yticks(range(n - 1), [str(t + 1) for t in range(1, n)])
-            ax.set_xticks(range(n - 1), [str(t + 1) for t in range(n - 1)])
-            if n <= 11:  # values in the cells where they fit
-                for i in range(1, n):
-                    for j in range(i):
-                        v = grid[i, j]
-                        if np.isfinite(v):
-                            ax.text(j, i - 1, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                                    color=_text_on(image.cmap(image.norm(v))))  # fmt: skip
         ax.set_xlabel("old task τ")
         ax.set_ylabel("current task t")
         ax.set_title(f"(b) β̂_τ→t, {shown}\n{where}", fontsize=9)
