@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
-# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27, and what
-# it left unmeasured first),
-# each command in its own time box; a command that would start after BUDGET seconds is
-# skipped and listed in OUTDIR/skipped.txt, so one device session gets the most wanted
-# numbers first:
+# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 morning,
+# and what it left unmeasured first), each command in its own time box; a command that would
+# start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
+# session gets the most wanted numbers first:
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
 #             another within 1e-5, CUDA graphs the same bits as eager steps;
@@ -14,10 +13,10 @@
 #             batch 64, 1 epoch; the sequential trainer ran 0.67x the plain loop);
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
 #             engines, and the sequential one without its up-front pass over every minibatch
-#             size (FEDFORGET_WARM_SHAPES=0); VGG-11 likewise, every round's seconds kept
-#             (rounds meeting new step shapes);
-#   continual18 FedProTIP(-t), DER, FedGP and A-GEM on ResNet-18, sequential vs stacked
-#             (split 5 x 2: task 0 in the warm-up);
+#             size (FEDFORGET_WARM_SHAPES=0);
+#   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
+#   continual18 FedProTIP(-t) and DER on ResNet-18, sequential vs stacked (split 5 x 2: task 0
+#             in the warm-up); replay18: A-GEM and FedGP likewise;
 #   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
 #             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
 #             McMahan preset, sequential vs batched (about 3 minutes);
@@ -31,7 +30,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests fedsol resnet18 profile18 continual18 stream rates packing sims}}
+ORDER=${ORDER:-${SECTIONS:-tests fedsol resnet18 continual18 profile18 stream packing rates sims replay18 vgg11}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -64,7 +63,7 @@ tests() {
     (cd "$here/.." && box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_device.py tests/test_vectorized.py tests/test_dropout.py tests/methods/test_batched_uploads.py \
         tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py tests/methods/test_fedgp.py \
-        tests/methods/test_fedprotip.py \
+        tests/methods/test_fedprotip.py tests/test_inputs.py \
         -k "(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph) and not lander" \
         >"$out/tests.txt" 2>&1)
     tail -25 "$out/tests.txt"
@@ -84,20 +83,23 @@ resnet18() {
         --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
     box 80 env FEDFORGET_WARM_SHAPES=0 "${sim[@]}" --warmup 3 --modes sequential --preset resnet18 \
         --partition dirichlet0.5 --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1-nowarm.json" | tee -a "$out/sim.txt"
-    # VGG-11: s_rounds in the JSON are every round's seconds, the warm-up's first
+}
+vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \
         --epochs 1 --rounds 12 --json "$out/vgg11-dir-e1.json" | tee -a "$out/sim.txt"
 }
 continual18() {
     # split 5 x 2: task 0 (bases, buffers) in the warm-up, task 1's rounds timed; FedProTIP was
-    # cut at 110 s on the H200
-    box 200 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 --epochs 1 \
+    # cut at 110 s and DER at 25 s (the budget's rest) on the H200 (2026-11-27)
+    box 170 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 --epochs 1 \
         --rounds 3 --method fedprotip --params '{"tip": "none"}' --tasks 5 \
         --json "$out/resnet18-e1-fedprotip.json" | tee -a "$out/sim.txt"
-    for m in der agem; do
-        box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
-            --epochs 1 --rounds 3 --method "$m" --tasks 5 --json "$out/resnet18-e1-$m.json" | tee -a "$out/sim.txt"
-    done
+    box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --method der --tasks 5 --json "$out/resnet18-e1-der.json" | tee -a "$out/sim.txt"
+}
+replay18() {  # measured on the H200 (2026-11-27): A-GEM 0.90x, FedGP 1.08x their sequential
+    box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --method agem --tasks 5 --json "$out/resnet18-e1-agem.json" | tee -a "$out/sim.txt"
     box 90 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
 }
@@ -137,7 +139,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests profile18 resnet18 continual18 fedsol packing sims stream rates " in
+    case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol packing sims stream rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac
