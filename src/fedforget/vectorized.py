@@ -506,7 +506,7 @@ def train_clients_together(
                     return stacked_head(model, w2, feats) if head_only else stacked_forward(model, w2, xb)
 
             step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm),
-                             feats.float(), stack_features, mask)  # fmt: skip
+                             feats.float(), stack_features, mask, stack_logits)  # fmt: skip
             grads, losses = live_pass(0, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -591,6 +591,21 @@ def train_clients_together(
         try:
             with autocast():
                 return stacked_features(model, w, x).float()
+        finally:
+            model.train()
+
+    @torch.no_grad()
+    def stack_logits(w: dict, x: torch.Tensor) -> torch.Tensor:
+        """Logits [a, m, C] of stacked weights ``w`` on inputs [a, m, ...], keyed dropout off
+        (StepBatch.logits_of): the live step's own kernels (``stacked_features``, then
+        ``stacked_head``), so at the step's weights they are its logits bit for bit. [D] A
+        frozen module over the flattened rows would differ from the stack's batched matmuls
+        in the last bits on a GPU (H200, 2026-11-27): FedSOL's KL gradient at w = w_g was
+        then a rounding vector instead of 0, logged and projected on."""
+        model.eval()
+        try:
+            with autocast():
+                return stacked_head(model, w, stacked_features(model, w, x)).float()
         finally:
             model.train()
 
@@ -717,8 +732,17 @@ def train_clients_together(
             finally:
                 net.train()
 
+        @torch.no_grad()
+        def own_logits(ws: dict, x: torch.Tensor) -> torch.Tensor:
+            net.eval()
+            try:
+                with autocast():
+                    return part(net.head, "head.", ws, part(net.body, "body.", ws, x[0])).unsqueeze(0).float()
+            finally:
+                net.train()
+
         step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(
-            loss=loss, features=feats.float().unsqueeze(0), features_of=own_features
+            loss=loss, features=feats.float().unsqueeze(0), features_of=own_features, logits_of=own_logits
         )
         lm1 = None if lm is None else lm.unsqueeze(0)
         return live_pass(i, w, step, second, torch.ones(1, len(yb), device=yb.device), lm1)

@@ -146,12 +146,17 @@ class StepBatch(NamedTuple):
     # it, still in the step's graph: differentiable in the stack's weights ``w`` (``grad``
     # keeps the graph, so the trainer's own backward follows); ``features_of(w, x)``: the
     # body features [G, m, F] of other stacked weights ``w`` on inputs [G, m, ...], without
-    # dropout (as a frozen model in eval mode: MOON's previous models). None for step terms
+    # dropout (as a frozen model in eval mode: MOON's previous models); ``logits_of(w, x)``
+    # likewise the logits [G, m, C], by the kernels of the step's own forward, so that at the
+    # step's own weights they are its logits bit for bit where no dropout is active (FedSOL's
+    # frozen global model: its KL gradient is then exactly 0 at w = w_g, as on a client
+    # alone, whose frozen copy runs the same module). None for step terms
     loss: torch.Tensor | None = None
     features: torch.Tensor | None = None
     features_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
     mask: torch.Tensor | None = None  # [G, w] float, 1 on real rows: ``row_mask`` without
     #   ``rows`` (the batched live step leaves ``rows`` None: no host read per step)
+    logits_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
 
     def row_mask(self) -> torch.Tensor:
         """[G, w] float: 1 on each client's real rows, 0 on its padding."""

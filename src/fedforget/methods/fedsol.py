@@ -131,7 +131,7 @@ from .base import (
 from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
-from .shared import client_norms, on_stack, per_client, tensor_norms
+from .shared import client_norms, per_client, tensor_norms
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")
@@ -296,6 +296,16 @@ class FedSOL(OverBase):
         glob = ctxs[0].global_params if ctxs else {}
         base_terms = self.base.client_step_terms(ctxs) if p.proximal == "base" and self.base.step_terms else None
         base_live = self.base.client_live_terms(ctxs) if p.proximal == "base" and self.base.live_terms else None
+        stacked_glob: dict[str, torch.Tensor] = {}  # kl: w_g once per client of the stack, built at its first step
+
+        def global_logits(lo: int, hi: int, w, step) -> torch.Tensor:
+            """The frozen global model's logits on the step's rows, by the step's own kernels
+            (``StepBatch.logits_of``; contiguous [G, ...] copies of w_g, as the stack's own
+            weights are laid out): at w = w_g the step's logits bit for bit, so the KL
+            gradient there is 0, as ``proximal_grad`` finds it on a client alone."""
+            if not stacked_glob:
+                stacked_glob.update({n: glob[n].unsqueeze(0).repeat(len(ctxs), *[1] * glob[n].dim()) for n in w})
+            return step.logits_of({n: v[lo:hi] for n, v in stacked_glob.items()}, step.x)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
             own = ctxs[lo:hi]
@@ -304,7 +314,7 @@ class FedSOL(OverBase):
                 g_p, value = self._base_direction(lo, hi, w, step, sel, base_terms, base_live)
             elif p.proximal == "kl":
                 with torch.no_grad():
-                    z_g = on_stack(self._glob, step.x)
+                    z_g = global_logits(lo, hi, w, step)
                     dz, value = kl_direction(step.logits.detach(), z_g, t, step.row_mask())
                 g = step.grad((step.logits * dz).sum(), {n: w[n] for n in sel})  # grad_outputs dz
                 g_p = [g[n] for n in sel]
