@@ -203,6 +203,12 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     cls.check_scenario(ds.scenario, pobj)
                 except FedForgetError as e:
                     problems.append(f"{dkey}: {e}")
+                if ds.scenario and ds.scenario.get("class_overlap") and cls.trait("one_task_per_class", pobj):
+                    problems.append(
+                        f"{dkey}.class_overlap={ds.scenario['class_overlap']}: method '{m['name']}' maps each class to "
+                        f"one task (one_task_per_class), so neighbouring tasks cannot share classes; allowed: "
+                        f"class_overlap 0, or a method without that trait (e.g. fedavg, fot, fedprotip)"
+                    )
             late = [r for r in mtrain.save_client_models if r > mtrain.rounds]
             if late:
                 problems.append(

@@ -7,7 +7,8 @@ how every non-continual experiment runs, through the same code path.
     scenario:
       kind: split            # none | split | rotated | permuted | domains
       tasks: 5               # domains: the dataset's number of domains
-      classes_per_task: 2    # split: task t holds classes class_order[t*c:(t+1)*c]
+      classes_per_task: 2    # split: task t holds classes class_order[t*(c-k):t*(c-k)+c]
+      class_overlap: 0       # split: k classes shared by neighbouring tasks (FedProTIP Table 15)
       class_order: natural   # split: natural (0, 1, ...) | shuffled (by seed)
       leftover_classes: refuse  # split: refuse | drop the classes beyond tasks x classes_per_task
       incremental: class     # class | task (split);  domain | task (rotated, permuted, domains)
@@ -21,6 +22,13 @@ Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
 - split: task t is the training and test rows of its classes. ``incremental: class``
   (class-IL) scores every class at test time; ``task`` (task-IL) masks the logits outside
   the task's classes, in training and at test time (the task is known).
+  ``class_overlap: k`` [P, fedprotip.md App. D.6, Table 15]: neighbouring tasks share k
+  classes (task t starts k classes before task t-1 ends: 1 shared class gives CIFAR-100 11
+  tasks of 10, 2 give 14 tasks of 9). [D] A shared class's rows are in both tasks, training
+  and test (a task is the rows of its classes, as without overlap), so a client trains on
+  them in both; a per-task partition draws them with the first task that holds them.
+  Methods that map each class to one task (replay buffers' task ids, iCaRL's and GLFC's
+  class sets, TARGET's, L2P's, CFeD's) declare ``overlapping_classes = False`` and refuse it.
 - rotated / permuted (domain-IL): every task holds every row, seen through its transform:
   a rotation by the task's angle (bilinear, zeros outside the image), or a fixed pixel
   permutation of the flattened input. Transforms act on the device after the minibatch
@@ -61,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from ..utils import FedForgetError
-from .tasks import scenario_rng, split_classes
+from .tasks import covered_classes, scenario_rng, split_classes
 
 KINDS = ("none", "split", "rotated", "permuted", "domains")
 SETTINGS = {
@@ -130,25 +138,33 @@ def resolve_scenario(
         c = s["classes_per_task"]
         if c is None:
             raise FedForgetError(f"{key}.classes_per_task is required for kind 'split'")
-        if s["tasks"] * c > num_classes:
-            raise FedForgetError(
-                f"{key}: tasks x classes_per_task = {s['tasks']} x {c} = {s['tasks'] * c} is more than the dataset's "
-                f"{num_classes} classes; allowed: at most {num_classes}"
-            )
         left = s.get("leftover_classes", "refuse")  # absent from DEFAULTS: old hashes kept [D]
         if left not in LEFTOVER:
             raise FedForgetError(f"{key}.leftover_classes={left!r}; allowed: {' | '.join(LEFTOVER)}")
-        if s["tasks"] * c < num_classes and left != "drop":
-            n = num_classes - s["tasks"] * c
+        k = s.get("class_overlap", 0)  # absent from DEFAULTS, likewise
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < c:
+            raise FedForgetError(f"{key}.class_overlap={k!r}; allowed: an integer 0..{c - 1} (below classes_per_task={c})")
+        if "class_overlap" in s and k == 0:
+            del s["class_overlap"]  # 0 is the default: the same run identity as without the key
+        used = covered_classes(s["tasks"], c, k)
+        what = f"tasks x classes_per_task = {s['tasks']} x {c}" + (f" with {k} shared by neighbouring tasks" if k else "")
+        what += f" = {used}" if not k else f" hold {used} classes, which"
+        if used > num_classes:
             raise FedForgetError(
-                f"{key}: tasks x classes_per_task = {s['tasks']} x {c} = {s['tasks'] * c} leaves {n} of the dataset's "
-                f"{num_classes} classes in no task (never trained nor tested); allowed: tasks x classes_per_task = "
-                f"{num_classes}, or leftover_classes: drop to leave them out on purpose"
+                f"{key}: {what} is more than the dataset's {num_classes} classes; allowed: at most {num_classes}"
+            )
+        if used < num_classes and left != "drop":
+            raise FedForgetError(
+                f"{key}: {what} leaves {num_classes - used} of the dataset's {num_classes} classes in no task (never "
+                f"trained nor tested); allowed: {num_classes} classes in the tasks, or leftover_classes: drop to leave "
+                f"them out on purpose"
             )
     elif s["classes_per_task"] is not None:
         raise FedForgetError(f"{key}.classes_per_task is only for kind 'split' (kind is '{kind}')")
     elif "leftover_classes" in s:
         raise FedForgetError(f"{key}.leftover_classes is only for kind 'split' (kind is '{kind}')")
+    elif "class_overlap" in s:
+        raise FedForgetError(f"{key}.class_overlap is only for kind 'split' (kind is '{kind}')")
     lo, hi = (float(v) for v in s["rotation"])
     if not (0.0 <= lo <= hi <= 360.0):
         raise FedForgetError(
@@ -235,7 +251,8 @@ class Scenario:
         t = int(s["tasks"])
         rng = scenario_rng(s["seed"])
         if s["kind"] == "split":
-            task_classes = split_classes(t, s["classes_per_task"], s["class_order"], num_classes, rng)
+            task_classes = split_classes(t, s["classes_per_task"], s["class_order"], num_classes, rng,
+                                         s.get("class_overlap", 0))  # fmt: skip
         else:
             task_classes = [list(range(num_classes)) for _ in range(t)]
         angles = (

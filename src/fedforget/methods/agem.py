@@ -72,6 +72,7 @@ MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
 @METHODS.register("agem")
 class AGEM(FedAvg):
     name = "agem"
+    one_task_per_class = True  # its replay buffer labels a row's task by its class (methods.replay)
     own_upload = True
     step_terms = True
     sees_step = True  # the memory batch and the buffer's offers: the step's own rows

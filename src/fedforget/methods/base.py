@@ -454,6 +454,8 @@ class FedAvg:
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
     #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
+    one_task_per_class: bool = False  # it maps each class to one task (a split's classes
+    #   disjoint): refused on a split whose neighbouring tasks share classes (class_overlap)
     shared_projection: bool = False  # its step terms are one map of the step's gradient, fixed
     #   by the round's broadcast, the same for every client (FedProTIP's projection): the
     #   engine's projection_geometry diagnostic applies it to whole-task gradients

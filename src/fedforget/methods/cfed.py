@@ -159,6 +159,7 @@ def reviewers(seed: int, rnd: int, sampled: Sequence[int], ratio: float) -> list
 @METHODS.register("cfed")
 class CFeD(FedAvg):
     name = "cfed"
+    one_task_per_class = True  # its old classes are the union of the earlier tasks' (surrogate distillation)
     # [D] sequential: a review round's step distils the old model on the client's surrogate rows,
     # a term not yet stated for a stack
     stacked = False

@@ -77,6 +77,7 @@ MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
 @METHODS.register("der")
 class DER(FedAvg):
     name = "der"
+    one_task_per_class = True  # its replay buffer labels a row's task by its class (methods.replay)
     own_upload = True
     step_terms = True
     sees_step = True  # the memory batches and the buffer's offers: the step's rows and logits

@@ -181,6 +181,7 @@ def manipulate(
 @METHODS.register("fedgp")
 class FedGP(OverBase):
     name = "fedgp"
+    one_task_per_class = True  # its buffer labels a row's task by its class (methods.replay)
     own_exchanges = (ROUND_END,)  # the buffer gradients g_ref^k after each aggregation
     round_end_untrained = True  # from every sampled client with buffer rows, trained or not
     # the manipulation is a gradient map of the step terms: stacked over a stacked base

@@ -319,6 +319,7 @@ class GLFCParams:
 @METHODS.register("glfc")
 class GLFC(FedAvg):
     name = "glfc"
+    one_task_per_class = True  # its old and new classes are per task (class-aware gradient compensation, proxy server)
     # [D] sequential: exemplars joined to each minibatch with gradient-compensation weights and
     # the old model's relation distillation, a step not yet stated for a stack (LGA likewise)
     stacked = False

@@ -272,6 +272,7 @@ class ExemplarView(Reservoir):
 @METHODS.register("icarl")
 class ICaRL(FedAvg):
     name = "icarl"
+    one_task_per_class = True  # its exemplar sets and class means are per task's new classes
     # [D] sequential: exemplars joined to each minibatch and distilled against the old model, a
     # step not yet stated for a stack
     stacked = False

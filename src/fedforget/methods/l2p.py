@@ -192,6 +192,7 @@ def head_logits(model: nn.Module, z: torch.Tensor, task: int | None) -> torch.Te
 @METHODS.register("l2p")
 class L2P(FedAvg):
     name = "l2p"
+    one_task_per_class = True  # its prompt keys' task of each training row comes from the row's class
     # [D] sequential: a prompted forward of a frozen ViT (prompts chosen per row), which the
     # stacked forward does not run
     stacked = False

@@ -171,6 +171,7 @@ def code_replay_rows(replay_batch: int, syn_size: int, n_pool: int, dataset_rows
 @METHODS.register("target")
 class TARGET(FedAvg):
     name = "target"
+    one_task_per_class = True  # each class's owner task (its synthetic rows' task, the seen classes)
     # [D] sequential: synthetic batches replayed with KD in every step, and epochs cut where the
     # synthetic loader runs out (epoch_steps), which a stack cannot (LANDER likewise)
     stacked = False
