@@ -109,12 +109,12 @@ def run_config(args, engine: str):
         # one round more than any mode runs: the engine evaluates at its final round (and task
         # end) whatever eval_every says, which would put an evaluation in a timed round
         rounds=rounds, local_epochs=args.epochs, batch_size=p["batch"],
-        sample_rate=p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
+        sample_rate=getattr(args, "rate", 0.0) or p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
         eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
         precision=getattr(args, "precision", "fp32"),
     )  # fmt: skip
-    clients = args.memory or p["clients"]
+    clients = args.memory or getattr(args, "clients", 0) or p["clients"]
     method = getattr(args, "method", "fedavg")
     part = (PartitionSpec("iid", clients=clients, seed=0) if args.partition == "iid"
             else PartitionSpec("dirichlet", clients=clients, alpha=0.5, min_size=10, seed=0))  # fmt: skip
@@ -311,6 +311,10 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["central", "limit", "sequential", "vectorized"],
                     help="limit (CPU only): --threads independent single-thread central loops at once")  # fmt: skip
     ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
+    ap.add_argument("--clients", type=int, default=0,
+                    help="clients in the partition (default: the preset's), e.g. FedProTIP's 5 or 10: a task end "
+                         "runs every client holding the task")
+    ap.add_argument("--rate", type=float, default=0.0, help="clients sampled per round (default: the preset's)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     ap.add_argument("--interleave", action="store_true",
                     help="all modes in one process, a round of each in turn (robust to drifting machine speed; "
@@ -341,6 +345,7 @@ def main() -> None:
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
         "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
+        "--clients", str(args.clients), "--rate", str(args.rate),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -357,7 +362,7 @@ def main() -> None:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
     extra = (f" {args.params}" if args.params != "{}" else "") + (f", {args.tasks} tasks (task 1 timed)" if args.tasks > 1 else "")
-    print(f"# {args.preset}, {args.method}{extra}: {args.memory or p['clients']} clients ({args.partition}), rate {p['rate']}, batch {p['batch']}, "
+    print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
     central = limit = None
