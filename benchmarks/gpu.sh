@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
-# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 morning,
-# and what it left unmeasured first), each command in its own time box; a command that would
+# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 afternoon
+# (results/h200-2026-11-27-b: the FedSOL KL fix to test, FedProTIP with 10 clients, the ResNet-18
+# profile and most model rates unmeasured), first), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
 # session gets the most wanted numbers first:
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
@@ -30,7 +31,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests fedsol resnet18 continual18 profile18 stream packing rates sims replay18 vgg11}}
+ORDER=${ORDER:-${SECTIONS:-tests continual18 profile18 rates fedsol sims resnet18 replay18 stream packing vgg11}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
