@@ -194,6 +194,11 @@ def test_stacked_forward_equals_each_client_alone(name, shape, opts):
     those of the client's weights loaded into the model (functional_call) on its own data."""
     from torch.func import functional_call
 
+    # a seeded init: unseeded, the global RNG (so the test order) chose it, and about 1 init in
+    # 40 puts a ReLU's input within rounding of 0 for some row, where the stacked and the
+    # alone pass then take the kink's two sides (cnn_mcmahan 3x16x16 at seed 4: one unit of
+    # body.7, its gradient row 0.06 apart; the flake seen under pytest -n 2)
+    torch.manual_seed(0)
     model = build_model(name, shape, 10, opts)
     assert stacked_supported(model) is None
     g, b = 3, 5
