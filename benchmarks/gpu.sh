@@ -138,8 +138,13 @@ stream() {
 rates() {  # takes what is left of BUDGET, at most 150 s
     local left=$((BUDGET - (SECONDS - start) - 20))
     [ "$left" -gt 150 ] && left=150
+    # the settings an earlier session measured on a GPU of the same name are not measured again
+    local earlier=()
+    shopt -s nullglob
+    earlier=("$here"/results/*/model_rates.json "$here"/results/*/run*/model_rates.json)
+    shopt -u nullglob
     [ "$left" -gt 30 ] && box $((left + 15)) python "$here/model_rates.py" --device cuda --budget "$left" \
-        --json "$out/model_rates.json" | tee -a "$out/rates.txt"
+        ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
     case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol packing sims stream rates " in

@@ -13,6 +13,7 @@ machine reaches no hub); Hugging Face text models and the 2-feature MLP (Iris) a
 (no image input; the MLP's runs take seconds on a CPU).
 
     python benchmarks/model_rates.py --device cuda --budget 120 --json out.json
+    python benchmarks/model_rates.py --device cuda --skip earlier.json --json more.json
     python benchmarks/model_rates.py --device cpu --only cnn_fedgp --steps 2 --rounds 1
 """
 
@@ -106,6 +107,11 @@ def measure(s: dict, a: argparse.Namespace) -> dict:
     return out
 
 
+def _key(row: dict) -> tuple:
+    """A setting's identity: model, options, input shape, batch."""
+    return row["model"], json.dumps(row["options"], sort_keys=True), tuple(row["shape"]), row["batch"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -117,11 +123,25 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-rates-data"))
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    help="earlier --json outputs: the settings they measured on a device of this name are not "
+                         "measured again (a later session goes on where a budget cut one)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
+    done = set()
+    for f in a.skip:
+        earlier = json.loads(Path(f).read_text())
+        if earlier["setting"]["device"] != device:
+            print(f"--skip {f}: measured on {earlier['setting']['device']}, not {device}: measured again", flush=True)
+            continue
+        done |= {_key(r) for r in earlier["rows"] if "error" not in r}
     start, rows = time.perf_counter(), []
     for s in paper_settings():
         if a.only and s["model"] not in a.only:
+            continue
+        if _key(s) in done:
+            print(f"{s['model']} {json.dumps(s['options'])} {tuple(s['shape'])} batch {s['batch']}: in --skip", flush=True)
             continue
         if time.perf_counter() - start > a.budget:
             rows.append({**s, "error": "not measured: --budget spent"})
@@ -139,7 +159,6 @@ def main() -> None:
             print(f"{what}: {r['engine']} {r['samples_per_s']:.0f} samples/s, {r['s_per_round']:.3f} s/round "
                   f"(first {r['s_first_round']:.2f} s){mem}", flush=True)  # fmt: skip
         if a.json:  # after every setting: a cut run keeps what it measured
-            device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
             meta = {"device": device, "torch": torch.__version__, "clients": CLIENTS, "steps": a.steps,
                     "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
