@@ -139,8 +139,9 @@ def test_live_terms_under_task_masks_equal_sequential(make_run_config, run_engin
 @pytest.mark.parametrize(
     "params,model,ulp",
     [({"rho": 1.0}, "mlp", False), ({"update": "project", "proximal": "kl", "perturb": "all"}, "mlp", False),
-     ({"update": "project", "proximal": "kl", "perturb": "all"}, "mlp", True)],
-    ids=["kl-perturb-head", "kl-project", "kl-project-ulp"],
+     ({"update": "project", "proximal": "kl", "perturb": "all"}, "mlp", True),
+     ({"rho": 1.0, "adaptive": False}, "mlp", True)],
+    ids=["kl-perturb-head", "kl-project", "kl-project-ulp", "kl-fixed-ulp"],
 )  # fmt: skip
 def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monkeypatch, params, model, ulp):
     """Each step's logged diagnostic inputs (FedSOL's prox_loss, eps_norm, conflict_rate and
