@@ -21,9 +21,9 @@
 #   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
 #             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
 #             McMahan preset, sequential vs batched (about 3 minutes);
-#   packing   benchmarks/packing.py: 1, 2 and 4 training jobs sharing the GPU, McMahan CNN
-#             (batched) and ResNet-18 (sequential, as client_engine auto trains it on a GPU),
-#             each job's peak GPU memory;
+#   packing   benchmarks/packing.py: 1, 2, 4 and 8 ResNet-18 training jobs sharing the GPU
+#             (sequential, as client_engine auto trains it on a GPU; the McMahan CNN batched with
+#             PACK_MCMAHAN=1), each job's peak GPU memory;
 #   sims      the McMahan preset (Dirichlet 0.5, 1 epoch): sequential vs batched, and batched
 #             in bf16; FedProx, FedDyn and SCAFFOLD (per-step terms);
 #   stream    benchmarks/streaming.py: streamed vs in-memory pool, batched engine;
@@ -116,10 +116,15 @@ fedsol() {
     done
 }
 packing() {
-    box 100 python "$here/packing.py" --preset mcmahan --device cuda --threads 2 --warmup 4 --seconds 8 \
-        --json "$out/packing-mcmahan.json" | tee -a "$out/packing.txt"
-    box 120 python "$here/packing.py" --preset resnet18 --mode sequential --device cuda --threads 2 --warmup 3 \
-        --seconds 10 --json "$out/packing-resnet18-sequential.json" | tee -a "$out/packing.txt"
+    # ResNet-18 jobs trained sequentially (as client_engine auto trains it on a GPU): 1, 2, 4 and
+    # 8 jobs of one torch thread each (4 jobs of 2 threads gave 1.68x one on the H200,
+    # 2026-11-27); the McMahan CNN batched (1.03-1.05x with 4 jobs, twice: one job keeps the GPU
+    # busy) only with PACK_MCMAHAN=1
+    box 150 python "$here/packing.py" --preset resnet18 --mode sequential --device cuda --threads 1 --warmup 3 \
+        --seconds 10 --jobs 1 2 4 8 --json "$out/packing-resnet18-sequential.json" | tee -a "$out/packing.txt"
+    [ "${PACK_MCMAHAN:-0}" = 1 ] && box 100 python "$here/packing.py" --preset mcmahan --device cuda --threads 2 \
+        --warmup 4 --seconds 8 --json "$out/packing-mcmahan.json" | tee -a "$out/packing.txt"
+    return 0
 }
 sims() {
     box 60 "${sim[@]}" --warmup 10 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
