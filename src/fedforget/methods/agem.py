@@ -64,7 +64,7 @@ from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, 
 from .params import integer
 from .registry import METHODS
 from .replay import Replay
-from .shared import project
+from .shared import StepSums, project
 
 MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
 
@@ -101,9 +101,7 @@ class AGEM(FedAvg):
         offered to the buffer. Per client: steps projected, the sum of cos(g, g_ref), steps
         with a memory batch (``s.stack``)."""
         dev = self.info.device
-        sums = torch.zeros(3, len(ctxs), device=dev)
-        for i, c in enumerate(ctxs):
-            self.scratch(c).stack = (sums, i)
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 3, dev, "stack")
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
             mems = [self.replay.sample(c, self.scratch(c), self.p.memory_batch_size) for c in ctxs[lo:hi]]
@@ -148,9 +146,9 @@ class AGEM(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        sums, i = self.scratch(ctx).stack
-        ctx.stats["proj_share"] = sums[0, i].item() / max(ctx.steps, 1)
-        if sums[2, i] > 0:
-            ctx.stats["cos_before"] = sums[1, i].item() / sums[2, i].item()
+        projected, cos, with_memory = self.scratch(ctx).stack.values()
+        ctx.stats["proj_share"] = projected / max(ctx.steps, 1)
+        if with_memory > 0:
+            ctx.stats["cos_before"] = cos / with_memory
         ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
         return up

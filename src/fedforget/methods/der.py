@@ -70,6 +70,7 @@ from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, 
 from .params import boolean, integer, number
 from .registry import METHODS
 from .replay import Replay
+from .shared import StepSums
 
 MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
 
@@ -107,9 +108,7 @@ class DER(FedAvg):
         beta * CE on another], drawn before this step's rows (and logits) enter its buffer;
         per client, the sum of the MSE values and the steps with one (``s.stack``)."""
         p = self.p
-        sums = torch.zeros(2, len(ctxs), device=self.info.device)
-        for i, c in enumerate(ctxs):
-            self.scratch(c).stack = (sums, i)
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, self.info.device, "stack")
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
             own = ctxs[lo:hi]
@@ -160,8 +159,8 @@ class DER(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        sums, i = self.scratch(ctx).stack
-        if sums[1, i] > 0:
-            ctx.stats["mse"] = sums[0, i].item() / sums[1, i].item()
+        mse, steps = self.scratch(ctx).stack.values()
+        if steps > 0:
+            ctx.stats["mse"] = mse / steps
         ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
         return up

@@ -91,7 +91,7 @@ from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
 from .replay import POLICIES, Replay, sample_generator
-from .shared import each_client, flat_dot, per_client, project
+from .shared import StepSums, each_client, flat_dot, per_client, project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
 RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
@@ -311,12 +311,9 @@ class FedGP(OverBase):
         if g_ref is None:
             return base
         p, dev = self.p, self.info.device
-        sums = torch.zeros(2, len(ctxs), device=dev)  # per client: steps manipulated, sum of cos
-        gens = []
-        for i, c in enumerate(ctxs):
-            s = self.scratch(c)
-            s.stack = (sums, i)
-            gens.append(s.gate_gen)
+        # per client: steps manipulated, sum of cos
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, dev, "stack")
+        gens = [self.scratch(c).gate_gen for c in ctxs]
 
         def manipulated(lo: int, hi: int, grads: dict[str, Any]) -> dict[str, Any]:
             """Clients lo..hi-1's gradients after the manipulation. A parameter the base holds
@@ -356,8 +353,8 @@ class FedGP(OverBase):
     def client_end(self, ctx: ClientContext) -> Upload:
         s = self.scratch(ctx)
         if s.stack is not None:  # trained in a stack: its sums, one per step with a g_ref
-            sums, i = s.stack
-            s.n_applied, s.cos_sum, s.n_ref = sums[0, i], sums[1, i], ctx.steps
+            col = s.stack.column()
+            s.n_applied, s.cos_sum, s.n_ref = col[0], col[1], ctx.steps
         if self.own_buffer and s.to_offer > 0 and ctx.minibatches is not None:
             for x, y, _ in ctx.minibatches(0):  # no step offered (a stacked pass): the first epoch's
                 self.replay.offer(ctx, s, x, y)  # minibatches in their order, as client_grad would

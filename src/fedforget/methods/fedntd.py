@@ -46,7 +46,7 @@ from torch import nn
 from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, frozen_copy
 from .params import number
 from .registry import METHODS
-from .shared import on_stack
+from .shared import StepSums, on_stack
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ class FedNTD(FedAvg):
         self._glob.load_state_dict(ctx.global_params)
         s = self.scratch(ctx)
         if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
-            s.sums, s.slot = torch.zeros(2, 1, device=self.info.device), 0  # sum of L_NTD, steps
+            s.sums = StepSums.own(2, self.info.device)  # sum of L_NTD, steps
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
         terms = super().client_loss(ctx, x, y, features, logits)
@@ -108,9 +108,7 @@ class FedNTD(FedAvg):
         with torch.no_grad():
             global_logits = self._glob(x)
         l_ntd = ntd_loss(logits.unsqueeze(0), global_logits.unsqueeze(0), y.unsqueeze(0), self.p.tau)[0]
-        s = self.scratch(ctx)
-        s.sums[0, s.slot] += l_ntd.detach()
-        s.sums[1, s.slot] += 1
+        self.scratch(ctx).sums.add(l_ntd.detach(), 1)
         terms["ntd"] = self.p.beta * l_ntd
         return terms
 
@@ -120,9 +118,7 @@ class FedNTD(FedAvg):
         one tensor for ``l_ntd``."""
         if self.p.beta == 0:
             return None
-        sums = torch.zeros(2, len(ctxs), device=self.info.device)
-        for i, c in enumerate(ctxs):
-            self.scratch(c).sums, self.scratch(c).slot = sums, i
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, self.info.device)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
             l_ntd = ntd_loss(step.logits, on_stack(self._glob, step.x), step.y, self.p.tau, step.row_mask())
@@ -134,6 +130,6 @@ class FedNTD(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.beta > 0:
-            s = self.scratch(ctx)
-            ctx.stats["l_ntd"] = s.sums[0, s.slot].item() / max(s.sums[1, s.slot].item(), 1)
+            total, steps = self.scratch(ctx).sums.values()
+            ctx.stats["l_ntd"] = total / max(steps, 1)
         return super().client_end(ctx)

@@ -102,6 +102,7 @@ import torch.nn.functional as F
 from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, task_cross_entropy
 from .params import choice, number, one_of
 from .registry import METHODS
+from .shared import StepSums
 
 PAIRS = ("all", "topk")
 TOPK_NEG = 2  # released config: two hardest other-label samples per anchor in L_SCL
@@ -198,7 +199,7 @@ class FedRCL(FedAvg):
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
         if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
-            s.sums, s.slot = torch.zeros(3, 1, device=self.info.device), 0  # L_SCL, L_DIV, steps
+            s.sums = StepSums.own(3, self.info.device)  # L_SCL, L_DIV, steps
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
         """weight * L_RCL of each client of a stack, on its real rows of the step's own
@@ -209,9 +210,7 @@ class FedRCL(FedAvg):
             return None
         if hasattr(ctxs[0].model.body, "forward_levels"):  # why_not_vectorized keeps these sequential
             raise ValueError("fedrcl's stacked step has one level: a model with stages trains sequentially")
-        sums = torch.zeros(3, len(ctxs), device=self.info.device)
-        for i, c in enumerate(ctxs):
-            self.scratch(c).sums, self.scratch(c).slot = sums, i
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 3, self.info.device)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
             rows = step.rows if step.rows is not None else step.row_mask().sum(1).long().tolist()
@@ -232,8 +231,7 @@ class FedRCL(FedAvg):
         levels, logits = ctx.model.forward_levels(x)
         # multi-level RCL: L_SCL and L_DIV averaged over the chosen levels
         l_scl, l_div = rcl_levels(select_levels(levels, p.levels), y, p.tau, p.threshold, p.pairs)
-        s = self.scratch(ctx)
-        s.sums[:, s.slot] += torch.stack([l_scl.detach(), l_div.detach(), torch.ones_like(l_scl)])
+        self.scratch(ctx).sums.add(l_scl.detach(), l_div.detach(), 1)
         # L = L_CE + weight * L_RCL
         loss = task_cross_entropy(logits, y, ctx.logit_mask) + p.weight * (l_scl + p.beta * l_div)
         loss.backward()
@@ -241,7 +239,7 @@ class FedRCL(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         if self.p.weight > 0:
-            s = self.scratch(ctx)
-            scl, div = (s.sums[:2, s.slot] / s.sums[2, s.slot].clamp_min(1)).tolist()
+            col = self.scratch(ctx).sums.column()
+            scl, div = (col[:2] / col[2].clamp_min(1)).tolist()
             ctx.stats["l_scl"], ctx.stats["l_div"] = scl, div
         return super().client_end(ctx)

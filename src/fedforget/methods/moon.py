@@ -69,7 +69,7 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
-from .shared import on_stack
+from .shared import StepSums, on_stack
 
 FIRST_PREV = ("skip", "init")
 
@@ -146,7 +146,7 @@ class MOON(FedAvg):
             self._glob, self._prev = frozen_copy(ctx.model), frozen_copy(ctx.model)
         self._glob.load_state_dict(ctx.global_params)
         load_flat(self._prev, prev)
-        s.active, s.sums, s.slot = True, torch.zeros(2, 1, device=self.info.device), 0  # sum of l_con, steps
+        s.active, s.sums = True, StepSums.own(2, self.info.device)  # sum of l_con, steps
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
         terms = super().client_loss(ctx, x, y, features, logits)
@@ -157,8 +157,7 @@ class MOON(FedAvg):
             z_glob = self._glob.features(x)
             z_prev = self._prev.features(x)
         l_con = model_contrastive_loss(features[None], z_glob[None], z_prev[None], self.p.tau)[0]
-        s.sums[0, s.slot] += l_con.detach()
-        s.sums[1, s.slot] += 1
+        s.sums.add(l_con.detach(), 1)
         terms["contrastive"] = self.p.mu * l_con
         return terms
 
@@ -170,9 +169,7 @@ class MOON(FedAvg):
         act = [self.scratch(c).active for c in ctxs]
         if not any(act):
             return None
-        sums = torch.zeros(2, len(ctxs), device=self.info.device)
-        for i, c in enumerate(ctxs):
-            self.scratch(c).sums, self.scratch(c).slot = sums, i
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, self.info.device)
         like = {k: v for k, v in ctxs[0].global_params.items() if torch.is_floating_point(v)}
         prevs = [unflatten_state(c.state.get("prev", self._w0), like) if a else like for c, a in zip(ctxs, act)]
         prev = {k: torch.stack([q[k] for q in prevs]) for k in prevs[0]}
@@ -194,5 +191,6 @@ class MOON(FedAvg):
             ctx.state["prev"] = flatten_state(up.params)  # w_k for this client's next round
         s = self.scratch(ctx)
         if s.active:
-            ctx.stats["l_con"] = s.sums[0, s.slot].item() / max(s.sums[1, s.slot].item(), 1)
+            total, steps = s.sums.values()
+            ctx.stats["l_con"] = total / max(steps, 1)
         return up

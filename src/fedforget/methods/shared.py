@@ -15,6 +15,8 @@ Sections:
   client (SAM-style perturbations: FedSAM, FedASAM, FedSOL); ``on_stack``, a frozen
   model's logits or features on each client's rows (the global model of FedSOL's, FedNTD's
   and MOON's terms).
+- Step diagnostics: ``StepSums``, a client's running sums of its per-step values, one column
+  of a table that a stack's clients share (FedNTD, MOON, FedRCL, DER, A-GEM, FedGP).
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
   reference (FedProj Eq. 14; FedProj, A-GEM, FedGP), for one client or each of a stack
   (``flat_dot``, ``per_client``).
@@ -99,6 +101,42 @@ def on_stack(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tor
     """A frozen model's output [G, B, D] (float32) on each client's rows ``x`` [G, B, ...]:
     ``fn`` (its forward, or its ``features``) once over all rows."""
     return fn(x.flatten(0, 1)).view(*x.shape[:2], -1).float()
+
+
+class StepSums:
+    """A client's running sums of a method's per-step diagnostics, left on the device and read
+    once, at its end: column ``slot`` of a [n, G] table that the clients of a stack share (a
+    stacked step adds the values of clients lo..hi-1 to ``table[r, lo:hi]`` at once), or of
+    the client's own [n, 1] (a client alone, row by row: ``add``)."""
+
+    def __init__(self, table: torch.Tensor, slot: int) -> None:
+        self.table, self.slot = table, slot
+
+    @classmethod
+    def own(cls, n: int, device: torch.device) -> StepSums:
+        return cls(torch.zeros(n, 1, device=device), 0)
+
+    @classmethod
+    def shared(cls, scratches: Sequence, n: int, device: torch.device, attr: str = "sums") -> torch.Tensor:
+        """One [n, len(scratches)] table, each scratch's ``attr`` its column, in order; the
+        table is returned for the stack's steps."""
+        table = torch.zeros(n, len(scratches), device=device)
+        for i, s in enumerate(scratches):
+            setattr(s, attr, cls(table, i))
+        return table
+
+    def add(self, *values: torch.Tensor | float) -> None:
+        """One step's values, one per row, each added in place to this client's cell."""
+        for r, v in enumerate(values):
+            self.table[r, self.slot] += v
+
+    def column(self) -> torch.Tensor:
+        """[n]: this client's sums (a view)."""
+        return self.table[:, self.slot]
+
+    def values(self) -> list[float]:
+        """This client's sums, read to the host once."""
+        return self.column().tolist()
 
 
 def tensor_norms(t: torch.Tensor) -> torch.Tensor:
