@@ -67,6 +67,12 @@ tests() {
         tests/methods/test_fedprotip.py tests/test_inputs.py \
         -k "(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph) and not lander" \
         >"$out/tests.txt" 2>&1)
+    # the H200 (2026-11-27, twice) did not find tests/methods/conftest.py's fixtures for
+    # test_fedgp.py under -n 4 (they pass here): rerun those alone, without xdist, to tell why
+    if grep -q "fixture 'public_run_cfg' not found" "$out/tests.txt"; then
+        (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
+            tests/methods/test_fedgp.py -k stacked >"$out/tests-fedgp-alone.txt" 2>&1)
+    fi
     tail -25 "$out/tests.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
