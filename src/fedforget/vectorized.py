@@ -584,17 +584,21 @@ def train_clients_together(
         return out.float()
 
     @torch.no_grad()
+    def frozen_pass(net: nn.Module, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``fn()``'s output in float32, ``net`` in eval mode (keyed dropout off, as a frozen
+        copy computes it) under the step's precision, no graph; training mode restored."""
+        net.eval()
+        try:
+            with autocast():
+                return fn().float()
+        finally:
+            net.train()
+
     def stack_features(w: dict, x: torch.Tensor) -> torch.Tensor:
         """Body features [a, m, F] of stacked weights ``w`` on inputs [a, m, ...], keyed
         dropout off (StepBatch.features_of: as a frozen copy in eval mode computes them)."""
-        model.eval()
-        try:
-            with autocast():
-                return stacked_features(model, w, x).float()
-        finally:
-            model.train()
+        return frozen_pass(model, lambda: stacked_features(model, w, x))
 
-    @torch.no_grad()
     def stack_logits(w: dict, x: torch.Tensor) -> torch.Tensor:
         """Logits [a, m, C] of stacked weights ``w`` on inputs [a, m, ...], keyed dropout off
         (StepBatch.logits_of): the live step's own kernels (``stacked_features``, then
@@ -602,12 +606,7 @@ def train_clients_together(
         frozen module over the flattened rows would differ from the stack's batched matmuls
         in the last bits on a GPU (H200, 2026-11-27): FedSOL's KL gradient at w = w_g was
         then a rounding vector instead of 0, logged and projected on."""
-        model.eval()
-        try:
-            with autocast():
-                return stacked_head(model, w, stacked_features(model, w, x)).float()
-        finally:
-            model.train()
+        return frozen_pass(model, lambda: stacked_head(model, w, stacked_features(model, w, x)))
 
     def stack_grad(loss: torch.Tensor, w: dict) -> dict:
         # the graph is kept: a method's live terms differentiate the step's own forward pass,
@@ -723,23 +722,11 @@ def train_clients_together(
 
         loss = F.cross_entropy(masked_logits(out.float(), lm), yb).unsqueeze(0)
 
-        @torch.no_grad()
         def own_features(ws: dict, x: torch.Tensor) -> torch.Tensor:
-            net.eval()
-            try:
-                with autocast():
-                    return part(net.body, "body.", ws, x[0]).unsqueeze(0).float()
-            finally:
-                net.train()
+            return frozen_pass(net, lambda: part(net.body, "body.", ws, x[0])).unsqueeze(0)
 
-        @torch.no_grad()
         def own_logits(ws: dict, x: torch.Tensor) -> torch.Tensor:
-            net.eval()
-            try:
-                with autocast():
-                    return part(net.head, "head.", ws, part(net.body, "body.", ws, x[0])).unsqueeze(0).float()
-            finally:
-                net.train()
+            return frozen_pass(net, lambda: part(net.head, "head.", ws, part(net.body, "body.", ws, x[0]))).unsqueeze(0)
 
         step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(
             loss=loss, features=feats.float().unsqueeze(0), features_of=own_features, logits_of=own_logits
