@@ -169,16 +169,12 @@ def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monk
 
     monkeypatch.setattr(FedSOL, "_record", spy)
 
-    class Tag:  # which engine's run is recording: Simulation.run is called once per engine
-        def __init__(self):
-            self.real = Simulation.run
+    real_run = Simulation.run
 
-    tag = Tag()
-
-    def run(sim, *a, **k):
+    def run(sim, *a, **k):  # which engine's run is recording: Simulation.run is called once per engine
         current[:] = [sim.engine_info["client_engine"]]
         logs[current[0]] = {}
-        return tag.real(sim, *a, **k)
+        return real_run(sim, *a, **k)
 
     monkeypatch.setattr(Simulation, "run", run)
     part = PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=3, seed=1)

@@ -28,7 +28,7 @@ Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
   and test (a task is the rows of its classes, as without overlap), so a client trains on
   them in both; a per-task partition draws them with the first task that holds them.
   Methods that map each class to one task (replay buffers' task ids, iCaRL's and GLFC's
-  class sets, TARGET's, L2P's, CFeD's) declare ``overlapping_classes = False`` and refuse it.
+  class sets, TARGET's, L2P's, CFeD's) declare ``one_task_per_class`` and are refused.
 - rotated / permuted (domain-IL): every task holds every row, seen through its transform:
   a rotation by the task's angle (bilinear, zeros outside the image), or a fixed pixel
   permutation of the flattened input. Transforms act on the device after the minibatch

@@ -13,8 +13,9 @@ Sections:
   SCAFFOLD's divisor).
 - Steps of a stack of clients: ``client_norms``, ``tensor_norms``, the L2 norms of each
   client (SAM-style perturbations: FedSAM, FedASAM, FedSOL); ``on_stack``, a frozen
-  model's logits or features on each client's rows (the global model of FedSOL's, FedNTD's
-  and MOON's terms).
+  model's logits or features on each client's rows (the global model of FedNTD's and MOON's
+  terms; FedSOL's KL term reads its global logits through ``StepBatch.logits_of``, the
+  step's own kernels, where it needs them exact).
 - Step diagnostics: ``StepSums``, a client's running sums of its per-step values, one column
   of a table that a stack's clients share (FedNTD, MOON, FedRCL, DER, A-GEM, FedGP).
 - Gradient projection: ``project``, the A-GEM-style projection of one gradient against a
