@@ -2,19 +2,20 @@
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
 # order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 afternoon
-# (results/h200-2026-11-27-b: the FedSOL KL fix to test, FedProTIP with 10 clients, the ResNet-18
-# profile and most model rates unmeasured), first), each command in its own time box; a command that would
+# (results/h200-2026-11-27-b), first: the ResNets' stacked forward (grouped convolutions,
+# BatchNorm over the clients' channels, CUDA graphs) in the batched engine, FedAvg in fp32 and
+# bf16 and the continual methods on it; the FedSOL KL fix to test; FedProTIP with 10 clients;
+# most model rates unmeasured), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
 # session gets the most wanted numbers first:
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
 #             another within 1e-5, CUDA graphs the same bits as eager steps;
-#   profile18 where a sequential ResNet-18 round's time goes, beside a plain loop's (issue 32's
+#   profile18 where a batched, then a sequential ResNet-18 round's time goes (issue 32's
 #             setting: CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients, 10 per round,
-#             batch 64, 1 epoch; the sequential trainer ran 0.67x the plain loop);
+#             batch 64, 1 epoch);
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
-#             engines, and the sequential one without its up-front pass over every minibatch
-#             size (FEDFORGET_WARM_SHAPES=0);
+#             engines, then the batched engine in bf16 beside the plain fp32 loop;
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t) and DER on ResNet-18, sequential vs stacked (split 5 x 2: task 0
 #             in the warm-up); replay18: A-GEM and FedGP likewise;
@@ -31,7 +32,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests continual18 profile18 rates fedsol sims resnet18 replay18 stream packing vgg11}}
+ORDER=${ORDER:-${SECTIONS:-tests resnet18 continual18 profile18 replay18 rates fedsol sims stream packing vgg11}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -76,20 +77,21 @@ tests() {
     tail -25 "$out/tests.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
-    for m in sequential central; do
+    for m in vectorized sequential central; do
         box 100 python "$here/profile_round.py" --preset resnet18 --mode $m --device cuda --partition dirichlet0.5 \
             --epochs 1 --warmup 2 --rounds 2 --rows 25 >"$out/profile-resnet18-$m.txt" 2>&1
         sed -n 1,3p "$out/profile-resnet18-$m.txt"
     done
 }
 resnet18() {
-    # FedAvg: the plain loop (central) and both engines, one process each; then the sequential
-    # trainer without meeting every minibatch size up front (trainers.warm_conv_shapes), the
-    # H200's 0.67x of 2026-11-27 (a new cuDNN shape per client's last minibatch, inferred)
+    # FedAvg: the plain loop (central) and both engines, one process each; then the batched
+    # engine in bf16 (train.precision) beside the plain fp32 loop (issue 32's reference). The
+    # sequential trainer without its up-front pass over every minibatch size
+    # (FEDFORGET_WARM_SHAPES=0) was measured on the H200 (h200-2026-11-27-b: 6,909 samples/s, 8,485 with it)
     box 150 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
-    box 80 env FEDFORGET_WARM_SHAPES=0 "${sim[@]}" --warmup 3 --modes sequential --preset resnet18 \
-        --partition dirichlet0.5 --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1-nowarm.json" | tee -a "$out/sim.txt"
+    box 80 "${sim[@]}" --warmup 3 --modes central vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 5 --precision bf16 --json "$out/resnet18-dir-e1-bf16.json" | tee -a "$out/sim.txt"
 }
 vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \

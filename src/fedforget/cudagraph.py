@@ -10,8 +10,8 @@ capture needs, cuBLAS and cuDNN set up outside it); the second time it is captur
 then on replayed. A shape met once (a rare tail) never costs a capture. Replay runs the same
 kernels on the same shapes as the eager step, so results are the same bits.
 
-What the graphs read and write has to stay at one address: the stacked weights, momentum
-and loss sums live here (``stack``) across rounds, sized for the largest group seen, and the
+What the graphs read and write has to stay at one address: the stacked weights, momentum,
+BatchNorm statistics and loss sums live here (``stack``) across rounds, sized for the largest group seen, and the
 step reads its minibatch rows from a static index tensor that each replay's rows are copied
 into. Everything else a step allocates comes from one memory pool that all graphs share
 (they run one after another on one stream, and nothing they allocate outlives a step).
@@ -44,12 +44,19 @@ class StepGraphs:
         self.replays = 0
 
     def stack(
-        self, global_params: dict[str, torch.Tensor], names: Sequence[str], m: int, momentum: bool
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None, torch.Tensor]:
-        """(weights, momentum or None, loss sums) for ``m`` clients, every client starting
-        from ``global_params``: the persistent tensors' first ``m`` rows. A larger group or
-        another model reallocates them, and the graphs that point at the old ones go."""
-        layout = tuple((n, tuple(global_params[n].shape), global_params[n].dtype) for n in names)
+        self,
+        global_params: dict[str, torch.Tensor],
+        names: Sequence[str],
+        m: int,
+        momentum: bool,
+        buffers: Sequence[str] = (),
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None, torch.Tensor, dict[str, torch.Tensor]]:
+        """(weights, momentum or None, loss sums, buffers) for ``m`` clients, every client
+        starting from ``global_params``: the persistent tensors' first ``m`` rows; ``buffers``:
+        the names of the model's buffers (BatchNorm's running statistics, kept per client and
+        updated in place by the captured steps). A larger group or another model reallocates
+        them, and the graphs that point at the old ones go."""
+        layout = tuple((n, tuple(global_params[n].shape), global_params[n].dtype) for n in (*names, *buffers))
         have = self.tensors.get("loss_sum")
         if self.layout != layout or have is None or len(have) < m:
             self.graphs.clear()
@@ -61,9 +68,15 @@ class StepGraphs:
                 g = global_params[n]
                 self.tensors["p." + n] = torch.empty((m, *g.shape), dtype=g.dtype, device=dev)
                 self.tensors["b." + n] = torch.empty((m, *g.shape), dtype=g.dtype, device=dev)
+            for n in buffers:
+                g = global_params[n]
+                self.tensors["s." + n] = torch.empty((m, *g.shape), dtype=g.dtype, device=dev)
         params = {n: self.tensors["p." + n][:m] for n in names}
         for n in names:
             params[n].copy_(global_params[n].unsqueeze(0).expand_as(params[n]))
+        stats = {n: self.tensors["s." + n][:m] for n in buffers}
+        for n in buffers:
+            stats[n].copy_(global_params[n].unsqueeze(0).expand_as(stats[n]))
         bufs = None
         if momentum:
             bufs = {n: self.tensors["b." + n][:m] for n in names}
@@ -71,7 +84,7 @@ class StepGraphs:
                 b.zero_()
         loss_sum = self.tensors["loss_sum"][:m]
         loss_sum.zero_()
-        return params, bufs, loss_sum
+        return params, bufs, loss_sum, stats
 
     def dropout_inputs(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the clients' dropout keys, a step counter): persistent tensors that captured steps

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 import math
 import threading
@@ -79,7 +80,7 @@ from .cudagraph import StepGraphs
 from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
 from .methods.base import Held, LiveStep, LiveTerms, StepBatch, StepTerms, masked_logits
-from .models import Classifier, TaskHeads
+from .models import BasicBlock, Classifier, ResNetBody, TaskHeads
 
 
 def method_not_vectorized(
@@ -126,11 +127,12 @@ def why_not_vectorized(
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
     if method_cls.trait("live_terms", params) and method_cls.trait("stacked", params):
-        bad = stacked_supported(model)
+        bad = live_unsupported(model)
         if bad is not None:  # [D] its second pass or logit loss is written for stacked_forward
             return (
                 f"method '{method_cls.name}' has terms of the step's own forward pass (live_terms); the "
-                f"batched path runs them where it runs the model layer by layer (module {bad} would need vmap)"
+                f"batched path runs them where it runs the model layer by layer without normalisation "
+                f"(module {bad})"
             )
     if method_cls.trait("sees_step", params) and method_cls.trait("stacked", params):
         # replayed rows: keyed dropout draws them as alone (the step's second forward call,
@@ -181,6 +183,13 @@ def stacked_supported(module: nn.Module) -> str | None:
             if bad is not None:
                 return bad
         return None
+    if type(module) is ResNetBody:  # its forward, written out in _stacked
+        parts = [module.conv1, module.bn1, module.pool, *(b for stage in module.stages for b in stage)]
+        return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
+    if type(module) is BasicBlock:
+        return next((bad for c in module.children() if (bad := stacked_supported(c)) is not None), None)
+    if type(module) in (nn.BatchNorm2d, nn.GroupNorm):
+        return None
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
         return None
     if isinstance(module, nn.GELU) and module.approximate == "none":
@@ -194,6 +203,23 @@ def stacked_supported(module: nn.Module) -> str | None:
     if type(module) in ELEMENTWISE or isinstance(module, (nn.Linear, *POOLS)):
         return None
     return type(module).__name__
+
+
+# [D] Modules stacked_forward runs for a step's own loss but not under a method's live terms:
+# their second pass would update BatchNorm's statistics again (FedSAM and FedSOL keep those of
+# the first pass), their frozen passes would need the statistics of the weights they are
+# given, and FedRCL's levels of a ResNet are its stages' outputs, not the stacked features
+NORMED = (ResNetBody, BasicBlock, nn.BatchNorm2d, nn.GroupNorm)
+
+
+def live_unsupported(model: nn.Module) -> str | None:
+    """None if the batched path can run a method's live terms on ``model``
+    (``stacked_forward`` runs it and it holds no normalisation or ResNet block), else the
+    first module in the way."""
+    bad = stacked_supported(model)
+    if bad is None:
+        bad = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
+    return bad
 
 
 def stacked_forward(module: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -246,6 +272,29 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
         bias = None if b is None else b.reshape(-1)
         w = w.reshape(-1, *w.shape[2:])  # [G*O, C/groups, k...]
         return conv(h, w, bias, module.stride, module.padding, module.dilation, g * module.groups), GRP
+    if type(module) is ResNetBody:  # ResNetBody.forward: stem, blocks (each then ReLU), average pool
+        h = _relayout(h, layout, GRP, g)
+        for name in ("conv1", "bn1"):
+            h = _stacked(getattr(module, name), p, h, g, f"{prefix}{name}.", GRP)[0]
+        h = _stacked(module.pool, p, F.relu(h), g, prefix + "pool.", GRP)[0]
+        for i, stage in enumerate(module.stages):
+            for j, block in enumerate(stage):
+                h = F.relu(_stacked(block, p, h, g, f"{prefix}stages.{i}.{j}.", GRP)[0])
+        return h.mean(dim=(2, 3)), GRP  # [B, G*C]: each client's channels pooled alone
+    if type(module) is BasicBlock:  # BasicBlock.forward, the sum before the final ReLU
+
+        def run(name: str, x: torch.Tensor) -> torch.Tensor:
+            return _stacked(getattr(module, name), p, x, g, f"{prefix}{name}.", GRP)[0]
+
+        x = _relayout(h, layout, GRP, g)
+        return run("bn2", run("conv2", F.relu(run("bn1", run("conv1", x))))) + run("shortcut", x), GRP
+    if type(module) is nn.BatchNorm2d:  # one per channel: a client's channels are its own
+        return _stacked_batchnorm(module, p, _relayout(h, layout, GRP, g), prefix), GRP
+    if type(module) is nn.GroupNorm:  # a client's groups are whole groups of the stack's channels
+        w, b = p.get(prefix + "weight"), p.get(prefix + "bias")
+        h = _relayout(h, layout, GRP, g)
+        flat = (None if w is None else w.reshape(-1), None if b is None else b.reshape(-1))
+        return F.group_norm(h, g * module.num_groups, *flat, module.eps), GRP
     if isinstance(module, POOLS):  # acts per channel: GRP is the [N, C, ...] it expects
         return module(_relayout(h, layout, GRP, g)), GRP
     if isinstance(module, nn.Flatten):
@@ -262,6 +311,29 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
     if isinstance(module, KeyedDropout):
         return _stacked_dropout(module, h, layout, g), layout
     return ELEMENTWISE[type(module)](h), layout
+
+
+def _stacked_batchnorm(module: nn.BatchNorm2d, p: dict[str, torch.Tensor], h: torch.Tensor, prefix: str) -> torch.Tensor:
+    """``module`` (nn.BatchNorm2d.forward) on the G clients' activations [B, G*C, ...]: its
+    weights and running statistics from ``p`` ([G, C] each, contiguous, so that [G*C] is a
+    view), the statistics updated in place in training mode, each client's by its own rows
+    (the batch statistics of a channel are over B and the spatial positions, as alone)."""
+
+    def flat(name: str) -> torch.Tensor | None:
+        t = p.get(prefix + name)
+        return None if t is None else t.reshape(-1)
+
+    mean, var = flat("running_mean"), flat("running_var")
+    if module.track_running_stats and mean is None:
+        raise ValueError(f"stacked BatchNorm {prefix!r} without its running statistics (pass the stacked buffers)")
+    factor = 0.0
+    if module.training and module.track_running_stats:
+        if module.momentum is None:  # unstacked_buffers refuses it for training
+            raise ValueError(f"stacked BatchNorm {prefix!r} with momentum=None")
+        p[prefix + "num_batches_tracked"].add_(1)
+        factor = module.momentum
+    use_batch = module.training or mean is None
+    return F.batch_norm(h, mean, var, flat("weight"), flat("bias"), use_batch, factor, module.eps)
 
 
 def _stacked_dropout(module: KeyedDropout, h: torch.Tensor, layout: str, g: int) -> torch.Tensor:
@@ -416,8 +488,6 @@ def train_clients_together(
     n_steps = table.shape[1]
     active_at = [int((steps_t > k).sum()) for k in range(n_steps)]  # a prefix: sorted by step count
     wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
-    if buffer_names:  # batch statistics: a step of unequal batches runs client by client
-        wide = [w or int(width[: active_at[k], k].min()) != int(width[: active_at[k], k].max()) for k, w in enumerate(wide)]
     # every step client by client (a CPU's usual case): each client trains from the global
     # weights in its own replica, and no stack is built
     alone = all(wide)
@@ -427,19 +497,19 @@ def train_clients_together(
     def stack(k: str) -> torch.Tensor:  # the global tensor k once per client, [m, ...]
         return global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim())
 
-    stats = {k: stack(k) for k in buffer_names} if not alone else {}
     states: list[dict[str, torch.Tensor] | None] = [None] * m  # alone: each client's final state
     use_stacked = stacked_supported(model) is None
-    if live is not None and not use_stacked:
-        raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
+    if live is not None and live_unsupported(model) is not None:
+        raise ValueError(f"live terms need stacked_forward (module {live_unsupported(model)}): why_not_vectorized")
     if graphs is not None and not (use_stacked and terms is None and live is None):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
     if graphs is not None:
-        params, bufs, loss_sum = graphs.stack(global_params, names, m, bool(momentum))
+        params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
     else:
         params = {k: stack(k) for k in names} if not alone else {}
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum and not alone else None
         loss_sum = torch.zeros(m, device=device)
+        stats = {k: stack(k) for k in buffer_names} if not alone else {}
     # keyed dropout (fedforget.dropout): each client's masks from its key and its step, k of
     # the stack (a device tensor, so that captured steps read it)
     drop = keyed_modules(model)
@@ -491,11 +561,12 @@ def train_clients_together(
             res.done(grads, adv)
         return grads, total.detach()
 
-    def stacked_step(p_act, xb, yb, mask, lm, rows=None):
-        """(gradients, losses, logits) of every client in the stack: the same values as ``step_fn``."""
+    def stacked_step(p_act, st_act, xb, yb, mask, lm, rows=None, lo=0):
+        """(gradients, losses, logits) of the clients lo.. of the stack (weights ``p_act``,
+        BatchNorm statistics ``st_act``, updated in place): the same values as ``step_fn``."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
         if drop:
-            set_dropout_key(drop, DropoutKey(keys[: xb.shape[0]], step_t))
+            set_dropout_key(drop, DropoutKey(keys[lo : lo + xb.shape[0]], step_t))
         if live is not None:  # the method's terms of this forward pass (client_live_terms)
             with autocast():
                 feats = stacked_features(model, leaves, xb)
@@ -507,10 +578,10 @@ def train_clients_together(
 
             step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm),
                              feats.float(), stack_features, mask, stack_logits)  # fmt: skip
-            grads, losses = live_pass(0, leaves, step, second, mask, lm)
+            grads, losses = live_pass(lo, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
-            out = stacked_forward(model, leaves, xb)
+            out = stacked_forward(model, {**leaves, **st_act}, xb)
         logits = masked_logits(out.float(), lm)  # [a, w, C]
         per = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(mask.shape)
         losses = (per * mask).sum(1) / mask.sum(1)  # each client's mean over its real rows
@@ -548,20 +619,26 @@ def train_clients_together(
             ds = bs
         torch._foreach_add_(ps, ds, alpha=-lr)
 
-    def stack_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
-        """Logits [a, m, C] of the stack's weights ``w`` [a, ...] on its inputs [a, m, ...]
-        (StepBatch.forward; heads are shared here, so ``task`` scores nothing apart). With
-        BatchNorm, each client's running statistics are updated by its own real rows (the
-        first ``rows[j]``; padding never enters the batch statistics): one vmap where every
-        client has as many, else client by client; a client without rows is not run."""
+    def stack_forward(
+        w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None, lo: int = 0
+    ) -> torch.Tensor:
+        """Logits [a, m, C] of the stack's weights ``w`` [a, ...] (its clients lo..lo+a-1) on
+        its inputs [a, m, ...] (StepBatch.forward; heads are shared here, so ``task`` scores
+        nothing apart). With BatchNorm, each client's running statistics are updated by its
+        own real rows (the first ``rows[j]``; padding never enters the batch statistics): one
+        stacked pass where every client has as many, else client by client; a client without
+        rows is not run."""
         with autocast():
             if buffer_names:
                 a, width = x.shape[0], x.shape[1]
-                st = {n: v[:a] for n, v in stats.items()}
+                st = {n: v[lo : lo + a] for n, v in stats.items()}
                 if rows is None or len(set(rows)) == 1:
                     n_rows = width if rows is None else rows[0]
-                    fn = vmap(lambda p, b, xb: functional_call(model, {**p, **b}, (xb,)))
-                    out = fn(w, st, x[:, :n_rows])
+                    if use_stacked:
+                        out = stacked_forward(model, {**w, **st}, x[:, :n_rows])
+                    else:
+                        fn = vmap(lambda p, b, xb: functional_call(model, {**p, **b}, (xb,)))
+                        out = fn(w, st, x[:, :n_rows])
                 else:
                     outs = [
                         functional_call(model, {**{n: v[j] for n, v in w.items()}, **{n: v[j] for n, v in st.items()}},
@@ -615,11 +692,12 @@ def train_clients_together(
         return {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
 
     def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], logits: torch.Tensor,
-                   net: nn.Module | None = None) -> StepBatch:  # fmt: skip
-        """The step's StepBatch (xb, yb [a, w, ...], the step's logits [a, w, C]); ``net``: a
-        client's own replica (``loop_client_``), whose forward the memory rows then take."""
+                   net: nn.Module | None = None, lo: int = 0) -> StepBatch:  # fmt: skip
+        """The step's StepBatch (xb, yb [a, w, ...], the step's logits [a, w, C]) of the
+        stack's clients lo..; ``net``: a client's own replica (``loop_client_``), whose
+        forward the memory rows then take."""
         if net is None:
-            return StepBatch(xb, yb, rows, logits, stack_forward, stack_grad)
+            return StepBatch(xb, yb, rows, logits, functools.partial(stack_forward, lo=lo), stack_grad)
 
         def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
             with autocast():
@@ -768,34 +846,33 @@ def train_clients_together(
             for i, total in part:
                 loss_sum[i : i + 1] += total
 
-    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None) -> None:
-        """One step of the clients in ``idx`` ([a, w] rows, -1 = padding; the first a of
-        the stack) together: one gather (or its result ``gathered``, read ahead), forward
+    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None, lo: int = 0) -> None:
+        """One step of the clients in ``idx`` ([a, w] rows, -1 = padding; clients lo..lo+a-1
+        of the stack) together: one gather (or its result ``gathered``, read ahead), forward
         and backward, and their SGD updates."""
-        active = idx.shape[0]
+        hi = lo + idx.shape[0]
         xb, yb, lm = gathered or batch(idx.clamp(min=0))  # [a, w, ...]: one gather for all clients
         mask = (idx >= 0).to(xb.dtype)
         rows = (idx >= 0).sum(1).tolist() if sees_step else None  # a host read: the terms that see the step
+        p_act = {n: v[lo:hi] for n, v in params.items()}
+        st_act = {n: v[lo:hi] for n, v in stats.items()}
         if use_stacked:
-            p_act = {n: v[:active] for n, v in params.items()}
-            grads, losses, logits = stacked_step(p_act, xb, yb, mask, lm, rows)
-        elif active == 1:  # one client left (a large client's tail): no vmap overhead
-            p_act = {n: v[0] for n, v in params.items()}
+            grads, losses, logits = stacked_step(p_act, st_act, xb, yb, mask, lm, rows, lo)
+        elif hi - lo == 1:  # one client left (a large client's tail): no vmap overhead
             g1, (l1, z1) = one_fn(
-                p_act, {n: v[0] for n, v in stats.items()}, xb[0], yb[0], mask[0], None if lm is None else lm[0], keys[0]
-            )
+                {n: v[0] for n, v in p_act.items()}, {n: v[0] for n, v in st_act.items()},
+                xb[0], yb[0], mask[0], None if lm is None else lm[0], keys[lo],
+            )  # fmt: skip
             grads = {n: g.unsqueeze(0) for n, g in g1.items()}
             losses, logits = l1.unsqueeze(0), z1.unsqueeze(0)
-            p_act = {n: v[:1] for n, v in params.items()}
         else:
-            p_act = {n: v[:active] for n, v in params.items()}
             step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0, 0))
-            grads, (losses, logits) = step_fn(p_act, {n: v[:active] for n, v in stats.items()}, xb, yb, mask, lm, keys[:active])
-        step = step_batch(xb, yb, rows, logits) if sees_step else None
-        grads, losses = add_terms(0, active, p_act, grads, losses.detach(), step)
-        loss_sum[:active] += losses
+            grads, (losses, logits) = step_fn(p_act, st_act, xb, yb, mask, lm, keys[lo:hi])
+        step = step_batch(xb, yb, rows, logits, lo=lo) if sees_step else None
+        grads, losses = add_terms(lo, hi, p_act, grads, losses.detach(), step)
+        loss_sum[lo:hi] += losses
         with torch.no_grad():
-            bs = None if bufs is None else [bufs[n][:active] for n in names]
+            bs = None if bufs is None else [bufs[n][lo:hi] for n in names]
             sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
 
     # the client-by-client steps use the intra-op threads as workers, one client each: small
@@ -815,6 +892,23 @@ def train_clients_together(
         active = active_at[k]
         return table[:active, k] if full_width else table[:active, k, : int(width[:active, k].max())]
 
+    def segments(k: int) -> list[tuple[int, int, int]]:
+        """Step k's parts trained as one batched step each: (lo, hi, w), clients lo..hi-1 of
+        the stack on their first w rows of ``step_rows(k)``. All active clients in one,
+        padded, except with BatchNorm, whose batch statistics padding rows would enter:
+        [D] there the maximal runs of clients (in the stack's order) with batches of one
+        size, e.g. the full-size clients, then a client's short last batch."""
+        active = active_at[k]
+        if not buffer_names:
+            return [(0, active, table.shape[2] if full_width else int(width[:active, k].max()))]
+        ws = width[:active, k].tolist()
+        runs, lo = [], 0
+        for i in range(1, active + 1):
+            if i == active or ws[i] != ws[lo]:
+                runs.append((lo, i, ws[lo]))
+                lo = i
+        return runs
+
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)
         ahead = prefetched(lambda k: batch(step_rows(k).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
@@ -830,18 +924,24 @@ def train_clients_together(
         idx = step_rows(k)
         if drop:
             step_t.fill_(k)
-        if ahead is not None:
-            batched_step_(idx, next(ahead))
-        elif graphs is None:
-            batched_step_(idx)
-        else:  # the step's kernels depend on its shape and the optimizer's constants only
-            graphs.run((*idx.shape, lr, momentum, weight_decay, batch), idx, batched_step_)
+        gathered = None if ahead is None else next(ahead)
+        for lo, hi, w in segments(k):
+            part = idx if (hi - lo, w) == tuple(idx.shape) else idx[lo:hi, :w]
+            if gathered is not None:
+                sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
+                batched_step_(part, sub, lo)
+            elif graphs is None:
+                batched_step_(part, None, lo)
+            else:  # the step's kernels depend on its shape and the optimizer's constants only
+                graphs.run((lo, *part.shape, lr, momentum, weight_decay, batch), part,
+                           functools.partial(batched_step_, gathered=None, lo=lo))  # fmt: skip
         k += 1
     model.train(was_training)
     set_dropout_key(drop, None)
 
     if graphs is not None:  # the stack is the graphs' and is overwritten next round
         params = {n: v.clone() for n, v in params.items()}
+        stats = {n: v.clone() for n, v in stats.items()}
     state_keys = list(global_params)
     results: list[ClientResult | None] = [None] * m
     for j, job in enumerate(jobs_sorted):
@@ -854,18 +954,24 @@ def train_clients_together(
 def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | None:
     """Why ``client_engine: auto`` trains one client after another on ``device`` although
     the batched path is possible (None: it trains clients together): where only the ``vmap``
-    fallback could batch the model (``stacked_forward`` cannot run it: BatchNorm, GroupNorm,
-    ResNet blocks), on a CPU and on a GPU alike. Measured: on 2 CPU cores
-    (``benchmarks/engine_choice.py``, ``benchmarks/simulation.py``) MLP and 1-D CNN steps run
-    several times faster batched, Conv2d models tie or gain through their batched short steps,
-    and vmap steps are slower than a loop; on an H200 (``benchmarks/results/h200-2026-11-27``,
-    issue 32's setting) the McMahan CNN batched ran 9.45x the sequential trainer, ResNet-18
-    with BatchNorm through vmap 0.86x (its convolutions become grouped ones)."""
+    fallback could batch the model (``stacked_forward`` cannot run it), and for the ResNets
+    (BatchNorm, GroupNorm, ResNet blocks), on a CPU and on a GPU alike. Measured: on 2 CPU
+    cores (``benchmarks/engine_choice.py``, ``benchmarks/simulation.py``) MLP and 1-D CNN
+    steps run several times faster batched, Conv2d models tie or gain through their batched
+    short steps, and vmap steps are slower than a loop; on an H200
+    (``benchmarks/results/h200-2026-11-27``, issue 32's setting) the McMahan CNN batched ran
+    9.45x the sequential trainer, ResNet-18 with BatchNorm through vmap 0.86x (its
+    convolutions become grouped ones). [D] The ResNets' stacked forward (grouped
+    convolutions, BatchNorm over the clients' channels side by side) is not yet measured
+    faster than a loop, so auto keeps them sequential."""
     bad = stacked_supported(model)
-    if bad is None:
-        return None
     where = "a CPU" if device.type != "cuda" else "a GPU"
-    return f"auto on {where}: sequential (module {bad} would need the vmap path, slower than a loop on {where})"
+    if bad is not None:
+        return f"auto on {where}: sequential (module {bad} would need the vmap path, slower than a loop on {where})"
+    normed = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
+    if normed is not None:
+        return f"auto on {where}: sequential (module {normed}: the stacked ResNet step is not measured faster than a loop)"
+    return None
 
 
 @torch.no_grad()
