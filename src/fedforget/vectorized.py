@@ -65,6 +65,7 @@ import copy
 import functools
 import itertools
 import math
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -244,6 +245,11 @@ def stacked_features(model: Classifier, params: dict[str, torch.Tensor], x: torc
     return _relayout(h, layout, GB, x.shape[0])
 
 
+# [D] FEDFORGET_STACKED_CHANNELS_LAST=1: on a GPU the stacked Conv2d layers run in channels_last
+# (NHWC) memory format (benchmarks/gpu.sh measures both: cuDNN's grouped NCHW convolutions
+# transpose to NHWC and back inside); the same arithmetic, other kernels
+CHANNELS_LAST = os.environ.get("FEDFORGET_STACKED_CHANNELS_LAST", "0") == "1"
+
 # activation layouts of stacked_forward
 GB = "[G, B, ...]"  # client, sample, features: Linear layers (one batched matmul)
 GRP = "[B, G*C, ...]"  # clients side by side in the channels: convolutions (one grouped conv), pooling
@@ -271,6 +277,9 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
         conv = F.conv2d if isinstance(module, nn.Conv2d) else F.conv1d
         bias = None if b is None else b.reshape(-1)
         w = w.reshape(-1, *w.shape[2:])  # [G*O, C/groups, k...]
+        if CHANNELS_LAST and h.dim() == 4 and h.is_cuda:  # what follows keeps the layout
+            h = h.contiguous(memory_format=torch.channels_last)
+            w = w.contiguous(memory_format=torch.channels_last)
         return conv(h, w, bias, module.stride, module.padding, module.dilation, g * module.groups), GRP
     if type(module) is ResNetBody:  # ResNetBody.forward: stem, blocks (each then ReLU), average pool
         h = _relayout(h, layout, GRP, g)

@@ -156,7 +156,11 @@ def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monk
 
     if ulp:
         linear = torch.nn.Linear.forward
-        monkeypatch.setattr(torch.nn.Linear, "forward", lambda self, x: torch.nextafter(linear(self, x), torch.tensor(math.inf)))
+        def above(self, x):  # the next float32 up, on the tensor's own device
+            out = linear(self, x)
+            return torch.nextafter(out, torch.full_like(out, math.inf))
+
+        monkeypatch.setattr(torch.nn.Linear, "forward", above)
 
     logs: dict[str, dict] = {}
     current: list[str] = []
