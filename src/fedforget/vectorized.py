@@ -6,15 +6,19 @@ minibatch; the local optimizer (SGD with momentum and weight decay, as ``torch.o
 runs on the stacked tensors. Two ways to run the stacked forward:
 
 - ``stacked_forward`` (used when every module of the model is one it knows: Conv1d/Conv2d,
-  Linear, ReLU/Tanh/Sigmoid/GELU, max/avg pooling, Flatten, Identity, nested Sequential, the
-  ``Classifier`` wrapper): each layer written once for G clients, with plain autograd.
-  Convolutions keep the clients in the channel dimension, [B, G*C, ...], and run as one
-  grouped convolution (groups = G x the layer's groups); ReLU and pooling act on that layout
-  as it is; Flatten turns it into [G, B, F] once, and Linear layers are one batched matmul
+  Linear, ReLU/Tanh/Sigmoid/GELU, max/avg pooling, Flatten, Identity, nested Sequential,
+  BatchNorm2d, GroupNorm, the ResNets' ``ResNetBody`` and ``BasicBlock``, the ``Classifier``
+  wrapper): each layer written once for G clients, with plain autograd. Convolutions keep the
+  clients in the channel dimension, [B, G*C, ...], and run as one grouped convolution
+  (groups = G x the layer's groups); ReLU, pooling, BatchNorm (per channel: each client's
+  statistics over its own rows) and GroupNorm (G x its groups) act on that layout as it is;
+  Flatten turns it into [G, B, F] once, and Linear layers are one batched matmul
   (``baddbmm``). The loss is the sum over clients of each client's own mean loss, so each
-  client's slice of the gradient is exactly its own loss's gradient.
+  client's slice of the gradient is exactly its own loss's gradient. On a GPU the ResNets
+  run in channels_last (``CHANNELS_LAST``).
 - otherwise ``torch.func.vmap`` over ``functional_call`` of the model (any module without
-  buffers or randomness), which reshapes between the two layouts at every layer.
+  randomness, BatchNorm's statistics passed as stacked buffers), which reshapes between the
+  two layouts at every layer.
 
 On a CPU, Conv2d models run their wide steps (>= ``LOOP_MIN_ROWS`` rows) client by client
 (a grouped Conv2d over many rows is slower there than a loop), spread over the process's
@@ -47,9 +51,9 @@ batches, each client's from its own buffer, forwarded as one stack; ``live_terms
 terms of the step's own forward pass, ``FedAvg.client_live_terms``, a loss of its logits,
 FedNTD, or a second pass at perturbed weights, FedSAM, FedASAM, FedSOL, for models
 ``stacked_forward`` runs), the model's buffers are BatchNorm's running statistics (kept per
-client, stacked like the weights and updated by each client's own forward passes inside
-``vmap``; a step whose clients' batches differ in size runs client by client, since padding
-rows would enter the batch statistics) or none, its dropout, if any, is keyed
+client, stacked like the weights and updated by each client's own rows; a step whose
+clients' batches differ in size runs as one batched step per run of clients with batches of
+one size, since padding rows would enter the batch statistics) or none, its dropout, if any, is keyed
 (``fedforget.dropout``: each client's masks drawn from its own key, as alone; torch's
 dropout is refused), and the optimizer is SGD. Otherwise it falls back to one
 client after another; ``run.json`` records which path ran.
@@ -245,10 +249,13 @@ def stacked_features(model: Classifier, params: dict[str, torch.Tensor], x: torc
     return _relayout(h, layout, GB, x.shape[0])
 
 
-# [D] FEDFORGET_STACKED_CHANNELS_LAST=1: on a GPU the stacked Conv2d layers run in channels_last
-# (NHWC) memory format (benchmarks/gpu.sh measures both: cuDNN's grouped NCHW convolutions
-# transpose to NHWC and back inside); the same arithmetic, other kernels
-CHANNELS_LAST = os.environ.get("FEDFORGET_STACKED_CHANNELS_LAST", "0") == "1"
+# [D] On a GPU the ResNets' stacked layers run in channels_last (NHWC) memory format: the same
+# arithmetic, other kernels. cuDNN's grouped NCHW convolutions spent their time in a slow
+# backward kernel and in NCHW<->NHWC transposes (profile-resnet18-vectorized.txt); issue 32's
+# ResNet-18 setting ran 0.76x the plain loop batched in NCHW, 1.72x in NHWC (H200,
+# benchmarks/results/h200-2026-11-27-c and its run2/). FEDFORGET_STACKED_CHANNELS_LAST: 1 every
+# stacked Conv2d model (unmeasured for the others), 0 none, unset the ResNets
+CHANNELS_LAST = os.environ.get("FEDFORGET_STACKED_CHANNELS_LAST", "resnet")
 
 # activation layouts of stacked_forward
 GB = "[G, B, ...]"  # client, sample, features: Linear layers (one batched matmul)
@@ -277,12 +284,14 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
         conv = F.conv2d if isinstance(module, nn.Conv2d) else F.conv1d
         bias = None if b is None else b.reshape(-1)
         w = w.reshape(-1, *w.shape[2:])  # [G*O, C/groups, k...]
-        if CHANNELS_LAST and h.dim() == 4 and h.is_cuda:  # what follows keeps the layout
+        if h.dim() == 4 and h.is_cuda and (CHANNELS_LAST == "1" or _nhwc(h)):  # what follows keeps it
             h = h.contiguous(memory_format=torch.channels_last)
             w = w.contiguous(memory_format=torch.channels_last)
         return conv(h, w, bias, module.stride, module.padding, module.dilation, g * module.groups), GRP
     if type(module) is ResNetBody:  # ResNetBody.forward: stem, blocks (each then ReLU), average pool
         h = _relayout(h, layout, GRP, g)
+        if h.is_cuda and CHANNELS_LAST != "0":  # its layers follow the input's layout
+            h = h.contiguous(memory_format=torch.channels_last)
         for name in ("conv1", "bn1"):
             h = _stacked(getattr(module, name), p, h, g, f"{prefix}{name}.", GRP)[0]
         h = _stacked(module.pool, p, F.relu(h), g, prefix + "pool.", GRP)[0]
@@ -320,6 +329,11 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
     if isinstance(module, KeyedDropout):
         return _stacked_dropout(module, h, layout, g), layout
     return ELEMENTWISE[type(module)](h), layout
+
+
+def _nhwc(h: torch.Tensor) -> bool:
+    """``h`` [N, C, H, W] is laid out channels_last, and not also NCHW (C = 1 or H = W = 1)."""
+    return h.is_contiguous(memory_format=torch.channels_last) and not h.is_contiguous()
 
 
 def _stacked_batchnorm(module: nn.BatchNorm2d, p: dict[str, torch.Tensor], h: torch.Tensor, prefix: str) -> torch.Tensor:
@@ -462,8 +476,8 @@ def train_clients_together(
     losses are taken on fp32 logits, as autocast takes them in a client's own step.
     BatchNorm's running statistics are kept per client, stacked like the weights, and
     updated as each client's own forward passes update them alone; a step whose clients
-    have batches of different sizes then runs client by client (padding rows would enter
-    the batch statistics). ``sees_step``: the terms take the step's minibatch
+    have batches of different sizes then runs as one batched step per run of clients with
+    batches of one size (``segments``: padding rows would enter the batch statistics). ``sees_step``: the terms take the step's minibatch
     (``methods.base.StepBatch``; keyed dropout only where stacked_forward runs the model:
     ``why_not_vectorized``). ``live_terms(order)``: the method's terms of the step's own
     forward pass (``FedAvg.client_live_terms``: an extra loss of the logits, or a second
@@ -963,23 +977,23 @@ def train_clients_together(
 def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | None:
     """Why ``client_engine: auto`` trains one client after another on ``device`` although
     the batched path is possible (None: it trains clients together): where only the ``vmap``
-    fallback could batch the model (``stacked_forward`` cannot run it), and for the ResNets
-    (BatchNorm, GroupNorm, ResNet blocks), on a CPU and on a GPU alike. Measured: on 2 CPU
+    fallback could batch the model (``stacked_forward`` cannot run it), on a CPU and on a GPU
+    alike, and the ResNets (BatchNorm, GroupNorm, ResNet blocks) on a CPU. Measured: on 2 CPU
     cores (``benchmarks/engine_choice.py``, ``benchmarks/simulation.py``) MLP and 1-D CNN
     steps run several times faster batched, Conv2d models tie or gain through their batched
-    short steps, and vmap steps are slower than a loop; on an H200
-    (``benchmarks/results/h200-2026-11-27``, issue 32's setting) the McMahan CNN batched ran
-    9.45x the sequential trainer, ResNet-18 with BatchNorm through vmap 0.86x (its
-    convolutions become grouped ones). [D] The ResNets' stacked forward (grouped
-    convolutions, BatchNorm over the clients' channels side by side) is not yet measured
-    faster than a loop, so auto keeps them sequential."""
+    short steps, and vmap steps are slower than a loop; on an H200 (issue 32's setting) the
+    McMahan CNN batched ran 9.45x the sequential trainer (``results/h200-2026-11-27``),
+    ResNet-18 with BatchNorm through vmap 0.61x the plain loop (``h200-2026-11-27-b``), and
+    layer by layer in channels_last 1.72x the plain loop, against 0.79-0.96x for the
+    sequential trainer (``h200-2026-11-27-c``). [D] On a CPU the ResNets' wide steps would run
+    client by client anyway and their batched short steps are not measured: sequential."""
     bad = stacked_supported(model)
     where = "a CPU" if device.type != "cuda" else "a GPU"
     if bad is not None:
         return f"auto on {where}: sequential (module {bad} would need the vmap path, slower than a loop on {where})"
     normed = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
-    if normed is not None:
-        return f"auto on {where}: sequential (module {normed}: the stacked ResNet step is not measured faster than a loop)"
+    if normed is not None and device.type != "cuda":
+        return f"auto on a CPU: sequential (module {normed}: the stacked ResNet step is measured on a GPU only)"
     return None
 
 

@@ -8,6 +8,7 @@ whole stack in ``client_step_terms``), with their per-client state carried over 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -154,6 +155,10 @@ def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monk
     means of cos_update_prox were 0.01-0.02 off while training agreed)."""
     from fedforget.methods.fedsol import FedSOL
 
+    if ulp and os.environ.get("FEDFORGET_TEST_DEVICE", "cpu") != "cpu":
+        # on a GPU the difference is real (the plain cases test it; H200, 2026-11-27, third
+        # session: they pass), and the patched forward would also run under autograd (nextafter has none)
+        pytest.skip("the ulp cases reproduce on a CPU the GPU's last-bit difference")
     if ulp:
         linear = torch.nn.Linear.forward
         def above(self, x):  # the next float32 up, on the tensor's own device

@@ -122,8 +122,7 @@ class FedProj(FedDF):
     name = "fedproj"
     # [D] sequential: each step takes a public memory batch's gradient against the teacher and
     # projects on it (and, with local_lr_step, the lr falls within the round), not yet stated
-    # for a stack; its tables' BatchNorm ResNets train one client after another under auto on
-    # a GPU anyway
+    # for a stack, so its runs train one client after another on every device
     stacked = False
     needs_public = True
     public_labels = True  # only the memory_loss = ce variant reads them; dropped otherwise
