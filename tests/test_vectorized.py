@@ -107,11 +107,14 @@ def test_engine_choice_and_fallback(make_run_config):
     assert "icarl" in sim.engine_info["client_engine_reason"]
     with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'icarl'"):
         Simulation(replace(seq, train=replace(seq.train, client_engine="vectorized")))
-    # live terms (FedSOL's second pass) run where stacked_forward runs the model: a
-    # BatchNorm ResNet (vmap) trains sequentially, and asking for the batched engine says why
-    sol = make_run_config(dataset="digits", model="resnet8", method="fedsol")
+    # live terms (FedSOL's second pass) run where stacked_forward runs the model: a model
+    # only vmap can batch trains sequentially, and asking for the batched engine says why
+    sol = make_run_config(dataset="digits", model="slvit", model_options=SLVIT_TINY, method="fedsol")
     with pytest.raises(FedForgetError, match="method 'fedsol' has terms of the step's own forward pass"):
         Simulation(replace(sol, train=replace(sol.train, client_engine="vectorized")))
+    rcl = make_run_config(dataset="digits", model="resnet8", method="fedrcl")  # its levels: the ResNet's stages
+    with pytest.raises(FedForgetError, match="whose levels .forward_levels. the stacked forward does not give"):
+        Simulation(replace(rcl, train=replace(rcl.train, client_engine="vectorized")))
     adam = make_run_config(optimizer={"name": "adam", "lr": 1e-3})
     with pytest.raises(FedForgetError, match="optimizer 'adam'"):
         Simulation(replace(adam, train=replace(adam.train, client_engine="vectorized")))

@@ -132,12 +132,13 @@ def why_not_vectorized(
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
         )
     if method_cls.trait("live_terms", params) and method_cls.trait("stacked", params):
-        bad = live_unsupported(model)
+        bad = stacked_supported(model)
+        if bad is None and method_cls.trait("live_levels", params) and hasattr(getattr(model, "body", None), "forward_levels"):
+            bad = f"{type(model.body).__name__}, whose levels (forward_levels) the stacked forward does not give"
         if bad is not None:  # [D] its second pass or logit loss is written for stacked_forward
             return (
                 f"method '{method_cls.name}' has terms of the step's own forward pass (live_terms); the "
-                f"batched path runs them where it runs the model layer by layer without normalisation "
-                f"(module {bad})"
+                f"batched path runs them where it runs the model layer by layer (module {bad})"
             )
     if method_cls.trait("sees_step", params) and method_cls.trait("stacked", params):
         # replayed rows: keyed dropout draws them as alone (the step's second forward call,
@@ -210,21 +211,8 @@ def stacked_supported(module: nn.Module) -> str | None:
     return type(module).__name__
 
 
-# [D] Modules stacked_forward runs for a step's own loss but not under a method's live terms:
-# their second pass would update BatchNorm's statistics again (FedSAM and FedSOL keep those of
-# the first pass), their frozen passes would need the statistics of the weights they are
-# given, and FedRCL's levels of a ResNet are its stages' outputs, not the stacked features
+# the ResNets' modules (auto_prefers_sequential)
 NORMED = (ResNetBody, BasicBlock, nn.BatchNorm2d, nn.GroupNorm)
-
-
-def live_unsupported(model: nn.Module) -> str | None:
-    """None if the batched path can run a method's live terms on ``model``
-    (``stacked_forward`` runs it and it holds no normalisation or ResNet block), else the
-    first module in the way."""
-    bad = stacked_supported(model)
-    if bad is None:
-        bad = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
-    return bad
 
 
 def stacked_forward(module: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -522,8 +510,8 @@ def train_clients_together(
 
     states: list[dict[str, torch.Tensor] | None] = [None] * m  # alone: each client's final state
     use_stacked = stacked_supported(model) is None
-    if live is not None and live_unsupported(model) is not None:
-        raise ValueError(f"live terms need stacked_forward (module {live_unsupported(model)}): why_not_vectorized")
+    if live is not None and not use_stacked:
+        raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
     if graphs is not None and not (use_stacked and terms is None and live is None):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
     if graphs is not None:
@@ -592,15 +580,19 @@ def train_clients_together(
             set_dropout_key(drop, DropoutKey(keys[lo : lo + xb.shape[0]], step_t))
         if live is not None:  # the method's terms of this forward pass (client_live_terms)
             with autocast():
-                feats = stacked_features(model, leaves, xb)
+                feats = stacked_features(model, {**leaves, **st_act}, xb)
                 out = stacked_head(model, leaves, feats)
 
             def second(w2: dict, head_only: bool) -> torch.Tensor:
+                """[D] BatchNorm's statistics are updated by the first pass alone (FedSAM, FedSOL:
+                restored after the second): the second pass updates copies."""
                 with autocast():
-                    return stacked_head(model, w2, feats) if head_only else stacked_forward(model, w2, xb)
+                    if head_only:
+                        return stacked_head(model, w2, feats)
+                    return stacked_forward(model, {**w2, **{n: v.clone() for n, v in st_act.items()}}, xb)
 
-            step = StepBatch(xb, yb, rows, out.float(), stack_forward, stack_grad, task_losses(out, yb, mask, lm),
-                             feats.float(), stack_features, mask, stack_logits)  # fmt: skip
+            step = StepBatch(xb, yb, rows, out.float(), functools.partial(stack_forward, lo=lo), stack_grad,
+                             task_losses(out, yb, mask, lm), feats.float(), stack_features, mask, stack_logits)  # fmt: skip
             grads, losses = live_pass(lo, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -696,7 +688,8 @@ def train_clients_together(
 
     def stack_features(w: dict, x: torch.Tensor) -> torch.Tensor:
         """Body features [a, m, F] of stacked weights ``w`` on inputs [a, m, ...], keyed
-        dropout off (StepBatch.features_of: as a frozen copy in eval mode computes them)."""
+        dropout off (StepBatch.features_of: as a frozen copy in eval mode computes them; with
+        BatchNorm ``w`` holds the running statistics it normalises by, as that copy's)."""
         return frozen_pass(model, lambda: stacked_features(model, w, x))
 
     def stack_logits(w: dict, x: torch.Tensor) -> torch.Tensor:
@@ -705,7 +698,9 @@ def train_clients_together(
         ``stacked_head``), so at the step's weights they are its logits bit for bit. [D] A
         frozen module over the flattened rows would differ from the stack's batched matmuls
         in the last bits on a GPU (H200, 2026-11-27): FedSOL's KL gradient at w = w_g was
-        then a rounding vector instead of 0, logged and projected on."""
+        then a rounding vector instead of 0, logged and projected on. With BatchNorm ``w``
+        holds the running statistics (eval mode), so the logits are not the training pass's
+        (batch statistics), on a client alone neither."""
         return frozen_pass(model, lambda: stacked_head(model, w, stacked_features(model, w, x)))
 
     def stack_grad(loss: torch.Tensor, w: dict) -> dict:
@@ -818,16 +813,29 @@ def train_clients_together(
             out = part(net.head, "head.", w, feats)
 
         def second(w2: dict, head_only: bool) -> torch.Tensor:
+            """The second pass at ``w2``: BatchNorm's statistics updated on copies (as the
+            stacked step's ``second``: the first pass alone updates them)."""
+            if not head_only:
+                w2 = {**w2, **{n: b.detach().clone().unsqueeze(0) for n, b in net.named_buffers()}}
             with autocast():
                 return part(net.head, "head.", w2, feats if head_only else part(net.body, "body.", w2, xb)).unsqueeze(0)
 
         loss = F.cross_entropy(masked_logits(out.float(), lm), yb).unsqueeze(0)
 
         def own_features(ws: dict, x: torch.Tensor) -> torch.Tensor:
-            return frozen_pass(net, lambda: part(net.body, "body.", ws, x[0])).unsqueeze(0)
+            return frozen_pass(net, lambda: part(net.body, "body.", with_stats(ws), x[0])).unsqueeze(0)
 
         def own_logits(ws: dict, x: torch.Tensor) -> torch.Tensor:
+            ws = with_stats(ws)
             return frozen_pass(net, lambda: part(net.head, "head.", ws, part(net.body, "body.", ws, x[0]))).unsqueeze(0)
+
+        def with_stats(ws: dict) -> dict:
+            """``ws``, which must hold the running statistics of the model it stands for (a
+            frozen pass in eval mode reads them; the replica's own are this client's)."""
+            missing = [n for n in buffer_names if n not in ws and torch.is_floating_point(global_params[n])]
+            if missing:
+                raise ValueError(f"a frozen pass without the running statistics of its weights ({missing[0]})")
+            return ws
 
         step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(
             loss=loss, features=feats.float().unsqueeze(0), features_of=own_features, logits_of=own_logits

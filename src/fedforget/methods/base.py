@@ -453,6 +453,8 @@ class FedAvg:
     live_terms: bool = False  # the method states terms of the step's own forward pass in
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
     #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
+    live_levels: bool = False  # its live terms read the model's levels where it has them
+    #   (``forward_levels``: the ResNets' stage outputs), which the stacked forward does not give
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
     one_task_per_class: bool = False  # it maps each class to one task (a split's classes
     #   disjoint): refused on a split whose neighbouring tasks share classes (class_overlap)

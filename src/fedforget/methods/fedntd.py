@@ -24,7 +24,9 @@ Decisions
   ``refine_as_not_true``), for local and global logits alike; with C = 2 one class is left,
   q~ = 1 and L_NTD = 0.
 - The frozen global model is in eval mode (the official code leaves its deepcopy in train
-  mode); our models have no BatchNorm or dropout, so the logits are the same.
+  mode): with BatchNorm (the ResNets) it normalises by the global running statistics where
+  the code's would take the batch's [D]; the models without BatchNorm or dropout give the
+  same logits either way.
 - beta = 0 is FedAvg exactly: no global copy is made and no extra loss is returned.
 - Both trainers [D, issue 32]: the distillation is a loss of the step's own logits, stated
   once for a stack of clients (``ntd_loss``; a client alone is a stack of one): the

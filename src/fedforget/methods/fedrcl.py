@@ -190,10 +190,11 @@ class FedRCL(FedAvg):
 
     name = "fedrcl"
     own_upload = True
-    # [D] the stacked trainer runs one-level models (the penultimate features, StepBatch.features:
-    # the models stacked_forward runs); the ResNets' stage outputs (forward_levels) are not in
-    # the stacked forward, and those models train one client after another (why_not_vectorized)
+    # [D] the stacked trainer runs one-level models (the penultimate features, StepBatch.features);
+    # the ResNets' stage outputs (forward_levels) are not in the stacked forward, and those
+    # models train one client after another (live_levels: why_not_vectorized)
     live_terms = True
+    live_levels = True
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:

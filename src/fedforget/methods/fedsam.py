@@ -30,7 +30,7 @@ Decisions
   eps, which is what the public codes do and is not exact in floating point.
 - Buffers (BatchNorm running statistics) are restored after the second pass, so they are
   updated once per step, at w, as with FedSOL's code (which disables running-stat updates
-  in the second pass). The current models have no buffers.
+  in the second pass); the stacked trainer's second pass updates copies of them.
 - The returned loss (the engine's training-loss metric) is L_k(w), the unperturbed loss, as
   in both public codes.
 - Diagnostic ``sharpness``: per client, the mean over its steps of L_k(w + eps*) - L_k(w)

@@ -302,9 +302,12 @@ class FedSOL(OverBase):
             """The frozen global model's logits on the step's rows, by the step's own kernels
             (``StepBatch.logits_of``; contiguous [G, ...] copies of w_g, as the stack's own
             weights are laid out): at w = w_g the step's logits bit for bit, so the KL
-            gradient there is 0, as ``proximal_grad`` finds it on a client alone."""
+            gradient there is 0, as ``proximal_grad`` finds it on a client alone. With
+            BatchNorm its running statistics come along (the frozen model in eval mode reads
+            them; then the two differ at w = w_g, on a client alone too)."""
             if not stacked_glob:
-                stacked_glob.update({n: glob[n].unsqueeze(0).repeat(len(ctxs), *[1] * glob[n].dim()) for n in w})
+                names = [*w, *(n for n in glob if n not in w and torch.is_floating_point(glob[n]))]
+                stacked_glob.update({n: glob[n].unsqueeze(0).repeat(len(ctxs), *[1] * glob[n].dim()) for n in names})
             return step.logits_of({n: v[lo:hi] for n, v in stacked_glob.items()}, step.x)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:

@@ -33,7 +33,8 @@ Decisions
   * ``init``: use the initial global model w^0 as z_prev, as the FedNTD/FedSOL code does
     (its prev_locals start as w^0 for every client).
 - The frozen global and previous models are in eval mode (the official code sets both to
-  eval); our models have no BatchNorm or dropout, so this changes nothing today.
+  eval): with BatchNorm (the ResNets) each normalises by its own running statistics (the
+  previous model's are kept with its weights), in both trainers.
 - Defaults mu = 1, tau = 0.5: tau 0.5 is the paper's; mu 1 is the paper's for CIFAR-100 and
   Tiny-ImageNet (5 for CIFAR-10). The FedSOL code runs mu 0.1, tau 1 (METHODS.md).
 - mu = 0 is FedAvg exactly: nothing is copied, computed or stored.
