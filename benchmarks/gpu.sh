@@ -2,9 +2,10 @@
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
 # order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 evening
-# (results/h200-2026-11-27-c), first: the continual methods on the ResNets' stacked forward in
-# channels_last (measured there in NCHW only), packing now that auto batches ResNet-18 on a
-# GPU, most model rates unmeasured), each command in its own time box; a command that would
+# (results/h200-2026-11-27-c), first: FedSOL on ResNet-18 batched (live terms on the ResNets
+# since), the continual methods on the ResNets' stacked forward in channels_last (measured
+# there in NCHW only), packing now that auto batches ResNet-18 on a GPU, most model rates
+# unmeasured), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
 # session gets the most wanted numbers first:
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
@@ -18,6 +19,8 @@
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t) and DER on ResNet-18, sequential vs stacked (split 5 x 2: task 0
 #             in the warm-up); replay18: A-GEM and FedGP likewise;
+#   fedsol18  FedSOL on ResNet-18 (its Table 3 model), batched vs sequential, and its batched
+#             round profiled (how busy the GPU is; issue 32's target 60 %);
 #   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
 #             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
 #             McMahan preset, sequential vs batched (about 3 minutes);
@@ -31,7 +34,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests continual18 replay18 packing resnet18 rates fedsol sims stream vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests fedsol18 continual18 replay18 packing resnet18 rates fedsol sims stream vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -111,6 +114,13 @@ replay18() {  # measured on the H200 (2026-11-27): A-GEM 0.90x, FedGP 1.08x thei
     box 90 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
 }
+fedsol18() {
+    box 120 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 --epochs 1 \
+        --rounds 3 --method fedsol --json "$out/resnet18-e1-fedsol.json" | tee -a "$out/sim.txt"
+    box 80 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol --device cuda \
+        --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 >"$out/profile-resnet18-fedsol-batched.txt" 2>&1
+    sed -n 1,3p "$out/profile-resnet18-fedsol-batched.txt"
+}
 fedsol() {
     box 60 python "$here/profile_round.py" --preset mcmahan --mode vectorized --method fedsol --device cuda \
         --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol-batched.txt" 2>&1
@@ -157,7 +167,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol packing sims stream rates " in
+    case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol18 fedsol packing sims stream rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -2,8 +2,8 @@
 
 The sampled clients' weights are stacked along a leading client dimension [G, ...] and one
 forward/backward per step computes every client's gradient from its own weights and its own
-minibatch; the local optimizer (SGD with momentum and weight decay, as ``torch.optim.SGD``)
-runs on the stacked tensors. Two ways to run the stacked forward:
+minibatch; the local optimizer (SGD with momentum and weight decay, as ``torch.optim.SGD``,
+or Adam, as ``torch.optim.Adam``: ``adam_update_``) runs on the stacked tensors. Two ways to run the stacked forward:
 
 - ``stacked_forward`` (used when every module of the model is one it knows: Conv1d/Conv2d,
   Linear, ReLU/Tanh/Sigmoid/GELU, max/avg pooling, Flatten, Identity, nested Sequential,
@@ -55,7 +55,7 @@ client, stacked like the weights and updated by each client's own rows; a step w
 clients' batches differ in size runs as one batched step per run of clients with batches of
 one size, since padding rows would enter the batch statistics) or none, its dropout, if any, is keyed
 (``fedforget.dropout``: each client's masks drawn from its own key, as alone; torch's
-dropout is refused), and the optimizer is SGD. Otherwise it falls back to one
+dropout is refused), and the optimizer is SGD or Adam. Otherwise it falls back to one
 client after another; ``run.json`` records which path ran.
 
 Memory: the stack holds (weights + momentum + gradient) for the clients of one group; the
@@ -98,8 +98,8 @@ def method_not_vectorized(
         if getattr(method_cls, "stacks_with_base", False) and params is not None:
             return f"method '{method_cls.name}' over '{params.base}', whose local step is its own"
         return f"method '{method_cls.name}' has a local step of its own (declares stacked = False)"
-    if optimizer_name != "sgd":
-        return f"optimizer '{optimizer_name}' (the batched path implements SGD)"
+    if optimizer_name not in ("sgd", "adam"):
+        return f"optimizer '{optimizer_name}' (the batched path implements SGD and Adam)"
     return None
 
 
@@ -361,6 +361,35 @@ def _stacked_dropout(module: KeyedDropout, h: torch.Tensor, layout: str, g: int)
     return h * mask
 
 
+@torch.no_grad()
+def adam_update_(
+    ps: list[torch.Tensor], ds: list[torch.Tensor], ss: list[tuple], lr: float, betas: tuple[float, float],
+    weight_decay: float, eps: float = 1e-8,
+) -> None:  # fmt: skip
+    """torch.optim.Adam's update (amsgrad off) of stacked clients' rows, in place: each
+    parameter's rows ``ps[i]`` [a, ...], gradients ``ds[i]``, state ``ss[i]`` = (m, v, t),
+    t [a] each client's own step count: d = g + wd*p; m = lerp(m, d, 1 - b1);
+    v = b2*v + (1 - b2)*d^2; t += 1; p -= lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)."""
+    b1, b2 = betas
+    if weight_decay:
+        ds = torch._foreach_add(ds, ps, alpha=weight_decay)
+    ms, vs, ts = [st[0] for st in ss], [st[1] for st in ss], [st[2] for st in ss]
+    torch._foreach_add_(ts, 1.0)
+    torch._foreach_lerp_(ms, ds, 1 - b1)
+    torch._foreach_mul_(vs, b2)
+    torch._foreach_addcmul_(vs, ds, ds, value=1 - b2)
+    for p, mo, v, t in zip(ps, ms, vs, ts):
+        # [D] as torch's non-capturable Adam: the bias corrections in float64 (there Python
+        # floats), cast to the parameter's dtype where they meet it, and its addcdiv's order
+        # (step * m) / denom: on a CPU the same bits as torch.optim.Adam for the same gradients
+        shape = (-1, *[1] * (p.dim() - 1))
+        t64 = t.double()
+        step_size = ((lr / (1 - torch.pow(b1, t64))) * -1).to(p.dtype).view(shape)
+        bc2_sqrt = ((1 - torch.pow(b2, t64)) ** 0.5).to(p.dtype).view(shape)
+        denom = (v.sqrt() / bc2_sqrt).add_(eps)
+        p.add_(step_size * mo / denom)
+
+
 def _batch_table(
     jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.device, epoch_rows: Callable[[int], int] | None = None
 ):
@@ -448,6 +477,8 @@ def train_clients_together(
     sees_step: bool = False,
     full_width: bool | None = None,
     live_terms: Callable[[list[int]], LiveTerms | None] | None = None,
+    optimizer: str = "sgd",
+    betas: tuple[float, float] = (0.9, 0.999),
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -469,7 +500,9 @@ def train_clients_together(
     (``methods.base.StepBatch``; keyed dropout only where stacked_forward runs the model:
     ``why_not_vectorized``). ``live_terms(order)``: the method's terms of the step's own
     forward pass (``FedAvg.client_live_terms``: an extra loss of the logits, or a second
-    pass at perturbed weights), for models ``stacked_forward`` runs.
+    pass at perturbed weights), for models ``stacked_forward`` runs. ``optimizer``: sgd
+    (``momentum``, ``weight_decay``) or adam (``betas``, ``weight_decay`` as torch.optim.Adam's
+    L2 term, eps 1e-8; its two moments and step count kept per client; no CUDA graphs).
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
@@ -512,7 +545,8 @@ def train_clients_together(
     use_stacked = stacked_supported(model) is None
     if live is not None and not use_stacked:
         raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
-    if graphs is not None and not (use_stacked and terms is None and live is None):
+    adam = optimizer == "adam"
+    if graphs is not None and not (use_stacked and terms is None and live is None and not adam):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
     if graphs is not None:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
@@ -521,6 +555,16 @@ def train_clients_together(
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum and not alone else None
         loss_sum = torch.zeros(m, device=device)
         stats = {k: stack(k) for k in buffer_names} if not alone else {}
+    # the optimizer's state per parameter, stacked [m, ...]: SGD's momentum buffer, or Adam's
+    # two moments and each client's step count [m]
+    if adam:
+        ostate = {} if alone else {k: (torch.zeros_like(v), torch.zeros_like(v), torch.zeros(m, device=device))
+                                   for k, v in params.items()}  # fmt: skip
+    else:
+        ostate = {k: (b,) for k, b in bufs.items()} if bufs is not None else {}
+
+    def state_rows(lo: int, hi: int) -> list[tuple] | None:
+        return [tuple(t[lo:hi] for t in ostate[n]) for n in names] if ostate else None
     # keyed dropout (fedforget.dropout): each client's masks from its key and its step, k of
     # the stack (a device tensor, so that captured steps read it)
     drop = keyed_modules(model)
@@ -603,27 +647,30 @@ def train_clients_together(
         grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
         return dict(zip(leaves, grads)), losses.detach(), out.detach()
 
-    def sgd_(ps: list, ds: list, bs: list | None) -> None:
-        """torch.optim.SGD's update in place: d = g + wd*p; buf = mom*buf + d; p -= lr*buf;
-        a parameter whose gradient is None (a method's gradient map holds it this step) is
-        skipped, as torch.optim.SGD skips it: no decay, no momentum."""
+    def update_(ps: list, ds: list, ss: list[tuple] | None) -> None:
+        """The optimizer's update in place (``_sgd_update``, ``_adam_update``), ``ss`` each
+        parameter's state rows (``state_rows``; None: SGD without momentum); a parameter
+        whose gradient is None (a method's gradient map holds it this step) is skipped, as
+        torch.optim skips it: no decay, no momentum, no step counted."""
         if any(d is None for d in ds):
             keep = [i for i, d in enumerate(ds) if d is not None]
             ps, ds = [ps[i] for i in keep], [ds[i] for i in keep]
-            bs = None if bs is None else [bs[i] for i in keep]
+            ss = None if ss is None else [ss[i] for i in keep]
             if not ps:
                 return
         # held by some clients (methods.base.Held): those clients' rows are put back after
-        # the update, the parameter and its momentum, as if skipped
-        held = [(ps[i], None if bs is None else bs[i], d.held, ps[i].clone(), None if bs is None else bs[i].clone())
+        # the update, the parameter and its optimizer state, as if skipped
+        held = [(ps[i], ss[i] if ss else (), d.held, ps[i].clone(), tuple(t.clone() for t in ss[i]) if ss else ())
                 for i, d in enumerate(ds) if isinstance(d, Held)]  # fmt: skip
         ds = [d.grad if isinstance(d, Held) else d for d in ds]
-        _sgd_update(ps, ds, bs)
-        for p, b, h, p0, b0 in held:
-            rows = h.view(-1, *[1] * (p.dim() - 1))
-            p.copy_(torch.where(rows, p0, p))
-            if b is not None:
-                b.copy_(torch.where(rows, b0, b))
+        if adam:
+            _adam_update(ps, ds, ss)
+        else:
+            _sgd_update(ps, ds, None if ss is None else [st[0] for st in ss])
+        for p, st, h, p0, st0 in held:
+            p.copy_(torch.where(h.view(-1, *[1] * (p.dim() - 1)), p0, p))
+            for t, t0 in zip(st, st0):
+                t.copy_(torch.where(h.view(-1, *[1] * (t.dim() - 1)), t0, t))
 
     def _sgd_update(ps: list, ds: list, bs: list | None) -> None:
         if weight_decay:
@@ -633,6 +680,9 @@ def train_clients_together(
             torch._foreach_add_(bs, ds)
             ds = bs
         torch._foreach_add_(ps, ds, alpha=-lr)
+
+    def _adam_update(ps: list, ds: list, ss: list[tuple]) -> None:
+        adam_update_(ps, ds, ss, lr, betas, weight_decay)
 
     def stack_forward(
         w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None, lo: int = 0
@@ -759,10 +809,12 @@ def train_clients_together(
             for n in buffer_names:  # updated in place by the forward
                 own_stats[n].copy_(global_params[n] if alone else stats[n][i])
         p_i = {n: own[n].detach().unsqueeze(0) for n in names}  # [1, ...] views: a stack of one
-        if alone:
-            b_i = [torch.zeros_like(v) for v in p_i.values()] if momentum else None
+        if alone and adam:
+            s_i = [(torch.zeros_like(v), torch.zeros_like(v), torch.zeros(1, device=device)) for v in p_i.values()]
+        elif alone:
+            s_i = [(torch.zeros_like(v),) for v in p_i.values()] if momentum else None
         else:
-            b_i = None if bufs is None else [bufs[n][i : i + 1].clone() for n in names]
+            s_i = None if not ostate else [tuple(t[i : i + 1].clone() for t in ostate[n]) for n in names]
         drop_i = keyed_modules(net)
         for k in ks:
             if k >= steps[i]:
@@ -773,7 +825,7 @@ def train_clients_together(
             if live is not None:
                 grads, loss = live_alone(net, i, xb, yb, lm)
                 with torch.no_grad():
-                    sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
+                    update_(list(p_i.values()), [grads[n] for n in names], s_i)
                 total += loss
                 continue
             with autocast():
@@ -783,7 +835,7 @@ def train_clients_together(
             step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], logits.detach().unsqueeze(0), net) if sees_step else None
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach(), step)
             with torch.no_grad():
-                sgd_(list(p_i.values()), [grads[n] for n in names], b_i)
+                update_(list(p_i.values()), [grads[n] for n in names], s_i)
             total += loss
         if alone:
             states[i] = {n: v[0].clone() for n, v in p_i.items()} | {n: own_stats[n].clone() for n in buffer_names}
@@ -791,8 +843,9 @@ def train_clients_together(
         with torch.no_grad():
             for n, v in p_i.items():
                 params[n][i : i + 1].copy_(v)
-            for n, v in zip(names, b_i or []):
-                bufs[n][i : i + 1].copy_(v)
+            for n, st in zip(names, s_i or []):
+                for t, v in zip(ostate[n], st):
+                    t[i : i + 1].copy_(v)
             for n in buffer_names:
                 stats[n][i].copy_(own_stats[n])
         return total
@@ -903,8 +956,7 @@ def train_clients_together(
         grads, losses = add_terms(lo, hi, p_act, grads, losses.detach(), step)
         loss_sum[lo:hi] += losses
         with torch.no_grad():
-            bs = None if bufs is None else [bufs[n][lo:hi] for n in names]
-            sgd_([p_act[n] for n in names], [grads[n] for n in names], bs)
+            update_([p_act[n] for n in names], [grads[n] for n in names], state_rows(lo, hi))
 
     # the client-by-client steps use the intra-op threads as workers, one client each: small
     # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
