@@ -31,7 +31,10 @@ SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
 def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
     assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon", "fedrcl"} <= set(BATCHED)  # client_live_terms
-    assert {"fedproj", "icarl", "l2p"} <= set(SEQUENTIAL)
+    assert {"fedproj"} <= set(BATCHED)  # step terms that see the step: its memory batch
+    assert {"icarl", "l2p"} <= set(SEQUENTIAL)
+    lr_step = make_params("fedproj", {"local_lr_step": True})  # each client's lr falls within its round
+    assert "declares stacked = False" in method_not_vectorized(METHODS.get("fedproj"), "sgd", params=lr_step)
 
 
 @pytest.mark.parametrize(
@@ -184,6 +187,28 @@ def test_fedrcl_on_a_resnet_trains_sequentially():
     why = why_not_vectorized(METHODS.get("fedrcl"), model, "sgd", params=make_params("fedrcl", {}))
     assert "ResNetBody, whose levels (forward_levels) the stacked forward does not give" in why
     assert why_not_vectorized(METHODS.get("fedsol"), model, "sgd", params=make_params("fedsol", {})) is None
+
+
+FEDPROJ = [
+    ({"memory_batch_size": 5}, "sgd"),  # each client's own random memory rows per step
+    ({"memory_batch_size": 5, "proj_dropout": 0.5, "coef_clamp": 1.0}, "sgd"),  # some clients idle
+    ({"memory_loss": "ce", "alpha": 0.0}, "adam"),  # the paper's optimizer, labelled memory
+]
+
+
+@pytest.mark.parametrize("params,opt", FEDPROJ, ids=["random-memory", "dropout-clamp", "ce-adam"])
+def test_fedproj_trains_stacked_as_sequential(public_run_cfg, run_engines, assert_same_metrics, assert_same_weights, params, opt):
+    """FedProj's memory gradient and Eq. 14 for a stack (issue 32): within 1e-5 of the
+    clients one after another, its diagnostics (proj_share, cos_before) included; 4 rounds
+    at 3 of 4 clients (projection from round 2, the memory then the last round's logits)."""
+    optimizer = {"name": "adam", "lr": 0.005} if opt == "adam" else {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}
+    rc = public_run_cfg("fedproj", {"distill_epochs": 1, "distill_batch_size": 4, **params}, rounds=4,
+                        sample_rate=0.75, local_epochs=2, batch_size=8, optimizer=optimizer)  # fmt: skip
+    out = run_engines(rc, CPU)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    assert_same_weights(seq, vec)
+    assert any(r.get("fedproj_proj_share", 0) > 0 for r in rows_v)  # it projected
 
 
 def test_live_terms_under_task_masks_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights):

@@ -14,8 +14,11 @@ Z_server is the *memory*: the uniform mean of last round's sampled clients' logi
 public set (their local models after local training, eval mode), kept in ``server.state``.
 (Eq. 14) solves the quadratic program (Eq. 5): the closest direction to g_new that does not
 increase L_mem to first order (Eq. 4). Gradients are one flat vector over every parameter
-with a gradient [C]. Backward computes g_new as FedAvg does; ``client_grad`` computes
-g_glob (one more forward/backward on a public batch) and projects p.grad in place.
+with a gradient [C]. Backward computes g_new as FedAvg does; g_glob (one more forward and
+backward on a public batch) and the projection are the method's step terms
+(``client_step_terms``: written once for a stack of clients, a client alone a stack of one;
+the batched engine runs them for the whole stack [D, issue 32], except with local_lr_step,
+whose lr falls within a client's round: sequential).
 
 Server step (Sec. 4.3, Algorithm 1 lines 16-28): theta_avg = sum_k n_k/n theta_k (Eq. 1);
 the student starts at theta_avg and runs E_d epochs over the public set minimising
@@ -89,12 +92,12 @@ import torch
 import torch.nn.functional as F
 
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, ServerContext, Upload
+from .base import ClientContext, ServerContext, StepBatch, StepTerms, Upload
 from .distill import DistillParams, public_logits, softened_kl
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
 from .params import boolean, choice, integer, number, redefault
 from .registry import METHODS
-from .shared import project
+from .shared import StepSums, project
 
 MEMORY_STREAM, DROPOUT_STREAM = 0x60, 0x61  # keyed randomness: memory batches, dropout
 MEMORY_LOSSES = ("kl", "ce")
@@ -120,10 +123,10 @@ def weight_divergence(
 @METHODS.register("fedproj")
 class FedProj(FedDF):
     name = "fedproj"
-    # [D] sequential: each step takes a public memory batch's gradient against the teacher and
-    # projects on it (and, with local_lr_step, the lr falls within the round), not yet stated
-    # for a stack, so its runs train one client after another on every device
-    stacked = False
+    # [D] each step's memory gradient and projection are step terms that see the step (their
+    # memory batch goes through the step's weights); local_lr_step trains sequentially (trait)
+    step_terms = True
+    sees_step = True
     needs_public = True
     public_labels = True  # only the memory_loss = ce variant reads them; dropped otherwise
 
@@ -144,6 +147,14 @@ class FedProj(FedDF):
         gamma2: float = number(0.0, minimum=0)  # feature distillation weight (code 1e-4..3e-4), off
         distill_lr: float = redefault(DistillParams, "distill_lr", 1e-5)  # [C]
         distill_batch_size: int = redefault(DistillParams, "distill_batch_size", 256)  # [P] (code 128)
+
+    @classmethod
+    def trait(cls, name: str, params=None) -> bool:
+        """``stacked``: false with local_lr_step (the code's StepLR: each client's lr falls
+        after its own number of steps within the round, which one stacked SGD does not do)."""
+        if name == "stacked" and params is not None and params.local_lr_step:
+            return False
+        return super().trait(name, params)
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:
@@ -226,10 +237,12 @@ class FedProj(FedDF):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)  # this client-round's working values
+        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end)
+            return
+        s.begun = True
         s.active = self.projection_active(ctx)
         s.gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
-        dev = self.info.device
-        s.n_proj, s.cos_sum, s.n_mem = torch.zeros((), device=dev), torch.zeros((), device=dev), 0
+        s.sums = StepSums.own(3, self.info.device)  # steps projected, sum of cos, steps with a memory batch
         spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
         s.lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
 
@@ -240,41 +253,84 @@ class FedProj(FedDF):
                 group["lr"] *= 0.1
         return super().client_step(ctx, x, y)  # g_new in p.grad (Eq. 2)
 
-    def memory_batch_loss(self, ctx: ClientContext) -> torch.Tensor:
-        """L_mem (Eq. 3, or Algorithm 1's CE) on one random public batch M."""
-        x_pub = ctx.broadcast[PUBLIC_X]
-        n, b = len(x_pub), self.p.memory_batch_size
-        idx = torch.randperm(n, generator=self.scratch(ctx).gen)[:b].to(x_pub.device) if n > b else None
-        xm = x_pub[idx] if idx is not None else x_pub
-        logits = ctx.model(xm)
-        if self.p.memory_loss == "ce":
-            ym = ctx.broadcast[PUBLIC_Y]
-            return F.cross_entropy(logits, ym[idx] if idx is not None else ym)
-        zt = ctx.broadcast[TEACHER]
-        return memory_kl(logits, zt[idx] if idx is not None else zt, self.p.temperature)
+    def memory_rows(self, ctx: ClientContext) -> torch.Tensor | None:
+        """This step's memory batch M: indices into the public set, drawn from the client's
+        generator (None: the whole public set, when it is no larger than |M|)."""
+        n, b = len(ctx.broadcast[PUBLIC_X]), self.p.memory_batch_size
+        return torch.randperm(n, generator=self.scratch(ctx).gen)[:b] if n > b else None
 
-    def client_grad(self, ctx: ClientContext) -> None:
-        s = self.scratch(ctx)
-        if not s.active:
-            return
-        params = [p for p in ctx.model.parameters() if p.grad is not None]
-        loss_mem = self.memory_batch_loss(ctx)
-        g_glob = torch.autograd.grad(loss_mem, params, allow_unused=True)
-        g_glob = [torch.zeros_like(p) if g is None else g for p, g in zip(params, g_glob)]
-        g_new = [p.grad for p in params]
-        with torch.no_grad():
-            g_proj, projected, cos = project(g_new, g_glob, self.p.eps, self.p.norm_guard, self.p.coef_clamp)
-            torch._foreach_copy_(g_new, g_proj)  # Eq. 14, in place on p.grad
-            s.n_proj += projected
-            s.cos_sum += cos
-        s.n_mem += 1
+    def memory_losses(self, logits: torch.Tensor, idx: list[torch.Tensor | None], broadcast: dict) -> torch.Tensor:
+        """L_mem (Eq. 3, or Algorithm 1's CE) of each client of a stack on its memory batch:
+        ``logits`` [G, |M|, C], ``idx`` each client's rows of the public set; [G]. A client
+        alone takes the batch-mean functions themselves (``memory_kl``, cross-entropy)."""
+        def target(key: str, i: torch.Tensor | None) -> torch.Tensor:
+            t = broadcast[key]
+            return t if i is None else t[i.to(t.device)]
+
+        if len(idx) == 1:
+            if self.p.memory_loss == "ce":
+                return F.cross_entropy(logits[0], target(PUBLIC_Y, idx[0])).unsqueeze(0)
+            return memory_kl(logits[0], target(TEACHER, idx[0]), self.p.temperature).unsqueeze(0)
+        if self.p.memory_loss == "ce":
+            ys = torch.stack([target(PUBLIC_Y, i) for i in idx])
+            return F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="none").view(ys.shape).mean(1)
+        zs, t = torch.stack([target(TEACHER, i) for i in idx]), float(self.p.temperature)
+        kl = F.kl_div(F.log_softmax(logits / t, dim=-1), F.log_softmax(zs / t, dim=-1), reduction="none", log_target=True)
+        return kl.sum(-1).mean(-1)  # memory_kl's batch mean, per client
+
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
+        """The step of each client of a stack that projects this round (``projection_active``):
+        its memory batch M through the step's weights (training mode, as the private
+        batch), g_glob = grad L_mem (Eq. 3), and the step's gradient projected against it
+        (Eq. 14, ``project``) by the map; the others' gradients unchanged. Per client: steps
+        projected, the sum of cos(g_new, g_glob), steps with a memory batch (``s.sums``)."""
+        act = [self.scratch(c).active for c in ctxs]
+        if not any(act):
+            return None
+        p, dev = self.p, self.info.device
+        sums = StepSums.shared([self.scratch(c) for c in ctxs], 3, dev)
+        on = torch.tensor(act, device=dev)
+        bc = ctxs[0].broadcast
+        x_pub = bc[PUBLIC_X]
+
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
+            own = act[lo:hi]
+            idx = [self.memory_rows(c) if a else None for c, a in zip(ctxs[lo:hi], own)]
+            if not any(own):
+                return None, None, None
+            first = next(i for i, a in zip(idx, own) if a)  # an idle client's rows: any (its gradient is dropped)
+            idx = [i if a else first for i, a in zip(idx, own)]
+            xs = torch.stack([x_pub if i is None else x_pub[i.to(x_pub.device)] for i in idx])
+            rows = [xs.shape[1] if a else 0 for a in own]  # an idle client runs no memory batch (BatchNorm)
+            losses = self.memory_losses(step.forward(w, xs, None, rows), idx, bc)
+            g_glob = step.grad((losses * on[lo:hi]).sum(), w)
+
+            def gmap(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                names = [n for n, v in grads.items() if v is not None]
+                g, r = [grads[n] for n in names], [g_glob[n] for n in names]
+                if hi - lo == 1:  # a client alone: its own flat vectors
+                    new, projected, cos = project([a[0] for a in g], [b[0] for b in r], p.eps, p.norm_guard, p.coef_clamp)
+                    new = [a.unsqueeze(0) for a in new]
+                else:
+                    new, projected, cos = project(g, r, p.eps, p.norm_guard, p.coef_clamp, stacked=True)
+                    keep = on[lo:hi]
+                    new = [torch.where(keep.view(-1, *[1] * (a.dim() - 1)), a, b) for a, b in zip(new, g)]
+                    projected, cos = projected & keep, torch.where(keep, cos, torch.zeros_like(cos))
+                sums[0, lo:hi] += projected
+                sums[1, lo:hi] += cos
+                sums[2, lo:hi] += on[lo:hi]
+                return {**grads, **dict(zip(names, new))}
+
+            return None, None, gmap
+
+        return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)  # weights + eval-mode public logits (FedDF)
-        s = self.scratch(ctx)
-        ctx.stats["proj_share"] = s.n_proj.item() / max(ctx.steps, 1)
-        if s.n_mem:
-            ctx.stats["cos_before"] = s.cos_sum.item() / s.n_mem
+        projected, cos, with_memory = self.scratch(ctx).sums.values()
+        ctx.stats["proj_share"] = projected / max(ctx.steps, 1)
+        if with_memory:
+            ctx.stats["cos_before"] = cos / with_memory
         if ctx.broadcast.get(TEACHER) is not None or self.p.memory_loss == "ce":
             ctx.stats["mem_loss_after"] = self.memory_value(up.extras[PUBLIC_LOGITS], ctx.broadcast)
         if self.p.gamma2 > 0:
