@@ -124,7 +124,10 @@ def weight_divergence(
 class FedProj(FedDF):
     name = "fedproj"
     # [D] each step's memory gradient and projection are step terms that see the step (their
-    # memory batch goes through the step's weights); local_lr_step trains sequentially (trait)
+    # memory batch goes through the step's weights). stacked = False for the class: its
+    # client_step drops the lr within the round with local_lr_step; every other form stacks
+    # (``trait``), its client_step then FedAvg's
+    stacked = False
     step_terms = True
     sees_step = True
     needs_public = True
@@ -150,10 +153,11 @@ class FedProj(FedDF):
 
     @classmethod
     def trait(cls, name: str, params=None) -> bool:
-        """``stacked``: false with local_lr_step (the code's StepLR: each client's lr falls
-        after its own number of steps within the round, which one stacked SGD does not do)."""
-        if name == "stacked" and params is not None and params.local_lr_step:
-            return False
+        """``stacked``: true unless local_lr_step (the code's StepLR: each client's lr falls
+        after its own number of steps within the round, which one stacked step does not do;
+        ``client_step`` does it one client at a time)."""
+        if name == "stacked":
+            return params is not None and not params.local_lr_step
         return super().trait(name, params)
 
     # ---------------------------------------------------------------- server side
