@@ -112,9 +112,6 @@ def test_engine_choice_and_fallback(make_run_config):
     sol = make_run_config(dataset="digits", model="slvit", model_options=SLVIT_TINY, method="fedsol")
     with pytest.raises(FedForgetError, match="method 'fedsol' has terms of the step's own forward pass"):
         Simulation(replace(sol, train=replace(sol.train, client_engine="vectorized")))
-    rcl = make_run_config(dataset="digits", model="resnet8", method="fedrcl")  # its levels: the ResNet's stages
-    with pytest.raises(FedForgetError, match="whose levels .forward_levels. the stacked forward does not give"):
-        Simulation(replace(rcl, train=replace(rcl.train, client_engine="vectorized")))
     rms = make_run_config()
     rms = replace(rms, train=replace(rms.train, optimizer=replace(rms.train.optimizer, name="rmsprop")))
     assert "optimizer 'rmsprop' (the batched path implements SGD and Adam)" in why_not_vectorized(

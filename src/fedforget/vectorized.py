@@ -133,8 +133,6 @@ def why_not_vectorized(
         )
     if method_cls.trait("live_terms", params) and method_cls.trait("stacked", params):
         bad = stacked_supported(model)
-        if bad is None and method_cls.trait("live_levels", params) and hasattr(getattr(model, "body", None), "forward_levels"):
-            bad = f"{type(model.body).__name__}, whose levels (forward_levels) the stacked forward does not give"
         if bad is not None:  # [D] its second pass or logit loss is written for stacked_forward
             return (
                 f"method '{method_cls.name}' has terms of the step's own forward pass (live_terms); the "
@@ -230,11 +228,17 @@ def stacked_head(model: Classifier, params: dict[str, torch.Tensor], features: t
     return _relayout(*_stacked(model.head, params, features, features.shape[0], "head.", GB), GB, features.shape[0])
 
 
-def stacked_features(model: Classifier, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def stacked_features(
+    model: Classifier, params: dict[str, torch.Tensor], x: torch.Tensor, levels: list | None = None
+) -> torch.Tensor:
     """The body features [G, B, F] of G weight sets of ``model`` (a ``Classifier``), each on
-    its own inputs [G, B, ...]: ``stacked_forward``'s first half."""
-    h, layout = _stacked(model.body, params, x, x.shape[0], "body.", GB)
-    return _relayout(h, layout, GB, x.shape[0])
+    its own inputs [G, B, ...]: ``stacked_forward``'s first half. ``levels``: a list that a
+    ResNet body fills with its ``forward_levels`` representations, each [G, B, d_l]."""
+    g = x.shape[0]
+    h, layout = _stacked(model.body, params, x, g, "body.", GB, levels)
+    if levels:
+        levels[:] = [_relayout(v, GRP, GB, g) for v in levels]
+    return _relayout(h, layout, GB, g)
 
 
 # [D] On a GPU the ResNets' stacked layers run in channels_last (NHWC) memory format: the same
@@ -258,7 +262,10 @@ def _relayout(h: torch.Tensor, frm: str, to: str, g: int) -> torch.Tensor:
     return h.transpose(0, 1).reshape(h.shape[1], g * h.shape[2], *h.shape[3:])  # one copy
 
 
-def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: int, prefix: str, layout: str):
+def _stacked(
+    module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: int, prefix: str, layout: str,
+    levels: list | None = None,
+):  # fmt: skip
     if isinstance(module, Classifier):  # Classifier.forward: head(body(x))
         h, layout = _stacked(module.body, p, h, g, prefix + "body.", layout)
         return _stacked(module.head, p, h, g, prefix + "head.", layout)
@@ -282,10 +289,15 @@ def _stacked(module: nn.Module, p: dict[str, torch.Tensor], h: torch.Tensor, g: 
             h = h.contiguous(memory_format=torch.channels_last)
         for name in ("conv1", "bn1"):
             h = _stacked(getattr(module, name), p, h, g, f"{prefix}{name}.", GRP)[0]
+        if levels is not None:  # forward_levels: the stem and each stage before its ReLU, pooled
+            levels.append(h.mean(dim=(2, 3)))
         h = _stacked(module.pool, p, F.relu(h), g, prefix + "pool.", GRP)[0]
         for i, stage in enumerate(module.stages):
             for j, block in enumerate(stage):
-                h = F.relu(_stacked(block, p, h, g, f"{prefix}stages.{i}.{j}.", GRP)[0])
+                h = _stacked(block, p, h, g, f"{prefix}stages.{i}.{j}.", GRP)[0]
+                if levels is not None and j == len(stage) - 1:
+                    levels.append(h.mean(dim=(2, 3)))
+                h = F.relu(h)
         return h.mean(dim=(2, 3)), GRP  # [B, G*C]: each client's channels pooled alone
     if type(module) is BasicBlock:  # BasicBlock.forward, the sum before the final ReLU
 
@@ -546,6 +558,7 @@ def train_clients_together(
     if live is not None and not use_stacked:
         raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
     adam = optimizer == "adam"
+    staged = type(getattr(model, "body", None)) is ResNetBody  # forward_levels: its stages
     if graphs is not None and not (use_stacked and terms is None and live is None and not adam):
         graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
     if graphs is not None:
@@ -623,8 +636,9 @@ def train_clients_together(
         if drop:
             set_dropout_key(drop, DropoutKey(keys[lo : lo + xb.shape[0]], step_t))
         if live is not None:  # the method's terms of this forward pass (client_live_terms)
+            lv = [] if staged else None  # the ResNets' levels (StepBatch.levels)
             with autocast():
-                feats = stacked_features(model, {**leaves, **st_act}, xb)
+                feats = stacked_features(model, {**leaves, **st_act}, xb, lv)
                 out = stacked_head(model, leaves, feats)
 
             def second(w2: dict, head_only: bool) -> torch.Tensor:
@@ -636,7 +650,8 @@ def train_clients_together(
                     return stacked_forward(model, {**w2, **{n: v.clone() for n, v in st_act.items()}}, xb)
 
             step = StepBatch(xb, yb, rows, out.float(), functools.partial(stack_forward, lo=lo), stack_grad,
-                             task_losses(out, yb, mask, lm), feats.float(), stack_features, mask, stack_logits)  # fmt: skip
+                             task_losses(out, yb, mask, lm), feats.float(), stack_features, mask, stack_logits,
+                             None if lv is None else [v.float() for v in lv])  # fmt: skip
             grads, losses = live_pass(lo, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -861,8 +876,14 @@ def train_clients_together(
         def part(mod: nn.Module, prefix: str, ws: dict, h: torch.Tensor) -> torch.Tensor:
             return functional_call(mod, {n[len(prefix) :]: v[0] for n, v in ws.items() if n.startswith(prefix)}, (h,))
 
+        lv = None
         with autocast():
-            feats = part(net.body, "body.", w, xb)
+            if staged:  # the body as a stack of one, for its levels (the module's arithmetic)
+                lv = []
+                own_bufs = {n: b.unsqueeze(0) for n, b in net.named_buffers()}  # updated in place
+                feats = stacked_features(net, {**w, **own_bufs}, xb.unsqueeze(0), lv)[0]
+            else:
+                feats = part(net.body, "body.", w, xb)
             out = part(net.head, "head.", w, feats)
 
         def second(w2: dict, head_only: bool) -> torch.Tensor:
@@ -891,7 +912,8 @@ def train_clients_together(
             return ws
 
         step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(
-            loss=loss, features=feats.float().unsqueeze(0), features_of=own_features, logits_of=own_logits
+            loss=loss, features=feats.float().unsqueeze(0), features_of=own_features, logits_of=own_logits,
+            levels=None if lv is None else [v.float() for v in lv],
         )
         lm1 = None if lm is None else lm.unsqueeze(0)
         return live_pass(i, w, step, second, torch.ones(1, len(yb), device=yb.device), lm1)

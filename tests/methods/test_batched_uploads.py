@@ -138,11 +138,12 @@ BN_LIVE = [
     ("fedsam", {"rho": 0.1}),
     ("fedntd", {"beta": 1.0, "tau": 2.0}),
     ("moon", {"mu": 1.0, "tau": 0.5, "first_prev": "init"}),  # the previous model's statistics
+    ("fedrcl", {}),  # the ResNet's five levels (forward_levels), stacked
 ]
 
 
 # batch 12: every step batched; 20: on a CPU client by client (two methods: a second full pass, a frozen one)
-BN_CASES = [(m, p, 12) for m, p in BN_LIVE] + [(m, p, 20) for m, p in BN_LIVE if m in ("fedsam", "moon")]
+BN_CASES = [(m, p, 12) for m, p in BN_LIVE] + [(m, p, 20) for m, p in BN_LIVE if m in ("fedsam", "moon", "fedrcl")]
 
 
 @pytest.mark.parametrize("method,params,batch_size", BN_CASES,
@@ -176,16 +177,20 @@ def test_live_terms_with_batchnorm_equal_sequential(
     assert any("running_mean" in k for k in vec.global_params)
 
 
-def test_fedrcl_on_a_resnet_trains_sequentially():
-    """FedRCL's levels of a ResNet are its stages' outputs (forward_levels), which the
-    stacked forward does not give: refused for the batched path, named (live_levels)."""
-    from fedforget.models import build_model
-    from fedforget.vectorized import why_not_vectorized
-
-    model = build_model("resnet8", (1, 8, 8), 10)
-    why = why_not_vectorized(METHODS.get("fedrcl"), model, "sgd", params=make_params("fedrcl", {}))
-    assert "ResNetBody, whose levels (forward_levels) the stacked forward does not give" in why
-    assert why_not_vectorized(METHODS.get("fedsol"), model, "sgd", params=make_params("fedsol", {})) is None
+@pytest.mark.parametrize("levels", ["all", [0, 2]])
+def test_fedrcl_levels_of_a_resnet_stacked_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights, levels):
+    """FedRCL's multi-level terms on ResNet-8 with GroupNorm (the FedRCL code's norm): the
+    stacked forward gives the stem's and each stage's pooled pre-ReLU output, as
+    ``forward_levels``; within 1e-5 of the clients one after another, its l_scl and l_div
+    included (a CPU: steps of 12 rows batched, of 20 client by client in replicas)."""
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"}, method="fedrcl",
+                         params={"levels": levels}, rounds=1, local_epochs=1, batch_size=12, sample_rate=0.1,
+                         optimizer={"lr": 0.01, "momentum": 0.5}, partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    assert_same_weights(seq, vec)
+    assert rows_v[-1]["fedrcl_l_scl"] > 0
 
 
 FEDPROJ = [

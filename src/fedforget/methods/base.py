@@ -157,6 +157,10 @@ class StepBatch(NamedTuple):
     mask: torch.Tensor | None = None  # [G, w] float, 1 on real rows: ``row_mask`` without
     #   ``rows`` (the batched live step leaves ``rows`` None: no host read per step)
     logits_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
+    # the step's representations of several depths where the body has stages (the ResNets:
+    # ``Classifier.forward_levels``), each [G, w, d_l], shallow to deep, in the step's graph;
+    # None: one level, ``features`` (FedRCL's multi-level terms)
+    levels: list[torch.Tensor] | None = None
 
     def row_mask(self) -> torch.Tensor:
         """[G, w] float: 1 on each client's real rows, 0 on its padding."""
@@ -453,8 +457,6 @@ class FedAvg:
     live_terms: bool = False  # the method states terms of the step's own forward pass in
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
     #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
-    live_levels: bool = False  # its live terms read the model's levels where it has them
-    #   (``forward_levels``: the ResNets' stage outputs), which the stacked forward does not give
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
     one_task_per_class: bool = False  # it maps each class to one task (a split's classes
     #   disjoint): refused on a split whose neighbouring tasks share classes (class_overlap)

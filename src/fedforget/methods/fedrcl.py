@@ -190,11 +190,9 @@ class FedRCL(FedAvg):
 
     name = "fedrcl"
     own_upload = True
-    # [D] the stacked trainer runs one-level models (the penultimate features, StepBatch.features);
-    # the ResNets' stage outputs (forward_levels) are not in the stacked forward, and those
-    # models train one client after another (live_levels: why_not_vectorized)
+    # the stacked trainer gives the step's levels: the ResNets' stages (StepBatch.levels), or
+    # the penultimate features of a one-level model (StepBatch.features)
     live_terms = True
-    live_levels = True
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:
@@ -203,19 +201,19 @@ class FedRCL(FedAvg):
             s.sums = StepSums.own(3, self.info.device)  # L_SCL, L_DIV, steps
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
-        """weight * L_RCL of each client of a stack, on its real rows of the step's own
-        features (one level: the penultimate features), by ``rcl_terms`` client by client as
-        each client alone computes it; summed per client in one tensor for the diagnostics."""
+        """weight * L_RCL of each client of a stack, on its real rows of the step's own levels
+        (``StepBatch.levels``: a ResNet's stages; else one level, the penultimate features),
+        by ``rcl_levels`` client by client as each client alone computes it (``client_step``);
+        summed per client in one tensor for the diagnostics."""
         p = self.p
         if p.weight == 0 or not ctxs:
             return None
-        if hasattr(ctxs[0].model.body, "forward_levels"):  # why_not_vectorized keeps these sequential
-            raise ValueError("fedrcl's stacked step has one level: a model with stages trains sequentially")
         sums = StepSums.shared([self.scratch(c) for c in ctxs], 3, self.info.device)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
             rows = step.rows if step.rows is not None else step.row_mask().sum(1).long().tolist()
-            terms = [rcl_levels(select_levels([step.features[j, :n]], p.levels), step.y[j, :n], p.tau, p.threshold, p.pairs)
+            levels = step.levels if step.levels is not None else [step.features]
+            terms = [rcl_levels(select_levels([v[j, :n] for v in levels], p.levels), step.y[j, :n], p.tau, p.threshold, p.pairs)
                      for j, n in enumerate(rows)]  # fmt: skip
             scl, div = (torch.stack(t) for t in zip(*terms))
             sums[0, lo:hi] += scl.detach()
