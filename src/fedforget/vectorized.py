@@ -570,9 +570,14 @@ def train_clients_together(
         stats = {k: stack(k) for k in buffer_names} if not alone else {}
     # the optimizer's state per parameter, stacked [m, ...]: SGD's momentum buffer, or Adam's
     # two moments and each client's step count [m]
+    def fresh_state(v: torch.Tensor, rows: int) -> tuple:
+        """One parameter's optimizer state at the round's start, ``v`` its ``rows`` clients' rows."""
+        if adam:
+            return torch.zeros_like(v), torch.zeros_like(v), torch.zeros(rows, device=device)
+        return (torch.zeros_like(v),)
+
     if adam:
-        ostate = {} if alone else {k: (torch.zeros_like(v), torch.zeros_like(v), torch.zeros(m, device=device))
-                                   for k, v in params.items()}  # fmt: skip
+        ostate = {} if alone else {k: fresh_state(v, m) for k, v in params.items()}
     else:
         ostate = {k: (b,) for k, b in bufs.items()} if bufs is not None else {}
 
@@ -663,7 +668,7 @@ def train_clients_together(
         return dict(zip(leaves, grads)), losses.detach(), out.detach()
 
     def update_(ps: list, ds: list, ss: list[tuple] | None) -> None:
-        """The optimizer's update in place (``_sgd_update``, ``_adam_update``), ``ss`` each
+        """The optimizer's update in place (``_sgd_update``, ``adam_update_``), ``ss`` each
         parameter's state rows (``state_rows``; None: SGD without momentum); a parameter
         whose gradient is None (a method's gradient map holds it this step) is skipped, as
         torch.optim skips it: no decay, no momentum, no step counted."""
@@ -679,7 +684,7 @@ def train_clients_together(
                 for i, d in enumerate(ds) if isinstance(d, Held)]  # fmt: skip
         ds = [d.grad if isinstance(d, Held) else d for d in ds]
         if adam:
-            _adam_update(ps, ds, ss)
+            adam_update_(ps, ds, ss, lr, betas, weight_decay)
         else:
             _sgd_update(ps, ds, None if ss is None else [st[0] for st in ss])
         for p, st, h, p0, st0 in held:
@@ -695,9 +700,6 @@ def train_clients_together(
             torch._foreach_add_(bs, ds)
             ds = bs
         torch._foreach_add_(ps, ds, alpha=-lr)
-
-    def _adam_update(ps: list, ds: list, ss: list[tuple]) -> None:
-        adam_update_(ps, ds, ss, lr, betas, weight_decay)
 
     def stack_forward(
         w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None, lo: int = 0
@@ -824,10 +826,8 @@ def train_clients_together(
             for n in buffer_names:  # updated in place by the forward
                 own_stats[n].copy_(global_params[n] if alone else stats[n][i])
         p_i = {n: own[n].detach().unsqueeze(0) for n in names}  # [1, ...] views: a stack of one
-        if alone and adam:
-            s_i = [(torch.zeros_like(v), torch.zeros_like(v), torch.zeros(1, device=device)) for v in p_i.values()]
-        elif alone:
-            s_i = [(torch.zeros_like(v),) for v in p_i.values()] if momentum else None
+        if alone:
+            s_i = [fresh_state(v, 1) for v in p_i.values()] if adam or momentum else None
         else:
             s_i = None if not ostate else [tuple(t[i : i + 1].clone() for t in ostate[n]) for n in names]
         drop_i = keyed_modules(net)

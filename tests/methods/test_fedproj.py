@@ -15,7 +15,7 @@ import torch
 
 from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, ServerContext, Upload, make_params
-from fedforget.methods.distill import kd_loss
+from fedforget.methods.distill import kd_loss, softened_kl, softened_kl_stacked
 from fedforget.methods.feddf import PUBLIC_LOGITS, PUBLIC_X
 from fedforget.methods.fedproj import (
     PUBLIC_FEATURES,
@@ -145,6 +145,16 @@ def test_weight_divergence_gradient_is_two_alpha_times_offset():
         torch.testing.assert_close(p.grad, expected)
     total = sum(((p.detach() - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
     assert loss.item() == pytest.approx(alpha * total.item(), rel=1e-6)
+
+
+def test_stacked_memory_kl_is_each_clients_own():
+    """softened_kl_stacked (the batched FedProj step's L_mem) equals softened_kl of each
+    client's rows alone, to rounding."""
+    gen = torch.Generator().manual_seed(0)
+    s, t = torch.randn(3, 7, 5, generator=gen) * 2, torch.randn(3, 7, 5, generator=gen) * 2
+    want = torch.stack([softened_kl(s[j], t[j], 3.0) for j in range(3)])
+    torch.testing.assert_close(softened_kl_stacked(s, t, 3.0), want, rtol=1e-6, atol=1e-7)
+    assert softened_kl_stacked(t, t, 3.0).abs().max() == 0
 
 
 # ----------------------------------------------------------------------------- client step

@@ -64,6 +64,21 @@ def softened_kl(
     )
 
 
+def softened_kl_stacked(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``softened_kl`` of each client of a stack: logits [G, N, C] -> [G], each the mean over
+    its rows (the same terms; summed in another order, so equal to rounding)."""
+    t = float(temperature)
+    kl = F.kl_div(
+        F.log_softmax(student_logits / t, dim=-1),
+        F.log_softmax(teacher_logits / t, dim=-1),
+        reduction="none",
+        log_target=True,
+    )
+    return kl.sum(-1).mean(-1)
+
+
 def kd_loss(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
 ) -> torch.Tensor:

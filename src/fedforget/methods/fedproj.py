@@ -93,7 +93,7 @@ import torch.nn.functional as F
 
 from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, ServerContext, StepBatch, StepTerms, Upload
-from .distill import DistillParams, public_logits, softened_kl
+from .distill import DistillParams, public_logits, softened_kl, softened_kl_stacked
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
 from .params import boolean, choice, integer, number, redefault
 from .registry import METHODS
@@ -278,9 +278,7 @@ class FedProj(FedDF):
         if self.p.memory_loss == "ce":
             ys = torch.stack([target(PUBLIC_Y, i) for i in idx])
             return F.cross_entropy(logits.flatten(0, 1), ys.flatten(), reduction="none").view(ys.shape).mean(1)
-        zs, t = torch.stack([target(TEACHER, i) for i in idx]), float(self.p.temperature)
-        kl = F.kl_div(F.log_softmax(logits / t, dim=-1), F.log_softmax(zs / t, dim=-1), reduction="none", log_target=True)
-        return kl.sum(-1).mean(-1)  # memory_kl's batch mean, per client
+        return softened_kl_stacked(logits, torch.stack([target(TEACHER, i) for i in idx]), self.p.temperature)
 
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
         """The step of each client of a stack that projects this round (``projection_active``):
