@@ -147,6 +147,14 @@ def test_adam_stacked_equals_sequential(make_run_config, run_engines, assert_sam
     assert_same_weights(seq, vec)
 
 
+def test_channels_last_switch_refuses_an_unknown_value():
+    from fedforget.vectorized import channels_last_mode
+
+    assert channels_last_mode(None) == "resnet" and channels_last_mode("0") == "0" and channels_last_mode("1") == "1"
+    with pytest.raises(FedForgetError, match="FEDFORGET_STACKED_CHANNELS_LAST='yes'; allowed: 0, 1, resnet"):
+        channels_last_mode("yes")
+
+
 def test_adam_update_equals_torch():
     """adam_update_ on 3 clients' stacked rows, over 5 steps of made-up gradients (weight
     decay on), equals torch.optim.Adam (foreach, as make_optimizer builds it) on each

@@ -86,6 +86,7 @@ from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
 from .methods.base import Held, LiveStep, LiveTerms, StepBatch, StepTerms, masked_logits
 from .models import BasicBlock, Classifier, ResNetBody, TaskHeads
+from .utils import FedForgetError
 
 
 def method_not_vectorized(
@@ -246,8 +247,19 @@ def stacked_features(
 # backward kernel and in NCHW<->NHWC transposes (profile-resnet18-vectorized.txt); issue 32's
 # ResNet-18 setting ran 0.76x the plain loop batched in NCHW, 1.72x in NHWC (H200,
 # benchmarks/results/h200-2026-11-27-c and its run2/). FEDFORGET_STACKED_CHANNELS_LAST: 1 every
-# stacked Conv2d model (unmeasured for the others), 0 none, unset the ResNets
-CHANNELS_LAST = os.environ.get("FEDFORGET_STACKED_CHANNELS_LAST", "resnet")
+# stacked Conv2d model (unmeasured for the others), 0 none, unset (or resnet) the ResNets
+CHANNELS_LAST_MODES = ("0", "1", "resnet")
+
+
+def channels_last_mode(value: str | None) -> str:
+    """FEDFORGET_STACKED_CHANNELS_LAST's mode (unset: resnet); any other value refused, named."""
+    mode = "resnet" if value is None else value
+    if mode not in CHANNELS_LAST_MODES:
+        raise FedForgetError(f"FEDFORGET_STACKED_CHANNELS_LAST={value!r}; allowed: {', '.join(CHANNELS_LAST_MODES)} (unset: resnet)")
+    return mode
+
+
+CHANNELS_LAST = channels_last_mode(os.environ.get("FEDFORGET_STACKED_CHANNELS_LAST"))
 
 # activation layouts of stacked_forward
 GB = "[G, B, ...]"  # client, sample, features: Linear layers (one batched matmul)
