@@ -136,8 +136,8 @@ def test_adam_stacked_equals_sequential(make_run_config, run_engines, assert_sam
     within 1e-5 of the clients one after another (metrics and weights). [D] Adam divides by
     sqrt(v): a gradient coordinate near 0 whose sign rounding flips moves by about lr either
     way, so where the two trainers' gradients differ in rounding (a CPU's grouped
-    convolutions of the tail steps) the weights came up to 3 lr apart (cnn2d, lr 0.002, a
-    probe); these cases' gradients agree closely (MLPs) or exactly (each client's Conv2d
+    convolutions of the tail steps) the weights come apart by the order of lr (an ad-hoc
+    probe on cnn2d); these cases' gradients agree closely (MLPs) or exactly (each client's Conv2d
     steps in its replica, as alone). The update itself: test_adam_update_equals_torch."""
     rc = make_run_config(rounds=2, local_epochs=2, sample_rate=0.5,
                          partition=PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0), **kw)  # fmt: skip

@@ -161,7 +161,7 @@ def test_live_terms_with_batchnorm_equal_sequential(
     BatchNorm over 12 rows grows rounding differences (test_batchnorm_stacked_equals_
     sequential), at perturbed weights the more (FedSAM's loss there 1.8 above the step's at
     rho 0.1); at lr 1e-2 or 1e-3 the two trainers' mean training losses or FedSOL's cosines
-    came 1e-5 to 2e-3 apart, case by case, at lr 1e-6 within 1e-7 (probes, not kept). Batch
+    came apart beyond 1e-5, case by case, at lr 1e-6 they did not (ad-hoc probes). Batch
     12: every step batched, a step's clients with batches of different sizes in several
     runs; batch 20: on a CPU the steps of >= 16 rows client by client in replicas
     (``live_alone``)."""
