@@ -40,6 +40,7 @@ from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
 CPU = torch.device("cpu")
+THREADS = [1]  # --threads
 PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
 SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop"}
 SMALL_CNN = {"channels": [4, 8], "hidden": 16}
@@ -60,7 +61,7 @@ def run_config(root: Path, dataset: str, model: str, model_options: dict, method
         scenario = resolve_scenario(scenario, info.num_classes, tuple(info.input_shape(info.resolve({}))), "scenario")
     ds = DatasetSpec(dataset, {}, model, dict(model_options), public, dataset_id(dataset, {}), scenario)
     t = TrainSpec(
-        rounds=4, local_epochs=2, batch_size=8, sample_rate=0.75, device="cpu", threads=1,
+        rounds=4, local_epochs=2, batch_size=8, sample_rate=0.75, device="cpu", threads=THREADS[0],
         optimizer=OptimizerSpec(lr=0.05, momentum=0.9, weight_decay=1e-3), client_engine=engine,
     )  # fmt: skip
     return RunConfig(
@@ -105,8 +106,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default: standard output)")
     ap.add_argument("--methods", nargs="*", default=None, help="only these methods")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    THREADS[0] = args.threads
+    torch.set_num_threads(args.threads)
     result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="fedforget-fp-") as tmp:
         root = Path(tmp)

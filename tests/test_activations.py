@@ -99,10 +99,6 @@ def test_every_layer_of_every_model_is_found_and_reproduced(name):
     assert set(SHAPES) >= set(MODEL_DEFAULTS)  # a new model must be added here
     torch.manual_seed(0)
     model = build_model(name, SHAPES[name], 3, OPTIONS.get(name, {})).eval()
-    if name == "vit":  # attention projections are not module calls: refused, by name
-        with pytest.raises(FedForgetError, match="self_attention: nn.MultiheadAttention is not supported"):
-            find_layers(model)
-        return
     layers = find_layers(model)
     params = dict(model.named_parameters())
     kinds = (nn.Linear, nn.Conv1d, nn.Conv2d)
@@ -164,6 +160,32 @@ def test_unsupported_convolutions_are_refused():
         find_layers(nn.Sequential(nn.Conv2d(4, 4, 3, groups=2)))
     with pytest.raises(FedForgetError, match="padding_mode"):
         find_layers(nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")))
+    # a raw MultiheadAttention: its projections are no module calls (the 'vit' model's are:
+    # models.SelfAttention, test_models_paper)
+    with pytest.raises(FedForgetError, match="attn: nn.MultiheadAttention is not supported"):
+        find_layers(nn.ModuleDict({"attn": nn.MultiheadAttention(8, 2, batch_first=True)}))
+
+
+def test_a_vits_attention_projections_are_layers_with_their_inputs():
+    """The 'vit' model's attention: in_proj's input is the block's normalised tokens, out_proj's
+    the heads' concatenated outputs, both reached by hooks (eval mode, no gradient too)."""
+    model = build_model("vit", SHAPES["vit"], 3, OPTIONS["vit"]).eval()
+    layers = find_layers(model)
+    blocks = [n.removesuffix(".self_attention.in_proj") for n in layers if n.endswith("self_attention.in_proj")]
+    assert len(blocks) == OPTIONS["vit"]["layers"]
+    x = torch.randn(3, *SHAPES["vit"], generator=gen(3))
+    mats = layer_inputs(model, x, layers)
+    seen = {}
+    block = dict(model.named_modules())[blocks[0]]
+    h = block.ln_1.register_forward_hook(lambda m, a, o: seen.__setitem__("tokens", o))
+    with torch.no_grad():
+        model(x)
+    h.remove()
+    tokens = seen["tokens"]  # [B, L, E]
+    a = mats[f"{blocks[0]}.self_attention.in_proj"]
+    assert a.shape == (tokens.shape[-1], tokens.shape[0] * tokens.shape[1])
+    torch.testing.assert_close(a, tokens.transpose(1, 0).reshape(-1, tokens.shape[-1]).T)
+    assert mats[f"{blocks[0]}.self_attention.out_proj"].shape == a.shape
 
 
 def test_project_out_is_orthogonal_to_the_basis_and_idempotent():

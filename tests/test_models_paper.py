@@ -169,6 +169,43 @@ def test_vit_resizes_inputs_and_returns_the_class_token_features() -> None:
     assert z.shape == (3, 32) and logits.shape == (3, 5)
 
 
+def test_vit_attention_takes_multiheadattentions_path_bit_for_bit() -> None:
+    """The 'vit' model's SelfAttention (projections as module calls, for the activation-based
+    methods) against torchvision's own ViT with nn.MultiheadAttention, same weights: the
+    training forward and every gradient bit for bit; evaluation without gradients, where MHA
+    takes its fused kernel, equal up to float rounding."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    from fedforget.models import SelfAttention
+
+    torch.manual_seed(0)
+    model = build_model("vit", (3, 16, 16), 5, {**SMALL_VIT, "image_size": 16})
+    shape = (16, SMALL_VIT["patch_size"], SMALL_VIT["layers"], SMALL_VIT["heads"], SMALL_VIT["hidden_dim"], SMALL_VIT["mlp_dim"])
+    ref = VisionTransformer(*shape)
+    ref.heads = torch.nn.Identity()
+    mine = model.body.vit
+    assert all(isinstance(b.self_attention, SelfAttention) for b in mine.encoder.layers)
+    state = {}
+    for k, v in mine.state_dict().items():  # SelfAttention's names back to MHA's
+        state[k.replace("self_attention.in_proj.", "self_attention.in_proj_")] = v
+    ref.load_state_dict(state, strict=True)
+    x = torch.randn(4, 3, 16, 16)
+    a, b = mine(x), ref(x)
+    assert torch.equal(a, b)
+    ga = torch.autograd.grad(a.square().sum(), list(mine.parameters()))
+    gb = torch.autograd.grad(b.square().sum(), list(ref.parameters()))
+    assert all(torch.equal(u, v) for u, v in zip(ga, gb, strict=True))
+    mine.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(mine(x), ref(x), atol=1e-6, rtol=1e-6)
+    # the converted weights are the MHA's, in its dtype
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+    sa = SelfAttention.of(mha)
+    assert sa.in_proj.weight.dtype == torch.float64 and torch.equal(sa.in_proj.weight, mha.in_proj_weight)
+    with pytest.raises(FedForgetError, match="self-attention of a"):
+        sa(torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 3, 8, dtype=torch.float64))
+
+
 IMAGES = {"num_train": 48, "num_test": 20, "channels": 3, "size": 32}
 MNIST_LIKE = {"num_train": 48, "num_test": 20}
 PUBLIC = {"source": "holdout", "fraction": 0.25, "seed": 0}

@@ -411,6 +411,61 @@ def resnet18_imagenet(
     return Classifier(body, 512, num_classes)
 
 
+class SelfAttention(nn.Module):
+    """torchvision's ViT self-attention (``nn.MultiheadAttention(batch_first=True)`` called as
+    ``attn(x, x, x, need_weights=False)``) with its two projections as ``nn.Linear`` modules
+    called as modules: ``in_proj`` [3E, E] (query, key and value stacked, MHA's
+    ``in_proj_weight`` / ``in_proj_bias``) and ``out_proj`` [E, E]. [D] Why: the
+    activation-based methods (GPM, FOT, FedProTIP; ``fedforget.activations``) take each layer's
+    input from its module call, and MHA never calls its projections as modules, so their
+    inputs (the tokens, and the attention output before ``out_proj``) were out of reach
+    (FedProTIP Table 7 projects them, as its code's timm ViT: ``attn.qkv``, ``attn.proj``).
+    The ops are those of ``F.multi_head_attention_forward``'s self-attention path (torch 2.x:
+    the sequence-first transpose, one packed projection, scaled_dot_product_attention,
+    ``out_proj`` on [L * B, E]), so it gives MHA's bits wherever MHA takes that path (training,
+    or any pass with gradients; tested). [D] Without gradients in eval mode MHA takes a fused
+    kernel (``torch._native_multi_head_attention``) that skips the module calls, so hooks on
+    the projections would never fire: this module keeps its one path, equal to the fused
+    kernel up to float rounding (ViT evaluations changed by about 1e-7 with it)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if embed_dim % num_heads:
+            raise FedForgetError(f"attention: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, float(dropout)
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    @classmethod
+    def of(cls, mha: nn.MultiheadAttention) -> SelfAttention:
+        """The same attention as ``mha`` (its weights copied; batch first, packed projections
+        with biases, no bias_k / bias_v / zero attention: as torchvision's ViT builds it)."""
+        if not (mha.batch_first and mha._qkv_same_embed_dim and mha.in_proj_bias is not None
+                and mha.bias_k is None and not mha.add_zero_attn):  # fmt: skip
+            raise FedForgetError("attention: only a batch-first MultiheadAttention with packed, biased projections converts")
+        out = cls(mha.embed_dim, mha.num_heads, mha.dropout).to(mha.in_proj_weight)  # its dtype and device
+        with torch.no_grad():
+            out.in_proj.weight.copy_(mha.in_proj_weight)
+            out.in_proj.bias.copy_(mha.in_proj_bias)
+            out.out_proj.weight.copy_(mha.out_proj.weight)
+            out.out_proj.bias.copy_(mha.out_proj.bias)
+        return out
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                need_weights: bool = False) -> tuple[torch.Tensor, None]:  # fmt: skip
+        if key is not query or value is not query or need_weights or query.dim() != 3:
+            raise FedForgetError("attention: self-attention of a [B, L, E] batch only (key and value the query, no weights)")
+        x = query.transpose(1, 0)  # [L, B, E]
+        n, b, e = x.shape
+        h = self.num_heads
+        d = e // h
+        qkv = self.in_proj(x).unflatten(-1, (3, e)).unsqueeze(0).transpose(0, -2).squeeze(-2).contiguous()
+        q, k, v = (t.view(n, b * h, d).transpose(0, 1).view(b, h, n, d) for t in (qkv[0], qkv[1], qkv[2]))
+        out = F.scaled_dot_product_attention(q, k, v, None, self.dropout if self.training else 0.0, False)
+        out = self.out_proj(out.permute(2, 0, 1, 3).reshape(b * n, e)).view(n, b, e)
+        return out.transpose(1, 0), None
+
+
 class ViTBody(nn.Module):
     """torchvision's VisionTransformer up to its class token's final representation (its
     classification head left out): [B, hidden_dim]."""
@@ -476,6 +531,8 @@ def vit(
         net = VisionTransformer(*shape)
         if pretrained:
             net.load_state_dict(torchvision_weights(ViT_B_16_Weights.IMAGENET1K_V1))
+    for block in net.encoder.layers:  # the projections as modules (SelfAttention) [D]
+        block.self_attention = SelfAttention.of(block.self_attention)
     return Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
 
 

@@ -259,10 +259,18 @@ def client(model, broadcast, task=1, lr=0.1, params=None, data=None):
     return m, ctx
 
 
-def test_projected_gradient_is_orthogonal_to_the_bases_conv_and_linear():
+TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 8, "mlp_dim": 16}
+
+
+@pytest.mark.parametrize("model_name", ["cnn2d", "vit"])
+def test_projected_gradient_is_orthogonal_to_the_bases_conv_and_linear(model_name):
+    """Every projected layer's gradient is orthogonal to its bases; on a ViT (Table 7) these
+    include the attention's in_proj and out_proj (models.SelfAttention)."""
     torch.manual_seed(0)
-    model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
+    model = build_model(model_name, (1, 8, 8), 10, SMALL_CNN if model_name == "cnn2d" else TINY_VIT)
     layers = projected_layers(model)
+    if model_name == "vit":
+        assert {n.rsplit(".", 1)[-1] for n in layers} >= {"in_proj", "out_proj", "conv_proj", "0", "3", "head"}
     bases = {n: orthonormal(weight_matrix(m).shape[1], max(1, weight_matrix(m).shape[1] // 3), i).float()
              for i, (n, m) in enumerate(layers.items())}  # fmt: skip
     m, ctx = client(model, {BASES: bases})
@@ -276,6 +284,10 @@ def test_projected_gradient_is_orthogonal_to_the_bases_conv_and_linear():
         assert layer.bias.grad is None  # bias: freeze
         kinds.add(type(layer).__name__)
     assert kinds == {"Conv2d", "Linear"}
+    if model_name == "vit":  # the 1-D LayerNorm parameters are held too; the tokens are not
+        params = dict(model.named_parameters())
+        assert all(params[n].grad is None for n in params if ".ln" in n)
+        assert params["body.vit.class_token"].grad is not None
 
 
 @pytest.mark.parametrize("project", [True, False])
@@ -518,6 +530,18 @@ def test_split_digits_run_heads_frozen_bases_references_and_communication(make_r
         with torch.no_grad():
             newest = model.head.combined(model.features(xt)).argmax(1)
         assert r["agnostic"] == pytest.approx(float((newest == yt).double().mean()))
+
+
+def test_split_digits_run_on_a_vit_with_bases_of_its_attention(make_run_config):
+    """FedProTIP on a (tiny) ViT, per-task heads, TIP: every attention projection gets bases."""
+    rc = digits(make_run_config, {"samples": 32})
+    rc = replace(rc, dataset=replace(rc.dataset, model="vit", model_options=TINY_VIT))
+    sim, rows = run(rc)
+    bases = sim.server.state[BASES]
+    for kind in ("self_attention.in_proj", "self_attention.out_proj", "mlp.0", "mlp.3"):
+        phi = bases[f"body.vit.encoder.layers.encoder_layer_0.{kind}"]
+        assert phi.shape[1] > 0, kind
+    assert rows[-1]["fedprotip_basis_fill_body_vit_encoder_layers_encoder_layer_0_self_attention_in_proj"] > 0
 
 
 def test_fedprotip_minus_t_runs_with_a_shared_head(make_run_config):
