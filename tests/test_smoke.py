@@ -598,11 +598,23 @@ def test_every_embedded_config_end_to_end_at_smoke_scale(tmp_path, config):
     print(f"{config} at smoke scale: {seconds:.1f} s, FedAvg above chance in {checked} runs")
 
 
+def smoke_commit() -> str:
+    """The checkout's short commit, '+ changes' when its tracked files differ from it (the
+    smoke log says what code each pass ran); 'unknown' outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" + changes" if dirty.stdout.strip() else "")
+
+
 def log_smoke(record: dict) -> None:
     """One JSON line per config to the file FEDFORGET_SMOKE_LOG names (``make smoke`` sets
     it: the pass's summary, kept in benchmarks/results/<machine>-<date>/smoke.jsonl)."""
     path = os.environ.get("FEDFORGET_SMOKE_LOG")
     if path:
+        record = {**record, "commit": smoke_commit()}
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
