@@ -487,8 +487,9 @@ class ViTBody(nn.Module):
 
 
 VIT_B16 = {"image_size": 224, "patch_size": 16, "layers": 12, "heads": 12, "hidden_dim": 768, "mlp_dim": 3072}
-VIT_WEIGHTS = (False, True, "imagenet1k", "imagenet21k")
+VIT_WEIGHTS = (False, True, "imagenet1k", "imagenet21k", "augreg_in21k")
 VIT_IN21K = "google/vit-base-patch16-224-in21k"
+VIT_AUGREG = "timm/vit_base_patch16_224.augreg_in21k"  # FedProTIP's code: timm.create_model(this)
 
 
 @register("vit", rank=3, pretrained=False, name_or_path=VIT_IN21K, **VIT_B16)
@@ -507,10 +508,13 @@ def vit(
     converted to PyTorch; or a local directory holding a ``ViTModel`` as save_pretrained
     writes it), loaded through ``hf_load`` and converted to torchvision's layout
     (``hf_vit_state_dict``), its LayerNorms given the checkpoint's eps (1e-12 there, 1e-6 in
-    torchvision) so the features are the checkpoint's own. Both pretrained weights need the
-    B/16 shape (a local checkpoint: the shape of its config). [D] FedProTIP's ViT rows cite
-    the AugReg checkpoints (Steiner et al.) without naming one; torchvision does not ship
-    them. [D] Inputs are normalised by the dataset's per-channel mean and std
+    torchvision) so the features are the checkpoint's own; or ``augreg_in21k`` the AugReg
+    ImageNet-21k ViT-B/16 (Steiner et al.) that FedProTIP's ViT rows cite and its code loads
+    [C models/vit.py: timm.create_model('vit_base_patch16_224.augreg_in21k')], read from the
+    timm checkpoint's ``model.safetensors`` (``name_or_path`` left at its default: the hub's
+    timm/vit_base_patch16_224.augreg_in21k; else a hub id or a local directory holding that
+    file) and converted to torchvision's layout (``timm_vit_state_dict``; LayerNorm eps 1e-6 in
+    both). The pretrained weights need the B/16 shape (a local checkpoint: its own shape). [D] Inputs are normalised by the dataset's per-channel mean and std
     (``inputs.InputPipeline``), not by the checkpoints' own statistics (ImageNet's for
     torchvision's, 0.5 / 0.5 for the 21k image processor, [0, 1] in L2P's code, ``norm_01``):
     centred inputs of unit scale either way, which fine-tuning and prompt tuning absorb.
@@ -525,6 +529,12 @@ def vit(
         cfg, state = hf_vit_state_dict(name_or_path, dict(zip(VIT_B16, shape)))
         norm = partial(nn.LayerNorm, eps=float(cfg.layer_norm_eps))
         net = VisionTransformer(*shape, norm_layer=norm)
+        net.heads = nn.Identity()
+        net.load_state_dict(state, strict=True)
+    elif pretrained == "augreg_in21k":
+        path = VIT_AUGREG if name_or_path == VIT_IN21K else name_or_path  # the default names the 21k weights
+        state = timm_vit_state_dict(path, dict(zip(VIT_B16, shape)))
+        net = VisionTransformer(*shape)
         net.heads = nn.Identity()
         net.load_state_dict(state, strict=True)
     else:
@@ -630,12 +640,73 @@ def slvit(
     return Classifier(body, int(dim), num_classes)
 
 
-def _pop(state: dict[str, torch.Tensor], *names: str) -> torch.Tensor:
+def _pop(state: dict[str, torch.Tensor], *names: str, kind: str = "a ViTModel") -> torch.Tensor:
     """The first of ``names`` (transformers 5 or 4 spelling of one parameter) from ``state``."""
     for n in names:
         if n in state:
             return state.pop(n)
-    raise FedForgetError(f"model 'vit': the checkpoint has no parameter {' or '.join(names)}: not a ViTModel")
+    raise FedForgetError(f"model 'vit': the checkpoint has no parameter {' or '.join(names)}: not {kind}")
+
+
+def _timm_weights(name_or_path: str, local_files_only: bool = True) -> str:
+    """The path of a timm checkpoint's model.safetensors: in a local directory, or the hub's
+    (``hf_load`` calls this as a loader: cached first, downloaded where allowed)."""
+    if os.path.isdir(name_or_path):
+        f = os.path.join(name_or_path, "model.safetensors")
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"no model.safetensors in {name_or_path}")
+        return f
+    from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(name_or_path, "model.safetensors", local_files_only=local_files_only)
+
+
+def timm_vit_state_dict(name_or_path: str, shape: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """A timm ViT checkpoint (``model.safetensors``: hub id or local directory) as the state
+    dict of torchvision's ``VisionTransformer`` without its head: cls_token -> class_token,
+    pos_embed -> encoder.pos_embedding, patch_embed.proj -> conv_proj; per block norm1 / norm2
+    -> ln_1 / ln_2, attn.qkv -> self_attention.in_proj_* (query, key, value stacked in that
+    order in both), attn.proj -> self_attention.out_proj, mlp.fc1 / fc2 -> mlp.0 / mlp.3; norm
+    -> encoder.ln; the classifier head (head.*) is dropped. ``shape``: the ``vit`` options the
+    checkpoint must have (all but the heads, which a state dict does not show, are checked)."""
+    from safetensors.torch import load_file
+
+    sd = {k: v.float() for k, v in load_file(hf_load(_timm_weights, name_or_path, model="vit")).items()
+          if not k.startswith("head.")}  # fmt: skip
+    try:
+        e, c, p, _ = sd["patch_embed.proj.weight"].shape
+        tokens = sd["pos_embed"].shape[1] - 1
+        layers = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+        mlp = sd["blocks.0.mlp.fc1.weight"].shape[0]
+    except (KeyError, ValueError):
+        raise FedForgetError(f"model 'vit': {name_or_path!r} is not a timm ViT checkpoint (patch_embed, pos_embed, blocks)") from None
+    got = {"image_size": p * math.isqrt(tokens), "patch_size": p, "layers": layers, "heads": shape["heads"],
+           "hidden_dim": e, "mlp_dim": mlp}  # fmt: skip
+    if got != dict(shape) or c != 3 or math.isqrt(tokens) ** 2 != tokens:
+        raise FedForgetError(
+            f"model 'vit': the checkpoint {name_or_path!r} has the shape {got} ({c} channels, {tokens} patches); "
+            f"the model's options ask for {dict(shape)} (allowed: the checkpoint's shape, 3 channels, a square grid)"
+        )
+
+    def pop(name: str) -> torch.Tensor:
+        return _pop(sd, name, kind="a timm ViT")
+
+    out = {
+        "class_token": pop("cls_token"), "encoder.pos_embedding": pop("pos_embed"),
+        "conv_proj.weight": pop("patch_embed.proj.weight"), "conv_proj.bias": pop("patch_embed.proj.bias"),
+        "encoder.ln.weight": pop("norm.weight"), "encoder.ln.bias": pop("norm.bias"),
+    }  # fmt: skip
+    pairs = {"ln_1": "norm1", "ln_2": "norm2", "self_attention.out_proj": "attn.proj", "mlp.0": "mlp.fc1",
+             "mlp.3": "mlp.fc2"}  # fmt: skip
+    for i in range(layers):
+        tv = f"encoder.layers.encoder_layer_{i}."
+        for w in ("weight", "bias"):
+            for t, a in pairs.items():
+                out[f"{tv}{t}.{w}"] = pop(f"blocks.{i}.{a}.{w}")
+            out[f"{tv}self_attention.in_proj_{w}"] = pop(f"blocks.{i}.attn.qkv.{w}")
+    if sd:
+        raise FedForgetError(f"model 'vit': {name_or_path!r} has parameters a ViT-B/16 has not: {sorted(sd)[:5]}")
+    return out
 
 
 def hf_vit_state_dict(name_or_path: str, shape: Mapping[str, int]) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -962,12 +1033,13 @@ def check_model(
         o = {**MODEL_DEFAULTS[name], **options}
         if not (isinstance(o["pretrained"], bool) or o["pretrained"] in VIT_WEIGHTS[2:]):
             raise FedForgetError(
-                f"{key}.options.pretrained={o['pretrained']!r}; allowed: false | true (= imagenet1k) | imagenet1k | imagenet21k"
+                f"{key}.options.pretrained={o['pretrained']!r}; allowed: false | true (= imagenet1k) | imagenet1k | imagenet21k | augreg_in21k"
             )
         if not isinstance(o["name_or_path"], str) or not o["name_or_path"].strip():
             raise FedForgetError(
                 f"{key}.options.name_or_path={o['name_or_path']!r}; allowed: a Hugging Face hub id of a ViTModel "
-                f"(default {VIT_IN21K}) or a local directory holding one (save_pretrained)"
+                f"(default {VIT_IN21K}) or a local directory holding one (save_pretrained); with augreg_in21k a timm "
+                f"checkpoint's hub id (default {VIT_AUGREG}) or a directory holding its model.safetensors"
             )
         hub = o["pretrained"] in (True, "imagenet1k") or o["name_or_path"] == VIT_IN21K  # the B/16 weights
         if o["pretrained"] and hub and any(o[k] != v for k, v in VIT_B16.items()):
