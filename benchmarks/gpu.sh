@@ -24,6 +24,8 @@
 #   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
 #             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
 #             McMahan preset, sequential vs batched (about 3 minutes);
+#   fedproj   FedProj (a held-out public set of 10 %) on the McMahan preset and on ResNet-18,
+#             sequential vs batched;
 #   packing   benchmarks/packing.py: 1, 2, 4 and 8 ResNet-18 training jobs sharing the GPU
 #             (batched, as client_engine auto trains it on a GPU since 2026-11-27 evening; the
 #             McMahan CNN batched with PACK_MCMAHAN=1), each job's peak GPU memory;
@@ -34,7 +36,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests fedsol18 continual18 replay18 packing resnet18 rates fedsol sims stream vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests fedsol18 continual18 replay18 fedproj packing resnet18 rates fedsol sims stream vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -130,6 +132,12 @@ fedsol() {
             --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
     done
 }
+fedproj() {  # batched since 2026-11-27 (its memory gradient and Eq. 14 as step terms), on a GPU not yet measured
+    for preset in mcmahan resnet18; do
+        box 90 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset "$preset" --partition dirichlet0.5 \
+            --epochs 1 --rounds 3 --method fedproj --public 0.1 --json "$out/$preset-e1-fedproj.json" | tee -a "$out/sim.txt"
+    done
+}
 packing() {
     # ResNet-18 jobs trained batched (as client_engine auto trains it on a GPU since 2026-11-27
     # evening): 1, 2 and 4 jobs of one torch thread each (sequential, 4 jobs of 2 threads gave
@@ -167,7 +175,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol18 fedsol packing sims stream rates " in
+    case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

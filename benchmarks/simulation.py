@@ -44,6 +44,7 @@ Presets (``--preset``):
     python benchmarks/simulation.py --preset digits --epochs 2 --device cuda
     python benchmarks/simulation.py --memory 1000     # peak memory with 1000 clients
     python benchmarks/simulation.py --preset digits --epochs 1 --interleave  # one process, A/B/C per round
+    python benchmarks/simulation.py --preset mcmahan --method fedproj --public 0.1  # a method with a public set
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ PRESETS = {
 }  # fmt: skip
 
 
+def public_spec(args) -> dict | None:
+    """--public F: a held-out public set, F of the training rows (FedProj, FedDF, FedET, ...)."""
+    f = getattr(args, "public", 0.0)
+    return {"source": "holdout", "fraction": f, "seed": 0} if f > 0 else None
+
+
 def run_config(args, engine: str):
     from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
     from fedforget.partition import PartitionSpec
@@ -104,7 +111,7 @@ def run_config(args, engine: str):
                                      "rounds_per_task": args.warmup, "leftover_classes": "drop"},
                                     classes, shape, "scenario")  # fmt: skip
         rounds = tasks * args.warmup
-    ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], None, p["dataset"], scenario)
+    ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], public_spec(args), p["dataset"], scenario)
     ts = TrainSpec(
         # one round more than any mode runs: the engine evaluates at its final round (and task
         # end) whatever eval_every says, which would put an evaluation in a timed round
@@ -327,6 +334,8 @@ def main() -> None:
                          "in task 1 (continual methods with bases or buffers; --rounds x --repeats < --warmup)")  # fmt: skip
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="train.precision of the engine modes (central stays fp32)")  # fmt: skip
+    ap.add_argument("--public", type=float, default=0.0,
+                    help="a held-out public set of this fraction of the training rows (methods that need one: FedProj, ...)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -340,12 +349,16 @@ def main() -> None:
 
     p = PRESETS[args.preset]
     prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
+    if public_spec(args):
+        from fedforget.data import prepare_public
+
+        prepare_public(public_spec(args), p["dataset"], args.data)
     args.passthrough = [
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
         "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
-        "--clients", str(args.clients), "--rate", str(args.rate),
+        "--clients", str(args.clients), "--rate", str(args.rate), "--public", str(args.public),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -361,7 +374,7 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    extra = (f" {args.params}" if args.params != "{}" else "") + (f", {args.tasks} tasks (task 1 timed)" if args.tasks > 1 else "")
+    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed)" if args.tasks > 1 else "")
     print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
