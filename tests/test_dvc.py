@@ -151,7 +151,8 @@ def test_results_shared_through_a_cluster_remote_are_adopted_without_retraining(
     remote: `dvc add data results`, `dvc push -r cluster`; a fresh clone `dvc pull -r
     cluster` gets the same bytes, whose mtimes are in no useful order (the worst case is set
     here), and `snakemake --touch` adopts them: nothing is retrained, and Snakemake then plans
-    nothing. Results this checkout would not make (another config) are refused, untouched."""
+    nothing. Results this checkout would not make (another config; CPU results on another
+    torch thread count than the train jobs') are refused, untouched."""
     import yaml
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -189,8 +190,17 @@ def test_results_shared_through_a_cluster_remote_are_adopted_without_retraining(
     assert re.search(r"results/tiny/iris/\S+/fedavg/seed0: config hash", refused.stdout + refused.stderr)
     assert mtimes == {p: p.stat().st_mtime_ns for p in files}
 
-    # the config they were made with: adopted as they are
+    # the config they were made with, but train jobs on another torch thread count than the
+    # CPU run's (the default profile's 1): refused by name with both counts, nothing touched
     (b / "config" / "config.yaml").write_text(yaml.safe_dump(minimal_config))
+    refused = sh(b, "snakemake", "--touch", "--cores", "2", "--set-threads", "train=2", check=False)
+    assert refused.returncode != 0
+    said = refused.stdout + refused.stderr
+    assert re.search(r"fedavg/seed0: torch threads 1 on the CPU \(this invocation's train jobs: 2\)", said), said
+    assert "adopt them with --set-threads train=1 --cores 1" in said
+    assert mtimes == {p: p.stat().st_mtime_ns for p in files}
+
+    # the config they were made with: adopted as they are
     sh(b, "snakemake", "--touch", "--cores", "1")
     assert planned(b) == {}
     assert tree(b / "results") == tree(a / "results")

@@ -257,3 +257,15 @@ def test_progress_lines_without_a_terminal(make_run_config, tmp_path, caplog):
     caplog.clear()
     run_training(make_run_config(rounds=2), tmp_path / "q", progress=False)
     assert not [r for r in caplog.records if r.name == "fedforget.progress"]
+
+
+def test_threads_differ_for_cpu_runs_only():
+    """--touch adoption (workflow/rules/common.smk, check_adopted_results): a CPU run made on
+    another torch thread count is named with both counts; a GPU run, a record without the
+    count and an unknown job count are not compared."""
+    cpu = {"device": "cpu", "torch_threads": 4}
+    assert provenance.threads_differ(cpu, 4) is None
+    assert provenance.threads_differ(cpu, 1) == "torch threads 4 on the CPU (this invocation's train jobs: 1)"
+    assert provenance.threads_differ({"device": "cuda:0", "torch_threads": 4}, 1) is None
+    assert provenance.threads_differ({"device": "cpu"}, 1) is None
+    assert provenance.threads_differ(cpu, None) is None

@@ -323,6 +323,22 @@ def recorded_form(rec: Mapping[str, Any]) -> str | None:
     return next((f for f in FORMS if combined(files, f) == digest), None)
 
 
+def threads_differ(rec: Mapping[str, Any], threads: int | None) -> str | None:
+    """Why finished run record ``rec`` (run.json) is not what a train job on ``threads``
+    torch threads would write, or None: on a CPU the bytes of a result depend on the thread
+    count (float summation order: in a digits CNN round, oneDNN's convolution weight gradient,
+    and with oneDNN off a small GEMM, is the first op whose bytes differ between 1 and 2
+    threads, ``benchmarks/thread_ops.py``, results/cpu-2026-11-28/thread_ops.txt), so a CPU run
+    adopted by ``snakemake --touch`` must have been made on the count this invocation's train
+    jobs get [D, issue 34]. A run on a GPU (``device`` not cpu) is not compared: its math runs
+    on the GPU. None too when either count is unknown (a record without ``torch_threads``, a
+    thread count that is not a number)."""
+    had = rec.get("torch_threads")
+    if not isinstance(threads, int) or not isinstance(had, int) or not str(rec.get("device", "")).startswith("cpu"):
+        return None
+    return None if had == threads else f"torch threads {had} on the CPU (this invocation's train jobs: {threads})"
+
+
 def kept_digest(rec: Mapping[str, Any] | None, current_bytes: str) -> bool:
     """Whether finished run record ``rec`` keeps its recorded code digest as its identity
     (the migration to the canonical form): it holds a ``bytes``-form digest (recorded before

@@ -15,7 +15,7 @@ from fedforget.parsecache import parse_workflow, training_key
 from fedforget.partition import corrupt_partition
 from fedforget.pipeline import parse_only
 from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVE_NEEDS, CURVES, experiment_curves
-from fedforget.provenance import BYTES, kept_digest, module_code
+from fedforget.provenance import BYTES, kept_digest, module_code, threads_differ
 from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 
 # ----------------------------------------------------------------------------- config
@@ -280,15 +280,26 @@ def train_identity(w):
     return f"config {i['config hash']} code {i['code digest']} engine {engine}"
 
 
+def train_job_threads():
+    """The torch threads this invocation's train jobs get (`--threads {threads}`): the rule's
+    threads (the profile's set-threads) capped at --cores; None when either is not a number."""
+    t, c = (getattr(r, "value", r) for r in (rules.train.rule.resources["_cores"], workflow.global_resources.get("_cores")))
+    if not isinstance(t, int):
+        return None
+    return min(t, c) if isinstance(c, int) else t
+
+
 def check_adopted_results():
     """`snakemake --touch` marks results that exist as up to date without running anything:
     the step that adopts results pulled from a DVC remote (README, "Sharing data and
     results"), whose files arrive with arbitrary mtimes and no Snakemake metadata. Before
     anything is touched, every run that has a run.json must have completed with this
     checkout's config and code (its config hash, code digest and requested engine, the
-    params.identity of rule train); otherwise one error lists each such run and nothing is
-    touched. A run without outputs makes --touch itself fail (it never creates files)."""
-    bad = []
+    params.identity of rule train) and, if it ran on a CPU, on the torch thread count this
+    invocation's train jobs get (provenance.threads_differ); otherwise one error lists each
+    such run and nothing is touched. A run without outputs makes --touch itself fail (it
+    never creates files)."""
+    bad, threads, other_threads = [], train_job_threads(), set()
     for rc in RUNS.values():
         path = Path(rc.run_dir) / "run.json"
         if not path.is_file():
@@ -300,15 +311,21 @@ def check_adopted_results():
             bad.append(f"{path}: unreadable ({e})")
             continue
         want = {"status": "completed", **run_identity(rc, rec)}
-        diff = ", ".join(f"{k} {got[k]!r} (this checkout: {x!r})" for k, x in want.items() if got[k] != x)
+        diff = [f"{k} {got[k]!r} (this checkout: {x!r})" for k, x in want.items() if got[k] != x]
+        cpu = threads_differ(rec, threads)
+        if cpu:
+            diff.append(cpu)
+            other_threads.add(rec["torch_threads"])
         if diff:
-            bad.append(f"{path.parent}: {diff}")
+            bad.append(f"{path.parent}: {', '.join(diff)}")
     if bad:
+        adopt = "".join(f"; CPU results of {n} threads: adopt them with --set-threads train={n} --cores {n}"
+                        for n in sorted(other_threads))  # fmt: skip
         raise WorkflowError(
             "fedforget: --touch would mark results as up to date that this checkout would not produce:\n  "
             + "\n  ".join(bad)
-            + "\ncheck out the commit and config they were made with (run.json: git, config), or delete "
-            "those run directories so that `snakemake` trains them again"
+            + "\ncheck out the commit and config they were made with (run.json: git, config)" + adopt
+            + ", or delete those run directories so that `snakemake` trains them again"
         )
 
 
