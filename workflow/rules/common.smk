@@ -321,11 +321,11 @@ def check_adopted_results():
     if bad:
         adopt = "".join(f"; CPU results of {n} threads: adopt them with --set-threads train={n} --cores {n}"
                         for n in sorted(other_threads))  # fmt: skip
+        listed = "\n  ".join(bad)
         raise WorkflowError(
-            "fedforget: --touch would mark results as up to date that this checkout would not produce:\n  "
-            + "\n  ".join(bad)
-            + "\ncheck out the commit and config they were made with (run.json: git, config)" + adopt
-            + ", or delete those run directories so that `snakemake` trains them again"
+            f"fedforget: --touch would mark results as up to date that this checkout would not produce:\n  {listed}"
+            f"\ncheck out the commit and config they were made with (run.json: git, config){adopt}, or delete "
+            "those run directories so that `snakemake` trains them again"
         )
 
 
