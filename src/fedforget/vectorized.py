@@ -125,8 +125,11 @@ def why_not_vectorized(
     bad = unstacked_buffers(model)
     if bad is not None:
         return bad
-    if isinstance(getattr(model, "head", None), TaskHeads):
-        return "per-task heads (the batched path trains every parameter of the model)"
+    if isinstance(getattr(model, "head", None), TaskHeads):  # [D] the active head trains in the stack
+        for trait, what in (("live_terms", "terms of the step's own forward pass"), ("sees_step", "replayed rows")):
+            if method_cls.trait(trait, params) and method_cls.trait("stacked", params):
+                return (f"per-task heads with method '{method_cls.name}''s {what} ({trait}: written for one "
+                        "head, not routed per task in the batched path)")  # fmt: skip
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return (
             "the model has torch's dropout (its draws would differ from one client alone; "
@@ -182,8 +185,8 @@ POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgP
 
 def stacked_supported(module: nn.Module) -> str | None:
     """None if ``stacked_forward`` can run ``module``, else the first module it cannot."""
-    if isinstance(module, (Classifier, nn.Sequential)):
-        for child in module.children():
+    if isinstance(module, (Classifier, nn.Sequential, TaskHeads)):
+        for child in (module.heads if isinstance(module, TaskHeads) else module.children()):
             bad = stacked_supported(child)
             if bad is not None:
                 return bad
@@ -285,6 +288,8 @@ def _stacked(
         for name, child in module.named_children():
             h, layout = _stacked(child, p, h, g, f"{prefix}{name}.", layout)
         return h, layout
+    if isinstance(module, TaskHeads):  # TaskHeads.forward: the active task's head
+        return _stacked(module.heads[module.active], p, h, g, f"{prefix}heads.{module.active}.", layout)
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):  # one grouped convolution for all clients
         h = _relayout(h, layout, GRP, g)
         w, b = p[prefix + "weight"], p.get(prefix + "bias")
@@ -536,7 +541,12 @@ def train_clients_together(
     m = len(jobs_sorted)
     table, steps = _batch_table(jobs_sorted, epochs, batch_size, device, epoch_rows)
 
-    names = [k for k, _ in model.named_parameters()]
+    # per-task heads (TaskHeads): the active task's head trains, the other tasks' heads are not
+    # in the stack (as a client alone, whose optimizer skips them: no gradient); every client
+    # of the stack is in the active task (StackedTrainer groups clients by task)
+    heads = model.head if isinstance(getattr(model, "head", None), TaskHeads) else None
+    idle = {f"head.heads.{t}." for t in range(len(heads.heads)) if t != heads.active} if heads is not None else set()
+    names = [k for k, _ in model.named_parameters() if not any(k.startswith(h) for h in idle)]
     # BatchNorm's running statistics (unstacked_buffers): per client, [G, ...], updated in place
     buffer_names = [k for k, _ in model.named_buffers()]
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
@@ -571,8 +581,8 @@ def train_clients_together(
         raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
     adam = optimizer == "adam"
     staged = type(getattr(model, "body", None)) is ResNetBody  # forward_levels: its stages
-    if graphs is not None and not (use_stacked and terms is None and live is None and not adam):
-        graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager
+    if graphs is not None and not (use_stacked and terms is None and live is None and not adam and heads is None):
+        graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager; per-task heads change the stack's names
     if graphs is not None:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
     else:
@@ -1002,6 +1012,9 @@ def train_clients_together(
     workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
     pool = _worker_pool(workers) if workers > 1 else None
     replicas = _replicas(model, workers) if any(wide) else []
+    for net in replicas:  # a replica keeps the architecture only: its active head is the model's
+        if heads is not None:
+            net.head.active = heads.active
     was_training = model.training
     model.train()
 

@@ -749,3 +749,33 @@ def test_projection_geometry_needs_a_shared_projection():
         "seeds": [0], "train": {"rounds": 2, "diagnostics": ["projection_geometry"]}}]}  # fmt: skip
     with pytest.raises(FedForgetError, match=r"projection_geometry needs .*method 'fedavg'"):
         parse_config(raw)
+
+
+@pytest.mark.parametrize(
+    "method,model,params",
+    [
+        ("fedprotip", "cnn2d", {"samples": 32}),
+        ("fedprotip", "mlp", {"samples": 32, "freeze_early": True}),
+        ("fedavg", "mlp", {}),
+        ("fot", "cnn2d", {}),
+        ("fedprox", "mlp", {"mu": 0.1}),
+    ],
+    ids=["fedprotip-cnn2d", "fedprotip-mlp-early", "fedavg-mlp", "fot-cnn2d", "fedprox-mlp"],
+)
+def test_per_task_heads_train_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, method, model, params):
+    """Per-task heads on the stacked trainer (issue 32: FedProTIP's own tables): the active
+    task's head trains in the stack, the other heads are left out of it (as a client alone,
+    whose optimizer skips them); metrics and weights within 1e-5 of the sequential trainer's
+    (2 local epochs, momentum and weight decay; cnn2d on a CPU: wide steps client by client in
+    replicas, whose active head follows the model's; an MLP: every step stacked_forward's)."""
+    rc = digits(make_run_config, params, local_epochs=2, sample_rate=0.75,
+                optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
+    rc = replace(rc, method=replace(rc.method, name=method, label=method),
+                 dataset=replace(rc.dataset, model=model, model_options=SMALL_CNN if model == "cnn2d" else {}))  # fmt: skip
+    out = run_engines(rc, CPU)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    assert_same_metrics(rows_s, rows_v)
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5, msg=k)
+    assert isinstance(vec.model.head, TaskHeads) and len(vec.model.head.heads) == 3

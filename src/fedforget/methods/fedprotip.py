@@ -11,9 +11,8 @@ shared head too, FedProTIP(-t)); each per-task head trains on its task only, old
 frozen by the engine. FedAvg aggregates. The step is stated once as the gradient map of
 ``client_step_terms`` (``shared.projection_map``): a client alone applies it to its own
 gradient (the sequential trainer), the stacked trainer to each client of a stack (every
-client projects against the same global bases); with a shared head (FedProTIP(-t)) the
-clients train stacked, per-task heads keep them sequential (the stacked trainer refuses
-per-task heads).
+client projects against the same global bases), with a shared head (FedProTIP(-t)) or
+per-task heads (the active task's head in the stack, ``fedforget.vectorized``).
 
 Core bases, client k at the end of task t (the TASK_END reply, ``report_bases``: the task's final global model,
 eval mode) [P]: min(``samples``, n_k) inputs of its task data; of each layer's representation
