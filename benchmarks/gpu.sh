@@ -17,8 +17,9 @@
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
 #             engines, then the batched engine in bf16 beside the plain fp32 loop;
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
-#   continual18 FedProTIP(-t) and DER on ResNet-18, sequential vs stacked (split 5 x 2: task 0
-#             in the warm-up); replay18: A-GEM and FedGP likewise;
+#   continual18 FedProTIP(-t), DER and FedProTIP with per-task heads (TIP) on ResNet-18,
+#             sequential vs stacked (split 5 x 2: task 0 in the warm-up); replay18: A-GEM and
+#             FedGP likewise;
 #   fedsol18  FedSOL on ResNet-18 (its Table 3 model), batched vs sequential, and its batched
 #             round profiled (how busy the GPU is; issue 32's target 60 %);
 #   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
@@ -109,6 +110,10 @@ continual18() {
         --json "$out/resnet18-e1-fedprotip.json" | tee -a "$out/sim.txt"
     box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 3 --method der --tasks 5 --json "$out/resnet18-e1-der.json" | tee -a "$out/sim.txt"
+    # FedProTIP with TIP: per-task heads, batched since 2026-11-28
+    box 170 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 --epochs 1 \
+        --rounds 3 --method fedprotip --tasks 5 --heads per_task --clients 10 --rate 1.0 \
+        --json "$out/resnet18-e1-fedprotip-tip.json" | tee -a "$out/sim.txt"
 }
 replay18() {  # measured on the H200 (2026-11-27): A-GEM 0.90x, FedGP 1.08x their sequential
     box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \

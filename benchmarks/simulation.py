@@ -108,7 +108,8 @@ def run_config(args, engine: str):
         shape = tuple(info.input_shape(info.resolve(p["options"])))
         classes = info.resolve(p["options"]).get("num_classes", info.num_classes)
         scenario = resolve_scenario({"kind": "split", "tasks": tasks, "classes_per_task": classes // tasks,
-                                     "rounds_per_task": args.warmup, "leftover_classes": "drop"},
+                                     "rounds_per_task": args.warmup, "leftover_classes": "drop",
+                                     "heads": getattr(args, "heads", "shared")},
                                     classes, shape, "scenario")  # fmt: skip
         rounds = tasks * args.warmup
     ds = DatasetSpec(p["dataset"], p["options"], p["model"], p["model_options"], public_spec(args), p["dataset"], scenario)
@@ -334,6 +335,8 @@ def main() -> None:
                          "in task 1 (continual methods with bases or buffers; --rounds x --repeats < --warmup)")  # fmt: skip
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="train.precision of the engine modes (central stays fp32)")  # fmt: skip
+    ap.add_argument("--heads", choices=["shared", "per_task"], default="shared",
+                    help="with --tasks: one shared head or one head per task (FedProTIP with TIP)")
     ap.add_argument("--public", type=float, default=0.0,
                     help="a held-out public set of this fraction of the training rows (methods that need one: FedProj, ...)")
     ap.add_argument("--json", help="also write the results here")
@@ -358,7 +361,7 @@ def main() -> None:
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
         "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
-        "--clients", str(args.clients), "--rate", str(args.rate), "--public", str(args.public),
+        "--clients", str(args.clients), "--rate", str(args.rate), "--public", str(args.public), "--heads", args.heads,
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -374,7 +377,7 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed)" if args.tasks > 1 else "")
+    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed), {args.heads} heads" if args.tasks > 1 else "")
     print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
