@@ -601,12 +601,15 @@ def test_every_embedded_config_end_to_end_at_smoke_scale(tmp_path, config):
     print(f"{config} at smoke scale: {seconds:.1f} s, FedAvg above chance in {checked} runs")
 
 
-def smoke_commit() -> str:
+def smoke_commit(log: str | None = None) -> str:
     """The checkout's short commit, '+ changes' when its tracked files differ from it (the
-    smoke log says what code each pass ran); 'unknown' outside a git checkout."""
+    smoke log says what code each pass ran; the ``log`` file itself, when it is kept in the
+    repository, does not count); 'unknown' outside a git checkout."""
+    skip = [f":(exclude){Path(log).resolve().relative_to(REPO)}"] if log and Path(log).resolve().is_relative_to(REPO) else []
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *skip],
+                               cwd=REPO, capture_output=True, text=True, check=True)  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + (" + changes" if dirty.stdout.strip() else "")
@@ -617,7 +620,7 @@ def log_smoke(record: dict) -> None:
     it: the pass's summary, kept in benchmarks/results/<machine>-<date>/smoke.jsonl)."""
     path = os.environ.get("FEDFORGET_SMOKE_LOG")
     if path:
-        record = {**record, "commit": smoke_commit()}
+        record = {**record, "commit": smoke_commit(path)}
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
