@@ -352,10 +352,11 @@ def main() -> None:
 
     p = PRESETS[args.preset]
     prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
-    if public_spec(args):
+    public = public_spec(args)
+    if public:
         from fedforget.data import prepare_public
 
-        prepare_public(public_spec(args), p["dataset"], args.data)
+        prepare_public(public, p["dataset"], args.data)
     args.passthrough = [
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),

@@ -347,19 +347,12 @@ class StackedTrainer(LocalTrainer):
         self.group_size = self.train.max_parallel_clients
 
     def train_group(self, views, rnd, lr):
-        """One batched pass per task among ``views`` where the model has per-task heads (each
-        pass trains its task's head: ``fedforget.vectorized``), the results in ``views``'
-        order; else one pass."""
-        if not isinstance(getattr(self.model, "head", None), TaskHeads):
-            return self.train_clients_together(views, rnd, lr)
-        out: dict[int, tuple] = {}
-        for task in sorted({v.task for v in views.values()}):
-            part = {c: v for c, v in views.items() if v.task == task}
+        if isinstance(getattr(self.model, "head", None), TaskHeads):
+            # per-task heads need synchronous boundaries: the round's clients share one task,
+            # whose head the batched pass trains (fedforget.vectorized)
+            (task,) = {v.task for v in views.values()}
             self.model.set_task(task)
-            for c, *r in zip(part, *self.train_clients_together(part, rnd, lr)):
-                out[c] = tuple(r)
-        ups, losses, stats = zip(*(out[c] for c in views))
-        return list(ups), list(losses), list(stats)
+        return self.train_clients_together(views, rnd, lr)
 
     def train_clients_together(
         self, views: dict[int, TaskView] | list[int], rnd: int, lr: float

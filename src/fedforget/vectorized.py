@@ -543,7 +543,7 @@ def train_clients_together(
 
     # per-task heads (TaskHeads): the active task's head trains, the other tasks' heads are not
     # in the stack (as a client alone, whose optimizer skips them: no gradient); every client
-    # of the stack is in the active task (StackedTrainer groups clients by task)
+    # of the stack is in the active task (per-task heads need synchronous boundaries)
     heads = model.head if isinstance(getattr(model, "head", None), TaskHeads) else None
     idle = {f"head.heads.{t}." for t in range(len(heads.heads)) if t != heads.active} if heads is not None else set()
     names = [k for k, _ in model.named_parameters() if not any(k.startswith(h) for h in idle)]
@@ -1012,8 +1012,8 @@ def train_clients_together(
     workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
     pool = _worker_pool(workers) if workers > 1 else None
     replicas = _replicas(model, workers) if any(wide) else []
-    for net in replicas:  # a replica keeps the architecture only: its active head is the model's
-        if heads is not None:
+    if heads is not None:  # a replica keeps the architecture only: its active head is the model's
+        for net in replicas:
             net.head.active = heads.active
     was_training = model.training
     model.train()
