@@ -15,6 +15,10 @@ Run it before a change and after it; the two JSON files must be equal::
     python benchmarks/fingerprints.py --out before.json
     python benchmarks/fingerprints.py --out after.json && cmp before.json after.json
 
+A change that only adds a column (of the metrics rows or of their per-task rows) is checked
+against the earlier commit by leaving that column out (``--skip-columns NAME``): every other
+byte must be equal.
+
 Results depend on the torch build and the CPU kernels: compare runs on one machine.
 """
 
@@ -72,13 +76,18 @@ def run_config(root: Path, dataset: str, model: str, model_options: dict, method
     )  # fmt: skip
 
 
+SKIP: set[str] = set()  # columns left out of the metrics digest (--skip-columns)
+
+
 def digest(rows: list[dict], params: dict[str, torch.Tensor]) -> dict[str, str]:
     h = hashlib.sha256()
     for r in rows:
         for k in sorted(r):
-            if k in TIMING_COLUMNS and k != "round":
+            if (k in TIMING_COLUMNS and k != "round") or k in SKIP:
                 continue
             v = r[k]
+            if k == "_tasks" and SKIP:
+                v = [{c: x for c, x in t.items() if c not in SKIP} for t in v]
             if isinstance(v, float):
                 v = "nan" if math.isnan(v) else v.hex()
             h.update(f"{k}={v!r};".encode())
@@ -107,7 +116,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="JSON file (default: standard output)")
     ap.add_argument("--methods", nargs="*", default=None, help="only these methods")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--skip-columns", nargs="*", default=[], help="columns left out of the metrics digest")
     args = ap.parse_args()
+    SKIP.update(args.skip_columns)
     THREADS[0] = args.threads
     torch.set_num_threads(args.threads)
     result: dict[str, dict] = {}

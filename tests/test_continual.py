@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
+from fedforget.continual import TASK_AWARE
 from fedforget.data import load_dataset
 from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
@@ -278,6 +279,35 @@ def test_task_il_masks_logits_in_training_and_evaluation(data_root, tmp_path):
     assert acc == pytest.approx(n2 / len(sim.evaluator.test.rows[1]))
     sim_c = Simulation(digits_run(data_root, tmp_path, SPLIT))
     assert sim_c.evaluator.task(Const(), 1)[0] == 0.0
+    # a class-IL stream scores every method task-aware too (TASK_AWARE): the same model is
+    # right on task 1's rows of class 2 there; the task-IL stream has no such column
+    _, _, extra, _ = sim_c.evaluator.task_scores(Const(), 1)
+    assert extra == {TASK_AWARE: pytest.approx(n2 / len(sim.evaluator.test.rows[1]))}
+    assert TASK_AWARE not in sim.evaluator.task_scores(Const(), 1)[2]
+
+
+@pytest.mark.parametrize("heads", ["shared", "per_task"])
+def test_every_method_is_scored_task_aware_on_a_class_il_stream(data_root, tmp_path, heads):
+    """Column task_aware of tasks.csv for any method (issue 33, 5: the FedProTIP paper's
+    baselines' task-aware cells): the global model's accuracy on each task's test rows with
+    its scores outside the task's classes masked, or its task's own head; not in one-task
+    runs (their columns stay as before)."""
+    scen = {**SPLIT, "rounds_per_task": 1, "heads": heads}
+    sim = Simulation(digits_run(data_root, tmp_path, scen, method="der"))
+    status, rows, _ = sim.run(progress=False)
+    assert status == "completed"
+    model = sim.model_with(sim.global_params).eval()
+    for r in rows[-1]["_tasks"]:
+        ((x, y),) = sim.evaluator.test.batches(r["task"], sim.scenario, 10**6)
+        cls = torch.tensor(sim.scenario.task_classes[r["task"]])
+        with torch.no_grad():
+            scores = model.logits(x, r["task"])
+        pred = cls[scores[:, cls].argmax(1)]
+        assert r[TASK_AWARE] == pytest.approx(float((pred == y).double().mean()))
+        assert r[TASK_AWARE] >= r["accuracy"]  # the task id can only narrow the choice
+    assert any(r[TASK_AWARE] > r["accuracy"] for r in rows[-1]["_tasks"])
+    one = Simulation(digits_run(data_root, tmp_path, rounds=1))
+    assert all(TASK_AWARE not in r for r in one.run(progress=False)[1][-1].get("_tasks", []))
 
 
 def test_per_task_heads_earlier_heads_bit_identical_after_later_tasks(data_root, tmp_path):

@@ -15,6 +15,7 @@ from fedforget.continual import (
     accuracy_matrix,
     accuracy_matrix_rows,
     continual_metrics,
+    fgt_after_each_task,
     initial_accuracy,
     scenario_shape,
 )
@@ -105,6 +106,14 @@ def test_bad_shapes_are_rejected():
 def test_acc_after_each_task():
     # Acc_t = 1/t sum_{i<=t} a_{t,i}: 0.9;  (0.6 + 0.8) / 2 = 0.7;  (0.5 + 0.7 + 0.9) / 3 = 0.7
     np.testing.assert_allclose(acc_after_each_task(A), [0.9, 0.7, 0.7])
+
+
+def test_fgt_after_each_task():
+    # Fgt_t (FedGP's Fig. 5): Fgt of the first t tasks' matrix; none after the first task
+    # t = 2: max(a11) - a21 = 0.9 - 0.6 = 0.3 (1 term);  t = 3: 0.25 (as Fgt_T above)
+    out = fgt_after_each_task(A)
+    assert math.isnan(out[0])
+    np.testing.assert_allclose(out[1:], [0.3, 0.25])
 
 
 # ----------------------------------------------------------------------------- from tasks.csv rows

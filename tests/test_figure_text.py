@@ -191,6 +191,9 @@ def shipped() -> list[Shape]:
 KINDS = {
     "curves": (False, 3, ("methods", "rounds")),
     "acc_after_task": (False, 3, ("methods", "tasks")),
+    "acc_after_task_aware": (False, 3, ("methods", "tasks")),
+    "fgt_after_task": (False, 3, ("methods", "tasks")),
+    "current_task_acc": (False, 3, ("methods", "tasks")),
     "accuracy_matrix": (True, 4, ("tasks", "few tasks")),
     "task_accuracy": (True, 4, ("rounds", "tasks")),
 }
@@ -293,8 +296,8 @@ def draw(shape: Shape, kind: str, out: Path, rng, whole: bool = False) -> None:
     cont = runs[runs["tasks"] > 1]
     if kind == "accuracy_matrix":
         plots.accuracy_matrix_heatmaps(matrices, cont, out / f"{kind}.png")
-    elif kind == "acc_after_task":
-        plots.acc_after_task_curves(matrices, cont, out / f"{kind}.png")
+    elif kind in plots.AFTER_TASK:  # the task-aware one draws matrices of the same shape
+        plots.after_task_curves(matrices, cont, out / f"{kind}.png", kind)
     else:
         plots.task_accuracy_curves(tasks, cont, out / f"{kind}.png")
 

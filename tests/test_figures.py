@@ -80,6 +80,43 @@ def test_continual_figures_only_for_experiments_with_continual_runs(tmp_path):
     assert not (tmp_path / "figures1" / CONTINUAL_DIR).exists()
 
 
+def test_after_task_values_and_task_aware_matrices():
+    """What the after-each-task figures draw: Acc_t, Fgt_t (FedGP Fig. 5), a[t][t] (FedGP
+    Fig. 6) of a run's matrix; and the task-aware matrices (FedProTIP Fig. 3b) from
+    tasks.csv's task_aware column, or a task-IL run's own accuracy; a class-IL run without
+    the column draws none."""
+    import numpy as np
+    import pandas as pd
+
+    from fedforget.continual import acc_after_each_task, fgt_after_each_task
+    from fedforget.plots import RUN_KEYS, after_task_values, task_aware_matrices
+
+    a = np.array([[0.9, 0.1], [0.6, 0.8]])
+    np.testing.assert_array_equal(after_task_values(a, "acc_after_task"), acc_after_each_task(a))
+    np.testing.assert_array_equal(after_task_values(a, "fgt_after_task")[1:], fgt_after_each_task(a)[1:])
+    np.testing.assert_array_equal(after_task_values(a, "current_task_acc"), [0.9, 0.8])
+
+    key = dict(dataset="d", setting="s", clients=2, partition_seed=0, seed=0)
+    runs = pd.DataFrame([{**key, "method": m, "status": "completed", "tasks": 2, "rounds_per_task": 1,
+                          "incremental": inc} for m, inc in (("aware", "class"), ("til", "task"), ("plain", "class"))])  # fmt: skip
+    rows = []
+    for m in ("aware", "til", "plain"):
+        for rnd in (0, 1, 2):
+            for t in (0, 1):
+                row = {**key, "method": m, "round": rnd, "current_task": max(rnd - 1, 0), "task": t,
+                       "accuracy": 0.1 * rnd + 0.01 * t}  # fmt: skip
+                if m == "aware":
+                    row["task_aware"] = 0.5 + 0.1 * rnd + 0.01 * t
+                rows.append(row)
+    got = task_aware_matrices(pd.DataFrame(rows), runs)
+    assert list(got.columns) == [*RUN_KEYS, "after_task", "task", "accuracy"]
+    assert set(got["method"]) == {"aware", "til"}
+    mat = got[got["method"] == "aware"].sort_values(["after_task", "task"])["accuracy"].tolist()
+    assert mat == pytest.approx([0.6, 0.61, 0.7, 0.71])  # rounds 1 and 2: the last of tasks 0 and 1
+    mat = got[got["method"] == "til"].sort_values(["after_task", "task"])["accuracy"].tolist()
+    assert mat == pytest.approx([0.1, 0.11, 0.2, 0.21])
+
+
 def _metrics(local):
     """Two runs' metrics rows; the local models' accuracy ``local`` (a value or NaN)."""
     import numpy as np

@@ -10,8 +10,9 @@ also get ``tasks.parquet`` (every such run's tasks.csv with its run keys),
 incremental, tasks, rounds_per_task, acc, fgt, ft, bwt, fwt in runs.csv (fractions; NaN for
 one-task and unfinished runs) and ``continual.csv`` / ``.md`` / ``.html`` (those metrics in %,
 mean ± std over completed seeds, beside the paper's ACC and forgetting where the experiment
-links a paper table). A method that scores the test sets in other inference modes too
-(``eval_counts``: FedProTIP's task-aware and TIP accuracies) adds ``acc_<mode>`` and
+links a paper table). The task-aware accuracy of a stream evaluated without the task id
+(tasks.csv's ``task_aware``, every method: ``fedforget.evaluation``) and a method's other
+inference modes (``eval_counts``: FedProTIP's TIP accuracies) add ``acc_<mode>`` and
 ``ft_<mode>`` (its tasks.csv column in place of the accuracy) to runs.csv and continual.csv,
 NaN for the other methods; one whose metrics hold ``<method>_comm_task_mb`` (FOT, FedProTIP)
 adds ``comm_task_mb`` (MB per client and task, mean over tasks) to runs.csv and continual

@@ -39,6 +39,9 @@ TOP_SHARE = "global_model_test_top_pred_share"
 COLLAPSE_SHARE = 0.95
 
 TASK_COLUMNS = ("round", "current_task", "task", "accuracy", "loss")  # tasks.csv
+# tasks.csv's task-aware accuracy of every method on a stream evaluated without the task id
+# (``fedforget.evaluation``); runs.csv's acc_task_aware / ft_task_aware
+TASK_AWARE = "task_aware"
 MATRIX_COLUMNS = ("after_task", "task", "accuracy")  # accuracy_matrix.csv
 METRICS = ("acc", "fgt", "ft", "bwt", "fwt")  # continual_metrics' keys
 # the summary files of an experiment with continual runs only (rule aggregate_continual's,
@@ -159,6 +162,14 @@ def acc_after_each_task(a: Any) -> np.ndarray:
     tasks learned so far after task t (0-based here: mean of a[t][0..t])."""
     a = _matrix(a)
     return np.array([a[t, : t + 1].mean() for t in range(len(a))])
+
+
+def fgt_after_each_task(a: Any) -> np.ndarray:
+    """[T]: Fgt_t, the average forgetting after task t [P, fedgp.md Sec. 5 and Fig. 5]: Fgt_T
+    of ``continual_metrics`` on the matrix of the first t tasks (0-based: a[:t+1, :t+1]); NaN
+    after the first task (nothing learned before it)."""
+    a = _matrix(a)
+    return np.array([math.nan] + [continual_metrics(a[: t + 1, : t + 1])["fgt"] for t in range(1, len(a))])
 
 
 def _matrix(a: Any) -> np.ndarray:

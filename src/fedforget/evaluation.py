@@ -7,7 +7,14 @@ it). Task-incremental scenarios give ``eval_predict`` the task id and mask the s
 the task's classes. The per-task rows (round, current task, task, accuracy, loss, and the
 accuracies of the method's other inference modes, ``eval_counts``) are the run's
 ``tasks.csv``; at the last round of task t they are row t of the accuracy matrix
-a[t][i] (``fedforget.continual``). The metrics row's ``global_model_test_acc`` / ``loss``
+a[t][i] (``fedforget.continual``). A task stream evaluated without the task id (class- or
+domain-incremental) also scores every method task-aware, as the FedProTIP paper's tables
+and Fig. 3b do for every baseline: column ``task_aware`` (``TASK_AWARE``), the method's
+``eval_predict`` given the true task, its scores outside the task's classes masked (the
+task's head with per-task heads; a shared head's logits over the task's classes) [D: the
+paper does not say how it scores its baselines task-aware; masking to the task's classes is
+the task-incremental evaluation this module gives task-IL streams]. With a shared head on a
+domain stream (every task holds every class) it equals ``accuracy``. The metrics row's ``global_model_test_acc`` / ``loss``
 are the mean over the tasks seen so far (0..current): FedGP's Acc_t [P]; in a one-task
 run, the accuracy on the whole test set, as before."""
 
@@ -21,11 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .clientdata import TestSets
-from .continual import TOP_SHARE
+from .continual import TASK_AWARE, TOP_SHARE
 from .data.scenario import Scenario
 from .methods import FedAvg, ServerContext
 from .methods.base import masked_logits
 from .metrics import classwise_accuracy
+from .models import TaskHeads
 
 
 class Evaluator:
@@ -40,6 +48,10 @@ class Evaluator:
         self.test, self.scenario, self.method, self.server = test, scenario, method, server
         self.batch_size = batch_size
         self.class_mask = scenario.class_mask(test.x.device) if scenario.masked else None
+        # a stream scored without the task id is scored with it too (TASK_AWARE)
+        self.aware_mask = (
+            scenario.class_mask(test.x.device) if scenario.tasks > 1 and not scenario.task_aware else None
+        )
 
     def task(self, model: nn.Module, t: int) -> tuple[float, float]:
         """(accuracy, mean cross-entropy of the scores) of ``model`` on task t's test rows."""
@@ -48,8 +60,9 @@ class Evaluator:
 
     @torch.no_grad()
     def task_scores(self, model: nn.Module, t: int) -> tuple[float, float, dict[str, float], float]:
-        """``task``'s two, the method's other accuracies on task t (``eval_counts``) and the
-        share of task t's test rows given its most predicted class (``COLLAPSE_SHARE``)."""
+        """``task``'s two, the other accuracies on task t (``TASK_AWARE`` where the stream is
+        scored without the task id, then the method's ``eval_counts``) and the share of task
+        t's test rows given its most predicted class (``COLLAPSE_SHARE``)."""
         counts = torch.zeros(self.scenario.num_classes, device=self.test.x.device)
         was_training = model.training
         model.eval()
@@ -57,13 +70,20 @@ class Evaluator:
         correct = torch.zeros((), device=dev)
         loss = torch.zeros((), device=dev, dtype=torch.float64)
         extra: dict[str, torch.Tensor] = {}
+        if self.aware_mask is not None:
+            extra[TASK_AWARE] = torch.zeros((), device=dev)
         given = t if self.scenario.task_aware else None
+        # the task id changes the scores only through the method's own predict or per-task heads
+        own = self.method.own_predict or isinstance(getattr(model, "head", None), TaskHeads)
         for x, y in self.test.batches(t, self.scenario, self.batch_size):
             scores = self.method.eval_predict(self.server, model, x, given)
             if self.class_mask is not None:
                 scores = masked_logits(scores, self.class_mask[t])
             pred = scores.argmax(1)
             correct += (pred == y).sum()
+            if self.aware_mask is not None:
+                aware = self.method.eval_predict(self.server, model, x, t) if own else scores
+                extra[TASK_AWARE] += (masked_logits(aware, self.aware_mask[t]).argmax(1) == y).sum()
             counts += torch.bincount(pred, minlength=len(counts))[: len(counts)]
             loss += F.cross_entropy(scores, y, reduction="sum").double()
             for k, v in self.method.eval_counts(self.server, model, x, y, t).items():

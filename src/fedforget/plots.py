@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from . import continual
+from .continual import TASK_AWARE, accuracy_matrix_rows
 from .utils import FedForgetError, atomic_write
 
 # the learning curves every experiment draws (figures/<column>.png), with their names in words
@@ -31,6 +33,9 @@ CONTINUAL_DIR = "continual"
 CONTINUAL_FIGURES = {
     "accuracy_matrix": "Accuracy matrix: accuracy on each task after training each task",
     "acc_after_task": "Average accuracy over the tasks learned so far, after each task",
+    "acc_after_task_aware": "Average task-aware accuracy (the true task given), after each task",
+    "fgt_after_task": "Average forgetting of the tasks learned before, after each task",
+    "current_task_acc": "Accuracy on the task just learned, after each task",
     "task_accuracy": "Global model accuracy on each task over rounds",
 }
 
@@ -466,37 +471,77 @@ def accuracy_matrix_heatmaps(matrices: pd.DataFrame, runs: pd.DataFrame, path: s
     return _finish(fig, plt, path, heading)
 
 
-def acc_after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path) -> Path:
-    """Acc_t = mean_{i <= t} a[t][i] (%) against the number of tasks learned, one panel per
-    dataset x setting, one line per method, band = ±1 std over completed seeds."""
-    from .continual import acc_after_each_task
+# the after-each-task figures: the per-task value of a run's accuracy matrix
+# (``fedforget.continual``), its name on the y axis, its symbol in the heading
+AFTER_TASK = {
+    "acc_after_task": ("acc_after_each_task", "Average accuracy over learned tasks (%)", "Acc_t"),
+    "acc_after_task_aware": ("acc_after_each_task", "Average task-aware accuracy (%)", "Acc_t"),
+    "fgt_after_task": ("fgt_after_each_task", "Average forgetting (%)", "Fgt_t"),
+    "current_task_acc": ("diagonal", "Accuracy on the newest task (%)", "a_t,t"),
+}  # fmt: skip
 
+
+def after_task_values(a: np.ndarray, kind: str) -> np.ndarray:
+    """[T] of ``AFTER_TASK[kind]`` for the accuracy matrix ``a`` (fractions)."""
+    fn = AFTER_TASK[kind][0]
+    return np.diag(a).copy() if fn == "diagonal" else getattr(continual, fn)(a)
+
+
+def task_aware_matrices(tasks: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """accuracy_matrix.csv's rows of the task-aware accuracy: each run's matrix of its
+    tasks.csv column ``task_aware`` (``continual.TASK_AWARE``: a stream evaluated without the
+    task id), or of its accuracy where the stream is evaluated with it (task-incremental)."""
+    out = []
+    shape = {tuple(r[k] for k in RUN_KEYS): (r["tasks"], r["rounds_per_task"], r["incremental"]) for _, r in runs.iterrows()}
+    for key, g in _completed(tasks, runs).groupby(RUN_KEYS, sort=False):
+        n, r, incremental = shape[key]
+        col = TASK_AWARE if TASK_AWARE in g and g[TASK_AWARE].notna().any() else None
+        if col is None and incremental == "task":
+            col = "accuracy"
+        if col is None:
+            continue
+        rows = accuracy_matrix_rows(g[["round", "task", col]].rename(columns={col: "accuracy"}), int(n), int(r))
+        out += [{**dict(zip(RUN_KEYS, key)), **row} for row in rows]
+    return pd.DataFrame(out, columns=[*RUN_KEYS, "after_task", "task", "accuracy"])
+
+
+def after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path, kind: str = "acc_after_task") -> Path:
+    """A value of the accuracy matrix after each task (``AFTER_TASK[kind]``, %) against the
+    number of tasks learned: Acc_t = mean_{i <= t} a[t][i] (``acc_after_task``; of the
+    task-aware matrices, ``task_aware_matrices``, for ``acc_after_task_aware``: FedProTIP's
+    Fig. 3b), Fgt_t (``fgt_after_task``, from the second task: FedGP's Fig. 5) or a[t][t],
+    the accuracy on the task just learned (``current_task_acc``: FedGP's Fig. 6 [D: its
+    x axis is not in the text; after each task]). One panel per dataset x setting, one line
+    per method, band = ±1 std over completed seeds; a panel with no run says so."""
     plt = _plt()
     path = Path(path)
+    _, ylabel, symbol = AFTER_TASK[kind]
     rows = []
     for key, g in _completed(matrices, runs).groupby(RUN_KEYS, sort=False):
         a = g.pivot(index="after_task", columns="task", values="accuracy").sort_index().sort_index(axis=1)
-        for t, v in enumerate(acc_after_each_task(a.to_numpy(dtype=float))):
-            rows.append({**dict(zip(RUN_KEYS, key)), "tasks_learned": t + 1, "acc": v * 100})
-    df = pd.DataFrame(rows, columns=[*RUN_KEYS, "tasks_learned", "acc"])
+        for t, v in enumerate(after_task_values(a.to_numpy(dtype=float), kind)):
+            if np.isfinite(v):
+                rows.append({**dict(zip(RUN_KEYS, key)), "tasks_learned": t + 1, "value": v * 100})
+    df = pd.DataFrame(rows, columns=[*RUN_KEYS, "tasks_learned", "value"])
     panels = _panels(matrices, ["dataset", "setting"])
     titles = [f"{ds}, {setting_label(setting)}" if ds else "" for ds, setting in panels]
     fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=True)
     colors = method_colors(df["method"])
+    low = min(0.0, float(df["value"].min())) if len(df) else 0.0  # forgetting may be negative
     for i, (ax, (ds, setting), title) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
         if len(sub):
-            mean_sd_lines(ax, sub, "tasks_learned", "acc", colors, marker="o", legend=i == 0)
+            mean_sd_lines(ax, sub, "tasks_learned", "value", colors, marker="o", legend=i == 0)
             ax.set_xticks(_task_ticks(int(sub["tasks_learned"].max())))
         else:
             _no_data(ax)
         ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
         ax.set_xlabel("Tasks learned")
-        ax.set_ylabel("Average accuracy over learned tasks (%)" if i % ncol == 0 else "")
-        ax.set_ylim(0, 100)
+        ax.set_ylabel(ylabel if i % ncol == 0 else "")
+        ax.set_ylim(low, 100)
         ax.grid(alpha=0.3)
     _method_legend(fig, axes)
-    heading = f"{CONTINUAL_FIGURES['acc_after_task']} (Acc_t)\nmean over seeds, band ±1 std"
+    heading = f"{CONTINUAL_FIGURES[kind]} ({symbol})\nmean over seeds, band ±1 std"
     return _finish(fig, plt, path, heading)
 
 
@@ -551,9 +596,13 @@ def plot_continual(summary_dir: str | Path, out_dir: str | Path) -> list[Path]:
         raise FedForgetError(f"continual summary file(s) {missing} not found; run `fedforget aggregate` first")
     runs, tasks, matrices = pd.read_csv(files[0]), pd.read_parquet(files[1]), pd.read_csv(files[2])
     runs = runs[runs["tasks"] > 1]
+    aware = task_aware_matrices(tasks, runs)
     return [
         accuracy_matrix_heatmaps(matrices, runs, out / "accuracy_matrix.png"),
-        acc_after_task_curves(matrices, runs, out / "acc_after_task.png"),
+        after_task_curves(matrices, runs, out / "acc_after_task.png", "acc_after_task"),
+        after_task_curves(aware, runs, out / "acc_after_task_aware.png", "acc_after_task_aware"),
+        after_task_curves(matrices, runs, out / "fgt_after_task.png", "fgt_after_task"),
+        after_task_curves(matrices, runs, out / "current_task_acc.png", "current_task_acc"),
         task_accuracy_curves(tasks, runs, out / "task_accuracy.png"),
     ]  # CONTINUAL_FIGURES' order
 

@@ -581,28 +581,24 @@ class FedProTIP(FedAvg):
     def eval_counts(
         self, server: ServerContext, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: int
     ) -> dict[str, torch.Tensor]:
-        """Rows of task ``task``'s test batch counted correct [D]: ``task_aware`` (the task's
-        head, or the shared head, on the task's classes), ``agnostic`` (no TIP: the model's
-        logits, with per-task heads each class's newest head), and where TIP routes,
+        """Rows of task ``task``'s test batch counted correct [D]: ``agnostic`` (no TIP: the
+        model's logits, with per-task heads each class's newest head), and where TIP routes,
         ``tip_sample`` / ``tip_batch`` (task-agnostic, per-sample / per-batch routing: the
         batch is one task's, as the authors' code tests) and ``task_id_sample`` /
-        ``task_id_batch`` (rows routed to their own task: TIP accuracy, Table 14)."""
+        ``task_id_batch`` (rows routed to their own task: TIP accuracy, Table 14). The
+        task-aware accuracy (the task's head, or the shared head, on the task's classes) is
+        the evaluator's, as for every method (``evaluation.TASK_AWARE``)."""
         sc = self.info.scenario
         if sc is None or sc.tasks <= 1:
             return {}
-        z = model.features(x)
-        heads = getattr(model, "head", None)
-        own = torch.full((len(x),), task, dtype=torch.long, device=x.device)
-        if isinstance(heads, TaskHeads):
-            aware = routed_scores(heads, z, own)
-        else:
-            aware = masked_logits(model.head(z), sc.class_mask(x.device)[task])
         plain = model.logits(x, None)  # type: ignore[operator]
         if sc.masked:  # task-IL: the evaluator's mask on the scores
             plain = masked_logits(plain, sc.class_mask(x.device)[task])
-        out = {"task_aware": (aware.argmax(1) == y).sum(), "agnostic": (plain.argmax(1) == y).sum()}
+        out = {"agnostic": (plain.argmax(1) == y).sum()}
         if not self.routing(server, model):
             return out
+        z = model.features(x)
+        heads = model.head
         blocks = split_blocks(server.state[BASES], server.state[BLOCKS])
         for mode in ("sample", "batch"):
             routed = route(z, blocks, server.state[REFS], batch=mode == "batch")
