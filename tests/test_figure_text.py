@@ -191,9 +191,10 @@ def shipped() -> list[Shape]:
 KINDS = {
     "curves": (False, 3, ("methods", "rounds")),
     "acc_after_task": (False, 3, ("methods", "tasks")),
+    # the other after-task figures share its layout: the two with its longest texts
+    # (current_task_acc's heading and y label are shorter than these)
     "acc_after_task_aware": (False, 3, ("methods", "tasks")),
     "fgt_after_task": (False, 3, ("methods", "tasks")),
-    "current_task_acc": (False, 3, ("methods", "tasks")),
     "accuracy_matrix": (True, 4, ("tasks", "few tasks")),
     "task_accuracy": (True, 4, ("rounds", "tasks")),
 }

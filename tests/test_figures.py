@@ -60,7 +60,7 @@ def test_figures_drawn_by_pipeline_and_cli(minimal_config, data_root, tmp_path):
 
 def test_continual_figures_only_for_experiments_with_continual_runs(tmp_path):
     """Synthesized run directories (tests/test_aggregation.py): a continual experiment gets
-    the learning curves and the three continual figures in figures/continual/; a one-task
+    the learning curves and the continual figures (CONTINUAL_FIGURES) in figures/continual/; a one-task
     experiment the curves only."""
     from fedforget.aggregate import aggregate
     from fedforget.plots import CONTINUAL_DIR, CONTINUAL_FIGURES, CURVES, plot_experiment
