@@ -63,6 +63,7 @@ test: install
 # temporary directory, one after another on SMOKE_CORES cores (`make test` dry-runs them).
 # On your own raw data: snakemake --configfile CONFIG --config scale=smoke
 # SMOKE_LOG: one JSON line per config (config, training jobs, seconds, passed).
+# A pass of the configs alone, resumable across sittings at one commit: benchmarks/smoke_pass.sh.
 SMOKE_CORES ?= $(shell nproc 2>/dev/null || echo 2)
 SMOKE_LOG ?= logs/smoke.jsonl
 smoke: install
