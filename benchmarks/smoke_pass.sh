@@ -2,7 +2,7 @@
 # One `make smoke` pass of every config (paper configs, then the embedded ones), config by
 # config, resumable: a config already in the log is skipped, so a pass longer than one
 # sitting (about 5 h on 2 cores) continues at the same commit in a later one. Run it in a
-# clone or worktree of the commit to certify (its log lines record that commit):
+# clone or worktree of the commit to certify, .venv/bin on PATH (its log lines record that commit):
 #   git worktree add /tmp/pass <commit> && cd /tmp/pass && bash benchmarks/smoke_pass.sh LOG.jsonl
 # Each config runs as tests/test_smoke.py runs it under `make smoke` (FEDFORGET_SMOKE_ALL=1),
 # in its own temporary directory, removed after it.

@@ -176,3 +176,23 @@ def test_experiment_figure_of_a_column_no_run_measured_is_refused(tmp_path):
         options = {"column": "local_models_global_test_acc_mean"} if name == "curves" else {}
         with pytest.raises(FedForgetError, match=r"\['local_models_global_test_acc_mean'\] have a value in no run"):
             FIGURES.get(name)(inp, tmp_path / f"{name}.png", **options)
+
+
+def test_a_task_aware_panel_without_the_column_says_so(monkeypatch, tmp_path):
+    """Completed runs without task_aware (made before the column existed): the panel of the
+    experiment's dataset x setting says they do not record it, not that no seed completed."""
+    import pandas as pd
+
+    from fedforget import plots
+    from fedforget.plots import RUN_KEYS, after_task_curves
+
+    said = []
+    monkeypatch.setattr(plots, "_no_data", lambda ax, text="no completed seed": said.append(text))
+    key = dict(dataset="d", setting="s", clients=2, partition_seed=0, method="fedavg", seed=0)
+    runs = pd.DataFrame([{**key, "status": "completed", "tasks": 2, "rounds_per_task": 1, "incremental": "class"}])
+    matrices = pd.DataFrame([{**key, "after_task": a, "task": i, "accuracy": 0.5} for a in (0, 1) for i in (0, 1)])
+    empty = pd.DataFrame(columns=[*RUN_KEYS, "after_task", "task", "accuracy"])
+    after_task_curves(empty, runs, tmp_path / "a.png", "acc_after_task_aware", matrices)
+    assert said == ["not recorded by these runs"]
+    after_task_curves(matrices, runs.assign(status="failed"), tmp_path / "b.png", "acc_after_task")
+    assert said[1:] == ["no completed seed"]

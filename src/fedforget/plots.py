@@ -505,14 +505,19 @@ def task_aware_matrices(tasks: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame(out, columns=[*RUN_KEYS, "after_task", "task", "accuracy"])
 
 
-def after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path, kind: str = "acc_after_task") -> Path:
+def after_task_curves(
+    matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Path, kind: str = "acc_after_task",
+    panel_frame: pd.DataFrame | None = None,
+) -> Path:
     """A value of the accuracy matrix after each task (``AFTER_TASK[kind]``, %) against the
     number of tasks learned: Acc_t = mean_{i <= t} a[t][i] (``acc_after_task``; of the
     task-aware matrices, ``task_aware_matrices``, for ``acc_after_task_aware``: FedProTIP's
     Fig. 3b), Fgt_t (``fgt_after_task``, from the second task: FedGP's Fig. 5) or a[t][t],
     the accuracy on the task just learned (``current_task_acc``: FedGP's Fig. 6 [D: its
     x axis is not in the text; after each task]). One panel per dataset x setting, one line
-    per method, band = ±1 std over completed seeds; a panel with no run says so."""
+    per method, band = ±1 std over completed seeds. The panels are ``panel_frame``'s
+    dataset x setting pairs (default ``matrices``'); a panel with no value says whether its
+    runs did not complete or do not record it (runs from before the task-aware column)."""
     plt = _plt()
     path = Path(path)
     _, ylabel, symbol = AFTER_TASK[kind]
@@ -523,16 +528,19 @@ def after_task_curves(matrices: pd.DataFrame, runs: pd.DataFrame, path: str | Pa
             if np.isfinite(v):
                 rows.append({**dict(zip(RUN_KEYS, key)), "tasks_learned": t + 1, "value": v * 100})
     df = pd.DataFrame(rows, columns=[*RUN_KEYS, "tasks_learned", "value"])
-    panels = _panels(matrices, ["dataset", "setting"])
+    panels = _panels(matrices if panel_frame is None else panel_frame, ["dataset", "setting"])
     titles = [f"{ds}, {setting_label(setting)}" if ds else "" for ds, setting in panels]
     fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=True)
     colors = method_colors(df["method"])
+    done = runs.loc[runs["status"] == "completed", ["dataset", "setting"]]
     low = min(0.0, float(df["value"].min())) if len(df) else 0.0  # forgetting may be negative
     for i, (ax, (ds, setting), title) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
         if len(sub):
             mean_sd_lines(ax, sub, "tasks_learned", "value", colors, marker="o", legend=i == 0)
             ax.set_xticks(_task_ticks(int(sub["tasks_learned"].max())))
+        elif ((done["dataset"] == ds) & (done["setting"] == setting)).any():
+            _no_data(ax, "not recorded by these runs")
         else:
             _no_data(ax)
         ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
@@ -600,7 +608,7 @@ def plot_continual(summary_dir: str | Path, out_dir: str | Path) -> list[Path]:
     return [
         accuracy_matrix_heatmaps(matrices, runs, out / "accuracy_matrix.png"),
         after_task_curves(matrices, runs, out / "acc_after_task.png", "acc_after_task"),
-        after_task_curves(aware, runs, out / "acc_after_task_aware.png", "acc_after_task_aware"),
+        after_task_curves(aware, runs, out / "acc_after_task_aware.png", "acc_after_task_aware", matrices),
         after_task_curves(matrices, runs, out / "fgt_after_task.png", "fgt_after_task"),
         after_task_curves(matrices, runs, out / "current_task_acc.png", "current_task_acc"),
         task_accuracy_curves(tasks, runs, out / "task_accuracy.png"),
