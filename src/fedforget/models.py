@@ -39,9 +39,13 @@ class Classifier(nn.Module):
             self.head.set_task(task)
 
     def logits(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
-        """Scores for evaluation: the task's head when ``task`` is given (task-aware), else
-        ``TaskHeads.combined`` (the shared head: its logits)."""
-        z = self.body(x)
+        """Scores for evaluation: ``head_logits`` of the input's features."""
+        return self.head_logits(self.body(x), task)
+
+    def head_logits(self, z: torch.Tensor, task: int | None = None) -> torch.Tensor:
+        """Scores of features ``z``: the task's head when ``task`` is given (task-aware), else
+        ``TaskHeads.combined`` (every class from its newest head; the shared head: its
+        logits). A caller that needs several scorings of one batch computes ``z`` once."""
         if isinstance(self.head, TaskHeads):
             return self.head.heads[task](z) if task is not None else self.head.combined(z)
         return self.head(z)

@@ -530,6 +530,13 @@ def test_split_digits_run_heads_frozen_bases_references_and_communication(make_r
         with torch.no_grad():
             newest = model.head.combined(model.features(xt)).argmax(1)
         assert r["agnostic"] == pytest.approx(float((newest == yt).double().mean()))
+    # one body pass per scoring of a test batch: TIP's scores, the task-aware ones, eval_counts
+    passes = []
+    model.body.register_forward_hook(lambda *a: passes.append(1))
+    ev = sim.evaluator
+    batches = sum(1 for _ in ev.test.batches(0, sim.scenario, ev.batch_size))
+    ev.task_scores(model, 0)
+    assert len(passes) == 3 * batches
 
 
 def test_split_digits_run_on_a_vit_with_bases_of_its_attention(make_run_config):

@@ -591,13 +591,13 @@ class FedProTIP(FedAvg):
         sc = self.info.scenario
         if sc is None or sc.tasks <= 1:
             return {}
-        plain = model.logits(x, None)  # type: ignore[operator]
+        z = model.features(x)  # one body pass for every count
+        plain = model.head_logits(z, None)  # type: ignore[operator]
         if sc.masked:  # task-IL: the evaluator's mask on the scores
             plain = masked_logits(plain, sc.class_mask(x.device)[task])
         out = {"agnostic": (plain.argmax(1) == y).sum()}
         if not self.routing(server, model):
             return out
-        z = model.features(x)
         heads = model.head
         blocks = split_blocks(server.state[BASES], server.state[BLOCKS])
         for mode in ("sample", "batch"):

@@ -194,13 +194,6 @@ def icarl_loss(
     return bce.mean() if reduction == "mean" else bce.sum(1).mean()
 
 
-def class_scores(model: nn.Module, z: torch.Tensor) -> torch.Tensor:
-    """Each class's logit from the features ``z``: the shared head, or with per-task heads
-    the head of the class's own task (``TaskHeads.combined``, up to the head's active task)."""
-    head = model.head
-    return head.combined(z) if isinstance(head, TaskHeads) else head(z)
-
-
 def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
     """[B, C]: -||z_i - mu_c||^2 for the classes with a mean (bool ``known`` [C]), the row's
     lowest such score minus ``shared.OUTSIDE_GAP`` for the others."""
@@ -456,11 +449,11 @@ class ICaRL(FedAvg):
         mem = self.exemplar_batch(ctx)
         if mem is not None:
             x, y = torch.cat([x, mem[0].to(x.dtype)]), torch.cat([y, mem[1]])
-        scores = class_scores(ctx.model, ctx.model.features(x))
+        scores = ctx.model.logits(x)  # per-task heads: each class's newest (TaskHeads.combined)
         q = None
         if s.prev is not None:
             with torch.no_grad():
-                q = torch.sigmoid(class_scores(s.prev, s.prev.features(x)))
+                q = torch.sigmoid(s.prev.logits(x))
         target = icarl_targets(y, q, s.old, self.info.num_classes)
         return icarl_loss(scores, target, s.seen, self.p.reduction)
 

@@ -97,7 +97,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import TaskHeads, ViTBody
+from ..models import ViTBody
 from ..utils import FedForgetError, torch_seed
 from .base import (
     ClientContext,
@@ -179,14 +179,6 @@ class PromptedViT(ViTBody):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.prompted(x)[0]
-
-
-def head_logits(model: nn.Module, z: torch.Tensor, task: int | None) -> torch.Tensor:
-    """``model.logits`` on features z (the given task's head, or every class's newest)."""
-    head = model.head
-    if isinstance(head, TaskHeads):
-        return head.heads[task](z) if task is not None else head.combined(z)
-    return head(z)
 
 
 @METHODS.register("l2p")
@@ -305,7 +297,7 @@ class L2P(FedAvg):
         sc = self.info.scenario
         aware = sc is not None and sc.task_aware
         z = model.body.prompted(x, batchwise=other == "batch")[0]
-        scores = head_logits(model, z, task if aware else None)
+        scores = model.head_logits(z, task if aware else None)
         if sc is not None and sc.masked:
             scores = masked_logits(scores, sc.class_mask(x.device)[task])
         return {f"{other}_selection": (scores.argmax(1) == y).sum()}

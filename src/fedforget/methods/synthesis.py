@@ -76,7 +76,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..models import TaskHeads
 from ..utils import torch_seed
 from .distill import kd_loss
 from .params import boolean, choice, integer, number
@@ -114,8 +113,7 @@ def features_and_logits(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor
     """(penultimate features, logits of every class): per-task heads give each class its
     newest head's logit (``TaskHeads.combined``)."""
     z = model.features(x)
-    head = model.head
-    return z, head.combined(z) if isinstance(head, TaskHeads) else head(z)
+    return z, model.head_logits(z)
 
 
 def reset_(model: nn.Module) -> None:
