@@ -39,7 +39,8 @@ class Classifier(nn.Module):
             self.head.set_task(task)
 
     def logits(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
-        """Scores for evaluation: ``head_logits`` of the input's features."""
+        """Scores of inputs ``x`` (evaluation; iCaRL's training scores): ``head_logits`` of
+        their features."""
         return self.head_logits(self.body(x), task)
 
     def head_logits(self, z: torch.Tensor, task: int | None = None) -> torch.Tensor:
