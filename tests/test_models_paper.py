@@ -173,7 +173,8 @@ def test_vit_attention_takes_multiheadattentions_path_bit_for_bit() -> None:
     """The 'vit' model's SelfAttention (projections as module calls, for the activation-based
     methods) against torchvision's own ViT with nn.MultiheadAttention, same weights: the
     training forward and every gradient bit for bit; evaluation without gradients, where MHA
-    takes its fused kernel, equal up to float rounding."""
+    takes its fused kernel, equal up to float32 rounding (1e-5: on one CI machine two of 128
+    outputs were 1.4e-6 apart, on this one none above 1e-6)."""
     from torchvision.models.vision_transformer import VisionTransformer
 
     from fedforget.models import SelfAttention
@@ -197,7 +198,7 @@ def test_vit_attention_takes_multiheadattentions_path_bit_for_bit() -> None:
     assert all(torch.equal(u, v) for u, v in zip(ga, gb, strict=True))
     mine.eval(), ref.eval()
     with torch.no_grad():
-        torch.testing.assert_close(mine(x), ref(x), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(mine(x), ref(x), atol=1e-5, rtol=1e-5)
     # the converted weights are the MHA's, in its dtype
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
     sa = SelfAttention.of(mha)

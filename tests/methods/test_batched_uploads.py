@@ -154,10 +154,12 @@ def test_live_terms_with_batchnorm_equal_sequential(
     """ResNet-8 with BatchNorm (issue 32): the running statistics are updated by the step's
     first pass alone (a second pass at w + eps updates copies, as FedSAM and FedSOL restore
     them on a client alone), and a frozen pass (FedSOL's global logits, MOON's previous
-    model) normalises by the statistics of the weights it is given. Within 1e-5, one round:
-    the losses, the methods' diagnostics (FedSAM's sharpness, the second pass's loss; FedSOL's
-    cosines, of the update gradient) and the weights, with the running statistics, which a
-    wrong update or a frozen pass with the wrong statistics moves by far more. [D] lr 1e-6:
+    model) normalises by the statistics of the weights it is given. One round: the weights,
+    with the running statistics, within 1e-5, which a wrong update or a frozen pass with the
+    wrong statistics moves by far more; the losses and the methods' diagnostics (FedSAM's
+    sharpness, the second pass's loss; FedSOL's cosines, of the update gradient) within 2e-4:
+    FedSOL's cosine of the update and the proximal gradient (0.003, nearly orthogonal) was
+    5.3e-5 apart on one CI machine, 8e-9 on this one (its kernels round otherwise). [D] lr 1e-6:
     BatchNorm over 12 rows grows rounding differences (test_batchnorm_stacked_equals_
     sequential), at perturbed weights the more (FedSAM's loss there 1.8 above the step's at
     rho 0.1); at lr 1e-2 or 1e-3 the two trainers' mean training losses or FedSOL's cosines
@@ -172,7 +174,7 @@ def test_live_terms_with_batchnorm_equal_sequential(
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert vec.engine_info["client_engine"] == "vectorized"
-    assert_same_metrics(rows_s, rows_v)
+    assert_same_metrics(rows_s, rows_v, tol=2e-4)
     assert_same_weights(seq, vec)
     assert any("running_mean" in k for k in vec.global_params)
 
@@ -181,15 +183,17 @@ def test_live_terms_with_batchnorm_equal_sequential(
 def test_fedrcl_levels_of_a_resnet_stacked_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights, levels):
     """FedRCL's multi-level terms on ResNet-8 with GroupNorm (the FedRCL code's norm): the
     stacked forward gives the stem's and each stage's pooled pre-ReLU output, as
-    ``forward_levels``; within 1e-5 of the clients one after another, its l_scl and l_div
-    included (a CPU: steps of 12 rows batched, of 20 client by client in replicas)."""
+    ``forward_levels``; the weights within 1e-4 of the clients one after another, the metrics,
+    its l_scl and l_div included, within 2e-4 (a CPU: steps of 12 rows batched, of 20 client by
+    client in replicas). [D] 2e-4: after a round at lr 0.01 one CI machine's two test losses were
+    3.0e-5 apart (0 on this one); levels 'all' against [0, 2] moves that loss by 0.17."""
     rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"}, method="fedrcl",
                          params={"levels": levels}, rounds=1, local_epochs=1, batch_size=12, sample_rate=0.1,
                          optimizer={"lr": 0.01, "momentum": 0.5}, partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
-    assert_same_metrics(rows_s, rows_v)
-    assert_same_weights(seq, vec)
+    assert_same_metrics(rows_s, rows_v, tol=2e-4)
+    assert_same_weights(seq, vec, tol=1e-4)
     assert rows_v[-1]["fedrcl_l_scl"] > 0
 
 
