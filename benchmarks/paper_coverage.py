@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from fedforget.continual import TASK_AWARE
+from fedforget.continual import ACC_AFTER_TASK, TASK_AWARE
 from fedforget.paper_tables import paper_column, paper_method, paper_metric_column
 from fedforget.parse import load_config
 from fedforget.utils import paper_tables
@@ -156,6 +156,8 @@ def metric_computed(metric: str, registered: str, continual: bool) -> bool:
         return False
     if column == "final_global_model_test_acc":
         return True
+    if column.startswith(ACC_AFTER_TASK):  # Acc_t of a stream with at least t tasks
+        return continual
     kind, _, mode = column.partition("_")
     if not mode:  # acc, fgt, ft: the continual metrics
         return continual

@@ -455,11 +455,15 @@ def test_continual_runs_csv_tasks_and_matrices(tmp_path):
         assert r[m] == pytest.approx(v), m
     r1 = runs[(runs["method"] == "fedavg") & (runs["seed"] == 1)].iloc[0]
     assert r1["acc"] == pytest.approx(0.72) and r1["fgt"] == pytest.approx(0.25)  # every entry + 0.02
+    # Acc_t after each task t (FedGP Fig. 5's Acc_5 compares with these), by hand from A
+    after = [f"avg_acc_after_task_{t}" for t in (1, 2, 3)]
+    assert [r[c] for c in after] == pytest.approx([0.9, (0.6 + 0.8) / 2, (0.5 + 0.7 + 0.9) / 3])
+    assert r1[after[1]] == pytest.approx(0.72)  # (0.62 + 0.82) / 2
     diverged = runs[runs["status"] == "diverged"]
-    assert len(diverged) == 2 and diverged[["acc", "fgt", "ft", "bwt", "fwt"]].isna().all().all()
+    assert len(diverged) == 2 and diverged[["acc", "fgt", "ft", "bwt", "fwt", *after]].isna().all().all()
     plain = runs[runs["dataset"] == "iris"].iloc[0]
     assert plain["tasks"] == 1 and plain["scenario"] == "none"
-    assert pd.isna(plain[["acc", "fgt", "ft", "bwt", "fwt"]]).all()
+    assert pd.isna(plain[["acc", "fgt", "ft", "bwt", "fwt", *after]]).all()
 
     tasks = pd.read_parquet(out / "tasks.parquet")
     assert set(tasks["dataset"]) == {"digits"}  # the one-task run's tasks.csv is not collected

@@ -31,10 +31,12 @@ from typing import Any
 import pandas as pd
 
 from .continual import (
+    ACC_AFTER_TASK,
     COLLAPSE_SHARE,
     CONTINUAL_OUTPUTS,
     TASK_COLUMNS,
     TOP_SHARE,
+    acc_after_each_task,
     accuracy_matrix,
     accuracy_matrix_rows,
     continual_metrics,
@@ -165,9 +167,10 @@ def continual_run(
     run_dir: Path, rec: dict[str, Any]
 ) -> tuple[dict[str, Any], pd.DataFrame | None, pd.DataFrame | None]:
     """(runs.csv's continual columns, tasks.csv rows, accuracy-matrix rows) of one run; the
-    two frames are None for a one-task run. The metrics (``continual.continual_metrics``)
-    are NaN unless the run completed, as its final accuracy is [D]; a run that stopped
-    early keeps its matrix rows, NaN from where it stopped."""
+    two frames are None for a one-task run. The metrics (``continual.continual_metrics``,
+    and Acc_t after each task t, ``avg_acc_after_task_<t>``) are NaN unless the run
+    completed, as its final accuracy is [D]; a run that stopped early keeps its matrix
+    rows, NaN from where it stopped."""
     c = rec["config"]
     sc = c["dataset"].get("scenario") or {}
     rounds = c.get("train", {}).get("rounds")
@@ -190,6 +193,8 @@ def continual_run(
     done = rec["status"] == "completed"
     metrics = continual_metrics(a, b) if done else dict.fromkeys(CONTINUAL_METRICS, math.nan)
     info.update(tasks=n, rounds_per_task=r, **metrics)
+    after = acc_after_each_task(a) if done else [math.nan] * n  # Acc_t, t = 1..T
+    info.update({f"{ACC_AFTER_TASK}{t}": float(v) for t, v in enumerate(after, start=1)})
     for col in [c for c in tasks.columns if c not in TASK_COLUMNS]:  # the method's eval_counts
         other = tasks.drop(columns="accuracy").rename(columns={col: "accuracy"})
         m = continual_metrics(accuracy_matrix(other, n, r)) if done else {}

@@ -43,6 +43,10 @@ TASK_COLUMNS = ("round", "current_task", "task", "accuracy", "loss")  # tasks.cs
 # (``fedforget.evaluation``); runs.csv's acc_task_aware / ft_task_aware
 TASK_AWARE = "task_aware"
 MATRIX_COLUMNS = ("after_task", "task", "accuracy")  # accuracy_matrix.csv
+# runs.csv's Acc_t of a completed continual run, t = 1..T (``acc_after_each_task``; FedGP
+# Fig. 5's quoted Acc_5 is compared with avg_acc_after_task_5); not acc_*: those are the
+# metrics of a method's other inference modes
+ACC_AFTER_TASK = "avg_acc_after_task_"
 METRICS = ("acc", "fgt", "ft", "bwt", "fwt")  # continual_metrics' keys
 # the summary files of an experiment with continual runs only (rule aggregate_continual's,
 # written by fedforget.aggregate; here so that the workflow's parse imports no torch)

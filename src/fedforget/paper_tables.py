@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from .continual import ACC_AFTER_TASK
 from .utils import FedForgetError, atomic_write_text, paper_tables
 
 PAPER_OUTPUTS = ("paper.csv", "paper.md", "paper.html")
@@ -83,7 +85,8 @@ NOTE = (
     "Per method: the paper's number (± its std where the paper gives one), ours (mean ± sample "
     "std, ddof = 1, over the completed seeds; 'n = 1': one completed seed, no std) and "
     "Δ = ours − paper in percentage points. 'accuracy': the final-round global-model accuracy on "
-    "the full test set; ACC / acc_T: mean accuracy over all tasks after the last task; Fgt_T / "
+    "the full test set; ACC / acc_T: mean accuracy over all tasks after the last task; Acc_t: "
+    "mean accuracy over the first t tasks after task t; Fgt_T / "
     "FT: forgetting (lower is better, so a positive Δ forgets more); BWT / FWT: backward and "
     "forward transfer (FedGP App. A.7; higher is better). 'not run': the experiment "
     "has no finished run of that method on that column (another experiment may have it); "
@@ -95,9 +98,13 @@ NOTE = (
 
 
 def paper_metric_column(metric: str) -> str | None:
-    """The runs.csv column a paper metric is compared with, or None (not compared)."""
+    """The runs.csv column a paper metric is compared with, or None (not compared); Acc_<t>
+    (FedGP Fig. 5: Acc_t, the mean accuracy over the first t tasks after task t) compares
+    with avg_acc_after_task_<t>."""
     if metric in PAPER_METRICS:
         return PAPER_METRICS[metric]
+    if re.fullmatch(r"Acc_[1-9]\d*", metric):
+        return f"{ACC_AFTER_TASK}{metric[4:]}"
     kind, _, mode = metric.partition("_")
     return f"{kind.lower()}_{mode}" if kind in MODE_METRICS and mode else None
 
