@@ -61,6 +61,12 @@ EVAL_MODES = {
 }
 
 
+# the communication parts a method's task-end metrics report (<method>_comm_<part>_mb: runs.csv's
+# comm_<part>_mb_task_<t>, fedforget.aggregate.comm_parts); tests/test_aggregation.py checks them
+# against FOT's and FedProTIP's runs
+COMM_PARTS = {"fot": ("model", "sketch"), "fedprotip": ("model", "bases", "refs")}
+
+
 def item_key(table: str) -> str:
     """The paper_tables.yaml key of a paper_results.csv table: '3b' -> 'table3b', 'fig1' -> 'fig1'."""
     return table if table.startswith("fig") else f"table{table}"
@@ -158,6 +164,8 @@ def metric_computed(metric: str, registered: str, continual: bool) -> bool:
         return True
     if column.startswith(ACC_AFTER_TASK):  # Acc_t of a stream with at least t tasks
         return continual
+    if column.startswith("comm_"):  # comm_<part>_mb_task_<t>: the parts the method reports
+        return continual and column.split("_")[1] in COMM_PARTS.get(registered, ())
     kind, _, mode = column.partition("_")
     if not mode:  # acc, fgt, ft: the continual metrics
         return continual

@@ -484,7 +484,7 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     """A method's extra tasks.csv column (``eval_counts``, e.g. FedProTIP's task_aware) gives
     runs.csv acc_<mode> / ft_<mode> from its own accuracy matrix (NaN for methods without
     it), and continual.csv / .md their mean ± std over seeds; likewise the MB per client and
-    task of a method with communication columns."""
+    task of a method with communication columns, and its MB per task by part."""
     from fedforget.aggregate import aggregate
     from fedforget.continual import continual_metrics
 
@@ -494,7 +494,8 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
             df = pd.read_csv(d / "tasks.csv")
             df["task_aware"] = 0.5 + 0.1 * df["task"]
             (d / "tasks.csv").write_text(df.to_csv(index=False))
-            (d / "metrics.csv").write_text("round,global_model_test_acc,fedprotip_comm_task_mb\n0,0.1,\n1,0.5,0.5\n2,0.7,1.5\n")
+            (d / "metrics.csv").write_text("round,global_model_test_acc,fedprotip_comm_task_mb,fedprotip_comm_bases_mb\n"
+                                           "0,0.1,,\n1,0.4,,\n2,0.5,0.5,0.25\n4,0.6,1.5,0.125\n6,0.7,1.0,0.0\n")  # fmt: skip
     out = tmp_path / "summary"
     aggregate(dirs, out, "e")
     runs = pd.read_csv(out / "runs.csv")
@@ -514,6 +515,10 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     assert "| fedprotip | 60.00 ± 0.00 (failed seeds) |" in section and "fedavg" not in section
     # MB per client and task: the mean of the run's <method>_comm_task_mb (task-end rows)
     assert ok["comm_task_mb"].tolist() == [1.0, 1.0] and runs[runs["method"] == "fedavg"]["comm_task_mb"].isna().all()
+    # and each task's MB by part, from the row of the task's last round (tasks end at rounds 2, 4, 6)
+    parts = [f"comm_bases_mb_task_{t}" for t in (1, 2, 3)]
+    assert ok[parts].values.tolist() == [[0.25, 0.125, 0.0]] * 2
+    assert runs[(runs["method"] == "fedavg") | (runs["status"] == "diverged")][parts].isna().all().all()
     comm = md.split("## Communication per client and task")[1].split("##")[0]
     assert "| fedprotip | 1.0000 ± 0.0000 |" in comm and "fedavg" not in comm
     assert "MB per client and task" in (out / "continual.html").read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -110,3 +111,13 @@ def test_eval_modes_are_the_methods(cov):
         for mode in modes:
             prefix = mode.rsplit("_", 1)[0] if mode.endswith(("_sample", "_batch")) else mode
             assert f'"{mode}"' in source or f'f"{prefix}_{{mode}}"' in source, (name, mode)
+
+
+def test_comm_parts_are_the_ones_the_methods_report(cov):
+    """COMM_PARTS (which MB_<part>_T<t> cells a method can fill) names the comm_<part>_mb
+    entries each method's task-end metrics hold (methods/fot.py, methods/fedprotip.py)."""
+    src = REPO / "src" / "fedforget" / "methods"
+    for method, parts in cov.COMM_PARTS.items():
+        text = (src / f"{method}.py").read_text()
+        found = set(re.findall(r'"comm_([a-z]+)_mb"', text)) - {"task"}
+        assert found == set(parts), (method, found)

@@ -16,7 +16,7 @@ inference modes (``eval_counts``: FedProTIP's TIP accuracies) add ``acc_<mode>``
 ``ft_<mode>`` (its tasks.csv column in place of the accuracy) to runs.csv and continual.csv,
 NaN for the other methods; one whose metrics hold ``<method>_comm_task_mb`` (FOT, FedProTIP)
 adds ``comm_task_mb`` (MB per client and task, mean over tasks) to runs.csv and continual
-tables. An experiment of one-task runs writes exactly the files it wrote
+tables, and each task's MB by part, ``comm_<part>_mb_task_<t>``, to runs.csv. An experiment of one-task runs writes exactly the files it wrote
 before continual runs existed [D]."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,9 @@ def collect_all(
         info, tasks, matrix = continual_run(d, rec)
         comm = [c for c in (df.columns if df is not None else []) if c.endswith(COMM_SUFFIX)]
         if comm and tasks is not None:  # FOT's / FedProTIP's task-end rows
-            info[COMM] = float(df[comm[0]].dropna().mean()) if rec["status"] == "completed" else math.nan
+            done = rec["status"] == "completed"
+            info[COMM] = float(df[comm[0]].dropna().mean()) if done else math.nan
+            info.update(comm_parts(df, info["tasks"], info["rounds_per_task"], done))
         extra.append(info)
         if tasks is not None:
             task_frames.append(tasks.assign(**keys))
@@ -206,6 +209,29 @@ EXTRA_METRICS = ("acc", "ft")  # of a method's other inference modes (tasks.csv'
 # MB one client sends per task (model + what the method adds: FOT's sketches, FedProTIP's bases
 # and references), from the method's <method>_comm_task_mb column, mean over the run's tasks
 COMM, COMM_SUFFIX = "comm_task_mb", "_comm_task_mb"
+
+
+COMM_PART = re.compile(r"[a-z0-9]+_comm_([a-z]+)_mb")  # <method>_comm_<part>_mb of metrics.csv
+
+
+def comm_parts(df: pd.DataFrame, tasks: int, rounds_per_task: int, done: bool) -> dict[str, float]:
+    """runs.csv's ``comm_<part>_mb_task_<t>`` (t from 1): the MB one client sends in task t
+    per part (``<method>_comm_<part>_mb`` of the task's last round: FOT's model and sketch,
+    FedProTIP's model, bases and references; FedProTIP Table 9), NaN unless the run
+    completed, as ``comm_task_mb``."""
+    out = {}
+    for col in df.columns:
+        m = COMM_PART.fullmatch(col)
+        if not m or m.group(1) == "task":
+            continue
+        per_task = [math.nan] * tasks
+        if done:
+            for rnd, v in df.loc[df[col].notna(), ["round", col]].itertuples(index=False):
+                t = (int(rnd) - 1) // rounds_per_task  # the task that ended at this round
+                if 0 <= t < tasks:
+                    per_task[t] = float(v)
+        out.update({f"comm_{m.group(1)}_mb_task_{t}": v for t, v in enumerate(per_task, start=1)})
+    return out
 
 
 def extra_metrics(runs: pd.DataFrame) -> list[str]:

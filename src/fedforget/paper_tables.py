@@ -21,7 +21,10 @@ Layout [D], one section per linked paper table, one grid per metric of that tabl
 Units [D]: the papers report percentages; ours are the fractions of runs.csv × 100, so every
 ``*_pct`` column of paper.csv is in %, and ``diff_pct_points = ours_mean_pct − paper_pct`` is
 in percentage points (for the forgetting measures Fgt_T and FT lower is better: a positive
-difference forgets more).
+difference forgets more). The exception, paper.csv's ``unit`` "MB": the communication metrics
+``MB_<part>_T<t>`` (FedProTIP Table 9: what one client sends in task t, part Model, Act, Base
+or Ref), compared with runs.csv's ``comm_<part>_mb_task_<t>`` as they are, in MB, the
+difference in MB.
 
 Notes [D]: a paper results row may carry a ``note`` (config/paper_results.csv, optional column):
 a remark on the paper's number itself (a cell that contradicts another table of the paper, a
@@ -61,12 +64,16 @@ PAPER_METRICS = {
     "FWT": "fwt",  # FedGP App. A.7 (Table 16)
 }
 MODE_METRICS = ("ACC", "FT")
+# MB_<part>_T<t>: FedProTIP Table 9's parts -> the runs' (aggregate.comm_parts; FOT's sketch is
+# the paper's activations, Act)
+COMM_METRIC = re.compile(r"MB_(Model|Act|Base|Ref)_T([1-9]\d*)")
+COMM_PARTS = {"Model": "model", "Act": "sketch", "Base": "bases", "Ref": "refs"}
 
 # paper.csv's columns: the cell, the two numbers and their difference first, then where they come from
 CELL_COLUMNS = [
     "method", "dataset", "setting", "metric", "paper_pct", "ours_mean_pct", "ours_std_pct", "n_seeds",
     "diff_pct_points", "status", "table", "paper_method", "our_dataset", "our_setting", "clients",
-    "partition_seed", "our_column", "paper_std_pct", "n_failed", "n_not_finished", "paper_note",
+    "partition_seed", "our_column", "paper_std_pct", "n_failed", "n_not_finished", "paper_note", "unit",
 ]  # fmt: skip
 
 # status words: "ok" when both numbers exist, else the reasons joined by "; "
@@ -93,7 +100,8 @@ NOTE = (
     "'failed': every seed diverged or failed; 'failed seeds' / 'unfinished seeds': the mean is "
     "over the completed seeds only; 'not measured': our runs do not compute that metric; "
     "'not in paper': the paper has no number there; '-': the paper's cell is '-'; '(note n)': "
-    "a remark on the paper's number, below the tables."
+    "a remark on the paper's number, below the tables. MB_<part>_T<t> (communication, FedProTIP "
+    "Table 9: what one client sends in task t): in MB, Δ in MB."
 )
 
 
@@ -105,8 +113,16 @@ def paper_metric_column(metric: str) -> str | None:
         return PAPER_METRICS[metric]
     if re.fullmatch(r"Acc_[1-9]\d*", metric):
         return f"{ACC_AFTER_TASK}{metric[4:]}"
+    comm = COMM_METRIC.fullmatch(metric)
+    if comm:
+        return f"comm_{COMM_PARTS[comm.group(1)]}_mb_task_{comm.group(2)}"
     kind, _, mode = metric.partition("_")
     return f"{kind.lower()}_{mode}" if kind in MODE_METRICS and mode else None
+
+
+def metric_unit(metric: str) -> str:
+    """'MB' for the communication metrics (``COMM_METRIC``), '%' for every other."""
+    return "MB" if COMM_METRIC.fullmatch(metric) else "%"
 
 
 def paper_column(paper: dict[str, Any], dataset: str, setting: str) -> tuple[str, str]:
@@ -179,10 +195,10 @@ def _our_columns(runs: pd.DataFrame, paper: dict[str, Any]) -> list[OurColumn]:
     ]
 
 
-def our_cell(runs: pd.DataFrame | None, column: str | None) -> dict[str, Any]:
-    """Mean and sample std (ddof = 1) in % of ``column`` over the completed seeds of one
-    method x column's runs (runs.csv rows; None: none in the experiment), with the seed
-    counts and our side of the status."""
+def our_cell(runs: pd.DataFrame | None, column: str | None, scale: float = 100) -> dict[str, Any]:
+    """Mean and sample std (ddof = 1) of ``column`` × ``scale`` (fractions to %; 1 for MB)
+    over the completed seeds of one method x column's runs (runs.csv rows; None: none in the
+    experiment), with the seed counts and our side of the status."""
     out: dict[str, Any] = {"ours_mean_pct": math.nan, "ours_std_pct": math.nan, "n_seeds": 0,
                            "n_failed": 0, "n_not_finished": 0, "ours": NOT_RUN}  # fmt: skip
     if runs is None or not len(runs):
@@ -194,7 +210,7 @@ def our_cell(runs: pd.DataFrame | None, column: str | None) -> dict[str, Any]:
     if not len(done):
         out["ours"] = FAILED if out["n_failed"] else NOT_RUN
         return out
-    vals = done[column].astype(float).dropna() * 100 if column in done else pd.Series(dtype=float)
+    vals = done[column].astype(float).dropna() * scale if column in done else pd.Series(dtype=float)
     if not len(vals):
         out["ours"] = NOT_MEASURED
         return out
@@ -269,15 +285,16 @@ def compare(
                     else None
                 )
                 for metric in metrics:
-                    column = paper_metric_column(metric)
-                    ours, theirs = our_cell(g, column), _paper_cell(tref, pm, c.paper, metric)
+                    column, unit = paper_metric_column(metric), metric_unit(metric)
+                    ours = our_cell(g, column, 1 if unit == "MB" else 100)
+                    theirs = _paper_cell(tref, pm, c.paper, metric)
                     diff = ours["ours_mean_pct"] - theirs["paper_pct"]
                     why = [w for w in (ours.pop("ours"), theirs.pop("paper")) if w != "ok"]
                     yield {
                         "method": label if label is not None else pm, "dataset": c.paper[0], "setting": c.paper[1],
                         "metric": metric, **theirs, **ours, "diff_pct_points": diff, "status": "; ".join(why) or "ok",
                         "table": table, "paper_method": pm or "", "our_dataset": c.dataset, "our_setting": c.setting_label(several),
-                        "clients": c.clients, "partition_seed": c.partition_seed, "our_column": column,
+                        "clients": c.clients, "partition_seed": c.partition_seed, "our_column": column, "unit": unit,
                     }  # fmt: skip
 
     out: list[dict[str, Any]] = []
@@ -311,8 +328,13 @@ def compare(
 # ----------------------------------------------------------------------------- rendering
 
 
-def _num(v: float, std: float = math.nan) -> str:
-    return f"{v:.2f}" + ("" if math.isnan(std) else f" ± {std:.2f}")
+def _num(v: float, std: float = math.nan, digits: int = 2) -> str:
+    return f"{v:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def _digits(r: pd.Series) -> int:
+    """Decimals of a cell: 2 for %, 3 for MB (Table 9 prints 46.686 MB)."""
+    return 3 if r.get("unit") == "MB" else 2
 
 
 def note_numbers(cells: pd.DataFrame) -> dict[str, int]:
@@ -327,7 +349,7 @@ def paper_text(r: pd.Series, numbers: dict[str, int] | None = None) -> str:
     if pd.isna(r["paper_pct"]):
         return ("-" if PAPER_DASH in r["status"] else NOT_IN_PAPER) + mark
     return (
-        _num(r["paper_pct"], r["paper_std_pct"])
+        _num(r["paper_pct"], r["paper_std_pct"], _digits(r))
         + (" (failed)" if PAPER_FAILED in r["status"] else "")
         + mark
     )
@@ -337,16 +359,16 @@ def ours_text(r: pd.Series) -> str:
     if pd.isna(r["ours_mean_pct"]):
         return next(w for w in (FAILED, NOT_MEASURED, NOT_RUN) if w in r["status"].split("; "))
     text = (
-        _num(r["ours_mean_pct"], r["ours_std_pct"])
+        _num(r["ours_mean_pct"], r["ours_std_pct"], _digits(r))
         if r["n_seeds"] > 1
-        else f"{r['ours_mean_pct']:.2f} (n = 1)"
+        else f"{r['ours_mean_pct']:.{_digits(r)}f} (n = 1)"
     )
     why = [w for w in (FAILED_SEEDS, UNFINISHED_SEEDS) if w in r["status"].split("; ")]
     return text + (f" ({', '.join(why)})" if why else "")
 
 
 def diff_text(r: pd.Series) -> str:
-    return "" if pd.isna(r["diff_pct_points"]) else f"{r['diff_pct_points']:+.2f}"
+    return "" if pd.isna(r["diff_pct_points"]) else f"{r['diff_pct_points']:+.{_digits(r)}f}"
 
 
 def _grids(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -391,7 +413,7 @@ def _grids(cells: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
                 rows += [[name if i == 0 else "", *line] for i, line in enumerate(lines)]
             frame = pd.DataFrame(rows, columns=["method", "", *heads])
             paper_name = "not in the paper's table(s)" if not table else f"table {table}"
-            out.append((f"{paper_name}: {metric} (%)", frame))
+            out.append((f"{paper_name}: {metric} ({metric_unit(metric)})", frame))
     return out
 
 
