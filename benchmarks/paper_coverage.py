@@ -162,8 +162,9 @@ def metric_computed(metric: str, registered: str, continual: bool) -> bool:
         return False
     if column == "final_global_model_test_acc":
         return True
-    if column.startswith(ACC_AFTER_TASK):  # Acc_t of a stream with at least t tasks
-        return continual
+    if column.startswith(ACC_AFTER_TASK):  # Acc_t (of an inference mode) after task t
+        _, _, mode = column.removeprefix(ACC_AFTER_TASK).partition("_")
+        return continual and (not mode or mode == TASK_AWARE or mode in EVAL_MODES.get(registered, ()))
     if column.startswith("comm_"):  # comm_<part>_mb_task_<t>: the parts the method reports
         return continual and column.split("_")[1] in COMM_PARTS.get(registered, ())
     kind, _, mode = column.partition("_")

@@ -504,6 +504,9 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     ok = runs[(runs["method"] == "fedprotip") & (runs["status"] == "completed")]
     assert ok["acc_task_aware"].tolist() == pytest.approx([want["acc"]] * 2)
     assert ok["ft_task_aware"].tolist() == pytest.approx([want["ft"]] * 2)
+    # and its Acc_t after each task (FedProTIP Table 14 reads task_id_batch's): 0.5, 0.55, 0.6
+    after = [f"avg_acc_after_task_{t}_task_aware" for t in (1, 2, 3)]
+    assert ok[after].values.ravel().tolist() == pytest.approx([0.5, 0.55, 0.6] * 2)
     assert runs[runs["method"] == "fedavg"][["acc_task_aware", "ft_task_aware"]].isna().all().all()
     assert runs[runs["status"] == "diverged"]["acc_task_aware"].isna().all()
     table = pd.read_csv(out / "continual.csv")

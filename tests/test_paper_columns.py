@@ -262,18 +262,23 @@ def test_per_task_metrics_acc_t_and_mb_by_part(tmp_path):
     """FedGP Fig. 5 quotes Acc_5: a paper metric Acc_<t> compares with runs.csv's
     avg_acc_after_task_<t>, the mean over the first t tasks after task t. Three tasks x one
     round: a = [[0.8, ., .], [0.6, 0.9, .], [0.5, 0.7, 0.3]], so Acc_1 = 80 %, Acc_2 = 75 %;
-    Acc_4 names no task of the stream: not measured. FedProTIP Table 9's MB_Base_T2 compares
+    Acc_4 names no task of the stream: not measured. FedProTIP Table 14's TIP_T2 compares
+    with the Acc_2 of tasks.csv's task_id_batch. FedProTIP Table 9's MB_Base_T2 compares
     with comm_bases_mb_task_2 (the task-end row of task 2) in MB: not × 100, Δ in MB, three
     decimals."""
     sc = {"kind": "split", "tasks": 3, "classes_per_task": 1, "incremental": "task", "rounds_per_task": 1}
     a = [[0.8, 0.2, 0.1], [0.6, 0.9, 0.1], [0.5, 0.7, 0.3]]
     rows = [(0, 0, i, 0.1) for i in range(3)] + [(t + 1, t, i, a[t][i]) for t in range(3) for i in range(3)]
-    text = "round,current_task,task,accuracy,loss\n" + "".join(f"{r},{c},{t},{v!r},1.0\n" for r, c, t, v in rows)
+    tid = lambda i: 1.0 if i == 0 else 0.5  # noqa: E731  task_id_batch: task 1's routed right, the others half
+    text = "round,current_task,task,accuracy,loss,task_id_batch\n" + "".join(
+        f"{r},{c},{t},{v!r},1.0,{tid(t)}\n" for r, c, t, v in rows
+    )
     dirs = [write_run(tmp_path / "fl0", "FL", 0, final=0.5, scenario=sc, tasks_csv=text)]
     (dirs[0] / "metrics.csv").write_text("round,global_model_test_acc,x_comm_task_mb,x_comm_bases_mb\n"
                                          "0,0.1,,\n1,0.5,10.0,9.5\n2,0.6,6.0,5.25\n3,0.7,1.0,0.5\n")  # fmt: skip
     ref = tmp_path / "paper_results.csv"
     ref.write_text(HEADER + "G,fig5,split-cifar100,task-il,FL,MB_Base_T2,5.646,\n"
+                   + "G,fig5,split-cifar100,task-il,FL,TIP_T2,70.0,\n"
                    + "G,fig5,split-cifar100,task-il,FL,Acc_1,85.00,\n"
                    + "G,fig5,split-cifar100,task-il,FL,Acc_2,70.00,\n"
                    + "G,fig5,split-cifar100,task-il,FL,Acc_4,60.00,\n")  # fmt: skip
@@ -288,6 +293,8 @@ def test_per_task_metrics_acc_t_and_mb_by_part(tmp_path):
     assert acc2["ours_mean_pct"] == pytest.approx(75.0) and acc2["diff_pct_points"] == pytest.approx(5.0)
     assert acc4["status"] == "not measured"
     assert acc1["unit"] == "%"
+    tip = _cell(cells, "FL", metric="TIP_T2")  # FedProTIP Table 14: after task 2, (1.0 + 0.5) / 2
+    assert tip["our_column"] == "avg_acc_after_task_2_task_id_batch" and tip["ours_mean_pct"] == pytest.approx(75.0)
     mb = _cell(cells, "FL", metric="MB_Base_T2")
     assert mb["our_column"] == "comm_bases_mb_task_2" and mb["unit"] == "MB"
     assert mb["ours_mean_pct"] == pytest.approx(5.25) and mb["diff_pct_points"] == pytest.approx(5.25 - 5.646)

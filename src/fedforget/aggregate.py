@@ -171,9 +171,10 @@ def continual_run(
 ) -> tuple[dict[str, Any], pd.DataFrame | None, pd.DataFrame | None]:
     """(runs.csv's continual columns, tasks.csv rows, accuracy-matrix rows) of one run; the
     two frames are None for a one-task run. The metrics (``continual.continual_metrics``,
-    and Acc_t after each task t, ``avg_acc_after_task_<t>``) are NaN unless the run
-    completed, as its final accuracy is [D]; a run that stopped early keeps its matrix
-    rows, NaN from where it stopped."""
+    and Acc_t after each task t, ``avg_acc_after_task_<t>``; of a method's other inference
+    mode ``acc_<mode>``, ``ft_<mode>`` and ``avg_acc_after_task_<t>_<mode>``) are NaN unless
+    the run completed, as its final accuracy is [D]; a run that stopped early keeps its
+    matrix rows, NaN from where it stopped."""
     c = rec["config"]
     sc = c["dataset"].get("scenario") or {}
     rounds = c.get("train", {}).get("rounds")
@@ -199,9 +200,11 @@ def continual_run(
     after = acc_after_each_task(a) if done else [math.nan] * n  # Acc_t, t = 1..T
     info.update({f"{ACC_AFTER_TASK}{t}": float(v) for t, v in enumerate(after, start=1)})
     for col in [c for c in tasks.columns if c not in TASK_COLUMNS]:  # the method's eval_counts
-        other = tasks.drop(columns="accuracy").rename(columns={col: "accuracy"})
-        m = continual_metrics(accuracy_matrix(other, n, r)) if done else {}
+        other = accuracy_matrix(tasks.drop(columns="accuracy").rename(columns={col: "accuracy"}), n, r)
+        m = continual_metrics(other) if done else {}
         info.update({f"{k}_{col}": m.get(k, math.nan) for k in EXTRA_METRICS})
+        after = acc_after_each_task(other) if done else [math.nan] * n  # its Acc_t (Table 14's TIP)
+        info.update({f"{ACC_AFTER_TASK}{t}_{col}": float(v) for t, v in enumerate(after, start=1)})
     return info, tasks, matrix
 
 

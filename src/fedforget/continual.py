@@ -44,8 +44,9 @@ TASK_COLUMNS = ("round", "current_task", "task", "accuracy", "loss")  # tasks.cs
 TASK_AWARE = "task_aware"
 MATRIX_COLUMNS = ("after_task", "task", "accuracy")  # accuracy_matrix.csv
 # runs.csv's Acc_t of a completed continual run, t = 1..T (``acc_after_each_task``; FedGP
-# Fig. 5's quoted Acc_5 is compared with avg_acc_after_task_5); not acc_*: those are the
-# metrics of a method's other inference modes
+# Fig. 5's quoted Acc_5 is compared with avg_acc_after_task_5), and of each other inference
+# mode of tasks.csv, avg_acc_after_task_<t>_<mode> (FedProTIP Table 14: its task-identity
+# accuracy after each task); not acc_*: those are the metrics of a method's other modes
 ACC_AFTER_TASK = "avg_acc_after_task_"
 METRICS = ("acc", "fgt", "ft", "bwt", "fwt")  # continual_metrics' keys
 # the summary files of an experiment with continual runs only (rule aggregate_continual's,

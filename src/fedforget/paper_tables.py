@@ -101,14 +101,17 @@ NOTE = (
     "over the completed seeds only; 'not measured': our runs do not compute that metric; "
     "'not in paper': the paper has no number there; '-': the paper's cell is '-'; '(note n)': "
     "a remark on the paper's number, below the tables. MB_<part>_T<t> (communication, FedProTIP "
-    "Table 9: what one client sends in task t): in MB, Δ in MB."
+    "Table 9: what one client sends in task t): in MB, Δ in MB. TIP_T<t> (FedProTIP Table 14): "
+    "the task-identity accuracy after task t over the tasks seen, per-batch routing."
 )
 
 
 def paper_metric_column(metric: str) -> str | None:
     """The runs.csv column a paper metric is compared with, or None (not compared); Acc_<t>
     (FedGP Fig. 5: Acc_t, the mean accuracy over the first t tasks after task t) compares
-    with avg_acc_after_task_<t>."""
+    with avg_acc_after_task_<t>; TIP_T<t> (FedProTIP Table 14: the share of test batches of
+    the tasks seen that TIP routes to their own task, after task t, as the authors' code
+    counts it) with that mean of the per-batch routing, avg_acc_after_task_<t>_task_id_batch."""
     if metric in PAPER_METRICS:
         return PAPER_METRICS[metric]
     if re.fullmatch(r"Acc_[1-9]\d*", metric):
@@ -116,6 +119,9 @@ def paper_metric_column(metric: str) -> str | None:
     comm = COMM_METRIC.fullmatch(metric)
     if comm:
         return f"comm_{COMM_PARTS[comm.group(1)]}_mb_task_{comm.group(2)}"
+    tip = re.fullmatch(r"TIP_T([1-9]\d*)", metric)
+    if tip:  # FedProTIP Table 14 [C: one task prediction per test batch, over the tasks seen]
+        return f"{ACC_AFTER_TASK}{tip.group(1)}_task_id_batch"
     kind, _, mode = metric.partition("_")
     return f"{kind.lower()}_{mode}" if kind in MODE_METRICS and mode else None
 
