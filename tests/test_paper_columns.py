@@ -278,6 +278,7 @@ def test_per_task_metrics_acc_t_and_mb_by_part(tmp_path):
                                          "0,0.1,,\n1,0.5,10.0,9.5\n2,0.6,6.0,5.25\n3,0.7,1.0,0.5\n")  # fmt: skip
     ref = tmp_path / "paper_results.csv"
     ref.write_text(HEADER + "G,fig5,split-cifar100,task-il,FL,MB_Base_T2,5.646,\n"
+                   + "G,fig5,split-cifar100,task-il,FL,MB_Base,5.0,\n"
                    + "G,fig5,split-cifar100,task-il,FL,TIP_T2,70.0,\n"
                    + "G,fig5,split-cifar100,task-il,FL,Acc_1,85.00,\n"
                    + "G,fig5,split-cifar100,task-il,FL,Acc_2,70.00,\n"
@@ -295,6 +296,8 @@ def test_per_task_metrics_acc_t_and_mb_by_part(tmp_path):
     assert acc1["unit"] == "%"
     tip = _cell(cells, "FL", metric="TIP_T2")  # FedProTIP Table 14: after task 2, (1.0 + 0.5) / 2
     assert tip["our_column"] == "avg_acc_after_task_2_task_id_batch" and tip["ours_mean_pct"] == pytest.approx(75.0)
+    mean = _cell(cells, "FL", metric="MB_Base")  # Table 19's MB per task: the mean over the tasks
+    assert mean["our_column"] == "comm_bases_mb" and mean["ours_mean_pct"] == pytest.approx((9.5 + 5.25 + 0.5) / 3)
     mb = _cell(cells, "FL", metric="MB_Base_T2")
     assert mb["our_column"] == "comm_bases_mb_task_2" and mb["unit"] == "MB"
     assert mb["ours_mean_pct"] == pytest.approx(5.25) and mb["diff_pct_points"] == pytest.approx(5.25 - 5.646)

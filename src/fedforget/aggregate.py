@@ -220,8 +220,9 @@ COMM_PART = re.compile(r"[a-z0-9]+_comm_([a-z]+)_mb")  # <method>_comm_<part>_mb
 def comm_parts(df: pd.DataFrame, tasks: int, rounds_per_task: int, done: bool) -> dict[str, float]:
     """runs.csv's ``comm_<part>_mb_task_<t>`` (t from 1): the MB one client sends in task t
     per part (``<method>_comm_<part>_mb`` of the task's last round: FOT's model and sketch,
-    FedProTIP's model, bases and references; FedProTIP Table 9), NaN unless the run
-    completed, as ``comm_task_mb``."""
+    FedProTIP's model, bases and references; FedProTIP Table 9), and ``comm_<part>_mb``, their
+    mean over the tasks (Table 19's MB per task); NaN unless the run completed, as
+    ``comm_task_mb``."""
     out = {}
     for col in df.columns:
         m = COMM_PART.fullmatch(col)
@@ -234,6 +235,8 @@ def comm_parts(df: pd.DataFrame, tasks: int, rounds_per_task: int, done: bool) -
                 if 0 <= t < tasks:
                     per_task[t] = float(v)
         out.update({f"comm_{m.group(1)}_mb_task_{t}": v for t, v in enumerate(per_task, start=1)})
+        seen = [v for v in per_task if not math.isnan(v)]
+        out[f"comm_{m.group(1)}_mb"] = sum(seen) / len(seen) if seen else math.nan
     return out
 
 

@@ -23,8 +23,8 @@ Units [D]: the papers report percentages; ours are the fractions of runs.csv × 
 in percentage points (for the forgetting measures Fgt_T and FT lower is better: a positive
 difference forgets more). The exception, paper.csv's ``unit`` "MB": the communication metrics
 ``MB_<part>_T<t>`` (FedProTIP Table 9: what one client sends in task t, part Model, Act, Base
-or Ref), compared with runs.csv's ``comm_<part>_mb_task_<t>`` as they are, in MB, the
-difference in MB.
+or Ref) and ``MB_<part>`` (its mean over the tasks: Table 19's bases), compared with runs.csv's
+``comm_<part>_mb_task_<t>`` / ``comm_<part>_mb`` as they are, in MB, the difference in MB.
 
 Notes [D]: a paper results row may carry a ``note`` (config/paper_results.csv, optional column):
 a remark on the paper's number itself (a cell that contradicts another table of the paper, a
@@ -66,7 +66,7 @@ PAPER_METRICS = {
 MODE_METRICS = ("ACC", "FT")
 # MB_<part>_T<t>: FedProTIP Table 9's parts -> the runs' (aggregate.comm_parts; FOT's sketch is
 # the paper's activations, Act)
-COMM_METRIC = re.compile(r"MB_(Model|Act|Base|Ref)_T([1-9]\d*)")
+COMM_METRIC = re.compile(r"MB_(Model|Act|Base|Ref)(?:_T([1-9]\d*))?")  # no _T<t>: the mean over tasks
 COMM_PARTS = {"Model": "model", "Act": "sketch", "Base": "bases", "Ref": "refs"}
 
 # paper.csv's columns: the cell, the two numbers and their difference first, then where they come from
@@ -118,7 +118,8 @@ def paper_metric_column(metric: str) -> str | None:
         return f"{ACC_AFTER_TASK}{metric[4:]}"
     comm = COMM_METRIC.fullmatch(metric)
     if comm:
-        return f"comm_{COMM_PARTS[comm.group(1)]}_mb_task_{comm.group(2)}"
+        part = f"comm_{COMM_PARTS[comm.group(1)]}_mb"
+        return f"{part}_task_{comm.group(2)}" if comm.group(2) else part
     tip = re.fullmatch(r"TIP_T([1-9]\d*)", metric)
     if tip:  # FedProTIP Table 14 [C: one task prediction per test batch, over the tasks seen]
         return f"{ACC_AFTER_TASK}{tip.group(1)}_task_id_batch"
