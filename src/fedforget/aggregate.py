@@ -7,17 +7,18 @@ beside the papers' numbers where the experiment links a paper table), ``table.md
 Experiments with continual runs (a scenario of more than one task, ``fedforget.continual``)
 also get ``tasks.parquet`` (every such run's tasks.csv with its run keys),
 ``accuracy_matrix.csv`` (each run's a[t][i] with its run keys), the columns scenario,
-incremental, tasks, rounds_per_task, acc, fgt, ft, bwt, fwt in runs.csv (fractions; NaN for
-one-task and unfinished runs) and ``continual.csv`` / ``.md`` / ``.html`` (those metrics in %,
-mean ± std over completed seeds, beside the paper's ACC and forgetting where the experiment
-links a paper table). The task-aware accuracy of a stream evaluated without the task id
-(tasks.csv's ``task_aware``, every method: ``fedforget.evaluation``) and a method's other
-inference modes (``eval_counts``: FedProTIP's TIP accuracies) add ``acc_<mode>`` and
-``ft_<mode>`` (its tasks.csv column in place of the accuracy) to runs.csv and continual.csv,
-NaN for the other methods; one whose metrics hold ``<method>_comm_task_mb`` (FOT, FedProTIP)
-adds ``comm_task_mb`` (MB per client and task, mean over tasks) to runs.csv and continual
-tables, and each task's MB by part, ``comm_<part>_mb_task_<t>``, to runs.csv. An experiment of one-task runs writes exactly the files it wrote
-before continual runs existed [D]."""
+incremental, tasks, rounds_per_task, acc, fgt, ft, bwt, fwt and Acc_t after each task t,
+avg_acc_after_task_<t>, in runs.csv (fractions; NaN for one-task and unfinished runs) and
+``continual.csv`` / ``.md`` / ``.html`` (those metrics in %, mean ± std over completed seeds,
+beside the paper's ACC and forgetting where the experiment links a paper table). The task-aware
+accuracy of a stream evaluated without the task id (tasks.csv's ``task_aware``, every method:
+``fedforget.evaluation``) and a method's other inference modes (``eval_counts``: FedProTIP's
+TIP accuracies) add ``acc_<mode>`` and ``ft_<mode>`` (its tasks.csv column in place of the
+accuracy) to runs.csv and continual.csv, and ``avg_acc_after_task_<t>_<mode>`` to runs.csv, NaN
+for the other methods; one whose metrics hold ``<method>_comm_task_mb`` (FOT, FedProTIP) adds
+``comm_task_mb`` (MB per client and task, mean over tasks) to runs.csv and continual tables,
+and each task's MB by part, ``comm_<part>_mb_task_<t>``, to runs.csv. An experiment of one-task
+runs writes exactly the files it wrote before continual runs existed [D]."""
 
 from __future__ import annotations
 
