@@ -354,6 +354,9 @@ def experiment_figure_input(shape: Shape, columns: list[str], rng, rounds: tuple
         configs[run_dir] = rc
         runs.append({**key, "status": "completed", "run_dir": run_dir,
                      "final_global_model_test_acc": rng.random(), "best_global_model_test_acc": rng.random()})  # fmt: skip
+        if rc.method.name == "fedprotip":  # runs.csv's task-identity Acc_t (figure task_identity)
+            for t in range(1, (rc.dataset.scenario or {}).get("tasks", 1) + 1):
+                runs[-1].update({f"avg_acc_after_task_{t}_task_id_{m}": rng.random() for m in ("batch", "sample")})
         every_task = ()  # Fig. 2's heatmap: a round in every task
         if "projection_task" in columns:
             tasks = (rc.dataset.scenario or {}).get("tasks", 1)

@@ -54,3 +54,31 @@ def test_without_the_diagnostic_or_the_method_it_says_what_is_missing(tmp_path):
     inp.metrics = inp.metrics.drop(columns=["projection_rho"])
     with pytest.raises(FedForgetError, match=r"projection_rho.*train.diagnostics: \[projection_geometry\]"):
         projection_geometry(inp, tmp_path / "f.png")
+
+
+def test_task_identity_figure_draws_runs_csv_acc_t_of_the_routing(tmp_path):
+    """Fig. 4a from runs.csv's avg_acc_after_task_<t>_task_id_<mode>: per dataset x setting x
+    method and tasks learned, the mean ± std over the completed seeds, in %; a run without
+    the columns (FOT) and a failed run are left out; no run with them, or a mode other than
+    batch / sample, is an error naming the figure."""
+    from fedforget.figures.fedprotip import task_identity
+
+    runs = []
+    for seed, status in ((0, "completed"), (1, "completed"), (2, "failed")):
+        runs.append({"dataset": "d", "setting": "iid", "method": "FedProTIP", "seed": seed, "status": status,
+                     "avg_acc_after_task_1_task_id_batch": 1.0, "avg_acc_after_task_2_task_id_batch": 0.8 + 0.1 * seed,
+                     "avg_acc_after_task_1_task_id_sample": 1.0, "avg_acc_after_task_2_task_id_sample": 0.5})  # fmt: skip
+    runs.append({"dataset": "d", "setting": "iid", "method": "FOT", "seed": 0, "status": "completed"})
+    inp = FigureInput("x", None, pd.DataFrame(runs), pd.DataFrame())
+    out = tmp_path / "fig4a.png"
+    assert task_identity(inp, out) == [out] and out.exists()
+    table = pd.read_csv(out.with_suffix(".csv"))
+    assert table[["method", "tasks_learned", "count"]].values.tolist() == [["FedProTIP", 1, 2], ["FedProTIP", 2, 2]]
+    assert table["mean"].tolist() == pytest.approx([100.0, 85.0])
+    assert table["std"].iloc[1] == pytest.approx(math.sqrt(50.0))  # 80 and 90
+    task_identity(inp, out, mode="sample")
+    assert pd.read_csv(out.with_suffix(".csv"))["mean"].tolist() == pytest.approx([100.0, 50.0])
+    with pytest.raises(FedForgetError, match="mode='agnostic'; allowed: batch, sample"):
+        task_identity(inp, out, mode="agnostic")
+    with pytest.raises(FedForgetError, match="task_identity': no completed run records"):
+        task_identity(FigureInput("x", None, pd.DataFrame(runs[-1:]), pd.DataFrame()), out)

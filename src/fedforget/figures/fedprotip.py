@@ -1,4 +1,5 @@
-"""FedProTIP's figures of its theory's quantities (fedprotip.md Sec. 5, Fig. 2).
+"""FedProTIP's figures: its theory's quantities (fedprotip.md Sec. 5, Fig. 2) and its task
+identification (Fig. 4a).
 
 - ``projection_geometry`` (Fig. 2): from the engine diagnostic ``projection_geometry``
   (``metrics.projection_geometry``: at each round's broadcast weights, rho_t = ||P g_t||^2 /
@@ -10,6 +11,11 @@
   rho (mean over tasks) and beta (mean over the pairs tau < t) per method, in the methods'
   order, ± std over seeds. The first task is left out of (a) and (c) [D]: with no old
   bases its rho is 1 by construction. Writes a .csv of each panel's table beside it.
+- ``task_identity`` (Fig. 4a, Table 14's numbers): after each task t, the share of the test
+  rows of the tasks seen that TIP routes to their own task (runs.csv's
+  ``avg_acc_after_task_<t>_task_id_<mode>``, ``mode`` batch [C: the authors' code predicts
+  one task per test batch] or sample), one panel per dataset x setting, one line per method,
+  mean ± std over completed seeds. Writes the plotted table as a .csv beside it.
 """
 
 from __future__ import annotations
@@ -20,7 +26,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..plots import _matrix_panel, _plt, _save, method_colors, setting_label
+from ..continual import ACC_AFTER_TASK
+from ..plots import (
+    PANEL_TITLE_SIZE,
+    _finish,
+    _grid,
+    _matrix_panel,
+    _method_legend,
+    _no_data,
+    _panels,
+    _plt,
+    _save,
+    _task_ticks,
+    mean_sd_lines,
+    method_colors,
+    setting_label,
+)  # fmt: skip
 from ..utils import FedForgetError
 from . import FIGURES, FigureInput
 
@@ -111,3 +132,47 @@ def projection_geometry(inp: FigureInput, out: Path, method: str | None = None) 
     _save(fig, out)
     plt.close(fig)
     return [out]
+
+
+TIP_MODES = ("batch", "sample")
+
+
+@FIGURES.register("task_identity")
+def task_identity(inp: FigureInput, out: Path, mode: str = "batch") -> list[Path]:
+    if mode not in TIP_MODES:
+        raise FedForgetError(f"figure 'task_identity': option mode={mode!r}; allowed: {', '.join(TIP_MODES)}")
+    pattern = re.compile(rf"{ACC_AFTER_TASK}(\d+)_task_id_{mode}")
+    cols = {int(m.group(1)): c for c in inp.runs.columns if (m := pattern.fullmatch(c))}
+    done = inp.runs[inp.runs["status"] == "completed"]
+    long = done.melt(id_vars=RUN, value_vars=list(cols.values()), var_name="column", value_name="value").dropna(subset=["value"])
+    if long.empty:
+        raise FedForgetError(
+            f"figure 'task_identity': no completed run records its task-identity accuracy (runs.csv "
+            f"{ACC_AFTER_TASK}<t>_task_id_{mode}: FedProTIP with TIP on a stream with per-task heads)"
+        )
+    task_of = {c: t for t, c in cols.items()}
+    long = long.assign(tasks_learned=long["column"].map(task_of), value=long["value"] * 100)
+    table = _over_seeds(long, ["dataset", "setting", "method", "tasks_learned"], "value")
+    out = Path(out)
+    table.sort_values(["dataset", "setting", "method", "tasks_learned"]).to_csv(out.with_suffix(".csv"), index=False)
+
+    plt = _plt()
+    panels = _panels(inp.runs, ["dataset", "setting"])
+    titles = [f"{ds}, {setting_label(st)}" for ds, st in panels]
+    fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=True)
+    colors = method_colors(long["method"])
+    for i, (ax, (ds, st), title) in enumerate(zip(axes.flat, panels, titles)):
+        sub = long[(long["dataset"] == ds) & (long["setting"] == st)]
+        if len(sub):
+            mean_sd_lines(ax, sub, "tasks_learned", "value", colors, marker="o", legend=i == 0)
+            ax.set_xticks(_task_ticks(int(sub["tasks_learned"].max())))
+        else:
+            _no_data(ax, "not recorded by these runs")
+        ax.set_title(title, fontsize=PANEL_TITLE_SIZE)
+        ax.set_xlabel("Tasks learned")
+        ax.set_ylabel("Task-identity accuracy (%)" if i % ncol == 0 else "")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+    _method_legend(fig, axes)
+    heading = f"FedProTIP Fig. 4a: task-identity accuracy over the tasks learned, per-{mode} routing\nmean over seeds, band ±1 std"
+    return [_finish(fig, plt, out, heading)]
