@@ -62,8 +62,8 @@ EVAL_MODES = {
 
 
 # the communication parts a method's task-end metrics report (<method>_comm_<part>_mb: runs.csv's
-# comm_<part>_mb_task_<t>, fedforget.aggregate.comm_parts); tests/test_aggregation.py checks them
-# against FOT's and FedProTIP's runs
+# comm_<part>_mb_task_<t>, fedforget.aggregate.comm_parts); tests/test_coverage.py checks them
+# against the entries methods/fot.py and methods/fedprotip.py write
 COMM_PARTS = {"fot": ("model", "sketch"), "fedprotip": ("model", "bases", "refs")}
 
 

@@ -198,15 +198,20 @@ def continual_run(
     done = rec["status"] == "completed"
     metrics = continual_metrics(a, b) if done else dict.fromkeys(CONTINUAL_METRICS, math.nan)
     info.update(tasks=n, rounds_per_task=r, **metrics)
-    after = acc_after_each_task(a) if done else [math.nan] * n  # Acc_t, t = 1..T
-    info.update({f"{ACC_AFTER_TASK}{t}": float(v) for t, v in enumerate(after, start=1)})
+    info.update(_after_task(a, done))
     for col in [c for c in tasks.columns if c not in TASK_COLUMNS]:  # the method's eval_counts
         other = accuracy_matrix(tasks.drop(columns="accuracy").rename(columns={col: "accuracy"}), n, r)
         m = continual_metrics(other) if done else {}
         info.update({f"{k}_{col}": m.get(k, math.nan) for k in EXTRA_METRICS})
-        after = acc_after_each_task(other) if done else [math.nan] * n  # its Acc_t (Table 14's TIP)
-        info.update({f"{ACC_AFTER_TASK}{t}_{col}": float(v) for t, v in enumerate(after, start=1)})
+        info.update(_after_task(other, done, f"_{col}"))  # its Acc_t (Table 14's TIP)
     return info, tasks, matrix
+
+
+def _after_task(a: Any, done: bool, suffix: str = "") -> dict[str, float]:
+    """runs.csv's ``avg_acc_after_task_<t><suffix>``, t = 1..T: Acc_t of the accuracy matrix
+    ``a`` (``continual.acc_after_each_task``), NaN unless the run completed."""
+    after = acc_after_each_task(a) if done else [math.nan] * len(a)
+    return {f"{ACC_AFTER_TASK}{t}{suffix}": float(v) for t, v in enumerate(after, start=1)}
 
 
 EXTRA_METRICS = ("acc", "ft")  # of a method's other inference modes (tasks.csv's extra columns)

@@ -142,15 +142,14 @@ def task_identity(inp: FigureInput, out: Path, mode: str = "batch") -> list[Path
     if mode not in TIP_MODES:
         raise FedForgetError(f"figure 'task_identity': option mode={mode!r}; allowed: {', '.join(TIP_MODES)}")
     pattern = re.compile(rf"{ACC_AFTER_TASK}(\d+)_task_id_{mode}")
-    cols = {int(m.group(1)): c for c in inp.runs.columns if (m := pattern.fullmatch(c))}
+    task_of = {c: int(m.group(1)) for c in inp.runs.columns if (m := pattern.fullmatch(c))}
     done = inp.runs[inp.runs["status"] == "completed"]
-    long = done.melt(id_vars=RUN, value_vars=list(cols.values()), var_name="column", value_name="value").dropna(subset=["value"])
+    long = done.melt(id_vars=RUN, value_vars=list(task_of), var_name="column", value_name="value").dropna(subset=["value"])
     if long.empty:
         raise FedForgetError(
             f"figure 'task_identity': no completed run records its task-identity accuracy (runs.csv "
             f"{ACC_AFTER_TASK}<t>_task_id_{mode}: FedProTIP with TIP on a stream with per-task heads)"
         )
-    task_of = {c: t for t, c in cols.items()}
     long = long.assign(tasks_learned=long["column"].map(task_of), value=long["value"] * 100)
     table = _over_seeds(long, ["dataset", "setting", "method", "tasks_learned"], "value")
     out = Path(out)
