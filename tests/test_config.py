@@ -406,8 +406,11 @@ def test_load_yaml_errors(tmp_path):
         load_yaml(tmp_path / "bad.yaml")
     assert str(e.value) == f"config file {tmp_path / 'bad.yaml'}, line 2, column 3 is not valid YAML: mapping values are not allowed here"
     (tmp_path / "list.yaml").write_text(yaml.safe_dump([1, 2]))
-    with pytest.raises(FedForgetError, match="mapping at the top level"):
+    with pytest.raises(FedForgetError, match="mapping at the top level .*, got a list"):
         load_yaml(tmp_path / "list.yaml")
+    (tmp_path / "empty.yaml").write_text("# nothing set\n")
+    with pytest.raises(FedForgetError, match="empty.yaml is empty"):
+        load_yaml(tmp_path / "empty.yaml")
 
 
 def test_epoch_rows_with_and_without_drop_last():

@@ -237,9 +237,43 @@ def overlapping(workdir: Path, part: str) -> bool:
     return spans[0][1] > spans[1][0]
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("syntax.yaml", "results_dir: r\n seeds: 2\n", "syntax.yaml, line 2, column 7 is not valid YAML: mapping values are not allowed here"),
+        ("empty.yaml", "# nothing set\n", "empty.yaml is empty: expected a mapping"),
+        ("missing.yaml", None, "config file not found: "),
+    ],
+)
+def test_a_configfile_that_does_not_load_is_one_line(tmp_path: Path, name: str, text, message: str) -> None:
+    """Snakemake reads --configfile before the Snakefile: fedforget's Snakemake plugin
+    (src/snakemake_logger_plugin_fedforget) words the error in one line, naming the file (and
+    line and column), with no traceback (Snakemake alone: "not valid JSON or YAML", or a
+    traceback for a missing file)."""
+    if text is not None:
+        (tmp_path / name).write_text(text)
+    proc = snakemake(tmp_path, "-n", "--configfile", str(tmp_path / name), check=False)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).strip()  # no colours
+    assert proc.returncode != 0
+    errors = [line for line in out.splitlines() if "rror" in line]
+    assert len(errors) == 1 and errors[0].startswith("Error: config file "), out
+    assert message in errors[0] and str(tmp_path) in errors[0], out
+    assert "Traceback" not in out and 'File "' not in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], [name], [".snakemake", name])
+
+
 def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     write_config(tmp_path, TINY)
-    snakemake(tmp_path)
+    # with fedforget's job timeline (src/snakemake_logger_plugin_fedforget): one line per job
+    # event; each train job announced with its wildcards, started and finished
+    snakemake(tmp_path, "--logger", "fedforget", "--logger-fedforget-path", "timeline.jsonl")
+    timeline = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    trains = {t["jobs"][0]: t for t in timeline if t["event"] == "job_info" and t["rule"] == "train"}
+    assert len(trains) == 4 and all(t["wildcards"]["method"] for t in trains.values()), trains
+    for event in ("job_started", "job_finished"):
+        done = [j for t in timeline if t["event"] == event for j in t["jobs"]]
+        assert set(trains) <= set(done), (event, timeline)
+    assert not [t for t in timeline if t["event"] == "job_error"]
     summary = tmp_path / "results" / "tiny" / "summary"
     table = summary / "table.md"
     assert table.exists() and "fedavg-lr0.1" in table.read_text()

@@ -271,8 +271,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = " ".join(str(getattr(e, "problem", None) or e).split())
         raise FedForgetError(f"config file {path}{where} is not valid YAML: {what}") from None
+    if data is None:
+        raise FedForgetError(f"config file {path} is empty: expected a mapping of config keys")
     if not isinstance(data, dict):
-        raise FedForgetError(f"config file {path}: expected a mapping at the top level")
+        raise FedForgetError(
+            f"config file {path}: expected a mapping at the top level (of config keys), "
+            f"got a {type(data).__name__}"
+        )
     return data
 
 

@@ -1,0 +1,83 @@
+"""fedforget's Snakemake plugin (src/snakemake_logger_plugin_fedforget): the wrap of Snakemake's
+--configfile loader is in place and leaves files that load untouched, Snakemake registers the
+plugin as a valid logger, and the job timeline's lines. The real commands are in
+tests/test_workflow.py (a bad --configfile; the end-to-end run with --logger fedforget)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+snakemake_types = pytest.importorskip("snakemake.settings.types")
+plugin = pytest.importorskip("snakemake_logger_plugin_fedforget")
+
+
+def test_the_configfile_loader_is_wrapped_and_passes_good_files_through(tmp_path):
+    import snakemake.common.configfile as common
+    from snakemake.exceptions import CliException
+
+    # the command line's --configfile and a Snakefile's configfile: directive read the wrap
+    assert getattr(snakemake_types.load_configfile, "fedforget_wrapped", False)
+    assert common.load_configfile is snakemake_types.load_configfile
+    original = common.load_configfile.__wrapped__
+    assert original.__module__ == "snakemake.common.configfile"
+    wrapped = snakemake_types.load_configfile
+    assert plugin._wrap_config_loader() and snakemake_types.load_configfile is wrapped  # once
+    good = tmp_path / "good.yaml"
+    good.write_text("results_dir: r\nexperiments:\n  - {name: a, seeds: [0, 1]}\n")
+    as_json = tmp_path / "good.json"
+    as_json.write_text(json.dumps({"results_dir": "r", "n": 1.5}))
+    for path in (good, as_json):
+        assert snakemake_types.load_configfile(path) == original(path)
+    (tmp_path / "bad.yaml").write_text("a: 1\n b: 2\n")
+    with pytest.raises(CliException) as e:
+        snakemake_types.load_configfile(tmp_path / "bad.yaml")
+    assert str(e.value) == f"config file {tmp_path / 'bad.yaml'}, line 2, column 3 is not valid YAML: mapping values are not allowed here"
+
+
+def test_snakemake_registers_the_logger():
+    from snakemake_interface_logger_plugins.registry import LoggerPluginRegistry
+
+    p = LoggerPluginRegistry().get_plugin("fedforget")
+    assert p.log_handler is plugin.LogHandler and p.settings_cls is plugin.LogHandlerSettings
+
+
+def record(msg: str, **extra) -> logging.LogRecord:
+    r = logging.LogRecord("snakemake", logging.INFO, __file__, 1, msg, None, None)
+    r.__dict__.update(extra)
+    return r
+
+
+def test_the_timeline_keeps_job_events_only(tmp_path):
+    from snakemake_interface_logger_plugins.common import LogEvent
+
+    class Common:
+        dryrun = False
+
+    path = tmp_path / "log" / "jobs.jsonl"
+    handler = plugin.LogHandler(Common(), plugin.LogHandlerSettings(path=str(path)))
+    records = [
+        record("Building DAG of jobs..."),
+        record(" Rule: train, Jobid: 3", event=LogEvent.JOB_INFO, jobid=3, rule_name="train",
+               wildcards={"method": "fedavg", "seed": "0"}, resources={"mem_mb": 1}),
+        record("Shell command: x", event=LogEvent.SHELLCMD, shellcmd="x"),
+        record("", event=LogEvent.JOB_STARTED, jobs=[3, 4]),
+        record("Finished jobid: 3", event=LogEvent.JOB_FINISHED, job_id=3),
+        record("Error in rule train, jobid: 4", event=LogEvent.JOB_ERROR, jobid=4, rule_name="train"),
+        record("1 of 2 steps (50%) done", event=LogEvent.PROGRESS, done=1, total=2),
+    ]
+    for r in records:
+        handler.emit(r)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    t = records[1].created
+    assert lines == [
+        {"time": t, "event": "job_info", "jobs": [3], "rule": "train", "wildcards": {"method": "fedavg", "seed": "0"}},
+        {"time": records[3].created, "event": "job_started", "jobs": [3, 4]},
+        {"time": records[4].created, "event": "job_finished", "jobs": [3]},
+        {"time": records[5].created, "event": "job_error", "jobs": [4], "rule": "train"},
+    ]
+    Common.dryrun = True  # a dry run writes no timeline
+    plugin.LogHandler(Common(), plugin.LogHandlerSettings(path=str(path))).emit(records[1])
+    assert len(path.read_text().splitlines()) == 4
