@@ -303,6 +303,7 @@ def draw(shape: Shape, kind: str, out: Path, rng, whole: bool = False) -> None:
         plots.task_accuracy_curves(tasks, cont, out / f"{kind}.png")
 
 
+@pytest.mark.long  # half a minute: make smoke
 def test_no_text_overlaps_in_the_figures_of_the_shipped_configs(shipped, checked, tmp_path):
     rng = np.random.default_rng(0)
     drawn = []
@@ -374,6 +375,7 @@ def experiment_figure_input(shape: Shape, columns: list[str], rng, rounds: tuple
     return FigureInput(shape.name, Path(), pd.DataFrame(runs), pd.DataFrame(metrics)), configs
 
 
+@pytest.mark.long  # make smoke
 def test_no_text_overlaps_in_the_experiment_figures_of_the_shipped_configs(shipped, checked, monkeypatch, tmp_path):
     """Rule figure's figures (``fedforget figure``) that the shipped configs list: each
     figure with each of its option sets once, on the experiment listing it with the widest

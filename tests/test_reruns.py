@@ -273,6 +273,7 @@ def test_a_killed_workflow_resumes_with_a_plain_rerun(workdir):
     assert planned_jobs(workdir) == {}
 
 
+@pytest.mark.long  # three Snakemake processes, one trains: make smoke
 def test_a_killed_run_frees_only_its_own_locks(workdir):
     """Issue 34, 2: run A trains; run B (another config, its own data and results) starts
     and is SIGKILLed; run C (A's config) removes B's locks, and only B's: A's stay, so C

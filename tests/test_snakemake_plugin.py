@@ -32,9 +32,21 @@ def test_the_configfile_loader_is_wrapped_and_passes_good_files_through(tmp_path
     for path in (good, as_json):
         assert snakemake_types.load_configfile(path) == original(path)
     (tmp_path / "bad.yaml").write_text("a: 1\n b: 2\n")
-    with pytest.raises(CliException) as e:
-        snakemake_types.load_configfile(tmp_path / "bad.yaml")
-    assert str(e.value) == f"config file {tmp_path / 'bad.yaml'}, line 2, column 3 is not valid YAML: mapping values are not allowed here"
+    (tmp_path / "empty.yaml").write_text("# nothing set\n")
+    (tmp_path / "list.yaml").write_text("[1, 2]\n")
+    for name, message in [
+        ("bad.yaml", f"config file {tmp_path / 'bad.yaml'}, line 2, column 3 is not valid YAML: mapping values are not allowed here"),
+        ("empty.yaml", f"config file {tmp_path / 'empty.yaml'} is empty: expected a mapping of config keys"),
+        ("list.yaml", f"config file {tmp_path / 'list.yaml'}: expected a mapping at the top level (of config keys), got a list"),
+        ("missing.yaml", f"config file not found: {tmp_path / 'missing.yaml'}"),  # Snakemake alone: a traceback
+    ]:
+        with pytest.raises(CliException) as e:
+            snakemake_types.load_configfile(tmp_path / name)
+        assert str(e.value) == message
+    # and Snakemake prints a CliException in one line (the real command: tests/test_workflow.py)
+    from snakemake.exceptions import format_exception_to_string
+
+    assert format_exception_to_string(e.value) == f"Error: {message}"
 
 
 def test_snakemake_registers_the_logger():

@@ -160,16 +160,6 @@ def test_snakemake_lint_is_clean() -> None:
     assert proc.returncode == 0 and "Lints for" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
-    bad = json.loads(json.dumps(TINY))
-    bad["experiments"][0]["partitions"][0]["alpha"] = 0
-    write_config(tmp_path, bad)
-    proc = snakemake(tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "alpha" in proc.stderr + proc.stdout
-    assert not (tmp_path / "results").exists() and not (tmp_path / "data").exists()
-
-
 def test_nested_config_values_from_the_command_line(tmp_path: Path) -> None:
     """``--config "smoke={rounds: 1, clients: 2}"`` (Snakemake reads nested scalars as strings;
     workflow/rules/common.smk types them before validation, fedforget.config.typed_overrides)."""
@@ -190,13 +180,14 @@ def _bad_config_catalogue():
 
 
 BAD = _bad_config_catalogue()
-# through Snakemake for real, one per kind of check (schema, registry, sizes, method
-# hyperparameters, method needs); each costs a Snakemake start (~3 s, it imports torch).
-# The whole catalogue goes through `fedforget run` in tests/test_config.py, which calls
-# the same parse_config that workflow/rules/common.smk calls at parse time.
+# through Snakemake for real, one per kind of check (schema, registry, sizes; with make smoke
+# also method hyperparameters, method needs, NaN); each costs a Snakemake start (~8 s in the
+# suite, it imports torch). The whole catalogue goes through `fedforget run` in
+# tests/test_config.py, which calls the same parse_config that workflow/rules/common.smk
+# calls at parse time.
 SNAKEMAKE_CATALOGUE = [
-    "alpha-zero", "unknown-method", "shards-times-clients-gt-samples", "fedprox-negative-mu",
-    "feddf-without-public-set", "lr-nan",
+    "alpha-zero", "unknown-method", "shards-times-clients-gt-samples",
+    *(pytest.param(c, marks=pytest.mark.long) for c in ("fedprox-negative-mu", "feddf-without-public-set", "lr-nan")),
 ]  # fmt: skip
 
 
@@ -237,21 +228,14 @@ def overlapping(workdir: Path, part: str) -> bool:
     return spans[0][1] > spans[1][0]
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "message"),
-    [
-        ("syntax.yaml", "results_dir: r\n seeds: 2\n", "syntax.yaml, line 2, column 7 is not valid YAML: mapping values are not allowed here"),
-        ("empty.yaml", "# nothing set\n", "empty.yaml is empty: expected a mapping"),
-        ("missing.yaml", None, "config file not found: "),
-    ],
-)
-def test_a_configfile_that_does_not_load_is_one_line(tmp_path: Path, name: str, text, message: str) -> None:
+def test_a_configfile_that_does_not_load_is_one_line(tmp_path: Path) -> None:
     """Snakemake reads --configfile before the Snakefile: fedforget's Snakemake plugin
     (src/snakemake_logger_plugin_fedforget) words the error in one line, naming the file (and
-    line and column), with no traceback (Snakemake alone: "not valid JSON or YAML", or a
-    traceback for a missing file)."""
-    if text is not None:
-        (tmp_path / name).write_text(text)
+    line and column), with no traceback (Snakemake alone: "not valid JSON or YAML"). An
+    empty, missing or non-mapping file: tests/test_snakemake_plugin.py, through the same
+    wrap."""
+    name, message = "syntax.yaml", "syntax.yaml, line 2, column 7 is not valid YAML: mapping values are not allowed here"
+    (tmp_path / name).write_text("results_dir: r\n seeds: 2\n")
     proc = snakemake(tmp_path, "-n", "--configfile", str(tmp_path / name), check=False)
     out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).strip()  # no colours
     assert proc.returncode != 0

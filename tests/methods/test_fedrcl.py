@@ -290,6 +290,9 @@ def test_level_index_beyond_the_model_is_reported():
         method.client_step(ctx, torch.randn(4, 4), torch.tensor([0, 0, 1, 2]))
 
 
+# a ResNet-8 run per level (finite losses); the levels' math against the sequential trainer:
+# tests/methods/test_batched_uploads.py, test_fedrcl_levels_of_a_resnet_stacked_equal_sequential
+@pytest.mark.long
 @pytest.mark.parametrize("levels", ["all", "last"])
 def test_short_run_resnet8_levels(make_run_config, levels):
     _, rows = run_method(
