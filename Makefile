@@ -53,10 +53,12 @@ test: install
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 # the stage for CI runners with the time: the longest end-to-end chains (tests marked `long`:
-# reruns after code, settings and data changes, a killed workflow's resume, a one-task run's
-# resume after SIGKILL (make test kills a task stream's), results adopted
-# through a cluster remote, the code-digest migration, a truncated partition, the FedProj
-# pilot table), then every paper config (config/experiments/paper/) end to end at
+# reruns after code, settings and data changes, a killed workflow's resume, three Snakemake
+# processes sharing locks, a one-task run's resume after SIGKILL (make test kills a task
+# stream's), the DVC make-data round trip, results adopted through a cluster remote, the
+# code-digest migration, a truncated partition, the FedProj pilot table, the figures'
+# text-overlap check over the shipped configs, Snakemake's refusal of more bad configs),
+# then every paper config (config/experiments/paper/) end to end at
 # `scale: smoke` (fedforget.smoke) on native-format files the tests write, then every config on
 # embedded data (config/experiments/*.yaml) at smoke scale with up to 20 rounds, where FedAvg
 # must beat chance (tests/test_smoke.py, check_learns); each in its own
