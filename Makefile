@@ -55,7 +55,7 @@ test: install
 # the stage for CI runners with the time: the longest end-to-end chains (tests marked `long`:
 # reruns after code, settings and data changes, a killed workflow's resume, three Snakemake
 # processes sharing locks, a one-task run's resume after SIGKILL (make test kills a task
-# stream's), the DVC make-data round trip, results adopted through a cluster remote, the
+# stream's), results adopted through a cluster remote, the
 # code-digest migration, a truncated partition, the FedProj pilot table, the figures'
 # text-overlap check over the shipped configs, Snakemake's refusal of more bad configs),
 # then every paper config (config/experiments/paper/) end to end at

@@ -92,7 +92,6 @@ def planned(workdir: Path, *args: str) -> dict[str, int]:
     }
 
 
-@pytest.mark.long  # prepares every shipped config's data: make smoke
 def test_make_data_push_pull_round_trip(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     remote = tmp_path / "fedforget-dvc-remote"  # .dvc/config's default remote: beside the clone
