@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,40 @@ def edit(path, old: str, new: str, count: int = 1) -> None:
     assert old in text, old
     path.write_text(text.replace(old, new, count))
     provenance.clear_caches()
+
+
+def test_file_facts_are_kept_by_bytes_and_equal_a_fresh_parse(source_copy, monkeypatch):
+    """[D] Each file's imports and canonical hash are kept in ``__pycache__``
+    (provenance.facts_file): a new process's digests come from them without parsing and
+    equal a fresh parse's; an edited file alone is parsed again; where nothing can be
+    written every file is parsed and no digest changes."""
+    import ast
+
+    real_parse, parsed = ast.parse, []
+
+    def counting(source, filename="<unknown>", *args, **kwargs):
+        parsed.append(Path(filename).relative_to(source_copy).as_posix())
+        return real_parse(source, filename, *args, **kwargs)
+
+    cold = provenance.training_code("fedsol", {"base": "fedprox"})  # the copy has no __pycache__
+    kept = json.loads(provenance.facts_file().read_text())
+    assert set(cold.files) <= set(kept) and provenance.facts_file().parent == source_copy / "__pycache__"
+    provenance.clear_caches()  # a new process: only the kept file is left
+    with monkeypatch.context() as m:
+        m.setattr(ast, "parse", counting)
+        assert provenance.training_code("fedsol", {"base": "fedprox"}) == cold and parsed == []
+        fedprox = source_copy / "methods" / "fedprox.py"
+        fedprox.write_text(fedprox.read_text() + "\nEDITED = 1\n")
+        provenance.clear_caches()
+        edited = provenance.training_code("fedsol", {"base": "fedprox"})
+    assert parsed == ["methods/fedprox.py"]
+    assert edited.changed(cold.files) == ["methods/fedprox.py"]
+    # not writable: __pycache__ is a file here
+    shutil.rmtree(source_copy / "__pycache__")
+    (source_copy / "__pycache__").write_text("")
+    provenance.clear_caches()
+    assert provenance.training_code("fedsol", {"base": "fedprox"}) == edited
+    assert provenance.training_code("fedavg", form="bytes").form == "bytes"
 
 
 def test_training_closure_is_the_training_side():

@@ -33,10 +33,14 @@ FORMAT = 4  # 3: digests["training_bytes"]; 4: canonical digests["code"], digest
 
 
 def source_digest() -> str:
-    """sha256 over the package's source files (every .py, .yaml and .json under it), paths
-    and contents: any edit to the package changes it."""
+    """sha256 over the package's source files (every .py, .yaml and .json under it, less
+    ``__pycache__``: bytecode and provenance's kept file facts), paths and contents: any edit
+    to the package changes it."""
     h = hashlib.sha256()
-    for path in sorted(p for p in ROOT.rglob("*") if p.suffix in (".py", ".yaml", ".json") and p.is_file()):
+    for path in sorted(
+        p for p in ROOT.rglob("*")
+        if p.suffix in (".py", ".yaml", ".json") and "__pycache__" not in p.relative_to(ROOT).parts and p.is_file()
+    ):  # fmt: skip
         h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -60,9 +60,12 @@ of any kind, reruns its jobs once, in the canonical form.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -100,6 +103,81 @@ def syntax_tree(path: Path) -> ast.Module:
     return ast.parse(path.read_bytes(), str(path))
 
 
+def import_statements(tree: ast.Module) -> list[list[Any]]:
+    """Every import statement of ``tree``, anywhere in it, in walk order: ``[0, None, names]``
+    for ``import names``, ``[level, module, names]`` for ``from ... import names``."""
+    out: list[list[Any]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.append([0, None, [a.name for a in node.names]])
+        elif isinstance(node, ast.ImportFrom):
+            out.append([node.level, node.module, [a.name for a in node.names]])
+    return out
+
+
+# [D] What the digests need of each file (its import statements and the sha256 of its
+# canonical form) is kept, by the sha256 of the file's bytes, in one JSON file beside the
+# package's bytecode: parsing the ~50 files of a training job's import closure was about
+# 1.3 s of every job's and every uncached Snakemake parse's start (2 cores), a hit costs a
+# sha256 of the bytes. An entry is used only for the bytes it was made from; the file's name
+# holds the form, the Python version (whose parser made the tree) and a hash of this module
+# (whose code writes the form), so no entry outlives the code that made it. Where the
+# directory is not writable nothing is kept and every start parses, as before.
+@cache
+def facts_file() -> Path:
+    """Where file facts are kept: ``__pycache__`` of the package source read (``ROOT``)."""
+    own = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    return ROOT / "__pycache__" / f"provenance.{FORM}.py{sys.version_info[0]}{sys.version_info[1]}.{own}.json"
+
+
+@cache
+def _kept_facts() -> dict[str, dict[str, Any]]:
+    try:
+        kept = json.loads(facts_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _keep_facts(key: str, facts: dict[str, Any]) -> None:
+    kept = _kept_facts()
+    kept[key] = facts
+    path = facts_file()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        try:  # another process's entries made since this one read the file stay
+            kept.update({k: v for k, v in json.loads(path.read_text()).items() if k not in kept})
+        except (OSError, ValueError, AttributeError):
+            pass
+        path.parent.mkdir(exist_ok=True)
+        tmp.write_text(json.dumps(kept, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:  # not writable: nothing is kept
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+@cache
+def file_facts(path: Path) -> dict[str, Any] | None:
+    """``{"sha256", "imports", "canonical"}`` of source file ``path`` as its bytes are now:
+    the sha256 of the bytes, its :func:`import_statements` and the sha256 of its canonical
+    form (``ast-v1``); None when it does not parse. Kept across processes (``facts_file``)."""
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    key = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+    kept = _kept_facts().get(key)
+    if isinstance(kept, dict) and kept.get("sha256") == sha:
+        return kept
+    try:
+        tree = ast.parse(data, str(path))
+        canonical = hashlib.sha256(canonical_source(tree).encode("utf-8", "surrogatepass")).hexdigest()
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    facts = {"sha256": sha, "imports": import_statements(tree), "canonical": canonical}
+    _keep_facts(key, facts)
+    return facts
+
+
 @cache
 def imports_of(name: str) -> frozenset[str]:
     """Package modules that module ``name`` imports anywhere in its source (also inside
@@ -110,21 +188,24 @@ def imports_of(name: str) -> frozenset[str]:
         return frozenset()
     is_pkg = path.name == "__init__.py"
     parts = name.split(".") if is_pkg else name.split(".")[:-1]  # the importing package
+    facts = file_facts(path)
+    # a file that does not parse raises its SyntaxError here
+    statements = facts["imports"] if facts is not None else import_statements(syntax_tree(path))
     out: set[str] = set()
-    for node in ast.walk(syntax_tree(path)):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = parts[: len(parts) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
-            if mod.split(".")[0] != PACKAGE:
-                continue
-            out.add(mod)
-            # `from . import x` / `from .pkg import sub` may name submodules
-            out.update(f"{mod}.{a.name}" for a in node.names if module_file(f"{mod}.{a.name}"))
+    for level, module, names in statements:
+        if module is None and not level:  # import a, b.c
+            out.update(n for n in names if n.split(".")[0] == PACKAGE)
+            continue
+        if level:
+            base = parts[: len(parts) - level + 1]
+            mod = ".".join(base + ([module] if module else []))
+        else:
+            mod = module or ""
+        if mod.split(".")[0] != PACKAGE:
+            continue
+        out.add(mod)
+        # `from . import x` / `from .pkg import sub` may name submodules
+        out.update(f"{mod}.{n}" for n in names if module_file(f"{mod}.{n}"))
     return frozenset(m for m in out if module_file(m) is not None)
 
 
@@ -247,11 +328,10 @@ def file_sha256(path: Path) -> str:
 def canonical_sha256(path: Path) -> str:
     """sha256 of the file's canonical form (``ast-v1``); of its bytes, tagged, when it does
     not parse."""
-    try:
-        text = canonical_source(syntax_tree(path))
-    except (SyntaxError, ValueError, RecursionError):
+    facts = file_facts(path)
+    if facts is None:
         return hashlib.sha256(b"unparsed\0" + path.read_bytes()).hexdigest()
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return facts["canonical"]
 
 
 def file_hash(path: Path, form: str = FORM) -> str:
@@ -305,7 +385,10 @@ def module_code(*roots: str, form: str = FORM) -> CodeDigest:
 
 def clear_caches() -> None:
     """Forget every file's hashes and imports (after the source changed under this process)."""
-    for fn in (syntax_tree, imports_of, file_sha256, canonical_sha256, _training_digest):
+    for fn in (
+        syntax_tree, facts_file, _kept_facts, file_facts, imports_of, file_sha256, canonical_sha256,
+        _training_digest,
+    ):  # fmt: skip
         fn.cache_clear()
 
 
