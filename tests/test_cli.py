@@ -175,3 +175,26 @@ def test_python_m_fedforget(tmp_path, capsys):
     # costs seconds and tests nothing more)
     assert main(["plot", "--summary", str(tmp_path / "x"), "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("fedforget: error:")
+
+
+def test_a_batched_training_job_imports_no_dynamo_and_writes_the_same_bytes(make_run_config, tmp_path):
+    """cli.skip_dynamo_import: `fedforget train` on the batched trainer does not import
+    torch._dynamo (about 3 s of a small job's start), and writes what a run in this process,
+    where torch is left as it is, writes."""
+    import subprocess
+    import sys
+
+    from fedforget.runner import run_training
+    from fedforget.utils import canonical_json
+
+    rc = make_run_config(rounds=2, client_engine="vectorized", optimizer={"lr": 0.1, "momentum": 0.9})
+    code = (
+        "import sys; from fedforget.cli import main; rc = main(['train', '--config-json', sys.argv[1], "
+        "'--out', sys.argv[2]]); print('torch._dynamo' in sys.modules, rc)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, canonical_json(rc.to_dict()), str(tmp_path / "cli")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.stdout.split()[-2:] == ["False", "0"], out.stdout + out.stderr
+    run_training(rc, tmp_path / "here", progress=False)
+    for name in ("metrics.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "here" / name).read_bytes(), name

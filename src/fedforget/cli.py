@@ -103,9 +103,42 @@ def cmd_partition(args) -> None:
     print(partition_one(ds, PartitionSpec(**_json(args.spec, "--spec")), args.root, args.out))
 
 
+# torch.optim's methods that torch wraps in torch._disable_dynamo (torch/optim/optimizer.py)
+OPTIMIZER_DYNAMO_WRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def skip_dynamo_import() -> bool:
+    """[D] Keep a training process from importing ``torch._dynamo``. torch wraps the
+    ``torch.optim.Optimizer`` methods of OPTIMIZER_DYNAMO_WRAPPED in ``torch._disable_dynamo``,
+    whose first call imports torch._dynamo (about 3 s on 2 cores, near half the start of a
+    small training job) only to build a variant of the method that differs from it while
+    torch.compile traces; it caches that variant on the method as ``__dynamo_disable``.
+    fedforget compiles nothing, so the training commands (``train``, ``run``) store the method
+    itself there before any optimizer exists: a job on the batched trainer (the default
+    where a method allows it), which never calls ``Optimizer.step``, then does not import
+    torch._dynamo, with the same result bytes (tests/test_cli.py). A job on the sequential
+    trainer still imports it at its first step (torch's ``step`` wrapper imports it at every
+    call). Only the command line does this: a program that imports fedforget keeps torch as
+    it is. Nothing is changed where torch._dynamo is already imported or a method is not
+    wrapped so (another torch). Returns whether any method was changed."""
+    import torch
+
+    if "torch._dynamo" in sys.modules:
+        return False
+    changed = False
+    for name in OPTIMIZER_DYNAMO_WRAPPED:
+        plain = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+        if plain is not None and getattr(plain, "__dynamo_disable", None) is None:
+            setattr(plain, "__dynamo_disable", plain)  # what torch would cache, outside tracing
+            changed = True
+    return changed
+
+
 def cmd_train(args) -> None:
     from .config import RunConfig, load_run_config
     from .runner import run_training
+
+    skip_dynamo_import()
 
     if args.config_json:
         rc = RunConfig.from_dict(_json(args.config_json, "--config-json"))
@@ -208,6 +241,7 @@ def cmd_run(args) -> None:
     from .pipeline import run_all
 
     wf = load_config(args.config)
+    skip_dynamo_import()
     for name, table in run_all(wf, force=args.force).items():
         print(f"== {name}")
         print(
