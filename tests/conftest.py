@@ -48,6 +48,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: collection order within a rank
 
 
+# [D] the ResNets of the engine-equality runs: widths 8/16/32/64 (ResNet-8: 78k parameters
+# against 4.9M at the papers' 64), the same layers and code paths at a fraction of the time
+SMALL_RESNET = {"width": 8}
+
 # (name, options) of every dataset the session fixture prepares
 PREPARED = [("iris", {}), ("iris", {"pca": 2}), ("digits", {}), ("mnist1d", {})]
 

@@ -15,6 +15,8 @@ from fedforget.runner import run_training, where_it_runs
 from fedforget.utils import FedForgetError
 from fedforget.vectorized import auto_prefers_sequential
 
+from .conftest import SMALL_RESNET
+
 
 def test_auto_is_cuda_when_a_gpu_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -77,7 +79,7 @@ def test_warming_every_minibatch_size_changes_no_result(make_run_config, monkeyp
     import fedforget.trainers as tr
     from fedforget.engine import TIMING_COLUMNS, Simulation
 
-    rc = make_run_config(dataset="digits", model="resnet8", rounds=1, batch_size=16, client_engine="sequential", drop_last=True,
+    rc = make_run_config(dataset="digits", model="resnet8", model_options=SMALL_RESNET, rounds=1, batch_size=16, client_engine="sequential", drop_last=True,
                          sample_rate=0.5,
                          optimizer={"lr": 0.05, "momentum": 0.9})  # fmt: skip
     runs, seen = {}, []

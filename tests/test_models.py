@@ -97,8 +97,16 @@ def test_resnet18_parameter_count():
 
 
 def test_check_model_for_resnets():
-    assert check_model("resnet8", (3, 32, 32), {}) == {"norm": "batch"}
-    assert check_model("resnet18", (1, 8, 8), {"norm": "group"}) == {"norm": "group"}
+    assert check_model("resnet8", (3, 32, 32), {}) == {"norm": "batch", "width": 64}
+    assert check_model("resnet18", (1, 8, 8), {"norm": "group"}) == {"norm": "group", "width": 64}
+    for bad in (3, 0, 8.0, True, "8"):  # GroupNorm(2, C): an even number of channels
+        with pytest.raises(FedForgetError, match=rf"model.options.width={bad!r}; allowed: an even integer >= 2"):
+            check_model("resnet8", (3, 32, 32), {"width": bad})
+    # width w: the stem w, the stages w/2w/4w/8w, the head over 8w features
+    small = build_model("resnet8", (1, 8, 8), 10, {"width": 8})
+    assert small.body.conv1.out_channels == 8
+    assert [s[0].conv1.out_channels for s in small.body.stages] == [8, 16, 32, 64]
+    assert small.feature_dim == small.head.in_features == 64
     with pytest.raises(FedForgetError, match="rank 3"):
         check_model("resnet18", (4,), {})
     with pytest.raises(FedForgetError, match=r"norm='layer'.*batch, group, none"):

@@ -22,6 +22,8 @@ from fedforget.vectorized import (
     why_not_vectorized,
 )
 
+from .conftest import SMALL_RESNET
+
 
 @pytest.mark.parametrize(
     "kw",
@@ -211,7 +213,7 @@ def test_batchnorm_stacked_equals_sequential(
     # that float summation order (or the thread count, in the sequential trainer alone) grows
     # to 1e-1 in the running statistics over ~30 steps of 12 rows on 3 clients (measured); a
     # second round here already gives 1.1e-5 in the mean loss. The test is of the arithmetic
-    rc = make_run_config(dataset="digits", model="resnet8", rounds=1, local_epochs=2, batch_size=batch_size,
+    rc = make_run_config(dataset="digits", model="resnet8", model_options=SMALL_RESNET, rounds=1, local_epochs=2, batch_size=batch_size,
                          sample_rate=0.1, drop_last=drop_last, optimizer={"lr": 0.01, "momentum": 0.5, "weight_decay": 1e-4},
                          partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
     out = run_engines(rc)
@@ -260,7 +262,7 @@ def test_stacked_resnet_equals_each_client_alone(name, norm):
 
     gen = torch.Generator().manual_seed(1)
     torch.manual_seed(0)
-    model = build_model(name, (3, 8, 8), 10, {"norm": norm}).double().train()
+    model = build_model(name, (3, 8, 8), 10, {"norm": norm, **SMALL_RESNET}).double().train()
     assert stacked_supported(model) is None
     g = 3
     p = {k: v.detach().unsqueeze(0) + 0.05 * torch.randn(g, *v.shape, generator=gen, dtype=v.dtype)

@@ -248,19 +248,17 @@ class BasicBlock(nn.Module):
 
 
 class ResNetBody(nn.Module):
-    """conv3x3(64, stride 1)-norm-ReLU [-maxpool 3x3 stride 2], four stages of BasicBlocks
-    with widths 64/128/256/512 (strides 1/2/2/2), ReLU, global average pooling. PyTorch's
-    default initialisation."""
+    """conv3x3(w, stride 1)-norm-ReLU [-maxpool 3x3 stride 2], four stages of BasicBlocks
+    with widths w/2w/4w/8w (strides 1/2/2/2; w = 64: 64/128/256/512, the papers'), ReLU,
+    global average pooling. PyTorch's default initialisation."""
 
-    WIDTHS = (64, 128, 256, 512)
-
-    def __init__(self, cin: int, blocks: Sequence[int], norm: str, maxpool: bool) -> None:
+    def __init__(self, cin: int, blocks: Sequence[int], norm: str, maxpool: bool, base: int = 64) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(cin, 64, 3, padding=1, bias=False)
-        self.bn1 = norm_layer(norm, 64)
+        self.conv1 = nn.Conv2d(cin, base, 3, padding=1, bias=False)
+        self.bn1 = norm_layer(norm, base)
         self.pool: nn.Module = nn.MaxPool2d(3, stride=2, padding=1) if maxpool else nn.Identity()
-        stages, width = [], 64
-        for i, (w, n) in enumerate(zip(self.WIDTHS, blocks)):
+        stages, width = [], base
+        for i, (w, n) in enumerate(zip((base, 2 * base, 4 * base, 8 * base), blocks)):
             stride = 1 if i == 0 else 2
             stages.append(nn.ModuleList(
                 [BasicBlock(width if j == 0 else w, w, stride if j == 0 else 1, norm) for j in range(n)]
@@ -287,22 +285,24 @@ class ResNetBody(nn.Module):
         return self.forward_levels(x)[1]
 
 
-@register("resnet8", rank=3, norm="batch")
-def resnet8(input_shape: Sequence[int], num_classes: int, norm: str = "batch") -> Classifier:
+@register("resnet8", rank=3, norm="batch", width=64)
+def resnet8(input_shape: Sequence[int], num_classes: int, norm: str = "batch", width: int = 64) -> Classifier:
     """ResNet-8 as in the FedProj code (METHODS.md): 3x3 stem with 64 channels, max-pool,
-    one BasicBlock per stage (64/128/256/512), GAP, FC. ``norm``: batch | group | none."""
+    one BasicBlock per stage (64/128/256/512), GAP, FC. ``norm``: batch | group | none.
+    ``width``: the stem's channels, the stages' being 1/2/4/8 times it; 64 is the papers'
+    [D: other widths for small CPU runs and tests]."""
     return Classifier(
-        ResNetBody(input_shape[0], (1, 1, 1, 1), norm, maxpool=True), 512, num_classes
+        ResNetBody(input_shape[0], (1, 1, 1, 1), norm, maxpool=True, base=width), 8 * width, num_classes
     )
 
 
-@register("resnet18", rank=3, norm="batch")
-def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch") -> Classifier:
+@register("resnet18", rank=3, norm="batch", width=64)
+def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", width: int = 64) -> Classifier:
     """CIFAR-style ResNet-18: 3x3 stem (stride 1, no max-pool), two BasicBlocks per stage
     (64/128/256/512), GAP, FC. ``norm``: batch | group | none (group = the FedRCL code's
-    GroupNorm(2, C))."""
+    GroupNorm(2, C)). ``width`` as for ResNet-8 (64: the papers')."""
     return Classifier(
-        ResNetBody(input_shape[0], (2, 2, 2, 2), norm, maxpool=False), 512, num_classes
+        ResNetBody(input_shape[0], (2, 2, 2, 2), norm, maxpool=False, base=width), 8 * width, num_classes
     )
 
 
@@ -1007,6 +1007,11 @@ def check_model(
             raise FedForgetError(
                 f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}"
             )
+    if name in ("resnet8", "resnet18"):
+        width = options.get("width", 64)
+        if not isinstance(width, int) or isinstance(width, bool) or width < 2 or width % 2:
+            # GroupNorm(2, C) needs an even number of channels
+            raise FedForgetError(f"{key}.options.width={width!r}; allowed: an even integer >= 2 (64: the papers')")
     if name == "vgg11":
         size = options.get("input_size", 0)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:

@@ -14,6 +14,8 @@ from fedforget.data import prepare_public
 from fedforget.engine import Simulation
 from fedforget.partition import PartitionSpec
 
+from .. import conftest as conftest_root
+
 CPU = torch.device("cpu")
 PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
 
@@ -83,6 +85,7 @@ def run_method(make_run_config, method, params, **train):
 # ----------------------------------------------------------------------------- task streams
 SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop"}
 SMALL_CNN = {"channels": [4, 8], "hidden": 16}
+SMALL_RESNET = conftest_root.SMALL_RESNET
 
 
 def digits_cfg(make_run_config, method, params=None, **train):

@@ -19,7 +19,7 @@ from fedforget.models import Classifier
 from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, close_buffers, replay_stream_cfg, run
+from .conftest import CPU, SMALL_RESNET, close_buffers, replay_stream_cfg, run
 
 INFO = RunInfo(CPU, num_classes=3, seed=0, num_clients=2, train=TrainSpec())
 
@@ -183,7 +183,7 @@ def test_replay_on_a_batchnorm_model_trains_stacked_as_sequential(make_run_confi
     # the first task's rounds (buffers fill in the first epoch, replay from then on); drop_last:
     # no 1-row batch through BatchNorm (as FedGP's ResNet configs)
     rc = replay_stream_cfg(make_run_config, method, {"buffer_size": 30, "memory_batch_size": 8}, "resnet8",
-                           rounds=2, local_epochs=1, drop_last=True)
+                           SMALL_RESNET, rounds=2, local_epochs=1, drop_last=True)
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)

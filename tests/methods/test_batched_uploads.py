@@ -19,7 +19,7 @@ from fedforget.methods import METHODS, make_params
 from fedforget.partition import PartitionSpec
 from fedforget.vectorized import method_not_vectorized
 
-from .conftest import CPU, SMALL_CNN, replay_stream_cfg
+from .conftest import CPU, SMALL_CNN, SMALL_RESNET, replay_stream_cfg
 
 # every registered method whose local training the batched engine can run, discovered from
 # the hook API (no hand-written list: a new method that qualifies is tested here by itself)
@@ -167,7 +167,7 @@ def test_live_terms_with_batchnorm_equal_sequential(
     12: every step batched, a step's clients with batches of different sizes in several
     runs; batch 20: on a CPU the steps of >= 16 rows client by client in replicas
     (``live_alone``)."""
-    rc = make_run_config(dataset="digits", model="resnet8", method=method, params=params, rounds=1,
+    rc = make_run_config(dataset="digits", model="resnet8", model_options=SMALL_RESNET, method=method, params=params, rounds=1,
                          local_epochs=1, batch_size=batch_size, sample_rate=0.1,
                          optimizer={"lr": 1e-6, "momentum": 0.5, "weight_decay": 1e-4},
                          partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
@@ -187,7 +187,7 @@ def test_fedrcl_levels_of_a_resnet_stacked_equal_sequential(make_run_config, run
     its l_scl and l_div included, within 2e-4 (a CPU: steps of 12 rows batched, of 20 client by
     client in replicas). [D] 2e-4: after a round at lr 0.01 one CI machine's two test losses were
     3.0e-5 apart (0 on this one); levels 'all' against [0, 2] moves that loss by 0.17."""
-    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group"}, method="fedrcl",
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={"norm": "group", **SMALL_RESNET}, method="fedrcl",
                          params={"levels": levels}, rounds=1, local_epochs=1, batch_size=12, sample_rate=0.1,
                          optimizer={"lr": 0.01, "momentum": 0.5}, partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
     out = run_engines(rc)
