@@ -107,7 +107,7 @@ def cmd_partition(args) -> None:
 OPTIMIZER_DYNAMO_WRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
 
 
-def skip_dynamo_import() -> bool:
+def skip_dynamo_import() -> None:
     """[D] Keep a training process from importing ``torch._dynamo``. torch wraps the
     ``torch.optim.Optimizer`` methods of OPTIMIZER_DYNAMO_WRAPPED in ``torch._disable_dynamo``,
     whose first call imports torch._dynamo (about 3 s on 2 cores, near half the start of a
@@ -120,18 +120,15 @@ def skip_dynamo_import() -> bool:
     trainer still imports it at its first step (torch's ``step`` wrapper imports it at every
     call). Only the command line does this: a program that imports fedforget keeps torch as
     it is. Nothing is changed where torch._dynamo is already imported or a method is not
-    wrapped so (another torch). Returns whether any method was changed."""
+    wrapped so (another torch)."""
     import torch
 
     if "torch._dynamo" in sys.modules:
-        return False
-    changed = False
+        return
     for name in OPTIMIZER_DYNAMO_WRAPPED:
         plain = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
         if plain is not None and getattr(plain, "__dynamo_disable", None) is None:
             setattr(plain, "__dynamo_disable", plain)  # what torch would cache, outside tracing
-            changed = True
-    return changed
 
 
 def cmd_train(args) -> None:

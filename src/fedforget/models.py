@@ -1008,7 +1008,7 @@ def check_model(
                 f"{key}.name='{name}' needs images of at least {div}x{div}, got {list(input_shape)}"
             )
     if name in ("resnet8", "resnet18"):
-        width = options.get("width", 64)
+        width = options.get("width", MODEL_DEFAULTS[name]["width"])
         if not isinstance(width, int) or isinstance(width, bool) or width < 2 or width % 2:
             # GroupNorm(2, C) needs an even number of channels
             raise FedForgetError(f"{key}.options.width={width!r}; allowed: an even integer >= 2 (64: the papers')")

@@ -8,9 +8,9 @@ plugin module: Snakemake imports every installed ``snakemake_logger_plugin_*`` p
 starts. Importing this one wraps Snakemake's config-file loader so that a file that fails to
 load (missing, not YAML, empty, not a mapping) is reported in one line with no traceback,
 naming the file and, for YAML, the line and column, exactly as ``fedforget validate --config
-FILE`` reports it. A file that loads is returned as Snakemake
-loaded it, untouched; if Snakemake's loader moves, nothing is wrapped and Snakemake's own
-message stands (tests/test_workflow.py checks that the wrap is in place).
+FILE`` reports it. A file that loads is returned as Snakemake loaded it, untouched; if
+Snakemake's loader moves, nothing is wrapped and Snakemake's own message stands
+(tests/test_snakemake_plugin.py checks that the wrap is in place).
 
 The plugin Snakemake registers is a real logger, ``--logger fedforget``: a JSON-lines timeline
 of the run's jobs (one line per job announced, started, finished or failed: time, event, job
@@ -89,7 +89,7 @@ class LogHandlerSettings(LogHandlerSettingsBase):
     )
 
 
-# the events the timeline keeps, and the record fields each line carries
+# the Snakemake log events the timeline keeps
 _EVENTS = ("job_info", "job_started", "job_finished", "job_error")
 
 
@@ -100,13 +100,13 @@ class LogHandler(LogHandlerBase):
     def __post_init__(self) -> None:
         self.path = getattr(self.settings, "path", None) or DEFAULT_PATH
         self.baseFilename = os.path.abspath(self.path)  # Snakemake lists it as a log file
+        os.makedirs(os.path.dirname(self.baseFilename), exist_ok=True)
 
     def emit(self, record: logging.LogRecord) -> None:
         line = timeline_line(record)
         if line is None or getattr(self.common_settings, "dryrun", False):
             return
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        with open(self.path, "a") as f:
+        with open(self.baseFilename, "a") as f:
             f.write(json.dumps(line, sort_keys=True, default=str) + "\n")
 
     @property
