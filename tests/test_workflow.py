@@ -217,15 +217,18 @@ def run_dirs(workdir: Path) -> dict[str, float]:
     }
 
 
-def overlapping(workdir: Path, part: str) -> bool:
-    """Whether the two runs whose directory names ``part`` trained at the same time."""
-    spans = sorted(
-        (r["started_at"], r["finished_at"])
-        for p in (workdir / "results" / "tiny").glob("*/*/*/seed*/run.json")
-        if part in str(p) and (r := json.loads(p.read_text()))
-    )
-    assert len(spans) == 2, spans
-    return spans[0][1] > spans[1][0]
+def trains_overlapped(timeline: Path) -> bool:
+    """Whether the two training jobs of a run logged by ``--logger fedforget`` (``timeline``)
+    ran at the same time: both started before either finished. [D] Snakemake's own job times
+    (sub-second), not run.json's started_at/finished_at (whole seconds, and only the training
+    itself: a job of about a second could share a second with the other and not count)."""
+    events = [json.loads(line) for line in timeline.read_text().splitlines()]
+    trains = {t["jobs"][0] for t in events if t["event"] == "job_info" and t["rule"] == "train"}
+    assert len(trains) == 2, events
+    at = {e: {j: t["time"] for t in events if t["event"] == e for j in t["jobs"] if j in trains}
+          for e in ("job_started", "job_finished")}  # fmt: skip
+    assert set(at["job_started"]) == set(at["job_finished"]) == trains, events
+    return max(at["job_started"].values()) < min(at["job_finished"].values())
 
 
 def test_a_configfile_that_does_not_load_is_one_line(tmp_path: Path) -> None:
@@ -299,8 +302,9 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     jobs = planned_jobs(tmp_path)
     assert jobs.get("train") == 2 and "partition" not in jobs and "prepare_dataset" not in jobs
     gpu_profile = ("--workflow-profile", str(REPO / "profiles" / "gpu"), "--set-threads", "train=1")
-    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=1")
-    assert not overlapping(tmp_path, "/fedavg-lr0.1/")
+    timeline = ("--logger", "fedforget", "--logger-fedforget-path")
+    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=1", *timeline, "one-slot.jsonl")
+    assert not trains_overlapped(tmp_path / "one-slot.jsonl")
     assert model.is_file()
     after = run_dirs(tmp_path)
     changed = {k for k in before if after[k] != before[k]}
@@ -318,8 +322,8 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     jobs = planned_jobs(tmp_path)
     assert jobs.get("train") == 2 and jobs.get("partition") == 1 and "prepare_dataset" not in jobs
     before = run_dirs(tmp_path)
-    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=2")  # 2 slots: at once
-    assert overlapping(tmp_path, "dirichlet-0.3_")
+    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=2", *timeline, "two-slots.jsonl")  # at once
+    assert trains_overlapped(tmp_path / "two-slots.jsonl")
     after = run_dirs(tmp_path)
     shards = {k for k in before if "/shards-2_" in k}
     assert all(after[k] == before[k] for k in shards)
