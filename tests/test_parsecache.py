@@ -76,6 +76,20 @@ def test_key_follows_the_config_and_the_files_it_names(tmp_path, monkeypatch):
     assert parse_key({**raw, "only": "default/fedavg"}) == parse_key(raw)
 
 
+def test_the_snakefile_parse_caches_where_no_snakemake_dir_exists_yet(tmp_path, monkeypatch):
+    """Snakemake parses the Snakefile before it makes .snakemake/ in a new working directory:
+    ``create`` (common.smk's call) caches that first parse; without it nothing is written
+    outside a Snakemake working directory."""
+    monkeypatch.chdir(tmp_path)
+    raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    raw["paper_results"] = str(REPO / "config" / "paper_results.csv")
+    parse_workflow(raw, tmp_path / "a" / ".snakemake" / "fedforget")
+    assert not (tmp_path / "a").exists()
+    cache = tmp_path / "b" / ".snakemake" / "fedforget"
+    parse_workflow(raw, cache, create=True)
+    assert [p.name for p in cache.iterdir()] == [f"parse-{parse_key(raw)}.pickle"]
+
+
 def test_bad_config_is_never_cached(tmp_path):
     raw = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     raw["experiments"][0]["methods"] = [{"name": "no_such_method"}]

@@ -125,11 +125,17 @@ def _digests(wf: WorkflowConfig) -> dict[str, Any]:
             "code_bytes": code_bytes, "runs": runs}  # fmt: skip
 
 
-def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tuple[WorkflowConfig, dict[str, Any]]:
+def parse_workflow(
+    raw: dict[str, Any], directory: str | Path = CACHE_DIR, create: bool = False
+) -> tuple[WorkflowConfig, dict[str, Any]]:
     """(the validated config, its digests) for the raw config dict ``raw``: from the cache
     in ``directory`` when an earlier parse had the same key, else validated now (raising
-    ``FedForgetError`` as ``parse_config`` does) and cached. ``FEDFORGET_PARSE_CACHE=0``
-    turns the cache off."""
+    ``FedForgetError`` as ``parse_config`` does) and cached. The cache is written where
+    ``directory``'s parent exists (a Snakemake working directory's ``.snakemake/``), or
+    anywhere with ``create``: the Snakefile's parse, which Snakemake runs before it makes
+    ``.snakemake/`` in a new working directory (without it, the first start there would
+    cache nothing and the second would validate again). ``FEDFORGET_PARSE_CACHE=0`` turns
+    the cache off."""
     use = os.environ.get("FEDFORGET_PARSE_CACHE", "1") != "0"
     directory = Path(directory)
     path = directory / f"parse-{parse_key(raw)}.pickle" if use else None
@@ -143,7 +149,7 @@ def parse_workflow(raw: dict[str, Any], directory: str | Path = CACHE_DIR) -> tu
 
     wf = parse_config(raw)
     digests = _digests(wf)
-    if path is not None and directory.parent.is_dir():  # only inside a Snakemake working dir
+    if path is not None and (create or directory.parent.is_dir()):  # only inside a Snakemake working dir
         atomic_write_bytes(path, pickle.dumps((wf, digests)))
         old = sorted(directory.glob("parse-*.pickle"), key=lambda p: p.stat().st_mtime)[:-KEEP]
         for p in old:

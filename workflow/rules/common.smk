@@ -25,7 +25,7 @@ from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 # with its scalars as strings: they get their YAML types first (config.typed_overrides).
 typed_overrides(config, dict(workflow.config_settings.config))
 try:
-    WF, DIGESTS = parse_workflow(config)
+    WF, DIGESTS = parse_workflow(config, create=True)  # cached from the first start on
 except FedForgetError as err:
     raise WorkflowError(f"fedforget: {err}") from None
 
