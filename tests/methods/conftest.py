@@ -18,6 +18,11 @@ from .. import conftest as conftest_root
 
 CPU = torch.device("cpu")
 PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
+# GLFC's and LGA's proxy server at a few iterations (the contract tests over every method
+# check wiring and state, not the reconstruction, which tests/methods/test_glfc.py checks):
+# at the defaults (250 reconstruction steps of 20 L-BFGS iterations) it is most of their time
+GLFC_FAST = {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2}
+QUICK_PARAMS = {"glfc": GLFC_FAST, "lga": GLFC_FAST}
 
 
 @pytest.fixture(scope="session")

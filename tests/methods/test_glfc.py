@@ -37,8 +37,7 @@ from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import CPU, checkpoint_keeper, digits_cfg, run, same, strip
-
-FAST = {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2}
+from .conftest import GLFC_FAST as FAST
 
 # a hand-built batch at task 1 of a 2 x 2 split stream (classes 0, 1 old; 2, 3 new): row i's
 # softmax over the 4 seen classes is P[i] (logits = log P through an identity model)

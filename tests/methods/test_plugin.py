@@ -15,7 +15,7 @@ from fedforget.methods import METHODS, FedAvg
 from fedforget.methods.params import mapping, text
 from fedforget.methods.plugin import HOOKS, OverBase
 
-from .conftest import run
+from .conftest import QUICK_PARAMS, run
 
 PLUGINS = {n for n in METHODS.names() if issubclass(METHODS.get(n), OverBase)}
 BASES = [n for n in METHODS.names() if n not in PLUGINS]
@@ -50,8 +50,9 @@ class Bare(OverBase):
 @pytest.mark.parametrize("base", BASES)
 def test_a_plugin_that_overrides_nothing_is_its_base(public_run_cfg, monkeypatch, base):
     monkeypatch.setitem(METHODS._items, "bare", Bare)
-    _, rows_base = run(public_run_cfg(base, rounds=2, sample_rate=0.75))
-    _, rows_bare = run(public_run_cfg("bare", {"base": base}, rounds=2, sample_rate=0.75))
+    params = QUICK_PARAMS.get(base, {})
+    _, rows_base = run(public_run_cfg(base, params, rounds=2, sample_rate=0.75))
+    _, rows_bare = run(public_run_cfg("bare", {"base": base, "base_params": params}, rounds=2, sample_rate=0.75))
     # the base's diagnostics come out as <plug-in>_<base>_<key>
     renamed = [{k.replace(f"bare_{base}_", f"{base}_", 1): v for k, v in r.items()} for r in rows_bare]
     for a, b in zip(rows_base, renamed, strict=True):

@@ -13,6 +13,8 @@ import torch
 from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.methods import METHODS
 
+from .conftest import QUICK_PARAMS
+
 CPU = torch.device("cpu")
 
 
@@ -34,7 +36,7 @@ def _roundtrip(ckpt):
 
 def _cfg(public_run_cfg, method):
     # half the clients per round: client state must survive rounds in which it is not sampled
-    return public_run_cfg(method, rounds=4, sample_rate=0.5, local_epochs=1)
+    return public_run_cfg(method, QUICK_PARAMS.get(method), rounds=4, sample_rate=0.5, local_epochs=1)
 
 
 @pytest.mark.parametrize("method", METHODS.names())
