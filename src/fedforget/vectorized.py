@@ -420,10 +420,10 @@ def adam_update_(
 
 
 def _batch_table(
-    jobs: Sequence[ClientJob], epochs: int, bs: int, device: torch.device, epoch_rows: Callable[[int], int] | None = None
+    jobs: Sequence[ClientJob], epochs: int, bs: int, epoch_rows: Callable[[int], int] | None = None
 ):
     """Per client, the rows of each step's minibatch in the engine's data, padded with -1:
-    [M, T, bs], T = the largest step count. ``epoch_rows(n)``: the rows of an epoch that
+    [M, T, bs] in host memory, T = the largest step count. ``epoch_rows(n)``: the rows of an epoch that
     train (``TrainSpec.epoch_rows``: all, or with drop_last the full minibatches), the first
     of each epoch's permutation, as ``train_client`` takes them."""
     tables, steps = [], []
@@ -446,7 +446,7 @@ def _batch_table(
     out = torch.full((len(jobs), t_max, bs), -1, dtype=torch.long)
     for j, tab in enumerate(tables):
         out[j, : len(tab)] = tab
-    return out.to(device), steps
+    return out, steps
 
 
 # [D] The client-by-client steps' worker threads and model replicas live across rounds:
@@ -539,7 +539,10 @@ def train_clients_together(
     live = None if live_terms is None else live_terms(order)
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
-    table, steps = _batch_table(jobs_sorted, epochs, batch_size, device, epoch_rows)
+    # in host memory, and on the device (the same tensor on a CPU): a streamed pool's
+    # read-ahead gathers from host positions (ClientData.batch)
+    host_table, steps = _batch_table(jobs_sorted, epochs, batch_size, epoch_rows)
+    table = host_table.to(device)
 
     # per-task heads (TaskHeads): the active task's head trains, the other tasks' heads are not
     # in the stack (as a client alone, whose optimizer skips them: no gradient); every client
@@ -562,7 +565,7 @@ def train_clients_together(
     steps_t = torch.tensor(steps)
     # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
     # step needs only as many columns as its fullest active client has rows
-    width = (table >= 0).sum(-1).cpu()  # [M, T]
+    width = (host_table >= 0).sum(-1)  # [M, T]
     n_steps = table.shape[1]
     active_at = [int((steps_t > k).sum()) for k in range(n_steps)]  # a prefix: sorted by step count
     wide = [loop_wide and int(width[: active_at[k], k].max()) >= LOOP_MIN_ROWS for k in range(n_steps)]
@@ -1018,9 +1021,11 @@ def train_clients_together(
     was_training = model.training
     model.train()
 
-    def step_rows(k: int) -> torch.Tensor:  # step k's [a, w] rows: its active clients' widest (full_width: all)
+    def step_rows(k: int, rows: torch.Tensor = table) -> torch.Tensor:
+        """Step k's [a, w] rows of ``rows`` (the table, or its host copy): its active clients'
+        widest (full_width: all)."""
         active = active_at[k]
-        return table[:active, k] if full_width else table[:active, k, : int(width[:active, k].max())]
+        return rows[:active, k] if full_width else rows[:active, k, : int(width[:active, k].max())]
 
     def segments(k: int) -> list[tuple[int, int, int]]:
         """Step k's parts trained as one batched step each: (lo, hi, w), clients lo..hi-1 of
@@ -1041,7 +1046,7 @@ def train_clients_together(
 
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)
-        ahead = prefetched(lambda k: batch(step_rows(k).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
+        ahead = prefetched(lambda k: batch(step_rows(k, host_table).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
     k = 0
     while k < n_steps:
         if wide[k]:  # a run of wide steps, client by client
