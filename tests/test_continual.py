@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import pickle
 from dataclasses import replace
 from pathlib import Path
 
@@ -172,6 +173,15 @@ def test_transforms_depend_on_the_scenario_seed_only():
     mixed = r.transform(x, torch.tensor([1, 0, 1]))
     torch.testing.assert_close(mixed[1], x[1], atol=1e-6, rtol=0)
     torch.testing.assert_close(mixed[[0, 2]], rot[[0, 2]], atol=0, rtol=0)
+    # the angles reach the device once per run (Scenario._table), follow a change of the
+    # angles, and stay out of a pickle (a scenario equal to the one made)
+    assert r._table(x.device, x.dtype) is r._table(x.device, x.dtype)
+    r.angles = [0.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(r.transform(x, 1), x, atol=1e-6, rtol=0)
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r and "_tables" not in vars(back)
+    assert p._table(x.device, x.dtype) is p._table(x.device, x.dtype)
+    torch.testing.assert_close(p.transform(torch.arange(40.0).view(1, 1, 40), 1).flatten(), p.perms[1].double().float())
 
 
 def test_schedule_and_asynchronous_windows(data_root, tmp_path):

@@ -230,12 +230,11 @@ class Pool:
         if self.device.type == "cpu":
             return torch.from_numpy(np.take(self.host, flat, axis=0)).view(*rows.shape, *self.shape[1:])
         uniq, inverse = np.unique(flat, return_inverse=True)  # sorted reads, each row once
-        block = torch.from_numpy(np.take(self.host, uniq, axis=0))
-        if self.pin:
-            block = block.pin_memory()
-        block = block.to(self.device, non_blocking=True)
-        out = block.index_select(0, torch.as_tensor(inverse.reshape(-1), device=self.device))
-        return out.view(*rows.shape, *self.shape[1:])
+        block, order = torch.from_numpy(np.take(self.host, uniq, axis=0)), torch.from_numpy(inverse.reshape(-1))
+        if self.pin:  # [D] both copies without blocking: a blocking one waits for every step queued on the
+            block, order = block.pin_memory(), order.pin_memory()  # device (a read-ahead could not run ahead)
+        block, order = block.to(self.device, non_blocking=True), order.to(self.device, non_blocking=True)
+        return block.index_select(0, order).view(*rows.shape, *self.shape[1:])
 
 
 def choose_storage(setting: str, nbytes: int, device: torch.device) -> bool:

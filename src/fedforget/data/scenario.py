@@ -359,6 +359,24 @@ class Scenario:
             return np.ones(len(y), dtype=bool)
         return np.isin(y, self.task_classes[t])
 
+    def _table(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The permutations [T, D] (permuted) or the angles [T] in ``dtype`` (rotated) on
+        ``device``, copied there once [D]: a copy at every minibatch would be a blocking
+        host-to-device copy, which waits for the steps queued on a GPU."""
+        # keyed by what it copies too: a scenario whose angles or permutations are replaced
+        # (a test does) gets new copies
+        key = (str(device), id(self.perms)) if self.kind == "permuted" else (str(device), dtype, tuple(self.angles))
+        cache = self.__dict__.setdefault("_tables", {})  # not a field: no part of ==, repr or pickles
+        if key not in cache:
+            if self.kind == "permuted":
+                cache[key] = self.perms.to(device)
+            else:
+                cache[key] = torch.as_tensor(self.angles, dtype=dtype, device=device)
+        return cache[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_tables"}
+
     def transform(self, x: torch.Tensor, task: torch.Tensor | int) -> torch.Tensor:
         """Rows ``x`` [..., *input_shape] seen through their tasks' transforms (``task``: one
         task id, or one per row, shaped like x's leading dimensions)."""
@@ -368,13 +386,12 @@ class Scenario:
         n_lead = max(ids.dim(), 1)
         flat = x.reshape(-1, *x.shape[n_lead:])  # [N, *input_shape]
         ids = ids.reshape(-1) if ids.dim() else ids.expand(flat.shape[0])
+        table = self._table(x.device, x.dtype)
         if self.kind == "permuted":
-            perms = self.perms.to(x.device)[ids]  # [N, D]
+            perms = table[ids]  # [N, D]
             out = flat.flatten(1).gather(1, perms).view_as(flat)
         else:
-            ang = torch.as_tensor(self.angles, dtype=x.dtype, device=x.device)[ids] * (
-                math.pi / 180.0
-            )
+            ang = table[ids] * (math.pi / 180.0)
             cos, sin = torch.cos(ang), torch.sin(ang)
             zero = torch.zeros_like(cos)
             theta = torch.stack(
