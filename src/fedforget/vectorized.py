@@ -977,14 +977,15 @@ def train_clients_together(
             for i, total in part:
                 loss_sum[i : i + 1] += total
 
-    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None, lo: int = 0) -> None:
+    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None, lo: int = 0, rows: list[int] | None = None) -> None:
         """One step of the clients in ``idx`` ([a, w] rows, -1 = padding; clients lo..lo+a-1
         of the stack) together: one gather (or its result ``gathered``, read ahead), forward
-        and backward, and their SGD updates."""
+        and backward, and their SGD updates. ``rows``: each client's rows in ``idx``, for
+        the terms that see the step (``sees_step``), counted on the host (``step_counts``)."""
         hi = lo + idx.shape[0]
+        assert rows is not None or not sees_step  # (terms run no graphs: every call passes them)
         xb, yb, lm = gathered or batch(idx.clamp(min=0))  # [a, w, ...]: one gather for all clients
         mask = (idx >= 0).to(xb.dtype)
-        rows = (idx >= 0).sum(1).tolist() if sees_step else None  # a host read: the terms that see the step
         p_act = {n: v[lo:hi] for n, v in params.items()}
         st_act = {n: v[lo:hi] for n, v in stats.items()}
         if use_stacked:
@@ -1044,6 +1045,13 @@ def train_clients_together(
                 lo = i
         return runs
 
+    def step_counts(k: int, lo: int, hi: int, w: int) -> list[int] | None:
+        """Clients lo..hi-1's rows among the first ``w`` of step k, for the terms that see the
+        step, from the host's widths [D]: counting them in the device's table would be a
+        device-to-host read at every step, which waits for the queued steps. A client's rows
+        of a step are a prefix of its table row (padding only at the end)."""
+        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step else None
+
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)
         ahead = prefetched(lambda k: batch(step_rows(k, host_table).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
@@ -1064,9 +1072,9 @@ def train_clients_together(
             part = idx if (hi - lo, w) == tuple(idx.shape) else idx[lo:hi, :w]
             if gathered is not None:
                 sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
-                batched_step_(part, sub, lo)
+                batched_step_(part, sub, lo, step_counts(k, lo, hi, part.shape[1]))
             elif graphs is None:
-                batched_step_(part, None, lo)
+                batched_step_(part, None, lo, step_counts(k, lo, hi, part.shape[1]))
             else:  # the step's kernels depend on its shape and the optimizer's constants only
                 graphs.run((lo, *part.shape, lr, momentum, weight_decay, batch), part,
                            functools.partial(batched_step_, gathered=None, lo=lo))  # fmt: skip
