@@ -15,7 +15,7 @@ from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.inputs import InputPipeline, Pool, crop_flip, keyed_uniform_ints, prefetched
 from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
-from fedforget.utils import FedForgetError
+from fedforget.utils import FedForgetError, host_to_device
 
 CPU = torch.device("cpu")
 BLOBS = {"num_train": 240, "num_test": 60, "channels": 3, "size": 8, "uint8": True}
@@ -89,6 +89,17 @@ def test_crop_flip_is_a_window_of_the_padded_image_and_a_mirror():
     d = keyed_uniform_ints(many, 5, 3)
     assert 0.4 < (d[2] % 2).float().mean() < 0.6  # flips about half the rows
     assert len(torch.unique(d[0] % 9)) == 9  # every offset occurs
+
+
+def test_host_to_device_is_the_same_tensor_on_a_cpu_and_a_copy_on_a_gpu():
+    """utils.host_to_device: the indices a step sends to the device (a streamed pool's rows,
+    replayed rows) go from pinned memory without blocking on a GPU; on a CPU nothing moves."""
+    t = torch.arange(5)
+    assert host_to_device(t, CPU) is t
+    if torch.cuda.is_available():  # gpu.sh runs this file's device tests
+        d = host_to_device(t, torch.device("cuda"))
+        assert d.device.type == "cuda" and torch.equal(d.cpu(), t)
+        assert host_to_device(d, torch.device("cuda")) is d
 
 
 def test_streamed_pool_gathers_the_same_rows(blobs_root, tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from .data.scenario import Scenario
 from .inputs import InputPipeline, Pool, occurrence
+from .utils import host_to_device
 
 
 @dataclass
@@ -71,8 +72,8 @@ class ClientData:
             r_host = self.host_rows[pos]
             x = self.x.take(r_host)
             dev = self.rows.device
-            pos, r = to_device(pos, dev), to_device(r_host, dev)
-            draw = None if draw is None else to_device(draw, dev)
+            pos, r = host_to_device(pos, dev), host_to_device(r_host, dev)
+            draw = None if draw is None else host_to_device(draw, dev)
         else:
             r = self.rows[pos]
             x = self.x.take(r)
@@ -116,14 +117,6 @@ class ClientData:
     def task_view(self, k: int, t: int) -> TaskView:
         """Client k's whole data of task t."""
         return TaskView(self, self.offsets[k][t], self.offsets[k][t + 1], t)
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device``, copied to a GPU from pinned memory without blocking (the
-    copy is queued behind the device's steps; the host goes on)."""
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass

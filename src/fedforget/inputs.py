@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .utils import FedForgetError, torch_seed
+from .utils import FedForgetError, host_to_device, torch_seed
 
 AUGMENTS = ("none", "crop_flip")
 STORAGES = ("auto", "device", "stream")
@@ -201,7 +201,6 @@ class Pool:
     def __init__(self, x: np.ndarray, device: torch.device, stream: bool) -> None:
         self.device, self.stream = device, stream
         self.shape, self.dtype = tuple(x.shape), x.dtype
-        self.pin = device.type == "cuda"
         self.tensor: torch.Tensor | None = None
         if stream:
             self.host = x  # a memory map (np.load(mmap_mode="r")) or an array
@@ -230,10 +229,10 @@ class Pool:
         if self.device.type == "cpu":
             return torch.from_numpy(np.take(self.host, flat, axis=0)).view(*rows.shape, *self.shape[1:])
         uniq, inverse = np.unique(flat, return_inverse=True)  # sorted reads, each row once
-        block, order = torch.from_numpy(np.take(self.host, uniq, axis=0)), torch.from_numpy(inverse.reshape(-1))
-        if self.pin:  # [D] both copies without blocking: a blocking one waits for every step queued on the
-            block, order = block.pin_memory(), order.pin_memory()  # device (a read-ahead could not run ahead)
-        block, order = block.to(self.device, non_blocking=True), order.to(self.device, non_blocking=True)
+        # both copies without blocking (utils.host_to_device): a blocking one waits for every
+        # step queued on the device, and a read-ahead could not run ahead of them
+        block = host_to_device(torch.from_numpy(np.take(self.host, uniq, axis=0)), self.device)
+        order = host_to_device(torch.from_numpy(inverse.reshape(-1)), self.device)
         return block.index_select(0, order).view(*rows.shape, *self.shape[1:])
 
 

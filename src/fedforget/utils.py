@@ -129,6 +129,17 @@ def seed_sequence(*keys: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(k) for k in keys])
 
 
+def host_to_device(t, device):
+    """A host tensor ``t`` on ``device`` [D]: to a GPU from pinned memory without blocking
+    (the copy is queued behind the work already on the device, and the host goes on); a
+    plain ``.to(device)`` from pageable memory synchronises with the device, so inside a
+    training step it would wait for every step queued before it. ``.to(device)`` anywhere
+    else (the same tensor where it is already on ``device``)."""
+    if t.device.type != "cpu" or device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def torch_seed(*keys: int) -> int:
     """A 63-bit torch seed derived from integer keys, independent of call order."""
     return int(seed_sequence(*keys).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)

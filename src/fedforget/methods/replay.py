@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..utils import torch_seed
+from ..utils import host_to_device, torch_seed
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.scenario import Scenario
@@ -100,7 +100,9 @@ class Reservoir:
         if n == 0:
             return None
         buf = state[self.key]
-        idx = torch.randperm(n, generator=generator)[:m].to(buf["y"].device)
+        # drawn on the host (the keyed CPU generator), sent without blocking: a memory batch
+        # is drawn at every step, and a blocking copy would wait for the queued steps
+        idx = host_to_device(torch.randperm(n, generator=generator)[:m], buf["y"].device)
         return {k: v[idx] for k, v in buf.items() if k not in _META}
 
     # ------------------------------------------------------------------ writing
@@ -120,7 +122,10 @@ class Reservoir:
         m = len(y)
         if m == 0 or self.capacity == 0:
             return 0
-        task = torch.as_tensor(task, dtype=torch.long, device=y.device).expand(m)
+        if isinstance(task, torch.Tensor):
+            task = task.to(device=y.device, dtype=torch.long).expand(m)
+        else:  # one id: filled on the device (no host-to-device copy)
+            task = torch.full((m,), int(task), dtype=torch.long, device=y.device)
         fields = {
             "x": x.detach(),
             "y": y.detach(),
@@ -154,8 +159,8 @@ class Reservoir:
         buf["size"] = min(seen + m, self.capacity)
         if slot_of_row:  # one gather/scatter with distinct slots (deterministic on a GPU)
             dev = buf["y"].device
-            slots = torch.tensor(list(slot_of_row), dtype=torch.long, device=dev)
-            rows = torch.tensor(list(slot_of_row.values()), dtype=torch.long, device=dev)
+            slots = host_to_device(torch.tensor(list(slot_of_row), dtype=torch.long), dev)
+            rows = host_to_device(torch.tensor(list(slot_of_row.values()), dtype=torch.long), dev)
             for k, v in fields.items():
                 buf[k][slots] = v[rows].to(buf[k].dtype)
         return len(slot_of_row)
