@@ -104,7 +104,10 @@ def keep_mask(key: DropoutKey, salt: int, shape: Sequence[int], p: float, dtype:
         return torch.zeros((*clients.shape, *shape), dtype=dtype, device=clients.device)
     n = math.prod(shape)
     per_call = keyed_uniform_ints(clients, salt, 1)[0]  # [*K]: the client's salt of this module call
-    step = torch.as_tensor(key.step, dtype=torch.int64, device=clients.device)
+    if isinstance(key.step, torch.Tensor):  # the batched steps' step tensor (CUDA graphs read it)
+        step = torch.as_tensor(key.step, dtype=torch.int64, device=clients.device)
+    else:  # filled on the device: a host-to-device copy at every step would wait for the queued ones
+        step = torch.full((), int(key.step), dtype=torch.int64, device=clients.device)
     per_step = keyed_uniform_ints(step, per_call, 1)[0]  # [*K]: ... of this step
     idx = torch.arange(n, device=clients.device).view(*shape)
     draws = keyed_uniform_ints(idx, per_step.view(*per_step.shape, *[1] * len(shape)), 1)[0]

@@ -49,7 +49,7 @@ from .methods.base import TASK_END
 from .models import TaskHeads
 from .state import FedState
 from .train_spec import OptimizerSpec, TrainSpec
-from .utils import FedForgetError, torch_seed
+from .utils import FedForgetError, host_to_device, torch_seed
 from .vectorized import (
     ClientJob,
     auto_prefers_sequential,
@@ -196,7 +196,7 @@ class LocalTrainer:
         self.enter_task(ctx)
         method.client_begin(ctx)
         loss_sum = torch.zeros((), device=self.device)
-        key = torch.tensor(client_key(self.seed, rnd, cid), device=self.device) if self.dropout else None
+        key = host_to_device(torch.tensor(client_key(self.seed, rnd, cid)), self.device) if self.dropout else None
         ahead = self.clients.x.read_ahead
         for chunks in self.epoch_orders(cid, rnd, len(view), host=ahead):
             chunks = chunks[: ctx.epoch_steps]  # a method may cut the epoch short

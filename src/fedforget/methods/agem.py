@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..utils import host_to_device
 from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, masked_logits
 from .params import integer
 from .registry import METHODS
@@ -111,7 +112,7 @@ class AGEM(FedAvg):
                 self.replay.offer(c, self.scratch(c), step.x[j, :n], step.y[j, :n])
             if g_ref is None:
                 return None, None, None
-            has = torch.tensor([m is not None for m in mems], device=dev)
+            has = host_to_device(torch.tensor([m is not None for m in mems]), dev)
 
             def gmap(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 names = [n for n, v in grads.items() if v is not None]

@@ -94,6 +94,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..state import FedState, OnFed, to_device  # noqa: F401 (to_device: re-exported)
+from ..utils import host_to_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..clientdata import TaskView
@@ -167,7 +168,7 @@ class StepBatch(NamedTuple):
         if self.mask is not None:
             return self.mask
         cols = torch.arange(self.x.shape[1], device=self.x.device)
-        return (cols < torch.tensor(self.rows, device=self.x.device)[:, None]).float()
+        return (cols < host_to_device(torch.tensor(self.rows), self.x.device)[:, None]).float()
 
 
 class LiveStep(NamedTuple):

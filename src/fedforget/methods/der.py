@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..utils import host_to_device
 from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, masked_logits
 from .params import boolean, integer, number
 from .registry import METHODS
@@ -140,7 +141,7 @@ class DER(FedAvg):
         over rows and classes), ``ce`` the cross-entropy on the stored labels (each row
         masked to its task's classes in task-incremental scenarios); 0 for a client without
         a batch."""
-        has = torch.tensor([m is not None for m in mems], dtype=torch.float32, device=step.x.device)
+        has = host_to_device(torch.tensor([m is not None for m in mems], dtype=torch.float32), step.x.device)
         if len(mems) == 1:  # a client alone: the batch's mean, as it always was
             m = mems[0]
             logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]

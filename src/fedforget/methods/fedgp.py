@@ -85,7 +85,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError, torch_seed
+from ..utils import FedForgetError, host_to_device, torch_seed
 from .base import ROUND_END, ClientContext, Held, RunInfo, ServerContext, Upload, masked_logits
 from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
@@ -279,7 +279,7 @@ class FedGP(OverBase):
             gate = None
             if s.gate_gen is not None:
                 draw = torch.rand((), generator=s.gate_gen) < self.p.rate
-                gate = draw.to(self.info.device)
+                gate = host_to_device(draw, self.info.device)
             g = [p.grad for p, _ in pairs]
             with torch.no_grad():
                 new, applied, cos = manipulate(
@@ -333,7 +333,7 @@ class FedGP(OverBase):
                 return grads
             gate = None
             if gens[lo] is not None:
-                gate = torch.stack([torch.rand((), generator=gens[i]) < p.rate for i in range(lo, hi)]).to(dev)
+                gate = host_to_device(torch.stack([torch.rand((), generator=gens[i]) < p.rate for i in range(lo, hi)]), dev)
             new, applied, cos = manipulate(g, r, p.manipulation, p.apply == "always", gate, stacked=True)
             sums[0, lo:hi] += applied
             sums[1, lo:hi] += cos

@@ -43,7 +43,7 @@ from torch import nn
 
 from ..activations import Projector, find_layers, project_out
 from ..models import TaskHeads
-from ..utils import FedForgetError
+from ..utils import FedForgetError, host_to_device
 from .base import Held
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -325,7 +325,7 @@ def each_client(maps: Sequence[GradMap | None], grads: StateDict) -> StateDict:
             continue
         g = v.grad if isinstance(v, Held) else v
         grad = torch.cat([g[i : i + 1] if p is None else p for i, p in enumerate(parts)])
-        out[n] = Held(grad, torch.tensor(held, device=g.device)) if any(held) else grad
+        out[n] = Held(grad, host_to_device(torch.tensor(held), g.device)) if any(held) else grad
     return out
 
 
