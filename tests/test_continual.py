@@ -182,6 +182,8 @@ def test_transforms_depend_on_the_scenario_seed_only():
     assert back == r and "_tables" not in vars(back)
     assert p._table(x.device, x.dtype) is p._table(x.device, x.dtype)
     torch.testing.assert_close(p.transform(torch.arange(40.0).view(1, 1, 40), 1).flatten(), p.perms[1].double().float())
+    p.perms = p.perms.flip(1)  # replaced after use: the next transform reads the new one
+    torch.testing.assert_close(p.transform(torch.arange(40.0).view(1, 1, 40), 1).flatten(), p.perms[1].double().float())
 
 
 def test_schedule_and_asynchronous_windows(data_root, tmp_path):

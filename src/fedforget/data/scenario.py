@@ -363,16 +363,17 @@ class Scenario:
         """The permutations [T, D] (permuted) or the angles [T] in ``dtype`` (rotated) on
         ``device``, copied there once [D]: a copy at every minibatch would be a blocking
         host-to-device copy, which waits for the steps queued on a GPU."""
-        # keyed by what it copies too: a scenario whose angles or permutations are replaced
-        # (a test does) gets new copies
-        key = (str(device), id(self.perms)) if self.kind == "permuted" else (str(device), dtype, tuple(self.angles))
+        permuted = self.kind == "permuted"
+        key = (str(device), None if permuted else dtype)
+        source = self.perms if permuted else tuple(self.angles)
         cache = self.__dict__.setdefault("_tables", {})  # not a field: no part of ==, repr or pickles
-        if key not in cache:
-            if self.kind == "permuted":
-                cache[key] = self.perms.to(device)
-            else:
-                cache[key] = torch.as_tensor(self.angles, dtype=dtype, device=device)
-        return cache[key]
+        kept = cache.get(key)
+        # a copy of what the scenario holds now (a test replaces the angles): the same tensor
+        # (an id could be a freed one's), the same angles
+        if kept is None or not (kept[0] is source if permuted else kept[0] == source):
+            table = self.perms.to(device) if permuted else torch.as_tensor(self.angles, dtype=dtype, device=device)
+            cache[key] = kept = (source, table)
+        return kept[1]
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_tables"}
