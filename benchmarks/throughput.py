@@ -117,9 +117,9 @@ def main() -> None:
 
     local_s, train_client = [0.0], sim.trainer.train_client
 
-    def timed_train_client(cid: int, rnd: int, lr: float, view=None):
+    def timed_train_client(cid: int, rnd: int, lr: float, view=None, **kw):
         t0 = time.perf_counter()
-        out = train_client(cid, rnd, lr, view)
+        out = train_client(cid, rnd, lr, view, **kw)
         sync(sim.device)
         local_s[0] += time.perf_counter() - t0
         return out

@@ -22,7 +22,7 @@ from fedforget.methods import METHODS, FedAvg
 from fedforget.models import build_model
 from fedforget.partition import PartitionSpec, client_indices, make_partition, save_partition
 from fedforget.runner import run_training
-from fedforget.trainers import SHUFFLE_STREAM
+from fedforget.trainers import SHUFFLE_STREAM, Diverged, LocalLoss
 from fedforget.utils import torch_seed
 
 CPU = torch.device("cpu")
@@ -306,6 +306,46 @@ def test_nan_loss_marks_run_diverged_and_keeps_rows(make_run_config, nan_method,
     lines = (out / "metrics.csv").read_text().splitlines()
     assert lines[0].split(",") == BASE_COLUMNS and len(lines) == 3
     assert (out / "model.pt").exists()
+
+
+def test_sequential_losses_are_read_at_the_round_end_unless_the_method_ends_clients_itself(
+    make_run_config, tmp_path
+):
+    """One client after another, a FedAvg client's mean loss stays on the device
+    (``LocalLoss``) until the round reads every client's at its end: the same number
+    ``train_client`` reads at once. A method with its own ``client_end`` gets its client's
+    loss read before that hook runs: a diverged client's end is never run."""
+    sim = Simulation(make_run_config(), device=CPU)
+    tr = sim.trainer
+    _, (kept,), _ = tr.train_group({1: tr.round_view(1, 1)}, 1, 0.1)
+    assert isinstance(kept, LocalLoss) and kept.cid == 1
+    _, read, _ = tr.train_client(1, 1, 0.1)
+    assert isinstance(read, float) and kept.value() == read
+    _, losses, _, _, _ = tr.train_round(1, 0.1, {c: tr.round_view(c, 1) for c in (0, 1)})
+    assert losses[1] == read and all(isinstance(x, float) for x in losses)
+
+    name, ended = f"test_nanend_{uuid.uuid4().hex[:8]}", []
+
+    class NaNOwnEnd(FedAvg):
+        own_upload = True  # declared, as the protocol tests require of a method that writes client_end
+
+        def client_loss(self, ctx, x, y, features, logits):
+            return {"nan": logits.sum() * float("nan")} if ctx.cid == 2 else super().client_loss(ctx, x, y, features, logits)
+
+        def client_end(self, ctx):
+            ended.append(ctx.cid)
+            return super().client_end(ctx)
+
+    METHODS.register(name)(NaNOwnEnd)
+    try:
+        tr = Simulation(make_run_config(method=name), device=CPU).trainer
+        _, (loss,), _ = tr.train_group({1: tr.round_view(1, 1)}, 1, 0.1)
+        assert isinstance(loss, float) and ended == [1]
+        with pytest.raises(Diverged, match="client 2 local loss is nan in round 1"):
+            tr.train_round(1, 0.1, {c: tr.round_view(c, 1) for c in (0, 2, 3)})
+        assert ended == [1, 0]
+    finally:
+        METHODS._items.pop(name, None)
 
 
 def test_nan_from_first_round(make_run_config, tmp_path):

@@ -84,6 +84,28 @@ class Diverged(Exception):
     """A non-finite local loss or global weights: the run stops, its rows so far kept."""
 
 
+class LocalLoss:
+    """A client's mean local loss, left on the device until the round reads it
+    (``read_losses``) [D]: reading it as each client ends would make the host wait for the
+    client's last step before it sets up the next client, and the GPU idle meanwhile."""
+
+    def __init__(self, cid: int, total: torch.Tensor, steps: int) -> None:
+        self.cid, self.total, self.steps = cid, total, steps
+
+    def value(self) -> float:
+        return self.total.item() / max(self.steps, 1)
+
+
+def read_losses(losses: list[float | LocalLoss], cids: list[int], rnd: int) -> list[float]:
+    """The clients ``cids``' mean local losses in round ``rnd`` as numbers, in order; Diverged,
+    naming the first client whose loss is not finite."""
+    out = [x.value() if isinstance(x, LocalLoss) else x for x in losses]
+    for cid, x in zip(cids, out, strict=True):
+        if not math.isfinite(x):
+            raise Diverged(f"client {cid} local loss is {x} in round {rnd}")
+    return out
+
+
 class LocalTrainer:
     """The client side of a round on one model object, reused for every client (its weights
     loaded from the global state, so memory does not grow with the number of clients). A
@@ -121,9 +143,9 @@ class LocalTrainer:
 
     def train_group(
         self, views: dict[int, TaskView], rnd: int, lr: float
-    ) -> tuple[list[Upload], list[float], list[dict[str, float]]]:
+    ) -> tuple[list[Upload], list[float | LocalLoss], list[dict[str, float]]]:
         """The clients ``views`` (at most ``group_size``) trained in round ``rnd``: their
-        uploads, mean losses and diagnostics."""
+        uploads, mean losses (read, or left for the round to read) and diagnostics."""
         raise NotImplementedError
 
     def local_accuracies(self, uploads: list[Upload]) -> list[float]:
@@ -154,8 +176,8 @@ class LocalTrainer:
         for epoch in range(t.local_epochs):
             # the epoch's order; its positions carry the step's augmentation key, if any
             perm = torch.randperm(n, generator=gen)
-            if not host:
-                perm = perm.to(self.device)
+            if not host:  # without waiting for the steps queued on the device
+                perm = host_to_device(perm, self.device)
             perm += self.clients.draw_offset(rnd, epoch, t.local_epochs)
             yield [perm[s : s + bs] for s in range(0, end, bs)]
 
@@ -183,10 +205,12 @@ class LocalTrainer:
         self.fed.client_task[ctx.cid] = ctx.task
 
     def train_client(
-        self, cid: int, rnd: int, lr: float, view: TaskView | None = None
-    ) -> tuple[Upload, float, dict[str, float]]:
+        self, cid: int, rnd: int, lr: float, view: TaskView | None = None, read_loss: bool = True
+    ) -> tuple[Upload, float | LocalLoss, dict[str, float]]:
         """Client ``cid``'s local training in round ``rnd`` on ``view`` (default: its data
-        of the round)."""
+        of the round). Without ``read_loss``, the mean loss may come back unread
+        (``LocalLoss``: the round reads it): where the method's ``client_end`` is FedAvg's,
+        which cannot fail on diverged weights."""
         view = view or self.round_view(cid, rnd)
         model = self.model
         self.load_params(model, self.fed.global_params)
@@ -214,9 +238,9 @@ class LocalTrainer:
                 loss_sum += loss.detach()
                 ctx.steps += 1
         set_dropout_key(self.dropout, None)
-        mean_loss = loss_sum.item() / max(ctx.steps, 1)
-        if not math.isfinite(mean_loss):
-            raise Diverged(f"client {cid} local loss is {mean_loss} in round {rnd}")
+        mean_loss: float | LocalLoss = LocalLoss(cid, loss_sum, ctx.steps)
+        if read_loss or method.own_upload:  # the method's own client_end sees finite weights only
+            (mean_loss,) = read_losses([mean_loss], [cid], rnd)
         ctx.logit_mask = None
         upload = method.client_end(ctx)
         self.fed.park(ctx.cid)
@@ -262,7 +286,7 @@ class LocalTrainer:
                 te = time.perf_counter()
                 local_accs += self.local_accuracies(ups)
                 eval_time += time.perf_counter() - te
-        return uploads, losses, stats, local_accs, eval_time
+        return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
 
     def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
         """``params`` (a full state dict) into ``self.model``'s tensors, in place."""
@@ -330,7 +354,7 @@ class SequentialTrainer(LocalTrainer):
             if conv_warmup_wanted(self.model, self.device):
                 row = view.batch(torch.zeros(1, dtype=torch.long, device=self.device))[0]
                 warm_conv_shapes(self.model, row, range(1, self.train.batch_size + 1), self.autocast)
-        up, loss, s = self.train_client(cid, rnd, lr, view)
+        up, loss, s = self.train_client(cid, rnd, lr, view, read_loss=False)
         return [up], [loss], [s]
 
     def local_accuracies(self, uploads: list[Upload]) -> list[float]:

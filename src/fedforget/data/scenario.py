@@ -383,7 +383,10 @@ class Scenario:
         task id, or one per row, shaped like x's leading dimensions)."""
         if not self.transforms:
             return x
-        ids = torch.as_tensor(task, device=x.device)
+        if isinstance(task, torch.Tensor):
+            ids = task.to(x.device)
+        else:  # filled on the device: a copy from the host would wait for the queued steps
+            ids = torch.full((), int(task), dtype=torch.long, device=x.device)
         n_lead = max(ids.dim(), 1)
         flat = x.reshape(-1, *x.shape[n_lead:])  # [N, *input_shape]
         ids = ids.reshape(-1) if ids.dim() else ids.expand(flat.shape[0])
