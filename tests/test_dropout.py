@@ -163,17 +163,21 @@ def test_step_graphs_keep_the_dropout_inputs_at_one_address():
     assert len(keys3) == 5 and keys3.data_ptr() != keys.data_ptr() and not g.graphs
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
-def test_dropout_steps_under_cuda_graphs_replay_the_eager_steps(make_run_config, run_engines, assert_same_metrics, dropout_model, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_dropout_steps_under_cuda_graphs_replay_the_eager_steps(make_run_config, run_engines, assert_same_metrics, dropout_model, monkeypatch, device):
     """On a GPU, a keyed-dropout model's captured steps read each step's number and the
     clients' keys from persistent tensors: graphs give the eager steps' bits, and both the
-    sequential trainer's metrics within 1e-5."""
-    rc = make_run_config(dataset="digits", model=dropout_model, rounds=4, sample_rate=0.5, device="cuda",
-                         max_parallel_clients=2, batch_size=32, optimizer={"lr": 0.05, "momentum": 0.9},
+    sequential trainer's metrics within 1e-5. On a CPU through the tape (fedforget.cudagraph),
+    at batch 8: steps a CPU batches."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+    rc = make_run_config(dataset="digits", model=dropout_model, rounds=4, sample_rate=0.5, device=device,
+                         max_parallel_clients=2, batch_size=32 if device == "cuda" else 8,
+                         optimizer={"lr": 0.05, "momentum": 0.9},
                          partition=PartitionSpec("dirichlet", clients=8, alpha=0.3, min_size=5, seed=0))  # fmt: skip
     monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "0")
-    eager = run_engines(rc, device=torch.device("cuda"))
-    monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "1")
+    eager = run_engines(rc, device=torch.device(device))
+    monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "1" if device == "cuda" else "tape")
     graphed = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized")))
     _, rows_g, _ = graphed.run(progress=False)
     assert graphed.trainer.step_graphs.replays > 0

@@ -199,19 +199,23 @@ def test_augment_config_errors_name_the_key(minimal_config):
     assert parse_config(minimal_config).runs()[0].hash == none.hash  # a runtime setting
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
-def test_augmented_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blobs_root, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_augmented_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blobs_root, monkeypatch, device):
     """The augmentation key travels inside the step's positions, so a captured step replays
-    each round's own crops and flips: graphs on and off give the same weights."""
-    gpu = torch.device("cuda")
-    rc = _cfg(make_run_config, blobs_root, AUG, client_engine="vectorized", rounds=4, device="cuda")
+    each round's own crops and flips: graphs on and off give the same weights. On a CPU
+    through the tape (fedforget.cudagraph), at batch 8: steps a CPU batches."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+    rc = _cfg(make_run_config, blobs_root, AUG, client_engine="vectorized", rounds=4, device=device,
+              batch_size=16 if device == "cuda" else 8)  # fmt: skip
     weights = []
-    for flag in ("1", "0"):
+    for flag in ("1" if device == "cuda" else "tape", "0"):
         monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
-        sim = Simulation(rc, device=gpu)
-        assert (sim.trainer.step_graphs is not None) == (flag == "1")
+        sim = Simulation(rc, device=torch.device(device))
+        assert (sim.trainer.step_graphs is not None) == (flag != "0")
         status, _, msg = sim.run(progress=False)
         assert status == "completed", msg
+        assert flag == "0" or sim.trainer.step_graphs.replays > 0
         weights.append(sim.global_params)
     for k, v in weights[0].items():
         assert torch.equal(v, weights[1][k]), k

@@ -488,25 +488,68 @@ def test_step_graph_stack_keeps_its_tensors_across_rounds_and_grows() -> None:
     assert p3["w"].shape[0] == 4 and p3["w"].data_ptr() != p["w"].data_ptr() and not g.graphs and not st3
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
-@pytest.mark.parametrize("model", ["cnn2d", "resnet8"])
-def test_cuda_graphs_replay_the_eager_steps_bit_for_bit(make_run_config, monkeypatch, model) -> None:
+def test_the_tape_replays_what_a_cuda_graph_would(monkeypatch):
+    """The CPU stand-in of a CUDA graph (cudagraph.Tape): a replay runs the captured operators
+    on the captured tensors, so a step that copies its input into the static tensor replays
+    right, and one that reads a tensor made after capture (a graph's classic bug) replays the
+    captured value, visibly; a host read or a tensor made from host values cannot be captured."""
+    from fedforget.cudagraph import StepGraphs, Tape, graphs_enabled
+
+    monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "tape")
+    assert graphs_enabled(torch.device("cpu"))
+    monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "1")
+    assert not graphs_enabled(torch.device("cpu"))
+    w = torch.zeros(3)
+    g = StepGraphs()
+
+    def step(idx):
+        w.add_(idx.float().mul(2).sum(0))
+
+    for i in range(4):  # eager, captured (the tape's recording runs the step once), replayed twice
+        g.run("k", torch.full((2, 3), i), step)
+    assert g.captures == 1 and g.replays == 2 and torch.equal(w, torch.full((3,), 4.0 * (0 + 1 + 2 + 3)))
+
+    fresh = {"v": torch.ones(3)}
+    tape = Tape()
+    with tape:
+        w.add_(fresh["v"])
+    fresh["v"] = torch.full((3,), 10.0)  # a new tensor: the replay still reads the captured one
+    before = w.clone()
+    tape.replay()
+    assert torch.equal(w, before + 1)
+    for host in (lambda: w.sum().item(), lambda: torch.tensor([1.0]) + w, lambda: w.nonzero()):
+        with pytest.raises(RuntimeError, match="not capturable"), Tape():
+            host()
+
+
+@pytest.mark.parametrize(
+    "model,device",
+    [("cnn2d", "cpu"), ("resnet8", "cpu"), ("mlp", "cpu"), ("cnn2d", "cuda"), ("resnet8", "cuda")],
+)  # fmt: skip
+def test_cuda_graphs_replay_the_eager_steps_bit_for_bit(make_run_config, monkeypatch, model, device) -> None:
     """On a GPU the batched steps are captured and replayed (fedforget.cudagraph): the same
     kernels on the same shapes, so the same bits as running each step eagerly, over rounds
     whose sampled groups differ in size; with BatchNorm (resnet8) each step's runs of clients
-    with batches of one size are captured apart, and the running statistics updated in place."""
-    rc = make_run_config(dataset="digits", model=model, rounds=4, sample_rate=0.5, device="cuda",
-                         client_engine="vectorized", max_parallel_clients=2, batch_size=32,
+    with batches of one size are captured apart, and the running statistics updated in place.
+    On a CPU the same through the tape (FEDFORGET_CUDA_GRAPHS=tape), at batch 8: narrow steps,
+    which a CPU batches (wider ones of a convolutional model it runs client by client)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+    small = model == "resnet8" and device == "cpu"  # ResNet-8 at width 8 on a CPU (64: 10 s a round)
+    rc = make_run_config(dataset="digits", model=model, model_options={"width": 8} if small else None,
+                         rounds=4, sample_rate=0.5, device=device,
+                         client_engine="vectorized", max_parallel_clients=2, batch_size=32 if device == "cuda" else 8,
+                         drop_last=small,  # (a tail of 1 row: BatchNorm's 1x1 stage)
                          optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4},
                          partition=PartitionSpec("dirichlet", clients=8, alpha=0.3, min_size=5, seed=0))  # fmt: skip
     runs = {}
-    for flag in ("0", "1"):
+    for flag in ("0", "1" if device == "cuda" else "tape"):
         monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
         sim = Simulation(rc)
         status, rows, msg = sim.run(progress=False)
         assert status == "completed", msg
         runs[flag] = (sim, [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows])
-    (eager, rows_e), (graphed, rows_g) = runs["0"], runs["1"]
+    (eager, rows_e), (graphed, rows_g) = runs.values()
     assert eager.trainer.step_graphs is None and graphed.trainer.step_graphs.replays > 0
     assert rows_e == rows_g
     for k, v in eager.global_params.items():

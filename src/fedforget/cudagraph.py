@@ -17,6 +17,17 @@ into. Everything else a step allocates comes from one memory pool that all graph
 (they run one after another on one stream, and nothing they allocate outlives a step).
 
 Set FEDFORGET_CUDA_GRAPHS=0 to run every step eagerly (the same results, slower).
+
+A CPU stand-in for tests [D]: FEDFORGET_CUDA_GRAPHS=tape captures and replays on a CPU too,
+with ``Tape`` in place of ``torch.cuda.CUDAGraph``. A tape records the operators a captured
+step runs, on the tensors it ran them on; its replay runs those operators again on the same
+tensors, each result written into the tensor the capture made. So a replay reads what a CUDA
+graph's replay reads, the tensors present at capture whatever Python names point at now,
+and a step that a graph would replay wrongly (a per-step value read from a new tensor, a
+Python number that changes between replays of one key) replays wrongly on a CPU too, where
+the tests can see it. A step that reads a tensor on the host (``.item()``, a data-dependent
+shape) or makes a tensor from host values cannot be captured: the tape raises, where CUDA's
+capture fails or would replay stale host memory.
 """
 
 from __future__ import annotations
@@ -25,10 +36,53 @@ import os
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GRAPHS_ENV = "FEDFORGET_CUDA_GRAPHS"  # 1 (default): on a GPU; 0: never; tape: on a CPU too (tests)
 
 
 def graphs_enabled(device: torch.device) -> bool:
-    return device.type == "cuda" and os.environ.get("FEDFORGET_CUDA_GRAPHS", "1") != "0"
+    flag = os.environ.get(GRAPHS_ENV, "1")
+    return flag == "tape" or (device.type == "cuda" and flag != "0")
+
+
+# operators whose result needs the tensor's values on the host: not capturable
+_HOST_READS = frozenset({"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "masked_select",
+                         "_unique2", "unique_dim", "unique_consecutive", "lift_fresh", "lift_fresh_copy"})  # fmt: skip
+
+
+class Tape(TorchDispatchMode):
+    """A captured step on a CPU (the module's docstring): ``with tape:`` records, ``replay()``
+    runs the record again. Holds every tensor the step touched (a graph's memory pool)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in _HOST_READS:
+            raise RuntimeError(f"{func} in a captured step: it needs tensor values on the host (not capturable)")
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+    def replay(self) -> None:
+        with torch.no_grad():
+            for func, args, kwargs, out in self.ops:
+                _write(out, func(*args, **kwargs))
+
+
+def _write(old, new) -> None:
+    """A replayed operator's result ``new`` into the capture's ``old`` (the same memory: a
+    view or an in-place operator's own output is left alone)."""
+    if isinstance(old, torch.Tensor):
+        same = old.data_ptr() == new.data_ptr() and old.shape == new.shape and old.stride() == new.stride()
+        if not same:
+            old.detach().copy_(new)
+    elif isinstance(old, (list, tuple)):
+        for o, n in zip(old, new, strict=True):
+            _write(o, n)
 
 
 class StepGraphs:
@@ -112,11 +166,19 @@ class StepGraphs:
             return
         if hit is None:
             static = idx.clone()
-            graph = torch.cuda.CUDAGraph()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, pool=self.pool):
-                step(static)
-            self.pool = graph.pool()
+            if idx.device.type == "cuda":
+                graph = torch.cuda.CUDAGraph()
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    step(static)
+                self.pool = graph.pool()
+            else:  # FEDFORGET_CUDA_GRAPHS=tape: recording runs the step (CUDA's capture does not)
+                graph = Tape()
+                with graph:
+                    step(static)
+                self.graphs[key] = (graph, static)
+                self.captures += 1
+                return
             self.graphs[key] = hit = (graph, static)
             self.captures += 1
         graph, static = hit

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .cudagraph import graphs_enabled
 from .utils import FedForgetError, host_to_device, torch_seed
 
 AUGMENTS = ("none", "crop_flip")
@@ -204,10 +205,12 @@ class Pool:
         self.tensor: torch.Tensor | None = None
         if stream:
             self.host = x  # a memory map (np.load(mmap_mode="r")) or an array
-        elif device.type == "cpu":
+        elif device.type == "cpu" and not graphs_enabled(device):
             self.host = x if x.flags.writeable else np.array(x)  # a memory map is read into memory
-        else:
-            self.tensor = torch.as_tensor(np.asarray(x), device=device)
+        else:  # a GPU's pool; on a CPU under the tape (fedforget.cudagraph), as on a GPU
+            # (on a CPU a tensor shares the array's memory: a read-only memory map is read in)
+            keep = device.type != "cpu" or x.flags.writeable
+            self.tensor = torch.as_tensor(np.asarray(x) if keep else np.array(x), device=device)
 
     @property
     def read_ahead(self) -> bool:
