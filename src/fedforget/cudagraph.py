@@ -32,8 +32,9 @@ capture fails or would replay stale host memory.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -155,10 +156,24 @@ class StepGraphs:
         static.copy_(keys)
         return static, self.tensors["dropout_step"]
 
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Graphs captured inside live until the scope ends [D]: the steps of one group's local
+        training whose kernels read that group's own tensors (a method's terms, built for the
+        group: its global weights, control variates, bases; Adam's moments), which no later
+        group has at the same addresses. The persistent graphs stay; ``seen`` too, so a shape
+        met in an earlier group is captured at once (its warm-up is done)."""
+        outer, self.graphs = self.graphs, {}
+        try:
+            yield
+        finally:
+            self.graphs = outer  # the scope's graphs go (and with them what they point at)
+
     def run(self, key: Hashable, idx: torch.Tensor, step: Callable[[torch.Tensor], None]) -> None:
         """``step(idx)``: eagerly the first time ``key`` (the step's shape and constants) is
         met, captured the second, replayed after. ``step`` must only update tensors of
-        ``stack`` in place and must not synchronise with the host."""
+        ``stack`` in place (or, in a ``scope``, tensors that outlive the scope) and must not
+        synchronise with the host."""
         hit = self.graphs.get(key)
         if hit is None and key not in self.seen:
             self.seen.add(key)

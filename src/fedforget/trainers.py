@@ -428,6 +428,7 @@ class StackedTrainer(LocalTrainer):
             live_terms=(lambda order: method.client_live_terms([ctxs[cids[j]] for j in order])) if method.live_terms else None,
             graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
             autocast=self.autocast, sees_step=method.sees_step, optimizer=opt.name, betas=tuple(opt.betas),
+            capturable_terms=type(method).trait("capturable_terms", method.p),
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's

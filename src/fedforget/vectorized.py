@@ -179,6 +179,7 @@ class ClientResult:
 
 
 LOOP_MIN_ROWS = 16  # see train_clients_together: Conv2d models on a CPU
+SCOPED_MIN_USES = 3  # see train_clients_together: a step shape captured for one call only
 ELEMENTWISE = {nn.ReLU: F.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid, nn.Identity: lambda h: h}
 POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
 
@@ -508,6 +509,7 @@ def train_clients_together(
     live_terms: Callable[[list[int]], LiveTerms | None] | None = None,
     optimizer: str = "sgd",
     betas: tuple[float, float] = (0.9, 0.999),
+    capturable_terms: bool = False,
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
@@ -531,7 +533,8 @@ def train_clients_together(
     forward pass (``FedAvg.client_live_terms``: an extra loss of the logits, or a second
     pass at perturbed weights), for models ``stacked_forward`` runs. ``optimizer``: sgd
     (``momentum``, ``weight_decay``) or adam (``betas``, ``weight_decay`` as torch.optim.Adam's
-    L2 term, eps 1e-8; its two moments and step count kept per client; no CUDA graphs).
+    L2 term, eps 1e-8; its two moments and step count kept per client).
+    ``capturable_terms``: the method's terms may run in CUDA graphs (``graphs``; see below).
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
@@ -584,9 +587,16 @@ def train_clients_together(
         raise ValueError(f"live terms need stacked_forward (module {stacked_supported(model)}): why_not_vectorized")
     adam = optimizer == "adam"
     staged = type(getattr(model, "body", None)) is ResNetBody  # forward_levels: its stages
-    if graphs is not None and not (use_stacked and terms is None and live is None and not adam and heads is None):
-        graphs = None  # [D] method terms hold per-round tensors; vmap steps stay eager; per-task heads change the stack's names
-    if graphs is not None:
+    # CUDA graphs (fedforget.cudagraph), for models stacked_forward runs (vmap steps stay
+    # eager): FedAvg's SGD steps in graphs kept across rounds, on the persistent stack; [D]
+    # steps that read this group's own tensors (a method's terms, Adam's moments; per-task
+    # heads change the stack's names) in graphs that live for this call (StepGraphs.scope),
+    # for a method that declares its terms capturable (FedAvg.capturable_terms), and only a
+    # step shape met at least SCOPED_MIN_USES times here (a capture costs about a step)
+    persistent = terms is None and live is None and not adam and heads is None
+    if graphs is not None and not (use_stacked and (persistent or capturable_terms)):
+        graphs = None
+    if graphs is not None and persistent:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
     else:
         params = {k: stack(k) for k in names} if not alone else {}
@@ -613,7 +623,7 @@ def train_clients_together(
     drop = keyed_modules(model)
     keys = torch.tensor([j.dropout_key for j in jobs_sorted], dtype=torch.int64, device=device)
     step_t = torch.zeros((), dtype=torch.int64, device=device)
-    if drop and graphs is not None:
+    if drop and graphs is not None and persistent:
         keys, step_t = graphs.dropout_inputs(keys)
 
     def client_loss(p, st, xb, yb, mask, lm, key):
@@ -983,7 +993,7 @@ def train_clients_together(
         and backward, and their SGD updates. ``rows``: each client's rows in ``idx``, for
         the terms that see the step (``sees_step``), counted on the host (``step_counts``)."""
         hi = lo + idx.shape[0]
-        assert rows is not None or not sees_step  # (terms run no graphs: every call passes them)
+        assert rows is not None or not sees_step  # (every call passes them, captured steps too)
         xb, yb, lm = gathered or batch(idx.clamp(min=0))  # [a, w, ...]: one gather for all clients
         mask = (idx >= 0).to(xb.dtype)
         p_act = {n: v[lo:hi] for n, v in params.items()}
@@ -1055,34 +1065,50 @@ def train_clients_together(
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)
         ahead = prefetched(lambda k: batch(step_rows(k, host_table).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
-    k = 0
-    while k < n_steps:
-        if wide[k]:  # a run of wide steps, client by client
-            end = k
-            while end < n_steps and wide[end]:
-                end += 1
-            loop_steps_(range(k, end), active_at[k])
-            k = end
-            continue
-        idx = step_rows(k)
-        if drop:
-            step_t.fill_(k)
-        gathered = None if ahead is None else next(ahead)
-        for lo, hi, w in segments(k):
-            part = idx if (hi - lo, w) == tuple(idx.shape) else idx[lo:hi, :w]
-            if gathered is not None:
-                sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
-                batched_step_(part, sub, lo, step_counts(k, lo, hi, part.shape[1]))
-            elif graphs is None:
-                batched_step_(part, None, lo, step_counts(k, lo, hi, part.shape[1]))
-            else:  # the step's kernels depend on its shape and the optimizer's constants only
-                graphs.run((lo, *part.shape, lr, momentum, weight_decay, batch), part,
-                           functools.partial(batched_step_, gathered=None, lo=lo))  # fmt: skip
-        k += 1
+
+    def step_key(k: int, lo: int, hi: int, w: int) -> tuple:
+        """What a captured step's kernels depend on: its clients and shape, the optimizer's
+        constants, and (the terms that see the step) each client's rows."""
+        return (lo, hi - lo, w, lr, momentum, weight_decay, batch, optimizer, betas, persistent,
+                tuple(step_counts(k, lo, hi, w) or ()))  # fmt: skip
+
+    uses: dict[tuple, int] = {}
+    if graphs is not None and not persistent:  # how often each step shape comes in this call
+        for k in range(n_steps):
+            if not wide[k]:
+                for lo, hi, w in segments(k):
+                    key = step_key(k, lo, hi, w)
+                    uses[key] = uses.get(key, 0) + 1
+    scope = graphs.scope() if graphs is not None and not persistent else contextlib.nullcontext()
+    with scope:
+        k = 0
+        while k < n_steps:
+            if wide[k]:  # a run of wide steps, client by client
+                end = k
+                while end < n_steps and wide[end]:
+                    end += 1
+                loop_steps_(range(k, end), active_at[k])
+                k = end
+                continue
+            idx = step_rows(k)
+            if drop:
+                step_t.fill_(k)
+            gathered = None if ahead is None else next(ahead)
+            for lo, hi, w in segments(k):
+                part = idx if (hi - lo, w) == tuple(idx.shape) else idx[lo:hi, :w]
+                if gathered is not None:
+                    sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
+                    batched_step_(part, sub, lo, step_counts(k, lo, hi, part.shape[1]))
+                elif graphs is None or (not persistent and uses[step_key(k, lo, hi, w)] < SCOPED_MIN_USES):
+                    batched_step_(part, None, lo, step_counts(k, lo, hi, w))
+                else:  # the step's kernels depend on its shape and constants only (step_key)
+                    graphs.run(step_key(k, lo, hi, w), part,
+                               functools.partial(batched_step_, gathered=None, lo=lo, rows=step_counts(k, lo, hi, w)))  # fmt: skip
+            k += 1
     model.train(was_training)
     set_dropout_key(drop, None)
 
-    if graphs is not None:  # the stack is the graphs' and is overwritten next round
+    if graphs is not None and persistent:  # the stack is the graphs' and is overwritten next round
         params = {n: v.clone() for n, v in params.items()}
         stats = {n: v.clone() for n, v in stats.items()}
     state_keys = list(global_params)

@@ -262,10 +262,11 @@ def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monk
     current: list[str] = []
     real = FedSOL._record
 
-    def spy(self, ctx, key, *values):
-        row = [float(v) for v in values]  # a host read per record: a test only
-        logs[current[0]].setdefault((ctx.cid, key), []).append(row)
-        return real(self, ctx, key, *values)
+    def spy(self, ctxs, key, *values, **where):
+        for j, ctx in enumerate(ctxs):  # a host read per record: a test only
+            row = [float(v[j] if isinstance(v, torch.Tensor) and v.dim() else v) for v in values]
+            logs[current[0]].setdefault((ctx.cid, key), []).append(row)
+        return real(self, ctxs, key, *values, **where)
 
     monkeypatch.setattr(FedSOL, "_record", spy)
 

@@ -160,6 +160,9 @@ def _client_dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.T
     return _sum64((x * y).flatten(1).sum(1) for x, y in zip(a, b))
 
 
+DIAGNOSTICS = ("prox_loss", "cos_update_prox", "eps_norm", "conflict_rate")  # per step, averaged per client
+
+
 def _step_value(key: str, row: list[float]) -> float | None:
     """One step's diagnostic from its logged inputs (None: the step has none)."""
     if key == "eps_norm":  # ||eps*||: the root of its squared norm
@@ -168,9 +171,56 @@ def _step_value(key: str, row: list[float]) -> float | None:
         dot, sq, g_norm = row
         un = math.sqrt(sq)
         return dot / (un * g_norm) if g_norm >= NORM_GUARD and un > 0 else None
-    if key in ("conflict_rate", "prox_loss") and math.isnan(row[0]):  # a stacked client without one
+    if math.isnan(row[0]):  # conflict_rate, prox_loss: a stacked client without one
         return None
     return row[0]
+
+
+class StepLog:
+    """Each client's per-step inputs of the diagnostics (float64 on the device: [diagnostic,
+    step, input, client]), each written at the client's next row of that diagnostic, a count
+    kept on the device [D]: no host read per step (it stalls a GPU), and a step captured in
+    a CUDA graph writes its own row at each replay. Read once, at the client's end, where
+    each step's value and their mean are taken in Python, in step order (as before: the same
+    numbers, bit for bit; torch's float64 sqrt on a CPU is not always Python's)."""
+
+    def __init__(self, rows: torch.Tensor, count: torch.Tensor) -> None:
+        self.rows, self.count = rows, count
+
+    @classmethod
+    def new(cls, steps: int, clients: int, device: torch.device) -> StepLog:
+        """Room for ``steps`` steps of each of ``clients`` clients."""
+        rows = torch.full((len(DIAGNOSTICS), steps, 3, clients), math.nan, dtype=torch.float64, device=device)
+        return cls(rows, torch.zeros(len(DIAGNOSTICS), clients, dtype=torch.long, device=device))
+
+    def add(self, key: str, *values: torch.Tensor, lo: int = 0, hi: int | None = None) -> None:
+        """One step's inputs of ``key`` for clients lo..hi-1 (default: all; 0-dim or
+        [hi - lo] tensors each)."""
+        k, hi = DIAGNOSTICS.index(key), self.rows.shape[3] if hi is None else hi
+        at = self.count[k, lo:hi]
+        cols = torch.arange(lo, hi, device=at.device)
+        for i, v in enumerate(values):
+            self.rows[k, :, i].index_put_((at, cols), v.double().expand(hi - lo))
+        self.count[k, lo:hi] += 1
+
+    def client(self, j: int) -> StepLog:
+        """Client j's (views)."""
+        return StepLog(self.rows[..., j : j + 1], self.count[:, j : j + 1])
+
+    def means(self) -> dict[str, float]:
+        """{key: the mean of its steps' values} of a one-client log, keys without one left out."""
+        counts, rows = self.count[:, 0].tolist(), self.rows[..., 0].tolist()
+        out = {}
+        for key, n, steps in zip(DIAGNOSTICS, counts, rows):
+            values = [v for v in (_step_value(key, r) for r in steps[:n]) if v is not None]
+            if values:
+                out[key] = sum(values) / len(values)
+        return out
+
+
+def _log_room(ctx: ClientContext) -> int:
+    """The most local steps client ``ctx`` can take (its epochs of full and partial batches)."""
+    return ctx.local_epochs * max(math.ceil(ctx.n_samples / ctx.batch_size), 1)
 
 
 def kl_direction(
@@ -279,10 +329,7 @@ class FedSOL(OverBase):
             if self._glob is None:
                 self._glob = frozen_copy(model)
             self._glob.load_state_dict(ctx.global_params)
-        # [D] each step's diagnostic inputs stay on the device and are read once, at the
-        # client's end (a host read per step stalls a GPU); their means are taken there in
-        # Python, in step order, as they were per step before (the same numbers, bit for bit)
-        sc.log = {"prox_loss": [], "cos_update_prox": [], "eps_norm": [], "conflict_rate": []}
+        sc.log = StepLog.new(_log_room(ctx), 1, self.info.device)  # the step diagnostics (a stack's: client_live_terms)
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
         """The step of a stack of clients (the forms ``trait`` stacks: base fedavg, proximal
@@ -297,6 +344,10 @@ class FedSOL(OverBase):
         base_terms = self.base.client_step_terms(ctxs) if p.proximal == "base" and self.base.step_terms else None
         base_live = self.base.client_live_terms(ctxs) if p.proximal == "base" and self.base.live_terms else None
         stacked_glob: dict[str, torch.Tensor] = {}  # kl: w_g once per client of the stack, built at its first step
+        # the stack's diagnostics, a column per client
+        log = StepLog.new(max((_log_room(c) for c in ctxs), default=1), len(ctxs), self.info.device)
+        for j, c in enumerate(ctxs):
+            self.scratch(c).log = log.client(j)
 
         def global_logits(lo: int, hi: int, w, step) -> torch.Tensor:
             """The frozen global model's logits on the step's rows, by the step's own kernels
@@ -311,7 +362,6 @@ class FedSOL(OverBase):
             return step.logits_of({n: v[lo:hi] for n, v in stacked_glob.items()}, step.x)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
-            own = ctxs[lo:hi]
             sel = [n for n in w if self.selects(n)]
             if p.proximal == "base":  # combined mode: the gradient of the base's local term
                 g_p, value = self._base_direction(lo, hi, w, step, sel, base_terms, base_live)
@@ -328,15 +378,13 @@ class FedSOL(OverBase):
                     g_p = [w[n].detach() - glob[n] for n in sel]
             g_norm = client_norms(g_p).double()
             if value is not None:
-                for j, c in enumerate(own):
-                    self._record(c, "prox_loss", value[j])
+                self._record(ctxs[lo:hi], "prox_loss", value, log=log, lo=lo)
 
             def done(grads, adv) -> None:  # cos(g_u, g_p) over the selected parameters
                 with torch.no_grad():
                     g_u = [grads[n] for n in sel]
                     dot, un = _client_dot(g_u, g_p), _client_dot(g_u, g_u)
-                for j, c in enumerate(own):
-                    self._record(c, "cos_update_prox", dot[j], un[j], g_norm[j])
+                self._record(ctxs[lo:hi], "cos_update_prox", dot, un, g_norm, log=log, lo=lo)
 
             if p.update == "loss":  # Eq. 2: + beta g_p; the logged loss + beta L_p (no gradient)
                 def plus(grads):
@@ -350,8 +398,7 @@ class FedSOL(OverBase):
                     valid = g_norm >= NORM_GUARD
                     coef = torch.where(valid & (dot < 0), -dot / g_norm.pow(2).clamp_min(NORM_GUARD), 0.0).float()
                     rate = torch.where(valid, (dot < 0).double(), math.nan)  # no record without g_p
-                    for j, c in enumerate(own):
-                        self._record(c, "conflict_rate", rate[j])
+                    self._record(ctxs[lo:hi], "conflict_rate", rate, log=log, lo=lo)
                     out = dict(grads)
                     for n, gp in zip(sel, g_p):
                         out[n] = grads[n] + per_client(coef, gp, True) * gp
@@ -360,8 +407,8 @@ class FedSOL(OverBase):
                 return LiveStep(gmap=project, done=done)
             eps = self.perturbation([w[n].detach() for n in sel], [glob[n] for n in sel], g_p, g_norm)
             sq = None if eps is None else _client_dot(eps, eps)
-            for j, c in enumerate(own):
-                self._record(c, "eps_norm", 0.0 if sq is None else sq[j])
+            zero = torch.zeros(hi - lo, dtype=torch.float64, device=g_norm.device)
+            self._record(ctxs[lo:hi], "eps_norm", zero if sq is None else sq, log=log, lo=lo)
             return LiveStep(eps=None if eps is None else dict(zip(sel, eps)), done=done)
 
         return live
@@ -387,10 +434,18 @@ class FedSOL(OverBase):
             g, value = {n: torch.zeros_like(w[n]) for n in sel}, None
         return [g[n] + ext[n] if ext and n in ext else g[n] for n in sel], value
 
-    def _record(self, ctx: ClientContext, key: str, *values: float | torch.Tensor) -> None:
-        """Log one step's inputs of the diagnostic ``key`` (numbers or 0-dim tensors left on
-        the device; ``client_end`` reads them and takes the mean)."""
-        self.scratch(ctx).log[key].append(values)
+    def _record(
+        self, ctxs: Sequence[ClientContext], key: str, *values: float | torch.Tensor,
+        log: StepLog | None = None, lo: int = 0,
+    ) -> None:  # fmt: skip
+        """One step's inputs of the diagnostic ``key`` for the clients ``ctxs`` into their sums
+        (``StepLog``; ``client_end`` takes the means): a client alone's (0-dim tensors), or
+        those of clients lo.. of a stack's ``log`` ([len(ctxs)] each)."""
+        if log is None:
+            (ctx,) = ctxs
+            self.scratch(ctx).log.add(key, *values)
+        else:
+            log.add(key, *values, lo=lo, hi=lo + len(ctxs))
 
     def local_loss_from(self, ctx, x, y, features, logits) -> torch.Tensor:
         """L_local: CE, or the base method's loss terms (its CE first) if base_loss."""
@@ -484,7 +539,7 @@ class FedSOL(OverBase):
         features, logits = model.forward_with_features(x)
         g_p, value = self.proximal_grad(ctx, x, y, features, logits)
         if value is not None:
-            self._record(ctx, "prox_loss", value)
+            self._record([ctx], "prox_loss", value)
         # ||g_p||, float64 on the device (the exact value of the float32 norm): no host read
         g_norm = client_norms([g.unsqueeze(0) for g in g_p])[0].double()
         ce = task_cross_entropy(logits.detach(), y, ctx.logit_mask)
@@ -508,21 +563,21 @@ class FedSOL(OverBase):
                     dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
                     if dot < 0:
                         torch._foreach_add_(grads, list(g_p), alpha=-dot / g_n**2)
-                self._record(ctx, "conflict_rate", float(dot < 0))
+                self._record([ctx], "conflict_rate", torch.full((), float(dot < 0), device=g_norm.device))
             self._record_cos(ctx, g_p, g_norm)
             return ce
 
         eps = self.perturbation([p.unsqueeze(0) for p in sc.sel], sc.sel_global, [g.unsqueeze(0) for g in g_p], g_norm.view(1))
         if eps is None:  # rho = 0: grad CE(w) from the first pass
             self.local_loss_from(ctx, x, y, features, logits).backward()
-            self._record(ctx, "eps_norm", 0.0)  # the squared norm
+            self._record([ctx], "eps_norm", torch.zeros((), device=g_norm.device))  # the squared norm
             self._record_cos(ctx, g_p, g_norm)
             return ce
         eps = [e[0] for e in eps]
         with torch.no_grad():
             w = [p.detach().clone() for p in sc.sel]
             torch._foreach_add_(sc.sel, eps)  # w + eps*
-            self._record(ctx, "eps_norm", _client_dot([e[None] for e in eps], [e[None] for e in eps])[0])  # squared
+            self._record([ctx], "eps_norm", _client_dot([e[None] for e in eps], [e[None] for e in eps])[0])  # squared
         saved = None
         if sc.head_path:  # body unperturbed: reuse its output, recompute the head only
             loss_adv = self.local_loss_from(ctx, x, y, features, model.head(features))
@@ -544,19 +599,12 @@ class FedSOL(OverBase):
         with torch.no_grad():
             g_u = [(torch.zeros_like(p) if p.grad is None else p.grad).unsqueeze(0) for p in sc.sel]
             g_p1 = [g.unsqueeze(0) for g in g_p]
-            self._record(ctx, "cos_update_prox", _client_dot(g_u, g_p1)[0], _client_dot(g_u, g_u)[0], g_norm)
+            self._record([ctx], "cos_update_prox", _client_dot(g_u, g_p1)[0], _client_dot(g_u, g_u)[0], g_norm)
 
     def client_grad(self, ctx: ClientContext) -> None:
         if self.p.base_loss:
             self.base.client_grad(ctx)  # e.g. SCAFFOLD's + c - c_i
 
     def client_end(self, ctx: ClientContext) -> Upload:
-        sc = self.scratch(ctx)
-        logged = [v for rows in sc.log.values() for row in rows for v in row if isinstance(v, torch.Tensor)]
-        read = iter(torch.stack([v.double() for v in logged]).tolist() if logged else [])
-        for k, rows in sc.log.items():
-            values = [_step_value(k, [next(read) if isinstance(v, torch.Tensor) else v for v in row]) for row in rows]
-            values = [v for v in values if v is not None]
-            if values:
-                ctx.stats[k] = sum(values) / len(values)
+        ctx.stats.update(self.scratch(ctx).log.means())
         return super().client_end(ctx)  # OverBase: the base's upload, its stats prefixed
