@@ -517,9 +517,14 @@ def test_the_tape_replays_what_a_cuda_graph_would(monkeypatch):
     before = w.clone()
     tape.replay()
     assert torch.equal(w, before + 1)
-    for host in (lambda: w.sum().item(), lambda: torch.tensor([1.0]) + w, lambda: w.nonzero()):
+    from fedforget.utils import host_to_device
+
+    host_reads = (lambda: w.sum().item(), lambda: torch.tensor([1.0]) + w, lambda: w.nonzero(), lambda: w.tolist(),
+                  lambda: host_to_device(torch.ones(3), w.device))  # fmt: skip
+    for host in host_reads:
         with pytest.raises(RuntimeError, match="not capturable"), Tape():
             host()
+    assert w.tolist() and torch.equal(host_to_device(w, w.device), w)  # after the tape: as ever
 
 
 @pytest.mark.parametrize(

@@ -56,9 +56,24 @@ class Tape(TorchDispatchMode):
     """A captured step on a CPU (the module's docstring): ``with tape:`` records, ``replay()``
     runs the record again. Holds every tensor the step touched (a graph's memory pool)."""
 
+    forbids_host_copies = True  # utils.host_to_device raises while a tape records
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple] = []
+        self._saved: dict[str, Callable] = {}
+
+    def __enter__(self):
+        # reads that bypass the dispatcher (a CPU tensor's memory read directly) fail too
+        for name in ("tolist", "numpy", "__array__"):
+            self._saved[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, _host_read(name))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, fn in self._saved.items():
+            setattr(torch.Tensor, name, fn)
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -72,6 +87,13 @@ class Tape(TorchDispatchMode):
         with torch.no_grad():
             for func, args, kwargs, out in self.ops:
                 _write(out, func(*args, **kwargs))
+
+
+def _host_read(name: str) -> Callable:
+    def read(self, *args, **kwargs):
+        raise RuntimeError(f"Tensor.{name}() in a captured step: it needs tensor values on the host (not capturable)")
+
+    return read
 
 
 def _write(old, new) -> None:
@@ -184,8 +206,14 @@ class StepGraphs:
             if idx.device.type == "cuda":
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.synchronize()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    step(static)
+                try:
+                    with torch.cuda.graph(graph, pool=self.pool):
+                        step(static)
+                except RuntimeError as e:  # no silent fallback: the step may have changed host state
+                    raise RuntimeError(
+                        f"a training step could not be captured in a CUDA graph ({e}); "
+                        f"{GRAPHS_ENV}=0 runs every step eagerly (the same results)"
+                    ) from e
                 self.pool = graph.pool()
             else:  # FEDFORGET_CUDA_GRAPHS=tape: recording runs the step (CUDA's capture does not)
                 graph = Tape()

@@ -129,12 +129,22 @@ def seed_sequence(*keys: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(k) for k in keys])
 
 
+def _dispatch_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
 def host_to_device(t, device):
     """A host tensor ``t`` on ``device`` [D]: to a GPU from pinned memory without blocking
     (the copy is queued behind the work already on the device, and the host goes on); a
     plain ``.to(device)`` from pageable memory synchronises with the device, so inside a
     training step it would wait for every step queued before it. ``.to(device)`` anywhere
-    else (the same tensor where it is already on ``device``)."""
+    else (the same tensor where it is already on ``device``). In a step a CUDA graph captures
+    it cannot run (its host values would be the capture's): under the CPU stand-in of one
+    (``fedforget.cudagraph.Tape``) it raises."""
+    if t.device.type == "cpu" and getattr(_dispatch_mode(), "forbids_host_copies", False):
+        raise RuntimeError("a host-to-device copy in a captured step (not capturable)")
     if t.device.type != "cpu" or device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

@@ -77,6 +77,9 @@ class AGEM(FedAvg):
     own_upload = True
     step_terms = True
     sees_step = True  # the memory batch and the buffer's offers: the step's own rows
+    # [D] not in CUDA graphs: each step draws its memory batch and offers its rows to the
+    # buffer on the host (keyed CPU generators, the buffer's fill count)
+    capturable_terms = False
 
     @dataclass(frozen=True)
     class Params:

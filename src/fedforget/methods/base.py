@@ -459,9 +459,10 @@ class FedAvg:
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
     #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
-    capturable_terms: bool = False  # its terms (step or live) may run inside a CUDA graph: in the
-    #   step they read the step's tensors and tensors made before it, no host value that
-    #   changes from step to step, no host read (tests/methods/test_graphs.py: each under the tape)
+    capturable_terms: bool = True  # its terms (step or live; FedAvg has none) may run inside a
+    #   CUDA graph: in the step they read the step's tensors and tensors made before it, no
+    #   host value that changes from step to step, no host read (tests/methods/test_graphs.py
+    #   runs each under the tape, and checks that a method declaring False needs it)
     one_task_per_class: bool = False  # it maps each class to one task (a split's classes
     #   disjoint): refused on a split whose neighbouring tasks share classes (class_overlap)
     shared_projection: bool = False  # its step terms are one map of the step's gradient, fixed

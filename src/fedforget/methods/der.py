@@ -83,6 +83,9 @@ class DER(FedAvg):
     own_upload = True
     step_terms = True
     sees_step = True  # the memory batches and the buffer's offers: the step's rows and logits
+    # [D] not in CUDA graphs: each step draws its memory batches and offers its rows to the
+    # buffer on the host (keyed CPU generators, the buffer's fill count)
+    capturable_terms = False
 
     @dataclass(frozen=True)
     class Params:

@@ -193,6 +193,9 @@ class FedRCL(FedAvg):
     # the stacked trainer gives the step's levels: the ResNets' stages (StepBatch.levels), or
     # the penultimate features of a one-level model (StepBatch.features)
     live_terms = True
+    # [D] not in CUDA graphs: each step reads its clients' row counts on the host to cut their
+    # real rows out of the stack
+    capturable_terms = False
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:

@@ -1,0 +1,123 @@
+"""Which methods' terms run inside CUDA graphs (issue 32: "the FedSOL/FedProj baselines with
+per-step terms under CUDA graphs, not eagerly"), checked on a CPU through the tape
+(``fedforget.cudagraph.Tape``: a replay reads what a graph's replay would read).
+
+A contract over the registry: every method the stacked trainer runs with step or live terms,
+on a small run of the trainer's batched steps (an MLP at batch 8, every step stacked). One
+that declares ``capturable_terms`` trains under the tape to the eager run's bits, with
+steps replayed; one that declares it false would not (forced, its steps fail to capture or
+replay other numbers), so the declaration is needed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedforget.engine import TIMING_COLUMNS, Simulation
+from fedforget.methods import METHODS, make_params
+from fedforget.vectorized import method_not_vectorized
+
+from .conftest import CPU, QUICK_PARAMS, replay_stream_cfg
+
+# (method, params): every registered method with terms the stacked trainer runs, at its
+# defaults, and FedSOL's other stacked forms (Tables 1-5)
+WITH_TERMS = [
+    n for n in METHODS.names()
+    if method_not_vectorized(METHODS.get(n), "sgd", params=make_params(n, QUICK_PARAMS.get(n, {}))) is None
+    and (METHODS.get(n).step_terms or METHODS.get(n).live_terms or METHODS.get(n).trait("step_terms", make_params(n, {})))
+]  # fmt: skip
+CASES = [(n, QUICK_PARAMS.get(n, {})) for n in WITH_TERMS] + [
+    ("fedsol", {"rho": 0.5, "perturb": "all", "proximal": "l2", "adaptive": False}),
+    ("fedsol", {"update": "loss", "proximal": "kl", "beta": 1.0}),
+    ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}),
+    ("fedsol", {"rho": 2.0, "perturb": "all", "base": "scaffold", "proximal": "base"}),
+    ("fedprotip", {"tip": "none", "samples": 32, "freeze_early": True}),
+]
+# methods whose terms read the continual stream (task ids, bases kept at task ends)
+STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv"}
+
+
+def strip(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
+
+
+def stream(make_run_config, method, params, heads="shared", **train):
+    """replay_stream_cfg's split digits at batch 8, 4 rounds, ``heads`` shared or per task."""
+    rc = replay_stream_cfg(make_run_config, method, params, batch_size=8, rounds=4, **train)
+    scenario = {"kind": "split", "tasks": 3, "classes_per_task": 3, "rounds_per_task": 2,
+                "leftover_classes": "drop", "incremental": "class", "heads": heads}  # fmt: skip
+    if heads == "shared":
+        return rc
+    return make_run_config(dataset="digits", model="mlp", method=method, params=params, scenario=scenario,
+                           partition=rc.partition, **{**vars(rc.train), "optimizer": vars(rc.train.optimizer)})  # fmt: skip
+
+
+def config(method, params, public_run_cfg, make_run_config, **train):
+    if method in STREAM:
+        per_task = method == "fedprotip" and params.get("tip", "sample") != "none"
+        rc = stream(make_run_config, method, params, "per_task" if per_task else "shared", **train)
+    else:
+        rc = public_run_cfg(method, params, rounds=3, sample_rate=0.75, local_epochs=2, batch_size=8,
+                            optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, **train)  # fmt: skip
+    return replace(rc, train=replace(rc.train, client_engine="vectorized"))
+
+
+def runs(rc, monkeypatch, flags=("0", "tape")):
+    out = {}
+    for flag in flags:
+        monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
+        sim = Simulation(rc, device=CPU)
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        out[flag] = (sim, strip(rows))
+    return out
+
+
+def same_run(a, b):
+    (sim_a, rows_a), (sim_b, rows_b) = a, b
+    assert rows_a == rows_b
+    for k, v in sim_a.global_params.items():
+        assert torch.equal(v, sim_b.global_params[k]), k
+
+
+def test_the_contract_covers_the_papers_methods():
+    assert {"fedsol", "fedgp", "fedproj", "fedprotip", "gpm", "der", "agem", "fedprox", "scaffold", "moon"} <= set(WITH_TERMS)
+
+
+@pytest.mark.parametrize("method,params", CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
+def test_declared_capturable_terms_replay_the_eager_steps(public_run_cfg, make_run_config, monkeypatch, method, params):
+    rc = config(method, params, public_run_cfg, make_run_config)
+    cls = METHODS.get(method)
+    if cls.trait("capturable_terms", make_params(method, params)):
+        out = runs(rc, monkeypatch)
+        graphs = out["tape"][0].trainer.step_graphs
+        assert graphs.replays > 0 and graphs.captures > 0
+        same_run(out["0"], out["tape"])
+        return
+    # declared not capturable: the trainer captures none of its steps, and forcing it would
+    # not replay its steps (a host read or host value in the step, or other numbers)
+    out = runs(rc, monkeypatch, ("tape",))
+    assert out["tape"][0].trainer.step_graphs.captures == 0
+    monkeypatch.setattr(cls, "capturable_terms", True)
+    try:
+        forced = runs(rc, monkeypatch)
+    except RuntimeError as e:
+        assert "not capturable" in str(e)
+        return
+    with pytest.raises(AssertionError):
+        same_run(forced["0"], forced["tape"])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_adam_and_per_task_heads_steps_replay_in_graphs_of_one_call(make_run_config, monkeypatch, optimizer):
+    """FedAvg's steps that read one call's own tensors (Adam's moments; the active head of
+    per-task heads, which change the stack's names) run in graphs that live for the call
+    (StepGraphs.scope), to the eager steps' bits."""
+    opt = {"name": "adam", "lr": 0.01, "weight_decay": 1e-3} if optimizer == "adam" else {"lr": 0.05, "momentum": 0.9}
+    rc = stream(make_run_config, "fedavg", {}, "shared" if optimizer == "adam" else "per_task", optimizer=opt)
+    rc = replace(rc, train=replace(rc.train, client_engine="vectorized"))
+    out = runs(rc, monkeypatch)
+    assert out["tape"][0].trainer.step_graphs.replays > 0
+    same_run(out["0"], out["tape"])
