@@ -72,7 +72,7 @@ tests() {
     (cd "$here/.." && box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_device.py tests/test_vectorized.py tests/test_dropout.py tests/methods/test_batched_uploads.py \
         tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py \
-        tests/methods/test_fedprotip.py tests/test_inputs.py -k "$k" >"$out/tests.txt" 2>&1)
+        tests/methods/test_fedprotip.py tests/test_inputs.py tests/methods/test_graphs.py -k "$k" >"$out/tests.txt" 2>&1)
     # test_fedgp.py without xdist: under -n 4 the H200 (2026-11-27, three sessions) did not find
     # tests/methods/conftest.py's fixtures for it, and alone its 14 stacked tests passed
     (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \

@@ -64,11 +64,11 @@ def config(method, params, public_run_cfg, make_run_config, **train):
     return replace(rc, train=replace(rc.train, client_engine="vectorized"))
 
 
-def runs(rc, monkeypatch, flags=("0", "tape")):
+def runs(rc, monkeypatch, flags=("0", "tape"), device=CPU):
     out = {}
     for flag in flags:
         monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
-        sim = Simulation(rc, device=CPU)
+        sim = Simulation(rc, device=device)
         status, rows, msg = sim.run(progress=False)
         assert status == "completed", msg
         out[flag] = (sim, strip(rows))
@@ -121,3 +121,18 @@ def test_adam_and_per_task_heads_steps_replay_in_graphs_of_one_call(make_run_con
     out = runs(rc, monkeypatch)
     assert out["tape"][0].trainer.step_graphs.replays > 0
     same_run(out["0"], out["tape"])
+
+
+GPU_CASES = [("fedsol", {}), ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}), ("fedgp", {}),
+             ("scaffold", {}), ("fedproj", {}), ("gpm", {}), ("fedprotip", {"tip": "none", "samples": 32})]  # fmt: skip
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+@pytest.mark.parametrize("method,params", GPU_CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(GPU_CASES)])
+def test_captured_terms_on_a_gpu_replay_the_eager_steps(public_run_cfg, make_run_config, monkeypatch, method, params):
+    """On a GPU, real CUDA graphs of the paper methods' stacked steps: the eager steps' bits."""
+    rc = config(method, params, public_run_cfg, make_run_config)
+    rc = replace(rc, train=replace(rc.train, device="cuda"))
+    out = runs(rc, monkeypatch, ("0", "1"), torch.device("cuda"))
+    assert out["1"][0].trainer.step_graphs.replays > 0
+    same_run(out["0"], out["1"])
