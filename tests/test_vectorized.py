@@ -520,7 +520,8 @@ def test_the_tape_replays_what_a_cuda_graph_would(monkeypatch):
     from fedforget.utils import host_to_device
 
     host_reads = (lambda: w.sum().item(), lambda: torch.tensor([1.0]) + w, lambda: w.nonzero(), lambda: w.tolist(),
-                  lambda: host_to_device(torch.ones(3), w.device))  # fmt: skip
+                  lambda: host_to_device(torch.ones(3), w.device),
+                  lambda: torch.randperm(3, generator=torch.Generator()) + w)  # fmt: skip
     for host in host_reads:
         with pytest.raises(RuntimeError, match="not capturable"), Tape():
             host()

@@ -27,7 +27,8 @@ and a step that a graph would replay wrongly (a per-step value read from a new t
 Python number that changes between replays of one key) replays wrongly on a CPU too, where
 the tests can see it. A step that reads a tensor on the host (``.item()``, a data-dependent
 shape) or makes a tensor from host values cannot be captured: the tape raises, where CUDA's
-capture fails or would replay stale host memory.
+capture fails or would replay stale host memory; so does a draw from an explicit generator
+(the keyed draws use CPU generators: a graph would replay the capture's numbers).
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class Tape(TorchDispatchMode):
         kwargs = kwargs or {}
         if func.overloadpacket.__name__ in _HOST_READS:
             raise RuntimeError(f"{func} in a captured step: it needs tensor values on the host (not capturable)")
+        if isinstance(kwargs.get("generator"), torch.Generator):  # the keyed draws: CPU generators
+            raise RuntimeError(f"{func} draws from a host generator in a captured step (not capturable)")
         out = func(*args, **kwargs)
         self.ops.append((func, args, kwargs, out))
         return out
@@ -119,6 +122,7 @@ class StepGraphs:
         self.layout: Hashable = None
         self.captures = 0  # for tests and benchmarks
         self.replays = 0
+        self.scoped_captures = 0  # of them, in a scope
 
     def stack(
         self,
@@ -185,11 +189,12 @@ class StepGraphs:
         group: its global weights, control variates, bases; Adam's moments), which no later
         group has at the same addresses. The persistent graphs stay; ``seen`` too, so a shape
         met in an earlier group is captured at once (its warm-up is done)."""
-        outer, self.graphs = self.graphs, {}
+        outer, self.graphs, before = self.graphs, {}, self.captures
         try:
             yield
         finally:
             self.graphs = outer  # the scope's graphs go (and with them what they point at)
+            self.scoped_captures += self.captures - before
 
     def run(self, key: Hashable, idx: torch.Tensor, step: Callable[[torch.Tensor], None]) -> None:
         """``step(idx)``: eagerly the first time ``key`` (the step's shape and constants) is

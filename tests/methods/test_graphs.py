@@ -34,6 +34,9 @@ CASES = [(n, QUICK_PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}),
     ("fedsol", {"rho": 2.0, "perturb": "all", "base": "scaffold", "proximal": "base"}),
     ("fedprotip", {"tip": "none", "samples": 32, "freeze_early": True}),
+    ("fedgp", {"rate": 0.5}),  # each step's draw on the host: declared not capturable
+    ("fedgp", {"base": "agem"}),  # over a base whose terms are not
+    ("fedgp", {"base": "fedprox", "manipulation": "rotate", "apply": "always"}),
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
 STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv"}
@@ -55,7 +58,7 @@ def stream(make_run_config, method, params, heads="shared", **train):
 
 
 def config(method, params, public_run_cfg, make_run_config, **train):
-    if method in STREAM:
+    if method in STREAM or params.get("base") in STREAM:
         per_task = method == "fedprotip" and params.get("tip", "sample") != "none"
         rc = stream(make_run_config, method, params, "per_task" if per_task else "shared", **train)
     else:
@@ -96,11 +99,13 @@ def test_declared_capturable_terms_replay_the_eager_steps(public_run_cfg, make_r
         assert graphs.replays > 0 and graphs.captures > 0
         same_run(out["0"], out["tape"])
         return
-    # declared not capturable: the trainer captures none of its steps, and forcing it would
-    # not replay its steps (a host read or host value in the step, or other numbers)
+    # declared not capturable: the trainer captures none of its steps with terms (those of a
+    # round without any, FedAvg's, it may), and forcing it would not replay its steps (a host
+    # read or host value in the step, or other numbers)
     out = runs(rc, monkeypatch, ("tape",))
-    assert out["tape"][0].trainer.step_graphs.captures == 0
-    monkeypatch.setattr(cls, "capturable_terms", True)
+    assert out["tape"][0].trainer.step_graphs.scoped_captures == 0
+    trait = cls.trait
+    monkeypatch.setattr(cls, "trait", classmethod(lambda c, name, p=None: name == "capturable_terms" or trait(name, p)))
     try:
         forced = runs(rc, monkeypatch)
     except RuntimeError as e:

@@ -188,6 +188,15 @@ class FedGP(OverBase):
     stacks_with_base, step_terms = True, True
     Params = FedGPParams
 
+    @classmethod
+    def trait(cls, name: str, params: Any = None) -> bool:
+        """``capturable_terms``: not with a projection rate strictly between 0 and 1 [D] (each
+        step's draw is made on the host, from the client's keyed generator), nor over a
+        base whose terms are not (A-GEM)."""
+        if name == "capturable_terms" and params is not None and 0 < params.rate < 1:
+            return False
+        return super().trait(name, params)
+
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
         super().__init__(params, info)
         self.sees_step = self.base.sees_step  # the base's terms read the step's minibatch (A-GEM)

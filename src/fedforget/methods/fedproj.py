@@ -91,7 +91,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError, torch_seed
+from ..utils import FedForgetError, host_to_device, torch_seed
 from .base import ClientContext, ServerContext, StepBatch, StepTerms, Upload
 from .distill import DistillParams, public_logits, softened_kl, softened_kl_stacked
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
@@ -245,9 +245,10 @@ class FedProj(FedDF):
             return
         s.begun = True
         s.active = self.projection_active(ctx)
-        s.gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
         s.sums = StepSums.own(3, self.info.device)  # steps projected, sum of cos, steps with a memory batch
         spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
+        s.memory = self.memory_rows(ctx, ctx.local_epochs * spe) if s.active else None
+        s.step = torch.zeros((), dtype=torch.long, device=self.info.device)  # the client's next memory batch
         s.lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -257,11 +258,25 @@ class FedProj(FedDF):
                 group["lr"] *= 0.1
         return super().client_step(ctx, x, y)  # g_new in p.grad (Eq. 2)
 
-    def memory_rows(self, ctx: ClientContext) -> torch.Tensor | None:
-        """This step's memory batch M: indices into the public set, drawn from the client's
-        generator (None: the whole public set, when it is no larger than |M|)."""
+    def memory_rows(self, ctx: ClientContext, steps: int) -> torch.Tensor | None:
+        """The memory batch M of each of the client's first ``steps`` steps [steps, |M|]:
+        indices into the public set, one draw per step from the client's keyed generator, on
+        the device (None: the whole public set, when it is no larger than |M|). [D] Drawn at
+        the client's start, the same draws in the same order as one per step: a step then
+        reads its row at a count kept on the device, so a captured step (CUDA graphs) reads
+        each replay's own."""
         n, b = len(ctx.broadcast[PUBLIC_X]), self.p.memory_batch_size
-        return torch.randperm(n, generator=self.scratch(ctx).gen)[:b] if n > b else None
+        if n <= b:
+            return None
+        gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
+        return host_to_device(torch.stack([torch.randperm(n, generator=gen)[:b] for _ in range(steps)]), self.info.device)
+
+    def step_memory(self, ctx: ClientContext) -> torch.Tensor | None:
+        """This step's memory batch (``memory_rows``' next row; None: the whole public set)."""
+        s = self.scratch(ctx)
+        rows = None if s.memory is None else s.memory[s.step]
+        s.step += 1
+        return rows
 
     def memory_losses(self, logits: torch.Tensor, idx: list[torch.Tensor | None], broadcast: dict) -> torch.Tensor:
         """L_mem (Eq. 3, or Algorithm 1's CE) of each client of a stack on its memory batch:
@@ -269,7 +284,7 @@ class FedProj(FedDF):
         alone takes the batch-mean functions themselves (``memory_kl``, cross-entropy)."""
         def target(key: str, i: torch.Tensor | None) -> torch.Tensor:
             t = broadcast[key]
-            return t if i is None else t[i.to(t.device)]
+            return t if i is None else t[i]
 
         if len(idx) == 1:
             if self.p.memory_loss == "ce":
@@ -297,12 +312,12 @@ class FedProj(FedDF):
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
             own = act[lo:hi]
-            idx = [self.memory_rows(c) if a else None for c, a in zip(ctxs[lo:hi], own)]
+            idx = [self.step_memory(c) if a else None for c, a in zip(ctxs[lo:hi], own)]
             if not any(own):
                 return None, None, None
             first = next(i for i, a in zip(idx, own) if a)  # an idle client's rows: any (its gradient is dropped)
             idx = [i if a else first for i, a in zip(idx, own)]
-            xs = torch.stack([x_pub if i is None else x_pub[i.to(x_pub.device)] for i in idx])
+            xs = torch.stack([x_pub if i is None else x_pub[i] for i in idx])
             rows = [xs.shape[1] if a else 0 for a in own]  # an idle client runs no memory batch (BatchNorm)
             losses = self.memory_losses(step.forward(w, xs, None, rows), idx, bc)
             g_glob = step.grad((losses * on[lo:hi]).sum(), w)

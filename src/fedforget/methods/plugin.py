@@ -77,8 +77,12 @@ class OverBase(FedAvg):
     def trait(cls, name: str, params: Any = None) -> bool:
         """The plug-in's own trait or its base's: FedGP over joint trains on every task's
         data, over a method that needs a public set it needs one. ``stacked``: the base's, for
-        a plug-in that ``stacks_with_base`` (FedGP over FedAvg or FedProx), else False."""
-        if name == "stacked":  # stacked only over a stacked base, and only if the plug-in says so
+        a plug-in that ``stacks_with_base`` (FedGP over FedAvg or FedProx), else False.
+        ``capturable_terms``: the plug-in's and its base's (its terms run over the base's)."""
+        if name == "capturable_terms":  # its terms run over its base's: both capturable
+            if not getattr(cls, name) or params is None:
+                return bool(getattr(cls, name))
+        elif name == "stacked":  # stacked only over a stacked base, and only if the plug-in says so
             if not cls.stacks_with_base or params is None:
                 return False
             base_params = make_params(params.base, dict(params.base_params))
