@@ -34,7 +34,8 @@ CASES = [(n, QUICK_PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}),
     ("fedsol", {"rho": 2.0, "perturb": "all", "base": "scaffold", "proximal": "base"}),
     ("fedprotip", {"tip": "none", "samples": 32, "freeze_early": True}),
-    ("fedgp", {"rate": 0.5}),  # each step's draw on the host: declared not capturable
+    ("fedproj", {"memory_batch_size": 4}),  # memory batches drawn (the public set is larger)
+    ("fedgp", {"rate": 0.5}),  # each step's rate draw, drawn at the client's start
     ("fedgp", {"base": "agem"}),  # over a base whose terms are not
     ("fedgp", {"base": "fedprox", "manipulation": "rotate", "apply": "always"}),
 ]

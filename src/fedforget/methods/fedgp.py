@@ -188,15 +188,6 @@ class FedGP(OverBase):
     stacks_with_base, step_terms = True, True
     Params = FedGPParams
 
-    @classmethod
-    def trait(cls, name: str, params: Any = None) -> bool:
-        """``capturable_terms``: not with a projection rate strictly between 0 and 1 [D] (each
-        step's draw is made on the host, from the client's keyed generator), nor over a
-        base whose terms are not (A-GEM)."""
-        if name == "capturable_terms" and params is not None and 0 < params.rate < 1:
-            return False
-        return super().trait(name, params)
-
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
         super().__init__(params, info)
         self.sees_step = self.base.sees_step  # the base's terms read the step's minibatch (A-GEM)
@@ -265,10 +256,12 @@ class FedGP(OverBase):
                 if p.requires_grad
             ]
         )
-        s.gate_gen = None
-        if s.pairs is not None and 0 < self.p.rate < 1:
-            key = torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, RATE_STREAM)
-            s.gate_gen = torch.Generator().manual_seed(key)
+        s.gates = None  # the rate's draw of each step [D]: drawn here, one per step in order,
+        if s.pairs is not None and 0 < self.p.rate < 1:  # read at a device count (CUDA graphs)
+            gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, RATE_STREAM))
+            steps = ctx.local_epochs * max(-(-ctx.n_samples // ctx.batch_size), 1)
+            s.gates = host_to_device(torch.stack([torch.rand((), generator=gen) < self.p.rate for _ in range(steps)]), self.info.device)
+            s.gate_at = torch.zeros((), dtype=torch.long, device=self.info.device)
         s.n_applied = torch.zeros((), device=self.info.device)
         s.cos_sum = torch.zeros((), device=self.info.device)
         s.n_ref = 0
@@ -285,10 +278,7 @@ class FedGP(OverBase):
         s = self.scratch(ctx)
         if s.pairs is not None and self.p.rate > 0:
             pairs = [(p, r) for p, r in s.pairs if p.grad is not None]
-            gate = None
-            if s.gate_gen is not None:
-                draw = torch.rand((), generator=s.gate_gen) < self.p.rate
-                gate = host_to_device(draw, self.info.device)
+            gate = None if s.gates is None else self.next_gate(s)
             g = [p.grad for p, _ in pairs]
             with torch.no_grad():
                 new, applied, cos = manipulate(
@@ -309,6 +299,13 @@ class FedGP(OverBase):
             s.batch = None
             self.replay.offer(ctx, s, x, y)
 
+    @staticmethod
+    def next_gate(s: Any) -> torch.Tensor:
+        """This step's rate draw of a client (``s``: its scratch), its count moved on."""
+        gate = s.gates.index_select(0, s.gate_at.view(1))[0]  # (a 0-d index would be read on the host)
+        s.gate_at += 1
+        return gate
+
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> Any:
         """The stacked form of the step (``client_grad``): the base's terms, then as the
         gradient map ``manipulate`` of each client's whole gradient against the one g_ref of
@@ -322,7 +319,7 @@ class FedGP(OverBase):
         p, dev = self.p, self.info.device
         # per client: steps manipulated, sum of cos
         sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, dev, "stack")
-        gens = [self.scratch(c).gate_gen for c in ctxs]
+        scratches = [self.scratch(c) for c in ctxs]
 
         def manipulated(lo: int, hi: int, grads: dict[str, Any]) -> dict[str, Any]:
             """Clients lo..hi-1's gradients after the manipulation. A parameter the base holds
@@ -341,8 +338,8 @@ class FedGP(OverBase):
                 sums[1, lo:hi] += project(g, r, EPS, 0.0, stacked=True)[2]
                 return grads
             gate = None
-            if gens[lo] is not None:
-                gate = host_to_device(torch.stack([torch.rand((), generator=gens[i]) < p.rate for i in range(lo, hi)]), dev)
+            if scratches[lo].gates is not None:
+                gate = torch.stack([self.next_gate(scratches[i]) for i in range(lo, hi)])
             new, applied, cos = manipulate(g, r, p.manipulation, p.apply == "always", gate, stacked=True)
             sums[0, lo:hi] += applied
             sums[1, lo:hi] += cos

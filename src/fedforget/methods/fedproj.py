@@ -274,7 +274,7 @@ class FedProj(FedDF):
     def step_memory(self, ctx: ClientContext) -> torch.Tensor | None:
         """This step's memory batch (``memory_rows``' next row; None: the whole public set)."""
         s = self.scratch(ctx)
-        rows = None if s.memory is None else s.memory[s.step]
+        rows = None if s.memory is None else s.memory.index_select(0, s.step.view(1))[0]  # (a 0-d index: a host read)
         s.step += 1
         return rows
 
