@@ -157,6 +157,28 @@ def test_read_ahead_gives_the_in_memory_run(make_run_config, blobs_root, monkeyp
     assert rows_ahead == rows_dev
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_streamed_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blobs_root, monkeypatch, device):
+    """A streamed pool's minibatches, read ahead on a thread, are copied into the captured
+    steps' inputs at each replay: the same weights as the in-memory pool's eager steps (on a
+    CPU through the tape, whose pool reads ahead as on a GPU; batch 8: steps a CPU batches)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")
+    weights = []
+    for flag, storage in (("0", "device"), ("1" if device == "cuda" else "tape", "stream")):
+        monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
+        rc = _cfg(make_run_config, blobs_root, AUG, client_engine="vectorized", rounds=3, device=device,
+                  batch_size=16 if device == "cuda" else 8, data_storage=storage)  # fmt: skip
+        sim = Simulation(rc, device=torch.device(device))
+        status, _, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        assert sim.clients.x.read_ahead == (storage == "stream")
+        assert storage == "device" or sim.trainer.step_graphs.replays > 0
+        weights.append(sim.global_params)
+    for k, v in weights[0].items():
+        assert torch.equal(v, weights[1][k]), k
+
+
 def test_augmentation_changes_training_and_both_engines_augment_alike(make_run_config, blobs_root):
     plain, _ = _run(_cfg(make_run_config, blobs_root))
     seq, sim = _run(_cfg(make_run_config, blobs_root, AUG))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
@@ -65,10 +66,12 @@ class Tape(TorchDispatchMode):
         self._saved: dict[str, Callable] = {}
 
     def __enter__(self):
-        # reads that bypass the dispatcher (a CPU tensor's memory read directly) fail too
+        # reads that bypass the dispatcher (a CPU tensor's memory read directly) fail too, in
+        # the recording thread (another, e.g. a streamed pool's reader, reads as ever)
+        thread = threading.get_ident()
         for name in ("tolist", "numpy", "__array__"):
             self._saved[name] = getattr(torch.Tensor, name)
-            setattr(torch.Tensor, name, _host_read(name))
+            setattr(torch.Tensor, name, _host_read(name, self._saved[name], thread))
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -92,8 +95,10 @@ class Tape(TorchDispatchMode):
                 _write(out, func(*args, **kwargs))
 
 
-def _host_read(name: str) -> Callable:
+def _host_read(name: str, original: Callable, thread: int) -> Callable:
     def read(self, *args, **kwargs):
+        if threading.get_ident() != thread:
+            return original(self, *args, **kwargs)
         raise RuntimeError(f"Tensor.{name}() in a captured step: it needs tensor values on the host (not capturable)")
 
     return read
@@ -196,24 +201,26 @@ class StepGraphs:
             self.graphs = outer  # the scope's graphs go (and with them what they point at)
             self.scoped_captures += self.captures - before
 
-    def run(self, key: Hashable, idx: torch.Tensor, step: Callable[[torch.Tensor], None]) -> None:
-        """``step(idx)``: eagerly the first time ``key`` (the step's shape and constants) is
-        met, captured the second, replayed after. ``step`` must only update tensors of
-        ``stack`` in place (or, in a ``scope``, tensors that outlive the scope) and must not
-        synchronise with the host."""
+    def run(self, key: Hashable, idx: torch.Tensor, step: Callable[..., None], *inputs: torch.Tensor | None) -> None:
+        """``step(idx, *inputs)``: eagerly the first time ``key`` (the step's shape and
+        constants) is met, captured the second, replayed after; each replay's ``idx`` and
+        ``inputs`` (e.g. a streamed pool's minibatch, read ahead; None stays None) copied
+        into the tensors the capture read. ``step`` must only update tensors of ``stack`` in
+        place (or, in a ``scope``, tensors that outlive the scope) and must not synchronise
+        with the host."""
         hit = self.graphs.get(key)
         if hit is None and key not in self.seen:
             self.seen.add(key)
-            step(idx)
+            step(idx, *inputs)
             return
         if hit is None:
-            static = idx.clone()
+            static = (idx.clone(), *(None if t is None else t.clone() for t in inputs))
             if idx.device.type == "cuda":
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.synchronize()
                 try:
                     with torch.cuda.graph(graph, pool=self.pool):
-                        step(static)
+                        step(*static)
                 except RuntimeError as e:  # no silent fallback: the step may have changed host state
                     raise RuntimeError(
                         f"a training step could not be captured in a CUDA graph ({e}); "
@@ -223,13 +230,15 @@ class StepGraphs:
             else:  # FEDFORGET_CUDA_GRAPHS=tape: recording runs the step (CUDA's capture does not)
                 graph = Tape()
                 with graph:
-                    step(static)
+                    step(*static)
                 self.graphs[key] = (graph, static)
                 self.captures += 1
                 return
             self.graphs[key] = hit = (graph, static)
             self.captures += 1
         graph, static = hit
-        static.copy_(idx)
+        for to, t in zip(static, (idx, *inputs), strict=True):
+            if to is not None:
+                to.copy_(t)
         graph.replay()
         self.replays += 1

@@ -129,10 +129,10 @@ class Simulation:
             data.test, self.scenario, self.method, self.server, t.eval_batch_size
         )
         # the local trainer (fedforget.trainers): clients one after another, or stacked where
-        # that computes the same thing; a streamed pool gathers minibatches on the host, so
-        # no step can be captured in a CUDA graph
+        # that computes the same thing; its batched steps in CUDA graphs on a GPU (a streamed
+        # pool's minibatches, read ahead on the host, copied into the captured steps' inputs)
         trainer_cls, why = choose_trainer(method_cls, self.model, t, dev, params)
-        graphs = StepGraphs() if graphs_enabled(dev) and not self.clients.x.stream else None
+        graphs = StepGraphs() if graphs_enabled(dev) else None
         self.trainer = trainer_cls(
             model=self.model, method=self.method, clients=self.clients, fed=self.fed, server=self.server,
             evaluator=self.evaluator, train=t, seed=cfg.seed, device=dev, step_graphs=graphs,

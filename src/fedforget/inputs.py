@@ -216,8 +216,9 @@ class Pool:
     def read_ahead(self) -> bool:
         """Whether training reads this pool's minibatches ahead on a background thread: a
         streamed pool on a GPU [D]. On a CPU that thread takes cores from the step
-        (benchmarks/streaming.py: streamed 0.85x in-memory with it, 0.97x inline)."""
-        return self.stream and self.device.type == "cuda"
+        (benchmarks/streaming.py: streamed 0.85x in-memory with it, 0.97x inline); under the
+        CPU stand-in of CUDA graphs (``fedforget.cudagraph``, tests) as on a GPU."""
+        return self.stream and (self.device.type == "cuda" or graphs_enabled(self.device))
 
     def __len__(self) -> int:
         return self.shape[0]

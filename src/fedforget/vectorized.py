@@ -1063,8 +1063,11 @@ def train_clients_together(
         return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step else None
 
     ahead = None
-    if read_ahead:  # a streamed pool's host reads overlap the steps (no graphs: engine.py)
+    if read_ahead:  # a streamed pool's host reads overlap the steps
         ahead = prefetched(lambda k: batch(step_rows(k, host_table).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
+
+    def streamed_step_(idx, xb, yb, lm, lo: int = 0, rows: list[int] | None = None) -> None:
+        batched_step_(idx, (xb, yb, lm), lo, rows)
 
     def step_key(k: int, lo: int, hi: int, w: int) -> tuple:
         """What a captured step's kernels depend on: its clients and shape, the optimizer's
@@ -1096,14 +1099,17 @@ def train_clients_together(
             gathered = None if ahead is None else next(ahead)
             for lo, hi, w in segments(k):
                 part = idx if (hi - lo, w) == tuple(idx.shape) else idx[lo:hi, :w]
+                sub = None  # a streamed pool's minibatch, read ahead (x, y, logit mask or None)
                 if gathered is not None:
                     sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
-                    batched_step_(part, sub, lo, step_counts(k, lo, hi, part.shape[1]))
-                elif graphs is None or (not persistent and uses[step_key(k, lo, hi, w)] < SCOPED_MIN_USES):
-                    batched_step_(part, None, lo, step_counts(k, lo, hi, w))
-                else:  # the step's kernels depend on its shape and constants only (step_key)
+                if graphs is None or (not persistent and uses[step_key(k, lo, hi, w)] < SCOPED_MIN_USES):
+                    batched_step_(part, sub, lo, step_counts(k, lo, hi, w))
+                elif sub is None:  # the step's kernels depend on its shape and constants only (step_key)
                     graphs.run(step_key(k, lo, hi, w), part,
                                functools.partial(batched_step_, gathered=None, lo=lo, rows=step_counts(k, lo, hi, w)))  # fmt: skip
+                else:  # the minibatch read ahead: copied into the captured step's inputs at each replay
+                    graphs.run(step_key(k, lo, hi, w), part,
+                               functools.partial(streamed_step_, lo=lo, rows=step_counts(k, lo, hi, w)), *sub)  # fmt: skip
             k += 1
     model.train(was_training)
     set_dropout_key(drop, None)
