@@ -219,7 +219,9 @@ class StepGraphs:
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.synchronize()
                 try:
-                    with torch.cuda.graph(graph, pool=self.pool):
+                    # thread_local: a streamed pool's reader thread may pin, copy and allocate
+                    # meanwhile, on the default stream (global mode would fail the capture for it)
+                    with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                         step(*static)
                 except RuntimeError as e:  # no silent fallback: the step may have changed host state
                     raise RuntimeError(
