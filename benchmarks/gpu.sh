@@ -3,8 +3,10 @@
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
 # order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 evening
 # (results/h200-2026-11-27-c), first: the streamed pool (its read-ahead from host positions
-# since 2026-12-02, 60 s), FedSOL on ResNet-18 batched (live terms on the ResNets
-# since), the continual methods on the ResNets' stacked forward in channels_last (measured
+# since 2026-12-02, 60 s; its steps under CUDA graphs since the second session of that day),
+# FedSOL on ResNet-18 batched (live terms on the ResNets since; its steps, and every
+# capturable method's, Adam's and per-task heads', under CUDA graphs of one group's
+# training since 2026-12-02: tests/methods/test_graphs.py first), the continual methods on the ResNets' stacked forward in channels_last (measured
 # there in NCHW only), packing now that auto batches ResNet-18 on a GPU, most model rates
 # unmeasured), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
