@@ -186,6 +186,7 @@ class StepLog:
 
     def __init__(self, rows: torch.Tensor, count: torch.Tensor) -> None:
         self.rows, self.count = rows, count
+        self.cols = torch.arange(rows.shape[3], device=rows.device)  # the clients' columns
 
     @classmethod
     def new(cls, steps: int, clients: int, device: torch.device) -> StepLog:
@@ -197,8 +198,7 @@ class StepLog:
         """One step's inputs of ``key`` for clients lo..hi-1 (default: all; 0-dim or
         [hi - lo] tensors each)."""
         k, hi = DIAGNOSTICS.index(key), self.rows.shape[3] if hi is None else hi
-        at = self.count[k, lo:hi]
-        cols = torch.arange(lo, hi, device=at.device)
+        at, cols = self.count[k, lo:hi], self.cols[lo:hi]
         for i, v in enumerate(values):
             self.rows[k, :, i].index_put_((at, cols), v.double().expand(hi - lo))
         self.count[k, lo:hi] += 1
