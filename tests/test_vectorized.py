@@ -563,6 +563,30 @@ def test_cuda_graphs_replay_the_eager_steps_bit_for_bit(make_run_config, monkeyp
     assert model != "resnet8" or any("running_var" in k for k in eager.global_params)
 
 
+def test_a_decaying_lr_keeps_only_the_rounds_graphs(make_run_config, monkeypatch) -> None:
+    """Graphs are keyed by the optimizer's constants: with an lr that decays every round,
+    each round's graphs replace the last round's (kept, they would pile up, none replayable
+    again), only shapes met at least 3 times in a round are captured, and the run is the
+    eager steps' bit for bit (CPU, through the tape)."""
+    rc = make_run_config(dataset="digits", model="mlp", rounds=4, sample_rate=0.5, client_engine="vectorized",
+                         max_parallel_clients=2, batch_size=8, lr_decay=0.5, optimizer={"lr": 0.1, "momentum": 0.9},
+                         partition=PartitionSpec("dirichlet", clients=8, alpha=0.3, min_size=5, seed=0))  # fmt: skip
+    runs = {}
+    for flag in ("0", "tape"):
+        monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
+        sim = Simulation(rc, device=torch.device("cpu"))
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        runs[flag] = (sim, [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows])
+    (eager, rows_e), (graphed, rows_g) = runs.values()
+    g = graphed.trainer.step_graphs
+    assert g.replays > 0 and g.graphs and rows_e == rows_g
+    last_lr = 0.1 * 0.5**3
+    assert {k[-5] for k in g.graphs} == {last_lr}  # the last round's lr only
+    for k, v in eager.global_params.items():
+        assert torch.equal(v, graphed.global_params[k]), k
+
+
 def test_client_replicas_are_kept_across_rounds_and_remade_when_the_model_changes():
     """The client-by-client steps' model copies live across rounds (copying the model every
     round cost about a tenth of a digits round) and are made again when the model's

@@ -128,6 +128,7 @@ class StepGraphs:
         self.captures = 0  # for tests and benchmarks
         self.replays = 0
         self.scoped_captures = 0  # of them, in a scope
+        self._constants: Hashable = None
 
     def stack(
         self,
@@ -187,6 +188,17 @@ class StepGraphs:
         static.copy_(keys)
         return static, self.tensors["dropout_step"]
 
+    def constants(self, values: Hashable) -> bool:
+        """The persistent graphs' optimizer constants this call (lr, momentum, ...): when they
+        differ from the last call's (a decaying lr: every round), the graphs made for those
+        go [D] (no graph could replay them, and kept they would pile up round after round);
+        returns whether they did."""
+        if values == self._constants:
+            return False
+        self._constants = values
+        self.graphs.clear()
+        return True
+
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
         """Graphs captured inside live until the scope ends [D]: the steps of one group's local
@@ -201,16 +213,21 @@ class StepGraphs:
             self.graphs = outer  # the scope's graphs go (and with them what they point at)
             self.scoped_captures += self.captures - before
 
-    def run(self, key: Hashable, idx: torch.Tensor, step: Callable[..., None], *inputs: torch.Tensor | None) -> None:
-        """``step(idx, *inputs)``: eagerly the first time ``key`` (the step's shape and
-        constants) is met, captured the second, replayed after; each replay's ``idx`` and
+    def run(
+        self, key: Hashable, idx: torch.Tensor, step: Callable[..., None], *inputs: torch.Tensor | None,
+        shape: Hashable = None,
+    ) -> None:  # fmt: skip
+        """``step(idx, *inputs)``: eagerly the first time its ``shape`` (default ``key``) is met
+        (the libraries' set-up for the shape, outside any capture), captured the first time
+        ``key`` (the shape and the constants) is met after that, replayed after; each replay's ``idx`` and
         ``inputs`` (e.g. a streamed pool's minibatch, read ahead; None stays None) copied
         into the tensors the capture read. ``step`` must only update tensors of ``stack`` in
         place (or, in a ``scope``, tensors that outlive the scope) and must not synchronise
         with the host."""
         hit = self.graphs.get(key)
-        if hit is None and key not in self.seen:
-            self.seen.add(key)
+        shape = key if shape is None else shape
+        if hit is None and shape not in self.seen:
+            self.seen.add(shape)
             step(idx, *inputs)
             return
         if hit is None:

@@ -1069,14 +1069,19 @@ def train_clients_together(
     def streamed_step_(idx, xb, yb, lm, lo: int = 0, rows: list[int] | None = None) -> None:
         batched_step_(idx, (xb, yb, lm), lo, rows)
 
-    def step_key(k: int, lo: int, hi: int, w: int) -> tuple:
-        """What a captured step's kernels depend on: its clients and shape, the optimizer's
-        constants, and (the terms that see the step) each client's rows."""
-        return (lo, hi - lo, w, lr, momentum, weight_decay, batch, optimizer, betas, persistent,
-                tuple(step_counts(k, lo, hi, w) or ()))  # fmt: skip
+    def step_shape(k: int, lo: int, hi: int, w: int) -> tuple:
+        """A step's clients and shape, and (the terms that see the step) each client's rows."""
+        return (lo, hi - lo, w, batch, persistent, tuple(step_counts(k, lo, hi, w) or ()))
 
+    def step_key(k: int, lo: int, hi: int, w: int) -> tuple:
+        """What a captured step's kernels depend on: its shape and the optimizer's constants."""
+        return (*step_shape(k, lo, hi, w), lr, momentum, weight_decay, optimizer, betas)
+
+    # graphs of this call only (a method's terms; new optimizer constants, as a decaying lr
+    # gives every round): a step shape is captured if met at least SCOPED_MIN_USES times here
+    one_call = graphs is not None and (not persistent or graphs.constants((lr, momentum, weight_decay, optimizer, betas)))
     uses: dict[tuple, int] = {}
-    if graphs is not None and not persistent:  # how often each step shape comes in this call
+    if one_call:  # how often each step shape comes in this call
         for k in range(n_steps):
             if not wide[k]:
                 for lo, hi, w in segments(k):
@@ -1102,14 +1107,16 @@ def train_clients_together(
                 sub = None  # a streamed pool's minibatch, read ahead (x, y, logit mask or None)
                 if gathered is not None:
                     sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
-                if graphs is None or (not persistent and uses[step_key(k, lo, hi, w)] < SCOPED_MIN_USES):
+                if graphs is None or (one_call and uses[step_key(k, lo, hi, w)] < SCOPED_MIN_USES):
                     batched_step_(part, sub, lo, step_counts(k, lo, hi, w))
                 elif sub is None:  # the step's kernels depend on its shape and constants only (step_key)
                     graphs.run(step_key(k, lo, hi, w), part,
-                               functools.partial(batched_step_, gathered=None, lo=lo, rows=step_counts(k, lo, hi, w)))  # fmt: skip
+                               functools.partial(batched_step_, gathered=None, lo=lo, rows=step_counts(k, lo, hi, w)),
+                               shape=step_shape(k, lo, hi, w))  # fmt: skip
                 else:  # the minibatch read ahead: copied into the captured step's inputs at each replay
                     graphs.run(step_key(k, lo, hi, w), part,
-                               functools.partial(streamed_step_, lo=lo, rows=step_counts(k, lo, hi, w)), *sub)  # fmt: skip
+                               functools.partial(streamed_step_, lo=lo, rows=step_counts(k, lo, hi, w)), *sub,
+                               shape=step_shape(k, lo, hi, w))  # fmt: skip
             k += 1
     model.train(was_training)
     set_dropout_key(drop, None)
