@@ -517,7 +517,9 @@ def train_clients_together(
     ``step_terms(order)``: the method's per-step loss and gradient terms
     (``FedAvg.client_step_terms``) for the jobs in that order (indices into ``jobs``), the
     order of the stack. ``graphs`` (on a GPU): the batched steps replayed as CUDA graphs
-    (``fedforget.cudagraph``), for FedAvg's local training on ``stacked_forward`` models.
+    (``fedforget.cudagraph``) on ``stacked_forward`` models: FedAvg's, and those with a
+    method's terms where it declares them capturable, with Adam, per-task heads or a
+    streamed pool's minibatches read ahead.
     ``read_ahead`` (a streamed pool on a GPU, ``Pool.read_ahead``): the batched steps'
     gathers run up to two steps ahead on a background thread (``fedforget.inputs.prefetched``,
     as ``train_client``'s minibatches), the same rows in the same order. ``epoch_rows``:
