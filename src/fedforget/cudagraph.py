@@ -6,15 +6,21 @@ A CUDA graph records a step's kernels once and replays them with one launch.
 [D] A step's kernels depend on its shape only: the number of clients still training
 (``active``) and the widest of their minibatches (``width``), plus the optimizer's constants.
 The first time a shape is met the step runs as it is (eagerly: that is also the warm-up a
-capture needs, cuBLAS and cuDNN set up outside it); the second time it is captured, and from
+capture needs, cuBLAS and cuDNN set up outside it); the next time it is captured, and from
 then on replayed. A shape met once (a rare tail) never costs a capture. Replay runs the same
 kernels on the same shapes as the eager step, so results are the same bits.
 
-What the graphs read and write has to stay at one address: the stacked weights, momentum,
-BatchNorm statistics and loss sums live here (``stack``) across rounds, sized for the largest group seen, and the
-step reads its minibatch rows from a static index tensor that each replay's rows are copied
-into. Everything else a step allocates comes from one memory pool that all graphs share
-(they run one after another on one stream, and nothing they allocate outlives a step).
+What the graphs read and write has to stay at one address. FedAvg's SGD steps: the stacked
+weights, momentum, BatchNorm statistics and loss sums live here (``stack``) across rounds,
+sized for the largest group seen, and their graphs are kept while the optimizer's constants
+stay (``constants``: a decaying lr drops them every round). The steps with a method's terms
+(built for one group: its global weights, control variates, bases), Adam's or per-task
+heads' read tensors of one group's local training: their graphs live for that call
+(``scope``), and only shapes met at least three times there are captured. A step reads its
+minibatch rows from a static index tensor that each replay's rows are copied into (and a
+streamed pool's minibatch, read ahead, likewise). Everything else a step allocates comes
+from one memory pool that all graphs share (they run one after another on one stream; what
+a step allocates and keeps, e.g. FedSOL's stacked global weights, lives until its call ends).
 
 Set FEDFORGET_CUDA_GRAPHS=0 to run every step eagerly (the same results, slower).
 
