@@ -24,7 +24,8 @@
 #             sequential vs stacked (split 5 x 2: task 0 in the warm-up); replay18: A-GEM and
 #             FedGP likewise;
 #   fedsol18  FedSOL on ResNet-18 (its Table 3 model), batched vs sequential, and its batched
-#             round profiled (how busy the GPU is; issue 32's target 60 %);
+#             round profiled with and without CUDA graphs (how busy the GPU is; issue 32's
+#             target 60 %);
 #   fedsol    FedSOL's round profiled batched (its live terms, since 2026-11-27: how busy the
 #             GPU is; sequential it was 10 % on the H200); FedSOL, FedSAM and FedNTD on the
 #             McMahan preset, sequential vs batched (about 3 minutes);
@@ -130,6 +131,11 @@ fedsol18() {
     box 80 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol --device cuda \
         --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 >"$out/profile-resnet18-fedsol-batched.txt" 2>&1
     sed -n 1,3p "$out/profile-resnet18-fedsol-batched.txt"
+    # the same without CUDA graphs (its steps ran eagerly before 2026-12-02): what the graphs give
+    box 80 env FEDFORGET_CUDA_GRAPHS=0 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol \
+        --device cuda --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 \
+        >"$out/profile-resnet18-fedsol-batched-eager.txt" 2>&1
+    sed -n 1,3p "$out/profile-resnet18-fedsol-batched-eager.txt"
 }
 fedsol() {
     box 60 python "$here/profile_round.py" --preset mcmahan --mode vectorized --method fedsol --device cuda \
