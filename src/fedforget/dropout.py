@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .inputs import keyed_uniform_ints
-from .utils import torch_seed
+from .utils import on_device, torch_seed
 
 DROPOUT_STREAM = 0x55  # keyed randomness of dropout masks (0x51-0x54: schedule, shuffling, init, distillation)
 _RANGE = 1 << 31  # keyed_uniform_ints draws integers in [0, 2^31)
@@ -104,10 +104,7 @@ def keep_mask(key: DropoutKey, salt: int, shape: Sequence[int], p: float, dtype:
         return torch.zeros((*clients.shape, *shape), dtype=dtype, device=clients.device)
     n = math.prod(shape)
     per_call = keyed_uniform_ints(clients, salt, 1)[0]  # [*K]: the client's salt of this module call
-    if isinstance(key.step, torch.Tensor):  # the batched steps' step tensor (CUDA graphs read it)
-        step = torch.as_tensor(key.step, dtype=torch.int64, device=clients.device)
-    else:  # filled on the device: a host-to-device copy at every step would wait for the queued ones
-        step = torch.full((), int(key.step), dtype=torch.int64, device=clients.device)
+    step = on_device(key.step, clients.device, torch.int64)  # (the batched steps': a tensor CUDA graphs read)
     per_step = keyed_uniform_ints(step, per_call, 1)[0]  # [*K]: ... of this step
     idx = torch.arange(n, device=clients.device).view(*shape)
     draws = keyed_uniform_ints(idx, per_step.view(*per_step.shape, *[1] * len(shape)), 1)[0]

@@ -150,6 +150,17 @@ def host_to_device(t, device):
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def on_device(value, device, dtype=None):
+    """``value`` (a tensor, or a Python number) as a tensor on ``device`` (in ``dtype``, if
+    given) [D]: a number is filled there (``torch.full``), where ``torch.as_tensor`` would copy
+    it from the host, a blocking copy that on a GPU waits for every step queued before it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=dtype)
+    return torch.full((), value, dtype=dtype, device=device)
+
+
 def torch_seed(*keys: int) -> int:
     """A 63-bit torch seed derived from integer keys, independent of call order."""
     return int(seed_sequence(*keys).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError
+from ..utils import FedForgetError, on_device
 from .tasks import covered_classes, scenario_rng, split_classes
 
 KINDS = ("none", "split", "rotated", "permuted", "domains")
@@ -383,10 +383,7 @@ class Scenario:
         task id, or one per row, shaped like x's leading dimensions)."""
         if not self.transforms:
             return x
-        if isinstance(task, torch.Tensor):
-            ids = task.to(x.device)
-        else:  # filled on the device: a copy from the host would wait for the queued steps
-            ids = torch.full((), int(task), dtype=torch.long, device=x.device)
+        ids = on_device(task, x.device, torch.long)
         n_lead = max(ids.dim(), 1)
         flat = x.reshape(-1, *x.shape[n_lead:])  # [N, *input_shape]
         ids = ids.reshape(-1) if ids.dim() else ids.expand(flat.shape[0])

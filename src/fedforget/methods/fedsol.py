@@ -117,7 +117,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..utils import FedForgetError
+from ..utils import FedForgetError, on_device
 from .base import (
     TASK,
     ClientContext,
@@ -563,7 +563,7 @@ class FedSOL(OverBase):
                     dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
                     if dot < 0:
                         torch._foreach_add_(grads, list(g_p), alpha=-dot / g_n**2)
-                self._record([ctx], "conflict_rate", torch.full((), float(dot < 0), device=g_norm.device))
+                self._record([ctx], "conflict_rate", on_device(float(dot < 0), g_norm.device))
             self._record_cos(ctx, g_p, g_norm)
             return ce
 

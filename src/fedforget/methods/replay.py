@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..utils import host_to_device, torch_seed
+from ..utils import host_to_device, on_device, torch_seed
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.scenario import Scenario
@@ -122,10 +122,7 @@ class Reservoir:
         m = len(y)
         if m == 0 or self.capacity == 0:
             return 0
-        if isinstance(task, torch.Tensor):
-            task = task.to(device=y.device, dtype=torch.long).expand(m)
-        else:  # one id: filled on the device (no host-to-device copy)
-            task = torch.full((m,), int(task), dtype=torch.long, device=y.device)
+        task = on_device(task, y.device, torch.long).expand(m)
         fields = {
             "x": x.detach(),
             "y": y.detach(),
