@@ -255,6 +255,12 @@ class ClientContext:
     # sequential trainer only (a method that sets it declares ``stacked = False``)
     epoch_steps: int | None = None
 
+    @property
+    def max_steps(self) -> int:
+        """The most local steps the client can take this round: its epochs of full and
+        partial minibatches (at least one; a method that keeps one value per step)."""
+        return self.local_epochs * max(-(-self.n_samples // self.batch_size), 1)
+
     def augment_rows(self, x: torch.Tensor, rows: torch.Tensor, stream: int) -> torch.Tensor:
         """Rows ``x`` [B, C, H, W] that a method replays in this local step from its own
         store (exemplars: model inputs), augmented as the step's private rows are (the

@@ -91,7 +91,7 @@ from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
 from .replay import POLICIES, Replay, sample_generator
-from .shared import StepSums, each_client, flat_dot, per_client, project
+from .shared import StepDraws, StepSums, each_client, flat_dot, per_client, project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
 RATE_STREAM = 0x85  # keyed randomness of the projection rate's draws
@@ -256,12 +256,11 @@ class FedGP(OverBase):
                 if p.requires_grad
             ]
         )
-        s.gates = None  # the rate's draw of each step [D]: drawn here, one per step in order,
-        if s.pairs is not None and 0 < self.p.rate < 1:  # read at a device count (CUDA graphs)
+        s.gates = None  # the rate's draw of each step (StepDraws)
+        if s.pairs is not None and 0 < self.p.rate < 1:
             gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, RATE_STREAM))
-            steps = ctx.local_epochs * max(-(-ctx.n_samples // ctx.batch_size), 1)
-            s.gates = host_to_device(torch.stack([torch.rand((), generator=gen) < self.p.rate for _ in range(steps)]), self.info.device)
-            s.gate_at = torch.zeros((), dtype=torch.long, device=self.info.device)
+            draws = torch.stack([torch.rand((), generator=gen) < self.p.rate for _ in range(ctx.max_steps)])
+            s.gates = StepDraws(host_to_device(draws, self.info.device))
         s.n_applied = torch.zeros((), device=self.info.device)
         s.cos_sum = torch.zeros((), device=self.info.device)
         s.n_ref = 0
@@ -278,7 +277,7 @@ class FedGP(OverBase):
         s = self.scratch(ctx)
         if s.pairs is not None and self.p.rate > 0:
             pairs = [(p, r) for p, r in s.pairs if p.grad is not None]
-            gate = None if s.gates is None else self.next_gate(s)
+            gate = None if s.gates is None else s.gates.next()
             g = [p.grad for p, _ in pairs]
             with torch.no_grad():
                 new, applied, cos = manipulate(
@@ -298,13 +297,6 @@ class FedGP(OverBase):
             x, y = s.batch
             s.batch = None
             self.replay.offer(ctx, s, x, y)
-
-    @staticmethod
-    def next_gate(s: Any) -> torch.Tensor:
-        """This step's rate draw of a client (``s``: its scratch), its count moved on."""
-        gate = s.gates.index_select(0, s.gate_at.view(1))[0]  # (a 0-d index would be read on the host)
-        s.gate_at += 1
-        return gate
 
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> Any:
         """The stacked form of the step (``client_grad``): the base's terms, then as the
@@ -339,7 +331,7 @@ class FedGP(OverBase):
                 return grads
             gate = None
             if scratches[lo].gates is not None:
-                gate = torch.stack([self.next_gate(scratches[i]) for i in range(lo, hi)])
+                gate = torch.stack([scratches[i].gates.next() for i in range(lo, hi)])
             new, applied, cos = manipulate(g, r, p.manipulation, p.apply == "always", gate, stacked=True)
             sums[0, lo:hi] += applied
             sums[1, lo:hi] += cos

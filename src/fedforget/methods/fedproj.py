@@ -97,7 +97,7 @@ from .distill import DistillParams, public_logits, softened_kl, softened_kl_stac
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
 from .params import boolean, choice, integer, number, redefault
 from .registry import METHODS
-from .shared import StepSums, project
+from .shared import StepDraws, StepSums, project
 
 MEMORY_STREAM, DROPOUT_STREAM = 0x60, 0x61  # keyed randomness: memory batches, dropout
 MEMORY_LOSSES = ("kl", "ce")
@@ -247,8 +247,7 @@ class FedProj(FedDF):
         s.active = self.projection_active(ctx)
         s.sums = StepSums.own(3, self.info.device)  # steps projected, sum of cos, steps with a memory batch
         spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
-        s.memory = self.memory_rows(ctx, ctx.local_epochs * spe) if s.active else None
-        s.step = torch.zeros((), dtype=torch.long, device=self.info.device)  # the client's next memory batch
+        s.memory = self.memory_rows(ctx) if s.active else None  # (StepDraws; None: the whole public set)
         s.lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -258,25 +257,21 @@ class FedProj(FedDF):
                 group["lr"] *= 0.1
         return super().client_step(ctx, x, y)  # g_new in p.grad (Eq. 2)
 
-    def memory_rows(self, ctx: ClientContext, steps: int) -> torch.Tensor | None:
-        """The memory batch M of each of the client's first ``steps`` steps [steps, |M|]:
-        indices into the public set, one draw per step from the client's keyed generator, on
-        the device (None: the whole public set, when it is no larger than |M|). [D] Drawn at
-        the client's start, the same draws in the same order as one per step: a step then
-        reads its row at a count kept on the device, so a captured step (CUDA graphs) reads
-        each replay's own."""
+    def memory_rows(self, ctx: ClientContext) -> StepDraws | None:
+        """The memory batch M of each of the client's steps: indices into the public set, one
+        draw per step from the client's keyed generator, made at its start (``StepDraws``);
+        None: the whole public set, when it is no larger than |M|."""
         n, b = len(ctx.broadcast[PUBLIC_X]), self.p.memory_batch_size
         if n <= b:
             return None
         gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
-        return host_to_device(torch.stack([torch.randperm(n, generator=gen)[:b] for _ in range(steps)]), self.info.device)
+        draws = torch.stack([torch.randperm(n, generator=gen)[:b] for _ in range(ctx.max_steps)])
+        return StepDraws(host_to_device(draws, self.info.device))
 
     def step_memory(self, ctx: ClientContext) -> torch.Tensor | None:
-        """This step's memory batch (``memory_rows``' next row; None: the whole public set)."""
-        s = self.scratch(ctx)
-        rows = None if s.memory is None else s.memory.index_select(0, s.step.view(1))[0]  # (a 0-d index: a host read)
-        s.step += 1
-        return rows
+        """This step's memory batch (None: the whole public set)."""
+        memory = self.scratch(ctx).memory
+        return None if memory is None else memory.next()
 
     def memory_losses(self, logits: torch.Tensor, idx: list[torch.Tensor | None], broadcast: dict) -> torch.Tensor:
         """L_mem (Eq. 3, or Algorithm 1's CE) of each client of a stack on its memory batch:

@@ -218,11 +218,6 @@ class StepLog:
         return out
 
 
-def _log_room(ctx: ClientContext) -> int:
-    """The most local steps client ``ctx`` can take (its epochs of full and partial batches)."""
-    return ctx.local_epochs * max(math.ceil(ctx.n_samples / ctx.batch_size), 1)
-
-
 def kl_direction(
     logits: torch.Tensor, z_g: torch.Tensor, t: float, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,7 +324,7 @@ class FedSOL(OverBase):
             if self._glob is None:
                 self._glob = frozen_copy(model)
             self._glob.load_state_dict(ctx.global_params)
-        sc.log = StepLog.new(_log_room(ctx), 1, self.info.device)  # the step diagnostics (a stack's: client_live_terms)
+        sc.log = StepLog.new(ctx.max_steps, 1, self.info.device)  # the step diagnostics (a stack's: client_live_terms)
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
         """The step of a stack of clients (the forms ``trait`` stacks: base fedavg, proximal
@@ -345,7 +340,7 @@ class FedSOL(OverBase):
         base_live = self.base.client_live_terms(ctxs) if p.proximal == "base" and self.base.live_terms else None
         stacked_glob: dict[str, torch.Tensor] = {}  # kl: w_g once per client of the stack, built at its first step
         # the stack's diagnostics, a column per client
-        log = StepLog.new(max((_log_room(c) for c in ctxs), default=1), len(ctxs), self.info.device)
+        log = StepLog.new(max((c.max_steps for c in ctxs), default=1), len(ctxs), self.info.device)
         for j, c in enumerate(ctxs):
             self.scratch(c).log = log.client(j)
 

@@ -140,6 +140,24 @@ class StepSums:
         return self.column().tolist()
 
 
+class StepDraws:
+    """A client's keyed draws of every local step (one row per step, in step order, on the
+    device), made at its start, read one row per step at a count kept on the device [D]: the
+    same draws in the same order as one per step, without a host draw or copy in the step,
+    so a step captured in a CUDA graph reads each replay's own row (FedProj's memory batches,
+    FedGP's projection-rate draws)."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.rows = rows
+        self.at = torch.zeros((), dtype=torch.long, device=rows.device)
+
+    def next(self) -> torch.Tensor:
+        """This step's row; the count moves on."""
+        row = self.rows.index_select(0, self.at.view(1))[0]  # (a 0-d index would be read on the host)
+        self.at += 1
+        return row
+
+
 def tensor_norms(t: torch.Tensor) -> torch.Tensor:
     """Each client's L2 norm of its slice of ``t`` [G, ...], shaped [G, 1, ...] to scale it."""
     if len(t) == 1:
