@@ -252,15 +252,14 @@ class StepGraphs:
                         f"{GRAPHS_ENV}=0 runs every step eagerly (the same results)"
                     ) from e
                 self.pool = graph.pool()
-            else:  # FEDFORGET_CUDA_GRAPHS=tape: recording runs the step (CUDA's capture does not)
+            else:  # FEDFORGET_CUDA_GRAPHS=tape
                 graph = Tape()
                 with graph:
                     step(*static)
-                self.graphs[key] = (graph, static)
-                self.captures += 1
-                return
             self.graphs[key] = hit = (graph, static)
             self.captures += 1
+            if isinstance(graph, Tape):  # recording ran the step (CUDA's capture does not)
+                return
         graph, static = hit
         for to, t in zip(static, (idx, *inputs), strict=True):
             if to is not None:

@@ -1071,24 +1071,22 @@ def train_clients_together(
     def streamed_step_(idx, xb, yb, lm, lo: int = 0, rows: list[int] | None = None) -> None:
         batched_step_(idx, (xb, yb, lm), lo, rows)
 
-    def step_shape(k: int, lo: int, hi: int, w: int) -> tuple:
-        """A step's clients and shape, and (the terms that see the step) each client's rows."""
-        return (lo, hi - lo, w, batch, persistent, tuple(step_counts(k, lo, hi, w) or ()))
-
-    def step_key(k: int, lo: int, hi: int, w: int) -> tuple:
-        """What a captured step's kernels depend on: its shape and the optimizer's constants."""
-        return (*step_shape(k, lo, hi, w), lr, momentum, weight_decay, optimizer, betas)
+    def step_shape(lo: int, hi: int, w: int, rows: list[int] | None) -> tuple:
+        """What a captured step's kernels depend on besides the optimizer's constants: its
+        clients and shape, and (the terms that see the step) each client's rows."""
+        return (lo, hi - lo, w, batch, persistent, tuple(rows or ()))
 
     # graphs of this call only (a method's terms; new optimizer constants, as a decaying lr
     # gives every round): a step shape is captured if met at least SCOPED_MIN_USES times here
-    one_call = graphs is not None and (not persistent or graphs.constants((lr, momentum, weight_decay, optimizer, betas)))
+    constants = (lr, momentum, weight_decay, optimizer, betas)
+    one_call = graphs is not None and (not persistent or graphs.constants(constants))
     uses: dict[tuple, int] = {}
     if one_call:  # how often each step shape comes in this call
         for k in range(n_steps):
             if not wide[k]:
                 for lo, hi, w in segments(k):
-                    key = step_key(k, lo, hi, w)
-                    uses[key] = uses.get(key, 0) + 1
+                    shape = step_shape(lo, hi, w, step_counts(k, lo, hi, w))
+                    uses[shape] = uses.get(shape, 0) + 1
     scope = graphs.scope() if graphs is not None and not persistent else contextlib.nullcontext()
     with scope:
         k = 0
@@ -1109,16 +1107,15 @@ def train_clients_together(
                 sub = None  # a streamed pool's minibatch, read ahead (x, y, logit mask or None)
                 if gathered is not None:
                     sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
-                if graphs is None or (one_call and uses[step_key(k, lo, hi, w)] < SCOPED_MIN_USES):
-                    batched_step_(part, sub, lo, step_counts(k, lo, hi, w))
-                elif sub is None:  # the step's kernels depend on its shape and constants only (step_key)
-                    graphs.run(step_key(k, lo, hi, w), part,
-                               functools.partial(batched_step_, gathered=None, lo=lo, rows=step_counts(k, lo, hi, w)),
-                               shape=step_shape(k, lo, hi, w))  # fmt: skip
-                else:  # the minibatch read ahead: copied into the captured step's inputs at each replay
-                    graphs.run(step_key(k, lo, hi, w), part,
-                               functools.partial(streamed_step_, lo=lo, rows=step_counts(k, lo, hi, w)), *sub,
-                               shape=step_shape(k, lo, hi, w))  # fmt: skip
+                rows = step_counts(k, lo, hi, w)
+                shape = None if graphs is None else step_shape(lo, hi, w, rows)
+                if graphs is None or (one_call and uses[shape] < SCOPED_MIN_USES):
+                    batched_step_(part, sub, lo, rows)
+                else:  # the step's kernels depend on its shape and constants only; a minibatch
+                    # read ahead is copied into the captured step's inputs at each replay
+                    step = functools.partial(batched_step_, gathered=None, lo=lo, rows=rows) if sub is None \
+                        else functools.partial(streamed_step_, lo=lo, rows=rows)
+                    graphs.run((*shape, *constants), part, step, *(sub or ()), shape=shape)
             k += 1
     model.train(was_training)
     set_dropout_key(drop, None)
