@@ -49,13 +49,7 @@ def strip(rows):
 
 def stream(make_run_config, method, params, heads="shared", **train):
     """replay_stream_cfg's split digits at batch 8, 4 rounds, ``heads`` shared or per task."""
-    rc = replay_stream_cfg(make_run_config, method, params, batch_size=8, rounds=4, **train)
-    scenario = {"kind": "split", "tasks": 3, "classes_per_task": 3, "rounds_per_task": 2,
-                "leftover_classes": "drop", "incremental": "class", "heads": heads}  # fmt: skip
-    if heads == "shared":
-        return rc
-    return make_run_config(dataset="digits", model="mlp", method=method, params=params, scenario=scenario,
-                           partition=rc.partition, **{**vars(rc.train), "optimizer": vars(rc.train.optimizer)})  # fmt: skip
+    return replay_stream_cfg(make_run_config, method, params, heads=heads, batch_size=8, rounds=4, **train)
 
 
 def config(method, params, public_run_cfg, make_run_config, **train):
