@@ -7,7 +7,8 @@
 # FedSOL on ResNet-18 batched (live terms on the ResNets since; its steps, and every
 # capturable method's, Adam's and per-task heads', under CUDA graphs of one group's
 # training since 2026-12-02: tests/methods/test_graphs.py first), the continual methods on the ResNets' stacked forward in channels_last (measured
-# there in NCHW only), packing now that auto batches ResNet-18 on a GPU, most model rates
+# there in NCHW only; A-GEM's and DER's steps, planned at each client's start, under CUDA
+# graphs since the third session of 2026-12-02), packing now that auto batches ResNet-18 on a GPU, most model rates
 # unmeasured), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
 # session gets the most wanted numbers first:

@@ -84,7 +84,15 @@ from torch.func import functional_call, grad_and_value, vmap
 from .cudagraph import StepGraphs
 from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
-from .methods.base import Held, LiveStep, LiveTerms, StepBatch, StepTerms, masked_logits
+from .methods.base import (
+    Held,
+    LiveStep,
+    LiveTerms,
+    PlannedTerms,
+    StepBatch,
+    StepTerms,
+    masked_logits,
+)
 from .models import BasicBlock, Classifier, ResNetBody, TaskHeads
 from .utils import FedForgetError
 
@@ -671,7 +679,7 @@ def train_clients_together(
             res.done(grads, adv)
         return grads, total.detach()
 
-    def stacked_step(p_act, st_act, xb, yb, mask, lm, rows=None, lo=0):
+    def stacked_step(p_act, st_act, xb, yb, mask, lm, rows=None, lo=0, k=None):
         """(gradients, losses, logits) of the clients lo.. of the stack (weights ``p_act``,
         BatchNorm statistics ``st_act``, updated in place): the same values as ``step_fn``."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
@@ -693,7 +701,7 @@ def train_clients_together(
 
             step = StepBatch(xb, yb, rows, out.float(), functools.partial(stack_forward, lo=lo), stack_grad,
                              task_losses(out, yb, mask, lm), feats.float(), stack_features, mask, stack_logits,
-                             None if lv is None else [v.float() for v in lv])  # fmt: skip
+                             None if lv is None else [v.float() for v in lv], k)  # fmt: skip
             grads, losses = live_pass(lo, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -813,19 +821,19 @@ def train_clients_together(
         gs = torch.autograd.grad(loss, list(w.values()), allow_unused=True, retain_graph=live is not None)
         return {n: torch.zeros_like(v) if g is None else g for (n, v), g in zip(w.items(), gs)}
 
-    def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], logits: torch.Tensor,
+    def step_batch(xb: torch.Tensor, yb: torch.Tensor, rows: list[int], logits: torch.Tensor, k: int,
                    net: nn.Module | None = None, lo: int = 0) -> StepBatch:  # fmt: skip
-        """The step's StepBatch (xb, yb [a, w, ...], the step's logits [a, w, C]) of the
+        """Step k's StepBatch (xb, yb [a, w, ...], the step's logits [a, w, C]) of the
         stack's clients lo..; ``net``: a client's own replica (``loop_client_``), whose
         forward the memory rows then take."""
         if net is None:
-            return StepBatch(xb, yb, rows, logits, functools.partial(stack_forward, lo=lo), stack_grad)
+            return StepBatch(xb, yb, rows, logits, functools.partial(stack_forward, lo=lo), stack_grad, k=k)
 
         def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
             with autocast():
                 return functional_call(net, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0).float()
 
-        return StepBatch(xb, yb, rows, logits, own_forward, stack_grad)
+        return StepBatch(xb, yb, rows, logits, own_forward, stack_grad, k=k)
 
     def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor, step: StepBatch | None = None):
         """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to
@@ -875,7 +883,7 @@ def train_clients_together(
             if drop_i:
                 set_dropout_key(drop_i, DropoutKey(keys[i], k))
             if live is not None:
-                grads, loss = live_alone(net, i, xb, yb, lm)
+                grads, loss = live_alone(net, i, xb, yb, lm, k)
                 with torch.no_grad():
                     update_(list(p_i.values()), [grads[n] for n in names], s_i)
                 total += loss
@@ -884,7 +892,7 @@ def train_clients_together(
                 logits = net(xb)
             loss = F.cross_entropy(masked_logits(logits.float(), lm), yb).unsqueeze(0)
             grads = {n: g.unsqueeze(0) for n, g in zip(names, torch.autograd.grad(loss, w))}
-            step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], logits.detach().unsqueeze(0), net) if sees_step else None
+            step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], logits.detach().unsqueeze(0), k, net) if sees_step else None
             grads, loss = add_terms(i, i + 1, p_i, grads, loss.detach(), step)
             with torch.no_grad():
                 update_(list(p_i.values()), [grads[n] for n in names], s_i)
@@ -902,7 +910,7 @@ def train_clients_together(
                 stats[n][i].copy_(own_stats[n])
         return total
 
-    def live_alone(net: nn.Module, i: int, xb: torch.Tensor, yb: torch.Tensor, lm) -> tuple[dict, torch.Tensor]:
+    def live_alone(net: nn.Module, i: int, xb: torch.Tensor, yb: torch.Tensor, lm, k: int) -> tuple[dict, torch.Tensor]:
         """One step of client i with the method's live terms in its own replica ``net``
         (``loop_client_``), as a stack of one: its weights are [1, ...] views of the
         replica's parameters, which the forward passes read (``functional_call``); a second
@@ -948,7 +956,7 @@ def train_clients_together(
                 raise ValueError(f"a frozen pass without the running statistics of its weights ({missing[0]})")
             return ws
 
-        step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), net)._replace(
+        step = step_batch(xb.unsqueeze(0), yb.unsqueeze(0), [len(yb)], out.float().unsqueeze(0), k, net)._replace(
             loss=loss, features=feats.float().unsqueeze(0), features_of=own_features, logits_of=own_logits,
             levels=None if lv is None else [v.float() for v in lv],
         )
@@ -989,8 +997,9 @@ def train_clients_together(
             for i, total in part:
                 loss_sum[i : i + 1] += total
 
-    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None, lo: int = 0, rows: list[int] | None = None) -> None:
-        """One step of the clients in ``idx`` ([a, w] rows, -1 = padding; clients lo..lo+a-1
+    def batched_step_(idx: torch.Tensor, gathered: tuple | None = None, lo: int = 0, rows: list[int] | None = None,
+                      k: int | None = None) -> None:  # fmt: skip
+        """Step k of the clients in ``idx`` ([a, w] rows, -1 = padding; clients lo..lo+a-1
         of the stack) together: one gather (or its result ``gathered``, read ahead), forward
         and backward, and their SGD updates. ``rows``: each client's rows in ``idx``, for
         the terms that see the step (``sees_step``), counted on the host (``step_counts``)."""
@@ -1001,7 +1010,7 @@ def train_clients_together(
         p_act = {n: v[lo:hi] for n, v in params.items()}
         st_act = {n: v[lo:hi] for n, v in stats.items()}
         if use_stacked:
-            grads, losses, logits = stacked_step(p_act, st_act, xb, yb, mask, lm, rows, lo)
+            grads, losses, logits = stacked_step(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
         elif hi - lo == 1:  # one client left (a large client's tail): no vmap overhead
             g1, (l1, z1) = one_fn(
                 {n: v[0] for n, v in p_act.items()}, {n: v[0] for n, v in st_act.items()},
@@ -1012,7 +1021,7 @@ def train_clients_together(
         else:
             step_fn = vmap(one_fn, in_dims=(0, 0, 0, 0, 0, None if lm is None else 0, 0))
             grads, (losses, logits) = step_fn(p_act, st_act, xb, yb, mask, lm, keys[lo:hi])
-        step = step_batch(xb, yb, rows, logits, lo=lo) if sees_step else None
+        step = step_batch(xb, yb, rows, logits, k, lo=lo) if sees_step else None
         grads, losses = add_terms(lo, hi, p_act, grads, losses.detach(), step)
         loss_sum[lo:hi] += losses
         with torch.no_grad():
@@ -1068,13 +1077,16 @@ def train_clients_together(
     if read_ahead:  # a streamed pool's host reads overlap the steps
         ahead = prefetched(lambda k: batch(step_rows(k, host_table).clamp(min=0)), [k for k in range(n_steps) if not wide[k]])
 
-    def streamed_step_(idx, xb, yb, lm, lo: int = 0, rows: list[int] | None = None) -> None:
-        batched_step_(idx, (xb, yb, lm), lo, rows)
+    def streamed_step_(idx, xb, yb, lm, lo: int = 0, rows: list[int] | None = None, k: int | None = None) -> None:
+        batched_step_(idx, (xb, yb, lm), lo, rows, k)
 
-    def step_shape(lo: int, hi: int, w: int, rows: list[int] | None) -> tuple:
-        """What a captured step's kernels depend on besides the optimizer's constants: its
-        clients and shape, and (the terms that see the step) each client's rows."""
-        return (lo, hi - lo, w, batch, persistent, tuple(rows or ()))
+    planned = terms.key if isinstance(terms, PlannedTerms) else None
+
+    def step_shape(k: int, lo: int, hi: int, w: int, rows: list[int] | None) -> tuple:
+        """What step k's captured kernels depend on besides the optimizer's constants: its
+        clients and shape, (the terms that see the step) each client's rows, and (terms that
+        follow a plan) the plan's step (``PlannedTerms.key``)."""
+        return (lo, hi - lo, w, batch, persistent, tuple(rows or ()), planned and planned(k, lo, hi))
 
     # graphs of this call only (a method's terms; new optimizer constants, as a decaying lr
     # gives every round): a step shape is captured if met at least SCOPED_MIN_USES times here
@@ -1085,7 +1097,7 @@ def train_clients_together(
         for k in range(n_steps):
             if not wide[k]:
                 for lo, hi, w in segments(k):
-                    shape = step_shape(lo, hi, w, step_counts(k, lo, hi, w))
+                    shape = step_shape(k, lo, hi, w, step_counts(k, lo, hi, w))
                     uses[shape] = uses.get(shape, 0) + 1
     scope = graphs.scope() if graphs is not None and not persistent else contextlib.nullcontext()
     with scope:
@@ -1108,13 +1120,13 @@ def train_clients_together(
                 if gathered is not None:
                     sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
                 rows = step_counts(k, lo, hi, w)
-                shape = None if graphs is None else step_shape(lo, hi, w, rows)
+                shape = None if graphs is None else step_shape(k, lo, hi, w, rows)
                 if graphs is None or (one_call and uses[shape] < SCOPED_MIN_USES):
-                    batched_step_(part, sub, lo, rows)
+                    batched_step_(part, sub, lo, rows, k)
                 else:  # the step's kernels depend on its shape and constants only; a minibatch
                     # read ahead is copied into the captured step's inputs at each replay
-                    step = functools.partial(batched_step_, gathered=None, lo=lo, rows=rows) if sub is None \
-                        else functools.partial(streamed_step_, lo=lo, rows=rows)
+                    step = functools.partial(batched_step_, gathered=None, lo=lo, rows=rows, k=k) if sub is None \
+                        else functools.partial(streamed_step_, lo=lo, rows=rows, k=k)
                     graphs.run((*shape, *constants), part, step, *(sub or ()), shape=shape)
             k += 1
     model.train(was_training)

@@ -15,7 +15,7 @@ from torch import nn
 from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, check_params
 from fedforget.methods.der import DER, MEMORY_STREAM
-from fedforget.methods.replay import Reservoir, sample_generator
+from fedforget.methods.replay import ReplayPlan, Reservoir, sample_generator
 from fedforget.models import Classifier
 from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
@@ -60,9 +60,12 @@ def test_loss_equals_the_hand_formula(plus):
 
 def test_offered_rows_keep_the_training_forward_logits():
     method, ctx, model, state, x, y = setup({})
-    method.scratch(ctx).to_offer = 4  # inside the first pass
+    s = method.scratch(ctx)
+    s.to_offer = 4  # inside the first pass: the round's plan made again with it
+    s.plan = ReplayPlan(method.replay.buffer, ctx, s, 1, 3, torch.device("cpu"))
     logits = model(x)
     method.client_loss(ctx, x, y, None, logits)
+    method.client_end(ctx)  # the buffer's counters
     rows = Reservoir(10).rows(state)
     assert Reservoir(10).seen(state) == 11 and Reservoir(10).size(state) == 10
     got = {int(i): r for i, r in enumerate(rows["x"]) if any(torch.equal(r, xi) for xi in x)}
@@ -74,7 +77,7 @@ def test_offered_rows_keep_the_training_forward_logits():
 
 def test_empty_buffer_adds_nothing():
     method, ctx, model, state, x, y = setup({})
-    ctx.state = {}
+    ctx.state, ctx.scratch = {}, {}  # a client without a buffer, its round set up anew
     method.client_begin(ctx)
     assert torch.equal(method.batch_loss(ctx, x, y), F.cross_entropy(model(x), y))
 

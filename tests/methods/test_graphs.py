@@ -36,7 +36,9 @@ CASES = [(n, QUICK_PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedprotip", {"tip": "none", "samples": 32, "freeze_early": True}),
     ("fedproj", {"memory_batch_size": 4}),  # memory batches drawn (the public set is larger)
     ("fedgp", {"rate": 0.5}),  # each step's rate draw, drawn at the client's start
-    ("fedgp", {"base": "agem"}),  # over a base whose terms are not
+    ("fedgp", {"base": "agem"}),  # over a base whose steps follow a plan (keyed by it)
+    ("agem", {"buffer_size": 12, "memory_batch_size": 4}),  # a full buffer: rows replaced
+    ("der", {"plus": True, "buffer_size": 12, "memory_batch_size": 4}),  # two batches per step
     ("fedgp", {"base": "fedprox", "manipulation": "rotate", "apply": "always"}),
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
@@ -124,7 +126,8 @@ def test_adam_and_per_task_heads_steps_replay_in_graphs_of_one_call(make_run_con
 
 
 GPU_CASES = [("fedsol", {}), ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}), ("fedgp", {}),
-             ("scaffold", {}), ("fedproj", {}), ("gpm", {}), ("fedprotip", {"tip": "none", "samples": 32})]  # fmt: skip
+             ("scaffold", {}), ("fedproj", {}), ("gpm", {}), ("fedprotip", {"tip": "none", "samples": 32}),
+             ("agem", {}), ("der", {"plus": True})]  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")

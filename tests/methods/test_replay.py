@@ -121,6 +121,56 @@ def test_sample_draws_distinct_rows_and_extras():
     assert Reservoir(0).offer({}, torch.randn(2, 2), y[:2], torch.Generator(), task=0) == 0
 
 
+@pytest.mark.parametrize("capacity,seen,offered,batch,draws", [(6, 0, 10, 4, 1), (6, 5, 10, 4, 2), (3, 9, 0, 4, 1), (20, 0, 7, 8, 2)])
+def test_a_plan_draws_and_fills_as_step_by_step(capacity, seen, offered, batch, draws):
+    """ReplayPlan (A-GEM's and DER's steps): at each step its memory batches equal
+    ``Reservoir.sample``'s with the same generator, drawn before the step's offer, and after
+    the round the buffer and its counters equal ``Reservoir.offer``'s, minibatch after
+    minibatch of the first epoch (an empty buffer, one filling, one full, none offered)."""
+    from types import SimpleNamespace
+
+    from fedforget.methods.base import ClientContext
+    from fedforget.methods.replay import ReplayPlan
+
+    def client(state):
+        ctx = ClientContext(cid=0, round=0, model=None, optimizer=None, global_params={}, broadcast={}, state=state,
+                            n_samples=max(offered, 1), lr=0.1, local_epochs=2, batch_size=batch)  # fmt: skip
+        s = SimpleNamespace(to_offer=offered, sample_gen=torch.Generator().manual_seed(3),
+                            offer_gen=torch.Generator().manual_seed(4))  # fmt: skip
+        return ctx, s
+
+    res, gen = Reservoir(capacity), torch.Generator().manual_seed(0)
+    before = {}
+    if seen:
+        res.offer(before, torch.randn(seen, 2, generator=gen), torch.arange(seen), torch.Generator(), task=0)
+    rows = torch.randn(offered, 2, generator=gen), torch.arange(100, 100 + offered)
+    plain = {k: dict(v) for k, v in before.items()}
+    planned = {k: dict(v) for k, v in before.items()}
+    ctx, s = client(planned)
+    plan = ReplayPlan(res, ctx, s, draws, 3, torch.device("cpu"))
+    _, ref = client(plain)
+    for k in range(ctx.max_steps):
+        at = slice(k * batch, (k + 1) * batch) if k * batch < offered else slice(0, 0)
+        expected = [res.sample(plain, 3, ref.sample_gen) for _ in range(draws)]
+        got = plan.batches(planned, k)
+        for e, g in zip(expected, got):
+            assert (e is None) == (g is None)
+            if e is not None:
+                assert all(torch.equal(e[f], g[f]) for f in e)
+        if at.stop > at.start:
+            res.offer(plain, rows[0][at], rows[1][at], ref.offer_gen, task=1)
+            plan.offer(planned, k, rows[0][at], rows[1][at], 1)
+    plan.finish(planned)
+    assert plain.keys() == planned.keys()
+    for key, buf in plain.items():
+        for f, v in buf.items():
+            assert torch.equal(v, planned[key][f]) if isinstance(v, torch.Tensor) else v == planned[key][f], f
+    if offered:  # an offer that is not the planned one is an error, not another buffer
+        ctx, s = client({})
+        with pytest.raises(RuntimeError, match=f"step 0 offers 3 rows, planned {min(offered, batch)}"):
+            ReplayPlan(res, ctx, s, draws, 3, torch.device("cpu")).offer({}, 0, rows[0][:3], rows[1][:3], 1)
+
+
 def test_each_sample_offered_once_per_task_on_the_first_pass(make_run_config):
     """A-GEM on split digits (3 tasks x 2 rounds), 2 local epochs, half the clients per
     round: each client offered exactly its rows of the tasks in which it trained at least

@@ -20,7 +20,10 @@ fills it (``replay.py``: each sample offered once per task, on the client's firs
 the task's data, after the step that trained on it) -- mammoth's A-GEM-R variant; A-GEM's
 paper fills a per-task episodic memory at task ends instead. The memory batch is drawn
 uniformly without replacement from the buffer (it may hold current-task rows, as in A-GEM-R
-and FedGP) from a generator keyed (seed, round, client, task, 0x81). Replayed rows are
+and FedGP) from a generator keyed (seed, round, client, task, 0x81). [D] Every step's draw and
+every offer's placement are made at the client's start, from what the buffer will hold at
+each step (``replay.ReplayPlan``): the same draws and buffer as step by step, and no host work
+in the step, so the stacked trainer captures A-GEM's steps in CUDA graphs. Replayed rows are
 scored with their own task's classes in task-incremental scenarios (mask of the row's task)
 and with their own task's head where heads are per task. Buffer rows are not augmented
 again when replayed [C: FedGP's code (shenghongdai/Fed-A-GEM, models/Update_booster.py)
@@ -60,8 +63,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..utils import host_to_device
-from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, masked_logits
+from .base import (
+    ClientContext,
+    FedAvg,
+    PlannedTerms,
+    RunInfo,
+    StepBatch,
+    StepTerms,
+    Upload,
+    masked_logits,
+)
 from .params import integer
 from .registry import METHODS
 from .replay import Replay
@@ -77,9 +88,6 @@ class AGEM(FedAvg):
     own_upload = True
     step_terms = True
     sees_step = True  # the memory batch and the buffer's offers: the step's own rows
-    # [D] not in CUDA graphs: each step draws its memory batch and offers its rows to the
-    # buffer on the host (keyed CPU generators, the buffer's fill count)
-    capturable_terms = False
 
     @dataclass(frozen=True)
     class Params:
@@ -95,27 +103,27 @@ class AGEM(FedAvg):
         if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
             return  # set up once (the buffer's offer budget is taken once per round)
         s.begun = True
-        self.replay.begin(ctx, s)
+        self.replay.plan(ctx, s, 1, self.p.memory_batch_size)  # the round's memory batches and offers
         s.stack = None
 
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
-        """The step, for each client of the stack: its memory batch drawn from its buffer,
-        g_ref = the gradient of the batch's cross-entropy (``reference``), the step's
-        gradient projected against it (the map; no memory: unchanged), then the step's rows
-        offered to the buffer. Per client: steps projected, the sum of cos(g, g_ref), steps
-        with a memory batch (``s.stack``)."""
+        """The step, for each client of the stack: its memory batch from its buffer (its
+        plan's, ``replay.ReplayPlan``), g_ref = the gradient of the batch's cross-entropy
+        (``reference``), the step's gradient projected against it (the map; no memory:
+        unchanged), then the step's rows offered to the buffer. Per client: steps projected,
+        the sum of cos(g, g_ref), steps with a memory batch (``s.stack``)."""
         dev = self.info.device
         sums = StepSums.shared([self.scratch(c) for c in ctxs], 3, dev, "stack")
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
-            mems = [self.replay.sample(c, self.scratch(c), self.p.memory_batch_size) for c in ctxs[lo:hi]]
-            g_ref = self.reference(w, step, mems) if any(m is not None for m in mems) else None
-            for j, c in enumerate(ctxs[lo:hi]):  # after the draws: the step's rows enter the buffer
+            mems = []
+            for j, c in enumerate(ctxs[lo:hi]):  # the draws, then the step's rows enter the buffer
                 n = step.rows[j]
-                self.replay.offer(c, self.scratch(c), step.x[j, :n], step.y[j, :n])
-            if g_ref is None:
+                mems += self.replay.step(c, self.scratch(c), step.k, step.x[j, :n], step.y[j, :n])
+            if all(m is None for m in mems):
                 return None, None, None
-            has = host_to_device(torch.tensor([m is not None for m in mems]), dev)
+            g_ref = self.reference(w, step, mems)
+            has = self.replay.has(mems, dev)
 
             def gmap(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 names = [n for n, v in grads.items() if v is not None]
@@ -132,7 +140,7 @@ class AGEM(FedAvg):
 
             return None, None, gmap
 
-        return terms
+        return PlannedTerms(terms, lambda k, lo, hi: tuple(self.scratch(c).plan.key(k) for c in ctxs[lo:hi]))
 
     def reference(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list) -> dict[str, torch.Tensor]:
         """g_ref of each client of the stack: the gradient of the cross-entropy on its memory
@@ -150,7 +158,9 @@ class AGEM(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        projected, cos, with_memory = self.scratch(ctx).stack.values()
+        s = self.scratch(ctx)
+        s.plan.finish(ctx.state)
+        projected, cos, with_memory = s.stack.values()
         ctx.stats["proj_share"] = projected / max(ctx.steps, 1)
         if with_memory > 0:
             ctx.stats["cos_before"] = cos / with_memory

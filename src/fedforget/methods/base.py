@@ -113,6 +113,27 @@ GradMap = Callable[[Params], Params]
 StepTerms = Callable[..., tuple[torch.Tensor | None, Params | None, GradMap | None]]
 
 
+class PlannedTerms:
+    """Step terms (``client_step_terms``'s function) whose work on the host differs from
+    step to step by a plan made at the clients' start [D]: A-GEM's and DER's memory
+    batches and buffer offers (``methods.replay.ReplayPlan``). Called as the function it
+    wraps; ``key(k, lo, hi)``: what step k's kernels depend on for clients lo..hi-1 besides
+    the step's own shape (each client's memory rows, offers), by which the stacked trainer
+    keys the steps it captures in CUDA graphs: a replay runs none of this Python, so two
+    steps of one key must run the same kernels on the same tensors."""
+
+    def __init__(self, terms: StepTerms, key: Callable[[int, int, int], tuple]) -> None:
+        self.terms, self.key = terms, key
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor | None, Params | None, GradMap | None]:
+        return self.terms(*args)
+
+    @staticmethod
+    def like(base: StepTerms | None, terms: StepTerms) -> StepTerms:
+        """``terms`` (a plug-in's, which call ``base``'s at each step) keyed as ``base`` is."""
+        return PlannedTerms(terms, base.key) if isinstance(base, PlannedTerms) else terms
+
+
 class Held(NamedTuple):
     """A gradient map's value for a parameter that some clients of the stack hold this step:
     the stack's gradients ``grad`` [G, ...] and ``held`` (bool [G]); the optimizer skips the
@@ -162,6 +183,9 @@ class StepBatch(NamedTuple):
     # ``Classifier.forward_levels``), each [G, w, d_l], shallow to deep, in the step's graph;
     # None: one level, ``features`` (FedRCL's multi-level terms)
     levels: list[torch.Tensor] | None = None
+    # the step's index in the round's local steps, on the host (every client of a stack takes
+    # its k-th step together): a plan made at the clients' start is read by it (PlannedTerms)
+    k: int | None = None
 
     def row_mask(self) -> torch.Tensor:
         """[G, w] float: 1 on each client's real rows, 0 on its padding."""
@@ -620,7 +644,8 @@ class FedAvg:
             gs = torch.autograd.grad(loss, ps, allow_unused=True)
             return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for n, p, g in zip(w, ps, gs)}
 
-        return StepBatch(x.unsqueeze(0), y.unsqueeze(0), [len(y)], logits.detach().unsqueeze(0), forward, grad)
+        return StepBatch(x.unsqueeze(0), y.unsqueeze(0), [len(y)], logits.detach().unsqueeze(0), forward, grad,
+                         k=ctx.steps)  # fmt: skip
 
     def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
         """This client's ``client_step_terms`` (built once per client and round)."""

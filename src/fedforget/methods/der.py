@@ -25,7 +25,9 @@ The buffer [D/C]: a reservoir of ``buffer_size`` rows per client, each sample of
 per task on the client's first pass over the task's data (``replay.py``; FedGP's code; the
 DER code offers every step of every epoch). Memory batches: uniform without replacement
 from the buffer, drawn from a generator keyed (seed, round, client, task, 0x82); the two
-DER++ batches are successive draws of it. Buffer rows are kept as the step saw them
+DER++ batches are successive draws of it; every step's draws and every offer's placement
+are made at the client's start (``replay.ReplayPlan``, as A-GEM's), so the steps run no host
+work and the stacked trainer captures them in CUDA graphs. Buffer rows are kept as the step saw them
 (augmented where the dataset is) and not augmented again when replayed [C: FedGP's code,
 shenghongdai/Fed-A-GEM models/Update_booster.py, stores its ``DatasetSplit``'s transformed
 image and replays with ``transform=None``; the DER code (Mammoth) stores the unaugmented
@@ -66,8 +68,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..utils import host_to_device
-from .base import ClientContext, FedAvg, RunInfo, StepBatch, StepTerms, Upload, masked_logits
+from .base import (
+    ClientContext,
+    FedAvg,
+    PlannedTerms,
+    RunInfo,
+    StepBatch,
+    StepTerms,
+    Upload,
+    masked_logits,
+)
 from .params import boolean, integer, number
 from .registry import METHODS
 from .replay import Replay
@@ -83,9 +93,6 @@ class DER(FedAvg):
     own_upload = True
     step_terms = True
     sees_step = True  # the memory batches and the buffer's offers: the step's rows and logits
-    # [D] not in CUDA graphs: each step draws its memory batches and offers its rows to the
-    # buffer on the host (keyed CPU generators, the buffer's fill count)
-    capturable_terms = False
 
     @dataclass(frozen=True)
     class Params:
@@ -104,7 +111,8 @@ class DER(FedAvg):
         if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
             return  # set up once (the buffer's offer budget is taken once per round)
         s.begun = True
-        self.replay.begin(ctx, s)
+        p = self.p  # the round's memory batches (one per replay term) and offers
+        self.replay.plan(ctx, s, int(p.alpha > 0) + int(p.plus and p.beta > 0), p.memory_batch_size)
         s.stack = None
 
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
@@ -115,28 +123,27 @@ class DER(FedAvg):
         sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, self.info.device, "stack")
 
         def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
-            own = ctxs[lo:hi]
-            parts = []
-            if p.alpha > 0:
-                mems = [self.replay.sample(c, self.scratch(c), p.memory_batch_size) for c in own]
-                if any(m is not None for m in mems):
-                    mse, has = self.replayed(w, step, mems, "mse")
-                    sums[0, lo:hi] += mse.detach() * has
-                    sums[1, lo:hi] += has
-                    parts.append(p.alpha * mse)
-            if p.plus and p.beta > 0:
-                mems = [self.replay.sample(c, self.scratch(c), p.memory_batch_size) for c in own]
-                if any(m is not None for m in mems):
-                    parts.append(p.beta * self.replayed(w, step, mems, "ce")[0])
-            # offered now: the step changes only w, and the logits kept are this step's forward's
-            for j, c in enumerate(own):
+            # each client's batches (alpha's, then DER++'s), drawn before the step's rows and
+            # logits are offered (the step changes only w; the logits kept are its forward's)
+            per_client = []
+            for j, c in enumerate(ctxs[lo:hi]):
                 n = step.rows[j]
-                self.replay.offer(c, self.scratch(c), step.x[j, :n], step.y[j, :n], logits=step.logits[j, :n])
+                x, y, z = step.x[j, :n], step.y[j, :n], step.logits[j, :n]
+                per_client.append(self.replay.step(c, self.scratch(c), step.k, x, y, logits=z))
+            draws = list(zip(*per_client))  # per replay term, each client's batch
+            parts = []
+            if p.alpha > 0 and any(m is not None for m in draws[0]):
+                mse, has = self.replayed(w, step, list(draws[0]), "mse")
+                sums[0, lo:hi] += mse.detach() * has
+                sums[1, lo:hi] += has
+                parts.append(p.alpha * mse)
+            if p.plus and p.beta > 0 and any(m is not None for m in draws[-1]):
+                parts.append(p.beta * self.replayed(w, step, list(draws[-1]), "ce")[0])
             if not parts:
                 return None, None, None
             return (parts[0] if len(parts) == 1 else parts[0] + parts[1]), None, None
 
-        return terms
+        return PlannedTerms(terms, lambda k, lo, hi: tuple(self.scratch(c).plan.key(k) for c in ctxs[lo:hi]))
 
     def replayed(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(each client's loss on its buffer batch [G], differentiable in w; whether it had
@@ -144,7 +151,7 @@ class DER(FedAvg):
         over rows and classes), ``ce`` the cross-entropy on the stored labels (each row
         masked to its task's classes in task-incremental scenarios); 0 for a client without
         a batch."""
-        has = host_to_device(torch.tensor([m is not None for m in mems], dtype=torch.float32), step.x.device)
+        has = self.replay.has(mems, step.x.device, torch.float32)
         if len(mems) == 1:  # a client alone: the batch's mean, as it always was
             m = mems[0]
             logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
@@ -163,7 +170,9 @@ class DER(FedAvg):
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        mse, steps = self.scratch(ctx).stack.values()
+        s = self.scratch(ctx)
+        s.plan.finish(ctx.state)
+        mse, steps = s.stack.values()
         if steps > 0:
             ctx.stats["mse"] = mse / steps
         ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))

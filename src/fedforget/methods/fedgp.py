@@ -86,7 +86,16 @@ import torch
 import torch.nn.functional as F
 
 from ..utils import FedForgetError, host_to_device, torch_seed
-from .base import ROUND_END, ClientContext, Held, RunInfo, ServerContext, Upload, masked_logits
+from .base import (
+    ROUND_END,
+    ClientContext,
+    Held,
+    PlannedTerms,
+    RunInfo,
+    ServerContext,
+    Upload,
+    masked_logits,
+)
 from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
@@ -346,7 +355,7 @@ class FedGP(OverBase):
 
             return loss, add, gmap
 
-        return terms
+        return PlannedTerms.like(base, terms)  # keyed as the base's steps (A-GEM's, DER's plan)
 
     def client_end(self, ctx: ClientContext) -> Upload:
         s = self.scratch(ctx)

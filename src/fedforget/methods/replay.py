@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..utils import host_to_device, on_device, torch_seed
+from .shared import StepDraws
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.scenario import Scenario
@@ -122,23 +123,27 @@ class Reservoir:
         m = len(y)
         if m == 0 or self.capacity == 0:
             return 0
-        task = on_device(task, y.device, torch.long).expand(m)
-        fields = {
-            "x": x.detach(),
-            "y": y.detach(),
-            "task": task,
-            **{k: v.detach() for k, v in extra.items()},
-        }
-        buf = self._buf(state)
-        if "y" not in buf:  # the first offer: room for ``capacity`` rows of each field
-            for k, v in fields.items():
-                buf[k] = torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype, device=v.device)
-        stored = {k for k in buf if k not in _META}
-        if stored != fields.keys():
-            raise ValueError(
-                f"replay buffer '{self.key}' keeps {sorted(stored)}, offered {sorted(fields)}"
-            )
-        seen, cap = int(buf["seen"]), self.capacity
+        fields = self.fields(x, y, task, extra)
+        buf = self.rows_for(state, fields)
+        seen = int(buf["seen"])
+        slot_of_row = self.places(seen, m, generator)
+        buf["seen"] = seen + m
+        buf["size"] = min(seen + m, self.capacity)
+        if slot_of_row:
+            self.write(buf, fields, host_to_device(self.sources(slot_of_row), buf["y"].device))
+        return len(slot_of_row)
+
+    @staticmethod
+    def fields(x: torch.Tensor, y: torch.Tensor, task: torch.Tensor | int, extra: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The per-row tensors an offer keeps: {"x", "y", "task", extras...}, detached."""
+        task = on_device(task, y.device, torch.long).expand(len(y))
+        return {"x": x.detach(), "y": y.detach(), "task": task, **{k: v.detach() for k, v in extra.items()}}
+
+    def places(self, seen: int, m: int, generator: torch.Generator) -> dict[int, int]:
+        """Where the ``m`` rows of one offer go, the buffer having seen ``seen`` samples: {slot:
+        row}, the last row drawn to a slot (Algorithm 4 row after row; ``policy``). Draws
+        ``m`` float64 uniforms from ``generator``."""
+        cap = self.capacity
         u = torch.rand(m, generator=generator, dtype=torch.float64)
         n = torch.arange(seen, seen + m, dtype=torch.float64)  # samples seen before each row
         if self.policy == "reservoir":  # j ~ U{0..n}; kept if j < B
@@ -152,15 +157,36 @@ class Reservoir:
             s = seen + i if seen + i < cap else j[i]
             if s < cap:
                 slot_of_row[s] = i
-        buf["seen"] = seen + m
-        buf["size"] = min(seen + m, self.capacity)
-        if slot_of_row:  # one gather/scatter with distinct slots (deterministic on a GPU)
-            dev = buf["y"].device
-            slots = host_to_device(torch.tensor(list(slot_of_row), dtype=torch.long), dev)
-            rows = host_to_device(torch.tensor(list(slot_of_row.values()), dtype=torch.long), dev)
+        return slot_of_row
+
+    def sources(self, slot_of_row: dict[int, int]) -> torch.Tensor:
+        """The gather that writes an offer (``write``), on the host: [capacity] long, slot s
+        reads row ``capacity + r`` of (buffer, offered rows) where the offer puts row r there,
+        else its own row s."""
+        src = torch.arange(self.capacity)
+        if slot_of_row:
+            src[torch.tensor(list(slot_of_row))] = self.capacity + torch.tensor(list(slot_of_row.values()))
+        return src
+
+    def write(self, buf: dict[str, Any], fields: dict[str, torch.Tensor], src: torch.Tensor) -> None:
+        """The buffer's rows after an offer of ``fields`` (rows [m, ...] each): one gather of
+        (buffer, offered rows) by ``src`` (``sources``, on the buffer's device), of the same
+        shape at every offer (a step captured in a CUDA graph replays it; no duplicate
+        indices, deterministic on a GPU)."""
+        for k, v in fields.items():
+            buf[k].copy_(torch.cat([buf[k], v.to(buf[k].dtype)]).index_select(0, src))
+
+    def rows_for(self, state: dict[str, Any], fields: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The buffer's dict in ``state`` for offers of ``fields`` (rows [m, ...] each): at the
+        first offer, room for ``capacity`` rows of each field, zeros, shaped as they are."""
+        buf = self._buf(state)
+        if "y" not in buf:
             for k, v in fields.items():
-                buf[k][slots] = v[rows].to(buf[k].dtype)
-        return len(slot_of_row)
+                buf[k] = torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype, device=v.device)
+        stored = {k for k in buf if k not in _META}
+        if stored != fields.keys():
+            raise ValueError(f"replay buffer '{self.key}' keeps {sorted(stored)}, offered {sorted(fields)}")
+        return buf
 
     # ------------------------------------------------------------------ the offer rule
     def offer_budget(self, ctx: ClientContext, train: TrainSpec) -> int:
@@ -181,6 +207,77 @@ class Reservoir:
         """The buffer's dict in ``state`` (created empty: its row tensors come with the
         first offer, shaped like the rows offered)."""
         return state.setdefault(self.key, {"size": 0, "seen": 0, "offered_upto": 0})
+
+
+class ReplayPlan:
+    """One client's replay in its local steps of one round, planned at its start [D]: the
+    memory batches of every step (``draws`` per step, each ``m`` rows drawn as ``Reservoir.sample``
+    draws them, in the order the steps would, from the client's ``sample_gen``) and the
+    placement of every offer (``Reservoir.places``, from its ``offer_gen``), computed on the
+    host from what the buffer will hold at each step: it has seen ``seen`` samples, and the
+    round's first epoch offers its minibatches in order (``Replay.begin``'s ``to_offer``
+    rows, in minibatches of ``ctx.batch_size``). The steps then read their rows from device
+    tables at a count kept on the device (``shared.StepDraws``) and write each offer by one
+    gather of fixed shape (``Reservoir.write``), with no host draw, copy or read: a step
+    captured in a CUDA graph replays its own. The same draws, buffers and batches as
+    sampling and offering step by step. ``key(k)``: what step k's kernels depend on (its
+    memory rows, its offer's rows, whether it makes the buffer); ``finish`` writes the
+    buffer's counters."""
+
+    def __init__(
+        self, buffer: Reservoir, ctx: ClientContext, s: SimpleNamespace, draws: int, m: int, device: torch.device
+    ) -> None:
+        self.buffer, self.draws = buffer, draws
+        buf = ctx.state.get(buffer.key) or {}
+        seen, cap, bs = int(buf.get("seen", 0)), buffer.capacity, ctx.batch_size
+        self.offers = [min(bs, s.to_offer - i) for i in range(0, s.to_offer, bs)]  # rows offered at step k
+        self.fresh = 0 if self.offers and "y" not in buf else -1  # the step whose offer makes the buffer
+        self.rows: list[int] = []  # memory rows of step k (0: none, the buffer empty)
+        idx = torch.zeros(ctx.max_steps, draws, m, dtype=torch.long)
+        sources = []
+        for k in range(ctx.max_steps):
+            size = min(seen, cap)
+            self.rows.append(min(m, size) if draws else 0)
+            for d in range(draws if size else 0):  # Reservoir.sample's draw, drawn at each step
+                idx[k, d, : self.rows[k]] = torch.randperm(size, generator=s.sample_gen)[:m]
+            if k < len(self.offers):
+                sources.append(buffer.sources(buffer.places(seen, self.offers[k], s.offer_gen)))
+                seen += self.offers[k]
+        self.seen = seen
+        self.memory = StepDraws(host_to_device(idx, device)) if draws else None
+        self.writes = StepDraws(host_to_device(torch.stack(sources), device)) if sources else None
+
+    def key(self, k: int) -> tuple[int, int, bool]:
+        return (self.rows[k], self.offers[k] if k < len(self.offers) else 0, k == self.fresh)
+
+    def batches(self, state: dict[str, Any], k: int) -> list[dict[str, torch.Tensor] | None]:
+        """Step k's ``draws`` memory batches ({"x", "y", "task", extras...}, ``rows[k]`` rows
+        each; None while the buffer is empty), read before the step's offer. Call once per
+        step: the count moves on."""
+        if self.memory is None:
+            return []
+        idx = self.memory.next()
+        r = self.rows[k]
+        if r == 0:
+            return [None] * self.draws
+        buf = state[self.buffer.key]
+        return [{f: v.index_select(0, idx[d, :r]) for f, v in buf.items() if f not in _META} for d in range(self.draws)]
+
+    def offer(self, state: dict[str, Any], k: int, x: torch.Tensor, y: torch.Tensor, task, **extra: torch.Tensor) -> None:
+        """Step k's rows (x [n, ...], y [n], their ``task``, extras), offered where the plan
+        places them (nothing after the first epoch)."""
+        if k >= len(self.offers):
+            return
+        if len(y) != self.offers[k]:
+            raise RuntimeError(f"replay plan: step {k} offers {len(y)} rows, planned {self.offers[k]}")
+        fields = Reservoir.fields(x, y, task, extra)
+        self.buffer.write(self.buffer.rows_for(state, fields), fields, self.writes.next())
+
+    def finish(self, state: dict[str, Any]) -> None:
+        """The buffer's counters after the round's offers (call at the client's end)."""
+        if self.offers:
+            buf = state[self.buffer.key]
+            buf["seen"], buf["size"] = self.seen, min(self.seen, self.buffer.capacity)
 
 
 def offer_generator(seed: int, rnd: int, cid: int, task: int) -> torch.Generator:
@@ -235,10 +332,27 @@ class Replay:
         s.to_offer -= len(y)
         self.buffer.offer(ctx.state, x, y, s.offer_gen, self.row_tasks(ctx, y), **extra)
 
-    def sample(
-        self, ctx: ClientContext, s: SimpleNamespace, m: int
-    ) -> dict[str, torch.Tensor] | None:
-        return self.buffer.sample(ctx.state, m, s.sample_gen)
+    def plan(self, ctx: ClientContext, s: SimpleNamespace, draws: int, m: int) -> None:
+        """Set up client ``ctx``'s round (``begin``) and plan its replay steps, ``draws``
+        memory batches of ``m`` rows per step (``s.plan``: ``ReplayPlan``)."""
+        self.begin(ctx, s)
+        s.plan = ReplayPlan(self.buffer, ctx, s, draws, m, self.info.device)
+
+    def step(self, ctx: ClientContext, s: SimpleNamespace, k: int, x, y, **extra) -> list[dict[str, torch.Tensor] | None]:
+        """Client ``ctx``'s step k by its plan: its memory batches, then its rows (x, y,
+        extras: its real rows of the step) offered."""
+        mems = s.plan.batches(ctx.state, k)
+        s.plan.offer(ctx.state, k, x, y, self.row_tasks(ctx, y), **extra)
+        return mems
+
+    @staticmethod
+    def has(mems: list[dict[str, torch.Tensor] | None], device: torch.device, dtype=torch.bool) -> torch.Tensor:
+        """[len(mems)]: 1 where a client has a memory batch, filled on the device (no host copy)."""
+        t = torch.zeros(len(mems), dtype=dtype, device=device)
+        for j, m in enumerate(mems):
+            if m is not None:
+                t[j].fill_(1)
+        return t
 
     def padded(
         self, mems: list[dict[str, torch.Tensor] | None], keys: tuple[str, ...] = ("x", "y", "task")
@@ -256,7 +370,7 @@ class Replay:
             if m is not None:
                 for k in keys:
                     pad[k][j, : rows[j]] = m[k]
-                mask[j, : rows[j]] = 1.0
+                mask[j, : rows[j]].fill_(1.0)  # (a number set by [] = would be a host tensor)
         return pad, mask, rows
 
     def task_counts(self, state: dict[str, Any]) -> list[int]:
