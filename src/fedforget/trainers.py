@@ -427,7 +427,8 @@ class StackedTrainer(LocalTrainer):
             step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if method.step_terms else None,
             live_terms=(lambda order: method.client_live_terms([ctxs[cids[j]] for j in order])) if method.live_terms else None,
             graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
-            autocast=self.autocast, sees_step=method.sees_step, optimizer=opt.name, betas=tuple(opt.betas),
+            autocast=self.autocast, sees_step=method.sees_step, step_rows=method.step_rows, optimizer=opt.name,
+            betas=tuple(opt.betas),
             capturable_terms=type(method).trait("capturable_terms", method.p),
         )  # fmt: skip
         # client_end per client: a method's own upload, or (step terms) a context whose state

@@ -513,6 +513,7 @@ def train_clients_together(
     epoch_rows: Callable[[int], int] | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     sees_step: bool = False,
+    step_rows: bool = False,
     full_width: bool | None = None,
     live_terms: Callable[[list[int]], LiveTerms | None] | None = None,
     optimizer: str = "sgd",
@@ -544,6 +545,8 @@ def train_clients_together(
     pass at perturbed weights), for models ``stacked_forward`` runs. ``optimizer``: sgd
     (``momentum``, ``weight_decay``) or adam (``betas``, ``weight_decay`` as torch.optim.Adam's
     L2 term, eps 1e-8; its two moments and step count kept per client).
+    ``step_rows``: the live terms read each client's real rows (``StepBatch.rows``), counted
+    on the host as for ``sees_step``; without it the live step's rows are None (its mask only).
     ``capturable_terms``: the method's terms may run in CUDA graphs (``graphs``; see below).
     Results come back in the order of ``jobs``."""
     device = next(iter(global_params.values())).device
@@ -1071,7 +1074,7 @@ def train_clients_together(
         step, from the host's widths [D]: counting them in the device's table would be a
         device-to-host read at every step, which waits for the queued steps. A client's rows
         of a step are a prefix of its table row (padding only at the end)."""
-        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step else None
+        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step or step_rows else None
 
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps

@@ -112,6 +112,16 @@ def test_declared_capturable_terms_replay_the_eager_steps(public_run_cfg, make_r
         same_run(forced["0"], forced["tape"])
 
 
+def test_a_method_declared_not_capturable_runs_its_steps_with_terms_eagerly(public_run_cfg, make_run_config, monkeypatch):
+    """The engine honours ``capturable_terms = False`` (no registered method declares it
+    since FedRCL counts its rows on the host, ``step_rows``): none of its steps with terms is
+    captured, and it trains as without graphs."""
+    monkeypatch.setattr(METHODS.get("fedprox"), "capturable_terms", False)
+    out = runs(config("fedprox", {}, public_run_cfg, make_run_config), monkeypatch)
+    assert out["tape"][0].trainer.step_graphs.scoped_captures == 0
+    same_run(out["0"], out["tape"])
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_adam_and_per_task_heads_steps_replay_in_graphs_of_one_call(make_run_config, monkeypatch, optimizer):
     """FedAvg's steps that read one call's own tensors (Adam's moments; the active head of
@@ -127,7 +137,7 @@ def test_adam_and_per_task_heads_steps_replay_in_graphs_of_one_call(make_run_con
 
 GPU_CASES = [("fedsol", {}), ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}), ("fedgp", {}),
              ("scaffold", {}), ("fedproj", {}), ("gpm", {}), ("fedprotip", {"tip": "none", "samples": 32}),
-             ("agem", {}), ("der", {"plus": True})]  # fmt: skip
+             ("agem", {}), ("der", {"plus": True}), ("fedrcl", {})]  # fmt: skip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (benchmarks/gpu.sh runs this where one is)")

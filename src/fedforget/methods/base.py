@@ -177,7 +177,8 @@ class StepBatch(NamedTuple):
     features: torch.Tensor | None = None
     features_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
     mask: torch.Tensor | None = None  # [G, w] float, 1 on real rows: ``row_mask`` without
-    #   ``rows`` (the batched live step leaves ``rows`` None: no host read per step)
+    #   ``rows`` (the batched live step leaves ``rows`` None, but for a method that declares
+    #   ``step_rows``: no host read per step)
     logits_of: Callable[[Params, torch.Tensor], torch.Tensor] | None = None
     # the step's representations of several depths where the body has stages (the ResNets:
     # ``Classifier.forward_levels``), each [G, w, d_l], shallow to deep, in the step's graph;
@@ -484,6 +485,10 @@ class FedAvg:
     #   stacked trainer may run it (False: a hook changes the step itself; sequential only)
     step_terms: bool = False  # the method states per-step terms in ``client_step_terms``
     sees_step: bool = False  # its terms read the step's minibatch (a fourth argument: StepBatch)
+    step_rows: bool = False  # its live terms read each client's real rows of the step as host
+    #   numbers (``StepBatch.rows``; step terms that see the step always get them): the
+    #   stacked trainer counts them from its host table, no device read, and keys the steps
+    #   it captures by them (FedRCL cuts each client's rows out of the stack)
     own_upload: bool = False  # ``client_end`` differs from FedAvg's: run per client after a stacked pass
     live_terms: bool = False  # the method states terms of the step's own forward pass in
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the

@@ -193,9 +193,7 @@ class FedRCL(FedAvg):
     # the stacked trainer gives the step's levels: the ResNets' stages (StepBatch.levels), or
     # the penultimate features of a one-level model (StepBatch.features)
     live_terms = True
-    # [D] not in CUDA graphs: each step reads its clients' row counts on the host to cut their
-    # real rows out of the stack
-    capturable_terms = False
+    step_rows = True  # each client's real rows cut out of the stack (host counts: capturable)
     Params = FedRCLParams
 
     def client_begin(self, ctx: ClientContext) -> None:
@@ -214,7 +212,7 @@ class FedRCL(FedAvg):
         sums = StepSums.shared([self.scratch(c) for c in ctxs], 3, self.info.device)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
-            rows = step.rows if step.rows is not None else step.row_mask().sum(1).long().tolist()
+            rows = step.rows
             levels = step.levels if step.levels is not None else [step.features]
             terms = [rcl_levels(select_levels([v[j, :n] for v in levels], p.levels), step.y[j, :n], p.tau, p.threshold, p.pairs)
                      for j, n in enumerate(rows)]  # fmt: skip
