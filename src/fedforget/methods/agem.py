@@ -63,16 +63,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import (
-    ClientContext,
-    FedAvg,
-    PlannedTerms,
-    RunInfo,
-    StepBatch,
-    StepTerms,
-    Upload,
-    masked_logits,
-)
+from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload, masked_logits
 from .params import integer
 from .registry import METHODS
 from .replay import Replay
@@ -106,7 +97,7 @@ class AGEM(FedAvg):
         self.replay.plan(ctx, s, 1, self.p.memory_batch_size)  # the round's memory batches and offers
         s.stack = None
 
-    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> PlannedTerms:
         """The step, for each client of the stack: its memory batch from its buffer (its
         plan's, ``replay.ReplayPlan``), g_ref = the gradient of the batch's cross-entropy
         (``reference``), the step's gradient projected against it (the map; no memory:
@@ -140,7 +131,7 @@ class AGEM(FedAvg):
 
             return None, None, gmap
 
-        return PlannedTerms(terms, lambda k, lo, hi: tuple(self.scratch(c).plan.key(k) for c in ctxs[lo:hi]))
+        return self.replay.planned(terms, [self.scratch(c) for c in ctxs])
 
     def reference(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list) -> dict[str, torch.Tensor]:
         """g_ref of each client of the stack: the gradient of the cross-entropy on its memory

@@ -68,16 +68,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import (
-    ClientContext,
-    FedAvg,
-    PlannedTerms,
-    RunInfo,
-    StepBatch,
-    StepTerms,
-    Upload,
-    masked_logits,
-)
+from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload, masked_logits
 from .params import boolean, integer, number
 from .registry import METHODS
 from .replay import Replay
@@ -115,7 +106,7 @@ class DER(FedAvg):
         self.replay.plan(ctx, s, int(p.alpha > 0) + int(p.plus and p.beta > 0), p.memory_batch_size)
         s.stack = None
 
-    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms:
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> PlannedTerms:
         """The replay terms of each client of the stack: alpha * MSE on one buffer batch [+
         beta * CE on another], drawn before this step's rows (and logits) enter its buffer;
         per client, the sum of the MSE values and the steps with one (``s.stack``)."""
@@ -143,7 +134,7 @@ class DER(FedAvg):
                 return None, None, None
             return (parts[0] if len(parts) == 1 else parts[0] + parts[1]), None, None
 
-        return PlannedTerms(terms, lambda k, lo, hi: tuple(self.scratch(c).plan.key(k) for c in ctxs[lo:hi]))
+        return self.replay.planned(terms, [self.scratch(c) for c in ctxs])
 
     def replayed(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(each client's loss on its buffer batch [G], differentiable in w; whether it had

@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..utils import host_to_device, on_device, torch_seed
+from .base import PlannedTerms
 from .shared import StepDraws
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.scenario import Scenario
     from ..train_spec import TrainSpec
-    from .base import ClientContext, RunInfo
+    from .base import ClientContext, RunInfo, StepTerms
 
 OFFER_STREAM = 0x80  # keyed randomness of the reservoir's replacement draws
 KEY = "replay"  # default ctx.state key of the buffer
@@ -130,7 +131,7 @@ class Reservoir:
         buf["seen"] = seen + m
         buf["size"] = min(seen + m, self.capacity)
         if slot_of_row:
-            self.write(buf, fields, host_to_device(self.sources(slot_of_row), buf["y"].device))
+            self.write(buf, fields, host_to_device(self.sources(slot_of_row, m), buf["y"].device))
         return len(slot_of_row)
 
     @staticmethod
@@ -159,22 +160,28 @@ class Reservoir:
                 slot_of_row[s] = i
         return slot_of_row
 
-    def sources(self, slot_of_row: dict[int, int]) -> torch.Tensor:
-        """The gather that writes an offer (``write``), on the host: [capacity] long, slot s
-        reads row ``capacity + r`` of (buffer, offered rows) where the offer puts row r there,
-        else its own row s."""
-        src = torch.arange(self.capacity)
-        if slot_of_row:
-            src[torch.tensor(list(slot_of_row))] = self.capacity + torch.tensor(list(slot_of_row.values()))
-        return src
+    @staticmethod
+    def sources(slot_of_row: dict[int, int], m: int) -> torch.Tensor:
+        """How ``write`` writes an offer of ``m`` rows placed by ``slot_of_row`` (``places``),
+        on the host: [2, m] long, per offered row r its slot and what it writes there, a row
+        of (the buffer's slot 0, the offered rows): a kept row writes itself (1 + r); a row
+        not kept repeats the first kept row's write (or, none kept, writes slot 0's own value
+        back), so every write to a slot carries the same value."""
+        first = next(iter(slot_of_row.items()), None)
+        dst, src = torch.full((m,), first[0] if first else 0), torch.full((m,), 1 + first[1] if first else 0)
+        for slot, row in slot_of_row.items():
+            dst[row], src[row] = slot, 1 + row
+        return torch.stack([dst, src])
 
-    def write(self, buf: dict[str, Any], fields: dict[str, torch.Tensor], src: torch.Tensor) -> None:
-        """The buffer's rows after an offer of ``fields`` (rows [m, ...] each): one gather of
-        (buffer, offered rows) by ``src`` (``sources``, on the buffer's device), of the same
-        shape at every offer (a step captured in a CUDA graph replays it; no duplicate
-        indices, deterministic on a GPU)."""
+    def write(self, buf: dict[str, Any], fields: dict[str, torch.Tensor], index: torch.Tensor) -> None:
+        """An offer of ``fields`` (rows [m, ...] each) written into the buffer by ``index``
+        (``sources``, on the buffer's device): one copy per offered row, of the same shape at
+        every offer of m rows (a step captured in a CUDA graph replays it), the slots' values
+        the same whichever of a slot's equal writes lands last (deterministic on a GPU)."""
+        dst, src = index[0], index[1]
         for k, v in fields.items():
-            buf[k].copy_(torch.cat([buf[k], v.to(buf[k].dtype)]).index_select(0, src))
+            b = buf[k]
+            b.index_copy_(0, dst, torch.cat([b[:1], v.to(b.dtype)]).index_select(0, src))
 
     def rows_for(self, state: dict[str, Any], fields: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The buffer's dict in ``state`` for offers of ``fields`` (rows [m, ...] each): at the
@@ -218,7 +225,7 @@ class ReplayPlan:
     round's first epoch offers its minibatches in order (``Replay.begin``'s ``to_offer``
     rows, in minibatches of ``ctx.batch_size``). The steps then read their rows from device
     tables at a count kept on the device (``shared.StepDraws``) and write each offer by one
-    gather of fixed shape (``Reservoir.write``), with no host draw, copy or read: a step
+    copy per offered row (``Reservoir.write``), with no host draw, copy or read: a step
     captured in a CUDA graph replays its own. The same draws, buffers and batches as
     sampling and offering step by step. ``key(k)``: what step k's kernels depend on (its
     memory rows, its offer's rows, whether it makes the buffer); ``finish`` writes the
@@ -234,18 +241,18 @@ class ReplayPlan:
         self.fresh = 0 if self.offers and "y" not in buf else -1  # the step whose offer makes the buffer
         self.rows: list[int] = []  # memory rows of step k (0: none, the buffer empty)
         idx = torch.zeros(ctx.max_steps, draws, m, dtype=torch.long)
-        sources = []
+        sources = torch.zeros(len(self.offers), 2, bs, dtype=torch.long)  # each offer's, its first offers[k] columns
         for k in range(ctx.max_steps):
             size = min(seen, cap)
             self.rows.append(min(m, size) if draws else 0)
             for d in range(draws if size else 0):  # Reservoir.sample's draw, drawn at each step
                 idx[k, d, : self.rows[k]] = torch.randperm(size, generator=s.sample_gen)[:m]
             if k < len(self.offers):
-                sources.append(buffer.sources(buffer.places(seen, self.offers[k], s.offer_gen)))
+                sources[k, :, : self.offers[k]] = buffer.sources(buffer.places(seen, self.offers[k], s.offer_gen), self.offers[k])
                 seen += self.offers[k]
         self.seen = seen
         self.memory = StepDraws(host_to_device(idx, device)) if draws else None
-        self.writes = StepDraws(host_to_device(torch.stack(sources), device)) if sources else None
+        self.writes = StepDraws(host_to_device(sources, device)) if self.offers else None
 
     def key(self, k: int) -> tuple[int, int, bool]:
         return (self.rows[k], self.offers[k] if k < len(self.offers) else 0, k == self.fresh)
@@ -271,7 +278,7 @@ class ReplayPlan:
         if len(y) != self.offers[k]:
             raise RuntimeError(f"replay plan: step {k} offers {len(y)} rows, planned {self.offers[k]}")
         fields = Reservoir.fields(x, y, task, extra)
-        self.buffer.write(self.buffer.rows_for(state, fields), fields, self.writes.next())
+        self.buffer.write(self.buffer.rows_for(state, fields), fields, self.writes.next()[:, : len(y)])
 
     def finish(self, state: dict[str, Any]) -> None:
         """The buffer's counters after the round's offers (call at the client's end)."""
@@ -344,6 +351,13 @@ class Replay:
         mems = s.plan.batches(ctx.state, k)
         s.plan.offer(ctx.state, k, x, y, self.row_tasks(ctx, y), **extra)
         return mems
+
+    @staticmethod
+    def planned(terms: StepTerms, scratches: list[SimpleNamespace]) -> PlannedTerms:
+        """A stack's step ``terms`` keyed by its clients' plans (``scratches``: theirs, in
+        the stack's order, each with ``plan``): step k of clients lo..hi-1 by their
+        ``ReplayPlan.key(k)``."""
+        return PlannedTerms(terms, lambda k, lo, hi: tuple(s.plan.key(k) for s in scratches[lo:hi]))
 
     @staticmethod
     def has(mems: list[dict[str, torch.Tensor] | None], device: torch.device, dtype=torch.bool) -> torch.Tensor:
