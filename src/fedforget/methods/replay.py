@@ -30,6 +30,10 @@ draw from ``offer_generator`` = torch_seed(seed, r, k, t, OFFER_STREAM); a metho
 batches from its own stream (``sample_generator``), so changing a batch size never changes
 the buffer's contents. The draws for a minibatch of m offers are m float64 uniforms u,
 j = floor(u (n + 1)) (one draw per offered row, used or not; bias below 2^-53).
+
+A-GEM and DER make these draws for a whole round at the client's start (``ReplayPlan``, from
+what the buffer will hold at each step), the same draws in the same order, so that their
+steps do no host work and run inside CUDA graphs [D].
 """
 
 from __future__ import annotations
