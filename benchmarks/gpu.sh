@@ -20,6 +20,9 @@
 #             batch 64, 1 epoch);
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
 #             engines, then the batched engine in bf16 beside the plain fp32 loop;
+#   resnet18tv torchvision's ImageNet ResNet-18 (resnet18_imagenet, FedProTIP's tables' model;
+#             batched since the third session of 2026-12-02) in that setting: the plain loop
+#             against the sequential and batched engines;
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER and FedProTIP with per-task heads (TIP) on ResNet-18,
 #             sequential vs stacked (split 5 x 2: task 0 in the warm-up); replay18: A-GEM and
@@ -42,7 +45,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests stream fedsol18 continual18 replay18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests stream resnet18tv fedsol18 continual18 replay18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -100,6 +103,10 @@ resnet18() {
         --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
     box 80 "${sim[@]}" --warmup 3 --modes central vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 5 --precision bf16 --json "$out/resnet18-dir-e1-bf16.json" | tee -a "$out/sim.txt"
+}
+resnet18tv() {
+    box 120 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18-imagenet \
+        --partition dirichlet0.5 --epochs 1 --rounds 4 --json "$out/resnet18tv-dir-e1.json" | tee -a "$out/sim.txt"
 }
 vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \

@@ -75,6 +75,10 @@ PRESETS = {
     # 100 clients, 10 per round, batch 64
     "resnet18": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18",
                      model_options={"norm": "batch"}, clients=100, rate=0.1, batch=64),
+    # torchvision's ImageNet ResNet-18 (resnet18_imagenet: 7x7 stride-2 stem, max-pool), the
+    # model of FedProTIP's tables (there pretrained, on CIFAR's 32x32), in the same setting
+    "resnet18-imagenet": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18_imagenet",
+                              model_options={}, clients=100, rate=0.1, batch=64),
     # VGG-11 (FedSOL Table 3) in the same setting: no BatchNorm, so on a GPU its batched steps
     # are full width (fedforget.vectorized: full_width) and the rounds that meet new step
     # shapes are what issue 32 measures (each round's seconds are in the JSON: s_rounds)

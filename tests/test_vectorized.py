@@ -237,6 +237,9 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     assert "ResNetBody: the stacked ResNet step is measured on a GPU only" in sim.engine_info["client_engine_reason"]
     gn = build_model("resnet8", (1, 8, 8), 10, {"norm": "group"})
     assert auto_prefers_sequential(gn, torch.device("cuda")) is None  # batched: 1.72x the plain loop (H200)
+    tv = build_model("resnet18_imagenet", (3, 8, 8), 10)  # torchvision's blocks, stacked since 2026-12-02
+    assert auto_prefers_sequential(tv, torch.device("cuda")) is None
+    assert "BatchNorm2d: the stacked ResNet step is measured on a GPU only" in auto_prefers_sequential(tv, torch.device("cpu"))
     vit = build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)
     assert "module SLViTBody would need the vmap path" in auto_prefers_sequential(vit, torch.device("cpu"))
 
@@ -248,21 +251,26 @@ def _stacked_params(model, g, seed=0):
             for k, v in model.named_parameters()}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["resnet8", "resnet18"])
-@pytest.mark.parametrize("norm", ["batch", "group", "none"])
+RESNETS = [(name, norm) for name in ("resnet8", "resnet18") for norm in ("batch", "group", "none")]
+
+
+@pytest.mark.parametrize("name,norm", [*RESNETS, ("resnet18_imagenet", "batch")])
 def test_stacked_resnet_equals_each_client_alone(name, norm):
     """The ResNets layer by layer (issue 32: grouped convolutions, BatchNorm and GroupNorm
-    over the clients' channels side by side): in float64, logits, each client's gradient,
-    its running statistics after the training-mode pass and num_batches_tracked equal those
-    of its weights and statistics loaded into the module (functional_call) on its own rows,
-    to rounding (1e-12), and the eval-mode logits (running statistics) likewise. [D] float64:
-    in float32 a ReLU input within rounding of 0 takes the kink's two sides in the two
-    passes for some init (ResNet-18 with GroupNorm: one layer's gradient 2 % apart)."""
+    over the clients' channels side by side), ours and torchvision's (``resnet18_imagenet``,
+    FedProTIP's tables: its BasicBlock, 7x7 stem, max-pool): in float64, logits, each
+    client's gradient, its running statistics after the training-mode pass and
+    num_batches_tracked equal those of its weights and statistics loaded into the module
+    (functional_call) on its own rows, to rounding (1e-12), and the eval-mode logits (running
+    statistics) likewise. [D] float64: in float32 a ReLU input within rounding of 0 takes the
+    kink's two sides in the two passes for some init (ResNet-18 with GroupNorm: one layer's
+    gradient 2 % apart)."""
     from torch.func import functional_call
 
     gen = torch.Generator().manual_seed(1)
     torch.manual_seed(0)
-    model = build_model(name, (3, 8, 8), 10, {"norm": norm, **SMALL_RESNET}).double().train()
+    opts = {} if name == "resnet18_imagenet" else {"norm": norm, **SMALL_RESNET}
+    model = build_model(name, (3, 8, 8), 10, opts).double().train()
     assert stacked_supported(model) is None
     g = 3
     p = {k: v.detach().unsqueeze(0) + 0.05 * torch.randn(g, *v.shape, generator=gen, dtype=v.dtype)
@@ -286,7 +294,8 @@ def test_stacked_resnet_equals_each_client_alone(name, norm):
             torch.testing.assert_close(a[j], b, rtol=1e-10, atol=1e-10, msg=k)
         for k, v in own_st.items():
             assert torch.equal(v, st[k][j]) if "num_batches" in k else torch.allclose(v, st[k][j], atol=1e-12), k
-    assert norm != "batch" or int(st["body.bn1.num_batches_tracked"][0]) == 1
+    bn1 = "body.1" if name == "resnet18_imagenet" else "body.bn1"
+    assert norm != "batch" or int(st[f"{bn1}.num_batches_tracked"][0]) == 1
     model.eval()
     with torch.no_grad():
         out = stacked_forward(model, {**p, **st}, x)

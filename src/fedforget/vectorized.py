@@ -70,6 +70,7 @@ import functools
 import itertools
 import math
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -192,6 +193,13 @@ ELEMENTWISE = {nn.ReLU: F.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid, 
 POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
 
 
+def _torchvision_block(module: nn.Module) -> bool:
+    """``module`` is torchvision's ResNet BasicBlock (the ``resnet18_imagenet`` model's; an
+    instance exists only once torchvision's resnet module is imported, so this imports nothing)."""
+    tv = sys.modules.get("torchvision.models.resnet")
+    return tv is not None and type(module) is tv.BasicBlock
+
+
 def stacked_supported(module: nn.Module) -> str | None:
     """None if ``stacked_forward`` can run ``module``, else the first module it cannot."""
     if isinstance(module, (Classifier, nn.Sequential, TaskHeads)):
@@ -203,7 +211,7 @@ def stacked_supported(module: nn.Module) -> str | None:
     if type(module) is ResNetBody:  # its forward, written out in _stacked
         parts = [module.conv1, module.bn1, module.pool, *(b for stage in module.stages for b in stage)]
         return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
-    if type(module) is BasicBlock:
+    if type(module) is BasicBlock or _torchvision_block(module):
         return next((bad for c in module.children() if (bad := stacked_supported(c)) is not None), None)
     if type(module) in (nn.BatchNorm2d, nn.GroupNorm):
         return None
@@ -332,6 +340,16 @@ def _stacked(
 
         x = _relayout(h, layout, GRP, g)
         return run("bn2", run("conv2", F.relu(run("bn1", run("conv1", x))))) + run("shortcut", x), GRP
+    if _torchvision_block(module):  # torchvision's BasicBlock.forward (resnet18_imagenet), its ReLU included
+        x = _relayout(h, layout, GRP, g)
+        if x.is_cuda and CHANNELS_LAST != "0":  # as ResNetBody's: the blocks in channels_last
+            x = x.contiguous(memory_format=torch.channels_last)
+
+        def run(name: str, x: torch.Tensor) -> torch.Tensor:
+            return _stacked(getattr(module, name), p, x, g, f"{prefix}{name}.", GRP)[0]
+
+        out = run("bn2", run("conv2", F.relu(run("bn1", run("conv1", x)))))
+        return F.relu(out + (x if module.downsample is None else run("downsample", x))), GRP
     if type(module) is nn.BatchNorm2d:  # one per channel: a client's channels are its own
         return _stacked_batchnorm(module, p, _relayout(h, layout, GRP, g), prefix), GRP
     if type(module) is nn.GroupNorm:  # a client's groups are whole groups of the stack's channels
