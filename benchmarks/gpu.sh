@@ -8,7 +8,9 @@
 # capturable method's, Adam's and per-task heads', under CUDA graphs of one group's
 # training since 2026-12-02: tests/methods/test_graphs.py first), the continual methods on the ResNets' stacked forward in channels_last (measured
 # there in NCHW only; A-GEM's and DER's steps, planned at each client's start, under CUDA
-# graphs since the third session of 2026-12-02), packing now that auto batches ResNet-18 on a GPU, most model rates
+# graphs since the third session of 2026-12-02: replay18 before the rest), the two models the
+# batched engine runs since that session (resnet18tv: FedProTIP's torchvision ResNet-18; slvit:
+# FedSOL Table 3's SL-ViT), packing now that auto batches ResNet-18 on a GPU, most model rates
 # unmeasured), each command in its own time box; a command that would
 # start after BUDGET seconds is skipped and listed in OUTDIR/skipped.txt, so one device
 # session gets the most wanted numbers first:
@@ -23,6 +25,8 @@
 #   resnet18tv torchvision's ImageNet ResNet-18 (resnet18_imagenet, FedProTIP's tables' model;
 #             batched since the third session of 2026-12-02) in that setting: the plain loop
 #             against the sequential and batched engines;
+#   slvit     SL-ViT (FedSOL Table 3; stacked_forward since the third session of 2026-12-02):
+#             FedAvg's plain loop against both engines, then FedSOL sequential vs batched;
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER and FedProTIP with per-task heads (TIP) on ResNet-18,
 #             sequential vs stacked (split 5 x 2: task 0 in the warm-up); replay18: A-GEM and
@@ -45,7 +49,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests stream resnet18tv fedsol18 continual18 replay18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests stream fedsol18 replay18 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -107,6 +111,12 @@ resnet18() {
 resnet18tv() {
     box 120 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18-imagenet \
         --partition dirichlet0.5 --epochs 1 --rounds 4 --json "$out/resnet18tv-dir-e1.json" | tee -a "$out/sim.txt"
+}
+slvit() {
+    box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset slvit --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --json "$out/slvit-dir-e1.json" | tee -a "$out/sim.txt"
+    box 90 "${sim[@]}" --warmup 2 --modes sequential vectorized --preset slvit --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --method fedsol --json "$out/slvit-dir-e1-fedsol.json" | tee -a "$out/sim.txt"
 }
 vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \

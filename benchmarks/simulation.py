@@ -79,6 +79,10 @@ PRESETS = {
     # model of FedProTIP's tables (there pretrained, on CIFAR's 32x32), in the same setting
     "resnet18-imagenet": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18_imagenet",
                               model_options={}, clients=100, rate=0.1, batch=64),
+    # SL-ViT (FedSOL Table 3, its code's defaults) in FedSOL's CIFAR-10 setup: 100 clients, 10 %,
+    # batch 50 (batched through stacked_forward since 2026-12-02, vmap before)
+    "slvit": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="slvit", model_options={},
+                  clients=100, rate=0.1, batch=50),
     # VGG-11 (FedSOL Table 3) in the same setting: no BatchNorm, so on a GPU its batched steps
     # are full width (fedforget.vectorized: full_width) and the rounds that meet new step
     # shapes are what issue 32 measures (each round's seconds are in the JSON: s_rounds)

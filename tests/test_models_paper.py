@@ -243,7 +243,8 @@ def test_head_and_feature_methods_run_on_each_model(
 
 
 def test_slvit_trains_batched_as_sequentially(make_run_config, run_engines, assert_same_metrics, blobs_root) -> None:
-    """SL-ViT (FedSOL Table 3) in the batched engine (vmap over the model) equals the
+    """SL-ViT (FedSOL Table 3) in the batched engine (stacked_forward since 2026-12-02: each
+    client's LayerNorms, matmuls and attention temperature; vmap before) equals the
     sequential trainer within 1e-5: uneven clients, momentum, 2 rounds."""
     rc = make_run_config(dataset="blobs", options=IMAGES, model="slvit", model_options=SMALL_SLVIT, rounds=2,
                          batch_size=16, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu",

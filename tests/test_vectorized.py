@@ -111,7 +111,7 @@ def test_engine_choice_and_fallback(make_run_config):
         Simulation(replace(seq, train=replace(seq.train, client_engine="vectorized")))
     # live terms (FedSOL's second pass) run where stacked_forward runs the model: a model
     # only vmap can batch trains sequentially, and asking for the batched engine says why
-    sol = make_run_config(dataset="digits", model="slvit", model_options=SLVIT_TINY, method="fedsol")
+    sol = make_run_config(dataset="digits", model="vit", model_options=VIT_TINY, method="fedsol")
     with pytest.raises(FedForgetError, match="method 'fedsol' has terms of the step's own forward pass"):
         Simulation(replace(sol, train=replace(sol.train, client_engine="vectorized")))
     rms = make_run_config()
@@ -240,8 +240,11 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     tv = build_model("resnet18_imagenet", (3, 8, 8), 10)  # torchvision's blocks, stacked since 2026-12-02
     assert auto_prefers_sequential(tv, torch.device("cuda")) is None
     assert "BatchNorm2d: the stacked ResNet step is measured on a GPU only" in auto_prefers_sequential(tv, torch.device("cpu"))
-    vit = build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)
-    assert "module SLViTBody would need the vmap path" in auto_prefers_sequential(vit, torch.device("cpu"))
+    vit = build_model("vit", (1, 8, 8), 10, VIT_TINY)
+    assert "module ViTBody would need the vmap path" in auto_prefers_sequential(vit, torch.device("cpu"))
+    slvit = build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)  # stacked since 2026-12-02: on a GPU only
+    assert auto_prefers_sequential(slvit, torch.device("cuda")) is None
+    assert "SLViTBody: its stacked step is not measured on a CPU" in auto_prefers_sequential(slvit, torch.device("cpu"))
 
 
 def _stacked_params(model, g, seed=0):
@@ -307,7 +310,8 @@ def test_stacked_resnet_equals_each_client_alone(name, norm):
 @pytest.mark.parametrize(
     "name,shape,opts",
     [("mlp", (64,), {}), ("mlp", (1, 8, 8), {"hidden": [16]}), ("cnn2d", (1, 8, 8), {}),
-     ("cnn1d", (1, 40), {}), ("cnn_mcmahan", (1, 28, 28), {"padding": 0}), ("cnn_mcmahan", (3, 16, 16), {})],
+     ("cnn1d", (1, 40), {}), ("cnn_mcmahan", (1, 28, 28), {"padding": 0}), ("cnn_mcmahan", (3, 16, 16), {}),
+     ("slvit", (3, 16, 16), {"dim": 16, "depth": 2, "heads": 2, "dim_head": 8, "mlp_dim": 16}), ("slvit", (1, 8, 8), {"patch_size": 4, "dim": 16, "depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 16})],
 )  # fmt: skip
 def test_stacked_forward_equals_each_client_alone(name, shape, opts):
     """Logits and each client's gradient of its own mean loss, from one stacked pass, equal
@@ -374,7 +378,8 @@ def test_stacked_supported_names_what_it_cannot_run():
     from fedforget.models import Classifier
 
     assert stacked_supported(build_model("resnet8", (1, 8, 8), 10, {"norm": "none"})) is None
-    assert stacked_supported(build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)) == "SLViTBody"
+    assert stacked_supported(build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)) is None
+    assert stacked_supported(build_model("vit", (1, 8, 8), 10, VIT_TINY)) == "ViTBody"
     assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(), nn.BatchNorm1d(4)), 4, 2)) == "BatchNorm1d"
     assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(), nn.Dropout(0.1)), 4, 2)) == "Dropout"
     assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(0)), 4, 2)) == "Flatten"
@@ -382,11 +387,12 @@ def test_stacked_supported_names_what_it_cannot_run():
 
 
 SLVIT_TINY = {"patch_size": 4, "dim": 16, "depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 16}
+VIT_TINY = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
 
 
 def test_vmap_fallback_equals_sequential(make_run_config, run_engines, assert_same_metrics):
-    """A buffer-free model stacked_forward cannot run (a small SL-ViT) goes through vmap."""
-    rc = make_run_config(dataset="digits", model="slvit", model_options=SLVIT_TINY, rounds=1,
+    """A buffer-free model stacked_forward cannot run (a small torchvision ViT) goes through vmap."""
+    rc = make_run_config(dataset="digits", model="vit", model_options=VIT_TINY, rounds=1,
                          batch_size=16, sample_rate=0.5, optimizer={"lr": 0.05, "momentum": 0.9},
                          partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=20, seed=0))  # fmt: skip
     out = run_engines(rc)

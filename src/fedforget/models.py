@@ -565,13 +565,16 @@ class ShiftedPatchTokens(nn.Module):
         self.norm = nn.LayerNorm(patch_dim)
         self.proj = nn.Linear(patch_dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def patches(self, x: torch.Tensor) -> torch.Tensor:
+        """The shifted copies' patches [B, N, p * p * 5C] of images [B, C, H, W] (no weights)."""
         shifts = ((1, -1, 0, 0), (-1, 1, 0, 0), (0, 0, 1, -1), (0, 0, -1, 1))
         x = torch.cat([x, *(F.pad(x, s) for s in shifts)], dim=1)
         b, c, h, w = x.shape
         p = self.patch_size
-        x = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // p) * (w // p), p * p * c)
-        return self.proj(self.norm(x))
+        return x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // p) * (w // p), p * p * c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(self.patches(x)))
 
 
 class LocalitySelfAttention(nn.Module):
@@ -589,10 +592,16 @@ class LocalitySelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # each [B, H, N, d]
-        dots = (q @ k.transpose(-1, -2)) * self.temperature.exp()
-        eye = torch.eye(n, dtype=torch.bool, device=x.device)
-        attn = dots.masked_fill(eye, -torch.finfo(dots.dtype).max).softmax(-1)
-        return self.out((attn @ v).transpose(1, 2).reshape(b, n, -1))
+        return self.out(self.attend(q, k, v, self.temperature.exp()).transpose(1, 2).reshape(b, n, -1))
+
+    @staticmethod
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T * scale, the diagonal masked) v over the last two dimensions, [..., N,
+        d] each (``scale`` broadcast to the scores [..., N, N]): the attention itself, for one
+        model and for a stack of clients (``fedforget.vectorized``)."""
+        dots = (q @ k.transpose(-1, -2)) * scale
+        eye = torch.eye(q.shape[-2], dtype=torch.bool, device=q.device)
+        return dots.masked_fill(eye, -torch.finfo(dots.dtype).max).softmax(-1) @ v
 
 
 class SLViTBody(nn.Module):
@@ -620,7 +629,7 @@ class SLViTBody(nn.Module):
         if x.shape[1] == 1:
             x = x.expand(-1, 3, -1, -1)
         t = self.tokens(x)
-        t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], dim=1) + self.pos
+        t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], dim=1) + self.pos  # (fedforget.vectorized: stacked)
         for norm1, attn, norm2, mlp in self.blocks:
             t = attn(norm1(t)) + t
             t = mlp(norm2(t)) + t

@@ -94,7 +94,7 @@ from .methods.base import (
     StepTerms,
     masked_logits,
 )
-from .models import BasicBlock, Classifier, ResNetBody, TaskHeads
+from .models import BasicBlock, Classifier, LocalitySelfAttention, ResNetBody, SLViTBody, TaskHeads
 from .utils import FedForgetError
 
 
@@ -213,7 +213,12 @@ def stacked_supported(module: nn.Module) -> str | None:
         return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
     if type(module) is BasicBlock or _torchvision_block(module):
         return next((bad for c in module.children() if (bad := stacked_supported(c)) is not None), None)
-    if type(module) in (nn.BatchNorm2d, nn.GroupNorm):
+    if type(module) is SLViTBody:  # its forward, written out in _stacked_slvit
+        parts = [module.tokens.norm, module.tokens.proj, module.norm, *(m for block in module.blocks for m in block)]
+        return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
+    if type(module) is LocalitySelfAttention:
+        return next((bad for c in (module.qkv, module.out) if (bad := stacked_supported(c)) is not None), None)
+    if type(module) in (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm):
         return None
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
         return None
@@ -350,6 +355,15 @@ def _stacked(
 
         out = run("bn2", run("conv2", F.relu(run("bn1", run("conv1", x)))))
         return F.relu(out + (x if module.downsample is None else run("downsample", x))), GRP
+    if type(module) is SLViTBody:
+        return _stacked_slvit(module, p, _relayout(h, layout, GB, g), g, prefix), GB
+    if type(module) is nn.LayerNorm:  # over each row's last dimensions, each client's affine
+        h = _relayout(h, layout, GB, g)
+        out = F.layer_norm(h, module.normalized_shape, None, None, module.eps)
+        shape = (g, *[1] * (h.dim() - 1 - len(module.normalized_shape)), *module.normalized_shape)
+        w, b = p.get(prefix + "weight"), p.get(prefix + "bias")
+        out = out if w is None else out * w.view(shape)
+        return (out if b is None else out + b.view(shape)), GB
     if type(module) is nn.BatchNorm2d:  # one per channel: a client's channels are its own
         return _stacked_batchnorm(module, p, _relayout(h, layout, GRP, g), prefix), GRP
     if type(module) is nn.GroupNorm:  # a client's groups are whole groups of the stack's channels
@@ -373,6 +387,34 @@ def _stacked(
     if isinstance(module, KeyedDropout):
         return _stacked_dropout(module, h, layout, g), layout
     return ELEMENTWISE[type(module)](h), layout
+
+
+def _stacked_slvit(module: SLViTBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: int, prefix: str) -> torch.Tensor:
+    """``SLViTBody.forward`` of G clients on their images [G, B, C, H, W] (GB): the shifted
+    patches of all rows at once (no weights), then each client's LayerNorms, linear maps
+    (batched matmuls), class token, position embedding and attention (its temperature per
+    client); the class token's representation [G, B, dim]."""
+    b = x.shape[1]
+    if x.shape[2] == 1:
+        x = x.expand(-1, -1, 3, -1, -1)
+
+    def run(mod: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
+        return _stacked(mod, p, h, g, prefix + name, GB)[0]
+
+    t = module.tokens.patches(x.flatten(0, 1))
+    t = run(module.tokens.proj, "tokens.proj.", run(module.tokens.norm, "tokens.norm.", t.view(g, b, *t.shape[1:])))
+    cls = p[prefix + "cls"].expand(-1, b, -1, -1)  # [G, 1, 1, dim] -> [G, B, 1, dim]
+    t = torch.cat([cls, t], dim=2) + p[prefix + "pos"]  # [G, 1, N, dim]: each client's, over its rows
+    n = t.shape[2]
+    for i, (norm1, attn, norm2, mlp) in enumerate(module.blocks):
+        at = f"blocks.{i}."
+        qkv = run(attn.qkv, at + "1.qkv.", run(norm1, at + "0.", t))  # [G, B, N, 3 * heads * d]
+        q, k, v = qkv.reshape(g, b, n, 3, attn.heads, -1).permute(3, 0, 1, 4, 2, 5)  # each [G, B, H, N, d]
+        scale = p[prefix + at + "1.temperature"].exp().view(g, 1, 1, 1, 1)
+        o = LocalitySelfAttention.attend(q, k, v, scale).transpose(2, 3).reshape(g, b, n, -1)
+        t = run(attn.out, at + "1.out.", o) + t
+        t = run(mlp, at + "3.", run(norm2, at + "2.", t)) + t
+    return run(module.norm, "norm.", t[:, :, 0])
 
 
 def _nhwc(h: torch.Tensor) -> bool:
@@ -1185,6 +1227,9 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
     normed = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
     if normed is not None and device.type != "cuda":
         return f"auto on a CPU: sequential (module {normed}: the stacked ResNet step is measured on a GPU only)"
+    if device.type != "cuda" and any(isinstance(m, SLViTBody) for m in model.modules()):
+        # [D] stacked since 2026-12-02 (third session): its batched matmuls are unmeasured on a CPU
+        return "auto on a CPU: sequential (module SLViTBody: its stacked step is not measured on a CPU)"
     return None
 
 

@@ -19,7 +19,7 @@ from fedforget.models import Classifier
 from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, SMALL_RESNET, close_buffers, replay_stream_cfg, run
+from .conftest import CPU, SMALL_RESNET, TINY_VIT, close_buffers, replay_stream_cfg, run
 
 INFO = RunInfo(CPU, num_classes=3, seed=0, num_clients=2, train=TrainSpec())
 
@@ -150,8 +150,8 @@ def test_defaults():
     "model,opts,incremental,params",
     [("mlp", {}, "class", {"buffer_size": 30}),  # batched steps (stacked_forward)
      ("cnn2d", {}, "task", {"buffer_size": 30, "memory_batch_size": 8}),  # wide steps client by client, tails batched
-     ("slvit", {"dim": 16, "depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 16}, "task", {"buffer_size": 30})],  # vmap
-    ids=["mlp-class-il", "cnn2d-task-il", "slvit-vmap"],
+     ("vit", TINY_VIT, "task", {"buffer_size": 30})],  # vmap (stacked_forward cannot run torchvision's ViT)
+    ids=["mlp-class-il", "cnn2d-task-il", "vit-vmap"],
 )  # fmt: skip
 def test_agem_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, opts, incremental, params):
     """Issue 32, 3: A-GEM's step as per-step terms that see the step's minibatch (each

@@ -104,6 +104,7 @@ LIVE = [
     ("moon", {"mu": 1.0, "tau": 0.5}, "cnn2d"),  # round 2: some clients with a previous model, some without
     ("moon", {"mu": 5.0, "tau": 1.0, "first_prev": "init"}, "mlp"),
     ("fedrcl", {}, "cnn2d"),  # one level: the penultimate features
+    ("fedsol", {"rho": 1.0}, "slvit"),  # FedSOL Table 3's SL-ViT (stacked_forward since 2026-12-02)
     ("fedrcl", {"pairs": "topk", "beta": 0.5, "tau": 0.5}, "mlp"),
     # Table 4's combined mode: g_p the gradient of the base's term, its state carried over rounds
     ("fedsol", {"rho": 2.0, "perturb": "all", "base": "fedprox", "proximal": "base"}, "cnn2d"),
@@ -121,7 +122,8 @@ def test_live_terms_equal_sequential(make_run_config, run_engines, assert_same_m
     over Dirichlet clients of unequal sizes."""
     part = PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0)
     rounds = 3 if "base" in params else 2
-    rc = make_run_config(dataset="digits", model=model, model_options=SMALL_CNN if model == "cnn2d" else None,
+    options = {"cnn2d": SMALL_CNN, "slvit": {"patch_size": 4, "dim": 16, "depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 16}}
+    rc = make_run_config(dataset="digits", model=model, model_options=options.get(model),
                          method=method, params=params, rounds=rounds, local_epochs=2, batch_size=20, sample_rate=0.5,
                          optimizer={"lr": 0.05, "momentum": 0.9}, partition=part)  # fmt: skip
     out = run_engines(rc)
