@@ -106,8 +106,9 @@ class Reservoir:
         if n == 0:
             return None
         buf = state[self.key]
-        # drawn on the host (the keyed CPU generator), sent without blocking: a memory batch
-        # is drawn at every step, and a blocking copy would wait for the queued steps
+        # drawn on the host (the keyed CPU generator), sent without blocking (a blocking copy
+        # would wait for the queued work): FedGP's buffer batches; A-GEM's and DER's steps
+        # read theirs from a ReplayPlan, which draws them as this does
         idx = host_to_device(torch.randperm(n, generator=generator)[:m], buf["y"].device)
         return {k: v[idx] for k, v in buf.items() if k not in _META}
 
