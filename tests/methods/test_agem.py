@@ -153,6 +153,7 @@ def test_defaults():
      ("vit", TINY_VIT, "task", {"buffer_size": 30})],  # vmap (stacked_forward cannot run torchvision's ViT)
     ids=["mlp-class-il", "cnn2d-task-il", "vit-vmap"],
 )  # fmt: skip
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # vmap over torch's SDPA (vit)
 def test_agem_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, opts, incremental, params):
     """Issue 32, 3: A-GEM's step as per-step terms that see the step's minibatch (each
     client's memory batch from its own buffer, g_ref by a stacked forward on the batches,
