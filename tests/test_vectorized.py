@@ -345,14 +345,15 @@ def test_stacked_forward_equals_each_client_alone(name, shape, opts):
 
 def test_stacked_forward_handles_every_layer_it_claims():
     """Grouped and strided/dilated convolutions without bias, average and adaptive pooling,
-    Tanh/Sigmoid/GELU/Identity, a Linear without bias, nested Sequentials, 1-D and 2-D."""
+    Tanh/Sigmoid/GELU/Identity, a Linear without bias, nested Sequentials, 1-D and 2-D, and
+    the models' input resizing (Resize: bilinear and nearest, VGG-11's PathMNIST upsampling)."""
     from torch import nn
     from torch.func import functional_call
 
-    from fedforget.models import Classifier
+    from fedforget.models import Classifier, Resize
 
     body2d = nn.Sequential(
-        nn.Conv2d(2, 6, 3, padding=1, bias=False), nn.Tanh(),
+        Resize(11), nn.Conv2d(2, 6, 3, padding=1, bias=False), nn.Tanh(), Resize(9, mode="nearest"),
         nn.Sequential(nn.Conv2d(6, 6, 3, stride=2, dilation=2, padding=2, groups=3), nn.GELU()),
         nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Identity(),
         nn.Linear(6, 5, bias=False), nn.Sigmoid(),

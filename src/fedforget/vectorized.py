@@ -94,7 +94,15 @@ from .methods.base import (
     StepTerms,
     masked_logits,
 )
-from .models import BasicBlock, Classifier, LocalitySelfAttention, ResNetBody, SLViTBody, TaskHeads
+from .models import (
+    BasicBlock,
+    Classifier,
+    LocalitySelfAttention,
+    Resize,
+    ResNetBody,
+    SLViTBody,
+    TaskHeads,
+)
 from .utils import FedForgetError
 
 
@@ -230,7 +238,7 @@ def stacked_supported(module: nn.Module) -> str | None:
         return None
     if isinstance(module, nn.MaxPool1d | nn.MaxPool2d) and module.return_indices:
         return type(module).__name__ + "(return_indices=True)"
-    if type(module) in ELEMENTWISE or isinstance(module, (nn.Linear, *POOLS)):
+    if type(module) in ELEMENTWISE or isinstance(module, (nn.Linear, Resize, *POOLS)):
         return None
     return type(module).__name__
 
@@ -371,7 +379,7 @@ def _stacked(
         h = _relayout(h, layout, GRP, g)
         flat = (None if w is None else w.reshape(-1), None if b is None else b.reshape(-1))
         return F.group_norm(h, g * module.num_groups, *flat, module.eps), GRP
-    if isinstance(module, POOLS):  # acts per channel: GRP is the [N, C, ...] it expects
+    if isinstance(module, (Resize, *POOLS)):  # acts per channel: GRP is the [N, C, ...] it expects
         return module(_relayout(h, layout, GRP, g)), GRP
     if isinstance(module, nn.Flatten):
         return _relayout(h, layout, GB, g).flatten(2), GB
