@@ -1,0 +1,80 @@
+"""Which paper runs would train their clients one after another on a GPU under
+``client_engine: auto``, and why (issue 32: "every paper model and method trained batched"):
+counts, not timings. For every run of config/experiments/paper, the trainer that
+``trainers.choose_trainer`` picks on a CUDA device (only the device type matters; no GPU is
+needed), from the run's method, model (built at its input shape, pretrained weights left
+out: the same modules) and training settings. Written per reason and per config file.
+
+    python benchmarks/engine_coverage.py --json benchmarks/results/<dir>/engine_coverage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+from pathlib import Path
+
+import torch
+import yaml
+
+from fedforget.data import DATASETS
+from fedforget.methods import METHODS, make_params
+from fedforget.models import build_model
+from fedforget.parse import parse_config
+from fedforget.trainers import choose_trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def coverage() -> dict:
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    models: dict = {}
+    reasons: collections.Counter = collections.Counter()
+    per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for path in sorted((REPO / "config/experiments/paper").glob("*.yaml")):
+        raw = {**defaults, **yaml.safe_load(path.read_text())}
+        raw["paper_results"] = str(REPO / "config/paper_results.csv")
+        for rc in parse_config(raw).runs():
+            info = DATASETS.get(rc.dataset.name)
+            shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
+            opts = {k: v for k, v in rc.dataset.model_options.items() if k != "pretrained"}
+            if rc.dataset.model == "hf":  # a text model from a hub: not built here
+                why = "a Hugging Face text model (not checked: built from a hub)"
+            else:
+                key = (rc.dataset.model, json.dumps(opts, sort_keys=True), shape)
+                if key not in models:
+                    models[key] = build_model(rc.dataset.model, shape, 10, opts)
+                params = make_params(rc.method.name, dict(rc.method.params))
+                trainer, why = choose_trainer(METHODS.get(rc.method.name), models[key], rc.train, torch.device("cuda"), params)
+                why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
+            label = "batched" if why is None else why
+            reasons[label] += 1
+            per_file[path.stem][label] += 1
+    total = sum(reasons.values())
+    return {
+        "setting": {"device": "cuda (the choice only)", "configs": "config/experiments/paper/*.yaml"},
+        "runs": total,
+        "batched": reasons["batched"],
+        "sequential": total - reasons["batched"],
+        "reasons": dict(reasons.most_common()),
+        "per_file": {k: dict(v.most_common()) for k, v in sorted(per_file.items())},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="also write the counts here")
+    args = ap.parse_args()
+    out = coverage()
+    print(f"{out['runs']} paper runs: {out['batched']} batched on a GPU, {out['sequential']} one client after another")
+    for why, n in out["reasons"].items():
+        if why != "batched":
+            print(f"{n:5d}  {why}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
