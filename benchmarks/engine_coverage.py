@@ -14,44 +14,36 @@ import argparse
 import collections
 import json
 import re
+import sys
 from pathlib import Path
 
 import torch
-import yaml
 
-from fedforget.data import DATASETS
-from fedforget.methods import METHODS, make_params
-from fedforget.models import build_model
-from fedforget.parse import parse_config
-from fedforget.trainers import choose_trainer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_rates import paper_runs  # noqa: E402  (benchmarks/model_rates.py: every paper run)
 
-REPO = Path(__file__).resolve().parents[1]
+from fedforget.methods import METHODS, make_params  # noqa: E402
+from fedforget.models import build_model  # noqa: E402
+from fedforget.trainers import choose_trainer  # noqa: E402
 
 
 def coverage() -> dict:
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     models: dict = {}
     reasons: collections.Counter = collections.Counter()
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for path in sorted((REPO / "config/experiments/paper").glob("*.yaml")):
-        raw = {**defaults, **yaml.safe_load(path.read_text())}
-        raw["paper_results"] = str(REPO / "config/paper_results.csv")
-        for rc in parse_config(raw).runs():
-            info = DATASETS.get(rc.dataset.name)
-            shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
-            opts = {k: v for k, v in rc.dataset.model_options.items() if k != "pretrained"}
-            if rc.dataset.model == "hf":  # a text model from a hub: not built here
-                why = "a Hugging Face text model (not checked: built from a hub)"
-            else:
-                key = (rc.dataset.model, json.dumps(opts, sort_keys=True), shape)
-                if key not in models:
-                    models[key] = build_model(rc.dataset.model, shape, 10, opts)
-                params = make_params(rc.method.name, dict(rc.method.params))
-                trainer, why = choose_trainer(METHODS.get(rc.method.name), models[key], rc.train, torch.device("cuda"), params)
-                why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
-            label = "batched" if why is None else why
-            reasons[label] += 1
-            per_file[path.stem][label] += 1
+    for path, rc, shape, opts in paper_runs():
+        if rc.dataset.model == "hf":  # a text model from a hub: not built here
+            why = "a Hugging Face text model (not checked: built from a hub)"
+        else:
+            key = (rc.dataset.model, json.dumps(opts, sort_keys=True), shape)
+            if key not in models:
+                models[key] = build_model(rc.dataset.model, shape, 10, opts)
+            params = make_params(rc.method.name, dict(rc.method.params))
+            trainer, why = choose_trainer(METHODS.get(rc.method.name), models[key], rc.train, torch.device("cuda"), params)
+            why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
+        label = "batched" if why is None else why
+        reasons[label] += 1
+        per_file[path.stem][label] += 1
     total = sum(reasons.values())
     return {
         "setting": {"device": "cuda (the choice only)", "configs": "config/experiments/paper/*.yaml"},

@@ -41,19 +41,25 @@ REPO = Path(__file__).resolve().parents[1]
 CLIENTS = 10
 
 
-def paper_settings() -> list[dict]:
-    """The distinct (model, options, input shape, batch) of config/experiments/paper, most
-    runs first; pretrained weights dropped from the options (same shapes, no download)."""
+def paper_runs():
+    """Every run of config/experiments/paper: (its config file, RunConfig, input shape, model
+    options without pretrained weights: the same shapes, no download)."""
     defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    count: collections.Counter = collections.Counter()
     for path in sorted((REPO / "config/experiments/paper").glob("*.yaml")):
         raw = {**defaults, **yaml.safe_load(path.read_text())}
         raw["paper_results"] = str(REPO / "config/paper_results.csv")
         for rc in parse_config(raw).runs():
             info = DATASETS.get(rc.dataset.name)
             shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
-            opts = {k: v for k, v in rc.dataset.model_options.items() if k != "pretrained"}
-            count[(rc.dataset.model, json.dumps(opts, sort_keys=True), shape, rc.train.batch_size)] += 1
+            yield path, rc, shape, {k: v for k, v in rc.dataset.model_options.items() if k != "pretrained"}
+
+
+def paper_settings() -> list[dict]:
+    """The distinct (model, options, input shape, batch) of config/experiments/paper, most
+    runs first; pretrained weights dropped from the options (same shapes, no download)."""
+    count: collections.Counter = collections.Counter()
+    for _, rc, shape, opts in paper_runs():
+        count[(rc.dataset.model, json.dumps(opts, sort_keys=True), shape, rc.train.batch_size)] += 1
     out = []
     for (model, opts, shape, batch), runs in count.most_common():
         if model == "hf" or len(shape) != 3 or shape[1] != shape[2]:
