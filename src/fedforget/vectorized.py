@@ -346,22 +346,21 @@ def _stacked(
                     levels.append(h.mean(dim=(2, 3)))
                 h = F.relu(h)
         return h.mean(dim=(2, 3)), GRP  # [B, G*C]: each client's channels pooled alone
-    if type(module) is BasicBlock:  # BasicBlock.forward, the sum before the final ReLU
-
-        def run(name: str, x: torch.Tensor) -> torch.Tensor:
-            return _stacked(getattr(module, name), p, x, g, f"{prefix}{name}.", GRP)[0]
-
+    if type(module) is BasicBlock or _torchvision_block(module):
+        # ours (BasicBlock.forward): the sum before the final ReLU, which ResNetBody applies;
+        # torchvision's (resnet18_imagenet): its ReLU included, and on a GPU in channels_last
+        # from its first block on, as ResNetBody's blocks run
+        ours = type(module) is BasicBlock
         x = _relayout(h, layout, GRP, g)
-        return run("bn2", run("conv2", F.relu(run("bn1", run("conv1", x))))) + run("shortcut", x), GRP
-    if _torchvision_block(module):  # torchvision's BasicBlock.forward (resnet18_imagenet), its ReLU included
-        x = _relayout(h, layout, GRP, g)
-        if x.is_cuda and CHANNELS_LAST != "0":  # as ResNetBody's: the blocks in channels_last
+        if not ours and x.is_cuda and CHANNELS_LAST != "0":
             x = x.contiguous(memory_format=torch.channels_last)
 
         def run(name: str, x: torch.Tensor) -> torch.Tensor:
             return _stacked(getattr(module, name), p, x, g, f"{prefix}{name}.", GRP)[0]
 
         out = run("bn2", run("conv2", F.relu(run("bn1", run("conv1", x)))))
+        if ours:
+            return out + run("shortcut", x), GRP
         return F.relu(out + (x if module.downsample is None else run("downsample", x))), GRP
     if type(module) is SLViTBody:
         return _stacked_slvit(module, p, _relayout(h, layout, GB, g), g, prefix), GB
