@@ -85,7 +85,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError, host_to_device, torch_seed
+from ..utils import FedForgetError, torch_seed
 from .base import (
     ROUND_END,
     ClientContext,
@@ -269,7 +269,7 @@ class FedGP(OverBase):
         if s.pairs is not None and 0 < self.p.rate < 1:
             gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, RATE_STREAM))
             draws = torch.stack([torch.rand((), generator=gen) < self.p.rate for _ in range(ctx.max_steps)])
-            s.gates = StepDraws(host_to_device(draws, self.info.device))
+            s.gates = StepDraws(draws, self.info.device)
         s.n_applied = torch.zeros((), device=self.info.device)
         s.cos_sum = torch.zeros((), device=self.info.device)
         s.n_ref = 0

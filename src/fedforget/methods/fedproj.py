@@ -91,7 +91,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError, host_to_device, torch_seed
+from ..utils import FedForgetError, torch_seed
 from .base import ClientContext, ServerContext, StepBatch, StepTerms, Upload
 from .distill import DistillParams, public_logits, softened_kl, softened_kl_stacked
 from .feddf import PUBLIC_LOGITS, PUBLIC_X, FedDF
@@ -266,7 +266,7 @@ class FedProj(FedDF):
             return None
         gen = torch.Generator().manual_seed(torch_seed(self.info.seed, ctx.round, ctx.cid, MEMORY_STREAM))
         draws = torch.stack([torch.randperm(n, generator=gen)[:b] for _ in range(ctx.max_steps)])
-        return StepDraws(host_to_device(draws, self.info.device))
+        return StepDraws(draws, self.info.device)
 
     def step_memory(self, ctx: ClientContext) -> torch.Tensor | None:
         """This step's memory batch (None: the whole public set)."""

@@ -256,8 +256,8 @@ class ReplayPlan:
                 sources[k, :, : self.offers[k]] = buffer.sources(buffer.places(seen, self.offers[k], s.offer_gen), self.offers[k])
                 seen += self.offers[k]
         self.seen = seen
-        self.memory = StepDraws(host_to_device(idx, device)) if draws else None
-        self.writes = StepDraws(host_to_device(sources, device)) if self.offers else None
+        self.memory = StepDraws(idx, device) if draws else None
+        self.writes = StepDraws(sources, device) if self.offers else None
 
     def key(self, k: int) -> tuple[int, int, bool]:
         return (self.rows[k], self.offers[k] if k < len(self.offers) else 0, k == self.fresh)

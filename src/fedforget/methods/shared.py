@@ -145,11 +145,12 @@ class StepDraws:
     device), made at its start, read one row per step at a count kept on the device [D]: the
     same draws in the same order as one per step, without a host draw or copy in the step,
     so a step captured in a CUDA graph reads each replay's own row (FedProj's memory batches,
-    FedGP's projection-rate draws)."""
+    FedGP's projection-rate draws; A-GEM's and DER's replay plans). ``rows``: drawn on the
+    host, sent to ``device`` without blocking (``utils.host_to_device``)."""
 
-    def __init__(self, rows: torch.Tensor) -> None:
-        self.rows = rows
-        self.at = torch.zeros((), dtype=torch.long, device=rows.device)
+    def __init__(self, rows: torch.Tensor, device: torch.device) -> None:
+        self.rows = host_to_device(rows, device)
+        self.at = torch.zeros((), dtype=torch.long, device=device)
 
     def next(self) -> torch.Tensor:
         """This step's row; the count moves on."""
