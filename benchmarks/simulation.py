@@ -14,8 +14,12 @@ robust when the machine's speed drifts):
                   models' wide steps client by client on the stacked weights);
   (d) limit       (CPU) the limit of client-by-client training on --threads workers: as
                   many single-thread copies of the central loop as workers, at once, each on
-                  an equal share of the round's samples. Every figure gives its ratio to
-                  both references, (a) and (d).
+                  an equal share of the round's samples;
+  (e) concurrent  fedforget's engine, clients one after another on --lanes lanes at once
+                  (train.concurrent_clients: a copy of the model, a thread and, on a GPU, a
+                  CUDA stream per lane; on a CPU each lane on --threads / --lanes threads).
+
+Every figure gives its ratio to both references, (a) and (d).
 
 Reported per mode: local-training throughput in samples/s (samples processed by local
 training / time of the round, aggregation included; the median over rounds), seconds per
@@ -146,10 +150,16 @@ def peak_rss_mb() -> float:
 def engine_round(args, engine: str):
     """(device, fn): fn(rnd) runs round ``rnd`` of fedforget's engine (local training +
     aggregation, + global evaluation with --eval global) and returns (seconds, samples
-    processed by local training)."""
+    processed by local training). ``engine`` concurrent: the sequential one on ``lanes(args)``
+    lanes."""
+    from dataclasses import replace
+
     from fedforget.engine import Simulation, sample_clients
 
-    rc = run_config(args, engine)
+    rc = run_config(args, "sequential" if engine == "concurrent" else engine)
+    if engine == "concurrent":
+        rc = replace(rc, train=replace(rc.train, concurrent_clients=lanes(args)))
+        engine = "sequential"
     sim = Simulation(rc)
     assert sim.engine_info["client_engine"] == engine, sim.engine_info
     t = rc.train
@@ -247,6 +257,11 @@ def limit_round(args):
     return sim.device, one
 
 
+def lanes(args) -> int:
+    """The concurrent mode's lanes: --lanes, else one per thread on a CPU, 4 on a GPU."""
+    return getattr(args, "lanes", 0) or (args.threads if args.device == "cpu" else 4)
+
+
 def mode_round(args, mode: str):
     if mode == "limit":
         return limit_round(args)
@@ -326,6 +341,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=["central", "limit", "sequential", "vectorized"],
                     help="limit (CPU only): --threads independent single-thread central loops at once")  # fmt: skip
+    ap.add_argument("--lanes", type=int, default=0,
+                    help="clients at once in the concurrent mode (default: --threads on a CPU, 4 on a GPU)")
     ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
     ap.add_argument("--clients", type=int, default=0,
                     help="clients in the partition (default: the preset's), e.g. FedProTIP's 5 or 10: a task end "
@@ -371,6 +388,7 @@ def main() -> None:
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
         "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
         "--clients", str(args.clients), "--rate", str(args.rate), "--public", str(args.public), "--heads", args.heads,
+        "--lanes", str(args.lanes),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -412,9 +430,10 @@ def main() -> None:
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
         print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s (min {s['samples_per_s_min']:.0f}, max {s['samples_per_s_max']:.0f})  {s['s_per_round']:.3f} s/round  "
               f"{rss}{cuda}  {ratio}")  # fmt: skip
-    if "sequential" in summary and "vectorized" in summary:
-        speedup = summary["vectorized"]["samples_per_s"] / summary["sequential"]["samples_per_s"]
-        print(f"vectorized / sequential: {speedup:.2f}x")
+    for m in ("vectorized", "concurrent"):
+        if "sequential" in summary and m in summary:
+            speedup = summary[m]["samples_per_s"] / summary["sequential"]["samples_per_s"]
+            print(f"{m} / sequential: {speedup:.2f}x" + (f" ({lanes(args)} lanes)" if m == "concurrent" else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args) | {"passthrough": None}, "summary": summary, "runs": runs}, f, indent=2)

@@ -22,14 +22,31 @@ CHECKPOINT_FORMAT = 2  # 2: the scenario's progress (tasks)
 CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 
 
-def checkpoint_of(fed: FedState, config_hash: str) -> dict[str, Any]:
+def checkpoint_of(fed: FedState, config_hash: str, client_threads: int | None = None) -> dict[str, Any]:
     """The checkpoint of a run after its round ``fed.round``: ``fed.state_dict()`` with the
-    format, the config hash it belongs to and the number of torch threads that computed it
-    (CPU results depend on it: ``resume_threads``)."""
+    format, the config hash it belongs to and the number of torch threads that computed it,
+    and that each client trained on (``client_threads``, default the same; fewer where the
+    sequential trainer trains clients at once) (CPU results depend on them:
+    ``resume_threads``, ``check_client_threads``)."""
+    threads = torch.get_num_threads()
     return {
-        "format": CHECKPOINT_FORMAT, "config_hash": config_hash, "torch_threads": torch.get_num_threads(),
-        **fed.state_dict(),
+        "format": CHECKPOINT_FORMAT, "config_hash": config_hash, "torch_threads": threads,
+        "client_threads": client_threads or threads, **fed.state_dict(),
     }  # fmt: skip
+
+
+def check_client_threads(ckpt: dict[str, Any], now: int, concurrent: int) -> None:
+    """Refuse to resume on a CPU where each client would train on another number of threads
+    (``now``, under ``train.concurrent_clients`` = ``concurrent``) than the checkpoint's
+    clients did (the summation order, as in ``resume_threads``) [D]."""
+    had = ckpt.get("client_threads")
+    if had is not None and had != now:
+        raise FedForgetError(
+            f"checkpoint's clients trained on {had} torch threads each; with train.concurrent_clients: "
+            f"{concurrent} on {torch.get_num_threads()} threads they would train on {now}: results on a CPU "
+            "depend on the count; resume with the concurrent_clients it ran with, or delete the checkpoint to "
+            "start this run over"
+        )
 
 
 def resume_threads(ckpt: dict[str, Any], asked: int) -> int | None:

@@ -26,7 +26,7 @@ PAPER_RESULTS = "config/paper_results.csv"  # default of the top-level key paper
 INTERNAL_TRAIN_KEYS = ("engine_pairing",)
 # train settings that do not change what a job computes (excluded from RunConfig.hash)
 RUNTIME_TRAIN_KEYS = (
-    "threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients", "log_every",
+    "threads", "device", "checkpoint_every", "client_engine", "max_parallel_clients", "concurrent_clients", "log_every",
     "engine_pairing", "data_storage", "phase_memory",
 )  # fmt: skip
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import checkpoint_of, restore, resume_threads
+from .checkpoint import check_client_threads, checkpoint_of, restore, resume_threads
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
@@ -225,7 +225,7 @@ class Simulation:
             fed.rows.append(row)
             fed.round = rnd = row["round"]
             if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
-                on_checkpoint(checkpoint_of(fed, cfg.hash))
+                on_checkpoint(checkpoint_of(fed, cfg.hash, self.trainer.client_threads()))
             if on_row:
                 on_row(row)
 
@@ -235,6 +235,8 @@ class Simulation:
             if threads is not None:
                 log.info("resuming on the checkpoint's %d torch threads (CPU results depend on the count)", threads)
                 torch.set_num_threads(threads)
+            if self.device.type == "cpu":
+                check_client_threads(resume, self.trainer.client_threads(), t.concurrent_clients)
             rows = fed.rows
             start -= rows[-1].get("elapsed_s") or 0.0
             first = fed.round + 1

@@ -87,6 +87,24 @@ class FedState:
             st.update(to_device(st, self.device))
         return st
 
+    def client_dicts(self) -> dict[str, dict[int, Any]]:
+        """The fields keyed by client (``clients``, ``client_task``, ``task_reports``)."""
+        return {"clients": self.clients, "client_task": self.client_task, "task_reports": self.task_reports}
+
+    def order_clients(self, before: dict[str, set[int]], cids: list[int]) -> None:
+        """The entries of the fields keyed by client that are new since ``before`` (each
+        field's keys then), in the order of ``cids``, after the older ones: the order in which
+        clients trained one after another would have added them (clients trained at once add
+        theirs as they finish; the order shows in the checkpoint and in any loop over a
+        field), in place."""
+        rank = {c: i for i, c in enumerate(cids)}
+        for name, d in self.client_dicts().items():
+            old = before.get(name, set())
+            new = sorted((k for k in d if k not in old), key=lambda k: rank.get(k, len(rank)))
+            items = [(k, d[k]) for k in d if k in old] + [(k, d[k]) for k in new]
+            d.clear()
+            d.update(items)
+
     def park(self, cid: int) -> None:
         """Client ``cid``'s state back to host memory until it is sampled again (on a GPU)."""
         if self.offload_clients and cid in self.clients:

@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from .clientdata import ClientData, TaskView
@@ -129,6 +133,7 @@ class LocalTrainer:
         # load_state_dict, which re-validates keys and shapes every time)
         self._model_tensors = dict(model.state_dict(keep_vars=True))
         self.dropout = keyed_modules(model)  # keyed dropout: masks keyed by (client, round, step)
+        self.frozen_models: dict[str, torch.nn.Module] = {}  # a method's frozen copies of this model
         if train.precision not in PRECISIONS:
             raise FedForgetError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
 
@@ -140,6 +145,10 @@ class LocalTrainer:
         if self.train.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+    def client_threads(self) -> int:
+        """The intra-op threads each client trains on (CPU results depend on it)."""
+        return torch.get_num_threads()
 
     def train_group(
         self, views: dict[int, TaskView], rnd: int, lr: float
@@ -161,7 +170,7 @@ class LocalTrainer:
         return ClientContext(
             cid=cid, round=rnd, model=self.model, optimizer=opt, global_params=self.fed.global_params,
             broadcast=self.server.broadcast, state=state, n_samples=len(view), lr=lr,
-            local_epochs=t.local_epochs, batch_size=t.batch_size, task=view.task, data=view,
+            local_epochs=t.local_epochs, batch_size=t.batch_size, task=view.task, data=view, frozen=self.frozen_models,
             minibatches=lambda epoch: map(view.batch, list(self.epoch_orders(cid, rnd, len(view)))[epoch]),
         )  # fmt: skip
 
@@ -340,12 +349,129 @@ def conv_warmup_wanted(model: torch.nn.Module, device: torch.device) -> bool:
     )
 
 
+def global_draws(device: torch.device) -> list[torch.Tensor]:
+    """The global generators' states (torch's on the host and the device, numpy's): what a
+    draw that is not keyed moves."""
+    keys, pos = np.random.get_state()[1:3]
+    out = [torch.get_rng_state(), torch.from_numpy(keys.copy()), torch.tensor([pos])]
+    if device.type == "cuda":
+        out.append(torch.cuda.get_rng_state(device))
+    return out
+
+
 class SequentialTrainer(LocalTrainer):
     """One client after another (``LocalTrainer.train_client``): any method, optimizer and
-    model."""
+    model. With ``train.concurrent_clients`` n > 1, n clients at a time (``train_round``):
+    each of n lanes (this trainer and n - 1 of its own kind over copies of the model) takes
+    the round's next client as it finishes one, on a thread of its own and, on a GPU, a CUDA
+    stream of its own, so that one client's host work and waits overlap another's kernels
+    (issue 32: the GPU kept busy where clients cannot be stacked)."""
 
     name = "sequential"
     warmed = False  # every minibatch size met once (warm_conv_shapes), on a GPU
+
+    def __init__(self, **parts) -> None:
+        super().__init__(**parts)
+        n = self.train.concurrent_clients
+        one = dataclasses.replace(self.train, concurrent_clients=1)
+        # the other lanes: trainers of the same kind on their own copy of the model (weights,
+        # buffers, dropout keys, a method's frozen copies), everything else shared
+        self.lanes: list[SequentialTrainer] = [self] + [
+            SequentialTrainer(**{**parts, "model": copy.deepcopy(self.model), "train": one}) for _ in range(n - 1)
+        ]
+        self.stream = None  # this lane's CUDA stream (made at its first concurrent round)
+
+    def client_threads(self) -> int:
+        """The intra-op threads each client trains on (CPU results depend on it): the
+        process's, shared out among the lanes (at least one each) [D]."""
+        return max(1, torch.get_num_threads() // len(self.lanes)) if len(self.lanes) > 1 else torch.get_num_threads()
+
+    def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
+        """``LocalTrainer.train_round``; with several lanes, the clients at once (the class's
+        docstring). Each client's result is what it computes alone: it starts from the global
+        weights, its own state and keyed draws on its lane's model, so the lanes change no
+        result on a GPU, and on a CPU the same as the sequential trainer on
+        ``client_threads`` threads (tests/methods/test_concurrent_clients.py); the run's state takes
+        the clients' entries in the round's client order, as one after another it would."""
+        if len(self.lanes) == 1 or len(views) < 2:
+            return super().train_round(rnd, lr, views)
+        cids = list(views)
+        order = iter(sorted(cids, key=lambda c: (-len(views[c]), cids.index(c))))  # longest first
+        done: dict[int, tuple] = {}
+        failed: dict[int, BaseException] = {}
+        lock, eval_lock = threading.Lock(), threading.Lock()
+        fed = self.fed
+        before = {name: set(d) for name, d in fed.client_dicts().items()}
+        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        drawn = global_draws(self.device)
+
+        def work(lane: SequentialTrainer) -> None:
+            with lane.on_stream(main):
+                while True:
+                    with lock:
+                        cid = None if failed else next(order, None)
+                    if cid is None:
+                        break
+                    try:
+                        ups, losses, stats = lane.train_group({cid: views[cid]}, rnd, lr)
+                        te = time.perf_counter()
+                        if self.train.eval_local_models:  # its local model, before the lane moves on
+                            with eval_lock:
+                                accs = lane.local_accuracies(ups)
+                        else:
+                            accs = []
+                        done[cid] = (ups, losses, stats, accs, time.perf_counter() - te)
+                    except Exception as e:  # the others stop taking clients; raised below
+                        with lock:
+                            failed[cid] = e
+
+        threads = torch.get_num_threads()
+        lanes = self.lanes[: len(cids)]
+        torch.set_num_threads(self.client_threads())  # process-wide: back after the round
+        try:
+            with ThreadPoolExecutor(len(lanes), thread_name_prefix="fedforget-lane") as pool:
+                list(pool.map(work, lanes))
+        finally:
+            torch.set_num_threads(threads)
+        if failed:  # the first in the round's order, as one after another would meet it
+            raise failed[min(failed, key=cids.index)]
+        if not all(torch.equal(a, b) for a, b in zip(drawn, global_draws(self.device), strict=True)):
+            raise FedForgetError(
+                f"train.concurrent_clients={len(self.lanes)}: local training of method "
+                f"'{self.method.name}' on this model draws from the global random generator, so clients "
+                "trained at once would not draw what each draws alone; allowed here: concurrent_clients: 1"
+            )
+        fed.order_clients(before, cids)
+        uploads, losses, stats, local_accs, eval_time = [], [], [], [], 0.0
+        for cid in cids:
+            ups, ls, st, accs, te = done[cid]
+            uploads += ups
+            losses += ls
+            stats += st
+            local_accs += accs
+            eval_time += te
+        return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
+
+    def on_stream(self, main: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
+        """This lane's clients on a CUDA stream of its own, after what ``main`` has queued
+        (the round's global weights); its work finished when the context ends, so the
+        uploads are complete when the round reads them. A no-op on a CPU."""
+        if main is None:
+            return contextlib.nullcontext()
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        stream = self.stream
+
+        @contextlib.contextmanager
+        def run():
+            stream.wait_stream(main)
+            try:
+                with torch.cuda.stream(stream):
+                    yield
+            finally:
+                stream.synchronize()
+
+        return run()
 
     def train_group(self, views, rnd, lr):
         ((cid, view),) = views.items()

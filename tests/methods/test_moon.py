@@ -90,9 +90,9 @@ def test_prev_model_is_the_upload_and_is_contrasted_next_round():
             p.add_(0.05 * torch.randn_like(p))
     ctx2 = make_ctx(model, state, rnd=2)
     method.client_begin(ctx2)
-    for k, v in method._prev.state_dict().items():
+    for k, v in method.scratch(ctx2).prev.state_dict().items():
         assert torch.equal(v, up.params[k]), k
-    for k, v in method._glob.state_dict().items():
+    for k, v in method.scratch(ctx2).glob.state_dict().items():
         assert torch.equal(v, ctx2.global_params[k]), k
     with torch.no_grad():  # move the local model off the global one
         for p in model.parameters():
@@ -106,8 +106,8 @@ def test_prev_model_is_the_upload_and_is_contrasted_next_round():
     want = 2.0 * model_contrastive_loss(feats[None], g.features(x)[None], prev.features(x)[None], 0.5)[0]
     torch.testing.assert_close(got, want)
     got.backward()  # the frozen copies take no gradient
-    assert all(p.grad is None for p in method._glob.parameters())
-    assert all(p.grad is None for p in method._prev.parameters())
+    assert all(p.grad is None for p in method.scratch(ctx2).glob.parameters())
+    assert all(p.grad is None for p in method.scratch(ctx2).prev.parameters())
 
 
 def test_first_prev_init_contrasts_against_initial_global():
@@ -120,7 +120,7 @@ def test_first_prev_init_contrasts_against_initial_global():
     ctx = make_ctx(model, {}, rnd=3)
     method.client_begin(ctx)
     assert method.scratch(ctx).active
-    for k, v in method._prev.state_dict().items():
+    for k, v in method.scratch(ctx).prev.state_dict().items():
         assert torch.equal(v, w0[k]), k
 
 

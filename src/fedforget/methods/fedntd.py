@@ -43,9 +43,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, frozen_copy
+from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload
 from .params import number
 from .registry import METHODS
 from .shared import StepSums, on_stack
@@ -91,15 +90,13 @@ class FedNTD(FedAvg):
 
     def __init__(self, params: FedNTDParams, info) -> None:
         super().__init__(params, info)
-        self._glob: nn.Module | None = None  # frozen w^t, reused across clients
 
     def client_begin(self, ctx: ClientContext) -> None:
         if self.p.beta == 0:
             return
-        if self._glob is None:
-            self._glob = frozen_copy(ctx.model)
-        self._glob.load_state_dict(ctx.global_params)
         s = self.scratch(ctx)
+        s.glob = self.frozen_model(ctx, "fedntd_glob")  # frozen w^t, reused across clients
+        s.glob.load_state_dict(ctx.global_params)
         if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
             s.sums = StepSums.own(2, self.info.device)  # sum of L_NTD, steps
 
@@ -108,7 +105,7 @@ class FedNTD(FedAvg):
         if self.p.beta == 0:
             return terms
         with torch.no_grad():
-            global_logits = self._glob(x)
+            global_logits = self.scratch(ctx).glob(x)
         l_ntd = ntd_loss(logits.unsqueeze(0), global_logits.unsqueeze(0), y.unsqueeze(0), self.p.tau)[0]
         self.scratch(ctx).sums.add(l_ntd.detach(), 1)
         terms["ntd"] = self.p.beta * l_ntd
@@ -121,9 +118,10 @@ class FedNTD(FedAvg):
         if self.p.beta == 0:
             return None
         sums = StepSums.shared([self.scratch(c) for c in ctxs], 2, self.info.device)
+        glob = self.scratch(ctxs[0]).glob  # one frozen global model for the stack (client_begin)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
-            l_ntd = ntd_loss(step.logits, on_stack(self._glob, step.x), step.y, self.p.tau, step.row_mask())
+            l_ntd = ntd_loss(step.logits, on_stack(glob, step.x), step.y, self.p.tau, step.row_mask())
             sums[0, lo:hi] += l_ntd.detach()
             sums[1, lo:hi] += 1
             return LiveStep(loss=self.p.beta * l_ntd)

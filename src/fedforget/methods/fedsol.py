@@ -115,7 +115,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..utils import FedForgetError, on_device
 from .base import (
@@ -124,7 +123,6 @@ from .base import (
     LiveStep,
     LiveTerms,
     Upload,
-    frozen_copy,
     task_cross_entropy,
     total_loss,
 )
@@ -298,7 +296,6 @@ class FedSOL(OverBase):
 
     def __init__(self, params: FedSOLParams, info) -> None:
         super().__init__(params, info)
-        self._glob: nn.Module | None = None  # frozen w_g for the KL proximal loss
 
     # ---------------------------------------------------------------- client side
     def selects(self, name: str) -> bool:
@@ -321,9 +318,8 @@ class FedSOL(OverBase):
         sc.all_global = [ctx.global_params[n] for n, _ in named]
         sc.head_path = head and self.p.update == "perturb"
         if self.p.proximal == "kl":
-            if self._glob is None:
-                self._glob = frozen_copy(model)
-            self._glob.load_state_dict(ctx.global_params)
+            sc.glob = self.frozen_model(ctx, "fedsol_glob")  # frozen w_g for the KL proximal loss
+            sc.glob.load_state_dict(ctx.global_params)
         sc.log = StepLog.new(ctx.max_steps, 1, self.info.device)  # the step diagnostics (a stack's: client_live_terms)
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
@@ -457,7 +453,7 @@ class FedSOL(OverBase):
         if self.p.proximal == "kl":
             t = self.p.temperature
             with torch.no_grad():
-                dz, value = kl_direction(logits.detach().unsqueeze(0), self._glob(x).unsqueeze(0), t)
+                dz, value = kl_direction(logits.detach().unsqueeze(0), sc.glob(x).unsqueeze(0), t)
                 dz, value = dz[0], value[0]
             grads = torch.autograd.grad(logits, params, grad_outputs=dz, retain_graph=True, allow_unused=True)
             return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)], value

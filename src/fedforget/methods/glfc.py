@@ -101,15 +101,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
 from ..data.scenario import DOMAIN_KINDS
 from ..utils import FedForgetError, torch_seed
-from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_copy
+from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload
 from .params import boolean, choice, integer, number
 from .registry import METHODS
 from .shared import floor_unscored, group_normalise, head_scores
@@ -237,20 +239,23 @@ def gradient_encoder(input_shape: Sequence[int], num_classes: int, seed: int) ->
     channels, strides 2, 2, 1, padding 2, sigmoid, linear) [C], an MLP otherwise [D]; every
     weight and bias ~ U(-0.5, 0.5) [C weights_init] from a generator keyed (seed, 0xC2)."""
     shape = tuple(int(s) for s in input_shape)
+    # layers built without their default initialisation, which would draw from the global
+    # generator (clients trained at once must not: train.concurrent_clients) [D]
+    conv, linear = partial(skip_init, nn.Conv2d), partial(skip_init, nn.Linear)
     if len(shape) == 3:
         c = shape[0]
         body = nn.Sequential(
-            nn.Conv2d(c, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-            nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid(), nn.Flatten(),
+            conv(c, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+            conv(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+            conv(12, 12, 5, padding=2, stride=1), nn.Sigmoid(), nn.Flatten(),
         )  # fmt: skip
         with torch.no_grad():
             hidden = body(torch.zeros(1, *shape)).shape[1]
-        net = nn.Sequential(body, nn.Linear(hidden, num_classes))
+        net = nn.Sequential(body, linear(hidden, num_classes))
     else:
         net = nn.Sequential(
-            nn.Flatten(), nn.Linear(math.prod(shape), 64), nn.Sigmoid(),
-            nn.Linear(64, 64), nn.Sigmoid(), nn.Linear(64, num_classes),
+            nn.Flatten(), linear(math.prod(shape), 64), nn.Sigmoid(),
+            linear(64, 64), nn.Sigmoid(), linear(64, num_classes),
         )  # fmt: skip
     gen = torch.Generator().manual_seed(torch_seed(seed, ENCODER_STREAM))
     with torch.no_grad():
@@ -357,7 +362,6 @@ class GLFC(FedAvg):
         self.seen = known & (self.class_task[None] <= t_ids)  # [T, C]: classes of tasks <= t
         self.old = known & (self.class_task[None] < t_ids)  # [T, C]: classes of tasks < t
         self.masked = sc is not None and sc.masked
-        self._old_model: nn.Module | None = None  # a frozen buffer for the broadcast old model
         self._encoders: dict[tuple[int, ...], nn.Module] = {}  # Gamma per input shape (a constant)
 
     # ---------------------------------------------------------------- helpers
@@ -486,10 +490,9 @@ class GLFC(FedAvg):
         s.old = None
         old = ctx.broadcast.get(OLD)
         if old is not None and bool(self.old[t].any()):
-            if self._old_model is None:
-                self._old_model = frozen_copy(ctx.model)
-            self._old_model.load_state_dict(old)
-            s.old = self._old_model.eval()
+            s.old = self.frozen_model(ctx, "glfc_old")  # a frozen buffer for the broadcast old model
+            s.old.load_state_dict(old)
+            s.old.eval()
         z = torch.zeros((), device=self.info.device)
         s.gc, s.rd, s.w_old, s.n_old = z.clone(), z.clone(), z.clone(), z.clone()
 

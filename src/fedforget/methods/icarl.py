@@ -124,7 +124,6 @@ from .base import (
     RunInfo,
     ServerContext,
     Upload,
-    frozen_copy,
     masked_logits,
 )
 from .params import boolean, choice, integer
@@ -318,7 +317,6 @@ class ICaRL(FedAvg):
             for t, cls in enumerate(sc.task_classes):
                 task_of_class[cls] = t
         self.task_of_class = task_of_class.to(info.device)
-        self._prev: nn.Module | None = None  # a reusable frozen model, loaded per client
         # the exemplars as a replay buffer: what FedGP over iCaRL reads for g_ref
         self.replay = Replay(info, 0, EXEMPLAR_STREAM, key=KEY)
         self.replay.buffer = ExemplarView(KEY)
@@ -410,12 +408,10 @@ class ICaRL(FedAvg):
         prev = ctx.broadcast.get(PREV)
         s.prev = None
         if ctx.task > 0 and prev is not None:
-            if self._prev is None:
-                self._prev = frozen_copy(ctx.model)
-            self._prev.load_state_dict(prev)
-            if isinstance(self._prev.head, TaskHeads):
-                self._prev.head.active = ctx.task  # old classes scored by their own heads
-            s.prev = self._prev
+            s.prev = self.frozen_model(ctx, "icarl_prev")  # a reusable frozen model, loaded per client
+            s.prev.load_state_dict(prev)
+            if isinstance(s.prev.head, TaskHeads):
+                s.prev.head.active = ctx.task  # old classes scored by their own heads
 
     def exemplar_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor] | None:
         """This step's share of the exemplars: rows lo..hi of the epoch's permutation,

@@ -66,7 +66,6 @@ from .base import (
     ServerContext,
     Upload,
     flatten_state,
-    frozen_copy,
 )
 from .params import choice, number
 from .registry import METHODS
@@ -125,8 +124,6 @@ class MOON(FedAvg):
 
     def __init__(self, params: MOONParams, info) -> None:
         super().__init__(params, info)
-        self._glob: nn.Module | None = None  # frozen w^t, reused across clients
-        self._prev: nn.Module | None = None  # frozen w_k^{t-1}
         self._w0: torch.Tensor | None = None  # flat w^0, for first_prev = init
 
     def server_init(self, server: ServerContext) -> None:
@@ -143,10 +140,10 @@ class MOON(FedAvg):
         prev = ctx.state.get("prev", self._w0)
         if prev is None:  # first participation with first_prev = skip: FedAvg this round
             return
-        if self._glob is None:
-            self._glob, self._prev = frozen_copy(ctx.model), frozen_copy(ctx.model)
-        self._glob.load_state_dict(ctx.global_params)
-        load_flat(self._prev, prev)
+        s.glob = self.frozen_model(ctx, "moon_glob")  # frozen w^t, reused across clients
+        s.prev = self.frozen_model(ctx, "moon_prev")  # frozen w_k^{t-1}
+        s.glob.load_state_dict(ctx.global_params)
+        load_flat(s.prev, prev)
         s.active, s.sums = True, StepSums.own(2, self.info.device)  # sum of l_con, steps
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
@@ -155,8 +152,8 @@ class MOON(FedAvg):
         if not s.active:
             return terms
         with torch.no_grad():
-            z_glob = self._glob.features(x)
-            z_prev = self._prev.features(x)
+            z_glob = s.glob.features(x)
+            z_prev = s.prev.features(x)
         l_con = model_contrastive_loss(features[None], z_glob[None], z_prev[None], self.p.tau)[0]
         s.sums.add(l_con.detach(), 1)
         terms["contrastive"] = self.p.mu * l_con
@@ -175,9 +172,10 @@ class MOON(FedAvg):
         prevs = [unflatten_state(c.state.get("prev", self._w0), like) if a else like for c, a in zip(ctxs, act)]
         prev = {k: torch.stack([q[k] for q in prevs]) for k in prevs[0]}
         on = torch.tensor(act, dtype=torch.float32, device=self.info.device)
+        glob = next(self.scratch(c).glob for c, a in zip(ctxs, act) if a)  # one for the stack (client_begin)
 
         def live(lo: int, hi: int, w, step) -> LiveStep:
-            z_glob = on_stack(self._glob.features, step.x)
+            z_glob = on_stack(glob.features, step.x)
             z_prev = step.features_of({k: v[lo:hi] for k, v in prev.items()}, step.x)
             l_con = model_contrastive_loss(step.features, z_glob, z_prev, self.p.tau, step.row_mask()) * on[lo:hi]
             sums[0, lo:hi] += l_con.detach()

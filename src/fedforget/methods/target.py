@@ -215,7 +215,6 @@ class TARGET(FedAvg):
         self.class_task, self.class_mask = owner.to(info.device), mask.to(info.device)
         self.pool_key, self.stats_key = f"{self.name}_pool", f"{self.name}_synthesis"
         self.warned = False
-        self._teacher: nn.Module | None = None  # a reusable frozen model, loaded per client
 
     def learned(self, task: int) -> torch.Tensor:
         """The classes of tasks 0..task, sorted (long, on the device)."""
@@ -322,15 +321,14 @@ class TARGET(FedAvg):
                                 sc.tasks if sc is not None else 1, ctx.batch_size)  # fmt: skip
 
     def teacher(self, ctx: ClientContext, pool: dict[str, Any]) -> nn.Module:
-        """The pool's teacher: one frozen eval-mode copy of the model (kept on the method,
+        """The pool's teacher: one frozen eval-mode copy of the model (``frozen_model``,
         reloaded for each client, as iCaRL's previous model) holding the weights that made
         the pool, scoring each class by its newest head up to the pool's task."""
-        if self._teacher is None:
-            self._teacher = frozen_copy(ctx.model)
-        self._teacher.load_state_dict(pool[TEACHER])
-        if isinstance(self._teacher.head, TaskHeads):
-            self._teacher.head.active = pool["task"]
-        return self._teacher
+        teacher = self.frozen_model(ctx, f"{self.name}_teacher")
+        teacher.load_state_dict(pool[TEACHER])
+        if isinstance(teacher.head, TaskHeads):
+            teacher.head.active = pool["task"]
+        return teacher
 
     def replay_rows(self, ctx: ClientContext, n_pool: int) -> int:
         """Synthetic rows per step (``target_replay_rows``)."""

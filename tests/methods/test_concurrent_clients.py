@@ -1,0 +1,98 @@
+"""``train.concurrent_clients``: the sequential trainer's clients several at a time, each on
+its own lane (a copy of the model, a thread, a CUDA stream on a GPU), must change no
+result: for every registered method, and for the methods that keep frozen models across
+clients on a task stream, the same metrics, global weights, client state (its order
+included) as one client after another on the same threads per client (issue 32, item 3)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fedforget.engine import Simulation
+from fedforget.methods import METHODS
+from fedforget.utils import FedForgetError
+
+from .conftest import QUICK_PARAMS, digits_cfg, same, strip
+
+CPU = torch.device("cpu")
+
+
+def lanes(rc, n):
+    return replace(rc, train=replace(rc.train, concurrent_clients=n))
+
+
+def both(rc, n=3):
+    """``rc`` run one client after another and with ``n`` lanes: (simulation, rows) each."""
+    out = []
+    for k in (1, n):
+        sim = Simulation(lanes(rc, k), device=CPU)
+        assert len(sim.trainer.lanes) == k
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        out.append((sim, rows))
+    return out
+
+
+def assert_same_run(a, b):
+    (sa, ra), (sb, rb) = a, b
+    assert strip(ra) == strip(rb)
+    assert same(sa.global_params, sb.global_params)
+    for name, d in sa.fed.client_dicts().items():  # the clients' entries in the same order
+        assert list(d) == list(sb.fed.client_dicts()[name]), name
+    assert same(sa.fed.clients, sb.fed.clients)
+    assert same(sa.fed.server, sb.fed.server)
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_lanes_equal_one_after_another(public_run_cfg, method):
+    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=3, sample_rate=0.75, client_engine="sequential")
+    assert_same_run(*both(rc))
+
+
+@pytest.mark.parametrize(
+    "method,params",
+    [("icarl", None), ("glfc", QUICK_PARAMS["glfc"]), ("target", {"syn_rounds": 1}), ("moon", {"mu": 1.0}),
+     ("fedntd", None), ("fedsol", {"proximal": "kl"})],
+)  # fmt: skip
+def test_lanes_equal_on_a_task_stream(make_run_config, method, params):
+    """The methods that reload a frozen model per client (the previous task's, the pool's
+    teacher, the global one): each lane has its own (``ClientContext.frozen``)."""
+    rc = digits_cfg(make_run_config, method, params, rounds=3, eval_local_models=True, client_engine="sequential")
+    assert_same_run(*both(rc))
+
+
+def test_a_draw_from_the_global_generator_is_refused(make_run_config, monkeypatch):
+    """Clients trained at once cannot draw what each draws alone from one global generator:
+    a method's step that draws from it stops the run with an error naming the setting (the
+    guard is not vacuous: every method above passes it)."""
+    from fedforget.methods.fedavg import FedAvg
+
+    original = FedAvg.client_step
+
+    def drawing(self, ctx, x, y):
+        torch.rand(1)  # not keyed
+        return original(self, ctx, x, y)
+
+    monkeypatch.setattr(FedAvg, "client_step", drawing)
+    sim = Simulation(make_run_config(concurrent_clients=2), device=CPU)
+    with pytest.raises(FedForgetError, match=r"concurrent_clients=2: .*global random generator.*concurrent_clients: 1"):
+        sim.run(progress=False)
+
+
+def test_resume_refuses_another_share_of_threads(make_run_config):
+    """On a CPU each lane trains on its share of the threads, which the bytes depend on: a
+    checkpoint of clients on 1 thread each (2 threads, 2 lanes) does not resume with one lane
+    (2 threads per client)."""
+    rc = make_run_config(threads=2, concurrent_clients=2, rounds=3)
+    saved = []
+    sim = Simulation(rc, device=CPU)
+    sim.run(progress=False, on_checkpoint=saved.append)
+    assert saved[0]["client_threads"] == 1 and saved[0]["torch_threads"] == 2
+    other = Simulation(lanes(rc, 1), device=CPU)
+    with pytest.raises(FedForgetError, match=r"trained on 1 torch threads each; with train.concurrent_clients: 1 .* on 2"):
+        other.run(progress=False, resume=saved[0])
+    status, _, msg = Simulation(rc, device=CPU).run(progress=False, resume=saved[0])  # the same lanes: resumes
+    assert status == "completed", msg
