@@ -2,7 +2,9 @@
 # The GPU checks and measurements in one go, for a machine with a CUDA GPU and a Python whose
 # torch sees it (fedforget importable: installed, or PYTHONPATH=src). Sections, run in the
 # order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 evening
-# (results/h200-2026-11-27-c), first: the streamed pool (its read-ahead from host positions
+# (results/h200-2026-11-27-c), first: the clients trained at once on lanes of their own
+# (train.concurrent_clients, since the fourth session of 2026-12-02: its tests, then its
+# speed), the streamed pool (its read-ahead from host positions
 # since 2026-12-02, 60 s; its steps under CUDA graphs since the second session of that day),
 # FedSOL on ResNet-18 batched (live terms on the ResNets since; its steps, and every
 # capturable method's, Adam's and per-task heads', under CUDA graphs of one group's
@@ -17,6 +19,10 @@
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
 #             another within 1e-5, CUDA graphs the same bits as eager steps;
+#   lanes     train.concurrent_clients: its equality tests on the GPU (every method, each lane
+#             on a CUDA stream of its own: the same bits as one client after another), then
+#             the sequential trainer with 1 against 2 and 4 lanes: FedAvg on ResNet-18 and the
+#             McMahan CNN (issue 32's setting), iCaRL (not stackable) on ResNet-18, split 5 x 2;
 #   profile18 where a batched, then a sequential ResNet-18 round's time goes (issue 32's
 #             setting: CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients, 10 per round,
 #             batch 64, 1 epoch);
@@ -49,7 +55,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests stream fedsol18 replay18 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests lanes stream fedsol18 replay18 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -90,6 +96,19 @@ tests() {
         tests/methods/test_fedgp.py -k "$k" >"$out/tests-fedgp.txt" 2>&1)
     tail -25 "$out/tests.txt"
     tail -3 "$out/tests-fedgp.txt"
+}
+lanes() {
+    (cd "$here/.." && box 90 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
+        tests/methods/test_concurrent_clients.py >"$out/tests-lanes.txt" 2>&1)
+    tail -3 "$out/tests-lanes.txt"
+    for n in 2 4; do
+        box 100 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes $n --preset resnet18 \
+            --partition dirichlet0.5 --epochs 1 --rounds 4 --json "$out/resnet18-dir-e1-lanes$n.json" | tee -a "$out/sim.txt"
+    done
+    box 60 "${sim[@]}" --warmup 5 --modes sequential concurrent --lanes 4 --preset mcmahan --partition dirichlet0.5 \
+        --epochs 1 --rounds 6 --json "$out/mcmahan-dir-e1-lanes4.json" | tee -a "$out/sim.txt"
+    box 120 "${sim[@]}" --warmup 4 --modes sequential concurrent --lanes 4 --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --method icarl --tasks 5 --json "$out/resnet18-e1-icarl-lanes4.json" | tee -a "$out/sim.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do
@@ -207,7 +226,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests profile18 resnet18 vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
+    case " tests lanes profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -104,3 +104,17 @@ def test_warming_every_minibatch_size_changes_no_result(make_run_config, monkeyp
     assert seen == [(list(range(1, 17)), (1, 1, 8, 8))]
     assert runs[False][1] == runs[True][1]
     assert all(torch.equal(v, runs[True][0].global_params[k]) for k, v in runs[False][0].global_params.items())
+
+
+def test_gpu_script_runs_each_of_its_sections(repo_root) -> None:
+    """benchmarks/gpu.sh, the one script a GPU session runs: every section it defines is one
+    its dispatcher runs, and its default ORDER names only those (a section left out of the
+    dispatcher is skipped as unknown, and its numbers are lost for that session)."""
+    import re
+
+    text = (repo_root / "benchmarks" / "gpu.sh").read_text()
+    defined = set(re.findall(r"^(\w+)\(\) \{", text, re.M)) - {"box"}
+    (dispatched,) = re.findall(r'case " ([\w ]+) " in', text)
+    (order,) = re.findall(r"ORDER=\$\{ORDER:-\$\{SECTIONS:-([\w ]+)\}\}", text)
+    assert defined == set(dispatched.split())
+    assert set(order.split()) == defined

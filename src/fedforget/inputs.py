@@ -259,13 +259,23 @@ def choose_storage(setting: str, nbytes: int, device: torch.device) -> bool:
 
 def prefetched(fetch, items: Sequence, ahead: int = 2) -> Iterator:
     """``fetch(item)`` for each of ``items`` in order, computed up to ``ahead`` items ahead
-    on a background thread (a streamed pool's host reads overlap the device's steps)."""
+    on a background thread (a streamed pool's host reads overlap the device's steps), whose
+    copies to a GPU go to the caller's CUDA stream, ahead of the steps that read them (a
+    lane's own stream: ``train.concurrent_clients``)."""
     if not items:
         return
+    stream = torch.cuda.current_stream() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def on_stream(item):
+        if stream is None:
+            return fetch(item)
+        with torch.cuda.stream(stream):
+            return fetch(item)
+
     with ThreadPoolExecutor(1) as pool:
-        futures = [pool.submit(fetch, it) for it in items[:ahead]]
+        futures = [pool.submit(on_stream, it) for it in items[:ahead]]
         for i in range(len(items)):
             if i + ahead < len(items):
-                futures.append(pool.submit(fetch, items[i + ahead]))
+                futures.append(pool.submit(on_stream, items[i + ahead]))
             yield futures[i].result()
             futures[i] = None  # type: ignore[call-overload]

@@ -72,6 +72,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .train_spec import client_threads
+
 PACKAGE = "fedforget"
 ROOT = Path(__file__).resolve().parent
 
@@ -407,7 +409,7 @@ def recorded_form(rec: Mapping[str, Any]) -> str | None:
     return next((f for f in FORMS if combined(files, f) == digest), None)
 
 
-def threads_differ(rec: Mapping[str, Any], threads: int | None) -> str | None:
+def threads_differ(rec: Mapping[str, Any], threads: int | None, lanes: int = 1) -> str | None:
     """Why finished run record ``rec`` (run.json) is not what a train job on ``threads``
     torch threads would write, or None: on a CPU the bytes of a result depend on the thread
     count (float summation order: in a digits CNN round, oneDNN's convolution weight gradient,
@@ -416,11 +418,19 @@ def threads_differ(rec: Mapping[str, Any], threads: int | None) -> str | None:
     adopted by ``snakemake --touch`` must have been made on the count this invocation's train
     jobs get [D, issue 34]. A run on a GPU (``device`` not cpu) is not compared: its math runs
     on the GPU. None too when either count is unknown (a record without ``torch_threads``, a
-    thread count that is not a number)."""
+    thread count that is not a number). The threads each client trained on count too
+    (``client_threads``: fewer where the sequential trainer trained ``lanes`` clients at once,
+    ``train.concurrent_clients``)."""
     had = rec.get("torch_threads")
     if not isinstance(threads, int) or not isinstance(had, int) or not str(rec.get("device", "")).startswith("cpu"):
         return None
-    return None if had == threads else f"torch threads {had} on the CPU (this invocation's train jobs: {threads})"
+    if had != threads:
+        return f"torch threads {had} on the CPU (this invocation's train jobs: {threads})"
+    per = rec.get("client_threads", had)
+    want = client_threads(threads, lanes if rec.get("client_engine") == "sequential" else 1)
+    if isinstance(per, int) and per != want:
+        return f"{per} torch threads per client on the CPU (this invocation's train jobs: {want}, train.concurrent_clients: {lanes})"
+    return None
 
 
 def kept_digest(rec: Mapping[str, Any] | None, current_bytes: str) -> bool:

@@ -147,6 +147,7 @@ def run_training(
         record["device"] = str(sim.device)
         record["host"] = where_it_runs(sim.device)
         record["torch_threads"] = torch.get_num_threads()
+        record["client_threads"] = sim.trainer.client_threads()  # fewer with train.concurrent_clients
         record.update(sim.engine_info)
         ckpt = load_checkpoint(ckpt_path, cfg, sim.device) if resume else None
         if ckpt is not None:

@@ -19,6 +19,13 @@ class OptimizerSpec:
     betas: tuple[float, float] = (0.9, 0.999)
 
 
+def client_threads(threads: int, lanes: int) -> int:
+    """The intra-op threads each client trains on where ``lanes`` clients train at once on a
+    process of ``threads`` (``train.concurrent_clients``): the threads shared out, at least
+    one each [D]. CPU results depend on it (``checkpoint.check_client_threads``)."""
+    return max(1, threads // lanes) if lanes > 1 else threads
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     rounds: int = 50

@@ -52,7 +52,7 @@ from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload, make
 from .methods.base import TASK_END
 from .models import TaskHeads
 from .state import FedState
-from .train_spec import OptimizerSpec, TrainSpec
+from .train_spec import OptimizerSpec, TrainSpec, client_threads
 from .utils import FedForgetError, host_to_device, torch_seed
 from .vectorized import (
     ClientJob,
@@ -384,7 +384,7 @@ class SequentialTrainer(LocalTrainer):
     def client_threads(self) -> int:
         """The intra-op threads each client trains on (CPU results depend on it): the
         process's, shared out among the lanes (at least one each) [D]."""
-        return max(1, torch.get_num_threads() // len(self.lanes)) if len(self.lanes) > 1 else torch.get_num_threads()
+        return client_threads(torch.get_num_threads(), len(self.lanes))
 
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
         """``LocalTrainer.train_round``; with several lanes, the clients at once (the class's

@@ -2,7 +2,9 @@
 its own lane (a copy of the model, a thread, a CUDA stream on a GPU), must change no
 result: for every registered method, and for the methods that keep frozen models across
 clients on a task stream, the same metrics, global weights, client state (its order
-included) as one client after another on the same threads per client (issue 32, item 3)."""
+included) as one client after another on the same threads per client (issue 32, item 3).
+On the device of FEDFORGET_TEST_DEVICE (benchmarks/gpu.sh runs them on a GPU, where each lane
+has a CUDA stream of its own)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def both(rc, n=3):
     """``rc`` run one client after another and with ``n`` lanes: (simulation, rows) each."""
     out = []
     for k in (1, n):
-        sim = Simulation(lanes(rc, k), device=CPU)
+        sim = Simulation(lanes(rc, k))
         assert len(sim.trainer.lanes) == k
         status, rows, msg = sim.run(progress=False)
         assert status == "completed", msg
@@ -77,7 +79,7 @@ def test_a_draw_from_the_global_generator_is_refused(make_run_config, monkeypatc
         return original(self, ctx, x, y)
 
     monkeypatch.setattr(FedAvg, "client_step", drawing)
-    sim = Simulation(make_run_config(concurrent_clients=2), device=CPU)
+    sim = Simulation(make_run_config(concurrent_clients=2))
     with pytest.raises(FedForgetError, match=r"concurrent_clients=2: .*global random generator.*concurrent_clients: 1"):
         sim.run(progress=False)
 

@@ -312,7 +312,7 @@ def check_adopted_results():
             continue
         want = {"status": "completed", **run_identity(rc, rec)}
         diff = [f"{k} {got[k]!r} (this checkout: {x!r})" for k, x in want.items() if got[k] != x]
-        cpu = threads_differ(rec, threads)
+        cpu = threads_differ(rec, threads, rc.train.concurrent_clients)
         if cpu:
             diff.append(cpu)
             other_threads.add(rec["torch_threads"])

@@ -487,7 +487,8 @@ class FedAvg:
     # what the trainers and the evaluator may assume, declared, never inferred from which
     # hooks a method writes (tests/methods/test_protocol.py checks each against the code):
     stacked: bool = True  # local training is FedAvg's SGD step plus ``client_step_terms``: the
-    #   stacked trainer may run it (False: a hook changes the step itself; sequential only)
+    #   stacked trainer may run it (False: a hook changes the step itself; sequential only,
+    #   several clients at once with train.concurrent_clients, each on its own model copy)
     step_terms: bool = False  # the method states per-step terms in ``client_step_terms``
     sees_step: bool = False  # its terms read the step's minibatch (a fourth argument: StepBatch)
     step_rows: bool = False  # its live terms read each client's real rows of the step as host
