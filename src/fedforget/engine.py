@@ -170,12 +170,10 @@ class Simulation:
         task = self.server.task
         with self.memory.phase("task_end"):
             reports, self.fed.task_reports = self.fed.task_reports, {}
-            if self.scenario.window is None:
-                for cid in range(self.cfg.partition.clients):
-                    if self.clients.size(cid, task):
-                        report = self.trainer.end_client_task(cid, task, rnd, lr)
-                        if report is not None:
-                            reports[cid] = report
+            if self.scenario.window is None:  # every client holding the task (several at once: the trainer's)
+                views = {cid: self.clients.task_view(cid, task) for cid in range(self.cfg.partition.clients)
+                         if self.clients.size(cid, task)}  # fmt: skip
+                reports.update(self.trainer.client_pass(TASK_END, views, rnd, lr))
             self.collect(TASK_END, reports)
             if reports and AFTER_TASK in self.method.exchanges:  # on what the server made of the first
                 self.server.broadcast = self.method.server_broadcast(self.server)

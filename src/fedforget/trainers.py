@@ -387,61 +387,22 @@ class SequentialTrainer(LocalTrainer):
         return client_threads(torch.get_num_threads(), len(self.lanes))
 
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
-        """``LocalTrainer.train_round``; with several lanes, the clients at once (the class's
-        docstring). Each client's result is what it computes alone: it starts from the global
-        weights, its own state and keyed draws on its lane's model, so the lanes change no
-        result on a GPU, and on a CPU the same as the sequential trainer on
-        ``client_threads`` threads (tests/methods/test_concurrent_clients.py); the run's state takes
-        the clients' entries in the round's client order, as one after another it would."""
+        """``LocalTrainer.train_round``; with several lanes, the clients at once (``at_once``),
+        each client's local model evaluated on its lane right after its training."""
         if len(self.lanes) == 1 or len(views) < 2:
             return super().train_round(rnd, lr, views)
+        eval_lock = threading.Lock()
+
+        def train(lane: SequentialTrainer, cid: int) -> tuple:
+            ups, losses, stats = lane.train_group({cid: views[cid]}, rnd, lr)
+            te, accs = time.perf_counter(), []
+            if self.train.eval_local_models:  # its local model, before the lane moves on
+                with eval_lock:
+                    accs = lane.local_accuracies(ups)
+            return ups, losses, stats, accs, time.perf_counter() - te
+
+        done = self.at_once(views, train, "local training")
         cids = list(views)
-        order = iter(sorted(cids, key=lambda c: (-len(views[c]), cids.index(c))))  # longest first
-        done: dict[int, tuple] = {}
-        failed: dict[int, BaseException] = {}
-        lock, eval_lock = threading.Lock(), threading.Lock()
-        fed = self.fed
-        before = {name: set(d) for name, d in fed.client_dicts().items()}
-        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        drawn = global_draws(self.device)
-
-        def work(lane: SequentialTrainer) -> None:
-            with lane.on_stream(main):
-                while True:
-                    with lock:
-                        cid = None if failed else next(order, None)
-                    if cid is None:
-                        break
-                    try:
-                        ups, losses, stats = lane.train_group({cid: views[cid]}, rnd, lr)
-                        te = time.perf_counter()
-                        if self.train.eval_local_models:  # its local model, before the lane moves on
-                            with eval_lock:
-                                accs = lane.local_accuracies(ups)
-                        else:
-                            accs = []
-                        done[cid] = (ups, losses, stats, accs, time.perf_counter() - te)
-                    except Exception as e:  # the others stop taking clients; raised below
-                        with lock:
-                            failed[cid] = e
-
-        threads = torch.get_num_threads()
-        lanes = self.lanes[: len(cids)]
-        torch.set_num_threads(self.client_threads())  # process-wide: back after the round
-        try:
-            with ThreadPoolExecutor(len(lanes), thread_name_prefix="fedforget-lane") as pool:
-                list(pool.map(work, lanes))
-        finally:
-            torch.set_num_threads(threads)
-        if failed:  # the first in the round's order, as one after another would meet it
-            raise failed[min(failed, key=cids.index)]
-        if not all(torch.equal(a, b) for a, b in zip(drawn, global_draws(self.device), strict=True)):
-            raise FedForgetError(
-                f"train.concurrent_clients={len(self.lanes)}: local training of method "
-                f"'{self.method.name}' on this model draws from the global random generator, so clients "
-                "trained at once would not draw what each draws alone; allowed here: concurrent_clients: 1"
-            )
-        fed.order_clients(before, cids)
         uploads, losses, stats, local_accs, eval_time = [], [], [], [], 0.0
         for cid in cids:
             ups, ls, st, accs, te = done[cid]
@@ -451,6 +412,72 @@ class SequentialTrainer(LocalTrainer):
             local_accs += accs
             eval_time += te
         return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
+
+    def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
+        """``LocalTrainer.client_pass``; with several lanes, the clients' replies at once
+        (``at_once``), in the order of ``views``."""
+        if len(self.lanes) == 1 or len(views) < 2:
+            return super().client_pass(exchange, views, rnd, lr)
+
+        def reply(lane: SequentialTrainer, cid: int) -> Any:
+            return LocalTrainer.client_pass(lane, exchange, {cid: views[cid]}, rnd, lr).get(cid)
+
+        replies = self.at_once(views, reply, f"the {exchange} reply")
+        return {cid: replies[cid] for cid in views if replies[cid] is not None}
+
+    def at_once(
+        self, views: dict[int, TaskView], work: Callable[[SequentialTrainer, int], Any], what: str
+    ) -> dict[int, Any]:
+        """``work(lane, cid)`` for each client of ``views``, on the lanes at once: each lane
+        takes the next client (the largest first) as it finishes one. Each client's result
+        is what it computes alone: it starts from the global weights, its own state and keyed
+        draws on its lane's model, so the lanes change no result on a GPU, and on a CPU the
+        same as one after another on ``client_threads`` threads
+        (tests/methods/test_concurrent_clients.py). The run's per-client entries then take
+        the order of ``views``, as one after another would add them (``FedState.order_clients``);
+        an error is the first client's in that order; a draw from a global generator (which
+        clients at once cannot share out as one after another would) is refused, naming
+        ``what`` drew."""
+        cids = list(views)
+        order = iter(sorted(cids, key=lambda c: (-len(views[c]), cids.index(c))))
+        done: dict[int, Any] = {}
+        failed: dict[int, Exception] = {}
+        lock = threading.Lock()
+        before = {name: set(d) for name, d in self.fed.client_dicts().items()}
+        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        drawn = global_draws(self.device)
+
+        def run(lane: SequentialTrainer) -> None:
+            with lane.on_stream(main):
+                while True:
+                    with lock:
+                        cid = None if failed else next(order, None)
+                    if cid is None:
+                        return
+                    try:
+                        done[cid] = work(lane, cid)
+                    except Exception as e:  # the other lanes take no more clients; raised below
+                        with lock:
+                            failed[cid] = e
+
+        threads = torch.get_num_threads()
+        lanes = self.lanes[: len(cids)]
+        torch.set_num_threads(self.client_threads())  # process-wide: back afterwards
+        try:
+            with ThreadPoolExecutor(len(lanes), thread_name_prefix="fedforget-lane") as pool:
+                list(pool.map(run, lanes))
+        finally:
+            torch.set_num_threads(threads)
+        if failed:
+            raise failed[min(failed, key=cids.index)]
+        if not all(torch.equal(a, b) for a, b in zip(drawn, global_draws(self.device), strict=True)):
+            raise FedForgetError(
+                f"train.concurrent_clients={len(self.lanes)}: {what} of method '{self.method.name}' on this "
+                "model draws from the global random generator, so clients at once would not draw what each "
+                "draws alone; allowed here: concurrent_clients: 1"
+            )
+        self.fed.order_clients(before, cids)
+        return done
 
     def on_stream(self, main: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
         """This lane's clients on a CUDA stream of its own, after what ``main`` has queued
