@@ -280,7 +280,7 @@ class ClientContext:
     # sequential trainer only (a method that sets it declares ``stacked = False``)
     epoch_steps: int | None = None
     # frozen copies of the client model that a method reloads for each client instead of
-    # building one per client (the global or previous model: ``FedAvg.frozen_model``), owned
+    # building one per client (the global or previous model: ``frozen_model``), owned
     # by the trainer, one set per model it trains on, so that clients trained at once on their
     # own model copies (``train.concurrent_clients``) never share one
     frozen: dict[str, nn.Module] = field(default_factory=dict)
@@ -438,6 +438,15 @@ def map_grads(named: Sequence[tuple[str, nn.Parameter]], gmap: GradMap) -> None:
                 p.grad = None
             elif v is not p.grad and p.grad is not None:
                 p.grad.copy_(v[0])
+
+
+def frozen_model(ctx: ClientContext, name: str) -> nn.Module:
+    """The frozen copy of ``ctx.model`` kept as ``name`` for reuse across clients
+    (``frozen_copy``, built at its first use; the caller loads its weights), from the
+    trainer's set for the model ``ctx`` trains on (``ClientContext.frozen``) [D]."""
+    if name not in ctx.frozen:
+        ctx.frozen[name] = frozen_copy(ctx.model)
+    return ctx.frozen[name]
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -603,14 +612,6 @@ class FedAvg:
     def scratch(self, ctx: ClientContext) -> SimpleNamespace:
         """This method's working values for ``ctx``'s client in this round."""
         return ctx.scratch.setdefault(self.name, SimpleNamespace())
-
-    def frozen_model(self, ctx: ClientContext, name: str) -> nn.Module:
-        """The frozen copy of ``ctx.model`` kept as ``name`` for reuse across clients
-        (``frozen_copy``, built at its first use; the caller loads its weights), from the
-        trainer's set for the model ``ctx`` trains on (``ClientContext.frozen``) [D]."""
-        if name not in ctx.frozen:
-            ctx.frozen[name] = frozen_copy(ctx.model)
-        return ctx.frozen[name]
 
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
         """A client's message in the extra exchange ``exchange`` (one of the method's

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload
+from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, frozen_model
 from .params import number
 from .registry import METHODS
 from .shared import StepSums, on_stack
@@ -95,7 +95,7 @@ class FedNTD(FedAvg):
         if self.p.beta == 0:
             return
         s = self.scratch(ctx)
-        s.glob = self.frozen_model(ctx, "fedntd_glob")  # frozen w^t, reused across clients
+        s.glob = frozen_model(ctx, "fedntd_glob")  # frozen w^t, reused across clients
         s.glob.load_state_dict(ctx.global_params)
         if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
             s.sums = StepSums.own(2, self.info.device)  # sum of L_NTD, steps

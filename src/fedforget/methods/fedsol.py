@@ -123,6 +123,7 @@ from .base import (
     LiveStep,
     LiveTerms,
     Upload,
+    frozen_model,
     task_cross_entropy,
     total_loss,
 )
@@ -318,7 +319,7 @@ class FedSOL(OverBase):
         sc.all_global = [ctx.global_params[n] for n, _ in named]
         sc.head_path = head and self.p.update == "perturb"
         if self.p.proximal == "kl":
-            sc.glob = self.frozen_model(ctx, "fedsol_glob")  # frozen w_g for the KL proximal loss
+            sc.glob = frozen_model(ctx, "fedsol_glob")  # frozen w_g for the KL proximal loss
             sc.glob.load_state_dict(ctx.global_params)
         sc.log = StepLog.new(ctx.max_steps, 1, self.info.device)  # the step diagnostics (a stack's: client_live_terms)
 

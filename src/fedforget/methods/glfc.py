@@ -111,7 +111,7 @@ from torch.nn.utils import skip_init
 
 from ..data.scenario import DOMAIN_KINDS
 from ..utils import FedForgetError, torch_seed
-from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_model
 from .params import boolean, choice, integer, number
 from .registry import METHODS
 from .shared import floor_unscored, group_normalise, head_scores
@@ -490,7 +490,7 @@ class GLFC(FedAvg):
         s.old = None
         old = ctx.broadcast.get(OLD)
         if old is not None and bool(self.old[t].any()):
-            s.old = self.frozen_model(ctx, "glfc_old")  # a frozen buffer for the broadcast old model
+            s.old = frozen_model(ctx, "glfc_old")  # a frozen buffer for the broadcast old model
             s.old.load_state_dict(old)
             s.old.eval()
         z = torch.zeros((), device=self.info.device)

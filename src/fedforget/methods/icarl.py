@@ -124,6 +124,7 @@ from .base import (
     RunInfo,
     ServerContext,
     Upload,
+    frozen_model,
     masked_logits,
 )
 from .params import boolean, choice, integer
@@ -408,7 +409,7 @@ class ICaRL(FedAvg):
         prev = ctx.broadcast.get(PREV)
         s.prev = None
         if ctx.task > 0 and prev is not None:
-            s.prev = self.frozen_model(ctx, "icarl_prev")  # a reusable frozen model, loaded per client
+            s.prev = frozen_model(ctx, "icarl_prev")  # a reusable frozen model, loaded per client
             s.prev.load_state_dict(prev)
             if isinstance(s.prev.head, TaskHeads):
                 s.prev.head.active = ctx.task  # old classes scored by their own heads

@@ -66,6 +66,7 @@ from .base import (
     ServerContext,
     Upload,
     flatten_state,
+    frozen_model,
 )
 from .params import choice, number
 from .registry import METHODS
@@ -140,8 +141,8 @@ class MOON(FedAvg):
         prev = ctx.state.get("prev", self._w0)
         if prev is None:  # first participation with first_prev = skip: FedAvg this round
             return
-        s.glob = self.frozen_model(ctx, "moon_glob")  # frozen w^t, reused across clients
-        s.prev = self.frozen_model(ctx, "moon_prev")  # frozen w_k^{t-1}
+        s.glob = frozen_model(ctx, "moon_glob")  # frozen w^t, reused across clients
+        s.prev = frozen_model(ctx, "moon_prev")  # frozen w_k^{t-1}
         s.glob.load_state_dict(ctx.global_params)
         load_flat(s.prev, prev)
         s.active, s.sums = True, StepSums.own(2, self.info.device)  # sum of l_con, steps

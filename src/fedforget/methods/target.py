@@ -124,6 +124,7 @@ from .base import (
     ServerContext,
     Upload,
     frozen_copy,
+    frozen_model,
     task_cross_entropy,
 )
 from .distill import softened_kl
@@ -324,7 +325,7 @@ class TARGET(FedAvg):
         """The pool's teacher: one frozen eval-mode copy of the model (``frozen_model``,
         reloaded for each client, as iCaRL's previous model) holding the weights that made
         the pool, scoring each class by its newest head up to the pool's task."""
-        teacher = self.frozen_model(ctx, f"{self.name}_teacher")
+        teacher = frozen_model(ctx, f"{self.name}_teacher")
         teacher.load_state_dict(pool[TEACHER])
         if isinstance(teacher.head, TaskHeads):
             teacher.head.active = pool["task"]
