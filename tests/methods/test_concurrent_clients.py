@@ -50,7 +50,7 @@ def assert_same_run(a, b):
 
 @pytest.mark.parametrize("method", METHODS.names())
 def test_lanes_equal_one_after_another(public_run_cfg, method):
-    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=3, sample_rate=0.75, client_engine="sequential")
+    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=2, sample_rate=0.75, client_engine="sequential")
     assert_same_run(*both(rc))
 
 
