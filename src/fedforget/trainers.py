@@ -380,6 +380,7 @@ class SequentialTrainer(LocalTrainer):
             SequentialTrainer(**{**parts, "model": copy.deepcopy(self.model), "train": one}) for _ in range(n - 1)
         ]
         self.stream = None  # this lane's CUDA stream (made at its first concurrent round)
+        self.pool: ThreadPoolExecutor | None = None  # the lanes' threads, started once (idle between uses)
 
     def client_threads(self) -> int:
         """The intra-op threads each client trains on (CPU results depend on it): the
@@ -461,11 +462,11 @@ class SequentialTrainer(LocalTrainer):
                             failed[cid] = e
 
         threads = torch.get_num_threads()
-        lanes = self.lanes[: len(cids)]
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="fedforget-lane")
         torch.set_num_threads(self.client_threads())  # process-wide: back afterwards
         try:
-            with ThreadPoolExecutor(len(lanes), thread_name_prefix="fedforget-lane") as pool:
-                list(pool.map(run, lanes))
+            list(self.pool.map(run, self.lanes[: len(cids)]))
         finally:
             torch.set_num_threads(threads)
         if failed:
