@@ -85,6 +85,8 @@ BAD = [
      ["experiments[0].train.sample_rate", "0 is less than or equal to the minimum of 0"]),
     ("sample-rate-1.5", lambda d: ex(d).update(train={"sample_rate": 1.5}),
      ["experiments[0].train.sample_rate", "1.5 is greater than the maximum of 1"]),
+    ("no-lanes", lambda d: ex(d).update(train={"concurrent_clients": 0}),
+     ["experiments[0].train.concurrent_clients", "0 is less than the minimum of 1"]),
     ("lr-zero", lambda d: ex(d).update(train={"optimizer": {"lr": 0}}),
      ["experiments[0].train.optimizer.lr", "0"]),
     ("unknown-optimizer", lambda d: ex(d).update(train={"optimizer": {"name": "rmsprop"}}),
