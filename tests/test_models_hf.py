@@ -279,3 +279,20 @@ def test_frozen_encoder_run_trains_the_head_only_and_is_not_batched(make_run_con
     assert status == "completed", msg
     changed = {k for k, v in sim.global_params.items() if not torch.equal(v, before[k])}
     assert changed == {"head.weight", "head.bias"}
+
+
+def test_clients_at_once_need_an_encoder_without_global_draws(make_run_config) -> None:
+    """``train.concurrent_clients``: a training encoder's own dropout draws from the global
+    generator, so the job stops before training, naming the setting; a frozen encoder (eval
+    mode, no dropout) trains its clients at once with the results of one after another."""
+    rc = make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=1, batch_size=8,
+                         partition=PartitionSpec("iid", clients=4, seed=0), concurrent_clients=2)  # fmt: skip
+    with pytest.raises(FedForgetError, match=r"concurrent_clients=2: module HFBody .*global random generator"):
+        Simulation(rc)
+    frozen = replace(rc, dataset=replace(rc.dataset, model_options={**TINY, "freeze_encoder": True}))
+    sims = [Simulation(replace(frozen, train=replace(frozen.train, concurrent_clients=n))) for n in (1, 2)]
+    assert [len(s.trainer.lanes) for s in sims] == [1, 2]
+    for sim in sims:
+        status, _, msg = sim.run(progress=False)
+        assert status == "completed", msg
+    assert all(torch.equal(v, sims[1].global_params[k]) for k, v in sims[0].global_params.items())

@@ -894,6 +894,19 @@ class HFBody(nn.Module):
             self.encoder.eval()
         return self
 
+    @property
+    def global_draws(self) -> bool:
+        """Whether training draws from the global random generator: the encoder's own
+        dropout (its ``nn.Dropout`` modules and attention dropout are not the project's keyed
+        dropout, ``fedforget.dropout``), unless it is frozen (eval mode) or every rate is 0
+        [D]. Clients trained at once cannot share such draws out (``train.concurrent_clients``)."""
+        if self.frozen:
+            return False
+        cfg = getattr(self.encoder, "config", None)
+        rates = [getattr(cfg, k, 0.0) or 0.0 for k in ("hidden_dropout_prob", "attention_probs_dropout_prob",
+                                                      "dropout", "attention_dropout")]  # fmt: skip
+        return any(r > 0 for r in rates) or any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.encoder.modules())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[1] != 2 or x.is_floating_point():
             raise FedForgetError(

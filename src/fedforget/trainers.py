@@ -373,6 +373,13 @@ class SequentialTrainer(LocalTrainer):
     def __init__(self, **parts) -> None:
         super().__init__(**parts)
         n = self.train.concurrent_clients
+        drawing = next((type(m).__name__ for m in self.model.modules() if getattr(m, "global_draws", False)), None)
+        if n > 1 and drawing is not None:  # known before any training (at_once checks what is not)
+            raise FedForgetError(
+                f"train.concurrent_clients={n}: module {drawing} of the model draws from the global random "
+                "generator in training (dropout that is not keyed), so clients at once would not draw what each "
+                "draws alone; allowed with this model: concurrent_clients: 1"
+            )
         one = dataclasses.replace(self.train, concurrent_clients=1)
         # the other lanes: trainers of the same kind on their own copy of the model (weights,
         # buffers, dropout keys, a method's frozen copies), everything else shared
