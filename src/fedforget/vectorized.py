@@ -1163,11 +1163,13 @@ def train_clients_together(
     constants = (lr, momentum, weight_decay, optimizer, betas)
     one_call = graphs is not None and (not persistent or graphs.constants(constants))
     uses: dict[tuple, int] = {}
+    counted: dict[tuple, tuple] = {}  # (k, lo, hi, w) -> (rows, shape): each computed once a step
     if one_call:  # how often each step shape comes in this call
         for k in range(n_steps):
             if not wide[k]:
                 for lo, hi, w in segments(k):
-                    shape = step_shape(k, lo, hi, w, step_counts(k, lo, hi, w))
+                    rows = step_counts(k, lo, hi, w)
+                    counted[k, lo, hi, w] = rows, (shape := step_shape(k, lo, hi, w, rows))
                     uses[shape] = uses.get(shape, 0) + 1
     scope = graphs.scope() if graphs is not None and not persistent else contextlib.nullcontext()
     with scope:
@@ -1189,8 +1191,11 @@ def train_clients_together(
                 sub = None  # a streamed pool's minibatch, read ahead (x, y, logit mask or None)
                 if gathered is not None:
                     sub = gathered if part is idx else tuple(None if t is None else t[lo:hi, :w] for t in gathered)
-                rows = step_counts(k, lo, hi, w)
-                shape = None if graphs is None else step_shape(k, lo, hi, w, rows)
+                if (k, lo, hi, w) in counted:
+                    rows, shape = counted[k, lo, hi, w]
+                else:
+                    rows = step_counts(k, lo, hi, w)
+                    shape = None if graphs is None else step_shape(k, lo, hi, w, rows)
                 if graphs is None or (one_call and uses[shape] < SCOPED_MIN_USES):
                     batched_step_(part, sub, lo, rows, k)
                 else:  # the step's kernels depend on its shape and constants only; a minibatch
