@@ -361,11 +361,12 @@ def global_draws(device: torch.device) -> list[torch.Tensor]:
 
 class SequentialTrainer(LocalTrainer):
     """One client after another (``LocalTrainer.train_client``): any method, optimizer and
-    model. With ``train.concurrent_clients`` n > 1, n clients at a time (``train_round``):
-    each of n lanes (this trainer and n - 1 of its own kind over copies of the model) takes
-    the round's next client as it finishes one, on a thread of its own and, on a GPU, a CUDA
-    stream of its own, so that one client's host work and waits overlap another's kernels
-    (issue 32: the GPU kept busy where clients cannot be stacked)."""
+    model. With ``train.concurrent_clients`` n > 1, n clients at a time (``at_once``): each
+    of n lanes (trainers of its own kind, one on this trainer's model, the others on copies
+    of it) takes the round's next client as it finishes one, on a thread of its own and, on a
+    GPU, a CUDA stream of its own, so that one client's host work and waits overlap another's
+    kernels (issue 32: the GPU kept busy where clients cannot be stacked); this trainer then
+    hands out the clients and trains none itself."""
 
     name = "sequential"
     warmed = False  # every minibatch size met once (warm_conv_shapes), on a GPU
@@ -381,11 +382,12 @@ class SequentialTrainer(LocalTrainer):
                 "draws alone; allowed with this model: concurrent_clients: 1"
             )
         one = dataclasses.replace(self.train, concurrent_clients=1)
-        # the other lanes: trainers of the same kind on their own copy of the model (weights,
-        # buffers, dropout keys, a method's frozen copies), everything else shared
-        self.lanes: list[SequentialTrainer] = [self] + [
-            SequentialTrainer(**{**parts, "model": copy.deepcopy(self.model), "train": one}) for _ in range(n - 1)
-        ]
+        # the lanes: trainers of the same kind, each on its own model (this one's, then copies:
+        # weights, buffers, dropout keys, a method's frozen copies), everything else shared
+        self.lanes: list[SequentialTrainer] = [self] if n == 1 else [
+            SequentialTrainer(**{**parts, "model": self.model if i == 0 else copy.deepcopy(self.model), "train": one})
+            for i in range(n)
+        ]  # fmt: skip
         self.stream = None  # this lane's CUDA stream (made at its first concurrent round)
         self.pool: ThreadPoolExecutor | None = None  # the lanes' threads, started once (idle between uses)
 
@@ -397,7 +399,7 @@ class SequentialTrainer(LocalTrainer):
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
         """``LocalTrainer.train_round``; with several lanes, the clients at once (``at_once``),
         each client's local model evaluated on its lane right after its training."""
-        if len(self.lanes) == 1 or len(views) < 2:
+        if len(self.lanes) == 1:
             return super().train_round(rnd, lr, views)
         eval_lock = threading.Lock()
 
@@ -424,7 +426,7 @@ class SequentialTrainer(LocalTrainer):
     def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
         """``LocalTrainer.client_pass``; with several lanes, the clients' replies at once
         (``at_once``), in the order of ``views``."""
-        if len(self.lanes) == 1 or len(views) < 2:
+        if len(self.lanes) == 1:
             return super().client_pass(exchange, views, rnd, lr)
 
         def reply(lane: SequentialTrainer, cid: int) -> Any:

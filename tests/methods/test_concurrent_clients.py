@@ -8,6 +8,7 @@ has a CUDA stream of its own)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -15,9 +16,10 @@ import torch
 
 from fedforget.engine import Simulation
 from fedforget.methods import METHODS
+from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import QUICK_PARAMS, digits_cfg, same, strip
+from .conftest import QUICK_PARAMS, SMALL_CNN, SPLIT, digits_cfg, same, strip
 
 CPU = torch.device("cpu")
 
@@ -98,3 +100,27 @@ def test_resume_refuses_another_share_of_threads(make_run_config):
         other.run(progress=False, resume=saved[0])
     status, _, msg = Simulation(rc, device=CPU).run(progress=False, resume=saved[0])  # the same lanes: resumes
     assert status == "completed", msg
+
+
+def test_lanes_equal_under_asynchronous_boundaries(make_run_config, monkeypatch):
+    """Asynchronous task boundaries: a client that moves on to its next task sends its task-end
+    reply from its lane, before training (GPM's representation matrices); the server receives the replies
+    in the order one after another would have sent them."""
+    scenario = {**SPLIT, "tasks": 3, "rounds_per_task": 2, "boundaries": {"samples_per_window": 70, "window_rounds": 2}}
+    rc = make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method="gpm", scenario=scenario,
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
+        rounds=6, batch_size=32, eval_local_models=False, client_engine="sequential",
+    )  # fmt: skip
+    from fedforget.trainers import LocalTrainer
+
+    on_lanes, original = [], LocalTrainer.end_client_task
+
+    def spy(self, cid, task, rnd, lr):
+        on_lanes.append(threading.current_thread().name.startswith("fedforget-lane"))
+        return original(self, cid, task, rnd, lr)
+
+    monkeypatch.setattr(LocalTrainer, "end_client_task", spy)
+    a, b = both(rc)
+    assert on_lanes.count(True) == on_lanes.count(False) > 0  # the same task ends, the lanes' on them
+    assert_same_run(a, b)
