@@ -22,6 +22,9 @@ from fedforget.utils import FedForgetError
 from .conftest import QUICK_PARAMS, SMALL_CNN, SPLIT, digits_cfg, same, strip
 
 CPU = torch.device("cpu")
+# TARGET's synthesis at a few small steps (tests/methods/test_target.py checks the synthesis)
+TINY_TARGET = {"syn_size": 40, "syn_batch": 16, "syn_rounds": 1, "g_steps": 2, "warmup": 0, "nz": 8, "ngf": 4,
+               "student_steps": 2, "student_batch": 8}  # fmt: skip
 
 
 def lanes(rc, n):
@@ -58,7 +61,7 @@ def test_lanes_equal_one_after_another(public_run_cfg, method):
 
 @pytest.mark.parametrize(
     "method,params",
-    [("icarl", None), ("glfc", QUICK_PARAMS["glfc"]), ("target", {"syn_rounds": 1}), ("moon", {"mu": 1.0}),
+    [("icarl", None), ("glfc", QUICK_PARAMS["glfc"]), ("target", TINY_TARGET), ("moon", {"mu": 1.0}),
      ("fedntd", None), ("fedsol", {"proximal": "kl"})],
 )  # fmt: skip
 def test_lanes_equal_on_a_task_stream(make_run_config, method, params):
