@@ -137,7 +137,10 @@ class Simulation:
             model=self.model, method=self.method, clients=self.clients, fed=self.fed, server=self.server,
             evaluator=self.evaluator, train=t, seed=cfg.seed, device=dev, step_graphs=graphs,
         )  # fmt: skip
-        self.engine_info = {"client_engine": trainer_cls.name, "client_engine_reason": why}
+        self.engine_info = {
+            "client_engine": trainer_cls.name, "client_engine_reason": why,
+            "concurrent_clients": len(getattr(self.trainer, "lanes", ())) or 1,  # the sequential trainer's lanes
+        }  # fmt: skip
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
         self.method.server_init(self.server)

@@ -36,7 +36,7 @@ def both(rc, n=3):
     out = []
     for k in (1, n):
         sim = Simulation(lanes(rc, k))
-        assert len(sim.trainer.lanes) == k
+        assert len(sim.trainer.lanes) == k and sim.engine_info["concurrent_clients"] == k  # (run.json)
         status, rows, msg = sim.run(progress=False)
         assert status == "completed", msg
         out.append((sim, rows))
