@@ -3,7 +3,11 @@
 counts, not timings. For every run of config/experiments/paper, the trainer that
 ``trainers.choose_trainer`` picks on a CUDA device (only the device type matters; no GPU is
 needed), from the run's method, model (built at its input shape, pretrained weights left
-out: the same modules) and training settings. Written per reason and per config file.
+out: the same modules) and training settings. Written per reason and per config file, with
+how many of the runs trained one after another could train several clients at once on lanes
+(``train.concurrent_clients``): all but those whose model draws from the global generator in
+training (a Hugging Face encoder that is not frozen; every registered method trains on
+lanes: tests/methods/test_concurrent_clients.py).
 
     python benchmarks/engine_coverage.py --json benchmarks/results/<dir>/engine_coverage.json
 """
@@ -30,10 +34,12 @@ from fedforget.trainers import choose_trainer  # noqa: E402
 def coverage() -> dict:
     models: dict = {}
     reasons: collections.Counter = collections.Counter()
+    lanes = 0  # sequential runs whose model allows clients at once
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for path, rc, shape, opts in paper_runs():
         if rc.dataset.model == "hf":  # a text model from a hub: not built here
             why = "a Hugging Face text model (not checked: built from a hub)"
+            lanes += bool(opts.get("freeze_encoder"))  # else its own dropout draws globally (HFBody.global_draws)
         else:
             key = (rc.dataset.model, json.dumps(opts, sort_keys=True), shape)
             if key not in models:
@@ -41,6 +47,8 @@ def coverage() -> dict:
             params = make_params(rc.method.name, dict(rc.method.params))
             trainer, why = choose_trainer(METHODS.get(rc.method.name), models[key], rc.train, torch.device("cuda"), params)
             why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
+            if why is not None and not any(getattr(m, "global_draws", False) for m in models[key].modules()):
+                lanes += 1
         label = "batched" if why is None else why
         reasons[label] += 1
         per_file[path.stem][label] += 1
@@ -50,6 +58,7 @@ def coverage() -> dict:
         "runs": total,
         "batched": reasons["batched"],
         "sequential": total - reasons["batched"],
+        "sequential_on_lanes": lanes,
         "reasons": dict(reasons.most_common()),
         "per_file": {k: dict(v.most_common()) for k, v in sorted(per_file.items())},
     }
@@ -60,7 +69,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
     out = coverage()
-    print(f"{out['runs']} paper runs: {out['batched']} batched on a GPU, {out['sequential']} one client after another")
+    print(f"{out['runs']} paper runs: {out['batched']} batched on a GPU, {out['sequential']} one client after another"
+          f" ({out['sequential_on_lanes']} of them may train several at once: train.concurrent_clients)")
     for why, n in out["reasons"].items():
         if why != "batched":
             print(f"{n:5d}  {why}")
