@@ -23,6 +23,7 @@
 #             on a CUDA stream of its own: the same bits as one client after another), then
 #             the sequential trainer with 1 against 4 lanes: FedAvg on ResNet-18 and the
 #             McMahan CNN (issue 32's setting), iCaRL (not stackable) on ResNet-18, split 5 x 2;
+#             FedGP batched with its round-end replies on 4 lanes, on ResNet-18;
 #   profile18 where a batched, then a sequential ResNet-18 round's time goes (issue 32's
 #             setting: CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients, 10 per round,
 #             batch 64, 1 epoch);
@@ -110,6 +111,9 @@ lanes() {
         --epochs 1 --rounds 6 --json "$out/mcmahan-dir-e1-lanes4.json" | tee -a "$out/sim.txt"
     box 100 "${sim[@]}" --warmup 4 --modes sequential concurrent --lanes 4 --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 3 --method icarl --tasks 5 --json "$out/resnet18-e1-icarl-lanes4.json" | tee -a "$out/sim.txt"
+    # the batched engine's round-end replies (FedGP's buffer gradients, client by client) on lanes
+    box 90 "${sim[@]}" --warmup 3 --modes vectorized vectorized-lanes --lanes 4 --preset resnet18 \
+        --partition dirichlet0.5 --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp-lanes4.json" | tee -a "$out/sim.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do

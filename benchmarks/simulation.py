@@ -17,7 +17,9 @@ robust when the machine's speed drifts):
                   an equal share of the round's samples;
   (e) concurrent  fedforget's engine, clients one after another on --lanes lanes at once
                   (train.concurrent_clients: a copy of the model, a thread and, on a GPU, a
-                  CUDA stream per lane; on a CPU each lane on --threads / --lanes threads).
+                  CUDA stream per lane; on a CPU each lane on --threads / --lanes threads);
+  (f) vectorized-lanes  the batched engine with its exchanges' replies on --lanes lanes (the
+                  task end's, the round end's: FedGP, GPM, FedProTIP, ...).
 
 Every figure gives its ratio to both references, (a) and (d).
 
@@ -151,15 +153,16 @@ def engine_round(args, engine: str):
     """(device, fn): fn(rnd) runs round ``rnd`` of fedforget's engine (local training +
     aggregation, + global evaluation with --eval global) and returns (seconds, samples
     processed by local training). ``engine`` concurrent: the sequential one on ``lanes(args)``
-    lanes."""
+    lanes; vectorized-lanes: the batched one, its replies on them."""
     from dataclasses import replace
 
     from fedforget.engine import Simulation, sample_clients
 
-    rc = run_config(args, "sequential" if engine == "concurrent" else engine)
-    if engine == "concurrent":
+    on_lanes = {"concurrent": "sequential", "vectorized-lanes": "vectorized"}
+    rc = run_config(args, on_lanes.get(engine, engine))
+    if engine in on_lanes:
         rc = replace(rc, train=replace(rc.train, concurrent_clients=lanes(args)))
-        engine = "sequential"
+        engine = on_lanes[engine]
     sim = Simulation(rc)
     assert sim.engine_info["client_engine"] == engine, sim.engine_info
     t = rc.train
@@ -430,10 +433,10 @@ def main() -> None:
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
         print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s (min {s['samples_per_s_min']:.0f}, max {s['samples_per_s_max']:.0f})  {s['s_per_round']:.3f} s/round  "
               f"{rss}{cuda}  {ratio}")  # fmt: skip
-    for m in ("vectorized", "concurrent"):
-        if "sequential" in summary and m in summary:
-            speedup = summary[m]["samples_per_s"] / summary["sequential"]["samples_per_s"]
-            print(f"{m} / sequential: {speedup:.2f}x" + (f" ({lanes(args)} lanes)" if m == "concurrent" else ""))
+    for m, ref in (("vectorized", "sequential"), ("concurrent", "sequential"), ("vectorized-lanes", "vectorized")):
+        if ref in summary and m in summary:
+            speedup = summary[m]["samples_per_s"] / summary[ref]["samples_per_s"]
+            print(f"{m} / {ref}: {speedup:.2f}x" + (f" ({lanes(args)} lanes)" if "lanes" in m or m == "concurrent" else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args) | {"passthrough": None}, "summary": summary, "runs": runs}, f, indent=2)

@@ -304,11 +304,11 @@ def test_threads_differ_for_cpu_runs_only():
     assert provenance.threads_differ({"device": "cuda:0", "torch_threads": 4}, 1) is None
     assert provenance.threads_differ({"device": "cpu"}, 1) is None
     assert provenance.threads_differ(cpu, None) is None
-    # clients trained at once share the threads (train.concurrent_clients): the per-client
-    # count is compared too, for the sequential engine (the batched one ignores the setting)
-    lanes = {"device": "cpu", "torch_threads": 4, "client_threads": 2, "client_engine": "sequential"}
+    # clients trained (or replying) at once share the threads (train.concurrent_clients): the
+    # per-client count is compared too
+    lanes = {"device": "cpu", "torch_threads": 4, "client_threads": 2}
     assert provenance.threads_differ(lanes, 4, 2) is None
     assert provenance.threads_differ(lanes, 4, 1) == (
         "2 torch threads per client on the CPU (this invocation's train jobs: 4, train.concurrent_clients: 1)"
     )
-    assert provenance.threads_differ({**lanes, "client_threads": 4, "client_engine": "vectorized"}, 4, 2) is None
+    assert provenance.threads_differ({**lanes, "client_threads": 4}, 4, 1) is None  # recorded before lanes

@@ -419,7 +419,7 @@ def threads_differ(rec: Mapping[str, Any], threads: int | None, lanes: int = 1) 
     jobs get [D, issue 34]. A run on a GPU (``device`` not cpu) is not compared: its math runs
     on the GPU. None too when either count is unknown (a record without ``torch_threads``, a
     thread count that is not a number). The threads each client trained on count too
-    (``client_threads``: fewer where the sequential trainer trained ``lanes`` clients at once,
+    (``client_threads``: fewer where ``lanes`` clients trained or replied at once,
     ``train.concurrent_clients``)."""
     had = rec.get("torch_threads")
     if not isinstance(threads, int) or not isinstance(had, int) or not str(rec.get("device", "")).startswith("cpu"):
@@ -427,7 +427,7 @@ def threads_differ(rec: Mapping[str, Any], threads: int | None, lanes: int = 1) 
     if had != threads:
         return f"torch threads {had} on the CPU (this invocation's train jobs: {threads})"
     per = rec.get("client_threads", had)
-    want = client_threads(threads, lanes if rec.get("client_engine") == "sequential" else 1)
+    want = client_threads(threads, lanes)
     if isinstance(per, int) and per != want:
         return f"{per} torch threads per client on the CPU (this invocation's train jobs: {want}, train.concurrent_clients: {lanes})"
     return None

@@ -136,6 +136,25 @@ class LocalTrainer:
         self.frozen_models: dict[str, torch.nn.Module] = {}  # a method's frozen copies of this model
         if train.precision not in PRECISIONS:
             raise FedForgetError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
+        n = train.concurrent_clients
+        drawing = next((type(m).__name__ for m in model.modules() if getattr(m, "global_draws", False)), None)
+        if n > 1 and drawing is not None:  # known before any training (at_once checks what is not)
+            raise FedForgetError(
+                f"train.concurrent_clients={n}: module {drawing} of the model draws from the global random "
+                "generator in training (dropout that is not keyed), so clients at once would not draw what each "
+                "draws alone; allowed with this model: concurrent_clients: 1"
+            )
+        # the lanes (train.concurrent_clients, ``at_once``): sequential trainers, each on its own
+        # model (this one's, then copies: weights, buffers, dropout keys, a method's frozen
+        # copies), everything else shared; this trainer alone where n is 1
+        one = dataclasses.replace(train, concurrent_clients=1)
+        self.lanes: list[LocalTrainer] = [self] if n == 1 else [
+            SequentialTrainer(model=model if i == 0 else copy.deepcopy(model), method=method, clients=clients, fed=fed,
+                              server=server, evaluator=evaluator, train=one, seed=seed, device=device)
+            for i in range(n)
+        ]  # fmt: skip
+        self.stream = None  # this lane's CUDA stream (made at its first use on a lane)
+        self.pool: ThreadPoolExecutor | None = None  # the lanes' threads, started once (idle between uses)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The arithmetic of a local step's forward pass (``train.precision``): fp32 as it is,
@@ -147,8 +166,9 @@ class LocalTrainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
 
     def client_threads(self) -> int:
-        """The intra-op threads each client trains on (CPU results depend on it)."""
-        return torch.get_num_threads()
+        """The intra-op threads each client trains on, and replies on (CPU results depend on
+        it): the process's, shared out among the lanes (at least one each) [D]."""
+        return client_threads(torch.get_num_threads(), len(self.lanes))
 
     def train_group(
         self, views: dict[int, TaskView], rnd: int, lr: float
@@ -258,7 +278,15 @@ class LocalTrainer:
     # ------------------------------------------------------------------ task boundaries
     def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
         """The clients ``views``' ``client_reply`` in the exchange ``exchange``, each on that view of
-        its data and the global weights, one after another; their replies, None left out."""
+        its data and the global weights, one after another (on several lanes, at once:
+        ``at_once``); their replies in the order of ``views``, None left out."""
+        if len(self.lanes) > 1:
+
+            def reply(lane: LocalTrainer, cid: int) -> Any:
+                return lane.client_pass(exchange, {cid: views[cid]}, rnd, lr).get(cid)
+
+            replies = self.at_once(views, reply, f"the {exchange} reply")
+            return {cid: replies[cid] for cid in views if replies[cid] is not None}
         replies = {}
         for cid, view in views.items():
             self.load_params(self.model, self.fed.global_params)
@@ -268,6 +296,81 @@ class LocalTrainer:
             if reply is not None:
                 replies[cid] = reply
         return replies
+
+    def at_once(
+        self, views: dict[int, TaskView], work: Callable[[LocalTrainer, int], Any], what: str
+    ) -> dict[int, Any]:
+        """``work(lane, cid)`` for each client of ``views``, on the lanes at once: each lane
+        takes the next client (the largest first) as it finishes one. Each client's result
+        is what it computes alone: it starts from the global weights, its own state and keyed
+        draws on its lane's model, so the lanes change no result on a GPU, and on a CPU the
+        same as one after another on ``client_threads`` threads
+        (tests/methods/test_concurrent_clients.py). The run's per-client entries then take
+        the order of ``views``, as one after another would add them (``FedState.order_clients``);
+        an error is the first client's in that order; a draw from a global generator (which
+        clients at once cannot share out as one after another would) is refused, naming
+        ``what`` drew."""
+        cids = list(views)
+        order = iter(sorted(cids, key=lambda c: (-len(views[c]), cids.index(c))))
+        done: dict[int, Any] = {}
+        failed: dict[int, Exception] = {}
+        lock = threading.Lock()
+        before = {name: set(d) for name, d in self.fed.client_dicts().items()}
+        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        drawn = global_draws(self.device)
+
+        def run(lane: LocalTrainer) -> None:
+            with lane.on_stream(main):
+                while True:
+                    with lock:
+                        cid = None if failed else next(order, None)
+                    if cid is None:
+                        return
+                    try:
+                        done[cid] = work(lane, cid)
+                    except Exception as e:  # the other lanes take no more clients; raised below
+                        with lock:
+                            failed[cid] = e
+
+        threads = torch.get_num_threads()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="fedforget-lane")
+        torch.set_num_threads(self.client_threads())  # process-wide: back afterwards
+        try:
+            list(self.pool.map(run, self.lanes[: len(cids)]))
+        finally:
+            torch.set_num_threads(threads)
+        if failed:
+            raise failed[min(failed, key=cids.index)]
+        if not all(torch.equal(a, b) for a, b in zip(drawn, global_draws(self.device), strict=True)):
+            raise FedForgetError(
+                f"train.concurrent_clients={len(self.lanes)}: {what} of method '{self.method.name}' on this "
+                "model draws from the global random generator, so clients at once would not draw what each "
+                "draws alone; allowed here: concurrent_clients: 1"
+            )
+        self.fed.order_clients(before, cids)
+        return done
+
+    def on_stream(self, main: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
+        """This lane's clients on a CUDA stream of its own, after what ``main`` has queued
+        (the round's global weights); its work finished when the context ends, so the
+        uploads are complete when the round reads them. A no-op on a CPU."""
+        if main is None:
+            return contextlib.nullcontext()
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        stream = self.stream
+
+        @contextlib.contextmanager
+        def run():
+            stream.wait_stream(main)
+            try:
+                with torch.cuda.stream(stream):
+                    yield
+            finally:
+                stream.synchronize()
+
+        return run()
 
     def end_client_task(self, cid: int, task: int, rnd: int, lr: float) -> Any:
         """Client ``cid``'s TASK_END reply for ``task`` on the global weights (None for a
@@ -371,31 +474,6 @@ class SequentialTrainer(LocalTrainer):
     name = "sequential"
     warmed = False  # every minibatch size met once (warm_conv_shapes), on a GPU
 
-    def __init__(self, **parts) -> None:
-        super().__init__(**parts)
-        n = self.train.concurrent_clients
-        drawing = next((type(m).__name__ for m in self.model.modules() if getattr(m, "global_draws", False)), None)
-        if n > 1 and drawing is not None:  # known before any training (at_once checks what is not)
-            raise FedForgetError(
-                f"train.concurrent_clients={n}: module {drawing} of the model draws from the global random "
-                "generator in training (dropout that is not keyed), so clients at once would not draw what each "
-                "draws alone; allowed with this model: concurrent_clients: 1"
-            )
-        one = dataclasses.replace(self.train, concurrent_clients=1)
-        # the lanes: trainers of the same kind, each on its own model (this one's, then copies:
-        # weights, buffers, dropout keys, a method's frozen copies), everything else shared
-        self.lanes: list[SequentialTrainer] = [self] if n == 1 else [
-            SequentialTrainer(**{**parts, "model": self.model if i == 0 else copy.deepcopy(self.model), "train": one})
-            for i in range(n)
-        ]  # fmt: skip
-        self.stream = None  # this lane's CUDA stream (made at its first concurrent round)
-        self.pool: ThreadPoolExecutor | None = None  # the lanes' threads, started once (idle between uses)
-
-    def client_threads(self) -> int:
-        """The intra-op threads each client trains on (CPU results depend on it): the
-        process's, shared out among the lanes (at least one each) [D]."""
-        return client_threads(torch.get_num_threads(), len(self.lanes))
-
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
         """``LocalTrainer.train_round``; with several lanes, the clients at once (``at_once``),
         each client's local model evaluated on its lane right after its training."""
@@ -423,93 +501,6 @@ class SequentialTrainer(LocalTrainer):
             eval_time += te
         return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
 
-    def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
-        """``LocalTrainer.client_pass``; with several lanes, the clients' replies at once
-        (``at_once``), in the order of ``views``."""
-        if len(self.lanes) == 1:
-            return super().client_pass(exchange, views, rnd, lr)
-
-        def reply(lane: SequentialTrainer, cid: int) -> Any:
-            return LocalTrainer.client_pass(lane, exchange, {cid: views[cid]}, rnd, lr).get(cid)
-
-        replies = self.at_once(views, reply, f"the {exchange} reply")
-        return {cid: replies[cid] for cid in views if replies[cid] is not None}
-
-    def at_once(
-        self, views: dict[int, TaskView], work: Callable[[SequentialTrainer, int], Any], what: str
-    ) -> dict[int, Any]:
-        """``work(lane, cid)`` for each client of ``views``, on the lanes at once: each lane
-        takes the next client (the largest first) as it finishes one. Each client's result
-        is what it computes alone: it starts from the global weights, its own state and keyed
-        draws on its lane's model, so the lanes change no result on a GPU, and on a CPU the
-        same as one after another on ``client_threads`` threads
-        (tests/methods/test_concurrent_clients.py). The run's per-client entries then take
-        the order of ``views``, as one after another would add them (``FedState.order_clients``);
-        an error is the first client's in that order; a draw from a global generator (which
-        clients at once cannot share out as one after another would) is refused, naming
-        ``what`` drew."""
-        cids = list(views)
-        order = iter(sorted(cids, key=lambda c: (-len(views[c]), cids.index(c))))
-        done: dict[int, Any] = {}
-        failed: dict[int, Exception] = {}
-        lock = threading.Lock()
-        before = {name: set(d) for name, d in self.fed.client_dicts().items()}
-        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        drawn = global_draws(self.device)
-
-        def run(lane: SequentialTrainer) -> None:
-            with lane.on_stream(main):
-                while True:
-                    with lock:
-                        cid = None if failed else next(order, None)
-                    if cid is None:
-                        return
-                    try:
-                        done[cid] = work(lane, cid)
-                    except Exception as e:  # the other lanes take no more clients; raised below
-                        with lock:
-                            failed[cid] = e
-
-        threads = torch.get_num_threads()
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="fedforget-lane")
-        torch.set_num_threads(self.client_threads())  # process-wide: back afterwards
-        try:
-            list(self.pool.map(run, self.lanes[: len(cids)]))
-        finally:
-            torch.set_num_threads(threads)
-        if failed:
-            raise failed[min(failed, key=cids.index)]
-        if not all(torch.equal(a, b) for a, b in zip(drawn, global_draws(self.device), strict=True)):
-            raise FedForgetError(
-                f"train.concurrent_clients={len(self.lanes)}: {what} of method '{self.method.name}' on this "
-                "model draws from the global random generator, so clients at once would not draw what each "
-                "draws alone; allowed here: concurrent_clients: 1"
-            )
-        self.fed.order_clients(before, cids)
-        return done
-
-    def on_stream(self, main: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
-        """This lane's clients on a CUDA stream of its own, after what ``main`` has queued
-        (the round's global weights); its work finished when the context ends, so the
-        uploads are complete when the round reads them. A no-op on a CPU."""
-        if main is None:
-            return contextlib.nullcontext()
-        if self.stream is None:
-            self.stream = torch.cuda.Stream(self.device)
-        stream = self.stream
-
-        @contextlib.contextmanager
-        def run():
-            stream.wait_stream(main)
-            try:
-                with torch.cuda.stream(stream):
-                    yield
-            finally:
-                stream.synchronize()
-
-        return run()
-
     def train_group(self, views, rnd, lr):
         ((cid, view),) = views.items()
         if not self.warmed and len(view):  # (a client without rows this round has none to copy)
@@ -530,7 +521,8 @@ class StackedTrainer(LocalTrainer):
     """Groups of up to ``train.max_parallel_clients`` clients in one batched pass
     (``fedforget.vectorized``): FedAvg's local SGD step for the stack, with the method's
     per-step terms (``client_step_terms``), then the method's own ``client_end`` per client
-    on its trained weights."""
+    on its trained weights. With ``train.concurrent_clients`` the exchanges' replies (task
+    end, round end) run on lanes, several clients at once (``LocalTrainer.at_once``)."""
 
     name = "vectorized"
 

@@ -127,3 +127,24 @@ def test_lanes_equal_under_asynchronous_boundaries(make_run_config, monkeypatch)
     a, b = both(rc)
     assert on_lanes.count(True) == on_lanes.count(False) > 0  # the same task ends, the lanes' on them
     assert_same_run(a, b)
+
+
+@pytest.mark.parametrize("method,params", [("gpm", None), ("fedprotip", {"tip": "none"}), ("fedgp", None)])
+def test_batched_engine_replies_on_lanes(make_run_config, monkeypatch, method, params):
+    """The batched engine trains its stack as ever and runs the exchanges' replies on the
+    lanes (GPM's and FedProTIP's task ends over every client holding the task, FedGP's round
+    ends): the same run as with its replies one after another."""
+    from fedforget.trainers import LocalTrainer
+
+    passes, original = [], LocalTrainer.at_once
+
+    def spy(self, views, work, what):
+        passes.append(what)
+        return original(self, views, work, what)
+
+    monkeypatch.setattr(LocalTrainer, "at_once", spy)
+    rc = digits_cfg(make_run_config, method, params, rounds=3, client_engine="vectorized")
+    a, b = both(rc)
+    assert passes and all(w.endswith("reply") for w in passes)  # on the lanes, and only the replies
+    assert a[0].engine_info["client_engine"] == b[0].engine_info["client_engine"] == "vectorized"
+    assert_same_run(a, b)
