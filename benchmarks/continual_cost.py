@@ -13,8 +13,11 @@ surrogate set (8x8 ``blobs``, no digit classes) is declared for every run, so CF
 too; the others ignore it. ``target_code``: TARGET with ``replay_rule: code`` (the authors'
 code's synthetic rows per step and cut epochs). ``<method>@vectorized``: that method on the
 stacked trainer (``--methods fedavg@vectorized,fedprotip@vectorized``: FedAvg and FedProTIP(-t)
-batched, issue 32; vs_fedavg stays against the sequential FedAvg). L2P is not in the default list: it is defined on a ViT, another
-model (``--methods l2p`` runs it on a tiny ViT).
+batched, issue 32; vs_fedavg stays against the sequential FedAvg); ``<method>[@<engine>]~<n>``:
+on n lanes (``train.concurrent_clients``: clients trained, and the task end's replies made, n
+at a time; ``--methods fedprotip@vectorized,fedprotip@vectorized~2`` times FedProTIP's task
+end both ways). L2P is not in the default list: it is defined on a ViT, another model
+(``--methods l2p`` runs it on a tiny ViT).
 
 Each method runs the first task (``--rounds`` rounds) and the rounds of the second; the
 timed rounds are the second task's (everything a method keeps from the first exists:
@@ -83,7 +86,8 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
     stream = {"kind": "split", "tasks": 5, "classes_per_task": 2, "incremental": "class",
               "rounds_per_task": a.rounds, "heads": a.heads}  # fmt: skip
     sc = resolve_scenario(stream, info.num_classes, shape, "scenario")
-    name, _, engine = name.partition("@")  # <method>@<engine>
+    name, _, lanes = name.partition("~")  # <method>[@<engine>][~<lanes>]
+    name, _, engine = name.partition("@")
     model, mopts = ("vit", TINY_VIT) if name == "l2p" else ("cnn2d", {})
     method, params = VARIANTS.get(name, (name, PARAMS.get(name, {})))
     if name == "fedprotip" and a.heads == "shared":
@@ -93,6 +97,7 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
         rounds=5 * a.rounds, local_epochs=5, batch_size=64, sample_rate=1.0, eval_local_models=False,
         eval_every=10**6, threads=a.threads, device=a.device, client_engine=engine or "sequential",
         optimizer=OptimizerSpec(lr=0.1, weight_decay=5e-4), checkpoint_every=10**6,
+        concurrent_clients=int(lanes or 1),
     )  # fmt: skip
     part = PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0)
     rc = RunConfig("bench", ds, part, MethodSpec(method, params, name), 0, t, root, f"{root}/results")

@@ -4,7 +4,8 @@
 # round in one process (benchmarks/simulation.py, mode `concurrent`), Dirichlet 0.5, 1 local
 # epoch: FedAvg on digits, MNIST-1D, ResNet-8 and the McMahan CNN (with the CPU limit where
 # it is a reference), iCaRL (not stackable) on split digits, task 1 timed, and FedGP on the
-# batched engine with its round-end replies on the lanes (mode vectorized-lanes). About 15
+# batched engine with its round-end replies on the lanes (mode vectorized-lanes), then the
+# task ends of FedProTIP (batched), GPM and iCaRL with their replies on 2 lanes. About 17
 # minutes on 2 cores. The GPU side is gpu.sh's section `lanes`.
 # usage: bash benchmarks/lanes.sh [OUTDIR]    (results: OUTDIR/lanes-*.json)
 set -eu
@@ -20,3 +21,6 @@ sim --preset digits --rounds 10 --method fedgp --modes vectorized vectorized-lan
     --json "$out/lanes-digits-fedgp-batched.json"
 sim --preset resnet8 --rounds 5 --modes sequential concurrent --json "$out/lanes-resnet8-dirichlet0.5-e1.json"
 sim --preset mcmahan --rounds 8 --modes sequential concurrent limit --json "$out/lanes-mcmahan-dirichlet0.5-e1.json"
+# the task end (every client holding the task replies; continual_cost.py's FedProTIP setting)
+python "$here/continual_cost.py" --methods fedavg,fedprotip@vectorized,fedprotip@vectorized~2,icarl,icarl~2,gpm,gpm~2 \
+    --rounds 2 --json "$out/lanes-continual_cost.json" | tail -8
