@@ -43,7 +43,7 @@ class TrainSpec:
     checkpoint_every: int = 1  # rounds between checkpoints (resume point of an interrupted run)
     client_engine: str = "auto"  # auto | sequential | vectorized (fedforget.vectorized)
     max_parallel_clients: int = 128  # clients per batched group (memory bound)
-    concurrent_clients: int = 1  # clients the sequential engine trains at once (SequentialTrainer)
+    concurrent_clients: int = 1  # clients trained (sequential engine) or replying at once (LocalTrainer.at_once)
     device: str = "auto"
     threads: int = 0
     data_storage: str = "auto"  # auto | device | stream: where the training pool lives (fedforget.inputs)
