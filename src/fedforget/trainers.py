@@ -306,10 +306,12 @@ class LocalTrainer:
         draws on its lane's model, so the lanes change no result on a GPU, and on a CPU the
         same as one after another on ``client_threads`` threads
         (tests/methods/test_concurrent_clients.py). The run's per-client entries then take
-        the order of ``views``, as one after another would add them (``FedState.order_clients``);
-        an error is the first client's in that order; a draw from a global generator (which
-        clients at once cannot share out as one after another would) is refused, naming
-        ``what`` drew."""
+        the order of ``views``, as one after another would add them (``FedState.order_clients``).
+        After an error the lanes take no more clients, and the error raised is that of the
+        first client in the order of ``views`` among those that failed (one after another might
+        have met an earlier client's first: the run fails, or diverges, either way). A draw
+        from a global generator (which clients at once cannot share out as one after another
+        would) is refused, naming ``what`` drew."""
         cids = list(views)
         order = iter(sorted(cids, key=lambda c: (-len(views[c]), cids.index(c))))
         done: dict[int, Any] = {}
