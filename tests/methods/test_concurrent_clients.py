@@ -148,3 +148,14 @@ def test_batched_engine_replies_on_lanes(make_run_config, monkeypatch, method, p
     assert passes and all(w.endswith("reply") for w in passes)  # on the lanes, and only the replies
     assert a[0].engine_info["client_engine"] == b[0].engine_info["client_engine"] == "vectorized"
     assert_same_run(a, b)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "moon"])
+def test_a_diverging_client_on_a_lane_ends_the_run_as_diverged(make_run_config, method):
+    """A client whose loss is not finite: read after the round (FedAvg's upload) or on its
+    lane (a method's own upload, MOON) the run ends as diverged, as one after another, the
+    rows so far kept."""
+    rc = make_run_config(method=method, optimizer={"lr": 1e30}, rounds=3, concurrent_clients=2)
+    status, rows, msg = Simulation(rc).run(progress=False)
+    assert status == "diverged" and msg == "client 0 local loss is nan in round 1", (status, msg)  # the first in order
+    assert rows and rows[0]["round"] == 0
