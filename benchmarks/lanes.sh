@@ -14,6 +14,8 @@ mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 sim() { python "$here/simulation.py" --interleave --threads 2 --partition dirichlet0.5 --epochs 1 --repeats 1 "$@" | grep -v "^  "; }
 sim --preset digits --rounds 10 --modes sequential concurrent limit --json "$out/lanes-digits-dirichlet0.5-e1.json"
+sim --preset digits --rounds 10 --eval local --modes sequential concurrent \
+    --json "$out/lanes-digits-dirichlet0.5-e1-evallocal.json"
 sim --preset mnist1d --rounds 10 --modes sequential concurrent limit --json "$out/lanes-mnist1d-dirichlet0.5-e1.json"
 sim --preset digits --rounds 10 --warmup 12 --tasks 2 --method icarl --modes sequential concurrent \
     --json "$out/lanes-digits-icarl.json"

@@ -29,7 +29,8 @@ round (median), peak resident
 memory of the process (and peak CUDA memory on a GPU), and the ratio of (b) and (c) to (a).
 Evaluation settings: ``--eval none`` (no evaluation), ``global`` (global model on the full
 test set after every round, counted in the round's time; the central loop evaluates its
-model as often). The modes run in A/B order ``--repeats`` times, alternating, and the
+model as often), ``local`` (each sampled client's local model on the test set after its
+training, ``train.eval_local_models``, the configs' default; the engine modes only). The modes run in A/B order ``--repeats`` times, alternating, and the
 median is reported, so slow drifts of machine load hit all modes alike.
 
 Clients are IID (``--partition iid``, the default) or Dirichlet 0.5 (``--partition
@@ -132,7 +133,7 @@ def run_config(args, engine: str):
         # end) whatever eval_every says, which would put an evaluation in a timed round
         rounds=rounds, local_epochs=args.epochs, batch_size=p["batch"],
         sample_rate=getattr(args, "rate", 0.0) or p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
-        eval_local_models=False, eval_every=1 if args.eval == "global" else 10**9,
+        eval_local_models=args.eval == "local", eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
         precision=getattr(args, "precision", "fp32"),
     )  # fmt: skip
@@ -338,7 +339,9 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per measurement")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--eval", choices=["none", "global"], default="none")
+    ap.add_argument("--eval", choices=["none", "global", "local"], default="none",
+                    help="global: the global model on the test set every round; local: each sampled client's "
+                         "local model after its training (train.eval_local_models; the engine modes only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=2)
