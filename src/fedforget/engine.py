@@ -139,7 +139,7 @@ class Simulation:
         )  # fmt: skip
         self.engine_info = {
             "client_engine": trainer_cls.name, "client_engine_reason": why,
-            "concurrent_clients": len(getattr(self.trainer, "lanes", ())) or 1,  # the sequential trainer's lanes
+            "concurrent_clients": len(self.trainer.lanes),  # clients trained, or replying, at once
         }  # fmt: skip
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None

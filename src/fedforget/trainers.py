@@ -353,26 +353,22 @@ class LocalTrainer:
         self.fed.order_clients(before, cids)
         return done
 
-    def on_stream(self, main: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def on_stream(self, main: torch.cuda.Stream | None) -> Iterator[None]:
         """This lane's clients on a CUDA stream of its own, after what ``main`` has queued
         (the round's global weights); its work finished when the context ends, so the
         uploads are complete when the round reads them. A no-op on a CPU."""
         if main is None:
-            return contextlib.nullcontext()
+            yield
+            return
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)
-        stream = self.stream
-
-        @contextlib.contextmanager
-        def run():
-            stream.wait_stream(main)
-            try:
-                with torch.cuda.stream(stream):
-                    yield
-            finally:
-                stream.synchronize()
-
-        return run()
+        self.stream.wait_stream(main)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            self.stream.synchronize()
 
     def end_client_task(self, cid: int, task: int, rnd: int, lr: float) -> Any:
         """Client ``cid``'s TASK_END reply for ``task`` on the global weights (None for a

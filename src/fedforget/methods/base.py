@@ -451,7 +451,7 @@ def frozen_model(ctx: ClientContext, name: str) -> nn.Module:
 
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A gradient-free eval-mode copy of ``model`` (weights reloaded by the caller): the
-    frozen global (or previous) model of MOON, FedNTD and FedSOL."""
+    frozen global (or previous) model of MOON, FedNTD and FedSOL (``frozen_model``)."""
     m = copy.deepcopy(model)
     for p in m.parameters():
         p.requires_grad_(False)

@@ -88,9 +88,6 @@ class FedNTD(FedAvg):
     live_terms = True  # the distillation of the step's logits (client_live_terms)
     Params = FedNTDParams
 
-    def __init__(self, params: FedNTDParams, info) -> None:
-        super().__init__(params, info)
-
     def client_begin(self, ctx: ClientContext) -> None:
         if self.p.beta == 0:
             return

@@ -295,9 +295,6 @@ class FedSOL(OverBase):
                     and not base.trait("sees_step", base_params))  # fmt: skip
         return super().trait(name, params)
 
-    def __init__(self, params: FedSOLParams, info) -> None:
-        super().__init__(params, info)
-
     # ---------------------------------------------------------------- client side
     def selects(self, name: str) -> bool:
         """Whether the parameter ``name`` is perturbed (or projected; all for update loss)."""
