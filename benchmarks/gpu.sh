@@ -4,7 +4,8 @@
 # order of ORDER (default: what changed since the last GPU session, H200 2026-11-27 evening
 # (results/h200-2026-11-27-c), first: the clients trained at once on lanes of their own
 # (train.concurrent_clients, since the fourth session of 2026-12-02: its tests, then its
-# speed), the streamed pool (its read-ahead from host positions
+# speed), a decaying lr (its graphs kept across rounds since the fifth session of 2026-12-02),
+# the streamed pool (its read-ahead from host positions
 # since 2026-12-02, 60 s; its steps under CUDA graphs since the second session of that day),
 # FedSOL on ResNet-18 batched (live terms on the ResNets since; its steps, and every
 # capturable method's, Adam's and per-task heads', under CUDA graphs of one group's
@@ -24,6 +25,10 @@
 #             the sequential trainer with 1 against 4 lanes: FedAvg on ResNet-18 and the
 #             McMahan CNN (issue 32's setting), iCaRL (not stackable) on ResNet-18, split 5 x 2;
 #             FedGP batched with its round-end replies on 4 lanes, on ResNet-18;
+#   decay     FedAvg batched on the McMahan preset (a FedSOL table's setting) with lr_decay 1 and
+#             0.99: each round's seconds and the graphs captured (a decaying lr is read from a
+#             tensor on a GPU since the fifth session of 2026-12-02: the same captures, the same
+#             round time; before, every round captured its step shapes anew);
 #   profile18 where a batched, then a sequential ResNet-18 round's time goes (issue 32's
 #             setting: CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients, 10 per round,
 #             batch 64, 1 epoch);
@@ -56,7 +61,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests lanes stream fedsol18 replay18 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -114,6 +119,12 @@ lanes() {
     # the batched engine's round-end replies (FedGP's buffer gradients, client by client) on lanes
     box 90 "${sim[@]}" --warmup 3 --modes vectorized vectorized-lanes --lanes 4 --preset resnet18 \
         --partition dirichlet0.5 --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp-lanes4.json" | tee -a "$out/sim.txt"
+}
+decay() {
+    for d in 1.0 0.99; do
+        box 45 "${sim[@]}" --warmup 5 --modes vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
+            --rounds 10 --lr-decay $d --json "$out/mcmahan-dir-e1-decay$d.json" | tee -a "$out/sim.txt"
+    done
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do
@@ -231,7 +242,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
+    case " tests lanes decay profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

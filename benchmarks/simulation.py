@@ -135,7 +135,7 @@ def run_config(args, engine: str):
         sample_rate=getattr(args, "rate", 0.0) or p["rate"], optimizer=OptimizerSpec(lr=0.01, momentum=0.9),
         eval_local_models=args.eval == "local", eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
-        precision=getattr(args, "precision", "fp32"),
+        precision=getattr(args, "precision", "fp32"), lr_decay=getattr(args, "lr_decay", 1.0),
     )  # fmt: skip
     clients = args.memory or getattr(args, "clients", 0) or p["clients"]
     method = getattr(args, "method", "fedavg")
@@ -176,6 +176,7 @@ def engine_round(args, engine: str):
         _sync(sim.device)
         return time.perf_counter() - t0, sum(sim.clients.size(c) for c in sampled) * t.local_epochs
 
+    one.graphs = getattr(sim.trainer, "step_graphs", None)  # CUDA graphs' counts for the JSON
     return sim.device, one
 
 
@@ -291,7 +292,11 @@ def summarize(mode: str, timed: list[tuple[float, int]], device, every: list[tup
 def measure(args, mode: str) -> dict:
     device, one = mode_round(args, mode)
     timed = [one(rnd) for rnd in range(1, args.warmup + args.rounds + 1)]
-    return summarize(mode, timed[args.warmup :], device, timed)
+    out = summarize(mode, timed[args.warmup :], device, timed)
+    graphs = getattr(one, "graphs", None)
+    if graphs is not None:  # the batched engine's CUDA graphs over all rounds (warm-up included)
+        out.update(graph_captures=graphs.captures, graph_replays=graphs.replays)
+    return out
 
 
 def measure_interleaved(args) -> dict[str, dict]:
@@ -364,6 +369,8 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=1,
                     help="a class-incremental split of this many tasks: task 0 in the warm-up, the timed rounds "
                          "in task 1 (continual methods with bases or buffers; --rounds x --repeats < --warmup)")  # fmt: skip
+    ap.add_argument("--lr-decay", type=float, default=1.0,
+                    help="train.lr_decay of the engine modes (a new lr every round; central keeps its lr)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="train.precision of the engine modes (central stays fp32)")  # fmt: skip
     ap.add_argument("--heads", choices=["shared", "per_task"], default="shared",
@@ -394,7 +401,7 @@ def main() -> None:
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
         "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
         "--clients", str(args.clients), "--rate", str(args.rate), "--public", str(args.public), "--heads", args.heads,
-        "--lanes", str(args.lanes),
+        "--lanes", str(args.lanes), "--lr-decay", str(args.lr_decay),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     if args.interleave:
@@ -410,7 +417,7 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed), {args.heads} heads" if args.tasks > 1 else "")
+    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed), {args.heads} heads" if args.tasks > 1 else "") + (f", lr_decay {args.lr_decay}" if args.lr_decay != 1.0 else "")
     print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
@@ -433,6 +440,7 @@ def main() -> None:
         ratio = f"{s['samples_per_s'] / central:.2f}x central" if central else ""
         ratio += f", {s['samples_per_s'] / limit:.2f}x limit" if limit else ""
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
+        cuda += f", graphs captured {s['graph_captures']:.0f}, replayed {s['graph_replays']:.0f}" if "graph_captures" in s else ""
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
         print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s (min {s['samples_per_s_min']:.0f}, max {s['samples_per_s_max']:.0f})  {s['s_per_round']:.3f} s/round  "
               f"{rss}{cuda}  {ratio}")  # fmt: skip

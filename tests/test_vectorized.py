@@ -22,7 +22,7 @@ from fedforget.vectorized import (
     why_not_vectorized,
 )
 
-from .conftest import SMALL_RESNET
+from .conftest import SMALL_RESNET, TEST_DEVICE
 
 
 @pytest.mark.parametrize(
@@ -605,6 +605,51 @@ def test_a_decaying_lr_keeps_only_the_rounds_graphs(make_run_config, monkeypatch
     assert {k[-5] for k in g.graphs} == {last_lr}  # the last round's lr only
     for k, v in eager.global_params.items():
         assert torch.equal(v, graphed.global_params[k]), k
+
+
+def test_lr_in_a_tensor_updates_as_a_number():
+    """lr_on_device's update, p.addcmul_(d, lr, value=-1) with lr a tensor, is the same bits
+    as p.add_(d, alpha=-lr) with lr a number, on the test device (gpu.sh runs it on CUDA):
+    the lengths of every vectorized tail, a decayed lr and one whose float32 rounds."""
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 1000, 4097, 100003):
+        for lr in (0.1, 0.05, 0.025 * 0.99**7, 1e-3):
+            p = (torch.randn(n, generator=gen) * 3).to(TEST_DEVICE)
+            d = (torch.randn(n, generator=gen) * 10).to(TEST_DEVICE)
+            number, tensor = p.clone(), p.clone()
+            torch._foreach_add_([number], [d], alpha=-lr)
+            tensor.addcmul_(d, torch.full((), lr, device=TEST_DEVICE), value=-1)
+            assert torch.equal(number, tensor), (n, lr, (number != tensor).sum().item())
+
+
+def test_an_lr_on_the_device_keeps_the_graphs_across_rounds(make_run_config, monkeypatch) -> None:
+    """On a GPU SGD's lr is a tensor (``lr_on_device``; forced here on a CPU, through the
+    tape): with a decaying lr every step shape is captured once and replayed in every later
+    round and group (as a number, each round captures its shapes anew), and the run is
+    the eager run's bits and the number's."""
+    import fedforget.vectorized as vz
+
+    rc = make_run_config(dataset="digits", model="mlp", rounds=4, sample_rate=1.0, client_engine="vectorized",
+                         max_parallel_clients=3, batch_size=8, lr_decay=0.5, optimizer={"lr": 0.1, "momentum": 0.9},
+                         partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, min_size=5, seed=0))  # fmt: skip
+
+    def run(flag, on_device):
+        monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", flag)
+        monkeypatch.setattr(vz, "lr_on_device", lambda device: on_device)
+        sim = Simulation(rc, device=torch.device("cpu"))
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        return sim, [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
+
+    (graphed, rows_g), (number, rows_n) = run("tape", True), run("tape", False)
+    g = graphed.trainer.step_graphs
+    assert g.replays > 0 and g.captures == len(g.graphs) > 0  # each shape captured once: 4 rounds x 2 groups
+    assert {k[-5] for k in g.graphs} == {None}  # the lr is no key
+    assert number.trainer.step_graphs.captures > len(number.trainer.step_graphs.graphs)  # recaptured
+    (eager, rows_e) = run("0", True)
+    assert rows_e == rows_g == rows_n
+    for k, v in eager.global_params.items():
+        assert torch.equal(v, graphed.global_params[k]) and torch.equal(v, number.global_params[k]), k
 
 
 def test_client_replicas_are_kept_across_rounds_and_remade_when_the_model_changes():

@@ -13,7 +13,9 @@ kernels on the same shapes as the eager step, so results are the same bits.
 What the graphs read and write has to stay at one address. FedAvg's SGD steps: the stacked
 weights, momentum, BatchNorm statistics and loss sums live here (``stack``) across rounds,
 sized for the largest group seen, and their graphs are kept while the optimizer's constants
-stay (``constants``: a decaying lr drops them every round). The steps with a method's terms
+stay (``constants``). On a GPU their lr is one of those tensors too (``lr``), so a decaying lr
+keeps them; where the lr is a Python number (a CPU; the tape's tests choose either), each
+round's new lr drops them. The steps with a method's terms
 (built for one group: its global weights, control variates, bases), Adam's or per-task
 heads' read tensors of one group's local training: their graphs live for that call
 (``scope``), and only shapes met at least three times there are captured. A step reads its
@@ -194,11 +196,22 @@ class StepGraphs:
         static.copy_(keys)
         return static, self.tensors["dropout_step"]
 
+    def lr(self, value: float) -> torch.Tensor:
+        """The lr that persistent steps read on the device (``vectorized.lr_on_device``), one
+        tensor across rounds with this call's ``value`` written in: a decaying lr keeps the
+        graphs [D]. Called after ``stack`` (a new stack makes it anew)."""
+        have = self.tensors.get("lr")
+        if have is None:
+            loss_sum = self.tensors["loss_sum"]
+            weights = next(t for k, t in self.tensors.items() if k.startswith("p."))
+            have = self.tensors["lr"] = torch.zeros((), dtype=weights.dtype, device=loss_sum.device)
+        return have.fill_(value)
+
     def constants(self, values: Hashable) -> bool:
-        """The persistent graphs' optimizer constants this call (lr, momentum, ...): when they
-        differ from the last call's (a decaying lr: every round), the graphs made for those
-        go [D] (no graph could replay them, and kept they would pile up round after round);
-        returns whether they did."""
+        """The persistent graphs' optimizer constants this call (momentum, ..., and the lr
+        where it is a Python number): when they differ from the last call's (a decaying lr
+        on a CPU: every round), the graphs made for those go [D] (no graph could replay
+        them, and kept they would pile up round after round); returns whether they did."""
         if values == self._constants:
             return False
         self._constants = values

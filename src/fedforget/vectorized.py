@@ -563,6 +563,20 @@ def _replica(model: nn.Module) -> nn.Module:
     return net
 
 
+def lr_on_device(device: torch.device) -> bool:
+    """Whether the batched engine's SGD reads its lr from a tensor on ``device``: on a GPU [D].
+    A CUDA graph keeps the Python numbers its kernels were launched with, so a step that
+    updates with ``alpha=-lr`` replays for that lr only, and with ``train.lr_decay`` (every
+    FedSOL table) FedAvg's graphs were captured anew every round. With the lr in a tensor
+    (``StepGraphs.lr``) one graph serves every round. The update is then
+    ``p.addcmul_(d, lr, value=-1)``, one parameter at a time: on this project's CPU the same
+    bits as ``add_(d, alpha=-lr)`` (tested), on a GPU checked by
+    ``benchmarks/gpu.sh`` (``test_lr_in_a_tensor_updates_as_a_number``). torch.optim.SGD's
+    compiled form, ``p + (d * -lr)`` [C], rounds twice and moves results. On a CPU, where no
+    graph runs, the lr stays a number."""
+    return device.type == "cuda"
+
+
 def train_clients_together(
     model: nn.Module,
     global_params: dict[str, torch.Tensor],
@@ -676,13 +690,19 @@ def train_clients_together(
     persistent = terms is None and live is None and not adam and heads is None
     if graphs is not None and not (use_stacked and (persistent or capturable_terms)):
         graphs = None
+    # SGD's lr as a tensor on a GPU (lr_on_device), the persistent graphs' own across rounds
+    step_lr: float | torch.Tensor = lr
     if graphs is not None and persistent:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
+        if lr_on_device(device):
+            step_lr = graphs.lr(lr)
     else:
         params = {k: stack(k) for k in names} if not alone else {}
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum and not alone else None
         loss_sum = torch.zeros(m, device=device)
         stats = {k: stack(k) for k in buffer_names} if not alone else {}
+        if lr_on_device(device) and not adam:
+            step_lr = torch.full((), lr, dtype=global_params[names[0]].dtype, device=device)
     # the optimizer's state per parameter, stacked [m, ...]: SGD's momentum buffer, or Adam's
     # two moments and each client's step count [m]
     def fresh_state(v: torch.Tensor, rows: int) -> tuple:
@@ -814,7 +834,11 @@ def train_clients_together(
             torch._foreach_mul_(bs, momentum)
             torch._foreach_add_(bs, ds)
             ds = bs
-        torch._foreach_add_(ps, ds, alpha=-lr)
+        if isinstance(step_lr, torch.Tensor):  # lr_on_device: p + (-1 * d) * lr, one rounding
+            for p, d in zip(ps, ds):
+                p.addcmul_(d, step_lr, value=-1)
+        else:
+            torch._foreach_add_(ps, ds, alpha=-lr)
 
     def stack_forward(
         w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None, lo: int = 0
@@ -1159,8 +1183,9 @@ def train_clients_together(
         return (lo, hi - lo, w, batch, persistent, tuple(rows or ()), planned and planned(k, lo, hi))
 
     # graphs of this call only (a method's terms; new optimizer constants, as a decaying lr
-    # gives every round): a step shape is captured if met at least SCOPED_MIN_USES times here
-    constants = (lr, momentum, weight_decay, optimizer, betas)
+    # gives every round where it is a number): a step shape is captured if met at least
+    # SCOPED_MIN_USES times here
+    constants = (None if isinstance(step_lr, torch.Tensor) else lr, momentum, weight_decay, optimizer, betas)
     one_call = graphs is not None and (not persistent or graphs.constants(constants))
     uses: dict[tuple, int] = {}
     counted: dict[tuple, tuple] = {}  # (k, lo, hi, w) -> (rows, shape): each computed once a step

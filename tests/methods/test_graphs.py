@@ -135,6 +135,21 @@ def test_adam_and_per_task_heads_steps_replay_in_graphs_of_one_call(make_run_con
     same_run(out["0"], out["tape"])
 
 
+@pytest.mark.parametrize("method", ["fedsol", "scaffold"])
+def test_terms_read_an_lr_in_a_tensor_as_a_number(public_run_cfg, make_run_config, monkeypatch, method):
+    """On a GPU SGD's lr is a tensor (``vectorized.lr_on_device``; forced here): the steps
+    with a method's terms replay to the eager steps' bits, which are the number's."""
+    import fedforget.vectorized as vz
+
+    rc = config(method, {}, public_run_cfg, make_run_config)
+    number = runs(rc, monkeypatch, ("0",))["0"]
+    monkeypatch.setattr(vz, "lr_on_device", lambda device: True)
+    out = runs(rc, monkeypatch)
+    assert out["tape"][0].trainer.step_graphs.scoped_captures > 0
+    same_run(out["0"], out["tape"])
+    same_run(number, out["tape"])
+
+
 GPU_CASES = [("fedsol", {}), ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}), ("fedgp", {}),
              ("scaffold", {}), ("fedproj", {}), ("gpm", {}), ("fedprotip", {"tip": "none", "samples": 32}),
              ("agem", {}), ("der", {"plus": True}), ("fedrcl", {})]  # fmt: skip
