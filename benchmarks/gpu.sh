@@ -23,8 +23,10 @@
 #   lanes     train.concurrent_clients: its equality tests on the GPU (every method, each lane
 #             on a CUDA stream of its own: the same bits as one client after another), then
 #             the sequential trainer with 1 against 4 lanes: FedAvg on ResNet-18 and the
-#             McMahan CNN (issue 32's setting), iCaRL (not stackable) on ResNet-18, split 5 x 2;
-#             FedGP batched with its round-end replies on 4 lanes, on ResNet-18;
+#             McMahan CNN (issue 32's setting); lanes2: iCaRL (not stackable) on ResNet-18,
+#             split 5 x 2, and FedGP batched with its round-end replies on 4 lanes, on ResNet-18
+#             (after the sections that follow lanes: with BUDGET=480 the tests and the whole
+#             of lanes took all of it);
 #   decay     FedAvg batched on the McMahan preset (a FedSOL table's setting) with lr_decay 1 and
 #             0.99: each round's seconds and the graphs captured (a decaying lr is read from a
 #             tensor on a GPU since the fifth session of 2026-12-02: the same captures, the same
@@ -61,7 +63,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -106,14 +108,16 @@ tests() {
 lanes() {
     # the task-stream cases (frozen models per lane) and a few methods of the every-method
     # contract (its whole run is the CPU suite's): the same bits on CUDA streams
-    (cd "$here/.." && box 75 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
+    (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/methods/test_concurrent_clients.py -k "task_stream or fedavg or scaffold or fedgp or der or draw" \
         >"$out/tests-lanes.txt" 2>&1)
     tail -3 "$out/tests-lanes.txt"
-    box 90 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes 4 --preset resnet18 \
+    box 75 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes 4 --preset resnet18 \
         --partition dirichlet0.5 --epochs 1 --rounds 4 --json "$out/resnet18-dir-e1-lanes4.json" | tee -a "$out/sim.txt"
-    box 45 "${sim[@]}" --warmup 5 --modes sequential concurrent --lanes 4 --preset mcmahan --partition dirichlet0.5 \
+    box 40 "${sim[@]}" --warmup 5 --modes sequential concurrent --lanes 4 --preset mcmahan --partition dirichlet0.5 \
         --epochs 1 --rounds 6 --json "$out/mcmahan-dir-e1-lanes4.json" | tee -a "$out/sim.txt"
+}
+lanes2() {
     box 100 "${sim[@]}" --warmup 4 --modes sequential concurrent --lanes 4 --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 3 --method icarl --tasks 5 --json "$out/resnet18-e1-icarl-lanes4.json" | tee -a "$out/sim.txt"
     # the batched engine's round-end replies (FedGP's buffer gradients, client by client) on lanes
@@ -122,7 +126,7 @@ lanes() {
 }
 decay() {
     for d in 1.0 0.99; do
-        box 45 "${sim[@]}" --warmup 5 --modes vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
+        box 35 "${sim[@]}" --warmup 5 --modes vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
             --rounds 10 --lr-decay $d --json "$out/mcmahan-dir-e1-decay$d.json" | tee -a "$out/sim.txt"
     done
 }
@@ -242,7 +246,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes decay profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
+    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac
