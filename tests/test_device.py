@@ -6,6 +6,7 @@ GPU here: CUDA is faked where torch would be asked about it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +119,104 @@ def test_gpu_script_runs_each_of_its_sections(repo_root) -> None:
     (order,) = re.findall(r"ORDER=\$\{ORDER:-\$\{SECTIONS:-([\w ]+)\}\}", text)
     assert defined == set(dispatched.split())
     assert set(order.split()) == defined
+
+
+# run by a test below in one process: each recorded benchmark command's argparse, run to its
+# parse and no further (a GPU session is 15 minutes: an argument typo there costs a section)
+_PARSE_ONLY = """
+import argparse, json, runpy, sys
+class Parsed(Exception):
+    pass
+def parse_only(self, args=None, namespace=None):
+    ns, rest = self.parse_known_args(args, namespace)
+    if rest:
+        self.error("unrecognized arguments: " + " ".join(rest))
+    raise Parsed
+argparse.ArgumentParser.parse_args = parse_only
+for script, argv in json.loads(sys.argv[1]):
+    sys.argv = [script, *argv]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Parsed:
+        continue
+    raise SystemExit(f"{script}: ran past its argument parsing")
+"""
+
+# a pytest plugin for one collection of every file the recorded pytest calls name: how many
+# tests each call's files and -k expression select (pytest's own -k matching)
+_SELECTIONS = """
+import json, os
+from pathlib import Path
+from _pytest.mark import KeywordMatcher
+from _pytest.mark.expression import Expression
+
+def pytest_collection_modifyitems(config, items):
+    calls = json.loads(os.environ["GPU_SH_SELECTIONS"])
+    counts = []
+    for files, expr in calls:
+        paths = {str(Path(f).resolve()) for f in files}
+        match = Expression.compile(expr) if expr else None
+        counts.append(sum(1 for it in items if str(Path(it.path).resolve()) in paths
+                          and (match is None or match.evaluate(KeywordMatcher.from_item(it)))))
+    Path(os.environ["GPU_SH_COUNTS"]).write_text(json.dumps(counts))
+"""
+
+
+def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None:
+    """Every command benchmarks/gpu.sh runs, recorded by a stand-in ``python`` (nothing runs,
+    no GPU needed): each benchmark script accepts its arguments (names, choices, types), and
+    each pytest call's files and -k expression select tests (one collection, pytest's -k)."""
+    import os
+    import subprocess
+    import sys
+
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    calls = tmp_path / "calls.jsonl"
+    (stand_in / "python").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps([os.getcwd(), sys.argv[1:]]) + '\\n')\n"
+    )
+    (stand_in / "nvidia-smi").write_text("#!/bin/sh\necho stand-in\n")
+    for f in stand_in.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stand_in}{os.pathsep}{os.environ['PATH']}", "BUDGET": "100000"}
+    env.pop("ORDER", None)
+    env.pop("SECTIONS", None)
+    done = subprocess.run(["bash", str(repo_root / "benchmarks" / "gpu.sh"), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "unknown section" not in done.stderr, done.stderr
+    recorded = [json.loads(line) for line in calls.read_text().splitlines()]
+    scripts = [(argv[0], argv[1:]) for _, argv in recorded if argv and argv[0].endswith(".py")]
+    assert len(scripts) > 20
+    assert {Path(s).name for s, _ in scripts} >= {"simulation.py", "packing.py", "streaming.py", "model_rates.py"}
+    parsed = subprocess.run([sys.executable, "-c", _PARSE_ONLY, json.dumps(scripts)], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path)  # fmt: skip
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+
+    selections = []  # (files, -k expression) of each pytest call, files from the repository root
+    for cwd, argv in recorded:
+        if argv[:2] != ["-m", "pytest"]:
+            continue
+        files, expr, it = [], "", iter(argv[2:])
+        for a in it:
+            if a == "-k":
+                expr = next(it)
+            elif a in ("-n", "-p"):
+                next(it)
+            elif not a.startswith("-"):
+                files.append(str(Path(cwd, a).resolve().relative_to(repo_root.resolve())))
+        selections.append((files, expr))
+    assert len(selections) >= 3
+    (tmp_path / "gpu_sh_selections.py").write_text(_SELECTIONS)
+    counts = tmp_path / "counts.json"
+    union = sorted({f for files, _ in selections for f in files})
+    collect = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "gpu_sh_selections", *union],
+        cwd=repo_root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+             "GPU_SH_SELECTIONS": json.dumps(selections), "GPU_SH_COUNTS": str(counts)},
+    )  # fmt: skip
+    assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
+    empty = [sel for sel, n in zip(selections, json.loads(counts.read_text())) if n == 0]
+    assert not empty, f"gpu.sh's pytest calls that select no test: {empty}"
