@@ -202,9 +202,8 @@ class StepGraphs:
         graphs [D]. Called after ``stack`` (a new stack makes it anew)."""
         have = self.tensors.get("lr")
         if have is None:
-            loss_sum = self.tensors["loss_sum"]
             weights = next(t for k, t in self.tensors.items() if k.startswith("p."))
-            have = self.tensors["lr"] = torch.zeros((), dtype=weights.dtype, device=loss_sum.device)
+            have = self.tensors["lr"] = torch.zeros((), dtype=weights.dtype, device=weights.device)
         return have.fill_(value)
 
     def constants(self, values: Hashable) -> bool:

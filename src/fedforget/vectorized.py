@@ -834,7 +834,7 @@ def train_clients_together(
             torch._foreach_mul_(bs, momentum)
             torch._foreach_add_(bs, ds)
             ds = bs
-        if isinstance(step_lr, torch.Tensor):  # lr_on_device: p + (-1 * d) * lr, one rounding
+        if isinstance(step_lr, torch.Tensor):  # lr_on_device: the bits of alpha=-lr (tested)
             for p, d in zip(ps, ds):
                 p.addcmul_(d, step_lr, value=-1)
         else:
