@@ -7,7 +7,11 @@ out: the same modules) and training settings. Written per reason and per config 
 how many of the runs trained one after another could train several clients at once on lanes
 (``train.concurrent_clients``): all but those whose model draws from the global generator in
 training (a Hugging Face encoder that is not frozen; every registered method trains on
-lanes: tests/methods/test_concurrent_clients.py).
+lanes: tests/methods/test_concurrent_clients.py). Of the batched runs, which CUDA graphs
+their steps run in (``vectorized``): FedAvg's SGD steps with shared heads in graphs kept
+across rounds, and how many of those decay their lr (read from a tensor on a GPU since the
+fifth session of 2026-12-02: ``lr_on_device``); a method's terms, Adam or per-task heads in
+graphs of one group's training; vmap's steps eagerly.
 
     python benchmarks/engine_coverage.py --json benchmarks/results/<dir>/engine_coverage.json
 """
@@ -29,12 +33,29 @@ from model_rates import paper_runs  # noqa: E402  (benchmarks/model_rates.py: ev
 from fedforget.methods import METHODS, make_params  # noqa: E402
 from fedforget.models import build_model  # noqa: E402
 from fedforget.trainers import choose_trainer  # noqa: E402
+from fedforget.vectorized import stacked_supported  # noqa: E402
+
+
+def graphs_kind(rc, model, params) -> str:
+    """Which CUDA graphs a batched run's steps run in (``vectorized.train_clients_together``:
+    ``persistent``, ``capturable_terms``): across_rounds (FedAvg's SGD steps, shared heads),
+    across_rounds_lr_decay (the same with a decaying lr), one_group (a method's terms, Adam,
+    per-task heads), eager_vmap, eager_terms (terms not capturable)."""
+    if stacked_supported(model) is not None:
+        return "eager_vmap"
+    cls = METHODS.get(rc.method.name)
+    terms = bool(cls.step_terms or cls.live_terms or cls.trait("step_terms", params))
+    per_task = (rc.dataset.scenario or {}).get("heads") == "per_task"
+    if terms or rc.train.optimizer.name == "adam" or per_task:
+        return "one_group" if not terms or cls.trait("capturable_terms", params) else "eager_terms"
+    return "across_rounds_lr_decay" if rc.train.lr_decay != 1.0 else "across_rounds"
 
 
 def coverage() -> dict:
     models: dict = {}
     reasons: collections.Counter = collections.Counter()
     lanes = 0  # sequential runs whose model allows clients at once
+    graphs: collections.Counter = collections.Counter()  # batched runs by graphs_kind
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for path, rc, shape, opts in paper_runs():
         if rc.dataset.model == "hf":  # a text model from a hub: not built here
@@ -47,6 +68,8 @@ def coverage() -> dict:
             params = make_params(rc.method.name, dict(rc.method.params))
             trainer, why = choose_trainer(METHODS.get(rc.method.name), models[key], rc.train, torch.device("cuda"), params)
             why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
+            if why is None:
+                graphs[graphs_kind(rc, models[key], params)] += 1
             if why is not None and not any(getattr(m, "global_draws", False) for m in models[key].modules()):
                 lanes += 1
         label = "batched" if why is None else why
@@ -59,6 +82,7 @@ def coverage() -> dict:
         "batched": reasons["batched"],
         "sequential": total - reasons["batched"],
         "sequential_on_lanes": lanes,
+        "batched_graphs": dict(graphs.most_common()),
         "reasons": dict(reasons.most_common()),
         "per_file": {k: dict(v.most_common()) for k, v in sorted(per_file.items())},
     }
@@ -71,6 +95,7 @@ def main() -> None:
     out = coverage()
     print(f"{out['runs']} paper runs: {out['batched']} batched on a GPU, {out['sequential']} one client after another"
           f" ({out['sequential_on_lanes']} of them may train several at once: train.concurrent_clients)")
+    print("batched runs' CUDA graphs: " + ", ".join(f"{k} {n}" for k, n in out["batched_graphs"].items()))
     for why, n in out["reasons"].items():
         if why != "batched":
             print(f"{n:5d}  {why}")

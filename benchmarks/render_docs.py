@@ -86,6 +86,12 @@ def render(text: str) -> tuple[str, list[str]]:
             problems.append(f"{source}: the doc says {m['value']!r}, the result {shown!r}")
         return m.group(0).replace(f"-->{m['value']}<!--@-->", f"-->{shown}<!--@-->")
 
+    # an opening the pattern does not read (a space in a JSON path, a missing closer) would
+    # otherwise be skipped in silence and its number never checked
+    starts = {m.start() for m in MARK.finditer(text)}
+    for at in (m.start() for m in re.finditer(re.escape("<!--@ "), text)):
+        if at not in starts:
+            problems.append(f"a marker that cannot be parsed: {text[at : at + 80]!r}")
     return MARK.sub(one, text), problems
 
 

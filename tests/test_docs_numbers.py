@@ -37,6 +37,9 @@ def test_a_drifted_or_unreadable_number_is_reported():
     ratio = "<!--@ cpu-2026-11-25/streaming.json:stream_samples_per_s.median/device_samples_per_s.median | .2f -->0.97<!--@-->"
     assert mod.render(ratio)[1] == []
     assert "cannot be read" in mod.render(ok.replace("stream_over_device", "nope"))[1][0]
+    # a marker the pattern cannot read (here a space in its path) is reported, not skipped
+    unread = mod.render(ok.replace("stream_over_device", "stream over device"))[1]
+    assert len(unread) == 1 and "cannot be parsed" in unread[0]
 
 
 def test_a_number_from_a_text_log_is_rendered_and_its_drift_reported(tmp_path, monkeypatch):
