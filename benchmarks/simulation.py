@@ -392,9 +392,10 @@ def main() -> None:
     prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
     public = public_spec(args)
     if public:
-        from fedforget.data import prepare_public
+        from fedforget.data import dataset_id, prepare_public
 
-        prepare_public(public, p["dataset"], args.data)
+        # the held-out slice of the dataset as the preset's options make it (the id a run loads)
+        prepare_public(public, dataset_id(p["dataset"], p["options"]), args.data)
     args.passthrough = [
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),
