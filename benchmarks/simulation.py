@@ -146,6 +146,17 @@ def run_config(args, engine: str):
                      MethodSpec(method, params, method), 0, ts, args.data, os.path.join(args.data, "results"))  # fmt: skip (nothing is written there)
 
 
+def prepare(args) -> None:
+    """The preset's dataset and (--public) its held-out public slice, under --data."""
+    from fedforget.data import prepare_dataset, prepare_public
+
+    p = PRESETS[args.preset]
+    prepare_dataset(p["dataset"], p["options"], args.data)
+    public = public_spec(args)
+    if public:  # the slice of the dataset as the preset's options make it: the id a run loads
+        prepare_public(public, run_config(args, "sequential").dataset.id, args.data)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -386,16 +397,8 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from fedforget.data import prepare_dataset
-
     p = PRESETS[args.preset]
-    prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
-    public = public_spec(args)
-    if public:
-        from fedforget.data import dataset_id, prepare_public
-
-        # the held-out slice of the dataset as the preset's options make it (the id a run loads)
-        prepare_public(public, dataset_id(p["dataset"], p["options"]), args.data)
+    prepare(args)  # once, before any timing
     args.passthrough = [
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--eval", args.eval, "--threads", str(args.threads),

@@ -220,3 +220,21 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
     empty = [sel for sel, n in zip(selections, json.loads(counts.read_text())) if n == 0]
     assert not empty, f"gpu.sh's pytest calls that select no test: {empty}"
+
+
+def test_simulation_prepares_the_public_slice_a_preset_run_loads(repo_root, tmp_path) -> None:
+    """benchmarks/simulation.py --public on a preset whose dataset has options (gpu.sh's
+    FedProj on ResNet-18's CIFAR-shaped blobs): the held-out slice is prepared under the id
+    the run loads (it was prepared under the bare dataset's, and every such command failed)."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    args = argparse.Namespace(preset="resnet8", public=0.1, data=str(tmp_path), rounds=1, warmup=1, epochs=1,
+                              partition="iid", eval="none", device="cpu", threads=1, memory=0)  # fmt: skip
+    assert sim.PRESETS["resnet8"]["options"]  # a dataset with options
+    sim.prepare(args)
+    rc = sim.run_config(args, "sequential")
+    assert (tmp_path / "public" / rc.dataset.public_id / "meta.json").is_file()
