@@ -121,39 +121,46 @@ def test_gpu_script_runs_each_of_its_sections(repo_root) -> None:
     assert set(order.split()) == defined
 
 
-# run by a test below in one process: each recorded benchmark command's argparse, run to its
-# parse and no further (a GPU session is 15 minutes: an argument typo there costs a section)
-_PARSE_ONLY = """
-import argparse, json, runpy, sys
+# a pytest plugin, for one process that imports torch once: at its start, each recorded
+# benchmark command's argparse, run to its parse and no further (a GPU session is 15
+# minutes: an argument typo there costs a section); then, over one collection of every file
+# the recorded pytest calls name, how many tests each call's files and -k expression select
+# (pytest's own -k matching)
+_PLUGIN = """
+import argparse, json, os, runpy, sys
+from pathlib import Path
+from _pytest.mark import KeywordMatcher
+from _pytest.mark.expression import Expression
+
 class Parsed(Exception):
     pass
+
 def parse_only(self, args=None, namespace=None):
     ns, rest = self.parse_known_args(args, namespace)
     if rest:
         self.error("unrecognized arguments: " + " ".join(rest))
     raise Parsed
-argparse.ArgumentParser.parse_args = parse_only
-for script, argv in json.loads(sys.argv[1]):
-    sys.argv = [script, *argv]
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except Parsed:
-        continue
-    raise SystemExit(f"{script}: ran past its argument parsing")
-"""
 
-# a pytest plugin for one collection of every file the recorded pytest calls name: how many
-# tests each call's files and -k expression select (pytest's own -k matching)
-_SELECTIONS = """
-import json, os
-from pathlib import Path
-from _pytest.mark import KeywordMatcher
-from _pytest.mark.expression import Expression
+def pytest_configure(config):
+    keep, argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_args, parse_only
+    argv, errors = sys.argv, []
+    try:
+        for script, args in json.loads(os.environ["GPU_SH_SCRIPTS"]):
+            sys.argv = [script, *args]
+            try:
+                runpy.run_path(script, run_name="__main__")
+                errors.append(f"{script}: ran past its argument parsing")
+            except Parsed:
+                pass
+            except SystemExit as e:  # argparse's error, printed on stderr
+                errors.append(f"{Path(script).name} {' '.join(args)}: exit {e.code}")
+    finally:
+        sys.argv, argparse.ArgumentParser.parse_args = argv, keep
+    Path(os.environ["GPU_SH_PARSED"]).write_text(json.dumps(errors))
 
 def pytest_collection_modifyitems(config, items):
-    calls = json.loads(os.environ["GPU_SH_SELECTIONS"])
     counts = []
-    for files, expr in calls:
+    for files, expr in json.loads(os.environ["GPU_SH_SELECTIONS"]):
         paths = {str(Path(f).resolve()) for f in files}
         match = Expression.compile(expr) if expr else None
         counts.append(sum(1 for it in items if str(Path(it.path).resolve()) in paths
@@ -190,10 +197,6 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     scripts = [(argv[0], argv[1:]) for _, argv in recorded if argv and argv[0].endswith(".py")]
     assert len(scripts) > 20
     assert {Path(s).name for s, _ in scripts} >= {"simulation.py", "packing.py", "streaming.py", "model_rates.py"}
-    parsed = subprocess.run([sys.executable, "-c", _PARSE_ONLY, json.dumps(scripts)], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)  # fmt: skip
-    assert parsed.returncode == 0, parsed.stderr[-3000:]
-
     selections = []  # (files, -k expression) of each pytest call, files from the repository root
     for cwd, argv in recorded:
         if argv[:2] != ["-m", "pytest"]:
@@ -208,16 +211,19 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
                 files.append(str(Path(cwd, a).resolve().relative_to(repo_root.resolve())))
         selections.append((files, expr))
     assert len(selections) >= 3
-    (tmp_path / "gpu_sh_selections.py").write_text(_SELECTIONS)
-    counts = tmp_path / "counts.json"
+
+    (tmp_path / "gpu_sh_plugin.py").write_text(_PLUGIN)
+    parsed, counts = tmp_path / "parsed.json", tmp_path / "counts.json"
     union = sorted({f for files, _ in selections for f in files})
     collect = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "gpu_sh_selections", *union],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "gpu_sh_plugin", *union],
         cwd=repo_root, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+             "GPU_SH_SCRIPTS": json.dumps(scripts), "GPU_SH_PARSED": str(parsed),
              "GPU_SH_SELECTIONS": json.dumps(selections), "GPU_SH_COUNTS": str(counts)},
     )  # fmt: skip
     assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-2000:]
+    assert json.loads(parsed.read_text()) == [], collect.stderr[-3000:]
     empty = [sel for sel, n in zip(selections, json.loads(counts.read_text())) if n == 0]
     assert not empty, f"gpu.sh's pytest calls that select no test: {empty}"
 
