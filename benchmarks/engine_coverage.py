@@ -32,7 +32,7 @@ from model_rates import paper_runs  # noqa: E402  (benchmarks/model_rates.py: ev
 
 from fedforget.methods import METHODS, make_params  # noqa: E402
 from fedforget.models import build_model  # noqa: E402
-from fedforget.trainers import choose_trainer  # noqa: E402
+from fedforget.trainers import choose_trainer, global_drawing_module  # noqa: E402
 from fedforget.vectorized import stacked_supported  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def coverage() -> dict:
             why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
             if why is None:
                 graphs[graphs_kind(rc, models[key], params)] += 1
-            if why is not None and not any(getattr(m, "global_draws", False) for m in models[key].modules()):
+            if why is not None and global_drawing_module(models[key]) is None:
                 lanes += 1
         label = "batched" if why is None else why
         reasons[label] += 1

@@ -137,7 +137,7 @@ class LocalTrainer:
         if train.precision not in PRECISIONS:
             raise FedForgetError(f"train.precision={train.precision!r}; allowed: {', '.join(PRECISIONS)}")
         n = train.concurrent_clients
-        drawing = next((type(m).__name__ for m in model.modules() if getattr(m, "global_draws", False)), None)
+        drawing = global_drawing_module(model)
         if n > 1 and drawing is not None:  # known before any training (at_once checks what is not)
             raise FedForgetError(
                 f"train.concurrent_clients={n}: module {drawing} of the model draws from the global random "
@@ -458,6 +458,13 @@ def global_draws(device: torch.device) -> list[torch.Tensor]:
     if device.type == "cuda":
         out.append(torch.cuda.get_rng_state(device))
     return out
+
+
+def global_drawing_module(model: torch.nn.Module) -> str | None:
+    """The class name of a module of ``model`` that draws from the global random generator in
+    training (``global_draws``: a Hugging Face encoder that trains), or None: such a model
+    cannot train clients at once (``train.concurrent_clients``)."""
+    return next((type(m).__name__ for m in model.modules() if getattr(m, "global_draws", False)), None)
 
 
 class SequentialTrainer(LocalTrainer):

@@ -690,19 +690,18 @@ def train_clients_together(
     persistent = terms is None and live is None and not adam and heads is None
     if graphs is not None and not (use_stacked and (persistent or capturable_terms)):
         graphs = None
-    # SGD's lr as a tensor on a GPU (lr_on_device), the persistent graphs' own across rounds
-    step_lr: float | torch.Tensor = lr
     if graphs is not None and persistent:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
-        if lr_on_device(device):
-            step_lr = graphs.lr(lr)
     else:
         params = {k: stack(k) for k in names} if not alone else {}
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum and not alone else None
         loss_sum = torch.zeros(m, device=device)
         stats = {k: stack(k) for k in buffer_names} if not alone else {}
-        if lr_on_device(device) and not adam:
-            step_lr = torch.full((), lr, dtype=global_params[names[0]].dtype, device=device)
+    # SGD's lr as a tensor on a GPU (lr_on_device), the persistent graphs' own across rounds
+    step_lr: float | torch.Tensor = lr
+    if lr_on_device(device) and not adam:
+        step_lr = (graphs.lr(lr) if graphs is not None and persistent
+                   else torch.full((), lr, dtype=global_params[names[0]].dtype, device=device))  # fmt: skip
     # the optimizer's state per parameter, stacked [m, ...]: SGD's momentum buffer, or Adam's
     # two moments and each client's step count [m]
     def fresh_state(v: torch.Tensor, rows: int) -> tuple:
