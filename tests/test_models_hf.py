@@ -8,15 +8,18 @@ public set) on a tiny text set tokenized here with MiniLM's tokenizer."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedforget.data import DATASETS, DatasetInfo, dataset_id, prepare_dataset, prepare_public
 from fedforget.data.base import Arrays
+from fedforget.dropout import DropoutKey, KeyedCalls, keep_mask, keyed_modules, set_dropout_key
 from fedforget.engine import Simulation
 from fedforget.models import HFBody, build_model, check_model
 from fedforget.partition import PartitionSpec
@@ -281,18 +284,104 @@ def test_frozen_encoder_run_trains_the_head_only_and_is_not_batched(make_run_con
     assert changed == {"head.weight", "head.bias"}
 
 
-def test_clients_at_once_need_an_encoder_without_global_draws(make_run_config) -> None:
-    """``train.concurrent_clients``: a training encoder's own dropout draws from the global
-    generator, so the job stops before training, naming the setting; a frozen encoder (eval
-    mode, no dropout) trains its clients at once with the results of one after another."""
-    rc = make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=1, batch_size=8,
+def test_clients_at_once_train_as_one_after_another(make_run_config, monkeypatch) -> None:
+    """``train.concurrent_clients``: a training encoder (its dropout keyed) and a frozen one
+    train their clients at once with the bits of one after another, FedSOL's two passes a
+    step included; an encoder whose dropout could not be keyed (here: routing switched off,
+    as for an architecture with draws of another kind) stops the job before training,
+    naming the setting."""
+    rc = make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=2, batch_size=8,
                          partition=PartitionSpec("iid", clients=4, seed=0), concurrent_clients=2)  # fmt: skip
+    frozen = replace(rc, dataset=replace(rc.dataset, model_options={**TINY, "freeze_encoder": True}))
+    fedsol = make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=1, batch_size=8, method="fedsol",
+                             params={"perturb": "all"}, partition=PartitionSpec("iid", clients=4, seed=0))  # fmt: skip
+    for run in (rc, frozen, fedsol):
+        sims = [Simulation(replace(run, train=replace(run.train, concurrent_clients=n))) for n in (1, 2)]
+        assert [len(s.trainer.lanes) for s in sims] == [1, 2]
+        for sim in sims:
+            status, _, msg = sim.run(progress=False)
+            assert status == "completed", msg
+        assert all(torch.equal(v, sims[1].global_params[k]) for k, v in sims[0].global_params.items())
+    monkeypatch.setattr(KeyedCalls, "routed", lambda self: contextlib.nullcontext())
     with pytest.raises(FedForgetError, match=r"concurrent_clients=2: module HFBody .*global random generator"):
         Simulation(rc)
-    frozen = replace(rc, dataset=replace(rc.dataset, model_options={**TINY, "freeze_encoder": True}))
-    sims = [Simulation(replace(frozen, train=replace(frozen.train, concurrent_clients=n))) for n in (1, 2)]
-    assert [len(s.trainer.lanes) for s in sims] == [1, 2]
-    for sim in sims:
-        status, _, msg = sim.run(progress=False)
-        assert status == "completed", msg
-    assert all(torch.equal(v, sims[1].global_params[k]) for k, v in sims[0].global_params.items())
+
+
+def keyed_run(model: torch.nn.Module, x: torch.Tensor, key: int | None) -> tuple[torch.Tensor, bool]:
+    """``model``'s training output on ``x`` in a local step keyed by ``key`` (None: no key),
+    and whether torch's global generator moved."""
+    set_dropout_key(keyed_modules(model), None if key is None else DropoutKey(torch.tensor(key), 3))
+    state = torch.get_rng_state()
+    try:
+        return model.train()(x), not torch.equal(state, torch.get_rng_state())
+    finally:
+        set_dropout_key(keyed_modules(model), None)
+
+
+def test_a_training_encoders_dropout_is_keyed(tokenizer, tmp_path) -> None:
+    """A BERT (MiniLM's architecture) and a DistilBERT (a config written here): in a keyed
+    step the output is a function of the key (the same key the same bits, another key
+    others) and torch's generator does not move; eager attention, whose dropout is an
+    ``F.dropout`` call, draws the masks that sdpa's attention dropout draws (the same call
+    in the step); with no key, torch's generator draws as before; eval mode draws nothing."""
+    from transformers import DistilBertConfig
+
+    DistilBertConfig(vocab_size=30522, dim=32, n_layers=1, n_heads=2, hidden_dim=64).save_pretrained(tmp_path)
+    x = encode(tokenizer, ["the keyed masks", "of a training encoder", "are its own"])
+    for options in (TINY, {"name_or_path": str(tmp_path), "pretrained": False}):
+        torch.manual_seed(0)
+        model = build_model("hf", (2, L), 3, options)
+        assert not model.body.global_draws and model.body.encoder.config._attn_implementation == "sdpa"
+        (a, moved), (b, _), (c, _) = (keyed_run(model, x, k) for k in (5, 5, 6))
+        assert not moved and torch.equal(a, b) and not torch.allclose(a, c)
+        model.body.encoder.config._attn_implementation = "eager"
+        eager, moved = keyed_run(model, x, 5)
+        assert not moved and torch.allclose(eager, a, atol=1e-6)
+        assert keyed_run(model, x, None)[1]  # torch's dropout outside a keyed step
+        with torch.no_grad():
+            assert torch.equal(model.eval()(x), model(x))
+
+
+class Drawing(torch.nn.Module):
+    """A stand-in encoder with dropout and, in training, a draw of another kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4))
+        self.dropout = torch.nn.Dropout(0.1)
+
+    def forward(self, input_ids, attention_mask):
+        h = self.w * torch.ones(*input_ids.shape, 4)
+        if self.training:
+            h = h * torch.bernoulli(torch.full_like(h, 0.9))
+        return (self.dropout(h),)
+
+
+def test_a_draw_of_another_kind_is_found_when_the_body_is_made() -> None:
+    state = torch.get_rng_state()
+    body = HFBody(Drawing(), "cls", False)
+    assert body.global_draws and torch.equal(state, torch.get_rng_state())  # the probe's draws put back
+    assert not HFBody(Drawing(), "cls", True).global_draws  # frozen: eval mode
+
+
+def test_attention_dropout_is_its_definition_with_the_keyed_mask() -> None:
+    """Routed calls (``KeyedCalls.routed``) in a keyed step: attention with dropout is
+    softmax(q k^T scale + mask) times the keyed mask of the call's salt, times v; without
+    dropout it is torch's own kernel (no draw); ``F.dropout`` is the input times the next
+    call's keyed mask, and in eval mode the input."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 5, 5, generator=g) > 0.3
+    mask[..., 0] = True  # no query row without keys
+    calls, key = KeyedCalls(), DropoutKey(torch.tensor(7), 2)
+    set_dropout_key([calls], key)
+    with calls.routed():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.25, scale=0.3)
+        plain = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = torch.randn(3, 4, generator=g)
+        dropped = F.dropout(x, 0.5)
+        assert F.dropout(x, 0.5, training=False) is x
+    w = ((q @ k.transpose(-2, -1)) * 0.3).masked_fill(~mask, float("-inf")).softmax(-1)
+    assert torch.allclose(out, (w * keep_mask(key, 1, w.shape, 0.25, w.dtype)) @ v, atol=1e-6)
+    assert torch.equal(plain, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert torch.equal(dropped, x * keep_mask(key, 2, x.shape, 0.5, x.dtype)) and calls.calls == 2

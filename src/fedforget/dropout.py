@@ -27,18 +27,21 @@ the identity.
 
 The models that declared torch's dropout (``cnn_fedgp``) use this since issue 32: their
 results changed once (other masks than torch's generator gave), and their clients can now
-train stacked.
+train stacked. A module written with torch's dropout calls (a Hugging Face encoder) has its
+calls routed to keyed masks (``KeyedCalls``) since the sixth session of 2026-12-02: its
+results changed once too, and its clients can train at once on lanes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .inputs import keyed_uniform_ints
 from .utils import on_device, torch_seed
@@ -80,13 +83,14 @@ class KeyedDropout(nn.Module):
             return (*shape[:2], *[1] * (len(shape) - 2))
         return tuple(shape)
 
-    def draw(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    def draw(self, shape: Sequence[int], dtype: torch.dtype, p: float | None = None) -> torch.Tensor:
         """This call's mask ([*key.clients.shape, *mask_shape(shape)]: 0 or 1/(1 - p)) for
-        activations of ``shape`` [B, ...] per client; counts the call."""
+        activations of ``shape`` [B, ...] per client, at rate ``p`` (default: the module's);
+        counts the call."""
         assert self.key is not None
         salt = 1 + (self.layer << 12) + self.calls
         self.calls += 1
-        return keep_mask(self.key, salt, self.mask_shape(shape), self.p, dtype)
+        return keep_mask(self.key, salt, self.mask_shape(shape), self.p if p is None else p, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
@@ -94,6 +98,83 @@ class KeyedDropout(nn.Module):
         if self.key is None:  # outside a keyed step: torch's dropout
             return (F.dropout2d if self.channelwise else F.dropout)(x, self.p, True)
         return x * self.draw(x.shape, x.dtype)
+
+
+class KeyedCalls(KeyedDropout):
+    """The keyed draws of a module written with torch's dropout calls [D]: a Hugging Face
+    encoder, whose ``nn.Dropout`` modules and attention call ``F.dropout`` (its eager
+    attention) or ``F.scaled_dot_product_attention`` with ``dropout_p`` (its sdpa attention).
+    Inside ``routed()``, in a keyed step, each such call in training draws its mask as a
+    ``KeyedDropout`` of the call's rate would, its salt the call's number in the step (so
+    the masks are the module's whatever else the step draws), and attention with dropout is
+    computed by its definition: softmax(q k^T scale + mask), times the keyed mask, times v
+    (torch's fused kernels draw from the global generator). Outside a keyed step, or with
+    dropout off, every call is torch's own. Draws of any other kind (``torch.bernoulli``,
+    ``torch.rand``) stay torch's: ``draws_globally`` tells whether a module makes any."""
+
+    def __init__(self) -> None:
+        super().__init__(p=1.0)  # a stand-in > 0 (keyed_modules lists the module); each call has its own rate
+
+    def extra_repr(self) -> str:
+        return "F.dropout and attention dropout"
+
+    def routed(self) -> _Routed:
+        return _Routed(self)
+
+
+class _Routed(TorchFunctionMode):
+    """``KeyedCalls.routed``: torch's dropout calls to the module's keyed draws."""
+
+    def __init__(self, calls: KeyedCalls) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.calls.key is not None:  # (the handler runs with this mode off: torch's own below)
+            if func is F.dropout:
+                return self.dropout(func, *args, **kwargs)
+            if func is F.scaled_dot_product_attention:
+                return self.attention(func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def dropout(self, func, x, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return func(x, p, training, inplace)
+        mask = self.calls.draw(x.shape, x.dtype, p)
+        return x.mul_(mask) if inplace else x * mask
+
+    def attention(self, func, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if dropout_p == 0:
+            return func(q, k, v, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa)  # fmt: skip
+        if enable_gqa:  # key/value heads shared by groups of query heads
+            k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+            v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+        w = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
+        if is_causal:
+            w = w.masked_fill(~torch.ones(w.shape[-2:], dtype=torch.bool, device=w.device).tril(), float("-inf"))
+        if attn_mask is not None:
+            w = w.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else w + attn_mask
+        return self.dropout(F.dropout, w.softmax(-1), dropout_p) @ v
+
+
+def draws_globally(module: nn.Module, run: Callable[[], object]) -> bool:
+    """Whether ``run()`` (a forward pass of ``module`` in training, its keyed modules keyed)
+    draws from torch's global generator on the host [D]; the generator and the module's mode
+    are put back, and no gradient is taken."""
+    keyed = keyed_modules(module)
+    state, mode = torch.get_rng_state(), module.training
+    set_dropout_key(keyed, DropoutKey(torch.tensor(0), 0))
+    try:
+        module.train()
+        with torch.no_grad():
+            run()
+        return not torch.equal(state, torch.get_rng_state())
+    finally:
+        set_dropout_key(keyed, None)
+        module.train(mode)
+        torch.set_rng_state(state)
 
 
 def keep_mask(key: DropoutKey, salt: int, shape: Sequence[int], p: float, dtype: torch.dtype) -> torch.Tensor:

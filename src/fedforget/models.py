@@ -4,6 +4,7 @@ perturb only the head (FedSOL) or swap heads per task (continual track)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .dropout import KeyedDropout
+from .dropout import KeyedCalls, KeyedDropout, draws_globally
 from .registry import Registry
 from .utils import FedForgetError
 
@@ -869,7 +870,13 @@ class HFBody(nn.Module):
     passed (segment 0 everywhere, as for a single text; sentence pairs are told apart by
     the tokenizer's separator token only).
     ``frozen``: the encoder's parameters do not train and [D] it stays in eval mode (no
-    dropout) whatever mode the model is put in: a frozen encoder is a fixed feature map."""
+    dropout) whatever mode the model is put in: a frozen encoder is a fixed feature map.
+    A training encoder's dropout is keyed [D] (``fedforget.dropout.KeyedCalls``: its
+    ``F.dropout`` calls and attention dropout, in each local step, draw masks keyed by
+    client, round and step), so clients trained at once draw what each draws alone
+    (``train.concurrent_clients``). Its results changed once with this (issue 32): other
+    masks than torch's generator gave, and attention with dropout computed by its
+    definition rather than torch's fused kernel."""
 
     def __init__(self, encoder: nn.Module, pooling: str, frozen: bool) -> None:
         super().__init__()
@@ -887,6 +894,16 @@ class HFBody(nn.Module):
         encoder.train(not frozen)  # from_pretrained returns it in eval mode
         if frozen:
             encoder.requires_grad_(False)
+        cfg = getattr(encoder, "config", None)
+        rates = [getattr(cfg, k, 0.0) or 0.0 for k in ("hidden_dropout_prob", "attention_probs_dropout_prob",
+                                                      "dropout", "attention_dropout")]  # fmt: skip
+        drops = any(r > 0 for r in rates) or any(isinstance(m, nn.Dropout) and m.p > 0 for m in encoder.modules())
+        self.draws = KeyedCalls() if drops and not frozen else None
+        self._global_draws = False
+        if self.draws is not None:  # [D] a draw the keyed calls do not cover is found by making one
+            probe = torch.zeros(1, 2, 4, dtype=torch.long, device=next(encoder.parameters()).device)
+            probe[:, 1] = 1  # 4 tokens, none masked
+            self._global_draws = draws_globally(self, lambda: self(probe))
 
     def train(self, mode: bool = True) -> HFBody:
         super().train(mode)
@@ -896,16 +913,11 @@ class HFBody(nn.Module):
 
     @property
     def global_draws(self) -> bool:
-        """Whether training draws from the global random generator: the encoder's own
-        dropout (its ``nn.Dropout`` modules and attention dropout are not the project's keyed
-        dropout, ``fedforget.dropout``), unless it is frozen (eval mode) or every rate is 0
-        [D]. Clients trained at once cannot share such draws out (``train.concurrent_clients``)."""
-        if self.frozen:
-            return False
-        cfg = getattr(self.encoder, "config", None)
-        rates = [getattr(cfg, k, 0.0) or 0.0 for k in ("hidden_dropout_prob", "attention_probs_dropout_prob",
-                                                      "dropout", "attention_dropout")]  # fmt: skip
-        return any(r > 0 for r in rates) or any(isinstance(m, nn.Dropout) and m.p > 0 for m in self.encoder.modules())
+        """Whether training draws from the global random generator: a training encoder whose
+        dropout is not all ``F.dropout`` and attention dropout (those are keyed), found when
+        the body is made by one training pass on a 4-token row (``dropout.draws_globally``).
+        Clients trained at once cannot share such draws out (``train.concurrent_clients``)."""
+        return self._global_draws
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3 or x.shape[1] != 2 or x.is_floating_point():
@@ -914,7 +926,9 @@ class HFBody(nn.Module):
                 f"got {x.dtype} {list(x.shape)} (prepare text datasets with their tokenizer)"
             )
         ids, mask = x[:, 0], x[:, 1]
-        out = self.encoder(input_ids=ids, attention_mask=mask)
+        keyed = self.draws is not None and self.draws.key is not None and self.training
+        with self.draws.routed() if keyed else contextlib.nullcontext():
+            out = self.encoder(input_ids=ids, attention_mask=mask)
         if self.pooling == "pooler":
             return out.pooler_output
         return pool_tokens(out[0], mask, self.pooling)  # out[0]: last hidden states [B, L, d]
