@@ -7,9 +7,9 @@ out: the same modules) and training settings. Written per reason and per config 
 how many of the runs trained one after another could train several clients at once on lanes
 (``train.concurrent_clients``): all but those whose model draws from the global generator in
 training (every registered method trains on lanes: tests/methods/test_concurrent_clients.py;
-a Hugging Face encoder's dropout is keyed since the sixth session of 2026-12-02, and the
-paper configs' hub encoders are checked on stand-ins of their architectures,
-``HUB_ARCHITECTURES``). Of the batched runs, which CUDA graphs
+a Hugging Face encoder's dropout is keyed since the sixth session of 2026-12-02; the
+paper configs' hub encoders are built from their published shapes, ``paper_runtime.HF_SHAPES``,
+randomly initialised: the same modules). Of the batched runs, which CUDA graphs
 their steps run in (``vectorized``): FedAvg's SGD steps with shared heads in graphs kept
 across rounds, and how many of those decay their lr (read from a tensor on a GPU since the
 fifth session of 2026-12-02: ``lr_on_device``); a method's terms, Adam or per-task heads in
@@ -24,39 +24,19 @@ import argparse
 import collections
 import json
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_rates import paper_runs  # noqa: E402  (benchmarks/model_rates.py: every paper run)
+from paper_runtime import HF_SHAPES, hf_offline  # noqa: E402  (the hub encoders' published shapes)
 
 from fedforget.methods import METHODS, make_params  # noqa: E402
 from fedforget.models import build_model  # noqa: E402
 from fedforget.trainers import choose_trainer, global_drawing_module  # noqa: E402
 from fedforget.vectorized import stacked_supported  # noqa: E402
-
-# [D] the hub encoders of the paper configs, by their transformers architecture: the trainer's
-# choice depends on the modules (buffers, dropout, its draws), not on the weights or the
-# widths, so a one-layer stand-in of the architecture's default config, randomly
-# initialised, is built in their place (no download)
-HUB_ARCHITECTURES = {"huawei-noah/TinyBERT_General_4L_312D": "bert", "distilbert-base-uncased": "distilbert"}
-
-
-def hub_stand_in(opts: dict, root: Path) -> dict:
-    """Model options for the stand-in of ``opts``'s hub encoder (``HUB_ARCHITECTURES``): its
-    architecture's default config with one layer, written under ``root``."""
-    from transformers import AutoConfig
-
-    kind = HUB_ARCHITECTURES[opts["name_or_path"]]
-    if not (root / kind).is_dir():
-        cfg = AutoConfig.for_model(kind)
-        cfg.num_hidden_layers = 1
-        cfg.save_pretrained(root / kind)
-    return {**opts, "name_or_path": str(root / kind), "pretrained": False}
 
 
 def graphs_kind(rc, model, params) -> str:
@@ -80,15 +60,15 @@ def coverage() -> dict:
     lanes = 0  # sequential runs whose model allows clients at once
     graphs: collections.Counter = collections.Counter()  # batched runs by graphs_kind
     per_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    stand_ins = Path(tempfile.mkdtemp(prefix="fedforget-coverage-"))
     for path, rc, shape, opts in paper_runs():
-        if rc.dataset.model == "hf" and opts["name_or_path"] not in HUB_ARCHITECTURES:
+        if rc.dataset.model == "hf" and opts["name_or_path"] not in HF_SHAPES:
             why = "a Hugging Face text model (not checked: built from a hub)"
         else:
             key = (rc.dataset.model, json.dumps(opts, sort_keys=True), shape)
-            if key not in models:
-                models[key] = build_model(rc.dataset.model, shape, 10, hub_stand_in(opts, stand_ins)
-                                          if rc.dataset.model == "hf" else opts)  # fmt: skip
+            if key not in models:  # a hub encoder: its published shapes (the same modules), random weights
+                hub = rc.dataset.model == "hf"
+                models[key] = hf_offline(opts["name_or_path"], shape, 10, opts) if hub else build_model(
+                    rc.dataset.model, shape, 10, opts)  # fmt: skip
             params = make_params(rc.method.name, dict(rc.method.params))
             trainer, why = choose_trainer(METHODS.get(rc.method.name), models[key], rc.train, torch.device("cuda"), params)
             why = None if trainer.name == "vectorized" else re.sub(r"experiment '[^']*'", "experiment <name>", why)
@@ -99,7 +79,6 @@ def coverage() -> dict:
         label = "batched" if why is None else why
         reasons[label] += 1
         per_file[path.stem][label] += 1
-    shutil.rmtree(stand_ins)
     total = sum(reasons.values())
     return {
         "setting": {"device": "cuda (the choice only)", "configs": "config/experiments/paper/*.yaml"},

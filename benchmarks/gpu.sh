@@ -59,11 +59,15 @@
 #   sims      the McMahan preset (Dirichlet 0.5, 1 epoch): sequential vs batched, and batched
 #             in bf16; FedProx, FedDyn and SCAFFOLD (per-step terms);
 #   stream    benchmarks/streaming.py: streamed vs in-memory pool, batched engine;
+#   hf        the paper configs' Hugging Face encoders (FedProj Table 2's TinyBERT, trained; FedGP
+#             Table 10's frozen DistilBERT; published shapes, random weights, synthetic tokens)
+#             one client after another against 4 lanes (a training encoder's dropout keyed since
+#             the sixth session of 2026-12-02: lanes allowed);
 #   rates     benchmarks/model_rates.py: FedAvg samples/s of every distinct (model, input
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit continual18 fedproj packing resnet18 rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit continual18 fedproj packing resnet18 hf rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -107,10 +111,11 @@ tests() {
 }
 lanes() {
     # the task-stream cases (frozen models per lane) and a few methods of the every-method
-    # contract (its whole run is the CPU suite's): the same bits on CUDA streams
+    # contract (its whole run is the CPU suite's), and a Hugging Face encoder's keyed dropout
+    # (its masks from a generator on the GPU): the same bits on CUDA streams
     (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
-        tests/methods/test_concurrent_clients.py -k "task_stream or fedavg or scaffold or fedgp or der or draw" \
-        >"$out/tests-lanes.txt" 2>&1)
+        tests/methods/test_concurrent_clients.py tests/test_models_hf.py \
+        -k "task_stream or fedavg or scaffold or fedgp or der or draw or at_once" >"$out/tests-lanes.txt" 2>&1)
     tail -3 "$out/tests-lanes.txt"
     box 75 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes 4 --preset resnet18 \
         --partition dirichlet0.5 --epochs 1 --rounds 4 --json "$out/resnet18-dir-e1-lanes4.json" | tee -a "$out/sim.txt"
@@ -234,19 +239,25 @@ stream() {
     box 60 python "$here/streaming.py" --device cuda --engine vectorized --threads 4 --rounds 5 \
         --json "$out/stream.json" | tee -a "$out/stream.txt"
 }
+hf() {
+    for n in 1 4; do
+        box 60 python "$here/model_rates.py" --device cuda --only hf --concurrent $n --steps 4 --warmup 1 --rounds 2 \
+            --json "$out/hf-rates-c$n.json" | tee -a "$out/rates.txt"
+    done
+}
 rates() {  # takes what is left of BUDGET, at most 150 s
     local left=$((BUDGET - (SECONDS - start) - 20))
     [ "$left" -gt 150 ] && left=150
     # the settings an earlier session measured on a GPU of the same name are not measured again
     local earlier=()
     shopt -s nullglob
-    earlier=("$here"/results/*/model_rates.json "$here"/results/*/run*/model_rates.json)
+    earlier=("$here"/results/*/model_rates.json "$here"/results/*/run*/model_rates.json "$out"/hf-rates-c[1].json)  # (a pattern: gone where absent)
     shopt -u nullglob
     [ "$left" -gt 30 ] && box $((left + 15)) python "$here/model_rates.py" --device cuda --budget "$left" \
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream rates " in
+    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -9,12 +9,16 @@ setting: samples/s (median over the timed rounds), seconds of the first round, t
 that ran, peak GPU memory, and how many runs of the paper configs use the setting (the
 order of measurement: most runs first, so a ``--budget`` cut leaves the rarest unmeasured,
 listed as such). Pretrained weights are not loaded (the same arithmetic; the lent GPU
-machine reaches no hub); Hugging Face text models and the 2-feature MLP (Iris) are left out
-(no image input; the MLP's runs take seconds on a CPU).
+machine reaches no hub): the paper configs' Hugging Face encoders are built from their
+published shapes (``paper_runtime.HF_SHAPES``) and timed on synthetic token sequences of
+the config's length (``build_tokens``); the 2-feature MLP (Iris) is left out (its runs take
+seconds on a CPU). ``--concurrent n``: clients that train one after another (a Hugging Face
+encoder) do so n at once on lanes (``train.concurrent_clients``; the same results).
 
     python benchmarks/model_rates.py --device cuda --budget 120 --json out.json
     python benchmarks/model_rates.py --device cuda --skip earlier.json --json more.json
     python benchmarks/model_rates.py --device cpu --only cnn_fedgp --steps 2 --rounds 1
+    python benchmarks/model_rates.py --device cuda --only hf --concurrent 4 --json lanes.json
 """
 
 from __future__ import annotations
@@ -24,20 +28,26 @@ import collections
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
-from fedforget.data import DATASETS, prepare_dataset
+from fedforget.data import DATASETS, DatasetInfo, prepare_dataset
+from fedforget.data.base import Arrays
 from fedforget.engine import Simulation, sample_clients
 from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from paper_runtime import HF_SHAPES, hf_config  # noqa: E402  (the hub encoders' published shapes)
+
 CLIENTS = 10
 
 
@@ -62,21 +72,62 @@ def paper_settings() -> list[dict]:
         count[(rc.dataset.model, json.dumps(opts, sort_keys=True), shape, rc.train.batch_size)] += 1
     out = []
     for (model, opts, shape, batch), runs in count.most_common():
-        if model == "hf" or len(shape) != 3 or shape[1] != shape[2]:
+        if model == "hf" and json.loads(opts)["name_or_path"] not in HF_SHAPES:
+            continue  # a hub encoder whose shapes are not known offline
+        if model != "hf" and (len(shape) != 3 or shape[1] != shape[2]):
             continue
         out.append({"model": model, "options": json.loads(opts), "shape": list(shape), "batch": batch, "paper_runs": runs})
     return out
 
 
+def build_tokens(num_train: int, num_test: int, length: int, vocab: int, seed: int = 0) -> Arrays:
+    """Token sequences in the project's text format (int64 [2, L]: ids, attention mask) for
+    timing text models without a download [D]: lengths uniform in [L/2, L], padding (id 0)
+    after, ids uniform over the vocabulary's upper part, 10 balanced labels; a step's time
+    depends on the shapes, not the words."""
+    rng = np.random.default_rng(seed)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        mask = (np.arange(length)[None] < rng.integers(length // 2, length + 1, size=(n, 1))).astype(np.int64)
+        ids = rng.integers(vocab // 2, vocab, size=(n, length)) * mask
+        return np.stack([ids, mask], axis=1), np.arange(n) % 10
+
+    return Arrays(*draw(num_train), *draw(num_test), [str(i) for i in range(10)])
+
+
+TOKENS = "bench_tokens"
+TOKENS_INFO = DatasetInfo(
+    name=TOKENS, description="synthetic token sequences for timing text models (benchmarks/model_rates.py)",
+    build=build_tokens, defaults={"num_train": 1000, "num_test": 100, "length": 128, "vocab": 30522, "seed": 0},
+    input_shape=lambda o: (2, int(o["length"])), num_classes=10, sizes=lambda o: (int(o["num_train"]), int(o["num_test"])),
+)  # fmt: skip
+if TOKENS not in DATASETS:  # registered in the benchmarks' process only (once, if this file is run again)
+    DATASETS.register(TOKENS)(TOKENS_INFO)
+
+
+def dataset_spec(s: dict, n: int, data: str) -> DatasetSpec:
+    """The setting's data: ``blobs`` images of its shape (uint8), or for a hub encoder token
+    sequences and its published shapes (``paper_runtime.HF_SHAPES``: a config written under
+    ``data``, randomly initialised weights)."""
+    if s["model"] != "hf":
+        c, size = s["shape"][0], s["shape"][1]
+        options = {"channels": c, "size": size, "num_train": n, "num_test": 100, "uint8": True}
+        return DatasetSpec("blobs", options, s["model"], s["options"], None, "blobs")
+    cfg = hf_config(s["options"]["name_or_path"], s["options"])
+    where = Path(data) / "hf" / s["options"]["name_or_path"].replace("/", "--")
+    cfg.save_pretrained(where)
+    model = {**s["options"], "name_or_path": str(where), "pretrained": False}
+    options = {"num_train": n, "num_test": 100, "length": s["shape"][1], "vocab": cfg.vocab_size}
+    return DatasetSpec(TOKENS, options, "hf", model, None, TOKENS)
+
+
 def run_config(s: dict, a: argparse.Namespace) -> RunConfig:
-    c, size = s["shape"][0], s["shape"][1]
-    n = CLIENTS * a.steps * s["batch"]
-    options = {"channels": c, "size": size, "num_train": n, "num_test": 100, "uint8": True}
-    ds = DatasetSpec("blobs", options, s["model"], s["options"], None, "blobs")
+    ds = dataset_spec(s, CLIENTS * a.steps * s["batch"], a.data)
     ts = TrainSpec(
         rounds=a.warmup + a.rounds + 1, local_epochs=1, batch_size=s["batch"], sample_rate=1.0,
         optimizer=OptimizerSpec(lr=0.01, momentum=0.9), eval_local_models=False, eval_every=10**9,
         device=a.device, threads=a.threads, client_engine="auto", checkpoint_every=10**9,
+        concurrent_clients=a.concurrent,
     )  # fmt: skip
     part = PartitionSpec("iid", clients=CLIENTS, seed=0)
     return RunConfig("rates", ds, part, MethodSpec("fedavg", {}, "fedavg"), 0, ts, a.data, os.path.join(a.data, "results"))
@@ -84,7 +135,7 @@ def run_config(s: dict, a: argparse.Namespace) -> RunConfig:
 
 def measure(s: dict, a: argparse.Namespace) -> dict:
     rc = run_config(s, a)
-    prepare_dataset("blobs", rc.dataset.options, a.data)  # before any timing
+    prepare_dataset(rc.dataset.name, rc.dataset.options, a.data)  # before any timing
     cuda = a.device.startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
@@ -127,6 +178,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds: start no setting after this")
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="train.concurrent_clients: clients at once on lanes where they train one after another")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-rates-data"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip", nargs="*", default=[],
@@ -166,7 +219,7 @@ def main() -> None:
                   f"(first {r['s_first_round']:.2f} s){mem}", flush=True)  # fmt: skip
         if a.json:  # after every setting: a cut run keeps what it measured
             meta = {"device": device, "torch": torch.__version__, "clients": CLIENTS, "steps": a.steps,
-                    "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads}  # fmt: skip
+                    "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
 
 

@@ -116,18 +116,27 @@ def forward_flops(model: torch.nn.Module, shape: tuple[int, ...], text: bool) ->
     return counter.get_total_flops() / 2
 
 
-def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options: dict[str, Any]) -> torch.nn.Module:
-    """The ``hf`` model built from ``HF_SHAPES`` (no hub), with the config's overrides."""
-    from transformers import AutoModel, BertConfig, DistilBertConfig
-
-    from fedforget.models import Classifier, HFBody
+def hf_config(name_or_path: str, options: dict[str, Any]):
+    """The transformers config of a hub encoder from its published shapes (``HF_SHAPES``),
+    with the run's ``config`` overrides: no hub call."""
+    from transformers import BertConfig, DistilBertConfig
 
     if name_or_path not in HF_SHAPES:
         raise KeyError(f"no shapes known offline for {name_or_path!r} (add it to HF_SHAPES)")
     kind, dims = HF_SHAPES[name_or_path]
-    cfg = (BertConfig if kind == "bert" else DistilBertConfig)(**dims, **dict(options.get("config") or {}))
-    width = cfg.hidden_size if kind == "bert" else cfg.dim
-    return Classifier(HFBody(AutoModel.from_config(cfg), options.get("pooling", "cls"), False), width, classes)
+    return (BertConfig if kind == "bert" else DistilBertConfig)(**dims, **dict(options.get("config") or {}))
+
+
+def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options: dict[str, Any]) -> torch.nn.Module:
+    """The ``hf`` model built from ``HF_SHAPES`` (no hub), with the config's overrides,
+    pooling and frozen encoder; randomly initialised."""
+    from transformers import AutoModel
+
+    from fedforget.models import Classifier, HFBody
+
+    cfg = hf_config(name_or_path, options)
+    frozen = bool(options.get("freeze_encoder", False))
+    return Classifier(HFBody(AutoModel.from_config(cfg), options.get("pooling", "cls"), frozen), cfg.hidden_size, classes)
 
 
 _FLOPS: dict[str, tuple[float, str]] = {}

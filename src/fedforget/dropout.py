@@ -28,8 +28,9 @@ the identity.
 The models that declared torch's dropout (``cnn_fedgp``) use this since issue 32: their
 results changed once (other masks than torch's generator gave), and their clients can now
 train stacked. A module written with torch's dropout calls (a Hugging Face encoder) has its
-calls routed to keyed masks (``KeyedCalls``) since the sixth session of 2026-12-02: its
-results changed once too, and its clients can train at once on lanes.
+calls routed to keyed masks (``KeyedCalls``: one client after another, from a generator of
+the device seeded per call, not the hash) since the sixth session of 2026-12-02: its results
+changed once too, and its clients can train at once on lanes.
 """
 
 from __future__ import annotations
@@ -54,10 +55,12 @@ _RANGE = 1 << 31  # keyed_uniform_ints draws integers in [0, 2^31)
 class DropoutKey:
     """What a keyed module draws its masks from in a step: the clients' keys of the round
     (int64: one client's, 0-dim, or a stack's, [G]) and the local step (an int, or an int64
-    0-dim tensor that a captured CUDA graph reads)."""
+    0-dim tensor that a captured CUDA graph reads); ``host``: one client's key as a Python
+    int too, where the trainer has it (one client after another: ``KeyedCalls``' seeds)."""
 
     clients: torch.Tensor
     step: int | torch.Tensor
+    host: int | None = None
 
 
 class KeyedDropout(nn.Module):
@@ -104,19 +107,42 @@ class KeyedCalls(KeyedDropout):
     """The keyed draws of a module written with torch's dropout calls [D]: a Hugging Face
     encoder, whose ``nn.Dropout`` modules and attention call ``F.dropout`` (its eager
     attention) or ``F.scaled_dot_product_attention`` with ``dropout_p`` (its sdpa attention).
-    Inside ``routed()``, in a keyed step, each such call in training draws its mask as a
-    ``KeyedDropout`` of the call's rate would, its salt the call's number in the step (so
-    the masks are the module's whatever else the step draws), and attention with dropout is
-    computed by its definition: softmax(q k^T scale + mask), times the keyed mask, times v
-    (torch's fused kernels draw from the global generator). Outside a keyed step, or with
-    dropout off, every call is torch's own. Draws of any other kind (``torch.bernoulli``,
-    ``torch.rand``) stay torch's: ``draws_globally`` tells whether a module makes any."""
+    Inside ``routed()``, in a keyed step, each such call in training draws a mask keyed by
+    the client, the step and the call's number in the step (so the masks are the module's
+    whatever else the step draws), and attention with dropout is computed by its
+    definition: softmax(q k^T scale + mask), times the keyed mask, times v (torch's fused
+    kernels draw from the global generator). Outside a keyed step, or with dropout off,
+    every call is torch's own. Draws of any other kind (``torch.bernoulli``, ``torch.rand``)
+    stay torch's: ``draws_globally`` tells whether a module makes any.
+
+    [D] Where the key has the client's key on the host (``DropoutKey.host``: one client after
+    another, lanes included), a call's mask is ``torch.rand`` of a generator on the
+    activation's device seeded by ``torch_seed(host, step, call salt, DROPOUT_STREAM)``: the
+    same masks for a client alone or on a lane, on one kind of device (a CPU's and a GPU's
+    generators differ). The counter-based hash of ``keep_mask`` (the same on every device)
+    costs some twenty int64 operations per element, which for a transformer's attention
+    masks ([B, heads, L, L] per layer) is more arithmetic than the layer's own; without a
+    host key the hash is used."""
 
     def __init__(self) -> None:
         super().__init__(p=1.0)  # a stand-in > 0 (keyed_modules lists the module); each call has its own rate
 
     def extra_repr(self) -> str:
         return "F.dropout and attention dropout"
+
+    def draw(self, shape: Sequence[int], dtype: torch.dtype, p: float | None = None) -> torch.Tensor:
+        key = self.key
+        assert key is not None and p is not None
+        if key.host is None or not isinstance(key.step, int):
+            return super().draw(shape, dtype, p)
+        salt = 1 + (self.layer << 12) + self.calls
+        self.calls += 1
+        if p >= 1:
+            return torch.zeros(tuple(shape), dtype=dtype, device=key.clients.device)
+        gen = torch.Generator(device=key.clients.device)
+        gen.manual_seed(torch_seed(key.host, key.step, salt, DROPOUT_STREAM))
+        u = torch.rand(tuple(shape), generator=gen, device=key.clients.device)
+        return (u >= p).to(dtype) * (1.0 / (1.0 - p))
 
     def routed(self) -> _Routed:
         return _Routed(self)
@@ -165,7 +191,7 @@ def draws_globally(module: nn.Module, run: Callable[[], object]) -> bool:
     are put back, and no gradient is taken."""
     keyed = keyed_modules(module)
     state, mode = torch.get_rng_state(), module.training
-    set_dropout_key(keyed, DropoutKey(torch.tensor(0), 0))
+    set_dropout_key(keyed, DropoutKey(torch.tensor(0), 0, host=0))
     try:
         module.train()
         with torch.no_grad():

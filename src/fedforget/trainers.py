@@ -249,7 +249,8 @@ class LocalTrainer:
         self.enter_task(ctx)
         method.client_begin(ctx)
         loss_sum = torch.zeros((), device=self.device)
-        key = host_to_device(torch.tensor(client_key(self.seed, rnd, cid)), self.device) if self.dropout else None
+        host = client_key(self.seed, rnd, cid)
+        key = host_to_device(torch.tensor(host), self.device) if self.dropout else None
         ahead = self.clients.x.read_ahead
         for chunks in self.epoch_orders(cid, rnd, len(view), host=ahead):
             chunks = chunks[: ctx.epoch_steps]  # a method may cut the epoch short
@@ -258,7 +259,7 @@ class LocalTrainer:
             batches = prefetched(view.batch, chunks) if ahead else map(view.batch, chunks)
             for x, y, ctx.logit_mask in batches:
                 if key is not None:  # this step's masks (fedforget.dropout)
-                    set_dropout_key(self.dropout, DropoutKey(key, ctx.steps))
+                    set_dropout_key(self.dropout, DropoutKey(key, ctx.steps, host))
                 opt.zero_grad(set_to_none=True)
                 with self.autocast():  # the step's forward passes (and their backward)
                     loss = method.client_step(ctx, x, y)
