@@ -294,21 +294,27 @@ def test_frozen_encoder_run_trains_the_head_only_and_is_not_batched(make_run_con
 def test_clients_at_once_train_as_one_after_another(make_run_config, monkeypatch) -> None:
     """``train.concurrent_clients``: a training encoder (its dropout keyed) and a frozen one
     train their clients at once with the bits of one after another, FedSOL's two passes a
-    step included; an encoder whose dropout could not be keyed (here: routing switched off,
+    step and FedProj Table 2's methods (FedProj, FedDF, FedET) included; an encoder whose dropout could not be keyed (here: routing switched off,
     as for an architecture with draws of another kind) stops the job before training,
     naming the setting."""
     rc = make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=2, batch_size=8,
                          partition=PartitionSpec("iid", clients=4, seed=0), concurrent_clients=2)  # fmt: skip
     frozen = replace(rc, dataset=replace(rc.dataset, model_options={**TINY, "freeze_encoder": True}))
-    fedsol = make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=1, batch_size=8, method="fedsol",
-                             params={"perturb": "all"}, partition=PartitionSpec("iid", clients=4, seed=0))  # fmt: skip
-    for run in (rc, frozen, fedsol):
-        sims = [Simulation(replace(run, train=replace(run.train, concurrent_clients=n))) for n in (1, 2)]
-        assert [len(s.trainer.lanes) for s in sims] == [1, 2]
-        for sim in sims:
-            status, _, msg = sim.run(progress=False)
+    others = [  # FedSOL's two passes a step; FedProj Table 2's methods (a public set)
+        make_run_config(dataset=TEXT, model="hf", model_options=TINY, rounds=1, batch_size=8, method=method,
+                        params=params, public=PUBLIC, partition=PartitionSpec("iid", clients=4, seed=0))
+        for method, params in (("fedsol", {"perturb": "all"}), ("fedproj", {"memory_batch_size": 8}), ("feddf", {}),
+                               ("fedet", {}))
+    ]  # fmt: skip
+    for run in (rc, frozen, *others):
+        sims = []
+        for n in (1, 2):  # each built, then run (the engine seeds torch's generator when it builds: the
+            # server's distillation in training mode draws from it, outside the keyed steps)
+            sims.append(Simulation(replace(run, train=replace(run.train, concurrent_clients=n))))
+            assert len(sims[-1].trainer.lanes) == n
+            status, _, msg = sims[-1].run(progress=False)
             assert status == "completed", msg
-        assert all(torch.equal(v, sims[1].global_params[k]) for k, v in sims[0].global_params.items())
+        assert all(torch.equal(v, sims[1].global_params[k]) for k, v in sims[0].global_params.items()), run.method
     monkeypatch.setattr(KeyedCalls, "routed", lambda self: contextlib.nullcontext())
     with pytest.raises(FedForgetError, match=r"concurrent_clients=2: module HFBody .*global random generator"):
         Simulation(rc)
