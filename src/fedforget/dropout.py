@@ -187,20 +187,28 @@ class _Routed(TorchFunctionMode):
 
 def draws_globally(module: nn.Module, run: Callable[[], object]) -> bool:
     """Whether ``run()`` (a forward pass of ``module`` in training, its keyed modules keyed)
-    draws from torch's global generator on the host [D]; the generator and the module's mode
-    are put back, and no gradient is taken."""
+    draws from torch's global generators (the host's, and the GPU's where ``module`` is on
+    one) [D]; the generators and the module's mode are put back, and no gradient is taken."""
     keyed = keyed_modules(module)
-    state, mode = torch.get_rng_state(), module.training
-    set_dropout_key(keyed, DropoutKey(torch.tensor(0), 0, host=0))
+    dev = next(module.parameters()).device
+    cuda = dev.type == "cuda"
+
+    def states() -> list[torch.Tensor]:
+        return [torch.get_rng_state(), *([torch.cuda.get_rng_state(dev)] if cuda else [])]
+
+    before, mode = states(), module.training
+    set_dropout_key(keyed, DropoutKey(torch.tensor(0, device=dev), 0, host=0))
     try:
         module.train()
         with torch.no_grad():
             run()
-        return not torch.equal(state, torch.get_rng_state())
+        return not all(torch.equal(a, b) for a, b in zip(before, states(), strict=True))
     finally:
         set_dropout_key(keyed, None)
         module.train(mode)
-        torch.set_rng_state(state)
+        torch.set_rng_state(before[0])
+        if cuda:
+            torch.cuda.set_rng_state(before[1], dev)
 
 
 def keep_mask(key: DropoutKey, salt: int, shape: Sequence[int], p: float, dtype: torch.dtype) -> torch.Tensor:
