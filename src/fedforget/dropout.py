@@ -91,9 +91,13 @@ class KeyedDropout(nn.Module):
         activations of ``shape`` [B, ...] per client, at rate ``p`` (default: the module's);
         counts the call."""
         assert self.key is not None
+        return keep_mask(self.key, self.next_salt(), self.mask_shape(shape), self.p if p is None else p, dtype)
+
+    def next_salt(self) -> int:
+        """This call's salt: the module's index and its call count in the step; counts the call."""
         salt = 1 + (self.layer << 12) + self.calls
         self.calls += 1
-        return keep_mask(self.key, salt, self.mask_shape(shape), self.p if p is None else p, dtype)
+        return salt
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
@@ -135,8 +139,7 @@ class KeyedCalls(KeyedDropout):
         assert key is not None and p is not None
         if key.host is None or not isinstance(key.step, int):
             return super().draw(shape, dtype, p)
-        salt = 1 + (self.layer << 12) + self.calls
-        self.calls += 1
+        salt = self.next_salt()
         if p >= 1:
             return torch.zeros(tuple(shape), dtype=dtype, device=key.clients.device)
         gen = torch.Generator(device=key.clients.device)

@@ -249,8 +249,8 @@ class LocalTrainer:
         self.enter_task(ctx)
         method.client_begin(ctx)
         loss_sum = torch.zeros((), device=self.device)
-        host = client_key(self.seed, rnd, cid)
-        key = host_to_device(torch.tensor(host), self.device) if self.dropout else None
+        host = client_key(self.seed, rnd, cid) if self.dropout else None
+        key = host_to_device(torch.tensor(host), self.device) if host is not None else None
         ahead = self.clients.x.read_ahead
         for chunks in self.epoch_orders(cid, rnd, len(view), host=ahead):
             chunks = chunks[: ctx.epoch_steps]  # a method may cut the epoch short
