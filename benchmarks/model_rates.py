@@ -14,11 +14,16 @@ published shapes (``paper_runtime.HF_SHAPES``) and timed on synthetic token sequ
 the config's length (``build_tokens``); the 2-feature MLP (Iris) is left out (its runs take
 seconds on a CPU). ``--concurrent n``: clients that train one after another (a Hugging Face
 encoder) do so n at once on lanes (``train.concurrent_clients``; the same results).
+``--feature-cache``: a frozen encoder's features kept per row (``on``, the model's default:
+``fedforget.featcache``; the first round computes them, the timed rounds read them), computed
+in every pass (``off``), or ``both``: the frozen-encoder settings alone, each measured both
+ways, one row per way (``options.feature_cache`` in the row).
 
     python benchmarks/model_rates.py --device cuda --budget 120 --json out.json
     python benchmarks/model_rates.py --device cuda --skip earlier.json --json more.json
     python benchmarks/model_rates.py --device cpu --only cnn_fedgp --steps 2 --rounds 1
     python benchmarks/model_rates.py --device cuda --only hf --concurrent 4 --json lanes.json
+    python benchmarks/model_rates.py --device cpu --only hf --feature-cache both --steps 1 --json cache.json
 """
 
 from __future__ import annotations
@@ -180,6 +185,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="train.concurrent_clients: clients at once on lanes where they train one after another")
+    ap.add_argument("--feature-cache", choices=("on", "off", "both"), default="on",
+                    help="a frozen encoder's features kept per row (on: the default), computed every pass "
+                         "(off), or both ways (the frozen-encoder settings alone)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-rates-data"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip", nargs="*", default=[],
@@ -196,7 +204,12 @@ def main() -> None:
             continue
         done |= {_key(r) for r in earlier["rows"] if "error" not in r}
     start, rows = time.perf_counter(), []
-    for s in paper_settings():
+    settings = paper_settings()
+    if a.feature_cache != "on":  # the settings it changes, each with the cache off (and on: both)
+        ways = [True, False] if a.feature_cache == "both" else [False]
+        settings = [{**s, "options": {**s["options"], "feature_cache": w}} for s in settings
+                    if s["model"] == "hf" and s["options"].get("freeze_encoder") for w in ways]  # fmt: skip
+    for s in settings:
         if a.only and s["model"] not in a.only:
             continue
         if _key(s) in done:
@@ -219,7 +232,8 @@ def main() -> None:
                   f"(first {r['s_first_round']:.2f} s){mem}", flush=True)  # fmt: skip
         if a.json:  # after every setting: a cut run keeps what it measured
             meta = {"device": device, "torch": torch.__version__, "clients": CLIENTS, "steps": a.steps,
-                    "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent}  # fmt: skip
+                    "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent,
+                    "feature_cache": a.feature_cache}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
 
 

@@ -14,7 +14,7 @@ in the body's forward (``models.HFBody``), so no trainer or method knows of it.
   YahooQA, about 1e-16 that any pair does). Computed on the device, no per-row Python; a
   lookup is one ``searchsorted`` over the sorted keys.
 - **Determinism**: the rows a call meets for the first time are computed in chunks of exactly
-  ``CHUNK`` rows (the last padded with copies of its first row), so a row's features are a
+  ``CHUNK`` rows (32; the last padded with copies of its first row), so a row's features are a
   function of its content alone [D], not of which rows shared its batch: the same in either
   trainer, whatever order the clients train in, on lanes or not, and wherever the row is
   first met. (Without the cache a row's features came from the batch it was in; on this
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-CHUNK = 64  # [D] the rows of every first computation (a fixed shape: see the module's doc)
+CHUNK = 32  # [D] the rows of every first computation (a fixed shape: see the module's doc; the papers' usual batch, or a divisor of it)
 _P = (1 << 31) - 1  # the hashes' prime modulus
 _HASH_SEED = 0x46454154  # the coefficients' generator seed (fixed: keys are a function of rows alone)
 
