@@ -62,7 +62,8 @@
 #   hf        the paper configs' Hugging Face encoders (FedProj Table 2's TinyBERT, trained; FedGP
 #             Table 10's frozen DistilBERT; published shapes, random weights, synthetic tokens)
 #             one client after another against 4 lanes (a training encoder's dropout keyed since
-#             the sixth session of 2026-12-02: lanes allowed);
+#             the sixth session of 2026-12-02: lanes allowed), and the frozen one's features
+#             computed in every pass against kept (fedforget.featcache);
 #   rates     benchmarks/model_rates.py: FedAvg samples/s of every distinct (model, input
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
@@ -247,6 +248,9 @@ hf() {
         box 60 python "$here/model_rates.py" --device cuda --only hf --concurrent $n --steps 4 --warmup 1 --rounds 2 \
             --json "$out/hf-rates-c$n.json" | tee -a "$out/rates.txt"
     done
+    # the frozen encoder's features computed in every pass (fedforget.featcache off), against c1's
+    box 40 python "$here/model_rates.py" --device cuda --only hf --feature-cache off --steps 4 --warmup 1 --rounds 2 \
+        --json "$out/hf-rates-nocache.json" | tee -a "$out/rates.txt"
 }
 rates() {  # takes what is left of BUDGET, at most 150 s
     local left=$((BUDGET - (SECONDS - start) - 20))

@@ -28,6 +28,14 @@ The terms:
   when the hub cannot be reached.
 * The factor 3: a training step is one forward pass and one backward pass of about twice the
   forward's FLOPs. It is 1 for a frozen encoder (``freeze_encoder``), whose head alone trains.
+* A frozen encoder with its features kept (``feature_cache``, the ``hf`` model's default since
+  the seventh session of 2026-12-02) runs once per distinct row of the run instead:
+
+      FLOPs = F x (training rows of every task + test rows) + rounds x (3 F_h x S x m + F_h x E)
+
+  with F_h the head's forward FLOPs per input (2 x hidden x classes). Such a run's time is
+  then bound by its local steps (``local_steps`` in the JSON), which this FLOP model does not
+  count: read its hours as the encoder's share only.
 * S: training inputs per round. That is sample rate x the rows of a task x local epochs. A
   split stream's task holds its classes' share of the rows; a domain stream's task holds
   every row.
@@ -135,8 +143,9 @@ def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options:
     from fedforget.models import Classifier, HFBody
 
     cfg = hf_config(name_or_path, options)
-    frozen = bool(options.get("freeze_encoder", False))
-    return Classifier(HFBody(AutoModel.from_config(cfg), options.get("pooling", "cls"), frozen), cfg.hidden_size, classes)
+    frozen, cache = bool(options.get("freeze_encoder", False)), bool(options.get("feature_cache", True))
+    body = HFBody(AutoModel.from_config(cfg), options.get("pooling", "cls"), frozen, cache)
+    return Classifier(body, cfg.hidden_size, classes)
 
 
 _FLOPS: dict[str, tuple[float, str]] = {}
@@ -149,8 +158,10 @@ def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], clas
         opts = {k: v for k, v in options.items() if k != "pretrained"}
         if "pretrained" in options or name in ("hf", "vit", "resnet18_imagenet"):
             opts["pretrained"] = False
+        if name == "hf":  # the encoder's own FLOPs per input (a kept feature is read, not counted)
+            opts["feature_cache"] = False
         if name == "hf" and str(options.get("name_or_path")) in HF_SHAPES:  # no hub call for known shapes
-            model, how = hf_offline(str(options["name_or_path"]), shape, classes, options), "counted (published shapes)"
+            model, how = hf_offline(str(options["name_or_path"]), shape, classes, opts), "counted (published shapes)"
         else:
             model, how = build_model(name, shape, classes, opts), "counted"
         _FLOPS[key] = forward_flops(model, shape, name == "hf"), how
@@ -239,17 +250,29 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
                              rc.partition.clients, tasks)  # fmt: skip
         m *= here / target_replay({}, **COST_SETTING)
-    batched = (
-        t.client_engine in ("auto", "vectorized") and not t.engine_pairing
+    batched = (  # a Hugging Face encoder trains one client after another (engine_coverage.py: its buffers)
+        t.client_engine in ("auto", "vectorized") and not t.engine_pairing and rc.dataset.model != "hf"
         and method_not_vectorized(METHODS.get(rc.method.name), t.optimizer.name, t.drop_last,
                                   make_params(rc.method.name, rc.method.params)) is None
     )  # fmt: skip
     engine = "vectorized" if batched else "sequential"
     # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input
-    passes = 1 if (rc.dataset.model_options or {}).get("freeze_encoder") else 3
+    opts = rc.dataset.model_options or {}
+    passes = 1 if opts.get("freeze_encoder") else 3
     flops = t.rounds * (passes * f * train * (m or 1.0) + f * evals)
+    if rc.dataset.model == "hf" and opts.get("freeze_encoder") and opts.get("feature_cache", True):
+        # its features kept: the encoder once per distinct row, the head's steps every round
+        sc = rc.dataset.scenario or {}
+        tasks = int(sc.get("tasks", 1))
+        split = sc.get("kind") == "split"
+        distinct = rows * tasks + n_test * (1 if split else tasks)
+        width = hf_config(str(opts["name_or_path"]), opts).hidden_size if opts.get("name_or_path") in HF_SHAPES else None
+        f_head = 2.0 * (width or 0) * info.num_classes
+        flops = f * distinct + t.rounds * (3 * f_head * train * (m or 1.0) + f_head * evals)
+    steps = t.rounds * t.local_epochs * math.ceil(t.sample_rate * rc.partition.clients) * math.ceil(
+        rows / rc.partition.clients / t.batch_size)
     return {"seconds": flops / rate[engine], "flops": flops, "engine": engine, "measured_m": m is not None,
-            "model": rc.dataset.model, "flops_how": how}  # fmt: skip
+            "model": rc.dataset.model, "flops_how": how, "local_steps": steps}  # fmt: skip
 
 
 def load(path: str) -> dict[str, Any]:
@@ -279,6 +302,7 @@ def main() -> None:
             "gpu_hours": sum(e["seconds"] for e in est) / 3600, "floor_hours": flops / FP32_PEAK / 3600,
             "models": sorted({e["model"] for e in est}), "sequential_runs": sum(e["engine"] == "sequential" for e in est),
             "unmeasured_methods": sorted({rc.method.name for rc, e in zip(runs, est) if not e["measured_m"]}),
+            "local_steps": sum(e["local_steps"] for e in est),
         })  # fmt: skip
         r = rows[-1]
         print(f"{r['config']:<32} {r['runs']:>5} runs {r['pflop']:>10.1f} PFLOP  measured-rate {hours(r['gpu_hours']):>10}  "
