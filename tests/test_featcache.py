@@ -96,6 +96,8 @@ def test_hooks_and_transforms_run_the_encoder_itself() -> None:
         assert torch.equal(m(x), plain(x))
     h.remove()
     assert len(calls) == 2 and m.body.cache.computed == 0
+    with pytest.raises(RuntimeError, match="0 elements"):  # no rows: the encoder's own answer, as without
+        m(x[:0])
     assert torch.func.vmap(lambda _: torch.tensor(FeatureCache.bypassed([])))(torch.zeros(2)).all()
     assert not FeatureCache.bypassed(list(m.body.encoder.modules()))
 

@@ -932,7 +932,7 @@ class HFBody(nn.Module):
                 f"model 'hf' takes token ids and attention masks as one integer tensor [B, 2, L]; "
                 f"got {x.dtype} {list(x.shape)} (prepare text datasets with their tokenizer)"
             )
-        if self.cache is not None:
+        if self.cache is not None and len(x):
             modules = list(self.encoder.modules())
             if not FeatureCache.bypassed(modules):
                 state = [*self.encoder.parameters(), *self.encoder.buffers()]
