@@ -277,20 +277,35 @@ def test_head_and_feature_methods_run_on_a_hf_encoder(make_run_config, method, p
     assert 0 <= rows[-1]["global_model_test_acc"] <= 1 and rows[-1]["global_model_test_loss"] > 0
 
 
-def test_frozen_encoder_run_trains_the_head_only_and_is_not_batched(make_run_config) -> None:
-    rc = make_run_config(dataset=TEXT, model="hf", model_options={**TINY, "freeze_encoder": True}, rounds=1,
-                         batch_size=8, partition=PartitionSpec("iid", clients=2, seed=0))  # fmt: skip
-    with pytest.raises(
-        FedForgetError, match="client_engine='vectorized' is not possible here: the model has"
-    ):
-        Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized")))
-    sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")))
-    assert sim.engine_info["client_engine"] == "sequential"
-    before = {k: v.clone() for k, v in sim.global_params.items()}
-    status, rows, msg = sim.run(progress=False)
-    assert status == "completed", msg
-    changed = {k for k, v in sim.global_params.items() if not torch.equal(v, before[k])}
-    assert changed == {"head.weight", "head.bias"}
+BATCHED = [("fedavg", {}), ("fedprox", {"mu": 0.1}), ("der", {"buffer_size": 8, "alpha": 1.0}),
+           ("agem", {"buffer_size": 8}), ("fedgp", {"base": "der", "base_params": {"buffer_size": 8, "alpha": 1.0}})]  # fmt: skip
+
+
+@pytest.mark.parametrize("method,params", BATCHED, ids=[m for m, _ in BATCHED])
+def test_a_frozen_encoder_trains_its_clients_batched_as_one_after_another(make_run_config, method, params) -> None:
+    """A frozen encoder is one feature map for every client: the batched engine runs it once
+    over all the stack's rows and trains the clients' heads stacked (FedGP Table 10's
+    methods, and FedProx's per-step term), within 1e-6 of one client after another, the
+    encoder untouched; ``auto`` takes it. A training encoder is refused, saying why."""
+    opts = {**TINY, "freeze_encoder": True}
+    rc = make_run_config(dataset=TEXT, model="hf", model_options=opts, rounds=2, batch_size=8, method=method,
+                         params=params, partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=0))  # fmt: skip
+    sims = {}
+    for engine in ("sequential", "vectorized", "auto"):
+        sims[engine] = Simulation(replace(rc, train=replace(rc.train, client_engine=engine)))
+    assert sims["auto"].engine_info["client_engine"] == "vectorized"
+    before = {k: v.clone() for k, v in sims["sequential"].global_params.items()}
+    for engine in ("sequential", "vectorized"):
+        status, rows, msg = sims[engine].run(progress=False)
+        assert status == "completed", msg
+    seq, vec = sims["sequential"].global_params, sims["vectorized"].global_params
+    assert {k for k, v in seq.items() if not torch.equal(v, before[k])} == {"head.weight", "head.bias"}
+    assert all(torch.equal(v, before[k]) for k, v in vec.items() if not k.startswith("head."))
+    assert all(torch.allclose(v, seq[k], atol=1e-6) for k, v in vec.items()), method
+    if method == "fedavg":
+        trained = replace(rc, dataset=replace(rc.dataset, model_options=TINY))
+        with pytest.raises(FedForgetError, match="vectorized' is not possible here: a training Hugging Face encoder"):
+            Simulation(replace(trained, train=replace(trained.train, client_engine="vectorized")))
 
 
 def test_a_frozen_encoders_features_are_computed_once_per_row(make_run_config, tokenizer) -> None:

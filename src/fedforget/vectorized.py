@@ -8,7 +8,9 @@ or Adam, as ``torch.optim.Adam``: ``adam_update_``) runs on the stacked tensors.
 - ``stacked_forward`` (used when every module of the model is one it knows: Conv1d/Conv2d,
   Linear, ReLU/Tanh/Sigmoid/GELU, max/avg pooling, Flatten, Identity, nested Sequential,
   BatchNorm2d, GroupNorm, the ResNets' ``ResNetBody`` and ``BasicBlock``, the ``Classifier``
-  wrapper): each layer written once for G clients, with plain autograd. Convolutions keep the
+  wrapper, a frozen Hugging Face encoder, ``HFBody``, run once over every client's rows: the
+  same map for all, its features kept per row, ``fedforget.featcache``, its parameters and
+  constant buffers not stacked): each layer written once for G clients, with plain autograd. Convolutions keep the
   clients in the channel dimension, [B, G*C, ...], and run as one grouped convolution
   (groups = G x the layer's groups); ReLU, pooling, BatchNorm (per channel: each client's
   statistics over its own rows) and GroupNorm (G x its groups) act on that layout as it is;
@@ -97,6 +99,7 @@ from .methods.base import (
 from .models import (
     BasicBlock,
     Classifier,
+    HFBody,
     LocalitySelfAttention,
     Resize,
     ResNetBody,
@@ -121,10 +124,18 @@ def method_not_vectorized(
     return None
 
 
+def fixed_buffers(model: nn.Module) -> set[str]:
+    """The buffers of ``model``'s frozen Hugging Face encoders (``HFBody.frozen``: constants
+    such as HF's position ids, the same for every client): not stacked, not per client."""
+    return {f"{name}.{b}" if name else b for name, m in model.named_modules()
+            if isinstance(m, HFBody) and m.frozen for b, _ in m.named_buffers()}  # fmt: skip
+
+
 def unstacked_buffers(model: nn.Module) -> str | None:
     """None if every buffer of ``model`` is one the stacked path keeps per client (BatchNorm's
-    running statistics with an exponential ``momentum``), else why not."""
-    owners = {n for n, _ in model.named_buffers()}
+    running statistics with an exponential ``momentum``) or a frozen encoder's constant
+    (``fixed_buffers``), else why not."""
+    owners = {n for n, _ in model.named_buffers()} - fixed_buffers(model)
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
             if m.momentum is None:
@@ -139,6 +150,9 @@ def why_not_vectorized(
     method_cls: type, model: nn.Module, optimizer_name: str, drop_last: bool = False, params: object = None
 ) -> str | None:
     """None if clients can be trained together, else the reason (recorded in run.json)."""
+    if any(isinstance(m, HFBody) and not m.frozen for m in model.modules()):
+        return ("a training Hugging Face encoder (HFBody; the batched path runs a frozen one only, once over "
+                "every client's rows): one client after another, or several at once on lanes (train.concurrent_clients)")  # fmt: skip
     bad = unstacked_buffers(model)
     if bad is not None:
         return bad
@@ -147,7 +161,9 @@ def why_not_vectorized(
             if method_cls.trait(trait, params) and method_cls.trait("stacked", params):
                 return (f"per-task heads with method '{method_cls.name}''s {what} ({trait}: written for one "
                         "head, not routed per task in the batched path)")  # fmt: skip
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+    # a frozen encoder's modules stay in eval mode (HFBody.train): its dropout never draws
+    inert = {id(x) for m in model.modules() if isinstance(m, HFBody) and m.frozen for x in m.modules()}
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in inert for m in model.modules()):
         return (
             "the model has torch's dropout (its draws would differ from one client alone; "
             "fedforget.dropout.KeyedDropout draws the same in both trainers)"
@@ -226,6 +242,8 @@ def stacked_supported(module: nn.Module) -> str | None:
         return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
     if type(module) is LocalitySelfAttention:
         return next((bad for c in (module.qkv, module.out) if (bad := stacked_supported(c)) is not None), None)
+    if isinstance(module, HFBody):  # frozen: one feature map for every client (_stacked)
+        return None if module.frozen else "HFBody"
     if type(module) in (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm):
         return None
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
@@ -314,6 +332,11 @@ def _stacked(
     if isinstance(module, Classifier):  # Classifier.forward: head(body(x))
         h, layout = _stacked(module.body, p, h, g, prefix + "body.", layout)
         return _stacked(module.head, p, h, g, prefix + "head.", layout)
+    if isinstance(module, HFBody):  # [D] frozen (stacked_supported): the same map for every client, so
+        # the module itself over all clients' rows at once (its features kept per row: featcache)
+        h = _relayout(h, layout, GB, g)
+        f = module(h.reshape(-1, *h.shape[2:]))
+        return f.view(g, -1, *f.shape[1:]), GB
     if isinstance(module, nn.Sequential):
         for name, child in module.named_children():
             h, layout = _stacked(child, p, h, g, f"{prefix}{name}.", layout)
@@ -646,9 +669,12 @@ def train_clients_together(
     # of the stack is in the active task (per-task heads need synchronous boundaries)
     heads = model.head if isinstance(getattr(model, "head", None), TaskHeads) else None
     idle = {f"head.heads.{t}." for t in range(len(heads.heads)) if t != heads.active} if heads is not None else set()
-    names = [k for k, _ in model.named_parameters() if not any(k.startswith(h) for h in idle)]
+    # the parameters that train: a frozen encoder's (requires_grad False) are not stacked, and
+    # each client's result keeps the global ones, as a client alone leaves them
+    names = [k for k, q in model.named_parameters() if q.requires_grad and not any(k.startswith(h) for h in idle)]
     # BatchNorm's running statistics (unstacked_buffers): per client, [G, ...], updated in place
-    buffer_names = [k for k, _ in model.named_buffers()]
+    fixed = fixed_buffers(model)
+    buffer_names = [k for k, _ in model.named_buffers() if k not in fixed]
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
     # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
     # threads: McMahan CNN, 10 clients x 32 rows, 131 ms batched vs 114 ms one by one, x 4
@@ -689,6 +715,8 @@ def train_clients_together(
     # step shape met at least SCOPED_MIN_USES times here (a capture costs about a step)
     persistent = terms is None and live is None and not adam and heads is None
     if graphs is not None and not (use_stacked and (persistent or capturable_terms)):
+        graphs = None
+    if any(isinstance(mod, HFBody) for mod in model.modules()):  # [D] its feature cache reads on the host
         graphs = None
     if graphs is not None and persistent:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
@@ -1295,6 +1323,9 @@ def evaluate_stacked(
         model.train(was_training)
         return accs
     names = [k for k, _ in model.named_parameters()] + [k for k, _ in model.named_buffers()]  # BatchNorm's statistics
+    if stacked_supported(model) is None:  # a frozen encoder's weights are its module's own there
+        fixed = fixed_buffers(model) | {k for k, q in model.named_parameters() if not q.requires_grad}
+        names = [k for k in names if k not in fixed]
     p = {k: torch.stack([s[k] for s in stacked]) for k in names}
     if stacked_supported(model) is None:
         g = len(stacked)
