@@ -13,7 +13,8 @@ randomly initialised: the same modules). Of the batched runs, which CUDA graphs
 their steps run in (``vectorized``): FedAvg's SGD steps with shared heads in graphs kept
 across rounds, and how many of those decay their lr (read from a tensor on a GPU since the
 fifth session of 2026-12-02: ``lr_on_device``); a method's terms, Adam or per-task heads in
-graphs of one group's training; vmap's steps eagerly.
+graphs of one group's training; vmap's steps eagerly, and a frozen Hugging Face encoder's
+(batched since the seventh session of 2026-12-02: its feature cache reads on the host).
 
     python benchmarks/engine_coverage.py --json benchmarks/results/<dir>/engine_coverage.json
 """
@@ -36,16 +37,19 @@ from paper_runtime import HF_SHAPES, hf_offline  # noqa: E402  (the hub encoders
 from fedforget.methods import METHODS, make_params  # noqa: E402
 from fedforget.models import build_model  # noqa: E402
 from fedforget.trainers import choose_trainer, global_drawing_module  # noqa: E402
-from fedforget.vectorized import stacked_supported  # noqa: E402
+from fedforget.vectorized import no_graphs, stacked_supported  # noqa: E402
 
 
 def graphs_kind(rc, model, params) -> str:
     """Which CUDA graphs a batched run's steps run in (``vectorized.train_clients_together``:
     ``persistent``, ``capturable_terms``): across_rounds (FedAvg's SGD steps, shared heads),
     across_rounds_lr_decay (the same with a decaying lr), one_group (a method's terms, Adam,
-    per-task heads), eager_vmap, eager_terms (terms not capturable)."""
+    per-task heads), eager_vmap, eager_terms (terms not capturable), eager_model (``no_graphs``:
+    a frozen Hugging Face encoder's feature cache)."""
     if stacked_supported(model) is not None:
         return "eager_vmap"
+    if no_graphs(model) is not None:
+        return "eager_model"
     cls = METHODS.get(rc.method.name)
     terms = bool(cls.step_terms or cls.live_terms or cls.trait("step_terms", params))
     per_task = (rc.dataset.scenario or {}).get("heads") == "per_task"

@@ -261,6 +261,15 @@ def stacked_supported(module: nn.Module) -> str | None:
     return type(module).__name__
 
 
+def no_graphs(model: nn.Module) -> str | None:
+    """Why ``model``'s batched steps run eagerly on a GPU whatever the method (None: they may
+    run in CUDA graphs): [D] a Hugging Face encoder, whose feature cache (fedforget.featcache)
+    looks its rows up on the host at every step."""
+    if any(isinstance(m, HFBody) for m in model.modules()):
+        return "a Hugging Face encoder (its feature cache looks rows up on the host)"
+    return None
+
+
 # the ResNets' modules (auto_prefers_sequential)
 NORMED = (ResNetBody, BasicBlock, nn.BatchNorm2d, nn.GroupNorm)
 
@@ -716,7 +725,7 @@ def train_clients_together(
     persistent = terms is None and live is None and not adam and heads is None
     if graphs is not None and not (use_stacked and (persistent or capturable_terms)):
         graphs = None
-    if any(isinstance(mod, HFBody) for mod in model.modules()):  # [D] its feature cache reads on the host
+    if graphs is not None and no_graphs(model):
         graphs = None
     if graphs is not None and persistent:
         params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
