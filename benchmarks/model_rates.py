@@ -14,16 +14,18 @@ published shapes (``paper_runtime.HF_SHAPES``) and timed on synthetic token sequ
 the config's length (``build_tokens``); the 2-feature MLP (Iris) is left out (its runs take
 seconds on a CPU). ``--concurrent n``: clients that train one after another (a Hugging Face
 encoder) do so n at once on lanes (``train.concurrent_clients``; the same results).
-``--feature-cache``: a frozen encoder's features kept per row (``on``, the model's default:
-``fedforget.featcache``; the first round computes them, the timed rounds read them), computed
-in every pass (``off``), or ``both``: the frozen-encoder settings alone, each measured both
-ways, one row per way (``options.feature_cache`` in the row).
+``--feature-cache``: the frozen-encoder settings alone, their features kept per row (``on``,
+the model's default: ``fedforget.featcache``; the first round computes them, the timed rounds
+read them), computed in every pass (``off``), or ``both``, one row per way
+(``options.feature_cache`` in the row); without it every setting runs as its model's default. ``--engines``: each setting under
+each ``train.client_engine`` given, side by side (``client_engine`` in the row; default auto).
 
     python benchmarks/model_rates.py --device cuda --budget 120 --json out.json
     python benchmarks/model_rates.py --device cuda --skip earlier.json --json more.json
     python benchmarks/model_rates.py --device cpu --only cnn_fedgp --steps 2 --rounds 1
     python benchmarks/model_rates.py --device cuda --only hf --concurrent 4 --json lanes.json
     python benchmarks/model_rates.py --device cpu --only hf --feature-cache both --steps 1 --json cache.json
+    python benchmarks/model_rates.py --device cpu --only hf --feature-cache on --engines sequential vectorized
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def run_config(s: dict, a: argparse.Namespace) -> RunConfig:
     ts = TrainSpec(
         rounds=a.warmup + a.rounds + 1, local_epochs=1, batch_size=s["batch"], sample_rate=1.0,
         optimizer=OptimizerSpec(lr=0.01, momentum=0.9), eval_local_models=False, eval_every=10**9,
-        device=a.device, threads=a.threads, client_engine="auto", checkpoint_every=10**9,
+        device=a.device, threads=a.threads, client_engine=s.get("client_engine", "auto"), checkpoint_every=10**9,
         concurrent_clients=a.concurrent,
     )  # fmt: skip
     part = PartitionSpec("iid", clients=CLIENTS, seed=0)
@@ -185,9 +187,11 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="train.concurrent_clients: clients at once on lanes where they train one after another")
-    ap.add_argument("--feature-cache", choices=("on", "off", "both"), default="on",
-                    help="a frozen encoder's features kept per row (on: the default), computed every pass "
-                         "(off), or both ways (the frozen-encoder settings alone)")
+    ap.add_argument("--feature-cache", choices=("on", "off", "both"), default=None,
+                    help="the frozen-encoder settings alone, their features kept per row (on), computed "
+                         "every pass (off), or both ways (default: every setting, as its model's default: on)")
+    ap.add_argument("--engines", nargs="+", default=["auto"], choices=("auto", "sequential", "vectorized"),
+                    help="train.client_engine: each setting measured with each, side by side (one row each)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-rates-data"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip", nargs="*", default=[],
@@ -205,10 +209,12 @@ def main() -> None:
         done |= {_key(r) for r in earlier["rows"] if "error" not in r}
     start, rows = time.perf_counter(), []
     settings = paper_settings()
-    if a.feature_cache != "on":  # the settings it changes, each with the cache off (and on: both)
-        ways = [True, False] if a.feature_cache == "both" else [False]
+    if a.feature_cache is not None:  # the settings it changes, each with the cache on, off, or both
+        ways = {"on": [True], "off": [False], "both": [True, False]}[a.feature_cache]
         settings = [{**s, "options": {**s["options"], "feature_cache": w}} for s in settings
                     if s["model"] == "hf" and s["options"].get("freeze_encoder") for w in ways]  # fmt: skip
+    if a.engines != ["auto"]:
+        settings = [{**s, "client_engine": e} for s in settings for e in a.engines]
     for s in settings:
         if a.only and s["model"] not in a.only:
             continue
@@ -233,7 +239,7 @@ def main() -> None:
         if a.json:  # after every setting: a cut run keeps what it measured
             meta = {"device": device, "torch": torch.__version__, "clients": CLIENTS, "steps": a.steps,
                     "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent,
-                    "feature_cache": a.feature_cache}  # fmt: skip
+                    "feature_cache": a.feature_cache or "model default", "engines": a.engines}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
 
 
