@@ -5,7 +5,7 @@ Layers, lowest first (a module may import its own layer and the ones below; the 
 module is that of its longest matching prefix in LAYERS):
 
     0 base       utils, registry, validation (the schema checker), progress
-    1 data       data.*, partition, models, dropout, activations, landscape, inputs, cudagraph
+    1 data       data.*, partition, models, dropout, featcache, activations, landscape, inputs, cudagraph
     2 methods    methods.* (the method API, the shared math and distillation, every method)
     3 config     config, smoke
     4 training   clientdata, evaluation, metrics, continual, trainers, state, checkpoint, engine
@@ -31,7 +31,7 @@ PACKAGE = "fedforget"
 LAYERS: dict[str, int] = {
     "utils": 0, "registry": 0, "train_spec": 0, "schedule": 0, "state": 0, "validation": 0, "progress": 0, "__init__": 0,
     "memory": 0,
-    "data": 1, "partition": 1, "models": 1, "dropout": 1, "activations": 1, "landscape": 1, "inputs": 1, "cudagraph": 1,
+    "data": 1, "partition": 1, "models": 1, "dropout": 1, "featcache": 1, "activations": 1, "landscape": 1, "inputs": 1, "cudagraph": 1,
     "clientdata": 1,
     "methods": 2,
     "config": 3, "smoke": 3, "schemas": 3,
