@@ -278,14 +278,16 @@ def test_head_and_feature_methods_run_on_a_hf_encoder(make_run_config, method, p
 
 
 BATCHED = [("fedavg", {}), ("fedprox", {"mu": 0.1}), ("der", {"buffer_size": 8, "alpha": 1.0}),
-           ("agem", {"buffer_size": 8}), ("fedgp", {"base": "der", "base_params": {"buffer_size": 8, "alpha": 1.0}})]  # fmt: skip
+           ("agem", {"buffer_size": 8}), ("fedgp", {"base": "der", "base_params": {"buffer_size": 8, "alpha": 1.0}}),
+           ("fedsol", {"perturb": "all"}), ("moon", {})]  # fmt: skip
 
 
 @pytest.mark.parametrize("method,params", BATCHED, ids=[m for m, _ in BATCHED])
 def test_a_frozen_encoder_trains_its_clients_batched_as_one_after_another(make_run_config, method, params) -> None:
     """A frozen encoder is one feature map for every client: the batched engine runs it once
     over all the stack's rows and trains the clients' heads stacked (FedGP Table 10's
-    methods, and FedProx's per-step term), within 1e-6 of one client after another, the
+    methods, FedProx's per-step term, FedSOL's second pass and MOON's features: the
+    stack's live terms), within 1e-6 of one client after another, the
     encoder untouched; ``auto`` takes it. A training encoder is refused, saying why."""
     opts = {**TINY, "freeze_encoder": True}
     rc = make_run_config(dataset=TEXT, model="hf", model_options=opts, rounds=2, batch_size=8, method=method,

@@ -1291,8 +1291,11 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
     McMahan CNN batched ran 9.45x the sequential trainer (``results/h200-2026-11-27``),
     ResNet-18 with BatchNorm through vmap 0.61x the plain loop (``h200-2026-11-27-b``), and
     layer by layer in channels_last 1.72x the plain loop, against 0.79-0.96x for the
-    sequential trainer (``h200-2026-11-27-c``). [D] On a CPU the ResNets' wide steps would run
-    client by client anyway and their batched short steps are not measured: sequential."""
+    sequential trainer (``h200-2026-11-27-c``); a frozen Hugging Face encoder's clients (its
+    features kept, the heads stacked) took 1.52 s a round batched against 2.05 s on 2 CPU
+    cores (``cpu-2026-12-02/feature_cache_engines.json``). [D] On a CPU the ResNets' wide
+    steps would run client by client anyway and their batched short steps are not measured:
+    sequential."""
     bad = stacked_supported(model)
     where = "a CPU" if device.type != "cuda" else "a GPU"
     if bad is not None:
