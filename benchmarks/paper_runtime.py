@@ -47,8 +47,10 @@ The terms:
   * batched, from FedAvg;
   * sequential, from FedSOL divided by its m.
 
-  A run takes the batched engine where its experiment's methods can all be batched
-  (``client_engine: auto`` on a GPU), else the sequential one.
+  A run takes the engine ``client_engine: auto`` picks for it on a GPU (``gpu_engine``:
+  ``trainers.choose_trainer`` on its method, its experiment's pairing and its model, as
+  ``engine_coverage.py`` counts them; since 2026-12-02, before which only the method and the
+  pairing were read); clients on lanes count as the sequential engine.
 
 What this leaves out, so read the hours as an order of magnitude:
 
@@ -82,7 +84,7 @@ from fedforget.data import DATASETS
 from fedforget.methods import METHODS, make_params
 from fedforget.models import build_model
 from fedforget.parse import parse_config
-from fedforget.vectorized import method_not_vectorized
+from fedforget.trainers import choose_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -149,6 +151,7 @@ def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options:
 
 
 _FLOPS: dict[str, tuple[float, str]] = {}
+_MODELS: dict[str, torch.nn.Module] = {}  # the counted models, for the engine choice (gpu_engine)
 
 
 def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], classes: int) -> tuple[float, str]:
@@ -165,7 +168,16 @@ def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], clas
         else:
             model, how = build_model(name, shape, classes, opts), "counted"
         _FLOPS[key] = forward_flops(model, shape, name == "hf"), how
+        _MODELS[key] = model
     return _FLOPS[key]
+
+
+def gpu_engine(rc: RunConfig, model: torch.nn.Module) -> str:
+    """The trainer ``client_engine`` (auto) picks for the run on a GPU (``choose_trainer``, as
+    ``engine_coverage.py`` counts it): vectorized or sequential (lanes count as sequential)."""
+    params = make_params(rc.method.name, dict(rc.method.params))
+    trainer, _ = choose_trainer(METHODS.get(rc.method.name), model, rc.train, torch.device("cuda"), params)
+    return "vectorized" if trainer.name == "vectorized" else "sequential"
 
 
 # ----------------------------------------------------------------------------- measured inputs
@@ -250,12 +262,8 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
                              rc.partition.clients, tasks)  # fmt: skip
         m *= here / target_replay({}, **COST_SETTING)
-    batched = (  # a Hugging Face encoder trains one client after another (engine_coverage.py: its buffers)
-        t.client_engine in ("auto", "vectorized") and not t.engine_pairing and rc.dataset.model != "hf"
-        and method_not_vectorized(METHODS.get(rc.method.name), t.optimizer.name, t.drop_last,
-                                  make_params(rc.method.name, rc.method.params)) is None
-    )  # fmt: skip
-    engine = "vectorized" if batched else "sequential"
+    key = json.dumps([rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes], sort_keys=True)
+    engine = gpu_engine(rc, _MODELS[key])
     # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input
     opts = rc.dataset.model_options or {}
     passes = 1 if opts.get("freeze_encoder") else 3
