@@ -309,6 +309,7 @@ def main() -> None:
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
             "gpu_hours": sum(e["seconds"] for e in est) / 3600, "floor_hours": flops / FP32_PEAK / 3600,
             "models": sorted({e["model"] for e in est}), "sequential_runs": sum(e["engine"] == "sequential" for e in est),
+            "batched_runs": sum(e["engine"] == "vectorized" for e in est),
             "unmeasured_methods": sorted({rc.method.name for rc, e in zip(runs, est) if not e["measured_m"]}),
             "local_steps": sum(e["local_steps"] for e in est),
         })  # fmt: skip
