@@ -150,12 +150,14 @@ def hf_offline(name_or_path: str, shape: tuple[int, ...], classes: int, options:
     return Classifier(body, cfg.hidden_size, classes)
 
 
-_FLOPS: dict[str, tuple[float, str]] = {}
-_MODELS: dict[str, torch.nn.Module] = {}  # the counted models, for the engine choice (gpu_engine)
+_FLOPS: dict[str, tuple[float, str, torch.nn.Module]] = {}
 
 
-def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], classes: int) -> tuple[float, str]:
-    """(forward FLOPs per input, how they were counted), cached per model and shape."""
+def model_flops(
+    name: str, options: dict[str, Any], shape: tuple[int, ...], classes: int
+) -> tuple[float, str, torch.nn.Module]:
+    """(forward FLOPs per input, how they were counted, the model counted: its engine choice,
+    ``gpu_engine``), cached per model and shape."""
     key = json.dumps([name, options, shape, classes], sort_keys=True)
     if key not in _FLOPS:
         opts = {k: v for k, v in options.items() if k != "pretrained"}
@@ -167,8 +169,7 @@ def model_flops(name: str, options: dict[str, Any], shape: tuple[int, ...], clas
             model, how = hf_offline(str(options["name_or_path"]), shape, classes, opts), "counted (published shapes)"
         else:
             model, how = build_model(name, shape, classes, opts), "counted"
-        _FLOPS[key] = forward_flops(model, shape, name == "hf"), how
-        _MODELS[key] = model
+        _FLOPS[key] = forward_flops(model, shape, name == "hf"), how, model
     return _FLOPS[key]
 
 
@@ -184,7 +185,7 @@ def gpu_engine(rc: RunConfig, model: torch.nn.Module) -> str:
 def rates(gpu: dict[str, Any], ratios: dict[str, float]) -> dict[str, float]:
     """FLOPs per second of each engine in the calibration setting."""
     c = CALIBRATION
-    f, _ = model_flops(c["model"], {}, c["shape"], c["classes"])
+    f, _, _ = model_flops(c["model"], {}, c["shape"], c["classes"])
     by = {r["method"]: r for r in gpu["results"]}
     out = {}
     for method, engine in (("fedavg", "vectorized"), ("fedsol", "sequential")):
@@ -249,7 +250,7 @@ COST_SETTING = {"client_rows": 1347 / 5 / 5, "batch": 64}  # digits' 1,347 train
 def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]) -> dict[str, Any]:
     info = DATASETS.get(rc.dataset.name)
     shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
-    f, how = model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)
+    f, how, model = model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)
     rows, n_test = rows_per_task(rc)
     t = rc.train
     train = t.sample_rate * rows * t.local_epochs
@@ -262,8 +263,7 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
                              rc.partition.clients, tasks)  # fmt: skip
         m *= here / target_replay({}, **COST_SETTING)
-    key = json.dumps([rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes], sort_keys=True)
-    engine = gpu_engine(rc, _MODELS[key])
+    engine = gpu_engine(rc, model)
     # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input
     opts = rc.dataset.model_options or {}
     passes = 1 if opts.get("freeze_encoder") else 3
@@ -274,8 +274,7 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         tasks = int(sc.get("tasks", 1))
         split = sc.get("kind") == "split"
         distinct = rows * tasks + n_test * (1 if split else tasks)
-        width = hf_config(str(opts["name_or_path"]), opts).hidden_size if opts.get("name_or_path") in HF_SHAPES else None
-        f_head = 2.0 * (width or 0) * info.num_classes
+        f_head = 2.0 * model.head.in_features * info.num_classes
         flops = f * distinct + t.rounds * (3 * f_head * train * (m or 1.0) + f_head * evals)
     steps = t.rounds * t.local_epochs * math.ceil(t.sample_rate * rc.partition.clients) * math.ceil(
         rows / rc.partition.clients / t.batch_size)

@@ -39,7 +39,7 @@ in the body's forward (``models.HFBody``), so no trainer or method knows of it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,8 +103,8 @@ class FeatureCache:
         self.__init__()
 
     @staticmethod
-    def bypassed(modules: Sequence[nn.Module]) -> bool:
-        """Whether the encoder must run as it is: hooks on its modules, a torch.func
+    def bypassed(encoder: nn.Module) -> bool:
+        """Whether ``encoder`` must run as it is: hooks on its modules, a torch.func
         transform, a CUDA graph being captured, or compilation."""
         if torch._C._functorch.peek_interpreter_stack() is not None or torch.compiler.is_compiling():
             return True
@@ -113,7 +113,7 @@ class FeatureCache:
         g = nn.modules.module
         if g._global_forward_hooks or g._global_forward_pre_hooks:
             return True
-        return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+        return any(m._forward_hooks or m._forward_pre_hooks for m in encoder.modules())
 
     def _valid(self, state: list[torch.Tensor], use: CacheUse) -> None:
         """Make the cache hold features of ``state`` (the body's encoder tensors)."""

@@ -935,11 +935,9 @@ class HFBody(nn.Module):
                 f"model 'hf' takes token ids and attention masks as one integer tensor [B, 2, L]; "
                 f"got {x.dtype} {list(x.shape)} (prepare text datasets with their tokenizer)"
             )
-        if self.cache is not None and len(x):
-            modules = list(self.encoder.modules())
-            if not FeatureCache.bypassed(modules):
-                state = [*self.encoder.parameters(), *self.encoder.buffers()]
-                return self.cache.features(x, self.features, state, self.cache_use)
+        if self.cache is not None and len(x) and not FeatureCache.bypassed(self.encoder):
+            state = [*self.encoder.parameters(), *self.encoder.buffers()]
+            return self.cache.features(x, self.features, state, self.cache_use)
         return self.features(x)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

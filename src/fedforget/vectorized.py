@@ -124,11 +124,16 @@ def method_not_vectorized(
     return None
 
 
+def frozen_encoders(model: nn.Module) -> list[tuple[str, HFBody]]:
+    """``model``'s frozen Hugging Face encoders (``HFBody.frozen``) with their names: one map
+    for every client, in eval mode whatever the model's mode (its dropout never draws)."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, HFBody) and m.frozen]
+
+
 def fixed_buffers(model: nn.Module) -> set[str]:
-    """The buffers of ``model``'s frozen Hugging Face encoders (``HFBody.frozen``: constants
-    such as HF's position ids, the same for every client): not stacked, not per client."""
-    return {f"{name}.{b}" if name else b for name, m in model.named_modules()
-            if isinstance(m, HFBody) and m.frozen for b, _ in m.named_buffers()}  # fmt: skip
+    """The buffers of ``model``'s frozen Hugging Face encoders (constants such as HF's
+    position ids, the same for every client): not stacked, not per client."""
+    return {f"{name}.{b}" if name else b for name, m in frozen_encoders(model) for b, _ in m.named_buffers()}
 
 
 def unstacked_buffers(model: nn.Module) -> str | None:
@@ -161,8 +166,7 @@ def why_not_vectorized(
             if method_cls.trait(trait, params) and method_cls.trait("stacked", params):
                 return (f"per-task heads with method '{method_cls.name}''s {what} ({trait}: written for one "
                         "head, not routed per task in the batched path)")  # fmt: skip
-    # a frozen encoder's modules stay in eval mode (HFBody.train): its dropout never draws
-    inert = {id(x) for m in model.modules() if isinstance(m, HFBody) and m.frozen for x in m.modules()}
+    inert = {id(x) for _, m in frozen_encoders(model) for x in m.modules()}  # its dropout never draws
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in inert for m in model.modules()):
         return (
             "the model has torch's dropout (its draws would differ from one client alone; "
@@ -1335,11 +1339,12 @@ def evaluate_stacked(
         model.train(was_training)
         return accs
     names = [k for k, _ in model.named_parameters()] + [k for k, _ in model.named_buffers()]  # BatchNorm's statistics
-    if stacked_supported(model) is None:  # a frozen encoder's weights are its module's own there
+    use_stacked = stacked_supported(model) is None
+    if use_stacked:  # a frozen encoder's weights are its module's own there
         fixed = fixed_buffers(model) | {k for k, q in model.named_parameters() if not q.requires_grad}
         names = [k for k in names if k not in fixed]
     p = {k: torch.stack([s[k] for s in stacked]) for k in names}
-    if stacked_supported(model) is None:
+    if use_stacked:
         g = len(stacked)
         fwd = lambda pp, xb: stacked_forward(model, pp, xb.expand(g, *xb.shape))  # noqa: E731
     else:
