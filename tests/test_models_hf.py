@@ -201,6 +201,8 @@ def test_config_checks() -> None:
         check_model("hf", (2, L), {"name_or_path": "x", "pooling": "max"})
     with pytest.raises(FedForgetError, match="freeze_encoder='yes'"):
         check_model("hf", (2, L), {"name_or_path": "x", "freeze_encoder": "yes"})
+    with pytest.raises(FedForgetError, match=r"feature_cache=1; allowed: true \| false"):
+        check_model("hf", (2, L), {"name_or_path": "x", "freeze_encoder": True, "feature_cache": 1})
     with pytest.raises(FedForgetError, match=r"unknown option\(s\) \['layers'\]"):
         check_model("hf", (2, L), {"name_or_path": "x", "layers": 2})
     with pytest.raises(FedForgetError, match=r"\['num_hiden_layers'\] are not fields of"):
