@@ -23,7 +23,7 @@ from fedforget.models import build_model
 from fedforget.partition import PartitionSpec, client_indices, make_partition, save_partition
 from fedforget.runner import run_training
 from fedforget.trainers import SHUFFLE_STREAM, Diverged, LocalLoss
-from fedforget.utils import torch_seed
+from fedforget.utils import Unchanged, torch_seed
 
 CPU = torch.device("cpu")
 TIMING = {"train_time_s", "eval_time_s", "elapsed_s"}
@@ -447,6 +447,25 @@ def test_drop_last_lets_batchnorm_models_train(make_run_config):
         Simulation(rc, device=CPU).trainer.train_client(0, 1, 0.01)
     status, _, msg = Simulation(replace(rc, train=replace(rc.train, drop_last=True)), device=CPU).run(progress=False)
     assert status == "completed", msg
+
+
+def test_unchanged_holds_a_tensor_until_it_is_written_into_or_gone():
+    """``Unchanged``: the very tensor marked, with no write since (in place, through a view
+    too); a new tensor of the same values, a written one or a freed one does not hold."""
+    u = Unchanged()
+    a, b = torch.zeros(3), torch.zeros(3)
+    u.mark("w", a)
+    assert u.holds("w", a) and u.get("w") is a
+    assert not u.holds("w", b) and not u.holds("w", None) and not u.holds("v", a)
+    a.detach()[1:].add_(1)
+    assert not u.holds("w", a) and u.get("w") is None
+    u.mark("w", a)
+    with torch.no_grad():
+        a.mul_(2)
+    assert not u.holds("w", a)
+    u.mark("w", b)
+    del b
+    assert u.get("w") is None
 
 
 def test_to_device_moves_nested_tensors_only():

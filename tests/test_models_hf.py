@@ -340,6 +340,46 @@ def test_a_frozen_encoders_features_are_computed_once_per_row(make_run_config, t
         assert cache.read > 2 * len(x)  # two rounds' epochs and evaluations read them back
 
 
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_a_frozen_encoders_weights_are_shared_not_copied(make_run_config, assert_same_metrics, monkeypatch, engine) -> None:
+    """A frozen encoder's weights are not copied per client: every upload holds the global
+    tensors themselves (FedAvg's upload and DER's own), on both trainers, and the run gives
+    the bits of one where every tensor is copied and checked at every client
+    (``Unchanged`` made to forget: ``LocalTrainer.load_params``, ``as_loaded``, the finite
+    check)."""
+    from fedforget.utils import Unchanged
+
+    opts = {**TINY, "freeze_encoder": True}
+
+    def run(method, params):
+        rc = make_run_config(dataset=TEXT, model="hf", model_options=opts, rounds=2, batch_size=8, method=method,
+                             params=params, partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=0))  # fmt: skip
+        sim = Simulation(replace(rc, train=replace(rc.train, client_engine=engine)))
+        shared, aggregate = [], sim.method.server_aggregate
+
+        def spy(server, uploads):
+            g = server.global_params
+            shared.append([u.params[k] is g[k] for u in uploads for k in g if not k.startswith("head.")])
+            aggregate(server, uploads)
+
+        sim.method.server_aggregate = spy
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        return sim, rows, shared
+
+    for method, params in (("fedavg", {}), ("der", {"buffer_size": 8, "alpha": 1.0})):
+        sim, rows, shared = run(method, params)
+        assert len(shared) == 2 and all(s and all(s) for s in shared), method
+        with monkeypatch.context() as m:
+            m.setattr(Unchanged, "get", lambda self, name: None)
+            copied, copied_rows, shared = run(method, params)
+        if engine == "sequential":  # the batched one never copies what it did not train
+            assert len(shared) == 2 and not any(any(s) for s in shared), method
+        assert_same_metrics(rows, copied_rows, tol=0)
+        for k, v in sim.global_params.items():
+            assert torch.equal(v, copied.global_params[k]), (method, k)
+
+
 def test_clients_at_once_train_as_one_after_another(make_run_config, monkeypatch) -> None:
     """``train.concurrent_clients``: a training encoder (its dropout keyed) and a frozen one
     train their clients at once with the bits of one after another, FedSOL's two passes a

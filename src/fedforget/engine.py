@@ -46,7 +46,8 @@ from .rundata import load_run_data
 from .schedule import sample_clients
 from .state import FedState, OnFed
 from .trainers import Diverged, choose_trainer
-from .utils import FedForgetError, torch_seed
+from .utils import FedForgetError, Unchanged, torch_seed
+from .vectorized import frozen_tensors
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class Simulation:
         self.method = method_cls(params, info)
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
         self.model = self.build(data)
+        # a frozen encoder's global tensors already checked finite, unchanged since
+        self._constant, self._finite = frozen_tensors(self.model), Unchanged()
         server_model = self.build(data)
         # the run's state (fedforget.state): global weights, the method's server and client
         # state, task progress, metrics so far; per-client state lives in host memory between
@@ -161,6 +164,18 @@ class Simulation:
             model.use_task_heads(self.scenario.task_classes)
         self.method.model_init(model)
         return model.to(self.device)
+
+    def check_finite(self, rnd: int) -> None:
+        """Raise ``Diverged`` if a global weight is not finite after the round's aggregation;
+        a frozen encoder's tensor checked before and unchanged since (the same object, not
+        written into: kept by reference) is not checked again."""
+        for name, v in self.server.global_params.items():
+            if not torch.is_floating_point(v) or self._finite.holds(name, v):
+                continue
+            if not torch.isfinite(v).all():
+                raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
+            if name in self._constant:
+                self._finite.mark(name, v)
 
     def end_task(self, rnd: int, lr: float) -> None:
         """After the last round of the server's task, for a method with the TASK_END
@@ -291,12 +306,7 @@ class Simulation:
             with self.memory.phase("aggregate"):
                 self.method.server_aggregate(self.server, uploads)
             self.server.untrained = ()
-        if not all(
-            torch.isfinite(v).all()
-            for v in self.server.global_params.values()
-            if torch.is_floating_point(v)
-        ):
-            raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
+        self.check_finite(rnd)
         geometry = {}
         if "projection_geometry" in t.diagnostics:  # before the task end changes the projection
             geometry = self.projection_geometry(rnd, broadcast_params, lr)

@@ -53,11 +53,12 @@ from .methods.base import TASK_END
 from .models import TaskHeads
 from .state import FedState
 from .train_spec import OptimizerSpec, TrainSpec, client_threads
-from .utils import FedForgetError, host_to_device, torch_seed
+from .utils import FedForgetError, Unchanged, host_to_device, torch_seed
 from .vectorized import (
     ClientJob,
     auto_prefers_sequential,
     evaluate_stacked,
+    frozen_tensors,
     method_not_vectorized,
     train_clients_together,
     why_not_vectorized,
@@ -132,6 +133,13 @@ class LocalTrainer:
         # the client model's tensors, for an in-place reload at each client (cheaper than
         # load_state_dict, which re-validates keys and shapes every time)
         self._model_tensors = dict(model.state_dict(keep_vars=True))
+        # a frozen encoder's tensors (the same global tensors every round): what load_params
+        # last copied into each of them, and from which tensor; one the model still holds as
+        # loaded, from a source unchanged since, is not copied again [D]. Only these: other
+        # tensors change in ways no version counter sees (BatchNorm's running statistics,
+        # fused optimizers)
+        self._constant = frozen_tensors(model)
+        self._loaded_from, self._loaded_into = Unchanged(), Unchanged()
         self.dropout = keyed_modules(model)  # keyed dropout: masks keyed by (client, round, step)
         self.frozen_models: dict[str, torch.nn.Module] = {}  # a method's frozen copies of this model
         if train.precision not in PRECISIONS:
@@ -191,6 +199,7 @@ class LocalTrainer:
             cid=cid, round=rnd, model=self.model, optimizer=opt, global_params=self.fed.global_params,
             broadcast=self.server.broadcast, state=state, n_samples=len(view), lr=lr,
             local_epochs=t.local_epochs, batch_size=t.batch_size, task=view.task, data=view, frozen=self.frozen_models,
+            as_loaded=self.as_loaded,
             minibatches=lambda epoch: map(view.batch, list(self.epoch_orders(cid, rnd, len(view)))[epoch]),
         )  # fmt: skip
 
@@ -400,13 +409,31 @@ class LocalTrainer:
         return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
 
     def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
-        """``params`` (a full state dict) into ``self.model``'s tensors, in place."""
+        """``params`` (a full state dict) into ``self.model``'s tensors, in place; a frozen
+        encoder's tensor that already holds what it was last loaded from, that very source
+        tensor unchanged since, is left as it is (the same values: ``Unchanged``)."""
         if params.keys() != self._model_tensors.keys():
             model.load_state_dict(params)  # raises, naming the mismatched keys
+        todo = [k for k, t in self._model_tensors.items() if k not in self._constant
+                or not (self._loaded_from.holds(k, params[k]) and self._loaded_into.holds(k, t))]  # fmt: skip
+        if not todo:
+            return
         with torch.no_grad():
-            torch._foreach_copy_(
-                list(self._model_tensors.values()), [params[k] for k in self._model_tensors]
-            )
+            torch._foreach_copy_([self._model_tensors[k] for k in todo], [params[k] for k in todo])
+        for k in self._constant.intersection(todo):
+            self._loaded_from.mark(k, params[k])
+            self._loaded_into.mark(k, self._model_tensors[k])
+
+    def as_loaded(self) -> dict[str, torch.Tensor]:
+        """The frozen encoder's tensors that hold exactly what ``load_params`` last copied
+        into them, each mapped to the tensor it came from (still unchanged): an upload shares
+        these instead of copying them (``ClientContext.as_loaded``) [D]."""
+        out = {}
+        for k in self._constant:
+            src, t = self._loaded_from.get(k), self._model_tensors[k]
+            if src is not None and self._loaded_into.holds(k, t):
+                out[k] = src
+        return out
 
 
 def warm_conv_shapes(

@@ -9,6 +9,7 @@ import os
 import platform
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,30 @@ def on_device(value, device, dtype=None):
     if isinstance(value, torch.Tensor):
         return value.to(device=device, dtype=dtype)
     return torch.full((), value, dtype=dtype, device=device)
+
+
+class Unchanged:
+    """Tensors by name, each remembered at ``mark`` as that very object (held weakly) and its
+    version counter [D]: ``holds(name, t)`` is true while ``t`` is the tensor marked under
+    ``name`` and nothing has written into it since (every in-place write, autograd's or under
+    ``no_grad``, bumps the counter). Work done once on a tensor that has not changed (copied
+    into a model, checked finite) is then not done again: a frozen encoder's weights, the
+    same global tensors round after round."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, tuple[weakref.ref, int]] = {}
+
+    def mark(self, name: str, t: Any) -> None:
+        self._marks[name] = (weakref.ref(t), t._version)
+
+    def get(self, name: str) -> Any:
+        """The tensor marked under ``name`` if it still holds (else None)."""
+        m = self._marks.get(name)
+        t = None if m is None else m[0]()
+        return t if t is not None and t._version == m[1] else None
+
+    def holds(self, name: str, t: Any) -> bool:
+        return t is not None and self.get(name) is t
 
 
 def torch_seed(*keys: int) -> int:

@@ -130,6 +130,12 @@ def frozen_encoders(model: nn.Module) -> list[tuple[str, HFBody]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, HFBody) and m.frozen]
 
 
+def frozen_tensors(model: nn.Module) -> set[str]:
+    """The state-dict names of ``model``'s frozen encoders' parameters and buffers: tensors
+    no client changes (no gradient, eval mode), the same global tensors round after round."""
+    return {f"{name}.{k}" if name else k for name, m in frozen_encoders(model) for k in m.state_dict()}
+
+
 def fixed_buffers(model: nn.Module) -> set[str]:
     """The buffers of ``model``'s frozen Hugging Face encoders (constants such as HF's
     position ids, the same for every client): not stacked, not per client."""
@@ -1279,7 +1285,8 @@ def train_clients_together(
     results: list[ClientResult | None] = [None] * m
     for j, job in enumerate(jobs_sorted):
         own = states[j] or {**{k: v[j] for k, v in params.items()}, **{k: v[j] for k, v in stats.items()}}
-        state = {k: own[k] if k in own else global_params[k].clone() for k in state_keys}
+        # what the client did not train is the global tensor itself (an upload is never written into)
+        state = {k: own[k] if k in own else global_params[k] for k in state_keys}
         results[order[j]] = ClientResult(job.cid, state, loss_sum[j].item() / steps[j], steps[j])
     return results  # type: ignore[return-value]
 

@@ -284,6 +284,11 @@ class ClientContext:
     # by the trainer, one set per model it trains on, so that clients trained at once on their
     # own model copies (``train.concurrent_clients``) never share one
     frozen: dict[str, nn.Module] = field(default_factory=dict)
+    # the model's tensors that still hold exactly what the trainer loaded into them, each
+    # mapped to the tensor it was loaded from (a frozen encoder's weights: the global ones),
+    # read when called: an upload shares those instead of copying them [D]; None outside a
+    # trainer
+    as_loaded: Callable[[], Params] | None = None
 
     @property
     def max_steps(self) -> int:
@@ -459,13 +464,17 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return m.eval()
 
 
-def weighted_average(states: Sequence[Params], weights: Sequence[float]) -> Params:
+def weighted_average(states: Sequence[Params], weights: Sequence[float], skip: Sequence[str] = ()) -> Params:
     """sum_k w_k * theta_k with w normalised to sum 1; integer buffers (e.g. BatchNorm's
-    num_batches_tracked) take the first client's value."""
+    num_batches_tracked) take the first client's value. Names in ``skip`` are left out of the
+    result (``ServerContext.untrained``: the setter keeps their global values anyway)."""
     w = torch.tensor(weights, dtype=torch.float64)
     w = (w / w.sum()).tolist()
     out: Params = {}
+    skip = set(skip)
     for name, first in states[0].items():
+        if name in skip:
+            continue
         if not torch.is_floating_point(first):
             out[name] = first.clone()
             continue
@@ -572,7 +581,9 @@ class FedAvg:
         new weights, FedDyn's h, SCAFFOLD's c). ``server.global_params`` holds the broadcast
         weights until the method writes the new ones; the parameters no client trained this
         round keep their broadcast values whatever is written (``ServerContext``)."""
-        server.global_params = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+        server.global_params = weighted_average(
+            [u.params for u in uploads], [u.n_samples for u in uploads], skip=server.untrained
+        )
 
     def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         """Method diagnostics added to this round's metrics row (prefixed by the method)."""
@@ -745,6 +756,9 @@ class FedAvg:
         return None
 
     def client_end(self, ctx: ClientContext) -> Upload:
-        """End of local training: what the client uploads."""
-        params = {k: v.detach().clone() for k, v in ctx.model.state_dict().items()}
+        """End of local training: what the client uploads (a copy of each of the model's
+        tensors, but the very tensor it was loaded from where it still holds exactly that:
+        ``ClientContext.as_loaded``; no method writes into an upload)."""
+        same = {} if ctx.as_loaded is None else ctx.as_loaded()
+        params = {k: same[k] if k in same else v.detach().clone() for k, v in ctx.model.state_dict().items()}
         return Upload(ctx.cid, ctx.n_samples, params, ctx.steps)
