@@ -451,8 +451,9 @@ def test_drop_last_lets_batchnorm_models_train(make_run_config):
 
 def test_unchanged_holds_a_tensor_until_it_is_written_into_or_gone():
     """``Unchanged``: the very tensor marked, with no write since (in place, through a view
-    too); a new tensor of the same values, a written one or a freed one does not hold."""
-    u = Unchanged()
+    too); a new tensor of the same values, a written one, a freed one or one under a name
+    it was not given does not hold."""
+    u = Unchanged({"w"})
     a, b = torch.zeros(3), torch.zeros(3)
     u.mark("w", a)
     assert u.holds("w", a) and u.get("w") is a
@@ -466,6 +467,8 @@ def test_unchanged_holds_a_tensor_until_it_is_written_into_or_gone():
     u.mark("w", b)
     del b
     assert u.get("w") is None
+    u.mark("v", a)
+    assert not u.holds("v", a) and u.get("v") is None
 
 
 def test_to_device_moves_nested_tensors_only():

@@ -116,7 +116,7 @@ class Simulation:
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
         self.model = self.build(data)
         # a frozen encoder's global tensors already checked finite, unchanged since
-        self._constant, self._finite = frozen_tensors(self.model), Unchanged()
+        self._finite = Unchanged(frozen_tensors(self.model))
         server_model = self.build(data)
         # the run's state (fedforget.state): global weights, the method's server and client
         # state, task progress, metrics so far; per-client state lives in host memory between
@@ -174,8 +174,7 @@ class Simulation:
                 continue
             if not torch.isfinite(v).all():
                 raise Diverged(f"global weights are not finite after aggregation in round {rnd}")
-            if name in self._constant:
-                self._finite.mark(name, v)
+            self._finite.mark(name, v)
 
     def end_task(self, rnd: int, lr: float) -> None:
         """After the last round of the server's task, for a method with the TASK_END

@@ -138,8 +138,8 @@ class LocalTrainer:
         # loaded, from a source unchanged since, is not copied again [D]. Only these: other
         # tensors change in ways no version counter sees (BatchNorm's running statistics,
         # fused optimizers)
-        self._constant = frozen_tensors(model)
-        self._loaded_from, self._loaded_into = Unchanged(), Unchanged()
+        constant = frozen_tensors(model)
+        self._loaded_from, self._loaded_into = Unchanged(constant), Unchanged(constant)
         self.dropout = keyed_modules(model)  # keyed dropout: masks keyed by (client, round, step)
         self.frozen_models: dict[str, torch.nn.Module] = {}  # a method's frozen copies of this model
         if train.precision not in PRECISIONS:
@@ -414,13 +414,13 @@ class LocalTrainer:
         tensor unchanged since, is left as it is (the same values: ``Unchanged``)."""
         if params.keys() != self._model_tensors.keys():
             model.load_state_dict(params)  # raises, naming the mismatched keys
-        todo = [k for k, t in self._model_tensors.items() if k not in self._constant
-                or not (self._loaded_from.holds(k, params[k]) and self._loaded_into.holds(k, t))]  # fmt: skip
+        todo = [k for k, t in self._model_tensors.items()
+                if not (self._loaded_from.holds(k, params[k]) and self._loaded_into.holds(k, t))]  # fmt: skip
         if not todo:
             return
         with torch.no_grad():
             torch._foreach_copy_([self._model_tensors[k] for k in todo], [params[k] for k in todo])
-        for k in self._constant.intersection(todo):
+        for k in todo:
             self._loaded_from.mark(k, params[k])
             self._loaded_into.mark(k, self._model_tensors[k])
 
@@ -429,7 +429,7 @@ class LocalTrainer:
         into them, each mapped to the tensor it came from (still unchanged): an upload shares
         these instead of copying them (``ClientContext.as_loaded``) [D]."""
         out = {}
-        for k in self._constant:
+        for k in self._loaded_from.names:
             src, t = self._loaded_from.get(k), self._model_tensors[k]
             if src is not None and self._loaded_into.holds(k, t):
                 out[k] = src

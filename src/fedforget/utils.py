@@ -165,16 +165,22 @@ def on_device(value, device, dtype=None):
 class Unchanged:
     """Tensors by name, each remembered at ``mark`` as that very object (held weakly) and its
     version counter [D]: ``holds(name, t)`` is true while ``t`` is the tensor marked under
-    ``name`` and nothing has written into it since (every in-place write, autograd's or under
-    ``no_grad``, bumps the counter). Work done once on a tensor that has not changed (copied
-    into a model, checked finite) is then not done again: a frozen encoder's weights, the
-    same global tensors round after round."""
+    ``name`` and its counter has not moved since. Work done once on a tensor that has not
+    changed (copied into a model, checked finite) is then not done again.
 
-    def __init__(self) -> None:
+    An operator's in-place write bumps the counter, autograd's or under ``no_grad``, but
+    some kernels write without (BatchNorm's running statistics, fused optimizers: seen on a
+    CPU with torch 2.14), so only the ``names`` given are ever marked: tensors nothing writes
+    into that way (a frozen encoder's weights, the same global tensors round after round);
+    any other name never holds."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = frozenset(names)
         self._marks: dict[str, tuple[weakref.ref, int]] = {}
 
     def mark(self, name: str, t: Any) -> None:
-        self._marks[name] = (weakref.ref(t), t._version)
+        if name in self.names:
+            self._marks[name] = (weakref.ref(t), t._version)
 
     def get(self, name: str) -> Any:
         """The tensor marked under ``name`` if it still holds (else None)."""

@@ -284,10 +284,9 @@ class ClientContext:
     # by the trainer, one set per model it trains on, so that clients trained at once on their
     # own model copies (``train.concurrent_clients``) never share one
     frozen: dict[str, nn.Module] = field(default_factory=dict)
-    # the model's tensors that still hold exactly what the trainer loaded into them, each
-    # mapped to the tensor it was loaded from (a frozen encoder's weights: the global ones),
-    # read when called: an upload shares those instead of copying them [D]; None outside a
-    # trainer
+    # a frozen encoder's tensors that still hold exactly what the trainer loaded into them,
+    # each mapped to the tensor it was loaded from (the global ones), read when called: an
+    # upload shares those instead of copying them [D]; None outside a trainer
     as_loaded: Callable[[], Params] | None = None
 
     @property
