@@ -676,14 +676,14 @@ def test_client_replicas_are_kept_across_rounds_and_remade_when_the_model_change
     assert len(_replicas(model, 3)) == 3
 
 
-def test_per_task_heads_stack_unless_the_method_replays_or_has_live_terms():
-    """A model with per-task heads trains batched (its active head in the stack; equality with
-    the sequential trainer: tests/methods/test_fedprotip.py), except under a method whose
-    replayed rows or live terms are written for one head: refused, naming the method."""
+def test_per_task_heads_stack_unless_the_method_has_live_terms():
+    """A model with per-task heads trains batched (its active head in the stack, replayed rows
+    routed to their own task's head; equality with the sequential trainer:
+    tests/methods/test_fedprotip.py, test_der.py), except under a method whose live terms are
+    written for one head: refused, naming the method."""
     model = build_model("mlp", (4,), 6, {})
     model.use_task_heads([[0, 1], [2, 3], [4, 5]])
     assert stacked_supported(model) is None
-    for ok in ("fedavg", "fedprotip", "fedprox", "fot"):
+    for ok in ("fedavg", "fedprotip", "fedprox", "fot", "der", "agem"):
         assert why_not_vectorized(METHODS.get(ok), model, "sgd") is None, ok
-    assert "per-task heads with method 'der''s replayed rows" in why_not_vectorized(METHODS.get("der"), model, "sgd")
     assert "per-task heads with method 'fedsam''s terms" in why_not_vectorized(METHODS.get("fedsam"), model, "sgd")

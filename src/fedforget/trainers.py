@@ -606,10 +606,14 @@ class StackedTrainer(LocalTrainer):
             self.enter_task(ctxs[cid])
             if with_terms:
                 method.client_begin(ctxs[cid])
-                if ctxs[cid].epoch_steps is not None:  # a method that cuts epochs declares stacked = False
-                    raise FedForgetError(f"method '{method.name}' cuts local epochs (epoch_steps); it trains sequentially only")
+        for job in jobs:  # a method that cuts its epochs (TARGET's code rule) did so in client_begin
+            ctx = ctxs.get(job.cid)
+            job.epoch_steps = None if ctx is None else ctx.epoch_steps
+        # the task loss's classes by label (FedAvg.task_mask); a bound method, equal from round
+        # to round, as the steps captured in CUDA graphs are keyed by it
+        batch = self.clients.batch if method.label_classes is None else self.masked_batch
         results = train_clients_together(
-            self.model, self.fed.global_params, self.clients.batch, jobs,
+            self.model, self.fed.global_params, batch, jobs,
             lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
             epochs=t.local_epochs, batch_size=t.batch_size,
             step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if method.step_terms else None,
@@ -639,6 +643,12 @@ class StackedTrainer(LocalTrainer):
             stats.append(ctx.stats)
             self.fed.park(ctx.cid)
         return ups, [r.mean_loss for r in results], stats
+
+    def masked_batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``ClientData.batch`` with the logit mask of the method's task loss
+        (``FedAvg.task_mask``: the rows' ``label_classes`` where no task-incremental mask applies)."""
+        x, y, lm = self.clients.batch(pos)
+        return x, y, self.method.task_mask(lm, y)
 
     def local_accuracies(self, uploads: list[Upload]) -> list[float]:
         """The local models' accuracies, evaluated together where the evaluation is plain

@@ -167,11 +167,12 @@ def why_not_vectorized(
     bad = unstacked_buffers(model)
     if bad is not None:
         return bad
-    if isinstance(getattr(model, "head", None), TaskHeads):  # [D] the active head trains in the stack
-        for trait, what in (("live_terms", "terms of the step's own forward pass"), ("sees_step", "replayed rows")):
-            if method_cls.trait(trait, params) and method_cls.trait("stacked", params):
-                return (f"per-task heads with method '{method_cls.name}''s {what} ({trait}: written for one "
-                        "head, not routed per task in the batched path)")  # fmt: skip
+    if isinstance(getattr(model, "head", None), TaskHeads):  # [D] the active head trains in the stack;
+        # replayed rows (sees_step) are routed to their task's head there (StepBatch.forward)
+        if method_cls.trait("live_terms", params) and method_cls.trait("stacked", params) \
+                and not method_cls.trait("live_heads", params):
+            return (f"per-task heads with method '{method_cls.name}''s terms of the step's own forward pass "
+                    "(live_terms: written for one head, not routed per task in the batched path)")  # fmt: skip
     inert = {id(x) for _, m in frozen_encoders(model) for x in m.modules()}  # its dropout never draws
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in inert for m in model.modules()):
         return (
@@ -211,6 +212,9 @@ class ClientJob:
     # rows' augmentation key); empty: nothing
     draw_offsets: Sequence[int] = ()
     dropout_key: int = 0  # the client's dropout key of the round (fedforget.dropout.client_key)
+    # at most this many minibatches per local epoch (ClientContext.epoch_steps: a method that
+    # cuts epochs, TARGET's code rule), the first of each epoch's order; None: every one
+    epoch_steps: int | None = None
 
 
 @dataclass
@@ -543,13 +547,15 @@ def _batch_table(
     """Per client, the rows of each step's minibatch in the engine's data, padded with -1:
     [M, T, bs] in host memory, T = the largest step count. ``epoch_rows(n)``: the rows of an epoch that
     train (``TrainSpec.epoch_rows``: all, or with drop_last the full minibatches), the first
-    of each epoch's permutation, as ``train_client`` takes them."""
+    of each epoch's permutation, as ``train_client`` takes them; a job's ``epoch_steps``: its
+    epochs' first minibatches only (each epoch's permutation is drawn whole all the same)."""
     tables, steps = [], []
     for job in jobs:
         n = job.n
         end = n if epoch_rows is None else epoch_rows(n)
         spe = math.ceil(end / bs)
         pad = spe * bs - end
+        cut = spe if job.epoch_steps is None else min(spe, job.epoch_steps)
         rows = []
         for e in range(epochs):
             perm = (torch.randperm(n, generator=job.generator) + job.start)[:end]
@@ -557,9 +563,9 @@ def _batch_table(
                 perm += job.draw_offsets[e]
             if pad:
                 perm = torch.cat([perm, torch.full((pad,), -1, dtype=perm.dtype)])
-            rows.append(perm.view(spe, bs))
+            rows.append(perm.view(spe, bs)[:cut])
         tables.append(torch.cat(rows))
-        steps.append(spe * epochs)
+        steps.append(cut * epochs)
     t_max = max(steps)
     out = torch.full((len(jobs), t_max, bs), -1, dtype=torch.long)
     for j, tab in enumerate(tables):
@@ -794,10 +800,10 @@ def train_clients_together(
         ``second(w2, head_only)``: the logits of the second pass at weights ``w2`` (the head
         alone on the first pass's body features when only head weights moved)."""
         res: LiveStep = live(lo, lo + step.x.shape[0], w, step)
-        if res.loss is not None and res.eps is not None:
-            raise ValueError("live terms returned both an extra loss and a perturbation")
+        if (res.loss is not None or res.total is not None) and res.eps is not None:
+            raise ValueError("live terms returned both a loss and a perturbation")
         if res.eps is None:
-            total = step.loss if res.loss is None else step.loss + res.loss
+            total = res.total if res.total is not None else step.loss if res.loss is None else step.loss + res.loss
             gs = torch.autograd.grad(total.sum(), list(w.values()), allow_unused=True)
             adv = None
         else:
@@ -837,7 +843,8 @@ def train_clients_together(
 
             step = StepBatch(xb, yb, rows, out.float(), functools.partial(stack_forward, lo=lo), stack_grad,
                              task_losses(out, yb, mask, lm), feats.float(), stack_features, mask, stack_logits,
-                             None if lv is None else [v.float() for v in lv], k)  # fmt: skip
+                             None if lv is None else [v.float() for v in lv], k,
+                             lambda w, x, rows=None: stack_forward(w, x, None, rows, lo, features=True))  # fmt: skip
             grads, losses = live_pass(lo, leaves, step, second, mask, lm)
             return grads, losses, out.detach()
         with autocast():
@@ -887,14 +894,26 @@ def train_clients_together(
             torch._foreach_add_(ps, ds, alpha=-lr)
 
     def stack_forward(
-        w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None, lo: int = 0
-    ) -> torch.Tensor:
+        w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None, lo: int = 0,
+        features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [a, m, C] of the stack's weights ``w`` [a, ...] (its clients lo..lo+a-1) on
-        its inputs [a, m, ...] (StepBatch.forward; heads are shared here, so ``task`` scores
-        nothing apart). With BatchNorm, each client's running statistics are updated by its
+        its inputs [a, m, ...] (StepBatch.forward): with per-task heads each row through its
+        own task's head (``task`` [a, m], as ``Classifier.row_logits``; ``head_scores``),
+        else the model's. With BatchNorm, each client's running statistics are updated by its
         own real rows (the first ``rows[j]``; padding never enters the batch statistics): one
         stacked pass where every client has as many, else client by client; a client without
-        rows is not run."""
+        rows is not run. ``features``: (body features [a, m, F], logits of every class by its
+        newest head, ``TaskHeads.combined``) instead (StepBatch.features_logits)."""
+        if heads is None and not features:
+            return stack_logits_plain(w, x, rows, lo)
+        feats = stack_body(w, x, rows, lo)
+        with autocast():
+            out = head_scores(w, feats, task, combined=features)
+        return (feats.float(), out.float()) if features else out.float()
+
+    def stack_logits_plain(w: dict, x: torch.Tensor, rows: list[int] | None, lo: int) -> torch.Tensor:
+        """``stack_forward`` of a model with one head: the model's own logits."""
         with autocast():
             if buffer_names:
                 a, width = x.shape[0], x.shape[1]
@@ -926,6 +945,65 @@ def train_clients_together(
             else:
                 out = vmap(lambda p, xb: functional_call(model, p, (xb,)))(w, x)
         return out.float()
+
+    def stack_body(w: dict, x: torch.Tensor, rows: list[int] | None, lo: int) -> torch.Tensor:
+        """Body features [a, m, F] of the stack's weights ``w`` on its inputs [a, m, ...], in
+        the step's precision, BatchNorm's statistics updated as ``stack_forward`` says."""
+        body = {n[5:]: v for n, v in w.items() if n.startswith("body.")}
+        with autocast():
+            if buffer_names:
+                a, width = x.shape[0], x.shape[1]
+                full = {n: v[lo : lo + a] for n, v in stats.items()}
+                st = {n[5:]: v for n, v in full.items() if n.startswith("body.")}
+                if rows is None or len(set(rows)) == 1:
+                    n_rows = width if rows is None else rows[0]
+                    if use_stacked:
+                        out = stacked_features(model, {**w, **full}, x[:, :n_rows])
+                    else:
+                        out = vmap(lambda p, b, xb: functional_call(model.body, {**p, **b}, (xb,)))(body, st, x[:, :n_rows])
+                else:
+                    outs = [
+                        functional_call(model.body, {**{n: v[j] for n, v in body.items()}, **{n: v[j] for n, v in st.items()}},
+                                        (x[j, : rows[j]],)) if rows[j] else None
+                        for j in range(a)
+                    ]  # fmt: skip
+                    first = next(o for o in outs if o is not None)
+                    out = x.new_zeros((a, width, *first.shape[1:]), dtype=first.dtype)
+                    for j, o in enumerate(outs):
+                        if o is not None:
+                            out[j, : rows[j]] = o
+                if out.shape[1] < width:
+                    out = torch.cat([out, out.new_zeros((a, width - out.shape[1], *out.shape[2:]))], 1)
+                return out
+            if use_stacked:
+                return stacked_features(model, w, x)
+            return vmap(lambda p, xb: functional_call(model.body, p, (xb,)))(body, x)
+
+    # per-task heads: the classes whose newest head up to the active task is head t < active
+    # (TaskHeads.combined), bool [C] on the device, made once (a captured step copies nothing in)
+    owned: dict[int, torch.Tensor] = {}
+    if heads is not None:
+        owner = [heads.active] * heads.out_features
+        for t in range(heads.active + 1):
+            for c in heads.task_classes[t]:
+                owner[c] = t
+        for t in sorted(set(owner) - {heads.active}):
+            owned[t] = torch.tensor([o == t for o in owner], device=device)
+
+    def head_scores(w: dict, feats: torch.Tensor, task: torch.Tensor | None, combined: bool = False) -> torch.Tensor:
+        """Logits [a, m, C] of body features [a, m, F]: the head's, stacked weights ``w``. With
+        per-task heads, the active head's for the rows (``task`` [a, m]: each row's task; a
+        later task's too) or classes (``combined``: each class's newest head) it scores, an
+        earlier task's head, frozen at its global weights (shared by the stack), for the
+        others, as ``Classifier.row_logits`` and ``TaskHeads.combined`` route them."""
+        out = stacked_head(model, w, feats)
+        if heads is None or (task is None and not combined):
+            return out
+        for t in owned if combined else range(heads.active):
+            sel = owned[t] if combined else (task == t).unsqueeze(-1)
+            wt, bt = global_params[f"head.heads.{t}.weight"], global_params.get(f"head.heads.{t}.bias")
+            out = torch.where(sel, F.linear(feats, wt, bt).to(out.dtype), out)
+        return out
 
     @torch.no_grad()
     def frozen_pass(net: nn.Module, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -967,13 +1045,25 @@ def train_clients_together(
         stack's clients lo..; ``net``: a client's own replica (``loop_client_``), whose
         forward the memory rows then take."""
         if net is None:
-            return StepBatch(xb, yb, rows, logits, functools.partial(stack_forward, lo=lo), stack_grad, k=k)
+            return StepBatch(xb, yb, rows, logits, functools.partial(stack_forward, lo=lo), stack_grad, k=k,
+                             features_logits=lambda w, x, rows=None: stack_forward(w, x, None, rows, lo, features=True))  # fmt: skip
+
+        def own_body(w: dict, x: torch.Tensor) -> torch.Tensor:  # [1, m, F]; the replica's statistics
+            return functional_call(net.body, {n[5:]: v[0] for n, v in w.items() if n.startswith("body.")}, (x[0],)).unsqueeze(0)
 
         def own_forward(w: dict, x: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
             with autocast():
-                return functional_call(net, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0).float()
+                if heads is None:
+                    return functional_call(net, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0).float()
+                return head_scores(w, own_body(w, x), task).float()
 
-        return StepBatch(xb, yb, rows, logits, own_forward, stack_grad, k=k)
+        def own_features_logits(w: dict, x: torch.Tensor, rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            with autocast():
+                feats = own_body(w, x)
+                out = head_scores(w, feats, None, combined=True)
+            return feats.float(), out.float()
+
+        return StepBatch(xb, yb, rows, logits, own_forward, stack_grad, k=k, features_logits=own_features_logits)
 
     def add_terms(lo: int, hi: int, w: dict, grads: dict, losses: torch.Tensor, step: StepBatch | None = None):
         """The method's per-step terms (``client_step_terms``) of clients lo..hi-1 added to

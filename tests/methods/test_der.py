@@ -143,6 +143,25 @@ def test_der_trains_stacked_as_sequential(make_run_config, run_engines, assert_s
 
 
 @pytest.mark.parametrize(
+    "method,model,params",
+    [("der", "mlp", {"buffer_size": 30, "plus": True}),  # batched steps (stacked_forward)
+     ("agem", "cnn2d", {"buffer_size": 30})],  # client by client in replicas, tails batched
+)
+def test_replay_with_per_task_heads_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics,
+                                                                   method, model, params):  # fmt: skip
+    """Per-task heads in the stacked trainer with replayed rows: each replayed row through its
+    own task's head (the earlier heads frozen at their global weights, as
+    ``Classifier.row_logits`` routes them for a client alone), within 1e-5 of the sequential
+    trainer, metrics and buffers."""
+    opts = {"channels": [4, 8], "hidden": 16} if model == "cnn2d" else None
+    out = run_engines(replay_stream_cfg(make_run_config, method, params, model, opts, heads="per_task"))
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    assert_same_metrics(rows_s, rows_v)
+    close_buffers(seq, vec)
+
+
+@pytest.mark.parametrize(
     "method,params,batch",  # batch 8: every step batched (stacked_forward); 16: wide steps client by client on a CPU
     [("der", {"buffer_size": 30, "plus": True}, 16), ("agem", {"buffer_size": 30}, 8)],
 )

@@ -21,14 +21,18 @@ from fedforget.vectorized import method_not_vectorized
 
 from .conftest import CPU, QUICK_PARAMS, replay_stream_cfg
 
+# TARGET's and LANDER's synthesis at a few steps (a pool after the first task, replayed after)
+SYNTH_FAST = {"syn_size": 24, "syn_batch": 8, "syn_rounds": 3, "g_steps": 2, "warmup": 0, "nz": 8, "ngf": 4,
+              "student_steps": 1, "student_batch": 8}  # fmt: skip
+PARAMS = {**QUICK_PARAMS, "target": SYNTH_FAST, "lander": SYNTH_FAST}
 # (method, params): every registered method with terms the stacked trainer runs, at its
 # defaults, and FedSOL's other stacked forms (Tables 1-5)
 WITH_TERMS = [
     n for n in METHODS.names()
-    if method_not_vectorized(METHODS.get(n), "sgd", params=make_params(n, QUICK_PARAMS.get(n, {}))) is None
+    if method_not_vectorized(METHODS.get(n), "sgd", params=make_params(n, PARAMS.get(n, {}))) is None
     and (METHODS.get(n).step_terms or METHODS.get(n).live_terms or METHODS.get(n).trait("step_terms", make_params(n, {})))
 ]  # fmt: skip
-CASES = [(n, QUICK_PARAMS.get(n, {})) for n in WITH_TERMS] + [
+CASES = [(n, PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedsol", {"rho": 0.5, "perturb": "all", "proximal": "l2", "adaptive": False}),
     ("fedsol", {"update": "loss", "proximal": "kl", "beta": 1.0}),
     ("fedsol", {"update": "project", "proximal": "kl", "perturb": "all"}),
@@ -42,7 +46,7 @@ CASES = [(n, QUICK_PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedgp", {"base": "fedprox", "manipulation": "rotate", "apply": "always"}),
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
-STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv"}
+STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander"}
 
 
 def strip(rows):

@@ -87,6 +87,20 @@ def test_declared_capabilities_match_the_code(name):
     assert cls.own_predict == _writes(cls, "eval_predict"), name
 
 
+@pytest.mark.parametrize("name", [n for n in METHODS.names() if not issubclass(METHODS.get(n), OverBase)])
+def test_a_method_that_cuts_its_epochs_has_terms_or_trains_sequentially(name):
+    """The stacked trainer reads ``ClientContext.epoch_steps`` where it calls ``client_begin``
+    before its pass: for a method with step or live terms. A stacked method that set it
+    without them would train whole epochs there (TARGET's code rule has its KD term)."""
+    import inspect
+
+    cls = METHODS.get(name)
+    sets = any("epoch_steps =" in inspect.getsource(c) for c in cls.__mro__ if c not in (FedAvg, object)
+               and c.__module__.startswith("fedforget.methods"))  # fmt: skip
+    if sets and cls.trait("stacked", make_params(name, {})):
+        assert cls.step_terms or cls.live_terms, name
+
+
 def test_a_plugin_trains_sequentially():
     for name in METHODS.names():
         cls = METHODS.get(name)

@@ -22,7 +22,8 @@ from fedforget.data.scenario import Scenario, resolve_scenario
 from fedforget.engine import Simulation
 from fedforget.inputs import REPLAY_AUGMENT_STREAM, crop_flip
 from fedforget.methods import ClientContext, RunInfo, check_params, make_params
-from fedforget.methods.base import ServerContext, frozen_copy
+from fedforget.methods import target as target_module
+from fedforget.methods.base import STEP_TERMS, ServerContext, frozen_copy
 from fedforget.methods.distill import softened_kl
 from fedforget.methods.lander import (
     LANDER,
@@ -34,7 +35,13 @@ from fedforget.methods.lander import (
     label_embeddings,
     label_texts,
 )
-from fedforget.methods.synthesis import BNStatsLoss, Synthesizer, boundary_loss, score_pool
+from fedforget.methods.synthesis import (
+    BNStatsLoss,
+    SynthesisResult,
+    Synthesizer,
+    boundary_loss,
+    score_pool,
+)
 from fedforget.methods.target import (
     REPLAY_STREAM,
     TARGET,
@@ -46,7 +53,17 @@ from fedforget.models import Classifier
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError, torch_seed
 
-from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, run, same, strip
+from .conftest import (
+    CPU,
+    SMALL_CNN,
+    SMALL_RESNET,
+    SPLIT,
+    checkpoint_keeper,
+    digits_cfg,
+    run,
+    same,
+    strip,
+)
 
 # tiny synthesis budgets (the defaults are the papers')
 TINY = dict(
@@ -240,7 +257,7 @@ def test_kd_on_a_synthetic_batch_equals_the_hand_value():
     ctx = ctx_for(model, {"target_pool": pool}, task=1)
     method.client_begin(ctx)
     x, y = torch.rand(1, 1, 4, 4), torch.tensor([2])
-    kd = float(method.client_loss(ctx, x, y, None, model(x))["kd"].detach())
+    kd = float(method.client_loss(ctx, x, y, None, model(x))[STEP_TERMS].detach())  # its step term
     p = math.e / (1 + math.e)
     hand = 3.0 * (p * math.log(2 * p) + (1 - p) * math.log(2 * (1 - p)))
     assert abs(kd - hand) < 1e-6 and abs(hand - 0.332832) < 1e-6
@@ -336,24 +353,23 @@ def test_replayed_batches_come_from_the_servers_synthetic_pool(make_run_config, 
     the pool was made by the generator (sigmoid images, targets among the teacher's classes)
     and none of its rows is a training row."""
     seen = []
-    original = TARGET.synthetic_batch
+    original = TARGET.synthetic_rows
 
-    def spy(self, ctx):
-        rep = original(self, ctx)
-        if rep is not None:
-            seen.append((ctx.task, ctx.broadcast["target_pool"], rep))
-        return rep
+    def spy(self, ctx, k):
+        idx, x = original(self, ctx, k)
+        seen.append((ctx.task, ctx.broadcast["target_pool"], idx, x))
+        return idx, x
 
-    monkeypatch.setattr(TARGET, "synthetic_batch", spy)
+    monkeypatch.setattr(TARGET, "synthetic_rows", spy)
     sim, rows = run(digits_cfg(make_run_config, "target", TINY))
-    assert {t for t, _, _ in seen} == {1, 2}
+    assert {t for t, _, _, _ in seen} == {1, 2}
     every = torch.arange(len(sim.clients.rows))
     real = sim.clients.batch(every)[0].flatten(1)  # every training row, as the model sees it
-    for task, pool, rep in seen:
-        assert pool["task"] == task - 1 and torch.equal(rep.x, pool["x"][rep.idx])
+    for task, pool, idx, x in seen:
+        assert pool["task"] == task - 1 and torch.equal(x, pool["x"][idx])
         assert set(pool["y"].tolist()) <= set(range(2 * task))  # classes of tasks 0 .. task - 1
         assert ((pool["x"] > 0) & (pool["x"] < 1)).all()
-        assert torch.cdist(rep.x.flatten(1), real).min() > 0
+        assert torch.cdist(x.flatten(1), real).min() > 0
     assert seen[-1][1] is sim.server.state["target_pool"]
     assert rows[-1]["target_kd"] > 0 and rows[1]["target_bn_layers"] == 0.0  # cnn2d: no BatchNorm
 
@@ -394,28 +410,37 @@ def test_augmented_replay_is_augment_rows_of_the_pool_scored_by_the_teacher(
     the drawn pool rows keyed by (seed, stream 0xB1, round, client, step, pool index), and
     the teacher's logits are a direct forward of the pool's teacher on those augmented rows
     (not on the rows as made)."""
-    seen = []
-    original = TARGET.synthetic_batch
+    seen, scored = [], []
+    original = TARGET.synthetic_rows
 
-    def spy(self, ctx):
-        rep = original(self, ctx)
-        if rep is not None:
-            pool = ctx.broadcast["target_pool"]
-            salt = torch_seed(self.info.seed, REPLAY_AUGMENT_STREAM, REPLAY_STREAM, ctx.round, ctx.cid, ctx.steps) % _P  # fmt: skip
-            assert torch.equal(rep.x, crop_flip(pool["x"][rep.idx], rep.idx, salt, AUG["pad"]))
-            teacher = frozen_copy(ctx.model)
-            teacher.load_state_dict(pool[TEACHER])
-            assert torch.allclose(rep.t_logits, teacher(rep.x), atol=1e-6)
-            seen.append((rep.x, pool["x"][rep.idx], rep.t_logits, teacher(pool["x"][rep.idx])))
-        return rep
+    def spy(self, ctx, k):
+        idx, x = original(self, ctx, k)
+        pool = ctx.broadcast["target_pool"]
+        salt = torch_seed(self.info.seed, REPLAY_AUGMENT_STREAM, REPLAY_STREAM, ctx.round, ctx.cid, k) % _P  # fmt: skip
+        assert k == ctx.steps and torch.equal(x, crop_flip(pool["x"][idx], idx, salt, AUG["pad"]))
+        teacher = frozen_copy(ctx.model)
+        teacher.load_state_dict(pool[TEACHER])
+        seen.append((x, pool["x"][idx], teacher(x), teacher(pool["x"][idx])))
+        return idx, x
 
-    monkeypatch.setattr(TARGET, "synthetic_batch", spy)
+    def score_spy(model, x, map_features=None):
+        out = score_pool(model, x, map_features)
+        scored.append((x, out[0]))
+        return out
+
+    monkeypatch.setattr(TARGET, "synthetic_rows", spy)
+    monkeypatch.setattr(target_module, "score_pool", score_spy)
     rc = digits_cfg(make_run_config, "target", TINY)
     sim, rows = run(replace(rc, dataset=replace(rc.dataset, augment=AUG)))
     assert len(seen) > 2 and rows[-1]["target_kd"] > 0
     assert all(
         not torch.equal(x, raw) and not torch.allclose(t, t_raw) for x, raw, t, t_raw in seen
     )
+    # the teacher scored the augmented rows themselves, as a direct forward of its weights
+    steps = [(x, t) for x, t in scored if any(x is aug for aug, *_ in seen)]
+    assert len(steps) == len(seen)
+    for (x, t_logits), (aug, _, direct, _) in zip(steps, seen):
+        assert x is aug and torch.allclose(t_logits, direct, atol=1e-6)
 
 
 def test_prediction_hides_classes_of_tasks_not_started():
@@ -592,6 +617,97 @@ def test_task_il_and_domain_il_streams(make_run_config, method, scenario):
     if scenario["kind"] == "rotated":  # every class is learned in every task
         assert len(pool["x"]) == TINY_L["syn_size"]
     assert pool[TEACHER].keys() == sim.global_params.keys()
+
+
+@pytest.mark.parametrize(
+    "model,rule,heads",
+    [("mlp", "steps", "shared"),  # every step batched (stacked_forward), unequal synthetic rows
+     ("cnn2d", "code", "shared"),  # epochs cut; wide steps client by client in replicas, tails batched
+     ("mlp", "code", "per_task"),  # the old classes scored by their own (frozen) heads
+     ("resnet8", "steps", "shared")],  # BatchNorm: each client's statistics see its own rows
+)  # fmt: skip
+def test_target_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch,
+                                             model, rule, heads):  # fmt: skip
+    """Issue 32, 3: TARGET's KD on each client's synthetic batch (its own draws, crops and row
+    count, through the step's weights; the pool's teacher over every client's rows at once),
+    its CE over each row's task's classes and the code rule's cut epochs in the stacked
+    trainer, within 1e-5 of the sequential one (metrics, the pools the server made from the
+    weights, the weights). With BatchNorm the generator, trained against the teacher's
+    running statistics, turns their rounding differences into other pools (its loss is
+    chaotic in them): there the pool is fixed keyed rows, so the clients' steps are compared."""
+    if model == "resnet8":
+        def fixed_pool(self):
+            gen = torch.Generator().manual_seed(7)
+            x = torch.rand(TINY["syn_size"], *self.shape, generator=gen)
+            y = self.classes[torch.randint(len(self.classes), (len(x),), generator=gen)]
+            return SynthesisResult(x, y, [], {"bn_layers": 1.0})
+
+        monkeypatch.setattr(Synthesizer, "run", fixed_pool)
+    bn = model == "resnet8"  # drop_last: no 1-row batch through BatchNorm (as A-GEM's and DER's test)
+    scenario = {**SPLIT, "incremental": "class", "heads": heads}
+    rc = make_run_config(
+        dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None,
+        method="target", scenario=scenario, params={**TINY, "replay_rule": rule, **({"replay_batch": 12} if rule == "code" else {})},
+        rounds=2 if bn else 3, batch_size=32, local_epochs=1 if bn else 2, sample_rate=0.75, eval_local_models=False,
+        eval_every=1, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu", drop_last=bn,
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
+    )  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    # the generator's losses (~300 on resnet8, most of it its BatchNorm-statistics term: squared
+    # distances to the teacher's running statistics, which differ by rounding): relative
+    big = [k for k in rows_s[1] if "gen_loss" in k]
+    for ra, rb in zip(rows_s, rows_v):
+        for k in big:
+            assert math.isclose(ra.pop(k, 0.0), rb.pop(k, 0.0), rel_tol=1e-4), k
+    assert_same_metrics(rows_s, rows_v)
+    assert rows_s[-1]["target_kd"] > 0 and (rule == "steps" or rows_s[-1]["target_epoch_steps"] >= 1)
+    pool_s, pool_v = seq.server.state["target_pool"], vec.server.state["target_pool"]
+    torch.testing.assert_close(pool_s["x"], pool_v["x"], atol=1e-5, rtol=1e-5)
+    for k, v in seq.global_params.items():  # running statistics included
+        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize(
+    "model,heads",
+    [("mlp", "shared"),  # every step batched (stacked_forward), the synthetic rows unequal
+     ("cnn2d", "per_task"),  # client by client in replicas (live_alone), tails batched; old heads
+     ("resnet8", "shared")],  # BatchNorm: each client's statistics see its own rows
+)  # fmt: skip
+def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, model, heads):
+    """LANDER's step as live terms of a stack (each client's bounding loss on the LTE map of
+    the step's own features, its CE, and from task 1 the KD and LTE feature terms on its
+    synthetic batch, weighted cur / pre) within 1e-5 of a client alone's ``client_loss``
+    (metrics, diagnostics, weights), per-task heads included. With BatchNorm the pool is
+    fixed keyed rows (see ``test_target_trains_stacked_as_sequential``)."""
+    bn = model == "resnet8"
+    if bn:
+        def fixed_pool(self):
+            gen = torch.Generator().manual_seed(7)
+            x = torch.rand(TINY_L["syn_size"], *self.shape, generator=gen)
+            y = self.classes[torch.randint(len(self.classes), (len(x),), generator=gen)]
+            return SynthesisResult(x, y, [], {"bn_layers": 1.0})
+
+        monkeypatch.setattr(LanderSynthesizer, "run", fixed_pool)
+    rc = make_run_config(
+        dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None,
+        method="lander", scenario={**SPLIT, "incremental": "class", "heads": heads}, params={**TINY_L, "replay_batch": 0},
+        rounds=2 if bn else 3, batch_size=32, local_epochs=1 if bn else 2, sample_rate=0.75, eval_local_models=False,
+        eval_every=1, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu", drop_last=bn,
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
+    )  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    big = [k for k in rows_s[1] if "gen_loss" in k]  # the generator's (relative; see TARGET's test)
+    for ra, rb in zip(rows_s, rows_v):
+        for k in big:
+            assert math.isclose(ra.pop(k, 0.0), rb.pop(k, 0.0), rel_tol=1e-4), k
+    assert_same_metrics(rows_s, rows_v)
+    assert rows_s[-1]["lander_kd"] > 0 and rows_s[-1]["lander_fkd"] > 0 and rows_s[-1]["lander_bound"] >= 0
+    for k, v in seq.global_params.items():  # running statistics included
+        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
 
 
 def test_fedgp_over_target(make_run_config):

@@ -187,6 +187,11 @@ class StepBatch(NamedTuple):
     # the step's index in the round's local steps, on the host (every client of a stack takes
     # its k-th step together): a plan made at the clients' start is read by it (PlannedTerms)
     k: int | None = None
+    # ``features_logits(w, x, rows=None)``: (body features [G, m, F], logits of every class
+    # [G, m, C], each by its newest head: ``TaskHeads.combined``) of the stack's weights ``w`` on
+    # inputs [G, m, ...], in training mode as ``forward`` (each client's BatchNorm statistics
+    # see its first ``rows[j]`` rows): TARGET's and LANDER's synthetic rows
+    features_logits: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def row_mask(self) -> torch.Tensor:
         """[G, w] float: 1 on each client's real rows, 0 on its padding."""
@@ -215,6 +220,9 @@ class LiveStep(NamedTuple):
     gmap: Callable[[Params], Params] | None = None
     done: Callable[[Params, torch.Tensor | None], None] | None = None
     has: torch.Tensor | None = None
+    # [hi - lo]: the step's whole loss instead of the task loss plus ``loss``, a function of the
+    # task loss (LANDER weighs it against its synthetic batch's terms); differentiated and logged
+    total: torch.Tensor | None = None
 
 
 # live(lo, hi, stacked weights, the step's StepBatch with live logits and loss) -> LiveStep
@@ -276,8 +284,9 @@ class ClientContext:
     # (FedGP's buffer offers); None outside a trainer
     minibatches: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] | None = None
     # at most this many minibatches per local epoch, set in client_begin (TARGET's code rule:
-    # an epoch stops when its synthetic loader runs out); None: every minibatch. The
-    # sequential trainer only (a method that sets it declares ``stacked = False``)
+    # an epoch stops when its synthetic loader runs out); None: every minibatch. The stacked
+    # trainer reads it where it calls client_begin before its pass: for a method with step or
+    # live terms (tests/methods/test_protocol.py checks that a method setting it has them)
     epoch_steps: int | None = None
     # frozen copies of the client model that a method reloads for each client instead of
     # building one per client (the global or previous model: ``frozen_model``), owned
@@ -295,17 +304,18 @@ class ClientContext:
         partial minibatches (at least one; a method that keeps one value per step)."""
         return self.local_epochs * max(-(-self.n_samples // self.batch_size), 1)
 
-    def augment_rows(self, x: torch.Tensor, rows: torch.Tensor, stream: int) -> torch.Tensor:
+    def augment_rows(self, x: torch.Tensor, rows: torch.Tensor, stream: int, step: int | None = None) -> torch.Tensor:
         """Rows ``x`` [B, C, H, W] that a method replays in this local step from its own
         store (exemplars: model inputs), augmented as the step's private rows are (the
         dataset's ``augment``, ``fedforget.inputs.InputPipeline.replay_inputs``), keyed by
-        (run seed, the method's ``stream``, round, client, this step ``steps``, each row's
-        index ``rows`` in the store): a new crop per step, the same after a resume. ``x``
-        itself (the same object) where the dataset has no augmentation, or outside a run."""
+        (run seed, the method's ``stream``, round, client, this step ``steps`` (``step``: the
+        stacked trainer's ``StepBatch.k``), each row's index ``rows`` in the store): a new
+        crop per step, the same after a resume. ``x`` itself (the same object) where the
+        dataset has no augmentation, or outside a run."""
         inputs = getattr(getattr(self.data, "data", None), "inputs", None)
         if inputs is None:
             return x
-        return inputs.replay_inputs(x, rows, stream, self.round, self.cid, self.steps)
+        return inputs.replay_inputs(x, rows, stream, self.round, self.cid, self.steps if step is None else step)
 
 
 @dataclass
@@ -516,6 +526,10 @@ class FedAvg:
     live_terms: bool = False  # the method states terms of the step's own forward pass in
     #   ``client_live_terms`` (a loss of its logits, a second pass at perturbed weights): the
     #   stacked trainer runs it where it runs the model layer by layer (``stacked_forward``)
+    live_heads: bool = False  # its live terms read the step's own forward (the active head's
+    #   logits, as a client alone's step) and score other rows only through ``StepBatch.forward``
+    #   or ``features_logits``, which route per-task heads: the stacked trainer runs it with
+    #   per-task heads too (LANDER); False: refused there (``why_not_vectorized``)
     own_predict: bool = False  # ``eval_predict`` differs from the model's logits
     capturable_terms: bool = True  # its terms (step or live; FedAvg has none) may run inside a
     #   CUDA graph: in the step they read the step's tensors and tensors made before it, no
@@ -526,6 +540,10 @@ class FedAvg:
     shared_projection: bool = False  # its step terms are one map of the step's gradient, fixed
     #   by the round's broadcast, the same for every client (FedProTIP's projection): the
     #   engine's projection_geometry diagnostic applies it to whole-task gradients
+    # the classes the task loss scores for a row of each label, bool [C, C] (row = label),
+    # where no task-incremental mask applies (``task_mask``; TARGET's ``ce: task``: the
+    # classes of the label's task); None: every class. Data, read by both trainers
+    label_classes: torch.Tensor | None = None
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         self.check_train(info.train, params)
@@ -647,7 +665,7 @@ class FedAvg:
         ``client_step_terms`` for this client alone (a stack of one). A method adds its own
         term after ``super()``'s (MOON's contrastive term) or replaces ``TASK`` (a different
         mask); a plug-in reads its base's terms apart (FedSOL)."""
-        terms = {TASK: task_cross_entropy(logits, y, ctx.logit_mask)}
+        terms = {TASK: task_cross_entropy(logits, y, self.task_mask(ctx.logit_mask, y))}
         step = self._own_terms(ctx)
         if step is not None:
             w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
@@ -659,6 +677,14 @@ class FedAvg:
                 terms[STEP_TERMS] = loss[0]
         return terms
 
+    def task_mask(self, logit_mask: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
+        """The classes each row of labels ``y`` lets the task loss score: the task-incremental
+        mask ``logit_mask`` where there is one, else the rows' ``label_classes`` (None: every
+        class). A helper, not a hook: the stacked trainer applies the same rule."""
+        if logit_mask is not None or self.label_classes is None:
+            return logit_mask
+        return self.label_classes[y]
+
     def _step_alone(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> StepBatch:
         """The StepBatch of a client training alone: its model's own forward (per-task heads
         routed per row: ``Classifier.row_logits``) and the gradient in its parameters,
@@ -669,13 +695,17 @@ class FedAvg:
         def forward(w: Params, xm: torch.Tensor, task: torch.Tensor | None, rows: list[int] | None = None) -> torch.Tensor:
             return model.row_logits(xm[0], None if task is None else task[0]).unsqueeze(0)
 
+        def features_logits(w: Params, xm: torch.Tensor, rows: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            z = model.features(xm[0])
+            return z.unsqueeze(0), model.head_logits(z).unsqueeze(0)
+
         def grad(loss: torch.Tensor, w: Params) -> Params:
             ps = [live[n] for n in w]
             gs = torch.autograd.grad(loss, ps, allow_unused=True)
             return {n: (torch.zeros_like(p) if g is None else g).unsqueeze(0) for n, p, g in zip(w, ps, gs)}
 
         return StepBatch(x.unsqueeze(0), y.unsqueeze(0), [len(y)], logits.detach().unsqueeze(0), forward, grad,
-                         k=ctx.steps)  # fmt: skip
+                         k=ctx.steps, features_logits=features_logits)  # fmt: skip
 
     def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
         """This client's ``client_step_terms`` (built once per client and round)."""

@@ -88,6 +88,12 @@ summed first-epoch loss was lowest (``best_model``); here, as for every method, 
 aggregate. Its cosine schedule of the local learning rate (0.04, momentum 0.9) is a train
 setting.
 
+Both trainers [D, issue 32]: a client alone takes ``client_loss``, a stack the same terms as
+live terms (``client_live_terms``: the bounding loss on the step's own features, each
+client's mean over its real rows, the stacked trainer's CE, TARGET's stacked synthetic batch
+and KD; ``lander_loss`` combines them for both), so per-task heads stack as well
+(``live_heads``). Equal within 1e-5 (tests/methods/test_target.py).
+
 Diagnostics (``lander_<key>``): TARGET's, and clients' ``bound`` (mean B over steps) and ``fkd``
 (mean feature MSE on the synthetic rows).
 """
@@ -109,10 +115,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils import FedForgetError
-from .base import ClientContext, RunInfo, ServerContext, task_cross_entropy
+from .base import (
+    ClientContext,
+    LiveStep,
+    LiveTerms,
+    RunInfo,
+    ServerContext,
+    StepBatch,
+    task_cross_entropy,
+)
 from .params import integer, number, redefault, text
 from .registry import METHODS
-from .shared import require
+from .shared import StepSums, require
 from .synthesis import (
     NOISE,
     SYNTH_STREAM,
@@ -328,6 +342,14 @@ class LanderSynthesizer(Synthesizer):
 class LANDER(TARGET):
     name = "lander"
     synthesizer = LanderSynthesizer
+    # [D] its step weighs the task loss and its bounding term on the step's own features (cur)
+    # against the synthetic batch's terms (pre): live terms (``client_live_terms``, the whole
+    # loss of each client of a stack), beside ``client_loss`` for a client alone; TARGET's
+    # step terms are not its own. The synthetic rows are scored by their classes' newest heads
+    # (StepBatch.features_logits), so per-task heads stack too
+    live_terms = True
+    live_heads = True
+    sees_step = False  # (TARGET's step terms do)
 
     @dataclass(frozen=True)
     class Params(SynthesisParams):
@@ -408,17 +430,67 @@ class LANDER(TARGET):
         alpha, beta = math.log2(total / 2 + 1), math.sqrt(old / total)
         return self.p.cur * (1 + 1 / alpha) / beta, self.p.pre * alpha * beta
 
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> None:
+        """None: LANDER's synthetic terms are in its ``client_loss`` (TARGET's KD term would
+        add a second one)."""
+        return None
+
+    def lander_loss(self, ctx: ClientContext, ce, bound, kd=None, fkd=None):
+        """The step's loss from its terms (scalars of a client alone, or [a] of a stack): the
+        current task's loss ce + ltc * bound, from task 1 (a pool: ``kd`` given) weighted
+        cur against pre * (kd * KD + the feature term) [C]."""
+        current = ce + self.p.ltc * bound
+        if kd is None:
+            return current  # task 0 [C _local_update]
+        cur, pre = self.weights(ctx)
+        return cur * current + pre * (self.p.kd * kd + fkd)
+
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
         """One term: the current task's loss (TARGET's masked CE + ltc * the bounding loss),
-        from task 1 weighted against the KD and feature terms on the synthetic batch [C]."""
+        from task 1 weighted against the KD and feature terms on the synthetic batch [C]
+        (``lander_loss``; a stack's: ``client_live_terms``)."""
         lte = ctx.broadcast[LTE]
         bound = bounding_loss(ctx.model.lte_map(features), lte[y], self.p.r)
         self.note(ctx, "bound", bound)
-        current = task_cross_entropy(logits, y, self.row_mask(ctx, y)) + self.p.ltc * bound
+        ce = task_cross_entropy(logits, y, self.row_mask(ctx, y))
         rep = self.synthetic_batch(ctx)
         if rep is None:
-            return {"lander": current}  # task 0 [C _local_update]
+            return {"lander": self.lander_loss(ctx, ce, bound)}
         fkd = F.mse_loss(ctx.model.lte_map(rep.features), rep.t_feats)
         self.note(ctx, "fkd", fkd)
-        cur, pre = self.weights(ctx)
-        return {"lander": cur * current + pre * (self.p.kd * self.kd_term(ctx, rep) + fkd)}
+        return {"lander": self.lander_loss(ctx, ce, bound, self.kd_term(ctx, rep), fkd)}
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
+        """LANDER's step for a stack of clients (``client_loss``'s terms, each client's the
+        mean over its real rows): the bounding loss of the LTE map of the step's own
+        features against their labels' anchors, the task loss (the stacked trainer's CE over
+        each row's classes), and from task 1 the KD (``kd_stack``) and the LTE feature term
+        on each client's synthetic batch (``synthetic_stack``), combined by ``lander_loss``."""
+        scr = [self.scratch(c) for c in ctxs]
+        pool = scr[0].pool is not None  # one pool for every client: the round's broadcast
+        sums = StepSums.shared(scr, 3 if pool else 1, self.info.device, "step_sums")
+        for s in scr:
+            s.sum_keys = ("bound", "fkd", "kd") if pool else ("bound",)
+        lte, old = ctxs[0].broadcast[LTE], scr[0].old if pool else None
+
+        def lte_map(w: dict[str, torch.Tensor], feats: torch.Tensor) -> torch.Tensor:  # [a, m, F] -> [a, m, E]
+            return torch.baddbmm(w["lte_map.bias"].unsqueeze(1), feats, w["lte_map.weight"].transpose(1, 2))
+
+        def mean_rows(sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [a, m, E] -> [a]
+            return (sq.mean(-1) * mask).sum(1) / mask.sum(1)
+
+        def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
+            mask = step.row_mask()
+            bound = torch.relu(mean_rows((lte_map(w, step.features) - lte[step.y]) ** 2, mask) - self.p.r)
+            sums[0, lo:hi] += bound.detach()
+            if not pool:
+                return LiveStep(total=self.lander_loss(ctxs[lo], step.loss, bound))
+            rep = self.synthetic_stack(ctxs, lo, hi, w, step)
+            rows = torch.ones(rep.features.shape[:2], device=mask.device) if rep.mask is None else rep.mask
+            fkd = mean_rows((lte_map(w, rep.features) - rep.t_feats) ** 2, rows)
+            kd = self.kd_stack(rep, old)
+            sums[1, lo:hi] += fkd.detach()
+            sums[2, lo:hi] += kd.detach()
+            return LiveStep(total=self.lander_loss(ctxs[lo], step.loss, bound, kd, fkd))
+
+        return live

@@ -95,6 +95,18 @@ is a train setting, not the method's (``train.optimizer``); the data's augmentat
 dataset's setting (``dataset.augment``), which the replayed synthetic rows follow as the
 code's do.
 
+Both trainers run one client step [D, issue 32]: the KD is a step term that sees the step
+(``client_step_terms``; a client alone is a stack of one, computing what this file computed
+before, bit for bit: ``benchmarks/fingerprints.py``), the CE's classes are data
+(``label_classes``), and the code rule's cut epochs are the stacked trainer's too
+(``ClientJob.epoch_steps``). Stacked, each client draws and augments its own synthetic rows
+(its generator, its step), they go through the stack's weights as one padded batch
+(``StepBatch.features_logits``: each client's BatchNorm statistics see its own rows, each
+class scored by its newest head), and the teacher scores every client's rows in one forward;
+each client's KD is the mean over its rows. The draws are host work at every step, so these
+steps run eagerly on a GPU (``capturable_terms = False``). Equal to one client after another
+within 1e-5 (tests/methods/test_target.py: MLP, CNN, ResNet-8, per-task heads, both rules).
+
 Diagnostics (``target_<key>``): clients ``kd`` (mean KL over steps); at a task end
 ``bn_layers``, ``gen_loss_first`` / ``gen_loss_last`` (mean L_gen of the first / last round),
 ``pool_rows``, ``pool_target_acc`` (share of pool rows the teacher puts in their target
@@ -111,26 +123,27 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..models import TaskHeads
 from ..utils import FedForgetError
 from .base import (
-    TASK,
     TASK_END,
     ClientContext,
     FedAvg,
     RunInfo,
     ServerContext,
+    StepBatch,
+    StepTerms,
     Upload,
     frozen_copy,
     frozen_model,
-    task_cross_entropy,
 )
 from .distill import softened_kl
 from .params import boolean, choice
 from .registry import METHODS
-from .shared import floor_unscored
+from .shared import StepSums, floor_unscored
 from .synthesis import (
     SynthesisParams,
     Synthesizer,
@@ -145,6 +158,15 @@ REPLAY_STREAM = 0xB1  # keyed randomness of the clients' synthetic batches (rows
 TEACHER = "teacher"  # pool key: the weights of the global model that made the pool
 METAS = ("fomaml", "reptile")
 REPLAY_RULES = ("steps", "code")
+
+
+def padded(parts: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
+    """Each client's rows ``parts[j]`` [rows[j], ...] stacked [G, max(rows), ...], zero rows
+    after each client's real ones."""
+    out = parts[0].new_zeros((len(parts), max(rows), *parts[0].shape[1:]))
+    for j, part in enumerate(parts):
+        out[j, : rows[j]] = part
+    return out
 
 
 def target_replay_rows(replay_batch: int, syn_size: int, n_pool: int, n_samples: int, batch_size: int) -> int:
@@ -173,9 +195,12 @@ def code_replay_rows(replay_batch: int, syn_size: int, n_pool: int, dataset_rows
 class TARGET(FedAvg):
     name = "target"
     one_task_per_class = True  # each class's owner task (its synthetic rows' task, the seen classes)
-    # [D] sequential: synthetic batches replayed with KD in every step, and epochs cut where the
-    # synthetic loader runs out (epoch_steps), which a stack cannot (LANDER likewise)
-    stacked = False
+    # [D] the KD on each step's synthetic batch is a step term that sees the step (its rows go
+    # through the step's weights): both trainers run it (``client_step_terms``); the code
+    # rule's cut epochs (epoch_steps) the stacked trainer cuts as a client alone does
+    step_terms = True
+    sees_step = True
+    capturable_terms = False  # each step draws its rows and crops on the host
     own_upload = True
     own_predict = True
     exchanges = (TASK_END,)
@@ -214,6 +239,8 @@ class TARGET(FedAvg):
             owner[self.task_classes[t]] = t
             mask[t, self.task_classes[t]] = True
         self.class_task, self.class_mask = owner.to(info.device), mask.to(info.device)
+        if params.ce == "task" and self.split:  # the CE over the classes of each row's task
+            self.label_classes = self.class_mask[self.class_task]
         self.pool_key, self.stats_key = f"{self.name}_pool", f"{self.name}_synthesis"
         self.warned = False
 
@@ -341,24 +368,31 @@ class TARGET(FedAvg):
         total, n = sums.get(key, (0.0, 0))
         sums[key] = (total + value.detach(), n + 1)
 
-    def synthetic_batch(self, ctx: ClientContext) -> SimpleNamespace | None:
-        """This step's synthetic batch: pool rows ``idx``, their train augmentation ``x``
-        (``ctx.augment_rows``; the rows themselves without one), the model's ``features``
-        and ``logits`` (every class) on it, and the teacher's, without gradient, on the same
-        ``x``: ``t_logits`` and ``t_feats`` (``teacher_map``, None for TARGET); None before
-        the first pool."""
+    def synthetic_rows(self, ctx: ClientContext, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local step ``k``'s synthetic batch: (pool rows ``idx``, their train augmentation
+        ``x``: ``ctx.augment_rows``, the rows themselves without one). ``replay_rule``
+        steps: a fresh draw at every step; code: the epoch's shuffled loader, one batch per
+        step [C]. Called once per step, in step order (the client's generator)."""
         s = self.scratch(ctx)
-        if s.pool is None:
-            return None
         x_pool = s.pool["x"]
         if self.code_rule:  # the epoch's shuffled loader, one batch per step [C]
-            j = ctx.steps % ctx.epoch_steps
+            j = k % ctx.epoch_steps
             if j == 0:
                 s.order = torch.randperm(len(x_pool), generator=s.gen)
             idx = s.order[j * s.rows : (j + 1) * s.rows].to(x_pool.device)
         else:  # a fresh draw at every step
             idx = torch.randperm(len(x_pool), generator=s.gen)[: s.rows].to(x_pool.device)
-        x = ctx.augment_rows(x_pool[idx], idx, REPLAY_STREAM)
+        return idx, ctx.augment_rows(x_pool[idx], idx, REPLAY_STREAM, k)
+
+    def synthetic_batch(self, ctx: ClientContext) -> SimpleNamespace | None:
+        """This step's synthetic batch (``synthetic_rows``), the model's ``features`` and
+        ``logits`` (every class) on it, and the teacher's, without gradient, on the same
+        ``x``: ``t_logits`` and ``t_feats`` (``teacher_map``, None for TARGET); None before
+        the first pool. A client alone (LANDER's step)."""
+        s = self.scratch(ctx)
+        if s.pool is None:
+            return None
+        idx, x = self.synthetic_rows(ctx, ctx.steps)
         features, logits = features_and_logits(ctx.model, x)
         with torch.no_grad():
             t_logits, t_feats = score_pool(s.teacher, x, self.teacher_map())
@@ -374,24 +408,74 @@ class TARGET(FedAvg):
 
     def row_mask(self, ctx: ClientContext, y: torch.Tensor) -> torch.Tensor | None:
         """The classes each row's CE scores: the task-IL mask, else (ce: task, split streams)
-        the classes of the row's task; None: every class."""
-        if ctx.logit_mask is not None:
-            return ctx.logit_mask
-        if self.p.ce == "task" and self.split:
-            return self.class_mask[self.class_task[y]]
-        return None
+        the classes of the row's task (``label_classes``); None: every class."""
+        return self.task_mask(ctx.logit_mask, y)
 
-    def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
-        """CE over each row's allowed classes (``row_mask``), then the KD term on the
-        synthetic batch (from task 1)."""
-        terms = {TASK: task_cross_entropy(logits, y, self.row_mask(ctx, y))}
-        rep = self.synthetic_batch(ctx)
-        if rep is not None:
-            terms["kd"] = self.p.kd * self.kd_term(ctx, rep)
+    def synthetic_stack(self, ctxs: Sequence[ClientContext], lo: int, hi: int, w: dict[str, torch.Tensor],
+                        step: StepBatch) -> SimpleNamespace:  # fmt: skip
+        """Step ``step.k``'s synthetic batch of each client of ``ctxs[lo:hi]``
+        (``synthetic_rows``) through the stack's weights ``w`` (``StepBatch.features_logits``:
+        training mode, each class by its newest head) and the pool's teacher (no gradient; one
+        forward over every client's rows): ``features`` [a, m, F], ``logits`` [a, m, C],
+        ``t_logits`` [a, m, C], ``t_feats`` [a, m, ...] (``teacher_map``; None for TARGET),
+        ``mask`` [a, m], 1.0 on each client's real rows (a client alone: its rows, unpadded,
+        ``mask`` None)."""
+        teacher = self.scratch(ctxs[lo]).teacher  # one pool, so one teacher's weights, for every client
+        xs = [self.synthetic_rows(c, step.k)[1] for c in ctxs[lo:hi]]
+        with torch.no_grad():
+            t_logits, t_feats = score_pool(teacher, xs[0] if len(xs) == 1 else torch.cat(xs), self.teacher_map())
+        if len(xs) == 1:
+            feats, logits = step.features_logits(w, xs[0].unsqueeze(0))
+            return SimpleNamespace(features=feats, logits=logits, t_logits=t_logits.unsqueeze(0),
+                                   t_feats=None if t_feats is None else t_feats.unsqueeze(0), mask=None)  # fmt: skip
+        rows = [len(x) for x in xs]
+        mask = t_logits.new_zeros((len(xs), max(rows)))
+        for j, r in enumerate(rows):
+            mask[j, :r].fill_(1.0)  # (a number set by [] = would be a host tensor)
+        feats, logits = step.features_logits(w, padded(xs, rows), rows)
+        t_feats = None if t_feats is None else padded(list(t_feats.split(rows)), rows)
+        return SimpleNamespace(features=feats, logits=logits, t_logits=padded(list(t_logits.split(rows)), rows),
+                               t_feats=t_feats, mask=mask)  # fmt: skip
+
+    def kd_stack(self, rep: SimpleNamespace, old: torch.Tensor) -> torch.Tensor:
+        """[a]: each client's KD on its synthetic batch (``synthetic_stack``), the mean over
+        its rows of KL(softmax(T_old / tau) || softmax(f / tau)) over the old classes
+        (``softened_kl``'s for a client alone)."""
+        tau = self.p.temperature
+        if rep.mask is None:
+            return softened_kl(rep.logits[0][:, old], rep.t_logits[0][:, old], tau).unsqueeze(0)
+        kl = F.kl_div(F.log_softmax(rep.logits[..., old] / tau, dim=-1), F.log_softmax(rep.t_logits[..., old] / tau, dim=-1),
+                      reduction="none", log_target=True).sum(-1)  # fmt: skip
+        return (kl * rep.mask).sum(1) / rep.mask.sum(1)
+
+    def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
+        """From task 1, kd times the KD on each client's synthetic batch of the step
+        (``synthetic_stack``, ``kd_stack``): the model's logits of every class (each by its
+        newest head) on it, through the step's weights in training mode, against the pool's
+        teacher's on the same rows, over the old classes, each client's mean over its rows;
+        None in task 0 (the task's CE alone [C]). The CE itself is FedAvg's over each row's
+        classes (``label_classes``)."""
+        scr = [self.scratch(c) for c in ctxs]
+        if scr[0].pool is None:  # one pool for every client: the round's broadcast
+            return None
+        sums = StepSums.shared(scr, 1, self.info.device, "step_sums")
+        for s in scr:
+            s.sum_keys = ("kd",)
+        old = scr[0].old
+
+        def terms(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch):
+            kd = self.kd_stack(self.synthetic_stack(ctxs, lo, hi, w, step), old)
+            sums[0, lo:hi] += kd.detach()
+            return self.p.kd * kd, None, None
+
         return terms
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
-        for key, (total, n) in self.scratch(ctx).sums.items():
+        s = self.scratch(ctx)
+        for key, (total, n) in s.sums.items():
             ctx.stats[key] = float(total) / n
+        if getattr(s, "step_sums", None) is not None and ctx.steps:  # the step terms' (a stack's)
+            for key, total in zip(s.sum_keys, s.step_sums.values()):
+                ctx.stats[key] = total / ctx.steps
         return up
