@@ -41,6 +41,8 @@
 #             against the sequential and batched engines;
 #   slvit     SL-ViT (FedSOL Table 3; stacked_forward since the third session of 2026-12-02):
 #             FedAvg's plain loop against both engines, then FedSOL sequential vs batched;
+#   vit       torchvision's ViT-B/16 at 224 px (FedProTIP Table 7's model; stacked_forward since
+#             2026-12-03): FedAvg's plain loop against both engines, Table 7's 5 clients;
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER and FedProTIP with per-task heads (TIP) on ResNet-18,
 #             sequential vs stacked (split 5 x 2: task 0 in the warm-up); replay18: A-GEM and
@@ -68,7 +70,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit continual18 fedproj packing resnet18 hf rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit vit continual18 fedproj packing resnet18 hf rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -165,6 +167,10 @@ slvit() {
         --epochs 1 --rounds 3 --json "$out/slvit-dir-e1.json" | tee -a "$out/sim.txt"
     box 90 "${sim[@]}" --warmup 2 --modes sequential vectorized --preset slvit --partition dirichlet0.5 \
         --epochs 1 --rounds 3 --method fedsol --json "$out/slvit-dir-e1-fedsol.json" | tee -a "$out/sim.txt"
+}
+vit() {
+    box 150 "${sim[@]}" --warmup 1 --modes central sequential vectorized --preset vit --partition dirichlet0.5 \
+        --epochs 1 --rounds 2 --json "$out/vit-dir-e1.json" | tee -a "$out/sim.txt"
 }
 vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \
@@ -264,7 +270,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
+    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -90,6 +90,11 @@ PRESETS = {
     # batch 50 (batched through stacked_forward since 2026-12-02, vmap before)
     "slvit": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="slvit", model_options={},
                   clients=100, rate=0.1, batch=50),
+    # torchvision's ViT-B/16 (FedProTIP Table 7's model, random weights) at 224 px on CIFAR-shaped
+    # rows, Table 7's 5 clients, all sampled, batch 64 (batched through stacked_forward since
+    # 2026-12-03, vmap before, which auto refused on a GPU)
+    "vit": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="vit", model_options={},
+                clients=5, rate=1.0, batch=64),
     # VGG-11 (FedSOL Table 3) in the same setting: no BatchNorm, so on a GPU its batched steps
     # are full width (fedforget.vectorized: full_width) and the rounds that meet new step
     # shapes are what issue 32 measures (each round's seconds are in the JSON: s_rounds)

@@ -240,8 +240,9 @@ def test_auto_engine_choice_on_cpu(make_run_config):
     tv = build_model("resnet18_imagenet", (3, 8, 8), 10)  # torchvision's blocks, stacked since 2026-12-02
     assert auto_prefers_sequential(tv, torch.device("cuda")) is None
     assert "BatchNorm2d: the stacked ResNet step is measured on a GPU only" in auto_prefers_sequential(tv, torch.device("cpu"))
-    vit = build_model("vit", (1, 8, 8), 10, VIT_TINY)
-    assert "module ViTBody would need the vmap path" in auto_prefers_sequential(vit, torch.device("cpu"))
+    vit = build_model("vit", (1, 8, 8), 10, VIT_TINY)  # stacked since 2026-12-03: on a GPU only
+    assert auto_prefers_sequential(vit, torch.device("cuda")) is None
+    assert "ViTBody: its stacked step is not measured on a CPU" in auto_prefers_sequential(vit, torch.device("cpu"))
     slvit = build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)  # stacked since 2026-12-02: on a GPU only
     assert auto_prefers_sequential(slvit, torch.device("cuda")) is None
     assert "SLViTBody: its stacked step is not measured on a CPU" in auto_prefers_sequential(slvit, torch.device("cpu"))
@@ -380,9 +381,9 @@ def test_stacked_supported_names_what_it_cannot_run():
 
     assert stacked_supported(build_model("resnet8", (1, 8, 8), 10, {"norm": "none"})) is None
     assert stacked_supported(build_model("slvit", (1, 8, 8), 10, SLVIT_TINY)) is None
-    assert stacked_supported(build_model("vit", (1, 8, 8), 10, VIT_TINY)) == "ViTBody"
+    assert stacked_supported(build_model("vit", (1, 8, 8), 10, VIT_TINY)) is None
     assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(), nn.BatchNorm1d(4)), 4, 2)) == "BatchNorm1d"
-    assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(), nn.Dropout(0.1)), 4, 2)) == "Dropout"
+    assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(), nn.Dropout(0.1)), 4, 2)) == "Dropout(p > 0)"
     assert stacked_supported(Classifier(nn.Sequential(nn.Flatten(0)), 4, 2)) == "Flatten"
     assert stacked_supported(Classifier(nn.Sequential(nn.Conv1d(1, 2, 3, padding_mode="circular")), 4, 2)) == "Conv1d"
 

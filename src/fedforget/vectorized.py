@@ -103,8 +103,10 @@ from .models import (
     LocalitySelfAttention,
     Resize,
     ResNetBody,
+    SelfAttention,
     SLViTBody,
     TaskHeads,
+    ViTBody,
 )
 from .utils import FedForgetError
 
@@ -254,6 +256,15 @@ def stacked_supported(module: nn.Module) -> str | None:
     if type(module) is SLViTBody:  # its forward, written out in _stacked_slvit
         parts = [module.tokens.norm, module.tokens.proj, module.norm, *(m for block in module.blocks for m in block)]
         return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
+    if type(module) is ViTBody:  # its forward, written out in _stacked_vit
+        vit = module.vit
+        parts = [vit.conv_proj, vit.encoder.dropout, vit.encoder.ln, *(m for blk in vit.encoder.layers
+                 for m in (blk.ln_1, blk.self_attention, blk.dropout, blk.ln_2, blk.mlp))]  # fmt: skip
+        return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
+    if type(module) is SelfAttention:
+        return None if module.dropout == 0 else "SelfAttention(dropout > 0)"
+    if type(module) is nn.Dropout:  # torchvision's ViT holds them at p = 0: the identity
+        return None if module.p == 0 else "Dropout(p > 0)"
     if type(module) is LocalitySelfAttention:
         return next((bad for c in (module.qkv, module.out) if (bad := stacked_supported(c)) is not None), None)
     if isinstance(module, HFBody):  # frozen: one feature map for every client (_stacked)
@@ -410,6 +421,10 @@ def _stacked(
         return F.relu(out + (x if module.downsample is None else run("downsample", x))), GRP
     if type(module) is SLViTBody:
         return _stacked_slvit(module, p, _relayout(h, layout, GB, g), g, prefix), GB
+    if type(module) is ViTBody:
+        return _stacked_vit(module, p, _relayout(h, layout, GB, g), g, prefix), GB
+    if type(module) is nn.Dropout:  # p = 0 (stacked_supported)
+        return h, layout
     if type(module) is nn.LayerNorm:  # over each row's last dimensions, each client's affine
         h = _relayout(h, layout, GB, g)
         out = F.layer_norm(h, module.normalized_shape, None, None, module.eps)
@@ -468,6 +483,36 @@ def _stacked_slvit(module: SLViTBody, p: dict[str, torch.Tensor], x: torch.Tenso
         t = run(attn.out, at + "1.out.", o) + t
         t = run(mlp, at + "3.", run(norm2, at + "2.", t)) + t
     return run(module.norm, "norm.", t[:, :, 0])
+
+
+def _stacked_vit(module: ViTBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: int, prefix: str) -> torch.Tensor:
+    """``ViTBody.forward`` (torchvision's ``VisionTransformer`` without its head) of G
+    clients on their images [G, B, C, H, W] (GB): the resize and channel repeat of all rows
+    at once (no weights), each client's patch embedding (one grouped convolution), class
+    token, position embedding, LayerNorms, attention projections and MLPs (batched matmuls)
+    and attention (``SelfAttention``'s ops over the stack's rows); the class token's final
+    representation [G, B, hidden]. Dropout is p = 0 throughout (``stacked_supported``)."""
+    vit, b = module.vit, x.shape[1]
+
+    def run(mod: nn.Module, name: str, h: torch.Tensor, layout: str = GB) -> torch.Tensor:
+        return _stacked(mod, p, h, g, prefix + name, layout)[0]
+
+    px = module.pixels(x.flatten(0, 1))  # [G * B, 3, S, S]
+    t = _stacked(vit.conv_proj, p, px.view(g, b, *px.shape[1:]), g, prefix + "vit.conv_proj.", GB)[0]  # [B, G * hidden, n_h, n_w]
+    t = t.reshape(b, g, vit.hidden_dim, -1).permute(1, 0, 3, 2)  # [G, B, N, hidden]: _process_input's order
+    cls = p[prefix + "vit.class_token"].expand(-1, b, -1, -1)  # [G, 1, 1, hidden] -> [G, B, 1, hidden]
+    t = torch.cat([cls, t], dim=2) + p[prefix + "vit.encoder.pos_embedding"]  # each client's, over its rows
+    n = t.shape[2]
+    for name, blk in vit.encoder.layers.named_children():
+        at = f"vit.encoder.layers.{name}."
+        attn = blk.self_attention
+        h, d = attn.num_heads, attn.embed_dim // attn.num_heads
+        qkv = run(attn.in_proj, at + "self_attention.in_proj.", run(blk.ln_1, at + "ln_1.", t))  # [G, B, N, 3E]
+        q, k, v = qkv.view(g * b, n, 3, h, d).permute(2, 0, 3, 1, 4)  # each [G * B, H, N, d]
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(g, b, n, -1)
+        t = run(attn.out_proj, at + "self_attention.out_proj.", o) + t
+        t = run(blk.mlp, at + "mlp.", run(blk.ln_2, at + "ln_2.", t)) + t
+    return run(vit.encoder.ln, "vit.encoder.ln.", t[:, :, 0])
 
 
 def _nhwc(h: torch.Tensor) -> bool:
@@ -1404,9 +1449,11 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
     normed = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
     if normed is not None and device.type != "cuda":
         return f"auto on a CPU: sequential (module {normed}: the stacked ResNet step is measured on a GPU only)"
-    if device.type != "cuda" and any(isinstance(m, SLViTBody) for m in model.modules()):
-        # [D] stacked since 2026-12-02 (third session): its batched matmuls are unmeasured on a CPU
-        return "auto on a CPU: sequential (module SLViTBody: its stacked step is not measured on a CPU)"
+    vit = next((type(m).__name__ for m in model.modules() if isinstance(m, (SLViTBody, ViTBody))), None)
+    if device.type != "cuda" and vit is not None:
+        # [D] stacked since 2026-12-02 (SL-ViT, third session) and 2026-12-03 (torchvision's
+        # ViT): their batched matmuls are unmeasured on a CPU
+        return f"auto on a CPU: sequential (module {vit}: its stacked step is not measured on a CPU)"
     return None
 
 

@@ -710,6 +710,24 @@ def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, asser
         torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
 
 
+def test_fedgp_over_target_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics):
+    """FedGP over TARGET stacks where TARGET does: TARGET's KD terms under FedGP's
+    projection, and TARGET's CE over each row's task's classes (``label_classes``, which the
+    plug-in takes from its base), within 1e-5 of one client after another."""
+    rc = make_run_config(
+        dataset="digits", model="mlp", method="fedgp", scenario={**SPLIT, "incremental": "class"},
+        params={"base": "target", "base_params": TINY}, rounds=3, batch_size=32, sample_rate=0.75,
+        eval_local_models=False, eval_every=1, optimizer={"lr": 0.05}, device="cpu",
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
+    )  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert seq.method.label_classes is seq.method.base.label_classes is not None
+    assert vec.engine_info["client_engine"] == "vectorized"
+    assert_same_metrics(rows_s, rows_v)
+    assert rows_s[-1]["fedgp_target_kd"] > 0
+
+
 def test_fedgp_over_target(make_run_config):
     sim, rows = run(digits_cfg(make_run_config, "fedgp", {"base": "target", "base_params": TINY}))
     assert "fedgp_target_pool_rows" in rows[1] and "fedgp_target_kd" in rows[-1]

@@ -45,6 +45,7 @@ class OverBase(FedAvg):
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)
         self.base = base_method(params, info)
+        self.label_classes = self.base.label_classes  # its task loss is the base's (FedAvg.task_mask)
 
     own_exchanges: tuple[str, ...] = ()  # the plug-in's own extra exchanges (FedGP: ROUND_END)
     # every hook forwards, so the trainers treat a plug-in as a method of its own step, upload
