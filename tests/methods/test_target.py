@@ -619,6 +619,33 @@ def test_task_il_and_domain_il_streams(make_run_config, method, scenario):
     assert pool[TEACHER].keys() == sim.global_params.keys()
 
 
+def fixed_pool(self):
+    """A synthesizer's ``run`` returning keyed rows with random targets among its classes: a
+    pool independent of the teacher's weights (the BatchNorm cases below)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.rand(self.p.syn_size, *self.shape, generator=gen)
+    y = self.classes[torch.randint(len(self.classes), (len(x),), generator=gen)]
+    return SynthesisResult(x, y, [], {"bn_layers": 1.0})
+
+
+def same_engines(out, assert_same_metrics, bn):
+    """The two engines' runs ``out`` (run_engines) agree: metrics within 1e-5, the generator's
+    losses relatively (~300 on resnet8, most of it its BatchNorm-statistics term: squared
+    distances to the teacher's running statistics, which differ by rounding), the global
+    weights within 1e-5 (1e-4 with BatchNorm, its running statistics included). Returns
+    (sequential simulation, its rows, batched simulation)."""
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    big = [k for k in rows_s[1] if "gen_loss" in k]
+    for ra, rb in zip(rows_s, rows_v):
+        for k in big:
+            assert math.isclose(ra.pop(k, 0.0), rb.pop(k, 0.0), rel_tol=1e-4), k
+    assert_same_metrics(rows_s, rows_v)
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
+    return seq, rows_s, vec
+
+
 @pytest.mark.parametrize(
     "model,rule,heads",
     [("mlp", "steps", "shared"),  # every step batched (stacked_forward), unequal synthetic rows
@@ -635,15 +662,9 @@ def test_target_trains_stacked_as_sequential(make_run_config, run_engines, asser
     weights, the weights). With BatchNorm the generator, trained against the teacher's
     running statistics, turns their rounding differences into other pools (its loss is
     chaotic in them): there the pool is fixed keyed rows, so the clients' steps are compared."""
-    if model == "resnet8":
-        def fixed_pool(self):
-            gen = torch.Generator().manual_seed(7)
-            x = torch.rand(TINY["syn_size"], *self.shape, generator=gen)
-            y = self.classes[torch.randint(len(self.classes), (len(x),), generator=gen)]
-            return SynthesisResult(x, y, [], {"bn_layers": 1.0})
-
-        monkeypatch.setattr(Synthesizer, "run", fixed_pool)
-    bn = model == "resnet8"  # drop_last: no 1-row batch through BatchNorm (as A-GEM's and DER's test)
+    bn = model == "resnet8"
+    if bn:
+        monkeypatch.setattr(Synthesizer, "run", fixed_pool)  # drop_last: no 1-row batch through BatchNorm (as A-GEM's and DER's test)
     scenario = {**SPLIT, "incremental": "class", "heads": heads}
     rc = make_run_config(
         dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None,
@@ -652,21 +673,10 @@ def test_target_trains_stacked_as_sequential(make_run_config, run_engines, asser
         eval_every=1, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu", drop_last=bn,
         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
     )  # fmt: skip
-    out = run_engines(rc)
-    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
-    assert vec.engine_info["client_engine"] == "vectorized"
-    # the generator's losses (~300 on resnet8, most of it its BatchNorm-statistics term: squared
-    # distances to the teacher's running statistics, which differ by rounding): relative
-    big = [k for k in rows_s[1] if "gen_loss" in k]
-    for ra, rb in zip(rows_s, rows_v):
-        for k in big:
-            assert math.isclose(ra.pop(k, 0.0), rb.pop(k, 0.0), rel_tol=1e-4), k
-    assert_same_metrics(rows_s, rows_v)
+    seq, rows_s, vec = same_engines(run_engines(rc), assert_same_metrics, bn)
     assert rows_s[-1]["target_kd"] > 0 and (rule == "steps" or rows_s[-1]["target_epoch_steps"] >= 1)
     pool_s, pool_v = seq.server.state["target_pool"], vec.server.state["target_pool"]
     torch.testing.assert_close(pool_s["x"], pool_v["x"], atol=1e-5, rtol=1e-5)
-    for k, v in seq.global_params.items():  # running statistics included
-        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
 
 
 @pytest.mark.parametrize(
@@ -683,12 +693,6 @@ def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, asser
     fixed keyed rows (see ``test_target_trains_stacked_as_sequential``)."""
     bn = model == "resnet8"
     if bn:
-        def fixed_pool(self):
-            gen = torch.Generator().manual_seed(7)
-            x = torch.rand(TINY_L["syn_size"], *self.shape, generator=gen)
-            y = self.classes[torch.randint(len(self.classes), (len(x),), generator=gen)]
-            return SynthesisResult(x, y, [], {"bn_layers": 1.0})
-
         monkeypatch.setattr(LanderSynthesizer, "run", fixed_pool)
     rc = make_run_config(
         dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None,
@@ -697,17 +701,8 @@ def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, asser
         eval_every=1, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu", drop_last=bn,
         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
     )  # fmt: skip
-    out = run_engines(rc)
-    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
-    assert vec.engine_info["client_engine"] == "vectorized"
-    big = [k for k in rows_s[1] if "gen_loss" in k]  # the generator's (relative; see TARGET's test)
-    for ra, rb in zip(rows_s, rows_v):
-        for k in big:
-            assert math.isclose(ra.pop(k, 0.0), rb.pop(k, 0.0), rel_tol=1e-4), k
-    assert_same_metrics(rows_s, rows_v)
+    _, rows_s, _ = same_engines(run_engines(rc), assert_same_metrics, bn)
     assert rows_s[-1]["lander_kd"] > 0 and rows_s[-1]["lander_fkd"] > 0 and rows_s[-1]["lander_bound"] >= 0
-    for k, v in seq.global_params.items():  # running statistics included
-        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
 
 
 def test_fedgp_over_target_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics):
