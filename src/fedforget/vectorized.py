@@ -7,8 +7,10 @@ or Adam, as ``torch.optim.Adam``: ``adam_update_``) runs on the stacked tensors.
 
 - ``stacked_forward`` (used when every module of the model is one it knows: Conv1d/Conv2d,
   Linear, ReLU/Tanh/Sigmoid/GELU, max/avg pooling, Flatten, Identity, nested Sequential,
-  BatchNorm2d, GroupNorm, the ResNets' ``ResNetBody`` and ``BasicBlock``, the ``Classifier``
-  wrapper, a frozen Hugging Face encoder, ``HFBody``, run once over every client's rows: the
+  BatchNorm2d, GroupNorm, LayerNorm, the ResNets' ``ResNetBody`` and ``BasicBlock``
+  (torchvision's too), SL-ViT and torchvision's ViT (``_stacked_slvit``, ``_stacked_vit``),
+  per-task heads (the active head; replayed rows through their own task's head,
+  ``head_scores``), the ``Classifier`` wrapper, a frozen Hugging Face encoder, ``HFBody``, run once over every client's rows: the
   same map for all, its features kept per row, ``fedforget.featcache``, its parameters and
   constant buffers not stacked): each layer written once for G clients, with plain autograd. Convolutions keep the
   clients in the channel dimension, [B, G*C, ...], and run as one grouped convolution
@@ -49,10 +51,11 @@ its change, if any, stated as per-step loss and gradient terms for the stacked c
 (``step_terms``: ``FedAvg.client_step_terms``, their one definition: FedProx, FedDyn,
 SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, FedGP; and,
 for a method that ``sees_step``, terms of the step's minibatch: A-GEM's and DER's memory
-batches, each client's from its own buffer, forwarded as one stack; ``live_terms``:
-terms of the step's own forward pass, ``FedAvg.client_live_terms``, a loss of its logits,
-FedNTD, or a second pass at perturbed weights, FedSAM, FedASAM, FedSOL, for models
-``stacked_forward`` runs), the model's buffers are BatchNorm's running statistics (kept per
+batches, each client's from its own buffer, TARGET's synthetic batches, forwarded as one
+stack; ``live_terms``: terms of the step's own forward pass, ``FedAvg.client_live_terms``,
+a loss of its logits, FedNTD, the step's whole loss, LANDER, or a second pass at perturbed
+weights, FedSAM, FedASAM, FedSOL, for models ``stacked_forward`` runs; a method that cuts
+its epochs, TARGET's code rule, has them cut per client, ``ClientJob.epoch_steps``), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own rows; a step whose
 clients' batches differ in size runs as one batched step per run of clients with batches of
 one size, since padding rows would enter the batch statistics) or none, its dropout, if any, is keyed
