@@ -110,10 +110,16 @@ def test_engine_choice_and_fallback(make_run_config):
     with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'icarl'"):
         Simulation(replace(seq, train=replace(seq.train, client_engine="vectorized")))
     # live terms (FedSOL's second pass) run where stacked_forward runs the model: a model
-    # only vmap can batch trains sequentially, and asking for the batched engine says why
-    sol = make_run_config(dataset="digits", model="vit", model_options=VIT_TINY, method="fedsol")
+    # only vmap can batch (PReLU; no registered model since torchvision's ViT stacks) trains
+    # sequentially, and asking for the batched engine says why
+    from fedforget.methods import make_params
+    from fedforget.trainers import choose_trainer
+
+    prelu = Classifier(nn.Sequential(nn.Flatten(), nn.Linear(4, 4), nn.PReLU()), 4, 2)
+    sol = make_run_config(method="fedsol")
     with pytest.raises(FedForgetError, match="method 'fedsol' has terms of the step's own forward pass"):
-        Simulation(replace(sol, train=replace(sol.train, client_engine="vectorized")))
+        choose_trainer(METHODS.get("fedsol"), prelu, replace(sol.train, client_engine="vectorized"), torch.device("cpu"),
+                       make_params("fedsol", {}))  # fmt: skip
     rms = make_run_config()
     rms = replace(rms, train=replace(rms.train, optimizer=replace(rms.train.optimizer, name="rmsprop")))
     assert "optimizer 'rmsprop' (the batched path implements SGD and Adam)" in why_not_vectorized(
