@@ -103,11 +103,11 @@ def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
     # a method with its own client step falls back, and says why
-    seq = make_run_config(method="icarl")
+    seq = make_run_config(method="glfc")
     sim = Simulation(replace(seq, train=replace(seq.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
-    assert "icarl" in sim.engine_info["client_engine_reason"]
-    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'icarl'"):
+    assert "glfc" in sim.engine_info["client_engine_reason"]
+    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'glfc'"):
         Simulation(replace(seq, train=replace(seq.train, client_engine="vectorized")))
     # live terms (FedSOL's second pass) run where stacked_forward runs the model: a model
     # only vmap can batch (PReLU; no registered model since torchvision's ViT stacks) trains

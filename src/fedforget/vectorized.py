@@ -92,6 +92,7 @@ from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
 from .inputs import prefetched
 from .methods.base import (
     Held,
+    JoinedLive,
     LiveStep,
     LiveTerms,
     PlannedTerms,
@@ -730,6 +731,7 @@ def train_clients_together(
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
     terms = None if step_terms is None else step_terms(order)
     live = None if live_terms is None else live_terms(order)
+    join = live.rows if isinstance(live, JoinedLive) else None  # rows a method joins to each step's
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
     # in host memory, and on the device (the same tensor on a CPU): a streamed pool's
@@ -871,7 +873,52 @@ def train_clients_together(
 
     def stacked_step(p_act, st_act, xb, yb, mask, lm, rows=None, lo=0, k=None):
         """(gradients, losses, logits) of the clients lo.. of the stack (weights ``p_act``,
-        BatchNorm statistics ``st_act``, updated in place): the same values as ``step_fn``."""
+        BatchNorm statistics ``st_act``, updated in place): the same values as ``step_fn``.
+        A method's joined rows (``JoinedLive``) join the batch first; with BatchNorm, clients
+        whose joined batches differ in size run apart, a run of one size at a time."""
+        if join is not None:
+            xb, yb, mask, lm, rows = joined_batch(xb, yb, mask, lm, rows, join(lo, lo + xb.shape[0], k))
+            if buffer_names and len(set(rows)) > 1:
+                return joined_runs(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
+        return one_pass(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
+
+    def joined_batch(xb, yb, mask, lm, rows, extra):
+        """Each client's real rows (the first ``rows[j]``) followed by its joined rows
+        ``extra[j]`` ((x, y) or None), zero padding after: (x, y, mask, logit mask, rows)."""
+        widths = [r + (0 if e is None else len(e[1])) for r, e in zip(rows, extra)]
+        a, w = len(rows), max(widths)
+        x2, y2 = xb.new_zeros((a, w, *xb.shape[2:])), yb.new_zeros((a, w))
+        m2 = mask.new_zeros((a, w))
+        lm2 = None if lm is None else lm.new_ones((a, w, lm.shape[-1]))  # joined rows: every class
+        for j, (r, e) in enumerate(zip(rows, extra)):
+            x2[j, :r], y2[j, :r] = xb[j, :r], yb[j, :r]
+            if lm is not None:
+                lm2[j, :r] = lm[j, :r]
+            if e is not None:
+                x2[j, r : widths[j]], y2[j, r : widths[j]] = e[0].to(xb.dtype), e[1]
+            m2[j, : widths[j]].fill_(1.0)  # (a number set by [] = would be a host tensor)
+        return x2, y2, m2, lm2, widths
+
+    def joined_runs(p_act, st_act, xb, yb, mask, lm, rows, lo, k):
+        """``one_pass`` over each maximal run of clients whose joined batches have one size
+        (BatchNorm: padding rows would enter the batch statistics); their gradients, losses
+        and logits (padded to the widest) put back in the stack's order."""
+        parts, i = [], 0
+        while i < len(rows):
+            j = i
+            while j < len(rows) and rows[j] == rows[i]:
+                j += 1
+            xs = [None if t is None else t[i:j, : rows[i]] for t in (xb, yb, mask, lm)]
+            parts.append(one_pass({n: v[i:j] for n, v in p_act.items()}, {n: v[i:j] for n, v in st_act.items()},
+                                  *xs, rows[i:j], lo + i, k))  # fmt: skip
+            i = j
+        grads = {n: torch.cat([g[n] for g, _, _ in parts]) for n in parts[0][0]}
+        w = xb.shape[1]
+        logits = torch.cat([F.pad(z, (0, 0, 0, w - z.shape[1])) for _, _, z in parts])
+        return grads, torch.cat([loss for _, loss, _ in parts]), logits
+
+    def one_pass(p_act, st_act, xb, yb, mask, lm, rows=None, lo=0, k=None):
+        """``stacked_step``'s forward and backward of one batch."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
         if drop:
             set_dropout_key(drop, DropoutKey(keys[lo : lo + xb.shape[0]], step_t))
@@ -1193,6 +1240,13 @@ def train_clients_together(
         (``loop_client_``), as a stack of one: its weights are [1, ...] views of the
         replica's parameters, which the forward passes read (``functional_call``); a second
         pass runs at new leaves w + eps, so the parameters are never written."""
+        if join is not None:  # the method's rows joined to the minibatch (JoinedLive)
+            extra = join(i, i + 1, k)[0]
+            if extra is not None:
+                n_real = len(yb)
+                xb, yb = torch.cat([xb, extra[0].to(xb.dtype)]), torch.cat([yb, extra[1]])
+                if lm is not None:
+                    lm = torch.cat([lm, lm.new_ones((len(yb) - n_real, lm.shape[-1]))])
         own = dict(net.named_parameters())
         w = {n: own[n].unsqueeze(0) for n in names}  # in the step's graph
 
@@ -1349,7 +1403,7 @@ def train_clients_together(
         step, from the host's widths [D]: counting them in the device's table would be a
         device-to-host read at every step, which waits for the queued steps. A client's rows
         of a step are a prefix of its table row (padding only at the end)."""
-        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step or step_rows else None
+        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step or step_rows or join else None
 
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps

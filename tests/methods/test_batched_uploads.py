@@ -32,7 +32,8 @@ def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
     assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon", "fedrcl"} <= set(BATCHED)  # client_live_terms
     assert {"fedproj"} <= set(BATCHED)  # step terms that see the step: its memory batch
-    assert {"icarl", "l2p"} <= set(SEQUENTIAL)
+    assert {"icarl", "target", "lander"} <= set(BATCHED)  # joined exemplars; synthetic batches (issue 32)
+    assert {"glfc", "lga", "l2p", "cfed"} <= set(SEQUENTIAL)
     lr_step = make_params("fedproj", {"local_lr_step": True})  # each client's lr falls within its round
     assert "declares stacked = False" in method_not_vectorized(METHODS.get("fedproj"), "sgd", params=lr_step)
 

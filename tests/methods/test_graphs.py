@@ -46,7 +46,7 @@ CASES = [(n, PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedgp", {"base": "fedprox", "manipulation": "rotate", "apply": "always"}),
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
-STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander"}
+STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander", "icarl"}
 
 
 def strip(rows):

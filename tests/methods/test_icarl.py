@@ -34,7 +34,18 @@ from fedforget.models import Classifier
 from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, SPLIT, checkpoint_keeper, digits_cfg, run, same, strip
+from .conftest import (
+    CPU,
+    SMALL_CNN,
+    SMALL_RESNET,
+    SPLIT,
+    checkpoint_keeper,
+    digits_cfg,
+    replay_stream_cfg,
+    run,
+    same,
+    strip,
+)
 
 
 def identity_model(dim=2, classes=4):
@@ -404,3 +415,31 @@ def test_round_end_refreshes_the_means_on_the_new_model():
     server = ServerContext(4, {}, model, CPU, None, {})
     method.server_collect(ROUND_END, server, {1: rep})
     assert server.state[FEATS][1]["round"] == 4
+
+
+@pytest.mark.parametrize(
+    "model,incremental,reduction",
+    [("mlp", "class", "sum"),  # every step batched (stacked_forward)
+     ("cnn2d", "task", "mean"),  # wide steps client by client in replicas (live_alone), tails batched
+     ("resnet8", "class", "sum")],  # BatchNorm: clients whose joined batches differ run apart
+)  # fmt: skip
+def test_icarl_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, incremental,
+                                            reduction):  # fmt: skip
+    """Issue 32, 3: iCaRL's step in the stacked trainer, each client's share of its exemplars
+    joined to its minibatch in one forward (``JoinedLive``; its BatchNorm statistics see
+    both), distilled against the previous model on the old classes, each client's mean
+    BCE over its rows, within 1e-5 of one client after another (metrics with the NME
+    accuracy, exemplars, weights)."""
+    bn = model == "resnet8"  # drop_last: no 1-row batch through BatchNorm (as A-GEM's and DER's test)
+    rc = replay_stream_cfg(make_run_config, "icarl", {"buffer_size": 30, "reduction": reduction}, model,
+                           SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None, incremental,
+                           eval_every=1, drop_last=bn)  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    assert_same_metrics(rows_s, rows_v)
+    for k, v in seq.global_params.items():  # running statistics included
+        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
+    for cid, st in seq.fed.clients.items():  # the exemplars the two trainers' models chose
+        if "icarl" in st:
+            assert torch.equal(st["icarl"]["y"], vec.fed.clients[cid]["icarl"]["y"]), cid

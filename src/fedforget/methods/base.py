@@ -229,6 +229,23 @@ class LiveStep(NamedTuple):
 LiveTerms = Callable[[int, int, Params, StepBatch], LiveStep]
 
 
+class JoinedLive:
+    """Live terms (``client_live_terms``'s function) of a step that joins rows of the method's
+    own to each client's minibatch, in the same forward pass (iCaRL's exemplars): ``rows(lo,
+    hi, k)`` gives, for each client lo..hi-1 of the stack at its local step k, (x, y) of its
+    rows, or None. The stacked trainer puts them after the client's real rows (its BatchNorm
+    statistics see both, as the joined batch of a client alone), and the live terms get the
+    joined batch (``StepBatch.x``, ``y``, ``logits``, ``mask``; the joined rows' logit mask
+    allows every class: the method's own loss, ``LiveStep.total``, scores them). Called as
+    the function it wraps."""
+
+    def __init__(self, live: LiveTerms, rows: Callable[[int, int, int], list]) -> None:
+        self.live, self.rows = live, rows
+
+    def __call__(self, *args: Any) -> LiveStep:
+        return self.live(*args)
+
+
 # The extra exchanges a method may declare (``FedAvg.exchanges``): one more message round
 # beside the upload, a client pass (``reply(exchange, ctx)``) then a server step
 # (``collect(exchange, server, replies)``). When each runs, and who replies on what:

@@ -98,6 +98,16 @@ rule, METHODS.md: where paper and code differ the default follows the paper] | m
 Mammoth's loss, whose learning rates FedGP's CL baselines use; FedGP's public code has no
 iCaRL, so which one its FL+iCaRL row ran cannot be checked].
 
+Both trainers [D, issue 32]: a client alone takes ``client_step`` (``step_loss``); a stack
+takes the same step as live terms over joined rows (``client_live_terms`` returning
+``JoinedLive``): each client's share of its exemplars joins its minibatch in the stacked
+forward (after its real rows; with BatchNorm, clients whose joined batches differ in size run
+apart, so the statistics see each client's joined batch alone), the previous model scores the
+stack's rows in one forward, and each client's loss is its mean over its rows. Per-task
+heads: one client after another (the stacked step's logits are the active head's). FedGP over
+iCaRL trains one client after another too (a plug-in's terms over a base's live terms are not
+composed). Equal within 1e-5 (tests/methods/test_icarl.py: MLP, CNN task-IL, ResNet-8).
+
 Diagnostics (``icarl_<key>``): ``exemplars`` (rows held after the round, mean over the round's
 clients), ``mean_classes`` (classes with an NME mean on the server).
 """
@@ -121,8 +131,11 @@ from .base import (
     TASK_END,
     ClientContext,
     FedAvg,
+    JoinedLive,
+    LiveStep,
     RunInfo,
     ServerContext,
+    StepBatch,
     Upload,
     frozen_model,
     masked_logits,
@@ -130,7 +143,7 @@ from .base import (
 from .params import boolean, choice, integer
 from .registry import METHODS
 from .replay import Replay, Reservoir
-from .shared import floor_unscored
+from .shared import floor_unscored, on_stack
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -266,9 +279,11 @@ class ExemplarView(Reservoir):
 class ICaRL(FedAvg):
     name = "icarl"
     one_task_per_class = True  # its exemplar sets and class means are per task's new classes
-    # [D] sequential: exemplars joined to each minibatch and distilled against the old model, a
-    # step not yet stated for a stack
-    stacked = False
+    # [D] the step (its rows and its share of the exemplars in one forward, distilled against
+    # the previous model) is live terms over joined rows (``client_live_terms``, ``JoinedLive``)
+    # beside ``client_step`` for a client alone; each step's share is cut on the host
+    live_terms = True
+    capturable_terms = False
     own_upload = True
     own_predict = True
     exchanges = (TASK_END, ROUND_END)  # exemplars at a task end, class means each round
@@ -414,14 +429,16 @@ class ICaRL(FedAvg):
             if isinstance(s.prev.head, TaskHeads):
                 s.prev.head.active = ctx.task  # old classes scored by their own heads
 
-    def exemplar_batch(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """This step's share of the exemplars: rows lo..hi of the epoch's permutation,
-        augmented as the step's own rows are (``ctx.augment_rows``)."""
+    def exemplar_batch(self, ctx: ClientContext, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Local step ``k``'s (default ``ctx.steps``) share of the exemplars: rows lo..hi of the
+        epoch's permutation, augmented as the step's own rows are (``ctx.augment_rows``).
+        Called once per step, in step order."""
         s = self.scratch(ctx)
         if s.rows is None:
             return None
+        k = ctx.steps if k is None else k
         n = len(s.rows[1])
-        epoch, j = divmod(ctx.steps, s.steps_per_epoch)
+        epoch, j = divmod(k, s.steps_per_epoch)
         if epoch != s.epoch:
             key = torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, EXEMPLAR_STREAM, epoch)
             s.perm = torch.randperm(n, generator=torch.Generator().manual_seed(key)).to(
@@ -432,7 +449,7 @@ class ICaRL(FedAvg):
         if hi <= lo:
             return None
         idx = s.perm[lo:hi]
-        return ctx.augment_rows(s.rows[0][idx], idx, EXEMPLAR_STREAM), s.rows[1][idx]
+        return ctx.augment_rows(s.rows[0][idx], idx, EXEMPLAR_STREAM, k), s.rows[1][idx]
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One forward on the step's rows and its share of the exemplars: ``step_loss``, differentiated."""
@@ -453,6 +470,32 @@ class ICaRL(FedAvg):
                 q = torch.sigmoid(s.prev.logits(x))
         target = icarl_targets(y, q, s.old, self.info.num_classes)
         return icarl_loss(scores, target, s.seen, self.p.reduction)
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> JoinedLive:
+        """Alg. 3 for a stack of clients: each client's step rows and its share of the
+        exemplars (``exemplar_batch``) joined in one forward (``JoinedLive``), the sigmoid BCE
+        of their logits against the previous model's outputs on the old classes (one forward
+        over the stack's rows) and one-hot labels elsewhere, on the seen classes, each
+        client's mean over its rows: ``step_loss`` of a client alone (``icarl_targets``, the
+        BCE of ``icarl_loss``)."""
+        s0 = self.scratch(ctxs[0])
+        prev, old, seen, c = s0.prev, s0.old, s0.seen, self.info.num_classes  # the same for every client
+
+        def rows(lo: int, hi: int, k: int) -> list:
+            return [self.exemplar_batch(ctx, k) for ctx in ctxs[lo:hi]]
+
+        def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
+            q = None
+            if prev is not None:
+                with torch.no_grad():
+                    q = torch.sigmoid(on_stack(prev.logits, step.x)).flatten(0, 1)
+            target = icarl_targets(step.y.flatten(), q, old, c).view(*step.y.shape, c)
+            bce = F.binary_cross_entropy_with_logits(step.logits[..., seen], target[..., seen], reduction="none")
+            per_row = bce.mean(-1) if self.p.reduction == "mean" else bce.sum(-1)
+            mask = step.row_mask()
+            return LiveStep(total=(per_row * mask).sum(1) / mask.sum(1))
+
+        return JoinedLive(live, rows)
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
