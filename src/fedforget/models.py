@@ -111,10 +111,17 @@ class TaskHeads(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.heads[self.active](z)
 
-    def combined(self, z: torch.Tensor) -> torch.Tensor:
-        owner = torch.full((self.out_features,), self.active, dtype=torch.long)
+    def owners(self) -> list[int]:
+        """Each class's newest head up to the active task (the active one for a class of
+        none of them): the head ``combined`` scores it by."""
+        owner = [self.active] * self.out_features
         for t in range(self.active + 1):
-            owner[self.task_classes[t]] = t
+            for c in self.task_classes[t]:
+                owner[c] = t
+        return owner
+
+    def combined(self, z: torch.Tensor) -> torch.Tensor:
+        owner = torch.tensor(self.owners(), dtype=torch.long)
         outs = torch.stack([h(z) for h in self.heads[: self.active + 1]])  # [t+1, B, C]
         cls = torch.arange(self.out_features, device=z.device)
         return outs[owner.to(z.device), :, cls].T  # [B, C]: class c from head owner[c]

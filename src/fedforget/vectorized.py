@@ -1001,64 +1001,33 @@ def train_clients_together(
         rows is not run. ``features``: (body features [a, m, F], logits of every class by its
         newest head, ``TaskHeads.combined``) instead (StepBatch.features_logits)."""
         if heads is None and not features:
-            return stack_logits_plain(w, x, rows, lo)
-        feats = stack_body(w, x, rows, lo)
+            return stack_pass(w, x, rows, lo).float()
+        feats = stack_pass(w, x, rows, lo, body=True)
         with autocast():
             out = head_scores(w, feats, task, combined=features)
         return (feats.float(), out.float()) if features else out.float()
 
-    def stack_logits_plain(w: dict, x: torch.Tensor, rows: list[int] | None, lo: int) -> torch.Tensor:
-        """``stack_forward`` of a model with one head: the model's own logits."""
-        with autocast():
-            if buffer_names:
-                a, width = x.shape[0], x.shape[1]
-                st = {n: v[lo : lo + a] for n, v in stats.items()}
-                if rows is None or len(set(rows)) == 1:
-                    n_rows = width if rows is None else rows[0]
-                    if use_stacked:
-                        out = stacked_forward(model, {**w, **st}, x[:, :n_rows])
-                    else:
-                        fn = vmap(lambda p, b, xb: functional_call(model, {**p, **b}, (xb,)))
-                        out = fn(w, st, x[:, :n_rows])
-                else:
-                    outs = [
-                        functional_call(model, {**{n: v[j] for n, v in w.items()}, **{n: v[j] for n, v in st.items()}},
-                                        (x[j, : rows[j]],)) if rows[j] else None
-                        for j in range(a)
-                    ]  # fmt: skip
-                    classes = next(o for o in outs if o is not None).shape[-1]
-                    out = x.new_zeros((a, width, classes), dtype=torch.float32)
-                    for j, o in enumerate(outs):
-                        if o is not None:
-                            out[j, : rows[j]] = o.float()
-                if out.shape[1] < width:
-                    out = torch.cat([out, out.new_zeros((a, width - out.shape[1], out.shape[2]))], 1)
-            elif use_stacked:
-                out = stacked_forward(model, w, x)
-            elif x.shape[0] == 1:
-                out = functional_call(model, {n: v[0] for n, v in w.items()}, (x[0],)).unsqueeze(0)
-            else:
-                out = vmap(lambda p, xb: functional_call(model, p, (xb,)))(w, x)
-        return out.float()
-
-    def stack_body(w: dict, x: torch.Tensor, rows: list[int] | None, lo: int) -> torch.Tensor:
-        """Body features [a, m, F] of the stack's weights ``w`` on its inputs [a, m, ...], in
-        the step's precision, BatchNorm's statistics updated as ``stack_forward`` says."""
-        body = {n[5:]: v for n, v in w.items() if n.startswith("body.")}
+    def stack_pass(w: dict, x: torch.Tensor, rows: list[int] | None, lo: int, body: bool = False) -> torch.Tensor:
+        """The model's logits (``body``: its body's features) [a, m, ...] for the stack's
+        weights ``w`` on its inputs [a, m, ...], in the step's precision, BatchNorm's
+        statistics updated as ``stack_forward`` says."""
+        mod, cut = (model.body, "body.") if body else (model, "")
+        stacked = stacked_features if body else stacked_forward
+        own = {n[len(cut):]: v for n, v in w.items() if n.startswith(cut)}  # ``mod``'s own names
         with autocast():
             if buffer_names:
                 a, width = x.shape[0], x.shape[1]
                 full = {n: v[lo : lo + a] for n, v in stats.items()}
-                st = {n[5:]: v for n, v in full.items() if n.startswith("body.")}
+                st = {n[len(cut):]: v for n, v in full.items() if n.startswith(cut)}
                 if rows is None or len(set(rows)) == 1:
                     n_rows = width if rows is None else rows[0]
                     if use_stacked:
-                        out = stacked_features(model, {**w, **full}, x[:, :n_rows])
+                        out = stacked(model, {**w, **full}, x[:, :n_rows])
                     else:
-                        out = vmap(lambda p, b, xb: functional_call(model.body, {**p, **b}, (xb,)))(body, st, x[:, :n_rows])
+                        out = vmap(lambda p, b, xb: functional_call(mod, {**p, **b}, (xb,)))(own, st, x[:, :n_rows])
                 else:
                     outs = [
-                        functional_call(model.body, {**{n: v[j] for n, v in body.items()}, **{n: v[j] for n, v in st.items()}},
+                        functional_call(mod, {**{n: v[j] for n, v in own.items()}, **{n: v[j] for n, v in st.items()}},
                                         (x[j, : rows[j]],)) if rows[j] else None
                         for j in range(a)
                     ]  # fmt: skip
@@ -1071,17 +1040,16 @@ def train_clients_together(
                     out = torch.cat([out, out.new_zeros((a, width - out.shape[1], *out.shape[2:]))], 1)
                 return out
             if use_stacked:
-                return stacked_features(model, w, x)
-            return vmap(lambda p, xb: functional_call(model.body, p, (xb,)))(body, x)
+                return stacked(model, w, x)
+            if x.shape[0] == 1:
+                return functional_call(mod, {n: v[0] for n, v in own.items()}, (x[0],)).unsqueeze(0)
+            return vmap(lambda p, xb: functional_call(mod, p, (xb,)))(own, x)
 
     # per-task heads: the classes whose newest head up to the active task is head t < active
     # (TaskHeads.combined), bool [C] on the device, made once (a captured step copies nothing in)
     owned: dict[int, torch.Tensor] = {}
     if heads is not None:
-        owner = [heads.active] * heads.out_features
-        for t in range(heads.active + 1):
-            for c in heads.task_classes[t]:
-                owner[c] = t
+        owner = heads.owners()
         for t in sorted(set(owner) - {heads.active}):
             owned[t] = torch.tensor([o == t for o in owner], device=device)
 

@@ -65,10 +65,12 @@ def softened_kl(
 
 
 def softened_kl_stacked(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softened_kl`` of each client of a stack: logits [G, N, C] -> [G], each the mean over
-    its rows (the same terms; summed in another order, so equal to rounding)."""
+    its rows (the same terms; summed in another order, so equal to rounding); ``mask`` [G, N]:
+    over its real rows (1.0) only."""
     t = float(temperature)
     kl = F.kl_div(
         F.log_softmax(student_logits / t, dim=-1),
@@ -76,7 +78,9 @@ def softened_kl_stacked(
         reduction="none",
         log_target=True,
     )
-    return kl.sum(-1).mean(-1)
+    if mask is None:
+        return kl.sum(-1).mean(-1)
+    return (kl.sum(-1) * mask).sum(1) / mask.sum(1)
 
 
 def kd_loss(

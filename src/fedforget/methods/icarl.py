@@ -199,12 +199,17 @@ def icarl_targets(
 
 
 def icarl_loss(
-    scores: torch.Tensor, target: torch.Tensor, seen: torch.Tensor, reduction: str
+    scores: torch.Tensor, target: torch.Tensor, seen: torch.Tensor, reduction: str, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Sigmoid binary cross-entropy of ``scores`` against ``target`` on the classes ``seen``
-    (bool [C]): mean over rows and classes (mean) or summed over classes, mean over rows (sum)."""
-    bce = F.binary_cross_entropy_with_logits(scores[:, seen], target[:, seen], reduction="none")
-    return bce.mean() if reduction == "mean" else bce.sum(1).mean()
+    (bool [C]): mean over rows and classes (mean) or summed over classes, mean over rows (sum).
+    A stack's (scores and target [G, m, C], ``mask`` [G, m] 1.0 on each client's real rows):
+    each client's, [G]."""
+    bce = F.binary_cross_entropy_with_logits(scores[..., seen], target[..., seen], reduction="none")
+    if mask is None:
+        return bce.mean() if reduction == "mean" else bce.sum(1).mean()
+    per_row = bce.mean(-1) if reduction == "mean" else bce.sum(-1)
+    return (per_row * mask).sum(1) / mask.sum(1)
 
 
 def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
@@ -490,10 +495,7 @@ class ICaRL(FedAvg):
                 with torch.no_grad():
                     q = torch.sigmoid(on_stack(prev.logits, step.x)).flatten(0, 1)
             target = icarl_targets(step.y.flatten(), q, old, c).view(*step.y.shape, c)
-            bce = F.binary_cross_entropy_with_logits(step.logits[..., seen], target[..., seen], reduction="none")
-            per_row = bce.mean(-1) if self.p.reduction == "mean" else bce.sum(-1)
-            mask = step.row_mask()
-            return LiveStep(total=(per_row * mask).sum(1) / mask.sum(1))
+            return LiveStep(total=icarl_loss(step.logits, target, seen, self.p.reduction, step.row_mask()))
 
         return JoinedLive(live, rows)
 

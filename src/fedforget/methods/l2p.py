@@ -212,9 +212,8 @@ class L2P(FedAvg):
         super().__init__(params, info)
         sc = info.scenario
         # class-IL split streams: row c = the classes of class c's task (the train mask of a
-        # row with label c); None where nothing is masked (task-IL masks already, domain
-        # streams and one-task runs hold every class)
-        self.row_mask: torch.Tensor | None = None
+        # row with label c: FedAvg.label_classes); None where nothing is masked (task-IL masks
+        # already, domain streams and one-task runs hold every class)
         if (
             params.train_mask
             and sc is not None
@@ -227,7 +226,7 @@ class L2P(FedAvg):
                 task_of[cls] = t
             table = sc.class_mask(torch.device("cpu"))[task_of.clamp(min=0)]
             table[task_of < 0] = True  # classes in no task never come up
-            self.row_mask = table.to(info.device)
+            self.label_classes = table.to(info.device)
 
     def model_init(self, model: nn.Module) -> None:
         """The prompt pool and keys on the model's ViT, which is frozen (module docstring)."""
@@ -252,10 +251,7 @@ class L2P(FedAvg):
     def prompt_ce(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """CE over the classes of each row's task in class-IL split streams [C train_mask];
         elsewhere the step's own mask (task-IL) or none."""
-        mask = ctx.logit_mask
-        if mask is None and self.row_mask is not None:
-            mask = self.row_mask[y]
-        return F.cross_entropy(masked_logits(logits, mask), y)
+        return F.cross_entropy(masked_logits(logits, self.task_mask(ctx.logit_mask, y)), y)
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One prompted forward: ``step_loss``, differentiated."""

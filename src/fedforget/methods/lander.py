@@ -218,9 +218,16 @@ def label_embeddings(texts: Sequence[str]) -> torch.Tensor:
     return _MEMO[key].clone()
 
 
-def bounding_loss(a: torch.Tensor, anchors: torch.Tensor, radius: float) -> torch.Tensor:
-    """max(0, mean over rows and dimensions of (a - anchors)^2 - radius) [C]."""
-    return torch.relu(F.mse_loss(a, anchors) - radius)
+def bounding_loss(a: torch.Tensor, anchors: torch.Tensor, radius: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """max(0, mean over rows and dimensions of (a - anchors)^2 - radius) [C]; a stack's
+    (``mask`` [G, m], 1.0 on each client's real rows): each client's, [G] (``rows_mse``)."""
+    return torch.relu((F.mse_loss(a, anchors) if mask is None else rows_mse(a, anchors, mask)) - radius)
+
+
+def rows_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[G]: each client's mean over its real rows (``mask`` [G, m]) and the dimensions of
+    (a - b)^2, a and b [G, m, d] (``F.mse_loss`` of a client alone)."""
+    return (((a - b) ** 2).mean(-1) * mask).sum(1) / mask.sum(1)
 
 
 # ----------------------------------------------------------------------------- the generator
@@ -452,7 +459,7 @@ class LANDER(TARGET):
         lte = ctx.broadcast[LTE]
         bound = bounding_loss(ctx.model.lte_map(features), lte[y], self.p.r)
         self.note(ctx, "bound", bound)
-        ce = task_cross_entropy(logits, y, self.row_mask(ctx, y))
+        ce = task_cross_entropy(logits, y, self.task_mask(ctx.logit_mask, y))
         rep = self.synthetic_batch(ctx)
         if rep is None:
             return {"lander": self.lander_loss(ctx, ce, bound)}
@@ -476,18 +483,15 @@ class LANDER(TARGET):
         def lte_map(w: dict[str, torch.Tensor], feats: torch.Tensor) -> torch.Tensor:  # [a, m, F] -> [a, m, E]
             return torch.baddbmm(w["lte_map.bias"].unsqueeze(1), feats, w["lte_map.weight"].transpose(1, 2))
 
-        def mean_rows(sq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # [a, m, E] -> [a]
-            return (sq.mean(-1) * mask).sum(1) / mask.sum(1)
-
         def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
             mask = step.row_mask()
-            bound = torch.relu(mean_rows((lte_map(w, step.features) - lte[step.y]) ** 2, mask) - self.p.r)
+            bound = bounding_loss(lte_map(w, step.features), lte[step.y], self.p.r, mask)
             sums[0, lo:hi] += bound.detach()
             if not pool:
                 return LiveStep(total=self.lander_loss(ctxs[lo], step.loss, bound))
             rep = self.synthetic_stack(ctxs, lo, hi, w, step)
             rows = torch.ones(rep.features.shape[:2], device=mask.device) if rep.mask is None else rep.mask
-            fkd = mean_rows((lte_map(w, rep.features) - rep.t_feats) ** 2, rows)
+            fkd = rows_mse(lte_map(w, rep.features), rep.t_feats, rows)
             kd = self.kd_stack(rep, old)
             sums[1, lo:hi] += fkd.detach()
             sums[2, lo:hi] += kd.detach()

@@ -45,7 +45,7 @@ import torch
 
 from ..utils import host_to_device, on_device, torch_seed
 from .base import PlannedTerms
-from .shared import StepDraws
+from .shared import StepDraws, padded, rows_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.scenario import Scenario
@@ -380,17 +380,9 @@ class Replay:
         without one, at least one not None) stacked [G, width, ...], zero rows after each
         client's real ones: (the tensors of ``keys``, a mask [G, width] of 1.0 on the real
         rows, each client's row count)."""
-        real = [m for m in mems if m is not None]
         rows = [0 if m is None else len(m["y"]) for m in mems]
-        shape = (len(mems), max(rows))
-        pad = {k: real[0][k].new_zeros((*shape, *real[0][k].shape[1:])) for k in keys}
-        mask = real[0]["x"].new_zeros(shape, dtype=torch.float32)
-        for j, m in enumerate(mems):
-            if m is not None:
-                for k in keys:
-                    pad[k][j, : rows[j]] = m[k]
-                mask[j, : rows[j]].fill_(1.0)  # (a number set by [] = would be a host tensor)
-        return pad, mask, rows
+        pad = {k: padded([None if m is None else m[k] for m in mems], rows) for k in keys}
+        return pad, rows_mask(rows, pad["x"]), rows
 
     def task_counts(self, state: dict[str, Any]) -> list[int]:
         """The buffer's rows of each task of the stream (FedGP Fig. 4); [] without tasks."""

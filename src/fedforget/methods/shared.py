@@ -97,6 +97,27 @@ def client_norms(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1) for t in tensors]), dim=0)
 
 
+def padded(parts: Sequence[torch.Tensor | None], rows: Sequence[int]) -> torch.Tensor:
+    """Each client's rows ``parts[j]`` [rows[j], ...] (None: none) stacked [G, max(rows), ...],
+    zero rows after each client's real ones."""
+    first = next(p for p in parts if p is not None)
+    out = first.new_zeros((len(parts), max(rows), *first.shape[1:]))
+    for j, part in enumerate(parts):
+        if part is not None:
+            out[j, : rows[j]] = part
+    return out
+
+
+def rows_mask(rows: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """[G, max(rows)] float32 on ``like``'s device: 1.0 on each client's first ``rows[j]``
+    entries (its real rows of a ``padded`` stack), filled on the device."""
+    mask = like.new_zeros((len(rows), max(rows)), dtype=torch.float32)
+    for j, r in enumerate(rows):
+        if r:
+            mask[j, :r].fill_(1.0)  # (a number set by [] = would be a host tensor)
+    return mask
+
+
 @torch.no_grad()
 def on_stack(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """A frozen model's output [G, B, D] (float32) on each client's rows ``x`` [G, B, ...]:

@@ -123,7 +123,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..models import TaskHeads
@@ -140,10 +139,10 @@ from .base import (
     frozen_copy,
     frozen_model,
 )
-from .distill import softened_kl
+from .distill import softened_kl, softened_kl_stacked
 from .params import boolean, choice
 from .registry import METHODS
-from .shared import StepSums, floor_unscored
+from .shared import StepSums, floor_unscored, padded, rows_mask
 from .synthesis import (
     SynthesisParams,
     Synthesizer,
@@ -158,15 +157,6 @@ REPLAY_STREAM = 0xB1  # keyed randomness of the clients' synthetic batches (rows
 TEACHER = "teacher"  # pool key: the weights of the global model that made the pool
 METAS = ("fomaml", "reptile")
 REPLAY_RULES = ("steps", "code")
-
-
-def padded(parts: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
-    """Each client's rows ``parts[j]`` [rows[j], ...] stacked [G, max(rows), ...], zero rows
-    after each client's real ones."""
-    out = parts[0].new_zeros((len(parts), max(rows), *parts[0].shape[1:]))
-    for j, part in enumerate(parts):
-        out[j, : rows[j]] = part
-    return out
 
 
 def target_replay_rows(replay_batch: int, syn_size: int, n_pool: int, n_samples: int, batch_size: int) -> int:
@@ -406,11 +396,6 @@ class TARGET(FedAvg):
         self.note(ctx, "kd", kd)
         return kd
 
-    def row_mask(self, ctx: ClientContext, y: torch.Tensor) -> torch.Tensor | None:
-        """The classes each row's CE scores: the task-IL mask, else (ce: task, split streams)
-        the classes of the row's task (``label_classes``); None: every class."""
-        return self.task_mask(ctx.logit_mask, y)
-
     def synthetic_stack(self, ctxs: Sequence[ClientContext], lo: int, hi: int, w: dict[str, torch.Tensor],
                         step: StepBatch) -> SimpleNamespace:  # fmt: skip
         """Step ``step.k``'s synthetic batch of each client of ``ctxs[lo:hi]``
@@ -429,9 +414,7 @@ class TARGET(FedAvg):
             return SimpleNamespace(features=feats, logits=logits, t_logits=t_logits.unsqueeze(0),
                                    t_feats=None if t_feats is None else t_feats.unsqueeze(0), mask=None)  # fmt: skip
         rows = [len(x) for x in xs]
-        mask = t_logits.new_zeros((len(xs), max(rows)))
-        for j, r in enumerate(rows):
-            mask[j, :r].fill_(1.0)  # (a number set by [] = would be a host tensor)
+        mask = rows_mask(rows, t_logits)
         feats, logits = step.features_logits(w, padded(xs, rows), rows)
         t_feats = None if t_feats is None else padded(list(t_feats.split(rows)), rows)
         return SimpleNamespace(features=feats, logits=logits, t_logits=padded(list(t_logits.split(rows)), rows),
@@ -444,9 +427,7 @@ class TARGET(FedAvg):
         tau = self.p.temperature
         if rep.mask is None:
             return softened_kl(rep.logits[0][:, old], rep.t_logits[0][:, old], tau).unsqueeze(0)
-        kl = F.kl_div(F.log_softmax(rep.logits[..., old] / tau, dim=-1), F.log_softmax(rep.t_logits[..., old] / tau, dim=-1),
-                      reduction="none", log_target=True).sum(-1)  # fmt: skip
-        return (kl * rep.mask).sum(1) / rep.mask.sum(1)
+        return softened_kl_stacked(rep.logits[..., old], rep.t_logits[..., old], tau, rep.mask)
 
     def client_step_terms(self, ctxs: Sequence[ClientContext]) -> StepTerms | None:
         """From task 1, kd times the KD on each client's synthetic batch of the step
