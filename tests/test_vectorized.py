@@ -102,12 +102,15 @@ def test_small_groups_give_the_same_result(make_run_config, run_engines, assert_
 def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
-    # a method with its own client step falls back, and says why
-    seq = make_run_config(method="glfc")
+    # a method whose step is not batched in this setting falls back, and says why (GLFC's live
+    # terms with per-task heads)
+    heads = {"kind": "split", "tasks": 2, "classes_per_task": 5, "rounds_per_task": 1, "heads": "per_task"}
+    seq = make_run_config(method="glfc", dataset="digits", scenario=heads, rounds=2)
     sim = Simulation(replace(seq, train=replace(seq.train, client_engine="auto")))
     assert sim.engine_info["client_engine"] == "sequential"
     assert "glfc" in sim.engine_info["client_engine_reason"]
-    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: method 'glfc'"):
+    with pytest.raises(FedForgetError, match="client_engine='vectorized' is not possible here: per-task heads with "
+                                             "method 'glfc'"):  # fmt: skip
         Simulation(replace(seq, train=replace(seq.train, client_engine="vectorized")))
     # live terms (FedSOL's second pass) run where stacked_forward runs the model: a model
     # only vmap can batch (PReLU; no registered model since torchvision's ViT stacks) trains

@@ -53,8 +53,10 @@ SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, 
 for a method that ``sees_step``, terms of the step's minibatch: A-GEM's and DER's memory
 batches, each client's from its own buffer, TARGET's synthetic batches, forwarded as one
 stack; ``live_terms``: terms of the step's own forward pass, ``FedAvg.client_live_terms``,
-a loss of its logits, FedNTD, the step's whole loss, LANDER, or a second pass at perturbed
-weights, FedSAM, FedASAM, FedSOL, for models ``stacked_forward`` runs; a method that cuts
+a loss of its logits, FedNTD, the step's whole loss, LANDER, over rows of its own joined to
+each client's minibatch, iCaRL, GLFC, LGA (``JoinedLive``), or a second pass at perturbed
+weights, FedSAM, FedASAM, FedSOL, for models ``stacked_forward`` runs, a plug-in's step terms
+following them (FedGP over iCaRL); a method that cuts
 its epochs, TARGET's code rule, has them cut per client, ``ClientJob.epoch_steps``), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own rows; a step whose
 clients' batches differ in size runs as one batched step per run of clients with batches of
@@ -731,6 +733,8 @@ def train_clients_together(
     order = sorted(range(len(jobs)), key=lambda j: -jobs[j].n)  # most steps first
     terms = None if step_terms is None else step_terms(order)
     live = None if live_terms is None else live_terms(order)
+    if live is not None and terms is not None and sees_step:  # (methods.plugin: not composed)
+        raise ValueError("step terms that see the step over live terms are not composed")
     join = live.rows if isinstance(live, JoinedLive) else None  # rows a method joins to each step's
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
@@ -1177,6 +1181,7 @@ def train_clients_together(
                 set_dropout_key(drop_i, DropoutKey(keys[i], k))
             if live is not None:
                 grads, loss = live_alone(net, i, xb, yb, lm, k)
+                grads, loss = add_terms(i, i + 1, p_i, grads, loss)  # a plug-in's over them (FedGP's map)
                 with torch.no_grad():
                     update_(list(p_i.values()), [grads[n] for n in names], s_i)
                 total += loss

@@ -19,27 +19,31 @@ from fedforget.methods import METHODS, make_params
 from fedforget.partition import PartitionSpec
 from fedforget.vectorized import method_not_vectorized
 
-from .conftest import CPU, SMALL_CNN, SMALL_RESNET, replay_stream_cfg
+from .conftest import CPU, QUICK_PARAMS, SMALL_CNN, SMALL_RESNET, replay_stream_cfg
 
 # every registered method whose local training the batched engine can run, discovered from
 # the hook API (no hand-written list: a new method that qualifies is tested here by itself)
 # (each with its default hyperparameters: FedGP over FedAvg)
 BATCHED = [n for n in METHODS.names() if method_not_vectorized(METHODS.get(n), "sgd", params=make_params(n, {})) is None]
 SEQUENTIAL = [n for n in METHODS.names() if n not in BATCHED]
+# exemplar memories kept in herding order: a client's class of two rows is an exact tie (both
+# as far from their mean), which the trainers' rounding breaks either way (GLFC, LGA on iris:
+# the same rows in the other order), so these are compared as sets of rows
+HERDED = {"glfc"}
 
 
 def test_discovery_finds_the_batched_methods():
     assert {"fedavg", "fednova", "feddf", "fedet", "fedprox", "feddyn", "scaffold", "fedgp"} <= set(BATCHED)
     assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon", "fedrcl"} <= set(BATCHED)  # client_live_terms
     assert {"fedproj"} <= set(BATCHED)  # step terms that see the step: its memory batch
-    assert {"icarl", "target", "lander"} <= set(BATCHED)  # joined exemplars; synthetic batches (issue 32)
-    assert {"glfc", "lga", "l2p", "cfed"} <= set(SEQUENTIAL)
+    assert {"icarl", "glfc", "lga", "target", "lander"} <= set(BATCHED)  # joined rows; synthetic batches (issue 32)
+    assert {"l2p", "cfed"} <= set(SEQUENTIAL)
     lr_step = make_params("fedproj", {"local_lr_step": True})  # each client's lr falls within its round
     assert "declares stacked = False" in method_not_vectorized(METHODS.get("fedproj"), "sgd", params=lr_step)
 
 
 @pytest.mark.parametrize(
-    "method,params", [(m, {}) for m in BATCHED] + [("scaffold", {"weighting": "samples"})],
+    "method,params", [(m, QUICK_PARAMS.get(m, {})) for m in BATCHED] + [("scaffold", {"weighting": "samples"})],
     ids=[*BATCHED, "scaffold-samples"],
 )  # fmt: skip
 def test_every_batched_method_equals_sequential(public_run_cfg, run_engines, assert_same_metrics, method, params):
@@ -54,7 +58,20 @@ def test_every_batched_method_equals_sequential(public_run_cfg, run_engines, ass
     assert kept.keys() == {cid for cid, st in vec.client_state.items() if st}
     for cid, st in kept.items():
         for k, v in st.items():
-            close(v, vec.client_state[cid][k], (cid, k))
+            if k in HERDED:
+                same_rows(v, vec.client_state[cid][k], (cid, k))
+            else:
+                close(v, vec.client_state[cid][k], (cid, k))
+
+
+def same_rows(a, b, where):
+    """Two memories {x, y, ...} hold the same rows (x with its label), in any order."""
+    def rows(m):
+        r = torch.cat([m["y"][:, None].to(m["x"].dtype), m["x"].flatten(1)], 1)
+        return torch.unique(r, dim=0, return_counts=True)
+
+    (ra, ca), (rb, cb) = rows(a), rows(b)
+    assert torch.equal(ra, rb) and torch.equal(ca, cb), where
 
 
 def close(a, b, where):

@@ -14,12 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from fedforget.engine import Simulation
-from fedforget.methods import check_params
+from fedforget.methods import METHODS, check_params, make_params
 from fedforget.methods.base import AFTER_TASK
 from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
 from fedforget.methods.replay import KEY, Reservoir, sample_generator
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
+from fedforget.vectorized import method_not_vectorized
 
 from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, held_stacks, run, strip
 
@@ -301,19 +302,22 @@ def test_fedgp_trains_stacked_as_sequential(public_run_cfg, run_engines, assert_
 
 def test_fedgp_on_conv_steps_of_a_task_stream_stacked(make_run_config, run_engines, assert_same_metrics):
     """Split digits, cnn2d on a CPU (wide steps client by client, their tails batched): the
-    stacked trainer's metrics within 1e-5 of the sequential one's, over FedAvg and over DER
-    (whose replay terms see the step); over a base that keeps its own step (FedNTD) FedGP
-    stays sequential, naming the base."""
+    stacked trainer's metrics within 1e-5 of the sequential one's, over FedAvg, over DER
+    (whose replay terms see the step) and over FedNTD (live terms: its distillation of the
+    step's logits, then FedGP's map); over a base that keeps its own step (L2P) FedGP stays
+    sequential, naming the base."""
     rc = fedgp_cfg(make_run_config, {"buffer_size": 30}, local_epochs=2, sample_rate=0.75)
     out = run_engines(rc)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
     der = fedgp_cfg(make_run_config, {"base": "der", "base_params": {"buffer_size": 30}}, sample_rate=0.75)
     out = run_engines(der)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
-    ntd = fedgp_cfg(make_run_config, {"base": "fedntd"})
-    sim = Simulation(replace(ntd, train=replace(ntd.train, client_engine="auto")), device=CPU)
-    assert sim.engine_info["client_engine"] == "sequential"
-    assert "over 'fedntd'" in sim.engine_info["client_engine_reason"]
+    ntd = fedgp_cfg(make_run_config, {"base": "fedntd", "buffer_size": 30}, sample_rate=0.75)
+    out = run_engines(ntd)
+    assert_same_metrics(out["sequential"][1], out["vectorized"][1])
+    assert any(r.get("fedgp_proj_share", 0) > 0 for r in out["vectorized"][1])
+    why = method_not_vectorized(METHODS.get("fedgp"), "sgd", params=make_params("fedgp", {"base": "l2p"}))
+    assert "over 'l2p'" in why
 
 
 def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, assert_same_metrics, monkeypatch):

@@ -36,7 +36,17 @@ from fedforget.models import Classifier
 from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, checkpoint_keeper, digits_cfg, run, same, strip
+from .conftest import (
+    CPU,
+    SMALL_CNN,
+    SMALL_RESNET,
+    checkpoint_keeper,
+    digits_cfg,
+    replay_stream_cfg,
+    run,
+    same,
+    strip,
+)  # fmt: skip
 from .conftest import GLFC_FAST as FAST
 
 # a hand-built batch at task 1 of a 2 x 2 split stream (classes 0, 1 old; 2, 3 new): row i's
@@ -351,6 +361,74 @@ def test_resume_mid_task_and_at_a_task_boundary(make_run_config):
             resumed.client_state, full.client_state
         )
         assert same(resumed.global_params, full.global_params)
+
+
+# ------------------------------------------------------------------ stacked trainer
+@pytest.mark.parametrize(
+    "method,model,incremental,loss",
+    [("glfc", "mlp", "class", "softmax"),  # every step batched (stacked_forward)
+     ("lga", "cnn2d", "task", "sigmoid"),  # wide steps client by client in replicas (live_alone), tails batched
+     ("glfc", "resnet8", "class", "softmax")],  # BatchNorm: clients whose joined batches differ run apart
+)  # fmt: skip
+def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, method, model, incremental,
+                                      loss):  # fmt: skip
+    """Issue 32, 3: GLFC's and LGA's step in the stacked trainer, each client's share of its
+    memory joined to its minibatch in one forward (``JoinedLive``), its weights normalised
+    over its own rows' groups, distilled against the old model, within 1e-5 of one client
+    after another (metrics with the proxy's monitor accuracy and the diagnostics, weights,
+    memories)."""
+    bn = model == "resnet8"  # drop_last: no 1-row batch through BatchNorm (as iCaRL's test)
+    params = {**FAST, "memory_size": 30, "loss": loss, **({"proxy_init": 0} if method == "lga" else {})}
+    rc = replay_stream_cfg(make_run_config, method, params, model,
+                           SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None, incremental,
+                           eval_every=1, drop_last=bn)  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    assert rows_s[-1][f"{method}_rd"] > 0 and rows_s[-1][f"{method}_memory"] > 0
+    for k, v in seq.global_params.items():  # running statistics included
+        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
+    for cid, st in seq.fed.clients.items():  # the memories the two trainers' models chose
+        if KEY in st:
+            assert torch.equal(st[KEY]["y"], vec.fed.clients[cid][KEY]["y"]), cid
+
+
+def test_stack_of_clients_on_different_tasks(make_run_config, run_engines, assert_same_metrics, monkeypatch):
+    """Asynchronous task boundaries: a round's clients may be on different tasks, each with
+    its own old classes, groups and exponent (LGA: t / (t + 1)) in one stack. Without the
+    proxy (its L-BFGS inversion turns the trainers' rounding differences into matching
+    losses 5e-4 apart here)."""
+    rc = replay_stream_cfg(make_run_config, "lga", {"memory_size": 30, "proxy": False}, eval_every=1,
+                           sample_rate=1.0)  # fmt: skip
+    scenario = {**rc.dataset.scenario, "boundaries": {"samples_per_window": 40, "window_rounds": 1}}
+    rc = replace(rc, dataset=replace(rc.dataset, scenario=scenario))
+    mixed, loss = [], LGA.glfc_loss
+
+    def spy(self, logits, y, task, *args, **kw):
+        mixed.append(isinstance(task, torch.Tensor))
+        return loss(self, logits, y, task, *args, **kw)
+
+    monkeypatch.setattr(LGA, "glfc_loss", spy)
+    out = run_engines(rc)
+    assert any(mixed)  # some stacked steps held clients of two tasks
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5, msg=k)
+
+
+def test_fedgp_over_glfc_and_icarl_train_stacked(make_run_config, run_engines, assert_same_metrics):
+    """FedGP's projection (step terms) over a base whose step is live terms over joined rows
+    (GLFC, iCaRL): stacked, within 1e-5 of one client after another."""
+    for base, bp, own in (("glfc", {**FAST, "memory_size": 30}, {"buffer_size": 20}), ("icarl", {"buffer_size": 30}, {})):
+        rc = replay_stream_cfg(make_run_config, "fedgp", {"base": base, "base_params": bp, **own},
+                               model="cnn2d", model_options=SMALL_CNN, eval_every=2)  # fmt: skip
+        out = run_engines(rc)
+        (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+        assert_same_metrics(rows_s, rows_v)
+        assert rows_s[-1]["fedgp_proj_share"] > 0
+        for k, v in seq.global_params.items():
+            torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5, msg=k)
 
 
 # ------------------------------------------------------------------ validation

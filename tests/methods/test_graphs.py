@@ -44,9 +44,11 @@ CASES = [(n, PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("agem", {"buffer_size": 12, "memory_batch_size": 4}),  # a full buffer: rows replaced
     ("der", {"plus": True, "buffer_size": 12, "memory_batch_size": 4}),  # two batches per step
     ("fedgp", {"base": "fedprox", "manipulation": "rotate", "apply": "always"}),
+    ("fedgp", {"base": "fedntd"}),  # its map over a base's live terms (stacks_over_live)
+    ("fedgp", {"base": "icarl"}),  # over joined rows: not capturable, as iCaRL
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
-STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander", "icarl"}
+STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander", "icarl", "glfc", "lga"}
 
 
 def strip(rows):

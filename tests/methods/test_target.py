@@ -705,13 +705,15 @@ def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, asser
     assert rows_s[-1]["lander_kd"] > 0 and rows_s[-1]["lander_fkd"] > 0 and rows_s[-1]["lander_bound"] >= 0
 
 
-def test_fedgp_over_target_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics):
+@pytest.mark.parametrize("base", ["target", "lander"])
+def test_fedgp_over_target_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, base):
     """FedGP over TARGET stacks where TARGET does: TARGET's KD terms under FedGP's
     projection, and TARGET's CE over each row's task's classes (``label_classes``, which the
-    plug-in takes from its base), within 1e-5 of one client after another."""
+    plug-in takes from its base), within 1e-5 of one client after another; over LANDER, its
+    projection follows LANDER's live step (``stacks_over_live``)."""
     rc = make_run_config(
         dataset="digits", model="mlp", method="fedgp", scenario={**SPLIT, "incremental": "class"},
-        params={"base": "target", "base_params": TINY}, rounds=3, batch_size=32, sample_rate=0.75,
+        params={"base": base, "base_params": TINY}, rounds=3, batch_size=32, sample_rate=0.75,
         eval_local_models=False, eval_every=1, optimizer={"lr": 0.05}, device="cpu",
         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
     )  # fmt: skip
@@ -720,7 +722,7 @@ def test_fedgp_over_target_trains_stacked_as_sequential(make_run_config, run_eng
     assert seq.method.label_classes is seq.method.base.label_classes is not None
     assert vec.engine_info["client_engine"] == "vectorized"
     assert_same_metrics(rows_s, rows_v)
-    assert rows_s[-1]["fedgp_target_kd"] > 0
+    assert rows_s[-1][f"fedgp_{base}_kd"] > 0 and rows_s[-1]["fedgp_proj_share"] > 0
 
 
 def test_fedgp_over_target(make_run_config):

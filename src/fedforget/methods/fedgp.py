@@ -63,8 +63,12 @@ to float summation order (tests/methods/test_fedgp.py). A parameter the base hol
 biases, FedProTIP's early layers) is left out of the flat vector, as its None gradient leaves
 it out of a client alone's; where only some clients of a stack hold it, those clients are
 manipulated one by one. Over a base whose step terms see the step (A-GEM, DER) FedGP passes
-the step on (``sees_step``); over a base with a step of its own (FedSOL, FedNTD, ...) the
-clients train one after another.
+the step on (``sees_step``). Over a base whose step is live terms (iCaRL, GLFC, LGA, LANDER:
+its whole loss, exemplars joined; ``stacks_over_live``) the stacked step differentiates the
+base's loss, then FedGP's gradient map follows, as its ``client_grad`` follows the base's
+``client_step`` on a client alone (tests/methods/test_glfc.py: over GLFC and iCaRL within
+1e-5). Over a base with a step of its own (FedSOL, L2P, CFeD, ...) the clients train one
+after another.
 
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
 ``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
@@ -195,11 +199,14 @@ class FedGP(OverBase):
     round_end_untrained = True  # from every sampled client with buffer rows, trained or not
     # the manipulation is a gradient map of the step terms: stacked over a stacked base
     stacks_with_base, step_terms = True, True
+    stacks_over_live = True  # over iCaRL, GLFC, LANDER: its map follows their live step's gradient
     Params = FedGPParams
 
     def __init__(self, params: FedGPParams, info: RunInfo) -> None:
         super().__init__(params, info)
         self.sees_step = self.base.sees_step  # the base's terms read the step's minibatch (A-GEM)
+        # a base whose step is live terms (iCaRL, GLFC): its loss, then the projection (step terms)
+        self.live_terms, self.step_rows = self.base.live_terms, self.base.step_rows
         base_replay = getattr(self.base, "replay", None)
         self.own_buffer = not isinstance(base_replay, Replay)
         if self.own_buffer:

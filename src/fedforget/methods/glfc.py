@@ -77,6 +77,18 @@ Client k, task t (classes Y^t new, the classes of the tasks before t old, C^p of
    client (the partition decides), its learning-rate steps (the engine's schedule),
    its uint8 image round trips.
 
+Trainers [D]: a client alone runs ``step_loss``; the stacked trainer runs the same step as
+live terms over joined rows (``client_live_terms`` returning ``JoinedLive``): each client's
+share of its memory (``memory_rows``, augmented on the host at step k as alone) joins its
+minibatch in the stacked forward (with BatchNorm, clients whose joined batches differ in size
+run apart), the old model scores the stack's rows in one forward, and ``glfc_loss`` (one
+definition for both) takes each client's group means, row means and task (asynchronous
+boundaries may put a stack's clients on different tasks) over its own real rows. Equal
+within 1e-5 (tests/methods/test_glfc.py: MLP class-IL, CNN task-IL, ResNet-8, clients on
+different tasks, FedGP over GLFC). Eager on a GPU (``capturable_terms = False``: the
+memory's shares are cut on the host each step); per-task heads train one client after
+another (the stacked path scores with one head).
+
 Hyperparameters (defaults, source): ``memory_size`` 2000 [P fedprotip.md E.3, "following
 the original paper", CIFAR-100 (1000 on its other datasets); C option.py; fedgp.md Table 1
 uses 200, "a buffer size of 200 whenever methods require it"]; ``loss`` softmax [P] (sigmoid [C]); ``lambda_gc`` 0.5,
@@ -111,10 +123,21 @@ from torch.nn.utils import skip_init
 
 from ..data.scenario import DOMAIN_KINDS
 from ..utils import FedForgetError, torch_seed
-from .base import TASK_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload, frozen_model
+from .base import (
+    TASK_END,
+    ClientContext,
+    FedAvg,
+    JoinedLive,
+    LiveStep,
+    RunInfo,
+    ServerContext,
+    StepBatch,
+    Upload,
+    frozen_model,
+)
 from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import floor_unscored, group_normalise, head_scores
+from .shared import StepSums, floor_unscored, group_normalise, head_scores, on_stack
 
 MEMORY_STREAM, ENCODER_STREAM, RECON_STREAM = 0xC1, 0xC2, 0xC3  # keyed randomness
 KEY = "glfc"  # ctx.state: the exemplar memory
@@ -134,36 +157,43 @@ def class_scores(
 def true_class_gap(
     logits: torch.Tensor, y: torch.Tensor, allowed: torch.Tensor, loss: str
 ) -> torch.Tensor:
-    """|G_i| = |P_{y_i}(x_i) - 1| [N] (detached): softmax over the allowed classes, or the
-    sigmoid of the true logit."""
+    """|G_i| = |P_{y_i}(x_i) - 1| [..., N] (detached; logits [..., N, C]): softmax over the
+    allowed classes, or the sigmoid of the true logit."""
     z = logits.detach()
     if loss == "sigmoid":
-        p = torch.sigmoid(z.gather(1, y[:, None]))[:, 0]
+        p = torch.sigmoid(z.gather(-1, y[..., None]))[..., 0]
     else:
-        p = torch.softmax(z.masked_fill(~allowed, float("-inf")), 1).gather(1, y[:, None])[:, 0]
+        p = torch.softmax(z.masked_fill(~allowed, float("-inf")), -1).gather(-1, y[..., None])[..., 0]
     return (p - 1).abs()
 
 
-def compensation_weights(g: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+def compensation_weights(g: torch.Tensor, old: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
     """GLFC's w_i = |G_i| / G_bar, G_bar the mean |G| over the rows of the same group
-    (old / new classes)."""
-    return group_normalise(g, [~old, old])
+    (old / new classes); ``real``: a stack's real rows (bool [G, N]), the groups' only ones."""
+    groups = [~old, old] if real is None else [~old & real, old & real]
+    return group_normalise(g, groups)
 
 
 def row_losses(
     logits: torch.Tensor, target: torch.Tensor, allowed: torch.Tensor, loss: str
 ) -> torch.Tensor:
-    """Per-row loss against ``target`` [N, C] (zero outside ``allowed``): softmax:
-    sum_c target (log target - log P) (CE for a one-hot target, the literal KL otherwise);
-    sigmoid: the mean over the allowed classes of the binary cross-entropy."""
+    """Per-row loss [..., N] against ``target`` [..., N, C] (zero outside ``allowed``):
+    softmax: sum_c target (log target - log P) (CE for a one-hot target, the literal KL
+    otherwise); sigmoid: the mean over the allowed classes of the binary cross-entropy."""
     if loss == "sigmoid":
         bce = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
         a = allowed.to(bce.dtype)
-        return (bce * a).sum(1) / a.sum(1).clamp_min(1)
-    logp = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), 1).masked_fill(
+        return (bce * a).sum(-1) / a.sum(-1).clamp_min(1)
+    logp = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), -1).masked_fill(
         ~allowed, 0.0
     )
-    return (torch.xlogy(target, target) - target * logp).sum(1)
+    return (torch.xlogy(target, target) - target * logp).sum(-1)
+
+
+def row_mean(v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of per-row values ``v``: over a client's rows [N], or each client's over its
+    real rows (``mask`` [G, N] 1.0 on them) of a stack's [G, N]."""
+    return v.mean() if mask is None else (v * mask).sum(-1) / mask.sum(-1)
 
 
 def relation_target(
@@ -173,15 +203,15 @@ def relation_target(
     old_logits: torch.Tensor,
     loss: str,
 ) -> torch.Tensor:
-    """Y_hat [N, C]: the one-hot label over the allowed classes with the old classes'
+    """Y_hat [..., N, C]: the one-hot label over the allowed classes with the old classes'
     entries replaced by the old model's probabilities over them (softmax over the old
     classes a row may score; sigmoid per class)."""
-    onehot = F.one_hot(y, allowed.shape[1]).to(old_logits.dtype) * allowed
+    onehot = F.one_hot(y, allowed.shape[-1]).to(old_logits.dtype) * allowed
     oldm = allowed & old_cols
     if loss == "sigmoid":
         q = torch.sigmoid(old_logits)
     else:
-        q = torch.softmax(old_logits.masked_fill(~oldm, float("-inf")), 1)
+        q = torch.softmax(old_logits.masked_fill(~oldm, float("-inf")), -1)
     return torch.where(oldm, q.nan_to_num(0.0), onehot)
 
 
@@ -325,9 +355,13 @@ class GLFCParams:
 class GLFC(FedAvg):
     name = "glfc"
     one_task_per_class = True  # its old and new classes are per task (class-aware gradient compensation, proxy server)
-    # [D] sequential: exemplars joined to each minibatch with gradient-compensation weights and
-    # the old model's relation distillation, a step not yet stated for a stack (LGA likewise)
-    stacked = False
+    # [D] the step (its rows and its share of the memory in one forward, weighted per group and
+    # distilled against the old model) is live terms over joined rows (``client_live_terms``,
+    # ``JoinedLive``) beside ``step_loss`` for a client alone, one ``glfc_loss`` for both; each
+    # step's share is cut and augmented on the host, so it runs eagerly on a GPU. Per-task
+    # heads (GLFC's routing of each row to its task's head) train one client after another
+    live_terms = True
+    capturable_terms = False
     own_upload = True
     own_predict = True
     exchanges = (TASK_END,)
@@ -377,14 +411,15 @@ class GLFC(FedAvg):
         sc = self.info.scenario
         return sc.starts_task(rnd) if sc is not None else rnd == 1
 
-    def row_task(self, y: torch.Tensor, task: int) -> torch.Tensor:
-        """Each row's task: its class's (split streams), else the client's."""
+    def row_task(self, y: torch.Tensor, task: int | torch.Tensor) -> torch.Tensor:
+        """Each row's task: its class's (split streams), else the client's (``task``: an int,
+        or a stack's [G, 1] for rows ``y`` [G, N])."""
         t = self.class_task[y]
-        return torch.where(t >= 0, t, torch.full_like(t, task))
+        return torch.where(t >= 0, t, torch.full_like(t, task) if isinstance(task, int) else task.expand_as(t))
 
-    def allowed(self, row_task: torch.Tensor, task: int) -> torch.Tensor:
-        """bool [N, C]: the classes a row may score (seen ones; task-IL: its task's)."""
-        a = self.seen[task].expand(len(row_task), -1)
+    def allowed(self, row_task: torch.Tensor, task: int | torch.Tensor) -> torch.Tensor:
+        """bool [..., N, C]: the classes a row may score (seen ones; task-IL: its task's)."""
+        a = self.seen[task].expand(*row_task.shape, -1)
         return a & self.seen[row_task] & ~self.old[row_task] if self.masked else a
 
     # ---------------------------------------------------------------- server side
@@ -485,6 +520,8 @@ class GLFC(FedAvg):
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
+        if getattr(s, "stacked", False):  # the stacked trainer's second call, before client_end:
+            return  # its sums stay
         t = ctx.task
         s.chunks = self.memory_schedule(ctx)
         s.old = None
@@ -493,8 +530,7 @@ class GLFC(FedAvg):
             s.old = frozen_model(ctx, "glfc_old")  # a frozen buffer for the broadcast old model
             s.old.load_state_dict(old)
             s.old.eval()
-        z = torch.zeros((), device=self.info.device)
-        s.gc, s.rd, s.w_old, s.n_old = z.clone(), z.clone(), z.clone(), z.clone()
+        s.sums = StepSums.own(4, self.info.device)  # per step: L_GC, L_RD, sum of old rows' w, old rows
 
     def memory_schedule(self, ctx: ClientContext) -> list[torch.Tensor]:
         """Memory rows per step: each epoch a keyed permutation of the memory cut into one
@@ -513,9 +549,21 @@ class GLFC(FedAvg):
             out += [c.to(dev) for c in torch.tensor_split(torch.randperm(m, generator=gen), steps)]
         return out
 
-    def row_weights(self, g: torch.Tensor, row_task: torch.Tensor, task: int) -> torch.Tensor:
-        """w_i of L_GC (GLFC: old / new groups)."""
-        return compensation_weights(g, row_task < task)
+    def memory_rows(self, ctx: ClientContext, k: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Local step ``k``'s (default ``ctx.steps``) share of the memory (x augmented as the
+        step's own rows, y), or None."""
+        s = self.scratch(ctx)
+        k = ctx.steps if k is None else k
+        if k >= len(s.chunks) or not len(s.chunks[k]):
+            return None
+        mem, idx = ctx.state[KEY], s.chunks[k]
+        return ctx.augment_rows(mem["x"][idx], idx, MEMORY_STREAM, k), mem["y"][idx]
+
+    def row_weights(self, g: torch.Tensor, row_task: torch.Tensor, task: int | torch.Tensor, top: int,
+                    real: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """w_i of L_GC (GLFC: old / new groups), per client of a stack (``task`` [G, 1], the
+        highest ``top``; ``real``: its real rows)."""
+        return compensation_weights(g, row_task < task, real)
 
     def distill_weights(self, w: torch.Tensor) -> torch.Tensor:
         """Per-row weights of L_RD (GLFC: none)."""
@@ -528,40 +576,91 @@ class GLFC(FedAvg):
         return loss
 
     def step_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        s, t, p = self.scratch(ctx), ctx.task, self.p
-        if ctx.steps < len(s.chunks) and len(s.chunks[ctx.steps]):
-            mem, idx = ctx.state[KEY], s.chunks[ctx.steps]
-            x = torch.cat([x, ctx.augment_rows(mem["x"][idx].to(x.dtype), idx, MEMORY_STREAM)])
-            y = torch.cat([y, mem["y"][idx]])
+        """The step of a client alone: its rows and its share of the memory in one forward,
+        ``glfc_loss``."""
+        s, t = self.scratch(ctx), ctx.task
+        mem = self.memory_rows(ctx)
+        if mem is not None:
+            x, y = torch.cat([x, mem[0].to(x.dtype)]), torch.cat([y, mem[1]])
         rt = self.row_task(y, t)
-        allowed = self.allowed(rt, t)
         logits = class_scores(ctx.model, x, rt, t, self.masked)
+        old_logits = None
+        if s.old is not None:
+            with torch.no_grad():
+                old_logits = class_scores(s.old, x, rt, t, self.masked)
+        loss, sums = self.glfc_loss(logits, y, t, t, old_logits)
+        s.sums.add(*sums)
+        return loss
+
+    def glfc_loss(self, logits: torch.Tensor, y: torch.Tensor, task: int | torch.Tensor, top: int,
+                  old_logits: torch.Tensor | None, has_old: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+        """(the step's loss, its diagnostics [L_GC, L_RD, sum of the old rows' w, old rows])
+        from its logits [N, C] of rows y [N] (a client alone, task ``task``) or [G, N, C] of a
+        stack (``task`` [G, 1] or one int, ``top`` the highest, ``mask`` [G, N] 1.0 on real
+        rows; each value then [G], each client's own): L_GC alone without old logits (or
+        where ``has_old`` [G] is False), else lambda_gc L_GC + lambda_rd L_RD."""
+        p = self.p
+        real = None if mask is None else mask > 0
+        rt = self.row_task(y, task)
+        allowed = self.allowed(rt, task)
         g = true_class_gap(logits, y, allowed, p.loss)
-        w = self.row_weights(g, rt, t)
-        onehot = F.one_hot(y, allowed.shape[1]).to(logits.dtype)
-        gc = (w * row_losses(logits, onehot, allowed, p.loss)).mean()
-        old = rt < t
-        s.gc += gc.detach()
-        s.w_old += (w * old).sum().detach()
-        s.n_old += old.sum()
-        if s.old is None:
-            return gc
-        with torch.no_grad():
-            old_logits = class_scores(s.old, x, rt, t, self.masked)
-        target = relation_target(y, allowed, self.old[t], old_logits, p.loss)
-        rd = (self.distill_weights(w) * row_losses(logits, target, allowed, p.loss)).mean()
-        s.rd += rd.detach()
-        return p.lambda_gc * gc + p.lambda_rd * rd
+        w = self.row_weights(g, rt, task, top, real)
+        onehot = F.one_hot(y, allowed.shape[-1]).to(logits.dtype)
+        gc = row_mean(w * row_losses(logits, onehot, allowed, p.loss), mask)
+        old = rt < task if real is None else (rt < task) & real
+        sums = [gc.detach(), torch.zeros_like(gc), (w * old).sum(-1).detach(), old.sum(-1).to(gc.dtype)]
+        if old_logits is None:
+            return gc, sums
+        target = relation_target(y, allowed, self.old[task], old_logits, p.loss)
+        rd = row_mean(self.distill_weights(w) * row_losses(logits, target, allowed, p.loss), mask)
+        loss = p.lambda_gc * gc + p.lambda_rd * rd
+        if has_old is not None:
+            loss, rd = torch.where(has_old, loss, gc), rd * has_old
+        sums[1] = rd.detach()
+        return loss, sums
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> JoinedLive:
+        """The step for a stack of clients: each client's rows and its share of the memory
+        (``memory_rows``) joined in one forward (``JoinedLive``), the old model over the
+        stack's rows in one forward, ``glfc_loss`` per client (its own task, group means
+        and row means over its real rows): ``step_loss`` of each client alone."""
+        scratches = [self.scratch(c) for c in ctxs]
+        table = StepSums.shared(scratches, 4, self.info.device, "sums")
+        for s in scratches:
+            s.stacked = True
+        tasks = [c.task for c in ctxs]
+        task_t = torch.tensor(tasks, device=self.info.device)[:, None]
+        flags = [s.old is not None for s in scratches]
+        has_old = torch.tensor(flags, device=self.info.device)
+        old = next((s.old for s in scratches if s.old is not None), None)  # one frozen model, one broadcast
+
+        def rows(lo: int, hi: int, k: int) -> list:
+            return [self.memory_rows(ctx, k) for ctx in ctxs[lo:hi]]
+
+        def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
+            one = len(set(tasks[lo:hi])) == 1
+            old_logits = None
+            if any(flags[lo:hi]):
+                with torch.no_grad():
+                    old_logits = on_stack(lambda v: old.head(old.features(v)), step.x)
+            loss, sums = self.glfc_loss(step.logits, step.y, tasks[lo] if one else task_t[lo:hi], max(tasks[lo:hi]),
+                                        old_logits, None if all(flags[lo:hi]) else has_old[lo:hi], step.row_mask())  # fmt: skip
+            table[:, lo:hi] += torch.stack(sums)
+            return LiveStep(total=loss)
+
+        return JoinedLive(live, rows)
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
         s = self.scratch(ctx)
         steps = max(ctx.steps, 1)
-        ctx.stats["gc"] = s.gc.item() / steps
+        gc, rd, w_old, n_old = s.sums.values()
+        ctx.stats["gc"] = gc / steps
         if s.old is not None:
-            ctx.stats["rd"] = s.rd.item() / steps
-        if self.report_w_old and s.n_old.item() > 0:
-            ctx.stats["w_old"] = s.w_old.item() / s.n_old.item()
+            ctx.stats["rd"] = rd / steps
+        if self.report_w_old and n_old > 0:
+            ctx.stats["w_old"] = w_old / n_old
         mem = ctx.state.get(KEY)
         ctx.stats["memory"] = float(0 if mem is None else len(mem["y"]))
         if self.p.proxy and self.task_start(ctx.round) and ctx.data is not None and len(ctx.data):

@@ -35,7 +35,8 @@ Everything else is GLFC's: exemplar memory (augmented like the private rows wher
 declares an augmentation [C: LGA's ``iCIFAR100.getTrainData`` mixes the exemplar images into
 ``TrainData``, read through fl_main.py's ``train_transform``: RandomCrop 4, flip]), prototype gradients through the LeNet encoder
 (perturbed by SGD on the local model), gradient inversion with L-BFGS (250 iterations [C]),
-the old model of task t = the proxy's best model of task t - 1. [C] the code resets the best
+the old model of task t = the proxy's best model of task t - 1, and the trainers (the stacked
+one included: the weights above per client of a stack, its task's exponent and groups). [C] the code resets the best
 accuracy once (at task 1's start); ``best_per_task`` (default true [D]) resets it at every
 task start.
 
@@ -71,13 +72,19 @@ NOISE_BOUND = 0.1  # [C] ||e||^2 <= 0.1 * sum(v_c^2)
 MAX_DRAWS = 100  # [D] draws per sample at most
 
 
-def adaptive_weights(g: torch.Tensor, row_task: torch.Tensor, task: int, groups: str, lo: float, hi: float) -> torch.Tensor:  # fmt: skip
+def adaptive_weights(g: torch.Tensor, row_task: torch.Tensor, task: int | torch.Tensor, groups: str, lo: float,
+                     hi: float, top: int | None = None, real: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """LGA's w_i: g^(t/(t+1)) normalised over the new rows and over each old task's group
-    (cumulative: tasks <= j; task: task j), summed per row, clamped to [lo, hi] [C]."""
+    (cumulative: tasks <= j; task: task j), summed per row, clamped to [lo, hi] [C]. A
+    stack's (g, row_task [G, N]): each client's own groups of its real rows (``real``),
+    ``task`` [G, 1] (the highest ``top``) or one int."""
     g = g.pow(task / (task + 1))
     masks = [row_task >= task]
-    for j in range(task):
-        masks.append(row_task <= j if groups == "cumulative" else row_task == j)
+    for j in range(task if top is None else top):
+        m = row_task <= j if groups == "cumulative" else row_task == j
+        masks.append(m if isinstance(task, int) else m & (j < task))
+    if real is not None:
+        masks = [m & real for m in masks]
     return group_normalise(g, masks).clamp(lo, hi)
 
 
@@ -154,9 +161,10 @@ class LGA(GLFC):
     report_w_old = True
 
     # ---------------------------------------------------------------- local losses
-    def row_weights(self, g: torch.Tensor, row_task: torch.Tensor, task: int) -> torch.Tensor:
+    def row_weights(self, g: torch.Tensor, row_task: torch.Tensor, task: int | torch.Tensor, top: int,
+                    real: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         p = self.p
-        return adaptive_weights(g, row_task, task, p.old_groups, p.weight_min, p.weight_max)
+        return adaptive_weights(g, row_task, task, p.old_groups, p.weight_min, p.weight_max, top, real)
 
     def distill_weights(self, w: torch.Tensor) -> torch.Tensor:
         return w

@@ -54,6 +54,11 @@ class OverBase(FedAvg):
     # the plug-in states its own change of the local step in ``client_step_terms`` (over its
     # base's terms): it trains stacked wherever its base does (``trait("stacked", params)``)
     stacks_with_base: bool = False
+    # its step terms also compose over a base whose step is live terms (``client_live_terms``:
+    # iCaRL's, GLFC's, LANDER's whole loss): the stacked step differentiates the base's loss,
+    # then the plug-in's terms and gradient map follow, as the plug-in's ``client_grad`` follows
+    # the base's ``client_step`` on a client alone (FedGP's projection)
+    stacks_over_live: bool = False
 
     @property
     def exchanges(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -87,8 +92,9 @@ class OverBase(FedAvg):
             if not cls.stacks_with_base or params is None:
                 return False
             base_params = make_params(params.base, dict(params.base_params))
-            if METHODS.get(params.base).trait("live_terms", base_params):
-                return False  # [D] a plug-in's step terms over a base's live terms: not composed
+            base = METHODS.get(params.base)
+            if base.trait("live_terms", base_params) and (not cls.stacks_over_live or base.trait("sees_step", base_params)):
+                return False  # [D] a plug-in's step terms over a base's live terms: composed where it says so
         elif bool(getattr(cls, name)) or params is None:
             return bool(getattr(cls, name))
         base = METHODS.get(params.base)
