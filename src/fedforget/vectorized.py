@@ -53,7 +53,9 @@ SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, 
 for a method that ``sees_step``, terms of the step's minibatch: A-GEM's and DER's memory
 batches, each client's from its own buffer, TARGET's synthetic batches, forwarded as one
 stack; ``live_terms``: terms of the step's own forward pass, ``FedAvg.client_live_terms``,
-a loss of its logits, FedNTD, the step's whole loss, LANDER, over rows of its own joined to
+a loss of its logits, FedNTD, or of what the body's own stacked forward kept, L2P's pull term
+(a body with ``stacked_body`` runs itself: L2P's prompted frozen ViT, once over the stack's
+rows), the step's whole loss, LANDER, over rows of its own joined to
 each client's minibatch, iCaRL, GLFC, LGA (``JoinedLive``), or a second pass at perturbed
 weights, FedSAM, FedASAM, FedSOL, for models ``stacked_forward`` runs, a plug-in's step terms
 following them (FedGP over iCaRL); a method that cuts
@@ -254,6 +256,8 @@ def stacked_supported(module: nn.Module) -> str | None:
             if bad is not None:
                 return bad
         return None
+    if callable(getattr(module, "stacked_body", None)):  # a module that runs itself stacked (L2P's
+        return module.stacked_unsupported()  # PromptedViT: a frozen map with per-client prompts)
     if type(module) is ResNetBody:  # its forward, written out in _stacked
         parts = [module.conv1, module.bn1, module.pool, *(b for stage in module.stages for b in stage)]
         return next((bad for c in parts if (bad := stacked_supported(c)) is not None), None)
@@ -377,6 +381,8 @@ def _stacked(
         h = _relayout(h, layout, GB, g)
         f = module(h.reshape(-1, *h.shape[2:]))
         return f.view(g, -1, *f.shape[1:]), GB
+    if callable(getattr(module, "stacked_body", None)):  # it runs itself: features [G, B, ...]
+        return module.stacked_body(p, _relayout(h, layout, GB, g), prefix), GB
     if isinstance(module, nn.Sequential):
         for name, child in module.named_children():
             h, layout = _stacked(child, p, h, g, f"{prefix}{name}.", layout)
@@ -762,8 +768,11 @@ def train_clients_together(
     # and the short steps (the clients' last, partial batches) batched. The choice depends
     # only on batch widths, never on timings, so results stay deterministic; a client's
     # arithmetic is the same whichever worker thread runs it, so the split of clients over
-    # the workers (each takes the next client as it finishes one) changes no result.
-    loop_wide = device.type != "cuda" and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    # the workers (each takes the next client as it finishes one) changes no result. A frozen
+    # convolution (L2P's ViT patch embedding) is one map over every client's rows: not counted.
+    loop_wide = device.type != "cuda" and any(
+        isinstance(m, nn.Conv2d) and any(q.requires_grad for q in m.parameters()) for m in model.modules()
+    )
     steps_t = torch.tensor(steps)
     # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
     # step needs only as many columns as its fullest active client has rows

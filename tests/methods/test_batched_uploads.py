@@ -37,7 +37,8 @@ def test_discovery_finds_the_batched_methods():
     assert {"fedsol", "fedsam", "fedasam", "fedntd", "moon", "fedrcl"} <= set(BATCHED)  # client_live_terms
     assert {"fedproj"} <= set(BATCHED)  # step terms that see the step: its memory batch
     assert {"icarl", "glfc", "lga", "target", "lander"} <= set(BATCHED)  # joined rows; synthetic batches (issue 32)
-    assert {"l2p", "cfed"} <= set(SEQUENTIAL)
+    assert "l2p" in BATCHED  # its prompted forward: the frozen ViT once over the stack's rows
+    assert {"cfed"} <= set(SEQUENTIAL)
     lr_step = make_params("fedproj", {"local_lr_step": True})  # each client's lr falls within its round
     assert "declares stacked = False" in method_not_vectorized(METHODS.get("fedproj"), "sgd", params=lr_step)
 

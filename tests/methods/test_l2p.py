@@ -253,3 +253,43 @@ def test_fedgp_over_l2p_runs_on_the_trainable_parameters(make_run_config):
     assert set(sim.server.state[STATE_KEY]) == TRAINABLE  # g_ref over prompts, keys, head
     for k, v in before.items():
         assert torch.equal(sim.global_params[k], v), k
+
+
+# ------------------------------------------------------------------ stacked trainer
+@pytest.mark.parametrize(
+    "method,setting",
+    [("l2p", "class"),  # the class-IL train mask, the clip (lr high enough to reach it)
+     ("l2p", "task"),  # per-task heads: the active head in the stack
+     ("fedgp", "class")],  # FedGP's projection after L2P's clip (stacks_over_live)
+)  # fmt: skip
+def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, method, setting):
+    """Issue 32, 3: L2P's prompted forward in the stacked trainer (``PromptedViT.stacked_body``:
+    the frozen ViT once over the stack's rows, each row with its client's prompts), its pull
+    term and clip as live terms, within 1e-5 of one client after another (metrics with the
+    pull term and prompts used, the trained prompts, keys and head); the backbone untouched."""
+    scenario = {**SPLIT, "incremental": setting, "heads": "per_task" if setting == "task" else "shared"}
+    params = {"base": "l2p", "base_params": SMALL, "buffer_size": 20} if method == "fedgp" else None
+    rc = l2p_cfg(make_run_config, method=method, params=params, scenario=scenario, sample_rate=0.75, local_epochs=2,
+                 eval_every=1, optimizer={"lr": 0.5})  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    prefix = "fedgp_l2p_" if method == "fedgp" else "l2p_"
+    assert rows_s[-1][prefix + "pull"] > 0 and rows_s[-1][prefix + "prompts_used"] >= 1
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5, msg=k)
+        if k.startswith("body.vit."):
+            assert torch.equal(v, vec.global_params[k]), k
+
+
+def test_batch_selection_and_dropout_train_one_client_after_another():
+    from fedforget.methods import METHODS
+    from fedforget.vectorized import method_not_vectorized
+
+    assert method_not_vectorized(METHODS.get("l2p"), "sgd", params=make_params("l2p", {})) is None
+    why = method_not_vectorized(METHODS.get("l2p"), "sgd", params=make_params("l2p", {"selection": "batch"}))
+    assert "declares stacked = False" in why
+    _, model, _ = method_and_model()  # the frozen ViT's dropout would draw in its training forward
+    assert model.body.stacked_unsupported() is None
+    model.body.vit.encoder.dropout.p = 0.1
+    assert model.body.stacked_unsupported() == "PromptedViT(dropout > 0: Dropout)"

@@ -83,6 +83,19 @@ rounds_per_task):
   true`` keeps torchvision's ImageNet-1k ViT-B/16. [D] Inputs are normalised by the
   dataset's mean and std, not scaled to [0, 1] as in the code (``norm_01``).
 
+Trainers [D]: a client alone runs ``step_loss`` and ``client_grad``. The stacked trainer runs
+the prompted forward of a stack of clients through ``PromptedViT.stacked_body``: the frozen
+ViT is one map for every client, so the embedding, the query and the prompted encoder run
+once over the stack's rows (as one batch), each row with its own client's selected prompts
+(prompts, keys and heads stacked per client; the backbone not stacked); the task loss is the
+trainer's on those features (the train mask through ``label_classes``), the pull term (each
+client's mean over its real rows, at the queries and selections of the same forward) is a
+live loss and the clip of each client's whole gradient a gradient map (``client_live_terms``).
+Equal within 1e-5 (tests/methods/test_l2p.py: class-IL, task-IL with per-task heads, FedGP
+over L2P). ``selection: batch`` trains one client after another (a batch's vote would count
+a stack's rows, padding included). On a CPU the frozen patch embedding does not send the
+steps client by client (``vectorized``: only convolutions that train do).
+
 Diagnostics (``l2p_<key>``): ``pull`` (mean over steps of the pull term before
 pull_coeff), ``prompts_used`` (distinct prompts selected in the client's round), means over
 the round's clients.
@@ -90,6 +103,7 @@ the round's clients.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,13 +116,17 @@ from ..utils import FedForgetError, torch_seed
 from .base import (
     ClientContext,
     FedAvg,
+    LiveStep,
+    LiveTerms,
     RunInfo,
     ServerContext,
+    StepBatch,
     Upload,
     masked_logits,
 )
 from .params import boolean, choice, integer, number
 from .registry import METHODS
+from .shared import StepSums, client_norms
 
 INIT_STREAM = 0xA7  # keyed randomness of the prompt pool's and the keys' initial values
 SELECTIONS = ("instance", "batch")
@@ -117,9 +135,10 @@ SELECTIONS = ("instance", "batch")
 def select(query: torch.Tensor, keys: torch.Tensor, top_k: int, batchwise: bool) -> torch.Tensor:
     """Indices [B, N] of the prompts each row uses: the ``top_k`` keys of highest cosine
     similarity to its query (Eq. 3); ``batchwise``: the ``top_k`` prompts chosen most often
-    over the batch's rows (ties to the lower id), the same for every row."""
-    cos = F.normalize(query, dim=-1) @ F.normalize(keys, dim=-1).T  # [B, M]
-    idx = cos.topk(top_k, dim=1).indices
+    over the batch's rows (ties to the lower id), the same for every row. A stack's (query
+    [G, B, D], keys [G, M, D]; per row only): each client's rows against its own keys."""
+    cos = F.normalize(query, dim=-1) @ F.normalize(keys, dim=-1).transpose(-1, -2)  # [(G,) B, M]
+    idx = cos.topk(top_k, dim=-1).indices
     if not batchwise:
         return idx
     counts = torch.bincount(idx.reshape(-1), minlength=keys.shape[0])
@@ -129,10 +148,11 @@ def select(query: torch.Tensor, keys: torch.Tensor, top_k: int, batchwise: bool)
 
 def pull_term(query: torch.Tensor, keys: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """[B]: sum over each row's selected keys of gamma = 1 - cos(q, k) (Eq. 5's second term,
-    before lambda)."""
-    q = F.normalize(query, dim=-1).unsqueeze(1)  # [B, 1, D]
-    k = F.normalize(keys, dim=-1)[idx]  # [B, N, D]
-    return (1 - (q * k).sum(-1)).sum(1)
+    before lambda). A stack's (query [G, B, D], keys [G, M, D], idx [G, B, N]): [G, B]."""
+    q = F.normalize(query, dim=-1).unsqueeze(-2)  # [(G,) B, 1, D]
+    k = F.normalize(keys, dim=-1)
+    k = k[idx] if keys.dim() == 2 else k[torch.arange(len(k), device=k.device)[:, None, None], idx]  # [(G,) B, N, D]
+    return (1 - (q * k).sum(-1)).sum(-1)
 
 
 class PromptedViT(ViTBody):
@@ -180,14 +200,45 @@ class PromptedViT(ViTBody):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.prompted(x)[0]
 
+    # the batched trainer (``fedforget.vectorized``: a module with ``stacked_body`` runs itself)
+    def stacked_unsupported(self) -> str | None:
+        """None: ``stacked_body`` runs this body (the frozen ViT's dropout off), else why not."""
+        if self.batchwise:
+            return "PromptedViT(selection batch)"
+        for m in self.vit.modules():  # torch's dropout, an attention's own (its training forward draws)
+            rate = m.p if isinstance(m, nn.Dropout) else getattr(m, "dropout", 0)
+            if isinstance(rate, float | int) and rate > 0:
+                return f"PromptedViT(dropout > 0: {type(m).__name__})"
+        return None
+
+    def stacked_body(self, p: dict[str, torch.Tensor], x: torch.Tensor, prefix: str) -> torch.Tensor:
+        """``prompted``'s features [G, B, D] of G clients on their images [G, B, ...], each with
+        its own prompts and keys (``p``: ``prompt`` [G, M, L_p, D], ``prompt_key`` [G, M, D]
+        under ``prefix``): the frozen ViT is one map for every client, so the embedding, the
+        query and the prompted encoder run once over the stack's rows, each row with its
+        client's selected prompts. The step's queries and selections are kept for the method's
+        live terms (``stacked_selection``: query [G, B, D], ids [G, B, N])."""
+        g, b = x.shape[:2]
+        pool, keys = p[prefix + "prompt"], p[prefix + "prompt_key"]
+        with torch.no_grad():  # nothing below the prompts trains
+            emb = self.embed(x.flatten(0, 1))
+            query = self.encode(emb)[:, 0].view(g, b, -1)
+        idx = select(query, keys, self.top_k, False)  # [G, B, N]
+        prompts = pool[torch.arange(g, device=idx.device)[:, None, None], idx].flatten(2, 3)  # [G, B, N * L_p, D]
+        out = self.encode(torch.cat([prompts.flatten(0, 1), emb], dim=1))
+        self.stacked_selection = (query, idx)
+        return out[:, : prompts.shape[2]].mean(1).view(g, b, -1)
+
 
 @METHODS.register("l2p")
 class L2P(FedAvg):
     name = "l2p"
     one_task_per_class = True  # its prompt keys' task of each training row comes from the row's class
-    # [D] sequential: a prompted forward of a frozen ViT (prompts chosen per row), which the
-    # stacked forward does not run
-    stacked = False
+    # [D] the prompted forward runs stacked (``PromptedViT.stacked_body``: the frozen ViT once over
+    # the stack's rows, each row with its client's prompts), the pull term and the clip as live
+    # terms (``client_live_terms``); per-row selection only (``trait``)
+    live_terms = True
+    live_heads = True  # the task loss is the trainer's, through the active head as alone
     own_upload = True
     needs_model = "vit"  # the one model it is defined on (model_init refuses others)
 
@@ -227,6 +278,14 @@ class L2P(FedAvg):
             table = sc.class_mask(torch.device("cpu"))[task_of.clamp(min=0)]
             table[task_of < 0] = True  # classes in no task never come up
             self.label_classes = table.to(info.device)
+
+    @classmethod
+    def trait(cls, name: str, params: Any = None) -> bool:
+        """``stacked``: with ``selection: instance``; a batch's vote (``batch``) counts each
+        client's rows, which the stacked forward does not (one client after another)."""
+        if name == "stacked":
+            return params is not None and params.selection == "instance"
+        return super().trait(name, params)
 
     def model_init(self, model: nn.Module) -> None:
         """The prompt pool and keys on the model's ViT, which is frozen (module docstring)."""
@@ -274,9 +333,40 @@ class L2P(FedAvg):
             grads = [p for p in ctx.model.parameters() if p.grad is not None]
             torch.nn.utils.clip_grad_norm_(grads, self.p.clip_norm, foreach=True)
 
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
+        """Eq. 5 and the clip for a stack of clients: the task loss is the trainer's on the
+        stacked prompted features (``PromptedViT.stacked_body``); the pull term of each
+        client's keys at its rows' queries and selections (its mean over its real rows) is
+        the live loss, and the clip of each client's gradient to norm ``clip_norm`` the
+        gradient map: ``step_loss`` and ``client_grad`` of each client alone."""
+        p, dev = self.p, self.info.device
+        body = ctxs[0].model.body
+        scratches = [self.scratch(c) for c in ctxs]
+        sums = StepSums.shared(scratches, 1, dev, "stack")  # per client: the pull term's step means
+        used = torch.zeros(len(ctxs), p.pool_size, device=dev)  # per client: times each prompt was chosen
+        for i, s in enumerate(scratches):
+            s.stack_used = used[i]
+
+        def clip(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            g = list(grads.values())
+            coef = (p.clip_norm / (client_norms(g) + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_
+            return {n: v * coef.view(-1, *[1] * (v.dim() - 1)) for n, v in grads.items()}
+
+        def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
+            query, idx = body.stacked_selection  # this step's (stacked_body)
+            mask = step.row_mask()
+            pull = (pull_term(query, w["body.prompt_key"], idx) * mask).sum(1) / mask.sum(1)
+            sums[0, lo:hi] += pull.detach()
+            used[lo:hi].scatter_add_(1, idx.flatten(1), mask.unsqueeze(-1).expand(idx.shape).flatten(1))
+            return LiveStep(loss=p.pull_coeff * pull if p.pull_coeff > 0 else None, gmap=clip if p.clip_norm > 0 else None)
+
+        return live
+
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
         s = self.scratch(ctx)
+        if getattr(s, "stack", None) is not None:  # trained in a stack: its sums
+            s.pull_sum, s.used = s.stack.column()[0], s.stack_used > 0
         if ctx.steps:
             ctx.stats["pull"] = s.pull_sum.item() / ctx.steps
             ctx.stats["prompts_used"] = float(s.used.sum().item())
