@@ -43,6 +43,9 @@
 #             FedAvg's plain loop against both engines, then FedSOL sequential vs batched;
 #   vit       torchvision's ViT-B/16 at 224 px (FedProTIP Table 7's model; stacked_forward since
 #             2026-12-03): FedAvg's plain loop against both engines, Table 7's 5 clients;
+#   joined    GLFC and iCaRL on ResNet-18 (split 5 x 2), L2P on the vit preset: sequential vs
+#             stacked (their rows joined to each minibatch; L2P's frozen ViT once over the stack;
+#             since the second session of 2026-12-03);
 #   vgg11     VGG-11 likewise, every round's seconds kept (rounds meeting new step shapes);
 #   continual18 FedProTIP(-t), DER and FedProTIP with per-task heads (TIP) on ResNet-18,
 #             sequential vs stacked (split 5 x 2: task 0 in the warm-up); replay18: A-GEM and
@@ -70,7 +73,7 @@
 #             shape, batch) of the paper configs, with what is left of BUDGET.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit vit continual18 fedproj packing resnet18 hf rates fedsol sims vgg11 profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests lanes decay stream fedsol18 replay18 lanes2 resnet18tv slvit vit joined continual18 fedproj packing resnet18 hf rates fedsol sims vgg11 profile18}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -172,6 +175,16 @@ vit() {
     box 150 "${sim[@]}" --warmup 1 --modes central sequential vectorized --preset vit --partition dirichlet0.5 \
         --epochs 1 --rounds 2 --json "$out/vit-dir-e1.json" | tee -a "$out/sim.txt"
 }
+joined() {  # stacked since the second session of 2026-12-03: rows of the method's own joined to each
+    # client's minibatch (GLFC's memory, iCaRL's exemplars), L2P's prompted frozen ViT once over the stack
+    box 120 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --method glfc --params '{"memory_size": 200, "recon_iters": 20, "recon_inner": 5, "recon_keep": 5}' \
+        --tasks 5 --json "$out/resnet18-e1-glfc.json" | tee -a "$out/sim.txt"
+    box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
+        --epochs 1 --rounds 3 --method icarl --tasks 5 --json "$out/resnet18-e1-icarl.json" | tee -a "$out/sim.txt"
+    box 150 "${sim[@]}" --warmup 1 --modes sequential vectorized --preset vit --partition dirichlet0.5 \
+        --epochs 1 --rounds 2 --method l2p --json "$out/vit-e1-l2p.json" | tee -a "$out/sim.txt"
+}
 vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \
         --epochs 1 --rounds 12 --json "$out/vgg11-dir-e1.json" | tee -a "$out/sim.txt"
@@ -270,7 +283,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vit vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
+    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

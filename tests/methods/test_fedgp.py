@@ -304,8 +304,8 @@ def test_fedgp_on_conv_steps_of_a_task_stream_stacked(make_run_config, run_engin
     """Split digits, cnn2d on a CPU (wide steps client by client, their tails batched): the
     stacked trainer's metrics within 1e-5 of the sequential one's, over FedAvg, over DER
     (whose replay terms see the step) and over FedNTD (live terms: its distillation of the
-    step's logits, then FedGP's map); over a base that keeps its own step (L2P) FedGP stays
-    sequential, naming the base."""
+    step's logits, then FedGP's map); over a base that keeps its own step (FedProj with
+    ``local_lr_step``) FedGP stays sequential, naming the base."""
     rc = fedgp_cfg(make_run_config, {"buffer_size": 30}, local_epochs=2, sample_rate=0.75)
     out = run_engines(rc)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
@@ -316,8 +316,8 @@ def test_fedgp_on_conv_steps_of_a_task_stream_stacked(make_run_config, run_engin
     out = run_engines(ntd)
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
     assert any(r.get("fedgp_proj_share", 0) > 0 for r in out["vectorized"][1])
-    why = method_not_vectorized(METHODS.get("fedgp"), "sgd", params=make_params("fedgp", {"base": "l2p"}))
-    assert "over 'l2p'" in why
+    own = {"base": "fedproj", "base_params": {"local_lr_step": True}}
+    assert "over 'fedproj'" in method_not_vectorized(METHODS.get("fedgp"), "sgd", params=make_params("fedgp", own))
 
 
 def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, assert_same_metrics, monkeypatch):

@@ -62,8 +62,9 @@ TRAINING_HOOKS = ("client_begin", "client_loss", "client_step", "client_grad")
 TERM_HOOKS = ("client_begin",)  # what per-step terms may need
 # live terms (a second pass, a loss of the step's logits): the sequential step written out
 # over the same equations (FedSAM's client_step calls its perturbation, FedNTD's client_loss
-# its distillation, on a stack of one)
-LIVE_HOOKS = ("client_begin", "client_loss", "client_step")
+# its distillation, on a stack of one), and a map of the step's gradient (``LiveStep.gmap``)
+# written out in client_grad (L2P's clip)
+LIVE_HOOKS = ("client_begin", "client_loss", "client_step", "client_grad")
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS.names() if not issubclass(METHODS.get(n), OverBase)])

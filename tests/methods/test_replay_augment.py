@@ -127,9 +127,9 @@ def test_glfc_memory_rows_pass_through_augment_rows(make_run_config, monkeypatch
     seen = []
     real = ClientContext.augment_rows
 
-    def spy(self, x, rows, stream):
+    def spy(self, x, rows, stream, step=None):
         assert torch.equal(x, self.state[GLFC_KEY]["x"][rows])  # the memory slice, as stored
-        out = real(self, x, rows, stream)
+        out = real(self, x, rows, stream, step)
         seen.append((x, rows, stream, out))
         return out
 
