@@ -56,7 +56,8 @@ stack; ``live_terms``: terms of the step's own forward pass, ``FedAvg.client_liv
 a loss of its logits, FedNTD, or of what the body's own stacked forward kept, L2P's pull term
 (a body with ``stacked_body`` runs itself: L2P's prompted frozen ViT, once over the stack's
 rows), the step's whole loss, LANDER, over rows of its own joined to
-each client's minibatch, iCaRL, GLFC, LGA (``JoinedLive``), or a second pass at perturbed
+each client's minibatch, iCaRL, GLFC, LGA, or in place of it, CFeD's reviewers (``JoinedLive``),
+or a second pass at perturbed
 weights, FedSAM, FedASAM, FedSOL, for models ``stacked_forward`` runs, a plug-in's step terms
 following them (FedGP over iCaRL); a method that cuts
 its epochs, TARGET's code rule, has them cut per client, ``ClientJob.epoch_steps``), the model's buffers are BatchNorm's running statistics (kept per
@@ -742,6 +743,7 @@ def train_clients_together(
     if live is not None and terms is not None and sees_step:  # (methods.plugin: not composed)
         raise ValueError("step terms that see the step over live terms are not composed")
     join = live.rows if isinstance(live, JoinedLive) else None  # rows a method joins to each step's
+    replaces = join is not None and live.replaces  # (or puts in place of them: CFeD's reviewers)
     jobs_sorted = [jobs[j] for j in order]
     m = len(jobs_sorted)
     # in host memory, and on the device (the same tensor on a CPU): a streamed pool's
@@ -890,14 +892,18 @@ def train_clients_together(
         A method's joined rows (``JoinedLive``) join the batch first; with BatchNorm, clients
         whose joined batches differ in size run apart, a run of one size at a time."""
         if join is not None:
-            xb, yb, mask, lm, rows = joined_batch(xb, yb, mask, lm, rows, join(lo, lo + xb.shape[0], k))
+            extra = join(lo, lo + xb.shape[0], k, rows) if replaces else join(lo, lo + xb.shape[0], k)
+            xb, yb, mask, lm, rows = joined_batch(xb, yb, mask, lm, rows, extra)
             if buffer_names and len(set(rows)) > 1:
                 return joined_runs(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
         return one_pass(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
 
     def joined_batch(xb, yb, mask, lm, rows, extra):
         """Each client's real rows (the first ``rows[j]``) followed by its joined rows
-        ``extra[j]`` ((x, y) or None), zero padding after: (x, y, mask, logit mask, rows)."""
+        ``extra[j]`` ((x, y) or None), zero padding after: (x, y, mask, logit mask, rows).
+        ``replaces`` (JoinedLive): a client's joined rows instead of its real ones."""
+        if replaces:
+            rows = [0 if e is not None else r for r, e in zip(rows, extra)]
         widths = [r + (0 if e is None else len(e[1])) for r, e in zip(rows, extra)]
         a, w = len(rows), max(widths)
         x2, y2 = xb.new_zeros((a, w, *xb.shape[2:])), yb.new_zeros((a, w))
@@ -1223,8 +1229,11 @@ def train_clients_together(
         replica's parameters, which the forward passes read (``functional_call``); a second
         pass runs at new leaves w + eps, so the parameters are never written."""
         if join is not None:  # the method's rows joined to the minibatch (JoinedLive)
-            extra = join(i, i + 1, k)[0]
-            if extra is not None:
+            extra = join(i, i + 1, k, [len(yb)])[0] if replaces else join(i, i + 1, k)[0]
+            if extra is not None and replaces:  # instead of the minibatch's
+                xb, yb = extra[0].to(xb.dtype), extra[1]
+                lm = None if lm is None else lm.new_ones((len(yb), lm.shape[-1]))
+            elif extra is not None:
                 n_real = len(yb)
                 xb, yb = torch.cat([xb, extra[0].to(xb.dtype)]), torch.cat([yb, extra[1]])
                 if lm is not None:

@@ -35,6 +35,16 @@ def public_root(data_root, tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def digits_public_root(data_root, tmp_path_factory):
+    """A copy of the prepared digits data with a 10 % holdout public set (~180 rows): CFeD's
+    surrogate sets on a task stream."""
+    root = tmp_path_factory.mktemp("digits_public")
+    shutil.copytree(data_root / "digits", root / "digits")
+    prepare_public(PUBLIC, "digits", root)
+    return root
+
+
 @pytest.fixture
 def public_run_cfg(make_run_config, public_root):
     """Tiny run configs (iris, Dirichlet 0.5 over 4 clients, 3 rounds) with the public set;

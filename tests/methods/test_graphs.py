@@ -19,7 +19,7 @@ from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.methods import METHODS, make_params
 from fedforget.vectorized import method_not_vectorized
 
-from .conftest import CPU, QUICK_PARAMS, replay_stream_cfg
+from .conftest import CPU, PUBLIC, QUICK_PARAMS, replay_stream_cfg
 
 # TARGET's and LANDER's synthesis at a few steps (a pool after the first task, replayed after)
 SYNTH_FAST = {"syn_size": 24, "syn_batch": 8, "syn_rounds": 3, "g_steps": 2, "warmup": 0, "nz": 8, "ngf": 4,
@@ -48,7 +48,7 @@ CASES = [(n, PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedgp", {"base": "icarl"}),  # over joined rows: not capturable, as iCaRL
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
-STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander", "icarl", "glfc", "lga"}
+STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander", "icarl", "glfc", "lga", "cfed"}
 
 
 def strip(rows):
@@ -60,10 +60,12 @@ def stream(make_run_config, method, params, heads="shared", **train):
     return replay_stream_cfg(make_run_config, method, params, heads=heads, batch_size=8, rounds=4, **train)
 
 
-def config(method, params, public_run_cfg, make_run_config, **train):
+def config(method, params, public_run_cfg, make_run_config, public_root=None, **train):
     if method in STREAM or params.get("base") in STREAM:
         per_task = method == "fedprotip" and params.get("tip", "sample") != "none"
         rc = stream(make_run_config, method, params, "per_task" if per_task else "shared", **train)
+        if METHODS.get(method).trait("needs_public", make_params(method, params)):  # CFeD's surrogate rows
+            rc = replace(rc, data_dir=str(public_root), dataset=replace(rc.dataset, public=PUBLIC))
     else:
         rc = public_run_cfg(method, params, rounds=3, sample_rate=0.75, local_epochs=2, batch_size=8,
                             optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, **train)  # fmt: skip
@@ -93,8 +95,9 @@ def test_the_contract_covers_the_papers_methods():
 
 
 @pytest.mark.parametrize("method,params", CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
-def test_declared_capturable_terms_replay_the_eager_steps(public_run_cfg, make_run_config, monkeypatch, method, params):
-    rc = config(method, params, public_run_cfg, make_run_config)
+def test_declared_capturable_terms_replay_the_eager_steps(public_run_cfg, make_run_config, digits_public_root,
+                                                          monkeypatch, method, params):  # fmt: skip
+    rc = config(method, params, public_run_cfg, make_run_config, digits_public_root)
     cls = METHODS.get(method)
     if cls.trait("capturable_terms", make_params(method, params)):
         out = runs(rc, monkeypatch)

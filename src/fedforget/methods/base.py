@@ -237,10 +237,12 @@ class JoinedLive:
     statistics see both, as the joined batch of a client alone), and the live terms get the
     joined batch (``StepBatch.x``, ``y``, ``logits``, ``mask``; the joined rows' logit mask
     allows every class: the method's own loss, ``LiveStep.total``, scores them). Called as
-    the function it wraps."""
+    the function it wraps. ``replaces``: a client's rows, where the method gives any, take the
+    place of its minibatch's (CFeD's reviewers: surrogate rows instead of task rows); ``rows(lo,
+    hi, k, counts)`` then also gets the number of minibatch rows each client has at step k."""
 
-    def __init__(self, live: LiveTerms, rows: Callable[[int, int, int], list]) -> None:
-        self.live, self.rows = live, rows
+    def __init__(self, live: LiveTerms, rows: Callable[..., list], replaces: bool = False) -> None:
+        self.live, self.rows, self.replaces = live, rows, replaces
 
     def __call__(self, *args: Any) -> LiveStep:
         return self.live(*args)

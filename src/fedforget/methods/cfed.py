@@ -64,6 +64,15 @@ each fetched row with the next teacher in turn; there the turn runs on across ep
 a row keeps its teacher in every epoch]. Batch order keyed (seed, round, 0xCFE3). With one
 head per task, the current task's head and the body train (``set_task``), other heads stay.
 
+Trainers [D]: a client alone runs ``client_step``. The stacked trainer runs a reviewer's step
+with its surrogate rows in place of its minibatch (``client_live_terms`` returning
+``JoinedLive(replaces=True)``: as many rows as its minibatch holds at that step, drawn from
+the same stream in the same order; with BatchNorm its statistics see them alone, as alone),
+its loss kd_weight * (1) against the teacher's scores of those rows, a learner's the task
+loss of its minibatch, in one stacked forward. Equal within 1e-5 (tests/methods/test_cfed.py:
+MLP, CNN, ResNet-8, FedGP over CFeD). Eager on a GPU (the surrogate rows are drawn on the host
+each step); with one head per task (the old heads' combined scores) one client after another.
+
 FedGP (App. A.9 Table 18) ran CFeD with CIFAR-100 as the surrogate of sequential CIFAR-10,
 CIFAR-10 for sequential CIFAR-100, and "No server distillation included": its Table 1 rows
 are ``server_distill: false`` (the client-side review/learn split alone); the paper default
@@ -106,10 +115,11 @@ import torch.nn.functional as F
 
 from ..schedule import sample_clients  # the engine's schedule: the round's sampled clients
 from ..utils import FedForgetError, torch_seed
-from .base import ClientContext, FedAvg, ServerContext, Upload
+from .base import ClientContext, FedAvg, JoinedLive, LiveStep, ServerContext, StepBatch, Upload
 from .distill import DistillParams, DistillStats, distill, public_logits
 from .params import boolean, choice, number, one_of, redefault
 from .registry import METHODS
+from .shared import StepSums
 
 SPLIT_STREAM, ROLE_STREAM, REVIEW_STREAM, SERVER_STREAM = 0xCFE0, 0xCFE1, 0xCFE2, 0xCFE3
 TEACHER = "cfed_teacher"  # server.state / broadcast: w_{t-1}'s scores on the public set [N, C]
@@ -120,10 +130,15 @@ GLOBAL = "cfed_global"  # broadcast: this round's global weights (a teacher of t
 REVIEW_CLASSES = ("all", "old")
 
 
+def kd_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(1)'s per-row term [..., B]: -sum_c softmax(teacher/T)_c * log_softmax(student/T)_c."""
+    t = float(temperature)
+    return -(F.softmax(teacher / t, dim=-1) * F.log_softmax(student / t, dim=-1)).sum(-1)
+
+
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """(1): -1/B sum_rows sum_c softmax(teacher/T)_c * log_softmax(student/T)_c [C loss.py]."""
-    t = float(temperature)
-    return -(F.softmax(teacher / t, dim=1) * F.log_softmax(student / t, dim=1)).sum(1).mean()
+    return kd_rows(student, teacher, temperature).mean()
 
 
 def old_scores(model: torch.nn.Module, x: torch.Tensor, upto: int) -> torch.Tensor:
@@ -160,9 +175,13 @@ def reviewers(seed: int, rnd: int, sampled: Sequence[int], ratio: float) -> list
 class CFeD(FedAvg):
     name = "cfed"
     one_task_per_class = True  # its old classes are the union of the earlier tasks' (surrogate distillation)
-    # [D] sequential: a review round's step distils the old model on the client's surrogate rows,
-    # a term not yet stated for a stack
-    stacked = False
+    # [D] a reviewer's step (the old model's scores distilled on its surrogate rows, which take
+    # the place of its minibatch) is live terms over replaced rows (``client_live_terms``,
+    # ``JoinedLive(replaces=True)``), a learner's FedAvg's; the surrogate rows are drawn on the
+    # host each step (eager on a GPU). With one head per task (its combined old scores) one
+    # client after another
+    live_terms = True
+    capturable_terms = False
     own_upload = True
     needs_public = True
 
@@ -274,6 +293,8 @@ class CFeD(FedAvg):
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
+        if getattr(s, "stacked", False):  # the stacked trainer's second call, before client_end:
+            return  # its sums stay
         b = ctx.broadcast
         s.review = b[TEACHER] is not None and ctx.cid in b[REVIEWERS]
         s.loss_sum, s.n = torch.zeros((), device=self.info.device), 0
@@ -316,9 +337,55 @@ class CFeD(FedAvg):
         s.n += 1
         return loss
 
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> JoinedLive | None:
+        """A stack's step: each reviewer's next surrogate rows (``surrogate_rows``, as many as
+        its minibatch holds at that step) in place of its minibatch (``JoinedLive(replaces=
+        True)``), its loss kd_weight * (1) against the teacher's scores of those rows (its
+        mean over them), a learner's the task loss: ``client_step`` of each client alone.
+        None in a round without reviewers (task 0): FedAvg's step."""
+        scratches = [self.scratch(c) for c in ctxs]
+        if not any(s.review for s in scratches):
+            return None
+        dev, p = self.info.device, self.p
+        table = StepSums.shared(scratches, 1, dev, "stack")  # per client: its steps' review losses
+        for s in scratches:
+            s.stacked = True
+        b = ctxs[0].broadcast
+        review = torch.tensor([s.review for s in scratches], device=dev)
+        cols = next((s.cols for s in scratches if s.review), None)  # one task: the same classes
+        picked: dict[int, torch.Tensor] = {}  # the step's surrogate rows of each reviewer
+
+        def rows(lo: int, hi: int, k: int, counts: Sequence[int]) -> list:
+            out = []
+            for j, n in zip(range(lo, hi), counts):
+                if not scratches[j].review:
+                    out.append(None)
+                    continue
+                picked[j] = self.surrogate_rows(scratches[j], n)
+                out.append((b[PUBLIC_X][picked[j]], torch.zeros(n, dtype=torch.long, device=dev)))
+            return out
+
+        def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
+            z, mask = step.logits, step.row_mask()
+            zt = z.new_zeros(z.shape)  # the teacher's scores of each reviewer's rows
+            for j in range(lo, hi):
+                if j in picked:
+                    r = picked.pop(j)
+                    zt[j - lo, : len(r)] = b[TEACHER][r]
+            if cols is not None:
+                z, zt = z[..., cols], zt[..., cols]
+            kd = p.kd_weight * (kd_rows(z, zt, p.temperature) * mask).sum(1) / mask.sum(1)
+            rv = review[lo:hi]
+            table[0, lo:hi] += kd.detach() * rv
+            return LiveStep(total=torch.where(rv, kd, step.loss))
+
+        return JoinedLive(live, rows, replaces=True)
+
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
         s = self.scratch(ctx)
+        if getattr(s, "stack", None) is not None and s.review:  # trained in a stack: its sums
+            s.loss_sum, s.n = s.stack.column()[0], ctx.steps
         ctx.stats["review_share"] = float(s.review)
         if s.n:
             ctx.stats["review_loss"] = s.loss_sum.item() / s.n
