@@ -53,13 +53,12 @@ SCAFFOLD, FedCurv; projections as a map of the step's gradient: GPM, FedProTIP, 
 for a method that ``sees_step``, terms of the step's minibatch: A-GEM's and DER's memory
 batches, each client's from its own buffer, TARGET's synthetic batches, forwarded as one
 stack; ``live_terms``: terms of the step's own forward pass, ``FedAvg.client_live_terms``,
-a loss of its logits, FedNTD, or of what the body's own stacked forward kept, L2P's pull term
-(a body with ``stacked_body`` runs itself: L2P's prompted frozen ViT, once over the stack's
-rows), the step's whole loss, LANDER, over rows of its own joined to
-each client's minibatch, iCaRL, GLFC, LGA, or in place of it, CFeD's reviewers (``JoinedLive``),
-or a second pass at perturbed
-weights, FedSAM, FedASAM, FedSOL, for models ``stacked_forward`` runs, a plug-in's step terms
-following them (FedGP over iCaRL); a method that cuts
+a loss of its logits, FedNTD, or of what the body's own stacked forward kept, L2P's pull
+term (a body with ``stacked_body`` runs itself: L2P's prompted frozen ViT, once over the
+stack's rows), the step's whole loss, LANDER, over rows of the method's own joined to each
+client's minibatch, iCaRL, GLFC, LGA, or put in its place, CFeD's reviewers (``JoinedLive``),
+or a second pass at perturbed weights, FedSAM, FedASAM, FedSOL, for models
+``stacked_forward`` runs, a plug-in's step terms following them (FedGP over iCaRL); a method that cuts
 its epochs, TARGET's code rule, has them cut per client, ``ClientJob.epoch_steps``), the model's buffers are BatchNorm's running statistics (kept per
 client, stacked like the weights and updated by each client's own rows; a step whose
 clients' batches differ in size runs as one batched step per run of clients with batches of

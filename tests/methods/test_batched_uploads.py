@@ -97,9 +97,14 @@ def test_step_terms_on_conv_steps_client_by_client(make_run_config, run_engines,
     assert_same_metrics(out["sequential"][1], out["vectorized"][1])
 
 
-@pytest.mark.parametrize("method", SEQUENTIAL)
-def test_methods_that_change_local_training_stay_sequential(public_run_cfg, method):
-    rc = public_run_cfg(method)
+# the forms of methods whose local step the stacked trainer does not take (every registered
+# method stacks at its defaults: test_discovery_finds_the_batched_methods)
+OWN_STEP = [(m, {}) for m in SEQUENTIAL] + [("l2p", {"selection": "batch"}), ("fedproj", {"local_lr_step": True})]
+
+
+@pytest.mark.parametrize("method,params", OWN_STEP, ids=[f"{m}-{i}" for i, (m, _) in enumerate(OWN_STEP)])
+def test_methods_that_change_local_training_stay_sequential(public_run_cfg, method, params):
+    rc = public_run_cfg(method, params)
     sim = Simulation(replace(rc, train=replace(rc.train, client_engine="auto")), device=CPU)
     assert sim.engine_info["client_engine"] == "sequential", method
     assert "local step of its own" in sim.engine_info["client_engine_reason"]

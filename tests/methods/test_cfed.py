@@ -321,7 +321,7 @@ def test_trains_stacked_as_sequential(cfed_cfg, run_engines, assert_same_metrics
     from .conftest import SMALL_CNN, SMALL_RESNET
 
     opts = {"mlp": None, "cnn2d": SMALL_CNN, "resnet8": SMALL_RESNET}[model]
-    rc = cfed_cfg(method, params, sample_rate=1.0, local_epochs=2, drop_last=model == "resnet8", eval_every=2)
+    rc = cfed_cfg(method, params, sample_rate=1.0, drop_last=model == "resnet8", eval_every=2)
     rc = replace(rc, dataset=replace(rc.dataset, model=model, model_options=opts))
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]

@@ -422,7 +422,7 @@ def test_fedgp_over_glfc_trains_stacked(make_run_config, run_engines, assert_sam
     (GLFC; iCaRL likewise, tests/methods/test_graphs.py): stacked, within 1e-5 of one client
     after another, on a CNN (wide steps client by client: step terms after live ones there)."""
     rc = replay_stream_cfg(make_run_config, "fedgp", {"base": "glfc", "base_params": {**FAST, "memory_size": 30},
-                           "buffer_size": 20}, model="cnn2d", model_options=SMALL_CNN, eval_every=2)  # fmt: skip
+                           "buffer_size": 20}, model="cnn2d", model_options=SMALL_CNN, eval_every=2, rounds=4)  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
