@@ -23,7 +23,7 @@
 #   lanes     train.concurrent_clients: its equality tests on the GPU (every method, each lane
 #             on a CUDA stream of its own: the same bits as one client after another), then
 #             the sequential trainer with 1 against 4 lanes: FedAvg on ResNet-18 and the
-#             McMahan CNN (issue 32's setting); lanes2: iCaRL (not stackable) on ResNet-18,
+#             McMahan CNN (issue 32's setting); lanes2: iCaRL (sequential, on lanes) on ResNet-18,
 #             split 5 x 2, and FedGP batched with its round-end replies on 4 lanes, on ResNet-18
 #             (after the sections that follow lanes: with BUDGET=480 the tests and the whole
 #             of lanes took all of it);
