@@ -635,9 +635,9 @@ class StackedTrainer(LocalTrainer):
                 stats.append({})
                 continue
             self.load_params(self.model, r.params)
+            # a method with terms began every client before the pass (its context, begun once as a
+            # client alone's, holds what the steps left in its scratch); another gets a fresh one
             ctx = ctxs.get(r.cid) or self.client_context(r.cid, rnd, lr, views[r.cid])
-            if with_terms:  # set up again, on the trained weights, for client_end
-                method.client_begin(ctx)
             ctx.steps = r.steps
             ups.append(method.client_end(ctx))
             stats.append(ctx.stats)

@@ -91,9 +91,6 @@ class AGEM(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
-            return  # set up once (the buffer's offer budget is taken once per round)
-        s.begun = True
         self.replay.plan(ctx, s, 1, self.p.memory_batch_size)  # the round's memory batches and offers
         s.stack = None
 

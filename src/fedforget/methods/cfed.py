@@ -293,8 +293,6 @@ class CFeD(FedAvg):
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        if getattr(s, "stacked", False):  # the stacked trainer's second call, before client_end:
-            return  # its sums stay
         b = ctx.broadcast
         s.review = b[TEACHER] is not None and ctx.cid in b[REVIEWERS]
         s.loss_sum, s.n = torch.zeros((), device=self.info.device), 0
@@ -348,8 +346,6 @@ class CFeD(FedAvg):
             return None
         dev, p = self.info.device, self.p
         table = StepSums.shared(scratches, 1, dev, "stack")  # per client: its steps' review losses
-        for s in scratches:
-            s.stacked = True
         b = ctxs[0].broadcast
         review = torch.tensor([s.review for s in scratches], device=dev)
         cols = next((s.cols for s in scratches if s.review), None)  # one task: the same classes

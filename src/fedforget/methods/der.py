@@ -99,9 +99,6 @@ class DER(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
-            return  # set up once (the buffer's offer budget is taken once per round)
-        s.begun = True
         p = self.p  # the round's memory batches (one per replay term) and offers
         self.replay.plan(ctx, s, int(p.alpha > 0) + int(p.plus and p.beta > 0), p.memory_batch_size)
         s.stack = None

@@ -256,9 +256,7 @@ class FedGP(OverBase):
     def client_begin(self, ctx: ClientContext) -> None:
         self.base.client_begin(ctx)
         s = self.scratch(ctx)
-        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end):
-            return  # set up once (the buffer's offer budget is taken once per round)
-        s.begun, s.stack = True, None
+        s.stack = None
         if self.own_buffer:
             self.replay.begin(ctx, s)
         g_ref = ctx.broadcast.get(STATE_KEY)

@@ -94,8 +94,7 @@ class FedNTD(FedAvg):
         s = self.scratch(ctx)
         s.glob = frozen_model(ctx, "fedntd_glob")  # frozen w^t, reused across clients
         s.glob.load_state_dict(ctx.global_params)
-        if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
-            s.sums = StepSums.own(2, self.info.device)  # sum of L_NTD, steps
+        s.sums = StepSums.own(2, self.info.device)  # sum of L_NTD, steps
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
         terms = super().client_loss(ctx, x, y, features, logits)

@@ -241,9 +241,6 @@ class FedProj(FedDF):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)  # this client-round's working values
-        if getattr(s, "begun", False):  # the stacked trainer's second call (before client_end)
-            return
-        s.begun = True
         s.active = self.projection_active(ctx)
         s.sums = StepSums.own(3, self.info.device)  # steps projected, sum of cos, steps with a memory batch
         spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch

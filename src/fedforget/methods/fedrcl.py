@@ -198,8 +198,7 @@ class FedRCL(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        if not hasattr(s, "sums"):  # kept at the stacked trainer's second call
-            s.sums = StepSums.own(3, self.info.device)  # L_SCL, L_DIV, steps
+        s.sums = StepSums.own(3, self.info.device)  # L_SCL, L_DIV, steps
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms | None:
         """weight * L_RCL of each client of a stack, on its real rows of the step's own levels

@@ -84,10 +84,7 @@ class FedSAM(FedAvg):
         return [g * per_client(scale, g, True) for g in grads]
 
     def client_begin(self, ctx: ClientContext) -> None:
-        # sum over steps of L(w + eps) - L(w); kept at the stacked trainer's second call
-        s = self.scratch(ctx)
-        if not hasattr(s, "gap"):
-            s.gap = torch.zeros((), device=self.info.device)
+        self.scratch(ctx).gap = torch.zeros((), device=self.info.device)  # sum over steps of L(w + eps) - L(w)
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
         """The step of a stack of clients: g = grad L_k(w) from the step's own forward,

@@ -302,9 +302,6 @@ class FedSOL(OverBase):
 
     def client_begin(self, ctx: ClientContext) -> None:
         model, sc = ctx.model, self.scratch(ctx)
-        if hasattr(sc, "log"):  # the stacked trainer's second call: the base sets up again on the
-            self.base.client_begin(ctx)  # trained weights (as for its own step terms); the log is kept
-            return
         sc.buffers = list(model.buffers())  # BatchNorm statistics: restored after the second pass
         self.base.client_begin(ctx)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

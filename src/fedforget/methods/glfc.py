@@ -520,8 +520,6 @@ class GLFC(FedAvg):
     # ---------------------------------------------------------------- client side
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        if getattr(s, "stacked", False):  # the stacked trainer's second call, before client_end:
-            return  # its sums stay
         t = ctx.task
         s.chunks = self.memory_schedule(ctx)
         s.old = None
@@ -627,8 +625,6 @@ class GLFC(FedAvg):
         and row means over its real rows): ``step_loss`` of each client alone."""
         scratches = [self.scratch(c) for c in ctxs]
         table = StepSums.shared(scratches, 4, self.info.device, "sums")
-        for s in scratches:
-            s.stacked = True
         tasks = [c.task for c in ctxs]
         task_t = torch.tensor(tasks, device=self.info.device)[:, None]
         flags = [s.old is not None for s in scratches]

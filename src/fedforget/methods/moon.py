@@ -133,8 +133,6 @@ class MOON(FedAvg):
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
-        if hasattr(s, "active"):  # the stacked trainer's second call: keep what the stack summed
-            return
         s.active = False  # l_con is on for this client
         if self.p.mu == 0:
             return
