@@ -66,8 +66,8 @@
 #   stream    benchmarks/streaming.py: streamed vs in-memory pool, batched engine;
 #   hf        the paper configs' Hugging Face encoders (FedProj Table 2's TinyBERT, trained; FedGP
 #             Table 10's frozen DistilBERT; published shapes, random weights, synthetic tokens)
-#             one client after another against 4 lanes (a training encoder's dropout keyed since
-#             the sixth session of 2026-12-02: lanes allowed), and the frozen one's features
+#             one client after another against batched (a training BERT stacked since the fourth
+#             session of 2026-12-03) and against 4 lanes, and the frozen one's features
 #             computed in every pass against kept (fedforget.featcache);
 #   rates     benchmarks/model_rates.py: FedAvg samples/s of every distinct (model, input
 #             shape, batch) of the paper configs, with what is left of BUDGET.
@@ -263,10 +263,12 @@ stream() {
         --json "$out/stream.json" | tee -a "$out/stream.txt"
 }
 hf() {
-    for n in 1 4; do
-        box 60 python "$here/model_rates.py" --device cuda --only hf --concurrent $n --steps 4 --warmup 1 --rounds 2 \
-            --json "$out/hf-rates-c$n.json" | tee -a "$out/rates.txt"
-    done
+    # one client after another, batched (a training BERT stacked since the fourth session of
+    # 2026-12-03; its peak memory per setting in the JSON), and one after another on 4 lanes
+    box 90 python "$here/model_rates.py" --device cuda --only hf --engines sequential vectorized --steps 4 --warmup 1 \
+        --rounds 2 --json "$out/hf-rates-c1.json" | tee -a "$out/rates.txt"
+    box 60 python "$here/model_rates.py" --device cuda --only hf --engines sequential --concurrent 4 --steps 4 --warmup 1 \
+        --rounds 2 --json "$out/hf-rates-c4.json" | tee -a "$out/rates.txt"
     # the frozen encoder's features computed in every pass (fedforget.featcache off), against c1's
     box 40 python "$here/model_rates.py" --device cuda --only hf --feature-cache off --steps 4 --warmup 1 --rounds 2 \
         --json "$out/hf-rates-nocache.json" | tee -a "$out/rates.txt"

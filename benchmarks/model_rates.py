@@ -2,7 +2,7 @@
 of the paper configs, measured (issue 32, item 6): prints numbers, not a test.
 
 For each setting, FedAvg rounds of fedforget's engine (``client_engine: auto``: batched on a
-GPU) on ``blobs`` images of the config's input shape: 10 clients of ``--steps`` full
+GPU) on ``blobs`` images of the config's input shape: ``--clients`` (10) clients of ``--steps`` full
 minibatches each, all sampled every round, 1 local epoch, SGD with momentum; ``--warmup``
 rounds untimed (kernels chosen, CUDA graphs captured), then ``--rounds`` timed. Reported per
 setting: samples/s (median over the timed rounds), seconds of the first round, the engine
@@ -34,6 +34,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -129,14 +130,14 @@ def dataset_spec(s: dict, n: int, data: str) -> DatasetSpec:
 
 
 def run_config(s: dict, a: argparse.Namespace) -> RunConfig:
-    ds = dataset_spec(s, CLIENTS * a.steps * s["batch"], a.data)
+    ds = dataset_spec(s, a.clients * a.steps * s["batch"], a.data)
     ts = TrainSpec(
         rounds=a.warmup + a.rounds + 1, local_epochs=1, batch_size=s["batch"], sample_rate=1.0,
         optimizer=OptimizerSpec(lr=0.01, momentum=0.9), eval_local_models=False, eval_every=10**9,
         device=a.device, threads=a.threads, client_engine=s.get("client_engine", "auto"), checkpoint_every=10**9,
         concurrent_clients=a.concurrent,
     )  # fmt: skip
-    part = PartitionSpec("iid", clients=CLIENTS, seed=0)
+    part = PartitionSpec("iid", clients=a.clients, seed=0)
     return RunConfig("rates", ds, part, MethodSpec("fedavg", {}, "fedavg"), 0, ts, a.data, os.path.join(a.data, "results"))
 
 
@@ -150,7 +151,7 @@ def measure(s: dict, a: argparse.Namespace) -> dict:
     sim = Simulation(rc)
     times, first = [], None
     for rnd in range(1, a.warmup + a.rounds + 1):
-        n = sum(sim.clients.size(c) for c in sample_clients(rc.seed, rnd, CLIENTS, 1.0))
+        n = sum(sim.clients.size(c) for c in sample_clients(rc.seed, rnd, a.clients, 1.0))
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -167,6 +168,8 @@ def measure(s: dict, a: argparse.Namespace) -> dict:
     }  # fmt: skip
     if cuda:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    else:  # the process's peak so far (one setting per process to read it per setting)
+        out["peak_rss_mb_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     del sim
     return out
 
@@ -181,6 +184,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8, help="minibatches per client per round")
+    ap.add_argument("--clients", type=int, default=CLIENTS, help="clients, all sampled every round")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds: start no setting after this")
@@ -237,7 +241,7 @@ def main() -> None:
             print(f"{what}: {r['engine']} {r['samples_per_s']:.0f} samples/s, {r['s_per_round']:.3f} s/round "
                   f"(first {r['s_first_round']:.2f} s){mem}", flush=True)  # fmt: skip
         if a.json:  # after every setting: a cut run keeps what it measured
-            meta = {"device": device, "torch": torch.__version__, "clients": CLIENTS, "steps": a.steps,
+            meta = {"device": device, "torch": torch.__version__, "clients": a.clients, "steps": a.steps,
                     "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent,
                     "feature_cache": a.feature_cache or "model default", "engines": a.engines}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))

@@ -11,7 +11,14 @@ from torch import nn
 from torch.func import vmap
 
 from fedforget import models
-from fedforget.dropout import DropoutKey, KeyedDropout, keep_mask, keyed_modules, set_dropout_key
+from fedforget.dropout import (
+    DropoutKey,
+    KeyedCalls,
+    KeyedDropout,
+    keep_mask,
+    keyed_modules,
+    set_dropout_key,
+)
 from fedforget.engine import Simulation
 from fedforget.methods import METHODS
 from fedforget.models import Classifier, build_model
@@ -49,6 +56,26 @@ def test_a_stack_draws_each_clients_own_masks_and_padding_rows_change_nothing():
         assert torch.equal(mask(KEYS[g], shape=(13, 7))[:10], alone)  # 3 padding rows appended
     by_vmap = vmap(lambda k: mask(k, step=torch.tensor(4)))(KEYS)
     assert torch.equal(by_vmap, stacked)
+
+
+def test_a_stacked_encoders_masks_are_each_clients_own_on_its_real_rows():
+    """``KeyedCalls.draw_stack`` (a training encoder stacked): client j's mask over its
+    ``rows[j]`` real rows is the one it draws alone with its host key (``draw``), its
+    padding rows zero, one salt for the whole call; a stack without host keys is refused."""
+    stack, alone = KeyedCalls(), KeyedCalls()
+    hosts, rows = (5, 77, 2**62 + 3), [4, 1, 0]
+    set_dropout_key([stack], DropoutKey(torch.tensor(hosts), 3, hosts=hosts, rows=rows))
+    first, second = stack.draw_stack((3, 4, 2, 5), torch.float32, 0.5), stack.draw_stack((3, 4, 2, 5), torch.float32, 0.3)
+    assert stack.calls == 2
+    for j, (host, r) in enumerate(zip(hosts, rows)):
+        set_dropout_key([alone], DropoutKey(torch.tensor(host), 3, host=host))
+        for got, p in ((first, 0.5), (second, 0.3)):
+            assert torch.equal(got[j, :r], alone.draw((r, 2, 5), torch.float32, p)) if r else True
+            assert not got[j, r:].any()
+    assert first[0].unique().tolist() == [0.0, 2.0]
+    set_dropout_key([stack], DropoutKey(torch.tensor(hosts), torch.tensor(3)))
+    with pytest.raises(RuntimeError, match="host keys"):
+        stack.draw_stack((3, 4, 2, 5), torch.float32, 0.5)
 
 
 def test_module_modes_channelwise_and_call_counts():

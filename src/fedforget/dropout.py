@@ -30,7 +30,9 @@ results changed once (other masks than torch's generator gave), and their client
 train stacked. A module written with torch's dropout calls (a Hugging Face encoder) has its
 calls routed to keyed masks (``KeyedCalls``: one client after another, from a generator of
 the device seeded per call, not the hash) since the sixth session of 2026-12-02: its results
-changed once too, and its clients can train at once on lanes.
+changed once too, and its clients can train at once on lanes, and (a BERT, since the fourth
+session of 2026-12-03) stacked, each client's masks drawn from its own seeds over its real
+rows (``KeyedCalls.draw_stack``).
 """
 
 from __future__ import annotations
@@ -56,11 +58,16 @@ class DropoutKey:
     """What a keyed module draws its masks from in a step: the clients' keys of the round
     (int64: one client's, 0-dim, or a stack's, [G]) and the local step (an int, or an int64
     0-dim tensor that a captured CUDA graph reads); ``host``: one client's key as a Python
-    int too, where the trainer has it (one client after another: ``KeyedCalls``' seeds)."""
+    int too, where the trainer has it (one client after another: ``KeyedCalls``' seeds);
+    ``hosts``: a stack's clients' keys as Python ints, with an int step (a training encoder
+    stacked: ``KeyedCalls.draw_stack``), and ``rows`` each client's real rows in the stack's
+    current pass (the first ``rows[j]`` of its B; None: all B), set by the trainer per pass."""
 
     clients: torch.Tensor
     step: int | torch.Tensor
     host: int | None = None
+    hosts: tuple[int, ...] | None = None
+    rows: Sequence[int] | None = None
 
 
 class KeyedDropout(nn.Module):
@@ -139,13 +146,23 @@ class KeyedCalls(KeyedDropout):
         assert key is not None and p is not None
         if key.host is None or not isinstance(key.step, int):
             return super().draw(shape, dtype, p)
-        salt = self.next_salt()
-        if p >= 1:
-            return torch.zeros(tuple(shape), dtype=dtype, device=key.clients.device)
-        gen = torch.Generator(device=key.clients.device)
-        gen.manual_seed(torch_seed(key.host, key.step, salt, DROPOUT_STREAM))
-        u = torch.rand(tuple(shape), generator=gen, device=key.clients.device)
-        return (u >= p).to(dtype) * (1.0 / (1.0 - p))
+        return host_mask(key.host, key.step, self.next_salt(), shape, p, dtype, key.clients.device)
+
+    def draw_stack(self, shape: Sequence[int], dtype: torch.dtype, p: float) -> torch.Tensor:
+        """One call's masks [G, B, ...] for a stack's activations of ``shape`` [G, B, ...]
+        (``fedforget.vectorized``: a training encoder's clients stacked): client j's is what
+        it draws alone (``draw`` with its host key, ``DropoutKey.hosts[j]``) over its real
+        rows (``DropoutKey.rows``), zeros on its padding rows; counts the call once."""
+        key = self.key
+        if key is None or key.hosts is None or not isinstance(key.step, int):
+            raise RuntimeError("a stacked encoder step without its clients' host keys (train_clients_together sets them)")
+        salt, dev = self.next_salt(), key.clients.device
+        out = torch.zeros(tuple(shape), dtype=dtype, device=dev)
+        rows = [shape[1]] * shape[0] if key.rows is None else key.rows
+        for j, (host, r) in enumerate(zip(key.hosts, rows, strict=True)):
+            if r:
+                out[j, :r] = host_mask(host, key.step, salt, (r, *shape[2:]), p, dtype, dev)
+        return out
 
     def routed(self) -> _Routed:
         return _Routed(self)
@@ -227,6 +244,20 @@ def keep_mask(key: DropoutKey, salt: int, shape: Sequence[int], p: float, dtype:
     idx = torch.arange(n, device=clients.device).view(*shape)
     draws = keyed_uniform_ints(idx, per_step.view(*per_step.shape, *[1] * len(shape)), 1)[0]
     return (draws >= round(p * _RANGE)).to(dtype) * (1.0 / (1.0 - p))
+
+
+def host_mask(
+    host: int, step: int, salt: int, shape: Sequence[int], p: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``KeyedCalls``' scaled keep mask of ``shape`` (values 0 and 1/(1 - p)) for the client
+    of host key ``host``: ``torch.rand`` of a generator on ``device`` seeded by
+    ``torch_seed(host, step, salt, DROPOUT_STREAM)``."""
+    if p >= 1:
+        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(torch_seed(host, step, salt, DROPOUT_STREAM))
+    u = torch.rand(tuple(shape), generator=gen, device=device)
+    return (u >= p).to(dtype) * (1.0 / (1.0 - p))
 
 
 def keyed_modules(model: nn.Module) -> list[KeyedDropout]:

@@ -884,8 +884,9 @@ class HFBody(nn.Module):
     features are a function of the row alone; frozen encoders' results changed once with
     it, by rounding, in the seventh session of 2026-12-02). The batched engine trains a
     frozen encoder's clients together (the encoder once over all their rows, their heads
-    stacked: ``fedforget.vectorized``); a training one's clients train one after another,
-    or on lanes.
+    stacked: ``fedforget.vectorized``); a training BERT's clients (transformers' ``BertModel``:
+    TinyBERT, MiniLM) train together too, each with its own weights and masks (since the
+    fourth session of 2026-12-03), another training encoder's one after another, or on lanes.
     A training encoder's dropout is keyed [D] (``fedforget.dropout.KeyedCalls``: its
     ``F.dropout`` calls and attention dropout, in each local step, draw masks keyed by
     client, round and step), so clients trained at once draw what each draws alone

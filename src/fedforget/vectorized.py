@@ -12,7 +12,7 @@ or Adam, as ``torch.optim.Adam``: ``adam_update_``) runs on the stacked tensors.
   per-task heads (the active head; replayed rows through their own task's head,
   ``head_scores``), the ``Classifier`` wrapper, a frozen Hugging Face encoder, ``HFBody``, run once over every client's rows: the
   same map for all, its features kept per row, ``fedforget.featcache``, its parameters and
-  constant buffers not stacked): each layer written once for G clients, with plain autograd. Convolutions keep the
+  constant buffers not stacked, a training one if a BERT, ``_stacked_hf``): each layer written once for G clients, with plain autograd. Convolutions keep the
   clients in the channel dimension, [B, G*C, ...], and run as one grouped convolution
   (groups = G x the layer's groups); ReLU, pooling, BatchNorm (per channel: each client's
   statistics over its own rows) and GroupNorm (G x its groups) act on that layout as it is;
@@ -115,6 +115,7 @@ from .models import (
     SLViTBody,
     TaskHeads,
     ViTBody,
+    pool_tokens,
 )
 from .utils import FedForgetError
 
@@ -147,9 +148,16 @@ def frozen_tensors(model: nn.Module) -> set[str]:
 
 
 def fixed_buffers(model: nn.Module) -> set[str]:
-    """The buffers of ``model``'s frozen Hugging Face encoders (constants such as HF's
-    position ids, the same for every client): not stacked, not per client."""
-    return {f"{name}.{b}" if name else b for name, m in frozen_encoders(model) for b, _ in m.named_buffers()}
+    """The buffers of ``model``'s Hugging Face encoders, frozen or training (constants such
+    as BERT's position and token type ids, the same for every client): not stacked, not per
+    client."""
+    encoders = [(name, m) for name, m in model.named_modules() if isinstance(m, HFBody)]
+    return {f"{name}.{b}" if name else b for name, m in encoders for b, _ in m.named_buffers()}
+
+
+def training_encoder(model: nn.Module) -> HFBody | None:
+    """``model``'s training Hugging Face encoder (``HFBody`` not frozen), if any."""
+    return next((m for m in model.modules() if isinstance(m, HFBody) and not m.frozen), None)
 
 
 def unstacked_buffers(model: nn.Module) -> str | None:
@@ -171,9 +179,10 @@ def why_not_vectorized(
     method_cls: type, model: nn.Module, optimizer_name: str, drop_last: bool = False, params: object = None
 ) -> str | None:
     """None if clients can be trained together, else the reason (recorded in run.json)."""
-    if any(isinstance(m, HFBody) and not m.frozen for m in model.modules()):
-        return ("a training Hugging Face encoder (HFBody; the batched path runs a frozen one only, once over "
-                "every client's rows): one client after another, or several at once on lanes (train.concurrent_clients)")  # fmt: skip
+    encoder = training_encoder(model)
+    if encoder is not None and (bad := stacked_supported(model)) is not None:
+        return (f"a training Hugging Face encoder the batched path does not write out (module {bad}): one "
+                "client after another, or several at once on lanes (train.concurrent_clients)")  # fmt: skip
     bad = unstacked_buffers(model)
     if bad is not None:
         return bad
@@ -183,7 +192,9 @@ def why_not_vectorized(
                 and not method_cls.trait("live_heads", params):
             return (f"per-task heads with method '{method_cls.name}''s terms of the step's own forward pass "
                     "(live_terms: written for one head, not routed per task in the batched path)")  # fmt: skip
-    inert = {id(x) for _, m in frozen_encoders(model) for x in m.modules()}  # its dropout never draws
+    inert = {id(x) for _, m in frozen_encoders(model) for x in m.modules()}  # its dropout never draws,
+    if encoder is not None:  # and a training one's calls are keyed (HFBody.draws; stacked_supported)
+        inert |= {id(x) for x in encoder.modules()}
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in inert for m in model.modules()):
         return (
             "the model has torch's dropout (its draws would differ from one client alone; "
@@ -277,8 +288,8 @@ def stacked_supported(module: nn.Module) -> str | None:
         return None if module.p == 0 else "Dropout(p > 0)"
     if type(module) is LocalitySelfAttention:
         return next((bad for c in (module.qkv, module.out) if (bad := stacked_supported(c)) is not None), None)
-    if isinstance(module, HFBody):  # frozen: one feature map for every client (_stacked)
-        return None if module.frozen else "HFBody"
+    if isinstance(module, HFBody):  # frozen: one feature map for every client; training: a BERT (_stacked)
+        return None if module.frozen else _hf_unsupported(module)
     if type(module) in (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm):
         return None
     if isinstance(module, (nn.Conv1d, nn.Conv2d)) and module.padding_mode == "zeros":
@@ -296,12 +307,28 @@ def stacked_supported(module: nn.Module) -> str | None:
     return type(module).__name__
 
 
+def _hf_unsupported(body: HFBody) -> str | None:
+    """None if ``_stacked_hf`` runs the training encoder of ``body``, else why not: [D] it
+    writes out transformers' ``BertModel`` as an encoder (TinyBERT, MiniLM: FedProj Table
+    2's), whose dropout is all keyed (``HFBody.global_draws`` false)."""
+    enc = body.encoder
+    bert = sys.modules.get("transformers.models.bert.modeling_bert")  # imported where a BERT was built
+    if bert is None or type(enc) is not bert.BertModel:
+        return f"HFBody({type(enc).__name__}; a training encoder is written out for BertModel only)"
+    if enc.config.is_decoder or enc.config.add_cross_attention:
+        return "HFBody(BertModel as a decoder)"
+    if body.global_draws:
+        return "HFBody(draws from the global random generator)"
+    return None
+
+
 def no_graphs(model: nn.Module) -> str | None:
     """Why ``model``'s batched steps run eagerly on a GPU whatever the method (None: they may
-    run in CUDA graphs): [D] a Hugging Face encoder, whose feature cache (fedforget.featcache)
-    looks its rows up on the host at every step."""
+    run in CUDA graphs): [D] a Hugging Face encoder: a frozen one's feature cache
+    (fedforget.featcache) looks its rows up on the host at every step, and a training one's
+    dropout masks come from generators seeded on the host (``KeyedCalls.draw_stack``)."""
     if any(isinstance(m, HFBody) for m in model.modules()):
-        return "a Hugging Face encoder (its feature cache looks rows up on the host)"
+        return "a Hugging Face encoder (a frozen one's feature cache looks rows up on the host; a training one's masks are seeded there)"
     return None
 
 
@@ -376,6 +403,8 @@ def _stacked(
     if isinstance(module, Classifier):  # Classifier.forward: head(body(x))
         h, layout = _stacked(module.body, p, h, g, prefix + "body.", layout)
         return _stacked(module.head, p, h, g, prefix + "head.", layout)
+    if isinstance(module, HFBody) and not module.frozen:  # a BERT, each client's weights (_hf_unsupported)
+        return _stacked_hf(module, p, _relayout(h, layout, GB, g), g, prefix), GB
     if isinstance(module, HFBody):  # [D] frozen (stacked_supported): the same map for every client, so
         # the module itself over all clients' rows at once (its features kept per row: featcache)
         h = _relayout(h, layout, GB, g)
@@ -525,6 +554,62 @@ def _stacked_vit(module: ViTBody, p: dict[str, torch.Tensor], x: torch.Tensor, g
         t = run(attn.out_proj, at + "self_attention.out_proj.", o) + t
         t = run(blk.mlp, at + "mlp.", run(blk.ln_2, at + "ln_2.", t)) + t
     return run(vit.encoder.ln, "vit.encoder.ln.", t[:, :, 0])
+
+
+def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: int, prefix: str) -> torch.Tensor:
+    """``HFBody.features`` of a training ``BertModel`` (transformers' BertEmbeddings,
+    BertLayer, BertPooler) for G clients on their rows [G, B, 2, L] (token ids, attention
+    mask): each client's embedding tables (one lookup into the G tables side by side; the
+    padding token's row gets no gradient, as ``nn.Embedding``'s ``padding_idx``),
+    LayerNorms, linear maps (batched matmuls) and attention over its own rows; the pooled
+    features [G, B, hidden] (``pool_tokens`` or the pooler). Attention is softmax(q k^T
+    scale + mask) v, the mask additive (the dtype's minimum on masked keys, as BERT's eager
+    attention; a padding row of the stack, every key masked, stays finite). Dropout in
+    training: each call's masks those each client draws alone (``KeyedCalls.draw_stack``:
+    its host key, the step, the call's salt, over its real rows), the calls in the order of
+    the module's own forward (embeddings; per layer attention probabilities, attention
+    output, output), a call at rate 0 not counted, as ``KeyedCalls.routed`` counts them."""
+    enc, b, n = body.encoder, x.shape[1], x.shape[3]
+    pre = prefix + "encoder."
+    ids, am = x[:, :, 0], x[:, :, 1]  # [G, B, L]
+    calls = body.draws
+
+    def drop(h: torch.Tensor, rate: float) -> torch.Tensor:
+        if not body.training or rate == 0:
+            return h
+        return h * calls.draw_stack(h.shape, h.dtype, rate)
+
+    def run(mod: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
+        return _stacked(mod, p, h, g, pre + name, GB)[0]
+
+    emb = enc.embeddings
+    words = p[pre + "embeddings.word_embeddings.weight"]  # [G, V, d]
+    v = words.shape[1]
+    h = F.embedding(ids + v * torch.arange(g, device=ids.device).view(g, 1, 1), words.reshape(g * v, -1))
+    if emb.word_embeddings.padding_idx is not None:
+        h = torch.where((ids == emb.word_embeddings.padding_idx).unsqueeze(-1), h.detach(), h)
+    h = h + p[pre + "embeddings.token_type_embeddings.weight"][:, emb.token_type_ids[0, :n]].unsqueeze(1)
+    h = h + p[pre + "embeddings.position_embeddings.weight"][:, emb.position_ids[0, :n]].unsqueeze(1)
+    h = drop(run(emb.LayerNorm, "embeddings.LayerNorm.", h), emb.dropout.p)  # [G, B, L, d]
+    masked = (1.0 - am.to(h.dtype)) * torch.finfo(h.dtype).min
+    masked = masked.view(g, b, 1, 1, n)  # over the keys of every head and query
+    for i, layer in enumerate(enc.encoder.layer):
+        at, sa = f"encoder.layer.{i}.", layer.attention.self
+        heads = sa.num_attention_heads
+
+        q, k, val = (run(getattr(sa, name), f"{at}attention.self.{name}.", h).view(g, b, n, heads, -1).transpose(2, 3)
+                     for name in ("query", "key", "value"))  # each [G, B, H, L, d]  # fmt: skip
+        probs = drop(((q @ k.transpose(-2, -1)) * sa.scaling + masked).softmax(-1), sa.dropout.p)
+        ctx = (probs @ val).transpose(2, 3).reshape(g, b, n, -1)
+        out = layer.attention.output
+        a = drop(run(out.dense, at + "attention.output.dense.", ctx), out.dropout.p)
+        a = run(out.LayerNorm, at + "attention.output.LayerNorm.", a + h)
+        inner = layer.intermediate.intermediate_act_fn(run(layer.intermediate.dense, at + "intermediate.dense.", a))
+        o = drop(run(layer.output.dense, at + "output.dense.", inner), layer.output.dropout.p)
+        h = run(layer.output.LayerNorm, at + "output.LayerNorm.", o + a)
+    if body.pooling == "pooler":  # BertPooler: dense and tanh on the first token
+        return torch.tanh(run(enc.pooler.dense, "pooler.dense.", h[:, :, 0]))
+    return pool_tokens(h.flatten(0, 1), am.flatten(0, 1), body.pooling).view(g, b, -1)
 
 
 def _nhwc(h: torch.Tensor) -> bool:
@@ -839,6 +924,30 @@ def train_clients_together(
     drop = keyed_modules(model)
     keys = torch.tensor([j.dropout_key for j in jobs_sorted], dtype=torch.int64, device=device)
     step_t = torch.zeros((), dtype=torch.int64, device=device)
+    # a training encoder's masks (KeyedCalls.draw_stack): each client's from its host key and the
+    # step's number, over its real rows in each pass (pass_rows); its steps run eagerly (no_graphs)
+    encoder = training_encoder(model) if use_stacked else None
+    hosts = tuple(j.dropout_key for j in jobs_sorted)
+
+    def step_key(lo: int, hi: int, k: int | None, rows: list[int] | None) -> DropoutKey:
+        """The dropout key of a batched step k of clients lo..hi-1 (``rows``: their real rows)."""
+        if encoder is None:
+            return DropoutKey(keys[lo:hi], step_t)
+        return DropoutKey(keys[lo:hi], k, hosts=hosts[lo:hi], rows=rows)
+
+    @contextlib.contextmanager
+    def pass_rows(rows: list[int] | None):
+        """A training encoder's real rows per client for the passes inside (a method's rows
+        through the stack: ``stack_pass``), the step's own after."""
+        key = encoder.draws.key if encoder is not None and encoder.draws is not None else None
+        if key is None:
+            yield
+            return
+        saved, key.rows = key.rows, rows
+        try:
+            yield
+        finally:
+            key.rows = saved
     if drop and graphs is not None and persistent:
         keys, step_t = graphs.dropout_inputs(keys)
 
@@ -939,7 +1048,7 @@ def train_clients_together(
         """``stacked_step``'s forward and backward of one batch."""
         leaves = {n: v.detach().requires_grad_() for n, v in p_act.items()}
         if drop:
-            set_dropout_key(drop, DropoutKey(keys[lo : lo + xb.shape[0]], step_t))
+            set_dropout_key(drop, step_key(lo, lo + xb.shape[0], k, rows))
         if live is not None:  # the method's terms of this forward pass (client_live_terms)
             lv = [] if staged else None  # the ResNets' levels (StepBatch.levels)
             with autocast():
@@ -1032,7 +1141,7 @@ def train_clients_together(
         mod, cut = (model.body, "body.") if body else (model, "")
         stacked = stacked_features if body else stacked_forward
         own = {n[len(cut):]: v for n, v in w.items() if n.startswith(cut)}  # ``mod``'s own names
-        with autocast():
+        with autocast(), pass_rows(rows):
             if buffer_names:
                 a, width = x.shape[0], x.shape[1]
                 full = {n: v[lo : lo + a] for n, v in stats.items()}
@@ -1192,7 +1301,7 @@ def train_clients_together(
                 break
             xb, yb, lm = batch(table[i, k, : int(width[i, k])])
             if drop_i:
-                set_dropout_key(drop_i, DropoutKey(keys[i], k))
+                set_dropout_key(drop_i, DropoutKey(keys[i], k, hosts[i]))
             if live is not None:
                 grads, loss = live_alone(net, i, xb, yb, lm, k)
                 grads, loss = add_terms(i, i + 1, p_i, grads, loss)  # a plug-in's over them (FedGP's map)
@@ -1393,7 +1502,7 @@ def train_clients_together(
         step, from the host's widths [D]: counting them in the device's table would be a
         device-to-host read at every step, which waits for the queued steps. A client's rows
         of a step are a prefix of its table row (padding only at the end)."""
-        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step or step_rows or join else None
+        return [min(int(width[i, k]), w) for i in range(lo, hi)] if sees_step or step_rows or join or encoder is not None else None
 
     ahead = None
     if read_ahead:  # a streamed pool's host reads overlap the steps
@@ -1486,9 +1595,10 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
     layer by layer in channels_last 1.72x the plain loop, against 0.79-0.96x for the
     sequential trainer (``h200-2026-11-27-c``); a frozen Hugging Face encoder's clients (its
     features kept, the heads stacked) took 1.52 s a round batched against 2.05 s on 2 CPU
-    cores (``cpu-2026-12-02/feature_cache_engines.json``). [D] On a CPU the ResNets' wide
-    steps would run client by client anyway and their batched short steps are not measured:
-    sequential."""
+    cores (``cpu-2026-12-02/feature_cache_engines.json``), a training one's (a BERT)
+    stacked 0.39x one after another there (``cpu-2026-12-03-c``; on a GPU not yet measured).
+    [D] On a CPU the ResNets' wide steps would run client by client anyway and their batched
+    short steps are not measured: sequential."""
     bad = stacked_supported(model)
     where = "a CPU" if device.type != "cuda" else "a GPU"
     if bad is not None:
@@ -1496,6 +1606,11 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
     normed = next((type(m).__name__ for m in model.modules() if isinstance(m, NORMED)), None)
     if normed is not None and device.type != "cuda":
         return f"auto on a CPU: sequential (module {normed}: the stacked ResNet step is measured on a GPU only)"
+    if device.type != "cuda" and training_encoder(model) is not None:
+        # [D] FedProj Table 2's TinyBERT (published shapes, 4 clients x 128 rows of 128 tokens,
+        # 2 threads; cpu-2026-12-03-c/hf-rates-*.json): batched 8.5 samples/s and 13.7 GB peak
+        # RSS against 21.7 samples/s and 4.6 GB one client after another
+        return "auto on a CPU: sequential (a training Hugging Face encoder: its stacked step measured slower on a CPU)"
     vit = next((type(m).__name__ for m in model.modules() if isinstance(m, (SLViTBody, ViTBody))), None)
     if device.type != "cuda" and vit is not None:
         # [D] stacked since 2026-12-02 (SL-ViT, third session) and 2026-12-03 (torchvision's
