@@ -350,6 +350,26 @@ def test_a_training_bert_trains_its_clients_stacked_as_one_after_another(
             Simulation(replace(other, train=replace(other.train, client_engine="vectorized")))
 
 
+def test_a_training_berts_local_models_are_evaluated_stacked(tokenizer) -> None:
+    """Local models of a training BERT evaluated in one stacked pass (``evaluate_stacked``,
+    a GPU's default): eval mode (no dropout), each model's own weights, BERT's constant
+    position and token type ids not stacked; the accuracies of one model after another."""
+    from fedforget.vectorized import evaluate_stacked
+
+    torch.manual_seed(0)
+    model = build_model("hf", (2, L), 2, TINY)
+    a = build_text(tokenizer)
+    x, y = torch.from_numpy(a.x_test[:7]), torch.from_numpy(a.y_test[:7])  # 4 of class 0, 3 of class 1
+    models = []
+    for i, bias in enumerate(([9.0, -9.0], [-9.0, 9.0], None)):  # every row class 0, class 1, a perturbed model
+        torch.manual_seed(i + 1)
+        sd = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        models.append(sd if bias is None else {**sd, "head.bias": torch.tensor(bias)})
+    one_by_one = evaluate_stacked(model.train(), models, x, y, batch_size=5, batched=False)
+    assert evaluate_stacked(model.train(), models, x, y, batch_size=5, batched=True) == one_by_one
+    assert one_by_one[:2] == [4 / 7, 3 / 7] and model.training  # each model's own weights; the mode put back
+
+
 def test_a_frozen_encoders_features_are_computed_once_per_row(make_run_config, tokenizer) -> None:
     """``feature_cache`` (the default with a frozen encoder, fedforget.featcache): each
     distinct row of the training and test sets goes through the encoder once in the run,
