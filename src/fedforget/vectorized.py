@@ -317,6 +317,9 @@ def _hf_unsupported(body: HFBody) -> str | None:
         return f"HFBody({type(enc).__name__}; a training encoder is written out for BertModel only)"
     if enc.config.is_decoder or enc.config.add_cross_attention:
         return "HFBody(BertModel as a decoder)"
+    positions = getattr(enc.config, "position_embedding_type", "absolute")  # (transformers 4 has others)
+    if positions != "absolute":
+        return f"HFBody(BertModel with position_embedding_type={positions!r}; absolute is written out)"
     if body.global_draws:
         return "HFBody(draws from the global random generator)"
     return None
@@ -596,10 +599,11 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     for i, layer in enumerate(enc.encoder.layer):
         at, sa = f"encoder.layer.{i}.", layer.attention.self
         heads = sa.num_attention_heads
+        scaling = getattr(sa, "scaling", sa.attention_head_size**-0.5)  # (transformers 4: 1 / sqrt(d) in its forward)
 
         q, k, val = (run(getattr(sa, name), f"{at}attention.self.{name}.", h).view(g, b, n, heads, -1).transpose(2, 3)
                      for name in ("query", "key", "value"))  # each [G, B, H, L, d]  # fmt: skip
-        probs = drop(((q @ k.transpose(-2, -1)) * sa.scaling + masked).softmax(-1), sa.dropout.p)
+        probs = drop(((q @ k.transpose(-2, -1)) * scaling + masked).softmax(-1), sa.dropout.p)
         ctx = (probs @ val).transpose(2, 3).reshape(g, b, n, -1)
         out = layer.attention.output
         a = drop(run(out.dense, at + "attention.output.dense.", ctx), out.dropout.p)
