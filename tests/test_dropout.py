@@ -16,6 +16,7 @@ from fedforget.dropout import (
     KeyedCalls,
     KeyedDropout,
     keep_mask,
+    keep_scale,
     keyed_modules,
     set_dropout_key,
 )
@@ -59,23 +60,45 @@ def test_a_stack_draws_each_clients_own_masks_and_padding_rows_change_nothing():
 
 
 def test_a_stacked_encoders_masks_are_each_clients_own_on_its_real_rows():
-    """``KeyedCalls.draw_stack`` (a training encoder stacked): client j's mask over its
-    ``rows[j]`` real rows is the one it draws alone with its host key (``draw``), its
-    padding rows zero, one salt for the whole call; a stack without host keys is refused."""
+    """``KeyedCalls.draw_stack`` (a training encoder stacked): client j's keep mask over its
+    ``rows[j]`` real rows, scaled by ``keep_scale``, is the mask it draws alone with its host
+    key (``draw``), its padding rows dropped, one salt for the whole call; a stack without
+    host keys is refused."""
     stack, alone = KeyedCalls(), KeyedCalls()
     hosts, rows = (5, 77, 2**62 + 3), [4, 1, 0]
     set_dropout_key([stack], DropoutKey(torch.tensor(hosts), 3, hosts=hosts, rows=rows))
-    first, second = stack.draw_stack((3, 4, 2, 5), torch.float32, 0.5), stack.draw_stack((3, 4, 2, 5), torch.float32, 0.3)
-    assert stack.calls == 2
+    first, second = stack.draw_stack((3, 4, 2, 5), 0.5), stack.draw_stack((3, 4, 2, 5), 0.3)
+    assert stack.calls == 2 and first.dtype == torch.bool
     for j, (host, r) in enumerate(zip(hosts, rows)):
         set_dropout_key([alone], DropoutKey(torch.tensor(host), 3, host=host))
         for got, p in ((first, 0.5), (second, 0.3)):
-            assert torch.equal(got[j, :r], alone.draw((r, 2, 5), torch.float32, p)) if r else True
+            want = alone.draw((r, 2, 5), torch.float32, p) if r else None
+            assert torch.equal(got[j, :r].float() * keep_scale(p), want) if r else True
             assert not got[j, r:].any()
-    assert first[0].unique().tolist() == [0.0, 2.0]
+    assert 0 < first[0].float().mean() < 1 and keep_scale(0.5) == 2.0 and keep_scale(1.0) == 0.0
     set_dropout_key([stack], DropoutKey(torch.tensor(hosts), torch.tensor(3)))
     with pytest.raises(RuntimeError, match="host keys"):
-        stack.draw_stack((3, 4, 2, 5), torch.float32, 0.5)
+        stack.draw_stack((3, 4, 2, 5), 0.5)
+
+
+def test_attention_with_kept_masks_differentiates_as_autograd_does():
+    """``vectorized._KeptAttention`` ((softmax(s) * keep * scale) @ v, keeping the
+    probabilities and the bool mask for its backward): the output and the gradients of the
+    scores and v that autograd gives the same operators written out."""
+    from fedforget.vectorized import _KeptAttention
+
+    g = torch.Generator().manual_seed(0)
+    s, v, out_grad = torch.randn(2, 3, 4, 6, 6, generator=g), torch.randn(2, 3, 4, 6, 5, generator=g), torch.randn(2, 3, 4, 6, 5, generator=g)
+    keep = torch.rand(2, 3, 4, 6, 6, generator=g) >= 0.3
+    s1, v1 = s.clone().requires_grad_(), v.clone().requires_grad_()
+    out = _KeptAttention.apply(s1, keep, 1 / 0.7, v1)
+    out.backward(out_grad)
+    s2, v2 = s.clone().requires_grad_(), v.clone().requires_grad_()
+    want = (s2.softmax(-1) * (keep.float() * (1 / 0.7))) @ v2
+    want.backward(out_grad)
+    assert torch.equal(out, want)
+    assert torch.allclose(s1.grad, s2.grad, atol=1e-6) and torch.allclose(v1.grad, v2.grad, atol=1e-6)
+    assert s1.grad.abs().sum() > 0 and v1.grad.abs().sum() > 0
 
 
 def test_module_modes_channelwise_and_call_counts():

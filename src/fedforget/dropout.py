@@ -148,20 +148,21 @@ class KeyedCalls(KeyedDropout):
             return super().draw(shape, dtype, p)
         return host_mask(key.host, key.step, self.next_salt(), shape, p, dtype, key.clients.device)
 
-    def draw_stack(self, shape: Sequence[int], dtype: torch.dtype, p: float) -> torch.Tensor:
-        """One call's masks [G, B, ...] for a stack's activations of ``shape`` [G, B, ...]
-        (``fedforget.vectorized``: a training encoder's clients stacked): client j's is what
-        it draws alone (``draw`` with its host key, ``DropoutKey.hosts[j]``) over its real
-        rows (``DropoutKey.rows``), zeros on its padding rows; counts the call once."""
+    def draw_stack(self, shape: Sequence[int], p: float) -> torch.Tensor:
+        """One call's keep masks (bool [G, B, ...]; scale kept elements by ``keep_scale(p)``)
+        for a stack's activations of ``shape`` [G, B, ...] (``fedforget.vectorized``: a
+        training encoder's clients stacked): client j's is what it draws alone (``draw``
+        with its host key, ``DropoutKey.hosts[j]``) over its real rows (``DropoutKey.rows``),
+        False on its padding rows; counts the call once."""
         key = self.key
         if key is None or key.hosts is None or not isinstance(key.step, int):
             raise RuntimeError("a stacked encoder step without its clients' host keys (train_clients_together sets them)")
         salt, dev = self.next_salt(), key.clients.device
-        out = torch.zeros(tuple(shape), dtype=dtype, device=dev)
+        out = torch.zeros(tuple(shape), dtype=torch.bool, device=dev)
         rows = [shape[1]] * shape[0] if key.rows is None else key.rows
         for j, (host, r) in enumerate(zip(key.hosts, rows, strict=True)):
             if r:
-                out[j, :r] = host_mask(host, key.step, salt, (r, *shape[2:]), p, dtype, dev)
+                out[j, :r] = host_keep(host, key.step, salt, (r, *shape[2:]), p, dev)
         return out
 
     def routed(self) -> _Routed:
@@ -250,14 +251,24 @@ def host_mask(
     host: int, step: int, salt: int, shape: Sequence[int], p: float, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """``KeyedCalls``' scaled keep mask of ``shape`` (values 0 and 1/(1 - p)) for the client
-    of host key ``host``: ``torch.rand`` of a generator on ``device`` seeded by
-    ``torch_seed(host, step, salt, DROPOUT_STREAM)``."""
+    of host key ``host``: ``host_keep``'s elements scaled by ``keep_scale(p)``."""
+    return host_keep(host, step, salt, shape, p, device).to(dtype) * keep_scale(p)
+
+
+def host_keep(host: int, step: int, salt: int, shape: Sequence[int], p: float, device: torch.device) -> torch.Tensor:
+    """Which elements of ``shape`` a client of host key ``host`` keeps (bool): a draw of
+    ``torch.rand`` at least p, from a generator on ``device`` seeded by ``torch_seed(host,
+    step, salt, DROPOUT_STREAM)``; none at p >= 1."""
     if p >= 1:
-        return torch.zeros(tuple(shape), dtype=dtype, device=device)
+        return torch.zeros(tuple(shape), dtype=torch.bool, device=device)
     gen = torch.Generator(device=device)
     gen.manual_seed(torch_seed(host, step, salt, DROPOUT_STREAM))
-    u = torch.rand(tuple(shape), generator=gen, device=device)
-    return (u >= p).to(dtype) * (1.0 / (1.0 - p))
+    return torch.rand(tuple(shape), generator=gen, device=device) >= p
+
+
+def keep_scale(p: float) -> float:
+    """Dropout's scale of a kept element at rate ``p``: 1/(1 - p) (0 at p >= 1: nothing kept)."""
+    return 0.0 if p >= 1 else 1.0 / (1.0 - p)
 
 
 def keyed_modules(model: nn.Module) -> list[KeyedDropout]:

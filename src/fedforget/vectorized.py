@@ -92,7 +92,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .cudagraph import StepGraphs
-from .dropout import DropoutKey, KeyedDropout, keyed_modules, set_dropout_key
+from .dropout import DropoutKey, KeyedDropout, keep_scale, keyed_modules, set_dropout_key
 from .inputs import prefetched
 from .methods.base import (
     Held,
@@ -559,6 +559,31 @@ def _stacked_vit(module: ViTBody, p: dict[str, torch.Tensor], x: torch.Tensor, g
     return run(vit.encoder.ln, "vit.encoder.ln.", t[:, :, 0])
 
 
+class _KeptAttention(torch.autograd.Function):
+    """``(softmax(scores) * keep * scale) @ v``: ``_stacked_hf``'s attention with dropout
+    (``keep`` bool, ``scale`` 1/(1 - p)), the same forward kernels as the operators written
+    out, keeping for the backward the probabilities, the keep mask and v only [D]: autograd
+    would keep the probabilities, the float mask and their product, three tensors of the
+    scores' size ([G, B, heads, L, L], the stack's largest) per layer against one and a
+    quarter. Its backward is autograd's (matmul's two products, the mask, softmax's own
+    backward)."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, keep: torch.Tensor, scale: float, v: torch.Tensor) -> torch.Tensor:
+        probs = scores.softmax(-1)
+        ctx.save_for_backward(probs, keep, v)
+        ctx.scale = scale
+        return (probs * (keep.to(probs.dtype) * scale)) @ v
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        probs, keep, v = ctx.saved_tensors
+        mask = keep.to(probs.dtype) * ctx.scale
+        g_probs = (grad @ v.transpose(-2, -1)) * mask
+        g_v = (probs * mask).transpose(-2, -1) @ grad
+        return torch._softmax_backward_data(g_probs, probs, -1, probs.dtype), None, None, g_v
+
+
 def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: int, prefix: str) -> torch.Tensor:
     """``HFBody.features`` of a training ``BertModel`` (transformers' BertEmbeddings,
     BertLayer, BertPooler) for G clients on their rows [G, B, 2, L] (token ids, attention
@@ -580,7 +605,7 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     def drop(h: torch.Tensor, rate: float) -> torch.Tensor:
         if not body.training or rate == 0:
             return h
-        return h * calls.draw_stack(h.shape, h.dtype, rate)
+        return h * (calls.draw_stack(h.shape, rate).to(h.dtype) * keep_scale(rate))
 
     def run(mod: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
         return _stacked(mod, p, h, g, pre + name, GB)[0]
@@ -603,8 +628,12 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
 
         q, k, val = (run(getattr(sa, name), f"{at}attention.self.{name}.", h).view(g, b, n, heads, -1).transpose(2, 3)
                      for name in ("query", "key", "value"))  # each [G, B, H, L, d]  # fmt: skip
-        probs = drop(((q @ k.transpose(-2, -1)) * scaling + masked).softmax(-1), sa.dropout.p)
-        ctx = (probs @ val).transpose(2, 3).reshape(g, b, n, -1)
+        scores, rate = (q @ k.transpose(-2, -1)) * scaling + masked, sa.dropout.p
+        if body.training and rate > 0 and not torch.is_autocast_enabled(scores.device.type):
+            att = _KeptAttention.apply(scores, calls.draw_stack(scores.shape, rate), keep_scale(rate), val)
+        else:  # (autocast: autograd's own casts)
+            att = drop(scores.softmax(-1), rate) @ val
+        ctx = att.transpose(2, 3).reshape(g, b, n, -1)
         out = layer.attention.output
         a = drop(run(out.dense, at + "attention.output.dense.", ctx), out.dropout.p)
         a = run(out.LayerNorm, at + "attention.output.LayerNorm.", a + h)
