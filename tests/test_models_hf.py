@@ -309,7 +309,7 @@ def test_a_frozen_encoder_trains_its_clients_batched_as_one_after_another(make_r
 
 
 # FedProj Table 2's methods and optimizer (Adam), a live second pass (FedSOL), each pooling
-STACKED = [("fedavg", {}, "cls", "sgd"), ("fedavg", {}, "mean", "adam"),
+STACKED = [("fedavg", {}, "cls", "sgd"), ("fedavg", {}, "mean", "adam"), ("fedavg", {}, "nodrop", "sgd"),
            ("fedproj", {"memory_batch_size": 8}, "pooler", "adam"), ("fedet", {}, "pooler", "sgd"),
            ("fedsol", {"perturb": "all"}, "cls", "sgd")]  # fmt: skip
 
@@ -322,10 +322,16 @@ def test_a_training_bert_trains_its_clients_stacked_as_one_after_another(
     its clients stacked (``vectorized._stacked_hf``: each client's embedding tables,
     attention, LayerNorms and masks, those it draws alone) within 1e-5 of one after another:
     FedAvg and FedProj with Adam (FedProj Table 2's optimizer; FedProj's memory batch through
-    the stack), FedET, FedSOL's second pass; clients of unequal sizes (padding rows). ``auto``
+    the stack), FedET, FedSOL's second pass, attention without dropout (torch's fused
+    kernel); clients of unequal sizes (padding rows). ``auto``
     keeps one after another on a CPU; an encoder the stacked path does not write out (a
     DistilBERT) is refused, saying why."""
-    rc = make_run_config(dataset=TEXT, model="hf", model_options={**TINY, "pooling": pooling}, rounds=2, batch_size=8,
+    # weights drawn wide enough that attention is far from uniform (BERT's 0.02 leaves it nearly so)
+    config = {**TINY["config"], "initializer_range": 0.2}
+    opts = {**TINY, "config": config, "pooling": pooling}
+    if pooling == "nodrop":  # no attention dropout: torch's fused attention in the stack
+        opts = {**TINY, "config": {**config, "attention_probs_dropout_prob": 0.0}}
+    rc = make_run_config(dataset=TEXT, model="hf", model_options=opts, rounds=2, batch_size=8,
                          method=method, params=params, public=PUBLIC,
                          optimizer={"name": "adam", "lr": 0.001} if opt == "adam" else {"lr": 0.05},
                          partition=PartitionSpec("dirichlet", clients=4, alpha=0.5, min_size=5, seed=0))  # fmt: skip
@@ -338,7 +344,12 @@ def test_a_training_bert_trains_its_clients_stacked_as_one_after_another(
     seq, vec = sims["sequential"].global_params, sims["vectorized"].global_params
     start = Simulation(rc).global_params
     assert all(not torch.equal(v, start[k]) for k, v in seq.items() if "embeddings.word" not in k)  # all trained
-    assert all(torch.allclose(v, seq[k], atol=1e-5) for k, v in vec.items()), method
+    # [D] not compared: the attention key's bias, whose gradient is 0 in exact arithmetic (it adds
+    # q . b to every key's score of a query: softmax is unchanged), so rounding noise in either
+    # trainer, which Adam (a step of about the lr whatever the gradient's size) and FedET's
+    # server steps turn into differences of 1e-4 (measured)
+    compared = [k for k in vec if not k.endswith("attention.self.key.bias")]
+    assert all(torch.allclose(vec[k], seq[k], atol=1e-5) for k in compared), method
     if method == "fedet":  # [D] auto on a CPU: one after another (measured slower there)
         auto = Simulation(replace(rc, train=replace(rc.train, client_engine="auto"))).engine_info
         assert auto["client_engine"] == "sequential" and "training Hugging Face encoder" in auto["client_engine_reason"]
@@ -352,12 +363,16 @@ def test_a_training_bert_trains_its_clients_stacked_as_one_after_another(
 
 def test_a_training_berts_local_models_are_evaluated_stacked(tokenizer) -> None:
     """Local models of a training BERT evaluated in one stacked pass (``evaluate_stacked``,
-    a GPU's default): eval mode (no dropout), each model's own weights, BERT's constant
-    position and token type ids not stacked; the accuracies of one model after another."""
-    from fedforget.vectorized import evaluate_stacked
+    a GPU's default): eval mode (no dropout; torch's fused attention), each model's own
+    weights, BERT's constant position and token type ids not stacked: the logits of each
+    model's own forward within 1e-5, and the accuracies of one model after another."""
+    from torch.func import functional_call
+
+    from fedforget.vectorized import evaluate_stacked, fixed_buffers, stacked_forward
 
     torch.manual_seed(0)
-    model = build_model("hf", (2, L), 2, TINY)
+    wide = {**TINY, "config": {**TINY["config"], "initializer_range": 0.5}}  # attention far from uniform
+    model = build_model("hf", (2, L), 2, wide)
     a = build_text(tokenizer)
     x, y = torch.from_numpy(a.x_test[:7]), torch.from_numpy(a.y_test[:7])  # 4 of class 0, 3 of class 1
     models = []
@@ -368,6 +383,14 @@ def test_a_training_berts_local_models_are_evaluated_stacked(tokenizer) -> None:
     one_by_one = evaluate_stacked(model.train(), models, x, y, batch_size=5, batched=False)
     assert evaluate_stacked(model.train(), models, x, y, batch_size=5, batched=True) == one_by_one
     assert one_by_one[:2] == [4 / 7, 3 / 7] and model.training  # each model's own weights; the mode put back
+    model.eval()
+    names = [k for k, _ in model.named_parameters()]
+    stacked = stacked_forward(model, {k: torch.stack([m[k] for m in models]) for k in names}, x.expand(3, *x.shape))
+    assert not fixed_buffers(model) & set(names)
+    with torch.no_grad():
+        for j, m in enumerate(models):
+            own = functional_call(model, m, (x,))
+            assert torch.allclose(stacked[j], own, atol=1e-5) and not torch.allclose(own, stacked[j - 1])
 
 
 def test_a_frozen_encoders_features_are_computed_once_per_row(make_run_config, tokenizer) -> None:

@@ -619,8 +619,11 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     h = h + p[pre + "embeddings.token_type_embeddings.weight"][:, emb.token_type_ids[0, :n]].unsqueeze(1)
     h = h + p[pre + "embeddings.position_embeddings.weight"][:, emb.position_ids[0, :n]].unsqueeze(1)
     h = drop(run(emb.LayerNorm, "embeddings.LayerNorm.", h), emb.dropout.p)  # [G, B, L, d]
-    masked = (1.0 - am.to(h.dtype)) * torch.finfo(h.dtype).min
-    masked = masked.view(g, b, 1, 1, n)  # over the keys of every head and query
+
+    def additive(dtype: torch.dtype) -> torch.Tensor:  # [G, B, 1, 1, L]: over every head's and query's keys
+        return ((1.0 - am.to(dtype)) * torch.finfo(dtype).min).view(g, b, 1, 1, n)
+
+    masked = additive(h.dtype)
     for i, layer in enumerate(enc.encoder.layer):
         at, sa = f"encoder.layer.{i}.", layer.attention.self
         heads = sa.num_attention_heads
@@ -628,11 +631,18 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
 
         q, k, val = (run(getattr(sa, name), f"{at}attention.self.{name}.", h).view(g, b, n, heads, -1).transpose(2, 3)
                      for name in ("query", "key", "value"))  # each [G, B, H, L, d]  # fmt: skip
-        scores, rate = (q @ k.transpose(-2, -1)) * scaling + masked, sa.dropout.p
-        if body.training and rate > 0 and not torch.is_autocast_enabled(scores.device.type):
-            att = _KeptAttention.apply(scores, calls.draw_stack(scores.shape, rate), keep_scale(rate), val)
-        else:  # (autocast: autograd's own casts)
-            att = drop(scores.softmax(-1), rate) @ val
+        rate = sa.dropout.p
+        if body.training and rate > 0:  # keyed masks: attention by its definition, as KeyedCalls.routed
+            scores = (q @ k.transpose(-2, -1)) * scaling + masked
+            if not torch.is_autocast_enabled(scores.device.type):
+                att = _KeptAttention.apply(scores, calls.draw_stack(scores.shape, rate), keep_scale(rate), val)
+            else:  # (autocast: autograd's own casts)
+                att = drop(scores.softmax(-1), rate) @ val
+        else:  # [D] no draw (eval mode, or rate 0): torch's fused attention, as the module's own sdpa
+            # attention (no [.., L, L] scores kept where its kernel fuses them: a GPU's)
+            mask = masked if masked.dtype == q.dtype else additive(q.dtype)
+            att = F.scaled_dot_product_attention(q.flatten(0, 1), k.flatten(0, 1), val.flatten(0, 1),
+                                                 attn_mask=mask.flatten(0, 1), scale=scaling).view(q.shape)  # fmt: skip
         ctx = att.transpose(2, 3).reshape(g, b, n, -1)
         out = layer.attention.output
         a = drop(run(out.dense, at + "attention.output.dense.", ctx), out.dropout.p)
