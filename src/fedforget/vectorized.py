@@ -592,7 +592,8 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     LayerNorms, linear maps (batched matmuls) and attention over its own rows; the pooled
     features [G, B, hidden] (``pool_tokens`` or the pooler). Attention is softmax(q k^T
     scale + mask) v, the mask additive (the dtype's minimum on masked keys, as BERT's eager
-    attention; a padding row of the stack, every key masked, stays finite). Dropout in
+    attention; a padding row of the stack, every key masked, stays finite): written out
+    where dropout draws (``_KeptAttention``), else torch's fused attention. Dropout in
     training: each call's masks those each client draws alone (``KeyedCalls.draw_stack``:
     its host key, the step, the call's salt, over its real rows), the calls in the order of
     the module's own forward (embeddings; per layer attention probabilities, attention
