@@ -120,10 +120,12 @@ lanes() {
     # contract (its whole run is the CPU suite's), and a Hugging Face encoder's keyed dropout
     # (its masks from a generator on the GPU): the same bits on CUDA streams; a frozen
     # encoder's feature cache (fedforget.featcache): a row's features the same bits whatever
-    # rows it is met with, and on lanes; its clients batched as one after another
+    # rows it is met with, and on lanes; its clients batched as one after another; a training
+    # BERT's clients stacked as one after another (within 1e-5; its masks from each client's
+    # generator on the GPU over its real rows), its local models evaluated stacked
     (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/methods/test_concurrent_clients.py tests/test_models_hf.py tests/test_featcache.py \
-        -k "task_stream or fedavg or scaffold or fedgp or der or draw or at_once or once_per_row or met_with or batched_as_one" \
+        -k "task_stream or fedavg or scaffold or fedgp or der or draw or at_once or once_per_row or met_with or batched_as_one or training_bert" \
         >"$out/tests-lanes.txt" 2>&1)
     tail -3 "$out/tests-lanes.txt"
     box 75 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes 4 --preset resnet18 \
