@@ -968,6 +968,8 @@ def train_clients_together(
     drop = keyed_modules(model)
     keys = torch.tensor([j.dropout_key for j in jobs_sorted], dtype=torch.int64, device=device)
     step_t = torch.zeros((), dtype=torch.int64, device=device)
+    if drop and graphs is not None and persistent:
+        keys, step_t = graphs.dropout_inputs(keys)
     # a training encoder's masks (KeyedCalls.draw_stack): each client's from its host key and the
     # step's number, over its real rows in each pass (pass_rows); its steps run eagerly (no_graphs)
     encoder = training_encoder(model) if use_stacked else None
@@ -992,8 +994,6 @@ def train_clients_together(
             yield
         finally:
             key.rows = saved
-    if drop and graphs is not None and persistent:
-        keys, step_t = graphs.dropout_inputs(keys)
 
     def client_loss(p, st, xb, yb, mask, lm, key):
         if drop:  # inside vmap: the client's own key
