@@ -573,14 +573,13 @@ class _KeptAttention(torch.autograd.Function):
         probs = scores.softmax(-1)
         ctx.save_for_backward(probs, keep, v)
         ctx.scale = scale
-        return (probs * (keep.to(probs.dtype) * scale)) @ v
+        return probs.mul(keep).mul_(scale) @ v  # (p * 1) * s: the bits of p * (1 * s), and 0
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         probs, keep, v = ctx.saved_tensors
-        mask = keep.to(probs.dtype) * ctx.scale
-        g_probs = (grad @ v.transpose(-2, -1)) * mask
-        g_v = (probs * mask).transpose(-2, -1) @ grad
+        g_probs = (grad @ v.transpose(-2, -1)).mul_(keep).mul_(ctx.scale)
+        g_v = probs.mul(keep).mul_(ctx.scale).transpose(-2, -1) @ grad
         return torch._softmax_backward_data(g_probs, probs, -1, probs.dtype), None, None, g_v
 
 
@@ -606,7 +605,7 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     def drop(h: torch.Tensor, rate: float) -> torch.Tensor:
         if not body.training or rate == 0:
             return h
-        return h * (calls.draw_stack(h.shape, rate).to(h.dtype) * keep_scale(rate))
+        return h.mul(calls.draw_stack(h.shape, rate)).mul_(keep_scale(rate))  # the bits of h * (keep * scale)
 
     def run(mod: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
         return _stacked(mod, p, h, g, pre + name, GB)[0]
@@ -634,11 +633,12 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
                      for name in ("query", "key", "value"))  # each [G, B, H, L, d]  # fmt: skip
         rate = sa.dropout.p
         if body.training and rate > 0:  # keyed masks: attention by its definition, as KeyedCalls.routed
-            scores = (q @ k.transpose(-2, -1)) * scaling + masked
-            if not torch.is_autocast_enabled(scores.device.type):
+            scores = q @ k.transpose(-2, -1)
+            if not torch.is_autocast_enabled(scores.device.type):  # in place: the stack's largest tensors
+                scores = scores.mul_(scaling).add_(masked)
                 att = _KeptAttention.apply(scores, calls.draw_stack(scores.shape, rate), keep_scale(rate), val)
-            else:  # (autocast: autograd's own casts)
-                att = drop(scores.softmax(-1), rate) @ val
+            else:  # autocast: autograd's own casts, the float32 mask promoting the scores
+                att = drop((scores * scaling + masked).softmax(-1), rate) @ val
         else:  # [D] no draw (eval mode, or rate 0): torch's fused attention, as the module's own sdpa
             # attention (no [.., L, L] scores kept where its kernel fuses them: a GPU's)
             mask = masked if masked.dtype == q.dtype else additive(q.dtype)
