@@ -605,7 +605,7 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     def drop(h: torch.Tensor, rate: float) -> torch.Tensor:
         if not body.training or rate == 0:
             return h
-        return h.mul(calls.draw_stack(h.shape, rate)).mul_(keep_scale(rate))  # the bits of h * (keep * scale)
+        return h * calls.draw_stack(h.shape, rate).to(h.dtype).mul_(keep_scale(rate))  # the mask in h's dtype, as alone
 
     def run(mod: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
         return _stacked(mod, p, h, g, pre + name, GB)[0]
