@@ -347,7 +347,7 @@ def test_a_training_bert_trains_its_clients_stacked_as_one_after_another(
     # [D] not compared: the attention key's bias, whose gradient is 0 in exact arithmetic (it adds
     # q . b to every key's score of a query: softmax is unchanged), so rounding noise in either
     # trainer, which Adam (a step of about the lr whatever the gradient's size) and FedET's
-    # server steps turn into differences of 1e-4 (measured)
+    # server steps turn into differences of up to 4e-4 (measured)
     compared = [k for k in vec if not k.endswith("attention.self.key.bias")]
     assert all(torch.allclose(vec[k], seq[k], atol=1e-5) for k in compared), method
     if method == "fedet":  # [D] auto on a CPU: one after another (measured slower there)
