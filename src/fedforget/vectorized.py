@@ -181,7 +181,7 @@ def why_not_vectorized(
     """None if clients can be trained together, else the reason (recorded in run.json)."""
     encoder = training_encoder(model)
     if encoder is not None and (bad := stacked_supported(model)) is not None:
-        return (f"a training Hugging Face encoder the batched path does not write out (module {bad}): one "
+        return (f"a training Hugging Face encoder the batched path cannot run (module {bad}): one "
                 "client after another, or several at once on lanes (train.concurrent_clients)")  # fmt: skip
     bad = unstacked_buffers(model)
     if bad is not None:
