@@ -99,6 +99,23 @@ def test_small_groups_give_the_same_result(make_run_config, run_engines, assert_
     assert_same_metrics(rows_groups, rows_all, tol=1e-6)
 
 
+def test_a_group_out_of_gpu_memory_names_the_setting(make_run_config, monkeypatch):
+    """A batched group that runs out of GPU memory (its stack grows with its clients) stops
+    the run with one error naming the group's size and ``train.max_parallel_clients``."""
+    import fedforget.trainers
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore detail")
+
+    monkeypatch.setattr(fedforget.trainers, "train_clients_together", oom)
+    rc = make_run_config(partition=PartitionSpec("iid", clients=4, seed=0))
+    sim = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized", max_parallel_clients=3)))
+    want = (r"round 1: the batched engine's group of 3 clients ran out of GPU memory \(CUDA out of memory. "
+            r"Tried to allocate 2.00 GiB.\); set train.max_parallel_clients below 3 \(now 3\)")
+    with pytest.raises(FedForgetError, match=want):
+        sim.run(progress=False)
+
+
 def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"

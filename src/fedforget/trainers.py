@@ -612,17 +612,25 @@ class StackedTrainer(LocalTrainer):
         # the task loss's classes by label (FedAvg.task_mask); a bound method, equal from round
         # to round, as the steps captured in CUDA graphs are keyed by it
         batch = self.clients.batch if method.label_classes is None else self.masked_batch
-        results = train_clients_together(
-            self.model, self.fed.global_params, batch, jobs,
-            lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
-            epochs=t.local_epochs, batch_size=t.batch_size,
-            step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if method.step_terms else None,
-            live_terms=(lambda order: method.client_live_terms([ctxs[cids[j]] for j in order])) if method.live_terms else None,
-            graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
-            autocast=self.autocast, sees_step=method.sees_step, step_rows=method.step_rows, optimizer=opt.name,
-            betas=tuple(opt.betas),
-            capturable_terms=type(method).trait("capturable_terms", method.p),
-        )  # fmt: skip
+        try:
+            results = train_clients_together(
+                self.model, self.fed.global_params, batch, jobs,
+                lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+                epochs=t.local_epochs, batch_size=t.batch_size,
+                step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if method.step_terms else None,
+                live_terms=(lambda order: method.client_live_terms([ctxs[cids[j]] for j in order])) if method.live_terms else None,
+                graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,
+                autocast=self.autocast, sees_step=method.sees_step, step_rows=method.step_rows, optimizer=opt.name,
+                betas=tuple(opt.betas),
+                capturable_terms=type(method).trait("capturable_terms", method.p),
+            )  # fmt: skip
+        except torch.cuda.OutOfMemoryError as e:  # [D] the stack's memory grows with its clients: name the knob
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise FedForgetError(
+                f"round {rnd}: the batched engine's group of {len(jobs)} clients ran out of GPU memory ({first}); "
+                f"set train.max_parallel_clients below {len(jobs)} (now {t.max_parallel_clients}), or "
+                "train.client_engine: sequential (the same results up to float rounding)"
+            ) from None
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's
         per_client = with_terms or method.own_upload
