@@ -251,8 +251,8 @@ def host_mask(
     host: int, step: int, salt: int, shape: Sequence[int], p: float, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
     """``KeyedCalls``' scaled keep mask of ``shape`` (values 0 and 1/(1 - p)) for the client
-    of host key ``host``: ``host_keep``'s elements scaled by ``keep_scale(p)``."""
-    return host_keep(host, step, salt, shape, p, device).to(dtype) * keep_scale(p)
+    of host key ``host``: ``host_keep``'s elements scaled (``scaled_mask``)."""
+    return scaled_mask(host_keep(host, step, salt, shape, p, device), p, dtype)
 
 
 def host_keep(host: int, step: int, salt: int, shape: Sequence[int], p: float, device: torch.device) -> torch.Tensor:
@@ -264,6 +264,12 @@ def host_keep(host: int, step: int, salt: int, shape: Sequence[int], p: float, d
     gen = torch.Generator(device=device)
     gen.manual_seed(torch_seed(host, step, salt, DROPOUT_STREAM))
     return torch.rand(tuple(shape), generator=gen, device=device) >= p
+
+
+def scaled_mask(keep: torch.Tensor, p: float, dtype: torch.dtype) -> torch.Tensor:
+    """Dropout's mask of keep decisions ``keep`` (bool) at rate ``p`` in ``dtype``: 0 where
+    dropped, ``keep_scale(p)`` (rounded to ``dtype``) where kept."""
+    return keep.to(dtype).mul_(keep_scale(p))
 
 
 def keep_scale(p: float) -> float:

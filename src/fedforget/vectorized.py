@@ -92,7 +92,14 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from .cudagraph import StepGraphs
-from .dropout import DropoutKey, KeyedDropout, keep_scale, keyed_modules, set_dropout_key
+from .dropout import (
+    DropoutKey,
+    KeyedDropout,
+    keep_scale,
+    keyed_modules,
+    scaled_mask,
+    set_dropout_key,
+)
 from .inputs import prefetched
 from .methods.base import (
     Held,
@@ -605,7 +612,7 @@ def _stacked_hf(body: HFBody, p: dict[str, torch.Tensor], x: torch.Tensor, g: in
     def drop(h: torch.Tensor, rate: float) -> torch.Tensor:
         if not body.training or rate == 0:
             return h
-        return h * calls.draw_stack(h.shape, rate).to(h.dtype).mul_(keep_scale(rate))  # the mask in h's dtype, as alone
+        return h * scaled_mask(calls.draw_stack(h.shape, rate), rate, h.dtype)  # in h's dtype, as alone
 
     def run(mod: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
         return _stacked(mod, p, h, g, pre + name, GB)[0]
