@@ -32,6 +32,17 @@ if TEST_DEVICE != "cpu":
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
 
+# [D] The engine comparisons' tolerances (assert_same_metrics, assert_same_weights) are float32
+# claims for a CPU, where both trainers run the same kernels up to summation order. On a GPU the
+# stacked step's convolutions are other cuDNN kernels than one client's (grouped over the stack),
+# whose rounding SGD with momentum grows over the steps: on the H200 (2026-11-27, three sessions:
+# benchmarks/results/h200-2026-11-27-c/README.md) four comparisons missed 1e-5, by at most 6.4e-5
+# in a loss after 2 rounds, and one near-tie test row of 450 was classified differently. There
+# each tolerance is GPU_TOL_FACTOR times the CPU's and an accuracy may differ by GPU_ACC_TOL
+# (two rows of 450); the bit-for-bit tests (CUDA graphs, lanes) are exact on every device.
+GPU_TOL_FACTOR = 1 if TEST_DEVICE == "cpu" else 10
+GPU_ACC_TOL = 0.0 if TEST_DEVICE == "cpu" else 0.005
+
 # The slow end-to-end tests start first, the SLURM stage (mostly waiting on the scheduler)
 # before all: pytest-xdist hands tests out in this order, so the long ones run beside the many
 # short ones instead of after them (longest first onto the least loaded worker).
@@ -199,10 +210,12 @@ def run_engines():
 @pytest.fixture
 def assert_same_weights():
     """assert_same_weights(sim_a, sim_b, tol=1e-5): two simulations' global weights, floats
-    within ``tol`` (absolute and relative), the rest (BatchNorm's num_batches_tracked) equal."""
+    within ``tol`` (absolute and relative; on a GPU ``GPU_TOL_FACTOR`` times it), the rest
+    (BatchNorm's num_batches_tracked) equal."""
     import torch
 
     def check(a, b, tol=1e-5):
+        tol *= GPU_TOL_FACTOR
         for k, v in a.global_params.items():
             if torch.is_floating_point(v):
                 assert torch.allclose(v, b.global_params[k], atol=tol, rtol=tol), k
@@ -215,11 +228,13 @@ def assert_same_weights():
 @pytest.fixture
 def assert_same_metrics():
     """assert_same_metrics(rows_a, rows_b, tol=1e-5): two runs' metrics rows have the same
-    columns and values, floats within ``tol`` (absolute; NaN equals NaN), timings ignored
+    columns and values, floats within ``tol`` (absolute; NaN equals NaN; on a GPU
+    ``GPU_TOL_FACTOR`` times it, accuracies within ``GPU_ACC_TOL`` too), timings ignored
     (e.g. the sequential and the batched client engine on one config)."""
     from fedforget.engine import TIMING_COLUMNS
 
     def check(rows_a, rows_b, tol=1e-5):
+        tol *= GPU_TOL_FACTOR
         assert len(rows_a) == len(rows_b)
         for ra, rb in zip(rows_a, rows_b):
             assert set(ra) == set(rb), (ra["round"], set(ra) ^ set(rb))
@@ -229,7 +244,8 @@ def assert_same_metrics():
             assert len(ra.get("_tasks", [])) == len(rb.get("_tasks", []))
             for k, a, b in pairs:
                 if isinstance(a, float) and isinstance(b, float):
-                    assert math.isclose(a, b, rel_tol=0, abs_tol=tol) or (math.isnan(a) and math.isnan(b)), (ra["round"], k, a, b)
+                    bound = max(tol, GPU_ACC_TOL) if "acc" in k else tol
+                    assert math.isclose(a, b, rel_tol=0, abs_tol=bound) or (math.isnan(a) and math.isnan(b)), (ra["round"], k, a, b)
                 else:
                     assert a == b, (ra["round"], k, a, b)
 
