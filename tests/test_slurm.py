@@ -1,8 +1,9 @@
 """The cluster profile against a real scheduler (issue 18): a one-node SLURM cluster on this
 machine (tests/slurm/cluster.sh), the default pipeline through `--workflow-profile
-profiles/slurm` with only the profile's CLUSTER keys changed for this node, and one training
-job cancelled with scancel in the middle of its run: Snakemake's retry resubmits it, it resumes
-from its last round checkpoint, and every result equals a local run's byte for byte.
+profiles/slurm` with only the profile's CLUSTER keys changed for this node, its training jobs
+two to a submission and trained there at once (the `slurm-packed` executor, issue 32), and one
+training job cancelled with scancel in the middle of its run: Snakemake's retry resubmits it,
+it resumes from its last round checkpoint, and every result equals a local run's byte for byte.
 
 The default config is run at CI size (one seed, one partition, fewer rounds): every rule of
 the pipeline, both experiments, every method. Marked e2e.
@@ -127,13 +128,13 @@ def cluster_profile() -> dict:
     p["default-resources"]["mem_mb"] = 1000
     p["set-threads"]["train"] = 1
     p["set-resources"]["train"].update(gpu=0, cpus_per_task=1, mem_mb=1500, runtime=10)
-    p["group-components"] = ["train=2"]  # 2 submissions of 2 jobs: both run at once here
+    p["group-components"] = ["train=2"]  # 2 submissions of 2 jobs each, run at once in it
     p["resources"] = ["gpu=0", "cpus_per_task=1", "mem_mb=1500"]
     p.update(
         {
-            "slurm-no-account": True,
-            "slurm-status-command": "squeue",
-            "slurm-init-seconds-before-status-checks": 1,
+            "slurm-packed-no-account": True,
+            "slurm-packed-status-command": "squeue",
+            "slurm-packed-init-seconds-before-status-checks": 1,
         }
     )
     return p
@@ -214,6 +215,15 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
     assert len(runs) == len(list(local.glob("results/*/*/*/*/seed0/run.json"))) == 4
     records = {str(p.parent.relative_to(cluster)): json.loads(p.read_text()) for p in runs}
     assert all(r["host"]["slurm_job_id"] in states for r in records.values()), records
+    # the jobs of one submission trained at once (slurm-packed), not one after another: their
+    # spans (run.json, to the second, each run several seconds) overlap
+    by_job: dict[str, list[dict]] = {}
+    for r in records.values():
+        by_job.setdefault(r["host"]["slurm_job_id"], []).append(r)
+    shared = [rs for rs in by_job.values() if len(rs) > 1]
+    assert shared, by_job
+    for rs in shared:
+        assert max(r["started_at"] for r in rs) < min(r["finished_at"] for r in rs), rs
     resumed = records[PREEMPTED]
     assert resumed["resumed_after_round"] >= 1 and resumed["host"]["slurm_job_id"] not in cancelled
     assert all(

@@ -93,3 +93,28 @@ def test_the_timeline_keeps_job_events_only(tmp_path):
     Common.dryrun = True  # a dry run writes no timeline
     plugin.LogHandler(Common(), plugin.LogHandlerSettings(path=str(path))).emit(records[1])
     assert len(path.read_text().splitlines()) == 4
+
+
+def test_slurm_packed_runs_a_group_at_once_and_a_job_alone_as_the_slurm_plugin(monkeypatch):
+    """The `slurm-packed` executor (profiles/slurm): registered with Snakemake under that name
+    with the SLURM plugin's settings; a group's command has no `--executor slurm-jobstep --jobs
+    1` (the local executor runs its jobs) and cores for all its jobs at once; a job alone's is
+    the SLURM plugin's. (Against a real scheduler: tests/test_slurm.py.)"""
+    from types import SimpleNamespace
+
+    import snakemake_executor_plugin_slurm as slurm
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+    import snakemake_executor_plugin_slurm_packed as packed
+
+    p = ExecutorPluginRegistry().get_plugin("slurm-packed")
+    assert p.executor is packed.Executor and p.settings_cls is slurm.ExecutorSettings and p.cli_prefix == "slurm-packed"
+    # the command's two parts this executor changes, as the interface's format_job_exec reads them
+    monkeypatch.setattr(slurm.Executor, "format_job_exec", lambda self, job: f"--cores {self.cores} {self.additional_general_args()}".strip())
+    ex = object.__new__(packed.Executor)
+    ex.workflow = SimpleNamespace(resource_settings=SimpleNamespace(cores=None), executor_settings=SimpleNamespace(pass_command_as_script=False))
+    alone = SimpleNamespace(is_group=lambda: False, threads=2)
+    group = SimpleNamespace(is_group=lambda: True, jobs=[SimpleNamespace(threads=2), SimpleNamespace(threads=1), SimpleNamespace(threads=1)])
+    assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"
+    assert ex.format_job_exec(group) == "--cores 4"
+    assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"  # nothing left behind
