@@ -189,6 +189,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds: start no setting after this")
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
+    ap.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                    help="host memory freed kept for the next allocations, as fedforget train has it "
+                         "(utils.keep_freed_memory), or the C library's default")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="train.concurrent_clients: clients at once on lanes where they train one after another")
     ap.add_argument("--feature-cache", choices=("on", "off", "both"), default=None,
@@ -202,6 +205,10 @@ def main() -> None:
                     help="earlier --json outputs: the settings they measured on a device of this name are not "
                          "measured again (a later session goes on where a budget cut one)")
     a = ap.parse_args()
+    if a.malloc == "keep":  # as fedforget train does
+        from fedforget.utils import keep_freed_memory
+
+        keep_freed_memory()
     torch.set_num_threads(a.threads)
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
     done = set()
@@ -243,7 +250,8 @@ def main() -> None:
         if a.json:  # after every setting: a cut run keeps what it measured
             meta = {"device": device, "torch": torch.__version__, "clients": a.clients, "steps": a.steps,
                     "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent,
-                    "feature_cache": a.feature_cache or "model default", "engines": a.engines}  # fmt: skip
+                    "feature_cache": a.feature_cache or "model default", "engines": a.engines,
+                    "malloc": a.malloc}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
 
 

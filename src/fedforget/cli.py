@@ -9,7 +9,7 @@ import logging
 import sys
 
 from . import __version__
-from .utils import FedForgetError
+from .utils import FedForgetError, keep_freed_memory
 
 log = logging.getLogger("fedforget")
 
@@ -149,6 +149,7 @@ def cmd_train(args) -> None:
         from dataclasses import replace
 
         rc = replace(rc, train=replace(rc.train, threads=args.threads))
+    keep_freed_memory()  # this process is the job's: its host memory kept for its next steps
     rec = run_training(rc, args.out or rc.run_dir, progress=None, resume=not args.fresh)
     print(
         f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}"
