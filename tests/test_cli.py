@@ -205,7 +205,7 @@ def test_a_batched_training_job_imports_no_dynamo_and_writes_the_same_bytes(make
 
 
 _MEMORY_PROBE = """
-import ctypes, hashlib, sys
+import ctypes, hashlib
 import torch
 from fedforget.utils import keep_freed_memory
 
@@ -215,36 +215,39 @@ class MallInfo2(ctypes.Structure):  # glibc >= 2.33
 
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
-kept = keep_freed_memory() if sys.argv[1] == "keep" else None
-torch.manual_seed(0)
 torch.set_num_threads(1)
-net = torch.nn.Sequential(torch.nn.Linear(256, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
-opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-x, y = torch.randn(8192, 256), torch.randint(0, 10, (8192,))
-base = mapped = libc.mallinfo2().hblks  # (blocks torch's import mapped, before keep_freed_memory)
-for _ in range(3):  # activations of 8192 x 2048 floats: 64 MB each, above glibc's mmap threshold
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(net(x), y).backward()
-    mapped = max(mapped, libc.mallinfo2().hblks)  # blocks mmap'd by malloc, live now
-    opt.step()
-digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()
-print(kept, mapped - base, digest)
+
+def train():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(8192, 16), torch.randint(0, 10, (8192,))
+    base = mapped = libc.mallinfo2().hblks
+    for _ in range(2):  # activations of 8192 x 2048 floats: 64 MB each, above glibc's mmap threshold
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        mapped = max(mapped, libc.mallinfo2().hblks)  # blocks mmap'd by malloc, live now (the saved activations)
+        loss.backward()
+        opt.step()
+    return mapped - base, hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()
+
+default = train()
+kept = keep_freed_memory()
+print(kept, *default, *train())
 """
 
 
 def test_keep_freed_memory_serves_large_tensors_from_the_heap_with_the_same_results():
     """utils.keep_freed_memory (fedforget train's first step): with glibc, tensors of 64 MB
-    come from the heap, not one new mmap each (mallinfo2's hblks during the steps), and
-    training gives the same bits as without it (two processes)."""
+    come from the heap, not one new mmap each (mallinfo2's blocks during the steps), and
+    training gives the same bits as before it (one process, the same steps twice)."""
     import subprocess
     import sys
 
-    out = {}
-    for mode in ("keep", "default"):
-        done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, mode], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr[-2000:]
-        out[mode] = done.stdout.split()
-    if out["keep"][0] != "True":
+    done = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kept, mapped_default, digest_default, mapped_kept, digest_kept = done.stdout.split()
+    if kept != "True":
         pytest.skip("not glibc: keep_freed_memory changes nothing here")
-    assert out["keep"][1] == "0" and int(out["default"][1]) > 0, out
-    assert out["keep"][2] == out["default"][2]
+    assert int(mapped_default) > 0 and mapped_kept == "0", done.stdout
+    assert digest_kept == digest_default
