@@ -229,7 +229,8 @@ def assert_same_weights():
 def assert_same_metrics():
     """assert_same_metrics(rows_a, rows_b, tol=1e-5): two runs' metrics rows have the same
     columns and values, floats within ``tol`` (absolute; NaN equals NaN; on a GPU
-    ``GPU_TOL_FACTOR`` times it, accuracies within ``GPU_ACC_TOL`` too), timings ignored
+    ``GPU_TOL_FACTOR`` times it, accuracies within ``GPU_ACC_TOL`` too; ``tol=0``: the
+    same values on every device), timings ignored
     (e.g. the sequential and the batched client engine on one config)."""
     from fedforget.engine import TIMING_COLUMNS
 
@@ -244,7 +245,7 @@ def assert_same_metrics():
             assert len(ra.get("_tasks", [])) == len(rb.get("_tasks", []))
             for k, a, b in pairs:
                 if isinstance(a, float) and isinstance(b, float):
-                    bound = max(tol, GPU_ACC_TOL) if "acc" in k else tol
+                    bound = max(tol, GPU_ACC_TOL) if tol and "acc" in k else tol  # tol 0: bits, on every device
                     assert math.isclose(a, b, rel_tol=0, abs_tol=bound) or (math.isnan(a) and math.isnan(b)), (ra["round"], k, a, b)
                 else:
                     assert a == b, (ra["round"], k, a, b)
