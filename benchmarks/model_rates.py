@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
     ap.add_argument("--malloc", choices=("keep", "default"), default="keep",
                     help="host memory freed kept for the next allocations, as fedforget train has it "
-                         "(utils.keep_freed_memory), or the C library's default")
+                         "(cli.keep_freed_memory), or the C library's default")
     ap.add_argument("--concurrent", type=int, default=1,
                     help="train.concurrent_clients: clients at once on lanes where they train one after another")
     ap.add_argument("--feature-cache", choices=("on", "off", "both"), default=None,
@@ -206,7 +206,7 @@ def main() -> None:
                          "measured again (a later session goes on where a budget cut one)")
     a = ap.parse_args()
     if a.malloc == "keep":  # as fedforget train does
-        from fedforget.utils import keep_freed_memory
+        from fedforget.cli import keep_freed_memory
 
         keep_freed_memory()
     torch.set_num_threads(a.threads)

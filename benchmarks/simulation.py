@@ -397,7 +397,7 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from fedforget.utils import keep_freed_memory
+    from fedforget.cli import keep_freed_memory
 
     keep_freed_memory()  # as fedforget train does (each mode's process: --child passes here too)
     if args.device != "cpu" and "limit" in args.modes:

@@ -207,7 +207,7 @@ def test_a_batched_training_job_imports_no_dynamo_and_writes_the_same_bytes(make
 _MEMORY_PROBE = """
 import ctypes, hashlib
 import torch
-from fedforget.utils import keep_freed_memory
+from fedforget.cli import keep_freed_memory
 
 class MallInfo2(ctypes.Structure):  # glibc >= 2.33
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -238,7 +238,7 @@ print(kept, *default, *train())
 
 
 def test_keep_freed_memory_serves_large_tensors_from_the_heap_with_the_same_results():
-    """utils.keep_freed_memory (fedforget train's first step): with glibc, tensors of 64 MB
+    """cli.keep_freed_memory (fedforget train's first step): with glibc, tensors of 64 MB
     come from the heap, not one new mmap each (mallinfo2's blocks during the steps), and
     training gives the same bits as before it (one process, the same steps twice)."""
     import subprocess

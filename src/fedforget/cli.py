@@ -9,7 +9,7 @@ import logging
 import sys
 
 from . import __version__
-from .utils import FedForgetError, keep_freed_memory
+from .utils import FedForgetError
 
 log = logging.getLogger("fedforget")
 
@@ -129,6 +129,32 @@ def skip_dynamo_import() -> None:
         plain = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
         if plain is not None and getattr(plain, "__dynamo_disable", None) is None:
             setattr(plain, "__dynamo_disable", plain)  # what torch would cache, outside tracing
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+
+
+def keep_freed_memory() -> bool:
+    """Have the C library keep host memory the process frees, for its next allocations [D]:
+    with glibc, no block mapped on its own (M_MMAP_MAX 0) and no heap trimming below 2 GB
+    (M_TRIM_THRESHOLD); True where that was set, False elsewhere (another C library:
+    nothing changed). glibc serves each block above its mmap threshold (at most 32 MB) with
+    fresh pages and hands them back when it is freed, so a CPU step whose activations are
+    such blocks (a transformer's attention scores) page-faults on every 4 KB of them at
+    every step. Process-wide, so here, in the command line's module: ``fedforget train``
+    calls it, one process per training job (not the training code's: results are the same
+    bits, torch aligning its buffers to 64 bytes either way, tests/test_cli.py, and the code
+    digest of every run stays). A process's peak memory can grow (a stacked TinyBERT's by a
+    third: docs/benchmarks.md, its CPU rates with ``--malloc keep`` and ``default``)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def cmd_train(args) -> None:

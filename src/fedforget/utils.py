@@ -197,31 +197,6 @@ def torch_seed(*keys: int) -> int:
     return int(seed_sequence(*keys).generate_state(1, dtype=np.uint64)[0]) & ((1 << 63) - 1)
 
 
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
-
-
-def keep_freed_memory() -> bool:
-    """Have the C library keep host memory the process frees, for its next allocations [D]:
-    with glibc, no block mapped on its own (M_MMAP_MAX 0) and no heap trimming below 2 GB
-    (M_TRIM_THRESHOLD); True where that was set, False elsewhere (another C library:
-    nothing changed). glibc serves each block above its mmap threshold (at most 32 MB) with
-    fresh pages and hands them back when it is freed, so a CPU step whose activations are
-    such blocks (a transformer's attention scores) page-faults on every 4 KB of them at
-    every step. Process-wide: ``fedforget train`` calls it, one process per training job.
-    Results are the same bits (torch aligns its buffers to 64 bytes either way:
-    tests/test_cli.py); a process's peak memory can grow (a stacked TinyBERT's by a third:
-    docs/benchmarks.md, its CPU rates with ``--malloc keep`` and ``default``)."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
-
-
 def process_alive(pid: int, name: str | None = None) -> bool:
     """Whether process ``pid`` runs on this host (and, where /proc tells, has ``name`` in
     its command line: a reused pid is another process)."""
