@@ -1647,7 +1647,9 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
     sequential trainer (``h200-2026-11-27-c``); a frozen Hugging Face encoder's clients (its
     features kept, the heads stacked) took 1.52 s a round batched against 2.05 s on 2 CPU
     cores (``cpu-2026-12-02/feature_cache_engines.json``), a training one's (a BERT)
-    stacked 0.51x one after another there (``cpu-2026-12-03-c``; on a GPU not yet measured).
+    stacked 0.75x one after another there as ``fedforget train`` runs it, its freed memory
+    kept (``cpu-2026-12-03-d``; 0.51x under glibc's defaults, ``cpu-2026-12-03-c``; on a GPU
+    not yet measured).
     [D] On a CPU the ResNets' wide steps would run client by client anyway and their batched
     short steps are not measured: sequential."""
     bad = stacked_supported(model)
@@ -1659,8 +1661,9 @@ def auto_prefers_sequential(model: nn.Module, device: torch.device) -> str | Non
         return f"auto on a CPU: sequential (module {normed}: the stacked ResNet step is measured on a GPU only)"
     if device.type != "cuda" and training_encoder(model) is not None:
         # [D] FedProj Table 2's TinyBERT (published shapes, 4 clients x 128 rows of 128 tokens,
-        # 2 threads; cpu-2026-12-03-c/hf-rates-*.json): batched 10.3 samples/s and 11.1 GB peak
-        # RSS against 20.2 samples/s and 4.6 GB one client after another
+        # 2 threads, freed memory kept as fedforget train keeps it; cpu-2026-12-03-d/
+        # hf-rates-malloc-keep-*.json): batched 19.9 samples/s and 15.1 GB peak RSS against
+        # 26.4 samples/s and 4.9 GB one client after another
         return "auto on a CPU: sequential (a training Hugging Face encoder: its stacked step measured slower on a CPU)"
     vit = next((type(m).__name__ for m in model.modules() if isinstance(m, (SLViTBody, ViTBody))), None)
     if device.type != "cuda" and vit is not None:
