@@ -10,7 +10,7 @@ module is that of its longest matching prefix in LAYERS):
     3 config     config, smoke
     4 training   clientdata, evaluation, metrics, continual, trainers, state, checkpoint, engine
     5 workflow   parse (validation of a whole config), runner, aggregate, plots, figures,
-                 paper_tables, provenance, pipeline, parsecache, reference
+                 paper_tables, provenance, pipeline, parsecache, reference, finished
     6 interface  cli, __main__
 
 Usage: python benchmarks/import_graph.py [--json]  (prints the counts; --json the whole graph)
@@ -38,7 +38,7 @@ LAYERS: dict[str, int] = {
     "evaluation": 4, "metrics": 4, "continual": 4,
     "vectorized": 4, "rundata": 4, "trainers": 4, "checkpoint": 4, "engine": 4,
     "runner": 5, "aggregate": 5, "plots": 5, "figures": 5, "paper_tables": 5, "provenance": 5,
-    "pipeline": 5, "parsecache": 5, "parse": 5, "reference": 5,
+    "pipeline": 5, "parsecache": 5, "parse": 5, "reference": 5, "finished": 5,
     "cli": 6, "__main__": 6,
 }  # fmt: skip
 

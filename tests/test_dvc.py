@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from fedforget.finished import KEPT
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 VENV = Path(sys.prefix)
@@ -74,10 +76,12 @@ def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` but a finished run's kept copy (fedforget.finished: .dvcignore
+    leaves it on the machine that trained)."""
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and KEPT not in p.parts
     }
 
 
@@ -175,6 +179,7 @@ def test_results_shared_through_a_cluster_remote_are_adopted_without_retraining(
     git(tmp_path, "clone", "-q", str(a), str(b))
     sh(b, "dvc", "pull", "-r", "cluster")
     assert tree(b / "data") == tree(a / "data") and tree(b / "results") == tree(a / "results")
+    assert list(a.glob(f"results/*/*/*/*/seed0/{KEPT}/run.json")) and not list(b.rglob(KEPT))
     files = sorted(p for d in ("data", "results") for p in (b / d).rglob("*") if p.is_file())
     for i, p in enumerate(reversed(files)):  # outputs older than their inputs: all of them
         os.utime(p, (1.7e9 + i, 1.7e9 + i))

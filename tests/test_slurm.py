@@ -2,8 +2,11 @@
 machine (tests/slurm/cluster.sh), the default pipeline through `--workflow-profile
 profiles/slurm` with only the profile's CLUSTER keys changed for this node, its training jobs
 two to a submission and trained there at once (the `slurm-packed` executor, issue 32), and one
-training job cancelled with scancel in the middle of its run: Snakemake's retry resubmits it,
-it resumes from its last round checkpoint, and every result equals a local run's byte for byte.
+training job that fails at once in its first submission, then, resubmitted, is cancelled with
+scancel in the middle of its run: Snakemake's retry resubmits it, it resumes from its last round
+checkpoint, and every result equals a local run's byte for byte. The job that shares its first
+submission finishes there; Snakemake deletes its outputs when the group fails, and `fedforget
+train` puts them back in the retries instead of training it again (fedforget.finished).
 
 The default config is run at CI size (one seed, one partition, fewer rounds): every rule of
 the pipeline, both experiments, every method. Marked e2e.
@@ -151,11 +154,27 @@ def workdir(root: Path, profile: dict | None) -> Path:
     return root
 
 
-def snakemake(cwd: Path, *args: str) -> subprocess.Popen:
+def snakemake(cwd: Path, *args: str, environ: Mapping[str, str] | None = None) -> subprocess.Popen:
     cmd = ["snakemake", "-s", str(REPO / "Snakefile"), *args]
     return subprocess.Popen(
-        cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd, cwd=cwd, env=dict(environ or env()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+
+
+def failing_once(root: Path, run: str) -> dict[str, str]:
+    """env() with a `fedforget` first on PATH whose first `train` of ``run`` fails at once (as
+    a job that runs out of GPU memory would, later); every other call is the real one's."""
+    root.mkdir()
+    (root / "fedforget").write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *"--out {run} "*) mkdir "{root}/failed" 2>/dev/null && '
+        '{ echo "injected failure" >&2; exit 1; };; esac\n'
+        f'exec "{BIN}/fedforget" "$@"\n'
+    )
+    (root / "fedforget").chmod(0o755)
+    e = env()
+    e["PATH"] = str(root) + os.pathsep + e["PATH"]
+    return e
 
 
 def preempt(cluster_dir: Path, cancelled: list[str], stop: threading.Event) -> None:
@@ -192,7 +211,8 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
     stop = threading.Event()
     watcher = threading.Thread(target=preempt, args=(cluster, cancelled, stop), daemon=True)
     watcher.start()
-    cluster_run = snakemake(cluster, "--workflow-profile", "profiles/slurm")
+    cluster_run = snakemake(cluster, "--workflow-profile", "profiles/slurm",
+                            environ=failing_once(tmp_path / "bin", PREEMPTED))  # fmt: skip
     try:
         out, _ = cluster_run.communicate(timeout=480)
     finally:
@@ -224,6 +244,15 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
     assert shared, by_job
     for rs in shared:
         assert max(r["started_at"] for r in rs) < min(r["finished_at"] for r in rs), rs
+    # PREEMPTED failed at once in its first submission, where its sibling (Snakemake's grouping
+    # varies) finished: Snakemake deleted the sibling's outputs (and again when the next attempt
+    # was cancelled) and ran the group again, where `fedforget train` put the sibling's kept
+    # outputs back (fedforget.finished): its record is the failed submission's, not trained again
+    failed = [i for i, st in states.items() if st == "FAILED"]
+    assert len(failed) == 1 and (tmp_path / "bin" / "failed").is_dir(), states
+    sibling = [run for run, r in records.items() if r["host"]["slurm_job_id"] == failed[0]]
+    assert len(sibling) == 1 and sibling[0] != PREEMPTED, (sibling, states)
+    assert re.search(rf"Removing output files of failed job train[^\n]*\n[^\n]*{re.escape(sibling[0])}/", out), out[-6000:]
     resumed = records[PREEMPTED]
     assert resumed["resumed_after_round"] >= 1 and resumed["host"]["slurm_job_id"] not in cancelled
     assert all(

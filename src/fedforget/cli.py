@@ -9,6 +9,7 @@ import logging
 import sys
 
 from . import __version__
+from .finished import KEPT, drop, keep, restore
 from .utils import FedForgetError
 
 log = logging.getLogger("fedforget")
@@ -175,8 +176,25 @@ def cmd_train(args) -> None:
         from dataclasses import replace
 
         rc = replace(rc, train=replace(rc.train, threads=args.threads))
+    out = args.out or rc.run_dir
+    if not args.fresh:  # the same run finished here before (fedforget.finished: Snakemake's groups)
+        import torch
+
+        from .engine import resolve_device
+
+        threads = rc.train.threads if rc.train.threads > 0 else torch.get_num_threads()
+        rec = restore(rc, out, resolve_device(rc.train.device).type, threads)
+        if rec is not None:
+            print(
+                f"{rec['status']} (not trained again: the outputs of this run, finished at {rec.get('finished_at')}, "
+                f"put back from {out}/{KEPT}; --fresh or deleting {out} trains it again): "
+                f"final global-model test accuracy {rec.get('final_global_model_test_acc')}"
+            )
+            return
+    drop(out)
     keep_freed_memory()  # this process is the job's: its host memory kept for its next steps
-    rec = run_training(rc, args.out or rc.run_dir, progress=None, resume=not args.fresh)
+    rec = run_training(rc, out, progress=None, resume=not args.fresh)
+    keep(out)
     print(
         f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}"
     )
@@ -345,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads (overrides train.threads)")
     s.add_argument(
         "--fresh", action="store_true",
-        help="ignore a checkpoint left by an interrupted run and start over (default: resume)",
+        help="train from round 0: ignore a checkpoint left by an interrupted run (default: resume) and the outputs "
+        "kept from a finished run of the same config and code (default: put back, fedforget.finished)",
     )  # fmt: skip
     s.set_defaults(fn=cmd_train)
 

@@ -1,0 +1,144 @@
+"""fedforget.finished: a finished run's outputs kept under .finished/ by `fedforget train`, and
+put back instead of training again when the same run is asked for after Snakemake deleted them
+(a failed job of a group deletes its finished siblings' outputs: tests/test_slurm.py shows it
+on a real scheduler)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fedforget import cli
+from fedforget.finished import KEPT, OUTPUTS, keep, why_not_restored
+from fedforget.utils import canonical_json
+
+
+@pytest.fixture
+def train(monkeypatch):
+    """`fedforget train` in this process (its process-wide malloc settings left out); returns
+    (exit code, stdout) and counts the runs it trained in ``train.trained``."""
+    import fedforget.runner as runner
+
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda: None)
+    real = runner.run_training
+    trained: list[str] = []
+
+    def counted(rc, out, **kw):
+        trained.append(str(out))
+        return real(rc, out, **kw)
+
+    monkeypatch.setattr(runner, "run_training", counted)
+
+    def run(rc, out: Path, *extra: str) -> int:
+        return cli.main(
+            ["train", "--config-json", canonical_json(rc.to_dict()), "--out", str(out), *extra]
+        )
+
+    run.trained = trained
+    return run
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in OUTPUTS}
+
+
+def test_a_finished_run_whose_outputs_were_deleted_is_put_back_not_trained(
+    make_run_config, train, tmp_path, capsys
+):
+    rc = make_run_config(rounds=2)
+    out = tmp_path / "run"
+    assert train(rc, out) == 0 and len(train.trained) == 1
+    first = outputs(out)
+    kept = out / KEPT
+    assert sorted(p.name for p in kept.iterdir()) == sorted(OUTPUTS)
+    for name in OUTPUTS:  # hard links: nothing more on disk
+        assert os.path.samefile(out / name, kept / name), name
+    capsys.readouterr()
+
+    for name in OUTPUTS:  # what Snakemake does to every job of a failed group
+        (out / name).unlink()
+        os.utime(kept / name, (1e9, 1e9))  # made long ago
+    start = time.time()
+    assert train(rc, out) == 0
+    assert len(train.trained) == 1, "trained again"
+    assert outputs(out) == first
+    said = capsys.readouterr().out
+    assert "not trained again" in said and f"{out}/{KEPT}" in said and "--fresh" in said
+    # outputs newer than the run's inputs for Snakemake: their time is the restore's
+    assert all((out / n).stat().st_mtime >= start - 1 for n in OUTPUTS)
+
+    # asked again with its outputs in place: put back too (a group's retry runs every job)
+    assert train(rc, out) == 0 and len(train.trained) == 1 and outputs(out) == first
+
+
+def test_another_config_fresh_or_a_failed_run_trains_and_drops_the_copy(
+    make_run_config, train, tmp_path, monkeypatch
+):
+    rc = make_run_config(rounds=2)
+    out = tmp_path / "run"
+    assert train(rc, out) == 0
+    import json
+
+    def kept_hash() -> str:
+        return json.loads((out / KEPT / "run.json").read_text())["config_hash"]
+
+    assert kept_hash() == rc.hash
+
+    other = make_run_config(
+        rounds=3
+    )  # another config in the same directory: trained, its copy kept
+    assert "config changed" in why_not_restored(other, out, "cpu", 1)
+    assert train(other, out) == 0 and len(train.trained) == 2 and kept_hash() == other.hash
+
+    assert train(other, out, "--fresh") == 0 and len(train.trained) == 3  # asked to train anyway
+
+    import fedforget.runner as runner
+
+    def fails(rc, out, **kw):
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(runner, "run_training", fails)
+    with pytest.raises(RuntimeError, match="injected"):
+        train(rc, out)  # rc's copy was replaced by other's: this one trains, and fails
+    assert not (out / KEPT).exists(), "a copy kept for a run that did not finish this time"
+
+
+def test_the_copy_is_restored_only_on_the_same_device_and_threads(make_run_config, train, tmp_path):
+    """The bytes of a CPU result depend on its torch threads (provenance.threads_differ), and
+    a GPU's result is another than a CPU's: a copy made elsewhere trains again."""
+    rc = make_run_config(rounds=2)
+    out = tmp_path / "run"
+    assert train(rc, out) == 0
+    import json
+
+    rec = json.loads((out / "run.json").read_text())
+    device = rec["device"].split(":")[0]
+    assert why_not_restored(rc, out, device, rec["torch_threads"]) is None
+    other = "cuda" if device == "cpu" else "cpu"
+    assert (
+        why_not_restored(rc, out, other, rec["torch_threads"])
+        == f"trained on {device}, this job runs on {other}"
+    )
+    if device == "cpu":
+        assert "torch threads 1" in why_not_restored(rc, out, "cpu", 2)
+    (out / KEPT / "model.pt").unlink()
+    assert "model.pt missing" in why_not_restored(rc, out, device, rec["torch_threads"])
+
+
+def test_keep_takes_a_whole_run_only(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in OUTPUTS[:-1]:
+        (out / name).write_text(name)
+    assert keep(out) is False and not (out / KEPT).exists()  # no run.json: not finished
+
+
+def test_the_training_code_digest_leaves_this_module_out():
+    """Finished runs are not rerun for a change here (provenance.training_code)."""
+    from fedforget.provenance import training_code
+
+    assert "finished.py" not in training_code("fedavg").files
+    assert "cli.py" not in training_code("fedavg").files
