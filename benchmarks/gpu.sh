@@ -10,7 +10,7 @@
 # rest. Each command has its own time box; a command that would start after BUDGET seconds is
 # skipped and listed in OUTDIR/skipped.txt. A device session is 15 minutes, its start included:
 # BUDGET=480 for one call, then, with what is left, a second with ORDER="continual18 vgg11 stream
-# packing" (or whatever the first skipped). The boxes are ceilings: on the H200 (2026-11-27) the
+# packing rates" (or whatever the first skipped). The boxes are ceilings: on the H200 (2026-11-27) the
 # GPU tests took 43-57 s and ResNet-18's three engines 62-78 s (results/h200-2026-11-27*/log.txt).
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
@@ -64,8 +64,11 @@
 #             one client after another against batched (a training BERT stacked since the fourth
 #             session of 2026-12-03) and against 4 lanes, and the frozen one's features
 #             computed in every pass against kept (fedforget.featcache);
-#   rates     benchmarks/model_rates.py: FedAvg samples/s of every distinct (model, input
-#             shape, batch) of the paper configs, with what is left of BUDGET.
+#   rates     benchmarks/model_rates.py: FedAvg samples/s and evaluation rows/s of every distinct
+#             (model, input shape, batch) of the paper configs, with what is left of BUDGET
+#             (settings measured in an earlier session on a GPU of this name skipped); then
+#             `python benchmarks/paper_runtime.py --model-rates benchmarks/results/*/model_rates.json`
+#             (one GPU name's files) times each paper table's runs at their model's rates.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
 ORDER=${ORDER:-${SECTIONS:-tests resnet18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18}}

@@ -6,7 +6,11 @@ GPU) on ``blobs`` images of the config's input shape: ``--clients`` (10) clients
 minibatches each, all sampled every round, 1 local epoch, SGD with momentum; ``--warmup``
 rounds untimed (kernels chosen, CUDA graphs captured), then ``--rounds`` timed. Reported per
 setting: samples/s (median over the timed rounds), seconds of the first round, the engine
-that ran, peak GPU memory, and how many runs of the paper configs use the setting (the
+that ran, the global model's evaluation rate (``eval_samples_per_s``: the engine's own global
+evaluation, ``Simulation.global_metrics``, over ``--eval-rows`` test rows at the default
+``train.eval_batch_size``, the median of ``--rounds`` after one untimed; forward passes only,
+which ``benchmarks/paper_runtime.py --model-rates`` also takes as a frozen encoder's rate), peak
+GPU memory, and how many runs of the paper configs use the setting (the
 order of measurement: most runs first, so a ``--budget`` cut leaves the rarest unmeasured,
 listed as such). Pretrained weights are not loaded (the same arithmetic; the lent GPU
 machine reaches no hub): the paper configs' Hugging Face encoders are built from their
@@ -113,24 +117,24 @@ if TOKENS not in DATASETS:  # registered in the benchmarks' process only (once, 
     DATASETS.register(TOKENS)(TOKENS_INFO)
 
 
-def dataset_spec(s: dict, n: int, data: str) -> DatasetSpec:
+def dataset_spec(s: dict, n: int, data: str, n_test: int = 100) -> DatasetSpec:
     """The setting's data: ``blobs`` images of its shape (uint8), or for a hub encoder token
     sequences and its published shapes (``paper_runtime.HF_SHAPES``: a config written under
     ``data``, randomly initialised weights)."""
     if s["model"] != "hf":
         c, size = s["shape"][0], s["shape"][1]
-        options = {"channels": c, "size": size, "num_train": n, "num_test": 100, "uint8": True}
+        options = {"channels": c, "size": size, "num_train": n, "num_test": n_test, "uint8": True}
         return DatasetSpec("blobs", options, s["model"], s["options"], None, "blobs")
     cfg = hf_config(s["options"]["name_or_path"], s["options"])
     where = Path(data) / "hf" / s["options"]["name_or_path"].replace("/", "--")
     cfg.save_pretrained(where)
     model = {**s["options"], "name_or_path": str(where), "pretrained": False}
-    options = {"num_train": n, "num_test": 100, "length": s["shape"][1], "vocab": cfg.vocab_size}
+    options = {"num_train": n, "num_test": n_test, "length": s["shape"][1], "vocab": cfg.vocab_size}
     return DatasetSpec(TOKENS, options, "hf", model, None, TOKENS)
 
 
 def run_config(s: dict, a: argparse.Namespace) -> RunConfig:
-    ds = dataset_spec(s, a.clients * a.steps * s["batch"], a.data)
+    ds = dataset_spec(s, a.clients * a.steps * s["batch"], a.data, a.eval_rows)
     ts = TrainSpec(
         rounds=a.warmup + a.rounds + 1, local_epochs=1, batch_size=s["batch"], sample_rate=1.0,
         optimizer=OptimizerSpec(lr=0.01, momentum=0.9), eval_local_models=False, eval_every=10**9,
@@ -162,9 +166,20 @@ def measure(s: dict, a: argparse.Namespace) -> dict:
         first = dt if first is None else first
         if rnd > a.warmup:
             times.append((dt, n))
+    evals = []  # the global model's evaluation as the engine runs it, one untimed first
+    for i in range(a.rounds + 1):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        sim.global_metrics(a.warmup + a.rounds)
+        if cuda:
+            torch.cuda.synchronize()
+        if i:
+            evals.append(time.perf_counter() - t0)
     out = {
         **s, "engine": sim.engine_info["client_engine"], "samples_per_s": statistics.median(n / t for t, n in times),
         "s_per_round": statistics.median(t for t, _ in times), "s_first_round": first, "samples_per_round": times[0][1],
+        "eval_samples_per_s": len(sim.evaluator.test.y) / statistics.median(evals), "eval_rows": len(sim.evaluator.test.y),
     }  # fmt: skip
     if cuda:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -188,6 +203,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds: start no setting after this")
+    ap.add_argument("--eval-rows", type=int, default=2048, help="test rows of the timed global evaluation")
     ap.add_argument("--only", nargs="*", help="models to measure (default: all)")
     ap.add_argument("--malloc", choices=("keep", "default"), default="keep",
                     help="host memory freed kept for the next allocations, as fedforget train has it "
@@ -246,12 +262,12 @@ def main() -> None:
         else:
             mem = f", peak {r['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in r else ""
             print(f"{what}: {r['engine']} {r['samples_per_s']:.0f} samples/s, {r['s_per_round']:.3f} s/round "
-                  f"(first {r['s_first_round']:.2f} s){mem}", flush=True)  # fmt: skip
+                  f"(first {r['s_first_round']:.2f} s), evaluation {r['eval_samples_per_s']:.0f} rows/s{mem}", flush=True)  # fmt: skip
         if a.json:  # after every setting: a cut run keeps what it measured
             meta = {"device": device, "torch": torch.__version__, "clients": a.clients, "steps": a.steps,
                     "warmup": a.warmup, "rounds": a.rounds, "threads": a.threads, "concurrent": a.concurrent,
                     "feature_cache": a.feature_cache or "model default", "engines": a.engines,
-                    "malloc": a.malloc}  # fmt: skip
+                    "malloc": a.malloc, "eval_rows": a.eval_rows}  # fmt: skip
             Path(a.json).write_text(json.dumps({"setting": meta, "rows": rows}, indent=1))
 
 

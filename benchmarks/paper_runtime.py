@@ -64,8 +64,25 @@ What this leaves out, so read the hours as an order of magnitude:
 
 ``benchmarks/paper_gpu.py`` measures a config's real time per round on a lent GPU.
 
+**Measured per model** (``--model-rates``, issue 32 item 6): the files ``benchmarks/model_rates.py``
+wrote on one device (``benchmarks/gpu.sh``'s section ``rates``) give each distinct (model,
+options, input shape, batch) its own rates on each engine: local training in samples/s
+(FedAvg, ``samples_per_s``) and the global model's evaluation in rows/s
+(``eval_samples_per_s``). A run whose setting and engine were measured is then timed without
+FLOPs (``measured_run``):
+
+    time = rounds x (S x m / R_train + E / R_eval)
+
+and a frozen encoder whose features are kept, ``distinct rows / R_eval + rounds x S x m /
+R_train`` (its timed training rounds read kept features: the head's steps). The method's
+ratio m and the evaluated inputs E are those above; a row without an evaluation rate (an
+older file) counts evaluation at 3 x R_train (a forward pass of the three a step has), and
+says so. The other runs keep the FLOP model's time. Per table, ``measured_hours`` is the sum
+(``measured_runs`` of its runs at measured rates) beside ``gpu_hours``, the FLOP model's.
+
     python benchmarks/paper_runtime.py                     # every config/experiments/paper/*.yaml
     python benchmarks/paper_runtime.py --json runtime.json --markdown runtime.md
+    python benchmarks/paper_runtime.py --model-rates results/<gpu>-<date>/rates.json --json runtime.json
 """
 
 from __future__ import annotations
@@ -107,6 +124,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gpu", default=str(RESULTS / "h100-2026-11-24-paper/paper_gpu.json"))
     p.add_argument("--method-cost", default=str(RESULTS / "cpu-2026-11-25/method_cost.json"))
     p.add_argument("--continual-cost", default=str(RESULTS / "cpu-2026-11-25/continual_cost.json"))
+    p.add_argument("--model-rates", nargs="*", default=[],
+                   help="benchmarks/model_rates.py --json files of one device: runs of the settings they measured "
+                        "are timed at those rates (measured_hours)")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     return p.parse_args()
@@ -196,6 +216,44 @@ def rates(gpu: dict[str, Any], ratios: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def setting_key(model: str, options: dict[str, Any], shape, batch: int) -> tuple:
+    """A (model, options, input shape, batch) setting as ``model_rates.py`` keys it: the
+    options without ``pretrained`` (the same shapes; it times randomly initialised weights)."""
+    opts = {k: v for k, v in options.items() if k != "pretrained"}
+    return model, json.dumps(opts, sort_keys=True), tuple(shape), int(batch)
+
+
+def measured_rates(paths: list[str]) -> tuple[dict[tuple, dict[str, Any]], str | None]:
+    """((setting key, engine) -> its ``model_rates.py`` row, the device they were measured
+    on), from files of one device; rows with an error (not measured) are left out."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    devices = set()
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        devices.add(d["setting"]["device"])
+        for r in d["rows"]:
+            if "error" not in r:
+                rows[setting_key(r["model"], r["options"], r["shape"], r["batch"]), r["engine"]] = r
+    if len(devices) > 1:
+        raise SystemExit(f"--model-rates: files of several devices ({', '.join(sorted(devices))}): give one device's")
+    return rows, next(iter(devices), None)
+
+
+def measured_run(row: dict[str, Any], rounds: int, train: float, m: float, evals: float,
+                 distinct: float | None = None) -> tuple[float, bool]:  # fmt: skip
+    """(seconds of a run at its setting's measured rates, whether its evaluation rate was
+    measured): ``train`` inputs per round at ``row``'s training rate times the method's ratio
+    ``m``, ``evals`` evaluated inputs per round at its evaluation rate; with ``distinct`` (a
+    frozen encoder's kept features) the encoder once over that many rows instead, at the
+    evaluation rate (a forward pass per row), and no per-round evaluation beyond the head's."""
+    r_eval = row.get("eval_samples_per_s")
+    measured = r_eval is not None
+    r_eval = r_eval if measured else 3 * row["samples_per_s"]
+    if distinct is not None:
+        return distinct / r_eval + rounds * train * m / row["samples_per_s"], measured
+    return rounds * (train * m / row["samples_per_s"] + evals / r_eval), measured
+
+
 def method_ratios(method_cost: dict[str, Any], continual_cost: dict[str, Any]) -> dict[str, float]:
     """Each method's measured time per round relative to FedAvg's (CPU)."""
     out = {n: float(r) for n, r in method_cost.get("ratio_vs_fedavg", {}).items() if r == r}
@@ -247,7 +305,8 @@ def target_replay(params: dict[str, Any], client_rows: float, batch: int, datase
 COST_SETTING = {"client_rows": 1347 / 5 / 5, "batch": 64}  # digits' 1,347 training rows
 
 
-def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]) -> dict[str, Any]:
+def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float],
+                 measured: dict[tuple, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     info = DATASETS.get(rc.dataset.name)
     shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
     f, how, model = model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)
@@ -268,6 +327,7 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     opts = rc.dataset.model_options or {}
     passes = 1 if opts.get("freeze_encoder") else 3
     flops = t.rounds * (passes * f * train * (m or 1.0) + f * evals)
+    distinct = None
     if rc.dataset.model == "hf" and opts.get("freeze_encoder") and opts.get("feature_cache", True):
         # its features kept: the encoder once per distinct row, the head's steps every round
         sc = rc.dataset.scenario or {}
@@ -278,8 +338,13 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         flops = f * distinct + t.rounds * (3 * f_head * train * (m or 1.0) + f_head * evals)
     steps = t.rounds * t.local_epochs * math.ceil(t.sample_rate * rc.partition.clients) * math.ceil(
         rows / rc.partition.clients / t.batch_size)
-    return {"seconds": flops / rate[engine], "flops": flops, "engine": engine, "measured_m": m is not None,
-            "model": rc.dataset.model, "flops_how": how, "local_steps": steps}  # fmt: skip
+    out = {"seconds": flops / rate[engine], "flops": flops, "engine": engine, "measured_m": m is not None,
+           "model": rc.dataset.model, "flops_how": how, "local_steps": steps}  # fmt: skip
+    row = (measured or {}).get((setting_key(rc.dataset.model, opts, shape, t.batch_size), engine))
+    out["measured_seconds"], out["measured_eval"] = out["seconds"], None
+    if row is not None:
+        out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, train, m or 1.0, evals, distinct)
+    return out
 
 
 def load(path: str) -> dict[str, Any]:
@@ -296,13 +361,14 @@ def main() -> None:
     torch.manual_seed(0)
     ratios = method_ratios(load(a.method_cost), load(a.continual_cost))
     rate = rates(load(a.gpu), ratios)
+    measured, rates_device = measured_rates(a.model_rates)
     defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     rows = []
     for path in a.configs:
         raw = {**defaults, **yaml.safe_load(Path(path).read_text())}
         raw["paper_results"] = str(REPO / "config/paper_results.csv")
         runs = parse_config(raw).runs()
-        est = [estimate_run(rc, ratios, rate) for rc in runs]
+        est = [estimate_run(rc, ratios, rate, measured) for rc in runs]
         flops = sum(e["flops"] for e in est)
         rows.append({
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
@@ -311,24 +377,33 @@ def main() -> None:
             "batched_runs": sum(e["engine"] == "vectorized" for e in est),
             "unmeasured_methods": sorted({rc.method.name for rc, e in zip(runs, est) if not e["measured_m"]}),
             "local_steps": sum(e["local_steps"] for e in est),
+            "measured_hours": sum(e["measured_seconds"] for e in est) / 3600,
+            "measured_runs": sum(e["measured_eval"] is not None for e in est),
+            "evaluation_estimated_runs": sum(e["measured_eval"] is False for e in est),
         })  # fmt: skip
         r = rows[-1]
         print(f"{r['config']:<32} {r['runs']:>5} runs {r['pflop']:>10.1f} PFLOP  measured-rate {hours(r['gpu_hours']):>10}  "
               f"FP32-peak floor {hours(r['floor_hours']):>9}  {'/'.join(r['models'])}"
+              + (f"  measured per model {hours(r['measured_hours'])} ({r['measured_runs']} runs)" if measured else "")
               + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else ""))  # fmt: skip
-    tot = {k: sum(r[k] for r in rows) for k in ("runs", "pflop", "gpu_hours", "floor_hours")}
+    tot = {k: sum(r[k] for r in rows) for k in ("runs", "pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs")}
     print(f"{'all':<32} {tot['runs']:>5} runs {tot['pflop']:>10.1f} PFLOP  measured-rate {hours(tot['gpu_hours']):>10}  "
-          f"FP32-peak floor {hours(tot['floor_hours']):>9}")  # fmt: skip
+          f"FP32-peak floor {hours(tot['floor_hours']):>9}"
+          + (f"  measured per model {hours(tot['measured_hours'])} ({tot['measured_runs']} runs)" if measured else ""))  # fmt: skip
     print("rates (FLOP/s, measured in the calibration setting):", {k: f"{v:.3g}" for k, v in rate.items()})
     out = {"rates_flop_s": rate, "fp32_peak_flop_s": FP32_PEAK, "method_ratios": ratios,
-           "gpu": load(a.gpu).get("device"), "tables": rows, "total": tot}  # fmt: skip
+           "gpu": load(a.gpu).get("device"), "model_rates": a.model_rates, "model_rates_device": rates_device,
+           "tables": rows, "total": tot}  # fmt: skip
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
     if a.markdown:
-        lines = ["| config | runs | models | PFLOP | at the measured rate | FP32-peak floor |", "|---|---|---|---|---|---|"]
+        extra = f" measured per model ({rates_device}) |" if measured else ""
+        lines = ["| config | runs | models | PFLOP | at the measured rate | FP32-peak floor |" + extra,
+                 "|---|---|---|---|---|---|" + ("---|" if measured else "")]  # fmt: skip
         for r in rows:
+            per = f" {hours(r['measured_hours'])} ({r['measured_runs']} of {r['runs']} runs) |" if measured else ""
             lines.append(f"| {r['config']} | {r['runs']} | {', '.join(r['models'])} | {r['pflop']:.1f} | "
-                         f"{hours(r['gpu_hours'])} | {hours(r['floor_hours'])} |")  # fmt: skip
+                         f"{hours(r['gpu_hours'])} | {hours(r['floor_hours'])} |" + per)  # fmt: skip
         Path(a.markdown).write_text("\n".join(lines) + "\n")
 
 

@@ -1,0 +1,90 @@
+"""benchmarks/paper_runtime.py --model-rates (issue 32, item 6): a paper run timed at its
+model's measured rates (benchmarks/model_rates.py's rows) instead of the FLOP model's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pr():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("paper_runtime", REPO / "benchmarks" / "paper_runtime.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def table1_run():
+    """The first run of FedSOL Table 1 (CIFAR-10: 50,000 training and 10,000 test rows; 100
+    clients at 0.1, 5 local epochs, batch 50; the McMahan CNN)."""
+    from fedforget.parse import parse_config
+
+    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
+           **yaml.safe_load((REPO / "config/experiments/paper/fedsol_table1.yaml").read_text())}  # fmt: skip
+    raw["paper_results"] = str(REPO / "config/paper_results.csv")
+    return parse_config(raw).runs()[0]
+
+
+def rates_file(path: Path, device: str, rows: list[dict]) -> str:
+    path.write_text(json.dumps({"setting": {"device": device}, "rows": rows}))
+    return str(path)
+
+
+def test_a_measured_setting_times_its_runs_at_its_rates(pr, tmp_path):
+    rc = table1_run()
+    t = rc.train
+    assert (t.sample_rate, t.local_epochs, t.batch_size, rc.dataset.model) == (0.1, 5, 50, "cnn_mcmahan")
+    flop = pr.estimate_run(rc, {}, {"vectorized": 1e13, "sequential": 1e12})
+    assert flop["measured_eval"] is None and flop["measured_seconds"] == flop["seconds"]  # nothing measured
+
+    setting = {"model": "cnn_mcmahan", "options": {}, "shape": [3, 32, 32], "batch": 50, "engine": flop["engine"]}
+    path = rates_file(tmp_path / "r.json", "NVIDIA H200", [
+        {**setting, "samples_per_s": 1000.0, "eval_samples_per_s": 4000.0},
+        {**setting, "batch": 64, "samples_per_s": 1.0, "eval_samples_per_s": 1.0},  # another setting
+        {**setting, "engine": "other", "samples_per_s": 1.0, "eval_samples_per_s": 1.0},  # another engine
+        {**setting, "shape": [1, 28, 28], "error": "not measured: --budget spent"},
+    ])  # fmt: skip
+    measured, device = pr.measured_rates([path])
+    assert device == "NVIDIA H200" and len(measured) == 3
+    m = 2.0  # the method's time per round over FedAvg's (method_cost.py)
+    est = pr.estimate_run(rc, {rc.method.name: m}, {"vectorized": 1e13, "sequential": 1e12}, measured)
+    train = 0.1 * 50_000 * 5  # inputs trained per round
+    evals = 10_000 / t.eval_every  # the global model on the test set (no local models' evaluation here)
+    assert not t.eval_local_models
+    assert est["measured_seconds"] == pytest.approx(t.rounds * (train * m / 1000.0 + evals / 4000.0))
+    assert est["measured_eval"] is True  # and the FLOP model's time beside it, as without the rates:
+    assert est["seconds"] == pr.estimate_run(rc, {rc.method.name: m}, {"vectorized": 1e13, "sequential": 1e12})["seconds"]
+
+    # a row of an older file, without the evaluation rate: evaluation at 3x the training rate, said so
+    del measured[next(iter(measured))]["eval_samples_per_s"]
+    est = pr.estimate_run(rc, {}, {"vectorized": 1e13, "sequential": 1e12}, measured)
+    assert est["measured_seconds"] == pytest.approx(t.rounds * (train / 1000.0 + evals / 3000.0))
+    assert est["measured_eval"] is False
+
+
+def test_a_frozen_encoders_kept_features_are_computed_once(pr):
+    row = {"samples_per_s": 100.0, "eval_samples_per_s": 50.0}
+    seconds, measured = pr.measured_run(row, rounds=10, train=200.0, m=1.5, evals=999.0, distinct=5000.0)
+    assert measured and seconds == pytest.approx(5000 / 50 + 10 * 200 * 1.5 / 100)
+
+
+def test_rates_of_several_devices_are_refused_and_pretrained_is_not_part_of_a_setting(pr, tmp_path):
+    a = rates_file(tmp_path / "a.json", "NVIDIA H200", [])
+    b = rates_file(tmp_path / "b.json", "cpu", [])
+    with pytest.raises(SystemExit, match="several devices \\(NVIDIA H200, cpu\\)"):
+        pr.measured_rates([a, b])
+    assert pr.setting_key("vit", {"pretrained": True, "x": 1}, [3, 224, 224], 32) == pr.setting_key(
+        "vit", {"x": 1}, (3, 224, 224), 32
+    )
