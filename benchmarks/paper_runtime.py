@@ -66,7 +66,8 @@ What this leaves out, so read the hours as an order of magnitude:
 
 **Measured per model** (``--model-rates``, issue 32 item 6): the files ``benchmarks/model_rates.py``
 wrote on one device (``benchmarks/gpu.sh``'s section ``rates``) give each distinct (model,
-options, input shape, batch) its own rates on each engine: local training in samples/s
+options, input shape, batch) its own rates on each engine (a run is looked up on the one
+``client_engine: auto`` picks for it on the files' device): local training in samples/s
 (FedAvg, ``samples_per_s``) and the global model's evaluation in rows/s
 (``eval_samples_per_s``). A run whose setting and engine were measured is then timed without
 FLOPs (``measured_run``):
@@ -193,11 +194,12 @@ def model_flops(
     return _FLOPS[key]
 
 
-def gpu_engine(rc: RunConfig, model: torch.nn.Module) -> str:
-    """The trainer ``client_engine`` (auto) picks for the run on a GPU (``choose_trainer``, as
-    ``engine_coverage.py`` counts it): vectorized or sequential (lanes count as sequential)."""
+def gpu_engine(rc: RunConfig, model: torch.nn.Module, device: str = "cuda") -> str:
+    """The trainer ``client_engine`` (auto) picks for the run on a GPU (or ``device``:
+    ``choose_trainer``, as ``engine_coverage.py`` counts it): vectorized or sequential (lanes
+    count as sequential)."""
     params = make_params(rc.method.name, dict(rc.method.params))
-    trainer, _ = choose_trainer(METHODS.get(rc.method.name), model, rc.train, torch.device("cuda"), params)
+    trainer, _ = choose_trainer(METHODS.get(rc.method.name), model, rc.train, torch.device(device), params)
     return "vectorized" if trainer.name == "vectorized" else "sequential"
 
 
@@ -306,7 +308,10 @@ COST_SETTING = {"client_rows": 1347 / 5 / 5, "batch": 64}  # digits' 1,347 train
 
 
 def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float],
-                 measured: dict[tuple, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+                 measured: dict[tuple, dict[str, Any]] | None = None, measured_on: str = "cuda") -> dict[str, Any]:  # fmt: skip
+    """A run's FLOPs and time by the FLOP model on a GPU, and (``measured``: rows of
+    ``measured_rates``, taken on a ``measured_on`` device, cpu or cuda) at its setting's
+    measured rates on the engine ``client_engine: auto`` picks there."""
     info = DATASETS.get(rc.dataset.name)
     shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
     f, how, model = model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)
@@ -340,7 +345,8 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         rows / rc.partition.clients / t.batch_size)
     out = {"seconds": flops / rate[engine], "flops": flops, "engine": engine, "measured_m": m is not None,
            "model": rc.dataset.model, "flops_how": how, "local_steps": steps}  # fmt: skip
-    row = (measured or {}).get((setting_key(rc.dataset.model, opts, shape, t.batch_size), engine))
+    there = engine if measured_on == "cuda" or not measured else gpu_engine(rc, model, measured_on)
+    row = (measured or {}).get((setting_key(rc.dataset.model, opts, shape, t.batch_size), there))
     out["measured_seconds"], out["measured_eval"] = out["seconds"], None
     if row is not None:
         out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, train, m or 1.0, evals, distinct)
@@ -368,7 +374,8 @@ def main() -> None:
         raw = {**defaults, **yaml.safe_load(Path(path).read_text())}
         raw["paper_results"] = str(REPO / "config/paper_results.csv")
         runs = parse_config(raw).runs()
-        est = [estimate_run(rc, ratios, rate, measured) for rc in runs]
+        on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name
+        est = [estimate_run(rc, ratios, rate, measured, on) for rc in runs]
         flops = sum(e["flops"] for e in est)
         rows.append({
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
