@@ -127,7 +127,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--continual-cost", default=str(RESULTS / "cpu-2026-11-25/continual_cost.json"))
     p.add_argument("--model-rates", nargs="*", default=[],
                    help="benchmarks/model_rates.py --json files of one device: runs of the settings they measured "
-                        "are timed at those rates (measured_hours)")
+                        "are timed at those rates (measured_hours); a setting in several files: the last file's row")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     return p.parse_args()
@@ -227,7 +227,8 @@ def setting_key(model: str, options: dict[str, Any], shape, batch: int) -> tuple
 
 def measured_rates(paths: list[str]) -> tuple[dict[tuple, dict[str, Any]], str | None]:
     """((setting key, engine) -> its ``model_rates.py`` row, the device they were measured
-    on), from files of one device; rows with an error (not measured) are left out."""
+    on), from files of one device, a later file's row replacing an earlier one's; rows with an
+    error (not measured) are left out."""
     rows: dict[tuple, dict[str, Any]] = {}
     devices = set()
     for path in paths:
