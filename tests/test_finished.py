@@ -5,6 +5,7 @@ on a real scheduler)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedforget import cli
-from fedforget.finished import KEPT, OUTPUTS, keep, why_not_restored
+from fedforget.finished import INPUTS, KEPT, OUTPUTS, keep, why_not_restored
 from fedforget.utils import canonical_json
 
 
@@ -53,7 +54,7 @@ def test_a_finished_run_whose_outputs_were_deleted_is_put_back_not_trained(
     assert train(rc, out) == 0 and len(train.trained) == 1
     first = outputs(out)
     kept = out / KEPT
-    assert sorted(p.name for p in kept.iterdir()) == sorted(OUTPUTS)
+    assert sorted(p.name for p in kept.iterdir()) == sorted([*OUTPUTS, INPUTS])
     for name in OUTPUTS:  # hard links: nothing more on disk
         assert os.path.samefile(out / name, kept / name), name
     capsys.readouterr()
@@ -80,7 +81,6 @@ def test_another_config_fresh_or_a_failed_run_trains_and_drops_the_copy(
     rc = make_run_config(rounds=2)
     out = tmp_path / "run"
     assert train(rc, out) == 0
-    import json
 
     def kept_hash() -> str:
         return json.loads((out / KEPT / "run.json").read_text())["config_hash"]
@@ -112,8 +112,6 @@ def test_the_copy_is_restored_only_on_the_same_device_and_threads(make_run_confi
     rc = make_run_config(rounds=2)
     out = tmp_path / "run"
     assert train(rc, out) == 0
-    import json
-
     rec = json.loads((out / "run.json").read_text())
     device = rec["device"].split(":")[0]
     assert why_not_restored(rc, out, device, rec["torch_threads"]) is None
@@ -128,12 +126,34 @@ def test_the_copy_is_restored_only_on_the_same_device_and_threads(make_run_confi
     assert "model.pt missing" in why_not_restored(rc, out, device, rec["torch_threads"])
 
 
-def test_keep_takes_a_whole_run_only(tmp_path):
+def test_a_copy_made_from_other_inputs_trains_again(make_run_config, train, tmp_path):
+    """Snakemake reruns a job whose inputs are newer; when their bytes changed too (a partition
+    drawn anew, a dataset prepared from other files), the kept result is not theirs."""
+    import numpy as np
+
+    rc = make_run_config(rounds=2)
+    out = tmp_path / "run"
+    assert train(rc, out) == 0
+    rec = json.loads((out / "run.json").read_text())
+    device, threads = rec["device"].split(":")[0], rec["torch_threads"]
+    assert why_not_restored(rc, out, device, threads) is None
+    assignment = Path(rc.partition_dir) / "assignment.npy"
+    assert not assignment.exists()  # without the workflow the partition is drawn in memory
+    assignment.parent.mkdir(parents=True, exist_ok=True)
+    np.save(assignment, np.zeros(3, dtype=np.int64))
+    assert why_not_restored(rc, out, device, threads) == f"inputs changed since: {assignment}"
+    for name in OUTPUTS:
+        (out / name).unlink()
+    assignment.unlink()  # the inputs it was made from again: put back
+    assert train(rc, out) == 0 and len(train.trained) == 1
+
+
+def test_keep_takes_a_whole_run_only(make_run_config, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     for name in OUTPUTS[:-1]:
         (out / name).write_text(name)
-    assert keep(out) is False and not (out / KEPT).exists()  # no run.json: not finished
+    assert keep(make_run_config(), out) is False and not (out / KEPT).exists()  # no run.json: not finished
 
 
 def test_the_training_code_digest_leaves_this_module_out():

@@ -194,7 +194,7 @@ def cmd_train(args) -> None:
     drop(out)
     keep_freed_memory()  # this process is the job's: its host memory kept for its next steps
     rec = run_training(rc, out, progress=None, resume=not args.fresh)
-    keep(out)
+    keep(rc, out)
     print(
         f"{rec['status']}: final global-model test accuracy {rec.get('final_global_model_test_acc')}"
     )

@@ -10,10 +10,12 @@ one failing job of a submission of two deleted its sibling's finished run twice)
 
 [D] ``fedforget train`` keeps hard links of a finished run's outputs (``OUTPUTS``, rule train's)
 under ``<run dir>/.finished/`` (a copy where the file system has no hard links; nothing more on
-disk otherwise). When it is asked to train a run whose directory holds such a copy of the same
-run (``provenance.stale_reasons``: the same config hash and code digest; the same device type;
-on a CPU the same torch threads, ``provenance.threads_differ``), it puts those outputs back
-instead of training: the result that the same command already produced. A run that differs in
+disk otherwise), with the sha256 of the files it read (``INPUTS``: the prepared data's
+meta.json, which holds each array's sha256, its public set's, the partition's assignment). When
+it is asked to train a run whose directory holds such a copy of the same run
+(``provenance.stale_reasons``: the same config hash and code digest; the same inputs; the same
+device type; on a CPU the same torch threads, ``provenance.threads_differ``), it puts those
+outputs back instead of training: the result that the same command already produced. A run that differs in
 any of these trains as before, and its start removes the old copy. ``fedforget train --fresh``
 trains anyway; deleting the run directory does too.
 
@@ -23,6 +25,7 @@ finished runs are not rerun by its changes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +40,20 @@ KEPT = ".finished"  # in the run directory
 OUTPUTS = ("metrics.csv", "timings.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt", "run.json")
 
 
+INPUTS = "inputs.json"  # in the kept copy: {input file: sha256, or None where absent}
+
+
+def inputs_of(rc: Any) -> dict[str, str | None]:
+    """The sha256 of each file run ``rc`` reads (None where absent): its dataset's meta.json
+    (the sha256 of every array), its public set's (a held-out slice's own, or another
+    dataset's) and its partition's assignment.npy (drawn in memory without the workflow)."""
+    ds, data = rc.dataset, Path(rc.data_dir)
+    files = [data / ds.id / "meta.json", Path(rc.partition_dir) / "assignment.npy"]
+    if ds.public:
+        files.append((data / "public" if ds.public["source"] == "holdout" else data) / ds.public_id / "meta.json")
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
+
+
 def _link(src: Path, dst: Path) -> None:
     """``dst`` becomes ``src``'s file (a hard link, else a copy), replacing what is there in
     one rename: a reader sees the old file or the new one."""
@@ -49,15 +66,17 @@ def _link(src: Path, dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def keep(out_dir: str | Path) -> bool:
-    """After a run finished in ``out_dir``: its outputs linked under ``.finished/`` (a
-    previous copy replaced). False, and nothing kept, if an output is missing."""
+def keep(rc: Any, out_dir: str | Path) -> bool:
+    """After run ``rc`` finished in ``out_dir``: its outputs linked under ``.finished/`` (a
+    previous copy replaced) with its inputs' sha256. False, and nothing kept, if an output is
+    missing."""
     out = Path(out_dir)
     if not all((out / name).is_file() for name in OUTPUTS):
         return False
     kept, tmp = out / KEPT, out / f"{KEPT}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    (tmp / INPUTS).write_text(json.dumps(inputs_of(rc), indent=1, sort_keys=True) + "\n")
     for name in OUTPUTS:
         _link(out / name, tmp / name)
     shutil.rmtree(kept, ignore_errors=True)
@@ -83,6 +102,13 @@ def why_not_restored(rc: Any, out_dir: str | Path, device: str, threads: int | N
     reasons = stale_reasons(rc, kept)
     if reasons:
         return "; ".join(reasons)
+    try:
+        read = json.loads((kept / INPUTS).read_text())
+    except (OSError, ValueError):
+        return f"no record of its inputs ({kept / INPUTS})"
+    changed = [f for f, h in inputs_of(rc).items() if read.get(f, "unrecorded") != h]
+    if changed:
+        return f"inputs changed since: {', '.join(changed)}"
     rec = json.loads((kept / "run.json").read_text())
     had = str(rec.get("device", "")).split(":")[0]
     if had != device:
