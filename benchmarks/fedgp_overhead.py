@@ -10,7 +10,9 @@ after ``--warmup`` untimed ones, all in the first task (g_ref exists from round 
 on the same engine). A round's time is local training, aggregation and FedGP's round-end
 pass (each client's buffer gradient at the new global model); no evaluation. Medians with
 min-max over the timed rounds, runs interleaved round by round so all see the same load.
-``proj_share``: FedGP's share of projected steps in the timed rounds.
+``proj_share``: FedGP's share of projected steps in the timed rounds. ``round_end_share``: the
+share of a round spent in the ROUND_END exchange (the trainer's ``client_pass``: FedGP's
+buffer gradients, client by client on either trainer), the median over the timed rounds.
 
 ``--engines sequential,vectorized`` times every method on both local trainers (names
 ``<method>@<engine>``; the stacked trainer takes FedGP over a stacked base, FedAvg or FedProx,
@@ -102,13 +104,26 @@ def main() -> None:
         }  # fmt: skip
         times: dict[str, list[float]] = {n: [] for n in sims}
         proj: dict[str, list[float]] = {n: [] for n in sims}
+        in_pass: dict[str, list[float]] = {n: [0.0] for n in sims}  # this round's ROUND_END time so far
+        for name, sim in sims.items():
+            def timed(*args, _inner=sim.trainer.client_pass, _acc=in_pass[name], **kw):
+                t0 = time.perf_counter()
+                try:
+                    return _inner(*args, **kw)
+                finally:
+                    _acc[0] += time.perf_counter() - t0
+
+            sim.trainer.client_pass = timed
+        ends: dict[str, list[float]] = {n: [] for n in sims}
         start = time.perf_counter()
         for rnd in range(1, rounds + 1):
             for name, sim in sims.items():
+                in_pass[name][0] = 0.0
                 t0 = time.perf_counter()
                 row = sim.run_round(rnd, start)
                 if rnd > a.warmup:
                     times[name].append(time.perf_counter() - t0)
+                    ends[name].append(in_pass[name][0] / times[name][-1])
                     if "fedgp_proj_share" in row:
                         proj[name].append(row["fedgp_proj_share"])
     result = {"setting": setting, "s_per_round": {}}
@@ -122,8 +137,11 @@ def main() -> None:
             r["client_engine"] = sims[name].engine_info["client_engine"]
         if proj[name]:
             r["proj_share"] = statistics.mean(proj[name])
+        if any(ends[name]):
+            r["round_end_share"] = statistics.median(ends[name])
         result["s_per_round"][name] = r
         extra = f"  proj_share {r['proj_share']:.2f}" if "proj_share" in r else ""
+        extra += f"  round end {r['round_end_share']:.0%} of a round" if "round_end_share" in r else ""
         if "vs_sequential" in r:
             extra += f"  x{r['vs_sequential']:.2f} of sequential ({r['client_engine']} ran)"
         print(f"{name:26s} {med * 1e3:8.1f} ms/round (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})  x{med / bmed:.3f} of {base}{extra}")
