@@ -38,8 +38,6 @@ KEPT = ".finished"  # in the run directory
 # rule train's outputs (workflow/rules/train.smk), every one written by a run that finished;
 # run.json last, so a copy without it is never taken for a whole one
 OUTPUTS = ("metrics.csv", "timings.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt", "run.json")
-
-
 INPUTS = "inputs.json"  # in the kept copy: {input file: sha256, or None where absent}
 
 
