@@ -162,3 +162,13 @@ def test_the_training_code_digest_leaves_this_module_out():
 
     assert "finished.py" not in training_code("fedavg").files
     assert "cli.py" not in training_code("fedavg").files
+
+
+def test_the_kept_outputs_are_rule_trains(repo_root):
+    """What a kept copy holds is every output Snakemake's rule train declares (a restored run
+    missing one would fail the job)."""
+    import re
+
+    text = (repo_root / "workflow" / "rules" / "train.smk").read_text()
+    block = text.split("output:", 1)[1].split("params:", 1)[0]
+    assert sorted(re.findall(r"seed\{\{seed\}\}/([\w.]+)\"", block)) == sorted(OUTPUTS)
