@@ -106,9 +106,10 @@ def test_another_config_fresh_or_a_failed_run_trains_and_drops_the_copy(
     assert not (out / KEPT).exists(), "a copy kept for a run that did not finish this time"
 
 
-def test_the_copy_is_restored_only_on_the_same_device_and_threads(make_run_config, train, tmp_path):
-    """The bytes of a CPU result depend on its torch threads (provenance.threads_differ), and
-    a GPU's result is another than a CPU's: a copy made elsewhere trains again."""
+def test_the_copy_is_restored_only_on_the_same_device_threads_and_versions(make_run_config, train, tmp_path, monkeypatch):
+    """The bytes of a CPU result depend on its torch threads (provenance.threads_differ), a
+    GPU's result is another than a CPU's or another GPU model's, and another torch may round
+    otherwise: a copy made elsewhere, or with other packages, trains again."""
     rc = make_run_config(rounds=2)
     out = tmp_path / "run"
     assert train(rc, out) == 0
@@ -122,6 +123,20 @@ def test_the_copy_is_restored_only_on_the_same_device_and_threads(make_run_confi
     )
     if device == "cpu":
         assert "torch threads 1" in why_not_restored(rc, out, "cpu", 2)
+    import fedforget.finished as finished
+
+    now = finished.package_versions()
+    monkeypatch.setattr(finished, "package_versions", lambda: {**now, "torch": "0.0.1", "dvc": "9"})
+    said = why_not_restored(rc, out, device, rec["torch_threads"])
+    assert said == f"other versions: torch {now['torch']} (now 0.0.1)"  # dvc runs no arithmetic
+    monkeypatch.undo()
+
+    on_gpu = {**rec, "device": "cuda:0", "host": {**rec["host"], "gpu": "NVIDIA A100-SXM4-80GB"}}
+    (out / KEPT / "run.json").write_text(json.dumps(on_gpu))
+    assert why_not_restored(rc, out, "cuda", None, "NVIDIA A100-SXM4-80GB") is None
+    assert why_not_restored(rc, out, "cuda", None, "NVIDIA H200") == (
+        "trained on a NVIDIA A100-SXM4-80GB, this job runs on a NVIDIA H200"
+    )
     (out / KEPT / "model.pt").unlink()
     assert "model.pt missing" in why_not_restored(rc, out, device, rec["torch_threads"])
 

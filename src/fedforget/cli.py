@@ -183,7 +183,9 @@ def cmd_train(args) -> None:
         from .engine import resolve_device
 
         threads = rc.train.threads if rc.train.threads > 0 else torch.get_num_threads()
-        rec = restore(rc, out, resolve_device(rc.train.device).type, threads)
+        device = resolve_device(rc.train.device)
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        rec = restore(rc, out, device.type, threads, gpu)
         if rec is not None:
             print(
                 f"{rec['status']} (not trained again: the outputs of this run, finished at {rec.get('finished_at')}, "

@@ -14,8 +14,9 @@ disk otherwise), with the sha256 of the files it read (``INPUTS``: the prepared 
 meta.json, which holds each array's sha256, its public set's, the partition's assignment). When
 it is asked to train a run whose directory holds such a copy of the same run
 (``provenance.stale_reasons``: the same config hash and code digest; the same inputs; the same
-device type; on a CPU the same torch threads, ``provenance.threads_differ``), it puts those
-outputs back instead of training: the result that the same command already produced. A run that differs in
+versions of the packages the arithmetic runs on, ``NUMERIC``; the same device type, on a GPU
+the same GPU model, on a CPU the same torch threads, ``provenance.threads_differ``), it puts
+those outputs back instead of training: the result that the same command already produced. A run that differs in
 any of these trains as before, and its start removes the old copy. ``fedforget train --fresh``
 trains anyway; deleting the run directory does too.
 
@@ -33,12 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from .provenance import stale_reasons, threads_differ
+from .utils import package_versions
 
 KEPT = ".finished"  # in the run directory
 # rule train's outputs (workflow/rules/train.smk), every one written by a run that finished;
 # run.json last, so a copy without it is never taken for a whole one
 OUTPUTS = ("metrics.csv", "timings.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt", "run.json")
 INPUTS = "inputs.json"  # in the kept copy: {input file: sha256, or None where absent}
+# run.json's versions (utils.package_versions) whose change can change a result's bytes; not the
+# platform string (a cluster node's kernel), nor the packages that only run the workflow
+NUMERIC = ("python", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d")
 
 
 def inputs_of(rc: Any) -> dict[str, str | None]:
@@ -90,9 +95,12 @@ def drop(out_dir: str | Path) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def why_not_restored(rc: Any, out_dir: str | Path, device: str, threads: int | None) -> str | None:
+def why_not_restored(
+    rc: Any, out_dir: str | Path, device: str, threads: int | None, gpu: str | None = None
+) -> str | None:
     """Why the copy kept in ``out_dir`` is not the run ``rc`` (a RunConfig) on ``device``
-    (its type: cpu, cuda) with ``threads`` torch threads; None if it is."""
+    (its type: cpu, cuda; ``gpu``: the GPU's name) with ``threads`` torch threads and this
+    process's package versions; None if it is."""
     kept = Path(out_dir) / KEPT
     missing = [name for name in OUTPUTS if not (kept / name).is_file()]
     if missing:
@@ -108,19 +116,26 @@ def why_not_restored(rc: Any, out_dir: str | Path, device: str, threads: int | N
     if changed:
         return f"inputs changed since: {', '.join(changed)}"
     rec = json.loads((kept / "run.json").read_text())
-    had = str(rec.get("device", "")).split(":")[0]
-    if had != device:
-        return f"trained on {had or 'an unrecorded device'}, this job runs on {device}"
+    had, now = rec.get("versions") or {}, package_versions()
+    other = [f"{k} {had.get(k)} (now {now.get(k)})" for k in NUMERIC if had.get(k) != now.get(k)]
+    if other:
+        return f"other versions: {', '.join(other)}"
+    kind = str(rec.get("device", "")).split(":")[0]
+    if kind != device:
+        return f"trained on {kind or 'an unrecorded device'}, this job runs on {device}"
+    made_on = (rec.get("host") or {}).get("gpu")
+    if device == "cuda" and made_on != gpu:
+        return f"trained on a {made_on}, this job runs on a {gpu}"
     return threads_differ(rec, threads, rc.train.concurrent_clients)
 
 
 def restore(
-    rc: Any, out_dir: str | Path, device: str, threads: int | None
+    rc: Any, out_dir: str | Path, device: str, threads: int | None, gpu: str | None = None
 ) -> dict[str, Any] | None:
     """The kept copy of run ``rc`` put back as ``out_dir``'s outputs (``why_not_restored``
     is None), each with the time of now (Snakemake then sees outputs newer than their
     inputs); its run.json record, or None where nothing was restored."""
-    if why_not_restored(rc, out_dir, device, threads) is not None:
+    if why_not_restored(rc, out_dir, device, threads, gpu) is not None:
         return None
     out, kept = Path(out_dir), Path(out_dir) / KEPT
     for name in OUTPUTS:  # run.json last
