@@ -60,7 +60,7 @@ from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from paper_runtime import HF_SHAPES, hf_config  # noqa: E402  (the hub encoders' published shapes)
+from paper_runtime import HF_SHAPES, hf_config, setting_key  # noqa: E402  (the hub encoders' published shapes)
 
 CLIENTS = 10
 
@@ -83,7 +83,7 @@ def paper_settings() -> list[dict]:
     runs first; pretrained weights dropped from the options (same shapes, no download)."""
     count: collections.Counter = collections.Counter()
     for _, rc, shape, opts in paper_runs():
-        count[(rc.dataset.model, json.dumps(opts, sort_keys=True), shape, rc.train.batch_size)] += 1
+        count[setting_key(rc.dataset.model, opts, shape, rc.train.batch_size)] += 1
     out = []
     for (model, opts, shape, batch), runs in count.most_common():
         if model == "hf" and json.loads(opts)["name_or_path"] not in HF_SHAPES:
@@ -203,8 +203,8 @@ def measure(s: dict, a: argparse.Namespace) -> dict:
 
 
 def _key(row: dict) -> tuple:
-    """A setting's identity: model, options, input shape, batch."""
-    return row["model"], json.dumps(row["options"], sort_keys=True), tuple(row["shape"]), row["batch"]
+    """A setting's identity (``paper_runtime.setting_key``): model, options, input shape, batch."""
+    return setting_key(row["model"], row["options"], row["shape"], row["batch"])
 
 
 def main() -> None:

@@ -369,13 +369,13 @@ def main() -> None:
     ratios = method_ratios(load(a.method_cost), load(a.continual_cost))
     rate = rates(load(a.gpu), ratios)
     measured, rates_device = measured_rates(a.model_rates)
+    on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name
     defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     rows = []
     for path in a.configs:
         raw = {**defaults, **yaml.safe_load(Path(path).read_text())}
         raw["paper_results"] = str(REPO / "config/paper_results.csv")
         runs = parse_config(raw).runs()
-        on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name
         est = [estimate_run(rc, ratios, rate, measured, on) for rc in runs]
         flops = sum(e["flops"] for e in est)
         rows.append({

@@ -16,9 +16,9 @@ it is asked to train a run whose directory holds such a copy of the same run
 (``provenance.stale_reasons``: the same config hash and code digest; the same inputs; the same
 versions of the packages the arithmetic runs on, ``NUMERIC``; the same device type, on a GPU
 the same GPU model, on a CPU the same torch threads, ``provenance.threads_differ``), it puts
-those outputs back instead of training: the result that the same command already produced. A run that differs in
-any of these trains as before, and its start removes the old copy. ``fedforget train --fresh``
-trains anyway; deleting the run directory does too.
+those outputs back instead of training: the result that the same command already produced. A
+run that differs in any of these trains as before, and its start removes the old copy.
+``fedforget train --fresh`` trains anyway; deleting the run directory does too.
 
 Not in the training code's digest (``provenance.training_code``): only the CLI imports it, so
 finished runs are not rerun by its changes.
