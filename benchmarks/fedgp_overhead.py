@@ -12,7 +12,11 @@ pass (each client's buffer gradient at the new global model); no evaluation. Med
 min-max over the timed rounds, runs interleaved round by round so all see the same load.
 ``proj_share``: FedGP's share of projected steps in the timed rounds. ``round_end_share``: the
 share of a round spent in the ROUND_END exchange (the trainer's ``client_pass``: FedGP's
-buffer gradients, client by client on either trainer), the median over the timed rounds.
+buffer gradients, client by client on the sequential trainer, a stack at a time on the
+stacked one since the first session of 2026-12-04), the median over the timed rounds.
+``round_end_s``: that exchange's seconds, the median over the timed rounds.
+``--model``: the model on digits (default cnn2d; e.g. mlp, whose stacks run as batched
+matmuls on a CPU too, where a Conv2d model's stacks of 16 or more rows run client by client).
 
 ``--engines sequential,vectorized`` times every method on both local trainers (names
 ``<method>@<engine>``; the stacked trainer takes FedGP over a stacked base, FedAvg or FedProx,
@@ -57,6 +61,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--engines", default="sequential", help="local trainers, comma-separated: sequential,vectorized")
+    p.add_argument("--model", default="cnn2d", help="a registered model name, default options")
     p.add_argument("--json", default=None)
     return p.parse_args()
 
@@ -81,7 +86,7 @@ def main() -> None:
     specs = methods(a.bases.split(","), a.buffer)
     engines = a.engines.split(",")
     setting = {
-        "dataset": "digits", "model": "cnn2d", "stream": a.stream, "partition": part.setting,
+        "dataset": "digits", "model": a.model, "stream": a.stream, "partition": part.setting,
         "clients": part.clients, "sample_rate": 1.0, "local_epochs": 1, "batch_size": 32, "optimizer": "sgd lr 0.1",
         "buffer": a.buffer, "threads": a.threads, "client_engine": ",".join(engines), "timed_rounds": a.rounds,
         "warmup": a.warmup, "device": "cpu", "torch": torch.__version__,
@@ -97,7 +102,7 @@ def main() -> None:
                 optimizer=OptimizerSpec(lr=0.1),
             )  # fmt: skip
 
-        ds = DatasetSpec("digits", {}, "cnn2d", {}, None, "digits", s)
+        ds = DatasetSpec("digits", {}, a.model, {}, None, "digits", s)
         sims = {
             name if len(engines) == 1 else f"{name}@{e}": Simulation(RunConfig("bench", ds, part, m, 0, train(e), tmp, f"{tmp}/results"))
             for e in engines for name, m in specs.items()
@@ -115,6 +120,7 @@ def main() -> None:
 
             sim.trainer.client_pass = timed
         ends: dict[str, list[float]] = {n: [] for n in sims}
+        end_s: dict[str, list[float]] = {n: [] for n in sims}
         start = time.perf_counter()
         for rnd in range(1, rounds + 1):
             for name, sim in sims.items():
@@ -124,6 +130,7 @@ def main() -> None:
                 if rnd > a.warmup:
                     times[name].append(time.perf_counter() - t0)
                     ends[name].append(in_pass[name][0] / times[name][-1])
+                    end_s[name].append(in_pass[name][0])
                     if "fedgp_proj_share" in row:
                         proj[name].append(row["fedgp_proj_share"])
     result = {"setting": setting, "s_per_round": {}}
@@ -139,9 +146,10 @@ def main() -> None:
             r["proj_share"] = statistics.mean(proj[name])
         if any(ends[name]):
             r["round_end_share"] = statistics.median(ends[name])
+            r["round_end_s"] = statistics.median(end_s[name])
         result["s_per_round"][name] = r
         extra = f"  proj_share {r['proj_share']:.2f}" if "proj_share" in r else ""
-        extra += f"  round end {r['round_end_share']:.0%} of a round" if "round_end_share" in r else ""
+        extra += f"  round end {r['round_end_share']:.0%} of a round ({r['round_end_s'] * 1e3:.1f} ms)" if "round_end_share" in r else ""
         if "vs_sequential" in r:
             extra += f"  x{r['vs_sequential']:.2f} of sequential ({r['client_engine']} ran)"
         print(f"{name:26s} {med * 1e3:8.1f} ms/round (min {min(ts) * 1e3:.1f}, max {max(ts) * 1e3:.1f})  x{med / bmed:.3f} of {base}{extra}")

@@ -60,6 +60,8 @@ from .vectorized import (
     evaluate_stacked,
     frozen_tensors,
     method_not_vectorized,
+    reply_grads,
+    stacked_replies_refused,
     train_clients_together,
     why_not_vectorized,
 )
@@ -554,7 +556,9 @@ class StackedTrainer(LocalTrainer):
     """Groups of up to ``train.max_parallel_clients`` clients in one batched pass
     (``fedforget.vectorized``): FedAvg's local SGD step for the stack, with the method's
     per-step terms (``client_step_terms``), then the method's own ``client_end`` per client
-    on its trained weights. With ``train.concurrent_clients`` the exchanges' replies (task
+    on its trained weights. The replies of an exchange the method states for a stack
+    (``stacked_replies``: FedGP's buffer gradients) go a group at a time
+    (``client_pass``); with ``train.concurrent_clients`` the other exchanges' replies (task
     end, round end) run on lanes, several clients at once (``LocalTrainer.at_once``)."""
 
     name = "vectorized"
@@ -562,6 +566,26 @@ class StackedTrainer(LocalTrainer):
     def __init__(self, **parts) -> None:
         super().__init__(**parts)
         self.group_size = self.train.max_parallel_clients
+        self.replies_alone = stacked_replies_refused(self.model)  # None: stacked replies run
+
+    def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
+        """``LocalTrainer.client_pass``; for an exchange in the method's ``stacked_replies``
+        (on a model ``stacked_replies_refused`` allows), groups of up to
+        ``train.max_parallel_clients`` clients reply together: ``client_replies`` of their
+        contexts, all on the global weights, loaded once, with ``vectorized.reply_grads``
+        (the same replies as one after another up to float summation order)."""
+        if exchange not in self.method.stacked_replies or self.replies_alone is not None or len(views) < 2:
+            return super().client_pass(exchange, views, rnd, lr)
+        self.load_params(self.model, self.fed.global_params)
+        grads = reply_grads(self.model, self.fed.global_params)
+        cids, replies = list(views), {}
+        for lo in range(0, len(cids), self.group_size):
+            ctxs = [self.client_context(cid, rnd, lr, views[cid]) for cid in cids[lo : lo + self.group_size]]
+            for ctx, reply in zip(ctxs, self.method.client_replies(exchange, ctxs, grads), strict=True):
+                self.fed.park(ctx.cid)
+                if reply is not None:
+                    replies[ctx.cid] = reply
+        return replies
 
     def train_group(self, views, rnd, lr):
         if isinstance(getattr(self.model, "head", None), TaskHeads):

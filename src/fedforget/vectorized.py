@@ -107,6 +107,7 @@ from .methods.base import (
     LiveStep,
     LiveTerms,
     PlannedTerms,
+    ReplyGrads,
     StepBatch,
     StepTerms,
     masked_logits,
@@ -372,6 +373,70 @@ def stacked_features(
     if levels:
         levels[:] = [_relayout(v, GRP, GB, g) for v in levels]
     return _relayout(h, layout, GB, g)
+
+
+def stacked_replies_refused(model: nn.Module) -> str | None:
+    """Why the clients' replies of a method's ``stacked_replies`` run client by client on
+    this model (``LocalTrainer.client_pass``), or None where ``reply_grads`` runs them a stack
+    at a time: [D] a reply's training-mode pass draws no keyed dropout (there is no step to
+    key it by: it draws from torch's generator, one client after another), routes no row
+    through per-task heads (``row_logits``) and runs no Hugging Face encoder or module that
+    runs itself; everything else ``stacked_forward`` runs."""
+    if keyed_modules(model):
+        return "dropout in training mode outside a local step (torch's generator)"
+    if isinstance(getattr(model, "head", None), TaskHeads):
+        return "per-task heads (each replayed row through its own task's head)"
+    if any(isinstance(m, HFBody) or callable(getattr(m, "stacked_body", None)) for m in model.modules()):
+        return "a Hugging Face encoder or a module that runs itself stacked"
+    return stacked_supported(model)
+
+
+def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor]) -> ReplyGrads:
+    """``methods.base.ReplyGrads`` of a stack of clients at the global weights
+    ``global_params`` (``model``'s architecture; ``stacked_replies_refused`` None): each
+    client's own copy of the weights [G, ...], its logits by ``stacked_forward`` in training
+    mode (each client's BatchNorm batch statistics over its own rows; the running statistics
+    move in copies of the global ones, then are dropped, as the trainer's reload drops a
+    client alone's), the gradient of the sum of the clients' losses in the copies (each
+    client's own). On a CPU a Conv2d model's stacks of at least ``LOOP_MIN_ROWS`` rows run
+    client by client on their copies (``functional_call``), as its training steps do
+    (``train_clients_together``), each client's forward and backward on its own, on the global
+    tensors themselves: the same gradients up to float summation order."""
+    names = [n for n, q in model.named_parameters() if q.requires_grad]
+    frozen = [n for n, q in model.named_parameters() if not q.requires_grad]
+    fixed = fixed_buffers(model)
+    buffer_names = [n for n, _ in model.named_buffers() if n not in fixed]
+    device = next(iter(global_params.values())).device
+    loop_wide = device.type != "cuda" and any(
+        isinstance(m, nn.Conv2d) and any(q.requires_grad for q in m.parameters()) for m in model.modules()
+    )
+
+    def grads(x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor]) -> dict:
+        g = x.shape[0]
+
+        def copies(n: str) -> torch.Tensor:
+            v = global_params[n]
+            return v.detach().unsqueeze(0).repeat(g, *[1] * v.dim())
+
+        model.train()
+        if loop_wide and x.shape[1] >= LOOP_MIN_ROWS:  # client by client, each its own backward
+            out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+            for j in range(g):
+                leaves = {n: global_params[n].detach().requires_grad_() for n in names}  # no copy
+                bufs = {n: global_params[n].clone() for n in buffer_names}
+                logits = functional_call(model, {**global_params, **leaves, **bufs}, (x[j],))
+                (loss,) = loss_of(logits.unsqueeze(0), j)
+                gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+                for (n, v), d in zip(leaves.items(), gs):
+                    out[n].append(torch.zeros_like(v) if d is None else d)
+            return {n: torch.stack(v) for n, v in out.items()}
+        w = {n: copies(n).requires_grad_() for n in names}
+        rest = {n: copies(n) for n in [*frozen, *buffer_names]}
+        logits = stacked_forward(model, {**w, **rest}, x)
+        gs = torch.autograd.grad(loss_of(logits, 0).sum(), list(w.values()), allow_unused=True)
+        return {n: torch.zeros_like(v) if d is None else d for (n, v), d in zip(w.items(), gs)}
+
+    return grads
 
 
 # [D] On a GPU the ResNets' stacked layers run in channels_last (NHWC) memory format: the same

@@ -15,14 +15,30 @@ import torch.nn.functional as F
 
 from fedforget.engine import Simulation
 from fedforget.methods import METHODS, check_params, make_params
-from fedforget.methods.base import AFTER_TASK
+from fedforget.methods.base import AFTER_TASK, grads_alone
 from fedforget.methods.fedgp import REF_STREAM, STATE_KEY, FedGP, manipulate
 from fedforget.methods.replay import KEY, Reservoir, sample_generator
+from fedforget.models import build_model
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
-from fedforget.vectorized import method_not_vectorized
+from fedforget.vectorized import (
+    LOOP_MIN_ROWS,
+    method_not_vectorized,
+    reply_grads,
+    stacked_replies_refused,
+)
 
-from .conftest import CPU, SMALL_CNN, SPLIT, checkpoint_keeper, digits_cfg, held_stacks, run, strip
+from .conftest import (
+    CPU,
+    SMALL_CNN,
+    SMALL_RESNET,
+    SPLIT,
+    checkpoint_keeper,
+    digits_cfg,
+    held_stacks,
+    run,
+    strip,
+)
 
 
 def flat(ts):
@@ -336,3 +352,68 @@ def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, a
     assert_same_metrics(rows_s, rows_v)
     assert any(st.get("gpm_bases") for st in seq.fed.clients.values())  # GPM's memories took part
     assert mixed and any(r.get("fedgp_proj_share", 0) > 0 for r in rows_s)
+
+
+@pytest.mark.parametrize(
+    "model,options,shape,rows",
+    [
+        ("mlp", {}, (1, 8, 8), 32),  # stacked_forward's batched matmuls
+        ("resnet8", SMALL_RESNET, (3, 8, 8), 5),  # BatchNorm: each client's batch statistics
+        ("cnn2d", SMALL_CNN, (1, 8, 8), LOOP_MIN_ROWS),  # a CPU's wide Conv2d stack: client by client
+        ("cnn2d", SMALL_CNN, (1, 8, 8), 3),  # and a short one: one grouped convolution
+    ],
+)
+def test_stacked_reply_gradients_are_each_clients_alone(model, options, shape, rows):
+    """``reply_grads`` (the stacked trainer's) gives each client of a stack the gradient
+    ``grads_alone`` gives it on the model at the global weights, its own loss on its own rows,
+    within 1e-5 of the largest entry (at least 1); the global weights and the running
+    statistics are left as they were."""
+    torch.manual_seed(0)
+    net = build_model(model, shape, 10, options)
+    assert stacked_replies_refused(net) is None
+    params = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    x, y = torch.randn(3, rows, *shape), torch.randint(0, 10, (3, rows))
+    mask = torch.rand(3, rows, 10) > 0.3
+
+    def losses(logits, lo):
+        return torch.stack([F.cross_entropy(z.masked_fill(~mask[lo + i], -1e9), y[lo + i]) for i, z in enumerate(logits)])
+
+    stacked = reply_grads(net, params)(x, None, losses)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in params.items())  # nothing moved
+    for j in range(3):
+        net.load_state_dict(params)
+        alone = grads_alone(net)(x[j : j + 1], None, lambda z, lo, j=j: losses(z, lo + j))
+        assert alone.keys() == stacked.keys()
+        for n, v in alone.items():
+            scale = max(1.0, float(v.abs().max()))  # BatchNorm over a few rows: gradients of size ~5
+            assert float((stacked[n][j] - v[0]).abs().max()) <= 1e-5 * scale, (model, j, n)
+
+
+def test_stacked_replies_are_refused_where_a_reply_draws_or_routes(make_run_config):
+    """Dropout (torch's generator outside a step) and per-task heads reply client by client,
+    named."""
+    assert "dropout" in stacked_replies_refused(build_model("cnn_fedgp", (3, 32, 32), 10, {}))
+    net = build_model("mlp", (1, 8, 8), 10, {})
+    net.use_task_heads([[0, 1, 2], [3, 4, 5]])
+    assert "per-task heads" in stacked_replies_refused(net)
+
+
+def test_the_stacked_trainer_takes_g_ref_a_stack_at_a_time(public_run_cfg, run_engines, assert_same_metrics, monkeypatch):
+    """On the stacked trainer FedGP's round-end replies run through ``client_replies`` with
+    several clients at once (groups of train.max_parallel_clients), g_ref within 1e-5 of
+    the sequential trainer's."""
+    sizes = []
+    orig = FedGP.client_replies
+
+    def spy(self, exchange, ctxs, grads):
+        sizes.append(len(ctxs))
+        return orig(self, exchange, ctxs, grads)
+
+    monkeypatch.setattr(FedGP, "client_replies", spy)
+    rc = public_run_cfg("fedgp", {"buffer_size": 20, "ref_batch_size": 6}, rounds=3, batch_size=8, max_parallel_clients=2)
+    out = run_engines(rc, CPU)
+    assert max(sizes) == 2  # the sequential trainer's are stacks of one
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    for n, v in seq.server.state[STATE_KEY].items():
+        torch.testing.assert_close(vec.server.state[STATE_KEY][n], v, rtol=1e-5, atol=1e-6)

@@ -31,7 +31,7 @@ def test_the_plugin_forwards_every_hook_of_the_api():
     # (the exchanges a plug-in runs are its own and its base's: OverBase.exchanges, a
     # property, not a hook)
     assert set(HOOKS) == api - {"scratch", "batch_loss", "task_mask"}
-    assert len(HOOKS) == 17 and all(h.split("_")[0] in ("model", "server", "client", "eval") for h in HOOKS)
+    assert len(HOOKS) == 18 and all(h.split("_")[0] in ("model", "server", "client", "eval") for h in HOOKS)
     assert "fedsol" in PLUGINS
 
 

@@ -35,6 +35,9 @@ def test_exchanges_are_declared_by_name_and_written(name):
     assert len(set(declared)) == len(declared)
     writes = _writes(cls, "client_reply") or _writes(cls, "server_collect")
     assert bool(declared) == writes, f"{name}: exchanges {declared}, writes reply/collect: {writes}"
+    # a reply stated for a stack is of an exchange the method runs, written in client_replies
+    assert set(cls.stacked_replies) <= set(declared), (name, cls.stacked_replies)
+    assert bool(cls.stacked_replies) == _writes(cls, "client_replies"), name
 
 
 def test_the_continual_methods_declare_their_exchanges():

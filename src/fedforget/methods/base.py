@@ -1,6 +1,6 @@
 """The method hook API, in one place.
 
-Seventeen hooks, named ``<where>_<what>``: ``model_`` on a freshly built model, ``server_`` on
+Eighteen hooks, named ``<where>_<what>``: ``model_`` on a freshly built model, ``server_`` on
 the server (a ``ServerContext``), ``client_`` on one client (a ``ClientContext``), ``eval_``
 in evaluation. A federated round, as the engine (``fedforget.engine``) and the local trainer
 (``fedforget.trainers``) run it (once per run: ``model_init(model)`` on each freshly built
@@ -27,6 +27,8 @@ model, e.g. L2P's prompts; ``server_init(server)`` before round 1)::
                  # round_end_untrained every sampled client: FedGP's buffer gradients)
             reply_k = method.client_reply(ROUND_END, ctx)    # ctx.model = new global model
         method.server_collect(ROUND_END, server, {k: reply_k})   # before the next broadcast
+                 # (an exchange in method.stacked_replies, on the stacked trainer: the
+                 # clients' replies a stack at a time, method.client_replies(ROUND_END, ctxs, grads))
     metrics row += method.server_metrics(server, uploads)    # method diagnostics
     evaluation: method.eval_predict(server, model, x, task)  # scores; default the logits
                 method.eval_counts(server, model, x, y, task)    # other accuracies
@@ -111,6 +113,31 @@ Params = dict[str, torch.Tensor]
 # the clients it marks
 GradMap = Callable[[Params], Params]
 StepTerms = Callable[..., tuple[torch.Tensor | None, Params | None, GradMap | None]]
+# grads(x, task, loss_of) -> {name: [G, ...]}: what a reply stated for a stack of clients
+# (``client_replies``) differentiates: each client's own loss of its rows x[j] ([G, B, ...];
+# ``task`` [G, B] each row's task, or None) at the global weights, in the model's training
+# mode, ``loss_of(logits, lo)``: the losses [a] of clients lo..lo+a-1 from their logits
+# [a, B, C]; its gradient in every trainable parameter (zeros for one outside its graph).
+# ``grads_alone``: a client alone; ``vectorized.reply_grads``: a stack
+ReplyGrads = Callable[[torch.Tensor, torch.Tensor | None, Callable[[torch.Tensor, int], torch.Tensor]], Params]
+
+
+def grads_alone(model: Classifier) -> ReplyGrads:
+    """``ReplyGrads`` of one client (a stack of one) on ``model``, which holds the global
+    weights: its logits of x[0] in training mode, each row through its own task's head
+    (``row_logits``), as [1, B, C]; the gradient of ``loss_of``'s one loss, each [1, ...].
+    BatchNorm's running statistics move in ``model`` as in any training pass (the trainer
+    loads the global ones again before the next client)."""
+
+    def grads(x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor]) -> Params:
+        model.train()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        logits = model.row_logits(x[0], None if task is None else task[0]).unsqueeze(0)
+        (loss,) = loss_of(logits, 0)
+        gs = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        return {n: (torch.zeros_like(p) if g is None else g.detach()).unsqueeze(0) for (n, p), g in zip(named, gs)}
+
+    return grads
 
 
 class PlannedTerms:
@@ -530,6 +557,10 @@ class FedAvg:
     # did not train (no rows in the round) replies too, on an empty view (FedGP's buffer
     # gradients, from rows kept in earlier rounds); False: only the clients that trained
     round_end_untrained: bool = False
+    # the exchanges whose replies the method states for a stack of clients on the same global
+    # weights in ``client_replies`` (FedGP's buffer gradients: one stacked pass): the stacked
+    # trainer calls it a stack at a time; () : ``client_reply`` client by client everywhere
+    stacked_replies: tuple[str, ...] = ()
     # what the trainers and the evaluator may assume, declared, never inferred from which
     # hooks a method writes (tests/methods/test_protocol.py checks each against the code):
     stacked: bool = True  # local training is FedAvg's SGD step plus ``client_step_terms``: the
@@ -665,6 +696,16 @@ class FedAvg:
         ``exchanges``; ``EXCHANGES`` says which clients reply, on which weights and data):
         what goes to ``server_collect`` (None: nothing)."""
         return None
+
+    def client_replies(self, exchange: str, ctxs: Sequence[ClientContext], grads: ReplyGrads) -> list[Any]:
+        """The replies (``client_reply``'s, in the order of ``ctxs``) of several clients in the
+        exchange ``exchange``, for a method that declares it in ``stacked_replies``: every
+        context on the same global weights (the trainer loaded them once; a reply must leave
+        the model's weights alone), ``grads`` (``ReplyGrads``) takes the gradients of each
+        client's own loss in one pass for the stack. A method writes its reply once, here,
+        and its ``client_reply`` is this for one context with ``grads_alone(ctx.model)``.
+        Default: ``client_reply`` for each."""
+        return [self.client_reply(exchange, ctx) for ctx in ctxs]
 
     def client_begin(self, ctx: ClientContext) -> None:
         """Start of local training (ctx.model holds the global weights)."""

@@ -68,7 +68,12 @@ its whole loss, exemplars joined; ``stacks_over_live``) the stacked step differe
 base's loss, then FedGP's gradient map follows, as its ``client_grad`` follows the base's
 ``client_step`` on a client alone (tests/methods/test_glfc.py: over GLFC and iCaRL within
 1e-5). Over a base with a step of its own (FedSOL, L2P, CFeD, ...) the clients train one
-after another.
+after another. The round-end replies are written once for a stack (``client_replies``,
+``stacked_replies``): on the stacked trainer a group of clients takes its g_ref^k in one pass
+of each client's own copy of the global weights (``vectorized.reply_grads``; the clients
+whose buffer batches have as many rows together), within 1e-5 of one after another, except
+on a model whose reply draws dropout from torch's generator or routes rows through per-task
+heads (``vectorized.stacked_replies_refused``: client by client there, as before).
 
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
 ``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
@@ -95,9 +100,11 @@ from .base import (
     ClientContext,
     Held,
     PlannedTerms,
+    ReplyGrads,
     RunInfo,
     ServerContext,
     Upload,
+    grads_alone,
     masked_logits,
 )
 from .params import choice, integer, make_params, mapping, number, one_of, text
@@ -197,6 +204,7 @@ class FedGP(OverBase):
     one_task_per_class = True  # its buffer labels a row's task by its class (methods.replay)
     own_exchanges = (ROUND_END,)  # the buffer gradients g_ref^k after each aggregation
     round_end_untrained = True  # from every sampled client with buffer rows, trained or not
+    stacked_replies = (ROUND_END,)  # the stacked trainer's clients take their g_ref^k in one pass
     # the manipulation is a gradient map of the step terms: stacked over a stacked base
     stacks_with_base, step_terms = True, True
     stacks_over_live = True  # over iCaRL, GLFC, LANDER: its map follows their live step's gradient
@@ -381,28 +389,42 @@ class FedGP(OverBase):
         return up
 
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
-        """ROUND_END: (the base's reply, g_ref^k), g_ref^k the mean CE gradient at the new
-        global model on a random batch of the client's buffer (Alg. 3), None while the
-        buffer is empty. The base's reply from a client that trained, or from any where the
-        base's reply needs no new rows (its ``round_end_untrained``). Any other exchange is
-        the base's."""
+        """ROUND_END: ``client_replies`` of this client alone; any other exchange is the base's."""
         if exchange != ROUND_END:
             return self.base.client_reply(exchange, ctx)
-        base_reply = None
-        if ROUND_END in self.base.exchanges and (self.base.round_end_untrained or len(ctx.data)):
-            base_reply = self.base.client_reply(ROUND_END, ctx)
-        buf = self.replay.buffer
-        if buf.size(ctx.state) == 0:
-            return base_reply, None
-        gen = sample_generator(self.info.seed, ctx.round, ctx.cid, ctx.task, REF_STREAM)
-        mem = buf.sample(ctx.state, self.p.ref_batch_size, gen)
-        model = ctx.model
-        model.train()  # [C] GradER: net.train()
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        logits = model.row_logits(mem["x"], mem["task"])
-        loss = F.cross_entropy(masked_logits(logits, self.replay.mask(mem["task"])), mem["y"])
-        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-        return base_reply, {
-            n: (torch.zeros_like(p) if g is None else g.detach()) for (n, p), g in zip(named, grads)
-        }
+        return self.client_replies(ROUND_END, [ctx], grads_alone(ctx.model))[0]
 
+    def client_replies(self, exchange: str, ctxs: Sequence[ClientContext], grads: ReplyGrads) -> list[Any]:
+        """ROUND_END: each client's (the base's reply, g_ref^k), g_ref^k the mean CE gradient
+        at the new global model on a random batch of the client's buffer (Alg. 3), None while
+        the buffer is empty; the clients whose batches have as many rows take theirs in one
+        ``grads`` pass (the stacked trainer: ``stacked_replies``). The base's reply from a
+        client that trained, or from any where the base's reply needs no new rows (its
+        ``round_end_untrained``). Any other exchange is the base's."""
+        if exchange != ROUND_END:
+            return self.base.client_replies(exchange, ctxs, grads)
+        out: list[list[Any]] = []
+        mems: dict[int, dict[str, torch.Tensor]] = {}
+        for i, ctx in enumerate(ctxs):
+            base_reply = None
+            if ROUND_END in self.base.exchanges and (self.base.round_end_untrained or len(ctx.data)):
+                base_reply = self.base.client_reply(ROUND_END, ctx)
+            out.append([base_reply, None])
+            gen = sample_generator(self.info.seed, ctx.round, ctx.cid, ctx.task, REF_STREAM)
+            mem = self.replay.buffer.sample(ctx.state, self.p.ref_batch_size, gen)
+            if mem is not None:
+                mems[i] = mem
+        by_rows: dict[int, list[int]] = {}
+        for i, mem in mems.items():
+            by_rows.setdefault(len(mem["y"]), []).append(i)
+        for group in by_rows.values():
+            x, y, task = (torch.stack([mems[i][k] for i in group]) for k in ("x", "y", "task"))
+            masks = [self.replay.mask(mems[i]["task"]) for i in group]
+
+            def losses(logits: torch.Tensor, lo: int, y: torch.Tensor = y, masks: list = masks) -> torch.Tensor:
+                return torch.stack([F.cross_entropy(masked_logits(z, masks[lo + i]), y[lo + i]) for i, z in enumerate(logits)])
+
+            g = grads(x, task, losses)
+            for j, i in enumerate(group):
+                out[i][1] = {n: v[j] for n, v in g.items()}
+        return [tuple(o) for o in out]

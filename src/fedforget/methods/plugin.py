@@ -28,7 +28,7 @@ HOOKS = (
     "server_collect",
     "client_begin", "client_loss", "client_step", "client_grad", "client_step_terms", "client_live_terms",
     "client_end",
-    "client_reply",
+    "client_reply", "client_replies",
     "eval_predict", "eval_counts",
 )  # fmt: skip
 
