@@ -21,7 +21,7 @@
 #             BERT stacked as one after another, its masks drawn on the GPU);
 #   lanes     the sequential trainer with 1 against 4 lanes: FedAvg on ResNet-18 and the
 #             McMahan CNN (issue 32's setting); lanes2: iCaRL (sequential, on lanes) on ResNet-18,
-#             split 5 x 2, and FedGP batched with its round-end replies on 4 lanes, on ResNet-18;
+#             split 5 x 2, on ResNet-18;
 #   decay     FedAvg batched on the McMahan preset (a FedSOL table's setting) with lr_decay 1 and
 #             0.99: each round's seconds and the graphs captured (a decaying lr is read from a
 #             tensor on a GPU since the fifth session of 2026-12-02: the same captures, the same
@@ -134,9 +134,8 @@ lanes() {
 lanes2() {
     box 100 "${sim[@]}" --warmup 4 --modes sequential concurrent --lanes 4 --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 3 --method icarl --tasks 5 --json "$out/resnet18-e1-icarl-lanes4.json" | tee -a "$out/sim.txt"
-    # the batched engine's round-end replies (FedGP's buffer gradients, client by client) on lanes
-    box 90 "${sim[@]}" --warmup 3 --modes vectorized vectorized-lanes --lanes 4 --preset resnet18 \
-        --partition dirichlet0.5 --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp-lanes4.json" | tee -a "$out/sim.txt"
+    # (FedGP batched with its round-end replies on lanes went: since 2026-12-04 the batched
+    # engine takes them a stack at a time, replay18 times it)
 }
 decay() {
     for d in 1.0 0.99; do
@@ -204,7 +203,8 @@ continual18() {
         --rounds 3 --method fedprotip --tasks 5 --heads per_task --clients 10 --rate 1.0 \
         --json "$out/resnet18-e1-fedprotip-tip.json" | tee -a "$out/sim.txt"
 }
-replay18() {  # measured on the H200 (2026-11-27): FedGP 1.08x, A-GEM 0.90x their sequential
+replay18() {  # measured on the H200 (2026-11-27): FedGP 1.08x, A-GEM 0.90x their sequential;
+    # FedGP's round-end replies stacked (vectorized.reply_grads) since 2026-12-04, unmeasured here
     box 90 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
     box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \

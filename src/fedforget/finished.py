@@ -33,6 +33,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .data import public_dir
 from .provenance import stale_reasons, threads_differ
 from .utils import package_versions
 
@@ -53,7 +54,7 @@ def inputs_of(rc: Any) -> dict[str, str | None]:
     ds, data = rc.dataset, Path(rc.data_dir)
     files = [data / ds.id / "meta.json", Path(rc.partition_dir) / "assignment.npy"]
     if ds.public:
-        files.append((data / "public" if ds.public["source"] == "holdout" else data) / ds.public_id / "meta.json")
+        files.append(public_dir(ds.public, ds.id, data) / "meta.json")
     return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
 
 

@@ -36,6 +36,7 @@ from .base import (
     load_public,
     prepare_dataset,
     prepare_public,
+    public_dir,
     public_id,
 )
 
@@ -50,5 +51,6 @@ __all__ = [
     "load_public",
     "prepare_dataset",
     "prepare_public",
+    "public_dir",
     "public_id",
 ]

@@ -529,6 +529,13 @@ def holdout_indices(n: int, fraction: float, seed: int) -> np.ndarray:
     return np.sort(rng.permutation(n)[:k]).astype(np.int64)
 
 
+def public_dir(spec: Mapping[str, Any], private_id: str, root: str | Path) -> Path:
+    """The directory under ``root`` of the public set ``spec`` of dataset ``private_id``: a
+    held-out slice's ``public/<id>``, another dataset's own ``<id>``."""
+    pid = public_id(spec, private_id)
+    return Path(root) / "public" / pid if spec["source"] == "holdout" else Path(root) / pid
+
+
 def prepare_public(spec: Mapping[str, Any], private_id: str, root: str | Path) -> Path:
     """Write a held-out public slice into ``data/public/<id>``. A public set that is another
     dataset needs no extra copy: prepare that dataset instead."""
@@ -539,7 +546,7 @@ def prepare_public(spec: Mapping[str, Any], private_id: str, root: str | Path) -
     data = load_dataset(private_id, root)
     idx = holdout_indices(len(data.y_train), float(spec["fraction"]), int(spec["seed"]))
     pid = public_id(spec, private_id)
-    out = Path(root) / "public" / pid
+    out = public_dir(spec, private_id, root)
     files = {}
     for key, arr in (("x", data.x_train[idx]), ("y", data.y_train[idx]), ("indices", idx)):
         atomic_save_npy(out / f"{key}.npy", arr, keep_same=True)
@@ -583,7 +590,7 @@ def load_public(
         return None
     pid = public_id(spec, private_id)
     if spec["source"] == "holdout":
-        directory = Path(root) / "public" / pid
+        directory = public_dir(spec, private_id, root)
         meta = read_meta(
             directory, f"public set '{pid}'", "run `fedforget prepare` with the experiment config"
         )
