@@ -188,6 +188,27 @@ def test_dropout_model_stacked_equals_sequential(
         assert not torch.allclose(no_drop.global_params["head.weight"], seq.global_params["head.weight"])
 
 
+def test_fedgp_replies_draw_each_clients_keyed_masks(make_run_config, run_engines, assert_same_metrics, dropout_model):
+    """FedGP's round-end reply runs the model in training mode: on a model with keyed dropout
+    each client draws its reply key's masks (``reply_key``), so the stacked trainer (one pass
+    for the group), the sequential one and its lanes (allowed: no global draw) give the same
+    g_ref within 1e-5, whatever torch's generator holds."""
+    from fedforget.methods.fedgp import STATE_KEY
+
+    part = PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0)
+    rc = make_run_config(dataset="digits", model=dropout_model, method="fedgp", params={"buffer_size": 20, "ref_batch_size": 6},
+                         rounds=3, batch_size=8, sample_rate=0.5, partition=part, optimizer={"lr": 0.05})  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert_same_metrics(rows_s, rows_v)
+    torch.manual_seed(123)  # another global generator state: no reply reads it
+    lanes = Simulation(replace(rc, train=replace(rc.train, client_engine="sequential", concurrent_clients=2)))
+    assert lanes.run(progress=False)[0] == "completed"
+    for other in (vec, lanes):
+        for n, v in seq.server.state[STATE_KEY].items():
+            torch.testing.assert_close(other.server.state[STATE_KEY][n], v, rtol=1e-5, atol=1e-6)
+
+
 def test_the_fedgp_cnn_is_stacked_and_torch_dropout_is_not():
     fedavg = METHODS.get("fedavg")
     cnn = build_model("cnn_fedgp", (1, 28, 28), 10)

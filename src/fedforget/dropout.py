@@ -20,8 +20,10 @@ same integers on every device) from:
   stacked trainer appends after a client's real rows leave the real rows' draws alone.
 
 An element is kept when its draw (uniform on [0, 2^31)) is at least p 2^31, and a kept
-value is scaled by 1/(1 - p), as torch's dropout does. Outside a keyed step (no key set:
-a method's own passes in train mode outside the local steps) the module is torch's
+value is scaled by 1/(1 - p), as torch's dropout does. A client's reply in an exchange
+(``client_reply``: FedGP's buffer gradient runs in training mode) draws from its own key,
+``reply_key``, at step 0, set by the trainer around it. Outside a keyed step or reply (no
+key set: a method's own passes in train mode elsewhere, the server's) the module is torch's
 dropout on torch's generator, as ``nn.Dropout``/``nn.Dropout2d`` are; in eval mode it is
 the identity.
 
@@ -292,3 +294,12 @@ def set_dropout_key(modules: Sequence[KeyedDropout], key: DropoutKey | None) -> 
 def client_key(seed: int, rnd: int, cid: int) -> int:
     """Client ``cid``'s dropout key of round ``rnd`` (63 bits)."""
     return torch_seed(seed, rnd, cid, DROPOUT_STREAM)
+
+
+def reply_key(seed: int, rnd: int, cid: int, exchange: int) -> int:
+    """Client ``cid``'s dropout key for its reply in round ``rnd``'s exchange number
+    ``exchange`` (its index in ``methods.base.EXCHANGES``), drawn at step 0 [D]: a reply's
+    pass in training mode (FedGP's buffer gradient) draws keyed masks, the same whether the
+    client replies alone, on a lane or in a stack (since the first session of 2026-12-04;
+    before, torch's generator)."""
+    return torch_seed(seed, rnd, cid, DROPOUT_STREAM, 1 + exchange)

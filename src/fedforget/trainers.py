@@ -45,11 +45,11 @@ import torch
 from .clientdata import ClientData, TaskView
 from .config import Experiment
 from .cudagraph import StepGraphs
-from .dropout import DropoutKey, client_key, keyed_modules, set_dropout_key
+from .dropout import DropoutKey, client_key, keyed_modules, reply_key, set_dropout_key
 from .evaluation import Evaluator
 from .inputs import prefetched
 from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload, make_params
-from .methods.base import TASK_END
+from .methods.base import EXCHANGES, TASK_END
 from .models import TaskHeads
 from .state import FedState
 from .train_spec import OptimizerSpec, TrainSpec, client_threads
@@ -303,11 +303,21 @@ class LocalTrainer:
         for cid, view in views.items():
             self.load_params(self.model, self.fed.global_params)
             ctx = self.client_context(cid, rnd, lr, view)
-            reply = self.method.client_reply(exchange, ctx)
+            if self.dropout:  # a reply's masks in training mode (fedforget.dropout.reply_key)
+                host = self.reply_keys(exchange, rnd, [cid])[0]
+                set_dropout_key(self.dropout, DropoutKey(host_to_device(torch.tensor(host), self.device), 0, host))
+            try:
+                reply = self.method.client_reply(exchange, ctx)
+            finally:
+                set_dropout_key(self.dropout, None)
             self.fed.park(ctx.cid)
             if reply is not None:
                 replies[cid] = reply
         return replies
+
+    def reply_keys(self, exchange: str, rnd: int, cids: list[int]) -> list[int]:
+        """The clients' dropout keys of their replies in ``exchange`` of round ``rnd``."""
+        return [reply_key(self.seed, rnd, cid, EXCHANGES.index(exchange)) for cid in cids]
 
     def at_once(
         self, views: dict[int, TaskView], work: Callable[[LocalTrainer, int], Any], what: str
@@ -577,10 +587,11 @@ class StackedTrainer(LocalTrainer):
         if exchange not in self.method.stacked_replies or self.replies_alone is not None or len(views) < 2:
             return super().client_pass(exchange, views, rnd, lr)
         self.load_params(self.model, self.fed.global_params)
-        grads = reply_grads(self.model, self.fed.global_params)
         cids, replies = list(views), {}
         for lo in range(0, len(cids), self.group_size):
-            ctxs = [self.client_context(cid, rnd, lr, views[cid]) for cid in cids[lo : lo + self.group_size]]
+            group = cids[lo : lo + self.group_size]
+            ctxs = [self.client_context(cid, rnd, lr, views[cid]) for cid in group]
+            grads = reply_grads(self.model, self.fed.global_params, self.reply_keys(exchange, rnd, group))
             for ctx, reply in zip(ctxs, self.method.client_replies(exchange, ctxs, grads), strict=True):
                 self.fed.park(ctx.cid)
                 if reply is not None:

@@ -378,12 +378,9 @@ def stacked_features(
 def stacked_replies_refused(model: nn.Module) -> str | None:
     """Why the clients' replies of a method's ``stacked_replies`` run client by client on
     this model (``LocalTrainer.client_pass``), or None where ``reply_grads`` runs them a stack
-    at a time: [D] a reply's training-mode pass draws no keyed dropout (there is no step to
-    key it by: it draws from torch's generator, one client after another), routes no row
-    through per-task heads (``row_logits``) and runs no Hugging Face encoder or module that
-    runs itself; everything else ``stacked_forward`` runs."""
-    if keyed_modules(model):
-        return "dropout in training mode outside a local step (torch's generator)"
+    at a time: [D] a reply's pass routes no row through per-task heads (``row_logits``) and
+    runs no Hugging Face encoder or module that runs itself; everything else
+    ``stacked_forward`` runs, keyed dropout included (each client's reply key)."""
     if isinstance(getattr(model, "head", None), TaskHeads):
         return "per-task heads (each replayed row through its own task's head)"
     if any(isinstance(m, HFBody) or callable(getattr(m, "stacked_body", None)) for m in model.modules()):
@@ -391,7 +388,7 @@ def stacked_replies_refused(model: nn.Module) -> str | None:
     return stacked_supported(model)
 
 
-def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor]) -> ReplyGrads:
+def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor], keys: Sequence[int]) -> ReplyGrads:
     """``methods.base.ReplyGrads`` of a stack of clients at the global weights
     ``global_params`` (``model``'s architecture; ``stacked_replies_refused`` None): each
     client's own copy of the weights [G, ...], its logits by ``stacked_forward`` in training
@@ -401,7 +398,9 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor]) -> Rep
     client's own). On a CPU a Conv2d model's stacks of at least ``LOOP_MIN_ROWS`` rows run
     client by client on their copies (``functional_call``), as its training steps do
     (``train_clients_together``), each client's forward and backward on its own, on the global
-    tensors themselves: the same gradients up to float summation order."""
+    tensors themselves: the same gradients up to float summation order. ``keys``: the
+    dropout keys of the clients of ``client_replies``' contexts (``dropout.reply_key``), the
+    pass's clients picked by ``at``: each draws its masks as it does replying alone."""
     names = [n for n, q in model.named_parameters() if q.requires_grad]
     frozen = [n for n, q in model.named_parameters() if not q.requires_grad]
     fixed = fixed_buffers(model)
@@ -411,8 +410,20 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor]) -> Rep
         isinstance(m, nn.Conv2d) and any(q.requires_grad for q in m.parameters()) for m in model.modules()
     )
 
-    def grads(x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor]) -> dict:
+    drop = keyed_modules(model)
+
+    def grads(
+        x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor],
+        at: Sequence[int],
+    ) -> dict:  # fmt: skip
         g = x.shape[0]
+        hosts = [keys[i] for i in at]
+        try:
+            return run(x, g, hosts, loss_of)
+        finally:
+            set_dropout_key(drop, None)
+
+    def run(x: torch.Tensor, g: int, hosts: list[int], loss_of: Callable[[torch.Tensor, int], torch.Tensor]) -> dict:
 
         def copies(n: str) -> torch.Tensor:
             v = global_params[n]
@@ -422,6 +433,8 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor]) -> Rep
         if loop_wide and x.shape[1] >= LOOP_MIN_ROWS:  # client by client, each its own backward
             out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
             for j in range(g):
+                if drop:
+                    set_dropout_key(drop, DropoutKey(torch.tensor(hosts[j], device=device), 0, hosts[j]))
                 leaves = {n: global_params[n].detach().requires_grad_() for n in names}  # no copy
                 bufs = {n: global_params[n].clone() for n in buffer_names}
                 logits = functional_call(model, {**global_params, **leaves, **bufs}, (x[j],))
@@ -432,6 +445,8 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor]) -> Rep
             return {n: torch.stack(v) for n, v in out.items()}
         w = {n: copies(n).requires_grad_() for n in names}
         rest = {n: copies(n) for n in [*frozen, *buffer_names]}
+        if drop:
+            set_dropout_key(drop, DropoutKey(torch.tensor(hosts, device=device), 0))
         logits = stacked_forward(model, {**w, **rest}, x)
         gs = torch.autograd.grad(loss_of(logits, 0).sum(), list(w.values()), allow_unused=True)
         return {n: torch.zeros_like(v) if d is None else d for (n, v), d in zip(w.items(), gs)}

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedforget.dropout import DropoutKey, keyed_modules, set_dropout_key
 from fedforget.engine import Simulation
 from fedforget.methods import METHODS, check_params, make_params
 from fedforget.methods.base import AFTER_TASK, grads_alone
@@ -361,6 +362,8 @@ def test_fedgp_over_gpm_on_a_task_stream_stacked(make_run_config, run_engines, a
         ("resnet8", SMALL_RESNET, (3, 8, 8), 5),  # BatchNorm: each client's batch statistics
         ("cnn2d", SMALL_CNN, (1, 8, 8), LOOP_MIN_ROWS),  # a CPU's wide Conv2d stack: client by client
         ("cnn2d", SMALL_CNN, (1, 8, 8), 3),  # and a short one: one grouped convolution
+        ("cnn_fedgp", {}, (1, 28, 28), 4),  # keyed dropout: each client's reply key
+        ("cnn_fedgp", {}, (1, 28, 28), LOOP_MIN_ROWS),
     ],
 )
 def test_stacked_reply_gradients_are_each_clients_alone(model, options, shape, rows):
@@ -378,10 +381,14 @@ def test_stacked_reply_gradients_are_each_clients_alone(model, options, shape, r
     def losses(logits, lo):
         return torch.stack([F.cross_entropy(z.masked_fill(~mask[lo + i], -1e9), y[lo + i]) for i, z in enumerate(logits)])
 
-    stacked = reply_grads(net, params)(x, None, losses)
+    keys = [11, 5, 7, 3]  # the contexts' reply keys; the pass's clients are the last three
+    stacked = reply_grads(net, params, keys)(x, None, losses, [1, 2, 3])
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in params.items())  # nothing moved
+    drop = keyed_modules(net)
+    assert (model == "cnn_fedgp") == bool(drop) and all(m.key is None for m in drop)  # the keys unset after
     for j in range(3):
         net.load_state_dict(params)
+        set_dropout_key(drop, DropoutKey(torch.tensor(keys[j + 1]), 0, keys[j + 1]))  # the trainer's, alone
         alone = grads_alone(net)(x[j : j + 1], None, lambda z, lo, j=j: losses(z, lo + j))
         assert alone.keys() == stacked.keys()
         for n, v in alone.items():
@@ -389,10 +396,8 @@ def test_stacked_reply_gradients_are_each_clients_alone(model, options, shape, r
             assert float((stacked[n][j] - v[0]).abs().max()) <= 1e-5 * scale, (model, j, n)
 
 
-def test_stacked_replies_are_refused_where_a_reply_draws_or_routes(make_run_config):
-    """Dropout (torch's generator outside a step) and per-task heads reply client by client,
-    named."""
-    assert "dropout" in stacked_replies_refused(build_model("cnn_fedgp", (3, 32, 32), 10, {}))
+def test_stacked_replies_are_refused_where_a_reply_routes_rows():
+    """Per-task heads reply client by client, named."""
     net = build_model("mlp", (1, 8, 8), 10, {})
     net.use_task_heads([[0, 1, 2], [3, 4, 5]])
     assert "per-task heads" in stacked_replies_refused(net)

@@ -113,23 +113,29 @@ Params = dict[str, torch.Tensor]
 # the clients it marks
 GradMap = Callable[[Params], Params]
 StepTerms = Callable[..., tuple[torch.Tensor | None, Params | None, GradMap | None]]
-# grads(x, task, loss_of) -> {name: [G, ...]}: what a reply stated for a stack of clients
+# grads(x, task, loss_of, at) -> {name: [G, ...]}: what a reply stated for a stack of clients
 # (``client_replies``) differentiates: each client's own loss of its rows x[j] ([G, B, ...];
 # ``task`` [G, B] each row's task, or None) at the global weights, in the model's training
-# mode, ``loss_of(logits, lo)``: the losses [a] of clients lo..lo+a-1 from their logits
-# [a, B, C]; its gradient in every trainable parameter (zeros for one outside its graph).
-# ``grads_alone``: a client alone; ``vectorized.reply_grads``: a stack
-ReplyGrads = Callable[[torch.Tensor, torch.Tensor | None, Callable[[torch.Tensor, int], torch.Tensor]], Params]
+# mode (keyed dropout: each client's reply key), ``loss_of(logits, lo)``: the losses [a] of
+# clients lo..lo+a-1 from their logits [a, B, C]; its gradient in every trainable parameter
+# (zeros for one outside its graph). ``at``: the positions of x's G clients among the
+# contexts of ``client_replies``. ``grads_alone``: a client alone; ``vectorized.reply_grads``: a stack
+ReplyGrads = Callable[
+    [torch.Tensor, torch.Tensor | None, Callable[[torch.Tensor, int], torch.Tensor], Sequence[int]], Params
+]
 
 
 def grads_alone(model: Classifier) -> ReplyGrads:
     """``ReplyGrads`` of one client (a stack of one) on ``model``, which holds the global
     weights: its logits of x[0] in training mode, each row through its own task's head
-    (``row_logits``), as [1, B, C]; the gradient of ``loss_of``'s one loss, each [1, ...].
-    BatchNorm's running statistics move in ``model`` as in any training pass (the trainer
+    (``row_logits``), as [1, B, C]; the gradient of ``loss_of``'s one loss, each [1, ...]
+    (the trainer has set the client's reply dropout key). BatchNorm's running statistics move in ``model`` as in any training pass (the trainer
     loads the global ones again before the next client)."""
 
-    def grads(x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor]) -> Params:
+    def grads(
+        x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor],
+        at: Sequence[int] = (0,),
+    ) -> Params:  # fmt: skip
         model.train()
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         logits = model.row_logits(x[0], None if task is None else task[0]).unsqueeze(0)

@@ -72,8 +72,11 @@ after another. The round-end replies are written once for a stack (``client_repl
 ``stacked_replies``): on the stacked trainer a group of clients takes its g_ref^k in one pass
 of each client's own copy of the global weights (``vectorized.reply_grads``; the clients
 whose buffer batches have as many rows together), within 1e-5 of one after another, except
-on a model whose reply draws dropout from torch's generator or routes rows through per-task
-heads (``vectorized.stacked_replies_refused``: client by client there, as before).
+on a model that routes rows through per-task heads or runs a Hugging Face encoder
+(``vectorized.stacked_replies_refused``: client by client there, as before). The reply's
+dropout (``cnn_fedgp``'s) draws each client's keyed masks (``dropout.reply_key``), the same
+in both trainers [D]: before 2026-12-04 it drew from torch's generator, so FedGP's results
+on a dropout model changed once then.
 
 Diagnostics (``fedgp_<key>``; the base's own come out as ``fedgp_<base>_<key>``):
 ``proj_share`` (share of local steps manipulated), ``cos_before`` (mean cos(g, g_ref) over
@@ -424,7 +427,7 @@ class FedGP(OverBase):
             def losses(logits: torch.Tensor, lo: int, y: torch.Tensor = y, masks: list = masks) -> torch.Tensor:
                 return torch.stack([F.cross_entropy(masked_logits(z, masks[lo + i]), y[lo + i]) for i, z in enumerate(logits)])
 
-            g = grads(x, task, losses)
+            g = grads(x, task, losses, group)
             for j, i in enumerate(group):
                 out[i][1] = {n: v[j] for n, v in g.items()}
         return [tuple(o) for o in out]
