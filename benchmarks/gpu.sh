@@ -204,7 +204,8 @@ continual18() {
         --json "$out/resnet18-e1-fedprotip-tip.json" | tee -a "$out/sim.txt"
 }
 replay18() {  # measured on the H200 (2026-11-27): FedGP 1.08x, A-GEM 0.90x their sequential;
-    # FedGP's round-end replies stacked (vectorized.reply_grads) since 2026-12-04, unmeasured here
+    # FedGP's round-end replies stacked (vectorized.reply_grads) since 2026-12-04, unmeasured here;
+    # the JSON's exchange_s_per_round: each engine's seconds per round in them
     box 90 "${sim[@]}" --warmup 3 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 4 --method fedgp --json "$out/resnet18-e1-fedgp.json" | tee -a "$out/sim.txt"
     box 100 "${sim[@]}" --warmup 4 --modes sequential vectorized --preset resnet18 --partition dirichlet0.5 \

@@ -25,7 +25,9 @@ Every figure gives its ratio to both references, (a) and (d).
 
 Reported per mode: local-training throughput in samples/s (samples processed by local
 training / time of the round, aggregation included; the median over rounds), seconds per
-round (median), peak resident
+round (median), for a method with exchanges the median seconds of a round in them
+(``exchange_s_per_round``: FedGP's round-end buffer gradients, task ends' replies; not in
+``--interleave``), peak resident
 memory of the process (and peak CUDA memory on a GPU), and the ratio of (b) and (c) to (a).
 Evaluation settings: ``--eval none`` (no evaluation), ``global`` (global model on the full
 test set after every round, counted in the round's time; the central loop evaluates its
@@ -183,16 +185,34 @@ def engine_round(args, engine: str):
     sim = Simulation(rc)
     assert sim.engine_info["client_engine"] == engine, sim.engine_info
     t = rc.train
+    # the seconds of each round in the exchanges' client passes (FedGP's round end, a task
+    # end's replies), device work included: a sync either side of each pass
+    exchange_s = [0.0]
+    inner = sim.trainer.client_pass
+
+    def timed_pass(*a, **kw):
+        _sync(sim.device)
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            _sync(sim.device)
+            exchange_s[0] += time.perf_counter() - t0
+
+    sim.trainer.client_pass = timed_pass
 
     def one(rnd: int) -> tuple[float, int]:
         sampled = sample_clients(rc.seed, rnd, rc.partition.clients, t.sample_rate)
         _sync(sim.device)
+        exchange_s[0] = 0.0
         t0 = time.perf_counter()
         sim.run_round(rnd, t0)
         _sync(sim.device)
+        one.exchange_s.append(exchange_s[0])
         return time.perf_counter() - t0, sum(sim.clients.size(c) for c in sampled) * t.local_epochs
 
     one.graphs = getattr(sim.trainer, "step_graphs", None)  # CUDA graphs' counts for the JSON
+    one.exchange_s = []
     return sim.device, one
 
 
@@ -312,6 +332,9 @@ def measure(args, mode: str) -> dict:
     graphs = getattr(one, "graphs", None)
     if graphs is not None:  # the batched engine's CUDA graphs over all rounds (warm-up included)
         out.update(graph_captures=graphs.captures, graph_replays=graphs.replays)
+    ex = getattr(one, "exchange_s", [])[args.warmup :]
+    if any(ex):  # a method with exchanges: the median seconds of a timed round in them
+        out["exchange_s_per_round"] = statistics.median(ex)
     return out
 
 

@@ -396,9 +396,9 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor], keys: 
     move in copies of the global ones, then are dropped, as the trainer's reload drops a
     client alone's), the gradient of the sum of the clients' losses in the copies (each
     client's own). On a CPU a Conv2d model's stacks of at least ``LOOP_MIN_ROWS`` rows run
-    client by client on their copies (``functional_call``), as its training steps do
-    (``train_clients_together``), each client's forward and backward on its own, on the global
-    tensors themselves: the same gradients up to float summation order. ``keys``: the
+    client by client, as its training steps do (``train_clients_together``): each client's
+    forward (``functional_call`` on the global tensors, no copy) and backward on its own. The
+    same gradients as alone up to float summation order. ``keys``: the
     dropout keys of the clients of ``client_replies``' contexts (``dropout.reply_key``), the
     pass's clients picked by ``at``: each draws its masks as it does replying alone."""
     names = [n for n, q in model.named_parameters() if q.requires_grad]
@@ -416,40 +416,32 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor], keys: 
         x: torch.Tensor, task: torch.Tensor | None, loss_of: Callable[[torch.Tensor, int], torch.Tensor],
         at: Sequence[int],
     ) -> dict:  # fmt: skip
-        g = x.shape[0]
-        hosts = [keys[i] for i in at]
+        g, hosts = x.shape[0], [keys[i] for i in at]
+        model.train()
         try:
-            return run(x, g, hosts, loss_of)
+            if loop_wide and x.shape[1] >= LOOP_MIN_ROWS:  # client by client, each its own backward
+                out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+                for j in range(g):
+                    if drop:
+                        set_dropout_key(drop, DropoutKey(torch.tensor(hosts[j], device=device), 0, hosts[j]))
+                    leaves = {n: global_params[n].detach().requires_grad_() for n in names}  # no copy
+                    bufs = {n: global_params[n].clone() for n in buffer_names}
+                    logits = functional_call(model, {**global_params, **leaves, **bufs}, (x[j],))
+                    (loss,) = loss_of(logits.unsqueeze(0), j)
+                    gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+                    for (n, v), d in zip(leaves.items(), gs):
+                        out[n].append(torch.zeros_like(v) if d is None else d)
+                return {n: torch.stack(v) for n, v in out.items()}
+            copies = {n: global_params[n].detach().unsqueeze(0).repeat(g, *[1] * global_params[n].dim())
+                      for n in [*names, *frozen, *buffer_names]}  # fmt: skip
+            w = {n: copies[n].requires_grad_() for n in names}
+            if drop:
+                set_dropout_key(drop, DropoutKey(torch.tensor(hosts, device=device), 0))
+            logits = stacked_forward(model, copies, x)
+            gs = torch.autograd.grad(loss_of(logits, 0).sum(), list(w.values()), allow_unused=True)
+            return {n: torch.zeros_like(v) if d is None else d for (n, v), d in zip(w.items(), gs)}
         finally:
             set_dropout_key(drop, None)
-
-    def run(x: torch.Tensor, g: int, hosts: list[int], loss_of: Callable[[torch.Tensor, int], torch.Tensor]) -> dict:
-
-        def copies(n: str) -> torch.Tensor:
-            v = global_params[n]
-            return v.detach().unsqueeze(0).repeat(g, *[1] * v.dim())
-
-        model.train()
-        if loop_wide and x.shape[1] >= LOOP_MIN_ROWS:  # client by client, each its own backward
-            out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-            for j in range(g):
-                if drop:
-                    set_dropout_key(drop, DropoutKey(torch.tensor(hosts[j], device=device), 0, hosts[j]))
-                leaves = {n: global_params[n].detach().requires_grad_() for n in names}  # no copy
-                bufs = {n: global_params[n].clone() for n in buffer_names}
-                logits = functional_call(model, {**global_params, **leaves, **bufs}, (x[j],))
-                (loss,) = loss_of(logits.unsqueeze(0), j)
-                gs = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-                for (n, v), d in zip(leaves.items(), gs):
-                    out[n].append(torch.zeros_like(v) if d is None else d)
-            return {n: torch.stack(v) for n, v in out.items()}
-        w = {n: copies(n).requires_grad_() for n in names}
-        rest = {n: copies(n) for n in [*frozen, *buffer_names]}
-        if drop:
-            set_dropout_key(drop, DropoutKey(torch.tensor(hosts, device=device), 0))
-        logits = stacked_forward(model, {**w, **rest}, x)
-        gs = torch.autograd.grad(loss_of(logits, 0).sum(), list(w.values()), allow_unused=True)
-        return {n: torch.zeros_like(v) if d is None else d for (n, v), d in zip(w.items(), gs)}
 
     return grads
 
