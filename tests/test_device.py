@@ -244,3 +244,21 @@ def test_simulation_prepares_the_public_slice_a_preset_run_loads(repo_root, tmp_
     sim.prepare(args)
     rc = sim.run_config(args, "sequential")
     assert (tmp_path / "public" / rc.dataset.public_id / "meta.json").is_file()
+
+
+def test_simulation_times_the_exchanges_of_a_method_that_has_them(repo_root, tmp_path) -> None:
+    """benchmarks/simulation.py's engine modes report a round's seconds in the exchanges'
+    client passes (gpu.sh's FedGP: its round-end buffer gradients), FedAvg none."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    args = argparse.Namespace(preset="digits", public=0.0, data=str(tmp_path), rounds=2, warmup=1, epochs=1,
+                              partition="iid", eval="none", device="cpu", threads=1, memory=0, method="fedgp")  # fmt: skip
+    sim.prepare(args)
+    for mode in ("sequential", "vectorized"):
+        assert sim.measure(args, mode)["exchange_s_per_round"] > 0, mode
+    args.method = "fedavg"
+    assert "exchange_s_per_round" not in sim.measure(args, "vectorized")
