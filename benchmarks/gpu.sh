@@ -29,6 +29,7 @@
 #   profile18 where a batched, then a sequential ResNet-18 round's time goes (issue 32's
 #             setting: CIFAR-shaped blobs, ResNet-18 with BatchNorm, 100 clients, 10 per round,
 #             batch 64, 1 epoch);
+#   profilecl the same for a batched round of FedGP and of DER (split 5 x 2, task 1) on ResNet-18;
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
 #             engines, then the batched engine in bf16 beside the plain fp32 loop;
 #   resnet18tv torchvision's ImageNet ResNet-18 (resnet18_imagenet, FedProTIP's tables' model;
@@ -71,7 +72,7 @@
 #             (one GPU name's files) times each paper table's runs at their model's rates.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests resnet18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18}}
+ORDER=${ORDER:-${SECTIONS:-tests resnet18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -142,6 +143,14 @@ decay() {
         box 35 "${sim[@]}" --warmup 5 --modes vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
             --rounds 10 --lr-decay $d --json "$out/mcmahan-dir-e1-decay$d.json" | tee -a "$out/sim.txt"
     done
+}
+profilecl() {  # where a batched round of FedGP (its round-end replies stacked) and of DER (split
+    # 5 x 2, task 1) goes on ResNet-18: the continual methods short of issue 32's 2x
+    box 100 python "$here/profile_round.py" --preset resnet18 --mode vectorized --device cuda --partition dirichlet0.5 \
+        --epochs 1 --warmup 2 --rounds 2 --rows 25 --method fedgp >"$out/profile-resnet18-fedgp.txt" 2>&1
+    box 120 python "$here/profile_round.py" --preset resnet18 --mode vectorized --device cuda --partition dirichlet0.5 \
+        --epochs 1 --warmup 5 --rounds 2 --rows 25 --method der --tasks 5 >"$out/profile-resnet18-der.txt" 2>&1
+    sed -n 1,3p "$out/profile-resnet18-fedgp.txt" "$out/profile-resnet18-der.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do
@@ -286,7 +295,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 resnet18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
+    case " tests lanes lanes2 decay profile18 profilecl resnet18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

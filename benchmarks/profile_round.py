@@ -15,6 +15,7 @@ between runs).
 
     python benchmarks/profile_round.py --preset mcmahan --mode vectorized --device cuda
     python benchmarks/profile_round.py --preset digits --mode sequential --epochs 2
+    python benchmarks/profile_round.py --preset resnet18 --device cuda --method der --tasks 5 --warmup 5 --rounds 2
 """
 
 from __future__ import annotations
@@ -47,12 +48,19 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (then as many profiled)")
     ap.add_argument("--rows", type=int, default=25, help="operators in the table")
-    ap.add_argument("--method", default="fedavg", help="the engine's method, default hyperparameters")
+    ap.add_argument("--method", default="fedavg", help="the engine's method")
+    ap.add_argument("--params", default=None, help="its hyperparameters, JSON (default: its defaults)")
+    ap.add_argument("--tasks", type=int, default=1, help="a class-incremental split: task 0 in the warm-up, "
+                    "the timed and profiled rounds in task 1 (2 x --rounds < --warmup)")  # fmt: skip
+    ap.add_argument("--heads", choices=["shared", "per_task"], default="shared")
     ap.add_argument("--cudnn-benchmark", action="store_true")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     args = ap.parse_args()
     args.memory = 0  # simulation.run_config reads these
     args.repeats = 1
+    if args.tasks > 1 and 2 * args.rounds >= args.warmup:  # task 1 holds warmup rounds, its last a task end
+        ap.error(f"--tasks {args.tasks}: the {args.rounds} timed and {args.rounds} profiled rounds must end within "
+                 f"task 1, before its task end: 2 x --rounds < --warmup ({args.warmup})")  # fmt: skip
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -81,7 +89,7 @@ def main() -> None:
             one(rnd)
         wall = time.perf_counter() - t0
     events = prof.key_averages()
-    print(f"# {args.preset} ({args.partition}), {args.method}, {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
+    print(f"# {args.preset} ({args.partition}), {args.method} {args.params or ''}, tasks {args.tasks}, {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
           f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}")  # fmt: skip
     print(f"s/round (median of {args.rounds}): {statistics.median(times):.4f}  (min {min(times):.4f})")
     if cuda:
