@@ -592,11 +592,24 @@ class StackedTrainer(LocalTrainer):
             group = cids[lo : lo + self.group_size]
             ctxs = [self.client_context(cid, rnd, lr, views[cid]) for cid in group]
             grads = reply_grads(self.model, self.fed.global_params, self.reply_keys(exchange, rnd, group))
-            for ctx, reply in zip(ctxs, self.method.client_replies(exchange, ctxs, grads), strict=True):
+            try:
+                out = self.method.client_replies(exchange, ctxs, grads)
+            except torch.cuda.OutOfMemoryError as e:
+                raise self.out_of_memory(e, rnd, len(group), f" in the {exchange} replies") from None
+            for ctx, reply in zip(ctxs, out, strict=True):
                 self.fed.park(ctx.cid)
                 if reply is not None:
                     replies[ctx.cid] = reply
         return replies
+
+    def out_of_memory(self, e: Exception, rnd: int, n: int, where: str) -> FedForgetError:
+        """[D] A stack's memory grows with its clients: the error names the knob."""
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return FedForgetError(
+            f"round {rnd}: the batched engine's group of {n} clients ran out of GPU memory{where} ({first}); "
+            f"set train.max_parallel_clients below {n} (now {self.train.max_parallel_clients}), or "
+            "train.client_engine: sequential (the same results up to float rounding)"
+        )
 
     def train_group(self, views, rnd, lr):
         if isinstance(getattr(self.model, "head", None), TaskHeads):
@@ -660,12 +673,7 @@ class StackedTrainer(LocalTrainer):
                 capturable_terms=type(method).trait("capturable_terms", method.p),
             )  # fmt: skip
         except torch.cuda.OutOfMemoryError as e:  # [D] the stack's memory grows with its clients: name the knob
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise FedForgetError(
-                f"round {rnd}: the batched engine's group of {len(jobs)} clients ran out of GPU memory ({first}); "
-                f"set train.max_parallel_clients below {len(jobs)} (now {t.max_parallel_clients}), or "
-                "train.client_engine: sequential (the same results up to float rounding)"
-            ) from None
+            raise self.out_of_memory(e, rnd, len(jobs), "") from None
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's
         per_client = with_terms or method.own_upload

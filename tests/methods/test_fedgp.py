@@ -422,3 +422,20 @@ def test_the_stacked_trainer_takes_g_ref_a_stack_at_a_time(public_run_cfg, run_e
     assert_same_metrics(rows_s, rows_v)
     for n, v in seq.server.state[STATE_KEY].items():
         torch.testing.assert_close(vec.server.state[STATE_KEY][n], v, rtol=1e-5, atol=1e-6)
+
+
+def test_a_reply_stack_out_of_gpu_memory_names_the_setting(public_run_cfg, monkeypatch):
+    """The round-end replies' stack runs out of GPU memory: one error naming the group's size,
+    the exchange and ``train.max_parallel_clients``, as a training group's does."""
+    import fedforget.trainers
+
+    def grads(*args):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
+
+    monkeypatch.setattr(fedforget.trainers, "reply_grads", lambda *a: grads)
+    rc = public_run_cfg("fedgp", {"buffer_size": 20}, rounds=2, batch_size=8, max_parallel_clients=2)
+    sim = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized")))
+    want = (r"round 1: the batched engine's group of 2 clients ran out of GPU memory in the round_end replies "
+            r"\(CUDA out of memory. Tried to allocate 1.00 GiB.\); set train.max_parallel_clients below 2 \(now 2\)")
+    with pytest.raises(FedForgetError, match=want):
+        sim.run(progress=False)
