@@ -119,7 +119,6 @@ def main() -> None:
                     _acc[0] += time.perf_counter() - t0
 
             sim.trainer.client_pass = timed
-        ends: dict[str, list[float]] = {n: [] for n in sims}
         end_s: dict[str, list[float]] = {n: [] for n in sims}
         start = time.perf_counter()
         for rnd in range(1, rounds + 1):
@@ -129,7 +128,6 @@ def main() -> None:
                 row = sim.run_round(rnd, start)
                 if rnd > a.warmup:
                     times[name].append(time.perf_counter() - t0)
-                    ends[name].append(in_pass[name][0] / times[name][-1])
                     end_s[name].append(in_pass[name][0])
                     if "fedgp_proj_share" in row:
                         proj[name].append(row["fedgp_proj_share"])
@@ -144,8 +142,8 @@ def main() -> None:
             r["client_engine"] = sims[name].engine_info["client_engine"]
         if proj[name]:
             r["proj_share"] = statistics.mean(proj[name])
-        if any(ends[name]):
-            r["round_end_share"] = statistics.median(ends[name])
+        if any(end_s[name]):
+            r["round_end_share"] = statistics.median(e / t for e, t in zip(end_s[name], ts))
             r["round_end_s"] = statistics.median(end_s[name])
         result["s_per_round"][name] = r
         extra = f"  proj_share {r['proj_share']:.2f}" if "proj_share" in r else ""

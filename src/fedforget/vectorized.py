@@ -375,6 +375,15 @@ def stacked_features(
     return _relayout(h, layout, GB, g)
 
 
+def loops_wide_steps(model: nn.Module, device: torch.device) -> bool:
+    """Whether stacks of at least ``LOOP_MIN_ROWS`` rows of ``model`` run client by client
+    on ``device``: a model with a training Conv2d on a CPU (``train_clients_together``
+    says why; ``reply_grads`` follows it)."""
+    return device.type != "cuda" and any(
+        isinstance(m, nn.Conv2d) and any(q.requires_grad for q in m.parameters()) for m in model.modules()
+    )
+
+
 def stacked_replies_refused(model: nn.Module) -> str | None:
     """Why the clients' replies of a method's ``stacked_replies`` run client by client on
     this model (``LocalTrainer.client_pass``), or None where ``reply_grads`` runs them a stack
@@ -406,10 +415,7 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor], keys: 
     fixed = fixed_buffers(model)
     buffer_names = [n for n, _ in model.named_buffers() if n not in fixed]
     device = next(iter(global_params.values())).device
-    loop_wide = device.type != "cuda" and any(
-        isinstance(m, nn.Conv2d) and any(q.requires_grad for q in m.parameters()) for m in model.modules()
-    )
-
+    loop_wide = loops_wide_steps(model, device)
     drop = keyed_modules(model)
 
     def grads(
@@ -979,9 +985,7 @@ def train_clients_together(
     # arithmetic is the same whichever worker thread runs it, so the split of clients over
     # the workers (each takes the next client as it finishes one) changes no result. A frozen
     # convolution (L2P's ViT patch embedding) is one map over every client's rows: not counted.
-    loop_wide = device.type != "cuda" and any(
-        isinstance(m, nn.Conv2d) and any(q.requires_grad for q in m.parameters()) for m in model.modules()
-    )
+    loop_wide = loops_wide_steps(model, device)
     steps_t = torch.tensor(steps)
     # real rows per (client, step): a prefix of the batch (padding sits at the end), so a
     # step needs only as many columns as its fullest active client has rows
