@@ -5,7 +5,7 @@
 # for GPU hours needs them (since the third session of 2026-12-03; no GPU was lent between
 # 2026-11-27 evening and then, results/h200-2026-11-27-c being the last): the GPU tests (every
 # path changed since is only tested on a CPU), ResNet-18 FedAvg (plain loop, sequential, batched:
-# the 3x and 0.9x targets), FedSOL on ResNet-18 (how busy the GPU is: 60 %), FedGP and A-GEM
+# the 3x and 0.9x targets), its batched stack widths 1, 2 and 5 (where the 3x is lost), FedSOL on ResNet-18 (how busy the GPU is: 60 %), FedGP and A-GEM
 # (2x), FedProTIP and DER (2x), VGG-11's new step shapes, the streamed pool, packing, then the
 # rest. Each command has its own time box; a command that would start after BUDGET seconds is
 # skipped and listed in OUTDIR/skipped.txt. A device session is 15 minutes, its start included:
@@ -32,6 +32,11 @@
 #   profilecl the same for a batched round of FedGP and of DER (split 5 x 2, task 1) on ResNet-18;
 #   resnet18  that setting: the plain loop (central) against the sequential and batched
 #             engines, then the batched engine in bf16 beside the plain fp32 loop;
+#   width18   that setting batched in groups of at most 1, 2 and 5 clients
+#             (train.max_parallel_clients; the resnet18 section's batched run is 10) beside the
+#             plain loop: one client at a time replays the plain step as CUDA graphs (how
+#             much of the plain loop is launching kernels), and the widths between show where
+#             the stacked (grouped) convolutions stop paying;
 #   resnet18tv torchvision's ImageNet ResNet-18 (resnet18_imagenet, FedProTIP's tables' model;
 #             batched since the third session of 2026-12-02) in that setting: the plain loop
 #             against the sequential and batched engines;
@@ -72,7 +77,7 @@
 #             (one GPU name's files) times each paper table's runs at their model's rates.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests resnet18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}}
+ORDER=${ORDER:-${SECTIONS:-tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}
@@ -168,6 +173,10 @@ resnet18() {
         --epochs 1 --rounds 5 --json "$out/resnet18-dir-e1.json" | tee -a "$out/sim.txt"
     box 80 "${sim[@]}" --warmup 3 --modes central vectorized --preset resnet18 --partition dirichlet0.5 \
         --epochs 1 --rounds 5 --precision bf16 --json "$out/resnet18-dir-e1-bf16.json" | tee -a "$out/sim.txt"
+}
+width18() {
+    box 110 "${sim[@]}" --warmup 3 --modes central vectorized@1 vectorized@2 vectorized@5 --preset resnet18 \
+        --partition dirichlet0.5 --epochs 1 --rounds 3 --json "$out/resnet18-dir-e1-width.json" | tee -a "$out/sim.txt"
 }
 resnet18tv() {
     box 120 "${sim[@]}" --warmup 3 --modes central sequential vectorized --preset resnet18-imagenet \
@@ -295,7 +304,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 profilecl resnet18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
+    case " tests lanes lanes2 decay profile18 profilecl resnet18 width18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -20,6 +20,11 @@ robust when the machine's speed drifts):
                   CUDA stream per lane; on a CPU each lane on --threads / --lanes threads);
   (f) vectorized-lanes  the batched engine with its exchanges' replies on --lanes lanes (the
                   task end's, the round end's: FedGP, GPM, FedProTIP, ...).
+  (g) vectorized@N  the batched engine in groups of at most N clients
+                  (train.max_parallel_clients: N); vectorized@1 trains one client at a time
+                  through the batched step, so on a GPU its steps replay as CUDA graphs: how
+                  much of the plain loop's time is launching kernels, and which stack width
+                  a model's stacked convolutions run best at.
 
 Every figure gives its ratio to both references, (a) and (d).
 
@@ -61,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -172,16 +178,20 @@ def engine_round(args, engine: str):
     """(device, fn): fn(rnd) runs round ``rnd`` of fedforget's engine (local training +
     aggregation, + global evaluation with --eval global) and returns (seconds, samples
     processed by local training). ``engine`` concurrent: the sequential one on ``lanes(args)``
-    lanes; vectorized-lanes: the batched one, its replies on them."""
+    lanes; vectorized-lanes: the batched one, its replies on them; vectorized@N: the batched
+    one in groups of at most N clients."""
     from dataclasses import replace
 
     from fedforget.engine import Simulation, sample_clients
 
+    engine, _, group = engine.partition("@")
     on_lanes = {"concurrent": "sequential", "vectorized-lanes": "vectorized"}
     rc = run_config(args, on_lanes.get(engine, engine))
     if engine in on_lanes:
         rc = replace(rc, train=replace(rc.train, concurrent_clients=lanes(args)))
         engine = on_lanes[engine]
+    if group:  # (mode_arg admits only vectorized@N)
+        rc = replace(rc, train=replace(rc.train, max_parallel_clients=int(group)))
     sim = Simulation(rc)
     assert sim.engine_info["client_engine"] == engine, sim.engine_info
     t = rc.train
@@ -303,6 +313,16 @@ def lanes(args) -> int:
     return getattr(args, "lanes", 0) or (args.threads if args.device == "cpu" else 4)
 
 
+MODES = ("central", "limit", "sequential", "vectorized", "concurrent", "vectorized-lanes")
+
+
+def mode_arg(mode: str) -> str:
+    """--modes' values: MODES, or vectorized@N (N >= 1)."""
+    if mode in MODES or re.fullmatch(r"vectorized@[1-9][0-9]*", mode):
+        return mode
+    raise argparse.ArgumentTypeError(f"{mode!r}: one of {', '.join(MODES)}, or vectorized@N (N >= 1)")
+
+
 def mode_round(args, mode: str):
     if mode == "limit":
         return limit_round(args)
@@ -389,8 +409,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--modes", nargs="+", default=["central", "limit", "sequential", "vectorized"],
-                    help="limit (CPU only): --threads independent single-thread central loops at once")  # fmt: skip
+    ap.add_argument("--modes", nargs="+", type=mode_arg, default=["central", "limit", "sequential", "vectorized"],
+                    help="limit (CPU only): --threads independent single-thread central loops at once; "
+                    "vectorized@N: the batched engine in groups of at most N clients")  # fmt: skip
     ap.add_argument("--lanes", type=int, default=0,
                     help="clients at once in the concurrent mode (default: --threads on a CPU, 4 on a GPU)")
     ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
