@@ -71,8 +71,11 @@ def test_a_finished_run_whose_outputs_were_deleted_is_put_back_not_trained(
     # outputs newer than the run's inputs for Snakemake: their time is the restore's
     assert all((out / n).stat().st_mtime >= start - 1 for n in OUTPUTS)
 
-    # asked again with its outputs in place: put back too (a group's retry runs every job)
+    # asked again with its outputs in place: put back too (a group's retry runs every job);
+    # a checkpoint found there (never left by this run, which finished) is not read, and goes
+    (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
     assert train(rc, out) == 0 and len(train.trained) == 1 and outputs(out) == first
+    assert not (out / "checkpoint.pt").exists()
 
 
 def test_another_config_fresh_or_a_failed_run_trains_and_drops_the_copy(

@@ -113,9 +113,18 @@ def test_reruns_follow_code_runtime_settings_deletions_failures_and_data(workdir
     snakemake(workdir)
     assert "fedprox" in table.read_text()
 
-    # a forced rerun that fails (here: a damaged checkpoint) loses the run's outputs; the
-    # table that claimed the run goes with them, and the next invocation redoes both
+    # a forced rerun of a finished run puts back the outputs it kept (fedforget.finished:
+    # the same run, not trained again; a checkpoint left there is not read, and goes)
     fedavg = run_dir(workdir, "fedavg")
+    metrics = (fedavg / "metrics.csv").read_bytes()
+    (fedavg / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    snakemake(workdir, "--forcerun", str((fedavg / "metrics.csv").relative_to(workdir)))
+    assert (fedavg / "metrics.csv").read_bytes() == metrics and table.exists()
+    assert not (fedavg / "checkpoint.pt").exists()
+    # without that copy, a forced rerun that fails (here: a damaged checkpoint) loses the
+    # run's outputs; the table that claimed the run goes with them, and the next invocation
+    # redoes both
+    shutil.rmtree(fedavg / ".finished")
     (fedavg / "checkpoint.pt").write_bytes(b"not a checkpoint")
     proc = snakemake(workdir, "--forcerun", str((fedavg / "metrics.csv").relative_to(workdir)), check=False)
     assert proc.returncode != 0
@@ -177,7 +186,10 @@ def test_results_recorded_before_the_canonical_code_digest_rerun_only_where_code
     assert planned_jobs(workdir) == {} and stale(workdir) == ""
 
     # fedavg, still in the bytes form, forced to rerun: under its old digest, which Snakemake
-    # records while its new run.json holds the canonical one; no second run for that
+    # records while its new run.json holds the canonical one; no second run for that. (That
+    # version kept no copy of a finished run's outputs, fedforget.finished, which a forced
+    # rerun would put back instead of training.)
+    shutil.rmtree(run_dir(workdir, "fedavg") / ".finished")
     metrics = run_dir(workdir, "fedavg") / "metrics.csv"
     snakemake(workdir, "--forcerun", str(metrics.relative_to(workdir)))
     rec = json.loads((run_dir(workdir, "fedavg") / "run.json").read_text())

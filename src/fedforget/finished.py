@@ -135,11 +135,16 @@ def restore(
 ) -> dict[str, Any] | None:
     """The kept copy of run ``rc`` put back as ``out_dir``'s outputs (``why_not_restored``
     is None), each with the time of now (Snakemake then sees outputs newer than their
-    inputs); its run.json record, or None where nothing was restored."""
+    inputs); its run.json record, or None where nothing was restored. A checkpoint.pt left
+    there goes: the directory is then the finished run's, as its end left it (any training
+    since would have dropped the copy first)."""
     if why_not_restored(rc, out_dir, device, threads, gpu) is not None:
         return None
+    from .checkpoint import CHECKPOINT  # (torch: only where a copy is put back)
+
     out, kept = Path(out_dir), Path(out_dir) / KEPT
     for name in OUTPUTS:  # run.json last
         _link(kept / name, out / name)
         os.utime(out / name)
+    (out / CHECKPOINT).unlink(missing_ok=True)
     return json.loads((out / "run.json").read_text())
