@@ -460,6 +460,7 @@ def main() -> None:
         "--lanes", str(args.lanes), "--lr-decay", str(args.lr_decay),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    width = max(11, *map(len, args.modes))  # the modes' column (vectorized@N is longer)
     if args.interleave:
         import torch
 
@@ -482,7 +483,7 @@ def main() -> None:
     for m, rs in runs.items():
         ok = [x for x in rs if "error" not in x]
         if not ok:
-            print(f"{m:11s} error: {rs[0]['error']}")
+            print(f"{m:{width}s} error: {rs[0]['error']}")
             continue
         pick = {"_min": min, "_max": max}  # over every process's rounds; medians of the rest
         s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k not in ("mode", "s_rounds")}
@@ -498,7 +499,7 @@ def main() -> None:
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
         cuda += f", graphs captured {s['graph_captures']:.0f}, replayed {s['graph_replays']:.0f}" if "graph_captures" in s else ""
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"
-        print(f"{m:11s} {s['samples_per_s']:10.0f} samples/s (min {s['samples_per_s_min']:.0f}, max {s['samples_per_s_max']:.0f})  {s['s_per_round']:.3f} s/round  "
+        print(f"{m:{width}s} {s['samples_per_s']:10.0f} samples/s (min {s['samples_per_s_min']:.0f}, max {s['samples_per_s_max']:.0f})  {s['s_per_round']:.3f} s/round  "
               f"{rss}{cuda}  {ratio}")  # fmt: skip
     for m, ref in (("vectorized", "sequential"), ("concurrent", "sequential"), ("vectorized-lanes", "vectorized")):
         if ref in summary and m in summary:

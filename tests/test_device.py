@@ -262,3 +262,33 @@ def test_simulation_times_the_exchanges_of_a_method_that_has_them(repo_root, tmp
         assert sim.measure(args, mode)["exchange_s_per_round"] > 0, mode
     args.method = "fedavg"
     assert "exchange_s_per_round" not in sim.measure(args, "vectorized")
+
+
+def test_simulation_mode_vectorized_at_n_trains_groups_of_at_most_n(repo_root, tmp_path, monkeypatch) -> None:
+    """benchmarks/simulation.py's mode vectorized@N (gpu.sh's width18): the batched engine
+    with train.max_parallel_clients N; --modes refuses any other spelling, naming it."""
+    import argparse
+    import importlib.util
+
+    from fedforget.trainers import StackedTrainer
+
+    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    for bad in ("vectorized@0", "vectorized@", "sequential@2", "vectorised"):
+        with pytest.raises(argparse.ArgumentTypeError, match=bad):
+            sim.mode_arg(bad)
+    assert sim.mode_arg("vectorized@3") == "vectorized@3"
+    widths = []
+    real = StackedTrainer.train_clients_together
+
+    def counted(self, views, rnd, lr):
+        widths.append(len(views))
+        return real(self, views, rnd, lr)
+
+    monkeypatch.setattr(StackedTrainer, "train_clients_together", counted)
+    args = argparse.Namespace(preset="digits", public=0.0, data=str(tmp_path), rounds=1, warmup=0, epochs=1,
+                              partition="iid", eval="none", device="cpu", threads=1, memory=0)  # fmt: skip
+    sim.prepare(args)
+    assert sim.measure(args, "vectorized@3")["samples_per_s"] > 0
+    assert widths and max(widths) == 3 and sum(widths) == 10  # the preset's 10 clients a round
