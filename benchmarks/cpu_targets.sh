@@ -5,7 +5,8 @@
 # at 1 epoch with global evaluation every round, modes interleaved round by round in one
 # process (robust to this machine's drifting speed), median and min-max of 10 rounds, then
 # the memory of 1000 clients with the McMahan CNN. Prints each mode's ratio to the 2-thread
-# centralized loop and to the CPU limit (independent single-thread loops, one per worker);
+# centralized loop, to the CPU limit (independent single-thread loops, one per worker) and to
+# the limit on the clients' own minibatches (limit-clients: whole clients on those loops);
 # targets: batched >= 0.95x the limit at 1 and 5 epochs under Dirichlet 0.5. The McMahan
 # preset alone takes about an hour; PRESETS="digits mnist1d" runs a subset.
 # usage: [PRESETS="..."] bash benchmarks/cpu_targets.sh [OUTDIR]    (results: OUTDIR/*.json)
@@ -13,7 +14,8 @@ set -u
 out=${1:-cpu-results}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
-sim() { python "$here/simulation.py" --interleave --rounds 10 --repeats 1 "$@" | grep -v "^  "; }
+sim() { python "$here/simulation.py" --interleave --rounds 10 --repeats 1 \
+    --modes central limit limit-clients sequential vectorized "$@" | grep -v "^  "; }
 for p in ${PRESETS:-mcmahan digits mnist1d digits-k100 mnist1d-k100}; do
     for part in iid dirichlet0.5; do
         [ "$p" = digits-k100 ] && [ "$part" != iid ] && continue

@@ -15,6 +15,13 @@ robust when the machine's speed drifts):
   (d) limit       (CPU) the limit of client-by-client training on --threads workers: as
                   many single-thread copies of the central loop as workers, at once, each on
                   an equal share of the round's samples;
+  (d') limit-clients  (CPU) the same limit with the clients' own minibatches: the same
+                  workers, each a plain loop over whole clients of the round (the same
+                  sampled clients, taken longest first, each worker the next one as it
+                  finishes one, as the batched engine's workers do), a client's rows in
+                  minibatches of the batch size, its last one short: the bound of any
+                  client-by-client schedule, which (d) exceeds where clients' last batches
+                  add steps;
   (e) concurrent  fedforget's engine, clients one after another on --lanes lanes at once
                   (train.concurrent_clients: a copy of the model, a thread and, on a GPU, a
                   CUDA stream per lane; on a CPU each lane on --threads / --lanes threads);
@@ -26,7 +33,7 @@ robust when the machine's speed drifts):
                   much of the plain loop's time is launching kernels, and which stack width
                   a model's stacked convolutions run best at.
 
-Every figure gives its ratio to both references, (a) and (d).
+Every figure gives its ratio to the references (a), (d) and (d').
 
 Reported per mode: local-training throughput in samples/s (samples processed by local
 training / time of the round, aggregation included; the median over rounds), seconds per
@@ -308,12 +315,73 @@ def limit_round(args):
     return sim.device, one
 
 
+def limit_clients_round(args):
+    """(device, fn) for the CPU limit with the clients' own minibatches (mode limit-clients):
+    ``--threads`` single-thread plain loops, each taking the round's next client (longest
+    first) from a shared queue and training it as a client would: the global weights loaded,
+    a fresh optimizer, each local epoch a permutation of its rows in minibatches of the batch
+    size (its last one short). The clients' data are sliced once, before any timing, so the
+    loops do no gathering (an upper bound: the engine gathers each minibatch)."""
+    import copy
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    import torch.nn.functional as F
+
+    from fedforget.engine import Simulation, sample_clients
+    from fedforget.metrics import evaluate
+
+    rc = run_config(args, "sequential")
+    sim = Simulation(rc)
+    t, workers = rc.train, args.threads
+    data = [sim.clients.slice(k) for k in range(rc.partition.clients)]
+    start = copy.deepcopy(sim.model.state_dict())
+    models = [copy.deepcopy(sim.model).train() for _ in range(workers)]
+    gens = [torch.Generator().manual_seed(j) for j in range(workers)]
+    pool = ThreadPoolExecutor(workers)
+
+    def loop(j: int, todo: queue.SimpleQueue) -> None:
+        torch.set_num_threads(1)
+        model = models[j]
+        while True:
+            try:
+                x, y = data[todo.get_nowait()]
+            except queue.Empty:
+                return
+            model.load_state_dict(start)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            for _ in range(t.local_epochs):
+                perm = torch.randperm(len(y), generator=gens[j])
+                for s in range(0, len(y), t.batch_size):
+                    b = perm[s : s + t.batch_size]
+                    opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(x[b]), y[b]).backward()
+                    opt.step()
+
+    def one(rnd: int) -> tuple[float, int]:
+        sampled = sample_clients(rc.seed, rnd, rc.partition.clients, t.sample_rate)
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for k in sorted(sampled, key=lambda k: -len(data[k][1])):
+            todo.put(k)
+        t0 = time.perf_counter()
+        try:
+            list(pool.map(loop, range(workers), [todo] * workers))
+        finally:
+            torch.set_num_threads(workers)
+        if args.eval == "global":  # one model evaluated per round, as the engine does
+            evaluate(models[0], sim.evaluator.test.x, sim.evaluator.test.y, t.eval_batch_size)
+        return time.perf_counter() - t0, sum(len(data[k][1]) for k in sampled) * t.local_epochs
+
+    return sim.device, one
+
+
 def lanes(args) -> int:
     """The concurrent mode's lanes: --lanes, else one per thread on a CPU, 4 on a GPU."""
     return getattr(args, "lanes", 0) or (args.threads if args.device == "cpu" else 4)
 
 
-MODES = ("central", "limit", "sequential", "vectorized", "concurrent", "vectorized-lanes")
+MODES = ("central", "limit", "limit-clients", "sequential", "vectorized", "concurrent", "vectorized-lanes")
 
 
 def mode_arg(mode: str) -> str:
@@ -326,6 +394,8 @@ def mode_arg(mode: str) -> str:
 def mode_round(args, mode: str):
     if mode == "limit":
         return limit_round(args)
+    if mode == "limit-clients":
+        return limit_clients_round(args)
     return central_round(args) if mode == "central" else engine_round(args, mode)
 
 
@@ -411,7 +481,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", nargs="+", type=mode_arg, default=["central", "limit", "sequential", "vectorized"],
                     help="limit (CPU only): --threads independent single-thread central loops at once; "
-                    "vectorized@N: the batched engine in groups of at most N clients")  # fmt: skip
+                    "limit-clients (CPU only): the same on whole clients, their own minibatches; vectorized@N: the batched engine in groups of at most N clients")  # fmt: skip
     ap.add_argument("--lanes", type=int, default=0,
                     help="clients at once in the concurrent mode (default: --threads on a CPU, 4 on a GPU)")
     ap.add_argument("--memory", type=int, default=0, help="clients (e.g. 1000): measure peak memory at that scale")
@@ -444,8 +514,8 @@ def main() -> None:
     from fedforget.cli import keep_freed_memory
 
     keep_freed_memory()  # as fedforget train does (each mode's process: --child passes here too)
-    if args.device != "cpu" and "limit" in args.modes:
-        args.modes.remove("limit")  # a CPU reference only
+    if args.device != "cpu":
+        args.modes = [m for m in args.modes if not m.startswith("limit")]  # CPU references only
     if args.child:
         return child(args)
 
@@ -478,7 +548,7 @@ def main() -> None:
     print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    central = limit = None
+    central = limit = limit_clients = None
     summary = {}
     for m, rs in runs.items():
         ok = [x for x in rs if "error" not in x]
@@ -493,9 +563,11 @@ def main() -> None:
             central = s["samples_per_s"]
         if m == "limit":
             limit = s["samples_per_s"]
+        if m == "limit-clients":
+            limit_clients = s["samples_per_s"]
     for m, s in summary.items():
-        ratio = f"{s['samples_per_s'] / central:.2f}x central" if central else ""
-        ratio += f", {s['samples_per_s'] / limit:.2f}x limit" if limit else ""
+        refs = (("central", central), ("limit", limit), ("limit-clients", limit_clients))
+        ratio = ", ".join(f"{s['samples_per_s'] / v:.2f}x {name}" for name, v in refs if v)
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
         cuda += f", graphs captured {s['graph_captures']:.0f}, replayed {s['graph_replays']:.0f}" if "graph_captures" in s else ""
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"

@@ -292,3 +292,43 @@ def test_simulation_mode_vectorized_at_n_trains_groups_of_at_most_n(repo_root, t
     sim.prepare(args)
     assert sim.measure(args, "vectorized@3")["samples_per_s"] > 0
     assert widths and max(widths) == 3 and sum(widths) == 10  # the preset's 10 clients a round
+
+
+def test_simulation_limit_clients_trains_each_sampled_client_in_its_own_minibatches(repo_root, tmp_path, monkeypatch) -> None:
+    """benchmarks/simulation.py's mode limit-clients (the CPU bound of a client-by-client
+    schedule): in a round it trains exactly the engine's sampled clients, each in minibatches
+    of the batch size with its last one short, so its steps are the clients' steps (mode
+    limit's equal shares take fewer) and its samples the engine's."""
+    import argparse
+    import importlib.util
+
+    import torch.nn.functional as F
+
+    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    assert sim.mode_arg("limit-clients") == "limit-clients"
+    args = argparse.Namespace(preset="digits", public=0.0, data=str(tmp_path), rounds=1, warmup=0, epochs=2,
+                              partition="dirichlet0.5", eval="none", device="cpu", threads=2, memory=0)  # fmt: skip
+    sim.prepare(args)
+    _, engine = sim.mode_round(args, "sequential")
+    _, bound = sim.mode_round(args, "limit-clients")
+    engine_samples = engine(1)[1]
+    rows: list[int] = []
+    real = F.cross_entropy
+
+    def counted(logits, y, *a, **kw):
+        rows.append(len(y))
+        return real(logits, y, *a, **kw)
+
+    monkeypatch.setattr(F, "cross_entropy", counted)
+    assert bound(1)[1] == engine_samples
+    from fedforget.engine import Simulation, sample_clients
+
+    rc = sim.run_config(args, "sequential")
+    clients, b, want = Simulation(rc).clients, rc.train.batch_size, []
+    for k in sample_clients(rc.seed, 1, rc.partition.clients, rc.train.sample_rate):
+        size = clients.size(k)
+        want += ([b] * (size // b) + ([size % b] if size % b else [])) * args.epochs
+    assert any(w < b for w in want)  # clients whose last minibatch is short
+    assert sorted(rows) == sorted(want)
