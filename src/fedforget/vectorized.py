@@ -1589,9 +1589,14 @@ def train_clients_together(
     # convolutions gain little from a second intra-op thread (benchmarks/engine_choice.py
     # step, 10 clients x 32 rows one after another: McMahan CNN 93.5 ms on 2 intra-op threads,
     # 83.8 ms on 2 workers x 1 thread; cnn2d 28.1 vs 27.1 ms)
-    # [D] BatchNorm models run them on one worker: BatchNorm forwards of two clients at once on
-    # worker threads (each on its own replica) gave other weights than the sequential
-    # trainer, and exact ones on one worker (an ad-hoc check; no script kept); not understood
+    # [D] BatchNorm models run them on one worker (all the intra-op threads, as the sequential
+    # trainer): on a worker a client's step runs on one intra-op thread, and CPU kernels sum
+    # in an order that depends on the thread count (benchmarks/thread_ops.py), a difference
+    # BatchNorm's normalisation amplifies step by step (tests/test_vectorized.py's BatchNorm
+    # test says how far). Re-checked on 2026-12-04 (ad hoc, ResNet-8 width 8 on digits, 2
+    # threads, 2 rounds of 5 epochs of 20-row steps): batched on 2 workers it ended beyond 1e-5
+    # of the sequential trainer, on one worker within it. Not a race: two single-thread
+    # replicas trained at once gave the bits of the same two trained one after another.
     workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
     pool = _worker_pool(workers) if workers > 1 else None
     replicas = _replicas(model, workers) if any(wide) else []
