@@ -548,7 +548,6 @@ def main() -> None:
     print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    central = limit = limit_clients = None
     summary = {}
     for m, rs in runs.items():
         ok = [x for x in rs if "error" not in x]
@@ -559,15 +558,9 @@ def main() -> None:
         s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k not in ("mode", "s_rounds")}
         s["s_rounds"] = [x["s_rounds"] for x in ok]  # every process's rounds
         summary[m] = s
-        if m == "central":
-            central = s["samples_per_s"]
-        if m == "limit":
-            limit = s["samples_per_s"]
-        if m == "limit-clients":
-            limit_clients = s["samples_per_s"]
+    refs = {r: summary[r]["samples_per_s"] for r in ("central", "limit", "limit-clients") if r in summary}
     for m, s in summary.items():
-        refs = (("central", central), ("limit", limit), ("limit-clients", limit_clients))
-        ratio = ", ".join(f"{s['samples_per_s'] / v:.2f}x {name}" for name, v in refs if v)
+        ratio = ", ".join(f"{s['samples_per_s'] / v:.2f}x {name}" for name, v in refs.items() if v)
         cuda = f", peak CUDA {s['peak_cuda_mb']:.0f} MB" if "peak_cuda_mb" in s else ""
         cuda += f", graphs captured {s['graph_captures']:.0f}, replayed {s['graph_replays']:.0f}" if "graph_captures" in s else ""
         rss = "peak RSS (whole process)" if args.interleave else f"peak RSS {s['peak_rss_mb']:.0f} MB"

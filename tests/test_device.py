@@ -19,6 +19,17 @@ from fedforget.vectorized import auto_prefers_sequential
 from .conftest import SMALL_RESNET
 
 
+@pytest.fixture
+def sim(repo_root):
+    """benchmarks/simulation.py, loaded as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_auto_is_cuda_when_a_gpu_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == torch.device("cuda")
@@ -228,16 +239,12 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     assert not empty, f"gpu.sh's pytest calls that select no test: {empty}"
 
 
-def test_simulation_prepares_the_public_slice_a_preset_run_loads(repo_root, tmp_path) -> None:
+def test_simulation_prepares_the_public_slice_a_preset_run_loads(sim, tmp_path) -> None:
     """benchmarks/simulation.py --public on a preset whose dataset has options (gpu.sh's
     FedProj on ResNet-18's CIFAR-shaped blobs): the held-out slice is prepared under the id
     the run loads (it was prepared under the bare dataset's, and every such command failed)."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
-    sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sim)
     args = argparse.Namespace(preset="resnet8", public=0.1, data=str(tmp_path), rounds=1, warmup=1, epochs=1,
                               partition="iid", eval="none", device="cpu", threads=1, memory=0)  # fmt: skip
     assert sim.PRESETS["resnet8"]["options"]  # a dataset with options
@@ -246,15 +253,11 @@ def test_simulation_prepares_the_public_slice_a_preset_run_loads(repo_root, tmp_
     assert (tmp_path / "public" / rc.dataset.public_id / "meta.json").is_file()
 
 
-def test_simulation_times_the_exchanges_of_a_method_that_has_them(repo_root, tmp_path) -> None:
+def test_simulation_times_the_exchanges_of_a_method_that_has_them(sim, tmp_path) -> None:
     """benchmarks/simulation.py's engine modes report a round's seconds in the exchanges'
     client passes (gpu.sh's FedGP: its round-end buffer gradients), FedAvg none."""
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
-    sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sim)
     args = argparse.Namespace(preset="digits", public=0.0, data=str(tmp_path), rounds=2, warmup=1, epochs=1,
                               partition="iid", eval="none", device="cpu", threads=1, memory=0, method="fedgp")  # fmt: skip
     sim.prepare(args)
@@ -264,17 +267,13 @@ def test_simulation_times_the_exchanges_of_a_method_that_has_them(repo_root, tmp
     assert "exchange_s_per_round" not in sim.measure(args, "vectorized")
 
 
-def test_simulation_mode_vectorized_at_n_trains_groups_of_at_most_n(repo_root, tmp_path, monkeypatch) -> None:
+def test_simulation_mode_vectorized_at_n_trains_groups_of_at_most_n(sim, tmp_path, monkeypatch) -> None:
     """benchmarks/simulation.py's mode vectorized@N (gpu.sh's width18): the batched engine
     with train.max_parallel_clients N; --modes refuses any other spelling, naming it."""
     import argparse
-    import importlib.util
 
     from fedforget.trainers import StackedTrainer
 
-    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
-    sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sim)
     for bad in ("vectorized@0", "vectorized@", "sequential@2", "vectorised"):
         with pytest.raises(argparse.ArgumentTypeError, match=bad):
             sim.mode_arg(bad)
@@ -294,19 +293,15 @@ def test_simulation_mode_vectorized_at_n_trains_groups_of_at_most_n(repo_root, t
     assert widths and max(widths) == 3 and sum(widths) == 10  # the preset's 10 clients a round
 
 
-def test_simulation_limit_clients_trains_each_sampled_client_in_its_own_minibatches(repo_root, tmp_path, monkeypatch) -> None:
+def test_simulation_limit_clients_trains_each_sampled_client_in_its_own_minibatches(sim, tmp_path, monkeypatch) -> None:
     """benchmarks/simulation.py's mode limit-clients (the CPU bound of a client-by-client
     schedule): in a round it trains exactly the engine's sampled clients, each in minibatches
     of the batch size with its last one short, so its steps are the clients' steps (mode
     limit's equal shares take fewer) and its samples the engine's."""
     import argparse
-    import importlib.util
 
     import torch.nn.functional as F
 
-    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
-    sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sim)
     assert sim.mode_arg("limit-clients") == "limit-clients"
     args = argparse.Namespace(preset="digits", public=0.0, data=str(tmp_path), rounds=1, warmup=0, epochs=2,
                               partition="dirichlet0.5", eval="none", device="cpu", threads=2, memory=0)  # fmt: skip
