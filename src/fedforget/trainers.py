@@ -240,6 +240,9 @@ class LocalTrainer:
                         ctx.cid,
                     )
                 self.fed.task_reports[ctx.cid] = report
+            # the reply parked the client's state (host memory, on a GPU): ctx.state is that
+            # very dict, back on the device for this training
+            self.fed.client(ctx.cid)
             self.load_params(self.model, self.fed.global_params)
             self.model.set_task(ctx.task)
         self.fed.client_task[ctx.cid] = ctx.task

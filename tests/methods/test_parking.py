@@ -1,0 +1,143 @@
+"""On a GPU each client's state goes to host memory between its trainings
+(``FedState.park``) and back to the device when it is next used (``FedState.client``:
+``offload_clients``). Here, on the CPU, a parked client's tensors become meta tensors (another
+device, no data) until ``FedState.client`` brings them back, so that a step that uses parked
+state fails, as a host tensor in a GPU step would; the run must equal one without parking.
+
+Under asynchronous task boundaries a client's task-end reply runs right before its training
+(``LocalTrainer.enter_task``) and parks it: every method with a task-end exchange, in both
+trainers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedforget.methods import METHODS, RunInfo, make_params
+from fedforget.methods.base import TASK_END
+from fedforget.partition import PartitionSpec
+from fedforget.state import FedState
+from fedforget.train_spec import TrainSpec
+from fedforget.utils import FedForgetError
+
+from .conftest import CPU, QUICK_PARAMS, SMALL_CNN, SPLIT, run, same, strip
+from .test_concurrent_clients import TINY_TARGET
+
+TINY_LANDER = {**TINY_TARGET, "warmup": 0}
+PARAMS = {**QUICK_PARAMS, "target": TINY_TARGET, "lander": TINY_LANDER, "fedprotip": {"tip": "none"}}
+SCENARIO = {**SPLIT, "rounds_per_task": 2, "boundaries": {"samples_per_window": 70, "window_rounds": 2}}
+
+
+def _ends_tasks_asynchronously(name: str) -> bool:
+    """``name`` has a task-end exchange and accepts asynchronous boundaries (iCaRL does not)."""
+    cls, params = METHODS.get(name), make_params(name, PARAMS.get(name) or {})
+    info = RunInfo(CPU, num_classes=10, seed=0, num_clients=4, train=TrainSpec())
+    if TASK_END not in cls(params, info).exchanges:
+        return False
+    try:
+        cls.check_scenario(SCENARIO, params)
+    except FedForgetError:
+        return False
+    return True
+
+
+TASK_ENDERS = [n for n in METHODS.names() if _ends_tasks_asynchronously(n)]
+
+
+def _on_meta(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.to("meta")
+    if isinstance(obj, dict):
+        return {k: _on_meta(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_meta(v) for v in obj)
+    return obj
+
+
+def parking(monkeypatch):
+    """``FedState.park`` / ``FedState.client`` as on a GPU, the host memory played by the meta
+    device; returns the number of parkings so far (a list of one count) and a function that
+    brings every parked client back (to compare client state after a run)."""
+    parked: dict[tuple[int, int], dict] = {}  # (fed, client) -> {key: (meta value, its value)}
+    count = [0]
+
+    def park(self, cid):
+        st = self.clients.get(cid)
+        if st is None:
+            return
+        held = parked.setdefault((id(self), cid), {})
+        for k, v in st.items():
+            if k not in held or held[k][0] is not v:  # not parked already
+                held[k] = (_on_meta(v), v)
+                st[k] = held[k][0]
+        count[0] += 1
+
+    def client(self, cid):
+        st = self.clients.setdefault(cid, {})
+        for k, (meta, value) in parked.pop((id(self), cid), {}).items():
+            if st.get(k) is meta:  # a value written while parked stays
+                st[k] = value
+        return st
+
+    monkeypatch.setattr(FedState, "park", park)
+    monkeypatch.setattr(FedState, "client", client)
+
+    def unpark(fed):
+        for cid in list(fed.clients):
+            fed.client(cid)
+
+    return count, unpark
+
+
+def _cfg(make_run_config, method, engine):
+    return make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, params=PARAMS.get(method),
+        scenario=SCENARIO, partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
+        rounds=6, batch_size=32, eval_local_models=False, eval_every=6, client_engine=engine,
+    )  # fmt: skip
+
+
+def _engines(method):
+    return ["sequential", "vectorized"] if method == "gpm" else ["sequential"]
+
+
+@pytest.mark.parametrize("method,engine", [(m, e) for m in TASK_ENDERS for e in _engines(m)])
+def test_a_parked_client_trains_on_its_state_brought_back(make_run_config, monkeypatch, method, engine):
+    rc = _cfg(make_run_config, method, engine)
+    plain, plain_rows = run(rc)
+    from fedforget.trainers import LocalTrainer
+
+    ends, original = [], LocalTrainer.end_client_task
+
+    def spy(self, cid, task, rnd, lr):
+        ends.append(cid)
+        return original(self, cid, task, rnd, lr)
+
+    monkeypatch.setattr(LocalTrainer, "end_client_task", spy)
+    with monkeypatch.context() as m:
+        count, unpark = parking(m)
+        sim, rows = run(rc)
+        unpark(sim.fed)
+    assert ends and count[0] > 0  # clients ended tasks before training, and were parked
+    assert strip(rows) == strip(plain_rows)
+    assert same(sim.global_params, plain.global_params)
+    assert same(sim.fed.clients, plain.fed.clients)
+
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_every_method_runs_the_same_with_its_clients_parked(public_run_cfg, monkeypatch, method, engine):
+    """Every registered method, in both trainers (the batched one where it trains the method
+    batched; else its fallback): parking between rounds changes nothing (3 of 4 clients sampled,
+    so some stay parked over a round)."""
+    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=3, sample_rate=0.75, client_engine=engine)
+    plain, plain_rows = run(rc)
+    count, unpark = parking(monkeypatch)
+    sim, rows = run(rc)
+    unpark(sim.fed)
+    assert count[0] > 0 or not any(plain.fed.clients.values())  # parked, where any client has state
+    assert strip(rows) == strip(plain_rows)
+    assert same(sim.global_params, plain.global_params)
+    assert same(sim.fed.clients, plain.fed.clients)
+    assert same(sim.fed.server, plain.fed.server)
