@@ -26,9 +26,10 @@ in the body's forward (``models.HFBody``), so no trainer or method knows of it.
   other weights start the cache over. Copies of a model share one cache (``deepcopy`` returns
   it): the trainers' copies of one frozen encoder compute each row once between them. A lock
   serialises the cache's own work (clients on lanes, ``train.concurrent_clients``); on a GPU
-  each insertion ends with the device synchronised, so another lane's stream reads finished
-  features and no tensor it may still read is freed under it (insertions happen only when
-  rows are met for the first time).
+  each insertion begins and ends with the device synchronised: the reads other lanes queued
+  on their streams finish before the insertion frees the tables they read (the allocator
+  would hand that memory to the inserting stream at once), and they read finished features
+  after it (insertions happen only when rows are met for the first time).
 - **Bypassed** (the body runs the encoder as without a cache): forward hooks on the encoder's
   modules (a method reading its activations), torch.func transforms, CUDA graph capture,
   ``torch.compile``. One table per device and autocast state (``train.precision``).
@@ -190,6 +191,8 @@ class FeatureCache:
 
     @staticmethod
     def _insert(t: _Table, keys: torch.Tensor, checks: torch.Tensor, f: torch.Tensor) -> None:
+        if f.is_cuda:  # [D] other lanes' reads of the tables, queued on their streams, finish before any goes
+            torch.cuda.synchronize(f.device)
         k = len(f)
         if t.feats is None or t.n + k > len(t.feats):  # grow by doubling
             cap = max(2 * (t.n + k), 1024)
@@ -204,5 +207,5 @@ class FeatureCache:
         t.checks = torch.cat([t.checks, checks])[order]
         t.slots = torch.cat([t.slots, torch.arange(t.n, t.n + k, device=f.device)])[order]
         t.n += k
-        if f.is_cuda:  # [D] other lanes' streams read finished tensors, and none freed under them
+        if f.is_cuda:  # [D] and other lanes' streams read finished tensors
             torch.cuda.synchronize(f.device)
