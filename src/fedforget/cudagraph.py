@@ -21,8 +21,9 @@ heads' read tensors of one group's local training: their graphs live for that ca
 (``scope``), and only shapes met at least three times there are captured. A step reads its
 minibatch rows from a static index tensor that each replay's rows are copied into (and a
 streamed pool's minibatch, read ahead, likewise). Everything else a step allocates comes
-from one memory pool that all graphs share (they run one after another on one stream; what
-a step allocates and keeps, e.g. FedSOL's stacked global weights, lives until its call ends).
+from one memory pool that all live graphs share (they run one after another on one stream;
+what a step allocates and keeps, e.g. FedSOL's stacked global weights, lives until its call
+ends); once every graph of a pool has gone, the next capture starts a new one.
 
 Set FEDFORGET_CUDA_GRAPHS=0 to run every step eagerly (the same results, slower).
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import torch
@@ -131,6 +133,7 @@ class StepGraphs:
         self.graphs: dict[Hashable, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.seen: set[Hashable] = set()
         self.pool = None
+        self.pool_graphs: weakref.WeakSet = weakref.WeakSet()  # the live graphs of ``pool``
         self.tensors: dict[str, torch.Tensor] = {}
         self.layout: Hashable = None
         self.captures = 0  # for tests and benchmarks
@@ -253,17 +256,23 @@ class StepGraphs:
             if idx.device.type == "cuda":
                 graph = torch.cuda.CUDAGraph()
                 torch.cuda.synchronize()
+                # [D] a pool whose graphs have all gone (a scope's, cleared ones) is not named
+                # again: a tensor a step kept may hold it, and PyTorch refuses a capture into a
+                # pool that no graph uses but that still exists (its use count 0); a new one
+                pool = self.pool if len(self.pool_graphs) else None
                 try:
                     # thread_local: a streamed pool's reader thread may pin, copy and allocate
                     # meanwhile, on the default stream (global mode would fail the capture for it)
-                    with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                         step(*static)
                 except RuntimeError as e:  # no silent fallback: the step may have changed host state
                     raise RuntimeError(
                         f"a training step could not be captured in a CUDA graph ({e}); "
                         f"{GRAPHS_ENV}=0 runs every step eagerly (the same results)"
                     ) from e
-                self.pool = graph.pool()
+                if pool is None:
+                    self.pool, self.pool_graphs = graph.pool(), weakref.WeakSet()
+                self.pool_graphs.add(graph)
             else:  # FEDFORGET_CUDA_GRAPHS=tape
                 graph = Tape()
                 with graph:
