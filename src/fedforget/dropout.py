@@ -49,7 +49,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .inputs import keyed_uniform_ints
-from .utils import on_device, torch_seed
+from .utils import host_to_device, on_device, torch_seed
 
 DROPOUT_STREAM = 0x55  # keyed randomness of dropout masks (0x51-0x54: schedule, shuffling, init, distillation)
 _RANGE = 1 << 31  # keyed_uniform_ints draws integers in [0, 2^31)
@@ -220,7 +220,7 @@ def draws_globally(module: nn.Module, run: Callable[[], object]) -> bool:
         return [torch.get_rng_state(), *([torch.cuda.get_rng_state(dev)] if cuda else [])]
 
     before, mode = states(), module.training
-    set_dropout_key(keyed, DropoutKey(torch.tensor(0, device=dev), 0, host=0))
+    set_dropout_key(keyed, DropoutKey(key_tensor(0, dev), 0, host=0))
     try:
         module.train()
         with torch.no_grad():
@@ -294,6 +294,13 @@ def set_dropout_key(modules: Sequence[KeyedDropout], key: DropoutKey | None) -> 
 def client_key(seed: int, rnd: int, cid: int) -> int:
     """Client ``cid``'s dropout key of round ``rnd`` (63 bits)."""
     return torch_seed(seed, rnd, cid, DROPOUT_STREAM)
+
+
+def key_tensor(keys: int | Sequence[int], device: torch.device) -> torch.Tensor:
+    """Host keys (``client_key``, ``reply_key``: one client's, or a stack's in a list) as the
+    int64 tensor (0-dim, or [G]) that the masks read on ``device`` [D], in one form for both
+    trainers: copied without waiting for the device's queued steps (``host_to_device``)."""
+    return host_to_device(torch.tensor(keys, dtype=torch.int64), device)
 
 
 def reply_key(seed: int, rnd: int, cid: int, exchange: int) -> int:

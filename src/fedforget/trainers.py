@@ -45,7 +45,7 @@ import torch
 from .clientdata import ClientData, TaskView
 from .config import Experiment
 from .cudagraph import StepGraphs
-from .dropout import DropoutKey, client_key, keyed_modules, reply_key, set_dropout_key
+from .dropout import DropoutKey, client_key, key_tensor, keyed_modules, reply_key, set_dropout_key
 from .evaluation import Evaluator
 from .inputs import prefetched
 from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload, make_params
@@ -264,7 +264,7 @@ class LocalTrainer:
         method.client_begin(ctx)
         loss_sum = torch.zeros((), device=self.device)
         host = client_key(self.seed, rnd, cid) if self.dropout else None
-        key = host_to_device(torch.tensor(host), self.device) if host is not None else None
+        key = key_tensor(host, self.device) if host is not None else None
         ahead = self.clients.x.read_ahead
         for chunks in self.epoch_orders(cid, rnd, len(view), host=ahead):
             chunks = chunks[: ctx.epoch_steps]  # a method may cut the epoch short
@@ -308,7 +308,7 @@ class LocalTrainer:
             ctx = self.client_context(cid, rnd, lr, view)
             if self.dropout:  # a reply's masks in training mode (fedforget.dropout.reply_key)
                 host = self.reply_keys(exchange, rnd, [cid])[0]
-                set_dropout_key(self.dropout, DropoutKey(host_to_device(torch.tensor(host), self.device), 0, host))
+                set_dropout_key(self.dropout, DropoutKey(key_tensor(host, self.device), 0, host))
             try:
                 reply = self.method.client_reply(exchange, ctx)
             finally:

@@ -96,6 +96,7 @@ from .dropout import (
     DropoutKey,
     KeyedDropout,
     keep_scale,
+    key_tensor,
     keyed_modules,
     scaled_mask,
     set_dropout_key,
@@ -429,7 +430,7 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor], keys: 
                 out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
                 for j in range(g):
                     if drop:
-                        set_dropout_key(drop, DropoutKey(torch.tensor(hosts[j], device=device), 0, hosts[j]))
+                        set_dropout_key(drop, DropoutKey(key_tensor(hosts[j], device), 0, hosts[j]))
                     leaves = {n: global_params[n].detach().requires_grad_() for n in names}  # no copy
                     bufs = {n: global_params[n].clone() for n in buffer_names}
                     logits = functional_call(model, {**global_params, **leaves, **bufs}, (x[j],))
@@ -442,7 +443,7 @@ def reply_grads(model: nn.Module, global_params: dict[str, torch.Tensor], keys: 
                       for n in [*names, *frozen, *buffer_names]}  # fmt: skip
             w = {n: copies[n].requires_grad_() for n in names}
             if drop:
-                set_dropout_key(drop, DropoutKey(torch.tensor(hosts, device=device), 0))
+                set_dropout_key(drop, DropoutKey(key_tensor(hosts, device), 0))
             logits = stacked_forward(model, copies, x)
             gs = torch.autograd.grad(loss_of(logits, 0).sum(), list(w.values()), allow_unused=True)
             return {n: torch.zeros_like(v) if d is None else d for (n, v), d in zip(w.items(), gs)}
@@ -1049,7 +1050,7 @@ def train_clients_together(
     # keyed dropout (fedforget.dropout): each client's masks from its key and its step, k of
     # the stack (a device tensor, so that captured steps read it)
     drop = keyed_modules(model)
-    keys = torch.tensor([j.dropout_key for j in jobs_sorted], dtype=torch.int64, device=device)
+    keys = key_tensor([j.dropout_key for j in jobs_sorted], device)
     step_t = torch.zeros((), dtype=torch.int64, device=device)
     if drop and graphs is not None and persistent:
         keys, step_t = graphs.dropout_inputs(keys)
