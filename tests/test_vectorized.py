@@ -284,8 +284,12 @@ def _stacked_params(model, g, seed=0):
 RESNETS = [(name, norm) for name in ("resnet8", "resnet18") for norm in ("batch", "group", "none")]
 
 
-@pytest.mark.parametrize("name,norm", [*RESNETS, ("resnet18_imagenet", "batch")])
-def test_stacked_resnet_equals_each_client_alone(name, norm):
+@pytest.mark.parametrize(
+    "name,norm,nhwc",
+    [*[(n, m, False) for n, m in RESNETS], ("resnet18_imagenet", "batch", False),
+     ("resnet18", "batch", True), ("resnet8", "group", True), ("resnet18_imagenet", "batch", True)],
+)  # fmt: skip
+def test_stacked_resnet_equals_each_client_alone(name, norm, nhwc, monkeypatch):
     """The ResNets layer by layer (issue 32: grouped convolutions, BatchNorm and GroupNorm
     over the clients' channels side by side), ours and torchvision's (``resnet18_imagenet``,
     FedProTIP's tables: its BasicBlock, 7x7 stem, max-pool): in float64, logits, each
@@ -294,9 +298,23 @@ def test_stacked_resnet_equals_each_client_alone(name, norm):
     (functional_call) on its own rows, to rounding (1e-12), and the eval-mode logits (running
     statistics) likewise. [D] float64: in float32 a ReLU input within rounding of 0 takes the
     kink's two sides in the two passes for some init (ResNet-18 with GroupNorm: one layer's
-    gradient 2 % apart)."""
+    gradient 2 % apart). ``nhwc``: the stacked layers in channels_last, as on a GPU (there
+    only: ``vectorized.nhwc_device``), here on the CPU."""
     from torch.func import functional_call
 
+    import fedforget.vectorized as vec
+
+    layouts = []
+    if nhwc:
+        monkeypatch.setattr(vec, "nhwc_device", lambda t: True)
+        conv2d = vec.F.conv2d
+
+        def spy(h, *args, **kw):
+            nhwc_ok = h.is_contiguous(memory_format=torch.channels_last)  # (either, where C = 1 or H = W = 1)
+            layouts.append((nhwc_ok, nhwc_ok and not h.is_contiguous()))
+            return conv2d(h, *args, **kw)
+
+        monkeypatch.setattr(vec.F, "conv2d", spy)
     gen = torch.Generator().manual_seed(1)
     torch.manual_seed(0)
     opts = {} if name == "resnet18_imagenet" else {"norm": norm, **SMALL_RESNET}
@@ -313,6 +331,9 @@ def test_stacked_resnet_equals_each_client_alone(name, norm):
     x = torch.randn(g, 6, 3, 8, 8, generator=gen, dtype=torch.float64)
     leaves = {k: v.clone().requires_grad_() for k, v in p.items()}
     out = stacked_forward(model, {**leaves, **st}, x)
+    if nhwc:  # the stacked convolutions in NHWC: every one (torchvision's from its first block on)
+        assert any(strict for _, strict in layouts)
+        assert all(ok for ok, _ in (layouts[1:] if name == "resnet18_imagenet" else layouts))
     grads = torch.autograd.grad(out.square().sum(), list(leaves.values()))
     for j in range(g):
         own = {k: v[j].clone().requires_grad_() for k, v in p.items()}

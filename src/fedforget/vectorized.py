@@ -472,6 +472,12 @@ def channels_last_mode(value: str | None) -> str:
 
 CHANNELS_LAST = channels_last_mode(os.environ.get("FEDFORGET_STACKED_CHANNELS_LAST"))
 
+
+def nhwc_device(t: torch.Tensor) -> bool:
+    """Whether the stacked layers on ``t`` may run in channels_last: on a GPU [D] (the tests
+    run the same code on a CPU by replacing this)."""
+    return t.is_cuda
+
 # activation layouts of stacked_forward
 GB = "[G, B, ...]"  # client, sample, features: Linear layers (one batched matmul)
 GRP = "[B, G*C, ...]"  # clients side by side in the channels: convolutions (one grouped conv), pooling
@@ -513,13 +519,13 @@ def _stacked(
         conv = F.conv2d if isinstance(module, nn.Conv2d) else F.conv1d
         bias = None if b is None else b.reshape(-1)
         w = w.reshape(-1, *w.shape[2:])  # [G*O, C/groups, k...]
-        if h.dim() == 4 and h.is_cuda and (CHANNELS_LAST == "1" or _nhwc(h)):  # what follows keeps it
+        if h.dim() == 4 and nhwc_device(h) and (CHANNELS_LAST == "1" or _nhwc(h)):  # what follows keeps it
             h = h.contiguous(memory_format=torch.channels_last)
             w = w.contiguous(memory_format=torch.channels_last)
         return conv(h, w, bias, module.stride, module.padding, module.dilation, g * module.groups), GRP
     if type(module) is ResNetBody:  # ResNetBody.forward: stem, blocks (each then ReLU), average pool
         h = _relayout(h, layout, GRP, g)
-        if h.is_cuda and CHANNELS_LAST != "0":  # its layers follow the input's layout
+        if nhwc_device(h) and CHANNELS_LAST != "0":  # its layers follow the input's layout
             h = h.contiguous(memory_format=torch.channels_last)
         for name in ("conv1", "bn1"):
             h = _stacked(getattr(module, name), p, h, g, f"{prefix}{name}.", GRP)[0]
@@ -539,7 +545,7 @@ def _stacked(
         # from its first block on, as ResNetBody's blocks run
         ours = type(module) is BasicBlock
         x = _relayout(h, layout, GRP, g)
-        if not ours and x.is_cuda and CHANNELS_LAST != "0":
+        if not ours and nhwc_device(x) and CHANNELS_LAST != "0":
             x = x.contiguous(memory_format=torch.channels_last)
 
         def run(name: str, x: torch.Tensor) -> torch.Tensor:
