@@ -39,6 +39,19 @@ def test_auto_is_cuda_when_a_gpu_is_visible(monkeypatch: pytest.MonkeyPatch) -> 
         resolve_device("cuda:1")
 
 
+def test_a_device_this_machine_lacks_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index beyond the machine's GPUs, or MPS where there is none: one error naming the
+    value and what this machine allows (a raw CUDA error at the first tensor before)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1") and resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(FedForgetError, match=r"train.device='cuda:2' but this machine has 2 CUDA device\(s\); allowed: auto, cpu, cuda, cuda:0, cuda:1$"):
+        resolve_device("cuda:2")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(FedForgetError, match="train.device='mps' but no MPS device is available"):
+        resolve_device("mps")
+
+
 def test_a_gpu_trains_clients_batched_where_stacked_forward_runs_the_model() -> None:
     stacked = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU())
     assert auto_prefers_sequential(stacked, torch.device("cuda")) is None

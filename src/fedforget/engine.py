@@ -77,11 +77,23 @@ TIMING_COLUMNS = [
 
 
 def resolve_device(name: str) -> torch.device:
+    """``train.device`` on this machine (the schema allows auto, cpu, cuda[:N], mps); a device
+    this machine lacks is refused, named, before the job trains (a node without it: another
+    machine's config, or an index beyond its GPUs)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise FedForgetError(f"train.device='{name}' but no CUDA device is available")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise FedForgetError(f"train.device='{name}' but no CUDA device is available")
+        if dev.index is not None and dev.index >= n:
+            raise FedForgetError(
+                f"train.device='{name}' but this machine has {n} CUDA device(s); allowed: auto, cpu, cuda, "
+                + ", ".join(f"cuda:{i}" for i in range(n))
+            )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise FedForgetError(f"train.device='{name}' but no MPS device is available")
     return dev
 
 
