@@ -275,6 +275,21 @@ def test_per_layer_thresholds_as_in_the_codes_pmnist():
     assert check_params("gpm", {})["threshold"] == 0.97
 
 
+def test_per_layer_thresholds_of_another_length_stop_the_run_before_training(make_run_config, monkeypatch):
+    """The list's length is checked when the model is built (``model_init``), before round 0
+    trains: not at the first task end, after a task's training."""
+    rc = make_run_config(dataset="digits", model="cnn2d", model_options={"channels": [4, 8], "hidden": 16},
+                         method="gpm", params={"threshold": [0.9]},
+                         scenario={"kind": "split", "tasks": 2, "classes_per_task": 5, "rounds_per_task": 1})  # fmt: skip
+    from fedforget.trainers import LocalTrainer
+
+    trained, original = [], LocalTrainer.train_client
+    monkeypatch.setattr(LocalTrainer, "train_client", lambda self, *a, **k: trained.append(1) or original(self, *a, **k))
+    with pytest.raises(FedForgetError, match=r"method 'gpm': threshold has 1 values for 4 projected layers"):
+        Simulation(rc, device=CPU).run(progress=False)
+    assert not trained
+
+
 # ----------------------------------------------------------------------------- the stacked trainer
 @pytest.mark.parametrize("memory", ["local", "global"])
 def test_gpm_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, memory):

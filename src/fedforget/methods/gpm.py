@@ -206,6 +206,12 @@ class GPM(FedAvg):
         what = "Eq. 5's smallest r reaching eps" if rule == "paper" else "the code's count below eps, one fewer"
         return f"GPM task0_rank={rule} ({what})"
 
+    def model_init(self, model: nn.Module) -> None:
+        """[D] A per-layer ``threshold`` list of another length than the model's projected
+        layers is refused when the model is built, before any training (it was first read at
+        the first task end)."""
+        self.thresholds(projected_layers(model), 0)
+
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         if self.p.memory == "global":
