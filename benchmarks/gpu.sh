@@ -72,9 +72,11 @@
 #             computed in every pass against kept (fedforget.featcache);
 #   rates     benchmarks/model_rates.py: FedAvg samples/s and evaluation rows/s of every distinct
 #             (model, input shape, batch) of the paper configs, with what is left of BUDGET
-#             (settings measured in an earlier session on a GPU of this name skipped); then
-#             `python benchmarks/paper_runtime.py --model-rates benchmarks/results/*/model_rates.json`
-#             (one GPU name's files) times each paper table's runs at their model's rates.
+#             (settings an earlier session measured on a GPU of this name, with the trainer
+#             each runs with now, skipped; hf's from this run's section hf); then
+#             `python benchmarks/paper_runtime.py --model-rates benchmarks/results/*/model_rates.json
+#             OUTDIR/hf-rates-c1.json` (one GPU name's files) times each paper table's runs at
+#             their model's rates.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 set -u
 ORDER=${ORDER:-${SECTIONS:-tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}}
@@ -155,13 +157,13 @@ profilecl() {  # where a batched round of FedGP (its round-end replies stacked) 
         --epochs 1 --warmup 2 --rounds 2 --rows 25 --method fedgp >"$out/profile-resnet18-fedgp.txt" 2>&1
     box 120 python "$here/profile_round.py" --preset resnet18 --mode vectorized --device cuda --partition dirichlet0.5 \
         --epochs 1 --warmup 5 --rounds 2 --rows 25 --method der --tasks 5 >"$out/profile-resnet18-der.txt" 2>&1
-    sed -n 1,3p "$out/profile-resnet18-fedgp.txt" "$out/profile-resnet18-der.txt"
+    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-fedgp.txt" "$out/profile-resnet18-der.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do
         box 100 python "$here/profile_round.py" --preset resnet18 --mode $m --device cuda --partition dirichlet0.5 \
             --epochs 1 --warmup 2 --rounds 2 --rows 25 >"$out/profile-resnet18-$m.txt" 2>&1
-        sed -n 1,3p "$out/profile-resnet18-$m.txt"
+        grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-$m.txt"
     done
 }
 resnet18() {
@@ -202,7 +204,8 @@ joined() {  # stacked since the second session of 2026-12-03: rows of the method
     box 150 "${sim[@]}" --warmup 1 --modes sequential vectorized --preset vit --partition dirichlet0.5 \
         --epochs 1 --rounds 2 --method l2p --json "$out/vit-e1-l2p.json" | tee -a "$out/sim.txt"
 }
-vgg11() {  # s_rounds in the JSON are every round's seconds, the warm-up's first
+vgg11() {  # s_rounds in the JSON: per process, every round's seconds, the warm-up's first (a docs
+    # marker reads the first process's first round as s_rounds.0.0; h200-2026-11-27's file, older, s_rounds.0)
     box 90 "${sim[@]}" --warmup 2 --modes central sequential vectorized --preset vgg11 --partition dirichlet0.5 \
         --epochs 1 --rounds 12 --json "$out/vgg11-dir-e1.json" | tee -a "$out/sim.txt"
 }
@@ -234,17 +237,17 @@ fedsol18() {
         --rounds 3 --method fedsol --json "$out/resnet18-e1-fedsol.json" | tee -a "$out/sim.txt"
     box 80 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol --device cuda \
         --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 >"$out/profile-resnet18-fedsol-batched.txt" 2>&1
-    sed -n 1,3p "$out/profile-resnet18-fedsol-batched.txt"
+    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-fedsol-batched.txt"
     # the same without CUDA graphs (its steps ran eagerly before 2026-12-02): what the graphs give
     box 80 env FEDFORGET_CUDA_GRAPHS=0 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol \
         --device cuda --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 \
         >"$out/profile-resnet18-fedsol-batched-eager.txt" 2>&1
-    sed -n 1,3p "$out/profile-resnet18-fedsol-batched-eager.txt"
+    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-fedsol-batched-eager.txt"
 }
 fedsol() {
     box 60 python "$here/profile_round.py" --preset mcmahan --mode vectorized --method fedsol --device cuda \
         --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol-batched.txt" 2>&1
-    sed -n 1,3p "$out/profile-fedsol-batched.txt"
+    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-fedsol-batched.txt"
     for m in fedsol fedsam fedntd; do
         box 35 "${sim[@]}" --warmup 2 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
             --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"

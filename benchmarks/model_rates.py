@@ -54,13 +54,13 @@ from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, 
 from fedforget.data import DATASETS, DatasetInfo, prepare_dataset
 from fedforget.data.base import Arrays
 from fedforget.engine import Simulation, sample_clients
-from fedforget.models import HFBody
+from fedforget.models import HFBody, build_model
 from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from paper_runtime import HF_SHAPES, hf_config, setting_key  # noqa: E402  (the hub encoders' published shapes)
+from paper_runtime import HF_SHAPES, gpu_engine, hf_config, setting_key  # noqa: E402  (the hub encoders' published shapes)
 
 CLIENTS = 10
 
@@ -207,6 +207,24 @@ def _key(row: dict) -> tuple:
     return setting_key(row["model"], row["options"], row["shape"], row["batch"])
 
 
+def expected_engine(s: dict, a: argparse.Namespace) -> str:
+    """The trainer the setting runs with here: its ``client_engine``, or what auto picks on
+    ``--device`` (``paper_runtime.gpu_engine``, the model built as ``measure``'s run builds it)."""
+    if s.get("client_engine", "auto") != "auto":
+        return s["client_engine"]
+    rc = run_config(s, a)
+    classes = DATASETS.get(rc.dataset.name).num_classes
+    model = build_model(rc.dataset.model, tuple(s["shape"]), classes, rc.dataset.model_options)
+    return gpu_engine(rc, model, a.device)
+
+
+def measured_before(s: dict, done: set, a: argparse.Namespace) -> bool:
+    """Whether ``done`` (--skip's (setting, trainer) pairs) holds ``s`` as it runs now [D]: with
+    the trainer it runs with here (paper_runtime looks a run's rate up by its setting and that
+    trainer), so that an earlier session's other trainer is measured again."""
+    return any(k == _key(s) for k, _ in done) and (_key(s), expected_engine(s, a)) in done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -231,8 +249,9 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-rates-data"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--skip", nargs="*", default=[],
-                    help="earlier --json outputs: the settings they measured on a device of this name are not "
-                         "measured again (a later session goes on where a budget cut one)")
+                    help="earlier --json outputs: the settings they measured on a device of this name, with the "
+                         "trainer each runs with now, are not measured again (a later session goes on where a "
+                         "budget cut one)")
     a = ap.parse_args()
     if a.malloc == "keep":  # as fedforget train does
         from fedforget.cli import keep_freed_memory
@@ -246,7 +265,7 @@ def main() -> None:
         if earlier["setting"]["device"] != device:
             print(f"--skip {f}: measured on {earlier['setting']['device']}, not {device}: measured again", flush=True)
             continue
-        done |= {_key(r) for r in earlier["rows"] if "error" not in r}
+        done |= {(_key(r), r["engine"]) for r in earlier["rows"] if "error" not in r}
     start, rows = time.perf_counter(), []
     settings = paper_settings()
     if a.feature_cache is not None:  # the settings it changes, each with the cache on, off, or both
@@ -258,7 +277,7 @@ def main() -> None:
     for s in settings:
         if a.only and s["model"] not in a.only:
             continue
-        if _key(s) in done:
+        if measured_before(s, done, a):
             print(f"{s['model']} {json.dumps(s['options'])} {tuple(s['shape'])} batch {s['batch']}: in --skip", flush=True)
             continue
         if time.perf_counter() - start > a.budget:

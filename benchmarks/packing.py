@@ -73,14 +73,21 @@ def run_jobs(args, n: int, tmp: Path) -> dict:
             break
         time.sleep(0.05)
     start.touch()
-    jobs = []
-    for _, p in procs:
+    jobs, failed = [], []
+    for _, p in procs:  # every job to its end, a failed one's siblings too (none left on the GPU)
         out, err = p.communicate()
         lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
         if p.returncode != 0 or not lines:
-            raise SystemExit(f"a job failed:\n{err[-3000:]}")
-        jobs.append(json.loads(lines[-1][7:]))
+            failed.append(err[-3000:])
+        else:
+            jobs.append(json.loads(lines[-1][7:]))
+    if failed:
+        raise JobFailed(f"{len(failed)} of {n} jobs failed:\n{failed[0]}")
     return {"jobs": n, "samples_per_s": sum(j["samples_per_s"] for j in jobs), "per_job": jobs}
+
+
+class JobFailed(Exception):
+    """A job of a packed run ended without its result (e.g. out of GPU memory)."""
 
 
 def main() -> None:
@@ -119,18 +126,30 @@ def main() -> None:
                f"({args.partition}), rate {p['rate']}, batch {p['batch']}, {args.epochs} local epoch(s), "
                f"{args.threads} thread(s) per job, {args.device}, {args.warmup} warm-up rounds, {args.seconds:g} s timed")  # fmt: skip
     print(f"# {setting}")
-    results = []
+    results, failed = [], None
+
+    def write() -> None:  # after every count of jobs: a failed or cut run keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps({"setting": setting, "args": vars(args) | {"passthrough": None},
+                                                   "results": results}, indent=1) + "\n")  # fmt: skip
+
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.jobs:
-            r = run_jobs(args, n, Path(tmp))
+            try:
+                r = run_jobs(args, n, Path(tmp))
+            except JobFailed as e:  # [D] kept, as the last entry; more jobs at once would fail as well
+                results.append({"jobs": n, "error": str(e)})
+                failed = f"{n} job(s): {e}"
+                write()
+                break
             r["gain"] = r["samples_per_s"] / results[0]["samples_per_s"] if results else 1.0
             results.append(r)
             mem = max(j.get("peak_cuda_mb", 0.0) for j in r["per_job"])
             print(f"{n} job(s): {r['samples_per_s']:9.0f} samples/s  gain {r['gain']:.2f}x"
                   + (f"  peak CUDA memory per job {mem:.0f} MiB" if mem else ""), flush=True)  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps({"setting": setting, "args": vars(args) | {"passthrough": None},
-                                               "results": results}, indent=1) + "\n")  # fmt: skip
+            write()
+    if failed:
+        raise SystemExit(failed)
 
 
 if __name__ == "__main__":

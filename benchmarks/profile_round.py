@@ -57,7 +57,9 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     args = ap.parse_args()
     args.memory = 0  # simulation.run_config reads these
-    args.repeats = 1
+    # [D] the run is configured for rounds x repeats + warmup + 1 rounds: 2 (timed, then profiled)
+    # keeps its final round, where the engine evaluates the global model, out of the profile
+    args.repeats = 2
     if args.tasks > 1 and 2 * args.rounds >= args.warmup:  # task 1 holds warmup rounds, its last a task end
         ap.error(f"--tasks {args.tasks}: the {args.rounds} timed and {args.rounds} profiled rounds must end within "
                  f"task 1, before its task end: 2 x --rounds < --warmup ({args.warmup})")  # fmt: skip

@@ -88,3 +88,26 @@ def test_rates_of_several_devices_are_refused_and_pretrained_is_not_part_of_a_se
     assert pr.setting_key("vit", {"pretrained": True, "x": 1}, [3, 224, 224], 32) == pr.setting_key(
         "vit", {"x": 1}, (3, 224, 224), 32
     )
+
+
+def test_model_rates_measures_again_a_setting_measured_with_another_trainer(tmp_path):
+    """model_rates.py --skip: a setting measured before with the trainer it runs with now is
+    not measured again; one measured with the other trainer is (paper_runtime looks the rate
+    up by setting and trainer: the H200's first rates were of the sequential trainer)."""
+    import argparse
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("model_rates", REPO / "benchmarks" / "model_rates.py")
+        mr = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mr)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    a = argparse.Namespace(device="cpu", clients=2, steps=1, eval_rows=8, data=str(tmp_path), warmup=0, rounds=1,
+                           threads=1, concurrent=1)  # fmt: skip
+    s = {"model": "cnn_fedgp", "options": {}, "shape": [1, 28, 28], "batch": 32, "paper_runs": 1}
+    now = mr.expected_engine(s, a)
+    other = {"sequential": "vectorized", "vectorized": "sequential"}[now]
+    assert mr.measured_before(s, {(mr._key(s), now)}, a)
+    assert not mr.measured_before(s, {(mr._key(s), other)}, a)
+    assert mr.expected_engine({**s, "client_engine": other}, a) == other
