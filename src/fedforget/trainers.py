@@ -687,6 +687,8 @@ class StackedTrainer(LocalTrainer):
             if not per_client:
                 ups.append(Upload(r.cid, len(views[r.cid]), r.params, r.steps))
                 stats.append({})
+                if r.cid in ctxs:  # entered a task (its state on the device): back to host memory
+                    self.fed.park(r.cid)
                 continue
             self.load_params(self.model, r.params)
             # a method with terms began every client before the pass (its context, begun once as a

@@ -44,6 +44,17 @@ def _ends_tasks_asynchronously(name: str) -> bool:
 TASK_ENDERS = [n for n in METHODS.names() if _ends_tasks_asynchronously(n)]
 
 
+def _on_host_device(obj) -> list:
+    """The tensors in ``obj`` not parked (not on the meta device)."""
+    if isinstance(obj, torch.Tensor):
+        return [] if obj.device.type == "meta" else [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _on_host_device(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _on_host_device(v)]
+    return []
+
+
 def _on_meta(obj):
     if isinstance(obj, torch.Tensor):
         return obj.to("meta")
@@ -135,6 +146,7 @@ def test_every_method_runs_the_same_with_its_clients_parked(public_run_cfg, monk
     plain, plain_rows = run(rc)
     count, unpark = parking(monkeypatch)
     sim, rows = run(rc)
+    assert not _on_host_device(sim.fed.clients), method  # every client's state parked after the run
     unpark(sim.fed)
     assert count[0] > 0 or not any(plain.fed.clients.values())  # parked, where any client has state
     assert strip(rows) == strip(plain_rows)
