@@ -101,15 +101,17 @@ def parking(monkeypatch):
 
 
 def _cfg(make_run_config, method, engine):
+    """``engine``: a trainer, or ``lanes`` (sequential, 3 clients at once: their replies on the lanes)."""
     return make_run_config(
         dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, params=PARAMS.get(method),
         scenario=SCENARIO, partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
-        rounds=6, batch_size=32, eval_local_models=False, eval_every=6, client_engine=engine,
+        rounds=6, batch_size=32, eval_local_models=False, eval_every=6,
+        client_engine="sequential" if engine == "lanes" else engine, concurrent_clients=3 if engine == "lanes" else 1,
     )  # fmt: skip
 
 
 def _engines(method):
-    return ["sequential", "vectorized"] if method == "gpm" else ["sequential"]
+    return ["sequential", "vectorized", "lanes"] if method == "gpm" else ["sequential"]
 
 
 @pytest.mark.parametrize("method,engine", [(m, e) for m in TASK_ENDERS for e in _engines(m)])
