@@ -4,9 +4,11 @@ Runs rounds of one mode of ``benchmarks/simulation.py`` (same presets and modes:
 sequential, vectorized) in this process, then:
 
 - the median seconds per round over ``--rounds`` timed rounds (after ``--warmup``);
-- on a GPU, how busy the GPU was: the summed time of its kernels over the wall time of the
-  profiled rounds (well under 1 means the host side, Python and kernel launches, is the
-  limit, not the GPU's arithmetic);
+- on a GPU, how busy the GPU was: the time covered by its kernels and copies (the union of
+  their intervals, so that kernels overlapping on several streams count once; before
+  2026-12-04 their summed time, which could pass 100 %) over the wall time of the profiled
+  rounds (well under 1 means the host side, Python and kernel launches, is the limit, not
+  the GPU's arithmetic); their summed time beside it;
 - ``torch.profiler``'s table of the operators that took the most time.
 
 ``--cudnn-benchmark`` turns on cuDNN's autotuner (``torch.backends.cudnn.benchmark``) to see
@@ -34,6 +36,18 @@ import simulation as sim  # noqa: E402  (benchmarks/simulation.py)
 # the CUDA runtime/driver calls that launch one kernel each (a CUDA graph's replay is one
 # cudaGraphLaunch for all the kernels it holds)
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def covered(intervals) -> float:
+    """The length of the union of ``intervals`` ((start, end) pairs): the time at least one
+    of them runs."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
 
 
 def main() -> None:
@@ -97,10 +111,13 @@ def main() -> None:
     if cuda:
         kernel_us = sum(getattr(e, "self_device_time_total", 0) for e in events
                         if str(getattr(e, "device_type", "")).endswith("CUDA"))  # fmt: skip
+        busy_us = covered((e.time_range.start, e.time_range.end) for e in prof.events()
+                          if str(getattr(e, "device_type", "")).endswith("CUDA"))  # fmt: skip
         launches = sum(e.count for e in events if e.key in LAUNCHES)
         graphs = sum(e.count for e in events if e.key in ("cudaGraphLaunch", "cuGraphLaunch"))
-        print(f"GPU kernels {kernel_us / 1e6:.4f} s of {wall:.4f} s wall over {args.rounds} profiled rounds "
-              f"(GPU busy {kernel_us / 1e6 / wall:.0%}); kernel launches per round {launches / args.rounds:.0f}, "
+        print(f"GPU kernels {kernel_us / 1e6:.4f} s summed, of {wall:.4f} s wall over {args.rounds} profiled rounds "
+              f"(GPU busy {busy_us / 1e6 / wall:.0%}: the union of their intervals; summed {kernel_us / 1e6 / wall:.0%}); "
+              f"kernel launches per round {launches / args.rounds:.0f}, "
               f"graph launches per round {graphs / args.rounds:.0f}")  # fmt: skip
     key = "device_time_total" if cuda else "cpu_time_total"
     print(events.table(sort_by=key, row_limit=args.rows))

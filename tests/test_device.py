@@ -340,3 +340,19 @@ def test_simulation_limit_clients_trains_each_sampled_client_in_its_own_minibatc
         want += ([b] * (size // b) + ([size % b] if size % b else [])) * args.epochs
     assert any(w < b for w in want)  # clients whose last minibatch is short
     assert sorted(rows) == sorted(want)
+
+
+def test_profile_round_counts_overlapping_gpu_intervals_once(repo_root, monkeypatch):
+    """benchmarks/profile_round.py's GPU busy share: the union of the GPU events' intervals, so
+    that kernels overlapping on several streams (lanes, a copy beside a kernel) count once;
+    summed, the share passed 100 % (h200-2026-11-27-c's batched profile: 107 %)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("profile_round", repo_root / "benchmarks" / "profile_round.py")
+    pr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pr)
+    assert pr.covered([]) == 0
+    assert pr.covered([(0, 10), (5, 15), (20, 30)]) == 25  # overlap once, gap left out
+    assert pr.covered([(20, 30), (0, 100), (40, 50)]) == 100  # nested, in any order
+    assert pr.covered([(0, 1), (1, 2)]) == 2
