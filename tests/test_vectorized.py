@@ -585,10 +585,17 @@ def test_the_tape_replays_what_a_cuda_graph_would(monkeypatch):
 
     host_reads = (lambda: w.sum().item(), lambda: torch.tensor([1.0]) + w, lambda: w.nonzero(), lambda: w.tolist(),
                   lambda: host_to_device(torch.ones(3), w.device),
-                  lambda: torch.randperm(3, generator=torch.Generator()) + w)  # fmt: skip
+                  lambda: torch.randperm(3, generator=torch.Generator()) + w,
+                  # shapes or checks a GPU reads from values (CUDA syncs the dispatcher does not show)
+                  lambda: w[w > 0], lambda: w.clone().index_put_((w > 0,), w), lambda: torch.bincount(w.long()),
+                  lambda: torch.repeat_interleave(w, w.long()), lambda: torch.linalg.eigh(torch.eye(3) * w),
+                  lambda: torch.linalg.svd(torch.eye(3) * w), lambda: torch.linalg.solve(torch.eye(3) + w, w))  # fmt: skip
     for host in host_reads:
         with pytest.raises(RuntimeError, match="not capturable"), Tape():
             host()
+    idx, reps = torch.tensor([0, 2]), torch.tensor([1, 2, 1])
+    with Tape():  # their capturable forms pass: integer indices, output_size given
+        w[idx], w.clone().index_put_((idx,), w[idx]), torch.repeat_interleave(w, reps, output_size=4)
     assert w.tolist() and torch.equal(host_to_device(w, w.device), w)  # after the tape: as ever
 
 

@@ -59,9 +59,23 @@ def graphs_enabled(device: torch.device) -> bool:
     return flag == "tape" or (device.type == "cuda" and flag != "0")
 
 
-# operators whose result needs the tensor's values on the host: not capturable
+# operators whose result needs the tensor's values on the host: not capturable; on a GPU also
+# bincount (its length: the largest value) and the factorizations that check their info codes
+# on the host [D]
 _HOST_READS = frozenset({"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "masked_select",
-                         "_unique2", "unique_dim", "unique_consecutive", "lift_fresh", "lift_fresh_copy"})  # fmt: skip
+                         "_unique2", "unique_dim", "unique_consecutive", "lift_fresh", "lift_fresh_copy",
+                         "bincount", "_linalg_check_errors", "_linalg_eigh", "_linalg_svd", "linalg_lstsq"})  # fmt: skip
+
+
+def _shape_from_values(func, args, kwargs) -> bool:
+    """An operator whose output shape a GPU reads from the tensors' values (a synchronisation
+    CUDA's capture refuses), where the dispatcher shows no host read: indexing with a boolean
+    mask (its rows: the mask's count), ``repeat_interleave`` without ``output_size``."""
+    name = func.overloadpacket.__name__
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    return str(func) == "aten.repeat_interleave.Tensor" and kwargs.get("output_size") is None
 
 
 class Tape(TorchDispatchMode):
@@ -91,7 +105,7 @@ class Tape(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.overloadpacket.__name__ in _HOST_READS:
+        if func.overloadpacket.__name__ in _HOST_READS or _shape_from_values(func, args, kwargs):
             raise RuntimeError(f"{func} in a captured step: it needs tensor values on the host (not capturable)")
         if isinstance(kwargs.get("generator"), torch.Generator):  # the keyed draws: CPU generators
             raise RuntimeError(f"{func} draws from a host generator in a captured step (not capturable)")
