@@ -71,6 +71,12 @@ def test_run_json_records_the_gpu_and_slurm_job(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: f"NVIDIA H100 ({d})")
     host = where_it_runs(torch.device("cuda:0"))
     assert host["cuda_visible_devices"] == "3" and host["gpu"] == "NVIDIA H100 (cuda:0)"
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:  # the flags as they are when the run trains (PyTorch's defaults: convolutions yes, matmul no)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, True
+        assert where_it_runs(torch.device("cuda:0"))["tf32"] == {"cudnn_conv": False, "matmul": True}
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
     assert host["slurm_job_id"] == "4242" and host["slurm_job_partition"] == "gpu"
     monkeypatch.delenv("SLURM_JOB_ID")
     assert "slurm_job_id" not in where_it_runs(torch.device("cpu"))

@@ -100,14 +100,19 @@ def _now() -> str:
 def where_it_runs(device: torch.device) -> dict[str, Any]:
     """The machine and scheduler slot a run executes on, for run.json: the host, the GPU it
     was given (CUDA_VISIBLE_DEVICES as the scheduler set it; torch numbers the visible GPUs
-    from 0) and, under SLURM, the job and step ids (a resumed run records the job that
-    finished it; the run it resumed is in ``resumed_after_round``)."""
+    from 0) and whether TF32 was allowed there, and, under SLURM, the job and step ids (a
+    resumed run records the job that finished it; the run it resumed is in
+    ``resumed_after_round``)."""
     out: dict[str, Any] = {"hostname": socket.gethostname()}
     for key in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_JOB_PARTITION"):
         if key in os.environ:
             out[key.lower()] = os.environ[key]
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
+        # [D] PyTorch's defaults are left as they are (the papers' code ran with them): on
+        # Ampere and newer GPUs cuDNN's convolutions may use TF32 (10-bit mantissa inputs,
+        # fp32 accumulation) in an fp32 run, matrix products not; recorded with the run
+        out["tf32"] = {"cudnn_conv": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32}
     return out
 
 
