@@ -109,7 +109,7 @@ def where_it_runs(device: torch.device) -> dict[str, Any]:
             out[key.lower()] = os.environ[key]
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
-        # [D] PyTorch's defaults are left as they are (the papers' code ran with them): on
+        # [D] PyTorch's defaults are left as they are (what code that sets no flag runs with): on
         # Ampere and newer GPUs cuDNN's convolutions may use TF32 (10-bit mantissa inputs,
         # fp32 accumulation) in an fp32 run, matrix products not; recorded with the run
         out["tf32"] = {"cudnn_conv": torch.backends.cudnn.allow_tf32, "matmul": torch.backends.cuda.matmul.allow_tf32}
