@@ -269,48 +269,71 @@ def central_round(args):
     return sim.device, one
 
 
-def limit_round(args):
-    """(device, fn) for the CPU limit of client-by-client training on ``--threads`` workers:
-    as many independent copies of the central loop as workers, each on one thread with its
-    own model and optimizer, run at once on an equal share of the round's samples (what the
-    batched engine's workers do, without any engine around them)."""
+def _limit_workers(args):
+    """The CPU limits' shared set-up: the run's Simulation (rc, sim), one copy of its model and
+    one generator per ``--threads`` worker, and ``timed(loop, *iterables)``: one round of
+    ``loop(worker, ...)`` on every worker at once, each on one thread, then (``--eval
+    global``) one model evaluated, as the engine does; its seconds."""
     import copy
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
-    import torch.nn.functional as F
 
     from fedforget.engine import Simulation
     from fedforget.metrics import evaluate
 
     rc = run_config(args, "sequential")
     sim = Simulation(rc)
-    x_all, y_all, t, workers = sim.clients.x, sim.clients.y, rc.train, args.threads
+    workers = args.threads
     models = [copy.deepcopy(sim.model).train() for _ in range(workers)]
-    opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in models]
     gens = [torch.Generator().manual_seed(j) for j in range(workers)]
-    share = round(t.sample_rate * rc.partition.clients) * (len(y_all) // rc.partition.clients) // workers
     pool = ThreadPoolExecutor(workers)
+
+    def timed(loop, *iterables) -> float:
+        t0 = time.perf_counter()
+        try:
+            list(pool.map(loop, range(workers), *iterables))
+        finally:
+            torch.set_num_threads(workers)
+        if args.eval == "global":
+            evaluate(models[0], sim.evaluator.test.x, sim.evaluator.test.y, rc.train.eval_batch_size)
+        return time.perf_counter() - t0
+
+    return rc, sim, models, gens, timed
+
+
+def _sgd_steps(model, opt, x, y, perm, batch_size: int) -> None:
+    """The plain loop's steps over the rows ``perm`` of (``x``, ``y``), a minibatch of
+    ``batch_size`` rows each (the last one short)."""
+    import torch.nn.functional as F
+
+    for s in range(0, len(perm), batch_size):
+        b = perm[s : s + batch_size]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[b]), y[b]).backward()
+        opt.step()
+
+
+def limit_round(args):
+    """(device, fn) for the CPU limit of client-by-client training on ``--threads`` workers:
+    as many independent copies of the central loop as workers, each on one thread with its
+    own model and optimizer, run at once on an equal share of the round's samples (what the
+    batched engine's workers do, without any engine around them)."""
+    import torch
+
+    rc, sim, models, gens, timed = _limit_workers(args)
+    x_all, y_all, t, workers = sim.clients.x, sim.clients.y, rc.train, args.threads
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in models]
+    share = round(t.sample_rate * rc.partition.clients) * (len(y_all) // rc.partition.clients) // workers
 
     def loop(j: int) -> None:
         torch.set_num_threads(1)
         for _ in range(t.local_epochs):
             perm = torch.randperm(len(y_all), generator=gens[j])[:share]
-            for s in range(0, share, t.batch_size):
-                b = perm[s : s + t.batch_size]
-                opts[j].zero_grad(set_to_none=True)
-                F.cross_entropy(models[j](x_all[b]), y_all[b]).backward()
-                opts[j].step()
+            _sgd_steps(models[j], opts[j], x_all, y_all, perm, t.batch_size)
 
     def one(rnd: int) -> tuple[float, int]:
-        t0 = time.perf_counter()
-        try:
-            list(pool.map(loop, range(workers)))
-        finally:
-            torch.set_num_threads(workers)
-        if args.eval == "global":  # one model evaluated per round, as the engine does
-            evaluate(models[0], sim.evaluator.test.x, sim.evaluator.test.y, t.eval_batch_size)
-        return time.perf_counter() - t0, share * workers * t.local_epochs
+        return timed(loop), share * workers * t.local_epochs
 
     return sim.device, one
 
@@ -324,22 +347,15 @@ def limit_clients_round(args):
     loops do no gathering (an upper bound: the engine gathers each minibatch)."""
     import copy
     import queue
-    from concurrent.futures import ThreadPoolExecutor
 
     import torch
-    import torch.nn.functional as F
 
-    from fedforget.engine import Simulation, sample_clients
-    from fedforget.metrics import evaluate
+    from fedforget.engine import sample_clients
 
-    rc = run_config(args, "sequential")
-    sim = Simulation(rc)
+    rc, sim, models, gens, timed = _limit_workers(args)
     t, workers = rc.train, args.threads
     data = [sim.clients.slice(k) for k in range(rc.partition.clients)]
     start = copy.deepcopy(sim.model.state_dict())
-    models = [copy.deepcopy(sim.model).train() for _ in range(workers)]
-    gens = [torch.Generator().manual_seed(j) for j in range(workers)]
-    pool = ThreadPoolExecutor(workers)
 
     def loop(j: int, todo: queue.SimpleQueue) -> None:
         torch.set_num_threads(1)
@@ -352,26 +368,14 @@ def limit_clients_round(args):
             model.load_state_dict(start)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             for _ in range(t.local_epochs):
-                perm = torch.randperm(len(y), generator=gens[j])
-                for s in range(0, len(y), t.batch_size):
-                    b = perm[s : s + t.batch_size]
-                    opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(model(x[b]), y[b]).backward()
-                    opt.step()
+                _sgd_steps(model, opt, x, y, torch.randperm(len(y), generator=gens[j]), t.batch_size)
 
     def one(rnd: int) -> tuple[float, int]:
         sampled = sample_clients(rc.seed, rnd, rc.partition.clients, t.sample_rate)
         todo: queue.SimpleQueue = queue.SimpleQueue()
         for k in sorted(sampled, key=lambda k: -len(data[k][1])):
             todo.put(k)
-        t0 = time.perf_counter()
-        try:
-            list(pool.map(loop, range(workers), [todo] * workers))
-        finally:
-            torch.set_num_threads(workers)
-        if args.eval == "global":  # one model evaluated per round, as the engine does
-            evaluate(models[0], sim.evaluator.test.x, sim.evaluator.test.y, t.eval_batch_size)
-        return time.perf_counter() - t0, sum(len(data[k][1]) for k in sampled) * t.local_epochs
+        return timed(loop, [todo] * workers), sum(len(data[k][1]) for k in sampled) * t.local_epochs
 
     return sim.device, one
 
