@@ -104,6 +104,7 @@ box() {
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$out/gpu.txt"
 sim=(python "$here/simulation.py" --device cuda --repeats 1)
+summary=(grep -h -E "^# |^s/round|^GPU kernels|Error")  # a profile's summary lines (header, s/round, GPU busy), or its error
 
 tests() {
     # relative paths from the repository root: given as "$here/../tests/...", pytest on the
@@ -157,13 +158,13 @@ profilecl() {  # where a batched round of FedGP (its round-end replies stacked) 
         --epochs 1 --warmup 2 --rounds 2 --rows 25 --method fedgp >"$out/profile-resnet18-fedgp.txt" 2>&1
     box 120 python "$here/profile_round.py" --preset resnet18 --mode vectorized --device cuda --partition dirichlet0.5 \
         --epochs 1 --warmup 5 --rounds 2 --rows 25 --method der --tasks 5 >"$out/profile-resnet18-der.txt" 2>&1
-    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-fedgp.txt" "$out/profile-resnet18-der.txt"
+    "${summary[@]}" "$out/profile-resnet18-fedgp.txt" "$out/profile-resnet18-der.txt"
 }
 profile18() {  # 45 s did not suffice on the H200 (data preparation, 6 rounds, the profiler)
     for m in vectorized sequential central; do
         box 100 python "$here/profile_round.py" --preset resnet18 --mode $m --device cuda --partition dirichlet0.5 \
             --epochs 1 --warmup 2 --rounds 2 --rows 25 >"$out/profile-resnet18-$m.txt" 2>&1
-        grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-$m.txt"
+        "${summary[@]}" "$out/profile-resnet18-$m.txt"
     done
 }
 resnet18() {
@@ -237,17 +238,17 @@ fedsol18() {
         --rounds 3 --method fedsol --json "$out/resnet18-e1-fedsol.json" | tee -a "$out/sim.txt"
     box 80 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol --device cuda \
         --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 >"$out/profile-resnet18-fedsol-batched.txt" 2>&1
-    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-fedsol-batched.txt"
+    "${summary[@]}" "$out/profile-resnet18-fedsol-batched.txt"
     # the same without CUDA graphs (its steps ran eagerly before 2026-12-02): what the graphs give
     box 80 env FEDFORGET_CUDA_GRAPHS=0 python "$here/profile_round.py" --preset resnet18 --mode vectorized --method fedsol \
         --device cuda --partition dirichlet0.5 --epochs 1 --warmup 2 --rounds 2 --rows 15 \
         >"$out/profile-resnet18-fedsol-batched-eager.txt" 2>&1
-    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-resnet18-fedsol-batched-eager.txt"
+    "${summary[@]}" "$out/profile-resnet18-fedsol-batched-eager.txt"
 }
 fedsol() {
     box 60 python "$here/profile_round.py" --preset mcmahan --mode vectorized --method fedsol --device cuda \
         --warmup 3 --rounds 3 --rows 15 >"$out/profile-fedsol-batched.txt" 2>&1
-    grep -h -E "^# |^s/round|^GPU kernels|Error" "$out/profile-fedsol-batched.txt"
+    "${summary[@]}" "$out/profile-fedsol-batched.txt"
     for m in fedsol fedsam fedntd; do
         box 35 "${sim[@]}" --warmup 2 --modes sequential vectorized --preset mcmahan --partition dirichlet0.5 --epochs 1 \
             --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"

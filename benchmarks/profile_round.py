@@ -109,10 +109,11 @@ def main() -> None:
           f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}")  # fmt: skip
     print(f"s/round (median of {args.rounds}): {statistics.median(times):.4f}  (min {min(times):.4f})")
     if cuda:
-        kernel_us = sum(getattr(e, "self_device_time_total", 0) for e in events
-                        if str(getattr(e, "device_type", "")).endswith("CUDA"))  # fmt: skip
-        busy_us = covered((e.time_range.start, e.time_range.end) for e in prof.events()
-                          if str(getattr(e, "device_type", "")).endswith("CUDA"))  # fmt: skip
+        def on_gpu(e) -> bool:  # a kernel's or a copy's event (averaged, or each one)
+            return str(getattr(e, "device_type", "")).endswith("CUDA")
+
+        kernel_us = sum(getattr(e, "self_device_time_total", 0) for e in events if on_gpu(e))
+        busy_us = covered((e.time_range.start, e.time_range.end) for e in prof.events() if on_gpu(e))
         launches = sum(e.count for e in events if e.key in LAUNCHES)
         graphs = sum(e.count for e in events if e.key in ("cudaGraphLaunch", "cuGraphLaunch"))
         print(f"GPU kernels {kernel_us / 1e6:.4f} s summed, of {wall:.4f} s wall over {args.rounds} profiled rounds "
