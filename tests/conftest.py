@@ -3,10 +3,13 @@ a factory for tiny single-run configs, and the comparison of two runs' metrics r
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
 import math
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +23,20 @@ from fedforget.data.scenario import resolve_scenario
 from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def benchmark_script(name: str):
+    """benchmarks/<name>.py loaded as a module, benchmarks/ on sys.path meanwhile (the scripts
+    import one another)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
 
 # FEDFORGET_TEST_DEVICE=cuda runs the make_run_config tests (the engine equivalence tests
 # among them) on a GPU. TF32 is switched off there (the 1e-5 comparisons are float32

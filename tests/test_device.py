@@ -16,18 +16,14 @@ from fedforget.runner import run_training, where_it_runs
 from fedforget.utils import FedForgetError
 from fedforget.vectorized import auto_prefers_sequential
 
-from .conftest import SMALL_RESNET
+from .conftest import SMALL_RESNET, benchmark_script
 
 
 @pytest.fixture
-def sim(repo_root):
+def sim():
     """benchmarks/simulation.py, loaded as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("simulation", repo_root / "benchmarks" / "simulation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with benchmark_script("simulation") as module:
+        yield module
 
 
 def test_auto_is_cuda_when_a_gpu_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -348,17 +344,13 @@ def test_simulation_limit_clients_trains_each_sampled_client_in_its_own_minibatc
     assert sorted(rows) == sorted(want)
 
 
-def test_profile_round_counts_overlapping_gpu_intervals_once(repo_root, monkeypatch):
+def test_profile_round_counts_overlapping_gpu_intervals_once():
     """benchmarks/profile_round.py's GPU busy share: the union of the GPU events' intervals, so
     that kernels overlapping on several streams (lanes, a copy beside a kernel) count once;
     summed, the share passed 100 % (h200-2026-11-27-c's batched profile: 107 %)."""
-    import importlib.util
-
-    monkeypatch.syspath_prepend(str(repo_root / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("profile_round", repo_root / "benchmarks" / "profile_round.py")
-    pr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pr)
-    assert pr.covered([]) == 0
-    assert pr.covered([(0, 10), (5, 15), (20, 30)]) == 25  # overlap once, gap left out
-    assert pr.covered([(20, 30), (0, 100), (40, 50)]) == 100  # nested, in any order
-    assert pr.covered([(0, 1), (1, 2)]) == 2
+    with benchmark_script("profile_round") as pr:
+        covered = pr.covered
+    assert covered([]) == 0
+    assert covered([(0, 10), (5, 15), (20, 30)]) == 25  # overlap once, gap left out
+    assert covered([(20, 30), (0, 100), (40, 50)]) == 100  # nested, in any order
+    assert covered([(0, 1), (1, 2)]) == 2

@@ -3,27 +3,21 @@ model's measured rates (benchmarks/model_rates.py's rows) instead of the FLOP mo
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from .conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def pr():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("paper_runtime", REPO / "benchmarks" / "paper_runtime.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+    with benchmark_script("paper_runtime") as mod:
         yield mod
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
 
 
 def table1_run():
@@ -96,18 +90,12 @@ def test_model_rates_measures_again_a_setting_measured_with_another_trainer(tmp_
     up by setting and trainer: the H200's first rates were of the sequential trainer)."""
     import argparse
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("model_rates", REPO / "benchmarks" / "model_rates.py")
-        mr = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mr)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     a = argparse.Namespace(device="cpu", clients=2, steps=1, eval_rows=8, data=str(tmp_path), warmup=0, rounds=1,
                            threads=1, concurrent=1)  # fmt: skip
     s = {"model": "cnn_fedgp", "options": {}, "shape": [1, 28, 28], "batch": 32, "paper_runs": 1}
-    now = mr.expected_engine(s, a)
-    other = {"sequential": "vectorized", "vectorized": "sequential"}[now]
-    assert mr.measured_before(s, {(mr._key(s), now)}, a)
-    assert not mr.measured_before(s, {(mr._key(s), other)}, a)
-    assert mr.expected_engine({**s, "client_engine": other}, a) == other
+    with benchmark_script("model_rates") as mr:
+        now = mr.expected_engine(s, a)
+        other = {"sequential": "vectorized", "vectorized": "sequential"}[now]
+        assert mr.measured_before(s, {(mr._key(s), now)}, a)
+        assert not mr.measured_before(s, {(mr._key(s), other)}, a)
+        assert mr.expected_engine({**s, "client_engine": other}, a) == other

@@ -16,7 +16,7 @@ import torch
 from fedforget.methods import METHODS, RunInfo, make_params
 from fedforget.methods.base import TASK_END
 from fedforget.partition import PartitionSpec
-from fedforget.state import FedState
+from fedforget.state import FedState, to_device
 from fedforget.train_spec import TrainSpec
 from fedforget.utils import FedForgetError
 
@@ -42,6 +42,7 @@ def _ends_tasks_asynchronously(name: str) -> bool:
 
 
 TASK_ENDERS = [n for n in METHODS.names() if _ends_tasks_asynchronously(n)]
+META = torch.device("meta")  # the host memory of a GPU run, played here
 
 
 def _on_host_device(obj) -> list:
@@ -53,16 +54,6 @@ def _on_host_device(obj) -> list:
     if isinstance(obj, (list, tuple)):
         return [t for v in obj for t in _on_host_device(v)]
     return []
-
-
-def _on_meta(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.to("meta")
-    if isinstance(obj, dict):
-        return {k: _on_meta(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_on_meta(v) for v in obj)
-    return obj
 
 
 def parking(monkeypatch):
@@ -79,7 +70,7 @@ def parking(monkeypatch):
         held = parked.setdefault((id(self), cid), {})
         for k, v in st.items():
             if k not in held or held[k][0] is not v:  # not parked already
-                held[k] = (_on_meta(v), v)
+                held[k] = (to_device(v, META), v)
                 st[k] = held[k][0]
         count[0] += 1
 
