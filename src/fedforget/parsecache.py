@@ -19,11 +19,12 @@ import hashlib
 import os
 import pickle
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .config import PAPER_RESULTS, WorkflowConfig, run_hash
+from .provenance import strings_in
 from .utils import atomic_write_bytes, canonical_json
 
 ROOT = Path(__file__).resolve().parent
@@ -45,17 +46,6 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def _strings(obj: Any) -> Iterable[str]:
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _strings(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _strings(v)
-
-
 def parse_key(raw: Mapping[str, Any]) -> str:
     """The cache key: the config, the package source, the contents of every file the config
     names (a string that is an existing file's path), Python's version and the format. The
@@ -68,7 +58,7 @@ def parse_key(raw: Mapping[str, Any]) -> str:
     h.update(canonical_json(raw).encode())
     # the files validation reads: every string of the config naming a file, and the papers'
     # results file, named or the default (present or not: its removal is an error to report)
-    for s in sorted(set(_strings(raw)) | {str(raw.get("paper_results", PAPER_RESULTS))}):
+    for s in sorted(set(strings_in(raw)) | {str(raw.get("paper_results", PAPER_RESULTS))}):
         try:
             if len(s) < 4096 and os.path.isfile(s):
                 h.update(b"\0file\0" + s.encode() + b"\0" + Path(s).read_bytes())

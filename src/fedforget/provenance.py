@@ -229,20 +229,21 @@ def method_modules(method: str, params: Mapping[str, Any] | None = None) -> list
     every registered method its hyperparameters name (a combined mode's ``base``)."""
     from .methods import METHODS
 
-    names = {method} | {v for v in _strings(params or {}) if v in METHODS.names()}
+    names = {method} | {v for v in strings_in(params or {}) if v in METHODS.names()}
     mods = {c.__module__ for n in names for c in METHODS.get(n).__mro__}
     return sorted(m for m in mods if m.split(".")[0] == PACKAGE)
 
 
-def _strings(obj: Any) -> Iterable[str]:
+def strings_in(obj: Any) -> Iterable[str]:
+    """Every string in ``obj`` (nested mappings' values, lists and tuples), depth first."""
     if isinstance(obj, str):
         yield obj
     elif isinstance(obj, Mapping):
         for v in obj.values():
-            yield from _strings(v)
+            yield from strings_in(v)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from _strings(v)
+            yield from strings_in(v)
 
 
 # the form of the digests that training_code computes, and the form before it
