@@ -98,9 +98,13 @@ PRESETS = {
     "resnet18": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18",
                      model_options={"norm": "batch"}, clients=100, rate=0.1, batch=64),
     # torchvision's ImageNet ResNet-18 (resnet18_imagenet: 7x7 stride-2 stem, max-pool), the
-    # model of FedProTIP's tables (there pretrained, on CIFAR's 32x32), in the same setting
+    # model of FedProTIP's tables (there pretrained, on CIFAR's 32x32), in the same setting,
+    # with train.drop_last as those tables' configs: at 32 px its layer-4 maps are 1x1, and
+    # BatchNorm cannot train on a one-row last minibatch (the preset's client 71 holds 641
+    # rows and is sampled in round 1: gpu.sh's resnet18tv would fail in every engine mode,
+    # as a CPU rehearsal of the script on fewer rows did, 2026-12-05)
     "resnet18-imagenet": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="resnet18_imagenet",
-                              model_options={}, clients=100, rate=0.1, batch=64),
+                              model_options={}, clients=100, rate=0.1, batch=64, drop_last=True),
     # SL-ViT (FedSOL Table 3, its code's defaults) in FedSOL's CIFAR-10 setup: 100 clients, 10 %,
     # batch 50 (batched through stacked_forward since 2026-12-02, vmap before)
     "slvit": dict(dataset="blobs", options={"channels": 3, "size": 32}, model="slvit", model_options={},
@@ -156,6 +160,7 @@ def run_config(args, engine: str):
         eval_local_models=args.eval == "local", eval_every=1 if args.eval == "global" else 10**9,
         device=args.device, threads=args.threads, client_engine=engine, checkpoint_every=10**9,
         precision=getattr(args, "precision", "fp32"), lr_decay=getattr(args, "lr_decay", 1.0),
+        drop_last=p.get("drop_last", False),
     )  # fmt: skip
     clients = args.memory or getattr(args, "clients", 0) or p["clients"]
     method = getattr(args, "method", "fedavg")
@@ -226,7 +231,7 @@ def engine_round(args, engine: str):
         sim.run_round(rnd, t0)
         _sync(sim.device)
         one.exchange_s.append(exchange_s[0])
-        return time.perf_counter() - t0, sum(sim.clients.size(c) for c in sampled) * t.local_epochs
+        return time.perf_counter() - t0, sum(t.epoch_rows(sim.clients.size(c)) for c in sampled) * t.local_epochs
 
     one.graphs = getattr(sim.trainer, "step_graphs", None)  # CUDA graphs' counts for the JSON
     one.exchange_s = []

@@ -254,6 +254,40 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     assert not empty, f"gpu.sh's pytest calls that select no test: {empty}"
 
 
+def test_simulation_bn_presets_with_1x1_maps_drop_one_row_batches(sim, tmp_path) -> None:
+    """benchmarks/simulation.py's resnet18-imagenet preset (gpu.sh's resnet18tv) trains with
+    train.drop_last, as FedProTIP's paper configs do: its layer-4 maps are 1x1 at 32 px, so a
+    one-row last minibatch fails in BatchNorm, and the preset's client 71 (641 rows, batch 64)
+    is sampled in round 1. The engine modes count the rows that train (TrainSpec.epoch_rows)."""
+    import argparse
+
+    from fedforget.models import build_model
+
+    args = argparse.Namespace(preset="resnet18-imagenet", public=0.0, data=str(tmp_path), rounds=1, warmup=1,
+                              epochs=1, partition="dirichlet0.5", eval="none", device="cpu", threads=1, memory=0)  # fmt: skip
+    assert sim.run_config(args, "sequential").train.drop_last
+    model = build_model("resnet18_imagenet", (3, 32, 32), 10).train()
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        model(torch.zeros(1, 3, 32, 32))
+
+
+def test_simulation_engine_modes_count_the_rows_that_train(sim, tmp_path, monkeypatch) -> None:
+    """benchmarks/simulation.py's engine modes count a round's samples as the rows that
+    train (TrainSpec.epoch_rows): with drop_last, without each client's short last batch."""
+    import argparse
+
+    from fedforget.engine import Simulation, sample_clients
+
+    monkeypatch.setitem(sim.PRESETS, "digits", {**sim.PRESETS["digits"], "drop_last": True})
+    args = argparse.Namespace(preset="digits", public=0.0, data=str(tmp_path), rounds=1, warmup=0, epochs=2,
+                              partition="dirichlet0.5", eval="none", device="cpu", threads=1, memory=0)  # fmt: skip
+    sim.prepare(args)
+    rc = sim.run_config(args, "sequential")
+    sizes = [Simulation(rc).clients.size(c) for c in sample_clients(rc.seed, 0, rc.partition.clients, rc.train.sample_rate)]
+    _, one = sim.engine_round(args, "sequential")
+    assert one(0)[1] == 2 * sum((n // 32) * 32 if n >= 32 else n for n in sizes) < 2 * sum(sizes)
+
+
 def test_simulation_prepares_the_public_slice_a_preset_run_loads(sim, tmp_path) -> None:
     """benchmarks/simulation.py --public on a preset whose dataset has options (gpu.sh's
     FedProj on ResNet-18's CIFAR-shaped blobs): the held-out slice is prepared under the id
