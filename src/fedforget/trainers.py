@@ -69,6 +69,8 @@ from .vectorized import (
 log = logging.getLogger(__name__)
 
 SHUFFLE_STREAM = 0x52  # stream tag of the clients' shuffling
+# the start of PyTorch's error for a BatchNorm layer given one value per channel in training
+ONE_ROW_BATCHNORM = "Expected more than 1 value per channel when training"
 PRECISIONS = ("fp32", "bf16")  # train.precision
 
 
@@ -205,6 +207,19 @@ class LocalTrainer:
             minibatches=lambda epoch: map(view.batch, list(self.epoch_orders(cid, rnd, len(view)))[epoch]),
         )  # fmt: skip
 
+    def one_row_batch(self, rnd: int, sizes: dict[int, int]) -> FedForgetError:
+        """[D] BatchNorm cannot train on one value per channel, so a one-row minibatch through
+        a layer whose maps are 1x1 (``resnet18_imagenet`` at 32 px) fails in PyTorch: the
+        error names the clients whose epochs end in one row, and the knob."""
+        bs = self.train.batch_size
+        ones = {c: n for c, n in sizes.items() if self.train.epoch_rows(n) % bs == 1}
+        held = ", ".join(f"client {c}: {n} rows" for c, n in ones.items()) or "a step of the method's own"
+        return FedForgetError(
+            f"round {rnd}: a minibatch of one row reached a BatchNorm layer, which cannot train on one value "
+            f"per channel ({held}, train.batch_size {bs}); set train.drop_last: true (each epoch's short last "
+            "minibatch skipped, as FedProTIP's paper configs do) or another train.batch_size"
+        )
+
     def epoch_orders(self, cid: int, rnd: int, n: int, host: bool = False) -> Iterator[list[torch.Tensor]]:
         """Client ``cid``'s minibatches in round ``rnd`` over its ``n`` rows, epoch by epoch:
         each a list of position tensors (at most a batch each; ``TrainSpec.epoch_rows``), from
@@ -275,8 +290,13 @@ class LocalTrainer:
                 if key is not None:  # this step's masks (fedforget.dropout)
                     set_dropout_key(self.dropout, DropoutKey(key, ctx.steps, host))
                 opt.zero_grad(set_to_none=True)
-                with self.autocast():  # the step's forward passes (and their backward)
-                    loss = method.client_step(ctx, x, y)
+                try:
+                    with self.autocast():  # the step's forward passes (and their backward)
+                        loss = method.client_step(ctx, x, y)
+                except ValueError as e:
+                    if ONE_ROW_BATCHNORM not in str(e):
+                        raise
+                    raise self.one_row_batch(rnd, {cid: len(view)}) from None
                 method.client_grad(ctx)
                 opt.step()
                 loss_sum += loss.detach()
@@ -677,6 +697,10 @@ class StackedTrainer(LocalTrainer):
             )  # fmt: skip
         except torch.cuda.OutOfMemoryError as e:  # [D] the stack's memory grows with its clients: name the knob
             raise self.out_of_memory(e, rnd, len(jobs), "") from None
+        except ValueError as e:
+            if ONE_ROW_BATCHNORM not in str(e):
+                raise
+            raise self.one_row_batch(rnd, {c: len(views[c]) for c in cids}) from None
         # client_end per client: a method's own upload, or (step terms) a context whose state
         # goes back to host memory like train_client's
         per_client = with_terms or method.own_upload
