@@ -128,11 +128,23 @@ def public_spec(args) -> dict | None:
     return {"source": "holdout", "fraction": f, "seed": 0} if f > 0 else None
 
 
+def preset(args) -> dict:
+    """The preset ``args.preset``; with ``--train-rows N`` (a preset on blobs) its dataset of N
+    training and N // 6 test rows (MNIST's ratio), e.g. to run a GPU preset on a CPU."""
+    p = PRESETS[args.preset]
+    rows = getattr(args, "train_rows", 0)
+    if not rows:
+        return p
+    if p["dataset"] != "blobs":
+        raise SystemExit(f"--train-rows {rows}: preset {args.preset!r} is not on blobs (its dataset: {p['dataset']})")
+    return {**p, "options": {**p["options"], "num_train": rows, "num_test": max(rows // 6, 1)}}
+
+
 def run_config(args, engine: str):
     from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
     from fedforget.partition import PartitionSpec
 
-    p = PRESETS[args.preset]
+    p = preset(args)
     rounds = args.rounds * getattr(args, "repeats", 1) + args.warmup + 1
     scenario, tasks = None, getattr(args, "tasks", 1)
     if tasks > 1:  # a class-incremental split: task 0 in the warm-up, the timed rounds in task 1
@@ -175,7 +187,7 @@ def prepare(args) -> None:
     """The preset's dataset and (--public) its held-out public slice, under --data."""
     from fedforget.data import prepare_dataset, prepare_public
 
-    p = PRESETS[args.preset]
+    p = preset(args)
     prepare_dataset(p["dataset"], p["options"], args.data)
     public = public_spec(args)
     if public:  # the slice of the dataset as the preset's options make it: the id a run loads
@@ -498,6 +510,8 @@ def main() -> None:
                     help="clients in the partition (default: the preset's), e.g. FedProTIP's 5 or 10: a task end "
                          "runs every client holding the task")
     ap.add_argument("--rate", type=float, default=0.0, help="clients sampled per round (default: the preset's)")
+    ap.add_argument("--train-rows", type=int, default=0,
+                    help="a preset on blobs: this many training rows (and a sixth as many test rows; default: the preset's)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     ap.add_argument("--interleave", action="store_true",
                     help="all modes in one process, a round of each in turn (robust to drifting machine speed; "
@@ -528,7 +542,7 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    p = PRESETS[args.preset]
+    p = preset(args)
     prepare(args)  # once, before any timing
     args.passthrough = [
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--rounds", str(args.rounds),
@@ -536,7 +550,7 @@ def main() -> None:
         "--device", args.device, "--memory", str(args.memory), "--data", args.data, "--method", args.method,
         "--precision", args.precision, "--params", args.params, "--tasks", str(args.tasks),
         "--clients", str(args.clients), "--rate", str(args.rate), "--public", str(args.public), "--heads", args.heads,
-        "--lanes", str(args.lanes), "--lr-decay", str(args.lr_decay),
+        "--lanes", str(args.lanes), "--lr-decay", str(args.lr_decay), "--train-rows", str(args.train_rows),
     ]  # fmt: skip
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     width = max(11, *map(len, args.modes))  # the modes' column (vectorized@N is longer)
@@ -553,7 +567,7 @@ def main() -> None:
             for m in order:
                 runs[m].append(spawn(args, m))
         how = f"median of {args.repeats} processes x {args.rounds} rounds"
-    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed), {args.heads} heads" if args.tasks > 1 else "") + (f", lr_decay {args.lr_decay}" if args.lr_decay != 1.0 else "")
+    extra = (f" {args.params}" if args.params != "{}" else "") + (f", public holdout {args.public}" if args.public else "") + (f", {args.tasks} tasks (task 1 timed), {args.heads} heads" if args.tasks > 1 else "") + (f", lr_decay {args.lr_decay}" if args.lr_decay != 1.0 else "") + (f", {args.train_rows} training rows" if args.train_rows else "")
     print(f"# {args.preset}, {args.method}{extra}: {args.memory or args.clients or p['clients']} clients ({args.partition}), rate {args.rate or p['rate']}, batch {p['batch']}, "
           f"{args.epochs} local epochs, eval {args.eval}, {args.threads} threads, {args.device}, "
           f"{how}; load {os.getloadavg()[0]:.2f}")  # fmt: skip

@@ -271,6 +271,24 @@ def test_simulation_bn_presets_with_1x1_maps_drop_one_row_batches(sim, tmp_path)
         model(torch.zeros(1, 3, 32, 32))
 
 
+def test_simulation_train_rows_resizes_a_blobs_preset_only(sim, tmp_path) -> None:
+    """benchmarks/simulation.py --train-rows N: a preset on blobs gets N training rows and
+    N // 6 test rows (the run loads that dataset); a preset on another dataset is refused."""
+    import argparse
+
+    args = argparse.Namespace(preset="mcmahan", public=0.0, data=str(tmp_path), rounds=1, warmup=0, epochs=1,
+                              partition="iid", eval="none", device="cpu", threads=1, memory=0, train_rows=600)  # fmt: skip
+    sim.prepare(args)
+    rc = sim.run_config(args, "sequential")
+    assert rc.dataset.options["num_train"] == 600 and rc.dataset.options["num_test"] == 100
+    from fedforget.engine import Simulation
+
+    assert sum(Simulation(rc).clients.size(c) for c in range(100)) == 600
+    args.preset = "digits"
+    with pytest.raises(SystemExit, match="--train-rows 600: preset 'digits' is not on blobs"):
+        sim.run_config(args, "sequential")
+
+
 def test_simulation_engine_modes_count_the_rows_that_train(sim, tmp_path, monkeypatch) -> None:
     """benchmarks/simulation.py's engine modes count a round's samples as the rows that
     train (TrainSpec.epoch_rows): with drop_last, without each client's short last batch."""

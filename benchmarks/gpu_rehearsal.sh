@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# A CPU rehearsal of benchmarks/gpu.sh: every command of its sections run to its end on the
+# CPU, on fewer rows, so that a section that would fail on the GPU (a crash outside the GPU
+# code paths, an argument, a preset) fails here first; a device session is 15 minutes. The
+# numbers it prints are not measurements (toy sizes, a CPU): only exit codes and errors count.
+#
+# What it changes, on a clone of the committed HEAD in a temporary directory (the working
+# tree is left alone): the presets of benchmarks/simulation.py on blobs get num_train 6000
+# and num_test 1000 (the ResNet-18 preset's 100 clients hold 60 rows each); a stand-in
+# `python` first on PATH turns `--device cuda` into cpu, every --rounds into 1, --warmup into
+# at most 2 (packing.py: 1), --seconds into 3, --budget into 40, --steps into 2, and a
+# simulation's --clients N --rate R into 40 and 0.25; a stand-in `timeout` lifts each box's
+# limit to 1200 s; the ViT-B/16 commands (224 px: hours on a CPU) and the GPU tests (the CPU
+# suite runs them) are left out. Known differences from a GPU run: profile_round.py's DER
+# (--tasks 5 --warmup 5 --rounds 2) is refused once --warmup becomes 2, and the batched
+# TinyBERT of model_rates.py --only hf needs more than 24 GB of host memory.
+# On 2 cores it took 83 minutes (2026-12-05).
+#   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)
+set -eu
+out=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+real=$(command -v python)
+real_timeout=$(command -v timeout)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+git clone -q "$repo" "$work/repo"
+mkdir -p "$work/bin" "$work/tmp"
+"$real" - "$work/repo/benchmarks" <<'EOF'
+import re, sys
+from pathlib import Path
+bench = Path(sys.argv[1])
+p = bench / "simulation.py"
+s = p.read_text()
+s = s.replace('options={"channels": 3, "size": 32}', 'options={"channels": 3, "size": 32, "num_train": 6000, "num_test": 1000}')
+s = s.replace('dict(dataset="blobs", options={}', 'dict(dataset="blobs", options={"num_train": 6000, "num_test": 1000}')
+assert s.count('"num_train": 6000') >= 6, "simulation.py's blob presets changed: update gpu_rehearsal.sh"
+p.write_text(s)
+g = bench / "gpu.sh"
+t = g.read_text()
+t, n = re.subn(r'\n    box \d+ "\$\{sim\[@\]\}" --warmup 1 [^\n]*--preset vit [^\n]*\n[^\n]*\n', "\n", t)
+assert n == 2, f"gpu.sh's ViT commands changed ({n} found): update gpu_rehearsal.sh"
+g.write_text(t.replace("vit() {\n", "vit() { :\n"))
+EOF
+cat >"$work/bin/python" <<EOF
+#!$real
+import os, sys
+a = sys.argv[1:]
+if a and a[0].endswith(".py") and "/benchmarks/" in a[0]:
+    name, out, it = os.path.basename(a[0]), [a[0]], iter(a[1:])
+    cap = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2}
+    for x in it:
+        if x == "--device":
+            next(it); out += [x, "cpu"]
+        elif x in cap:
+            next(it); out += [x, str(cap[x])]
+        elif x == "--warmup":
+            out += [x, str(1 if name == "packing.py" else min(int(next(it)), 2))]
+        elif x == "--clients" and name == "simulation.py":
+            next(it); out += [x, "40"]
+        elif x == "--rate":
+            next(it); out += [x, "0.25"]
+        else:
+            out.append(x)
+    a = out
+    with open("$out/calls.txt", "a") as f:
+        f.write(" ".join(a) + "\n")
+os.execv("$real", ["$real", *a])
+EOF
+cat >"$work/bin/timeout" <<EOF
+#!/usr/bin/env bash
+while [ "\${1#-}" != "\$1" ]; do [ "\$1" = -k ] && shift; shift; done
+shift
+exec "$real_timeout" -k 5 1200 "\$@"
+EOF
+printf '#!/bin/sh\necho "stand-in: a CPU rehearsal (benchmarks/gpu_rehearsal.sh)"\n' >"$work/bin/nvidia-smi"
+chmod +x "$work/bin/"*
+order=${ORDER:-resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit lanes2 fedproj rates fedsol sims profile18 profilecl}
+PATH="$work/bin:$PATH" PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" ORDER="$order" \
+    bash "$work/repo/benchmarks/gpu.sh" "$out" >"$out/log.txt" 2>&1 || true
+# what failed: a command's non-zero exit, an engine mode's error, a Python traceback
+grep -h -E "done \(rc [^0]|  error: |^Traceback|Error:" "$out/log.txt" "$out"/*.txt 2>/dev/null | grep -v gpuGetDeviceCount \
+    | sort | uniq -c | tee "$out/failures.txt"
+echo "gpu_rehearsal: $(grep -c '' "$out/calls.txt") commands; failures above (also $out/failures.txt)"
