@@ -14,7 +14,8 @@
 # suite runs them) are left out. Known differences from a GPU run: profile_round.py's DER
 # (--tasks 5 --warmup 5 --rounds 2) is refused once --warmup becomes 2, and the batched
 # TinyBERT of model_rates.py --only hf needs more than 24 GB of host memory.
-# On 2 cores it took 83 minutes (2026-12-05).
+# Its first run, by hand with these changes (2026-12-05, 83 minutes on 2 cores; its text output in
+# results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches.
 #   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)
 set -eu
 out=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
