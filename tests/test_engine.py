@@ -23,7 +23,7 @@ from fedforget.models import build_model
 from fedforget.partition import PartitionSpec, client_indices, make_partition, save_partition
 from fedforget.runner import run_training
 from fedforget.trainers import SHUFFLE_STREAM, Diverged, LocalLoss
-from fedforget.utils import Unchanged, torch_seed
+from fedforget.utils import FedForgetError, Unchanged, torch_seed
 
 CPU = torch.device("cpu")
 TIMING = {"train_time_s", "eval_time_s", "elapsed_s"}
@@ -437,14 +437,20 @@ def test_drop_last_skips_trailing_partial_batches(make_run_config):
 
 def test_drop_last_lets_batchnorm_models_train(make_run_config):
     """resnet8 with BatchNorm on 8x8 digits: stage 4 is 1x1, so a trailing batch of one
-    sample cannot train; drop_last avoids it."""
+    sample cannot train: in either trainer the run stops with one error naming the client,
+    its rows and train.drop_last (PyTorch's bare ValueError before); drop_last avoids it."""
     rc = make_run_config(dataset="digits", model="resnet8", rounds=1, batch_size=32, sample_rate=0.25,
                          partition=PartitionSpec("iid", clients=4, seed=0))  # fmt: skip
     n = Simulation(rc, device=CPU).clients.size(0)
     bs = n - 1 if n % 32 != 1 else 32  # a batch size leaving one sample over
     rc = replace(rc, train=replace(rc.train, batch_size=bs))
-    with pytest.raises(ValueError, match="more than 1 value per channel"):
-        Simulation(rc, device=CPU).trainer.train_client(0, 1, 0.01)
+    want = rf"round 1: a minibatch of one row reached a BatchNorm layer.*client 0: {n} rows, train.batch_size {bs}.*train.drop_last: true"
+    seq = Simulation(replace(rc, train=replace(rc.train, client_engine="sequential")), device=CPU).trainer
+    with pytest.raises(FedForgetError, match=want):
+        seq.train_client(0, 1, 0.01)
+    stacked = Simulation(replace(rc, train=replace(rc.train, client_engine="vectorized")), device=CPU).trainer
+    with pytest.raises(FedForgetError, match=want):
+        stacked.train_clients_together([0], 1, 0.01)
     status, _, msg = Simulation(replace(rc, train=replace(rc.train, drop_last=True)), device=CPU).run(progress=False)
     assert status == "completed", msg
 

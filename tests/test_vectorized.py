@@ -116,23 +116,6 @@ def test_a_group_out_of_gpu_memory_names_the_setting(make_run_config, monkeypatc
         sim.run(progress=False)
 
 
-def test_a_one_row_minibatch_through_batchnorm_names_the_client_and_the_knob(make_run_config):
-    """BatchNorm cannot train on one value per channel: torchvision's ResNet-18 on 8x8 digits
-    (1x1 maps from layer 2 on) given a client whose epoch ends in one row stops, in either
-    trainer, with one error naming that client, its rows and train.drop_last (PyTorch's own
-    ValueError before); with drop_last the same run trains."""
-    rc = make_run_config(dataset="digits", model="resnet18_imagenet", rounds=1)
-    n = Simulation(rc).clients.size(0)
-    rc = replace(rc, train=replace(rc.train, batch_size=n - 1))
-    for engine in ("sequential", "vectorized"):
-        sim = Simulation(replace(rc, train=replace(rc.train, client_engine=engine)))
-        with pytest.raises(FedForgetError, match=rf"round 1: a minibatch of one row reached a BatchNorm layer.*"
-                                                 rf"client 0: {n} rows.*set train.drop_last: true"):  # fmt: skip
-            sim.run(progress=False)
-    status, _, msg = Simulation(replace(rc, train=replace(rc.train, drop_last=True))).run(progress=False)
-    assert status == "completed", msg
-
-
 def test_engine_choice_and_fallback(make_run_config):
     rc = make_run_config()
     assert Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).engine_info["client_engine"] == "sequential"
