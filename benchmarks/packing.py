@@ -102,6 +102,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="timed training per job")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per job")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--train-rows", type=int, default=0,
+                    help="a preset on blobs with this many training rows (simulation.py's --train-rows)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -115,16 +117,18 @@ def main() -> None:
 
     from fedforget.data import prepare_dataset
 
-    p = PRESETS[args.preset]
+    p = simulation.preset(args)
     prepare_dataset(p["dataset"], p["options"], args.data)  # once, before any timing
     args.passthrough = [
         "--preset", args.preset, "--partition", args.partition, "--epochs", str(args.epochs), "--mode", args.mode,
         "--method", args.method, "--warmup", str(args.warmup), "--seconds", str(args.seconds),
         "--threads", str(args.threads), "--device", args.device, "--data", args.data,
+        "--train-rows", str(args.train_rows),
     ]  # fmt: skip
     setting = (f"{args.preset} ({p['model']}), {args.method}, {args.mode} engine, {p['clients']} clients "
                f"({args.partition}), rate {p['rate']}, batch {p['batch']}, {args.epochs} local epoch(s), "
-               f"{args.threads} thread(s) per job, {args.device}, {args.warmup} warm-up rounds, {args.seconds:g} s timed")  # fmt: skip
+               f"{args.threads} thread(s) per job, {args.device}, {args.warmup} warm-up rounds, {args.seconds:g} s timed"
+               + (f", {args.train_rows} training rows" if args.train_rows else ""))  # fmt: skip
     print(f"# {setting}")
     results, failed = [], None
 

@@ -68,6 +68,8 @@ def main() -> None:
                     "the timed and profiled rounds in task 1 (2 x --rounds < --warmup)")  # fmt: skip
     ap.add_argument("--heads", choices=["shared", "per_task"], default="shared")
     ap.add_argument("--cudnn-benchmark", action="store_true")
+    ap.add_argument("--train-rows", type=int, default=0,
+                    help="a preset on blobs with this many training rows (simulation.py's --train-rows)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     args = ap.parse_args()
     args.memory = 0  # simulation.run_config reads these
@@ -83,7 +85,7 @@ def main() -> None:
 
     from fedforget.data import prepare_dataset
 
-    p = sim.PRESETS[args.preset]
+    p = sim.preset(args)
     prepare_dataset(p["dataset"], p["options"], args.data)
     torch.set_num_threads(args.threads)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
@@ -106,7 +108,8 @@ def main() -> None:
         wall = time.perf_counter() - t0
     events = prof.key_averages()
     print(f"# {args.preset} ({args.partition}), {args.method} {args.params or ''}, tasks {args.tasks}, {args.mode}, {args.epochs} local epochs, eval {args.eval}, {device}, "
-          f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}")  # fmt: skip
+          f"{args.threads} threads, cudnn.benchmark={args.cudnn_benchmark}"
+          + (f", {args.train_rows} training rows" if args.train_rows else ""))  # fmt: skip
     print(f"s/round (median of {args.rounds}): {statistics.median(times):.4f}  (min {min(times):.4f})")
     if cuda:
         def on_gpu(e) -> bool:  # a kernel's or a copy's event (averaged, or each one)
