@@ -53,7 +53,8 @@ if a and a[0].endswith(".py") and "/benchmarks/" in a[0]:
         elif x in cap:
             next(it); out += [x, str(cap[x])]
         elif x == "--warmup":
-            out += [x, str(1 if name == "packing.py" else min(int(next(it)), 2))]
+            n = int(next(it))
+            out += [x, str(1 if name == "packing.py" else min(n, 2))]
         elif x == "--clients" and name == "simulation.py":
             next(it); out += [x, "40"]
         elif x == "--rate":
