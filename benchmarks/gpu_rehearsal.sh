@@ -5,12 +5,13 @@
 # numbers it prints are not measurements (toy sizes, a CPU): only exit codes and errors count.
 #
 # What it changes, on a clone of the committed HEAD in a temporary directory (the working
-# tree is left alone): a stand-in `python` first on PATH gives simulation.py, profile_round.py
-# and packing.py `--train-rows 6000` on a blobs preset of the default size (6000 training
-# and 1000 test rows: the ResNet-18 preset's 100 clients hold 60 rows each), turns
-# `--device cuda` into cpu, every --rounds into 1, --warmup into at most 2 (packing.py: 1),
-# --seconds into 3, --budget into 40, --steps into 2, and a simulation's --clients N
-# --rate R into 40 and 0.25; a stand-in `timeout` lifts each box's
+# tree is left alone): a stand-in `python` first on PATH (benchmarks/gpu_rehearsal.py's
+# rewrite) gives simulation.py, profile_round.py and packing.py `--train-rows 6000` on a
+# blobs preset of the default size (6000 training and 1000 test rows: the ResNet-18
+# preset's 100 clients hold 60 rows each), turns `--device cuda` into cpu, every --rounds
+# into 1, --warmup into at most 2 (packing.py: 1), --seconds into 3, --budget into 40,
+# --steps into 2, and a simulation's --clients N --rate R into 40 and 0.25; a stand-in
+# `timeout` lifts each box's
 # limit to 1200 s; the ViT-B/16 commands (224 px: hours on a CPU) and the GPU tests (the CPU
 # suite runs them) are left out. Known differences from a GPU run: profile_round.py's DER
 # (--tasks 5 --warmup 5 --rounds 2) is refused once --warmup becomes 2, and the batched
@@ -37,37 +38,12 @@ t, n = re.subn(r'\n    box \d+ "\$\{sim\[@\]\}" --warmup 1 [^\n]*--preset vit [^
 assert n == 2, f"gpu.sh's ViT commands changed ({n} found): update gpu_rehearsal.sh"
 g.write_text(t.replace("vit() {\n", "vit() { :\n"))
 EOF
-# the blobs presets of the default size (the others state num_train: resnet8's 4000 rows)
-small=$("$real" -c "import sys; sys.path.insert(0, '$work/repo/benchmarks'); import simulation as s
-print(' '.join(k for k, p in s.PRESETS.items() if p['dataset'] == 'blobs' and 'num_train' not in p['options']))")
 cat >"$work/bin/python" <<EOF
 #!$real
-import os, sys
-a = sys.argv[1:]
-if a and a[0].endswith(".py") and "/benchmarks/" in a[0]:
-    name, out, it = os.path.basename(a[0]), [a[0]], iter(a[1:])
-    cap = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2}
-    for x in it:
-        if x == "--device":
-            next(it); out += [x, "cpu"]
-        elif x in cap:
-            next(it); out += [x, str(cap[x])]
-        elif x == "--warmup":
-            n = int(next(it))
-            out += [x, str(1 if name == "packing.py" else min(n, 2))]
-        elif x == "--clients" and name == "simulation.py":
-            next(it); out += [x, "40"]
-        elif x == "--rate":
-            next(it); out += [x, "0.25"]
-        else:
-            out.append(x)
-    preset = a[a.index("--preset") + 1] if "--preset" in a else "mcmahan"  # the scripts' default
-    if name in ("simulation.py", "profile_round.py", "packing.py") and preset in "$small".split():
-        out += ["--train-rows", "6000"]
-    a = out
-    with open("$out/calls.txt", "a") as f:
-        f.write(" ".join(a) + "\n")
-os.execv("$real", ["$real", *a])
+import sys
+sys.path.insert(0, "$work/repo/benchmarks")
+import gpu_rehearsal  # what it changes in each command
+gpu_rehearsal.stand_in("$real", "$out/calls.txt")
 EOF
 cat >"$work/bin/timeout" <<EOF
 #!/usr/bin/env bash

@@ -197,8 +197,9 @@ def pytest_collection_modifyitems(config, items):
 
 def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None:
     """Every command benchmarks/gpu.sh runs, recorded by a stand-in ``python`` (nothing runs,
-    no GPU needed): each benchmark script accepts its arguments (names, choices, types), and
-    each pytest call's files and -k expression select tests (one collection, pytest's -k)."""
+    no GPU needed): each benchmark script accepts its arguments (names, choices, types), as
+    gpu.sh passes them and as its CPU rehearsal (benchmarks/gpu_rehearsal.py) rewrites them,
+    and each pytest call's files and -k expression select tests (one collection, pytest's -k)."""
     import os
     import subprocess
     import sys
@@ -223,6 +224,14 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     scripts = [(argv[0], argv[1:]) for _, argv in recorded if argv and argv[0].endswith(".py")]
     assert len(scripts) > 20
     assert {Path(s).name for s, _ in scripts} >= {"simulation.py", "packing.py", "streaming.py", "model_rates.py"}
+    with benchmark_script("gpu_rehearsal") as rehearsal:  # its CPU rehearsal's commands parse as well
+        rehearsed = [rehearsal.rewrite([s, *a]) for s, a in scripts]
+        own_size = [rehearsal.rewrite(["/r/benchmarks/simulation.py", "--preset", p]) for p in ("resnet8", "digits")]
+    assert all("cuda" not in argv for argv in rehearsed)
+    resized = {Path(argv[0]).name for argv in rehearsed if "--train-rows" in argv}
+    assert resized == {"simulation.py", "profile_round.py", "packing.py"}
+    assert not [argv for argv in own_size if "--train-rows" in argv]  # resnet8 states its size; digits is no blobs
+    scripts += [(argv[0], argv[1:]) for argv in rehearsed]
     selections = []  # (files, -k expression) of each pytest call, files from the repository root
     for cwd, argv in recorded:
         if argv[:2] != ["-m", "pytest"]:
