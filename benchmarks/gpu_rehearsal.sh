@@ -9,13 +9,12 @@
 # rewrite) gives simulation.py, profile_round.py and packing.py `--train-rows 6000` on a
 # blobs preset of the default size (6000 training and 1000 test rows: the ResNet-18
 # preset's 100 clients hold 60 rows each), turns `--device cuda` into cpu, every --rounds
-# into 1, --warmup into at most 2 (packing.py: 1), --seconds into 3, --budget into 40,
-# --steps into 2, and a simulation's --clients N --rate R into 40 and 0.25; a stand-in
-# `timeout` lifts each box's
-# limit to 1200 s; the ViT-B/16 commands (224 px: hours on a CPU) and the GPU tests (the CPU
-# suite runs them) are left out. Known differences from a GPU run: profile_round.py's DER
-# (--tasks 5 --warmup 5 --rounds 2) is refused once --warmup becomes 2, and the batched
-# TinyBERT of model_rates.py --only hf needs more than 24 GB of host memory.
+# into 1, --warmup into at most 2 (packing.py: 1; a continual profile: 3), --seconds into 3,
+# --budget into 40, --steps into 2, and a simulation's --clients N --rate R into 40 and
+# 0.25; a stand-in `timeout` lifts each box's limit to 1200 s; the ViT-B/16 commands (224 px:
+# hours on a CPU) and the GPU tests (the CPU suite runs them) are left out. A known
+# difference from a GPU run: the batched TinyBERT of model_rates.py --only hf needs more
+# than 24 GB of host memory.
 # Its first run, by hand with these changes (2026-12-05, 83 minutes on 2 cores; its text output in
 # results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches.
 #   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)

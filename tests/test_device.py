@@ -231,6 +231,12 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     resized = {Path(argv[0]).name for argv in rehearsed if "--train-rows" in argv}
     assert resized == {"simulation.py", "profile_round.py", "packing.py"}
     assert not [argv for argv in own_size if "--train-rows" in argv]  # resnet8 states its size; digits is no blobs
+
+    def value(argv: list[str], key: str) -> int:
+        return int(argv[argv.index(key) + 1])
+
+    profiles = [argv for argv in rehearsed if argv[0].endswith("profile_round.py") and "--tasks" in argv]
+    assert profiles and all(2 * value(argv, "--rounds") < value(argv, "--warmup") for argv in profiles)  # its own check
     scripts += [(argv[0], argv[1:]) for argv in rehearsed]
     selections = []  # (files, -k expression) of each pytest call, files from the repository root
     for cwd, argv in recorded:
