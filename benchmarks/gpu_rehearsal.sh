@@ -16,7 +16,8 @@
 # difference from a GPU run: the batched TinyBERT of model_rates.py --only hf needs more
 # than 24 GB of host memory.
 # Its first run, by hand with these changes (2026-12-05, 83 minutes on 2 cores; its text output in
-# results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches.
+# results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches;
+# its second, as this script after the fixes (65 minutes; gpu-rehearsal-b/), only the TinyBERT.
 #   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)
 set -eu
 out=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
