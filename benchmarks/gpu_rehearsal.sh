@@ -56,6 +56,16 @@ chmod +x "$work/bin/"*
 order=${ORDER:-resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit lanes2 fedproj rates fedsol sims profile18 profilecl}
 PATH="$work/bin:$PATH" PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" ORDER="$order" \
     bash "$work/repo/benchmarks/gpu.sh" "$out" >"$out/log.txt" 2>&1 || true
+# the step after gpu.sh (its header, section rates): each paper table's hours at this run's rates
+rates=$(ls "$out/model_rates.json" "$out/hf-rates-c1.json" 2>/dev/null | tr "\n" " " || true)
+if [ -n "$rates" ]; then
+    set +e
+    # shellcheck disable=SC2086  # the files' paths: one word each
+    PYTHONPATH="$work/repo/src" "$real" "$work/repo/benchmarks/paper_runtime.py" --model-rates $rates \
+        --json "$out/paper_runtime.json" >"$out/paper_runtime.txt" 2>&1
+    echo "[paper_runtime] done (rc $?): python benchmarks/paper_runtime.py --model-rates $rates" >>"$out/log.txt"
+    set -e
+fi
 # what failed: a command's non-zero exit, an engine mode's error, a Python traceback
 grep -h -E "done \(rc [^0]|  error: |^Traceback|Error:" "$out/log.txt" "$out"/*.txt 2>/dev/null | grep -v gpuGetDeviceCount \
     | sort | uniq -c | tee "$out/failures.txt"
