@@ -14,7 +14,8 @@
 # 0.25; a stand-in `timeout` lifts each box's limit to 1200 s; the ViT-B/16 commands (224 px:
 # hours on a CPU) and the GPU tests (the CPU suite runs them) are left out. A known
 # difference from a GPU run: the batched TinyBERT of model_rates.py --only hf needs more
-# than 24 GB of host memory.
+# than 24 GB of host memory. After gpu.sh it runs the step its header names after section
+# rates: benchmarks/paper_runtime.py on the run's rate files.
 # Its first run, by hand with these changes (2026-12-05, 83 minutes on 2 cores; its text output in
 # results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches;
 # its second, as this script after the fixes (65 minutes; gpu-rehearsal-b/), only the TinyBERT.
@@ -57,7 +58,8 @@ order=${ORDER:-resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packi
 PATH="$work/bin:$PATH" PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" ORDER="$order" \
     bash "$work/repo/benchmarks/gpu.sh" "$out" >"$out/log.txt" 2>&1 || true
 # the step after gpu.sh (its header, section rates): each paper table's hours at this run's rates
-rates=$(ls "$out/model_rates.json" "$out/hf-rates-c1.json" 2>/dev/null | tr "\n" " " || true)
+rates=""  # in gpu.sh's order: hf-rates-c1.json's rows replace model_rates.json's
+for f in model_rates.json hf-rates-c1.json; do [ -f "$out/$f" ] && rates="$rates $out/$f"; done
 if [ -n "$rates" ]; then
     set +e
     # shellcheck disable=SC2086  # the files' paths: one word each
