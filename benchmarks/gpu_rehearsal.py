@@ -15,9 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import simulation  # noqa: E402  (benchmarks/simulation.py: its presets)
 
 # [D] a GPU preset's 50,000 rows would take hours a command on 2 cores: blobs presets of the
-# default size get 6000 training and 1000 test rows (ResNet-18's 100 clients, 60 rows each);
-# those that state their size (resnet8: 4000 rows) keep it
-TRAIN_ROWS = 6000
+# default size get 6000 training and 1000 test rows (ResNet-18's 100 clients, 60 rows each),
+# the ViT-B/16 at 224 px 60 and 10 (its 5 clients at the partition's min_size of 10 and up:
+# about 4 minutes and 18 GB of host memory for its three modes); those that state their size
+# (resnet8: 4000 rows) keep it
+TRAIN_ROWS = {"vit": 60}
 SMALL = sorted(k for k, p in simulation.PRESETS.items() if p["dataset"] == "blobs" and "num_train" not in p["options"])
 RESIZED = ("simulation.py", "profile_round.py", "packing.py")  # the scripts with --train-rows
 CAPS = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2}
@@ -27,8 +29,8 @@ def rewrite(argv: list[str]) -> list[str]:
     """A benchmark command (script path, then its arguments) as the rehearsal runs it: on the
     CPU, 1 timed round, at most 2 warm-up rounds (packing.py: 1; profile_round.py on a task
     stream: 3), 3 timed seconds, a budget of
-    40 s, 2 steps, a simulation's --clients and --rate 40 and 0.25, and --train-rows 6000 for
-    the scripts that take it on a small blobs preset; any other command unchanged."""
+    40 s, 2 steps, a simulation's --clients and --rate 40 and 0.25, and --train-rows 6000 (vit:
+    60) for the scripts that take it on a small blobs preset; any other command unchanged."""
     if not (argv and argv[0].endswith(".py") and "/benchmarks/" in argv[0]):
         return list(argv)
     name, out, it = os.path.basename(argv[0]), [argv[0]], iter(argv[1:])
@@ -55,7 +57,7 @@ def rewrite(argv: list[str]) -> list[str]:
             out.append(x)
     preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "mcmahan"  # the scripts' default
     if name in RESIZED and preset in SMALL:
-        out += ["--train-rows", str(TRAIN_ROWS)]
+        out += ["--train-rows", str(TRAIN_ROWS.get(preset, 6000))]
     return out
 
 

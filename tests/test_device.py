@@ -235,6 +235,8 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     def value(argv: list[str], key: str) -> int:
         return int(argv[argv.index(key) + 1])
 
+    vit = [argv for argv in rehearsed if "--preset" in argv and argv[argv.index("--preset") + 1] == "vit"]
+    assert vit and all(value(argv, "--train-rows") == 60 for argv in vit)  # 224 px on a CPU
     profiles = [argv for argv in rehearsed if argv[0].endswith("profile_round.py") and "--tasks" in argv]
     assert profiles and all(2 * value(argv, "--rounds") < value(argv, "--warmup") for argv in profiles)  # its own check
     scripts += [(argv[0], argv[1:]) for argv in rehearsed]
