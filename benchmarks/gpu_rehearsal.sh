@@ -19,7 +19,8 @@
 # Its first run, by hand with these changes (2026-12-05, 83 minutes on 2 cores; its text output in
 # results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches;
 # its second, as this script after the fixes (65 minutes; gpu-rehearsal-b/, without the ViT
-# commands, which ran alone after: 7 minutes), only the TinyBERT.
+# commands, which ORDER="vit joined" ran after: 10 minutes, gpu-rehearsal-b/vit-joined/), only
+# the TinyBERT.
 #   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)
 set -eu
 out=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
