@@ -17,8 +17,9 @@ import simulation  # noqa: E402  (benchmarks/simulation.py: its presets)
 # [D] a GPU preset's 50,000 rows would take hours a command on 2 cores: blobs presets of the
 # default size get 6000 training and 1000 test rows (ResNet-18's 100 clients, 60 rows each),
 # the ViT-B/16 at 224 px 60 and 10 (its 5 clients at the partition's min_size of 10 and up:
-# about 4 minutes and 18 GB of host memory for its three modes); those that state their size
-# (resnet8: 4000 rows) keep it
+# about 4 minutes for its three modes, the batched one's peak 18 GB of host memory:
+# results/cpu-2026-12-05/gpu-rehearsal-b/vit-joined); those that state their size (resnet8:
+# 4000 rows) keep it
 TRAIN_ROWS = {"vit": 60}
 SMALL = sorted(k for k, p in simulation.PRESETS.items() if p["dataset"] == "blobs" and "num_train" not in p["options"])
 RESIZED = ("simulation.py", "profile_round.py", "packing.py")  # the scripts with --train-rows
