@@ -26,18 +26,28 @@ RESIZED = ("simulation.py", "profile_round.py", "packing.py")  # the scripts wit
 CAPS = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2}
 
 
+def is_benchmark(argv: list[str]) -> bool:
+    """Whether a command runs a script of benchmarks/."""
+    return bool(argv) and argv[0].endswith(".py") and "/benchmarks/" in argv[0]
+
+
+def option(argv: list[str], key: str, default: str | None = None) -> str | None:
+    """The value a command gives ``key`` (``--key value``), or ``default``."""
+    return argv[argv.index(key) + 1] if key in argv else default
+
+
 def rewrite(argv: list[str]) -> list[str]:
     """A benchmark command (script path, then its arguments) as the rehearsal runs it: on the
     CPU, 1 timed round, at most 2 warm-up rounds (packing.py: 1; profile_round.py on a task
     stream: 3), 3 timed seconds, a budget of
     40 s, 2 steps, a simulation's --clients and --rate 40 and 0.25, and --train-rows 6000 (vit:
     60) for the scripts that take it on a small blobs preset; any other command unchanged."""
-    if not (argv and argv[0].endswith(".py") and "/benchmarks/" in argv[0]):
+    if not is_benchmark(argv):
         return list(argv)
     name, out, it = os.path.basename(argv[0]), [argv[0]], iter(argv[1:])
     # profile_round.py on a task stream times and profiles its rounds within task 1, which
     # must hold more warm-up rounds than twice the timed ones (1 here)
-    continual_profile = name == "profile_round.py" and "--tasks" in argv and argv[argv.index("--tasks") + 1] != "1"
+    continual_profile = name == "profile_round.py" and option(argv, "--tasks", "1") != "1"
     for x in it:
         if x == "--device":
             next(it)
@@ -56,7 +66,7 @@ def rewrite(argv: list[str]) -> list[str]:
             out += [x, "0.25"]
         else:
             out.append(x)
-    preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "mcmahan"  # the scripts' default
+    preset = option(argv, "--preset", "mcmahan")  # the scripts' default
     if name in RESIZED and preset in SMALL:
         out += ["--train-rows", str(TRAIN_ROWS.get(preset, 6000))]
     return out
@@ -65,7 +75,7 @@ def rewrite(argv: list[str]) -> list[str]:
 def stand_in(real: str, log: str) -> None:
     """Rewrite this process's command, note it in ``log`` (a benchmark's only), run it."""
     argv = rewrite(sys.argv[1:])
-    if argv and argv[0].endswith(".py") and "/benchmarks/" in argv[0]:
+    if is_benchmark(argv):
         with open(log, "a") as f:
             f.write(" ".join(argv) + "\n")
     os.execv(real, [real, *argv])

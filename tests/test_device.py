@@ -227,18 +227,16 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     with benchmark_script("gpu_rehearsal") as rehearsal:  # its CPU rehearsal's commands parse as well
         rehearsed = [rehearsal.rewrite([s, *a]) for s, a in scripts]
         own_size = [rehearsal.rewrite(["/r/benchmarks/simulation.py", "--preset", p]) for p in ("resnet8", "digits")]
+        option = rehearsal.option
     assert all("cuda" not in argv for argv in rehearsed)
     resized = {Path(argv[0]).name for argv in rehearsed if "--train-rows" in argv}
     assert resized == {"simulation.py", "profile_round.py", "packing.py"}
     assert not [argv for argv in own_size if "--train-rows" in argv]  # resnet8 states its size; digits is no blobs
-
-    def value(argv: list[str], key: str) -> int:
-        return int(argv[argv.index(key) + 1])
-
-    vit = [argv for argv in rehearsed if "--preset" in argv and argv[argv.index("--preset") + 1] == "vit"]
-    assert vit and all(value(argv, "--train-rows") == 60 for argv in vit)  # 224 px on a CPU
+    vit = [argv for argv in rehearsed if option(argv, "--preset") == "vit"]
+    assert vit and all(option(argv, "--train-rows") == "60" for argv in vit)  # 224 px on a CPU
+    # profile_round.py refuses a task stream unless 2 x --rounds < --warmup
     profiles = [argv for argv in rehearsed if argv[0].endswith("profile_round.py") and "--tasks" in argv]
-    assert profiles and all(2 * value(argv, "--rounds") < value(argv, "--warmup") for argv in profiles)  # its own check
+    assert profiles and all(2 * int(option(argv, "--rounds")) < int(option(argv, "--warmup")) for argv in profiles)
     scripts += [(argv[0], argv[1:]) for argv in rehearsed]
     selections = []  # (files, -k expression) of each pytest call, files from the repository root
     for cwd, argv in recorded:
