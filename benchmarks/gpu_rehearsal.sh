@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A CPU rehearsal of benchmarks/gpu.sh: every command of its sections run to its end on the
-# CPU, on fewer rows, so that a section that would fail on the GPU (a crash outside the GPU
-# code paths, an argument, a preset) fails here first; a device session is 15 minutes. The
-# numbers it prints are not measurements (toy sizes, a CPU): only exit codes and errors count.
+# A CPU rehearsal of benchmarks/gpu.sh, started as a device call starts it (gpu_device.sh):
+# every command of its sections run to its end on the CPU, on fewer rows, so that a section
+# that would fail on the GPU (a crash outside the GPU code paths, an argument, a preset) fails
+# here first; a device session is 15 minutes. The numbers it prints are not measurements
+# (toy sizes, a CPU): only exit codes and errors count.
 #
 # What it changes, on a clone of the committed HEAD in a temporary directory (the working
 # tree is left alone): a stand-in `python` first on PATH (benchmarks/gpu_rehearsal.py's
@@ -47,8 +48,10 @@ EOF
 printf '#!/bin/sh\necho "stand-in: a CPU rehearsal (benchmarks/gpu_rehearsal.sh)"\n' >"$work/bin/nvidia-smi"
 chmod +x "$work/bin/"*
 order=${ORDER:-resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}
-PATH="$work/bin:$PATH" PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" ORDER="$order" \
-    bash "$work/repo/benchmarks/gpu.sh" "$out" >"$out/log.txt" 2>&1 || true
+# through the device call's own command (benchmarks/gpu_device.sh: no wheels here, PYTHONPATH
+# the clone's src; it keeps gpu.sh's output as $out/log.txt, its own lines go to device.txt)
+PATH="$work/bin:$PATH" TMPDIR="$work/tmp" ORDER="$order" OUT="$out" \
+    bash "$work/repo/benchmarks/gpu_device.sh" >/dev/null 2>"$out/device.txt" || true
 # the step after gpu.sh (its header, section rates): each paper table's hours at this run's rates
 rates=""  # in gpu.sh's order: hf-rates-c1.json's rows replace model_rates.json's
 for f in model_rates.json hf-rates-c1.json; do [ -f "$out/$f" ] && rates="$rates $out/$f"; done
