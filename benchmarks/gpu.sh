@@ -10,8 +10,9 @@
 # rest. Each command has its own time box; a command that would start after BUDGET seconds is
 # skipped and listed in OUTDIR/skipped.txt. A device session is 15 minutes, its start included:
 # BUDGET=480 for one call, then, with what is left, a second with ORDER="continual18 vgg11 stream
-# packing rates" (or whatever the first skipped). The boxes are ceilings: on the H200 (2026-11-27) the
-# GPU tests took 43-57 s and ResNet-18's three engines 62-78 s (results/h200-2026-11-27*/log.txt).
+# packing rates" (or whatever the first skipped); on a bare machine, through gpu_device.sh. The
+# boxes are ceilings: on the H200 (2026-11-27) the GPU tests took 43-57 s and ResNet-18's three
+# engines 62-78 s (results/h200-2026-11-27*/log.txt).
 #   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
 #             another within 1e-5 (1e-4 on a GPU: tests/conftest.py's GPU_TOL_FACTOR), CUDA
