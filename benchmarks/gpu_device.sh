@@ -3,20 +3,23 @@
 # wheels benchmarks/gpu_wheels.sh put in .whl/ (carried), then runs benchmarks/gpu.sh into
 # $OUT, its whole output kept as $OUT/log.txt; BUDGET and ORDER pass through to gpu.sh:
 #     run: command "BUDGET=480 bash benchmarks/gpu_device.sh", carry [".whl"], timeout_s 570
-#     run: command "BUDGET=200 ORDER='continual18 vgg11 stream packing rates' bash benchmarks/gpu_device.sh", carry [".whl"]
+#     run: command "BUDGET=200 ORDER='continual18 vgg11 stream packing rates'
+#          bash benchmarks/gpu_device.sh", carry [".whl"]   (the second, with what is left)
 # then copy the files that come back to benchmarks/results/<device>-<date>/ (a second call's
 # into a folder of its own) and give the machine back.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:?OUT: the folder a device call brings back (set by the run tool)}
+mkdir -p "$out"
 cd "$root"
 site=/tmp/fedforget-site
-if compgen -G ".whl/*.whl" >/dev/null; then
+wheels=${WHEEL_DIR:-.whl}  # as gpu_wheels.sh names it
+if compgen -G "$wheels/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" .whl/*.whl || { echo "gpu_device.sh: the wheels in .whl/ did not install" >&2; exit 1; }
+        --target "$site" "$wheels"/*.whl || { echo "gpu_device.sh: the wheels in $wheels/ did not install" >&2; exit 1; }
     export PYTHONPATH="$site:$root/src"
 else
-    echo "gpu_device.sh: no .whl/ carried (benchmarks/gpu_wheels.sh): jsonschema and mnist1d may be missing" >&2
+    echo "gpu_device.sh: no $wheels/ carried (benchmarks/gpu_wheels.sh): jsonschema and mnist1d may be missing" >&2
     export PYTHONPATH="$root/src"
 fi
 # gpu.sh calls `python`; where the image has only python3, a link to it goes first on PATH

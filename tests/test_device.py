@@ -196,8 +196,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None:
-    """Every command benchmarks/gpu.sh runs, recorded by a stand-in ``python`` (nothing runs,
-    no GPU needed): each benchmark script accepts its arguments (names, choices, types), as
+    """Every command benchmarks/gpu.sh runs, started as a device call starts it
+    (benchmarks/gpu_device.sh), recorded by a stand-in ``python`` (nothing runs, no GPU needed): each benchmark script accepts its arguments (names, choices, types), as
     gpu.sh passes them and as its CPU rehearsal (benchmarks/gpu_rehearsal.py) rewrites them,
     and each pytest call's files and -k expression select tests (one collection, pytest's -k)."""
     import os
@@ -217,9 +217,14 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     env = {**os.environ, "PATH": f"{stand_in}{os.pathsep}{os.environ['PATH']}", "BUDGET": "100000"}
     env.pop("ORDER", None)
     env.pop("SECTIONS", None)
-    done = subprocess.run(["bash", str(repo_root / "benchmarks" / "gpu.sh"), str(tmp_path / "out")], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0 and "unknown section" not in done.stderr, done.stderr
+    device = [str(repo_root / "benchmarks" / "gpu_device.sh")]  # gpu.sh as a device call starts it
+    unset = subprocess.run(["bash", *device], env=env, capture_output=True, text=True, timeout=60)
+    assert unset.returncode != 0 and "OUT: the folder a device call brings back" in unset.stderr
+    env.update(OUT=str(tmp_path / "out"), WHEEL_DIR=str(tmp_path / "no-wheels"))
+    done = subprocess.run(["bash", *device], env=env, capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "unknown section" not in said, said
+    assert "no-wheels/ carried" in done.stderr and "gpu.sh: " in (tmp_path / "out" / "log.txt").read_text()
     recorded = [json.loads(line) for line in calls.read_text().splitlines()]
     scripts = [(argv[0], argv[1:]) for _, argv in recorded if argv and argv[0].endswith(".py")]
     assert len(scripts) > 20
