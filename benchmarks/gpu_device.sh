@@ -6,7 +6,8 @@
 #     run: command "BUDGET=200 ORDER='continual18 vgg11 stream packing rates'
 #          bash benchmarks/gpu_device.sh", carry [".whl"]   (the second, with what is left)
 # then copy the files that come back to benchmarks/results/<device>-<date>/ (a second call's
-# into a folder of its own) and give the machine back.
+# into a folder of its own), give the machine back, and read issue 32's targets off them:
+#     python benchmarks/gpu_targets.py <first folder> <second folder> --json <first folder>/targets.json
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:?OUT: the folder a device call brings back (set by the run tool)}

@@ -423,14 +423,15 @@ def mode_round(args, mode: str):
 def summarize(mode: str, timed: list[tuple[float, int]], device, every: list[tuple[float, int]] | None = None) -> dict:
     """Medians over rounds (one slow round, a burst of load elsewhere, does not move them),
     and the throughput's min and max over the rounds; ``every``: all rounds' seconds, the
-    warm-up's first (s_rounds)."""
+    warm-up's first (s_rounds), and each one's training samples (n_rounds)."""
     import torch
 
     rates = [n / s for s, n in timed]
     out = {"mode": mode, "s_per_round": statistics.median(s for s, _ in timed),
            "samples_per_s": statistics.median(rates), "samples_per_s_min": min(rates),
            "samples_per_s_max": max(rates), "peak_rss_mb": peak_rss_mb(),
-           "s_rounds": [round(sec, 4) for sec, _ in (every or timed)]}  # fmt: skip
+           "s_rounds": [round(sec, 4) for sec, _ in (every or timed)],
+           "n_rounds": [n for _, n in (every or timed)]}  # fmt: skip
     if device.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -578,8 +579,9 @@ def main() -> None:
             print(f"{m:{width}s} error: {rs[0]['error']}")
             continue
         pick = {"_min": min, "_max": max}  # over every process's rounds; medians of the rest
-        s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k not in ("mode", "s_rounds")}
-        s["s_rounds"] = [x["s_rounds"] for x in ok]  # every process's rounds
+        rounds = ("s_rounds", "n_rounds")  # every process's rounds
+        s = {k: pick.get(k[-4:], statistics.median)(x[k] for x in ok) for k in ok[0] if k not in ("mode", *rounds)}
+        s.update({k: [x[k] for x in ok] for k in rounds})
         summary[m] = s
     refs = {r: summary[r]["samples_per_s"] for r in ("central", "limit", "limit-clients") if r in summary}
     for m, s in summary.items():

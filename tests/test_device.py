@@ -351,7 +351,49 @@ def test_simulation_times_the_exchanges_of_a_method_that_has_them(sim, tmp_path)
     for mode in ("sequential", "vectorized"):
         assert sim.measure(args, mode)["exchange_s_per_round"] > 0, mode
     args.method = "fedavg"
-    assert "exchange_s_per_round" not in sim.measure(args, "vectorized")
+    out = sim.measure(args, "vectorized")
+    assert "exchange_s_per_round" not in out
+    # every round's seconds and training samples, the warm-up's first (gpu_targets.py's VGG-11 rule)
+    assert len(out["s_rounds"]) == len(out["n_rounds"]) == 3 and min(out["n_rounds"]) > 0
+
+
+def test_gpu_targets_reads_each_target_from_the_gpu_runs_files(repo_root, tmp_path) -> None:
+    """benchmarks/gpu_targets.py on the H200 runs of 2026-11-27 (their files as gpu.sh wrote
+    them): each value the ratio its file holds, a later folder's file replacing an earlier
+    one's, an absent or unreadable file not measured (never met); VGG-11's rounds compared
+    per training sample, the first 3 rounds left out."""
+    res = repo_root / "benchmarks" / "results"
+    first, third = res / "h200-2026-11-27", res / "h200-2026-11-27-c"
+    profile = tmp_path / "profile-resnet18-fedsol-batched.txt"
+    profile.write_text("Traceback (most recent call last):\nRuntimeError: CUDA out of memory\n")
+    with benchmark_script("gpu_targets") as targets:
+        rows = {r["target"]: r for r in targets.evaluate([first, third, tmp_path])}
+        only_first = {r["target"]: r for r in targets.evaluate([first])}
+        vgg = tmp_path / "vgg11-dir-e1.json"
+        for n_rounds, spread in (([64] * 7, 2.0), ([64, 64, 64, 64, 128, 64, 64], 1.0)):
+            runs = [{"s_rounds": [4.0, 1.0, 1.0, 1.0, 2.0, 1.0, 1.0], "n_rounds": n_rounds}]
+            vgg.write_text(json.dumps({"runs": {"vectorized": runs}}))
+            got = {r["target"]: r for r in targets.evaluate([tmp_path])}
+            row = next(r for r in got.values() if r["measure"] == "vectorized_round_spread")
+            assert row["value"] == pytest.approx(spread) and row["met"] is (spread <= 1.2)
+    summary = json.loads((third / "resnet18-dir-e1.json").read_text())["summary"]
+    seq = rows["resnet18 sequential / plain loop"]
+    assert seq["file"] == str(third / "resnet18-dir-e1.json")  # the later folder's
+    assert seq["value"] == pytest.approx(summary["sequential"]["samples_per_s"] / summary["central"]["samples_per_s"])
+    assert seq["met"] is (seq["value"] >= 0.9)
+    assert only_first["resnet18 sequential / plain loop"]["file"] == str(first / "resnet18-dir-e1.json")
+    fedgp = json.loads((first / "resnet18-e1-fedgp.json").read_text())["summary"]
+    assert rows["fedgp resnet18 batched / sequential"]["value"] == pytest.approx(
+        fedgp["vectorized"]["samples_per_s"] / fedgp["sequential"]["samples_per_s"])
+    busy = rows["fedsol resnet18 batched, GPU busy %"]
+    assert busy["value"] is None and busy["met"] is None and "no 'GPU busy N%' line" in busy["why"]
+    absent = rows["packing resnet18, 4 jobs / 1"]
+    assert absent["value"] is None and absent["met"] is None and absent["why"].startswith("not measured")
+    profile.write_text("s/round (median of 2): 0.5\nGPU kernels 0.4 s summed, of 1.0 s wall over 2 profiled rounds "
+                       "(GPU busy 64%: the union of their intervals; summed 71%); kernel launches per round 10\n")  # fmt: skip
+    with benchmark_script("gpu_targets") as targets:
+        busy = next(r for r in targets.evaluate([tmp_path]) if r["measure"] == "gpu_busy_percent")
+    assert busy["value"] == 64.0 and busy["met"] is True
 
 
 def test_simulation_mode_vectorized_at_n_trains_groups_of_at_most_n(sim, tmp_path, monkeypatch) -> None:
