@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The command of a device call (the `run` tool; /work/.library/device/README.md): installs the
 # wheels benchmarks/gpu_wheels.sh put in .whl/ (carried), then runs benchmarks/gpu.sh into
-# $OUT, its whole output kept as $OUT/log.txt; BUDGET and ORDER pass through to gpu.sh:
+# $OUT, its whole output kept as $OUT/log.txt, then benchmarks/gpu_targets.py on it
+# (targets.json); BUDGET and ORDER pass through to gpu.sh:
 #     run: command "BUDGET=480 bash benchmarks/gpu_device.sh", carry [".whl"], timeout_s 570
 #     run: command "BUDGET=200 ORDER='continual18 vgg11 stream packing rates'
 #          bash benchmarks/gpu_device.sh", carry [".whl"]   (the second, with what is left)
@@ -31,3 +32,7 @@ fi
 export PYTHONUNBUFFERED=1
 python -c "import fedforget, jsonschema, mnist1d" || echo "gpu_device.sh: an import above failed" >&2
 bash "$root/benchmarks/gpu.sh" "$out" 2>&1 | tee "$out/log.txt"
+status=$?  # gpu.sh's (pipefail)
+# issue 32's targets as far as this call measured them (the reply's tail shows them)
+python "$root/benchmarks/gpu_targets.py" "$out" --json "$out/targets.json"
+exit $status
