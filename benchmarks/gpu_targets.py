@@ -44,7 +44,7 @@ TARGETS = [
     ("packing resnet18, 4 jobs / 1", "packing-resnet18-vectorized.json", "gain_4_jobs", 2.0, True),
     ("packing mcmahan, 4 jobs / 1", "packing-mcmahan.json", "gain_4_jobs", 2.0, True),
 ]
-WARM_ROUNDS = 3  # the VGG-11 target counts rounds after the first 3 [P: issue 32]
+WARM_ROUNDS = 3  # the VGG-11 target counts the rounds after the first 3 (issue 32's wording)
 
 
 def _ratio(over: str, under: str) -> Callable[[Path], float]:
