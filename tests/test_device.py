@@ -197,9 +197,10 @@ def pytest_collection_modifyitems(config, items):
 
 def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None:
     """Every command benchmarks/gpu.sh runs, started as a device call starts it
-    (benchmarks/gpu_device.sh), recorded by a stand-in ``python`` (nothing runs, no GPU needed): each benchmark script accepts its arguments (names, choices, types), as
-    gpu.sh passes them and as its CPU rehearsal (benchmarks/gpu_rehearsal.py) rewrites them,
-    and each pytest call's files and -k expression select tests (one collection, pytest's -k)."""
+    (benchmarks/gpu_device.sh), recorded by a stand-in ``python`` (nothing runs, no GPU
+    needed): each benchmark script accepts its arguments (names, choices, types), as gpu.sh
+    passes them and as its CPU rehearsal (benchmarks/gpu_rehearsal.py) rewrites them, and each
+    pytest call's files and -k expression select tests (one collection, pytest's -k)."""
     import os
     import subprocess
     import sys
