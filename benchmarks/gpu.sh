@@ -79,8 +79,14 @@
 #             OUTDIR/hf-rates-c1.json` (one GPU name's files) times each paper table's runs at
 #             their model's rates.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
+#        bash benchmarks/gpu.sh --default-order    (prints the default ORDER, runs nothing)
 set -u
-ORDER=${ORDER:-${SECTIONS:-tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}}
+DEFAULT_ORDER="tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl"
+if [ "${1:-}" = --default-order ]; then
+    echo "$DEFAULT_ORDER"
+    exit 0
+fi
+ORDER=${ORDER:-${SECTIONS:-$DEFAULT_ORDER}}
 out=$(mkdir -p "${1:-gpu-results}" && cd "${1:-gpu-results}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-100000}

@@ -47,7 +47,8 @@ exec "$real_timeout" -k 5 1200 "\$@"
 EOF
 printf '#!/bin/sh\necho "stand-in: a CPU rehearsal (benchmarks/gpu_rehearsal.sh)"\n' >"$work/bin/nvidia-smi"
 chmod +x "$work/bin/"*
-order=${ORDER:-resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl}
+# gpu.sh's default order without its GPU tests (the CPU suite runs them)
+order=${ORDER:-$(bash "$work/repo/benchmarks/gpu.sh" --default-order | tr ' ' '\n' | grep -vx tests | tr '\n' ' ')}
 # through the device call's own command (benchmarks/gpu_device.sh: no wheels here, PYTHONPATH
 # the clone's src; it keeps gpu.sh's output as $out/log.txt, its own lines go to device.txt)
 PATH="$work/bin:$PATH" TMPDIR="$work/tmp" ORDER="$order" OUT="$out" \

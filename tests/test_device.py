@@ -6,6 +6,8 @@ GPU here: CUDA is faked where torch would be asked about it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -142,9 +144,23 @@ def test_gpu_script_runs_each_of_its_sections(repo_root) -> None:
     text = (repo_root / "benchmarks" / "gpu.sh").read_text()
     defined = set(re.findall(r"^(\w+)\(\) \{", text, re.M)) - {"box"}
     (dispatched,) = re.findall(r'case " ([\w ]+) " in', text)
-    (order,) = re.findall(r"ORDER=\$\{ORDER:-\$\{SECTIONS:-([\w ]+)\}\}", text)
+    (order,) = re.findall(r'^DEFAULT_ORDER="([\w ]+)"$', text, re.M)
     assert defined == set(dispatched.split())
     assert set(order.split()) == defined
+    assert "ORDER=${ORDER:-${SECTIONS:-$DEFAULT_ORDER}}" in text
+    # --default-order prints it and runs nothing (no results folder made); the CPU rehearsal
+    # takes its order from there, less the GPU tests, rather than a copy of its own
+    run = subprocess.run(["bash", "benchmarks/gpu.sh", "--default-order"], cwd=repo_root,
+                         capture_output=True, text=True, check=True)
+    assert run.stdout.split() == order.split()
+    assert not (repo_root / "--default-order").exists() and not (repo_root / "gpu-results").exists()
+    rehearsal = (repo_root / "benchmarks" / "gpu_rehearsal.sh").read_text()
+    (line,) = [ln for ln in rehearsal.splitlines() if ln.startswith("order=")]
+    listed = sorted((defined - {"tests"}) & set(re.findall(r"\w+", line)))
+    assert "gpu.sh\" --default-order" in line and not listed, line
+    derived = subprocess.run(["bash", "-c", line.replace('$work/repo', str(repo_root)) + '; echo "$order"'],
+                             capture_output=True, text=True, check=True, env={**os.environ, "ORDER": ""})
+    assert derived.stdout.split() == [s for s in order.split() if s != "tests"]
 
 
 # a pytest plugin, for one process that imports torch once: at its start, each recorded
