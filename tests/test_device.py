@@ -135,7 +135,7 @@ def test_warming_every_minibatch_size_changes_no_result(make_run_config, monkeyp
     assert all(torch.equal(v, runs[True][0].global_params[k]) for k, v in runs[False][0].global_params.items())
 
 
-def test_gpu_script_runs_each_of_its_sections(repo_root) -> None:
+def test_gpu_script_runs_each_of_its_sections(repo_root, tmp_path) -> None:
     """benchmarks/gpu.sh, the one script a GPU session runs: every section it defines is one
     its dispatcher runs, and its default ORDER names only those (a section left out of the
     dispatcher is skipped as unknown, and its numbers are lost for that session)."""
@@ -150,10 +150,10 @@ def test_gpu_script_runs_each_of_its_sections(repo_root) -> None:
     assert "ORDER=${ORDER:-${SECTIONS:-$DEFAULT_ORDER}}" in text
     # --default-order prints it and runs nothing (no results folder made); the CPU rehearsal
     # takes its order from there, less the GPU tests, rather than a copy of its own
-    run = subprocess.run(["bash", "benchmarks/gpu.sh", "--default-order"], cwd=repo_root,
-                         capture_output=True, text=True, check=True)
+    run = subprocess.run(["bash", str(repo_root / "benchmarks" / "gpu.sh"), "--default-order"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True)  # fmt: skip
     assert run.stdout.split() == order.split()
-    assert not (repo_root / "--default-order").exists() and not (repo_root / "gpu-results").exists()
+    assert not list(tmp_path.iterdir())  # no results folder, default or named --default-order
     rehearsal = (repo_root / "benchmarks" / "gpu_rehearsal.sh").read_text()
     (line,) = [ln for ln in rehearsal.splitlines() if ln.startswith("order=")]
     listed = sorted((defined - {"tests"}) & set(re.findall(r"\w+", line)))
@@ -217,8 +217,6 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     needed): each benchmark script accepts its arguments (names, choices, types), as gpu.sh
     passes them and as its CPU rehearsal (benchmarks/gpu_rehearsal.py) rewrites them, and each
     pytest call's files and -k expression select tests (one collection, pytest's -k)."""
-    import os
-    import subprocess
     import sys
 
     stand_in = tmp_path / "bin"
