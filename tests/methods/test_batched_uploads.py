@@ -274,14 +274,16 @@ def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monk
     from fedforget.methods.fedsol import FedSOL
 
     if ulp and os.environ.get("FEDFORGET_TEST_DEVICE", "cpu") != "cpu":
-        # on a GPU the difference is real (the plain cases test it; H200, 2026-11-27, third
-        # session: they pass), and the patched forward would also run under autograd (nextafter has none)
+        # on a GPU the difference is real (the plain cases test it; H200, 2026-11-27, third session: they pass)
         pytest.skip("the ulp cases reproduce on a CPU the GPU's last-bit difference")
     if ulp:
         linear = torch.nn.Linear.forward
-        def above(self, x):  # the next float32 up, on the tensor's own device
+        def above(self, x):  # the next float32 up, on the tensor's own device; its gradient the identity's
             out = linear(self, x)
-            return torch.nextafter(out, torch.full_like(out, math.inf))
+            # nextafter's own derivative came after torch 2.11 (the GPU machines' release: "not implemented"):
+            # out plus the (exact) one-ulp step, the step computed off the graph
+            step = torch.nextafter(out.detach(), torch.full_like(out, math.inf)) - out.detach()
+            return out + step
 
         monkeypatch.setattr(torch.nn.Linear, "forward", above)
 
