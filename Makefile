@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # every shipped config (the default and one file per experiment): data.dvc tracks their data
 CONFIGS := config/config.yaml $(sort $(wildcard config/experiments/*.yaml))
 
-.PHONY: install run test report clean data smoke
+.PHONY: install run test report clean data smoke floors
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,18 @@ smoke: install
 	mkdir -p $(dir $(SMOKE_LOG)) && rm -f $(SMOKE_LOG)
 	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) FEDFORGET_SMOKE_LOG=$(abspath $(SMOKE_LOG)) \
 	  $(BIN)/python -m pytest tests/test_smoke.py -k "every_paper_config or every_embedded_config" -p no:cacheprovider --durations=0
+
+# the suite (as `make test`) at the lowest releases pyproject.toml allows: every dependency of
+# the project and its dev extras at its `>=` floor, what they need at its newest (uv's
+# lowest-direct resolution), in a venv of its own (FLOORS_VENV), ahead of the default's on PATH;
+# a failure here is a floor to raise (docs/reference.md, "Supported releases")
+FLOORS_VENV ?= .venv-floors
+floors:
+	$(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/pip install --quiet --upgrade pip uv
+	$(FLOORS_VENV)/bin/uv pip install --quiet --python $(FLOORS_VENV)/bin/python --resolution lowest-direct -e ".[dev]"
+	PATH="$(abspath $(FLOORS_VENV))/bin:$$PATH" python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not long" -p no:cacheprovider; \
+	  rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 clean:
 	rm -rf results logs .snakemake report.html

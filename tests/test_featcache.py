@@ -96,8 +96,14 @@ def test_hooks_and_transforms_run_the_encoder_itself() -> None:
         assert torch.equal(m(x), plain(x))
     h.remove()
     assert len(calls) == 2 and m.body.cache.computed == 0
-    with pytest.raises(RuntimeError, match="0 elements"):  # no rows: the encoder's own answer, as without
-        m(x[:0])
+    def outcome(f):  # no rows: the encoder's own answer, as without the cache (an error on
+        try:  # torch 2.14 and transformers 5, a (0, classes) tensor on torch 2.5 and transformers 4.41)
+            return f(x[:0])
+        except RuntimeError as e:
+            return repr(e)
+
+    cached, own = outcome(m), outcome(plain)
+    assert torch.equal(cached, own) if isinstance(own, torch.Tensor) else cached == own, (cached, own)
     assert torch.func.vmap(lambda _: torch.tensor(FeatureCache.bypassed(torch.nn.Identity())))(torch.zeros(2)).all()
     assert not FeatureCache.bypassed(m.body.encoder)
 

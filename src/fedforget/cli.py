@@ -117,7 +117,8 @@ def skip_dynamo_import() -> None:
     fedforget compiles nothing, so the training commands (``train``, ``run``) store the method
     itself there before any optimizer exists: a job on the batched trainer (the default
     where a method allows it), which never calls ``Optimizer.step``, then does not import
-    torch._dynamo, with the same result bytes (tests/test_cli.py). A job on the sequential
+    torch._dynamo, with the same result bytes (tests/test_cli.py), where torch.func does not
+    import it itself (torch 2.5's ``grad_and_value`` does; 2.11's does not). A job on the sequential
     trainer still imports it at its first step (torch's ``step`` wrapper imports it at every
     call). Only the command line does this: a program that imports fedforget keeps torch as
     it is. Nothing is changed where torch._dynamo is already imported or a method is not

@@ -26,7 +26,8 @@ from .conftest import CPU, close_buffers, replay_stream_cfg, run
 INFO = RunInfo(CPU, num_classes=3, seed=0, num_clients=2, train=TrainSpec())
 
 
-def setup(params: dict):
+# not `setup`: pytest 7 calls a module's setup() with the module (nose style) before its tests
+def client_setup(params: dict):
     torch.manual_seed(0)
     model = Classifier(nn.Sequential(nn.Linear(4, 5), nn.ReLU()), 5, 3)
     gen = torch.Generator().manual_seed(1)
@@ -45,7 +46,7 @@ def setup(params: dict):
 
 @pytest.mark.parametrize("plus", [False, True])
 def test_loss_equals_the_hand_formula(plus):
-    method, ctx, model, state, x, y = setup({"alpha": 0.3, "beta": 0.7, "plus": plus})
+    method, ctx, model, state, x, y = client_setup({"alpha": 0.3, "beta": 0.7, "plus": plus})
     before = copy.deepcopy(state)
     loss = method.batch_loss(ctx, x, y)
     gen = sample_generator(0, 2, 1, 0, MEMORY_STREAM)  # the method's keyed draws, in order
@@ -59,7 +60,7 @@ def test_loss_equals_the_hand_formula(plus):
 
 
 def test_offered_rows_keep_the_training_forward_logits():
-    method, ctx, model, state, x, y = setup({})
+    method, ctx, model, state, x, y = client_setup({})
     s = method.scratch(ctx)
     s.to_offer = 4  # inside the first pass: the round's plan made again with it
     s.plan = ReplayPlan(method.replay.buffer, ctx, s, 1, 3, torch.device("cpu"))
@@ -76,7 +77,7 @@ def test_offered_rows_keep_the_training_forward_logits():
 
 
 def test_empty_buffer_adds_nothing():
-    method, ctx, model, state, x, y = setup({})
+    method, ctx, model, state, x, y = client_setup({})
     ctx.state, ctx.scratch = {}, {}  # a client without a buffer, its round set up anew
     method.client_begin(ctx)
     assert torch.equal(method.batch_loss(ctx, x, y), F.cross_entropy(model(x), y))

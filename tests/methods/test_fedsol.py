@@ -24,7 +24,8 @@ from fedforget.utils import FedForgetError
 CPU = torch.device("cpu")
 
 
-def setup(params, seed=0, shift=0.3):
+# not `setup`: pytest 7 calls a module's setup() with the module (nose style) before its tests
+def client_setup(params, seed=0, shift=0.3):
     """A 4-5-3 MLP, a batch of 8, the global model w_g and a local model w = w_g + noise
     (as after some local steps), with FedSOL's client_begin done."""
     torch.manual_seed(seed)
@@ -87,7 +88,7 @@ def flat_norm(ts):
 
 @pytest.mark.parametrize("perturb", ["all", "body", "head"])
 def test_fixed_eps_has_norm_rho_and_is_parallel_to_the_kl_gradient(perturb):
-    method, model, ctx, x, y = setup({"rho": 0.7, "adaptive": False, "perturb": perturb})
+    method, model, ctx, x, y = client_setup({"rho": 0.7, "adaptive": False, "perturb": perturb})
     seen = record_eps(method)
     method.client_step(ctx, x, y)
     (eps,) = seen
@@ -102,7 +103,7 @@ def test_fixed_eps_has_norm_rho_and_is_parallel_to_the_kl_gradient(perturb):
 
 @pytest.mark.parametrize("norm", ["layer", "column"])
 def test_adaptive_eps_is_eq8_with_eq7_lambda(norm):
-    method, model, ctx, x, y = setup({"rho": 1.3, "perturb": "all", "lambda_norm": norm})
+    method, model, ctx, x, y = client_setup({"rho": 1.3, "perturb": "all", "lambda_norm": norm})
     seen = record_eps(method)
     method.client_step(ctx, x, y)
     (eps,) = seen
@@ -120,7 +121,7 @@ def test_adaptive_eps_is_eq8_with_eq7_lambda(norm):
 
 
 def test_lambda_hand_computed():
-    method, *_ = setup({"lambda_norm": "layer"})
+    method, *_ = client_setup({"lambda_norm": "layer"})
     w, wg = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[1.0, 5.0], [7.0, 4.0]])
     # |w - w_g| = [[0, 3], [4, 0]]: layer norm 5 -> [[0, .6], [.8, 0]]
     (lam,) = method.lambdas([w[None]], [wg])  # one client: a stack of one
@@ -128,7 +129,7 @@ def test_lambda_hand_computed():
     # a stack of two: each client's own norm (the second: |w - w_g| = [[0, 0], [0, 2]] -> [[0, 0], [0, 1]])
     (lam,) = method.lambdas([torch.stack([w, wg + torch.tensor([[0.0, 0.0], [0.0, 2.0]])])], [wg])
     torch.testing.assert_close(lam, torch.tensor([[[0.0, 0.6], [0.8, 0.0]], [[0.0, 0.0], [0.0, 1.0]]]))
-    method, *_ = setup({"lambda_norm": "column"})
+    method, *_ = client_setup({"lambda_norm": "column"})
     # per column (dim 0): column 0 = [0, 4] -> [0, 1]; column 1 = [3, 0] -> [1, 0]
     (lam,) = method.lambdas([torch.stack([w, w])], [wg])
     torch.testing.assert_close(lam, torch.tensor([[[0.0, 1.0], [1.0, 0.0]]] * 2))
@@ -138,7 +139,7 @@ def test_lambda_hand_computed():
 
 @pytest.mark.parametrize("perturb", ["all", "body", "head"])
 def test_step_uses_ce_gradient_at_perturbed_weights_and_restores_them(perturb):
-    method, model, ctx, x, y = setup({"rho": 1.0, "perturb": perturb})
+    method, model, ctx, x, y = client_setup({"rho": 1.0, "perturb": perturb})
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     seen = record_eps(method)
     loss = method.client_step(ctx, x, y)
@@ -184,7 +185,7 @@ def test_batchnorm_statistics_are_updated_by_the_first_pass_only():
 
 
 def test_head_only_leaves_the_body_unperturbed():
-    method, model, ctx, x, y = setup({"rho": 2.0, "perturb": "head"})
+    method, model, ctx, x, y = client_setup({"rho": 2.0, "perturb": "head"})
     seen = []
     orig_add = torch._foreach_add_
 
@@ -201,7 +202,7 @@ def test_head_only_leaves_the_body_unperturbed():
     head_ids = {id(p) for p in model.head.parameters()}
     assert seen and all(set(ids) == head_ids for ids in seen)
     # and the body gradient is grad CE with only the head shifted
-    method2, model2, ctx2, *_ = setup({"rho": 2.0, "perturb": "head"})
+    method2, model2, ctx2, *_ = client_setup({"rho": 2.0, "perturb": "head"})
     eps_seen = record_eps(method2)
     method2.client_step(ctx2, x, y)
     shift = dict(zip(names(model2, "head"), eps_seen[0]))
@@ -214,7 +215,7 @@ def test_first_local_step_is_fedavg_step():
     # at the first step w = w_g: Lambda = 0 and g_p = 0 (KL of identical outputs) -> eps = 0,
     # decided on the device: the second pass runs at w + 0 and gives CE's gradient at w exactly
     for params in ({"rho": 2.0, "perturb": "all"}, {"rho": 2.0, "perturb": "all", "adaptive": False}):
-        method, model, ctx, x, y = setup(params, shift=0.0)
+        method, model, ctx, x, y = client_setup(params, shift=0.0)
         seen = record_eps(method)
         method.client_step(ctx, x, y)
         (eps,) = seen
@@ -225,7 +226,7 @@ def test_first_local_step_is_fedavg_step():
 
 
 def test_kl_proximal_gradient_and_loss_match_autograd():
-    method, model, ctx, x, y = setup({"perturb": "all"})
+    method, model, ctx, x, y = client_setup({"perturb": "all"})
     features, logits = model.forward_with_features(x)
     g_p, value = method.proximal_grad(ctx, x, y, features, logits)
     ref, ref_value = kl_grad(model, ctx.global_params, x)
@@ -235,7 +236,7 @@ def test_kl_proximal_gradient_and_loss_match_autograd():
 
 
 def test_projection_removes_the_conflicting_component_only():
-    method, model, ctx, x, y = setup({"update": "project", "perturb": "all"})
+    method, model, ctx, x, y = client_setup({"update": "project", "perturb": "all"})
     g_p, _ = kl_grad(model, ctx.global_params, x)
     g_l = ce_grad(model, x, y)
     gp = torch.cat([g_p[n].flatten() for n, _ in model.named_parameters()]).double()
@@ -251,20 +252,20 @@ def test_projection_removes_the_conflicting_component_only():
     # find a seed with conflict and one without, so both branches are exercised
     conflicts = set()
     for seed in range(30):
-        m, mod, c, xx, yy = setup({"update": "project", "perturb": "all"}, seed=seed)
+        m, mod, c, xx, yy = client_setup({"update": "project", "perturb": "all"}, seed=seed)
         m.client_step(c, xx, yy)
         conflicts.add(m.scratch(c).log.means()["conflict_rate"] > 0)
     assert conflicts == {True, False}
 
 
 def test_loss_variant_is_ce_plus_beta_kl_and_l2_is_fedprox():
-    method, model, ctx, x, y = setup({"update": "loss", "beta": 0.5, "proximal": "kl", "perturb": "head"})
+    method, model, ctx, x, y = client_setup({"update": "loss", "beta": 0.5, "proximal": "kl", "perturb": "head"})
     method.client_step(ctx, x, y)
     g_p, _ = kl_grad(model, ctx.global_params, x)
     g_l = ce_grad(model, x, y)
     for n, p in model.named_parameters():  # all parameters, though perturb says head
         torch.testing.assert_close(p.grad, g_l[n] + 0.5 * g_p[n], rtol=1e-4, atol=1e-7)
-    method, model, ctx, x, y = setup({"update": "loss", "beta": 0.5, "proximal": "l2"})
+    method, model, ctx, x, y = client_setup({"update": "loss", "beta": 0.5, "proximal": "l2"})
     method.client_step(ctx, x, y)
     g_l = ce_grad(model, x, y)
     for n, p in model.named_parameters():  # FedProx with mu = 0.5: + mu (w - w_g)
@@ -272,7 +273,7 @@ def test_loss_variant_is_ce_plus_beta_kl_and_l2_is_fedprox():
 
 
 def test_l2_proximal_direction_is_w_minus_wg():
-    method, model, ctx, x, y = setup({"proximal": "l2", "adaptive": False, "rho": 0.4, "perturb": "all"})
+    method, model, ctx, x, y = client_setup({"proximal": "l2", "adaptive": False, "rho": 0.4, "perturb": "all"})
     seen = record_eps(method)
     method.client_step(ctx, x, y)
     d = [p.detach() - ctx.global_params[n] for n, p in model.named_parameters()]
