@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 @contextlib.contextmanager
 def benchmark_script(name: str):
     """benchmarks/<name>.py loaded as a module, benchmarks/ on sys.path meanwhile (the scripts
-    import one another)."""
+    import one another); the datasets a script registers (model_rates.py's bench_tokens) are
+    gone after, so that no later test in the process sees them in the registry's names."""
     sys.path.insert(0, str(REPO / "benchmarks"))
+    registered = dict(DATASETS._items)
     try:
         spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
@@ -37,6 +39,8 @@ def benchmark_script(name: str):
         yield mod
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+        DATASETS._items.clear()
+        DATASETS._items.update(registered)
 
 # FEDFORGET_TEST_DEVICE=cuda runs the make_run_config tests (the engine equivalence tests
 # among them) on a GPU. TF32 is switched off there (the 1e-5 comparisons are float32
