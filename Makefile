@@ -76,13 +76,18 @@ smoke: install
 
 # the suite (as `make test`) at the lowest releases pyproject.toml allows: every dependency of
 # the project and its dev extras at its `>=` floor, what they need at its newest (uv's
-# lowest-direct resolution), in a venv of its own (FLOORS_VENV), ahead of the default's on PATH;
-# a failure here is a floor to raise (docs/reference.md, "Supported releases")
+# lowest-direct resolution of pyproject.toml, written to FLOORS_VENV/floors.txt; `uv pip install
+# -e .` would take pyproject's dependencies as the project's, not as direct, and lift some of
+# them), in a venv of its own, ahead of the default's on PATH; a failure here is a floor to
+# raise (README, "Tests")
 FLOORS_VENV ?= .venv-floors
 floors:
 	$(PYTHON) -m venv $(FLOORS_VENV)
 	$(FLOORS_VENV)/bin/pip install --quiet --upgrade pip uv
-	$(FLOORS_VENV)/bin/uv pip install --quiet --python $(FLOORS_VENV)/bin/python --resolution lowest-direct -e ".[dev]"
+	$(FLOORS_VENV)/bin/uv pip compile --quiet --python $(FLOORS_VENV)/bin/python --resolution lowest-direct \
+	  pyproject.toml --extra dev -o $(FLOORS_VENV)/floors.txt
+	$(FLOORS_VENV)/bin/uv pip install --quiet --python $(FLOORS_VENV)/bin/python -r $(FLOORS_VENV)/floors.txt
+	$(FLOORS_VENV)/bin/uv pip install --quiet --python $(FLOORS_VENV)/bin/python --no-deps -e .
 	PATH="$(abspath $(FLOORS_VENV))/bin:$$PATH" python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not long" -p no:cacheprovider; \
 	  rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
