@@ -48,9 +48,10 @@ data: install
 # in the environment (or `make test FEDFORGET_SLURM_INSTALL=1`) lets it apt-get install
 # slurm-wlm and munge: CI's switch (.ci/run), not for your own machine.
 TEST_WORKERS ?= 2
+SUITE = -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 test: install
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	$(BIN)/python $(SUITE)
 
 # the stage for CI runners with the time: the longest end-to-end chains (tests marked `long`:
 # reruns after code, settings and data changes, a killed workflow's resume, three Snakemake
@@ -88,8 +89,7 @@ floors:
 	  pyproject.toml --extra dev -o $(FLOORS_VENV)/floors.txt
 	$(FLOORS_VENV)/bin/uv pip install --quiet --python $(FLOORS_VENV)/bin/python -r $(FLOORS_VENV)/floors.txt
 	$(FLOORS_VENV)/bin/uv pip install --quiet --python $(FLOORS_VENV)/bin/python --no-deps -e .
-	PATH="$(abspath $(FLOORS_VENV))/bin:$$PATH" python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not long" -p no:cacheprovider; \
-	  rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
+	PATH="$(abspath $(FLOORS_VENV))/bin:$$PATH" python $(SUITE)
 
 clean:
 	rm -rf results logs .snakemake report.html

@@ -96,8 +96,10 @@ def test_hooks_and_transforms_run_the_encoder_itself() -> None:
         assert torch.equal(m(x), plain(x))
     h.remove()
     assert len(calls) == 2 and m.body.cache.computed == 0
-    def outcome(f):  # no rows: the encoder's own answer, as without the cache (an error on
-        try:  # torch 2.14 and transformers 5, a (0, classes) tensor on torch 2.5 and transformers 4.41)
+    # no rows: the encoder's own answer, as without the cache (an error on torch 2.14 and
+    # transformers 5, a (0, classes) tensor on torch 2.5 and transformers 4.41)
+    def outcome(f):
+        try:
             return f(x[:0])
         except RuntimeError as e:
             return repr(e)
