@@ -271,7 +271,11 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
             elif not a.startswith("-"):
                 files.append(str(Path(cwd, a).resolve().relative_to(repo_root.resolve())))
         selections.append((files, expr))
-    assert len(selections) >= 3
+    assert len(selections) >= 2
+    # pytest 9.1.0/9.1.1 (the device image's) drops a subdirectory's conftest fixtures for its
+    # files listed after a parent directory's file that follows one of them (pytest#14964):
+    # sorted arguments keep each directory's files together
+    assert [files for files, _ in selections if files != sorted(files)] == []
 
     (tmp_path / "gpu_sh_plugin.py").write_text(_PLUGIN)
     parsed, counts = tmp_path / "parsed.json", tmp_path / "counts.json"
