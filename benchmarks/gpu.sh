@@ -109,7 +109,8 @@ box() {
     return 0
 }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$out/gpu.txt"
+  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  python -m pytest --version 2>&1; } | tee "$out/gpu.txt"
 sim=(python "$here/simulation.py" --device cuda --repeats 1)
 summary=(grep -h -E "^# |^s/round|^GPU kernels|Error")  # a profile's summary lines (header, s/round, GPU busy), or its error
 
