@@ -24,7 +24,7 @@ from .conftest import CPU, PUBLIC, QUICK_PARAMS, replay_stream_cfg
 # TARGET's and LANDER's synthesis at a few steps (a pool after the first task, replayed after)
 SYNTH_FAST = {"syn_size": 24, "syn_batch": 8, "syn_rounds": 3, "g_steps": 2, "warmup": 0, "nz": 8, "ngf": 4,
               "student_steps": 1, "student_batch": 8}  # fmt: skip
-PARAMS = {**QUICK_PARAMS, "target": SYNTH_FAST, "lander": SYNTH_FAST}
+PARAMS = {**QUICK_PARAMS, "target": SYNTH_FAST, "target_lode": SYNTH_FAST, "lander": SYNTH_FAST}
 # (method, params): every registered method with terms the stacked trainer runs, at its
 # defaults, and FedSOL's other stacked forms (Tables 1-5)
 WITH_TERMS = [
@@ -48,7 +48,7 @@ CASES = [(n, PARAMS.get(n, {})) for n in WITH_TERMS] + [
     ("fedgp", {"base": "icarl"}),  # over joined rows: not capturable, as iCaRL
 ]
 # methods whose terms read the continual stream (task ids, bases kept at task ends)
-STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "lander", "icarl", "glfc", "lga", "cfed"}
+STREAM = {"agem", "der", "gpm", "fot", "fedprotip", "fedcurv", "target", "target_lode", "lander", "icarl", "glfc", "lga", "cfed"}
 
 
 def strip(rows):

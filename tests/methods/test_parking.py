@@ -24,7 +24,7 @@ from .conftest import CPU, QUICK_PARAMS, SMALL_CNN, SPLIT, run, same, strip
 from .test_concurrent_clients import TINY_TARGET
 
 TINY_LANDER = {**TINY_TARGET, "warmup": 0}
-PARAMS = {**QUICK_PARAMS, "target": TINY_TARGET, "lander": TINY_LANDER, "fedprotip": {"tip": "none"}}
+PARAMS = {**QUICK_PARAMS, "target": TINY_TARGET, "target_lode": TINY_TARGET, "lander": TINY_LANDER, "fedprotip": {"tip": "none"}}
 SCENARIO = {**SPLIT, "rounds_per_task": 2, "boundaries": {"samples_per_window": 70, "window_rounds": 2}}
 
 
