@@ -197,6 +197,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                         f"{key}.datasets[{datasets.index(ds)}].model: method '{label}' needs model "
                         f"{' or '.join(sorted(needs))}, got '{ds.model}'"
                     )
+                try:
+                    cls.check_model(ds.model, pobj)
+                except FedForgetError as e:
+                    problems.append(f"{key}.datasets[{datasets.index(ds)}].model (method '{label}'): {e}")
                 dkey = f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')"
                 check(check_rounds, ds.scenario, mtrain.rounds, dkey)
                 try:

@@ -22,7 +22,10 @@ PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
 # check wiring and state, not the reconstruction, which tests/methods/test_glfc.py checks):
 # at the defaults (250 reconstruction steps of 20 L-BFGS iterations) it is most of their time
 GLFC_FAST = {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2}
-QUICK_PARAMS = {"glfc": GLFC_FAST, "lga": GLFC_FAST}
+# SCR on the contract tests' iris rows (not images): the dataset's views (the identity there;
+# its image augmentation is tests/methods/test_scr.py's), a small buffer and memory batch
+SCR_FAST = {"views": "dataset", "buffer_size": 40, "memory_batch_size": 16}
+QUICK_PARAMS = {"glfc": GLFC_FAST, "lga": GLFC_FAST, "scr": SCR_FAST}
 
 
 @pytest.fixture(scope="session")

@@ -620,6 +620,12 @@ class FedAvg:
         dataset of the experiment, before any job."""
 
     @classmethod
+    def check_model(cls, model: str, params: Any = None) -> None:
+        """Reject models the method is not defined for (raise FedForgetError naming the
+        model): ``model`` is a dataset's model name (SCR's image augmentation needs models of
+        images). Called at config validation for every dataset of the experiment, before any job."""
+
+    @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
         """A class-level trait (``needs_public``, ``public_labels``, ``sees_all_tasks``,
         ``stacked``) of the method configured with ``params``: what the engine and config

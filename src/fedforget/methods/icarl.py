@@ -143,7 +143,7 @@ from .base import (
 from .params import boolean, choice, integer
 from .registry import METHODS
 from .replay import Replay, Reservoir
-from .shared import floor_unscored, on_stack
+from .shared import class_means, nme_scores, on_stack
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -210,37 +210,6 @@ def icarl_loss(
         return bce.mean() if reduction == "mean" else bce.sum(1).mean()
     per_row = bce.mean(-1) if reduction == "mean" else bce.sum(-1)
     return (per_row * mask).sum(1) / mask.sum(1)
-
-
-def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
-    """[B, C]: -||z_i - mu_c||^2 for the classes with a mean (bool ``known`` [C]), the row's
-    lowest such score minus ``shared.OUTSIDE_GAP`` for the others."""
-    means = means.to(z.dtype)
-    d = z.pow(2).sum(1, keepdim=True) + means.pow(2).sum(1).unsqueeze(0) - 2.0 * z @ means.T
-    return floor_unscored(-d, known)
-
-
-def class_means(
-    entries: dict[int, dict[str, Any]], normalize: bool, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(mu [C, f], known [C]) from the clients' reports {cid: {sums [C, f], counts [C],
-    round}}: per class, over the clients whose report is the newest of those holding it."""
-    if not entries:
-        return None
-    cids = sorted(entries)
-    counts = torch.stack([entries[c]["counts"].to(device) for c in cids])  # [K, C]
-    rounds = torch.tensor([int(entries[c]["round"]) for c in cids], device=device)
-    held = counts > 0
-    stamp = torch.where(held, rounds.unsqueeze(1), torch.full_like(counts, -1))
-    use = held & (stamp == stamp.max(0).values.unsqueeze(0))
-    sums = torch.stack([entries[c]["sums"].to(device) for c in cids]).double()  # [K, C, f]
-    total = (sums * use.unsqueeze(2)).sum(0)
-    n = (counts * use).sum(0)
-    known = n > 0
-    means = total / n.clamp_min(1).unsqueeze(1)
-    if normalize:
-        means = F.normalize(means, dim=1)
-    return means.float(), known
 
 
 class ExemplarView(Reservoir):

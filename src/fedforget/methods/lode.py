@@ -20,7 +20,11 @@ lse = log-sum-exp [C ``logmeanexp_previous``, which despite its name takes ``log
 inter-task target is the new side, ``torch.ones_like(y)``]; each term the mean over the step's
 rows [C]. beta = rho * |N| / |O| [D: the code's ``rho / task`` with its equal tasks, |N| / |O|
 = 1 / t; written with the class counts so that unequal splits keep its meaning]. Task 0 (no
-old classes): TARGET's CE alone [C: the code's first task has no decoupled loss].
+old classes): TARGET's CE alone [C: the code's first task has no decoupled loss]. N is the
+task's classes [D: the code's ``new_classes`` also holds the classes of tasks not yet started,
+as mammoth's head scores every class from the start; TARGET's classifier has no outputs for
+them, C ``IncrementalNet.update_fc``]. The code's ER version halves its whole loss (its ER
+averages the CE of the new and the replayed batch); over TARGET, TARGET's scale is kept [D].
 
 Over TARGET [D; FedProTIP gives one sentence]: TARGET's CE with ``ce: task`` (its code's) is
 already the CE over the row's task's classes, so it is L_intra; LODE adds beta * L_inter on

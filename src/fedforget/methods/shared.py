@@ -36,9 +36,10 @@ Sections:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..activations import Projector, find_layers, project_out
@@ -380,6 +381,47 @@ def floor_unscored(
     stays finite; softmax mass outside < C e^-gap]."""
     floor = scores.masked_fill(~allowed, float("inf")).amin(1, keepdim=True) - gap
     return torch.where(allowed, scores, floor)
+
+
+def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """[B, C]: -||z_i - mu_c||^2 for the classes with a mean (bool ``known`` [C]), the row's
+    lowest such score minus ``OUTSIDE_GAP`` for the others (nearest-class-mean scores:
+    iCaRL's NME, SCR's NCM)."""
+    means = means.to(z.dtype)
+    d = z.pow(2).sum(1, keepdim=True) + means.pow(2).sum(1).unsqueeze(0) - 2.0 * z @ means.T
+    return floor_unscored(-d, known)
+
+
+def class_means(
+    entries: dict[int, dict[str, Any]], normalize: bool, device: torch.device, average: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(mu [C, f], known [C]) from the clients' reports {cid: {sums [C, f], counts [C],
+    round}}: per class, over the clients whose report is the newest of those holding it (so
+    no mean mixes features of two models), the pooled mean sum of the sums / sum of the
+    counts (iCaRL), or with ``average`` the plain mean of those clients' own class means
+    sums / counts, each L2-normalised first where ``normalize`` (SCR: the clients' class
+    prototypes averaged); then L2-normalised (``normalize``)."""
+    if not entries:
+        return None
+    cids = sorted(entries)
+    counts = torch.stack([entries[c]["counts"].to(device) for c in cids])  # [K, C]
+    rounds = torch.tensor([int(entries[c]["round"]) for c in cids], device=device)
+    held = counts > 0
+    stamp = torch.where(held, rounds.unsqueeze(1), torch.full_like(counts, -1))
+    use = held & (stamp == stamp.max(0).values.unsqueeze(0))
+    sums = torch.stack([entries[c]["sums"].to(device) for c in cids]).double()  # [K, C, f]
+    if average:
+        own = sums / counts.clamp_min(1).unsqueeze(2)
+        if normalize:
+            own = F.normalize(own, dim=2)
+        total, n = (own * use.unsqueeze(2)).sum(0), use.sum(0)
+    else:
+        total, n = (sums * use.unsqueeze(2)).sum(0), (counts * use).sum(0)
+    known = n > 0
+    means = total / n.clamp_min(1).unsqueeze(1)
+    if normalize:
+        means = F.normalize(means, dim=1)
+    return means.float(), known
 
 
 def head_scores(

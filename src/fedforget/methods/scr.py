@@ -1,0 +1,319 @@
+"""Fed+SCR: FedAvg whose clients learn with Supervised Contrastive Replay (Mai, Li, Kim,
+Sanner: "Supervised Contrastive Replay: Revisiting the Nearest Class Mean Classifier in
+Online Class-Incremental Continual Learning", CVPR Workshops 2021; the authors' code
+RaptorMai/online-continual-learning, ``agents/scr.py``, ``agents/base.py``, ``utils/loss.py``,
+``models/resnet.py``), the Fed+SCR row of FedProTIP's Table 5 (papers/fedprotip.md Sec. 6.4:
+"we average class prototypes across clients at inference time while keeping replay data
+local, and perform model aggregation using FedAvg"). Tags: [P] a paper, [C] SCR's code, [D]
+our decision. The SCR paper's body was not readable through this project's search tools; its
+code is followed and tagged [C].
+
+Client k, each local step on its minibatch (x, y) [C ``SupContrastReplay.train_learner``]:
+
+1. a memory batch (x_m, y_m) of ``memory_batch_size`` rows drawn uniformly without
+   replacement from the client's buffer [C random retrieve]; while the buffer is empty the
+   step updates nothing [C: ``if mem_x.size(0) > 0``; here no gradient, so the optimizer
+   skips every parameter, weight decay included];
+2. X = [x_m; x] (labels Y), and a second view X' = A(X) [C: the code contrasts the batch as
+   it is with one augmented copy];
+3. z = normalize(g(f(X))), z' = normalize(g(f(X'))): f the model's body (its penultimate
+   features), g the projection head g(h) = W2 relu(W1 h + b1) + b2 of width ``proj_dim``
+   [C ``SupConResNet``: head 'mlp', dim_in -> dim_in -> 128], added to the model
+   (``model_init``: part of the global weights, averaged by FedAvg); both forward passes in
+   training mode (each updates BatchNorm's statistics, as the code's two calls do);
+4. L = SupCon over the 2N rows [C ``SupConLoss``, contrast_mode 'all', as the code has it:
+   without the SupCon paper's temperature / base_temperature factor]::
+
+       L = -(1 / 2N) sum_i (1 / |P(i)|) sum_{p in P(i)} log( exp(z_i . z_p / T) / sum_{a != i} exp(z_i . z_a / T) )
+
+   P(i): the other rows of i's class (its own other view included); ``supcon_loss``. The
+   model's classifier is never trained (no cross-entropy) [C];
+5. then the minibatch is offered to the buffer (reservoir [C reservoir update]; here
+   ``methods/replay.py``: each row offered once per task, on the client's first pass,
+   keyed draws [D, as A-GEM's and DER's buffers in this project]).
+
+A [C: kornia ``RandomResizedCrop(scale=(0.2, 1))``, ``RandomHorizontalFlip()``,
+``ColorJitter(0.4, 0.4, 0.4, 0.1, p=0.8)``, ``RandomGrayscale(p=0.2)``] (``scr_augment``),
+per row from keyed draws (seed, round, client, local step, 0x5C2): a crop of area share
+s ~ U(0.2, 1) and aspect ratio r ~ logU(3/4, 4/3) (width sqrt(s r), height sqrt(s / r),
+each at most the image [D: torchvision's and kornia's retry loop is not drawn]) at a uniform
+place, resized back: the box, a continuous region, sampled bilinearly at the output's pixel
+centres [D: torchvision crops whole pixels, then resizes]; a horizontal flip with p 0.5; with p 0.8 brightness, contrast,
+saturation factors ~ U(0.6, 1.4) and a hue shift ~ U(-0.1, 0.1) turns, applied in that order
+[D: the libraries draw the order], each clamped to [0, 1] as torchvision's are; grayscale
+with p 0.2. Colours act on pixel values: the data pipeline's normalisation undone and redone
+(its mean / std), float images as stored taken as [0, 1] (digits); one-channel images get the
+brightness and contrast only. ``views: dataset`` [D] instead takes A = the dataset's own
+keyed augmentation (``ctx.augment_rows``: crop and flip; the identity where it declares none),
+for inputs that are not images.
+
+Inference [C ``ContinualLearner.evaluate``, ncm]: y* = argmin_c ||phi(x) - mu_c||^2 with
+phi = normalize(f(x)) (the body's features, not the projection) and mu_c the normalised mean
+of phi over class c's buffer rows; scores -||phi - mu_c||^2 (``shared.nme_scores``), classes
+without a prototype at the row's lowest score minus 30 [D: the code draws a random mean for
+them]. Federated [P]: each client sends, for each class of its buffer, the sum of phi over its
+rows and their count, on the current global model in eval mode, after every aggregation
+(ROUND_END, every sampled client: the report reads only the buffer); the server keeps each
+client's latest report and mu_c = normalize(mean over clients of their own prototypes
+normalize(sum / count)) (``shared.class_means`` with ``average``: "we average class
+prototypes across clients" [P]; over the clients whose report for c is the newest, so no
+prototype mixes two models' features [D]; the final normalisation [D], as the code normalises
+every mean). Only the server's model is scored by NCM; a client's local model by its logits
+[D]. Before the first report: the (untrained) logits.
+
+Hyperparameters [C README, SCR on CIFAR-100: ``--mem_size 5000 --eps_mem_batch 100 --temp
+0.07 --head mlp``]: ``buffer_size`` 5000 rows per client [C: the code's one learner; FedProTIP
+states none], ``memory_batch_size`` 100, ``temperature`` 0.07, ``proj_dim`` 128 [C], ``views``
+scr [C] | dataset [D]. The code's SGD lr 0.1, batch 10, one epoch (online) are train settings.
+
+One client after another [D, issue 32]: its step is a loss over the whole joined batch and
+its augmented copy (every row against every other: not per-client terms of the stacked
+step), so it trains sequentially; ``train.concurrent_clients`` runs several at once.
+
+Diagnostics (``scr_<key>``): ``buffer_size`` (rows held after the round), ``memory_steps``
+(share of steps with a memory batch), ``proto_classes`` (classes with a prototype on the server).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import MODEL_INPUT_RANK
+from ..utils import FedForgetError, torch_seed
+from .base import ROUND_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .params import choice, integer, number
+from .registry import METHODS
+from .replay import Replay
+from .shared import class_means, nme_scores
+
+VIEW_STREAM = 0x5C2  # keyed randomness of the second view's augmentation
+MEMORY_STREAM = 0x5C3  # keyed randomness of the memory batches
+KEY = "scr"  # ctx.state: the buffer
+PROTOS = "scr_protos"  # server.state: each client's latest class report
+CHUNK = 512  # rows per forward when embedding a buffer
+VIEWS = ("scr", "dataset")
+LUMA = (0.299, 0.587, 0.114)  # grayscale weights (ITU-R 601-2, torchvision's and kornia's)
+
+
+def supcon_loss(z: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SCR's SupCon loss [C ``SupConLoss``, contrast_mode 'all'] of the views ``z`` [V, N, d]
+    (L2-normalised) of N rows with labels ``y`` [N]: every one of the V N rows an anchor
+    against all others, its positives the other rows of its class."""
+    v, n = z.shape[0], z.shape[1]
+    f = z.reshape(v * n, -1)
+    labels = y.repeat(v)
+    logits = f @ f.T / temperature
+    self_ = torch.eye(v * n, dtype=torch.bool, device=z.device)
+    log_prob = logits - torch.logsumexp(logits.masked_fill(self_, float("-inf")), 1, keepdim=True)
+    pos = (labels.unsqueeze(0) == labels.unsqueeze(1)) & ~self_
+    mean_pos = (log_prob * pos).sum(1) / pos.sum(1)
+    return -mean_pos.mean()
+
+
+def gray(p: torch.Tensor) -> torch.Tensor:
+    """[B, 1, H, W] luma of pixel values ``p`` [B, 3, H, W]."""
+    w = torch.tensor(LUMA, dtype=p.dtype, device=p.device).view(1, 3, 1, 1)
+    return (p * w).sum(1, keepdim=True)
+
+
+def rgb_to_hsv(p: torch.Tensor) -> torch.Tensor:
+    """[B, 3, H, W] hue (turns), saturation, value of RGB ``p`` in [0, 1]."""
+    r, g, b = p.unbind(1)
+    mx, mn = p.max(1).values, p.min(1).values
+    d = mx - mn
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    h = torch.where(mx == r, ((g - b) / safe) % 6, torch.where(mx == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    h = torch.where(d > 0, h / 6, torch.zeros_like(h))
+    s = torch.where(mx > 0, d / torch.where(mx > 0, mx, torch.ones_like(mx)), torch.zeros_like(mx))
+    return torch.stack([h, s, mx], 1)
+
+
+def hsv_to_rgb(q: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``rgb_to_hsv``."""
+    h, s, v = q.unbind(1)
+    k = lambda m: (m + h * 6) % 6  # noqa: E731
+    f = lambda m: v - v * s * (torch.minimum(k(m), 4 - k(m)).clamp(0, 1))  # noqa: E731
+    return torch.stack([f(5), f(3), f(1)], 1)
+
+
+def view_draws(n: int, gen: torch.Generator) -> torch.Tensor:
+    """[n, 11] float64 uniforms from ``gen`` (a CPU generator): one row of ``scr_augment``'s
+    draws per image."""
+    return torch.rand(n, 11, generator=gen, dtype=torch.float64)
+
+
+def scr_augment(x: torch.Tensor, u: torch.Tensor, mean: Sequence[float] | None = None,
+                std: Sequence[float] | None = None) -> torch.Tensor:  # fmt: skip
+    """SCR's second view of images ``x`` [B, C, H, W] (model inputs; ``mean`` / ``std``: the
+    pipeline's normalisation, None for pixel values as they are) by the draws ``u`` [B, 11]
+    (``view_draws``): crop area share (0.2 + 0.8 u0), log aspect ratio, crop centre (u2, u3),
+    flip (u4 < 0.5), colour jitter (u5 < 0.8) with brightness, contrast, saturation factors
+    0.6 + 0.8 u6..u8 and hue shift -0.1 + 0.2 u9, grayscale (u10 < 0.2, three channels)."""
+    b, c = x.shape[0], x.shape[1]
+    u = u.to(x.device, torch.float32)
+    area = 0.2 + 0.8 * u[:, 0]
+    ratio = torch.exp(math.log(3 / 4) + (math.log(4 / 3) - math.log(3 / 4)) * u[:, 1])
+    w, h = (area * ratio).sqrt().clamp(max=1.0), (area / ratio).sqrt().clamp(max=1.0)
+    cx, cy = w / 2 + (1 - w) * u[:, 2], h / 2 + (1 - h) * u[:, 3]
+    flip = torch.where(u[:, 4] < 0.5, -1.0, 1.0)
+    zero = torch.zeros_like(w)
+    theta = torch.stack([torch.stack([w * flip, zero, 2 * cx - 1], 1), torch.stack([zero, h, 2 * cy - 1], 1)], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    if mean is not None:
+        m = torch.tensor(mean, device=x.device).view(1, -1, 1, 1)
+        s = torch.tensor(std, device=x.device).view(1, -1, 1, 1)
+        p = out * s + m
+    else:
+        p = out
+    jitter = (u[:, 5] < 0.8).view(b, 1, 1, 1)
+    f = (0.6 + 0.8 * u[:, 6:9]).view(b, 3, 1, 1, 1)  # brightness, contrast, saturation
+    q = (p * f[:, 0]).clamp(0, 1)
+    lum = gray(q) if c == 3 else q.mean(1, keepdim=True)
+    q = ((q - lum.mean((2, 3), keepdim=True)) * f[:, 1] + lum.mean((2, 3), keepdim=True)).clamp(0, 1)
+    if c == 3:
+        g = gray(q)
+        q = (g + (q - g) * f[:, 2]).clamp(0, 1)
+        hsv = rgb_to_hsv(q)
+        hue = (-0.1 + 0.2 * u[:, 9]).view(b, 1, 1)
+        q = hsv_to_rgb(torch.stack([(hsv[:, 0] + hue) % 1.0, hsv[:, 1], hsv[:, 2]], 1)).clamp(0, 1)
+    p = torch.where(jitter, q, p)
+    if c == 3:
+        p = torch.where((u[:, 10] < 0.2).view(b, 1, 1, 1), gray(p).expand(-1, 3, -1, -1), p)
+    if mean is not None:
+        p = (p - m) / s
+    return p.to(x.dtype)
+
+
+@METHODS.register("scr")
+class SCR(FedAvg):
+    name = "scr"
+    one_task_per_class = True  # its buffer labels a row's task by its class (methods.replay)
+    # [D] the step is a loss over the joined batch and its augmented copy (every row against
+    # every other), written for a client alone (``client_step``): one client after another
+    stacked = False
+    own_upload = True
+    own_predict = True
+    exchanges = (ROUND_END,)  # the clients' class prototypes, after each aggregation
+    round_end_untrained = True  # the report reads the buffer, not the round's rows
+
+    @dataclass(frozen=True)
+    class Params:
+        buffer_size: int = integer(5000, minimum=0)  # rows per client [C README --mem_size]; 0: no memory
+        memory_batch_size: int = integer(100, minimum=1)  # rows per step from the buffer [C README --eps_mem_batch]
+        temperature: float = number(0.07, exclusiveMinimum=0)  # SupCon's T [C --temp]
+        proj_dim: int = integer(128, minimum=1)  # the projection head's output width [C feat_dim]
+        views: str = choice("scr", VIEWS)  # the second view: SCR's augmentation [C] | the dataset's [D]
+
+    @classmethod
+    def check_model(cls, model: str, params: Any = None) -> None:
+        """SCR's augmentation (``views: scr``) takes images: models of [C, H, W] inputs."""
+        if params is not None and params.views == "scr" and MODEL_INPUT_RANK.get(model, 3) != 3:
+            raise FedForgetError(
+                f"method 'scr' augments images (views: scr: resized crops, flips, colour jitter); model '{model}' "
+                f"takes inputs of rank {MODEL_INPUT_RANK[model]}; allowed: a model of images [C, H, W], or "
+                "params.views: dataset"
+            )
+
+    def __init__(self, params: Any, info: RunInfo) -> None:
+        super().__init__(params, info)
+        self.replay = Replay(info, params.buffer_size, MEMORY_STREAM, key=KEY)
+
+    def model_init(self, model: nn.Module) -> None:
+        """Add ``scr_head``: the projection g, dim_in -> dim_in -> proj_dim [C 'mlp']."""
+        d = model.feature_dim
+        model.scr_head = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, self.p.proj_dim))
+
+    # ---------------------------------------------------------------- server side
+    def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
+        """The clients' class reports replace their older ones (with the round)."""
+        entries = server.state.setdefault(PROTOS, {})
+        for cid in sorted(replies):
+            entries[cid] = {**replies[cid], "round": server.round}
+
+    def prototypes(self, server: ServerContext, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(mu [C, f], known [C]): the clients' prototypes averaged (``shared.class_means``)."""
+        return class_means(server.state.get(PROTOS) or {}, True, device, average=True)
+
+    def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
+        cm = self.prototypes(server, server.device)
+        return {} if cm is None else {"proto_classes": float(cm[1].sum())}
+
+    def eval_predict(self, server: ServerContext, model: nn.Module, x: torch.Tensor, task: int | None) -> torch.Tensor:  # fmt: skip
+        """NCM scores on the server's model once prototypes exist; else the logits."""
+        cm = self.prototypes(server, x.device) if model is server.model else None
+        if cm is None or not bool(cm[1].any()):
+            return model.logits(x, task)  # type: ignore[operator]
+        return nme_scores(F.normalize(model.features(x).flatten(1), dim=1), *cm)
+
+    # ---------------------------------------------------------------- client side
+    def project(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """z = normalize(g(f(x)))."""
+        return F.normalize(model.scr_head(model.features(x).flatten(1)), dim=1)
+
+    def view(self, ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
+        """The second view of the joined batch ``x`` (``views``), keyed by the step."""
+        if self.p.views == "dataset":
+            rows = torch.arange(len(x), device=x.device)
+            return ctx.augment_rows(x, rows, VIEW_STREAM)
+        if x.dim() != 4:
+            raise FedForgetError(
+                f"method 'scr' augments images (views: scr); the inputs have shape {tuple(x.shape[1:])}; "
+                "allowed: images [C, H, W], or params.views: dataset"
+            )
+        gen = torch.Generator().manual_seed(torch_seed(self.info.seed, VIEW_STREAM, ctx.round, ctx.cid, ctx.steps))
+        pipeline = getattr(getattr(ctx.data, "data", None), "inputs", None)
+        return scr_augment(x, view_draws(len(x), gen), getattr(pipeline, "mean", None), getattr(pipeline, "std", None))
+
+    def client_begin(self, ctx: ClientContext) -> None:
+        s = self.scratch(ctx)
+        self.replay.begin(ctx, s)
+        s.with_memory = 0
+
+    def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Steps 1-5 above: SupCon on the memory batch joined to the minibatch and its second
+        view, then the minibatch offered to the buffer."""
+        s = self.scratch(ctx)
+        mem = self.replay.buffer.sample(ctx.state, self.p.memory_batch_size, s.sample_gen)
+        if mem is None:  # [C] nothing to replay yet: no update
+            loss = torch.zeros((), device=x.device)
+        else:
+            xs, ys = torch.cat([mem["x"].to(x.dtype), x]), torch.cat([mem["y"], y])
+            z = torch.stack([self.project(ctx.model, xs), self.project(ctx.model, self.view(ctx, xs))])
+            loss = supcon_loss(z, ys, self.p.temperature)
+            loss.backward()
+            s.with_memory += 1
+        self.replay.offer(ctx, s, x, y)
+        return loss.detach()
+
+    def client_end(self, ctx: ClientContext) -> Upload:
+        up = super().client_end(ctx)
+        s = self.scratch(ctx)
+        ctx.stats["buffer_size"] = float(self.replay.buffer.size(ctx.state))
+        ctx.stats["memory_steps"] = s.with_memory / max(ctx.steps, 1)
+        return up
+
+    @torch.no_grad()
+    def client_reply(self, exchange: str, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
+        """ROUND_END: per class, the sum of phi = normalize(f(x)) over the client's buffer
+        rows and their count, on the new global model in eval mode; None while it is empty."""
+        rows = self.replay.buffer.rows(ctx.state)
+        if not rows:
+            return None
+        model, x, y, c = ctx.model, rows["x"], rows["y"], self.info.num_classes
+        was = model.training
+        model.eval()
+        try:
+            phi = torch.cat([F.normalize(model.features(x[i : i + CHUNK]).flatten(1), dim=1)
+                             for i in range(0, len(x), CHUNK)])  # fmt: skip
+        finally:
+            model.train(was)
+        sums = torch.zeros(c, phi.shape[1], dtype=phi.dtype, device=phi.device).index_add_(0, y, phi)
+        return {"sums": sums, "counts": torch.bincount(y, minlength=c)}
