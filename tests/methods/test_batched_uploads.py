@@ -39,10 +39,7 @@ def test_discovery_finds_the_batched_methods():
     assert {"icarl", "glfc", "lga", "target", "lander"} <= set(BATCHED)  # joined rows; synthetic batches (issue 32)
     assert "l2p" in BATCHED  # its prompted forward: the frozen ViT once over the stack's rows
     assert "cfed" in BATCHED  # a reviewer's surrogate rows in place of its minibatch
-    # every method since the second session of 2026-12-03 (forms of methods stay, below), but
-    # Fed+SCR (methods/scr.py: its SupCon step over the joined batch and its augmented copy is
-    # written for one client; issue 32's open item)
-    assert SEQUENTIAL == ["scr"]
+    assert SEQUENTIAL == []  # since the second session of 2026-12-03: forms of methods stay (below)
     lr_step = make_params("fedproj", {"local_lr_step": True})  # each client's lr falls within its round
     assert "declares stacked = False" in method_not_vectorized(METHODS.get("fedproj"), "sgd", params=lr_step)
 

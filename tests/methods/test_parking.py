@@ -19,7 +19,6 @@ from fedforget.partition import PartitionSpec
 from fedforget.state import FedState, to_device
 from fedforget.train_spec import TrainSpec
 from fedforget.utils import FedForgetError
-from fedforget.vectorized import method_not_vectorized
 
 from .conftest import CPU, QUICK_PARAMS, SMALL_CNN, SPLIT, run, same, strip
 from .test_concurrent_clients import TINY_TARGET
@@ -136,10 +135,7 @@ def test_every_method_runs_the_same_with_its_clients_parked(public_run_cfg, monk
     """Every registered method, in both trainers (the batched one where it trains the method
     batched; else its fallback): parking between rounds changes nothing (3 of 4 clients sampled,
     so some stay parked over a round)."""
-    params = QUICK_PARAMS.get(method)
-    if engine == "vectorized" and method_not_vectorized(METHODS.get(method), "sgd", params=make_params(method, params or {})):
-        engine = "auto"  # a method the batched trainer does not run (SCR): its fallback
-    rc = public_run_cfg(method, params, rounds=3, sample_rate=0.75, client_engine=engine)
+    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=3, sample_rate=0.75, client_engine=engine)
     plain, plain_rows = run(rc)
     count, unpark = parking(monkeypatch)
     sim, rows = run(rc)

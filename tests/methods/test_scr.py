@@ -31,9 +31,21 @@ from fedforget.methods.scr import (
 from fedforget.methods.shared import class_means
 from fedforget.models import Classifier
 from fedforget.parse import parse_config
+from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, checkpoint_keeper, digits_cfg, run, same, strip
+from .conftest import (
+    CPU,
+    SMALL_CNN,
+    SMALL_RESNET,
+    SPLIT,
+    checkpoint_keeper,
+    close_buffers,
+    digits_cfg,
+    run,
+    same,
+    strip,
+)
 
 SMALL = {"buffer_size": 40, "memory_batch_size": 16}
 
@@ -57,12 +69,19 @@ def test_supcon_equals_the_codes_loss_anchor_by_anchor():
     g = torch.Generator().manual_seed(0)
     feats = F.normalize(torch.randn(6, 2, 5, generator=g, dtype=torch.float64), dim=2)
     y = torch.tensor([0, 1, 0, 2, 1, 1])
-    got = supcon_loss(feats.transpose(0, 1), y, 0.07)
-    assert math.isclose(float(got), code_supcon(feats, y, 0.07), rel_tol=1e-9)
+    got = supcon_loss(feats.transpose(0, 1).unsqueeze(0), y.unsqueeze(0), 0.07)
+    assert math.isclose(float(got[0]), code_supcon(feats, y, 0.07), rel_tol=1e-9)
+    # a stack: each client over its own real rows (client 1: its first 4, padding after)
+    stack = torch.stack([feats, feats.roll(1, 0)]).transpose(1, 2)  # [2, V, N, d]
+    labels = torch.stack([y, y.roll(1)])
+    mask = torch.tensor([[1.0] * 6, [1.0] * 4 + [0.0] * 2], dtype=torch.float64)
+    both = supcon_loss(stack, labels, 0.07, mask)
+    assert math.isclose(float(both[0]), float(got[0]), rel_tol=1e-9)
+    assert math.isclose(float(both[1]), code_supcon(feats.roll(1, 0)[:4], y.roll(1)[:4], 0.07), rel_tol=1e-9)
     # rows of one class gathered on one point, the classes apart: a lower loss
     centres = F.normalize(torch.eye(3, 5, dtype=torch.float64), dim=1)
     tight = centres[y].unsqueeze(0).expand(2, -1, -1)
-    assert float(supcon_loss(tight, y, 0.07)) < float(got)
+    assert float(supcon_loss(tight.unsqueeze(0), y.unsqueeze(0), 0.07)[0]) < float(got[0])
 
 
 def draws(b, **at):
@@ -112,7 +131,10 @@ def info(num_classes=4):
     return RunInfo(CPU, num_classes, 0, 2, TrainSpec(), None, (1, 2, 2))
 
 
-def test_a_client_does_not_update_before_its_buffer_holds_a_row_then_replays():
+def test_a_step_joins_the_memory_batch_and_never_trains_the_classifier():
+    """The client's first step (an empty buffer) contrasts its minibatch alone [D]; its rows
+    then enter the buffer, and the next step joins a memory batch of them; the classifier
+    gets no gradient (SCR trains no classifier)."""
     torch.manual_seed(0)
     method = SCR(make_params("scr", {**SMALL, "memory_batch_size": 3}), info())
     model = Classifier(nn.Flatten(), 4, 4)
@@ -124,13 +146,14 @@ def test_a_client_does_not_update_before_its_buffer_holds_a_row_then_replays():
     method.scratch(ctx).to_offer = 8  # (no data view in this hand-built context)
     x, y = torch.rand(4, 1, 2, 2), torch.tensor([0, 1, 0, 1])
     loss = method.client_step(ctx, x, y)
-    assert float(loss) == 0 and all(p.grad is None for p in model.parameters())
+    assert float(loss) > 0 and method.scratch(ctx).joined == 0
+    assert model.head.weight.grad is None and model.scr_head[0].weight.grad.abs().sum() > 0
     assert method.replay.buffer.size(ctx.state) == 4
+    model.zero_grad(set_to_none=True)
     ctx.steps += 1
-    loss = method.client_step(ctx, x + 1, y)
-    assert float(loss) > 0 and model.scr_head[0].weight.grad.abs().sum() > 0
-    assert model.head.weight.grad is None  # the classifier is never trained
-    assert method.scratch(ctx).with_memory == 1 and method.replay.buffer.size(ctx.state) == 8
+    method.client_step(ctx, x + 1, y)
+    assert method.scratch(ctx).joined == 3 and method.scratch(ctx).with_memory == 1
+    assert method.replay.buffer.size(ctx.state) == 8 and model.head.weight.grad is None
 
 
 def test_ncm_averages_the_clients_prototypes():
@@ -179,6 +202,36 @@ def test_split_digits_run_trains_reports_and_resumes_exactly(make_run_config):
         assert strip(resumed) == strip(rows)
         assert same(sim.server.state, full.server.state) and same(sim.client_state, full.client_state)
         assert same(sim.global_params, full.global_params)
+
+
+@pytest.mark.parametrize(
+    "model,heads",
+    [("cnn2d", "shared"),  # wide steps client by client in replicas, tails batched; SCR's views
+     ("cnn2d", "per_task"),  # per-task heads (never read by SCR)
+     ("resnet8", "shared")],  # BatchNorm: each client's statistics see its joined rows, then its view
+)  # fmt: skip
+def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, heads):
+    """Issue 32: SCR's step as live terms over each client's minibatch joined with its memory
+    batch, its second view through the stack's weights, within 1e-5 of one client after
+    another (metrics, prototypes, buffers, weights)."""
+    bn = model == "resnet8"
+    rc = make_run_config(
+        dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN, method="scr", params=SMALL,
+        scenario={**SPLIT, "incremental": "class", "heads": heads}, rounds=2 if bn else 3, batch_size=32,
+        local_epochs=1 if bn else 2, sample_rate=0.75, eval_local_models=False, eval_every=1,
+        optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, device="cpu", drop_last=bn,
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
+    )  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    assert_same_metrics(rows_s, rows_v)
+    assert rows_s[-1]["scr_memory_steps"] > 0
+    for k, v in seq.global_params.items():
+        torch.testing.assert_close(v.float(), vec.global_params[k].float(), atol=1e-4 if bn else 1e-5, rtol=1e-5, msg=k)
+    close_buffers(seq, vec, key=KEY)
+    for cid, rep in seq.server.state[PROTOS].items():
+        torch.testing.assert_close(rep["sums"], vec.server.state[PROTOS][cid]["sums"], atol=1e-4, rtol=1e-4)
 
 
 def test_the_views_are_keyed_so_another_view_rule_changes_the_run(make_run_config):

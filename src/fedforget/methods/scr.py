@@ -11,11 +11,11 @@ code is followed and tagged [C].
 Client k, each local step on its minibatch (x, y) [C ``SupContrastReplay.train_learner``]:
 
 1. a memory batch (x_m, y_m) of ``memory_batch_size`` rows drawn uniformly without
-   replacement from the client's buffer [C random retrieve]; while the buffer is empty the
-   step updates nothing [C: ``if mem_x.size(0) > 0``; here no gradient, so the optimizer
-   skips every parameter, weight decay included];
-2. X = [x_m; x] (labels Y), and a second view X' = A(X) [C: the code contrasts the batch as
-   it is with one augmented copy];
+   replacement from the client's buffer [C random retrieve]; while the buffer is empty (a
+   client's very first step) the minibatch alone [D: the code skips the update, ``if
+   mem_x.size(0) > 0``; taking every step alike keeps both trainers' steps one rule];
+2. X = [x; x_m] (labels Y; the code's order is [x_m; x], which SupCon does not see), and a
+   second view X' = A(X) [C: the code contrasts the batch as it is with one augmented copy];
 3. z = normalize(g(f(X))), z' = normalize(g(f(X'))): f the model's body (its penultimate
    features), g the projection head g(h) = W2 relu(W1 h + b1) + b2 of width ``proj_dim``
    [C ``SupConResNet``: head 'mlp', dim_in -> dim_in -> 128], added to the model
@@ -66,9 +66,15 @@ Hyperparameters [C README, SCR on CIFAR-100: ``--mem_size 5000 --eps_mem_batch 1
 states none], ``memory_batch_size`` 100, ``temperature`` 0.07, ``proj_dim`` 128 [C], ``views``
 scr [C] | dataset [D]. The code's SGD lr 0.1, batch 10, one epoch (online) are train settings.
 
-One client after another [D, issue 32]: its step is a loss over the whole joined batch and
-its augmented copy (every row against every other: not per-client terms of the stacked
-step), so it trains sequentially; ``train.concurrent_clients`` runs several at once.
+Both trainers [D, issue 32]: the step's whole loss is written once for a stack of clients
+(``client_live_terms``): each client's memory batch joins its minibatch in the stacked forward
+(``JoinedLive``), its second view goes through the stack's weights (``features_logits``; with
+BatchNorm each client's statistics see its joined rows, then its view, as a client alone's
+two forward passes), SupCon over each client's real rows (``supcon_loss``, ``project``), then
+its real rows are offered to its buffer; ``client_step`` is the same for a client alone. The
+classifier, outside the loss, gets no update in either (``outside``). Memory and view draws
+are host work at every step (``capturable_terms = False``). Equal within 1e-5
+(tests/methods/test_scr.py: CNN, per-task heads, ResNet-8).
 
 Diagnostics (``scr_<key>``): ``buffer_size`` (rows held after the round), ``memory_steps``
 (share of steps with a memory batch), ``proto_classes`` (classes with a prototype on the server).
@@ -87,11 +93,21 @@ from torch import nn
 
 from ..models import MODEL_INPUT_RANK
 from ..utils import FedForgetError, torch_seed
-from .base import ROUND_END, ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .base import (
+    ROUND_END,
+    ClientContext,
+    FedAvg,
+    JoinedLive,
+    LiveStep,
+    RunInfo,
+    ServerContext,
+    StepBatch,
+    Upload,
+)
 from .params import choice, integer, number
 from .registry import METHODS
 from .replay import Replay
-from .shared import class_means, nme_scores
+from .shared import class_means, nme_scores, padded
 
 VIEW_STREAM = 0x5C2  # keyed randomness of the second view's augmentation
 MEMORY_STREAM = 0x5C3  # keyed randomness of the memory batches
@@ -102,19 +118,34 @@ VIEWS = ("scr", "dataset")
 LUMA = (0.299, 0.587, 0.114)  # grayscale weights (ITU-R 601-2, torchvision's and kornia's)
 
 
-def supcon_loss(z: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
-    """SCR's SupCon loss [C ``SupConLoss``, contrast_mode 'all'] of the views ``z`` [V, N, d]
-    (L2-normalised) of N rows with labels ``y`` [N]: every one of the V N rows an anchor
-    against all others, its positives the other rows of its class."""
-    v, n = z.shape[0], z.shape[1]
-    f = z.reshape(v * n, -1)
-    labels = y.repeat(v)
-    logits = f @ f.T / temperature
-    self_ = torch.eye(v * n, dtype=torch.bool, device=z.device)
-    log_prob = logits - torch.logsumexp(logits.masked_fill(self_, float("-inf")), 1, keepdim=True)
-    pos = (labels.unsqueeze(0) == labels.unsqueeze(1)) & ~self_
-    mean_pos = (log_prob * pos).sum(1) / pos.sum(1)
-    return -mean_pos.mean()
+def supcon_loss(z: torch.Tensor, y: torch.Tensor, temperature: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """SCR's SupCon loss [C ``SupConLoss``, contrast_mode 'all'] of each client of a stack:
+    ``z`` [G, V, N, d] the V views (L2-normalised) of its N rows, labels ``y`` [G, N], ``mask``
+    [G, N] 1.0 on its real rows (None: all): every real row of every view an anchor against
+    all the client's other real rows, its positives those of its class. [G]."""
+    g, v, n = z.shape[:3]
+    f = z.reshape(g, v * n, -1)
+    labels = y.repeat(1, v)
+    valid = torch.ones_like(labels, dtype=torch.bool) if mask is None else mask.bool().repeat(1, v)
+    logits = f @ f.transpose(1, 2) / temperature
+    out = torch.eye(v * n, dtype=torch.bool, device=z.device) | ~valid.unsqueeze(1)  # self, padding
+    log_prob = logits - torch.logsumexp(logits.masked_fill(out, float("-inf")), 2, keepdim=True)
+    pos = (labels.unsqueeze(2) == labels.unsqueeze(1)) & ~out
+    anchor = -(log_prob * pos).sum(2) / pos.sum(2).clamp_min(1)
+    return (anchor * valid).sum(1) / valid.sum(1)
+
+
+def project(w: dict[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    """z = normalize(g(h)) of body features ``h`` [G, N, F] through each client's projection
+    head in the stacked weights ``w`` (``scr_head.*`` [G, ...]): [G, N, proj_dim]."""
+    h = torch.relu(torch.baddbmm(w["scr_head.0.bias"].unsqueeze(1), h, w["scr_head.0.weight"].transpose(1, 2)))
+    return F.normalize(torch.baddbmm(w["scr_head.2.bias"].unsqueeze(1), h, w["scr_head.2.weight"].transpose(1, 2)), dim=-1)
+
+
+def outside(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
+    """The step's gradient map: None for the classifier's parameters, which SCR's loss never
+    reaches (a client alone leaves their gradient None: the optimizer skips them, no decay)."""
+    return {n: None if n.startswith("head.") else g for n, g in grads.items()}
 
 
 def gray(p: torch.Tensor) -> torch.Tensor:
@@ -196,9 +227,13 @@ def scr_augment(x: torch.Tensor, u: torch.Tensor, mean: Sequence[float] | None =
 class SCR(FedAvg):
     name = "scr"
     one_task_per_class = True  # its buffer labels a row's task by its class (methods.replay)
-    # [D] the step is a loss over the joined batch and its augmented copy (every row against
-    # every other), written for a client alone (``client_step``): one client after another
-    stacked = False
+    # [D] the step's whole loss is live terms over the minibatch joined with the memory batch
+    # (``client_live_terms``, ``JoinedLive``), its augmented copy through the stack's weights
+    # (``StepBatch.features_logits``), beside ``client_step`` for a client alone; the memory
+    # draws, the views' draws and the offers are host work at every step
+    live_terms = True
+    live_heads = True  # (it reads the body's features, never a head)
+    capturable_terms = False
     own_upload = True
     own_predict = True
     exchanges = (ROUND_END,)  # the clients' class prototypes, after each aggregation
@@ -254,23 +289,26 @@ class SCR(FedAvg):
         return nme_scores(F.normalize(model.features(x).flatten(1), dim=1), *cm)
 
     # ---------------------------------------------------------------- client side
-    def project(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """z = normalize(g(f(x)))."""
-        return F.normalize(model.scr_head(model.features(x).flatten(1)), dim=1)
-
-    def view(self, ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
-        """The second view of the joined batch ``x`` (``views``), keyed by the step."""
+    def view(self, ctx: ClientContext, x: torch.Tensor, k: int) -> torch.Tensor:
+        """The second view of a client's joined rows ``x`` at its local step ``k`` (``views``)."""
         if self.p.views == "dataset":
-            rows = torch.arange(len(x), device=x.device)
-            return ctx.augment_rows(x, rows, VIEW_STREAM)
+            return ctx.augment_rows(x, torch.arange(len(x), device=x.device), VIEW_STREAM, k)
         if x.dim() != 4:
             raise FedForgetError(
                 f"method 'scr' augments images (views: scr); the inputs have shape {tuple(x.shape[1:])}; "
                 "allowed: images [C, H, W], or params.views: dataset"
             )
-        gen = torch.Generator().manual_seed(torch_seed(self.info.seed, VIEW_STREAM, ctx.round, ctx.cid, ctx.steps))
+        gen = torch.Generator().manual_seed(torch_seed(self.info.seed, VIEW_STREAM, ctx.round, ctx.cid, k))
         pipeline = getattr(getattr(ctx.data, "data", None), "inputs", None)
         return scr_augment(x, view_draws(len(x), gen), getattr(pipeline, "mean", None), getattr(pipeline, "std", None))
+
+    def memory(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """This step's memory batch (x_m, y_m) from the client's buffer; None while it is empty."""
+        s = self.scratch(ctx)
+        mem = self.replay.buffer.sample(ctx.state, self.p.memory_batch_size, s.sample_gen)
+        s.joined = 0 if mem is None else len(mem["y"])
+        s.with_memory += mem is not None
+        return None if mem is None else (mem["x"], mem["y"])
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
@@ -278,20 +316,43 @@ class SCR(FedAvg):
         s.with_memory = 0
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Steps 1-5 above: SupCon on the memory batch joined to the minibatch and its second
-        view, then the minibatch offered to the buffer."""
-        s = self.scratch(ctx)
-        mem = self.replay.buffer.sample(ctx.state, self.p.memory_batch_size, s.sample_gen)
-        if mem is None:  # [C] nothing to replay yet: no update
-            loss = torch.zeros((), device=x.device)
-        else:
-            xs, ys = torch.cat([mem["x"].to(x.dtype), x]), torch.cat([mem["y"], y])
-            z = torch.stack([self.project(ctx.model, xs), self.project(ctx.model, self.view(ctx, xs))])
-            loss = supcon_loss(z, ys, self.p.temperature)
-            loss.backward()
-            s.with_memory += 1
-        self.replay.offer(ctx, s, x, y)
+        """Steps 1-5 above for a client alone (``client_live_terms``'s step on a stack of one):
+        SupCon on the minibatch joined with the memory batch and its second view, then the
+        minibatch offered to the buffer."""
+        model, mem = ctx.model, self.memory(ctx)
+        xs, ys = (x, y) if mem is None else (torch.cat([x, mem[0].to(x.dtype)]), torch.cat([y, mem[1]]))
+        w = {n: p.unsqueeze(0) for n, p in model.named_parameters() if n.startswith("scr_head.")}
+        h = torch.cat([model.features(xs).flatten(1), model.features(self.view(ctx, xs, ctx.steps)).flatten(1)])
+        z = project(w, h.unsqueeze(0)).view(1, 2, len(ys), -1)  # [1, V, N, d]
+        loss = supcon_loss(z, ys.unsqueeze(0), self.p.temperature)[0]
+        loss.backward()
+        self.replay.offer(ctx, self.scratch(ctx), x, y)
         return loss.detach()
+
+    def client_live_terms(self, ctxs: Sequence[ClientContext]) -> JoinedLive:
+        """``client_step`` for a stack of clients: each client's memory batch joins its
+        minibatch (``JoinedLive``), its second view goes through the stack's weights
+        (``features_logits``: its BatchNorm statistics see its own rows), SupCon over its real
+        rows (``supcon_loss``) is its whole loss, and its real rows (those before its memory
+        rows) are then offered to its buffer; the classifier's gradient is dropped (``outside``)."""
+        scr = [self.scratch(c) for c in ctxs]
+
+        def rows(lo: int, hi: int, k: int) -> list:
+            return [self.memory(c) for c in ctxs[lo:hi]]
+
+        def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
+            mask = step.row_mask()
+            widths = step.rows if step.rows is not None else [int(n) for n in mask.sum(1).tolist()]
+            x2 = [self.view(c, step.x[j, : widths[j]], step.k) for j, c in enumerate(ctxs[lo:hi])]
+            h2 = step.features_logits(w, padded(x2, widths) if len(x2) > 1 else x2[0].unsqueeze(0), widths)[0]
+            z = torch.stack([project(w, step.features), project(w, h2)], 1)
+            loss = supcon_loss(z, step.y, self.p.temperature, mask)
+            for j, c in enumerate(ctxs[lo:hi]):
+                real = widths[j] - scr[lo + j].joined
+                self.replay.offer(c, scr[lo + j], step.x[j, :real], step.y[j, :real])
+            return LiveStep(total=loss, gmap=outside)
+
+        return JoinedLive(live, rows)
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)
