@@ -53,13 +53,14 @@ from fedforget.data.scenario import resolve_scenario
 from fedforget.engine import Simulation
 from fedforget.partition import PartitionSpec
 
-METHODS = ("fedavg", "fedprotip", "fot", "icarl", "cfed", "glfc", "lga", "target", "lander")
+METHODS = ("fedavg", "fedprotip", "fot", "icarl", "cfed", "glfc", "lga", "target", "target_lode", "lander", "scr")
 # the hyperparameters of config/experiments/fedprotip_table1.yaml (the from-scratch eps;
 # GLFC's and LGA's proxy inversion lightened for 8x8 digits; LANDER with TARGET's synthesis)
 PROXY = {"memory_size": 60, "recon_iters": 20, "recon_inner": 5, "recon_keep": 5}
 PARAMS = {
     "fedprotip": {"threshold": 0.95}, "glfc": PROXY,  # shared head: FedProTIP(-t), tip none (main) "lga": {**PROXY, "proxy_init": 3},
     "lander": {"syn_rounds": 10, "g_steps": 10, "warmup": 0, "syn_size": 2560},
+    "scr": {"buffer_size": 60},  # Fed+SCR: fedprotip_table1.yaml's buffer (its code's memory batch 100)
 }  # fmt: skip
 # a method run under another name, with its own hyperparameters: TARGET under its code's
 # replay rule (issue 36; ``target`` is the default rule)

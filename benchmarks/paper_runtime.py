@@ -10,10 +10,11 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   evaluation on 10,000 rows every round.
 * ``--method-cost``: ``method_cost.json`` (``benchmarks/method_cost.py``, CPU). Each one-task
   method's time per round relative to FedAvg on the same engine.
-* ``--continual-cost``: ``continual_cost.json`` (``benchmarks/continual_cost.py``, CPU). The
-  same ratio for the continual baselines, as the median over a task's rounds. TARGET's is
-  rescaled by its replay rows per step at the run's scale (``target_replay``): on digits it
-  replays 40x a batch, on ImageNet-R about 14x.
+* ``--continual-cost``: ``continual_cost.json`` files (``benchmarks/continual_cost.py``, CPU:
+  2026-11-25's, and 2026-12-05's for Tar+LODE and Fed+SCR, each against its own FedAvg). The
+  same ratio for the continual baselines, as the median over a task's rounds. TARGET's (and
+  Tar+LODE's) is rescaled by its replay rows per step at the run's scale (``target_replay``):
+  on digits it replays 40x a batch, on ImageNet-R about 14x.
 
 The model (``estimate_run``), per run of a config:
 
@@ -124,7 +125,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--configs", nargs="+", default=sorted(str(f) for f in (REPO / "config/experiments/paper").glob("*.yaml")))
     p.add_argument("--gpu", default=str(RESULTS / "h100-2026-11-24-paper/paper_gpu.json"))
     p.add_argument("--method-cost", default=str(RESULTS / "cpu-2026-11-25/method_cost.json"))
-    p.add_argument("--continual-cost", default=str(RESULTS / "cpu-2026-11-25/continual_cost.json"))
+    p.add_argument("--continual-cost", nargs="+", default=[str(RESULTS / "cpu-2026-11-25/continual_cost.json"),
+                                                          str(RESULTS / "cpu-2026-12-05-c/continual_cost.json")],
+                   help="continual_cost.py --json files, each with its own FedAvg: a method in several files, the first's")
     p.add_argument("--model-rates", nargs="*", default=[],
                    help="benchmarks/model_rates.py --json files of one device: runs of the settings they measured "
                         "are timed at those rates (measured_hours); a setting in several files: the last file's row")
@@ -257,14 +260,17 @@ def measured_run(row: dict[str, Any], rounds: int, train: float, m: float, evals
     return rounds * (train * m / row["samples_per_s"] + evals / r_eval), measured
 
 
-def method_ratios(method_cost: dict[str, Any], continual_cost: dict[str, Any]) -> dict[str, float]:
-    """Each method's measured time per round relative to FedAvg's (CPU)."""
+def method_ratios(method_cost: dict[str, Any], *continual_costs: dict[str, Any]) -> dict[str, float]:
+    """Each method's measured time per round relative to FedAvg's (CPU): ``method_cost``'s,
+    then each ``continual_costs`` file's methods against that file's own FedAvg (a method
+    already given keeps its first value)."""
     out = {n: float(r) for n, r in method_cost.get("ratio_vs_fedavg", {}).items() if r == r}
-    cont = continual_cost.get("methods", {})  # steady-state rounds (medians): task ends apart
-    base = cont.get("fedavg", {}).get("s_per_round", {}).get("median")
-    for name, r in cont.items():
-        if base and name not in out:
-            out[name] = r["s_per_round"]["median"] / base
+    for continual_cost in continual_costs:
+        cont = continual_cost.get("methods", {})  # steady-state rounds (medians): task ends apart
+        base = cont.get("fedavg", {}).get("s_per_round", {}).get("median")
+        for name, r in cont.items():
+            if base and name not in out:
+                out[name] = r["s_per_round"]["median"] / base
     return out
 
 
@@ -321,7 +327,7 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     train = t.sample_rate * rows * t.local_epochs
     evals = n_test / t.eval_every + (t.sample_rate * rc.partition.clients * n_test if t.eval_local_models else 0)
     m = ratios.get(rc.method.name)
-    if rc.method.name == "target" and m is not None:  # the replay's rows at this run's scale
+    if rc.method.name in ("target", "target_lode") and m is not None:  # the replay's rows at this run's scale
         sc = rc.dataset.scenario or {}
         tasks = int(sc.get("tasks", 1))
         pool_rows = rows * tasks if sc.get("kind") == "split" else rows  # the training split's rows
@@ -366,7 +372,7 @@ def hours(h: float) -> str:
 def main() -> None:
     a = parse_args()
     torch.manual_seed(0)
-    ratios = method_ratios(load(a.method_cost), load(a.continual_cost))
+    ratios = method_ratios(load(a.method_cost), *(load(f) for f in a.continual_cost))
     rate = rates(load(a.gpu), ratios)
     measured, rates_device = measured_rates(a.model_rates)
     on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name

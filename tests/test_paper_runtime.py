@@ -99,3 +99,21 @@ def test_model_rates_measures_again_a_setting_measured_with_another_trainer(tmp_
         assert mr.measured_before(s, {(mr._key(s), now)}, a)
         assert not mr.measured_before(s, {(mr._key(s), other)}, a)
         assert mr.expected_engine({**s, "client_engine": other}, a) == other
+
+
+def test_continual_cost_files_give_each_method_its_ratio_against_its_own_fedavg(pr, monkeypatch):
+    """Several continual_cost.json files (the 2026-12-05 one adds Tar+LODE and Fed+SCR): each
+    method's median round over its own file's FedAvg; a method in two files keeps the first's;
+    every registered continual method of the paper configs has one by the default files."""
+
+    def cost(**medians):
+        return {"methods": {n: {"s_per_round": {"median": v}} for n, v in medians.items()}}
+
+    got = pr.method_ratios({"ratio_vs_fedavg": {"fedprox": 1.5}}, cost(fedavg=2.0, target=8.0),
+                           cost(fedavg=1.0, target=1.0, scr=3.0))  # fmt: skip
+    assert got == {"fedprox": 1.5, "fedavg": 1.0, "target": 4.0, "scr": 3.0}
+    monkeypatch.setattr("sys.argv", ["paper_runtime.py"])
+    files = pr.parse_args().continual_cost
+    assert [Path(f).parent.name for f in files] == ["cpu-2026-11-25", "cpu-2026-12-05-c"]
+    ratios = pr.method_ratios({}, *(json.loads(Path(f).read_text()) for f in files))
+    assert {"target", "target_lode", "lander", "scr", "icarl", "glfc"} <= set(ratios)
