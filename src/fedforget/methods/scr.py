@@ -16,6 +16,9 @@ Client k, each local step on its minibatch (x, y) [C ``SupContrastReplay.train_l
    mem_x.size(0) > 0``; taking every step alike keeps both trainers' steps one rule];
 2. X = [x; x_m] (labels Y; the code's order is [x_m; x], which SupCon does not see), and a
    second view X' = A(X) [C: the code contrasts the batch as it is with one augmented copy];
+   x and the buffer's rows are the rows as the model sees them, so where the dataset declares
+   an augmentation (the paper configs' crop and flip) the first view carries it too [D: the
+   code's rows are un-augmented tensors];
 3. z = normalize(g(f(X))), z' = normalize(g(f(X'))): f the model's body (its penultimate
    features), g the projection head g(h) = W2 relu(W1 h + b1) + b2 of width ``proj_dim``
    [C ``SupConResNet``: head 'mlp', dim_in -> dim_in -> 128], added to the model
