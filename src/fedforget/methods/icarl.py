@@ -143,7 +143,7 @@ from .base import (
 from .params import boolean, choice, integer
 from .registry import METHODS
 from .replay import Replay, Reservoir
-from .shared import class_means, nme_scores, on_stack
+from .shared import class_means, class_report, embed_rows, keep_reports, nme_scores, on_stack
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -152,7 +152,6 @@ EXEMPLAR_STREAM = 0x1CA0  # keyed randomness: the order exemplars join the steps
 KEY = "icarl"  # ctx.state: the exemplar store
 PREV, FEATS = "icarl_prev", "icarl_feats"  # server.state: previous model, clients' feature sums
 ROWS = ("x", "y", "task", "rank")  # the store's per-row tensors
-CHUNK = 512  # rows per forward when embedding a task's data
 REDUCTIONS = ("mean", "sum")
 
 
@@ -317,38 +316,22 @@ class ICaRL(FedAvg):
         z = model.features(x).flatten(1)
         return F.normalize(z, dim=1) if self.p.normalize else z
 
-    @torch.no_grad()
     def embed(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """phi of the rows ``x`` in eval mode (restored), in chunks."""
-        was = model.training
-        model.eval()
-        try:
-            parts = [self.features(model, x[s : s + CHUNK]) for s in range(0, len(x), CHUNK)]
-        finally:
-            model.train(was)
-        if not parts:
-            return torch.zeros(0, getattr(model, "feature_dim", 0), device=x.device)
-        return torch.cat(parts)
+        """phi of the rows ``x`` in eval mode (``shared.embed_rows``)."""
+        return embed_rows(model, x, self.p.normalize)
 
     def feature_report(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Per class: the sum of phi over the client's exemplars and their count, on
-        ``ctx.model`` (the current global weights)."""
+        ``ctx.model`` (the current global weights; ``shared.class_report``)."""
         st = ctx.state[KEY]
-        c = self.info.num_classes
-        z = self.embed(ctx.model, st["x"])
-        sums = torch.zeros(c, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, st["y"], z)
+        report = class_report(self.embed(ctx.model, st["x"]), st["y"], self.info.num_classes)
         st["refreshed"] = ctx.round
-        return {"sums": sums, "counts": torch.bincount(st["y"], minlength=c)}
+        return report
 
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:
         prev = server.state.get(PREV)
         return {} if prev is None else {PREV: prev}
-
-    def keep_reports(self, server: ServerContext, reports: dict[int, Any]) -> None:
-        entries = server.state.setdefault(FEATS, {})
-        for cid in sorted(reports):
-            entries[cid] = {**reports[cid], "round": server.round}
 
     def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
         """TASK_END: the task's final global model becomes the previous model; both
@@ -356,7 +339,7 @@ class ICaRL(FedAvg):
         replace their older ones."""
         if exchange == TASK_END:
             server.state[PREV] = {k: v.detach().clone() for k, v in server.global_params.items()}
-        self.keep_reports(server, replies)
+        keep_reports(server.state.setdefault(FEATS, {}), replies, server.round)
 
     def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:
         cm = class_means(server.state.get(FEATS) or {}, self.p.normalize, server.device)

@@ -69,7 +69,7 @@ import torch
 from ..data.scenario import DOMAIN_KINDS
 from ..models import TaskHeads
 from ..utils import FedForgetError
-from .base import TASK, ClientContext, LiveStep, LiveTerms, StepBatch, task_cross_entropy
+from .base import ClientContext, LiveStep, LiveTerms, StepBatch
 from .params import number
 from .registry import METHODS
 from .shared import StepSums, require
@@ -168,7 +168,7 @@ class TargetLODE(TARGET):
         """TARGET's CE over the task's classes (L_intra), beta * L_inter (``inter_task_loss``)
         from task 1, and TARGET's KD on the step's synthetic batch (``kd_term``) once a pool
         exists; a stack's: ``client_live_terms``."""
-        terms = {TASK: task_cross_entropy(logits, y, self.task_mask(ctx.logit_mask, y))}
+        terms = super().client_loss(ctx, x, y, features, logits)  # FedAvg's CE (no step terms here)
         sp = self.scratch(ctx).lode
         if sp is not None:
             one = [None if v is None else v.unsqueeze(0) for v in (sp.old, sp.weight, sp.bias)]

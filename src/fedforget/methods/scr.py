@@ -110,13 +110,12 @@ from .base import (
 from .params import choice, integer, number
 from .registry import METHODS
 from .replay import Replay
-from .shared import class_means, nme_scores, padded
+from .shared import class_means, class_report, embed_rows, keep_reports, nme_scores, padded
 
 VIEW_STREAM = 0x5C2  # keyed randomness of the second view's augmentation
 MEMORY_STREAM = 0x5C3  # keyed randomness of the memory batches
 KEY = "scr"  # ctx.state: the buffer
 PROTOS = "scr_protos"  # server.state: each client's latest class report
-CHUNK = 512  # rows per forward when embedding a buffer
 VIEWS = ("scr", "dataset")
 LUMA = (0.299, 0.587, 0.114)  # grayscale weights (ITU-R 601-2, torchvision's and kornia's)
 
@@ -271,10 +270,8 @@ class SCR(FedAvg):
 
     # ---------------------------------------------------------------- server side
     def server_collect(self, exchange: str, server: ServerContext, replies: dict[int, Any]) -> None:
-        """The clients' class reports replace their older ones (with the round)."""
-        entries = server.state.setdefault(PROTOS, {})
-        for cid in sorted(replies):
-            entries[cid] = {**replies[cid], "round": server.round}
+        """The clients' class reports replace their older ones (``shared.keep_reports``)."""
+        keep_reports(server.state.setdefault(PROTOS, {}), replies, server.round)
 
     def prototypes(self, server: ServerContext, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(mu [C, f], known [C]): the clients' prototypes averaged (``shared.class_means``)."""
@@ -364,20 +361,11 @@ class SCR(FedAvg):
         ctx.stats["memory_steps"] = s.with_memory / max(ctx.steps, 1)
         return up
 
-    @torch.no_grad()
     def client_reply(self, exchange: str, ctx: ClientContext) -> dict[str, torch.Tensor] | None:
         """ROUND_END: per class, the sum of phi = normalize(f(x)) over the client's buffer
-        rows and their count, on the new global model in eval mode; None while it is empty."""
+        rows and their count, on the new global model in eval mode (``shared.embed_rows``,
+        ``shared.class_report``); None while it is empty."""
         rows = self.replay.buffer.rows(ctx.state)
         if not rows:
             return None
-        model, x, y, c = ctx.model, rows["x"], rows["y"], self.info.num_classes
-        was = model.training
-        model.eval()
-        try:
-            phi = torch.cat([F.normalize(model.features(x[i : i + CHUNK]).flatten(1), dim=1)
-                             for i in range(0, len(x), CHUNK)])  # fmt: skip
-        finally:
-            model.train(was)
-        sums = torch.zeros(c, phi.shape[1], dtype=phi.dtype, device=phi.device).index_add_(0, y, phi)
-        return {"sums": sums, "counts": torch.bincount(y, minlength=c)}
+        return class_report(embed_rows(ctx.model, rows["x"], True), rows["y"], self.info.num_classes)

@@ -383,6 +383,42 @@ def floor_unscored(
     return torch.where(allowed, scores, floor)
 
 
+EMBED_CHUNK = 512  # rows per forward when embedding stored rows (``embed_rows``)
+
+
+@torch.no_grad()
+def embed_rows(model: nn.Module, x: torch.Tensor, normalize: bool) -> torch.Tensor:
+    """phi of the rows ``x``: the model's penultimate features, L2-normalised where
+    ``normalize``, in eval mode (restored), ``EMBED_CHUNK`` rows per forward, without
+    gradient (iCaRL's herding and class means, SCR's prototypes)."""
+    was = model.training
+    model.eval()
+    try:
+        parts = []
+        for s in range(0, len(x), EMBED_CHUNK):
+            z = model.features(x[s : s + EMBED_CHUNK]).flatten(1)
+            parts.append(F.normalize(z, dim=1) if normalize else z)
+    finally:
+        model.train(was)
+    if not parts:
+        return torch.zeros(0, getattr(model, "feature_dim", 0), device=x.device)
+    return torch.cat(parts)
+
+
+def class_report(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+    """A client's class report on its rows' features ``z`` [n, f] of labels ``y``: per class,
+    ``sums`` [C, f] of the features and ``counts`` [C] (``class_means`` reads them)."""
+    sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, y, z)
+    return {"sums": sums, "counts": torch.bincount(y, minlength=num_classes)}
+
+
+def keep_reports(entries: dict[int, dict[str, Any]], replies: dict[int, Any], rnd: int) -> None:
+    """The clients' class reports ``replies`` replace their older ones in ``entries`` (the
+    server's state), stamped with the round ``rnd`` (``class_means`` uses the newest)."""
+    for cid in sorted(replies):
+        entries[cid] = {**replies[cid], "round": rnd}
+
+
 def nme_scores(z: torch.Tensor, means: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
     """[B, C]: -||z_i - mu_c||^2 for the classes with a mean (bool ``known`` [C]), the row's
     lowest such score minus ``OUTSIDE_GAP`` for the others (nearest-class-mean scores:
