@@ -16,8 +16,15 @@ stacked trainer (``--methods fedavg@vectorized,fedprotip@vectorized``: FedAvg an
 batched, issue 32; vs_fedavg stays against the sequential FedAvg); ``<method>[@<engine>]~<n>``:
 on n lanes (``train.concurrent_clients``: clients trained, and the task end's replies made, n
 at a time; ``--methods fedprotip@vectorized,fedprotip@vectorized~2`` times FedProTIP's task
-end both ways). L2P is not in the default list: it is defined on a ViT, another model
-(``--methods l2p`` runs it on a tiny ViT).
+end both ways). ``<method>+<base>``: a method over a base (FedGP's ``base``, with
+``base_params`` the base's ``PARAMS``), the ratio ``benchmarks/paper_runtime.py`` takes for
+that pairing (``--methods fedavg,der,fedgp,fedgp+der``). L2P is not in the default list: it is defined on a ViT, another model
+(``--methods l2p`` runs it on a tiny ViT). ``--model vit``: every method on one ViT
+(``--vit``, a JSON of the ``vit`` model's shape; default ``COST_VIT``: 112 px in patches of 8,
+the 197 tokens of FedGP's ViT-B/16 at 224 px, so that L2P's 25 prompt tokens add the same
+share, at 2 blocks of ViT-Tiny's width), FedAvg training the whole ViT: the ratio
+``benchmarks/paper_runtime.py`` needs for L2P (its frozen backbone, the query pass and the
+prompts) and for FedGP over it (``fedgp+l2p``).
 
 Each method runs the first task (``--rounds`` rounds) and the rounds of the second; the
 timed rounds are the second task's (everything a method keeps from the first exists:
@@ -67,6 +74,7 @@ PARAMS = {
 VARIANTS = {"target_code": ("target", {"replay_rule": "code"})}
 PUBLIC = {"source": "dataset", "dataset": "blobs", "options": {"size": 8, "num_train": 2000, "num_test": 10}}
 TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
+COST_VIT = {"image_size": 112, "patch_size": 8, "layers": 2, "heads": 3, "hidden_dim": 192, "mlp_dim": 768}
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,6 +82,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--heads", default="shared", choices=["shared", "per_task"])
     p.add_argument("--rounds", type=int, default=3, help="rounds per task; the second task's are timed")
+    p.add_argument("--model", default="cnn2d", choices=["cnn2d", "vit"],
+                   help="cnn2d: every method but L2P on the small CNN (L2P: a tiny ViT); vit: every method on --vit")
+    p.add_argument("--vit", type=json.loads, default=COST_VIT, help="the vit model's options (JSON), with --model vit")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
@@ -89,8 +100,15 @@ def build(a: argparse.Namespace, root: str, name: str) -> Simulation:
     sc = resolve_scenario(stream, info.num_classes, shape, "scenario")
     name, _, lanes = name.partition("~")  # <method>[@<engine>][~<lanes>]
     name, _, engine = name.partition("@")
-    model, mopts = ("vit", TINY_VIT) if name == "l2p" else ("cnn2d", {})
-    method, params = VARIANTS.get(name, (name, PARAMS.get(name, {})))
+    if a.model == "vit":
+        model, mopts = "vit", a.vit
+    else:
+        model, mopts = ("vit", TINY_VIT) if name.endswith("l2p") else ("cnn2d", {})
+    method, _, base = name.partition("+")  # <method>+<base>: FedGP over a base, its params PARAMS's
+    if base:
+        params = {**PARAMS.get(method, {}), "base": base, "base_params": PARAMS.get(base, {})}
+    else:
+        method, params = VARIANTS.get(name, (name, PARAMS.get(name, {})))
     if name == "fedprotip" and a.heads == "shared":
         params = {**params, "tip": "none"}  # FedProTIP(-t): TIP routes to per-task heads
     ds = DatasetSpec("digits", {}, model, mopts, PUBLIC, "digits", sc)
@@ -155,7 +173,8 @@ def main() -> None:
     names = a.methods.split(",")
     cuda = a.device.startswith("cuda")
     setting = {
-        "dataset": "digits", "stream": "split 5x2 class-IL", "heads": a.heads, "model": "cnn2d", "clients": 5,
+        "dataset": "digits", "stream": "split 5x2 class-IL", "heads": a.heads, "model": a.model,
+        **({"vit": a.vit} if a.model == "vit" else {}), "clients": 5,
         "partition": "dirichlet 0.5", "sample_rate": 1.0, "local_epochs": 5, "batch_size": 64,
         "optimizer": "sgd lr 0.1 wd 5e-4", "rounds_per_task": a.rounds, "timed": "rounds of task 2",
         "threads": a.threads, "device": a.device, "torch": torch.__version__,
@@ -195,7 +214,7 @@ def main() -> None:
     if not cuda:  # peak RSS of each method alone, in its own process
         for n in sims:
             cmd = [sys.executable, __file__, "--memory-of", n, "--rounds", str(a.rounds),
-                   "--threads", str(a.threads), "--heads", a.heads]  # fmt: skip
+                   "--threads", str(a.threads), "--heads", a.heads, "--model", a.model, "--vit", json.dumps(a.vit)]  # fmt: skip
             out = subprocess.run(cmd, capture_output=True, text=True, check=False)
             peak[n] = int(out.stdout.strip().splitlines()[-1]) * 1024 if out.returncode == 0 else 0
     result = {"setting": setting, "methods": {}, "errors": errors}

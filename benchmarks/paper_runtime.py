@@ -8,11 +8,16 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   perturbation) on the sequential one. The setting is FedSOL Table 1's CIFAR-10 layout:
   McMahan CNN, 50,000 rows, 10 % of 100 clients per round, 5 local epochs, and global test
   evaluation on 10,000 rows every round.
-* ``--method-cost``: ``method_cost.json`` (``benchmarks/method_cost.py``, CPU). Each one-task
-  method's time per round relative to FedAvg on the same engine.
+* ``--method-cost``: ``method_cost.json`` files (``benchmarks/method_cost.py``, CPU:
+  2026-11-25's, and ``cpu-2026-12-05-d/method_cost_fedsol_bases.json`` for FedSOL combined with
+  the bases of its Table 4). Each one-task method's time per round relative to FedAvg on the
+  same engine.
 * ``--continual-cost``: ``continual_cost.json`` files (``benchmarks/continual_cost.py``, CPU:
-  2026-11-25's, and 2026-12-05's for Tar+LODE and Fed+SCR, each against its own FedAvg). The
-  same ratio for the continual baselines, as the median over a task's rounds. TARGET's (and
+  2026-11-25's, 2026-12-05's for Tar+LODE and Fed+SCR, and for L2P and FedGP over L2P
+  ``cpu-2026-12-05-d/continual_cost_vit.json``, on a ViT of the paper ViT-B/16's 197 tokens,
+  and FedGP over each of its other bases ``cpu-2026-12-05-d/continual_cost_fedgp_bases.json``,
+  each against its own FedAvg on the same model). The same ratio for the continual
+  baselines, as the median over a task's rounds. TARGET's (and
   Tar+LODE's) is rescaled by its replay rows per step at the run's scale (``target_replay``):
   on digits it replays 40x a batch, on ImageNet-R about 14x.
 
@@ -40,7 +45,9 @@ The terms:
 * S: training inputs per round. That is sample rate x the rows of a task x local epochs. A
   split stream's task holds its classes' share of the rows; a domain stream's task holds
   every row.
-* m: the method's measured ratio to FedAvg (1 where none was measured, flagged "m?").
+* m: the method's measured ratio to FedAvg (1 where none was measured, flagged "m?"). A
+  method over a base (``params.base``: FedGP over L2P) takes ``<method>+<base>``'s ratio where
+  one was measured (``fedgp+l2p``), else its own.
 * E: evaluated inputs per round. Global evaluation covers every ``eval_every`` rounds. Local
   models are evaluated every round where ``eval_local_models``: the sampled clients times
   the test rows.
@@ -124,9 +131,13 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=sorted(str(f) for f in (REPO / "config/experiments/paper").glob("*.yaml")))
     p.add_argument("--gpu", default=str(RESULTS / "h100-2026-11-24-paper/paper_gpu.json"))
-    p.add_argument("--method-cost", default=str(RESULTS / "cpu-2026-11-25/method_cost.json"))
+    p.add_argument("--method-cost", nargs="+", default=[str(RESULTS / "cpu-2026-11-25/method_cost.json"),
+                                                      str(RESULTS / "cpu-2026-12-05-d/method_cost_fedsol_bases.json")],
+                   help="method_cost.py --json files: a method in several files, the first's")
     p.add_argument("--continual-cost", nargs="+", default=[str(RESULTS / "cpu-2026-11-25/continual_cost.json"),
-                                                          str(RESULTS / "cpu-2026-12-05-c/continual_cost.json")],
+                                                          str(RESULTS / "cpu-2026-12-05-c/continual_cost.json"),
+                                                          str(RESULTS / "cpu-2026-12-05-d/continual_cost_vit.json"),
+                                                          str(RESULTS / "cpu-2026-12-05-d/continual_cost_fedgp_bases.json")],
                    help="continual_cost.py --json files, each with its own FedAvg: a method in several files, the first's")
     p.add_argument("--model-rates", nargs="*", default=[],
                    help="benchmarks/model_rates.py --json files of one device: runs of the settings they measured "
@@ -260,11 +271,15 @@ def measured_run(row: dict[str, Any], rounds: int, train: float, m: float, evals
     return rounds * (train * m / row["samples_per_s"] + evals / r_eval), measured
 
 
-def method_ratios(method_cost: dict[str, Any], *continual_costs: dict[str, Any]) -> dict[str, float]:
-    """Each method's measured time per round relative to FedAvg's (CPU): ``method_cost``'s,
-    then each ``continual_costs`` file's methods against that file's own FedAvg (a method
-    already given keeps its first value)."""
-    out = {n: float(r) for n, r in method_cost.get("ratio_vs_fedavg", {}).items() if r == r}
+def method_ratios(method_costs: list[dict[str, Any]], *continual_costs: dict[str, Any]) -> dict[str, float]:
+    """Each method's measured time per round relative to FedAvg's (CPU): each ``method_costs``
+    file's, then each ``continual_costs`` file's methods against that file's own FedAvg (a
+    method already given keeps its first value)."""
+    out: dict[str, float] = {}
+    for method_cost in method_costs:
+        for n, r in method_cost.get("ratio_vs_fedavg", {}).items():
+            if r == r and n not in out:
+                out[n] = float(r)
     for continual_cost in continual_costs:
         cont = continual_cost.get("methods", {})  # steady-state rounds (medians): task ends apart
         base = cont.get("fedavg", {}).get("s_per_round", {}).get("median")
@@ -326,7 +341,8 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     t = rc.train
     train = t.sample_rate * rows * t.local_epochs
     evals = n_test / t.eval_every + (t.sample_rate * rc.partition.clients * n_test if t.eval_local_models else 0)
-    m = ratios.get(rc.method.name)
+    base = rc.method.params.get("base")
+    m = ratios.get(f"{rc.method.name}+{base}", ratios.get(rc.method.name)) if base else ratios.get(rc.method.name)
     if rc.method.name in ("target", "target_lode") and m is not None:  # the replay's rows at this run's scale
         sc = rc.dataset.scenario or {}
         tasks = int(sc.get("tasks", 1))
@@ -372,7 +388,7 @@ def hours(h: float) -> str:
 def main() -> None:
     a = parse_args()
     torch.manual_seed(0)
-    ratios = method_ratios(load(a.method_cost), *(load(f) for f in a.continual_cost))
+    ratios = method_ratios([load(f) for f in a.method_cost], *(load(f) for f in a.continual_cost))
     rate = rates(load(a.gpu), ratios)
     measured, rates_device = measured_rates(a.model_rates)
     on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name

@@ -109,11 +109,65 @@ def test_continual_cost_files_give_each_method_its_ratio_against_its_own_fedavg(
     def cost(**medians):
         return {"methods": {n: {"s_per_round": {"median": v}} for n, v in medians.items()}}
 
-    got = pr.method_ratios({"ratio_vs_fedavg": {"fedprox": 1.5}}, cost(fedavg=2.0, target=8.0),
+    got = pr.method_ratios([{"ratio_vs_fedavg": {"fedprox": 1.5}}, {"ratio_vs_fedavg": {"fedprox": 9.0, "moon": 2.0}}],
+                           cost(fedavg=2.0, target=8.0),
                            cost(fedavg=1.0, target=1.0, scr=3.0))  # fmt: skip
-    assert got == {"fedprox": 1.5, "fedavg": 1.0, "target": 4.0, "scr": 3.0}
+    assert got == {"fedprox": 1.5, "moon": 2.0, "fedavg": 1.0, "target": 4.0, "scr": 3.0}
     monkeypatch.setattr("sys.argv", ["paper_runtime.py"])
     files = pr.parse_args().continual_cost
-    assert [Path(f).parent.name for f in files] == ["cpu-2026-11-25", "cpu-2026-12-05-c"]
-    ratios = pr.method_ratios({}, *(json.loads(Path(f).read_text()) for f in files))
-    assert {"target", "target_lode", "lander", "scr", "icarl", "glfc"} <= set(ratios)
+    assert [Path(f).parent.name for f in files] == ["cpu-2026-11-25", "cpu-2026-12-05-c", "cpu-2026-12-05-d", "cpu-2026-12-05-d"]
+    one_task = [json.loads(Path(f).read_text()) for f in pr.parse_args().method_cost]
+    ratios = pr.method_ratios(one_task, *(json.loads(Path(f).read_text()) for f in files))
+    assert {"target", "target_lode", "lander", "scr", "icarl", "glfc", "l2p", "fedgp+l2p"} <= set(ratios)
+    from fedforget.parse import parse_config
+
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    for path in (REPO / "config/experiments/paper").glob("*.yaml"):  # every pairing of the paper tables
+        raw = {**defaults, **yaml.safe_load(path.read_text()), "paper_results": str(REPO / "config/paper_results.csv")}
+        for rc in parse_config(raw).runs():
+            if rc.method.params.get("base", "fedavg") != "fedavg":  # over FedAvg: the method's own ratio
+                assert f"{rc.method.name}+{rc.method.params['base']}" in ratios, (path.name, rc.method.label)
+
+
+def test_a_method_over_a_base_takes_the_ratio_measured_over_that_base(pr):
+    """FedGP over L2P (FedGP Tables 1/11, on a ViT) at ``fedgp+l2p``'s ratio, measured against
+    FedAvg on a ViT; FedGP over FedAvg (no base given) and over a base never measured at FedGP's."""
+    from fedforget.parse import parse_config
+
+    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
+           **yaml.safe_load((REPO / "config/experiments/paper/fedgp_table1_table11.yaml").read_text()),
+           "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
+    runs = parse_config(raw).runs()
+    over = {rc.method.params.get("base") for rc in runs if rc.method.name == "fedgp"}
+    assert {"l2p", "der"} <= over
+    rate = {"vectorized": 1e13, "sequential": 1e12}
+    ratios = {"fedgp": 2.0, "fedgp+l2p": 3.0}
+    for rc in runs:
+        if rc.method.name == "fedgp" and rc.method.params.get("base") in ("l2p", "der"):
+            alone = pr.estimate_run(rc, {}, rate)["flops"]
+            m = 3.0 if rc.method.params["base"] == "l2p" else 2.0
+            est = pr.estimate_run(rc, ratios, rate)
+            assert est["measured_m"] and est["flops"] > alone
+            assert est["flops"] == pytest.approx(pr.estimate_run(rc, {"fedgp": m}, rate)["flops"])
+
+
+def test_the_docs_time_every_run_the_paper_configs_hold_now():
+    """docs/paper_tables.md's table of hours reads one paper_runtime.json: a config that gained or
+    lost runs since (a method added to a table) leaves that table's hours stale until the script
+    is run again (its README names the command) and the docs' markers point at the new file."""
+    import re
+
+    from fedforget.parse import parse_config
+
+    doc = (REPO / "docs/paper_tables.md").read_text()
+    files = set(re.findall(r"<!--@ ([\w./-]+/paper_runtime\.json):tables\.\d+\.runs ", doc))
+    assert len(files) == 1, files
+    rows = json.loads((REPO / "benchmarks/results" / files.pop()).read_text())["tables"]
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    paper = sorted((REPO / "config/experiments/paper").glob("*.yaml"))
+    assert sorted(r["config"] for r in rows) == [p.name for p in paper]
+    for path, row in zip(paper, sorted(rows, key=lambda r: r["config"])):
+        raw = {**defaults, **yaml.safe_load(path.read_text()), "paper_results": str(REPO / "config/paper_results.csv")}
+        runs = parse_config(raw).runs()
+        assert len(runs) == row["runs"], (path.name, len(runs), row["runs"])
+        assert not row["unmeasured_methods"], (path.name, row["unmeasured_methods"])
