@@ -65,9 +65,26 @@ What this leaves out, so read the hours as an order of magnitude:
 * **The rates are those of a small CNN.** Larger models (ResNet-18, ViT-B/16, BERT) keep a
   GPU busier per FLOP, so their estimates are likely too high.
 * **The measured ratios m come from a CPU.**
-* **Server work outside the steady rounds is not scaled.** That covers synthesis at task ends
-  (TARGET, LANDER), GLFC's and LGA's proxy rounds, and server distillation over a public set,
-  except as m includes it.
+* **Server work outside the steady rounds is not scaled,** but for TARGET's, Tar+LODE's and
+  LANDER's synthesis at task ends (below): GLFC's and LGA's proxy rounds, iCaRL's herding,
+  the bases of FedProTIP, GPM and FOT, and server distillation over a public set are left out
+  (except as m includes them: m is the steady rounds' ratio, task ends apart).
+
+**Synthesis at task ends** (TARGET, Tar+LODE, LANDER; since the eleventh session of
+2026-12-05, before which it was left out): after every task but the last the server trains a
+generator against the global model and, from its ``warmup`` on, a student on the pool. The
+rows each network sees come from the method's own synthesizer schedule (``synthesis_rows``:
+its ``rounds``, ``adversarial``, ``stores``, ``trains_student`` on the run's params), and
+
+    FLOPs/task end = G x (3 F_g + 2 F) + A x 3 F + K x (F + 3 F)
+
+with G the generator steps' rows (every round's ``g_steps`` x ``syn_batch``; the frozen
+teacher runs forward and backward to its inputs, 2 F), A those of the boundary term's rounds
+(the student's forward and backward), K the student's KD rows (a teacher forward, a student
+step) and F_g the generator's forward FLOPs per row (``make_decoder``: LANDER's label layers
+are not counted). [D] It runs one model at large batches on the server, so it is timed at
+the batched rate (measured per model: at the setting's FedAvg training rate, 3 F a row)
+whichever engine trains the clients.
 * **The data pipeline is not modelled:** augmentation, streaming from disk, tokenization.
 
 ``benchmarks/paper_gpu.py`` measures a config's real time per round on a lent GPU.
@@ -329,6 +346,57 @@ def target_replay(params: dict[str, Any], client_rows: float, batch: int, datase
 COST_SETTING = {"client_rows": 1347 / 5 / 5, "batch": 64}  # digits' 1,347 training rows
 
 
+_GENERATOR_FLOPS: dict[tuple, float] = {}
+
+
+def synthesis_rows(synthesizer: type, p: Any) -> dict[str, int]:
+    """The rows each network sees in one synthesis of ``synthesizer`` (TARGET's ``Synthesizer``,
+    LANDER's ``LanderSynthesizer``) under the method's params ``p``, read off the class's own
+    schedule (``rounds``, ``stores``, ``adversarial``, ``trains_student``: functions of ``p``
+    alone): ``generator`` and ``teacher_grad`` (every step's ``syn_batch`` rows, the generator's
+    forward and backward, the teacher's forward and backward to its inputs), ``student_grad``
+    (the boundary term's steps), ``student_kd`` (the student's KD steps, up to
+    ``student_batch`` rows of the pool so far each: a teacher forward and a student step).
+    The pool's scoring after the run is not counted."""
+    plan = object.__new__(synthesizer)  # the schedule reads p alone: nothing else is built
+    plan.p = p
+    step_rows = p.g_steps * p.syn_batch
+    out = dict.fromkeys(("generator", "teacher_grad", "student_grad", "student_kd"), 0)
+    pool = 0
+    for r in range(plan.rounds()):
+        out["generator"] += step_rows
+        out["teacher_grad"] += step_rows
+        if p.adv > 0 and plan.adversarial(r):
+            out["student_grad"] += step_rows
+        if plan.stores(r):
+            pool = min(p.syn_size, pool + p.syn_batch)
+        if plan.trains_student(r) and p.student_steps > 0 and pool:
+            out["student_kd"] += p.student_steps * min(p.student_batch, pool)
+    return out
+
+
+def synthesis_flops(rc: RunConfig, f: float, shape: tuple[int, ...]) -> float:
+    """FLOPs of the run's syntheses (every task end but the last; 0 for a method without
+    one), by the module docstring's formula."""
+    cls = METHODS.get(rc.method.name)
+    synthesizer = getattr(cls, "synthesizer", None)
+    if synthesizer is None:
+        return 0.0
+    from fedforget.methods.synthesis import make_decoder
+
+    p = make_params(rc.method.name, dict(rc.method.params))
+    sc = rc.dataset.scenario or {}
+    ends = int(sc.get("tasks", 1)) - 1
+    if ends <= 0:
+        return 0.0
+    key = (p.nz, p.ngf, shape)
+    if key not in _GENERATOR_FLOPS:
+        _GENERATOR_FLOPS[key] = forward_flops(make_decoder(p.nz, p.ngf, shape), (p.nz,), False)
+    f_g = _GENERATOR_FLOPS[key]
+    w = synthesis_rows(synthesizer, p)
+    return ends * (w["generator"] * (3 * f_g + 2 * f) + w["student_grad"] * 3 * f + w["student_kd"] * 4 * f)
+
+
 def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float],
                  measured: dict[tuple, dict[str, Any]] | None = None, measured_on: str = "cuda") -> dict[str, Any]:  # fmt: skip
     """A run's FLOPs and time by the FLOP model on a GPU, and (``measured``: rows of
@@ -366,13 +434,16 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
         flops = f * distinct + t.rounds * (3 * f_head * train * (m or 1.0) + f_head * evals)
     steps = t.rounds * t.local_epochs * math.ceil(t.sample_rate * rc.partition.clients) * math.ceil(
         rows / rc.partition.clients / t.batch_size)
-    out = {"seconds": flops / rate[engine], "flops": flops, "engine": engine, "measured_m": m is not None,
-           "model": rc.dataset.model, "flops_how": how, "local_steps": steps}  # fmt: skip
+    syn = synthesis_flops(rc, f, shape)  # the server's, at task ends: at the batched rate [D]
+    out = {"seconds": flops / rate[engine] + syn / rate["vectorized"], "flops": flops + syn, "synthesis_flops": syn,
+           "engine": engine, "measured_m": m is not None, "model": rc.dataset.model, "flops_how": how,
+           "local_steps": steps}  # fmt: skip
     there = engine if measured_on == "cuda" or not measured else gpu_engine(rc, model, measured_on)
     row = (measured or {}).get((setting_key(rc.dataset.model, opts, shape, t.batch_size), there))
     out["measured_seconds"], out["measured_eval"] = out["seconds"], None
     if row is not None:
         out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, train, m or 1.0, evals, distinct)
+        out["measured_seconds"] += syn / (3 * f) / row["samples_per_s"]
     return out
 
 
@@ -402,6 +473,7 @@ def main() -> None:
         flops = sum(e["flops"] for e in est)
         rows.append({
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
+            "synthesis_pflop": sum(e["synthesis_flops"] for e in est) / 1e15,
             "gpu_hours": sum(e["seconds"] for e in est) / 3600, "floor_hours": flops / FP32_PEAK / 3600,
             "models": sorted({e["model"] for e in est}), "sequential_runs": sum(e["engine"] == "sequential" for e in est),
             "batched_runs": sum(e["engine"] == "vectorized" for e in est),
@@ -416,7 +488,8 @@ def main() -> None:
               f"FP32-peak floor {hours(r['floor_hours']):>9}  {'/'.join(r['models'])}"
               + (f"  measured per model {hours(r['measured_hours'])} ({r['measured_runs']} runs)" if measured else "")
               + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else ""))  # fmt: skip
-    tot = {k: sum(r[k] for r in rows) for k in ("runs", "pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs")}
+    tot = {k: sum(r[k] for r in rows)
+           for k in ("runs", "pflop", "synthesis_pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs")}
     print(f"{'all':<32} {tot['runs']:>5} runs {tot['pflop']:>10.1f} PFLOP  measured-rate {hours(tot['gpu_hours']):>10}  "
           f"FP32-peak floor {hours(tot['floor_hours']):>9}"
           + (f"  measured per model {hours(tot['measured_hours'])} ({tot['measured_runs']} runs)" if measured else ""))  # fmt: skip

@@ -171,3 +171,43 @@ def test_the_docs_time_every_run_the_paper_configs_hold_now():
         runs = parse_config(raw).runs()
         assert len(runs) == row["runs"], (path.name, len(runs), row["runs"])
         assert not row["unmeasured_methods"], (path.name, row["unmeasured_methods"])
+
+
+@pytest.mark.parametrize("variant", ["target", "lander"])
+def test_the_synthesis_rows_are_those_a_synthesis_runs(pr, variant):
+    """paper_runtime.synthesis_rows (the task-end cost of TARGET / Tar+LODE / LANDER) reads the
+    synthesizer's schedule: its counts equal the rows a real synthesis passes through the
+    teacher and the student (counted at their heads), with warm-up rounds, the boundary term's
+    rounds, student KD steps on a pool smaller than student_batch at first, and LANDER's
+    syn_rounds + warmup rounds whose first ones store nothing."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from fedforget.methods import make_params
+    from fedforget.methods.base import frozen_copy
+    from fedforget.methods.lander import LanderSynthesizer
+    from fedforget.methods.synthesis import Synthesizer
+    from fedforget.models import Classifier
+
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 6))
+    model = Classifier(body, 6, 4)
+    params = {"syn_size": 40, "syn_batch": 12, "syn_rounds": 4, "g_steps": 2, "warmup": 2, "nz": 8, "ngf": 4,
+              "student_steps": 3, "student_batch": 30}  # fmt: skip
+    if variant == "lander":
+        model.lte_map = nn.Linear(6, 5)
+        lte = F.normalize(torch.randn(4, 5), dim=1)
+        p = make_params("lander", params)
+        synth = LanderSynthesizer(p, frozen_copy(model), torch.arange(4), (1, 4, 4), torch.device("cpu"), (0, 0), lte)
+    else:
+        p = make_params("target", params)
+        synth = Synthesizer(p, frozen_copy(model), torch.arange(4), (1, 4, 4), torch.device("cpu"), (0, 0))
+    seen = {"teacher": 0, "student": 0}
+    for name, net in (("teacher", synth.teacher), ("student", synth.student)):
+        net.head.register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, seen[name] + len(i[0])))
+    synth.run()
+    w = pr.synthesis_rows(type(synth), p)
+    assert w["generator"] == w["teacher_grad"] == synth.rounds() * 2 * 12
+    assert seen == {"teacher": w["teacher_grad"] + w["student_kd"], "student": w["student_grad"] + w["student_kd"]}
+    assert 0 < w["student_grad"] < w["teacher_grad"] and w["student_kd"] > 0
