@@ -77,11 +77,13 @@
 #             each runs with now, skipped; hf's from this run's section hf); then
 #             `python benchmarks/paper_runtime.py --model-rates benchmarks/results/*/model_rates.json
 #             OUTDIR/hf-rates-c1.json` (one GPU name's files) times each paper table's runs at
-#             their model's rates.
+#             their model's rates;
+#   recon     benchmarks/recon_cost.py: seconds per GLFC reconstruction of each paper setting
+#             (paper_runtime.py --recon-cost OUTDIR/recon_cost.json, with the same GPU's rates).
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 #        bash benchmarks/gpu.sh --default-order    (prints the default ORDER, runs nothing)
 set -u
-DEFAULT_ORDER="tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates fedsol sims profile18 profilecl"
+DEFAULT_ORDER="tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates recon fedsol sims profile18 profilecl"
 if [ "${1:-}" = --default-order ]; then
     echo "$DEFAULT_ORDER"
     exit 0
@@ -288,6 +290,10 @@ sims() {
             --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
     done
 }
+recon() {  # GLFC's gradient inversions, one sample at a time (latency-bound): seconds per sample
+    # of each paper setting, for paper_runtime.py --recon-cost (on the CPU: 24-300 s a sample)
+    box 100 python "$here/recon_cost.py" --device cuda --iters 50 --samples 2 --json "$out/recon_cost.json" | tee -a "$out/recon.txt"
+}
 stream() {
     box 60 python "$here/streaming.py" --device cuda --engine vectorized --threads 4 --rounds 5 \
         --json "$out/stream.json" | tee -a "$out/stream.txt"
@@ -315,7 +321,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 profilecl resnet18 width18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates " in
+    case " tests lanes lanes2 decay profile18 profilecl resnet18 width18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates recon " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -23,7 +23,7 @@ import simulation  # noqa: E402  (benchmarks/simulation.py: its presets)
 TRAIN_ROWS = {"vit": 60}
 SMALL = sorted(k for k, p in simulation.PRESETS.items() if p["dataset"] == "blobs" and "num_train" not in p["options"])
 RESIZED = ("simulation.py", "profile_round.py", "packing.py")  # the scripts with --train-rows
-CAPS = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2}
+CAPS = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2, "--iters": 2, "--samples": 1}
 
 
 def is_benchmark(argv: list[str]) -> bool:
@@ -40,7 +40,7 @@ def rewrite(argv: list[str]) -> list[str]:
     """A benchmark command (script path, then its arguments) as the rehearsal runs it: on the
     CPU, 1 timed round, at most 2 warm-up rounds (packing.py: 1; profile_round.py on a task
     stream: 3), 3 timed seconds, a budget of
-    40 s, 2 steps, a simulation's --clients and --rate 40 and 0.25, and --train-rows 6000 (vit:
+    40 s, 2 steps, 2 L-BFGS steps of 1 reconstruction (recon_cost.py), a simulation's --clients and --rate 40 and 0.25, and --train-rows 6000 (vit:
     60) for the scripts that take it on a small blobs preset; any other command unchanged."""
     if not is_benchmark(argv):
         return list(argv)

@@ -66,9 +66,18 @@ What this leaves out, so read the hours as an order of magnitude:
   GPU busier per FLOP, so their estimates are likely too high.
 * **The measured ratios m come from a CPU.**
 * **Server work outside the steady rounds is not scaled,** but for TARGET's, Tar+LODE's and
-  LANDER's synthesis at task ends (below): GLFC's and LGA's proxy rounds, iCaRL's herding,
+  LANDER's synthesis at task ends and GLFC's reconstructions (below): iCaRL's herding,
   the bases of FedProTIP, GPM and FOT, and server distillation over a public set are left out
   (except as m includes them: m is the steady rounds' ratio, task ends apart).
+
+**GLFC's reconstructions** (GLFC, LGA, FedGP over either; since the eleventh session of
+2026-12-05): at the first round of every task each sampled client sends a prototype gradient
+per class of its task data, and the proxy server inverts each by ``recon_iters`` L-BFGS steps
+on a small LeNet at batch 1, bound by latency, not FLOPs. ``recon_samples`` counts them per
+run (an upper bound: every sampled client holding every class of its task [D]); with
+``--recon-cost`` (``benchmarks/recon_cost.py``'s seconds per sample on one device) each table
+gets ``recon_hours``, which join ``measured_hours`` where ``--model-rates`` are of the same
+device. The FLOP model's hours (``gpu_hours``) leave them out.
 
 **Synthesis at task ends** (TARGET, Tar+LODE, LANDER; since the eleventh session of
 2026-12-05, before which it was left out): after every task but the last the server trains a
@@ -121,6 +130,8 @@ from typing import Any
 
 import torch
 import yaml
+from recon_cost import recon_params
+from recon_cost import setting_key as recon_key
 
 from fedforget.config import RunConfig
 from fedforget.data import DATASETS
@@ -159,6 +170,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model-rates", nargs="*", default=[],
                    help="benchmarks/model_rates.py --json files of one device: runs of the settings they measured "
                         "are timed at those rates (measured_hours); a setting in several files: the last file's row")
+    p.add_argument("--recon-cost", default=None,
+                   help="benchmarks/recon_cost.py --json file: GLFC's reconstructions timed at its seconds per sample "
+                        "(recon_hours; added to measured_hours where --model-rates are of the same device)")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     return p.parse_args()
@@ -397,8 +411,33 @@ def synthesis_flops(rc: RunConfig, f: float, shape: tuple[int, ...]) -> float:
     return ends * (w["generator"] * (3 * f_g + 2 * f) + w["student_grad"] * 3 * f + w["student_kd"] * 4 * f)
 
 
+def recon_samples(rc: RunConfig, classes: int) -> tuple[int, Any]:
+    """(GLFC's reconstructed samples in the run, the GLFC params they use; 0 and None for a run
+    without its proxy server): at the first round of every task each sampled client sends
+    one prototype gradient per class of its task data, each inverted into a sample. [D] An
+    upper bound: every sampled client is taken to hold every class of its task (a split
+    stream's ``classes_per_task``, else all ``classes``)."""
+    p = recon_params(rc.method.name, dict(rc.method.params))
+    if p is None:
+        return 0, None
+    sc = rc.dataset.scenario or {}
+    per_task = int(sc["classes_per_task"]) if sc.get("kind") == "split" else classes
+    sampled = math.ceil(rc.train.sample_rate * rc.partition.clients)
+    return int(sc.get("tasks", 1)) * sampled * per_task, p
+
+
+def recon_rates(path: str | None) -> tuple[dict[tuple, float], str | None]:
+    """(recon_cost.py's seconds per sample by setting, its device) of ``path`` (none: {})."""
+    if not path:
+        return {}, None
+    d = json.loads(Path(path).read_text())
+    rows = {recon_key(r["shape"], r["classes"], r["recon_iters"], r["recon_inner"]): r["s_per_sample"] for r in d["rows"]}
+    return rows, d["setting"]["device"]
+
+
 def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float],
-                 measured: dict[tuple, dict[str, Any]] | None = None, measured_on: str = "cuda") -> dict[str, Any]:  # fmt: skip
+                 measured: dict[tuple, dict[str, Any]] | None = None, measured_on: str = "cuda",
+                 recon: dict[tuple, float] | None = None, recon_measured: bool = False) -> dict[str, Any]:  # fmt: skip
     """A run's FLOPs and time by the FLOP model on a GPU, and (``measured``: rows of
     ``measured_rates``, taken on a ``measured_on`` device, cpu or cuda) at its setting's
     measured rates on the engine ``client_engine: auto`` picks there."""
@@ -444,6 +483,12 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     if row is not None:
         out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, train, m or 1.0, evals, distinct)
         out["measured_seconds"] += syn / (3 * f) / row["samples_per_s"]
+    # GLFC's reconstructions, latency-bound: at recon_cost.py's seconds per sample, where given
+    n, p = recon_samples(rc, info.num_classes)
+    per = (recon or {}).get(recon_key(shape, info.num_classes, p.recon_iters, p.recon_inner)) if n else None
+    out["recon_samples"], out["recon_seconds"] = n, (n * per if per is not None else None)
+    if recon_measured and out["recon_seconds"] is not None:
+        out["measured_seconds"] += out["recon_seconds"]
     return out
 
 
@@ -463,17 +508,22 @@ def main() -> None:
     rate = rates(load(a.gpu), ratios)
     measured, rates_device = measured_rates(a.model_rates)
     on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name
+    recon, recon_device = recon_rates(a.recon_cost)
+    both = bool(measured) and recon_device == rates_device  # the reconstructions join measured_hours
     defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     rows = []
     for path in a.configs:
         raw = {**defaults, **yaml.safe_load(Path(path).read_text())}
         raw["paper_results"] = str(REPO / "config/paper_results.csv")
         runs = parse_config(raw).runs()
-        est = [estimate_run(rc, ratios, rate, measured, on) for rc in runs]
+        est = [estimate_run(rc, ratios, rate, measured, on, recon, both) for rc in runs]
         flops = sum(e["flops"] for e in est)
         rows.append({
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
             "synthesis_pflop": sum(e["synthesis_flops"] for e in est) / 1e15,
+            "recon_samples": sum(e["recon_samples"] for e in est),
+            "recon_hours": sum(e["recon_seconds"] or 0 for e in est) / 3600,
+            "recon_unmeasured_runs": sum(e["recon_samples"] > 0 and e["recon_seconds"] is None for e in est),
             "gpu_hours": sum(e["seconds"] for e in est) / 3600, "floor_hours": flops / FP32_PEAK / 3600,
             "models": sorted({e["model"] for e in est}), "sequential_runs": sum(e["engine"] == "sequential" for e in est),
             "batched_runs": sum(e["engine"] == "vectorized" for e in est),
@@ -489,13 +539,15 @@ def main() -> None:
               + (f"  measured per model {hours(r['measured_hours'])} ({r['measured_runs']} runs)" if measured else "")
               + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else ""))  # fmt: skip
     tot = {k: sum(r[k] for r in rows)
-           for k in ("runs", "pflop", "synthesis_pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs")}
+           for k in ("runs", "pflop", "synthesis_pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs",
+                     "recon_samples", "recon_hours", "recon_unmeasured_runs")}
     print(f"{'all':<32} {tot['runs']:>5} runs {tot['pflop']:>10.1f} PFLOP  measured-rate {hours(tot['gpu_hours']):>10}  "
           f"FP32-peak floor {hours(tot['floor_hours']):>9}"
           + (f"  measured per model {hours(tot['measured_hours'])} ({tot['measured_runs']} runs)" if measured else ""))  # fmt: skip
     print("rates (FLOP/s, measured in the calibration setting):", {k: f"{v:.3g}" for k, v in rate.items()})
     out = {"rates_flop_s": rate, "fp32_peak_flop_s": FP32_PEAK, "method_ratios": ratios,
            "gpu": load(a.gpu).get("device"), "model_rates": a.model_rates, "model_rates_device": rates_device,
+           "recon_cost": a.recon_cost, "recon_device": recon_device, "recon_in_measured_hours": both,
            "tables": rows, "total": tot}  # fmt: skip
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))

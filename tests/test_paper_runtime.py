@@ -211,3 +211,33 @@ def test_the_synthesis_rows_are_those_a_synthesis_runs(pr, variant):
     assert w["generator"] == w["teacher_grad"] == synth.rounds() * 2 * 12
     assert seen == {"teacher": w["teacher_grad"] + w["student_kd"], "student": w["student_grad"] + w["student_kd"]}
     assert 0 < w["student_grad"] < w["teacher_grad"] and w["student_kd"] > 0
+
+
+def test_glfc_reconstructions_are_counted_per_task_and_timed_on_their_device(pr, tmp_path):
+    """GLFC (and FedGP over it) inverts one prototype gradient per class of each sampled
+    client's task at every task start: tasks x sampled clients x classes per task; timed at
+    recon_cost.py's seconds per sample, joining measured_hours only with rates of its device."""
+    from fedforget.parse import parse_config
+
+    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
+           **yaml.safe_load((REPO / "config/experiments/paper/fedgp_table1_table11.yaml").read_text()),
+           "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
+    runs = parse_config(raw).runs()
+    glfc = [rc for rc in runs if "glfc" in (rc.method.name, rc.method.params.get("base"))]
+    assert {rc.method.name for rc in glfc} == {"glfc", "fedgp"}
+    rc = next(r for r in glfc if r.dataset.scenario["tasks"] == 10)  # split CIFAR-100, 10 x 10, 10 clients
+    n, p = pr.recon_samples(rc, 100)
+    assert n == 10 * 10 * 10 and (p.recon_iters, p.recon_inner) == (250, 20)
+    assert pr.recon_samples(next(r for r in runs if r.method.name == "fedavg"), 100) == (0, None)
+
+    path = tmp_path / "recon.json"
+    path.write_text(json.dumps({"setting": {"device": "cpu"}, "rows": [
+        {"shape": [3, 32, 32], "classes": 100, "recon_iters": 250, "recon_inner": 20, "s_per_sample": 2.0}]}))  # fmt: skip
+    recon, device = pr.recon_rates(str(path))
+    rate = {"vectorized": 1e13, "sequential": 1e12}
+    plain = pr.estimate_run(rc, {}, rate)
+    timed = pr.estimate_run(rc, {}, rate, None, "cuda", recon, False)
+    assert device == "cpu" and timed["recon_seconds"] == 2.0 * n and plain["recon_seconds"] is None
+    assert timed["measured_seconds"] == plain["measured_seconds"] == plain["seconds"]
+    joined = pr.estimate_run(rc, {}, rate, None, "cuda", recon, True)
+    assert joined["measured_seconds"] == pytest.approx(plain["seconds"] + 2.0 * n)
