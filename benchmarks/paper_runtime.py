@@ -43,8 +43,9 @@ The terms:
   then bound by its local steps (``local_steps`` in the JSON), which this FLOP model does not
   count: read its hours as the encoder's share only.
 * S: training inputs per round. That is sample rate x the rows of a task x local epochs. A
-  split stream's task holds its classes' share of the rows; a domain stream's task holds
-  every row.
+  split stream's task holds its classes' share of the rows; a ``domains`` stream's task one
+  domain's rows (DomainNet: the rows over the tasks; before the eleventh session of
+  2026-12-05 every row, 6 times its training); a rotated or permuted stream's task every row.
 * m: the method's measured ratio to FedAvg (1 where none was measured, flagged "m?"). A
   method over a base (``params.base``: FedGP over L2P) takes ``<method>+<base>``'s ratio where
   one was measured (``fedgp+l2p``), else its own.
@@ -332,6 +333,8 @@ def rows_per_task(rc: RunConfig) -> tuple[int, int]:
     if sc and sc.get("kind") == "split":
         share = int(sc["tasks"]) * int(sc["classes_per_task"]) / info.num_classes
         return int(n_train * share / int(sc["tasks"])), n_test
+    if sc and sc.get("kind") == "domains":  # one domain's rows a task (taken as equal shares)
+        return int(n_train / int(sc["tasks"])), n_test
     return n_train, n_test
 
 
@@ -453,7 +456,7 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     if rc.method.name in ("target", "target_lode") and m is not None:  # the replay's rows at this run's scale
         sc = rc.dataset.scenario or {}
         tasks = int(sc.get("tasks", 1))
-        pool_rows = rows * tasks if sc.get("kind") == "split" else rows  # the training split's rows
+        pool_rows = rows * tasks if sc.get("kind") in ("split", "domains") else rows  # the training split's rows
         here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
                              rc.partition.clients, tasks)  # fmt: skip
         m *= here / target_replay({}, **COST_SETTING)

@@ -241,3 +241,21 @@ def test_glfc_reconstructions_are_counted_per_task_and_timed_on_their_device(pr,
     assert timed["measured_seconds"] == plain["measured_seconds"] == plain["seconds"]
     joined = pr.estimate_run(rc, {}, rate, None, "cuda", recon, True)
     assert joined["measured_seconds"] == pytest.approx(plain["seconds"] + 2.0 * n)
+
+
+def test_a_domain_streams_task_holds_one_domains_rows(pr):
+    """FedProTIP's DomainNet stream (6 domains of 10,000 training rows): a task trains on one
+    domain's rows, not on all 60,000; rotated MNIST's task on every row (each task rotates
+    them all)."""
+    from fedforget.parse import parse_config
+
+    def runs(name):
+        raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
+               **yaml.safe_load((REPO / f"config/experiments/paper/{name}").read_text()),
+               "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
+        return parse_config(raw).runs()
+
+    dn = next(rc for rc in runs("fedprotip_table1_table5.yaml") if rc.dataset.scenario["kind"] == "domains")
+    assert pr.rows_per_task(dn)[0] == 10_000
+    rot = next(rc for rc in runs("fedgp_table1_table11.yaml") if rc.dataset.scenario["kind"] == "rotated")
+    assert pr.rows_per_task(rot)[0] == 60_000
