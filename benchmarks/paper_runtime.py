@@ -49,9 +49,11 @@ The terms:
 * m: the method's measured ratio to FedAvg (1 where none was measured, flagged "m?"). A
   method over a base (``params.base``: FedGP over L2P) takes ``<method>+<base>``'s ratio where
   one was measured (``fedgp+l2p``), else its own.
-* E: evaluated inputs per round. Global evaluation covers every ``eval_every`` rounds. Local
-  models are evaluated every round where ``eval_local_models``: the sampled clients times
-  the test rows.
+* E: evaluated inputs per round. Global evaluation covers every ``eval_every`` rounds and
+  scores every task's test rows: the test set, times the tasks in a rotated or permuted
+  stream, whose every task transforms all of it (counted once before the eleventh session of
+  2026-12-05). Local models are evaluated every round where ``eval_local_models``: the
+  sampled clients times those rows.
 * R_engine: the FLOP rate measured in the calibration setting, one per engine:
   * batched, from FedAvg;
   * sequential, from FedSOL divided by its m.
@@ -450,11 +452,13 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     rows, n_test = rows_per_task(rc)
     t = rc.train
     train = t.sample_rate * rows * t.local_epochs
-    evals = n_test / t.eval_every + (t.sample_rate * rc.partition.clients * n_test if t.eval_local_models else 0)
+    sc = rc.dataset.scenario or {}
+    # an evaluation scores every task's test rows: a rotated or permuted stream's task has all of them
+    per_eval = n_test * int(sc.get("tasks", 1)) if sc.get("kind") in ("rotated", "permuted") else n_test
+    evals = per_eval / t.eval_every + (t.sample_rate * rc.partition.clients * per_eval if t.eval_local_models else 0)
     base = rc.method.params.get("base")
     m = ratios.get(f"{rc.method.name}+{base}", ratios.get(rc.method.name)) if base else ratios.get(rc.method.name)
     if rc.method.name in ("target", "target_lode") and m is not None:  # the replay's rows at this run's scale
-        sc = rc.dataset.scenario or {}
         tasks = int(sc.get("tasks", 1))
         pool_rows = rows * tasks if sc.get("kind") in ("split", "domains") else rows  # the training split's rows
         here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
@@ -468,7 +472,6 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     distinct = None
     if rc.dataset.model == "hf" and opts.get("freeze_encoder") and opts.get("feature_cache", True):
         # its features kept: the encoder once per distinct row, the head's steps every round
-        sc = rc.dataset.scenario or {}
         tasks = int(sc.get("tasks", 1))
         split = sc.get("kind") == "split"
         distinct = rows * tasks + n_test * (1 if split else tasks)

@@ -259,3 +259,26 @@ def test_a_domain_streams_task_holds_one_domains_rows(pr):
     assert pr.rows_per_task(dn)[0] == 10_000
     rot = next(rc for rc in runs("fedgp_table1_table11.yaml") if rc.dataset.scenario["kind"] == "rotated")
     assert pr.rows_per_task(rot)[0] == 60_000
+
+
+def test_an_evaluation_of_a_rotated_stream_scores_every_tasks_rotated_test_set(pr):
+    """The evaluator scores every task at each evaluation (``Evaluator.global_model``): a
+    permuted MNIST stream of 10 tasks evaluates its 10,000 test rows 10 times, a split stream
+    its test rows once (each task its classes' share)."""
+    from fedforget.data import DATASETS
+    from fedforget.parse import parse_config
+
+    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
+           **yaml.safe_load((REPO / "config/experiments/paper/fedgp_table1_table11.yaml").read_text()),
+           "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
+    runs = parse_config(raw).runs()
+    rate = {"vectorized": 1e13, "sequential": 1e12}
+    for kind, tasks in (("permuted", 10), ("split", 1)):
+        rc = next(r for r in runs if r.dataset.scenario["kind"] == kind and r.method.name == "fedavg")
+        t, info = rc.train, DATASETS.get(rc.dataset.name)
+        shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
+        f = pr.model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)[0]
+        rows, n_test = pr.rows_per_task(rc)
+        est = pr.estimate_run(rc, {"fedavg": 1.0}, rate)
+        train = t.sample_rate * rows * t.local_epochs
+        assert est["flops"] == pytest.approx(t.rounds * (3 * f * train + f * n_test * tasks / t.eval_every))
