@@ -543,7 +543,9 @@ def main() -> None:
         print(f"{r['config']:<32} {r['runs']:>5} runs {r['pflop']:>10.1f} PFLOP  measured-rate {hours(r['gpu_hours']):>10}  "
               f"FP32-peak floor {hours(r['floor_hours']):>9}  {'/'.join(r['models'])}"
               + (f"  measured per model {hours(r['measured_hours'])} ({r['measured_runs']} runs)" if measured else "")
-              + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else ""))  # fmt: skip
+              + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else "")
+              + (f"  GLFC reconstructions {r['recon_samples']:,}" + (f" ({hours(r['recon_hours'])} on {recon_device})"
+                 if recon else "") if r["recon_samples"] else ""))  # fmt: skip
     tot = {k: sum(r[k] for r in rows)
            for k in ("runs", "pflop", "synthesis_pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs",
                      "recon_samples", "recon_hours", "recon_unmeasured_runs")}
