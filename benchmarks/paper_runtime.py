@@ -44,8 +44,9 @@ The terms:
   count: read its hours as the encoder's share only.
 * S: training inputs per round. That is sample rate x the rows of a task x local epochs. A
   split stream's task holds its classes' share of the rows; a ``domains`` stream's task one
-  domain's rows (DomainNet: the rows over the tasks; before the eleventh session of
-  2026-12-05 every row, 6 times its training); a rotated or permuted stream's task every row.
+  domain's rows, taken as the training rows divided by the tasks (before the eleventh session
+  of 2026-12-05 every row: 6 times a DomainNet task's training); a rotated or permuted
+  stream's task every row.
 * m: the method's measured ratio to FedAvg (1 where none was measured, flagged "m?"). A
   method over a base (``params.base``: FedGP over L2P) takes ``<method>+<base>``'s ratio where
   one was measured (``fedgp+l2p``), else its own.
