@@ -48,19 +48,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, TrainSpec
 from fedforget.data import DATASETS, DatasetInfo, prepare_dataset
 from fedforget.data.base import Arrays
 from fedforget.engine import Simulation, sample_clients
 from fedforget.models import HFBody, build_model
-from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from paper_runtime import HF_SHAPES, gpu_engine, hf_config, setting_key  # noqa: E402  (the hub encoders' published shapes)
+from paper_runtime import HF_SHAPES, config_runs, gpu_engine, hf_config, setting_key  # noqa: E402  (the hub encoders' published shapes)
 
 CLIENTS = 10
 
@@ -68,11 +66,8 @@ CLIENTS = 10
 def paper_runs():
     """Every run of config/experiments/paper: (its config file, RunConfig, input shape, model
     options without pretrained weights: the same shapes, no download)."""
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     for path in sorted((REPO / "config/experiments/paper").glob("*.yaml")):
-        raw = {**defaults, **yaml.safe_load(path.read_text())}
-        raw["paper_results"] = str(REPO / "config/paper_results.csv")
-        for rc in parse_config(raw).runs():
+        for rc in config_runs(path):
             info = DATASETS.get(rc.dataset.name)
             shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
             yield path, rc, shape, {k: v for k, v in rc.dataset.model_options.items() if k != "pretrained"}

@@ -129,13 +129,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
-from recon_cost import recon_params
-from recon_cost import setting_key as recon_key
 
 from fedforget.config import RunConfig
 from fedforget.data import DATASETS
@@ -146,6 +145,15 @@ from fedforget.trainers import choose_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
+
+
+def config_runs(path: str | Path) -> list[RunConfig]:
+    """Every run of one experiment config (``config/config.yaml``'s defaults under it, the
+    repository's paper results)."""
+    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()), **yaml.safe_load(Path(path).read_text())}
+    raw["paper_results"] = str(REPO / "config/paper_results.csv")
+    return parse_config(raw).runs()
 # NVIDIA H100 SXM's dense FP32 peak (datasheet): the compute floor of the estimate's lower end
 FP32_PEAK = 67e12
 # the calibration setting of benchmarks/paper_gpu.py (FedSOL Table 1, CIFAR-10 shaped)
@@ -417,6 +425,23 @@ def synthesis_flops(rc: RunConfig, f: float, shape: tuple[int, ...]) -> float:
     return ends * (w["generator"] * (3 * f_g + 2 * f) + w["student_grad"] * 3 * f + w["student_kd"] * 4 * f)
 
 
+def recon_params(name: str, params: dict[str, Any]) -> Any | None:
+    """The GLFC params a run reconstructs with (a method over a base: its base's), or None
+    where the run reconstructs nothing (another method, or ``proxy`` off)."""
+    if params.get("base") in RECONSTRUCTING:
+        name, params = params["base"], dict(params.get("base_params") or {})
+    if name not in RECONSTRUCTING:
+        return None
+    p = make_params(name, dict(params))
+    return p if p.proxy else None
+
+
+def recon_key(shape: Sequence[int], classes: int, iters: int, inner: int) -> tuple:
+    """A reconstruction setting (``recon_cost.py``'s rows): (input shape, classes,
+    recon_iters, recon_inner)."""
+    return tuple(int(d) for d in shape), int(classes), int(iters), int(inner)
+
+
 def recon_samples(rc: RunConfig, classes: int) -> tuple[int, Any]:
     """(GLFC's reconstructed samples in the run, the GLFC params they use; 0 and None for a run
     without its proxy server): at the first round of every task each sampled client sends
@@ -454,13 +479,13 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     t = rc.train
     train = t.sample_rate * rows * t.local_epochs
     sc = rc.dataset.scenario or {}
+    tasks = int(sc.get("tasks", 1))
     # an evaluation scores every task's test rows: a rotated or permuted stream's task has all of them
-    per_eval = n_test * int(sc.get("tasks", 1)) if sc.get("kind") in ("rotated", "permuted") else n_test
+    per_eval = n_test * tasks if sc.get("kind") in ("rotated", "permuted") else n_test
     evals = per_eval / t.eval_every + (t.sample_rate * rc.partition.clients * per_eval if t.eval_local_models else 0)
-    base = rc.method.params.get("base")
-    m = ratios.get(f"{rc.method.name}+{base}", ratios.get(rc.method.name)) if base else ratios.get(rc.method.name)
+    # a method over a base: the pairing's ratio where measured (no base: no such key)
+    m = ratios.get(f"{rc.method.name}+{rc.method.params.get('base')}", ratios.get(rc.method.name))
     if rc.method.name in ("target", "target_lode") and m is not None:  # the replay's rows at this run's scale
-        tasks = int(sc.get("tasks", 1))
         pool_rows = rows * tasks if sc.get("kind") in ("split", "domains") else rows  # the training split's rows
         here = target_replay(rc.method.params, rows / rc.partition.clients, t.batch_size, pool_rows,
                              rc.partition.clients, tasks)  # fmt: skip
@@ -473,7 +498,6 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     distinct = None
     if rc.dataset.model == "hf" and opts.get("freeze_encoder") and opts.get("feature_cache", True):
         # its features kept: the encoder once per distinct row, the head's steps every round
-        tasks = int(sc.get("tasks", 1))
         split = sc.get("kind") == "split"
         distinct = rows * tasks + n_test * (1 if split else tasks)
         f_head = 2.0 * model.head.in_features * info.num_classes
@@ -517,12 +541,9 @@ def main() -> None:
     on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name
     recon, recon_device = recon_rates(a.recon_cost)
     both = bool(measured) and recon_device == rates_device  # the reconstructions join measured_hours
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     rows = []
     for path in a.configs:
-        raw = {**defaults, **yaml.safe_load(Path(path).read_text())}
-        raw["paper_results"] = str(REPO / "config/paper_results.csv")
-        runs = parse_config(raw).runs()
+        runs = config_runs(path)
         est = [estimate_run(rc, ratios, rate, measured, on, recon, both) for rc in runs]
         flops = sum(e["flops"] for e in est)
         rows.append({

@@ -27,53 +27,29 @@ import collections
 import json
 import statistics
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
+from paper_runtime import REPO, config_runs, recon_key, recon_params
 
 from fedforget.data import DATASETS
-from fedforget.methods import make_params
 from fedforget.methods.glfc import encoder_gradient, gradient_encoder, reconstruct
-from fedforget.parse import parse_config
-
-REPO = Path(__file__).resolve().parents[1]
-RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
-
-
-def recon_params(name: str, params: dict[str, Any]) -> Any | None:
-    """The GLFC params a run reconstructs with (a method over a base: its base's), or None
-    where the run reconstructs nothing (another method, or ``proxy`` off)."""
-    if params.get("base") in RECONSTRUCTING:
-        name, params = params["base"], dict(params.get("base_params") or {})
-    if name not in RECONSTRUCTING:
-        return None
-    p = make_params(name, dict(params))
-    return p if p.proxy else None
-
-
-def setting_key(shape: Sequence[int], classes: int, iters: int, inner: int) -> tuple:
-    """A reconstruction setting: (input shape, classes, recon_iters, recon_inner)."""
-    return tuple(int(d) for d in shape), int(classes), int(iters), int(inner)
 
 
 def paper_settings() -> list[dict[str, Any]]:
     """The distinct reconstruction settings of config/experiments/paper/*.yaml, with the number
     of runs using each (most runs first)."""
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
     runs: collections.Counter = collections.Counter()
     extra: dict[tuple, dict[str, Any]] = {}
     for path in sorted((REPO / "config/experiments/paper").glob("*.yaml")):
-        raw = {**defaults, **yaml.safe_load(path.read_text()), "paper_results": str(REPO / "config/paper_results.csv")}
-        for rc in parse_config(raw).runs():
+        for rc in config_runs(path):
             p = recon_params(rc.method.name, dict(rc.method.params))
             if p is None:
                 continue
             info = DATASETS.get(rc.dataset.name)
             shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
-            key = setting_key(shape, info.num_classes, p.recon_iters, p.recon_inner)
+            key = recon_key(shape, info.num_classes, p.recon_iters, p.recon_inner)
             runs[key] += 1
             extra[key] = {"recon_lr": p.recon_lr}
     return [{"shape": list(k[0]), "classes": k[1], "recon_iters": k[2], "recon_inner": k[3], **extra[k], "paper_runs": n}

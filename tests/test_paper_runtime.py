@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .conftest import benchmark_script
 
 REPO = Path(__file__).resolve().parents[1]
+PAPER = REPO / "config/experiments/paper"
 
 
 @pytest.fixture(scope="module")
@@ -20,15 +20,10 @@ def pr():
         yield mod
 
 
-def table1_run():
+def table1_run(pr):
     """The first run of FedSOL Table 1 (CIFAR-10: 50,000 training and 10,000 test rows; 100
     clients at 0.1, 5 local epochs, batch 50; the McMahan CNN)."""
-    from fedforget.parse import parse_config
-
-    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
-           **yaml.safe_load((REPO / "config/experiments/paper/fedsol_table1.yaml").read_text())}  # fmt: skip
-    raw["paper_results"] = str(REPO / "config/paper_results.csv")
-    return parse_config(raw).runs()[0]
+    return pr.config_runs(PAPER / "fedsol_table1.yaml")[0]
 
 
 def rates_file(path: Path, device: str, rows: list[dict]) -> str:
@@ -37,7 +32,7 @@ def rates_file(path: Path, device: str, rows: list[dict]) -> str:
 
 
 def test_a_measured_setting_times_its_runs_at_its_rates(pr, tmp_path):
-    rc = table1_run()
+    rc = table1_run(pr)
     t = rc.train
     assert (t.sample_rate, t.local_epochs, t.batch_size, rc.dataset.model) == (0.1, 5, 50, "cnn_mcmahan")
     flop = pr.estimate_run(rc, {}, {"vectorized": 1e13, "sequential": 1e12})
@@ -119,12 +114,8 @@ def test_continual_cost_files_give_each_method_its_ratio_against_its_own_fedavg(
     one_task = [json.loads(Path(f).read_text()) for f in pr.parse_args().method_cost]
     ratios = pr.method_ratios(one_task, *(json.loads(Path(f).read_text()) for f in files))
     assert {"target", "target_lode", "lander", "scr", "icarl", "glfc", "l2p", "fedgp+l2p"} <= set(ratios)
-    from fedforget.parse import parse_config
-
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    for path in (REPO / "config/experiments/paper").glob("*.yaml"):  # every pairing of the paper tables
-        raw = {**defaults, **yaml.safe_load(path.read_text()), "paper_results": str(REPO / "config/paper_results.csv")}
-        for rc in parse_config(raw).runs():
+    for path in PAPER.glob("*.yaml"):  # every pairing of the paper tables
+        for rc in pr.config_runs(path):
             if rc.method.params.get("base", "fedavg") != "fedavg":  # over FedAvg: the method's own ratio
                 assert f"{rc.method.name}+{rc.method.params['base']}" in ratios, (path.name, rc.method.label)
 
@@ -132,12 +123,7 @@ def test_continual_cost_files_give_each_method_its_ratio_against_its_own_fedavg(
 def test_a_method_over_a_base_takes_the_ratio_measured_over_that_base(pr):
     """FedGP over L2P (FedGP Tables 1/11, on a ViT) at ``fedgp+l2p``'s ratio, measured against
     FedAvg on a ViT; FedGP over FedAvg (no base given) and over a base never measured at FedGP's."""
-    from fedforget.parse import parse_config
-
-    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
-           **yaml.safe_load((REPO / "config/experiments/paper/fedgp_table1_table11.yaml").read_text()),
-           "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
-    runs = parse_config(raw).runs()
+    runs = pr.config_runs(PAPER / "fedgp_table1_table11.yaml")
     over = {rc.method.params.get("base") for rc in runs if rc.method.name == "fedgp"}
     assert {"l2p", "der"} <= over
     rate = {"vectorized": 1e13, "sequential": 1e12}
@@ -151,13 +137,11 @@ def test_a_method_over_a_base_takes_the_ratio_measured_over_that_base(pr):
             assert est["flops"] == pytest.approx(pr.estimate_run(rc, {"fedgp": m}, rate)["flops"])
 
 
-def test_the_docs_time_every_run_the_paper_configs_hold_now():
+def test_the_docs_time_every_run_the_paper_configs_hold_now(pr):
     """docs/paper_tables.md's table of hours reads one paper_runtime.json: a config that gained or
     lost runs since (a method added to a table) leaves that table's hours stale until the script
     is run again (its README names the command) and the docs' markers point at the new file."""
     import re
-
-    from fedforget.parse import parse_config
 
     doc = (REPO / "docs/paper_tables.md").read_text()
     files = set(re.findall(r"<!--@ ([\w./-]+/paper_runtime\.json):tables\.\d+\.runs ", doc))
@@ -166,12 +150,10 @@ def test_the_docs_time_every_run_the_paper_configs_hold_now():
     again = (f"docs/paper_tables.md's hours ({used}) are stale: run benchmarks/paper_runtime.py as that folder's "
              "README says (--json, --model-rates, --recon-cost) into a new results folder and point the markers at it")
     rows = json.loads((REPO / "benchmarks/results" / used).read_text())["tables"]
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    paper = sorted((REPO / "config/experiments/paper").glob("*.yaml"))
+    paper = sorted(PAPER.glob("*.yaml"))
     assert sorted(r["config"] for r in rows) == [p.name for p in paper], again
     for path, row in zip(paper, sorted(rows, key=lambda r: r["config"])):
-        raw = {**defaults, **yaml.safe_load(path.read_text()), "paper_results": str(REPO / "config/paper_results.csv")}
-        runs = parse_config(raw).runs()
+        runs = pr.config_runs(path)
         assert len(runs) == row["runs"], (path.name, len(runs), row["runs"], again)
         assert not row["unmeasured_methods"], (path.name, row["unmeasured_methods"], again)
 
@@ -220,12 +202,7 @@ def test_glfc_reconstructions_are_counted_per_task_and_timed_on_their_device(pr,
     """GLFC (and FedGP over it) inverts one prototype gradient per class of each sampled
     client's task at every task start: tasks x sampled clients x classes per task; timed at
     recon_cost.py's seconds per sample, joining measured_hours only with rates of its device."""
-    from fedforget.parse import parse_config
-
-    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
-           **yaml.safe_load((REPO / "config/experiments/paper/fedgp_table1_table11.yaml").read_text()),
-           "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
-    runs = parse_config(raw).runs()
+    runs = pr.config_runs(PAPER / "fedgp_table1_table11.yaml")
     glfc = [rc for rc in runs if "glfc" in (rc.method.name, rc.method.params.get("base"))]
     assert {rc.method.name for rc in glfc} == {"glfc", "fedgp"}
     rc = next(r for r in glfc if r.dataset.scenario["tasks"] == 10)  # split CIFAR-100, 10 x 10, 10 clients
@@ -250,17 +227,9 @@ def test_a_domain_streams_task_holds_one_domains_rows(pr):
     """FedProTIP's DomainNet stream (6 domains of 10,000 training rows): a task trains on one
     domain's rows, not on all 60,000; rotated MNIST's task on every row (each task rotates
     them all)."""
-    from fedforget.parse import parse_config
-
-    def runs(name):
-        raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
-               **yaml.safe_load((REPO / f"config/experiments/paper/{name}").read_text()),
-               "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
-        return parse_config(raw).runs()
-
-    dn = next(rc for rc in runs("fedprotip_table1_table5.yaml") if rc.dataset.scenario["kind"] == "domains")
+    dn = next(rc for rc in pr.config_runs(PAPER / "fedprotip_table1_table5.yaml") if rc.dataset.scenario["kind"] == "domains")
     assert pr.rows_per_task(dn)[0] == 10_000
-    rot = next(rc for rc in runs("fedgp_table1_table11.yaml") if rc.dataset.scenario["kind"] == "rotated")
+    rot = next(rc for rc in pr.config_runs(PAPER / "fedgp_table1_table11.yaml") if rc.dataset.scenario["kind"] == "rotated")
     assert pr.rows_per_task(rot)[0] == 60_000
 
 
@@ -269,12 +238,7 @@ def test_an_evaluation_of_a_rotated_stream_scores_every_tasks_rotated_test_set(p
     permuted MNIST stream of 10 tasks evaluates its 10,000 test rows 10 times, a split stream
     its test rows once (each task its classes' share)."""
     from fedforget.data import DATASETS
-    from fedforget.parse import parse_config
-
-    raw = {**yaml.safe_load((REPO / "config/config.yaml").read_text()),
-           **yaml.safe_load((REPO / "config/experiments/paper/fedgp_table1_table11.yaml").read_text()),
-           "paper_results": str(REPO / "config/paper_results.csv")}  # fmt: skip
-    runs = parse_config(raw).runs()
+    runs = pr.config_runs(PAPER / "fedgp_table1_table11.yaml")
     rate = {"vectorized": 1e13, "sequential": 1e12}
     for kind, tasks in (("permuted", 10), ("split", 1)):
         rc = next(r for r in runs if r.dataset.scenario["kind"] == kind and r.method.name == "fedavg")
