@@ -12,6 +12,7 @@ from fedforget.methods.shared import (
     energy_rank,
     float32_mb,
     floor_unscored,
+    left_singular,
     project,
     require,
     state_mb,
@@ -92,3 +93,23 @@ def test_require_message():
     with pytest.raises(ValueError, match=r"^mode='x'; allowed: a \| b$"):
         require(False, "mode", "x", "a | b")
     require(True, "mode", "a", "a | b")
+
+
+def test_left_singular_falls_back_to_the_svd_where_the_eigensolver_fails(monkeypatch):
+    """U and s^2 of a [d, n] with n >= d come from eigh(a a^T); where the eigensolver does not
+    converge (MKL did not on FOT's ResNet-18 sketches, 2026-12-05) the SVD of a gives the same
+    subspaces and s^2 instead of an error."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 3, generator=g, dtype=torch.float64) @ torch.randn(3, 8, generator=g, dtype=torch.float64)
+    u, s2 = left_singular(a)
+
+    def fails(_):
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "eigh", fails)
+    u2, s2b = left_singular(a)
+    assert u2.shape == u.shape == (5, 5) and s2b.shape == s2.shape == (5,)
+    assert torch.allclose(s2b, s2, atol=1e-9)
+    assert torch.allclose(s2b[:3], torch.linalg.svdvals(a)[:3] ** 2)
+    top, top2 = u[:, :3], u2[:, :3]  # the rank-3 range: the same projector either way
+    assert torch.allclose(top @ top.T, top2 @ top2.T, atol=1e-9)

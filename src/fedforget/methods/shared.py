@@ -261,13 +261,19 @@ def energy_rank(sq_sigma: torch.Tensor, total: float, captured: float, threshold
 
 def left_singular(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(U [d, k], s^2 [k] descending) of ``a`` [d, n] (float64): an SVD when n < d, else an
-    eigendecomposition of a a^T (the same U and s^2, d x d work)."""
+    eigendecomposition of a a^T (the same U and s^2, d x d work). Where the eigensolver fails
+    to converge (MKL's on a 4,608 x 4,608 a a^T of FOT's ResNet-18 sketches, found by
+    benchmarks/task_end_cost.py on 2026-12-05), the SVD of ``a`` gives them instead of an
+    error [D: a run that stopped there now goes on; one that did not is unchanged]."""
     d, n = a.shape
-    if n < d:
-        u, s, _ = torch.linalg.svd(a, full_matrices=False)
-        return u, s * s
-    lam, vec = torch.linalg.eigh(a @ a.T)
-    return vec.flip(1), lam.flip(0).clamp_min(0)
+    if n >= d:
+        try:
+            lam, vec = torch.linalg.eigh(a @ a.T)
+            return vec.flip(1), lam.flip(0).clamp_min(0)
+        except torch.linalg.LinAlgError:
+            pass
+    u, s, _ = torch.linalg.svd(a, full_matrices=False)
+    return u, s * s
 
 
 def extend_basis(basis: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
