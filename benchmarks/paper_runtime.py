@@ -69,10 +69,9 @@ What this leaves out, so read the hours as an order of magnitude:
 * **The rates are those of a small CNN.** Larger models (ResNet-18, ViT-B/16, BERT) keep a
   GPU busier per FLOP, so their estimates are likely too high.
 * **The measured ratios m come from a CPU.**
-* **Server work outside the steady rounds is not scaled,** but for TARGET's, Tar+LODE's and
-  LANDER's synthesis at task ends and GLFC's reconstructions (below): iCaRL's herding,
-  the bases of FedProTIP, GPM and FOT, and server distillation over a public set are left out
-  (except as m includes them: m is the steady rounds' ratio, task ends apart).
+* **Work outside the steady rounds** is counted for the task ends (TARGET's, Tar+LODE's and
+  LANDER's synthesis; the other methods' bases and exemplars) and GLFC's reconstructions
+  (below). Server distillation over a public set runs every round: m includes it.
 
 **GLFC's reconstructions** (GLFC, LGA, FedGP over either; since the eleventh session of
 2026-12-05): at the first round of every task each sampled client sends a prototype gradient
@@ -82,6 +81,18 @@ run (an upper bound: every sampled client holding every class of its task [D]); 
 ``--recon-cost`` (``benchmarks/recon_cost.py``'s seconds per sample on one device) each table
 gets ``recon_hours``, which join ``measured_hours`` where ``--model-rates`` are of the same
 device. The FLOP model's hours (``gpu_hours``) leave them out.
+
+**The other task ends** (FedProTIP's core bases and references, GPM's and FOT's bases,
+iCaRL's, GLFC's and LGA's exemplars, FedGP over iCaRL or GLFC; since the twelfth session of
+2026-12-05, before which they were left out): ``--task-end-cost`` (``benchmarks/task_end_cost.py``,
+this CPU) gives each setting's task end (``task_end_setting``: method params but the
+thresholds, model, input shape, a task's classes, heads, clients, rows per client) as the
+training inputs the same machine processes in its time. A run has one per task (the last
+task's too), each timed as that many training inputs of the run (3 F each, at the run's
+engine's rate; at its setting's ``samples_per_s`` with ``--model-rates``) [D: the ratio of a
+task end to training measured on a CPU taken to hold on a GPU, as m is]: ``task_end_pflop``
+per table; ``task_end_unmeasured_runs`` the runs with task ends the file has no row for
+(counted as none).
 
 **Synthesis at task ends** (TARGET, Tar+LODE, LANDER; since the eleventh session of
 2026-12-05, before which it was left out): after every task but the last the server trains a
@@ -185,6 +196,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recon-cost", default=None,
                    help="benchmarks/recon_cost.py --json file: GLFC's reconstructions timed at its seconds per sample "
                         "(recon_hours; added to measured_hours where --model-rates are of the same device)")
+    p.add_argument("--task-end-cost", default=str(RESULTS / "cpu-2026-12-05-e/task_end_cost.json"),
+                   help="benchmarks/task_end_cost.py --json file: each run's task ends (bases, exemplars) as that many "
+                        "training inputs; '' for none")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     return p.parse_args()
@@ -466,12 +480,67 @@ def recon_rates(path: str | None) -> tuple[dict[tuple, float], str | None]:
     return rows, d["setting"]["device"]
 
 
+TASK_END_WORK_FREE = ("threshold", "threshold_step")  # params that set the ranks kept, not a task end's work [D]
+
+
+def has_task_end(name: str, params: dict[str, Any]) -> bool:
+    """Whether a run of method ``name`` with ``params`` has task ends that ``task_end_cost.py``
+    times: TASK_END declared by the method or its base (``params.base``), and no synthesizer
+    (whose task ends ``synthesis_flops`` counts)."""
+    from fedforget.methods.base import TASK_END
+
+    cls = METHODS.get(name)
+    if getattr(cls, "synthesizer", None) is not None:
+        return False
+    own = cls.exchanges if isinstance(cls.exchanges, tuple) else ()  # a plug-in's: a property, its base's
+    base = params.get("base")
+    return TASK_END in own or (base is not None and TASK_END in METHODS.get(base).exchanges)
+
+
+def task_end_setting(rc: RunConfig) -> dict[str, Any]:
+    """What sets the work of the run's task ends (``task_end_cost.py``'s settings): the method
+    and its params (``TASK_END_WORK_FREE`` apart), the model and its options (``pretrained``
+    apart), the input shape, a task's classes (a split stream's ``classes_per_task``, else all),
+    the heads, the clients and each one's rows of a task."""
+    info = DATASETS.get(rc.dataset.name)
+    sc = rc.dataset.scenario or {}
+    return {
+        "method": rc.method.name,
+        "params": {k: v for k, v in sorted(rc.method.params.items()) if k not in TASK_END_WORK_FREE},
+        "model": rc.dataset.model,
+        "options": {k: v for k, v in sorted((rc.dataset.model_options or {}).items()) if k != "pretrained"},
+        "shape": [int(d) for d in info.input_shape(info.resolve(rc.dataset.options))],
+        "classes": int(sc["classes_per_task"]) if sc.get("kind") == "split" else info.num_classes,
+        "heads": sc.get("heads", "shared"), "clients": rc.partition.clients,
+        "rows_per_client": rows_per_task(rc)[0] // rc.partition.clients,
+    }  # fmt: skip
+
+
+TASK_END_FIELDS = ("method", "params", "model", "options", "shape", "classes", "heads", "clients", "rows_per_client")
+
+
+def task_end_key(setting: dict[str, Any]) -> str:
+    """A task-end setting's identity (a ``task_end_cost.py`` row's, results apart)."""
+    return json.dumps({k: setting[k] for k in TASK_END_FIELDS}, sort_keys=True)
+
+
+def task_end_rates(path: str | None) -> dict[str, float]:
+    """task_end_cost.py's training rows per task end by setting (``task_end_key``) of ``path``
+    (none: {}); rows with an error left out."""
+    if not path:
+        return {}
+    rows = json.loads(Path(path).read_text())["rows"]
+    return {task_end_key(r): r["task_end_rows"] for r in rows if "error" not in r}
+
+
 def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float],
                  measured: dict[tuple, dict[str, Any]] | None = None, measured_on: str = "cuda",
-                 recon: dict[tuple, float] | None = None, recon_measured: bool = False) -> dict[str, Any]:  # fmt: skip
+                 recon: dict[tuple, float] | None = None, recon_measured: bool = False,
+                 task_ends: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
     """A run's FLOPs and time by the FLOP model on a GPU, and (``measured``: rows of
     ``measured_rates``, taken on a ``measured_on`` device, cpu or cuda) at its setting's
-    measured rates on the engine ``client_engine: auto`` picks there."""
+    measured rates on the engine ``client_engine: auto`` picks there; ``task_ends``
+    (``task_end_rates``): its task ends, each as that many training inputs."""
     info = DATASETS.get(rc.dataset.name)
     shape = tuple(info.input_shape(info.resolve(rc.dataset.options)))
     f, how, model = model_flops(rc.dataset.model, dict(rc.dataset.model_options or {}), shape, info.num_classes)
@@ -505,15 +574,21 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     steps = t.rounds * t.local_epochs * math.ceil(t.sample_rate * rc.partition.clients) * math.ceil(
         rows / rc.partition.clients / t.batch_size)
     syn = synthesis_flops(rc, f, shape)  # the server's, at task ends: at the batched rate [D]
+    # the other task ends (bases, exemplars): one per task, each as task_end_cost.py's training inputs
+    ends = has_task_end(rc.method.name, dict(rc.method.params))
+    te_rows = (task_ends or {}).get(task_end_key(task_end_setting(rc))) if ends else None
+    te_inputs = tasks * te_rows if te_rows is not None else 0.0
+    flops += 3 * f * te_inputs
     out = {"seconds": flops / rate[engine] + syn / rate["vectorized"], "flops": flops + syn, "synthesis_flops": syn,
            "engine": engine, "measured_m": m is not None, "model": rc.dataset.model, "flops_how": how,
-           "local_steps": steps}  # fmt: skip
+           "local_steps": steps, "task_end_flops": 3 * f * te_inputs,
+           "task_end": None if not ends else ("measured" if te_rows is not None else "unmeasured")}  # fmt: skip
     there = engine if measured_on == "cuda" or not measured else gpu_engine(rc, model, measured_on)
     row = (measured or {}).get((setting_key(rc.dataset.model, opts, shape, t.batch_size), there))
     out["measured_seconds"], out["measured_eval"] = out["seconds"], None
     if row is not None:
         out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, train, m or 1.0, evals, distinct)
-        out["measured_seconds"] += syn / (3 * f) / row["samples_per_s"]
+        out["measured_seconds"] += (syn / (3 * f) + te_inputs) / row["samples_per_s"]
     # GLFC's reconstructions, latency-bound: at recon_cost.py's seconds per sample, where given
     n, p = recon_samples(rc, info.num_classes)
     per = (recon or {}).get(recon_key(shape, info.num_classes, p.recon_iters, p.recon_inner)) if n else None
@@ -541,14 +616,18 @@ def main() -> None:
     on = "cpu" if rates_device == "cpu" else "cuda"  # model_rates.py names a GPU by its name
     recon, recon_device = recon_rates(a.recon_cost)
     both = bool(measured) and recon_device == rates_device  # the reconstructions join measured_hours
+    task_ends = task_end_rates(a.task_end_cost)
     rows = []
     for path in a.configs:
         runs = config_runs(path)
-        est = [estimate_run(rc, ratios, rate, measured, on, recon, both) for rc in runs]
+        est = [estimate_run(rc, ratios, rate, measured, on, recon, both, task_ends) for rc in runs]
         flops = sum(e["flops"] for e in est)
         rows.append({
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
             "synthesis_pflop": sum(e["synthesis_flops"] for e in est) / 1e15,
+            "task_end_pflop": sum(e["task_end_flops"] for e in est) / 1e15,
+            "task_end_runs": sum(e["task_end"] is not None for e in est),
+            "task_end_unmeasured_runs": sum(e["task_end"] == "unmeasured" for e in est),
             "recon_samples": sum(e["recon_samples"] for e in est),
             "recon_hours": sum(e["recon_seconds"] or 0 for e in est) / 3600,
             "recon_unmeasured_runs": sum(e["recon_samples"] > 0 and e["recon_seconds"] is None for e in est),
@@ -566,11 +645,15 @@ def main() -> None:
               f"FP32-peak floor {hours(r['floor_hours']):>9}  {'/'.join(r['models'])}"
               + (f"  measured per model {hours(r['measured_hours'])} ({r['measured_runs']} runs)" if measured else "")
               + (f"  (no measured cost: {','.join(r['unmeasured_methods'])})" if r["unmeasured_methods"] else "")
+              + (f"  task ends {r['task_end_pflop']:.1f} PFLOP" + (f" ({r['task_end_unmeasured_runs']} of "
+                 f"{r['task_end_runs']} runs unmeasured)" if r["task_end_unmeasured_runs"] else "")
+                 if r["task_end_runs"] else "")
               + (f"  GLFC reconstructions {r['recon_samples']:,}" + (f" ({hours(r['recon_hours'])} on {recon_device})"
                  if recon else "") if r["recon_samples"] else ""))  # fmt: skip
     tot = {k: sum(r[k] for r in rows)
-           for k in ("runs", "pflop", "synthesis_pflop", "gpu_hours", "floor_hours", "measured_hours", "measured_runs",
-                     "recon_samples", "recon_hours", "recon_unmeasured_runs")}
+           for k in ("runs", "pflop", "synthesis_pflop", "task_end_pflop", "task_end_runs", "task_end_unmeasured_runs",
+                     "gpu_hours", "floor_hours", "measured_hours", "measured_runs", "recon_samples", "recon_hours",
+                     "recon_unmeasured_runs")}
     print(f"{'all':<32} {tot['runs']:>5} runs {tot['pflop']:>10.1f} PFLOP  measured-rate {hours(tot['gpu_hours']):>10}  "
           f"FP32-peak floor {hours(tot['floor_hours']):>9}"
           + (f"  measured per model {hours(tot['measured_hours'])} ({tot['measured_runs']} runs)" if measured else ""))  # fmt: skip
@@ -578,6 +661,7 @@ def main() -> None:
     out = {"rates_flop_s": rate, "fp32_peak_flop_s": FP32_PEAK, "method_ratios": ratios,
            "gpu": load(a.gpu).get("device"), "model_rates": a.model_rates, "model_rates_device": rates_device,
            "recon_cost": a.recon_cost, "recon_device": recon_device, "recon_in_measured_hours": both,
+           "task_end_cost": a.task_end_cost,
            "tables": rows, "total": tot}  # fmt: skip
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))

@@ -249,3 +249,64 @@ def test_an_evaluation_of_a_rotated_stream_scores_every_tasks_rotated_test_set(p
         est = pr.estimate_run(rc, {"fedavg": 1.0}, rate)
         train = t.sample_rate * rows * t.local_epochs
         assert est["flops"] == pytest.approx(t.rounds * (3 * f * train + f * n_test * tasks / t.eval_every))
+
+
+def test_task_ends_are_counted_once_per_task_as_the_files_training_inputs(pr, tmp_path):
+    """A run whose method (or base) has task ends (FedProTIP's bases, FOT's, iCaRL's exemplars)
+    gets one per task, each as task_end_cost.py's training inputs of its setting (3 F each, at
+    the run's engine's rate; at its measured samples/s with --model-rates); a run without a row
+    for its setting is counted as none and said so; TARGET's synthesis is not counted twice."""
+    runs = pr.config_runs(PAPER / "fedprotip_table1_table5.yaml")
+    by = {rc.method.name: rc for rc in reversed(runs) if rc.dataset.scenario["kind"] == "split"}
+    rc, fot = by["fedprotip"], by["fot"]
+    assert rc.dataset.scenario["tasks"] == 10
+    path = tmp_path / "te.json"
+    row = {**pr.task_end_setting(rc), "task_end_rows": 1000.0}
+    path.write_text(json.dumps({"setting": {"device": "cpu"}, "rows": [row, {**row, "clients": 7, "error": "x"}]}))
+    ends = pr.task_end_rates(str(path))
+    assert len(ends) == 1  # the row with an error is left out
+    rate = {"vectorized": 1e13, "sequential": 1e12}
+    plain, timed = pr.estimate_run(rc, {}, rate), pr.estimate_run(rc, {}, rate, task_ends=ends)
+    f = (timed["flops"] - plain["flops"]) / (10 * 1000.0 * 3)  # the model's forward FLOPs per input
+    assert timed["task_end_flops"] == pytest.approx(10 * 1000.0 * 3 * f) and f > 1e6
+    assert timed["seconds"] - plain["seconds"] == pytest.approx(timed["task_end_flops"] / rate[timed["engine"]])
+    assert (plain["task_end"], timed["task_end"]) == ("unmeasured", "measured") and plain["task_end_flops"] == 0
+    # at measured rates: the same inputs at the setting's samples/s
+    info = pr.DATASETS.get(rc.dataset.name)
+    shape = info.input_shape(info.resolve(rc.dataset.options))
+    key = pr.setting_key(rc.dataset.model, rc.dataset.model_options, shape, rc.train.batch_size)
+    measured = {(key, timed["engine"]): {"samples_per_s": 500.0, "eval_samples_per_s": 2000.0}}
+    a = pr.estimate_run(rc, {}, rate, measured)
+    b = pr.estimate_run(rc, {}, rate, measured, task_ends=ends)
+    assert b["measured_seconds"] - a["measured_seconds"] == pytest.approx(10 * 1000.0 / 500.0)
+    # another setting (FOT's) has no row: none counted; FedAvg and TARGET have no such task ends
+    assert pr.estimate_run(fot, {}, rate, task_ends=ends)["task_end"] == "unmeasured"
+    for name in ("fedavg", "target"):
+        assert pr.estimate_run(by[name], {}, rate, task_ends=ends)["task_end"] is None
+    assert not pr.has_task_end("target", {}) and pr.has_task_end("fedgp", {"base": "icarl"})
+    assert not pr.has_task_end("fedgp", {"base": "der"})
+    # the thresholds set the ranks, not the work: one setting for Table 11's thresholds
+    t11 = [r for r in pr.config_runs(PAPER / "fedprotip_table11.yaml") if r.method.name == "fedprotip"]
+    assert len({r.method.params["threshold"] for r in t11}) > 1
+    assert len({pr.task_end_key(pr.task_end_setting(r)) for r in t11}) < len(t11)
+
+
+def test_task_end_cost_times_what_a_client_reads_and_scales_a_whole_read(tmp_path):
+    """task_end_cost.py on two of the paper's MNIST settings, cut to 2 clients of 60 rows: GPM
+    samples 125 rows (all 60 here), FOT reads every row; the clients' part scales to the run's
+    10 clients and to the rows the same reads draw from its 6,000 rows a client (125 and
+    6,000), and a task end becomes training inputs at the plain loop's rate."""
+    import argparse
+
+    with benchmark_script("task_end_cost") as te:
+        settings = {s["method"]: s for s in te.paper_settings() if s["model"] == "cnn_fedgp"}
+        a = argparse.Namespace(cap=60, max_clients=2, threads=1, repeats=1, train_steps=1, data=str(tmp_path))
+        gpm, fot = te.measure(settings["gpm"], a), te.measure(settings["fot"], a)
+    for r in (gpm, fot):
+        assert (r["clients"], r["rows_per_client"], r["clients_bench"], r["rows_bench"]) == (10, 6000, 2, 60)
+        assert r["rows_read"] == 60
+        assert 0 < r["clients_s"] <= r["task_end_s"] and r["train_samples_per_s"] > 0
+        assert r["task_end_s_scaled"] == pytest.approx(r["clients_s"] * r["scale"] + r["server_s"])
+        assert r["task_end_rows"] == pytest.approx(r["task_end_s_scaled"] * r["train_samples_per_s"])
+    assert (gpm["reads_all"], gpm["rows_read_at_run"], fot["reads_all"], fot["rows_read_at_run"]) == (False, 125, True, 6000)
+    assert gpm["scale"] == pytest.approx(125 / 60 * 10 / 2) and fot["scale"] == pytest.approx(6000 / 60 * 10 / 2)
