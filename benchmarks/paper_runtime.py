@@ -20,6 +20,8 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   baselines, as the median over a task's rounds. TARGET's (and
   Tar+LODE's) is rescaled by its replay rows per step at the run's scale (``target_replay``):
   on digits it replays 40x a batch, on ImageNet-R about 14x.
+* ``--task-end-cost``: ``cpu-2026-12-05-e/task_end_cost-{1,2,3,4}.json`` (``benchmarks/task_end_cost.py``,
+  CPU): each paper setting's task end (bases, exemplars) as training inputs (below).
 
 The model (``estimate_run``), per run of a config:
 
@@ -196,9 +198,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recon-cost", default=None,
                    help="benchmarks/recon_cost.py --json file: GLFC's reconstructions timed at its seconds per sample "
                         "(recon_hours; added to measured_hours where --model-rates are of the same device)")
-    p.add_argument("--task-end-cost", default=str(RESULTS / "cpu-2026-12-05-e/task_end_cost.json"),
-                   help="benchmarks/task_end_cost.py --json file: each run's task ends (bases, exemplars) as that many "
-                        "training inputs; '' for none")
+    p.add_argument("--task-end-cost", nargs="*", default=[str(RESULTS / f"cpu-2026-12-05-e/task_end_cost-{i}.json")
+                                                          for i in (1, 2, 3, 4)],
+                   help="benchmarks/task_end_cost.py --json files: each run's task ends (bases, exemplars) as that many "
+                        "training inputs (none given: none counted)")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     return p.parse_args()
@@ -524,13 +527,16 @@ def task_end_key(setting: dict[str, Any]) -> str:
     return json.dumps({k: setting[k] for k in TASK_END_FIELDS}, sort_keys=True)
 
 
-def task_end_rates(path: str | None) -> dict[str, float]:
-    """task_end_cost.py's training rows per task end by setting (``task_end_key``) of ``path``
-    (none: {}); rows with an error left out."""
-    if not path:
-        return {}
-    rows = json.loads(Path(path).read_text())["rows"]
-    return {task_end_key(r): r["task_end_rows"] for r in rows if "error" not in r}
+def task_end_rates(paths: Sequence[str]) -> dict[str, float]:
+    """task_end_cost.py's training rows per task end by setting (``task_end_key``) of the files
+    ``paths`` (a setting in several: the last file's row); rows with an error left out."""
+    out: dict[str, float] = {}
+    for path in paths:
+        if not Path(path).is_file():
+            raise SystemExit(f"--task-end-cost {path}: no such file (benchmarks/task_end_cost.py --json writes one)")
+        rows = json.loads(Path(path).read_text())["rows"]
+        out.update({task_end_key(r): r["task_end_rows"] for r in rows if "error" not in r})
+    return out
 
 
 def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float],

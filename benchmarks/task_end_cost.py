@@ -50,9 +50,15 @@ the last round of each, the last task's too) as ``task_end_rows`` training input
 run's training rate on the GPU [D: the ratio of a task end to training measured on this
 machine taken to hold on the GPU, as the methods' ratios m are].
 
+A time box: ``--budget`` seconds (the settings left, the rarest, get an error row: their runs'
+task ends count as unmeasured), ``--skip`` earlier files (their settings are not measured
+again: a later call goes on where one stopped), ``--min-size`` / ``--max-size`` to give the
+224 px settings smaller caps.
+
     python benchmarks/task_end_cost.py --list
     python benchmarks/task_end_cost.py --json benchmarks/results/<device>-<date>/task_end_cost.json
     python benchmarks/task_end_cost.py --only fedprotip --max-size 64 --json out.json
+    python benchmarks/task_end_cost.py --skip out.json --min-size 65 --cap 64 --max-clients 1 --json more.json
 """
 
 from __future__ import annotations
@@ -213,13 +219,15 @@ def time_task_end(rc: RunConfig) -> tuple[float, float, ReadCounter]:
 
     def end(rnd: int, lr: float) -> None:
         t0 = time.perf_counter()
+        timed.append(-1.0)  # within the task end: its client passes count (a ROUND_END pass after it does not)
         inner(rnd, lr)
-        timed.append(time.perf_counter() - t0)
+        timed[-1] = time.perf_counter() - t0
 
     def passes(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         out = client_pass(*args, **kwargs)
-        replies.append(time.perf_counter() - t0)
+        if timed and timed[-1] < 0:
+            replies.append(time.perf_counter() - t0)
         return out
 
     sim.end_task, sim.trainer.client_pass = end, passes
@@ -277,12 +285,16 @@ def measure(s: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
 
 
 def selected(settings: list[dict[str, Any]], a: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """The settings to measure: of ``--only``'s methods, between ``--min-size`` and
+    ``--max-size``, not measured in a ``--skip`` file."""
+    done = {task_end_key(r) for f in a.skip for r in json.loads(Path(f).read_text())["rows"] if "error" not in r}
     for s in settings:
         if a.only and s["method"] not in a.only:
             continue
-        if a.max_size and s["shape"][-1] > a.max_size:
+        if (a.max_size and s["shape"][-1] > a.max_size) or (a.min_size and s["shape"][-1] < a.min_size):
             continue
-        yield s
+        if task_end_key(s) not in done:
+            yield s
 
 
 def main() -> None:
@@ -294,6 +306,12 @@ def main() -> None:
     ap.add_argument("--max-clients", type=int, default=None, help="clients at most (default 2 above 64 px, all below)")
     ap.add_argument("--only", nargs="*", help="methods to measure (default: all)")
     ap.add_argument("--max-size", type=int, default=None, help="skip settings whose inputs are larger (px)")
+    ap.add_argument("--min-size", type=int, default=None, help="skip settings whose inputs are smaller (px)")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    help="earlier --json outputs: the settings they measured are not measured again (their rows "
+                         "are not repeated; paper_runtime.py --task-end-cost reads every file)")
+    ap.add_argument("--budget", type=float, default=float("inf"),
+                    help="seconds: start no setting after this (those left get an error row, the rarest settings)")
     ap.add_argument("--list", action="store_true", help="print the settings and stop")
     ap.add_argument("--data", default=tempfile.gettempdir())
     ap.add_argument("--json", help="write the rows here (after every setting)")
@@ -301,6 +319,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     settings = list(selected(paper_settings(), a))
     rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
     for i, s in enumerate(settings):
         what = (f"[{i + 1}/{len(settings)}] {s['method']} {json.dumps(s['params'])} {s['model']} {tuple(s['shape'])} "
                 f"{s['clients']} clients x {s['rows_per_client']} rows ({s['paper_runs']} runs)")  # fmt: skip
@@ -308,6 +327,8 @@ def main() -> None:
             print(what)
             continue
         try:
+            if time.perf_counter() - start > a.budget:
+                raise TimeoutError("not measured: --budget spent")
             rows.append(measure(s, a))
         except Exception as e:  # noqa: BLE001  (one setting's failure is reported, the others run)
             rows.append({**s, "error": f"{type(e).__name__}: {e}"})

@@ -263,7 +263,7 @@ def test_task_ends_are_counted_once_per_task_as_the_files_training_inputs(pr, tm
     path = tmp_path / "te.json"
     row = {**pr.task_end_setting(rc), "task_end_rows": 1000.0}
     path.write_text(json.dumps({"setting": {"device": "cpu"}, "rows": [row, {**row, "clients": 7, "error": "x"}]}))
-    ends = pr.task_end_rates(str(path))
+    ends = pr.task_end_rates([str(path)])
     assert len(ends) == 1  # the row with an error is left out
     rate = {"vectorized": 1e13, "sequential": 1e12}
     plain, timed = pr.estimate_run(rc, {}, rate), pr.estimate_run(rc, {}, rate, task_ends=ends)
