@@ -16,7 +16,7 @@ Per setting (``measure``), on synthetic uint8 images of the run's input shape (`
 uniform noise, balanced classes; no download):
 
 * the stream: split, 2 tasks of the run's classes per task (a split stream's, else every
-  class of the dataset), its ``heads`` and ``incremental``; one round per task;
+  class of the dataset), its ``heads``; one round per task;
 * the partition: iid over ``clients_bench`` clients, each holding ``rows_bench`` rows of a
   task: the run's own clients and rows per client and task (``paper_runtime.rows_per_task`` /
   clients), at most ``--max-clients`` and ``--cap`` (``BENCH_CAPS``: 2 clients of 512 rows at
@@ -39,10 +39,11 @@ uniform noise, balanced classes; no download):
   over those they drew here (``rows_read_at_run`` / ``rows_read``): a read of every row
   (``TaskView.all``: FOT with ``samples: 0``, iCaRL's and GLFC's herding; ``reads_all``)
   grows with the rows, ``sample(m)`` (FedProTIP's, GPM's ``samples``) to min(m, rows) [D:
-  the clients' work taken as proportional to their rows]. The server's part (``server_s``, the rest) as measured [D: on the bench clients'
-  replies; its d x d decompositions do not grow with clients, its products do];
+  the clients' work taken as proportional to their rows]. The server's part (``server_s``,
+  the rest) as measured [D: on the bench clients' replies; its d x d decompositions do not
+  grow with clients, its products do];
 * the unit: ``train_samples_per_s``, a plain training loop of the same model (SGD, train
-  mode, ``--train-steps`` batches of the run's batch size after one untimed) on this
+  mode, ``--train-steps`` batches of ``TRAIN_BATCH`` after one untimed) on this
   machine; ``task_end_rows`` = scaled seconds x that rate.
 
 ``paper_runtime.py`` times a run's task ends (one per task: ``Scenario.ends_task`` holds at
@@ -215,18 +216,22 @@ def time_task_end(rc: RunConfig) -> tuple[float, float, ReadCounter]:
     sim.trainer.train_round = lambda rnd, lr, views: ([], [], {}, {}, 0.0)
     timed: list[float] = []
     replies: list[float] = []
+    ending = [False]  # within the task end: its client passes count (a ROUND_END pass after it does not)
     inner, client_pass = sim.end_task, sim.trainer.client_pass
 
     def end(rnd: int, lr: float) -> None:
         t0 = time.perf_counter()
-        timed.append(-1.0)  # within the task end: its client passes count (a ROUND_END pass after it does not)
-        inner(rnd, lr)
-        timed[-1] = time.perf_counter() - t0
+        ending[0] = True
+        try:
+            inner(rnd, lr)
+        finally:
+            ending[0] = False
+        timed.append(time.perf_counter() - t0)
 
     def passes(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         out = client_pass(*args, **kwargs)
-        if timed and timed[-1] < 0:
+        if ending[0]:
             replies.append(time.perf_counter() - t0)
         return out
 
