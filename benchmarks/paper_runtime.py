@@ -20,8 +20,9 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   baselines, as the median over a task's rounds. TARGET's (and
   Tar+LODE's) is rescaled by its replay rows per step at the run's scale (``target_replay``):
   on digits it replays 40x a batch, on ImageNet-R about 14x.
-* ``--task-end-cost``: ``cpu-2026-12-05-e/task_end_cost-{1,2,3,4}.json`` (``benchmarks/task_end_cost.py``,
-  CPU): each paper setting's task end (bases, exemplars) as training inputs (below).
+* ``--task-end-cost``: ``cpu-2026-12-05-e/task_end_cost-{1,2,3,4}.json`` and
+  ``cpu-2026-12-05-f/task_end_cost-{5,6,7,8}.json`` (``benchmarks/task_end_cost.py``, CPU; all 59
+  settings): each paper setting's task end (bases, exemplars) as training inputs (below).
 
 The model (``estimate_run``), per run of a config:
 
@@ -158,6 +159,7 @@ from fedforget.trainers import choose_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+TASK_END_FILES = [("e", 1), ("e", 2), ("e", 3), ("e", 4), ("f", 5), ("f", 6), ("f", 7), ("f", 8)]  # task_end_cost.py, every setting
 RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
 
 
@@ -198,8 +200,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recon-cost", default=None,
                    help="benchmarks/recon_cost.py --json file: GLFC's reconstructions timed at its seconds per sample "
                         "(recon_hours; added to measured_hours where --model-rates are of the same device)")
-    p.add_argument("--task-end-cost", nargs="*", default=[str(RESULTS / f"cpu-2026-12-05-e/task_end_cost-{i}.json")
-                                                          for i in (1, 2, 3, 4)],
+    p.add_argument("--task-end-cost", nargs="*", default=[str(RESULTS / f"cpu-2026-12-05-{d}/task_end_cost-{i}.json")
+                                                          for d, i in TASK_END_FILES],
                    help="benchmarks/task_end_cost.py --json files: each run's task ends (bases, exemplars) as that many "
                         "training inputs (none given: none counted)")
     p.add_argument("--json", default=None)
