@@ -153,6 +153,7 @@ import yaml
 from fedforget.config import RunConfig
 from fedforget.data import DATASETS
 from fedforget.methods import METHODS, make_params
+from fedforget.methods.base import TASK_END
 from fedforget.models import build_model
 from fedforget.parse import parse_config
 from fedforget.trainers import choose_trainer
@@ -492,8 +493,6 @@ def has_task_end(name: str, params: dict[str, Any]) -> bool:
     """Whether a run of method ``name`` with ``params`` has task ends that ``task_end_cost.py``
     times: TASK_END declared by the method or its base (``params.base``), and no synthesizer
     (whose task ends ``synthesis_flops`` counts)."""
-    from fedforget.methods.base import TASK_END
-
     cls = METHODS.get(name)
     if getattr(cls, "synthesizer", None) is not None:
         return False

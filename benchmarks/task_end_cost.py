@@ -90,7 +90,7 @@ from fedforget.partition import PartitionSpec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from paper_runtime import config_runs, has_task_end, task_end_key, task_end_setting  # noqa: E402
+from paper_runtime import config_runs, has_task_end, task_end_key, task_end_rates, task_end_setting  # noqa: E402
 
 IMAGES = "bench_images"
 
@@ -292,7 +292,7 @@ def measure(s: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
 def selected(settings: list[dict[str, Any]], a: argparse.Namespace) -> Iterator[dict[str, Any]]:
     """The settings to measure: of ``--only``'s methods, between ``--min-size`` and
     ``--max-size``, not measured in a ``--skip`` file."""
-    done = {task_end_key(r) for f in a.skip for r in json.loads(Path(f).read_text())["rows"] if "error" not in r}
+    done = set(task_end_rates(a.skip))  # the settings measured there (rows with an error left out)
     for s in settings:
         if a.only and s["method"] not in a.only:
             continue
