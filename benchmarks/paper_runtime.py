@@ -21,7 +21,7 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   Tar+LODE's) is rescaled by its replay rows per step at the run's scale (``target_replay``):
   on digits it replays 40x a batch, on ImageNet-R about 14x.
 * ``--task-end-cost``: ``cpu-2026-12-05-e/task_end_cost-{1,2,3,4}.json`` and
-  ``cpu-2026-12-05-f/task_end_cost-{5,6,7,8}.json`` (``benchmarks/task_end_cost.py``, CPU; all 59
+  ``cpu-2026-12-05-f/task_end_cost-{5,8,9}.json`` (``benchmarks/task_end_cost.py``, CPU; all 59
   settings): each paper setting's task end (bases, exemplars) as training inputs (below).
 
 The model (``estimate_run``), per run of a config:
@@ -89,7 +89,8 @@ device. The FLOP model's hours (``gpu_hours``) leave them out.
 iCaRL's, GLFC's and LGA's exemplars, FedGP over iCaRL or GLFC; since the twelfth session of
 2026-12-05, before which they were left out): ``--task-end-cost`` (``benchmarks/task_end_cost.py``,
 this CPU) gives each setting's task end (``task_end_setting``: method params but the
-thresholds, model, input shape, a task's classes, heads, clients, rows per client) as the
+thresholds, model, input shape, a task's classes, heads, clients, those that do the task end's
+client work, rows per client) as the
 training inputs the same machine processes in its time. A run has one per task (the last
 task's too), each timed as that many training inputs of the run (3 F each, at the run's
 engine's rate; at its setting's ``samples_per_s`` with ``--model-rates``) [D: the ratio of a
@@ -156,11 +157,12 @@ from fedforget.methods import METHODS, make_params
 from fedforget.methods.base import TASK_END
 from fedforget.models import build_model
 from fedforget.parse import parse_config
+from fedforget.schedule import sample_clients
 from fedforget.trainers import choose_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-TASK_END_FILES = [("e", 1), ("e", 2), ("e", 3), ("e", 4), ("f", 5), ("f", 6), ("f", 7), ("f", 8)]  # task_end_cost.py, every setting
+TASK_END_FILES = [("e", 1), ("e", 2), ("e", 3), ("e", 4), ("f", 5), ("f", 8), ("f", 9)]  # task_end_cost.py, every setting
 RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
 
 
@@ -501,11 +503,29 @@ def has_task_end(name: str, params: dict[str, Any]) -> bool:
     return TASK_END in own or (base is not None and TASK_END in METHODS.get(base).exchanges)
 
 
+# methods whose clients do the task-end work in the task's last round, when the method's
+# param has this value: FOT's local sketch (each client trained in that round sketches its task
+# data on its model just trained and sends it with its upload [C: FedGP App. A.6]), so the
+# round's sampled clients do it, not every client holding the task
+LAST_ROUND_ENDS = {"fot": ("sketch_model", "local")}
+
+
+def end_clients(rc: RunConfig) -> int:
+    """The clients whose work makes a task end of the run: a round's sampled clients for a
+    ``LAST_ROUND_ENDS`` method, else every client (each holds data of every task)."""
+    clients = rc.partition.clients
+    param, value = LAST_ROUND_ENDS.get(rc.method.name, (None, None))
+    if param is not None and getattr(make_params(rc.method.name, dict(rc.method.params)), param) == value:
+        return len(sample_clients(rc.seed, 1, clients, rc.train.sample_rate))
+    return clients
+
+
 def task_end_setting(rc: RunConfig) -> dict[str, Any]:
     """What sets the work of the run's task ends (``task_end_cost.py``'s settings): the method
     and its params (``TASK_END_WORK_FREE`` apart), the model and its options (``pretrained``
     apart), the input shape, a task's classes (a split stream's ``classes_per_task``, else all),
-    the heads, the clients and each one's rows of a task."""
+    the heads, the clients, those whose work makes a task end (``end_clients``) and each one's
+    rows of a task."""
     info = DATASETS.get(rc.dataset.name)
     sc = rc.dataset.scenario or {}
     return {
@@ -515,17 +535,20 @@ def task_end_setting(rc: RunConfig) -> dict[str, Any]:
         "options": {k: v for k, v in sorted((rc.dataset.model_options or {}).items()) if k != "pretrained"},
         "shape": [int(d) for d in info.input_shape(info.resolve(rc.dataset.options))],
         "classes": int(sc["classes_per_task"]) if sc.get("kind") == "split" else info.num_classes,
-        "heads": sc.get("heads", "shared"), "clients": rc.partition.clients,
+        "heads": sc.get("heads", "shared"), "clients": rc.partition.clients, "end_clients": end_clients(rc),
         "rows_per_client": rows_per_task(rc)[0] // rc.partition.clients,
     }  # fmt: skip
 
 
-TASK_END_FIELDS = ("method", "params", "model", "options", "shape", "classes", "heads", "clients", "rows_per_client")
+TASK_END_FIELDS = ("method", "params", "model", "options", "shape", "classes", "heads", "clients", "end_clients",
+                   "rows_per_client")  # fmt: skip
 
 
 def task_end_key(setting: dict[str, Any]) -> str:
-    """A task-end setting's identity (a ``task_end_cost.py`` row's, results apart)."""
-    return json.dumps({k: setting[k] for k in TASK_END_FIELDS}, sort_keys=True)
+    """A task-end setting's identity (a ``task_end_cost.py`` row's, results apart). A row
+    written before ``end_clients`` (2026-12-06) timed every client: its ``clients``."""
+    s = {"end_clients": setting["clients"], **setting}
+    return json.dumps({k: s[k] for k in TASK_END_FIELDS}, sort_keys=True)
 
 
 def task_end_rates(paths: Sequence[str]) -> dict[str, float]:

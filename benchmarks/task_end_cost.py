@@ -18,10 +18,11 @@ uniform noise, balanced classes; no download):
 * the stream: split, 2 tasks of the run's classes per task (a split stream's, else every
   class of the dataset), its ``heads``; one round per task;
 * the partition: iid over ``clients_bench`` clients, each holding ``rows_bench`` rows of a
-  task: the run's own clients and rows per client and task (``paper_runtime.rows_per_task`` /
-  clients), at most ``--max-clients`` and ``--cap`` (``BENCH_CAPS``: 2 clients of 512 rows at
-  inputs above 64 px, where a client's 512 inputs take a minute on two CPU cores; every
-  client, 4,096 rows below);
+  task: the clients whose work makes the run's task end (``paper_runtime.end_clients``: every
+  client, or for FOT's local sketch a round's sampled clients) and the run's rows per client
+  and task (``paper_runtime.rows_per_task`` / clients), at most ``--max-clients`` and ``--cap``
+  (``BENCH_CAPS``: 2 clients of 512 rows at inputs above 64 px, where a client's 512 inputs
+  take a minute on two CPU cores; every client, 4,096 rows below);
 * the stream's ``incremental`` is ``class`` and the unit's batch ``TRAIN_BATCH`` (64) whatever
   the run's (neither changes a task end's work) [D];
 * no local training [D]: the rounds' ``train_round`` returns no upload, so the task end runs
@@ -34,8 +35,8 @@ uniform noise, balanced classes; no download):
   the server collects; AFTER_TASK likewise), ``--repeats`` times on fresh simulations, the
   median; ``rows_read``: the rows a client's replies drew from its task data
   (``TaskView.sample`` / ``all``, counted; ``ReadCounter``), the mean over clients;
-* scaled: the clients' part (``clients_s``: the trainer's ``client_pass`` calls) by run
-  clients / bench clients, and by the rows the same reads draw at the run's rows per client
+* scaled: the clients' part (``clients_s``: the trainer's ``client_pass`` calls) by
+  ``end_clients`` / bench clients, and by the rows the same reads draw at the run's rows per client
   over those they drew here (``rows_read_at_run`` / ``rows_read``): a read of every row
   (``TaskView.all``: FOT with ``samples: 0``, iCaRL's and GLFC's herding; ``reads_all``)
   grows with the rows, ``sample(m)`` (FedProTIP's, GPM's ``samples``) to min(m, rows) [D:
@@ -142,14 +143,15 @@ def bench_size(s: dict[str, Any], a: argparse.Namespace) -> tuple[int, int]:
     ``--max-clients`` (defaults ``BENCH_CAPS``: 512 rows and 2 clients at inputs above 64 px,
     4,096 rows and every client below)."""
     rows, clients = BENCH_CAPS["large" if s["shape"][-1] > LARGE else "small"]
-    rows, clients = a.cap or rows, a.max_clients or clients or s["clients"]
-    return min(s["rows_per_client"], rows), min(s["clients"], clients)
+    rows, clients = a.cap or rows, a.max_clients or clients or s["end_clients"]
+    return min(s["rows_per_client"], rows), min(s["end_clients"], clients)
 
 
 # a method whose task-end work a run does in its task's last round, timed as the variant that
 # does the same work at the task end: FOT's local sketch (each trained client's sketch of all
 # its task data, on its model just trained, sent with its last upload) as its global one (the
-# same sketch on the final global model, from every client holding the task) [D]
+# same sketch on the final global model, from every client holding the task: here the bench's
+# clients, as many as the run's sampled ones, ``end_clients``) [D]
 AT_TASK_END = {"fot": {"sketch_model": "global"}}
 
 
@@ -279,7 +281,7 @@ def measure(s: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:
     seconds, replies = (statistics.median(r[i] for r in runs) for i in range(2))
     reads = runs[0][2]
     drawn, at_run = reads.drawn(), reads.at(s["rows_per_client"])
-    scale = (at_run / drawn if drawn else 1.0) * s["clients"] / clients
+    scale = (at_run / drawn if drawn else 1.0) * s["end_clients"] / clients
     scaled = replies * scale + (seconds - replies)
     rate = train_rate(s, a.train_steps)
     return {**s, "rows_bench": rows, "clients_bench": clients, "rows_read": drawn / clients,
@@ -327,7 +329,8 @@ def main() -> None:
     start = time.perf_counter()
     for i, s in enumerate(settings):
         what = (f"[{i + 1}/{len(settings)}] {s['method']} {json.dumps(s['params'])} {s['model']} {tuple(s['shape'])} "
-                f"{s['clients']} clients x {s['rows_per_client']} rows ({s['paper_runs']} runs)")  # fmt: skip
+                f"{s['clients']} clients ({s['end_clients']} at a task end) x {s['rows_per_client']} rows "
+                f"({s['paper_runs']} runs)")  # fmt: skip
         if a.list:
             print(what)
             continue

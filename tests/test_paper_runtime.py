@@ -4,6 +4,7 @@ model's measured rates (benchmarks/model_rates.py's rows) instead of the FLOP mo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,22 @@ def test_task_end_cost_times_what_a_client_reads_and_scales_a_whole_read(tmp_pat
         assert r["task_end_rows"] == pytest.approx(r["task_end_s_scaled"] * r["train_samples_per_s"])
     assert (gpm["reads_all"], gpm["rows_read_at_run"], fot["reads_all"], fot["rows_read_at_run"]) == (False, 125, True, 6000)
     assert gpm["scale"] == pytest.approx(125 / 60 * 10 / 2) and fot["scale"] == pytest.approx(6000 / 60 * 10 / 2)
+
+
+def test_a_task_end_made_in_the_last_round_is_the_sampled_clients_work(pr):
+    """FOT's local sketch is made by the clients trained in a task's last round: Table 3's runs
+    of 10 and 20 clients sampling 5 have 5 clients at a task end, its 5-client runs 5, and its
+    FedProTIP runs (a TASK_END reply from every client) all of them; FOT's global variant too.
+    A row written before ``end_clients`` keys as if it timed every client."""
+    runs = pr.config_runs(PAPER / "fedprotip_table3.yaml")
+    seen = {(rc.method.name, rc.partition.clients): pr.end_clients(rc) for rc in runs if pr.has_task_end(
+        rc.method.name, dict(rc.method.params))}  # fmt: skip
+    assert {c: n for (m, c), n in seen.items() if m == "fot"} == {5: 5, 10: 5, 20: 5}
+    assert {c: n for (m, c), n in seen.items() if m == "fedprotip"} == {5: 5, 10: 10, 20: 20}
+    fot = next(rc for rc in runs if rc.method.name == "fot" and rc.partition.clients == 20)
+    glob = replace(fot, method=replace(fot.method, params={**fot.method.params, "sketch_model": "global"}))
+    assert pr.end_clients(glob) == 20
+    s = pr.task_end_setting(fot)
+    old = {k: v for k, v in s.items() if k != "end_clients"}
+    assert pr.task_end_key(old) != pr.task_end_key(s)  # an old row timed all 20: not this setting
+    assert pr.task_end_key(old) == pr.task_end_key({**s, "end_clients": 20})
