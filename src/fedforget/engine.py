@@ -202,7 +202,9 @@ class Simulation:
             if self.scenario.window is None:  # every client holding the task (several at once: the trainer's)
                 views = {cid: self.clients.task_view(cid, task) for cid in range(self.cfg.partition.clients)
                          if self.clients.size(cid, task)}  # fmt: skip
-                reports.update(self.trainer.client_pass(TASK_END, views, rnd, lr))
+                # Summed shares folded as the replies come, unless earlier ones wait (asynchronous
+                # ends): then the server adds them all, in the clients' order
+                reports.update(self.trainer.client_pass(TASK_END, views, rnd, lr, fold=not reports))
             self.collect(TASK_END, reports)
             if reports and AFTER_TASK in self.method.exchanges:  # on what the server made of the first
                 self.server.broadcast = self.method.server_broadcast(self.server)

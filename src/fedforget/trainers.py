@@ -49,7 +49,7 @@ from .dropout import DropoutKey, client_key, key_tensor, keyed_modules, reply_ke
 from .evaluation import Evaluator
 from .inputs import prefetched
 from .methods import METHODS, ClientContext, FedAvg, ServerContext, Upload, make_params
-from .methods.base import EXCHANGES, TASK_END
+from .methods.base import EXCHANGES, TASK_END, SummedTotal, fold_summed
 from .models import TaskHeads
 from .state import FedState
 from .train_spec import OptimizerSpec, TrainSpec, client_threads
@@ -167,6 +167,7 @@ class LocalTrainer:
         ]  # fmt: skip
         self.stream = None  # this lane's CUDA stream (made at its first use on a lane)
         self.pool: ThreadPoolExecutor | None = None  # the lanes' threads, started once (idle between uses)
+        self.sums: dict[tuple, SummedTotal] | None = None  # in train_round: the uploads' Summed totals
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The arithmetic of a local step's forward pass (``train.precision``): fp32 as it is,
@@ -311,17 +312,26 @@ class LocalTrainer:
         return upload, mean_loss, ctx.stats
 
     # ------------------------------------------------------------------ task boundaries
-    def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
+    def client_pass(
+        self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float, fold: bool = True
+    ) -> dict[int, Any]:
         """The clients ``views``' ``client_reply`` in the exchange ``exchange``, each on that view of
         its data and the global weights, one after another (on several lanes, at once:
-        ``at_once``); their replies in the order of ``views``, None left out."""
+        ``at_once``); their replies in the order of ``views``, None left out. With ``fold``, their
+        ``Summed`` shares are folded into one total as they arrive (``fold_summed``; on lanes, in
+        the order of ``views`` once the lanes are done); without, a caller that adds replies of
+        other rounds (asynchronous task ends) gets each client's share."""
+        totals: dict[tuple, SummedTotal] = {}
         if len(self.lanes) > 1:
 
             def reply(lane: LocalTrainer, cid: int) -> Any:
-                return lane.client_pass(exchange, {cid: views[cid]}, rnd, lr).get(cid)
+                return lane.client_pass(exchange, {cid: views[cid]}, rnd, lr, fold=False).get(cid)
 
             replies = self.at_once(views, reply, f"the {exchange} reply")
-            return {cid: replies[cid] for cid in views if replies[cid] is not None}
+            replies = {cid: replies[cid] for cid in views if replies[cid] is not None}
+            for reply in replies.values() if fold else ():
+                fold_summed(totals, reply)
+            return replies
         replies = {}
         for cid, view in views.items():
             self.load_params(self.model, self.fed.global_params)
@@ -336,6 +346,8 @@ class LocalTrainer:
             self.fed.park(ctx.cid)
             if reply is not None:
                 replies[cid] = reply
+                if fold:
+                    fold_summed(totals, reply)
         return replies
 
     def reply_keys(self, exchange: str, rnd: int, cids: list[int]) -> list[int]:
@@ -420,7 +432,8 @@ class LocalTrainer:
         method without that exchange)."""
         if TASK_END not in self.method.exchanges:
             return None
-        return self.client_pass(TASK_END, {cid: self.clients.task_view(cid, task)}, rnd, lr).get(cid)
+        view = {cid: self.clients.task_view(cid, task)}
+        return self.client_pass(TASK_END, view, rnd, lr, fold=False).get(cid)  # summed at the task end
 
     # ------------------------------------------------------------------ a round
     def train_round(self, rnd: int, lr: float, views: dict[int, TaskView]):
@@ -431,9 +444,12 @@ class LocalTrainer:
         eval_time = 0.0
         cids = list(views)
         step = self.group_size
+        self.sums = {}  # the round's Summed totals (a stack folds each client's as it ends)
         for group in range(0, len(cids), step):
             part = {c: views[c] for c in cids[group : group + step]}
             ups, ls, st = self.train_group(part, rnd, lr)
+            for up in ups:
+                fold_summed(self.sums, up)
             uploads += ups
             losses += ls
             stats += st
@@ -441,6 +457,7 @@ class LocalTrainer:
                 te = time.perf_counter()
                 local_accs += self.local_accuracies(ups)
                 eval_time += time.perf_counter() - te
+        self.sums = None
         return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
 
     def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
@@ -558,8 +575,11 @@ class SequentialTrainer(LocalTrainer):
         done = self.at_once(views, train, "local training")
         cids = list(views)
         uploads, losses, stats, local_accs, eval_time = [], [], [], [], 0.0
+        sums: dict[tuple, SummedTotal] = {}
         for cid in cids:
             ups, ls, st, accs, te = done[cid]
+            for up in ups:  # Summed shares: in the clients' order, once the lanes are done
+                fold_summed(sums, up)
             uploads += ups
             losses += ls
             stats += st
@@ -601,16 +621,18 @@ class StackedTrainer(LocalTrainer):
         self.group_size = self.train.max_parallel_clients
         self.replies_alone = stacked_replies_refused(self.model)  # None: stacked replies run
 
-    def client_pass(self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float) -> dict[int, Any]:
+    def client_pass(
+        self, exchange: str, views: dict[int, TaskView], rnd: int, lr: float, fold: bool = True
+    ) -> dict[int, Any]:
         """``LocalTrainer.client_pass``; for an exchange in the method's ``stacked_replies``
         (on a model ``stacked_replies_refused`` allows), groups of up to
         ``train.max_parallel_clients`` clients reply together: ``client_replies`` of their
         contexts, all on the global weights, loaded once, with ``vectorized.reply_grads``
         (the same replies as one after another up to float summation order)."""
         if exchange not in self.method.stacked_replies or self.replies_alone is not None or len(views) < 2:
-            return super().client_pass(exchange, views, rnd, lr)
+            return super().client_pass(exchange, views, rnd, lr, fold)
         self.load_params(self.model, self.fed.global_params)
-        cids, replies = list(views), {}
+        cids, replies, totals = list(views), {}, {}
         for lo in range(0, len(cids), self.group_size):
             group = cids[lo : lo + self.group_size]
             ctxs = [self.client_context(cid, rnd, lr, views[cid]) for cid in group]
@@ -623,6 +645,8 @@ class StackedTrainer(LocalTrainer):
                 self.fed.park(ctx.cid)
                 if reply is not None:
                     replies[ctx.cid] = reply
+                    if fold:
+                        fold_summed(totals, reply)
         return replies
 
     def out_of_memory(self, e: Exception, rnd: int, n: int, where: str) -> FedForgetError:
@@ -720,6 +744,8 @@ class StackedTrainer(LocalTrainer):
             ctx = ctxs.get(r.cid) or self.client_context(r.cid, rnd, lr, views[r.cid])
             ctx.steps = r.steps
             ups.append(method.client_end(ctx))
+            if self.sums is not None:  # in a round: its Summed shares into the round's totals now
+                fold_summed(self.sums, ups[-1])
             stats.append(ctx.stats)
             self.fed.park(ctx.cid)
         return ups, [r.mean_loss for r in results], stats

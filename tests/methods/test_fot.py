@@ -16,6 +16,7 @@ from fedforget.activations import layer_dim, layer_inputs
 from fedforget.config import TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import RunInfo, ServerContext, Upload, make_params, weighted_average
+from fedforget.methods.base import Summed
 from fedforget.methods.fot import (
     BASES,
     COMM,
@@ -134,16 +135,13 @@ def test_client_sketch_removes_the_old_span_and_reports_its_ratio():
     norm = sketch_layers(model, x, {"body.1": u}, 5.0, "norm", [0, 0, 0, 0x72], chunk=4)
     a = layer_inputs(model, x, layers)["body.1"]
     r = a - u @ (u.T @ a)
-    assert rep["n"] == 9 and set(rep["layers"]) == set(layers)
-    assert rep["layers"]["body.1"]["ratio"] == pytest.approx(
-        float((r * r).sum() / (a * a).sum()), rel=1e-5
-    )
-    assert norm["layers"]["body.1"]["ratio"] == pytest.approx(
-        math.sqrt(rep["layers"]["body.1"]["ratio"]), rel=1e-6
-    )
-    assert rep["layers"]["body.1"]["y"].shape == (6, 30)
-    assert (u.T @ rep["layers"]["body.1"]["y"]).abs().max() < 1e-4  # the old span is gone
-    assert rep["layers"]["head"]["ratio"] == 1.0  # no basis: everything is residual
+    assert rep["n"] == 9 and set(rep["ratio"]) == set(rep["y"].parts) == set(layers)
+    assert isinstance(rep["y"], Summed)  # a client's share of the sum the server reads
+    assert rep["ratio"]["body.1"] == pytest.approx(float((r * r).sum() / (a * a).sum()), rel=1e-5)
+    assert norm["ratio"]["body.1"] == pytest.approx(math.sqrt(rep["ratio"]["body.1"]), rel=1e-6)
+    assert rep["y"].parts["body.1"].shape == (6, 30)
+    assert (u.T @ rep["y"].parts["body.1"]).abs().max() < 1e-4  # the old span is gone
+    assert rep["ratio"]["head"] == 1.0  # no basis: everything is residual
 
 
 def test_expansion_recovers_a_planted_subspace_and_counts_captured_energy():
@@ -242,3 +240,42 @@ def test_resume_after_a_task_end_equals_the_uninterrupted_run(make_run_config):
     lost = {**saved[0], "server_state": {}}  # not vacuous: without the bases it differs
     _, rows_lost, _ = Simulation(rc, device=CPU).run(progress=False, resume=lost)
     assert strip(rows_lost) != strip(rows_full)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+@pytest.mark.parametrize("sketch_model", ["local", "global"])
+def test_the_server_holds_one_summed_sketch_not_one_a_client(make_run_config, monkeypatch, engine, sketch_model):
+    """The trainers fold each client's sketches into the running sum as its report arrives
+    (methods.base.SummedTotal): when a client sketches, at most one earlier client's sketches
+    are alive (the first, until the second is added), and the server reads one total of every
+    reporting client (its bits: tests/methods/test_protocol.py)."""
+    import gc
+    import weakref
+
+    from fedforget.methods import fot
+
+    shares, collected, made = [], [], fot.sketch_layers
+
+    def sketch(*args, **kw):
+        gc.collect()
+        assert sum(r() is not None for r in shares) <= 1, "earlier clients' sketches are still held"
+        out = made(*args, **kw)
+        shares.append(weakref.ref(out["y"]))
+        return out
+
+    seen = FOT.server_collect
+
+    def collect(self, exchange, server, replies):
+        if sketch_model == "local":
+            replies = server.state.get(fot.PENDING, {})
+        totals = {id(r["y"]) for r in replies.values()}
+        collected.append((len(totals), [r["y"].clients for r in replies.values()], len(replies)))
+        return seen(self, exchange, server, replies if sketch_model == "global" else {})
+
+    monkeypatch.setattr(fot, "sketch_layers", sketch)
+    monkeypatch.setattr(FOT, "server_collect", collect)
+    params = {"sketch_model": sketch_model, "sketch_factor": 1.0}
+    run(digits_cfg(make_run_config, "fot", params, sample_rate=0.75, client_engine=engine))
+    assert len(collected) == 3 and len(shares) > 3
+    for distinct, clients, n in collected:
+        assert distinct == 1 and clients == [n] * n and n >= 1

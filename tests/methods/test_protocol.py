@@ -1,14 +1,16 @@
 """The method protocol's declared capabilities, over every registered method (a contract, not
 a list): the extra exchanges a method runs are declared by name, from ``EXCHANGES``; a method
 that writes a ``client_reply`` or a ``server_collect`` declares an exchange for it, and one that declares an
-exchange writes at least one of them; a plug-in runs its own exchanges and its base's."""
+exchange writes at least one of them; a plug-in runs its own exchanges and its base's. Summed
+shares in messages fold into one running total with the bits of a sum in the clients' order."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from fedforget.methods import METHODS, FedAvg, RunInfo, make_params
-from fedforget.methods.base import EXCHANGES, ROUND_END, TASK_END
+from fedforget.methods import METHODS, FedAvg, RunInfo, Upload, make_params
+from fedforget.methods.base import EXCHANGES, ROUND_END, TASK_END, Summed, SummedTotal, fold_summed, summed_total
 from fedforget.methods.plugin import HOOKS, OverBase
 from fedforget.train_spec import TrainSpec
 
@@ -116,3 +118,62 @@ def test_a_plugin_trains_sequentially():
 def test_table_note_is_text_from_recorded_params(name):
     """Every method's variant note reads the recorded params dict (defaults: {}) and is text."""
     assert isinstance(METHODS.get(name).table_note({}), str)
+
+
+def _shares(k: int, n: int = 6) -> list[Summed]:
+    g = torch.Generator().manual_seed(k)
+    # float32 shares of mixed scale: their float64 sum depends on the order of the additions
+    return [Summed({"a": torch.randn(3, 4, generator=g) * 10.0 ** (i % 5 * 3), "b": torch.randn(2, generator=g)})
+            for i in range(n)]  # fmt: skip
+
+
+def _ordered_sum(shares: list[Summed]) -> dict[str, torch.Tensor]:
+    """Each part's float64 sum begun at zero, in the shares' order (FOT's server before the fold)."""
+    want = {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in shares[0].parts.items()}
+    for s in shares:
+        for k, v in want.items():
+            v += s.parts[k].to(torch.float64)
+    return want
+
+
+@pytest.mark.parametrize("n", [1, 2, 6])
+def test_summed_shares_fold_into_one_total_with_the_bits_of_the_ordered_sum(n):
+    shares = _shares(0, n)
+    want = _ordered_sum(shares)
+    totals, messages = {}, []
+    for i, s in enumerate(shares):  # uploads and replies, nested, folded as each arrives
+        m = Upload(i, 1, {}, 1, {"m": {"n": i, "y": s}}) if i % 2 else {"m": {"n": i, "y": s}}
+        fold_summed(totals, m)
+        fold_summed(totals, m)  # folding twice adds nothing
+        messages.append(m)
+        # held as float32 shares: the first alone; from the second on none, the sums float64
+        assert [len(x.parts) for x in shares[: i + 1]] == ([2] if i == 0 else [0] * (i + 1))
+    (total,) = totals.values()
+    assert list(totals) == [("m", "y")] and isinstance(total, SummedTotal) and total.clients == n
+    ys = [(m.extras if isinstance(m, Upload) else m)["m"]["y"] for m in messages]
+    assert all(y is total for y in ys) and summed_total(ys) is total
+    assert total.names() == ["a", "b"] and total.shape("a") == (3, 4)
+    for k, v in want.items():
+        assert torch.equal(total.part(k), v), k
+
+
+def test_unfolded_shares_are_summed_part_by_part_in_their_order_and_kept():
+    shares = _shares(2)
+    want = _ordered_sum(shares)
+    total = summed_total(shares)  # shares left unfolded (asynchronous task ends): summed here
+    for k, v in want.items():
+        assert torch.equal(total.part(k), v), k
+    assert all(len(s.parts) == 2 for s in shares) and total.clients == 6  # read, not consumed
+    reordered = summed_total(shares[::-1])  # not vacuous: the order changes the bits
+    assert not all(torch.equal(reordered.part(k), v) for k, v in want.items())
+
+
+def test_summed_shares_of_other_parts_are_refused():
+    a, b = _shares(1)[:2]
+    b.parts.pop("b")
+    with pytest.raises(ValueError, match=r"summed parts differ: \['a'\] against \['a', 'b'\]"):
+        summed_total([a, b])
+    totals = {}
+    fold_summed(totals, {"y": Summed({"a": torch.zeros(1)})})
+    with pytest.raises(ValueError, match=r"2 values to sum: shares, or one folded total, expected"):
+        summed_total([totals[("y",)], a])

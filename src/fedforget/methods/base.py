@@ -70,7 +70,8 @@ State, by lifetime (``fedforget.state.FedState`` holds and checkpoints the last 
 - a client's round: ``ctx.scratch`` (``self.scratch(ctx)``, one namespace per method) and
   ``ctx.stats`` (diagnostics, averaged over the round's clients); never checkpointed;
 - a round's message: ``server.broadcast`` (server -> clients) and ``Upload.extras``
-  (client -> server);
+  (client -> server); a ``Summed`` share in a message is read by the server only as the sum
+  over the clients, which the trainers fold as the messages arrive (``SummedTotal``);
 - the run: ``ctx.state`` (the client's own dict, e.g. SCAFFOLD's c_i) and ``server.state``
   (the server's, e.g. SCAFFOLD's c), both checkpointed. Nothing that must survive a resume
   lives on the method object (it is rebuilt at a resume).
@@ -379,6 +380,100 @@ class Upload:
     params: Params
     steps: int
     extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Summed:
+    """[D] A client's share of tensors the server reads only as their sum over the clients
+    (secure aggregation: FOT's sketches), put anywhere in a message (an upload's extras, a
+    reply, or a dict inside one): ``parts``, named float tensors."""
+
+    def __init__(self, parts: dict[str, torch.Tensor]) -> None:
+        self.parts = parts
+
+
+class SummedTotal:
+    """The sum of the shares of one place in an exchange's messages, in the clients' order:
+    each part's float64 sum begun at zero and added share by share (the same bits whoever adds,
+    a trainer folding as the messages arrive or the server at the end: ``summed_total``).
+
+    Folded (``add``), it holds the first share as it is (float32: one client costs what its
+    message does) and, from the second on, each part's float64 sum, adding a share into it part
+    by part and dropping the share's part as it goes: a round then holds the sum (twice a
+    share) and the share at hand, never a share per client. ``clients``: the shares in it."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}  # part -> float64 sum (two shares added or more)
+        self.held: list[Summed] = []  # shares not yet added (folded: one at most)
+        self.clients = 0
+
+    def names(self) -> list[str]:
+        return list(self.sums or self.held[0].parts)
+
+    def shape(self, name: str) -> torch.Size:
+        return (self.sums[name] if self.sums else self.held[0].parts[name]).shape
+
+    def add(self, share: Summed, consume: bool = True) -> None:
+        """Add ``share``; with ``consume``, once two are in, every held share is added to the
+        float64 sums and its parts removed from it (their memory freed: a folded share is not
+        read again)."""
+        if self.clients and sorted(share.parts) != sorted(self.names()):
+            raise ValueError(f"summed parts differ: {sorted(share.parts)} against {sorted(self.names())}")
+        self.held.append(share)
+        self.clients += 1
+        if not consume or (not self.sums and len(self.held) < 2):
+            return
+        for name in self.names():
+            acc = self.sums.get(name)
+            if acc is None:
+                first = self.held[0].parts[name]
+                acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+            for held in self.held:
+                acc += held.parts.pop(name).to(acc.device)
+            self.sums[name] = acc
+        self.held = []
+
+    def part(self, name: str) -> torch.Tensor:
+        """Part ``name``'s float64 sum (one part at a time where shares are held: the server
+        reads a sum of unfolded shares part by part)."""
+        if self.sums:
+            return self.sums[name]
+        first = self.held[0].parts[name]
+        acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+        for held in self.held:
+            acc += held.parts[name].to(acc.device)
+        return acc
+
+
+def fold_summed(totals: dict[tuple, SummedTotal], message: Any, at: tuple = ()) -> None:
+    """Add the ``Summed`` shares in ``message`` (a dict, nested dicts searched; an ``Upload``:
+    its extras) to ``totals``, one ``SummedTotal`` per place in the message, and put the total
+    in the share's place (folding a message twice adds nothing)."""
+    if isinstance(message, Upload):
+        message = message.extras
+    if not isinstance(message, dict):
+        return
+    for k, v in message.items():
+        if isinstance(v, dict):
+            fold_summed(totals, v, (*at, k))
+        elif isinstance(v, Summed):
+            total = totals.setdefault((*at, k), SummedTotal())
+            total.add(v)
+            message[k] = total
+
+
+def summed_total(values: Iterable[Summed | SummedTotal]) -> SummedTotal:
+    """The sum of ``values``, one place's shares across an exchange's messages in the clients'
+    order: the trainer's total where it folded them (every value is that one total), else the
+    shares summed here, part by part as they are read (``SummedTotal.part``)."""
+    distinct = list({id(v): v for v in values}.values())
+    if len(distinct) == 1 and isinstance(distinct[0], SummedTotal):
+        return distinct[0]
+    if not distinct or any(isinstance(v, SummedTotal) for v in distinct):
+        raise ValueError(f"{len(distinct)} values to sum: shares, or one folded total, expected")
+    total = SummedTotal()
+    for v in distinct:
+        total.add(v, consume=False)
+    return total
 
 
 class ServerContext:

@@ -18,6 +18,10 @@ one row per column of A_k, drawn by the client alone (s_l = ``sketch_factor`` * 
 residual ratio rho_k = ||R_k||^2 / ||A_k||^2 and its sample count b_k. The server sees only
 the sum Y = sum_k Y_k (secure aggregation), which is the sketch [R_1 ... R_K] [G_1; ...; G_K]
 of the concatenated residuals, and the sample-weighted mean rho = sum_k b_k rho_k / sum_k b_k.
+Each Y_k is a ``Summed`` share: the trainers add it to the running sum as its report arrives
+(``SummedTotal``, float64, in the clients' order, the bits of the server's own ordered sum), so
+a round holds the sum and the sketch at hand, not K sketches [D: memory; sum_l d_l s_l floats a
+client, 1.85 GB on the CIFAR ResNet-18, benchmarks/fot_sketch_memory.py].
 GPM's criterion with the energy already captured (1 - rho) counted becomes a target share of
 the residual energy, eps' = (rho - (1 - eps)) / rho: the smallest r whose top singular values
 of Y reach eps' of ||Y||_F^2 add U_Y[:, :r] to U_l (re-orthonormalised: QR), at most d_l
@@ -69,14 +73,23 @@ from torch import nn
 
 from ..activations import layer_dim, layer_inputs
 from ..utils import torch_seed
-from .base import TASK_END, ClientContext, FedAvg, ServerContext, Upload, weighted_average
+from .base import (
+    TASK_END,
+    ClientContext,
+    FedAvg,
+    ServerContext,
+    Summed,
+    Upload,
+    summed_total,
+    weighted_average,
+)
 from .params import choice, integer, number
 from .registry import METHODS
 from .shared import (
     CHUNK,
+    MB,
     energy_rank,
     extend_basis,
-    float32_mb,
     left_singular,
     one_d_params,
     project_update,
@@ -181,22 +194,19 @@ class FOT(FedAvg):
         w = (n / n.sum()).tolist()
         eps = threshold_at(self.p.threshold, self.p.threshold_step, server.task)
         bases = dict(server.state.get(BASES, {}))
-        for name in replies[order[0]]["layers"]:
-            parts = [replies[c]["layers"][name] for c in order]
-            y = torch.zeros(parts[0]["y"].shape, dtype=torch.float64, device=server.device)
-            for p in parts:  # secure aggregation: the server sees the clients' sum only
-                y += p["y"].to(server.device, torch.float64)
-            rho = sum(wk * p["ratio"] for wk, p in zip(w, parts)) if name in bases else 1.0
-            new = fot_expand(bases.get(name), y, rho, eps)
+        # secure aggregation: the server sees the clients' sum only (summed as they arrived)
+        total = summed_total(replies[c]["y"] for c in order)
+        for name in total.names():
+            rho = sum(wk * replies[c]["ratio"][name] for wk, c in zip(w, order)) if name in bases else 1.0
+            new = fot_expand(bases.get(name), total.part(name).to(server.device), rho, eps)
             if new is not None:
                 bases[name] = new
         server.state[BASES] = bases
-        first = replies[order[0]]["layers"]
         comm = {
             "task": server.task,
             "sketch_clients": len(order),
             "comm_model_mb": state_mb(server.global_params),
-            "comm_sketch_mb": float32_mb(p["y"] for p in first.values()),
+            "comm_sketch_mb": sum(math.prod(total.shape(k)) for k in total.names()) * 4 / MB,  # a client's, float32
         }
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_sketch_mb"]
         server.state.setdefault(COMM, []).append(comm)
@@ -228,8 +238,9 @@ class FOT(FedAvg):
         return None
 
     def client_sketch(self, ctx: ClientContext) -> dict[str, Any]:
-        """The client's GPSE report: {"n": samples, "layers": {layer: {"y": R_k G_k [d_l, s_l],
-        "ratio": rho_k}}} of ctx.model on its data of task ctx.task."""
+        """The client's GPSE report: {"n": samples, "ratio": {layer: rho_k}, "y":
+        Summed({layer: R_k G_k [d_l, s_l]})} of ctx.model on its data of task ctx.task (the
+        trainers fold the sketches into the round's sum as the reports arrive)."""
         if self.p.samples:
             gen = torch.Generator().manual_seed(
                 torch_seed(self.info.seed, ctx.task, ctx.cid, SAMPLE_STREAM)
@@ -253,7 +264,8 @@ def sketch_layers(
 ) -> dict[str, Any]:
     """Residual sketches of every projected layer of ``model`` (eval mode, restored) on the
     inputs ``x``, processed ``chunk`` samples at a time; layer i's Gaussian rows come from a
-    generator keyed (*keys, i) on ``x``'s device."""
+    generator keyed (*keys, i) on ``x``'s device: {"n": len(x), "ratio": {layer: rho},
+    "y": Summed({layer: sketch})}."""
     layers = projected_layers(model)
     dev = x.device
     sketchers, energy = {}, {}
@@ -273,9 +285,9 @@ def sketch_layers(
                 sketchers[name].add(r)
     finally:
         model.train(was)
-    out = {}
-    for name, sk in sketchers.items():
+    ratios = {}
+    for name in sketchers:
         total, resid = energy[name].tolist()
         rho = resid / total if total > 0 else 0.0
-        out[name] = {"y": sk.y, "ratio": math.sqrt(rho) if ratio == "norm" else rho}
-    return {"n": len(x), "layers": out}
+        ratios[name] = math.sqrt(rho) if ratio == "norm" else rho
+    return {"n": len(x), "ratio": ratios, "y": Summed({name: sk.y for name, sk in sketchers.items()})}
