@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from fedforget.methods import METHODS, FedAvg, RunInfo, Upload, make_params
-from fedforget.methods.base import EXCHANGES, ROUND_END, TASK_END, Summed, SummedTotal, fold_summed, summed_total
+from fedforget.methods.base import (
+    EXCHANGES,
+    ROUND_END,
+    TASK_END,
+    Summed,
+    SummedTotal,
+    fold_summed,
+    summed_total,
+)
 from fedforget.methods.plugin import HOOKS, OverBase
 from fedforget.train_spec import TrainSpec
 
