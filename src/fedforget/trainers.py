@@ -11,7 +11,9 @@ and the device allow:
 Both share the client side of the protocol (``LocalTrainer``): a client's context and state
 (``FedState.client``), its task entry, and the extra client passes the server asks for (the
 task end, the after-task and round-end replies). ``Simulation`` (``fedforget.engine``) is the
-server's loop over a trainer; the trainer holds what it needs, passed in explicitly.
+server's loop over a trainer; the trainer holds what it needs, passed in explicitly. Both fold
+the ``Summed`` shares of a round's uploads and of an exchange's replies into one running sum
+as each client's message arrives, in the clients' order (``methods.base.fold_summed``).
 
 Randomness is keyed: each client's shuffling by (seed, round, client), so a client's
 minibatches do not depend on the order clients run in or on the trainer that runs them;
@@ -445,19 +447,21 @@ class LocalTrainer:
         cids = list(views)
         step = self.group_size
         self.sums = {}  # the round's Summed totals (a stack folds each client's as it ends)
-        for group in range(0, len(cids), step):
-            part = {c: views[c] for c in cids[group : group + step]}
-            ups, ls, st = self.train_group(part, rnd, lr)
-            for up in ups:
-                fold_summed(self.sums, up)
-            uploads += ups
-            losses += ls
-            stats += st
-            if t.eval_local_models:
-                te = time.perf_counter()
-                local_accs += self.local_accuracies(ups)
-                eval_time += time.perf_counter() - te
-        self.sums = None
+        try:
+            for group in range(0, len(cids), step):
+                part = {c: views[c] for c in cids[group : group + step]}
+                ups, ls, st = self.train_group(part, rnd, lr)
+                for up in ups:
+                    fold_summed(self.sums, up)
+                uploads += ups
+                losses += ls
+                stats += st
+                if t.eval_local_models:
+                    te = time.perf_counter()
+                    local_accs += self.local_accuracies(ups)
+                    eval_time += time.perf_counter() - te
+        finally:
+            self.sums = None
         return uploads, read_losses(losses, cids, rnd), stats, local_accs, eval_time
 
     def load_params(self, model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
