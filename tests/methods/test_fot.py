@@ -2,7 +2,8 @@
 with no bases it is FedAvg bit for bit (aggregation, and a split-digits run at threshold 0);
 the sum of the clients' sketches is the sketch of their concatenated residuals; the server's
 expansion recovers a planted subspace and counts the captured energy (GPM's criterion);
-communication accounting and a split-digits run with both sketch models."""
+communication accounting and a split-digits run with both sketch models; the trainers hold one
+summed sketch, not one a client; resumes with asynchronous reports waiting."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from fedforget.activations import layer_dim, layer_inputs
-from fedforget.config import TrainSpec
+from fedforget.config import PartitionSpec, TrainSpec
 from fedforget.engine import Simulation
 from fedforget.methods import RunInfo, ServerContext, Upload, make_params, weighted_average
 from fedforget.methods.base import Summed
@@ -30,7 +31,17 @@ from fedforget.methods.shared import projected_layers
 from fedforget.models import build_model
 from fedforget.utils import FedForgetError, torch_seed
 
-from .conftest import CPU, checkpoint_keeper, digits_cfg, gen, projector, run, strip
+from .conftest import (
+    CPU,
+    SMALL_CNN,
+    SPLIT,
+    checkpoint_keeper,
+    digits_cfg,
+    gen,
+    projector,
+    run,
+    strip,
+)
 
 
 def method(params=None):
@@ -279,3 +290,25 @@ def test_the_server_holds_one_summed_sketch_not_one_a_client(make_run_config, mo
     assert len(collected) == 3 and len(shares) > 3
     for distinct, clients, n in collected:
         assert distinct == 1 and clients == [n] * n and n >= 1
+
+
+def test_resume_with_asynchronous_reports_waiting_equals_the_uninterrupted_run(make_run_config):
+    """Under asynchronous boundaries a client that moves on reports before the server's task end:
+    its sketches wait in the checkpointed task reports (a ``Summed`` share, not folded: the
+    server sums every report in the clients' order) and a resume from there gives the same run."""
+    scenario = {**SPLIT, "tasks": 3, "rounds_per_task": 2, "boundaries": {"samples_per_window": 70, "window_rounds": 2}}
+    rc = make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method="fot",
+        params={"sketch_model": "global", "sketch_factor": 1.0, "samples": 24}, scenario=scenario,
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
+        rounds=6, batch_size=32, eval_local_models=False, sample_rate=0.75,
+    )  # fmt: skip
+    _, rows_full = run(rc)
+    saved, keep = checkpoint_keeper()
+    Simulation(rc, device=CPU).run(progress=False, on_checkpoint=keep)
+    waiting = [c for c in saved if c["tasks"]["reports"]]
+    assert waiting and all(isinstance(r["y"], Summed) for c in waiting for r in c["tasks"]["reports"].values())
+    for c in waiting:
+        status, rows, msg = Simulation(rc, device=CPU).run(progress=False, resume=c)
+        assert status == "completed", msg
+        assert strip(rows) == strip(rows_full), c["round"]
