@@ -15,7 +15,9 @@ holding the task sketches the final global model, in the task-end exchange).
 
 Measured, each (mode, K, fold) in a fresh process (``--one``; a process's peak resident
 memory does not come down): the process's resident memory (``VmRSS``) before round 1 and its
-peak (``VmHWM``, reset just before the round) from the round's start until the server has
+peak (``VmHWM``, reset just before the round), or with ``--device cuda`` the GPU memory torch
+allocated before it and its peak (``torch.cuda.max_memory_allocated``, reset just before the
+round: the sketches are made and summed on the GPU), from the round's start until the server has
 read the sum, layer by layer, as ``FOT.server_collect`` reads it (``summed_total``,
 ``SummedTotal.part``); the rest of the server's task-end step is not run (its decompositions
 are timed by ``task_end_cost.py``; here they would add their own workspace), nor is evaluation. ``held_mb`` =
@@ -30,6 +32,7 @@ the clients in them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -79,9 +82,11 @@ def found(message: Any, into: list[Summed | SummedTotal]) -> None:
         into.append(message)
 
 
-def one(mode: str, clients: int, rows: int, fold: bool, threads: int) -> dict[str, Any]:
+def one(mode: str, clients: int, rows: int, fold: bool, threads: int, device: str) -> dict[str, Any]:
     """One measurement (module docstring), in this process."""
     torch.set_num_threads(threads)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
     if not fold:
         trainers.fold_summed = lambda totals, message, at=(): None
     s = fot_setting()
@@ -90,8 +95,9 @@ def one(mode: str, clients: int, rows: int, fold: bool, threads: int) -> dict[st
         rc = run_config(s, rows, clients, root, threads)
         if mode == "local":  # run_config times the sketch as the global variant's; here each as it is
             rc.method.params["sketch_model"] = "local"
+        rc = dataclasses.replace(rc, train=dataclasses.replace(rc.train, device=device))
         prepare_dataset(rc.dataset.name, rc.dataset.options, root)
-        sim = Simulation(rc, device=torch.device("cpu"))
+        sim = Simulation(rc, device=dev)
         sim.global_metrics = lambda rnd: ({}, [])
         seen: dict[str, Any] = {}
 
@@ -104,18 +110,24 @@ def one(mode: str, clients: int, rows: int, fold: bool, threads: int) -> dict[st
             total = summed_total(reports[c]["y"] for c in sorted(reports))
             for name in total.names():  # the server's read of the sum, a layer at a time (FOT.server_collect)
                 total.part(name)
-            seen["peak_mb"] = status_mb("VmHWM")
+            seen["peak_mb"] = torch.cuda.max_memory_allocated(dev) / MB if cuda else status_mb("VmHWM")
 
         sim.collect = collect
         model = sim.server.model
         share = sum(layer_dim(m) * sketch_width(layer_dim(m), float(rc.method.params["sketch_factor"])) * 4
                     for m in projected_layers(model).values()) / MB  # fmt: skip
-        before = status_mb("VmRSS")
-        CLEAR_REFS.write_text("5")
+        if cuda:
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            before = torch.cuda.memory_allocated(dev) / MB
+        else:
+            before = status_mb("VmRSS")
+            CLEAR_REFS.write_text("5")
         t0 = time.perf_counter()
         sim.run_round(1, t0)
         seconds = time.perf_counter() - t0
-    return {"mode": mode, "clients": clients, "rows": rows, "fold": fold, "threads": threads,
+    return {"mode": mode, "clients": clients, "rows": rows, "fold": fold, "threads": threads, "device": device,
+            "memory": "torch.cuda.max_memory_allocated" if cuda else "VmHWM",
             "model": s["model"], "shape": s["shape"], "sketch_factor": rc.method.params["sketch_factor"],
             "share_mb": share, "before_mb": before, "peak_mb": seen["peak_mb"],
             "held_mb": seen["peak_mb"] - before, "held_shares": (seen["peak_mb"] - before) / share,
@@ -129,23 +141,26 @@ def main() -> None:
     ap.add_argument("--folds", nargs="+", default=["on", "off"], choices=["on", "off"])
     ap.add_argument("--rows", type=int, default=16, help="rows a client (a sketch's size does not depend on them)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-held-gb", type=float, default=12.0,
-                    help="skip a run whose computed hold (K shares without the fold) is above this")
+    ap.add_argument("--device", default="cpu", help="cpu (peak resident memory) or cuda (peak GPU memory allocated)")
+    ap.add_argument("--max-held-gb", type=float, default=None,
+                    help="skip a run without the fold whose computed hold (K shares) is above this (default: 12 on "
+                         "the CPU, this 24 GB machine's host memory; 40 on a GPU)")
     ap.add_argument("--one", nargs=3, metavar=("MODE", "K", "FOLD"), help=argparse.SUPPRESS)
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.one:
         mode, k, fold = a.one
-        print(json.dumps(one(mode, int(k), a.rows, fold == "on", a.threads)))
+        print(json.dumps(one(mode, int(k), a.rows, fold == "on", a.threads, a.device)))
         return
     rows: list[dict[str, Any]] = []
     for mode in a.modes:
         for k in a.clients:
             for fold in a.folds:
-                if fold == "off" and k * 1.9 > a.max_held_gb:  # ~1.85 GB a share (module docstring)
+                limit = a.max_held_gb or (40.0 if a.device.startswith("cuda") else 12.0)
+                if fold == "off" and k * 1.9 > limit:  # ~1.85 GB a share (module docstring)
                     continue
                 cmd = [sys.executable, __file__, "--one", mode, str(k), fold, "--rows", str(a.rows),
-                       "--threads", str(a.threads)]  # fmt: skip
+                       "--threads", str(a.threads), "--device", a.device]  # fmt: skip
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode:
                     row = {"mode": mode, "clients": k, "fold": fold == "on", "error": out.stderr.strip()[-500:]}
