@@ -423,24 +423,23 @@ class SummedTotal:
         if not consume or (not self.sums and len(self.held) < 2):
             return
         for name in self.names():
-            acc = self.sums.get(name)
-            if acc is None:
-                first = self.held[0].parts[name]
-                acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
-            for held in self.held:
-                acc += held.parts.pop(name).to(acc.device)
-            self.sums[name] = acc
+            self.sums[name] = self.with_held(name, consume=True)
         self.held = []
 
     def part(self, name: str) -> torch.Tensor:
         """Part ``name``'s float64 sum (one part at a time where shares are held: the server
         reads a sum of unfolded shares part by part)."""
-        if self.sums:
-            return self.sums[name]
-        first = self.held[0].parts[name]
-        acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+        return self.sums[name] if self.sums else self.with_held(name, consume=False)
+
+    def with_held(self, name: str, consume: bool) -> torch.Tensor:
+        """Part ``name``'s sum (begun at zero) plus the held shares' parts, in order; with
+        ``consume``, each share's part removed as it is added."""
+        acc = self.sums.get(name)
+        if acc is None:
+            first = self.held[0].parts[name]
+            acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
         for held in self.held:
-            acc += held.parts[name].to(acc.device)
+            acc += (held.parts.pop(name) if consume else held.parts[name]).to(acc.device)
         return acc
 
 

@@ -87,9 +87,9 @@ from .params import choice, integer, number
 from .registry import METHODS
 from .shared import (
     CHUNK,
-    MB,
     energy_rank,
     extend_basis,
+    float32_mb,
     left_singular,
     one_d_params,
     project_update,
@@ -206,7 +206,7 @@ class FOT(FedAvg):
             "task": server.task,
             "sketch_clients": len(order),
             "comm_model_mb": state_mb(server.global_params),
-            "comm_sketch_mb": sum(math.prod(total.shape(k)) for k in total.names()) * 4 / MB,  # a client's, float32
+            "comm_sketch_mb": float32_mb(total.shape(k) for k in total.names()),  # a client's sketches
         }
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_sketch_mb"]
         server.state.setdefault(COMM, []).append(comm)

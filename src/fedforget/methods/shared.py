@@ -511,6 +511,7 @@ def state_mb(params: StateDict) -> float:
     )
 
 
-def float32_mb(tensors: Iterable[torch.Tensor]) -> float:
-    """Megabytes of ``tensors`` sent as float32 (4 bytes per entry, whatever their dtype)."""
+def float32_mb(tensors: Iterable[torch.Tensor | torch.Size]) -> float:
+    """Megabytes of ``tensors`` (or of tensors of these shapes) sent as float32 (4 bytes per
+    entry, whatever their dtype)."""
     return sum(t.numel() * 4 for t in tensors) / MB
