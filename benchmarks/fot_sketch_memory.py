@@ -14,13 +14,13 @@ task's last round sketch their local models, in the training phase) or global (e
 holding the task sketches the final global model, in the task-end exchange).
 
 Measured, each (mode, K, fold) in a fresh process (``--one``; a process's peak resident
-memory does not come down): the process's resident memory (``VmRSS``) before round 1 and its
-peak (``VmHWM``, reset just before the round), or with ``--device cuda`` the GPU memory torch
-allocated before it and its peak (``torch.cuda.max_memory_allocated``, reset just before the
-round: the sketches are made and summed on the GPU), from the round's start until the server has
-read the sum, layer by layer, as ``FOT.server_collect`` reads it (``summed_total``,
-``SummedTotal.part``); the rest of the server's task-end step is not run (its decompositions
-are timed by ``task_end_cost.py``; here they would add their own workspace), nor is evaluation. ``held_mb`` =
+memory does not come down): the process's resident memory (``VmRSS``) before round 1 and the
+round's peak (``fedforget.memory.PhaseMemory``: ``VmHWM``), or with ``--device cuda`` the GPU
+memory torch allocated before it and the round's peak (``torch.cuda.max_memory_allocated``: the
+sketches are made and summed on the GPU). At the task end the server reads the sum, layer by
+layer, as ``FOT.server_collect`` reads it (``summed_total``, ``SummedTotal.part``); the rest of
+its task-end step is not run (its decompositions are timed by ``task_end_cost.py``; here they
+would add their own workspace), nor is evaluation. ``held_mb`` =
 peak - before, in MB (2^20 bytes); ``share_mb``: one client's sketches, sum_l d_l s_l float32
 values (``fot.sketch_width`` over ``shared.projected_layers``), computed; the shares and
 totals the server was handed are counted (``totals``: distinct Summed objects, ``shares``:
@@ -51,7 +51,7 @@ from fedforget import trainers  # noqa: E402
 from fedforget.activations import layer_dim  # noqa: E402
 from fedforget.data import prepare_dataset  # noqa: E402
 from fedforget.engine import Simulation  # noqa: E402
-from fedforget.memory import CLEAR_REFS, STATUS  # noqa: E402
+from fedforget.memory import STATUS, PhaseMemory  # noqa: E402
 from fedforget.methods.base import Summed, SummedTotal, summed_total  # noqa: E402
 from fedforget.methods.fot import sketch_width  # noqa: E402
 from fedforget.methods.shared import projected_layers  # noqa: E402
@@ -60,6 +60,7 @@ MB = 2**20
 
 
 def status_mb(field: str) -> float:
+    """The process's ``field`` of /proc/self/status (VmRSS: its resident memory now), in MB (2^20)."""
     for line in STATUS.read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
@@ -90,12 +91,10 @@ def one(mode: str, clients: int, rows: int, fold: bool, threads: int, device: st
     if not fold:
         trainers.fold_summed = lambda totals, message, at=(): None
     s = fot_setting()
-    s = {**s, "params": {**s["params"], "sketch_model": mode}}
     with tempfile.TemporaryDirectory() as root:
-        rc = run_config(s, rows, clients, root, threads)
-        if mode == "local":  # run_config times the sketch as the global variant's; here each as it is
-            rc.method.params["sketch_model"] = "local"
-        rc = dataclasses.replace(rc, train=dataclasses.replace(rc.train, device=device))
+        rc = run_config(s, rows, clients, root, threads)  # (which times the sketch as the global variant's)
+        rc = dataclasses.replace(rc, method=dataclasses.replace(rc.method, params={**rc.method.params, "sketch_model": mode}),
+                                 train=dataclasses.replace(rc.train, device=device))  # fmt: skip
         prepare_dataset(rc.dataset.name, rc.dataset.options, root)
         sim = Simulation(rc, device=dev)
         sim.global_metrics = lambda rnd: ({}, [])
@@ -110,22 +109,20 @@ def one(mode: str, clients: int, rows: int, fold: bool, threads: int, device: st
             total = summed_total(reports[c]["y"] for c in sorted(reports))
             for name in total.names():  # the server's read of the sum, a layer at a time (FOT.server_collect)
                 total.part(name)
-            seen["peak_mb"] = torch.cuda.max_memory_allocated(dev) / MB if cuda else status_mb("VmHWM")
 
         sim.collect = collect
         model = sim.server.model
         share = sum(layer_dim(m) * sketch_width(layer_dim(m), float(rc.method.params["sketch_factor"])) * 4
                     for m in projected_layers(model).values()) / MB  # fmt: skip
-        if cuda:
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            before = torch.cuda.memory_allocated(dev) / MB
-        else:
-            before = status_mb("VmRSS")
-            CLEAR_REFS.write_text("5")
+        memory = PhaseMemory(dev)  # the round's peak: GPU memory allocated, or resident memory
+        if not (cuda or memory.cpu_ok):
+            raise SystemExit("this system does not let a process reset its peak resident memory (fedforget.memory)")
+        before = torch.cuda.memory_allocated(dev) / MB if cuda else status_mb("VmRSS")
         t0 = time.perf_counter()
-        sim.run_round(1, t0)
+        with memory.phase("round"):
+            sim.run_round(1, t0)
         seconds = time.perf_counter() - t0
+        seen["peak_mb"] = memory.peaks["round"]
     return {"mode": mode, "clients": clients, "rows": rows, "fold": fold, "threads": threads, "device": device,
             "memory": "torch.cuda.max_memory_allocated" if cuda else "VmHWM",
             "model": s["model"], "shape": s["shape"], "sketch_factor": rc.method.params["sketch_factor"],
