@@ -80,12 +80,13 @@
 #             their model's rates;
 #   recon     benchmarks/recon_cost.py: seconds per GLFC reconstruction of each paper setting
 #             (paper_runtime.py --recon-cost OUTDIR/recon_cost.json, with the same GPU's rates);
-#   fotmem    benchmarks/fot_sketch_memory.py: the GPU memory FOT's sketches take in a task's last
-#             round on ResNet-18 with 5 and 10 clients, with and without the trainers' fold.
+#   sketchmem benchmarks/sketch_memory.py: the GPU memory FOT's sketches take in a task's last
+#             round on ResNet-18 with 5 and 10 clients, FedProTIP's of Table 19 at its task end
+#             with 5, 10 and 20, with and without the trainers' fold.
 # usage: [BUDGET=seconds] [ORDER="tests resnet18"] bash benchmarks/gpu.sh [OUTDIR]
 #        bash benchmarks/gpu.sh --default-order    (prints the default ORDER, runs nothing)
 set -u
-DEFAULT_ORDER="tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates recon fedsol sims profile18 profilecl fotmem"
+DEFAULT_ORDER="tests resnet18 width18 fedsol18 replay18 continual18 vgg11 stream packing lanes hf decay joined resnet18tv slvit vit lanes2 fedproj rates recon fedsol sims profile18 profilecl sketchmem"
 if [ "${1:-}" = --default-order ]; then
     echo "$DEFAULT_ORDER"
     exit 0
@@ -292,10 +293,13 @@ sims() {
             --rounds 4 --method "$m" --json "$out/mcmahan-e1-$m.json" | tee -a "$out/sim.txt"
     done
 }
-fotmem() {  # FOT's sketches on the GPU at a task's end (ResNet-18, 5 and 10 clients), folded as they
-    # arrive against held until the server sums them (since 2026-12-06; on the CPU: results/cpu-2026-12-06)
-    box 150 python "$here/fot_sketch_memory.py" --device cuda --threads 4 --clients 5 10 --modes local \
-        --json "$out/fot_sketch_memory.json" | tee -a "$out/fotmem.txt"
+sketchmem() {  # FOT's and FedProTIP's (Table 19) sketches on the GPU at a task's end (ResNet-18), folded
+    # as they arrive against held until the server sums them (since 2026-12-06; on the CPU:
+    # results/cpu-2026-12-06 and cpu-2026-12-06-b)
+    box 150 python "$here/sketch_memory.py" --method fot --device cuda --threads 4 --clients 5 10 --modes local \
+        --json "$out/sketch_memory_fot.json" | tee -a "$out/sketchmem.txt"
+    box 90 python "$here/sketch_memory.py" --method fedprotip --device cuda --threads 4 --clients 5 10 20 \
+        --json "$out/sketch_memory_fedprotip.json" | tee -a "$out/sketchmem.txt"
 }
 recon() {  # GLFC's gradient inversions, one sample at a time (latency-bound): seconds per sample
     # of each paper setting, for paper_runtime.py --recon-cost (on the CPU: 24-300 s a sample)
@@ -328,7 +332,7 @@ rates() {  # takes what is left of BUDGET, at most 150 s
         ${earlier[@]+--skip "${earlier[@]}"} --json "$out/model_rates.json" | tee -a "$out/rates.txt"
 }
 for section in $ORDER; do
-    case " tests lanes lanes2 decay profile18 profilecl resnet18 width18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates recon fotmem " in
+    case " tests lanes lanes2 decay profile18 profilecl resnet18 width18 resnet18tv slvit vit joined vgg11 continual18 replay18 fedsol18 fedsol fedproj packing sims stream hf rates recon sketchmem " in
         *" $section "*) "$section" ;;
         *) echo "gpu.sh: unknown section '$section'" >&2 ;;
     esac

@@ -30,12 +30,13 @@ from fedforget.methods import (
     check_params,
     make_params,
 )
-from fedforget.methods.base import AFTER_TASK, TASK_END
+from fedforget.methods.base import AFTER_TASK, TASK_END, Summed
 from fedforget.methods.fedprotip import (
     BASES,
     BLOCKS,
     COMM,
     FEATURES,
+    RANGE_STREAM,
     REFS,
     SUMMARY,
     FedProTIP,
@@ -225,10 +226,13 @@ def test_sketched_task_end_reports_and_aggregation(sketch):
         m, ctx = client(model, {}, task=0, params={"samples": 64, **params}, data=data)
         server = ServerContext(1, {}, model, CPU, None)
         rep = m.client_reply(TASK_END, ctx)
+        sent = rep["bases"].parts if isinstance(rep["bases"], Summed) else rep["bases"]
+        sent = dict(sent)  # what the server reads (a share is not consumed unfolded)
         m.server_collect(TASK_END, server, {0: rep})
-        return rep["bases"], server.state
+        return sent, server.state
 
     plain, st_plain = report({})
+    assert not isinstance(plain, Summed)  # bases are sent as they are: the server concatenates them
     sk, st = report({"sketch": sketch})
     assert set(sk) == set(plain) == {*projected_layers(model), FEATURES}
     layers = projected_layers(model)
@@ -627,6 +631,69 @@ def test_split_digits_run_with_a_sketch(make_run_config):
     for comm in st[COMM]:
         clients = comm["reporting_clients"]
         assert clients and comm["comm_bases_mb"] == pytest.approx(sum(dims) * 4 * 4 / 1e6)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_the_server_holds_one_summed_sketch_not_one_a_client(make_run_config, monkeypatch, engine):
+    """Sketches are ``Summed`` shares the trainers fold as the reports arrive: when a client
+    sketches, at most one earlier client's sketches are alive (the first, until the second is
+    added), and the server reads one total of every reporting client; bases (no sketch) are
+    sent whole."""
+    import gc
+    import weakref
+
+    shares, collected = [], []
+    made, seen = FedProTIP.report_bases, FedProTIP.collect_bases
+
+    def report(self, ctx):
+        gc.collect()
+        assert sum(r() is not None for r in shares) <= 1, "earlier clients' sketches are still held"
+        out = made(self, ctx)
+        shares.append(weakref.ref(out["bases"]))
+        return out
+
+    def collect(self, server, reports):
+        totals = {id(r["bases"]) for r in reports.values()}
+        collected.append((len(totals), [r["bases"].clients for r in reports.values()], len(reports)))
+        return seen(self, server, reports)
+
+    monkeypatch.setattr(FedProTIP, "report_bases", report)
+    monkeypatch.setattr(FedProTIP, "collect_bases", collect)
+    sim, _ = run(digits(make_run_config, {"samples": 32, "sketch": 4}, client_engine=engine))
+    assert len(collected) == 3 and len(shares) > 3 and sim.server.state[BASES]
+    for distinct, clients, n in collected:
+        assert distinct == 1 and clients == [n] * n and n >= 1
+
+
+def test_asynchronous_task_ends_sum_the_waiting_sketches_in_client_order(make_run_config, monkeypatch):
+    """Under asynchronous boundaries clients that moved on reported in earlier rounds: their
+    sketches wait unfolded (``Summed``) and the server's new bases are ``sketch_bases`` of their
+    float64 sum in client id order, each layer keyed by its place."""
+    seen, checked = FedProTIP.collect_bases, []
+
+    def collect(self, server, reports):
+        order = sorted(reports)
+        if reports and all(isinstance(reports[c]["bases"], Summed) for c in order):
+            old = dict(server.state.get(BASES, {}))
+            names = list(reports[order[0]]["bases"].parts)
+            total = {n: sum(reports[c]["bases"].parts[n].double() for c in order) for n in names}
+            seen(self, server, reports)
+            for i, n in enumerate(names):
+                g = torch.Generator().manual_seed(torch_seed(0, server.task, RANGE_STREAM, i))
+                new = sketch_bases(old.get(n), total[n], g).float()
+                assert torch.equal(server.state[BASES][n][:, old[n].shape[1] if n in old else 0 :], new), n
+            checked.append(len(order))
+            return None
+        return seen(self, server, reports)
+
+    monkeypatch.setattr(FedProTIP, "collect_bases", collect)
+    scenario = {**SPLIT, "rounds_per_task": 2, "boundaries": {"samples_per_window": 70, "window_rounds": 2}}
+    run(make_run_config(
+        dataset="digits", model="cnn2d", model_options=SMALL_CNN, method="fedprotip", scenario=scenario,
+        params={"samples": 24, "sketch": 4, "tip": "none"}, rounds=6, batch_size=32, eval_local_models=False,
+        partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0), sample_rate=0.75,
+    ))  # fmt: skip
+    assert checked and max(checked) > 1
 
 
 def test_global_projection_projects_the_aggregated_update_not_the_steps():

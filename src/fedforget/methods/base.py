@@ -384,7 +384,7 @@ class Upload:
 
 class Summed:
     """[D] A client's share of tensors the server reads only as their sum over the clients
-    (secure aggregation: FOT's sketches), put anywhere in a message (an upload's extras, a
+    (secure aggregation: FOT's and FedProTIP's sketches), put anywhere in a message (an upload's extras, a
     reply, or a dict inside one): ``parts``, named float tensors."""
 
     def __init__(self, parts: dict[str, torch.Tensor]) -> None:

@@ -91,8 +91,13 @@ client sends its U_{l,k}, as above): instead of its bases, client k sends, per l
 @features), B_k = U_k diag(sigma_k) G_k [d_l, s_l] (float32), sigma_k the singular values of a~
 that U_k keeps (Eq. 7-8), G_k [r_k, s_l] standard Gaussian, independent per client, drawn from a
 generator keyed (seed, task, client, 0x7C, layer); s_l = ``sketch`` columns, or d_l with
-``full``. The server sees only the sum B = sum_k B_k (what secure aggregation reveals; here
-the clients' sketches are summed in client id order, float64) and takes Phi^(t) as an
+``full``. The server sees only the sum B = sum_k B_k (what secure aggregation reveals): each
+client's sketches are a ``Summed`` share, which the trainers add to the running float64 sum in
+client id order as its report arrives (``SummedTotal``), so a task end holds the sum and the
+sketch at hand, not one sketch per client [D: memory; 346 MB a client with ``full`` on the
+32 px ResNet-18 of Table 19, benchmarks/sketch_memory.py; the bits of the server's earlier
+float64 sum of the stacked sketches in CPU tests with up to 22 clients; with more, torch's
+stacked sum may round differently from the ordered one]. It takes Phi^(t) as an
 orthonormal basis of span(B - Phi^(1:t-1) Phi^(1:t-1)^T B) (``sketch_bases``): the directions
 whose singular value exceeds max(d_l, s_l) * eps_float32 * the largest (numpy's
 ``matrix_rank`` tolerance for the float32 sketches), found by a randomized range finder that
@@ -136,8 +141,10 @@ from .base import (
     FedAvg,
     RunInfo,
     ServerContext,
+    Summed,
     Upload,
     masked_logits,
+    summed_total,
 )
 from .params import boolean, choice, integer, number, one_of
 from .registry import METHODS
@@ -496,21 +503,22 @@ class FedProTIP(FedAvg):
         st, order = server.state, sorted(reports)
         bases, blocks = dict(st.get(BASES, {})), {k: list(v) for k, v in st.get(BLOCKS, {}).items()}
         ended = st.get(ENDED, 0)
-        names = list(dict.fromkeys([n for c in order for n in reports[c]["bases"]] + list(bases)))
+        if self.p.sketch is None:
+            sent = [n for c in order for n in reports[c]["bases"]]
+        else:  # the server sees only the sum of the sketches (secure aggregation), summed as they came
+            total = summed_total(reports[c]["bases"] for c in order) if order else None
+            sent = total.names() if total else []
+        names = list(dict.fromkeys(sent + list(bases)))
         for i, name in enumerate(names):
-            ups = [
-                reports[c]["bases"][name].to(server.device)
-                for c in order
-                if name in reports[c]["bases"]
-            ]
             old = bases.get(name)
-            if not ups:
+            if name not in sent:
                 new = None
             elif self.p.sketch is None:
+                ups = [reports[c]["bases"][name].to(server.device) for c in order if name in reports[c]["bases"]]
                 new = aggregate_bases(old, ups)
-            else:  # the server sees only the sum of the sketches (secure aggregation)
+            else:
                 g = torch.Generator().manual_seed(torch_seed(self.info.seed, server.task, RANGE_STREAM, i))
-                new = sketch_bases(old, torch.stack([b.double() for b in ups]).sum(0), g)
+                new = sketch_bases(old, total.part(name).to(server.device), g)
             if new is not None:
                 new = new.to(server.device).float()
                 bases[name] = new if old is None else torch.cat([old, new], 1)
@@ -521,7 +529,10 @@ class FedProTIP(FedAvg):
         n = max(len(order), 1)
         comm = {
             "task": server.task, "reporting_clients": len(order), "comm_model_mb": state_mb(server.global_params),
-            "comm_bases_mb": float32_mb(u for c in order for u in reports[c]["bases"].values()) / n,
+            "comm_bases_mb": float32_mb(
+                [u for c in order for u in reports[c]["bases"].values()] if self.p.sketch is None
+                else [total.shape(k) for _ in order for k in sent]  # every client's: the total's shapes
+            ) / n,  # fmt: skip
             "comm_refs_mb": 0.0,  # collect_references
         }  # fmt: skip
         comm["comm_task_mb"] = comm["comm_model_mb"] + comm["comm_bases_mb"]
@@ -668,7 +679,7 @@ class FedProTIP(FedAvg):
         if z is not None:  # a_L^(t) for the references (report_references)
             z = z.double()
             ctx.state.setdefault(SUMMARY, {})[t] = (z.T @ z / len(z)).float()
-        return {"bases": out}
+        return {"bases": out if self.p.sketch is None else Summed(out)}
 
     def report_references(self, ctx: ClientContext) -> Any:
         """Alg. 1 line 13, Eq. 10: omega_k^(tau) in R^(t+1) of every task tau the client had

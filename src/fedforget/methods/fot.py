@@ -21,7 +21,7 @@ of the concatenated residuals, and the sample-weighted mean rho = sum_k b_k rho_
 Each Y_k is a ``Summed`` share: the trainers add it to the running sum as its report arrives
 (``SummedTotal``, float64, in the clients' order, the bits of the server's own ordered sum), so
 a round holds the sum and the sketch at hand, not K sketches [D: memory; sum_l d_l s_l floats a
-client, 1.85 GB on the CIFAR ResNet-18, benchmarks/fot_sketch_memory.py].
+client, 1.85 GB on the CIFAR ResNet-18, benchmarks/sketch_memory.py].
 GPM's criterion with the energy already captured (1 - rho) counted becomes a target share of
 the residual energy, eps' = (rho - (1 - eps)) / rho: the smallest r whose top singular values
 of Y reach eps' of ||Y||_F^2 add U_Y[:, :r] to U_l (re-orthonormalised: QR), at most d_l
