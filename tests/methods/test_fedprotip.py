@@ -633,12 +633,11 @@ def test_split_digits_run_with_a_sketch(make_run_config):
         assert clients and comm["comm_bases_mb"] == pytest.approx(sum(dims) * 4 * 4 / 1e6)
 
 
-@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
-def test_the_server_holds_one_summed_sketch_not_one_a_client(make_run_config, monkeypatch, engine):
+def test_the_server_holds_one_summed_sketch_not_one_a_client(make_run_config, monkeypatch):
     """Sketches are ``Summed`` shares the trainers fold as the reports arrive: when a client
     sketches, at most one earlier client's sketches are alive (the first, until the second is
-    added), and the server reads one total of every reporting client; bases (no sketch) are
-    sent whole."""
+    added), and the server reads one total of every reporting client (the task-end replies
+    come one client at a time with either trainer; the fold's paths: tests/methods/test_fot.py)."""
     import gc
     import weakref
 
@@ -659,7 +658,7 @@ def test_the_server_holds_one_summed_sketch_not_one_a_client(make_run_config, mo
 
     monkeypatch.setattr(FedProTIP, "report_bases", report)
     monkeypatch.setattr(FedProTIP, "collect_bases", collect)
-    sim, _ = run(digits(make_run_config, {"samples": 32, "sketch": 4}, client_engine=engine))
+    sim, _ = run(digits(make_run_config, {"samples": 32, "sketch": 4}))
     assert len(collected) == 3 and len(shares) > 3 and sim.server.state[BASES]
     for distinct, clients, n in collected:
         assert distinct == 1 and clients == [n] * n and n >= 1
