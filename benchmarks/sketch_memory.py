@@ -58,19 +58,11 @@ from task_end_cost import paper_settings, run_config  # noqa: E402
 from fedforget import trainers  # noqa: E402
 from fedforget.data import prepare_dataset  # noqa: E402
 from fedforget.engine import Simulation  # noqa: E402
-from fedforget.memory import STATUS, PhaseMemory  # noqa: E402
+from fedforget.memory import PhaseMemory, status_mb  # noqa: E402
 from fedforget.methods.base import TASK_END, Summed, SummedTotal, summed_total  # noqa: E402
 from fedforget.methods.shared import float32_mb  # noqa: E402
 
 MB = 2**20
-
-
-def status_mb(field: str) -> float:
-    """The process's ``field`` of /proc/self/status (VmRSS: its resident memory now), in MB (2^20)."""
-    for line in STATUS.read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in {STATUS}")
 
 
 SUMMED = {"fot": "y", "fedprotip": "bases"}  # where a method's report carries its Summed sketches
@@ -137,6 +129,8 @@ def one(method: str, mode: str, clients: int, rows: int, fold: bool, threads: in
         if not (cuda or memory.cpu_ok):
             raise SystemExit("this system does not let a process reset its peak resident memory (fedforget.memory)")
         before = torch.cuda.memory_allocated(dev) / MB if cuda else status_mb("VmRSS")
+        if before is None:
+            raise SystemExit("VmRSS is not in /proc/self/status (fedforget.memory.status_mb)")
         t0 = time.perf_counter()
         with memory.phase("round"):
             sim.run_round(1, t0)

@@ -71,9 +71,15 @@ def _reset_cpu() -> bool:
 
 
 def _vm_hwm_mb() -> float | None:
+    return status_mb("VmHWM")
+
+
+def status_mb(field: str) -> float | None:
+    """The process's ``field`` of /proc/self/status (VmHWM: its peak resident memory since the
+    last reset, VmRSS: its resident memory now) in MB (2^20 bytes); None where it cannot be read."""
     try:
         for line in STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024  # kB
     except (OSError, ValueError, IndexError):
         return None
