@@ -49,9 +49,9 @@ NOT_INSTALLED = (
 )
 
 # the run scancel interrupts: long enough (6 rounds, about 1 s each under SLURM here) to be
-# caught after its first checkpoint and before its end. Few rounds keep each submission under
-# half a minute: the SLURM executor polls job states 1 s after a submission, then 10 s later
-# than the previous gap (1, 12, 33, 64 s), so a 35 s submission is seen at 64 s
+# caught after its first checkpoint and before its end. The profile polls job states 1 s after
+# a submission, then every 2 s (slurm-packed-max-seconds-between-status-checks; the SLURM
+# plugin's 10 s longer each time, 1, 12, 33, 64 s, saw a 35 s submission end at 64 s)
 PREEMPTED = "results/embedded/digits/dirichlet-0.1_k20_min10_ps0/fedavg/seed0"
 RUN_FILES = ("metrics.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt")
 SUMMARY_FILES = ("table.csv", "continual.csv", "accuracy_matrix.csv")
@@ -138,6 +138,7 @@ def cluster_profile() -> dict:
             "slurm-packed-no-account": True,
             "slurm-packed-status-command": "squeue",
             "slurm-packed-init-seconds-before-status-checks": 1,
+            "slurm-packed-max-seconds-between-status-checks": 2,
             "slurm-packed-keep-successful-logs": True,  # read by launched_at_once()
         }
     )
@@ -256,6 +257,12 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
     assert shared, by_job
     for job, runs in shared.items():
         assert launched_at_once(cluster, job, len(runs)), (job, runs)
+    # and so did every submission of a group, the failed and the cancelled ones too (the
+    # plugin once sent one of two groups submitted together to slurm-jobstep --jobs 1)
+    logs = cluster / ".snakemake" / "slurm_logs" / "group_train_train"
+    groups = sorted(p.stem for p in logs.glob("*.log"))
+    assert len(groups) >= 3 and set(cancelled) <= set(groups), (groups, states)
+    assert all(launched_at_once(cluster, job, 2) for job in groups), groups
     # PREEMPTED failed at once in its first submission, where its sibling (Snakemake's grouping
     # varies) finished: Snakemake deleted the sibling's outputs (and again when the next attempt
     # was cancelled) and ran the group again, where `fedforget train` put the sibling's kept

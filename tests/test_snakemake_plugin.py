@@ -108,7 +108,8 @@ def test_slurm_packed_runs_a_group_at_once_and_a_job_alone_as_the_slurm_plugin(m
     import snakemake_executor_plugin_slurm_packed as packed
 
     p = ExecutorPluginRegistry().get_plugin("slurm-packed")
-    assert p.executor is packed.Executor and p.settings_cls is slurm.ExecutorSettings and p.cli_prefix == "slurm-packed"
+    assert p.executor is packed.Executor and p.settings_cls is packed.ExecutorSettings and p.cli_prefix == "slurm-packed"
+    assert issubclass(packed.ExecutorSettings, slurm.ExecutorSettings)
     # the command's two parts this executor changes, as the interface's format_job_exec reads them
     monkeypatch.setattr(slurm.Executor, "format_job_exec", lambda self, job: f"--cores {self.cores} {self.additional_general_args()}".strip())
     ex = object.__new__(packed.Executor)
@@ -118,3 +119,62 @@ def test_slurm_packed_runs_a_group_at_once_and_a_job_alone_as_the_slurm_plugin(m
     assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"
     assert ex.format_job_exec(group) == "--cores 4"
     assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"  # nothing left behind
+
+
+def test_slurm_packed_formats_two_groups_at_once_each_with_its_own_cores(monkeypatch):
+    """The SLURM plugin submits from 2 threads: while one group's command is formatted, another
+    thread formats a group and a job alone start to end; each command is its own (the state of
+    the group being formatted is per thread; an attribute of the executor sent the first group
+    to slurm-jobstep --jobs 1, one job after another)."""
+    import threading
+    from types import SimpleNamespace
+
+    import snakemake_executor_plugin_slurm as slurm
+
+    import snakemake_executor_plugin_slurm_packed as packed
+
+    ex = object.__new__(packed.Executor)
+    ex.workflow = SimpleNamespace(resource_settings=SimpleNamespace(cores=None), executor_settings=SimpleNamespace(pass_command_as_script=False))
+    alone = SimpleNamespace(is_group=lambda: False, threads=1, name="alone")
+    small = SimpleNamespace(is_group=lambda: True, jobs=[SimpleNamespace(threads=1)] * 2, name="small")
+    big = SimpleNamespace(is_group=lambda: True, jobs=[SimpleNamespace(threads=3)] * 2, name="big")
+    others: dict[str, str] = {}
+
+    def other_thread() -> None:
+        for job in (small, alone):
+            others[job.name] = ex.format_job_exec(job)
+
+    def fmt(self, job) -> str:
+        if job is big:  # in the middle of formatting: the other thread runs to its end
+            t = threading.Thread(target=other_thread)
+            t.start()
+            t.join()
+        return f"--cores {self.cores} {self.additional_general_args()}".strip()
+
+    monkeypatch.setattr(slurm.Executor, "format_job_exec", fmt)
+    assert ex.format_job_exec(big) == "--cores 6"
+    assert others == {"small": "--cores 2", "alone": "--cores all --executor slurm-jobstep --jobs 1"}
+
+
+def test_slurm_packed_caps_the_wait_between_status_checks():
+    """`slurm-packed-max-seconds-between-status-checks`: the SLURM plugin's growing wait
+    (1, 11, 21 s ... 180 s) at most the cap; unset, the SLURM plugin's; not a whole number
+    of seconds >= 1, one error naming the setting and the value."""
+    from types import SimpleNamespace
+
+    import snakemake_executor_plugin_slurm_packed as packed
+
+    ex = object.__new__(packed.Executor)
+    for cap, waits in [(None, [1, 11, 21, 31]), (5, [1, 5, 5, 5]), (15, [1, 11, 15, 15])]:
+        ex.workflow = SimpleNamespace(executor_settings=SimpleNamespace(max_seconds_between_status_checks=cap))
+        ex.next_seconds_between_status_checks = 1
+        seen = []
+        for _ in range(4):
+            seen.append(ex.next_seconds_between_status_checks)
+            # the SLURM plugin's step where no job finished (check_active_jobs)
+            ex.next_seconds_between_status_checks = min(ex.next_seconds_between_status_checks + 10, 180)
+        assert seen == waits, (cap, seen)
+    assert packed.ExecutorSettings(max_seconds_between_status_checks=3).max_seconds_between_status_checks == 3
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match=rf"^slurm-packed-max-seconds-between-status-checks must be a whole number of seconds >= 1, got {bad!r}$"):
+            packed.ExecutorSettings(max_seconds_between_status_checks=bad)

@@ -17,27 +17,81 @@ sum of their runtimes. Give each grouped job the whole submission's memory and C
 (profiles/slurm); the summed runtime is an upper bound. Settings are the SLURM plugin's, under
 this plugin's prefix (``--slurm-packed-no-account``; ``slurm-packed-status-command: squeue`` in
 a profile). Tested against a real scheduler: tests/test_slurm.py.
+
+One setting of its own: ``max-seconds-between-status-checks`` [D]. The SLURM plugin polls a
+submission 1 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
+each time no job has finished, up to 180 s: considerate of a shared cluster's controller, but a
+half-minute job is then seen done after a minute. On a cluster of your own, a cap of a few
+seconds lets short jobs (small embedded configs, a test cluster) follow one another at once;
+unset (the default) keeps the SLURM plugin's schedule.
 """
 
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
 from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
-from snakemake_executor_plugin_slurm import ExecutorSettings, common_settings
+from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmSettings
+from snakemake_executor_plugin_slurm import common_settings
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]
 
 
+@dataclass
+class ExecutorSettings(SlurmSettings):
+    # Optional[int], not int | None: Snakemake builds its command-line types from it
+    max_seconds_between_status_checks: Optional[int] = field(  # noqa: UP045
+        default=None,
+        metadata={
+            "help": "The longest wait in seconds between two status checks of the submitted "
+            "jobs (the SLURM plugin's: 180). Unset: the SLURM plugin's schedule.",
+            "env_var": False,
+            "required": False,
+        },
+    )
+
+    def __post_init__(self):
+        cap = self.max_seconds_between_status_checks
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(
+                f"slurm-packed-max-seconds-between-status-checks must be a whole number of "
+                f"seconds >= 1, got {cap!r}"
+            )
+        super().__post_init__()
+
+
 class Executor(SlurmExecutor):
-    _group_cores: int | None = None  # while a group's command is formatted: its jobs' threads
+    # While a group's command is formatted, its jobs' threads: per thread [D], as the SLURM
+    # plugin submits from a pool of 2 threads (an attribute of the executor, cleared by one
+    # submission while the other formatted its group, sent that group to slurm-jobstep
+    # --jobs 1: one job after another; seen on the test cluster)
+    _formatting = threading.local()
+
+    @property
+    def _group_cores(self) -> int | None:
+        return getattr(self._formatting, "group_cores", None)
 
     def format_job_exec(self, job) -> str:
         """The SLURM plugin's command for ``job``; for a group, run by the local executor with
         cores for all its jobs at once."""
         if not job.is_group():
             return super().format_job_exec(job)
-        self._group_cores = sum(max(1, int(j.threads)) for j in job.jobs)
+        self._formatting.group_cores = sum(max(1, int(j.threads)) for j in job.jobs)
         try:
             return super().format_job_exec(job)
         finally:
-            self._group_cores = None
+            self._formatting.group_cores = None
+
+    @property
+    def next_seconds_between_status_checks(self):
+        """The SLURM plugin's wait before the next status check, at most the cap (if set)."""
+        wait = SlurmExecutor.next_seconds_between_status_checks.fget(self)
+        cap = getattr(self.workflow.executor_settings, "max_seconds_between_status_checks", None)
+        return wait if cap is None or wait is None else min(wait, cap)
+
+    @next_seconds_between_status_checks.setter
+    def next_seconds_between_status_checks(self, value):
+        SlurmExecutor.next_seconds_between_status_checks.fset(self, value)
 
     @property
     def cores(self):
