@@ -255,13 +255,11 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
         by_job.setdefault(r["host"]["slurm_job_id"], []).append(run)
     shared = {job: runs for job, runs in by_job.items() if len(runs) > 1}
     assert shared, by_job
-    for job, runs in shared.items():
-        assert launched_at_once(cluster, job, len(runs)), (job, runs)
-    # and so did every submission of a group, the failed and the cancelled ones too (the
-    # plugin once sent one of two groups submitted together to slurm-jobstep --jobs 1)
+    # so did every submission of a group (2 jobs each), the failed and the cancelled ones too
+    # (the plugin once sent one of two groups submitted together to slurm-jobstep --jobs 1)
     logs = cluster / ".snakemake" / "slurm_logs" / "group_train_train"
     groups = sorted(p.stem for p in logs.glob("*.log"))
-    assert len(groups) >= 3 and set(cancelled) <= set(groups), (groups, states)
+    assert len(groups) >= 3 and set(cancelled) | set(shared) <= set(groups), (groups, states)
     assert all(launched_at_once(cluster, job, 2) for job in groups), groups
     # PREEMPTED failed at once in its first submission, where its sibling (Snakemake's grouping
     # varies) finished: Snakemake deleted the sibling's outputs (and again when the next attempt

@@ -95,6 +95,21 @@ def test_the_timeline_keeps_job_events_only(tmp_path):
     assert len(path.read_text().splitlines()) == 4
 
 
+def packed_executor(**settings):
+    """A `slurm-packed` executor with no workflow behind it: its resource and executor
+    settings (the SLURM plugin's pass_command_as_script off, plus ``settings``) stand-ins."""
+    from types import SimpleNamespace
+
+    import snakemake_executor_plugin_slurm_packed as packed
+
+    ex = object.__new__(packed.Executor)
+    ex.workflow = SimpleNamespace(
+        resource_settings=SimpleNamespace(cores=None),
+        executor_settings=SimpleNamespace(pass_command_as_script=False, **settings),
+    )
+    return ex
+
+
 def test_slurm_packed_runs_a_group_at_once_and_a_job_alone_as_the_slurm_plugin(monkeypatch):
     """The `slurm-packed` executor (profiles/slurm): registered with Snakemake under that name
     with the SLURM plugin's settings; a group's command has no `--executor slurm-jobstep --jobs
@@ -112,8 +127,7 @@ def test_slurm_packed_runs_a_group_at_once_and_a_job_alone_as_the_slurm_plugin(m
     assert issubclass(packed.ExecutorSettings, slurm.ExecutorSettings)
     # the command's two parts this executor changes, as the interface's format_job_exec reads them
     monkeypatch.setattr(slurm.Executor, "format_job_exec", lambda self, job: f"--cores {self.cores} {self.additional_general_args()}".strip())
-    ex = object.__new__(packed.Executor)
-    ex.workflow = SimpleNamespace(resource_settings=SimpleNamespace(cores=None), executor_settings=SimpleNamespace(pass_command_as_script=False))
+    ex = packed_executor()
     alone = SimpleNamespace(is_group=lambda: False, threads=2)
     group = SimpleNamespace(is_group=lambda: True, jobs=[SimpleNamespace(threads=2), SimpleNamespace(threads=1), SimpleNamespace(threads=1)])
     assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"
@@ -131,10 +145,7 @@ def test_slurm_packed_formats_two_groups_at_once_each_with_its_own_cores(monkeyp
 
     import snakemake_executor_plugin_slurm as slurm
 
-    import snakemake_executor_plugin_slurm_packed as packed
-
-    ex = object.__new__(packed.Executor)
-    ex.workflow = SimpleNamespace(resource_settings=SimpleNamespace(cores=None), executor_settings=SimpleNamespace(pass_command_as_script=False))
+    ex = packed_executor()
     alone = SimpleNamespace(is_group=lambda: False, threads=1, name="alone")
     small = SimpleNamespace(is_group=lambda: True, jobs=[SimpleNamespace(threads=1)] * 2, name="small")
     big = SimpleNamespace(is_group=lambda: True, jobs=[SimpleNamespace(threads=3)] * 2, name="big")
@@ -160,13 +171,10 @@ def test_slurm_packed_caps_the_wait_between_status_checks():
     """`slurm-packed-max-seconds-between-status-checks`: the SLURM plugin's growing wait
     (1, 11, 21 s ... 180 s) at most the cap; unset, the SLURM plugin's; not a whole number
     of seconds >= 1, one error naming the setting and the value."""
-    from types import SimpleNamespace
-
     import snakemake_executor_plugin_slurm_packed as packed
 
-    ex = object.__new__(packed.Executor)
     for cap, waits in [(None, [1, 11, 21, 31]), (5, [1, 5, 5, 5]), (15, [1, 11, 15, 15])]:
-        ex.workflow = SimpleNamespace(executor_settings=SimpleNamespace(max_seconds_between_status_checks=cap))
+        ex = packed_executor(max_seconds_between_status_checks=cap)
         ex.next_seconds_between_status_checks = 1
         seen = []
         for _ in range(4):

@@ -86,7 +86,7 @@ class Executor(SlurmExecutor):
     def next_seconds_between_status_checks(self):
         """The SLURM plugin's wait before the next status check, at most the cap (if set)."""
         wait = SlurmExecutor.next_seconds_between_status_checks.fget(self)
-        cap = getattr(self.workflow.executor_settings, "max_seconds_between_status_checks", None)
+        cap = self.workflow.executor_settings.max_seconds_between_status_checks
         return wait if cap is None or wait is None else min(wait, cap)
 
     @next_seconds_between_status_checks.setter
