@@ -104,6 +104,28 @@ def test_stale_checkpoint_of_another_config_is_discarded(make_run_config, tmp_pa
     assert (tmp_path / "metrics.csv").read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes()
 
 
+def test_a_format_2_checkpoint_loads_unless_task_reports_wait_in_it():
+    """Format 3 changed only the layout of waiting task reports (FOT's and FedProTIP's
+    sketches as Summed shares): a format 2 checkpoint without any loads; with some it is
+    refused at the resume, naming the clients, not at the task end rounds later."""
+    from fedforget.checkpoint import CHECKPOINT_FORMAT, checkpoint_of, restore
+    from fedforget.state import FedState
+
+    fed = FedState(global_params={"w": torch.arange(3.0)}, round=2)
+    ckpt = {**checkpoint_of(fed, "h"), "format": 2}
+    back = FedState(global_params={"w": torch.zeros(3)})
+    restore(back, ckpt, "h")
+    assert back.round == 2 and torch.equal(back.global_params["w"], torch.arange(3.0))
+    fed.task_reports = {4: {"n": 1}, 1: {"n": 2}}
+    waiting = {**checkpoint_of(fed, "h"), "format": 2}
+    with pytest.raises(FedForgetError, match=r"format 2 holds the task reports of clients \[1, 4\].*delete"):
+        restore(back, waiting, "h")
+    restore(back, {**waiting, "format": CHECKPOINT_FORMAT}, "h")
+    assert back.task_reports == {4: {"n": 1}, 1: {"n": 2}}
+    with pytest.raises(FedForgetError, match=r"checkpoint format 1; this fedforget reads 2 and 3"):
+        restore(back, {**ckpt, "format": 1}, "h")
+
+
 def test_damaged_checkpoint_is_a_clear_error(make_run_config, tmp_path):
     rc = make_run_config(rounds=3)
     (tmp_path / CHECKPOINT).write_bytes(b"\x80\x02 not a checkpoint")

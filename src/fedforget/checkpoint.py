@@ -18,7 +18,7 @@ from .utils import FedForgetError
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = 2  # 2: the scenario's progress (tasks)
+CHECKPOINT_FORMAT = 3  # 2: the scenario's progress (tasks); 3: Summed shares in waiting task reports
 CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 
 
@@ -69,9 +69,20 @@ def resume_threads(ckpt: dict[str, Any], asked: int) -> int | None:
 
 
 def restore(fed: FedState, ckpt: dict[str, Any], config_hash: str) -> None:
-    """Put a checkpoint into ``fed`` (checked: format, config hash, parameter keys)."""
-    if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise FedForgetError(f"checkpoint format {ckpt.get('format')!r}; this fedforget reads {CHECKPOINT_FORMAT}")
+    """Put a checkpoint into ``fed`` (checked: format, config hash, parameter keys). A
+    format 2 checkpoint loads where it holds no waiting task reports, the one part whose
+    layout format 3 changed (FOT's and FedProTIP's sketches became ``Summed`` shares) [D]:
+    with some, the run is refused here, not at its task end rounds later."""
+    fmt = ckpt.get("format")
+    if fmt not in (2, CHECKPOINT_FORMAT):
+        raise FedForgetError(f"checkpoint format {fmt!r}; this fedforget reads 2 and {CHECKPOINT_FORMAT}")
+    waiting = (ckpt.get("tasks") or {}).get("reports") or {}
+    if fmt == 2 and waiting:
+        raise FedForgetError(
+            f"checkpoint format 2 holds the task reports of clients {sorted(waiting)} (asynchronous task "
+            f"boundaries), written before format {CHECKPOINT_FORMAT} changed their layout (Summed sketch shares); "
+            "finish the run with the fedforget that wrote it, or delete the checkpoint to start this run over"
+        )
     if ckpt["config_hash"] != config_hash:
         raise FedForgetError(
             f"checkpoint is of config {ckpt['config_hash'][:12]}, not this run's {config_hash[:12]}"

@@ -114,7 +114,7 @@ class FedState:
     def state_dict(self) -> dict[str, Any]:
         """Everything a run needs to continue after ``round``, the global RNG states
         included. Tensors stay where they are (the checkpoint writer moves them); the layout
-        is that of checkpoint format 2, so older checkpoints load."""
+        is that of checkpoint format 3 (``checkpoint.restore`` says which older ones load)."""
         rng: dict[str, Any] = {
             "torch": torch.get_rng_state(),
             "numpy": np.random.get_state(),

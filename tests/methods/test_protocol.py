@@ -185,3 +185,23 @@ def test_summed_shares_of_other_parts_are_refused():
     fold_summed(totals, {"y": Summed({"a": torch.zeros(1)})})
     with pytest.raises(ValueError, match=r"2 values to sum: shares, or one folded total, expected"):
         summed_total([totals[("y",)], a])
+
+
+def test_a_folded_total_is_read_for_every_client_folded_into_it():
+    """The server reads one folded total as the clients' it holds; read for fewer (a reply
+    left out after its share was folded), it is an error, not a sum over other clients."""
+    totals, messages = {}, [{"y": s} for s in _shares(3, 3)]
+    for m in messages:
+        fold_summed(totals, m)
+    assert summed_total(m["y"] for m in messages).clients == 3
+    with pytest.raises(ValueError, match=r"a total of 3 clients' shares read as 2 clients'"):
+        summed_total(m["y"] for m in messages[:2])
+
+
+def test_shares_without_parts_fold():
+    """A model with no layer to sketch sends empty shares: they fold into an empty total."""
+    totals, messages = {}, [{"y": Summed({})} for _ in range(3)]
+    for m in messages:
+        fold_summed(totals, m)
+    total = summed_total(m["y"] for m in messages)
+    assert total.names() == [] and total.clients == 3

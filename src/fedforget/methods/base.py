@@ -399,15 +399,20 @@ class SummedTotal:
     Folded (``add``), it holds the first share as it is (float32: one client costs what its
     message does) and, from the second on, each part's float64 sum, adding a share into it part
     by part and dropping the share's part as it goes: a round then holds the sum (twice a
-    share) and the share at hand, never a share per client. ``clients``: the shares in it."""
+    share) and the share at hand, not a share per client. Shares read later are held one a
+    client until summed: the task reports waiting for an asynchronous task end, and the
+    replies of clients on lanes (``train.concurrent_clients``), folded in order once the
+    lanes are done [D: a fold as each lane ends would add on one lane's CUDA stream what
+    another wrote]. ``clients``: the shares in it."""
 
     def __init__(self) -> None:
         self.sums: dict[str, torch.Tensor] = {}  # part -> float64 sum (two shares added or more)
         self.held: list[Summed] = []  # shares not yet added (folded: one at most)
+        self.parts: list[str] = []  # the parts' names, the first share's
         self.clients = 0
 
     def names(self) -> list[str]:
-        return list(self.sums or self.held[0].parts)
+        return list(self.parts)
 
     def shape(self, name: str) -> torch.Size:
         return (self.sums[name] if self.sums else self.held[0].parts[name]).shape
@@ -416,8 +421,10 @@ class SummedTotal:
         """Add ``share``; with ``consume``, once two are in, every held share is added to the
         float64 sums and its parts removed from it (their memory freed: a folded share is not
         read again)."""
-        if self.clients and sorted(share.parts) != sorted(self.names()):
-            raise ValueError(f"summed parts differ: {sorted(share.parts)} against {sorted(self.names())}")
+        if not self.clients:
+            self.parts = list(share.parts)
+        elif sorted(share.parts) != sorted(self.parts):
+            raise ValueError(f"summed parts differ: {sorted(share.parts)} against {sorted(self.parts)}")
         self.held.append(share)
         self.clients += 1
         if not consume or (not self.sums and len(self.held) < 2):
@@ -464,8 +471,11 @@ def summed_total(values: Iterable[Summed | SummedTotal]) -> SummedTotal:
     """The sum of ``values``, one place's shares across an exchange's messages in the clients'
     order: the trainer's total where it folded them (every value is that one total), else the
     shares summed here, part by part as they are read (``SummedTotal.part``)."""
+    values = list(values)
     distinct = list({id(v): v for v in values}.values())
     if len(distinct) == 1 and isinstance(distinct[0], SummedTotal):
+        if distinct[0].clients != len(values):  # the server reads every client it folded
+            raise ValueError(f"a total of {distinct[0].clients} clients' shares read as {len(values)} clients'")
         return distinct[0]
     if not distinct or any(isinstance(v, SummedTotal) for v in distinct):
         raise ValueError(f"{len(distinct)} values to sum: shares, or one folded total, expected")

@@ -95,9 +95,11 @@ generator keyed (seed, task, client, 0x7C, layer); s_l = ``sketch`` columns, or 
 client's sketches are a ``Summed`` share, which the trainers add to the running float64 sum in
 client id order as its report arrives (``SummedTotal``), so a task end holds the sum and the
 sketch at hand, not one sketch per client [D: memory; 346 MB a client with ``full`` on the
-32 px ResNet-18 of Table 19, benchmarks/sketch_memory.py; the bits of the server's earlier
-float64 sum of the stacked sketches in CPU tests with up to 22 clients; with more, torch's
-stacked sum may round differently from the ordered one]. It takes Phi^(t) as an
+32 px ResNet-18 of Table 19, benchmarks/sketch_memory.py; the server's earlier float64 sum
+of the stacked sketches gave the same bits in the 8 runs compared (4 to 12 clients), but a
+sum over a stack is not an ordered sum (random shares of very different scales round
+otherwise from 5 clients on), so a run from before 2026-12-06 may differ in the last bits].
+It takes Phi^(t) as an
 orthonormal basis of span(B - Phi^(1:t-1) Phi^(1:t-1)^T B) (``sketch_bases``): the directions
 whose singular value exceeds max(d_l, s_l) * eps_float32 * the largest (numpy's
 ``matrix_rank`` tolerance for the float32 sketches), found by a randomized range finder that
