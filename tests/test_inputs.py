@@ -102,6 +102,16 @@ def test_host_to_device_is_the_same_tensor_on_a_cpu_and_a_copy_on_a_gpu():
         assert host_to_device(d, torch.device("cuda")) is d
 
 
+def test_host_to_device_refuses_a_copy_into_a_capturing_cuda_stream(monkeypatch):
+    """A pinned copy without blocking would be captured into a CUDA graph, every replay then
+    reading the capture's host buffer: refused (found by reading, the CPU tape sees no
+    copy); the capture's state is stood in for on a CPU."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="a host-to-device copy in a captured step"):
+        host_to_device(torch.arange(3), torch.device("cuda"))
+    assert host_to_device(t := torch.arange(3), CPU) is t  # a CPU run is no capture
+
+
 def test_streamed_pool_gathers_the_same_rows(blobs_root, tmp_path):
     data = load_dataset(next(p.name for p in blobs_root.iterdir()), blobs_root, mmap=True)
     assert isinstance(data.x_train, np.memmap)

@@ -142,9 +142,14 @@ def host_to_device(t, device):
     plain ``.to(device)`` from pageable memory synchronises with the device, so inside a
     training step it would wait for every step queued before it. ``.to(device)`` anywhere
     else (the same tensor where it is already on ``device``). In a step a CUDA graph captures
-    it cannot run (its host values would be the capture's): under the CPU stand-in of one
-    (``fedforget.cudagraph.Tape``) it raises."""
-    if t.device.type == "cpu" and getattr(_dispatch_mode(), "forbids_host_copies", False):
+    it cannot run (its host values would be the capture's): it raises there, and under the
+    CPU stand-in of one (``fedforget.cudagraph.Tape``)."""
+    import torch
+
+    if t.device.type == "cpu" and (
+        getattr(_dispatch_mode(), "forbids_host_copies", False)
+        or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    ):
         raise RuntimeError("a host-to-device copy in a captured step (not capturable)")
     if t.device.type != "cpu" or device.type != "cuda":
         return t.to(device)

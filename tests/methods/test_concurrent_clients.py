@@ -62,11 +62,13 @@ def test_lanes_equal_one_after_another(public_run_cfg, method):
 @pytest.mark.parametrize(
     "method,params",
     [("icarl", None), ("glfc", QUICK_PARAMS["glfc"]), ("target", TINY_TARGET), ("moon", {"mu": 1.0}),
-     ("fedntd", None), ("fedsol", {"proximal": "kl"})],
+     ("fedntd", None), ("fedsol", {"proximal": "kl"}), ("fedprotip", {"tip": "none"})],
 )  # fmt: skip
 def test_lanes_equal_on_a_task_stream(make_run_config, method, params):
     """The methods that reload a frozen model per client (the previous task's, the pool's
-    teacher, the global one): each lane has its own (``ClientContext.frozen``)."""
+    teacher, the global one): each lane has its own (``ClientContext.frozen``); FedProTIP's
+    projection map, built once per broadcast bases, is shared by the lanes (on a GPU, each on
+    a CUDA stream of its own: complete before another lane reads it)."""
     rc = digits_cfg(make_run_config, method, params, rounds=3, eval_local_models=True, client_engine="sequential")
     assert_same_run(*both(rc))
 

@@ -644,6 +644,9 @@ class FedProTIP(FedAvg):
             if self.p.freeze_early and bases:
                 early = [n for n in projected_layers(model) if n not in self.basis_layers(model)]
             gmap = projection_map(model, bases, self.p.bias == "freeze", early, project=self.p.projection == "local")
+            dev = next(model.parameters()).device
+            if dev.type == "cuda":  # [D] the lanes (train.concurrent_clients), each on a CUDA stream of its
+                torch.cuda.current_stream(dev).synchronize()  # own, share the map: its I - U U^T complete first
             self._projection = memo = (bases, tensors, (versions, names), gmap)
         gmap = memo[3]
         if gmap is None:
