@@ -121,6 +121,25 @@ def test_method_distils_the_global_model_frozen_at_client_begin():
     assert ctx.stats["l_ntd"] > 0
 
 
+def test_the_frozen_global_model_scores_by_the_head_the_client_trains():
+    """Per-task heads: the frozen copy, made at the first client's task, scores a later
+    client's rows by that client's head (it scored by task 0's before 2026-12-06), its
+    heads still frozen."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (4,), 6, {"hidden": [5]})
+    model.use_task_heads([[0, 1], [2, 3], [4, 5]])
+    method = FedNTD(make_params("fedntd", {"beta": 1.0}), RunInfo(CPU, 6, 0, 4, TrainSpec()))
+    glob = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x, frozen = torch.randn(8, 4), {}  # the trainer's frozen copies, shared by its clients
+    for task in (0, 2, 1):
+        model.set_task(task)
+        ctx = ClientContext(task, 1, model, None, glob, {}, {}, 8, 0.1, 1, 8, task=task, frozen=frozen)
+        method.client_begin(ctx)
+        g = method.scratch(ctx).glob
+        assert g.head.active == task and not any(p.requires_grad for p in g.parameters())
+        torch.testing.assert_close(g(x), model.head.heads[task](model.body(x)), rtol=0, atol=0)
+
+
 def test_beta_zero_is_fedavg_bit_exact(make_run_config):
     train = dict(rounds=2, local_epochs=2, sample_rate=0.5, optimizer={"lr": 0.1, "momentum": 0.9})
     ref, _ = run_method(make_run_config, "fedavg", {}, **train)

@@ -613,10 +613,19 @@ def map_grads(named: Sequence[tuple[str, nn.Parameter]], gmap: GradMap) -> None:
 def frozen_model(ctx: ClientContext, name: str) -> nn.Module:
     """The frozen copy of ``ctx.model`` kept as ``name`` for reuse across clients
     (``frozen_copy``, built at its first use; the caller loads its weights), from the
-    trainer's set for the model ``ctx`` trains on (``ClientContext.frozen``) [D]."""
+    trainer's set for the model ``ctx`` trains on (``ClientContext.frozen``) [D]. With
+    per-task heads it scores by the head ``ctx.model`` trains (FedNTD's and FedSOL's global
+    logits; a method that scores another task's sets it after: iCaRL, TARGET). Its own head
+    was the one active when it was copied, the first client's task: until 2026-12-06 FedNTD
+    and FedSOL scored later tasks' rows by task 0's global head, and on lanes by whichever
+    task a lane's first client had."""
     if name not in ctx.frozen:
         ctx.frozen[name] = frozen_copy(ctx.model)
-    return ctx.frozen[name]
+    m = ctx.frozen[name]
+    active = getattr(getattr(ctx.model, "head", None), "active", None)
+    if active is not None:  # TaskHeads (not set_task: the copy's heads stay frozen)
+        m.head.active = active
+    return m
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
