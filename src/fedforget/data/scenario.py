@@ -372,7 +372,10 @@ class Scenario:
         # (an id could be a freed one's), the same angles
         if kept is None or not (kept[0] is source if permuted else kept[0] == source):
             table = self.perms.to(device) if permuted else torch.as_tensor(self.angles, dtype=dtype, device=device)
-            cache[key] = kept = (source, table)
+            if kept is None:  # lanes copying it at once: the first kept, so none is dropped in use [D]
+                kept = cache.setdefault(key, (source, table))
+            else:
+                cache[key] = kept = (source, table)
         return kept[1]
 
     def __getstate__(self) -> dict[str, Any]:

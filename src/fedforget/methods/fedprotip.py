@@ -125,6 +125,7 @@ them); its column samples are unkeyed (np.random).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -180,6 +181,7 @@ ENERGIES, SVDS, TIPS, BIAS = (
 )
 NITER = 2  # power iterations of the randomized SVD (torch.svd_lowrank's default)
 ORTH_TOL = 1e-4  # residual directions of unit columns below this are already in the span
+_PROJECTION_LOCK = threading.Lock()  # client_step_terms: one projection map built for the lanes
 
 
 # ----------------------------------------------------------------------------- core bases
@@ -637,17 +639,21 @@ class FedProTIP(FedAvg):
         # the parameter names
         names = tuple(n for n, _ in model.named_parameters())
         tensors, versions = tuple(bases.values()), tuple(u._version for u in bases.values())
-        memo = self._projection
-        if (memo is None or memo[0] is not bases or len(memo[1]) != len(tensors)
-                or any(a is not b for a, b in zip(memo[1], tensors)) or memo[2] != (versions, names)):
-            early = []
-            if self.p.freeze_early and bases:
-                early = [n for n in projected_layers(model) if n not in self.basis_layers(model)]
-            gmap = projection_map(model, bases, self.p.bias == "freeze", early, project=self.p.projection == "local")
-            dev = next(model.parameters()).device
-            if dev.type == "cuda":  # [D] the lanes (train.concurrent_clients), each on a CUDA stream of its
-                torch.cuda.current_stream(dev).synchronize()  # own, share the map: its I - U U^T complete first
-            self._projection = memo = (bases, tensors, (versions, names), gmap)
+        # [D] the lanes (train.concurrent_clients) share one map: the first to need it builds
+        # it, and on a GPU, each lane on a CUDA stream of its own, its I - U U^T is complete
+        # before another lane reads it (and no lane's map is dropped while another reads it)
+        with _PROJECTION_LOCK:
+            memo = self._projection
+            if (memo is None or memo[0] is not bases or len(memo[1]) != len(tensors)
+                    or any(a is not b for a, b in zip(memo[1], tensors)) or memo[2] != (versions, names)):
+                early = []
+                if self.p.freeze_early and bases:
+                    early = [n for n in projected_layers(model) if n not in self.basis_layers(model)]
+                gmap = projection_map(model, bases, self.p.bias == "freeze", early, project=self.p.projection == "local")
+                dev = next(model.parameters()).device
+                if dev.type == "cuda":
+                    torch.cuda.current_stream(dev).synchronize()
+                self._projection = memo = (bases, tensors, (versions, names), gmap)
         gmap = memo[3]
         if gmap is None:
             return None

@@ -401,10 +401,9 @@ class GLFC(FedAvg):
     # ---------------------------------------------------------------- helpers
     def encoder(self, shape: Sequence[int]) -> nn.Module:
         key = tuple(int(s) for s in shape)
-        if key not in self._encoders:
-            self._encoders[key] = gradient_encoder(key, self.info.num_classes, self.info.seed).to(
-                self.info.device
-            )
+        if key not in self._encoders:  # lanes building it at once: the first kept, one for all [D]
+            built = gradient_encoder(key, self.info.num_classes, self.info.seed).to(self.info.device)
+            return self._encoders.setdefault(key, built)
         return self._encoders[key]
 
     def task_start(self, rnd: int) -> bool:
