@@ -77,6 +77,29 @@ def test_classwise_accuracy_columns_average_to_overall(make_run_config):
     assert overall == pytest.approx(rows[2]["global_model_test_acc"], abs=1e-12)
 
 
+def test_classwise_accuracy_scores_per_task_heads_as_the_accuracy_does(make_run_config):
+    """Per-task heads: each task's classes, weighted by their test rows, average to that
+    task's accuracy (every class scored by its newest head, the method's prediction); it
+    scored by the active head alone before 2026-12-06. The later heads silenced (logits -100),
+    so that task 0's classes are predicted (the run itself forgets them)."""
+    scenario = {"kind": "split", "tasks": 3, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop",
+                "heads": "per_task"}  # fmt: skip
+    sim = Simulation(make_run_config(dataset="digits", scenario=scenario, rounds=3))
+    sim.run(progress=False)
+    model = sim.model_with(sim.global_params)
+    with torch.no_grad():
+        for head in model.head.heads[1:]:
+            head.weight.zero_()
+            head.bias.fill_(-100.0)
+    row, tasks = sim.evaluator.global_model(model, 2, sim.num_classes, ("classwise_accuracy",))
+    counts = torch.bincount(sim.evaluator.test.y, minlength=sim.num_classes).tolist()
+    for task in tasks:
+        classes = sim.scenario.task_classes[task["task"]]
+        got = sum(row[f"global_model_test_acc_class{c}"] * counts[c] for c in classes)
+        assert got / sum(counts[c] for c in classes) == pytest.approx(task["accuracy"], abs=1e-12), task["task"]
+    assert tasks[0]["accuracy"] > 0.5  # not vacuous: the first head scores
+
+
 def test_classwise_accuracy_hand_example():
     class Fixed(torch.nn.Module):
         def forward(self, x):

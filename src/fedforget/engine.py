@@ -304,6 +304,10 @@ class Simulation:
         if sc.starts_task(rnd):
             self.server.task = sc.task_of_round(rnd)
             self.server_hook(self.method.server_task_begin)
+        # the server's model scores and trains the server's task's head (per-task heads: a
+        # method's distillation, FedAvgM's and FedNova's trained parameters), every round: an
+        # evaluation, or a resume, would otherwise have left another active [D]
+        self.server.model.set_task(self.server.task)
         self.server.broadcast = self.method.server_broadcast(self.server)
         # a client with no data in its task this round does not train (nor one whose rows
         # make no minibatch: a single row with drop_last, TrainSpec.epoch_rows)
@@ -419,5 +423,7 @@ class Simulation:
         return metrics, [{"round": rnd, **r} for r in tasks]
 
     def model_with(self, params: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """``server.model`` holding ``params``, on the server's task (per-task heads)."""
         self.server.model.load_state_dict(params)
+        self.server.model.set_task(self.server.task)
         return self.server.model

@@ -113,7 +113,10 @@ class Evaluator:
         if self.scenario.tasks > 1:  # task streams: one-task runs keep their columns, bytes
             row[TOP_SHARE] = scored[current][3]
         if "classwise_accuracy" in diagnostics:  # the raw test set, every class
-            accs = classwise_accuracy(model, self.test.x, self.test.y, num_classes, self.batch_size)
+            # scored as the accuracy is, without the task id (it scored by the active head alone
+            # before 2026-12-06: per-task heads' rows of other tasks by the wrong one)
+            predict = lambda x: self.method.eval_predict(self.server, model, x, None)  # noqa: E731
+            accs = classwise_accuracy(model, self.test.x, self.test.y, num_classes, self.batch_size, predict)
             row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
         tasks = [
             {"current_task": current, "task": t, "accuracy": a, "loss": lo, **extras[t]}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,13 +38,17 @@ def evaluate(
 
 @torch.no_grad()
 def classwise_accuracy(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1024
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1024,
+    scores: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> list[float]:
-    """Accuracy per true class (NaN for a class absent from y)."""
+    """Accuracy per true class (NaN for a class absent from y); ``scores``: the predicted
+    scores of inputs (default ``model``'s forward; the evaluator passes the method's
+    ``eval_predict``, which per-task heads and a method's own classifier change)."""
+    scores = scores or model
     was_training = model.training
     model.eval()
     preds = torch.cat(
-        [model(x[s : s + batch_size]).argmax(1) for s in range(0, len(y), batch_size)]
+        [scores(x[s : s + batch_size]).argmax(1) for s in range(0, len(y), batch_size)]
     )
     model.train(was_training)
     hits = torch.bincount(y[preds == y], minlength=num_classes).double()

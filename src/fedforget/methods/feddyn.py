@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,6 +49,7 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
+from .shared import refuse_task_heads
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -62,6 +64,11 @@ class FedDyn(FedAvg):
     class Params:
         alpha: float = number(0.1, exclusiveMinimum=0)  # dynamic regulariser weight (FedSOL code: 0.1)
         weighting: str = choice("uniform", WEIGHTINGS)  # mean over sampled clients: paper "uniform", FedSOL "samples"
+
+    @classmethod
+    def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
+        refuse_task_heads(cls.name, scenario, "each client's gradient state is one vector over its trained "
+                          "parameters, which change at every task: a new head would read the last one's")
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

@@ -52,7 +52,7 @@ from .base import (
 from .base import Params as StateDict
 from .params import choice, number
 from .registry import METHODS
-from .shared import effective_steps, require_sgd
+from .shared import effective_steps, refuse_task_heads, require_sgd
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -80,6 +80,11 @@ class Scaffold(FedAvg):
     @classmethod
     def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         require_sgd(cls.name, train, "option II's control variate assumes SGD steps")
+
+    @classmethod
+    def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
+        refuse_task_heads(cls.name, scenario, "its control variates are one vector over the trained parameters, "
+                          "which change at every task; the paper defines none for a head that stops or starts training")
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:

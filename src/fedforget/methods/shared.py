@@ -77,6 +77,16 @@ def require_sgd(method: str, train: TrainSpec, why: str) -> None:
         )
 
 
+def refuse_task_heads(method: str, scenario: dict[str, Any] | None, why: str) -> None:
+    """For ``check_scenario``: raise FedForgetError where a stream of several tasks has one
+    head per task (``why``: the method's reason) [D]."""
+    if scenario and int(scenario.get("tasks") or 1) > 1 and scenario.get("heads", "shared") == "per_task":
+        raise FedForgetError(
+            f"method '{method}' is not defined for per-task heads ({why}): scenario.heads='per_task' "
+            f"over {scenario['tasks']} tasks; allowed: scenario.heads shared"
+        )
+
+
 # ----------------------------------------------------------------------------- local steps
 
 

@@ -269,8 +269,9 @@ class TARGET(FedAvg):
         if self.info.input_shape is None:
             raise FedForgetError(f"method '{self.name}' needs the input shape (RunInfo.input_shape) to synthesise inputs")  # fmt: skip
         teacher = frozen_copy(server.model)
-        if hasattr(teacher, "set_task"):
-            teacher.set_task(t)
+        head = getattr(teacher, "head", None)
+        if hasattr(head, "active"):  # per-task heads: task t's (not set_task: the copy stays frozen)
+            head.active = t
         classes = self.learned(t)
         norms = [r["normalize"] for _, r in sorted(replies.items()) if r and r.get("normalize")]
         res = self.make_synthesizer(server, teacher, classes, norms[0] if norms else None).run()
