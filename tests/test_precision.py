@@ -40,3 +40,27 @@ def test_bf16_trains_both_trainers_alike_on_fp32_weights(make_run_config, run_en
     fp.run(progress=False)
     diff = (fp.global_params["head.weight"] - seq.global_params["head.weight"]).abs().max().item()
     assert diff > 0  # bf16 arithmetic ran (how close its accuracy is: benchmarks/precision.py)
+
+
+@pytest.mark.parametrize("method,params", [("gpm", None), ("fedprotip", {"tip": "none"})])
+def test_bf16_builds_the_projections_in_fp32_in_both_trainers(make_run_config, monkeypatch, method, params):
+    """The methods' own math stays fp32 under bf16 (docs/reference.md): one client after
+    another built a client's projection map inside its step's autocast, so I - U U^T came
+    out of a bf16 matmul (3e-3 off; the stacked trainer built it in fp32): every Projector
+    is now made with autocast off, and the dense ones (r > d / 2) are made."""
+    from fedforget import activations
+
+    made, real = [], activations.Projector.__init__
+
+    def init(self, basis):
+        real(self, basis)
+        made.append((torch.is_autocast_enabled("cpu"), self.dense, self.m.dtype))
+
+    monkeypatch.setattr(activations.Projector, "__init__", init)
+    scenario = {"kind": "split", "tasks": 2, "classes_per_task": 3, "rounds_per_task": 1, "leftover_classes": "drop"}
+    for engine in ("sequential", "vectorized"):
+        rc = make_run_config(dataset="digits", model="cnn2d", method=method, params=params, scenario=scenario, rounds=2,
+                             batch_size=32, precision="bf16", client_engine=engine)  # fmt: skip
+        Simulation(rc).run(progress=False)
+    assert any(dense for _, dense, _ in made) and not any(on for on, _, _ in made)
+    assert {dtype for _, _, dtype in made} == {torch.float32}

@@ -34,13 +34,14 @@ INFO = RunInfo(CPU, num_classes=1, seed=0, num_clients=4, train=TrainSpec())
         (3, 0.9, 5.61),
         (1, 0.9, 1.0),  # one step: momentum has no history
         (0, 0.9, 0.0),
+        (3, 1.0, 6.0),  # the schema's largest momentum: 1 + 2 + 3 (it divided by 0 before)
     ],
 )
 def test_effective_steps_hand_values(tau, rho, expected):
     assert effective_steps(tau, rho) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("rho", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("rho", [0.0, 0.5, 0.9, 1.0])
 def test_effective_steps_is_torch_sgd_displacement(rho):
     """Under a constant gradient g, tau steps of torch SGD(momentum=rho) move w by lr a g."""
     w = torch.zeros(3, requires_grad=True)

@@ -893,10 +893,14 @@ class FedAvg:
                          k=ctx.steps, features_logits=features_logits)  # fmt: skip
 
     def _own_terms(self, ctx: ClientContext) -> StepTerms | None:
-        """This client's ``client_step_terms`` (built once per client and round)."""
+        """This client's ``client_step_terms`` (built once per client and round, at its first
+        step's loss; without autocast, as the stacked trainer builds a stack's: a projection's
+        I - U U^T in bf16 moved a full basis's protected directions by 3e-3 [D])."""
         sc = self.scratch(ctx)
         if not hasattr(sc, "step_terms"):
-            sc.step_terms = self.client_step_terms([ctx])
+            device = next(ctx.model.parameters()).device
+            with torch.autocast(device.type, enabled=False):
+                sc.step_terms = self.client_step_terms([ctx])
         return sc.step_terms
 
     def batch_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

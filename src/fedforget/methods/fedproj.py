@@ -243,7 +243,7 @@ class FedProj(FedDF):
         s = self.scratch(ctx)  # this client-round's working values
         s.active = self.projection_active(ctx)
         s.sums = StepSums.own(3, self.info.device)  # steps projected, sum of cos, steps with a memory batch
-        spe = -(-ctx.n_samples // ctx.batch_size)  # steps per local epoch
+        spe = self.info.train.epoch_steps(ctx.n_samples, ctx.batch_size)  # steps per local epoch (drop_last too)
         s.memory = self.memory_rows(ctx) if s.active else None  # (StepDraws; None: the whole public set)
         s.lr_step_every = (ctx.local_epochs // 2) * spe if self.p.local_lr_step else 0
 

@@ -91,9 +91,12 @@ def refuse_task_heads(method: str, scenario: dict[str, Any] | None, why: str) ->
 
 
 def effective_steps(tau: int, rho: float) -> float:
-    """||a||_1 for tau steps of SGD with heavy-ball momentum rho (tau for rho = 0)."""
+    """||a||_1 for tau steps of SGD with heavy-ball momentum rho (tau for rho = 0; its limit
+    tau (tau + 1) / 2 for rho = 1, which the schema allows)."""
     if rho == 0:
         return float(tau)
+    if rho == 1:
+        return tau * (tau + 1) / 2.0
     return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
 
 
