@@ -116,13 +116,16 @@ def digits_cfg(make_run_config, method, params=None, **train):
 
 
 def replay_stream_cfg(make_run_config, method, params, model="mlp", model_options=None, incremental="class",
-                      heads="shared", **train):  # fmt: skip
+                      heads="shared", class_order="natural", **train):  # fmt: skip
     """Split digits (3 tasks x 3 classes, 2 rounds each, 2 local epochs), 5 Dirichlet 0.5
     clients of unequal sizes, 3 of 4 sampled: replay buffers fill and are replayed, some
     clients' still empty early (the stacked replay methods' equality tests); ``heads``
-    shared or per task; ``train`` overrides."""
+    shared or per task; ``class_order`` natural or shuffled (scenario seed 0: class 0 in
+    task 1, which the stacked trainer's padding rows of label 0 meet); ``train`` overrides."""
     scenario = {"kind": "split", "tasks": 3, "classes_per_task": 3, "rounds_per_task": 2,
                 "leftover_classes": "drop", "incremental": incremental, "heads": heads}  # fmt: skip
+    if class_order != "natural":
+        scenario["class_order"] = class_order
     train = {"rounds": 6, "local_epochs": 2, "batch_size": 32, "sample_rate": 0.75, "device": "cpu",
              "optimizer": {"lr": 0.05, "momentum": 0.9}, "eval_local_models": False, **train}  # fmt: skip
     return make_run_config(dataset="digits", model=model, model_options=model_options, method=method, params=params,

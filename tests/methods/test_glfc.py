@@ -365,13 +365,16 @@ def test_resume_mid_task_and_at_a_task_boundary(make_run_config):
 
 # ------------------------------------------------------------------ stacked trainer
 @pytest.mark.parametrize(
-    "method,model,incremental,loss",
-    [("glfc", "mlp", "class", "softmax"),  # every step batched (stacked_forward)
-     ("lga", "cnn2d", "task", "sigmoid"),  # wide steps client by client in replicas (live_alone), tails batched
-     ("glfc", "resnet8", "class", "softmax")],  # BatchNorm: clients whose joined batches differ run apart
+    "method,model,incremental,loss,order",
+    [("glfc", "mlp", "class", "softmax", "natural"),  # every step batched (stacked_forward)
+     ("lga", "cnn2d", "task", "sigmoid", "natural"),  # wide steps client by client in replicas (live_alone), tails batched
+     ("glfc", "resnet8", "class", "softmax", "natural"),  # BatchNorm: clients whose joined batches differ run apart
+     # the stack's padding rows (label 0) of a task whose classes are all masked: NaN weights
+     # that the group means summed (found in review; the run diverged)
+     ("glfc", "mlp", "task", "softmax", "shuffled")],
 )  # fmt: skip
 def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, method, model, incremental,
-                                      loss):  # fmt: skip
+                                      loss, order):  # fmt: skip
     """Issue 32, 3: GLFC's and LGA's step in the stacked trainer, each client's share of its
     memory joined to its minibatch in one forward (``JoinedLive``), its weights normalised
     over its own rows' groups, distilled against the old model, within 1e-5 of one client
@@ -379,9 +382,11 @@ def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_
     memories)."""
     bn = model == "resnet8"  # drop_last: no 1-row batch through BatchNorm (as iCaRL's test)
     params = {**FAST, "memory_size": 30, "loss": loss, **({"proxy_init": 0} if method == "lga" else {})}
+    if order == "shuffled":  # without the proxy, whose inversion grows rounding (its recon loss 1.5e-5 apart)
+        params["proxy"] = False
     rc = replay_stream_cfg(make_run_config, method, params, model,
                            SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None, incremental,
-                           eval_every=1, drop_last=bn, rounds=4)  # fmt: skip
+                           class_order=order, eval_every=1, drop_last=bn, rounds=4)  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)

@@ -149,12 +149,14 @@ def test_bad_params_name_the_value(params, match):
         check_params("target_lode", params)
 
 
-def test_domain_incremental_streams_are_refused_before_any_job():
+def test_domain_streams_and_asynchronous_boundaries_are_refused_before_any_job():
     cls = METHODS.get("target_lode")
     with pytest.raises(FedForgetError, match="scenario.kind='rotated'"):
         cls.check_scenario({"kind": "rotated", "tasks": 2})
     cls.check_scenario({"kind": "split", "tasks": 2})
     cls.check_scenario(None)
+    with pytest.raises(FedForgetError, match=r"method 'target_lode'.*scenario.boundaries=.*allowed: sync"):
+        cls.check_scenario({"kind": "split", "tasks": 2, "boundaries": {"samples_per_window": 5, "window_rounds": 1}})
 
 
 def test_defaults():

@@ -141,7 +141,8 @@ class AGEM(FedAvg):
             return step.grad(loss, w)
         pad, mask, rows = self.replay.padded(mems)
         logits = masked_logits(step.forward(w, pad["x"], pad["task"], rows), self.replay.mask(pad["task"]))
-        per = F.cross_entropy(logits.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask) * mask
+        per = F.cross_entropy(logits.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask)
+        per = per.masked_fill(mask == 0, 0.0)  # a padding row's CE may be infinite (its label masked)
         return step.grad((per.sum(1) / mask.sum(1).clamp_min(1.0)).sum(), w)
 
     def client_end(self, ctx: ClientContext) -> Upload:

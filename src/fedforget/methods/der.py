@@ -153,8 +153,10 @@ class DER(FedAvg):
             sq = (logits - pad["logits"].to(logits.dtype)).pow(2).mean(-1) * mask
             return sq.sum(1) / n, has
         z = masked_logits(logits, self.replay.mask(pad["task"]))
-        per = F.cross_entropy(z.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask) * mask
-        return per.sum(1) / n, has
+        per = F.cross_entropy(z.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask)
+        # a padding row (label 0, task 0) may score its label outside the task's classes: an
+        # infinite CE, which a product with the mask's 0 would make NaN
+        return per.masked_fill(mask == 0, 0.0).sum(1) / n, has
 
     def client_end(self, ctx: ClientContext) -> Upload:
         up = super().client_end(ctx)

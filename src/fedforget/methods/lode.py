@@ -113,12 +113,20 @@ class TargetLODE(TARGET):
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:
-        """Split streams and one-task runs; not domain-incremental streams."""
+        """Split streams and one-task runs; not domain-incremental streams, nor asynchronous
+        task boundaries (a window's rows of an older task would be set against the client's
+        task's new classes: LODE's code decouples the current task's rows only) [D]."""
         kind = (scenario or {}).get("kind", "none")
         if kind in DOMAIN_KINDS:
             raise FedForgetError(
                 f"method 'target_lode' sets a task's new classes against the old ones; on a domain-incremental "
                 f"stream every task holds every class: scenario.kind={kind!r}; allowed: split, none"
+            )
+        if scenario and scenario.get("boundaries", "sync") != "sync":
+            raise FedForgetError(
+                "method 'target_lode' sets each row against its client's task's new classes, and an asynchronous "
+                "window mixes a client's older tasks' rows into its steps: "
+                f"scenario.boundaries={scenario['boundaries']!r}; allowed: sync"
             )
 
     def decoupling(self, ctx: ClientContext) -> SimpleNamespace | None:

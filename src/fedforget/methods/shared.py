@@ -505,10 +505,11 @@ def group_normalise(g: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.Te
     """sum over groups (bool masks like ``g``) of g / mean(g over the group) on its rows
     [D: 0 for a group whose mean is 0, where the code divides by zero], along the last
     dimension: g [N] (a client's rows), or [G, N] (each client of a stack over its own rows).
-    A group without rows adds nothing."""
+    A group without rows adds nothing; a row outside every group (a stack's padding, whose g
+    may be NaN) neither."""
     w = torch.zeros_like(g)
     for m in groups:
-        mean = (g * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)  # nan where empty: not selected
+        mean = torch.where(m, g, 0.0).sum(-1, keepdim=True) / m.sum(-1, keepdim=True)  # nan where empty: not selected
         w = w + torch.where(m, g / mean.clamp_min(1e-12), torch.zeros_like(g))
     return w
 
