@@ -251,3 +251,30 @@ def test_augmented_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blob
         weights.append(sim.global_params)
     for k, v in weights[0].items():
         assert torch.equal(v, weights[1][k]), k
+
+
+@pytest.mark.parametrize("boundaries", ["sync", {"samples_per_window": 40, "window_rounds": 1}])
+def test_targets_pool_is_normalised_as_the_data_whatever_the_boundaries(make_run_config, blobs_root, monkeypatch,
+                                                                        boundaries):  # fmt: skip
+    """TARGET's generator makes model inputs by the dataset's normalisation constants
+    (``RunInfo.normalize``); they came in the clients' task-end replies, and under
+    asynchronous boundaries a task end that no client had moved past had none: its pool went
+    unnormalised (found in review)."""
+    from fedforget.methods.synthesis import Synthesizer
+
+    from .methods.test_concurrent_clients import TINY_TARGET
+
+    seen, real = [], Synthesizer.__init__
+
+    def init(self, *args, **kw):
+        real(self, *args, **kw)
+        seen.append(self.normalize)
+
+    monkeypatch.setattr(Synthesizer, "__init__", init)
+    scenario = {"kind": "split", "tasks": 2, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop",
+                "boundaries": boundaries}  # fmt: skip
+    rc = _cfg(make_run_config, blobs_root, method="target", params=TINY_TARGET, scenario=scenario, local_epochs=1)
+    _run(rc)
+    meta = load_dataset(next(p.name for p in blobs_root.iterdir()), blobs_root).meta["normalize"]
+    assert len(seen) == 1 and seen[0] is not None
+    torch.testing.assert_close(seen[0][0].flatten().double(), torch.tensor(meta["mean"], dtype=torch.float64))

@@ -122,8 +122,10 @@ class Simulation:
         self.num_classes, public = data.num_classes, data.public
         dev = self.device
 
+        pipe = self.clients.inputs
         info = RunInfo(dev, data.num_classes, cfg.seed, cfg.partition.clients, t, self.scenario,
-                       tuple(data.input_shape), data.class_names)  # fmt: skip
+                       tuple(data.input_shape), data.class_names,
+                       None if pipe.mean is None or pipe.std is None else (tuple(pipe.mean), tuple(pipe.std)))  # fmt: skip
         self.method = method_cls(params, info)
         torch.manual_seed(torch_seed(cfg.seed, INIT_STREAM))
         self.model = self.build(data)

@@ -680,12 +680,16 @@ def test_target_trains_stacked_as_sequential(make_run_config, run_engines, asser
 
 
 @pytest.mark.parametrize(
-    "model,heads",
-    [("mlp", "shared"),  # every step batched (stacked_forward), the synthetic rows unequal
-     ("cnn2d", "per_task"),  # client by client in replicas (live_alone), tails batched; old heads
-     ("resnet8", "shared")],  # BatchNorm: each client's statistics see its own rows
+    "model,heads,boundaries",
+    [("mlp", "shared", "sync"),  # every step batched (stacked_forward), the synthetic rows unequal
+     ("cnn2d", "per_task", "sync"),  # client by client in replicas (live_alone), tails batched; old heads
+     ("resnet8", "shared", "sync"),  # BatchNorm: each client's statistics see its own rows
+     # asynchronous: a stack's clients on different tasks, each weighted cur / pre by its own
+     # (the first client's weights were applied to all: 8.7e-4 apart, found in review)
+     ("mlp", "shared", {"samples_per_window": 70, "window_rounds": 1})],
 )  # fmt: skip
-def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, model, heads):
+def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, monkeypatch, model, heads,
+                                             boundaries):  # fmt: skip
     """LANDER's step as live terms of a stack (each client's bounding loss on the LTE map of
     the step's own features, its CE, and from task 1 the KD and LTE feature terms on its
     synthetic batch, weighted cur / pre) within 1e-5 of a client alone's ``client_loss``
@@ -694,9 +698,10 @@ def test_lander_trains_stacked_as_sequential(make_run_config, run_engines, asser
     bn = model == "resnet8"
     if bn:
         monkeypatch.setattr(LanderSynthesizer, "run", fixed_pool)
+    scenario = {**SPLIT, "incremental": "class", "heads": heads, "boundaries": boundaries}
     rc = make_run_config(
         dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None,
-        method="lander", scenario={**SPLIT, "incremental": "class", "heads": heads}, params={**TINY_L, "replay_batch": 0},
+        method="lander", scenario=scenario, params={**TINY_L, "replay_batch": 0},
         rounds=2 if bn else 3, batch_size=32, local_epochs=1 if bn else 2, sample_rate=0.75, eval_local_models=False,
         eval_every=1, optimizer={"lr": 0.05, "momentum": 0.9}, device="cpu", drop_last=bn,
         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),

@@ -542,6 +542,9 @@ class RunInfo:
     scenario: Scenario | None = None  # the task stream (tasks, classes per task, setting)
     input_shape: tuple[int, ...] | None = None  # one input's shape (a generator's output: TARGET)
     class_names: tuple[str, ...] | None = None  # the dataset's class names (label texts: LANDER)
+    # the per-channel (mean, std) by which stored images become model inputs (dataset
+    # constants, no rows; TARGET's generator makes model inputs as the data's are), or None
+    normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 @dataclass

@@ -442,14 +442,20 @@ class LANDER(TARGET):
         add a second one)."""
         return None
 
-    def lander_loss(self, ctx: ClientContext, ce, bound, kd=None, fkd=None):
-        """The step's loss from its terms (scalars of a client alone, or [a] of a stack): the
-        current task's loss ce + ltc * bound, from task 1 (a pool: ``kd`` given) weighted
-        cur against pre * (kd * KD + the feature term) [C]."""
+    def lander_loss(self, ctxs: Sequence[ClientContext], ce, bound, kd=None, fkd=None):
+        """The step's loss from its terms (scalars of a client alone, or [a] of a stack of the
+        clients ``ctxs``): the current task's loss ce + ltc * bound, from task 1 (a pool:
+        ``kd`` given) weighted cur against pre * (kd * KD + the feature term) [C], each
+        client's weights from its own task (a stack under asynchronous boundaries may hold
+        several tasks: the first client's weights were applied to all before 2026-12-06)."""
         current = ce + self.p.ltc * bound
         if kd is None:
             return current  # task 0 [C _local_update]
-        cur, pre = self.weights(ctx)
+        weights = [self.weights(c) for c in ctxs]
+        if len(set(weights)) == 1:
+            cur, pre = weights[0]
+        else:
+            cur, pre = torch.tensor(weights, dtype=current.dtype, device=current.device).unbind(1)
         return cur * current + pre * (self.p.kd * kd + fkd)
 
     def client_loss(self, ctx, x, y, features, logits) -> dict[str, torch.Tensor]:
@@ -462,10 +468,10 @@ class LANDER(TARGET):
         ce = task_cross_entropy(logits, y, self.task_mask(ctx.logit_mask, y))
         rep = self.synthetic_batch(ctx)
         if rep is None:
-            return {"lander": self.lander_loss(ctx, ce, bound)}
+            return {"lander": self.lander_loss([ctx], ce, bound)}
         fkd = F.mse_loss(ctx.model.lte_map(rep.features), rep.t_feats)
         self.note(ctx, "fkd", fkd)
-        return {"lander": self.lander_loss(ctx, ce, bound, self.kd_term(ctx, rep), fkd)}
+        return {"lander": self.lander_loss([ctx], ce, bound, self.kd_term(ctx, rep), fkd)}
 
     def client_live_terms(self, ctxs: Sequence[ClientContext]) -> LiveTerms:
         """LANDER's step for a stack of clients (``client_loss``'s terms, each client's the
@@ -488,13 +494,13 @@ class LANDER(TARGET):
             bound = bounding_loss(lte_map(w, step.features), lte[step.y], self.p.r, mask)
             sums[0, lo:hi] += bound.detach()
             if not pool:
-                return LiveStep(total=self.lander_loss(ctxs[lo], step.loss, bound))
+                return LiveStep(total=self.lander_loss(ctxs[lo:hi], step.loss, bound))
             rep = self.synthetic_stack(ctxs, lo, hi, w, step)
             rows = torch.ones(rep.features.shape[:2], device=mask.device) if rep.mask is None else rep.mask
             fkd = rows_mse(lte_map(w, rep.features), rep.t_feats, rows)
             kd = self.kd_stack(rep, old)
             sums[1, lo:hi] += fkd.detach()
             sums[2, lo:hi] += kd.detach()
-            return LiveStep(total=self.lander_loss(ctxs[lo], step.loss, bound, kd, fkd))
+            return LiveStep(total=self.lander_loss(ctxs[lo:hi], step.loss, bound, kd, fkd))
 
         return live

@@ -62,8 +62,8 @@ the boundary term) gives ``syn_size`` rows; the pool (rows, the generator's targ
 teacher's weights) replaces the previous one in server.state["target_pool"] [C: the code's
 clients read task_{t-1}'s images only] and goes to every client with each round's broadcast.
 The generator's images in [0, 1] are normalised as the clients' data pipeline normalises
-stored images (its per-channel mean / std: dataset constants, which the clients' task-end
-reports carry; no rows), and used as they are where the data are (digits) [C: the code's
+stored images (its per-channel mean / std: dataset constants, ``RunInfo.normalize``; no
+rows), and used as they are where the data are (digits) [C: the code's
 dataset normaliser]. The generator exists only during the task end (the code builds a new
 one per task); what persists is the pool.
 Models without BatchNorm (the small CNNs): the L_BN term is dropped [D] (diagnostic
@@ -273,8 +273,7 @@ class TARGET(FedAvg):
         if hasattr(head, "active"):  # per-task heads: task t's (not set_task: the copy stays frozen)
             head.active = t
         classes = self.learned(t)
-        norms = [r["normalize"] for _, r in sorted(replies.items()) if r and r.get("normalize")]
-        res = self.make_synthesizer(server, teacher, classes, norms[0] if norms else None).run()
+        res = self.make_synthesizer(server, teacher, classes, self.info.normalize).run()
         weights = {k: v.detach().clone() for k, v in server.global_params.items()}
         server.state[self.pool_key] = {"x": res.x, "y": res.y, "task": t, TEACHER: weights}
         logits = score_pool(teacher, res.x)[0]  # the diagnostic below
@@ -298,12 +297,11 @@ class TARGET(FedAvg):
 
     # ---------------------------------------------------------------- client side
     def client_reply(self, exchange: str, ctx: ClientContext) -> Any:
-        """The per-channel (mean, std) by which the client's data pipeline normalises stored
-        images (dataset constants, no rows), so the generator's images are model inputs as
-        the data's are; None where inputs are used as stored."""
-        pipeline = getattr(getattr(ctx.data, "data", None), "inputs", None)
-        mean, std = getattr(pipeline, "mean", None), getattr(pipeline, "std", None)
-        return None if mean is None or std is None else {"normalize": (tuple(mean), tuple(std))}
+        """Nothing: the task end is the server's synthesis (``server_collect``), which takes
+        the dataset's normalisation constants from ``RunInfo.normalize`` [D: they came in the
+        clients' replies until 2026-12-06, and under asynchronous boundaries a task end with
+        no client moved on left the pool unnormalised]."""
+        return None
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)
