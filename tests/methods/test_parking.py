@@ -91,11 +91,11 @@ def parking(monkeypatch):
     return count, unpark
 
 
-def _cfg(make_run_config, method, engine):
+def _cfg(make_run_config, method, engine, scenario=SCENARIO):
     """``engine``: a trainer, or ``lanes`` (sequential, 3 clients at once: their replies on the lanes)."""
     return make_run_config(
         dataset="digits", model="cnn2d", model_options=SMALL_CNN, method=method, params=PARAMS.get(method),
-        scenario=SCENARIO, partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
+        scenario=scenario, partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=10, seed=0),
         rounds=6, batch_size=32, eval_local_models=False, eval_every=6,
         client_engine="sequential" if engine == "lanes" else engine, concurrent_clients=3 if engine == "lanes" else 1,
     )  # fmt: skip
@@ -146,3 +146,49 @@ def test_every_method_runs_the_same_with_its_clients_parked(public_run_cfg, monk
     assert same(sim.global_params, plain.global_params)
     assert same(sim.fed.clients, plain.fed.clients)
     assert same(sim.fed.server, plain.fed.server)
+
+
+def test_the_task_reports_an_asynchronous_schedule_loses_are_counted_before_round_1(make_run_config, monkeypatch,
+                                                                                    caplog):  # fmt: skip
+    """One report per client between server task ends, of the task it moves past: the client
+    tasks a schedule trains but never reports (a window passing over a task, or two moves
+    before one server task end) are counted before round 1, warned and recorded in run.json
+    (``task_reports_lost``), and the count is what the run then loses: the trained (client,
+    task) pairs, from each training's rows, against the reports the server collected."""
+    import logging
+
+    from fedforget.engine import Simulation
+    from fedforget.trainers import LocalTrainer
+
+    trained, pending, delivered = {}, {}, set()
+    enter, end, collect = LocalTrainer.enter_task, LocalTrainer.end_client_task, Simulation.collect
+
+    def on_enter(self, ctx):
+        v = ctx.data
+        for task in v.data.task[v.start : v.stop].unique().tolist():
+            trained.setdefault(ctx.cid, set()).add(task)
+        return enter(self, ctx)
+
+    def on_end(self, cid, task, rnd, lr):
+        pending[cid] = task  # replaces an earlier one, as fed.task_reports does
+        return end(self, cid, task, rnd, lr)
+
+    def on_collect(self, exchange, replies):
+        if exchange == TASK_END:
+            delivered.update(pending.items())
+            pending.clear()
+        return collect(self, exchange, replies)
+
+    monkeypatch.setattr(LocalTrainer, "enter_task", on_enter)
+    monkeypatch.setattr(LocalTrainer, "end_client_task", on_end)
+    monkeypatch.setattr(Simulation, "collect", on_collect)
+    rc = _cfg(make_run_config, "gpm", "sequential")
+    with caplog.at_level(logging.WARNING, logger="fedforget.engine"):
+        sim = Simulation(rc, device=CPU)
+    lost = sim.engine_info["task_reports_lost"]
+    assert f"{lost} client task(s) trained are never reported" in caplog.text
+    sim.run(progress=False)
+    final = {(c, t) for c, t in sim.fed.client_task.items()}  # still the clients' tasks: never ended
+    assert lost == len({(c, t) for c, ts in trained.items() for t in ts} - delivered - final) > 0
+    sync = _cfg(make_run_config, "gpm", "sequential", {**SCENARIO, "boundaries": "sync"})
+    assert "task_reports_lost" not in Simulation(sync, device=CPU).engine_info
