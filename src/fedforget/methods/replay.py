@@ -22,8 +22,11 @@ its first pass; Algorithm 2 read literally would offer it at every step (every e
 every round). ``offer_budget`` implements the rule: the buffer keeps ``offered_upto``, the
 end of the newest data range it was offered from (a client's rows are contiguous and
 ordered by task), so a round whose data end beyond it offers its first epoch. With
-asynchronous boundaries that is the first round of each new window; the one window that
-overlaps the previous (the last one, once a client's stream is exhausted) is not offered.
+asynchronous boundaries that is the first round of each new window. A window clipped to the
+end of a client's stream overlaps the one before it and is offered whole: its rows that the
+earlier window offered are offered a second time (this said "not offered" before
+2026-12-06; found in review: it happens wherever a client's stream ends before the run's
+last window; offering only the rows past ``offered_upto`` is not built).
 
 Randomness is keyed, never sequential [D]: the offers of client k in round r (on task t)
 draw from ``offer_generator`` = torch_seed(seed, r, k, t, OFFER_STREAM); a method's memory
