@@ -371,6 +371,7 @@ class Recorder(FedAvg):
 
     def client_reply(self, exchange, ctx):
         x, y, _ = ctx.data.all()
+        ctx.state.setdefault("ended", []).append(ctx.task)
         return {"n": len(y), "task": ctx.task}
 
     def server_collect(self, exchange, server, reports):
@@ -445,9 +446,11 @@ def test_checkpoint_mid_task_and_at_a_boundary_resumes_to_the_same_run(
 def test_asynchronous_boundaries_end_each_clients_task_when_it_moves_on(
     data_root, tmp_path, recorder
 ):
-    """Each client reports the end of a task when its window first reaches the next task
-    (on the global weights of that round); the server's task end receives the reports of
-    the clients that moved on since the last one."""
+    """Each client reports the end of a task when its window first reaches a later task (on
+    the global weights of that round), of the task it leaves and of those its window passed
+    over (each once, in order); the server's task end receives the reports of the clients
+    that moved on since the last one, one a client: what it does not get is what a later
+    report replaced (``FedState.reports_replaced``)."""
     scen = {**SPLIT, "boundaries": {"samples_per_window": 60, "window_rounds": 2}}
     sim = Simulation(digits_run(data_root, tmp_path, scen, method="recorder"))
     status, rows, _ = sim.run(progress=False)
@@ -455,10 +458,13 @@ def test_asynchronous_boundaries_end_each_clients_task_when_it_moves_on(
     ends = [e for e in sim.server.state["log"] if e[0] == "end"]
     assert [e[1] for e in ends] == [0, 1, 2, 3, 4]
     moved = {k: [t for t, _ in st["began"]] for k, st in sim.client_state.items()}
+    ended = {k: st.get("ended", []) for k, st in sim.client_state.items()}
     reported = sum(len(e[3]) for e in ends)
-    assert reported == sum(len(ts) - 1 for ts in moved.values())  # every task a client left
-    for ts in moved.values():
+    assert reported + sum(sim.fed.reports_replaced.values()) == sum(len(ts) for ts in ended.values())
+    for k, ts in moved.items():
         assert ts == sorted(ts) and len(ts) >= 2  # each client moved through its stream in order
+        assert ended[k] == sorted(set(ended[k])) and set(ts[:-1]) <= set(ended[k]) and ts[-1] not in ended[k]
+    assert sum(len(ts) for ts in ended.values()) > sum(len(ts) - 1 for ts in moved.values())  # windows passed over tasks
 
 
 def test_joint_training_sees_every_task_and_is_fedavg_with_one_task(data_root, tmp_path):

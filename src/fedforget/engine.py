@@ -160,60 +160,7 @@ class Simulation:
         }  # fmt: skip
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
-        self.check_task_reports()
         self.method.server_init(self.server)
-
-    def check_task_reports(self) -> None:
-        """Under asynchronous boundaries a client's task ends when it first trains on a later
-        task (``LocalTrainer.enter_task``): it reports that one task, and its report waits
-        for the server's task end, one per client. Before round 1, for a method with a
-        task-end report, count the client tasks whose rows the schedule (the keyed sampling
-        and each client's windows) trains but whose report it loses: a window that passes
-        over a task, or two moves before one server task end (the earlier report replaced);
-        warn, naming the first, and record the count in run.json (``task_reports_lost``)
-        [D: found in review; every task's report would need several reports per client,
-        not built yet. A task a client never trained on is not asked for]."""
-        sc, t = self.scenario, self.cfg.train
-        if sc.window is None or TASK_END not in self.method.exchanges:
-            return
-        row_task = self.clients.task.cpu()
-        current: dict[int, int] = {}
-        trained: dict[int, dict[int, int]] = {}  # client -> task -> the first round it trained on its rows
-        reported: dict[int, set[int]] = {}
-        waiting: dict[int, int] = {}  # client -> the task of its report waiting for the server's task end
-        lost: list[tuple[int, int, int, str]] = []
-        for rnd in range(1, t.rounds + 1):
-            for c in sample_clients(self.cfg.seed, rnd, self.cfg.partition.clients, t.sample_rate):
-                v = self.trainer.round_view(c, rnd)
-                if not t.epoch_rows(len(v)):
-                    continue
-                prev = current.get(c)
-                if prev is not None and prev != v.task:
-                    if c in waiting:
-                        lost.append((c, waiting[c], rnd, "replaced by its next report before the server's task end"))
-                    waiting[c] = prev
-                    reported.setdefault(c, set()).add(prev)
-                current[c] = v.task
-                for task in row_task[v.start : v.stop].unique().tolist():
-                    trained.setdefault(c, {}).setdefault(task, rnd)
-            if sc.ends_task(rnd):
-                waiting.clear()
-        for c, tasks in trained.items():
-            lost += [(c, task, rnd, "its windows passed over it") for task, rnd in tasks.items()
-                     if task != current[c] and task not in reported.get(c, set())]  # fmt: skip
-        if lost:
-            c, task, rnd, why = min(lost)
-            per, w = sc.window
-            log.warning(
-                "scenario.boundaries: method '%s' reports a task's end once a client moves past it, one report per "
-                "client between server task ends; with samples_per_window=%d, window_rounds=%d and train.sample_rate="
-                "%s, %d client task(s) trained are never reported, e.g. client %d's task %d (trained from round %d): "
-                "%s. Clients moving one task at a time, at most once per server task, lose none (train.sample_rate 1, "
-                "samples_per_window at most a client's task rows, window_rounds >= rounds_per_task), nor "
-                "scenario.boundaries: sync",
-                self.method.name, per, w, t.sample_rate, len(lost), c, task, rnd, why,
-            )  # fmt: skip
-            self.engine_info["task_reports_lost"] = len(lost)
 
     # the run's state, read through the names the engine and the tests use (one home: fed)
     # the run's state, held by ``self.fed`` (its one home)

@@ -212,6 +212,8 @@ def run_training(
     )
     if sim.memory.enabled:  # train.phase_memory
         record["peak_memory_by_phase_mb"] = dict(sim.memory.peaks)
+    if sim.fed.reports_replaced:  # asynchronous boundaries: task reports a later one replaced
+        record["task_reports_replaced"] = sum(sim.fed.reports_replaced.values())
     atomic_write_json(out / "run.json", record)
     ckpt_path.unlink(missing_ok=True)  # the run is over: its outputs are complete
     log.info("%s: %s after %d rounds", out, status, record["rounds_completed"])

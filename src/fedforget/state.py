@@ -73,6 +73,8 @@ class FedState:
     # at their task's end, until the server's task ends (asynchronous boundaries)
     client_task: dict[int, int] = field(default_factory=dict)
     task_reports: dict[int, Any] = field(default_factory=dict)
+    # per client, the task reports a later one replaced before the server's task end
+    reports_replaced: dict[int, int] = field(default_factory=dict)
     rows: list[dict[str, Any]] = field(default_factory=list)  # the metrics rows so far
     # not state, how it is kept: the training device (its RNG is saved on a GPU), and whether
     # per-client state lives in host memory between a client's rounds (on a GPU, so device
@@ -88,8 +90,10 @@ class FedState:
         return st
 
     def client_dicts(self) -> dict[str, dict[int, Any]]:
-        """The fields keyed by client (``clients``, ``client_task``, ``task_reports``)."""
-        return {"clients": self.clients, "client_task": self.client_task, "task_reports": self.task_reports}
+        """The fields keyed by client (``clients``, ``client_task``, ``task_reports``,
+        ``reports_replaced``)."""
+        return {"clients": self.clients, "client_task": self.client_task, "task_reports": self.task_reports,
+                "reports_replaced": self.reports_replaced}  # fmt: skip
 
     def order_clients(self, before: dict[str, set[int]], cids: list[int]) -> None:
         """The entries of the fields keyed by client that are new since ``before`` (each
@@ -127,7 +131,8 @@ class FedState:
             "global_params": self.global_params,
             "server_state": self.server,
             "client_state": self.clients,
-            "tasks": {"server": self.task, "clients": self.client_task, "reports": self.task_reports},
+            "tasks": {"server": self.task, "clients": self.client_task, "reports": self.task_reports,
+                      "replaced": self.reports_replaced},
             "rows": self.rows,
             "rng": rng,
         }
@@ -142,6 +147,7 @@ class FedState:
         self.task = d["tasks"]["server"]
         self.client_task = d["tasks"]["clients"]
         self.task_reports = d["tasks"]["reports"]
+        self.reports_replaced = dict(d["tasks"].get("replaced", {}))  # (counted since 2026-12-06)
         self.rows = [dict(r) for r in d["rows"]]
         for cid in self.clients:
             self.park(cid)

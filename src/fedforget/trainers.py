@@ -244,25 +244,39 @@ class LocalTrainer:
         return self.clients.view(cid, rnd, type(self.method).trait("sees_all_tasks", self.method.p))
 
     def enter_task(self, ctx: ClientContext) -> None:
-        """A client's first training on a task: under asynchronous boundaries its previous
-        task ends here (its TASK_END report waits for the server's task end)."""
+        """A client's first training on a task: under asynchronous boundaries the tasks it
+        moves past end here, its previous one and those whose rows this window holds between
+        it and the new one (a window that passes over a task), in order; each TASK_END
+        report waits for the server's task end, one per client [D]: a later one replaces an
+        earlier (warned, counted in ``FedState.reports_replaced``, run.json
+        ``task_reports_replaced``). Before 2026-12-06 a passed-over task was not ended at
+        all (found in review): a GLFC client kept no exemplars of it, a GPM client no bases."""
         prev = self.fed.client_task.get(ctx.cid)
         if prev == ctx.task:
             return
-        if prev is not None and self.scenario.window is not None:
-            report = self.end_client_task(ctx.cid, prev, ctx.round, ctx.lr)
-            if report is not None:
+        if self.scenario.window is not None:
+            ended = [] if prev is None else [prev]
+            if TASK_END in self.method.exchanges and ctx.data is not None:
+                v = ctx.data
+                held = self.clients.task[v.start : v.stop].unique().tolist()
+                ended += [t for t in held if t < ctx.task and (prev is None or t > prev)]
+            for task in ended:
+                report = self.end_client_task(ctx.cid, task, ctx.round, ctx.lr)
+                if report is None:
+                    continue
                 if ctx.cid in self.fed.task_reports:  # [D] one report per client per server task end
                     log.warning(
-                        "client %d ended two tasks before the server's task end: its earlier report is replaced",
-                        ctx.cid,
-                    )
+                        "client %d ended two tasks before the server's task end (task %d now): its earlier report "
+                        "is replaced", ctx.cid, task,
+                    )  # fmt: skip
+                    self.fed.reports_replaced[ctx.cid] = self.fed.reports_replaced.get(ctx.cid, 0) + 1
                 self.fed.task_reports[ctx.cid] = report
-            # the reply parked the client's state (host memory, on a GPU): ctx.state is that
-            # very dict, back on the device for this training
-            self.fed.client(ctx.cid)
-            self.load_params(self.model, self.fed.global_params)
-            self.model.set_task(ctx.task)
+            if ended:
+                # the reply parked the client's state (host memory, on a GPU): ctx.state is that
+                # very dict, back on the device for this training
+                self.fed.client(ctx.cid)
+                self.load_params(self.model, self.fed.global_params)
+                self.model.set_task(ctx.task)
         self.fed.client_task[ctx.cid] = ctx.task
 
     def train_client(
