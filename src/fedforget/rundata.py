@@ -77,7 +77,7 @@ def load_run_data(
         torch.as_tensor(np.concatenate(tasks), device=device),
         offsets,
         sc,
-        sc.class_mask(device) if sc.masked else None,
+        None,  # no training mask: task-IL masks at test only (Scenario.masked)
         inputs,
     )
     # the test split and the public set are held as model inputs (converted once)

@@ -326,7 +326,12 @@ class Scenario:
     # ------------------------------------------------------------------ rows and classes
     @property
     def masked(self) -> bool:
-        """Task-IL: logits outside the task's classes are masked (training and test)."""
+        """Task-IL: at test, the scores outside the task's classes are masked (the task id is
+        given at inference); training sees every class's logits, as class-IL [P fedgp.md Sec.
+        5: "the task identity t is given at inference time"; C FedGP's code (Fed-A-GEM
+        models/test.py) scores one class-IL-trained model both ways; METHODS.md "FedGP"].
+        Training masked them too before 2026-12-06 (found in review: another experiment, an
+        easier one): every task-IL run changed once."""
         return self.incremental == "task" and self.kind == "split"
 
     @property

@@ -395,7 +395,7 @@ class GLFC(FedAvg):
         known = self.class_task >= 0
         self.seen = known & (self.class_task[None] <= t_ids)  # [T, C]: classes of tasks <= t
         self.old = known & (self.class_task[None] < t_ids)  # [T, C]: classes of tasks < t
-        self.masked = sc is not None and sc.masked
+        self.masked = False  # trained as class-IL: task-IL masks at test only (Scenario.masked) [P, C FedGP]
         self._encoders: dict[tuple[int, ...], nn.Module] = {}  # Gamma per input shape (a constant)
 
     # ---------------------------------------------------------------- helpers

@@ -45,12 +45,12 @@ Local loss, one minibatch (x, y) [P Eq. 5, C engine.py]::
 The pull (surrogate) term moves the selected keys towards the queries; its gradient reaches
 the keys only (the query and the selection are constant). The code subtracts
 pull_coeff * (sum of the cosines) / B: the same up to the constant pull_coeff * N. ``mask`` [C:
-``train_mask``]: in class-incremental split streams the logits outside the classes of the
-row's task are -inf during training (the code masks those outside the current task; a
-row's task is its label's task, the same under synchronous boundaries and right for the
-rows of older tasks in an asynchronous window [D]); task-incremental streams mask anyway
-(ctx.logit_mask); domain streams hold every class in every task (nothing to mask); test
-time never masks beyond the scenario's own task-IL mask. Gradients of the trainable
+``train_mask``]: in split streams (class- and task-IL alike: task-IL trains as class-IL,
+``Scenario.masked``) the logits outside the classes of the row's task are -inf during
+training (the code masks those outside the current task; a row's task is its label's task,
+the same under synchronous boundaries and right for the rows of older tasks in an
+asynchronous window [D]); domain streams hold every class in every task (nothing to mask);
+test time never masks beyond the scenario's own task-IL mask. Gradients of the trainable
 parameters are clipped to a total norm of ``clip_norm`` after the backward [C:
 grad_clip_max_norm / clip_grad 1.0] (``client_grad``; under FedGP, before its
 projection).
@@ -262,16 +262,11 @@ class L2P(FedAvg):
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)
         sc = info.scenario
-        # class-IL split streams: row c = the classes of class c's task (the train mask of a
-        # row with label c: FedAvg.label_classes); None where nothing is masked (task-IL masks
-        # already, domain streams and one-task runs hold every class)
-        if (
-            params.train_mask
-            and sc is not None
-            and sc.kind == "split"
-            and sc.tasks > 1
-            and not sc.masked
-        ):
+        # split streams (class- and task-IL, which trains as class-IL: Scenario.masked): row c
+        # = the classes of class c's task (the train mask of a row with label c:
+        # FedAvg.label_classes); None where nothing is masked (domain streams and one-task
+        # runs hold every class)
+        if params.train_mask and sc is not None and sc.kind == "split" and sc.tasks > 1:
             task_of = torch.full((sc.num_classes,), -1, dtype=torch.long)
             for t, cls in enumerate(sc.task_classes):
                 task_of[cls] = t

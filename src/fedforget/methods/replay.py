@@ -307,8 +307,8 @@ def sample_generator(seed: int, rnd: int, cid: int, task: int, stream: int) -> t
 
 class Replay:
     """What A-GEM, DER and FedGP share on the client side: the buffer, the per-round offer
-    budget and generators (in the method's scratch), each row's task and the logits and
-    task-IL masks of replayed rows. Per-client values live in the method's scratch
+    budget and generators (in the method's scratch), each row's task and the logits of
+    replayed rows (no task-IL masks: task-IL trains as class-IL, ``Scenario.masked``). Per-client values live in the method's scratch
     namespace passed in (``s``) and in ``ctx.state``; this object only holds constants."""
 
     def __init__(
@@ -325,7 +325,7 @@ class Replay:
             for i, cls in enumerate(sc.task_classes):
                 t[cls] = i
             self.task_of_class = t.to(info.device)
-        self.class_mask = sc.class_mask(info.device) if sc is not None and sc.masked else None
+        self.class_mask = None  # replayed rows scored over every class: task-IL masks at test only (Scenario.masked)
 
     def begin(self, ctx: ClientContext, s: SimpleNamespace) -> None:
         """Set up client ``ctx``'s round in the namespace ``s``: its offer budget and
