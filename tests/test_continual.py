@@ -567,3 +567,13 @@ def test_classes_in_no_task_are_refused_unless_dropped_on_purpose():
     assert "leftover_classes" not in resolve_scenario({**raw, "tasks": 2, "classes_per_task": 5}, 10, (1, 8, 8), "s")
     with pytest.raises(FedForgetError, match=r"s.leftover_classes is only for kind 'split'"):
         resolve_scenario({"kind": "rotated", "tasks": 2, "rounds_per_task": 1, "leftover_classes": "drop"}, 10, (1, 8, 8), "s")
+
+
+def test_every_task_end_is_evaluated_whatever_eval_every(data_root, tmp_path):
+    """Acc_t is read at task t's last round: a task end is evaluated even where eval_every
+    does not divide it (3 tasks of 3 rounds, every 4th round: rounds 3, 4, 6, 8, 9)."""
+    scen = {"kind": "split", "tasks": 3, "classes_per_task": 3, "rounds_per_task": 3, "leftover_classes": "drop"}
+    _, rows, _ = Simulation(digits_run(data_root, tmp_path, scen, eval_every=4)).run(progress=False)
+    assert [r["round"] for r in rows if "global_model_test_acc" in r] == [0, 3, 4, 6, 8, 9]
+    after = sorted({t["current_task"] for r in rows if r["round"] in (3, 6, 9) for t in r["_tasks"]})
+    assert after == [0, 1, 2]
