@@ -64,3 +64,19 @@ def test_bf16_builds_the_projections_in_fp32_in_both_trainers(make_run_config, m
         Simulation(rc).run(progress=False)
     assert any(dense for _, dense, _ in made) and not any(on for on, _, _ in made)
     assert {dtype for _, _, dtype in made} == {torch.float32}
+
+
+def test_the_contrastive_similarities_stay_fp32_under_bf16():
+    """FedRCL's and SCR's similarity matrices are the methods' own math: fp32 under a bf16
+    step's autocast, as outside it (one client after another computed them in bf16, the
+    stacked trainer in fp32, before 2026-12-06; found in review)."""
+    from fedforget.methods.fedrcl import rcl_terms
+    from fedforget.methods.scr import supcon_loss
+
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(12, 16, generator=g), torch.randint(0, 3, (12,), generator=g)
+    views = torch.nn.functional.normalize(torch.randn(2, 2, 6, 8, generator=g), dim=-1)
+    plain = [*rcl_terms(z, y, 0.5, 0.3), supcon_loss(views, y[:12].view(2, 6), 0.07)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = [*rcl_terms(z, y, 0.5, 0.3), supcon_loss(views, y[:12].view(2, 6), 0.07)]
+    assert all(a.dtype == b.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(plain, cast))

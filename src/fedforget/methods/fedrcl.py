@@ -111,13 +111,16 @@ TOPK_NEG = 2  # released config: two hardest other-label samples per anchor in L
 def rcl_terms(
     z: torch.Tensor, y: torch.Tensor, tau: float, threshold: float, pairs: str = "all"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean_x L_SCL(x), mean_x L_DIV(x)) on representations z [B, d] with labels y [B]."""
+    """(mean_x L_SCL(x), mean_x L_DIV(x)) on representations z [B, d] with labels y [B]; in
+    fp32 whatever the step's precision [D: under bf16 one client after another computed the
+    similarities in autocast's bf16 and the stacked trainer in fp32]."""
     b = len(y)
     if b < 2:  # no pairs
-        zero = torch.zeros((), device=z.device, dtype=z.dtype)
+        zero = torch.zeros((), device=z.device, dtype=torch.promote_types(z.dtype, torch.float32))
         return zero, zero
-    zn = F.normalize(z, dim=1)
-    s = zn @ zn.T  # sim(x_i, x_j)
+    with torch.autocast(z.device.type, enabled=False):
+        zn = F.normalize(z.to(torch.promote_types(z.dtype, torch.float32)), dim=1)
+        s = zn @ zn.T  # sim(x_i, x_j)
     eye = torch.eye(b, dtype=torch.bool, device=z.device)
     same = y[:, None] == y[None, :]
     inf = float("inf")

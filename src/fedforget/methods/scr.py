@@ -127,9 +127,11 @@ def supcon_loss(z: torch.Tensor, y: torch.Tensor, temperature: float, mask: torc
     all the client's other real rows, its positives those of its class. [G]."""
     g, v, n = z.shape[:3]
     f = z.reshape(g, v * n, -1)
+    f = f.to(torch.promote_types(f.dtype, torch.float32))
     labels = y.repeat(1, v)
     valid = torch.ones_like(labels, dtype=torch.bool) if mask is None else mask.bool().repeat(1, v)
-    logits = f @ f.transpose(1, 2) / temperature
+    with torch.autocast(z.device.type, enabled=False):  # fp32 whatever the step's precision [D]
+        logits = f @ f.transpose(1, 2) / temperature
     out = torch.eye(v * n, dtype=torch.bool, device=z.device) | ~valid.unsqueeze(1)  # self, padding
     log_prob = logits - torch.logsumexp(logits.masked_fill(out, float("-inf")), 2, keepdim=True)
     pos = (labels.unsqueeze(2) == labels.unsqueeze(1)) & ~out
