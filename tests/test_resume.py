@@ -124,6 +124,26 @@ def test_a_format_2_checkpoint_loads_unless_task_reports_wait_in_it():
     assert back.task_reports == {4: {"n": 1}, 1: {"n": 2}}
     with pytest.raises(FedForgetError, match=r"checkpoint format 1; this fedforget reads 2 and 3"):
         restore(back, {**ckpt, "format": 1}, "h")
+    # a run that format 3's code computes otherwise (found in review: it would have resumed
+    # a task-IL run trained masked, unmasked)
+    with pytest.raises(FedForgetError, match=r"format 2 was written by a fedforget that computed this run "
+                                             r"otherwise \(task-IL trains unmasked, since format 3\).*delete"):
+        restore(back, ckpt, "h", ["task-IL trains unmasked"])
+
+
+def test_the_runs_format_3_computes_otherwise_are_named(make_run_config):
+    from fedforget.checkpoint import format2_changes
+
+    assert format2_changes(make_run_config()) == []
+    split = {"kind": "split", "tasks": 2, "classes_per_task": 2, "rounds_per_task": 1, "leftover_classes": "drop"}
+    assert format2_changes(make_run_config(dataset="digits", scenario=split)) == []
+    rc = make_run_config(dataset="digits", scenario={**split, "incremental": "task", "heads": "per_task"}, precision="bf16")
+    assert format2_changes(rc) == ["task-IL trains unmasked", "per-task heads: the server's and frozen models' heads",
+                                   "bf16: step terms and similarities in fp32"]  # fmt: skip
+    windows = {**split, "boundaries": {"samples_per_window": 40, "window_rounds": 1}}
+    assert format2_changes(make_run_config(dataset="digits", scenario=windows)) == [
+        "asynchronous boundaries: passed-over tasks ended"
+    ]
 
 
 def test_damaged_checkpoint_is_a_clear_error(make_run_config, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,28 @@ def resume_threads(ckpt: dict[str, Any], asked: int) -> int | None:
     return had
 
 
-def restore(fed: FedState, ckpt: dict[str, Any], config_hash: str) -> None:
+def format2_changes(cfg: RunConfig) -> list[str]:
+    """What of run ``cfg`` computes otherwise since checkpoint format 3 (2026-12-06): a
+    format 2 checkpoint of such a run would continue another computation than it began."""
+    sc, changes = cfg.dataset.scenario or {}, []
+    if sc.get("incremental") == "task" and sc.get("kind") == "split":
+        changes.append("task-IL trains unmasked")
+    if sc.get("heads") == "per_task":
+        changes.append("per-task heads: the server's and frozen models' heads")
+    if sc.get("boundaries", "sync") != "sync":
+        changes.append("asynchronous boundaries: passed-over tasks ended")
+    if cfg.train.precision == "bf16":
+        changes.append("bf16: step terms and similarities in fp32")
+    return changes
+
+
+def restore(fed: FedState, ckpt: dict[str, Any], config_hash: str, changed: Sequence[str] = ()) -> None:
     """Put a checkpoint into ``fed`` (checked: format, config hash, parameter keys). A
     format 2 checkpoint loads where it holds no waiting task reports, the one part whose
-    layout format 3 changed (FOT's and FedProTIP's sketches became ``Summed`` shares) [D]:
-    with some, the run is refused here, not at its task end rounds later."""
+    layout format 3 changed (FOT's and FedProTIP's sketches became ``Summed`` shares), and
+    where nothing the run computes changed with format 3 (``changed``: ``format2_changes``)
+    [D]: otherwise the run is refused here, not at its task end rounds later, nor continued
+    as another computation than it began."""
     fmt = ckpt.get("format")
     if fmt not in (2, CHECKPOINT_FORMAT):
         raise FedForgetError(f"checkpoint format {fmt!r}; this fedforget reads 2 and {CHECKPOINT_FORMAT}")
@@ -82,6 +100,12 @@ def restore(fed: FedState, ckpt: dict[str, Any], config_hash: str) -> None:
             f"checkpoint format 2 holds the task reports of clients {sorted(waiting)} (asynchronous task "
             f"boundaries), written before format {CHECKPOINT_FORMAT} changed their layout (Summed sketch shares); "
             "finish the run with the fedforget that wrote it, or delete the checkpoint to start this run over"
+        )
+    if fmt == 2 and changed:
+        raise FedForgetError(
+            f"checkpoint format 2 was written by a fedforget that computed this run otherwise ({'; '.join(changed)}, "
+            f"since format {CHECKPOINT_FORMAT}); finish the run with the fedforget that wrote it, or delete the "
+            "checkpoint to start this run over"
         )
     if ckpt["config_hash"] != config_hash:
         raise FedForgetError(

@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import check_client_threads, checkpoint_of, restore, resume_threads
+from .checkpoint import (
+    check_client_threads,
+    checkpoint_of,
+    format2_changes,
+    restore,
+    resume_threads,
+)
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
 from .evaluation import Evaluator
@@ -261,7 +267,7 @@ class Simulation:
                 on_row(row)
 
         if resume is not None:
-            restore(fed, resume, cfg.hash)
+            restore(fed, resume, cfg.hash, format2_changes(cfg))
             threads = resume_threads(resume, t.threads)
             if threads is not None:
                 log.info("resuming on the checkpoint's %d torch threads (CPU results depend on the count)", threads)
