@@ -24,8 +24,8 @@ and FedGP) from a generator keyed (seed, round, client, task, 0x81). [D] Every s
 every offer's placement are made at the client's start, from what the buffer will hold at
 each step (``replay.ReplayPlan``): the same draws and buffer as step by step, and no host work
 in the step, so the stacked trainer captures A-GEM's steps in CUDA graphs. Replayed rows are
-scored with their own task's classes in task-incremental scenarios (mask of the row's task)
-and with their own task's head where heads are per task. Buffer rows are not augmented
+scored over every class (task-IL trains as class-IL: ``Scenario.masked``) and with their own
+task's head where heads are per task. Buffer rows are not augmented
 again when replayed [C: FedGP's code (shenghongdai/Fed-A-GEM, models/Update_booster.py)
 stores the step's transformed image (its ``DatasetSplit`` returns it as ``not_aug_inputs``)
 and replays it with ``get_data(..., transform=None)``; the buffer here likewise keeps the
@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload, masked_logits
+from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload
 from .params import integer
 from .registry import METHODS
 from .replay import Replay
@@ -132,17 +132,17 @@ class AGEM(FedAvg):
 
     def reference(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list) -> dict[str, torch.Tensor]:
         """g_ref of each client of the stack: the gradient of the cross-entropy on its memory
-        batch (each row scored with its own task's classes where the scenario masks them), in
-        its weights; zeros for a client without one."""
+        batch (every class scored: task-IL trains as class-IL), in its weights; zeros for a
+        client without one."""
         if len(mems) == 1:  # a client alone: the batch's mean, as it always was
             m = mems[0]
             logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
-            loss = F.cross_entropy(masked_logits(logits, self.replay.mask(m["task"])), m["y"])
+            loss = F.cross_entropy(logits, m["y"])
             return step.grad(loss, w)
         pad, mask, rows = self.replay.padded(mems)
-        logits = masked_logits(step.forward(w, pad["x"], pad["task"], rows), self.replay.mask(pad["task"]))
+        logits = step.forward(w, pad["x"], pad["task"], rows)
         per = F.cross_entropy(logits.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask)
-        per = per.masked_fill(mask == 0, 0.0)  # a padding row's CE may be infinite (its label masked)
+        per = per.masked_fill(mask == 0, 0.0)  # padding rows left out (not times 0: NaN from a non-finite one)
         return step.grad((per.sum(1) / mask.sum(1).clamp_min(1.0)).sum(), w)
 
     def client_end(self, ctx: ClientContext) -> Upload:

@@ -16,8 +16,8 @@ MSE is ``F.mse_loss``'s mean over the batch *and* the classes [C: the DER code, 
 alpha values below are tuned for]; the paper writes ||.||_2^2 (a sum over classes), i.e. C times
 larger (the paper's own tables use the code). The stored logits are the raw training-forward logits of every class (not masked in
 task-incremental scenarios) [C: the DER code stores ``outputs.data``]; replayed rows are
-scored with their own task's head where heads are per task, and DER++'s CE masks each row's
-logits to its own task's classes in task-incremental scenarios (as the step's CE does).
+scored with their own task's head where heads are per task, and DER++'s CE runs over every
+class (task-IL trains as class-IL, as the step's CE does: ``Scenario.masked``).
 No buffer terms while the buffer is empty [C], nor for a zero weight (alpha = 0 skips the
 replay forward entirely, so alpha = beta = 0 is FedAvg bit for bit).
 
@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload, masked_logits
+from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload
 from .params import boolean, integer, number
 from .registry import METHODS
 from .replay import Replay
@@ -136,26 +136,23 @@ class DER(FedAvg):
     def replayed(self, w: dict[str, torch.Tensor], step: StepBatch, mems: list, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(each client's loss on its buffer batch [G], differentiable in w; whether it had
         one [G]): ``mse`` the MSE between the logits and the stored ones (F.mse_loss's mean
-        over rows and classes), ``ce`` the cross-entropy on the stored labels (each row
-        masked to its task's classes in task-incremental scenarios); 0 for a client without
-        a batch."""
+        over rows and classes), ``ce`` the cross-entropy on the stored labels over every
+        class; 0 for a client without a batch."""
         has = self.replay.has(mems, step.x.device, torch.float32)
         if len(mems) == 1:  # a client alone: the batch's mean, as it always was
             m = mems[0]
             logits = step.forward(w, m["x"].unsqueeze(0), m["task"].unsqueeze(0))[0]
             if kind == "mse":
                 return F.mse_loss(logits, m["logits"]).unsqueeze(0), has
-            return F.cross_entropy(masked_logits(logits, self.replay.mask(m["task"])), m["y"]).unsqueeze(0), has
+            return F.cross_entropy(logits, m["y"]).unsqueeze(0), has
         pad, mask, rows = self.replay.padded(mems, ("x", "y", "task", "logits"))
         logits = step.forward(w, pad["x"], pad["task"], rows)
         n = mask.sum(1).clamp_min(1.0)
         if kind == "mse":
             sq = (logits - pad["logits"].to(logits.dtype)).pow(2).mean(-1) * mask
             return sq.sum(1) / n, has
-        z = masked_logits(logits, self.replay.mask(pad["task"]))
-        per = F.cross_entropy(z.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask)
-        # a padding row (label 0, task 0) may score its label outside the task's classes: an
-        # infinite CE, which a product with the mask's 0 would make NaN
+        per = F.cross_entropy(logits.flatten(0, 1), pad["y"].flatten(), reduction="none").view_as(mask)
+        # padding rows left out, not multiplied by 0 (a non-finite value of one would be NaN)
         return per.masked_fill(mask == 0, 0.0).sum(1) / n, has
 
     def client_end(self, ctx: ClientContext) -> Upload:

@@ -28,8 +28,9 @@ Each round, with the base method's training, server and state unchanged:
    the local buffer gradients g_ref^k from client k in [K]" [P]; the code samples every
    client every round, so each has trained [C]), the mean cross-entropy on
    ``ref_batch_size`` (32) rows drawn uniformly
-   without replacement from its buffer, in training mode [C]; replayed rows are scored with
-   their own task's classes (task-IL) and head (per-task heads), as A-GEM's are. The server
+   without replacement from its buffer, in training mode [C]; replayed rows are scored over
+   every class (task-IL trains as class-IL) and with their own task's head (per-task heads),
+   as A-GEM's are. The server
    averages them (mean over the clients with a non-empty buffer [D]; the code sums, and the
    projection is invariant to that scale) into g_ref, fixed for the whole next round.
 
@@ -108,7 +109,6 @@ from .base import (
     ServerContext,
     Upload,
     grads_alone,
-    masked_logits,
 )
 from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
@@ -422,10 +422,9 @@ class FedGP(OverBase):
             by_rows.setdefault(len(mem["y"]), []).append(i)
         for group in by_rows.values():
             x, y, task = (torch.stack([mems[i][k] for i in group]) for k in ("x", "y", "task"))
-            masks = [self.replay.mask(mems[i]["task"]) for i in group]
 
-            def losses(logits: torch.Tensor, lo: int, y: torch.Tensor = y, masks: list = masks) -> torch.Tensor:
-                return torch.stack([F.cross_entropy(masked_logits(z, masks[lo + i]), y[lo + i]) for i, z in enumerate(logits)])
+            def losses(logits: torch.Tensor, lo: int, y: torch.Tensor = y) -> torch.Tensor:
+                return torch.stack([F.cross_entropy(z, y[lo + i]) for i, z in enumerate(logits)])
 
             g = grads(x, task, losses, group)
             for j, i in enumerate(group):

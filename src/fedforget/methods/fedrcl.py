@@ -114,12 +114,12 @@ def rcl_terms(
     """(mean_x L_SCL(x), mean_x L_DIV(x)) on representations z [B, d] with labels y [B]; in
     fp32 whatever the step's precision [D: under bf16 one client after another computed the
     similarities in autocast's bf16 and the stacked trainer in fp32]."""
-    b = len(y)
+    b, dtype = len(y), torch.promote_types(z.dtype, torch.float32)
     if b < 2:  # no pairs
-        zero = torch.zeros((), device=z.device, dtype=torch.promote_types(z.dtype, torch.float32))
+        zero = torch.zeros((), device=z.device, dtype=dtype)
         return zero, zero
     with torch.autocast(z.device.type, enabled=False):
-        zn = F.normalize(z.to(torch.promote_types(z.dtype, torch.float32)), dim=1)
+        zn = F.normalize(z.to(dtype), dim=1)
         s = zn @ zn.T  # sim(x_i, x_j)
     eye = torch.eye(b, dtype=torch.bool, device=z.device)
     same = y[:, None] == y[None, :]

@@ -38,9 +38,9 @@ Client k, task t (classes Y^t new, the classes of the tasks before t old, C^p of
    used [D]. Loss [C]: L_GC alone without an old model, else lambda_gc L_GC + lambda_rd L_RD.
    ``loss``: softmax [P: CE and KL] | sigmoid [C: per-class binary cross-entropy, targets
    sigmoid(old logits), G_i = sigmoid(z_{y_i}) - 1, each row's mean over its classes].
-   Scored classes [C]: the classes seen so far (the code grows its output layer per task);
-   task-IL: those of each row's task (as ``ctx.logit_mask``); per-task heads: each class's
-   newest head (class-IL) or the row's task head (task-IL). ``eval_predict`` likewise scores only
+   Scored classes [C]: the classes seen so far (the code grows its output layer per task;
+   task-IL trains as class-IL, its mask the evaluator's: ``Scenario.masked``); per-task
+   heads: each class's newest head. ``eval_predict`` likewise scores only
    the seen classes (unseen ones at the row's lowest seen logit - 30, finite) [C].
 4. Task transitions [D]: the code's clients detect a new task themselves (mean prediction
    entropy of the global model on their data rising by > 1.2); here the engine's task hooks
@@ -148,10 +148,8 @@ PERTURB_WD = 1e-5  # [C] weight decay of the prototype perturbation
 
 
 # ----------------------------------------------------------------------------- scoring
-def class_scores(
-    model: nn.Module, x: torch.Tensor, row_task: torch.Tensor, top: int, masked: bool
-) -> torch.Tensor:
-    return head_scores(model, model.features(x), row_task, top, masked)
+def class_scores(model: nn.Module, x: torch.Tensor, top: int) -> torch.Tensor:
+    return head_scores(model, model.features(x), top)
 
 
 def true_class_gap(
@@ -395,7 +393,6 @@ class GLFC(FedAvg):
         known = self.class_task >= 0
         self.seen = known & (self.class_task[None] <= t_ids)  # [T, C]: classes of tasks <= t
         self.old = known & (self.class_task[None] < t_ids)  # [T, C]: classes of tasks < t
-        self.masked = False  # trained as class-IL: task-IL masks at test only (Scenario.masked) [P, C FedGP]
         self._encoders: dict[tuple[int, ...], nn.Module] = {}  # Gamma per input shape (a constant)
 
     # ---------------------------------------------------------------- helpers
@@ -417,9 +414,9 @@ class GLFC(FedAvg):
         return torch.where(t >= 0, t, torch.full_like(t, task) if isinstance(task, int) else task.expand_as(t))
 
     def allowed(self, row_task: torch.Tensor, task: int | torch.Tensor) -> torch.Tensor:
-        """bool [..., N, C]: the classes a row may score (seen ones; task-IL: its task's)."""
-        a = self.seen[task].expand(*row_task.shape, -1)
-        return a & self.seen[row_task] & ~self.old[row_task] if self.masked else a
+        """bool [..., N, C]: the classes a row may score, the seen ones (task-IL trains as
+        class-IL: its mask is the evaluator's, ``Scenario.masked``)."""
+        return self.seen[task].expand(*row_task.shape, -1)
 
     # ---------------------------------------------------------------- server side
     def server_init(self, server: ServerContext) -> None:
@@ -498,7 +495,7 @@ class GLFC(FedAvg):
         model.eval()
         t = min(server.task, self.tasks - 1)
         rt = self.row_task(y, t)
-        logits = class_scores(model, x, rt, t, self.masked)
+        logits = class_scores(model, x, t)
         pred = logits.masked_fill(~self.allowed(rt, t), float("-inf")).argmax(1)
         model.train(was)
         return float((pred == y).double().mean())
@@ -579,12 +576,11 @@ class GLFC(FedAvg):
         mem = self.memory_rows(ctx)
         if mem is not None:
             x, y = torch.cat([x, mem[0].to(x.dtype)]), torch.cat([y, mem[1]])
-        rt = self.row_task(y, t)
-        logits = class_scores(ctx.model, x, rt, t, self.masked)
+        logits = class_scores(ctx.model, x, t)
         old_logits = None
         if s.old is not None:
             with torch.no_grad():
-                old_logits = class_scores(s.old, x, rt, t, self.masked)
+                old_logits = class_scores(s.old, x, t)
         loss, sums = self.glfc_loss(logits, y, t, t, old_logits)
         s.sums.add(*sums)
         return loss
@@ -687,7 +683,7 @@ class GLFC(FedAvg):
         for _ in range(p.perturb_iters):  # rows are independent: the sum of their losses
             xp.requires_grad_(True)
             loss = row_losses(
-                class_scores(model, xp, rt, t, self.masked), onehot, allowed, p.loss
+                class_scores(model, xp, t), onehot, allowed, p.loss
             ).sum()
             (grad,) = torch.autograd.grad(loss, xp)
             xp = (xp - p.perturb_lr * (grad + PERTURB_WD * xp)).detach()

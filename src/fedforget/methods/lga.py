@@ -227,6 +227,6 @@ class LGA(GLFC):
         if len(ya) == 0:
             return 0.0
         rt = self.row_task(ya, t)
-        logits = head_scores(model, fa, rt, t, self.masked)
+        logits = head_scores(model, fa, t)
         pred = logits.masked_fill(~self.allowed(rt, t), float("-inf")).argmax(1)
         return float((pred == ya).double().mean())

@@ -325,7 +325,6 @@ class Replay:
             for i, cls in enumerate(sc.task_classes):
                 t[cls] = i
             self.task_of_class = t.to(info.device)
-        self.class_mask = None  # replayed rows scored over every class: task-IL masks at test only (Scenario.masked)
 
     def begin(self, ctx: ClientContext, s: SimpleNamespace) -> None:
         """Set up client ``ctx``'s round in the namespace ``s``: its offer budget and
@@ -398,6 +397,3 @@ class Replay:
             return [0] * tasks
         return torch.bincount(rows.reshape(-1).long().cpu(), minlength=tasks)[:tasks].tolist()
 
-    def mask(self, task: torch.Tensor) -> torch.Tensor | None:
-        """Task-IL masks of replayed rows (their tasks' classes), None where nothing is masked."""
-        return None if self.class_mask is None else self.class_mask[task]

@@ -479,18 +479,13 @@ def class_means(
     return means.float(), known
 
 
-def head_scores(
-    model: nn.Module, z: torch.Tensor, row_task: torch.Tensor, top: int, masked: bool
-) -> torch.Tensor:
+def head_scores(model: nn.Module, z: torch.Tensor, top: int) -> torch.Tensor:
     """Logits [N, C] of features ``z``: the shared head, or with per-task heads (up to head
-    ``top``) each class's newest head (class-IL) or each row's own task head (task-IL)."""
+    ``top``) each class's newest head (task-IL trains as class-IL: ``Scenario.masked``)."""
     heads = getattr(model.head, "heads", None)
     if heads is None:
         return model.head(z)
     outs = torch.stack([h(z) for h in heads[: top + 1]])  # [T', N, C]
-    rows = torch.arange(len(z), device=z.device)
-    if masked:
-        return outs[row_task.clamp(max=top), rows]
     owner = torch.full((outs.shape[2],), top, dtype=torch.long)
     for t in range(top + 1):
         owner[model.head.task_classes[t]] = t
