@@ -34,7 +34,8 @@ from typing import Any
 import yaml
 
 from fedforget.continual import ACC_AFTER_TASK, TASK_AWARE
-from fedforget.paper_tables import paper_column, paper_method, paper_metric_column
+from fedforget.continual import METRICS as CONTINUAL_METRICS
+from fedforget.paper_tables import paper_columns, paper_method, paper_metric_column
 from fedforget.parse import load_config
 from fedforget.utils import paper_tables
 
@@ -103,6 +104,7 @@ class Run:
     method: str  # the paper's name, lower case
     registered: str  # the method's registered name (fedforget methods)
     continual: bool
+    scored: str | None = None  # the dataset_map entry's scores (paper_tables.SCORED), None: the runs' own
 
 
 @dataclass
@@ -139,10 +141,10 @@ def load(root: Path = ROOT) -> Coverage:
                     continue
                 for d in e.datasets:
                     for p in e.partitions:
-                        col = paper_column(e.paper, d.label, p.setting)
                         cov.runs += [
-                            Run(e.paper["name"], tables, col, paper_method(e.paper, m.label).lower(), m.name,
-                                d.scenario is not None)
+                            Run(e.paper["name"], tables, (pd_, ps), paper_method(e.paper, m.label).lower(), m.name,
+                                d.scenario is not None, scored)
+                            for pd_, ps, scored in paper_columns(e.paper, d.label, p.setting)
                             for m in e.methods
                         ]  # fmt: skip
             for key in linked:
@@ -154,12 +156,17 @@ def load(root: Path = ROOT) -> Coverage:
     return cov
 
 
-def metric_computed(metric: str, registered: str, continual: bool) -> bool:
+def metric_computed(metric: str, registered: str, continual: bool, scored: str | None = None) -> bool:
     """Whether a run of method ``registered`` computes the runs.csv column a paper metric is
-    compared with (``fedforget.paper_tables.paper_metric_column``)."""
+    compared with (``fedforget.paper_tables.paper_metric_column``; under a dataset_map
+    entry's ``scored: task_aware``, the task-aware one: every continual metric and Acc_t)."""
     column = paper_metric_column(metric)
     if column is None:
         return False
+    if scored is not None:  # scored_column(column, scored): acc_task_aware, fgt_task_aware, ...
+        return continual and scored == TASK_AWARE and bool(
+            column in CONTINUAL_METRICS or re.fullmatch(rf"{ACC_AFTER_TASK}\d+", column)
+        )
     if column == "final_global_model_test_acc":
         return True
     if column.startswith(ACC_AFTER_TASK):  # Acc_t (of an inference mode) after task t
@@ -203,7 +210,7 @@ def item_rows(cov: Coverage) -> list[ItemRow]:
             if runs:
                 fill = sum(
                     any(r.column == (c["dataset"], c["setting"]) and r.method == c["method"].lower()
-                        and metric_computed(c["metric"], r.registered, r.continual) for r in runs)
+                        and metric_computed(c["metric"], r.registered, r.continual, r.scored) for r in runs)
                     for c in mine
                 )  # fmt: skip
                 cols = dict.fromkeys((c["dataset"], c["setting"]) for c in mine)

@@ -298,6 +298,15 @@ def test_paper_link_with_several_tables_a_stream_label_and_a_method_map(tmp_path
         check_paper_link({**link, "table": [1, 12]}, str(ref), "experiments[0].paper")
     with pytest.raises(FedForgetError, match=r"dataset_map.digits-task-il=\{'setting': 'x'\}"):
         check_paper_link({**link, "dataset_map": {"digits-task-il": {"setting": "x"}}}, str(ref), "experiments[0].paper")
+    # a list of paper columns, one scored task-aware (FedGP's task-IL from the class-IL runs)
+    cols = [{"dataset": "split-cifar10", "setting": "class-il"}, {"dataset": "split-cifar10", "setting": "task-il", "scored": "task_aware"}]
+    check_paper_link({**link, "dataset_map": {"digits": cols}}, str(ref), "experiments[0].paper", {"digits": True})
+    with pytest.raises(FedForgetError, match=r"dataset_map.digits.scored='aware'; allowed: \['task_aware'\]"):
+        check_paper_link({**link, "dataset_map": {"digits": [{**cols[1], "scored": "aware"}]}}, str(ref), "experiments[0].paper")
+    with pytest.raises(FedForgetError, match=r"dataset_map.digits-task-il.scored='task_aware': dataset 'digits-task-il' has no task-aware"):
+        check_paper_link({**link, "dataset_map": {"digits-task-il": cols}}, str(ref), "experiments[0].paper", {"digits-task-il": False})
+    with pytest.raises(FedForgetError, match=r"dataset_map.digits=\[\]"):
+        check_paper_link({**link, "dataset_map": {"digits": []}}, str(ref), "experiments[0].paper")
 
 
 def test_cells_on_another_client_engine_are_marked():

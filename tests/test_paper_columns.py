@@ -258,6 +258,55 @@ def test_continual_metrics_of_two_linked_tables(tmp_path):
     assert "| FL | paper | 25.00 ± 2.00 |\n|  | ours | 20.00 ± 0.00 |\n|  | Δ | -5.00 |" in md
 
 
+def test_task_il_columns_from_the_class_il_runs_task_aware_scores(tmp_path):
+    """FedGP's task-IL columns from its class-IL runs: a dataset_map value listing two paper
+    columns, the second ``scored: task_aware``, compares that column with runs.csv's task-aware
+    metrics (tasks.csv's ``task_aware``), the first with the runs' own. Two tasks x one round;
+    accuracy a = [[0.8, 0.0], [0.3, 0.9]], task-aware a = [[0.9, 0.5], [0.85, 0.95]] with b =
+    [0.5, 0.4]: task-aware ACC 90 %, Fgt_T 5 %, BWT -5 %, FWT 10 %, Acc_2 90 %."""
+    sc = {"kind": "split", "tasks": 2, "classes_per_task": 1, "incremental": "class", "rounds_per_task": 1}
+    rows = [(0, 0, 0, 0.1, 0.5), (0, 0, 1, 0.1, 0.4), (1, 0, 0, 0.8, 0.9), (1, 0, 1, 0.0, 0.5),
+            (2, 1, 0, 0.3, 0.85), (2, 1, 1, 0.9, 0.95)]  # fmt: skip
+    text = "round,current_task,task,accuracy,loss,task_aware\n" + "".join(
+        f"{r},{c},{t},{a!r},1.0,{w!r}\n" for r, c, t, a, w in rows
+    )
+    dirs = [write_run(tmp_path / "fl0", "FL", 0, final=0.6, scenario=sc, tasks_csv=text)]
+    ref = tmp_path / "paper_results.csv"
+    ref.write_text(
+        HEADER
+        + "G,1,split-cifar10,class-il,FL,acc_T,50.00,\n"
+        + "G,1,split-cifar10,task-il,FL,acc_T,88.00,\n"
+        + "G,11,split-cifar10,task-il,FL,Fgt_T,7.00,\n"
+        + "G,16,split-cifar10,task-il,FL,BWT,-6.00,\n"
+        + "G,16,split-cifar10,task-il,FL,FWT,12.00,\n"
+        + "G,fig5,split-cifar10,task-il,FL,Acc_2,91.00,\n"
+    )
+    cols = [{"dataset": "split-cifar10", "setting": "class-il"},
+            {"dataset": "split-cifar10", "setting": "task-il", "scored": "task_aware"}]  # fmt: skip
+    paper = {"name": "G", "table": [1, 11, 16, "fig5"], "dataset_map": {"digits": cols}}
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e", paper, ref)
+    write_paper_tables(out, "e", paper, ref)
+    runs = pd.read_csv(out / "runs.csv").iloc[0]
+    assert runs["acc"] == pytest.approx(0.6) and runs["acc_task_aware"] == pytest.approx(0.9)
+    assert runs["fgt_task_aware"] == pytest.approx(0.05) and runs["bwt_task_aware"] == pytest.approx(-0.05)
+    assert runs["fwt_task_aware"] == pytest.approx(0.1)
+    cells = pd.read_csv(out / "paper.csv")
+    plain = _cell(cells, "FL", metric="acc_T", setting="class-il")
+    assert plain["our_column"] == "acc" and plain["ours_mean_pct"] == pytest.approx(60.0)
+    want = {"acc_T": ("acc_task_aware", 90.0), "Fgt_T": ("fgt_task_aware", 5.0), "BWT": ("bwt_task_aware", -5.0),
+            "FWT": ("fwt_task_aware", 10.0), "Acc_2": ("avg_acc_after_task_2_task_aware", 90.0)}  # fmt: skip
+    for metric, (column, value) in want.items():
+        c = _cell(cells, "FL", metric=metric, setting="task-il")
+        assert c["our_column"] == column and c["ours_mean_pct"] == pytest.approx(value), metric
+        assert c["our_dataset"] == "digits" and c["our_setting"] == "dirichlet-0.5, scored task-aware"
+    assert _cell(cells, "FL", metric="acc_T", setting="task-il")["diff_pct_points"] == pytest.approx(2.0)
+    assert "split-cifar10 task-il (ours: digits dirichlet-0.5, scored task-aware)" in (out / "paper.md").read_text()
+    continual = pd.read_csv(out / "continual.csv").iloc[0]  # the paper's task-IL numbers beside ours there too
+    assert continual["paper_acc"] == 50.0 and continual["paper_acc_task_aware"] == 88.0
+    assert continual["paper_fgt_task_aware"] == 7.0 and continual["fgt_task_aware_mean"] == pytest.approx(5.0)
+
+
 def test_per_task_metrics_acc_t_and_mb_by_part(tmp_path):
     """FedGP Fig. 5 quotes Acc_5: a paper metric Acc_<t> compares with runs.csv's
     avg_acc_after_task_<t>, the mean over the first t tasks after task t. Three tasks x one

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedforget.paper_tables import paper_column, paper_method
+from fedforget.paper_tables import paper_columns, paper_method
 from fedforget.parse import load_config
 from fedforget.utils import paper_tables
 
@@ -140,7 +140,10 @@ def test_paper_links_fill_the_paper_tables(loaded, repo_root):
                 for t in tables
             }
             ours = {
-                paper_column(e.paper, d.label, p.setting) for d in e.datasets for p in e.partitions
+                (pd_, ps)
+                for d in e.datasets
+                for p in e.partitions
+                for pd_, ps, _ in paper_columns(e.paper, d.label, p.setting)
             }
             assert ours <= set().union(*cols.values()), (
                 name,
@@ -200,7 +203,7 @@ def test_two_representative_configs_dry_run(tmp_path, repo_root):
         len(e["datasets"]) * len(e["partitions"]) * len(e["methods"]) * len(e["seeds"])
         for e in experiments
     )
-    assert jobs["train"] == runs == 72 + 50
+    assert jobs["train"] == runs == 72 + 25  # FedGP Table 4: class-IL runs only (task-IL: scored task-aware)
     assert jobs["paper_table"] == sum(1 for e in experiments if e.get("paper")) == 4
     assert jobs["aggregate_continual"] == 1 and jobs["aggregate"] == 3
     # the text sets and their public sets are prepared from their native files

@@ -14,7 +14,8 @@ beside the paper's ACC and forgetting where the experiment links a paper table).
 accuracy of a stream evaluated without the task id (tasks.csv's ``task_aware``, every method:
 ``fedforget.evaluation``) and a method's other inference modes (``eval_counts``: FedProTIP's
 TIP accuracies) add ``acc_<mode>`` and ``ft_<mode>`` (its tasks.csv column in place of the
-accuracy) to runs.csv and continual.csv, and ``avg_acc_after_task_<t>_<mode>`` to runs.csv, NaN
+accuracy; the task-aware scores every continual metric, ``fgt_task_aware``, ...:
+``extra_kinds``) to runs.csv and continual.csv, and ``avg_acc_after_task_<t>_<mode>`` to runs.csv, NaN
 for the other methods; one whose metrics hold ``<method>_comm_task_mb`` (FOT, FedProTIP) adds
 ``comm_task_mb`` (MB per client and task, mean over tasks) to runs.csv and continual tables,
 and each task's MB by part, ``comm_<part>_mb_task_<t>``, to runs.csv. An experiment of one-task
@@ -36,6 +37,7 @@ from .continual import (
     ACC_AFTER_TASK,
     COLLAPSE_SHARE,
     CONTINUAL_OUTPUTS,
+    TASK_AWARE,
     TASK_COLUMNS,
     TOP_SHARE,
     acc_after_each_task,
@@ -47,6 +49,7 @@ from .continual import (
 )
 from .continual import METRICS as CONTINUAL_METRICS
 from .paper_tables import PAPER_METRICS as PAPER_COLUMNS
+from .paper_tables import paper_columns
 from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
 
@@ -199,10 +202,11 @@ def continual_run(
     metrics = continual_metrics(a, b) if done else dict.fromkeys(CONTINUAL_METRICS, math.nan)
     info.update(tasks=n, rounds_per_task=r, **metrics)
     info.update(_after_task(a, done))
-    for col in [c for c in tasks.columns if c not in TASK_COLUMNS]:  # the method's eval_counts
-        other = accuracy_matrix(tasks.drop(columns="accuracy").rename(columns={col: "accuracy"}), n, r)
-        m = continual_metrics(other) if done else {}
-        info.update({f"{k}_{col}": m.get(k, math.nan) for k in EXTRA_METRICS})
+    for col in [c for c in tasks.columns if c not in TASK_COLUMNS]:  # task_aware, the method's eval_counts
+        scores = tasks.drop(columns="accuracy").rename(columns={col: "accuracy"})
+        other = accuracy_matrix(scores, n, r)
+        m = continual_metrics(other, initial_accuracy(scores, n)) if done else {}
+        info.update({f"{k}_{col}": m.get(k, math.nan) for k in extra_kinds(col)})
         info.update(_after_task(other, done, f"_{col}"))  # its Acc_t (Table 14's TIP)
     return info, tasks, matrix
 
@@ -215,6 +219,14 @@ def _after_task(a: Any, done: bool, suffix: str = "") -> dict[str, float]:
 
 
 EXTRA_METRICS = ("acc", "ft")  # of a method's other inference modes (tasks.csv's extra columns)
+
+
+def extra_kinds(col: str) -> tuple[str, ...]:
+    """The continual metrics runs.csv has of tasks.csv's extra column ``col``: every one
+    (``CONTINUAL_METRICS``) of the task-aware scores (FedGP's task-IL columns are its
+    class-IL runs scored with the task id: ``paper_tables.SCORED``), ACC and FT
+    (``EXTRA_METRICS``) of a method's other inference modes."""
+    return CONTINUAL_METRICS if col == TASK_AWARE else EXTRA_METRICS
 # MB one client sends per task (model + what the method adds: FOT's sketches, FedProTIP's bases
 # and references), from the method's <method>_comm_task_mb column, mean over the run's tasks
 COMM, COMM_SUFFIX = "comm_task_mb", "_comm_task_mb"
@@ -250,7 +262,13 @@ def extra_metrics(runs: pd.DataFrame) -> list[str]:
     """runs.csv's ``acc_<mode>`` / ``ft_<mode>`` columns of the methods' other inference
     modes (``FedAvg.eval_counts``), in order of appearance."""
     known = set(CONTINUAL_METRICS)
-    return [c for c in runs.columns if c.split("_", 1)[0] in EXTRA_METRICS and "_" in c and c not in known]
+    return [c for c in runs.columns if _is_extra(c) and c not in known]
+
+
+def _is_extra(column: str) -> bool:
+    """Whether ``column`` is an ``<metric>_<mode>`` of ``extra_kinds``."""
+    kind, _, mode = column.partition("_")
+    return bool(mode) and kind in extra_kinds(mode)
 
 
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
@@ -323,15 +341,17 @@ def _paper_reference(paper: dict[str, Any], paper_results: str | Path | None) ->
     return ref[(ref["paper"] == paper["name"]) & (ref["table"].astype(str).isin(paper_tables(paper)))]
 
 
-def _paper_number(ref: pd.DataFrame, paper: dict[str, Any], row: pd.Series, metrics: Iterable[str]) -> tuple[float, float]:
+def _paper_number(
+    ref: pd.DataFrame, paper: dict[str, Any], row: pd.Series, metrics: Iterable[str], scored: str | None = None
+) -> tuple[float, float]:
     """(value, std) of the first reference row for ``row``'s dataset / setting / method (the
-    paper link's dataset_map, setting_map and method_map applied; methods case-insensitive) whose metric
-    is one of ``metrics``; NaN, NaN when none."""
-    dmap = paper.get("dataset_map", {})
-    smap = paper.get("setting_map", {})
-    dataset, setting = dmap.get(row["dataset"], row["dataset"]), smap.get(row["setting"], row["setting"])
-    if isinstance(dataset, dict):  # a task stream's label: the paper's dataset and setting
-        dataset, setting = dataset["dataset"], dataset.get("setting", setting)
+    paper link's dataset_map, setting_map and method_map applied, the dataset_map entry whose
+    ``scored`` is ``scored``: ``paper_tables.paper_columns``; methods case-insensitive) whose
+    metric is one of ``metrics``; NaN, NaN when none."""
+    cols = [(d, s) for d, s, by in paper_columns(paper, str(row["dataset"]), str(row["setting"])) if by == scored]
+    if not cols:
+        return math.nan, math.nan
+    dataset, setting = cols[0]
     hit = ref[
         (ref["metric"].isin(list(metrics)))
         & (ref["dataset"] == dataset)
@@ -622,16 +642,27 @@ def attach_paper_continual(
     """Add ``paper_<m>`` and ``paper_<m>_std`` for m in acc, fgt, ft: the linked paper
     table's number of the metric names in PAPER_METRICS for the matching dataset / setting /
     method (as ``attach_paper`` matches), NaN where the paper reports none; and for each
-    other inference mode's ``acc_<mode>`` / ``ft_<mode>``, the paper's ACC_<mode> / FT_<mode>."""
+    other inference mode's ``acc_<mode>`` / ``ft_<mode>``, the paper's ACC_<mode> / FT_<mode>;
+    for a task-aware metric (``acc_task_aware``, ``fgt_task_aware``, ...) with none, the
+    paper's number of the metric in the column a dataset_map entry ``scored: task_aware``
+    maps the row to (FedGP's task-IL: ``paper_tables.SCORED``)."""
     # a method's other inference modes: acc_<mode> / ft_<mode> beside the paper's ACC_<mode> / FT_<mode>
-    names_of = {**PAPER_METRICS, **{m: (_paper_metric_name(m),) for m in _extra_columns(table)}}
+    names_of = {m: [(names, None)] for m, names in PAPER_METRICS.items()}
+    for m in _extra_columns(table):
+        kind, mode = m.split("_", 1)
+        names_of[m] = [((_paper_metric_name(m),), None)] + (
+            [(PAPER_METRICS[kind], mode)] if mode == TASK_AWARE and PAPER_METRICS.get(kind) else []
+        )
     table = table.assign(**{f"paper_{m}{s}": math.nan for m in names_of for s in ("", "_std")})
     if not paper:
         return table
     ref = _paper_reference(paper, paper_results)
     for i, row in table.iterrows():
-        for m, names in names_of.items():
-            value, std = _paper_number(ref, paper, row, names)
+        for m, alternatives in names_of.items():
+            for names, scored in alternatives:
+                value, std = _paper_number(ref, paper, row, names, scored)
+                if not math.isnan(value):
+                    break
             table.loc[i, f"paper_{m}"], table.loc[i, f"paper_{m}_std"] = value, std
     return table
 
@@ -669,7 +700,7 @@ def _extra_columns(table: pd.DataFrame) -> list[str]:
     """continual.csv's metrics of the methods' other inference modes (``acc_<mode>``, ...)."""
     return [
         c[: -len("_mean")] for c in table.columns
-        if c.endswith("_mean") and c.split("_", 1)[0] in EXTRA_METRICS and c[: -len("_mean")] not in CONTINUAL_METRICS
+        if c.endswith("_mean") and _is_extra(c[: -len("_mean")]) and c[: -len("_mean")] not in CONTINUAL_METRICS
     ]  # fmt: skip
 
 

@@ -7,7 +7,9 @@ difference ours − paper.
 Layout [D], one section per linked paper table, one grid per metric of that table:
 
 * columns: the paper's (dataset, setting) columns that this experiment's datasets x settings
-  map to (dataset_map, setting_map; a dataset_map value ``{dataset, setting}`` names both),
+  map to (dataset_map, setting_map; a dataset_map value ``{dataset, setting}`` names both;
+  a list of them maps one of ours to several paper columns, and an entry's ``scored:
+  task_aware`` compares that column with the runs' task-aware metrics, ``SCORED``),
   in the paper's order, then our columns that map to no column of any linked table; the
   paper's other columns are listed below the grid (another experiment may run them);
 * rows: the paper's methods that have a number in those columns or that one of ours maps to
@@ -47,7 +49,7 @@ from typing import Any
 
 import pandas as pd
 
-from .continual import ACC_AFTER_TASK
+from .continual import ACC_AFTER_TASK, TASK_AWARE
 from .utils import FedForgetError, atomic_write_text, paper_tables
 
 PAPER_OUTPUTS = ("paper.csv", "paper.md", "paper.html")
@@ -64,6 +66,14 @@ PAPER_METRICS = {
     "FWT": "fwt",  # FedGP App. A.7 (Table 16)
 }
 MODE_METRICS = ("ACC", "FT")
+# a dataset_map entry's ``scored``: which of the runs' scores its paper column compares with.
+# task_aware: the task-aware metrics (acc_task_aware, fgt_task_aware, ...; tasks.csv's
+# ``task_aware``) of a stream scored without the task id. A task-IL run trains what the
+# class-IL run trains, bit for bit (tests/methods/test_task_il.py), and scores what that
+# run's task-aware column scores, so FedGP's task-IL columns are its class-IL runs scored
+# with the task id [P fedgp.md Sec. 5: the task id given at inference; C Fed-A-GEM
+# models/test.py scores one model both ways], not a second training run [D]
+SCORED = (TASK_AWARE,)
 # MB_<part>_T<t>: FedProTIP Table 9's parts -> the runs' (aggregate.comm_parts; FOT's sketch is
 # the paper's activations, Act)
 COMM_METRIC = re.compile(r"MB_(Model|Act|Base|Ref)(?:_T([1-9]\d*))?")  # no _T<t>: the mean over tasks
@@ -132,15 +142,28 @@ def metric_unit(metric: str) -> str:
     return "MB" if COMM_METRIC.fullmatch(metric) else "%"
 
 
-def paper_column(paper: dict[str, Any], dataset: str, setting: str) -> tuple[str, str]:
-    """The paper's (dataset, setting) of our dataset label and partition setting, through the
-    link's setting_map and dataset_map (a dataset_map value {dataset, setting} names both);
-    as ``aggregate.attach_paper`` matches them."""
+def paper_columns(paper: dict[str, Any], dataset: str, setting: str) -> list[tuple[str, str, str | None]]:
+    """The paper's (dataset, setting, scored) columns of our dataset label and partition
+    setting, through the link's setting_map and dataset_map (a dataset_map value names the
+    paper's dataset, or {dataset, setting, scored}, or a list of those); ``scored`` None: the
+    runs' own metrics, else which of their scores (``SCORED``); as ``aggregate.attach_paper``
+    matches them."""
     d = (paper.get("dataset_map") or {}).get(dataset, dataset)
     s = (paper.get("setting_map") or {}).get(setting, setting)
-    if isinstance(d, dict):
-        d, s = d["dataset"], d.get("setting", s)
-    return str(d), str(s)
+    out = []
+    for v in d if isinstance(d, list) else [d]:
+        if isinstance(v, dict):
+            out.append((str(v["dataset"]), str(v.get("setting", s)), v.get("scored")))
+        else:
+            out.append((str(v), str(s), None))
+    return out
+
+
+def scored_column(column: str | None, scored: str | None) -> str | None:
+    """The runs.csv column of a paper metric's ``column`` under a dataset_map entry's
+    ``scored``: acc -> acc_task_aware, avg_acc_after_task_<t> -> avg_acc_after_task_<t>_task_aware
+    (``aggregate``'s names of the task-aware metrics)."""
+    return column if column is None or scored is None else f"{column}_{scored}"
 
 
 def paper_method(paper: dict[str, Any], label: str) -> str:
@@ -177,18 +200,23 @@ def read_paper_results(paper: dict[str, Any], path: str | Path | None) -> pd.Dat
 
 @dataclass(frozen=True)
 class OurColumn:
-    """One of our dataset x partition columns and the paper column it maps to."""
+    """One of our dataset x partition columns and a paper column it maps to (with the scores
+    it compares with: ``scored``, None for the runs' own)."""
 
     dataset: str
     setting: str
     clients: int
     partition_seed: int
     paper: tuple[str, str]
+    scored: str | None = None
 
     def setting_label(self, several: bool) -> str:
-        """The setting, with clients and partition seed where two columns share it."""
-        return self.setting + (
-            f", {self.clients} clients, partition seed {self.partition_seed}" if several else ""
+        """The setting, with clients and partition seed where two columns share it, and the
+        scores compared where not the runs' own ('scored task-aware')."""
+        return (
+            self.setting
+            + (f", {self.clients} clients, partition seed {self.partition_seed}" if several else "")
+            + (f", scored {self.scored.replace('_', '-')}" if self.scored else "")
         )
 
 
@@ -197,8 +225,9 @@ def _our_columns(runs: pd.DataFrame, paper: dict[str, Any]) -> list[OurColumn]:
         zip(runs["dataset"], runs["setting"], runs["clients"], runs["partition_seed"])
     )
     return [
-        OurColumn(str(d), str(s), int(k), int(p), paper_column(paper, str(d), str(s)))
+        OurColumn(str(d), str(s), int(k), int(p), (pd_, ps), scored)
         for d, s, k, p in keys
+        for pd_, ps, scored in paper_columns(paper, str(d), str(s))
     ]
 
 
@@ -265,7 +294,9 @@ def compare(
         notes.append(f"Not compared (no counterpart in our runs): {', '.join(skipped)}.")
     ref = ref[ref["our_column"].notna()]
     cols = _our_columns(runs, paper)
-    several = len({(c.dataset, c.setting) for c in cols}) < len(cols)
+    several = len({(c.dataset, c.setting) for c in cols}) < len(
+        {(c.dataset, c.setting, c.clients, c.partition_seed) for c in cols}
+    )
     linked_cols = set(zip(ref["dataset"], ref["setting"]))
     extra = [c for c in cols if c.paper not in linked_cols]  # ours without a paper column
     labels = list(dict.fromkeys(runs["method"]))
@@ -292,7 +323,7 @@ def compare(
                     else None
                 )
                 for metric in metrics:
-                    column, unit = paper_metric_column(metric), metric_unit(metric)
+                    column, unit = scored_column(paper_metric_column(metric), c.scored), metric_unit(metric)
                     ours = our_cell(g, column, 1 if unit == "MB" else 100)
                     theirs = _paper_cell(tref, pm, c.paper, metric)
                     diff = ours["ours_mean_pct"] - theirs["paper_pct"]

@@ -26,6 +26,7 @@ from .config import (
     deep_merge,
     load_yaml,
 )
+from .continual import TASK_AWARE
 from .data import DATASETS, dataset_id
 from .data.scenario import check_rounds, resolve_scenario
 from .figures import check_figure
@@ -33,6 +34,7 @@ from .inputs import check_augment
 from .methods import METHODS, make_params
 from .methods.params import recorded
 from .models import check_model
+from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible
 from .plots import CURVES
 from .smoke import smoke_config
@@ -41,9 +43,13 @@ from .utils import FedForgetError, paper_tables
 from .validation import check_finite, validate_schema
 
 
-def check_paper_link(paper: dict[str, Any], path: str, key: str) -> None:
+def check_paper_link(paper: dict[str, Any], path: str, key: str, aware: dict[str, bool] | None = None) -> None:
     """An experiment's paper link must point at rows that exist: the file (top-level key
-    ``paper_results``) and at least one row of that paper and table in it."""
+    ``paper_results``) and at least one row of that paper and table in it; its dataset_map's
+    values must be the paper's dataset name, {dataset, setting, scored} or a list of those,
+    ``scored`` one of ``paper_tables.SCORED``, task_aware only for a dataset that has
+    task-aware scores (``aware``: our dataset label -> whether it has)."""
+    aware = aware or {}
     file = Path(path)
     if not file.is_file():
         raise FedForgetError(
@@ -59,14 +65,31 @@ def check_paper_link(paper: dict[str, Any], path: str, key: str) -> None:
                 f"{key}: paper '{paper['name']}' table {table!r} has no rows in '{path}'; allowed: {known}"
             )
     for ours, theirs in (paper.get("dataset_map") or {}).items():
-        ok = isinstance(theirs, str) or (
-            isinstance(theirs, dict) and "dataset" in theirs and set(theirs) <= {"dataset", "setting"}
-        )
-        if not ok:
-            raise FedForgetError(
-                f"{key}.dataset_map.{ours}={theirs!r}; allowed: the paper's dataset name, or {{dataset: ..., setting: ...}}"
+        entries = theirs if isinstance(theirs, list) and theirs else [theirs]
+        for entry in entries:
+            ok = isinstance(entry, str) or (
+                isinstance(entry, dict) and "dataset" in entry and set(entry) <= {"dataset", "setting", "scored"}
             )
+            if not ok:
+                raise FedForgetError(
+                    f"{key}.dataset_map.{ours}={theirs!r}; allowed: the paper's dataset name, "
+                    "{dataset: ..., setting: ..., scored: ...}, or a list of those"
+                )
+            scored = entry.get("scored") if isinstance(entry, dict) else None
+            if scored is not None and scored not in SCORED:
+                raise FedForgetError(f"{key}.dataset_map.{ours}.scored={scored!r}; allowed: {list(SCORED)}")
+            if scored == TASK_AWARE and ours in aware and not aware[ours]:
+                raise FedForgetError(
+                    f"{key}.dataset_map.{ours}.scored={scored!r}: dataset '{ours}' has no task-aware scores (they "
+                    "are kept for a task stream scored without the task id: scenario.tasks > 1, incremental class "
+                    "or a domain stream); allowed: a class-incremental or domain stream, or no 'scored'"
+                )
 
+
+def _task_aware_scores(scenario: dict[str, Any] | None) -> bool:
+    """Whether runs of this task stream have task-aware scores (tasks.csv's ``task_aware``:
+    ``fedforget.evaluation``): more than one task, scored without the task id."""
+    return bool(scenario) and int(scenario.get("tasks") or 1) > 1 and scenario.get("incremental") != "task"
 
 
 def _model(raw: Any) -> tuple[str, dict[str, Any]]:
@@ -246,7 +269,8 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 problems.append(f"{fkey}.label: duplicate figure label '{fig.label}' (set a distinct label)")
             figures.append(fig)
         if ex.get("paper"):
-            check(check_paper_link, ex["paper"], raw.get("paper_results", PAPER_RESULTS), f"{key}.paper")
+            aware = {ds.label: _task_aware_scores(ds.scenario) for ds in datasets}
+            check(check_paper_link, ex["paper"], raw.get("paper_results", PAPER_RESULTS), f"{key}.paper", aware)
         experiments.append(
             Experiment(
                 ex["name"],
