@@ -522,8 +522,10 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     row = table[table["method"] == "fedprotip"].iloc[0]
     assert row["acc_task_aware_mean"] == pytest.approx(60.0) and row["acc_task_aware_std"] == pytest.approx(0.0)
     md = (out / "continual.md").read_text()
-    assert "## acc of the inference mode task_aware" in md and "## ft of the inference mode task_aware" in md
-    section = md.split("## acc of the inference mode task_aware")[1].split("##")[0]
+    assert "## ACC: mean accuracy over all tasks after the last task, task-aware" in md
+    assert "## Forgetting FT (FedProTIP eq. 16; lower is better), task-aware" in md
+    assert "## Forward transfer FWT (Lopez-Paz & Ranzato 2017), task-aware" in md  # every metric of the task-aware scores
+    section = md.split("## ACC: mean accuracy over all tasks after the last task, task-aware")[1].split("##")[0]
     assert "| fedprotip | 60.00 ± 0.00 (failed seeds) |" in section and "fedavg" not in section
     # MB per client and task: the mean of the run's <method>_comm_task_mb (task-end rows)
     assert ok["comm_task_mb"].tolist() == [1.0, 1.0] and runs[runs["method"] == "fedavg"]["comm_task_mb"].isna().all()
@@ -534,7 +536,7 @@ def test_other_inference_modes_of_a_method_become_acc_and_ft_columns(tmp_path):
     comm = md.split("## Communication per client and task")[1].split("##")[0]
     assert "| fedprotip | 1.0000 ± 0.0000 |" in comm and "fedavg" not in comm
     assert "MB per client and task" in (out / "continual.html").read_text()
-    assert "acc_task_aware (%)" in (out / "continual.html").read_text()
+    assert "ACC task-aware (%)" in (out / "continual.html").read_text()
 
 
 def test_task_streams_show_no_best_round(tmp_path):

@@ -195,6 +195,7 @@ KINDS = {
     # (current_task_acc's heading and y label are shorter than these)
     "acc_after_task_aware": (False, 3, ("methods", "tasks")),
     "fgt_after_task": (False, 3, ("methods", "tasks")),
+    "fgt_after_task_aware": (False, 3, ("methods", "tasks")),
     "accuracy_matrix": (True, 4, ("tasks", "few tasks")),
     "task_accuracy": (True, 4, ("rounds", "tasks")),
 }

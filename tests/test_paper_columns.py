@@ -305,6 +305,10 @@ def test_task_il_columns_from_the_class_il_runs_task_aware_scores(tmp_path):
     continual = pd.read_csv(out / "continual.csv").iloc[0]  # the paper's task-IL numbers beside ours there too
     assert continual["paper_acc"] == 50.0 and continual["paper_acc_task_aware"] == 88.0
     assert continual["paper_fgt_task_aware"] == 7.0 and continual["fgt_task_aware_mean"] == pytest.approx(5.0)
+    page = (out / "continual.html").read_text()  # and on the report's page (found in review)
+    assert "Paper ACC task-aware (%)" in page and "88.00" in page and "Paper Forgetting Fgt_T task-aware (%)" in page
+    md = (out / "continual.md").read_text()
+    assert "## Forgetting Fgt_T (FedGP, after Chaudhry et al. 2018; lower is better), task-aware" in md
 
 
 def test_per_task_metrics_acc_t_and_mb_by_part(tmp_path):

@@ -268,6 +268,14 @@ def test_every_shipped_config_validates_at_smoke_scale():
     assert checked >= len(shipped_configs())
 
 
+def test_a_task_aware_paper_link_validates_with_a_stream_cut_to_one_task():
+    """``smoke.tasks: 1`` cuts FedGP's split streams to one task, which has no task-aware
+    scores; its paper link (``scored: task_aware``, the full-scale stream's) is kept, its
+    task-IL cells then not measured, not refused (found in review)."""
+    wf = parse_config(smoke(load_yaml(REPO / "config/experiments/fedgp_table1.yaml"), tasks=1))
+    assert all(d.scenario is None or d.scenario["tasks"] == 1 for e in wf.experiments for d in e.datasets)
+
+
 # ----------------------------------------------------------------------------- native files
 
 

@@ -704,6 +704,21 @@ def _extra_columns(table: pd.DataFrame) -> list[str]:
     ]  # fmt: skip
 
 
+def _extra_title(metric: str) -> str:
+    """The title of an ``<m>_<mode>`` column: the task-aware scores' (task-IL scoring of the
+    stream: FedGP's task-IL columns) or a method's other inference mode's."""
+    kind, mode = metric.split("_", 1)
+    if mode == TASK_AWARE:
+        return f"{CONTINUAL_TITLES[kind]}, task-aware (the true task given: task-IL scoring of these runs)"
+    return f"{kind} of the inference mode {mode} (the method's other scores, tasks.csv)"
+
+
+def _extra_name(metric: str) -> str:
+    """continual.html's column name of an ``<m>_<mode>`` column: 'Forgetting Fgt_T task-aware'."""
+    kind, mode = metric.split("_", 1)
+    return f"{CONTINUAL_NAMES[kind]} task-aware" if mode == TASK_AWARE else metric
+
+
 def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
     """continual.md: one table per metric (methods x dataset-setting columns), the paper's
     number beside ACC, forgetting and transfer where the experiment links a paper table."""
@@ -711,9 +726,7 @@ def continual_markdown(table: pd.DataFrame, experiment: str) -> str:
     methods = list(dict.fromkeys(table["method"]))
     lines = [f"# {experiment}: continual metrics", "", "Scenarios: " + "; ".join(_scenarios(table)) + ".", ""]
     for m in [*CONTINUAL_METRICS, *_extra_columns(table)]:
-        title = CONTINUAL_TITLES.get(m) or "{} of the inference mode {} (the method's other scores, tasks.csv)".format(
-            *m.split("_", 1)
-        )
+        title = CONTINUAL_TITLES.get(m) or _extra_title(m)
         lines += [f"## {title} (%), mean ± std over seeds", ""]
         lines += ["| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for method in methods:
@@ -752,17 +765,20 @@ def continual_html(table: pd.DataFrame, experiment: str) -> str:
     """continual.csv as a self-contained HTML page: one row per dataset x partition x
     method, the five metrics (%), seeds, failed seeds and the paper's ACC / forgetting
     where the experiment links a paper table."""
-    rows = []
+    rows, extras = [], _extra_columns(table)
     for _, r in table.iterrows():
         row = {"Dataset": r["dataset"], "Partition": r["setting"], "Clients": int(r["clients"]), "Method": r["method"]}
         row.update({f"{CONTINUAL_NAMES[m]} (%)": _continual_cell(r, m) for m in CONTINUAL_METRICS})
-        row.update({f"{m} (%)": _continual_cell(r, m) for m in _extra_columns(table)})
+        row.update({f"{_extra_name(m)} (%)": _continual_cell(r, m) for m in extras})
         if f"{COMM}_mean" in table:
             row["MB per client and task"] = _mb_cell(r)
         row.update({"Seeds": int(r["n_seeds"]), "Failed seeds": int(r["n_failed"])})
         row.update({f"Paper {CONTINUAL_NAMES[m]} (%)": _paper_metric(r, m) for m in PAPER_METRICS})
+        # the paper's numbers of the other scores (FedGP's task-IL, FedProTIP's task-aware ACC)
+        row.update({f"Paper {_extra_name(m)} (%)": _paper_metric(r, m) for m in extras})
         rows.append(row)
-    df = _drop_empty(pd.DataFrame(rows), [f"Paper {CONTINUAL_NAMES[m]} (%)" for m in PAPER_METRICS])
+    paper_cols = [f"Paper {CONTINUAL_NAMES[m]} (%)" for m in PAPER_METRICS] + [f"Paper {_extra_name(m)} (%)" for m in extras]
+    df = _drop_empty(pd.DataFrame(rows), paper_cols)
     scenarios = "; ".join(html.escape(s, quote=False) for s in _scenarios(table))
     intro = (
         "<p>Continual metrics of the global model (%), mean ± std over seeds, per dataset x "

@@ -86,10 +86,12 @@ def check_paper_link(paper: dict[str, Any], path: str, key: str, aware: dict[str
                 )
 
 
-def _task_aware_scores(scenario: dict[str, Any] | None) -> bool:
+def _task_aware_scores(scenario: dict[str, Any] | None, smoke: bool = False) -> bool:
     """Whether runs of this task stream have task-aware scores (tasks.csv's ``task_aware``:
-    ``fedforget.evaluation``): more than one task, scored without the task id."""
-    return bool(scenario) and int(scenario.get("tasks") or 1) > 1 and scenario.get("incremental") != "task"
+    ``fedforget.evaluation``): more than one task (any number at smoke scale, whose
+    ``smoke.tasks`` may cut a stream to one), scored without the task id."""
+    several = smoke or int(scenario.get("tasks") or 1) > 1 if scenario else False
+    return several and scenario.get("incremental") != "task"
 
 
 def _model(raw: Any) -> tuple[str, dict[str, Any]]:
@@ -269,7 +271,8 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 problems.append(f"{fkey}.label: duplicate figure label '{fig.label}' (set a distinct label)")
             figures.append(fig)
         if ex.get("paper"):
-            aware = {ds.label: _task_aware_scores(ds.scenario) for ds in datasets}
+            # at smoke scale a stream cut to one task keeps its full-scale link (smoke.tasks)
+            aware = {ds.label: _task_aware_scores(ds.scenario, scale == "smoke") for ds in datasets}
             check(check_paper_link, ex["paper"], raw.get("paper_results", PAPER_RESULTS), f"{key}.paper", aware)
         experiments.append(
             Experiment(

@@ -35,6 +35,7 @@ CONTINUAL_FIGURES = {
     "acc_after_task": "Average accuracy over the tasks learned so far, after each task",
     "acc_after_task_aware": "Average task-aware accuracy (the true task given), after each task",
     "fgt_after_task": "Average forgetting of the tasks learned before, after each task",
+    "fgt_after_task_aware": "Average task-aware forgetting (the true task given), after each task",
     "current_task_acc": "Accuracy on the task just learned, after each task",
     "task_accuracy": "Global model accuracy on each task over rounds",
 }
@@ -477,6 +478,7 @@ AFTER_TASK = {
     "acc_after_task": ("acc_after_each_task", "Average accuracy over learned tasks (%)", "Acc_t"),
     "acc_after_task_aware": ("acc_after_each_task", "Average task-aware accuracy (%)", "Acc_t"),
     "fgt_after_task": ("fgt_after_each_task", "Average forgetting (%)", "Fgt_t"),
+    "fgt_after_task_aware": ("fgt_after_each_task", "Average task-aware forgetting (%)", "Fgt_t"),
     "current_task_acc": ("diagonal", "Accuracy on the newest task (%)", "a_t,t"),
 }  # fmt: skip
 
@@ -512,7 +514,9 @@ def after_task_curves(
     """A value of the accuracy matrix after each task (``AFTER_TASK[kind]``, %) against the
     number of tasks learned: Acc_t = mean_{i <= t} a[t][i] (``acc_after_task``; of the
     task-aware matrices, ``task_aware_matrices``, for ``acc_after_task_aware``: FedProTIP's
-    Fig. 3b), Fgt_t (``fgt_after_task``, from the second task: FedGP's Fig. 5) or a[t][t],
+    Fig. 3b), Fgt_t (``fgt_after_task``, from the second task: FedGP's Fig. 5; of the
+    task-aware matrices for ``fgt_after_task_aware``: Fig. 5's task-IL panels, which the
+    FedGP configs draw from their class-IL runs) or a[t][t],
     the accuracy on the task just learned (``current_task_acc``: FedGP's Fig. 6 [D: its
     x axis is not in the text; after each task]). One panel per dataset x setting, one line
     per method, band = ±1 std over completed seeds. The panels are ``panel_frame``'s
@@ -610,6 +614,7 @@ def plot_continual(summary_dir: str | Path, out_dir: str | Path) -> list[Path]:
         after_task_curves(matrices, runs, out / "acc_after_task.png", "acc_after_task"),
         after_task_curves(aware, runs, out / "acc_after_task_aware.png", "acc_after_task_aware", matrices),
         after_task_curves(matrices, runs, out / "fgt_after_task.png", "fgt_after_task"),
+        after_task_curves(aware, runs, out / "fgt_after_task_aware.png", "fgt_after_task_aware", matrices),
         after_task_curves(matrices, runs, out / "current_task_acc.png", "current_task_acc"),
         task_accuracy_curves(tasks, runs, out / "task_accuracy.png"),
     ]  # CONTINUAL_FIGURES' order
