@@ -39,7 +39,7 @@ from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, 
 from fedforget.data import DATASETS, dataset_id, prepare_dataset, prepare_public
 from fedforget.data.scenario import resolve_scenario
 from fedforget.engine import TIMING_COLUMNS, Simulation
-from fedforget.methods import METHODS
+from fedforget.methods import METHODS, make_params
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
@@ -99,7 +99,8 @@ def digest(rows: list[dict], params: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 def one(rc: RunConfig) -> dict:
-    try:
+    try:  # the method's config-time model check first, as parse_config runs it (SCR's image views on Iris)
+        METHODS.get(rc.method.name).check_model(rc.dataset.model, make_params(rc.method.name, dict(rc.method.params)))
         sim = Simulation(rc, device=CPU)
     except FedForgetError as e:
         return {"refused": str(e).splitlines()[0][:160]}

@@ -115,7 +115,7 @@ def test_split_tasks_classes_and_views_disjoint_and_complete(data_root, tmp_path
     for k in range(5):
         for t in range(5):
             v = cd.task_view(k, t)
-            _, yb, _ = v.all()
+            _, yb = v.all()
             assert set(yb.tolist()) <= set(
                 sc.task_classes[t]
             )  # each view holds its task's classes only
@@ -136,8 +136,8 @@ def test_domain_tasks_hold_every_row_through_their_transform(data_root, tmp_path
             cd.rows[cd.task_view(k, t).start : cd.task_view(k, t).stop].tolist() for t in range(3)
         ]
         assert rows[0] == rows[1] == rows[2]  # the same rows in every task
-        x0, y0, _ = cd.task_view(k, 0).all()
-        x2, y2, _ = cd.task_view(k, 2).all()
+        x0, y0 = cd.task_view(k, 0).all()
+        x2, y2 = cd.task_view(k, 2).all()
         assert torch.equal(y0, y2)
         perm = sim.scenario.perms[2]
         assert torch.equal(
@@ -269,8 +269,7 @@ def test_task_il_masks_logits_at_test_only(data_root, tmp_path):
     run trains what the class-IL run trains, bit for bit; its evaluation masks (below)."""
     sim = Simulation(digits_run(data_root, tmp_path, {**SPLIT, "incremental": "task"}))
     view = sim.clients.view(0, 3)  # task 1: classes 2, 3
-    x, y, mask = view.all()
-    assert mask is None
+    x, y = view.all()  # no training mask (a third item, always None since 2026-12-06, until 2026-12-06's eighteenth session)
     logits = torch.randn(len(y), 10, requires_grad=True)
     ctx = sim.trainer.client_context(0, 3, 0.1, view)
     sim.method.client_loss(ctx, None, y, None, logits)["task"].backward()
@@ -375,7 +374,7 @@ class Recorder(FedAvg):
     exchanges = (TASK_END,)
 
     def client_reply(self, exchange, ctx):
-        x, y, _ = ctx.data.all()
+        x, y = ctx.data.all()
         ctx.state.setdefault("ended", []).append(ctx.task)
         return {"n": len(y), "task": ctx.task}
 

@@ -34,7 +34,6 @@ class ClientData:
     task: torch.Tensor  # long [P]
     offsets: list[list[int]]  # [K][T + 1]
     scenario: Scenario
-    class_mask: torch.Tensor | None  # bool [T, C] where the scenario masks logits, else None
     inputs: InputPipeline = InputPipeline()
 
     def size(self, k: int, t: int | None = None) -> int:
@@ -55,8 +54,8 @@ class ClientData:
         """``rows`` in host memory (copied once): a streamed pool's gathers read it."""
         return self.rows.cpu()
 
-    def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(x, y, logit mask or None) of the positions ``pos`` (any shape): the rows
+    def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) of the positions ``pos`` (any shape): the rows
         gathered, converted to model inputs, augmented where the positions carry a training
         step's ``draw_offset``, each seen through its task's transform.
 
@@ -89,7 +88,7 @@ class ClientData:
             x = torch.where(train_step, aug, plain).view(*lead, *aug.shape[1:])
         if self.scenario.transforms:
             x = self.scenario.transform(x, t)
-        return x, self.y[r], None if self.class_mask is None else self.class_mask[t]
+        return x, self.y[r]
 
     def slice(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y) of all of client k's positions, every task, converted, untransformed."""
@@ -132,7 +131,7 @@ class TaskView:
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``pos`` of this view (0-based positions within it)."""
         return self.data.batch(pos + self.start)
 
@@ -140,14 +139,12 @@ class TaskView:
         """No rows, the same client and task (a reply that needs none, ``round_end_untrained``)."""
         return TaskView(self.data, self.start, self.start, self.task)
 
-    def sample(
-        self, m: int, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def sample(self, m: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """min(m, len) rows drawn without replacement with ``generator`` (a CPU generator)."""
         pos = torch.randperm(len(self), generator=generator)[:m]
         return self.batch(pos.to(self.data.rows.device))
 
-    def all(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def all(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batch(torch.arange(len(self), device=self.data.rows.device))
 
 

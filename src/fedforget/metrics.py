@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .methods.base import GradMap, flatten_state, masked_logits
+from .methods.base import GradMap, flatten_state
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
@@ -81,7 +81,7 @@ def projection_geometry(
 ) -> dict[str, float]:
     """FedProTIP's rho_t and beta_tau^(t-1) (Assumptions 4 and 5 [P, fedprotip.md App. A.2],
     Fig. 2) at the weights ``model`` holds (a round's broadcast: the synchronization
-    iterate), ``task`` = t the current task. ``batches[tau]`` = (x, y, logit mask) of task
+    iterate), ``task`` = t the current task. ``batches[tau]`` = (x, y) of task
     tau's training rows; g_tau is the gradient of their mean cross-entropy in the trainable
     parameters (each row scored by its task's head where heads are per task; the model in
     eval mode: no dropout draws [D]); P is the method's map of a local step's gradient this
@@ -93,9 +93,9 @@ def projection_geometry(
     was_training = model.training
     model.eval()
     out: dict[str, float] = {"projection_task": float(task)}
-    for tau, (x, y, lm) in sorted(batches.items()):
+    for tau, (x, y) in sorted(batches.items()):
         logits = model.row_logits(x, torch.full((len(y),), tau, device=y.device))
-        loss = F.cross_entropy(masked_logits(logits.float(), lm), y)
+        loss = F.cross_entropy(logits.float(), y)
         gs = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
         g = {n: (torch.zeros_like(p) if v is None else v).unsqueeze(0) for (n, p), v in zip(named, gs)}
         pg = g if step_map is None else step_map(dict(g))

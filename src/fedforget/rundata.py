@@ -77,7 +77,6 @@ def load_run_data(
         torch.as_tensor(np.concatenate(tasks), device=device),
         offsets,
         sc,
-        None,  # no training mask: task-IL masks at test only (Scenario.masked)
         inputs,
     )
     # the test split and the public set are held as model inputs (converted once)

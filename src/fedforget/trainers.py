@@ -303,7 +303,7 @@ class LocalTrainer:
             # a streamed pool on a GPU: the next minibatches read on a background thread, from
             # positions in host memory (ClientData.batch: no wait on the device's steps)
             batches = prefetched(view.batch, chunks) if ahead else map(view.batch, chunks)
-            for x, y, ctx.logit_mask in batches:
+            for x, y in batches:
                 if key is not None:  # this step's masks (fedforget.dropout)
                     set_dropout_key(self.dropout, DropoutKey(key, ctx.steps, host))
                 opt.zero_grad(set_to_none=True)
@@ -322,7 +322,6 @@ class LocalTrainer:
         mean_loss: float | LocalLoss = LocalLoss(cid, loss_sum, ctx.steps)
         if read_loss or method.own_upload:  # the method's own client_end sees finite weights only
             (mean_loss,) = read_losses([mean_loss], [cid], rnd)
-        ctx.logit_mask = None
         upload = method.client_end(ctx)
         self.fed.park(ctx.cid)
         return upload, mean_loss, ctx.stats
@@ -722,9 +721,9 @@ class StackedTrainer(LocalTrainer):
         for job in jobs:  # a method that cuts its epochs (TARGET's code rule) did so in client_begin
             ctx = ctxs.get(job.cid)
             job.epoch_steps = None if ctx is None else ctx.epoch_steps
-        # the task loss's classes by label (FedAvg.task_mask); a bound method, equal from round
-        # to round, as the steps captured in CUDA graphs are keyed by it
-        batch = self.clients.batch if method.label_classes is None else self.masked_batch
+        # the rows with the task loss's classes by label (FedAvg.task_mask; None: every class);
+        # a bound method, equal from round to round, as the steps captured in CUDA graphs are keyed by it
+        batch = self.masked_batch
         try:
             results = train_clients_together(
                 self.model, self.fed.global_params, batch, jobs,
@@ -770,9 +769,9 @@ class StackedTrainer(LocalTrainer):
 
     def masked_batch(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``ClientData.batch`` with the logit mask of the method's task loss
-        (``FedAvg.task_mask``: the rows' ``label_classes`` where no task-incremental mask applies)."""
-        x, y, lm = self.clients.batch(pos)
-        return x, y, self.method.task_mask(lm, y)
+        (``FedAvg.task_mask``: the rows' ``label_classes``, TARGET's ``ce: task``; else None)."""
+        x, y = self.clients.batch(pos)
+        return x, y, self.method.task_mask(y)
 
     def local_accuracies(self, uploads: list[Upload]) -> list[float]:
         """The local models' accuracies, evaluated together where the evaluation is plain

@@ -228,7 +228,7 @@ def why_not_vectorized(
     return method_not_vectorized(method_cls, optimizer_name, drop_last, params)
 
 
-# positions -> (x, y, logit mask or None) of the engine's training rows (ClientData.batch)
+# positions -> (x, y, logit mask or None) of the engine's training rows (the trainer's masked_batch: ClientData.batch with FedAvg.task_mask)
 Batcher = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]]
 
 
@@ -929,7 +929,7 @@ def train_clients_together(
 ) -> list[ClientResult]:
     """Local SGD of every job from ``global_params``, all clients in one batched step;
     ``batch(pos)``: the engine's training rows at positions ``pos`` (``ClientJob.start``;
-    ``ClientData.batch``): (x, y, logit mask or None), each [*pos.shape, ...].
+    the trainer's ``masked_batch``): (x, y, logit mask or None: ``FedAvg.task_mask``), each [*pos.shape, ...].
     ``step_terms(order)``: the method's per-step loss and gradient terms
     (``FedAvg.client_step_terms``) for the jobs in that order (indices into ``jobs``), the
     order of the stack. ``graphs`` (on a GPU): the batched steps replayed as CUDA graphs

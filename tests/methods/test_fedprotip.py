@@ -220,7 +220,7 @@ def test_sketched_task_end_reports_and_aggregation(sketch):
     torch.manual_seed(0)
     model = build_model("cnn2d", (1, 8, 8), 10, SMALL_CNN)
     x = torch.randn(12, 1, 8, 8, generator=gen(30))
-    data = SimpleNamespace(sample=lambda n, g: (x[:n], None, None))
+    data = SimpleNamespace(sample=lambda n, g: (x[:n], None))
 
     def report(params):
         m, ctx = client(model, {}, task=0, params={"samples": 64, **params}, data=data)
@@ -306,7 +306,7 @@ def test_a_projected_round_keeps_first_layer_outputs_on_old_inputs(project):
         torch.randn(16, 1, 8, 8, generator=gen(1)),
         torch.randn(8, 1, 8, 8, generator=gen(2)),
     )
-    data = SimpleNamespace(sample=lambda m, g: (x_old[:m], None, None))
+    data = SimpleNamespace(sample=lambda m, g: (x_old[:m], None))
     m, ctx = client(model, {}, task=0, params={"threshold": 0.3, "samples": 64}, data=data)
     server = ServerContext(1, {}, model, CPU, None)
     m.server_collect(TASK_END, server, {0: m.client_reply(TASK_END, ctx)})
@@ -339,7 +339,7 @@ def test_task_end_reports_bases_then_references_against_the_global_bases():
     xs = [torch.randn(12, 1, 8, 8, generator=gen(20 + t)) for t in range(2)]
     server, state, reports, replies = ServerContext(1, {}, model, CPU, None), {}, [], []
     for t, x in enumerate(xs):
-        data = SimpleNamespace(sample=lambda n, g, x=x: (x[:n], None, None))
+        data = SimpleNamespace(sample=lambda n, g, x=x: (x[:n], None))
         m, ctx = client(
             model, method().server_broadcast(server), task=t, params={"samples": 64}, data=data
         )
@@ -789,11 +789,10 @@ def test_projection_geometry_is_fig2s_rho_and_beta(make_run_config, monkeypatch)
         for tau in range(t + 1):
             pos = (sim.clients.task == tau).nonzero().squeeze(1)
             g_rows = torch.Generator().manual_seed(torch_seed(rc.seed, rnd, tau, GEOMETRY_STREAM))
-            x, y, lm = sim.clients.batch(pos[torch.randperm(len(pos), generator=g_rows)[:GEOMETRY_ROWS]])
+            x, y = sim.clients.batch(pos[torch.randperm(len(pos), generator=g_rows)[:GEOMETRY_ROWS]])
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             logits = model.row_logits(x, torch.full((len(y),), tau))
-            grads = torch.autograd.grad(F.cross_entropy(logits if lm is None else logits.masked_fill(~lm, float("-inf")), y),
-                                        [p for _, p in named], allow_unused=True)  # fmt: skip
+            grads = torch.autograd.grad(F.cross_entropy(logits, y), [p for _, p in named], allow_unused=True)
             whole = kept = 0.0
             for (n, p), g in zip(named, grads):
                 g = torch.zeros_like(p) if g is None else g.double()

@@ -78,7 +78,7 @@ class View:
         return len(self.y)
 
     def all(self):
-        return self.x, self.y, None
+        return self.x, self.y
 
 
 def line(values):

@@ -329,13 +329,10 @@ class ClientContext:
     # the client's training data of its current task (a ``TaskView``: len(), ``batch(pos)``,
     # ``sample(m, generator)``, ``all()``), reachable in every hook, the task-end reply included
     data: TaskView | None = None
-    # the classes the loss may score, for this step's rows: bool [B, C] (task-incremental
-    # scenarios mask logits outside each row's task), None where every class counts
-    logit_mask: torch.Tensor | None = None
-    # the trainer's minibatches of local epoch e, (x, y, logit mask) in its order, rows and
+    # the trainer's minibatches of local epoch e, (x, y) in its order, rows and
     # augmentation: for a method that needs them after a stacked pass, where no step hook ran
     # (FedGP's buffer offers); None outside a trainer
-    minibatches: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] | None = None
+    minibatches: Callable[[int], Iterable[tuple[torch.Tensor, torch.Tensor]]] | None = None
     # at most this many minibatches per local epoch, set in client_begin (TARGET's code rule:
     # an epoch stops when its synthetic loader runs out); None: every minibatch. The stacked
     # trainer reads it where it calls client_begin before its pass: for a method with step or
@@ -559,9 +556,10 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tens
     return logits if mask is None else logits.masked_fill(~mask, float("-inf"))
 
 
-def task_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def task_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The loss on the minibatch's labels: cross-entropy over the classes the step may score
-    (``mask``: ``ClientContext.logit_mask``, a task-incremental scenario's task classes)."""
+    (``mask``: ``FedAvg.task_mask``, each row's classes where a method scores fewer than
+    every class; None: every class, task-IL included, which trains as class-IL)."""
     return F.cross_entropy(masked_logits(logits, mask), y)
 
 
@@ -853,7 +851,7 @@ class FedAvg:
         ``client_step_terms`` for this client alone (a stack of one). A method adds its own
         term after ``super()``'s (MOON's contrastive term) or replaces ``TASK`` (a different
         mask); a plug-in reads its base's terms apart (FedSOL)."""
-        terms = {TASK: task_cross_entropy(logits, y, self.task_mask(ctx.logit_mask, y))}
+        terms = {TASK: task_cross_entropy(logits, y, self.task_mask(y))}
         step = self._own_terms(ctx)
         if step is not None:
             w = {n: p.unsqueeze(0) for n, p in ctx.model.named_parameters() if p.requires_grad}
@@ -865,13 +863,12 @@ class FedAvg:
                 terms[STEP_TERMS] = loss[0]
         return terms
 
-    def task_mask(self, logit_mask: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
-        """The classes each row of labels ``y`` lets the task loss score: the task-incremental
-        mask ``logit_mask`` where there is one, else the rows' ``label_classes`` (None: every
-        class). A helper, not a hook: the stacked trainer applies the same rule."""
-        if logit_mask is not None or self.label_classes is None:
-            return logit_mask
-        return self.label_classes[y]
+    def task_mask(self, y: torch.Tensor) -> torch.Tensor | None:
+        """The classes each row of labels ``y`` lets the task loss score: the rows'
+        ``label_classes`` (TARGET's ``ce: task``), None without them (every class; task-IL
+        trains as class-IL, ``Scenario.masked``). A helper, not a hook: the stacked trainer
+        applies the same rule."""
+        return None if self.label_classes is None else self.label_classes[y]
 
     def _step_alone(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> StepBatch:
         """The StepBatch of a client training alone: its model's own forward (per-task heads

@@ -67,7 +67,6 @@ from .base import (
     StepTerms,
     Upload,
     client_sums,
-    masked_logits,
 )
 from .params import integer, number
 from .registry import METHODS
@@ -84,30 +83,26 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def fisher_diagonal(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
+def fisher_diagonal(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The empirical Fisher diagonal, mean over rows of (grad_w log p(y | x; w))^2, with the
     model as it is (its mode included), flat over all parameters (0 for those that do not
-    train). ``mask``: the rows' task-IL logit masks or None."""
+    train); every class's logit counts (task-IL trains as class-IL: ``Scenario.masked``)."""
     named = list(model.named_parameters())
     train = {n: p.detach() for n, p in named if p.requires_grad}
     rest = {n: p.detach() for n, p in named if not p.requires_grad}
     rest.update(dict(model.named_buffers()))
 
-    def loglik(p, xi, yi, mi):
+    def loglik(p, xi, yi):
         logits = functional_call(model, {**p, **rest}, (xi.unsqueeze(0),))
-        logits = logits if mi is None else masked_logits(logits, mi.unsqueeze(0))
         return -F.cross_entropy(logits, yi.view(1))  # log p(y | x)
 
-    per_sample = vmap(grad(loglik), in_dims=(None, 0, 0, None if mask is None else 0))
+    per_sample = vmap(grad(loglik), in_dims=(None, 0, 0))
     acc = {n: torch.zeros_like(p) for n, p in train.items()}
     n_params = sum(p.numel() for p in train.values())
     chunk = max(1, min(len(y), CHUNK_FLOATS // max(n_params, 1)))
     with torch.no_grad():
         for s in range(0, len(y), chunk):
-            m = None if mask is None else mask[s : s + chunk]
-            g = per_sample(train, x[s : s + chunk], y[s : s + chunk], m)
+            g = per_sample(train, x[s : s + chunk], y[s : s + chunk])
             for n in acc:
                 acc[n] += g[n].pow(2).sum(0)
     out = [
@@ -209,16 +204,16 @@ class FedCurv(FedAvg):
         """I_s on ``fisher_samples`` rows of the client's data of the round, eval mode."""
         view, m = ctx.data, self.p.fisher_samples
         if m == 0 or m >= len(view):
-            x, y, mask = view.all()
+            x, y = view.all()
         else:
             gen = torch.Generator().manual_seed(
                 torch_seed(self.info.seed, ctx.round, ctx.cid, ctx.task, FISHER_STREAM)
             )
-            x, y, mask = view.sample(m, gen)
+            x, y = view.sample(m, gen)
         model = ctx.model
         was = model.training
         model.eval()
         try:
-            return fisher_diagonal(model, x, y, mask)
+            return fisher_diagonal(model, x, y)
         finally:
             model.train(was)

@@ -379,7 +379,7 @@ class FedGP(OverBase):
             col = s.stack.column()
             s.n_applied, s.cos_sum, s.n_ref = col[0], col[1], ctx.steps
         if self.own_buffer and s.to_offer > 0 and ctx.minibatches is not None:
-            for x, y, _ in ctx.minibatches(0):  # no step offered (a stacked pass): the first epoch's
+            for x, y in ctx.minibatches(0):  # no step offered (a stacked pass): the first epoch's
                 self.replay.offer(ctx, s, x, y)  # minibatches in their order, as client_grad would
         up = super().client_end(ctx)  # the base's upload, its diagnostics renamed
         ctx.stats["proj_share"] = s.n_applied.item() / max(ctx.steps, 1)

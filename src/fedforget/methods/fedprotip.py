@@ -670,7 +670,7 @@ class FedProTIP(FedAvg):
         Eq. 40, in its place), and (TIP) the summary C_tau of its features."""
         seed, t, k = self.info.seed, ctx.task, ctx.cid
         gen = torch.Generator().manual_seed(torch_seed(seed, t, k, SAMPLE_STREAM))
-        x, _, _ = ctx.data.sample(self.p.samples, gen)
+        x, _ = ctx.data.sample(self.p.samples, gen)
         layers = self.basis_layers(ctx.model)
         reps, z = sample_representations(ctx.model, layers, x, self.p.samples, gen, self.routes)
         if z is not None:

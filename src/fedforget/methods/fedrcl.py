@@ -235,7 +235,7 @@ class FedRCL(FedAvg):
         l_scl, l_div = rcl_levels(select_levels(levels, p.levels), y, p.tau, p.threshold, p.pairs)
         self.scratch(ctx).sums.add(l_scl.detach(), l_div.detach(), 1)
         # L = L_CE + weight * L_RCL
-        loss = task_cross_entropy(logits, y, ctx.logit_mask) + p.weight * (l_scl + p.beta * l_div)
+        loss = task_cross_entropy(logits, y) + p.weight * (l_scl + p.beta * l_div)
         loss.backward()
         return loss
 

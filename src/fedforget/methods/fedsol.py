@@ -437,7 +437,7 @@ class FedSOL(OverBase):
         """L_local: CE, or the base method's loss terms (its CE first) if base_loss."""
         if self.p.base_loss:
             return total_loss(self.base.client_loss(ctx, x, y, features, logits))
-        return task_cross_entropy(logits, y, ctx.logit_mask)
+        return task_cross_entropy(logits, y)
 
     # ---------------------------------------------------------------- proximal gradient g_p
     def proximal_grad(self, ctx, x, y, features, logits) -> tuple[list[torch.Tensor], torch.Tensor | None]:
@@ -528,7 +528,7 @@ class FedSOL(OverBase):
             self._record([ctx], "prox_loss", value)
         # ||g_p||, float64 on the device (the exact value of the float32 norm): no host read
         g_norm = client_norms([g.unsqueeze(0) for g in g_p])[0].double()
-        ce = task_cross_entropy(logits.detach(), y, ctx.logit_mask)
+        ce = task_cross_entropy(logits.detach(), y)
 
         if self.p.update == "loss":  # Eq. 2: L_local + beta * L_p (Table 1, "Base")
             loss = self.local_loss_from(ctx, x, y, features, logits)

@@ -245,9 +245,9 @@ class FOT(FedAvg):
             gen = torch.Generator().manual_seed(
                 torch_seed(self.info.seed, ctx.task, ctx.cid, SAMPLE_STREAM)
             )
-            x, _, _ = ctx.data.sample(self.p.samples, gen)
+            x, _ = ctx.data.sample(self.p.samples, gen)
         else:
-            x, _, _ = ctx.data.all()
+            x, _ = ctx.data.all()
         bases = ctx.broadcast.get(BASES) or {}
         return sketch_layers(ctx.model, x, bases, self.p.sketch_factor, self.p.residual_ratio,
                              [self.info.seed, ctx.task, ctx.cid, SKETCH_STREAM])  # fmt: skip

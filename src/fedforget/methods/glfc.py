@@ -666,7 +666,7 @@ class GLFC(FedAvg):
         """Per class of the client's task data: the perturbed prototype's gradient of Gamma
         [C prototype_mask]."""
         model, t, p = ctx.model, ctx.task, self.p
-        x, y, _ = ctx.data.all()
+        x, y = ctx.data.all()
         feats = normalised_features(model, x)
         classes = sorted(set(y.tolist()))
         protos = []
@@ -698,7 +698,7 @@ class GLFC(FedAvg):
         return None
 
     def update_memory(self, ctx: ClientContext) -> None:
-        x, y, _ = ctx.data.all()
+        x, y = ctx.data.all()
         mem = ctx.state.get(KEY)
         dev = y.device
         learned = (

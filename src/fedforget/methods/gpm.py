@@ -292,7 +292,7 @@ class GPM(FedAvg):
         gen = torch.Generator().manual_seed(
             torch_seed(self.info.seed, ctx.task, ctx.cid, SAMPLE_STREAM)
         )
-        x, _, _ = ctx.data.sample(self.p.samples, gen)
+        x, _ = ctx.data.sample(self.p.samples, gen)
         layers = projected_layers(ctx.model)
         factors = representation_factors(ctx.model, layers, x)
         if self.p.memory == "global":

@@ -471,7 +471,7 @@ class ICaRL(FedAvg):
     def update_exemplars(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Alg. 2's exemplar update (Alg. 5, then Alg. 4 for the task's classes) on the
         task's final global model; returns the feature sums for the class means."""
-        x, y, _ = ctx.data.all()
+        x, y = ctx.data.all()
         c = self.info.num_classes
         st = ctx.state.get(KEY)
         seen = torch.bincount(y, minlength=c) > 0

@@ -305,7 +305,7 @@ class L2P(FedAvg):
     def prompt_ce(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """CE over the classes of each row's task in class-IL split streams [C train_mask];
         elsewhere the step's own mask (task-IL) or none."""
-        return F.cross_entropy(masked_logits(logits, self.task_mask(ctx.logit_mask, y)), y)
+        return F.cross_entropy(masked_logits(logits, self.task_mask(y)), y)
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One prompted forward: ``step_loss``, differentiated."""

@@ -465,7 +465,7 @@ class LANDER(TARGET):
         lte = ctx.broadcast[LTE]
         bound = bounding_loss(ctx.model.lte_map(features), lte[y], self.p.r)
         self.note(ctx, "bound", bound)
-        ce = task_cross_entropy(logits, y, self.task_mask(ctx.logit_mask, y))
+        ce = task_cross_entropy(logits, y, self.task_mask(y))
         rep = self.synthetic_batch(ctx)
         if rep is None:
             return {"lander": self.lander_loss([ctx], ce, bound)}

@@ -176,7 +176,7 @@ class LGA(GLFC):
         self.update_memory(ctx)
         if ctx.task != 0:
             return None
-        x, y, _ = ctx.data.all()
+        x, y = ctx.data.all()
         model = ctx.model
         was = model.training
         model.eval()
