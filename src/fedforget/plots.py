@@ -537,7 +537,9 @@ def after_task_curves(
     fig, axes, ncol, titles = _grid(plt, titles, 3, 4.6, 3.4, sharey=True)
     colors = method_colors(df["method"])
     done = runs.loc[runs["status"] == "completed", ["dataset", "setting"]]
-    low = min(0.0, float(df["value"].min())) if len(df) else 0.0  # forgetting may be negative
+    # forgetting may be negative: the lowest value 5 points above the axis, its marker whole
+    low = min(0.0, float(df["value"].min())) if len(df) else 0.0
+    low = low - 5 if low < 0 else low
     for i, (ax, (ds, setting), title) in enumerate(zip(axes.flat, panels, titles)):
         sub = df[(df["dataset"] == ds) & (df["setting"] == setting)]
         if len(sub):
