@@ -21,7 +21,9 @@ how every non-continual experiment runs, through the same code path.
 Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
 - split: task t is the training and test rows of its classes. ``incremental: class``
   (class-IL) scores every class at test time; ``task`` (task-IL) masks the logits outside
-  the task's classes, in training and at test time (the task is known).
+  the task's classes at test time (the task is given at inference) and trains as class-IL,
+  bit for bit (``Scenario.masked``; tests/methods/test_task_il.py): a class-IL run's
+  task-aware scores are the task-IL run's accuracies (FedGP's configs read them so).
   ``class_overlap: k`` [P, fedprotip.md App. D.6, Table 15]: neighbouring tasks share k
   classes (task t starts k classes before task t-1 ends: 1 shared class gives CIFAR-100 11
   tasks of 10, 2 give 14 tasks of 9). [D] A shared class's rows are in both tasks, training
