@@ -134,6 +134,16 @@ older file) counts evaluation at 3 x R_train (a forward pass of the three a step
 says so. The other runs keep the FLOP model's time. Per table, ``measured_hours`` is the sum
 (``measured_runs`` of its runs at measured rates) beside ``gpu_hours``, the FLOP model's.
 
+**Repeated trainings** (``training_key``): a run whose training another run of the configs
+already does, bit for bit, in the order the configs are given (a table that reruns Table 1's
+runs under its own experiment name "so the table stands alone", a figure's centre point
+repeated in each panel, a run that differs only in what is evaluated or recorded), counts in
+``repeat_runs`` / ``repeat_hours`` of the config it is in (``distinct_hours``: the rest). The
+identity is the run's (``RunConfig.hash``) without its experiment name and labels, its
+evaluation and diagnostics settings (``EVALUATION_KEYS``) and task-IL vs class-IL (a task-IL
+run trains the class-IL run: tests/methods/test_task_il.py). Each config still runs its
+repeats as it is: the pipeline keys a run by its experiment.
+
     python benchmarks/paper_runtime.py                     # every config/experiments/paper/*.yaml
     python benchmarks/paper_runtime.py --json runtime.json --markdown runtime.md
     python benchmarks/paper_runtime.py --model-rates results/<gpu>-<date>/rates.json --json runtime.json
@@ -151,7 +161,7 @@ from typing import Any
 import torch
 import yaml
 
-from fedforget.config import RunConfig
+from fedforget.config import RunConfig, run_hash
 from fedforget.data import DATASETS
 from fedforget.methods import METHODS, make_params
 from fedforget.methods.base import TASK_END
@@ -164,6 +174,25 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 TASK_END_FILES = [("e", 1), ("e", 2), ("e", 3), ("e", 4), ("f", 5), ("f", 8), ("f", 9)]  # task_end_cost.py, every setting
 RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
+# train settings that change what is evaluated or recorded, not what trains (training_key):
+# the evaluation runs in eval mode and restores the model, the diagnostics read the uploads or
+# take gradients without a step (engine.py, metrics.py)
+EVALUATION_KEYS = ("eval_every", "eval_batch_size", "eval_local_models", "diagnostics")
+
+
+def training_key(rc: RunConfig) -> str:
+    """What a run trains (``Repeated trainings`` above): ``RunConfig.hash`` without the
+    experiment name, the method's and dataset's labels, ``EVALUATION_KEYS`` and the scenario's
+    class-IL vs task-IL."""
+    d = rc.to_dict()
+    d.pop("experiment", None)
+    d["method"] = {**d["method"], "label": None}
+    scenario = d["dataset"].get("scenario")
+    if scenario and scenario.get("incremental") == "task":
+        scenario = {**scenario, "incremental": "class"}
+    d["dataset"] = {**d["dataset"], "label": None, "scenario": scenario}
+    d["train"] = {k: v for k, v in d["train"].items() if k not in EVALUATION_KEYS}
+    return run_hash(d)
 
 
 def config_runs(path: str | Path) -> list[RunConfig]:
@@ -648,10 +677,16 @@ def main() -> None:
     both = bool(measured) and recon_device == rates_device  # the reconstructions join measured_hours
     task_ends = task_end_rates(a.task_end_cost)
     rows = []
+    trained: set[str] = set()  # training_key of every run of the configs before (and of this one so far)
     for path in a.configs:
         runs = config_runs(path)
         est = [estimate_run(rc, ratios, rate, measured, on, recon, both, task_ends) for rc in runs]
         flops = sum(e["flops"] for e in est)
+        repeat = []
+        for rc in runs:
+            key = training_key(rc)
+            repeat.append(key in trained)
+            trained.add(key)
         rows.append({
             "config": Path(path).name, "runs": len(runs), "pflop": flops / 1e15,
             "synthesis_pflop": sum(e["synthesis_flops"] for e in est) / 1e15,
@@ -662,6 +697,8 @@ def main() -> None:
             "recon_hours": sum(e["recon_seconds"] or 0 for e in est) / 3600,
             "recon_unmeasured_runs": sum(e["recon_samples"] > 0 and e["recon_seconds"] is None for e in est),
             "gpu_hours": sum(e["seconds"] for e in est) / 3600, "floor_hours": flops / FP32_PEAK / 3600,
+            "repeat_runs": sum(repeat), "repeat_hours": sum(e["seconds"] for e, r in zip(est, repeat) if r) / 3600,
+            "distinct_hours": sum(e["seconds"] for e, r in zip(est, repeat) if not r) / 3600,
             "models": sorted({e["model"] for e in est}), "sequential_runs": sum(e["engine"] == "sequential" for e in est),
             "batched_runs": sum(e["engine"] == "vectorized" for e in est),
             "unmeasured_methods": sorted({rc.method.name for rc, e in zip(runs, est) if not e["measured_m"]}),
@@ -679,14 +716,16 @@ def main() -> None:
                  f"{r['task_end_runs']} runs unmeasured)" if r["task_end_unmeasured_runs"] else "")
                  if r["task_end_runs"] else "")
               + (f"  GLFC reconstructions {r['recon_samples']:,}" + (f" ({hours(r['recon_hours'])} on {recon_device})"
-                 if recon else "") if r["recon_samples"] else ""))  # fmt: skip
+                 if recon else "") if r["recon_samples"] else "")
+              + (f"  repeats {r['repeat_runs']} runs, {hours(r['repeat_hours'])}" if r["repeat_runs"] else ""))  # fmt: skip
     tot = {k: sum(r[k] for r in rows)
            for k in ("runs", "pflop", "synthesis_pflop", "task_end_pflop", "task_end_runs", "task_end_unmeasured_runs",
                      "gpu_hours", "floor_hours", "measured_hours", "measured_runs", "recon_samples", "recon_hours",
-                     "recon_unmeasured_runs")}
+                     "recon_unmeasured_runs", "repeat_runs", "repeat_hours", "distinct_hours")}
     print(f"{'all':<32} {tot['runs']:>5} runs {tot['pflop']:>10.1f} PFLOP  measured-rate {hours(tot['gpu_hours']):>10}  "
           f"FP32-peak floor {hours(tot['floor_hours']):>9}"
-          + (f"  measured per model {hours(tot['measured_hours'])} ({tot['measured_runs']} runs)" if measured else ""))  # fmt: skip
+          + (f"  measured per model {hours(tot['measured_hours'])} ({tot['measured_runs']} runs)" if measured else "")
+          + f"  repeats {tot['repeat_runs']} runs, {hours(tot['repeat_hours'])}")  # fmt: skip
     print("rates (FLOP/s, measured in the calibration setting):", {k: f"{v:.3g}" for k, v in rate.items()})
     out = {"rates_flop_s": rate, "fp32_peak_flop_s": FP32_PEAK, "method_ratios": ratios,
            "gpu": load(a.gpu).get("device"), "model_rates": a.model_rates, "model_rates_device": rates_device,

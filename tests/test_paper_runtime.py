@@ -330,3 +330,23 @@ def test_a_task_end_made_in_the_last_round_is_the_sampled_clients_work(pr):
     old = {k: v for k, v in s.items() if k != "end_clients"}
     assert pr.task_end_key(old) != pr.task_end_key(s)  # an old row timed all 20: not this setting
     assert pr.task_end_key(old) == pr.task_end_key({**s, "end_clients": 20})
+
+
+def test_a_repeated_training_is_found_whatever_its_experiment_labels_evaluation_or_task_il(pr):
+    """``training_key``: FedGP Table 1/11's CIFAR-10 FL run and its task-IL twin, relabelled,
+    in another experiment, evaluated otherwise and with other diagnostics, train the same (the
+    task-IL one bit for bit: tests/methods/test_task_il.py); another seed, lr or partition does
+    not."""
+    runs = pr.config_runs(PAPER / "fedgp_table1_table11.yaml")
+    rc = next(r for r in runs if r.experiment == "fedgp_t1_cifar10" and r.method.label == "FL" and r.seed == 0)
+    scenario = {**rc.dataset.scenario, "incremental": "task"}
+    twin = replace(
+        rc, experiment="other", method=replace(rc.method, label="FedAvg"),
+        dataset=replace(rc.dataset, label="split-cifar10-task-il", scenario=scenario),
+        train=replace(rc.train, eval_every=1, eval_local_models=True, diagnostics=("weight_divergence",)),
+    )  # fmt: skip
+    assert twin.hash != rc.hash and pr.training_key(twin) == pr.training_key(rc)
+    lr = replace(rc.train.optimizer, lr=rc.train.optimizer.lr / 2)
+    for other in (replace(rc, seed=1), replace(rc, train=replace(rc.train, optimizer=lr)),
+                  replace(rc, partition=replace(rc.partition, alpha=0.5))):  # fmt: skip
+        assert pr.training_key(other) != pr.training_key(rc)
