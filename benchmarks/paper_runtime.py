@@ -139,10 +139,13 @@ already does, bit for bit, in the order the configs are given (a table that reru
 runs under its own experiment name "so the table stands alone", a figure's centre point
 repeated in each panel, a run that differs only in what is evaluated or recorded), counts in
 ``repeat_runs`` / ``repeat_hours`` of the config it is in (``distinct_hours``: the rest). The
-identity is the run's (``RunConfig.hash``) without its experiment name and labels, its
-evaluation and diagnostics settings (``EVALUATION_KEYS``) and task-IL vs class-IL (a task-IL
-run trains the class-IL run: tests/methods/test_task_il.py). Each config still runs its
-repeats as it is: the pipeline keys a run by its experiment.
+identity is the run's (``RunConfig.hash``) without its experiment name and labels, the
+method's own train overrides (merged into the run's train settings), its evaluation and
+diagnostics settings (``EVALUATION_KEYS``) and the scenario's ``incremental`` (a task-IL run
+trains the class-IL run: tests/methods/test_task_il.py), with the client engine it asks for
+and whether its experiment pairs engines (``engine_pairing``: the engines agree up to float
+summation order only). Each config still runs its repeats as it is: the pipeline keys a run
+by its experiment.
 
     python benchmarks/paper_runtime.py                     # every config/experiments/paper/*.yaml
     python benchmarks/paper_runtime.py --json runtime.json --markdown runtime.md
@@ -176,22 +179,25 @@ TASK_END_FILES = [("e", 1), ("e", 2), ("e", 3), ("e", 4), ("f", 5), ("f", 8), ("
 RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
 # train settings that change what is evaluated or recorded, not what trains (training_key):
 # the evaluation runs in eval mode and restores the model, the diagnostics read the uploads or
-# take gradients without a step (engine.py, metrics.py)
-EVALUATION_KEYS = ("eval_every", "eval_batch_size", "eval_local_models", "diagnostics")
+# take gradients without a step (engine.py, metrics.py). Not eval_batch_size: CFeD's teacher
+# scores and FedDF's public logits, which train, are computed in chunks of it (found in review)
+EVALUATION_KEYS = ("eval_every", "eval_local_models", "diagnostics")
 
 
 def training_key(rc: RunConfig) -> str:
     """What a run trains (``Repeated trainings`` above): ``RunConfig.hash`` without the
-    experiment name, the method's and dataset's labels, ``EVALUATION_KEYS`` and the scenario's
-    class-IL vs task-IL."""
+    experiment name, the method's and dataset's labels, the method's train overrides (in
+    ``train`` already), ``EVALUATION_KEYS`` and the scenario's ``incremental``; with the
+    engine it asks for and whether its experiment pairs engines."""
     d = rc.to_dict()
     d.pop("experiment", None)
-    d["method"] = {**d["method"], "label": None}
+    d["method"] = {**d["method"], "label": None, "train": None}
     scenario = d["dataset"].get("scenario")
-    if scenario and scenario.get("incremental") == "task":
-        scenario = {**scenario, "incremental": "class"}
+    if scenario:
+        scenario = {**scenario, "incremental": None}
     d["dataset"] = {**d["dataset"], "label": None, "scenario": scenario}
     d["train"] = {k: v for k, v in d["train"].items() if k not in EVALUATION_KEYS}
+    d["engine"] = [rc.train.client_engine, bool(rc.train.engine_pairing)]
     return run_hash(d)
 
 

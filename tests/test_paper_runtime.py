@@ -336,7 +336,8 @@ def test_a_repeated_training_is_found_whatever_its_experiment_labels_evaluation_
     """``training_key``: FedGP Table 1/11's CIFAR-10 FL run and its task-IL twin, relabelled,
     in another experiment, evaluated otherwise and with other diagnostics, train the same (the
     task-IL one bit for bit: tests/methods/test_task_il.py); another seed, lr or partition does
-    not."""
+    not, nor another evaluation chunk (CFeD's and FedDF's trained-on scores are computed in
+    chunks of it) or an experiment that pairs engines (found in review)."""
     runs = pr.config_runs(PAPER / "fedgp_table1_table11.yaml")
     rc = next(r for r in runs if r.experiment == "fedgp_t1_cifar10" and r.method.label == "FL" and r.seed == 0)
     scenario = {**rc.dataset.scenario, "incremental": "task"}
@@ -348,5 +349,7 @@ def test_a_repeated_training_is_found_whatever_its_experiment_labels_evaluation_
     assert twin.hash != rc.hash and pr.training_key(twin) == pr.training_key(rc)
     lr = replace(rc.train.optimizer, lr=rc.train.optimizer.lr / 2)
     for other in (replace(rc, seed=1), replace(rc, train=replace(rc.train, optimizer=lr)),
-                  replace(rc, partition=replace(rc.partition, alpha=0.5))):  # fmt: skip
+                  replace(rc, partition=replace(rc.partition, alpha=0.5)),
+                  replace(rc, train=replace(rc.train, eval_batch_size=64)),
+                  replace(rc, train=replace(rc.train, engine_pairing="fedsol"))):  # fmt: skip
         assert pr.training_key(other) != pr.training_key(rc)

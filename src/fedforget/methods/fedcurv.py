@@ -31,7 +31,7 @@ Choices and tags:
 - Fisher [D: empirical Fisher]: I_j = mean over n samples of (d/dw log p(y | x; w))^2 at
   the client's weights after local training, with the observed label y (the empirical
   Fisher, as the OpenFL code; EWC's paper samples y from the model), the model in eval
-  mode [C: OpenFL], task-IL logit masks applied (the same likelihood the client trains).
+  mode [C: OpenFL], over every class (the same likelihood the client trains; task-IL trains as class-IL).
   Per-sample gradients (torch.func), not squared minibatch gradients: the OpenFL code
   squares each minibatch's mean gradient (a batch-size-dependent underestimate) and keeps
   only the last batch's (an overwrite where a sum was meant) -- not copied.
