@@ -34,8 +34,7 @@ from typing import Any
 import yaml
 
 from fedforget.continual import ACC_AFTER_TASK, TASK_AWARE
-from fedforget.continual import METRICS as CONTINUAL_METRICS
-from fedforget.paper_tables import paper_columns, paper_method, paper_metric_column
+from fedforget.paper_tables import paper_columns, paper_method, paper_metric_column, scored_column
 from fedforget.parse import load_config
 from fedforget.utils import paper_tables
 
@@ -160,13 +159,9 @@ def metric_computed(metric: str, registered: str, continual: bool, scored: str |
     """Whether a run of method ``registered`` computes the runs.csv column a paper metric is
     compared with (``fedforget.paper_tables.paper_metric_column``; under a dataset_map
     entry's ``scored: task_aware``, the task-aware one: every continual metric and Acc_t)."""
-    column = paper_metric_column(metric)
+    column = scored_column(paper_metric_column(metric), scored)  # acc_task_aware, fgt_task_aware, ...
     if column is None:
         return False
-    if scored is not None:  # scored_column(column, scored): acc_task_aware, fgt_task_aware, ...
-        return continual and scored == TASK_AWARE and bool(
-            column in CONTINUAL_METRICS or re.fullmatch(rf"{ACC_AFTER_TASK}\d+", column)
-        )
     if column == "final_global_model_test_acc":
         return True
     if column.startswith(ACC_AFTER_TASK):  # Acc_t (of an inference mode) after task t

@@ -50,7 +50,7 @@ class Evaluator:
         self.class_mask = scenario.class_mask(test.x.device) if scenario.masked else None
         # a stream scored without the task id is scored with it too (TASK_AWARE)
         self.aware_mask = (
-            scenario.class_mask(test.x.device) if scenario.tasks > 1 and not scenario.task_aware else None
+            scenario.class_mask(test.x.device) if scenario.scores_task_aware else None
         )
 
     def task(self, model: nn.Module, t: int) -> tuple[float, float]:

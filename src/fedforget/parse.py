@@ -28,7 +28,7 @@ from .config import (
 )
 from .continual import TASK_AWARE
 from .data import DATASETS, dataset_id
-from .data.scenario import check_rounds, resolve_scenario
+from .data.scenario import check_rounds, has_task_aware_scores, resolve_scenario
 from .figures import check_figure
 from .inputs import check_augment
 from .methods import METHODS, make_params
@@ -87,11 +87,11 @@ def check_paper_link(paper: dict[str, Any], path: str, key: str, aware: dict[str
 
 
 def _task_aware_scores(scenario: dict[str, Any] | None, smoke: bool = False) -> bool:
-    """Whether runs of this task stream have task-aware scores (tasks.csv's ``task_aware``:
-    ``fedforget.evaluation``): more than one task (any number at smoke scale, whose
-    ``smoke.tasks`` may cut a stream to one), scored without the task id."""
-    several = smoke or int(scenario.get("tasks") or 1) > 1 if scenario else False
-    return several and scenario.get("incremental") != "task"
+    """``has_task_aware_scores`` of a resolved scenario block (None: one task), any number
+    of tasks counting as several at smoke scale, whose ``smoke.tasks`` may cut a stream to one."""
+    if not scenario:
+        return False
+    return has_task_aware_scores(2 if smoke else int(scenario.get("tasks") or 1), scenario.get("incremental"))
 
 
 def _model(raw: Any) -> tuple[str, dict[str, Any]]:

@@ -225,6 +225,13 @@ def check_rounds(s: dict[str, Any] | None, rounds: int, key: str) -> None:
         )
 
 
+def has_task_aware_scores(tasks: int, incremental: str | None) -> bool:
+    """Whether runs of a stream of ``tasks`` tasks also score each task with its id given
+    (tasks.csv's ``task_aware``, ``fedforget.evaluation``): several tasks, scored without
+    the id (class- or domain-incremental); a task-IL stream's accuracy is that score."""
+    return tasks > 1 and incremental != "task"
+
+
 @dataclass
 class Scenario:
     """A resolved scenario for one run: which rows and classes each task holds, each task's
@@ -340,6 +347,11 @@ class Scenario:
     def task_aware(self) -> bool:
         """Evaluation is given the task id (task-IL)."""
         return self.incremental == "task"
+
+    @property
+    def scores_task_aware(self) -> bool:
+        """Runs of this stream score every task with the task id too (``has_task_aware_scores``)."""
+        return has_task_aware_scores(self.tasks, self.incremental)
 
     @property
     def transforms(self) -> bool:
