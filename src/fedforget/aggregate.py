@@ -639,7 +639,8 @@ def _paper_metric_name(metric: str) -> str:
 def attach_paper_continual(
     table: pd.DataFrame, paper: dict[str, Any] | None, paper_results: str | Path | None
 ) -> pd.DataFrame:
-    """Add ``paper_<m>`` and ``paper_<m>_std`` for m in acc, fgt, ft: the linked paper
+    """Add ``paper_<m>`` and ``paper_<m>_std`` for every continual metric m (acc, fgt, ft,
+    bwt, fwt: ``CONTINUAL_METRICS``): the linked paper
     table's number of the metric names in PAPER_METRICS for the matching dataset / setting /
     method (as ``attach_paper`` matches), NaN where the paper reports none; and for each
     other inference mode's ``acc_<mode>`` / ``ft_<mode>``, the paper's ACC_<mode> / FT_<mode>;
