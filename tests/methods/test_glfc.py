@@ -75,11 +75,13 @@ def identity_model(scale=1.0):
     return m
 
 
-def hand_ctx(method, old=None, task=1):
+def hand_ctx(method, old=None, task=1, memory=(0, 1)):
+    """A client at ``task`` whose memory holds rows of the classes ``memory`` (none: empty)."""
     model = identity_model()
+    state = {KEY: {"y": torch.tensor(memory, dtype=torch.long)}} if memory else {}
     ctx = ClientContext(
         cid=0, round=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), global_params={},
-        broadcast={OLD: old}, state={}, n_samples=4, lr=0.1, local_epochs=1, batch_size=4, task=task,
+        broadcast={OLD: old}, state=state, n_samples=4, lr=0.1, local_epochs=1, batch_size=4, task=task,
     )  # fmt: skip
     method.client_begin(ctx)
     return ctx, torch.tensor(P).log(), torch.tensor(Y)
@@ -257,6 +259,23 @@ def test_lga_weights_the_distillation_too():
     ctx, x, y = hand_ctx(method, old=old.state_dict())
     expected = sum(wi * c for wi, c in zip(w, ce)) / 4 + sum(wi * k for wi, k in zip(w, kl)) / 4
     assert math.isclose(method.step_loss(ctx, x, y).item(), expected, rel_tol=1e-6)
+
+
+def test_lga_weights_are_one_for_a_client_without_memory():
+    """The code's w = 1 while the client's learned_classes is empty: a client at task 1 that
+    had no rows in task 0 (empty memory) trains by plain CE; GLFC weights it either way [P]."""
+    ce = [-math.log(P[i][Y[i]]) for i in range(4)]
+    lga = LGA(LGA.Params(), split_info())
+    ctx, x, y = hand_ctx(lga, memory=())
+    assert math.isclose(lga.step_loss(ctx, x, y).item(), sum(ce) / 4, rel_tol=1e-6)
+    ctx, x, y = hand_ctx(lga)  # a memory: the weights of test_lga_weights_the_distillation_too
+    assert not math.isclose(lga.step_loss(ctx, x, y).item(), sum(ce) / 4, rel_tol=1e-3)
+    w = lga.row_weights(torch.tensor([[0.5, 0.2], [0.5, 0.2]]), torch.ones(2, 2, dtype=torch.long), 1, 1,
+                        torch.tensor([[True, True], [True, False]]), torch.tensor([[True], [False]]))  # fmt: skip
+    assert w[1].tolist() == [1.0, 0.0] and w[0].tolist() != [1.0, 1.0]  # a stack: per client; padding 0
+    glfc = GLFC(GLFC.Params(), split_info())
+    ctx, x, y = hand_ctx(glfc, memory=())
+    assert not math.isclose(glfc.step_loss(ctx, x, y).item(), sum(ce) / 4, rel_tol=1e-3)
 
 
 def test_lga_radius_and_prototype_augmentation():

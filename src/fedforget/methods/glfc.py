@@ -518,6 +518,8 @@ class GLFC(FedAvg):
         s = self.scratch(ctx)
         t = ctx.task
         s.chunks = self.memory_schedule(ctx)
+        mem = ctx.state.get(KEY)
+        s.learned = mem is not None and len(mem["y"]) > 0  # the code's learned_classes non-empty
         s.old = None
         old = ctx.broadcast.get(OLD)
         if old is not None and bool(self.old[t].any()):
@@ -554,9 +556,10 @@ class GLFC(FedAvg):
         return ctx.augment_rows(mem["x"][idx], idx, MEMORY_STREAM, k), mem["y"][idx]
 
     def row_weights(self, g: torch.Tensor, row_task: torch.Tensor, task: int | torch.Tensor, top: int,
-                    real: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    real: torch.Tensor | None = None, learned: bool | torch.Tensor = True) -> torch.Tensor:  # fmt: skip
         """w_i of L_GC (GLFC: old / new groups), per client of a stack (``task`` [G, 1], the
-        highest ``top``; ``real``: its real rows)."""
+        highest ``top``; ``real``: its real rows; ``learned``: whether the client's memory
+        holds any class, [G, 1] of a stack; GLFC weights either way [P])."""
         return compensation_weights(g, row_task < task, real)
 
     def distill_weights(self, w: torch.Tensor) -> torch.Tensor:
@@ -581,24 +584,26 @@ class GLFC(FedAvg):
         if s.old is not None:
             with torch.no_grad():
                 old_logits = class_scores(s.old, x, t)
-        loss, sums = self.glfc_loss(logits, y, t, t, old_logits)
+        loss, sums = self.glfc_loss(logits, y, t, t, old_logits, learned=s.learned)
         s.sums.add(*sums)
         return loss
 
     def glfc_loss(self, logits: torch.Tensor, y: torch.Tensor, task: int | torch.Tensor, top: int,
                   old_logits: torch.Tensor | None, has_old: torch.Tensor | None = None,
-                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+                  mask: torch.Tensor | None = None, learned: bool | torch.Tensor = True) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
         """(the step's loss, its diagnostics [L_GC, L_RD, sum of the old rows' w, old rows])
         from its logits [N, C] of rows y [N] (a client alone, task ``task``) or [G, N, C] of a
         stack (``task`` [G, 1] or one int, ``top`` the highest, ``mask`` [G, N] 1.0 on real
         rows; each value then [G], each client's own): L_GC alone without old logits (or
-        where ``has_old`` [G] is False), else lambda_gc L_GC + lambda_rd L_RD."""
+        where ``has_old`` [G] is False), else lambda_gc L_GC + lambda_rd L_RD; ``learned``
+        (one bool, or [G, 1] of a stack): whether the client's memory holds a class
+        (``row_weights``)."""
         p = self.p
         real = None if mask is None else mask > 0
         rt = self.row_task(y, task)
         allowed = self.allowed(rt, task)
         g = true_class_gap(logits, y, allowed, p.loss)
-        w = self.row_weights(g, rt, task, top, real)
+        w = self.row_weights(g, rt, task, top, real, learned)
         onehot = F.one_hot(y, allowed.shape[-1]).to(logits.dtype)
         gc = row_mean(w * row_losses(logits, onehot, allowed, p.loss), mask)
         old = rt < task if real is None else (rt < task) & real
@@ -624,6 +629,8 @@ class GLFC(FedAvg):
         task_t = torch.tensor(tasks, device=self.info.device)[:, None]
         flags = [s.old is not None for s in scratches]
         has_old = torch.tensor(flags, device=self.info.device)
+        learned = [s.learned for s in scratches]
+        learned_t = torch.tensor(learned, device=self.info.device)[:, None]
         old = next((s.old for s in scratches if s.old is not None), None)  # one frozen model, one broadcast
 
         def rows(lo: int, hi: int, k: int) -> list:
@@ -636,7 +643,8 @@ class GLFC(FedAvg):
                 with torch.no_grad():
                     old_logits = on_stack(lambda v: old.head(old.features(v)), step.x)
             loss, sums = self.glfc_loss(step.logits, step.y, tasks[lo] if one else task_t[lo:hi], max(tasks[lo:hi]),
-                                        old_logits, None if all(flags[lo:hi]) else has_old[lo:hi], step.row_mask())  # fmt: skip
+                                        old_logits, None if all(flags[lo:hi]) else has_old[lo:hi], step.row_mask(),
+                                        True if all(learned[lo:hi]) else learned_t[lo:hi])  # fmt: skip
             table[:, lo:hi] += torch.stack(sums)
             return LiveStep(total=loss)
 

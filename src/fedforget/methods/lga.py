@@ -11,7 +11,9 @@ of papers/fedprotip.md Tables 1-3. GLFC (``glfc.py``) with these changes; tags [
    normalised per group: the new classes, and for each old task j < t the rows of the old
    tasks up to j (``old_groups: cumulative`` [C]: the code's class mask is not reset between
    old tasks) or of task j alone (``task`` [D]); a row's weight is the sum of its groups'
-   normalised values, clamped to [``weight_min``, ``weight_max``] = [0.5, 5] [C].
+   normalised values, clamped to [``weight_min``, ``weight_max``] = [0.5, 5] [C]; w = 1 on
+   every row of a client whose memory holds no class yet (the code's ``learned_classes``
+   empty: the first task, or a later one of a client with no rows in the earlier tasks) [C].
 2. Category gradient-induced semantic distillation [P abstract; C ``_compute_loss``]: GLFC's
    relation distillation with each row weighted by the same w_i; loss lam L_GC + lam L_RD
    with lam = 1 [C ``--lam``] (``lambda_gc``, ``lambda_rd``), L_GC alone without an old model.
@@ -162,9 +164,16 @@ class LGA(GLFC):
 
     # ---------------------------------------------------------------- local losses
     def row_weights(self, g: torch.Tensor, row_task: torch.Tensor, task: int | torch.Tensor, top: int,
-                    real: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                    real: torch.Tensor | None = None, learned: bool | torch.Tensor = True) -> torch.Tensor:  # fmt: skip
+        """``adaptive_weights``; w = 1 on every row of a client whose memory holds no class
+        yet (the first task; a later task of a client with no rows in the earlier ones) [C:
+        ``efficient_old_class_weight``'s ``w = 1`` while ``learned_classes`` is empty]."""
         p = self.p
-        return adaptive_weights(g, row_task, task, p.old_groups, p.weight_min, p.weight_max, top, real)
+        w = adaptive_weights(g, row_task, task, p.old_groups, p.weight_min, p.weight_max, top, real)
+        if learned is True:
+            return w
+        ones = torch.ones_like(w) if real is None else real.to(w.dtype)
+        return ones if learned is False else torch.where(learned, w, ones)
 
     def distill_weights(self, w: torch.Tensor) -> torch.Tensor:
         return w
