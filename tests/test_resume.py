@@ -104,6 +104,61 @@ def test_stale_checkpoint_of_another_config_is_discarded(make_run_config, tmp_pa
     assert (tmp_path / "metrics.csv").read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes()
 
 
+def test_checkpoint_of_other_code_is_discarded(make_run_config, tmp_path, monkeypatch):
+    """A checkpoint records the digest of the code that computed it (run.json's code_digest);
+    a run resumed after that code changed starts over, as after a config change, and ends as
+    an uninterrupted run; one of the same code resumes; one written before the record loads."""
+    import fedforget.runner as runner
+
+    rc = make_run_config(rounds=4, sample_rate=0.5)
+    run_training(rc, tmp_path / "ref", progress=False)
+    real = runner.metrics_csv
+
+    def crash_at_round_2(rows):
+        if rows[-1]["round"] == 2:
+            raise KeyboardInterrupt
+        return real(rows)
+
+    for name, edit in (("same", None), ("other", "0" * 64), ("unrecorded", "drop")):
+        out = tmp_path / name
+        monkeypatch.setattr(runner, "metrics_csv", crash_at_round_2)
+        with pytest.raises(KeyboardInterrupt):
+            run_training(rc, out, progress=False)
+        monkeypatch.setattr(runner, "metrics_csv", real)
+        ckpt = torch.load(out / CHECKPOINT, weights_only=False)
+        assert ckpt["code_digest"] == json.loads((out / "run.json").read_text())["code_digest"]
+        if edit == "drop":
+            del ckpt["code_digest"]
+        elif edit:
+            ckpt["code_digest"] = edit
+        torch.save(ckpt, out / CHECKPOINT)
+        rec = run_training(rc, out, progress=False)
+        assert rec["status"] == "completed"
+        assert rec.get("resumed_after_round") == (None if name == "other" else 2), name
+        assert (out / "metrics.csv").read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes(), name
+
+
+def test_a_resume_on_another_client_engine_is_refused(make_run_config, tmp_path):
+    """The engines agree within 1e-5, not byte for byte: a checkpoint names the engine that
+    trained it, and a resume asked to train its clients by the other is refused, naming both;
+    the checkpoint stays."""
+    from fedforget.engine import Simulation
+
+    rc = make_run_config(rounds=3, sample_rate=0.5, client_engine="sequential")
+    kept = []
+    Simulation(rc).run(progress=False, on_checkpoint=lambda c: kept.append(copy.deepcopy(c)))
+    ckpt = kept[0]
+    assert ckpt["client_engine"] == "sequential"
+    other = replace(rc, train=replace(rc.train, client_engine="vectorized"))
+    assert other.hash == rc.hash
+    with pytest.raises(FedForgetError, match="trained by client engine 'sequential'; this run would train them by "
+                       "'vectorized'.*resume with train.client_engine: sequential"):  # fmt: skip
+        Simulation(other).run(progress=False, resume=ckpt)
+    Simulation(rc).run(progress=False, resume=copy.deepcopy(ckpt))  # the same engine resumes
+    del ckpt["client_engine"]  # written before the record
+    Simulation(other).run(progress=False, resume=ckpt)
+
+
 def test_a_format_2_checkpoint_loads_unless_task_reports_wait_in_it():
     """Format 3 changed only the layout of waiting task reports (FOT's and FedProTIP's
     sketches as Summed shares): a format 2 checkpoint without any loads; with some it is
@@ -241,6 +296,34 @@ def test_a_resume_continues_on_the_checkpoints_thread_count(make_run_config):
         asks = replace(rc, train=replace(rc.train, threads=2))
         with pytest.raises(FedForgetError, match="computed on 1 torch threads and train.threads asks for 2"):
             Simulation(asks).run(progress=False, resume=ckpt)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_run_json_names_the_thread_count_a_resumed_run_ran_on(make_run_config, tmp_path, monkeypatch):
+    """run.json's torch_threads / client_threads are those the run ended on: a resume
+    continues on its checkpoint's count, whatever the process started with."""
+    import fedforget.runner as runner
+
+    rc = make_run_config(rounds=3, sample_rate=0.5, threads=0)
+    real, before = runner.metrics_csv, torch.get_num_threads()
+
+    def crash_at_round_1(rows):
+        if rows[-1]["round"] == 1:
+            raise KeyboardInterrupt
+        return real(rows)
+
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setattr(runner, "metrics_csv", crash_at_round_1)
+        with pytest.raises(KeyboardInterrupt):
+            run_training(rc, tmp_path, progress=False)
+        monkeypatch.setattr(runner, "metrics_csv", real)
+        torch.set_num_threads(2)
+        rec = run_training(rc, tmp_path, progress=False)
+        assert rec["resumed_after_round"] == 1
+        assert rec["torch_threads"] == rec["client_threads"] == 1
+        assert json.loads((tmp_path / "run.json").read_text())["torch_threads"] == 1
     finally:
         torch.set_num_threads(before)
 

@@ -21,19 +21,40 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = 3  # 2: the scenario's progress (tasks); 3: Summed shares in waiting task reports
 CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
+CODE_DIGEST = "code_digest"  # the checkpoint's record of the code that computed it (run.json's)
 
 
-def checkpoint_of(fed: FedState, config_hash: str, client_threads: int | None = None) -> dict[str, Any]:
+def checkpoint_of(fed: FedState, config_hash: str, client_threads: int | None = None,
+                  client_engine: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The checkpoint of a run after its round ``fed.round``: ``fed.state_dict()`` with the
     format, the config hash it belongs to and the number of torch threads that computed it,
     and that each client trained on (``client_threads``, default the same; fewer where the
     sequential trainer trains clients at once) (CPU results depend on them:
-    ``resume_threads``, ``check_client_threads``)."""
+    ``resume_threads``, ``check_client_threads``), and the client engine that trained its
+    clients (``check_client_engine``). The runner adds the digest of the code that computed
+    it (``CODE_DIGEST``, ``load_checkpoint``)."""
     threads = torch.get_num_threads()
-    return {
+    out = {
         "format": CHECKPOINT_FORMAT, "config_hash": config_hash, "torch_threads": threads,
         "client_threads": client_threads or threads, **fed.state_dict(),
     }  # fmt: skip
+    if client_engine is not None:
+        out["client_engine"] = client_engine
+    return out
+
+
+def check_client_engine(ckpt: dict[str, Any], now: str) -> None:
+    """Refuse to resume with another client engine (``now``) than the one that trained the
+    checkpoint's rounds [D]: the engines agree within 1e-5, not byte for byte, so the
+    resumed run would equal neither uninterrupted one (``client_engine`` is a runtime
+    setting, outside the run's identity). A checkpoint written before the record loads."""
+    had = ckpt.get("client_engine")
+    if had is not None and had != now:
+        raise FedForgetError(
+            f"checkpoint's clients were trained by client engine '{had}'; this run would train them by '{now}': "
+            "the two agree within 1e-5, not byte for byte; resume with train.client_engine: "
+            f"{had}, or delete the checkpoint to start this run over"
+        )
 
 
 def check_client_threads(ckpt: dict[str, Any], now: int, concurrent: int) -> None:
@@ -116,9 +137,15 @@ def restore(fed: FedState, ckpt: dict[str, Any], config_hash: str, changed: Sequ
     fed.load_state_dict(ckpt)
 
 
-def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[str, Any] | None:
+def load_checkpoint(
+    path: Path, cfg: RunConfig, device: torch.device, code_digest: str | None = None
+) -> dict[str, Any] | None:
     """The run's checkpoint, or None if there is none or it belongs to another config (a
-    stale file from before the config changed: removed, the run starts over)."""
+    stale file from before the config changed: removed, the run starts over), or, where
+    ``code_digest`` is given, was computed by other code (``CODE_DIGEST``: the digest of the
+    source the run executes, ``fedforget.provenance.training_code``; the same rule [D]: a
+    result is a function of its config and code, and a resumed run would be neither the old
+    code's nor the new's; a checkpoint written before the record loads)."""
     if not path.exists():
         return None
     try:
@@ -132,6 +159,11 @@ def load_checkpoint(path: Path, cfg: RunConfig, device: torch.device) -> dict[st
         raise FedForgetError(f"checkpoint {path} is not a fedforget checkpoint; delete it to start this run over")
     if ckpt["config_hash"] != cfg.hash:
         log.warning("%s: checkpoint of another config (%s), starting over", path, ckpt["config_hash"][:12])
+        path.unlink()
+        return None
+    had = ckpt.get(CODE_DIGEST)
+    if code_digest is not None and had is not None and had != code_digest:
+        log.warning("%s: checkpoint computed by other code (%s, now %s), starting over", path, had[:12], code_digest[:12])
         path.unlink()
         return None
     return ckpt

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .checkpoint import (
+    check_client_engine,
     check_client_threads,
     checkpoint_of,
     format2_changes,
@@ -262,12 +263,13 @@ class Simulation:
             fed.rows.append(row)
             fed.round = rnd = row["round"]
             if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
-                on_checkpoint(checkpoint_of(fed, cfg.hash, self.trainer.client_threads()))
+                on_checkpoint(checkpoint_of(fed, cfg.hash, self.trainer.client_threads(), self.trainer.name))
             if on_row:
                 on_row(row)
 
         if resume is not None:
             restore(fed, resume, cfg.hash, format2_changes(cfg))
+            check_client_engine(resume, self.trainer.name)
             threads = resume_threads(resume, t.threads)
             if threads is not None:
                 log.info("resuming on the checkpoint's %d torch threads (CPU results depend on the count)", threads)

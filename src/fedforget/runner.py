@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CHECKPOINT, load_checkpoint
+from .checkpoint import CHECKPOINT, CODE_DIGEST, load_checkpoint
 from .config import RunConfig
 from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
@@ -154,7 +154,7 @@ def run_training(
         record["torch_threads"] = torch.get_num_threads()
         record["client_threads"] = sim.trainer.client_threads()  # fewer with train.concurrent_clients
         record.update(sim.engine_info)
-        ckpt = load_checkpoint(ckpt_path, cfg, sim.device) if resume else None
+        ckpt = load_checkpoint(ckpt_path, cfg, sim.device, code.digest) if resume else None
         if ckpt is not None:
             record["resumed_after_round"] = ckpt["round"]
         atomic_write_json(out / "run.json", record)  # where it runs, while it runs
@@ -167,7 +167,7 @@ def run_training(
             atomic_write_text(out / "tasks.csv", tasks_csv(written))
 
         def on_checkpoint(state: dict[str, Any]) -> None:
-            atomic_torch_save(ckpt_path, state)
+            atomic_torch_save(ckpt_path, {**state, CODE_DIGEST: code.digest})
         snap_dir = out / "snapshots"
 
         def save_snapshot(rnd: int, snap: dict[str, Any]) -> None:
@@ -200,7 +200,9 @@ def run_training(
         for r in rows
         if r["round"] > 0 and r.get("global_model_test_acc") is not None
     ]
-    record.update(
+    record.update(  # the thread counts it ran on (a resume continues on its checkpoint's)
+        torch_threads=torch.get_num_threads(),
+        client_threads=sim.trainer.client_threads(),
         status=status,
         message=message,
         rounds_completed=max(r["round"] for r in rows),
