@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # every shipped config (the default and one file per experiment): data.dvc tracks their data
 CONFIGS := config/config.yaml $(sort $(wildcard config/experiments/*.yaml))
 
-.PHONY: install run test report clean data smoke floors
+.PHONY: install run test clean data smoke floors
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -295,7 +295,8 @@ def markdown(root: Path = ROOT) -> str:
     total = {"cells": 0, "transcribed": 0, "fill": 0, "items": 0, "configs": 0}
     for paper, entry in cov.items.items():
         mine = [r for r in rows if r.paper == paper]
-        lines += [f"## {entry['title']}", "", f"Paper: `{entry['source']}`.", ""]
+        cite = f"{entry['cite']}; " if entry.get("cite") else ""
+        lines += [f"## {entry['title']}", "", f"Paper: {cite}cited in configs and docstrings as `{entry['source']}`.", ""]
         lines += [
             "| item | what | config | missing from the config | transcribed / in the paper | ours can fill | reason for the gaps |",
             "|---|---|---|---|---|---|---|",

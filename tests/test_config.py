@@ -89,6 +89,8 @@ BAD = [
      ["experiments[0].train.concurrent_clients", "0 is less than the minimum of 1"]),
     ("lr-zero", lambda d: ex(d).update(train={"optimizer": {"lr": 0}}),
      ["experiments[0].train.optimizer.lr", "0"]),
+    ("lr-of-wrong-type", lambda d: ex(d).update(train={"optimizer": {"lr": "fast"}}),
+     ["experiments[0].train.optimizer.lr", "'fast' is not of type 'number'; allowed: a finite number > 0"]),
     ("unknown-optimizer", lambda d: ex(d).update(train={"optimizer": {"name": "rmsprop"}}),
      ["experiments[0].train.optimizer.name", "'rmsprop'", "sgd"]),
     ("unknown-train-key", lambda d: ex(d).update(train={"epochs": 3}),

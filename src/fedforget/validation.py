@@ -215,11 +215,16 @@ def _leaf(c) -> str:
     return f"{_path(c.relative_path)}: {_message(c)}" if c.relative_path else _message(c)
 
 
+RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "type")  # errors that get the allowed values
+
+
 def _message(e) -> str:
     if e.validator in ("oneOf", "anyOf") and e.context:
         return _alternatives(e)
     if e.validator == "additionalProperties" and isinstance(e.instance, dict) and e.validator_value is False:
         return unknown_keys(e.instance, list(e.schema.get("properties") or {}))
+    if e.validator in RANGE:  # '...' is not of type 'number'; allowed: a finite number > 0
+        return f"{e.message}; allowed: {describe_allowed(e.schema)}"
     return e.message
 
 
