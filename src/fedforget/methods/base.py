@@ -61,8 +61,11 @@ control-variate correction, FedCurv's penalty), states that term once, for a sta
 clients, in ``client_step_terms``: a client training alone is a stack of one (FedAvg's
 default ``client_loss`` and ``client_grad`` apply it), the stacked trainer applies it to the
 whole stack, and both take the loss term's gradient from autograd; ``client_begin`` then runs
-for every client before the stacked pass (on the global weights) and again before its
-``client_end`` (on its trained weights), so it must only set up, never accumulate.
+once for every client, before the stacked pass (on the global weights), and the same context,
+with what the steps left in its scratch, goes to its ``client_end`` after the client's trained
+weights are loaded into the model's own parameter tensors in place (a scratch that holds those
+tensors, FedProx's and FedDyn's, reads the trained values there). A method without terms whose
+clients make their own upload gets a fresh context for ``client_end``, without ``client_begin``.
 
 State, by lifetime (``fedforget.state.FedState`` holds and checkpoints the last two):
 
