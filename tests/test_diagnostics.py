@@ -125,6 +125,10 @@ def test_snapshots_written_by_runner(make_run_config, tmp_path):
     assert snap["round"] == 3 and sorted(snap["clients"]) == [0, 1, 2, 3]
     final = torch.load(tmp_path / "run" / "model.pt")
     assert all(torch.equal(final[k], snap["global_after"][k]) for k in final)
+    # a run of another config started over in the same directory keeps none of them
+    other = make_run_config(rounds=3, save_client_models=(2,), seed=1)
+    run_training(other, tmp_path / "run", progress=False)
+    assert sorted(p.name for p in (tmp_path / "run" / "snapshots").iterdir()) == ["round0002.pt"]
 
 
 def test_snapshot_round_beyond_rounds_rejected(minimal_config):

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import resource
+import shutil
 import socket
 import time
 import traceback
@@ -157,6 +158,8 @@ def run_training(
         ckpt = load_checkpoint(ckpt_path, cfg, sim.device, code.digest) if resume else None
         if ckpt is not None:
             record["resumed_after_round"] = ckpt["round"]
+        else:  # a run from round 0: snapshots an earlier run left here are not this run's
+            shutil.rmtree(out / "snapshots", ignore_errors=True)
         atomic_write_json(out / "run.json", record)  # where it runs, while it runs
         written: list[dict[str, Any]] = list(ckpt["rows"]) if ckpt else []
 
