@@ -66,6 +66,8 @@ BAD = [
      ["experiments[0].partitions[0].alpha", "-0.5"]),
     ("alpha-missing", lambda d: part(d).update(scheme="dirichlet"),
      ["experiments[0].partitions[0]", "'alpha' is a required property"]),
+    ("bad-shard-rule", lambda d: part(d).update(scheme="shards", shards_per_client=2, shard_rule="even"),
+     ["experiments[0].partitions[0].shard_rule", "'even'", "per_class"]),
     ("shards-missing", lambda d: part(d).update(scheme="shards"),
      ["experiments[0].partitions[0]", "'shards_per_client' is a required property"]),
     ("clients-zero", lambda d: part(d).update(clients=0),

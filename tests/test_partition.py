@@ -166,6 +166,28 @@ def test_shards_proportional_to_class_sizes():
     assert (cc[:, 0] > 0).sum() >= 3  # the big class is spread over several clients
 
 
+def test_shards_per_class_rule_cuts_every_class_alike():
+    """shard_rule per_class (the FedSOL code): s*K/C shards of every class whatever its
+    size; where s*K/C is not an integer, floor(s*K/C) each and that many clients short of one
+    shard; the default's draws and directory are unchanged."""
+    y = np.repeat(np.arange(4), [300, 100, 100, 100])
+    spec = PartitionSpec("shards", clients=6, shards_per_client=2, seed=0, shard_rule="per_class")  # 3 per class
+    a = make_partition(y, spec)
+    cc = class_counts(a, y, 6, 4)
+    assert sorted(cc[:, 0][cc[:, 0] > 0].tolist()) == [100, 100, 100]  # the big class: 3 shards of 100
+    assert all(sorted(v for v in cc[:, c] if v) == [33, 33, 34] for c in (1, 2, 3))
+    assert spec.slug == "shards-2_k6_perclass_ps0" and spec.to_dict()["shard_rule"] == "per_class"
+    default = PartitionSpec("shards", clients=6, shards_per_client=2, seed=0)
+    assert default.slug == "shards-2_k6_ps0" and "shard_rule" not in default.to_dict()
+    y9 = np.repeat(np.arange(9), 50)  # 20 slots, 18 shards of 25: two clients get one
+    a = make_partition(y9, PartitionSpec("shards", clients=10, shards_per_client=2, seed=0, shard_rule="per_class"))
+    assert sorted(np.bincount(a, minlength=10).tolist()) == [25, 25] + [50] * 8
+    with pytest.raises(FedForgetError, match=r"shard_rule=per_class cuts each of the 9 classes into .* < 1 shards"):
+        make_partition(y9, PartitionSpec("shards", clients=4, shards_per_client=2, shard_rule="per_class"))
+    with pytest.raises(FedForgetError, match=r"shards_per_client=1; allowed: clients divisible by the 9 classes"):
+        make_partition(y9, PartitionSpec("shards", clients=10, shards_per_client=1, shard_rule="per_class"))
+
+
 def test_iid_sizes_differ_by_at_most_one(labels):
     spec = PartitionSpec("iid", clients=7, seed=0)
     sizes = np.bincount(make_partition(labels, spec), minlength=7)

@@ -54,6 +54,7 @@ class PartitionSpec:
     min_size: int = 10  # dirichlet: every client holds at least this many samples
     max_redraws: int = 1000  # dirichlet: bounded redraws, then a clear error
     shards_per_client: int | None = None  # shards
+    shard_rule: str = "equal_size"  # shards: equal_size [P] | per_class [C] (SHARD_RULES)
     # classes: [clients][classes] fractions; column c says how class c's samples are split
     class_fractions: list[list[float]] | None = None
     seed: int = 0
@@ -83,6 +84,8 @@ class PartitionSpec:
             parts.append(f"min{self.min_size}")
             if self.min_per_class:
                 parts.append(f"mpc{self.min_per_class}")
+        if self.scheme == "shards" and self.shard_rule != DEFAULT_SHARD_RULE:
+            parts.append(self.shard_rule.replace("_", ""))
         if self.per_task:  # the task rows' digest: two streams of one pool, two partitions
             parts.append("pertask" + (f"-{_digest(self.tasks)}" if self.tasks else ""))
         parts.append(f"ps{self.seed}")
@@ -109,6 +112,8 @@ class PartitionSpec:
             d.pop("per_task"), d.pop("tasks")
         if self.scheme != "shards":
             d.pop("shards_per_client")
+        if self.scheme != "shards" or self.shard_rule == DEFAULT_SHARD_RULE:  # absent unless set
+            d.pop("shard_rule")
         if self.scheme != "classes":
             d.pop("class_fractions")
         return d
@@ -172,9 +177,21 @@ def check_feasible(
                 f"{key}: shards_per_client={s} x clients={spec.clients} = {s * spec.clients} shards "
                 f"exceeds the {n} training samples available"
             )
+        if spec.shard_rule not in SHARD_RULES:
+            raise FedForgetError(f"{key}.shard_rule={spec.shard_rule!r}; allowed: {', '.join(SHARD_RULES)}")
+        if spec.shard_rule == "per_class" and num_classes is not None and not spec.per_task and s * spec.clients < num_classes:
+            raise FedForgetError(
+                f"{key}: shard_rule=per_class cuts every class into shards_per_client x clients / classes = "
+                f"{s} x {spec.clients} / {num_classes} < 1 shards; allowed: shards_per_client x clients >= "
+                f"{num_classes}, or shard_rule: equal_size"
+            )
     if spec.scheme == "classes":
         check_class_fractions(spec.class_fractions, spec.clients, num_classes, f"{key}.class_fractions")
 
+
+# shards: how many shards each class is cut into
+SHARD_RULES = ("equal_size", "per_class")
+DEFAULT_SHARD_RULE = "equal_size"
 
 # PartitionSpec fields that are bound by the code, never written in a config
 INTERNAL_KEYS = ("tasks",)
@@ -291,23 +308,59 @@ def dirichlet(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> l
 
 @PARTITIONERS.register("shards")
 def shards(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list[np.ndarray]:
-    """FedSOL/McMahan shards: sort by label, cut into s*K shards (shards per class = s*K/C,
-    in proportion to class sizes when that is not an integer, so every shard holds one
-    class), give each client s shards at random. With fewer shards than classes the sorted
-    order is cut into s*K contiguous pieces instead."""
+    """FedSOL/McMahan shards: sort by label, cut every class into shards, give each client s
+    of the s*K shards at random (each class's rows shuffled with the partition seed before
+    the cut [D]). How many shards a class gets (``shard_rule``):
+
+    - ``equal_size`` (default) [P fedsol.md Sec. 4.1: "Sharding sorts data by label and
+      assigns equal-size shards to clients"]: in proportion to the class's size (largest
+      remainder, at least one), so every shard holds one class and about N/(s*K) rows;
+      s*K/C each where the classes are balanced.
+    - ``per_class`` [C Lee-Gihun/FedSOL partition_strategy.py ``_sharding_partition``; METHODS.md
+      "shards per class = s*K/C"]: floor(s*K/C) shards of every class, whatever its size (a
+      small class's shards are smaller and reach as many clients as a large one's); where
+      s*K/C is not an integer, s*K - C*floor(s*K/C) clients drawn at random get s - 1
+      shards, as the code's padded draw leaves some short (an error where s = 1: a client
+      would get none).
+
+    With fewer shards than classes (equal_size) the sorted order is cut into s*K contiguous
+    pieces instead."""
     s, k = spec.shards_per_client, spec.clients
     classes, sizes = np.unique(y, return_counts=True)
     total = s * k
-    if total >= len(classes):
+    if spec.shard_rule == "per_class":
+        if total < len(classes):
+            raise FedForgetError(
+                f"shards partition: shard_rule=per_class cuts each of the {len(classes)} classes into "
+                f"shards_per_client x clients / classes = {s} x {k} / {len(classes)} < 1 shards; allowed: "
+                f"shards_per_client x clients >= {len(classes)}, or shard_rule: equal_size"
+            )
+        per_class = np.full(len(classes), total // len(classes))
+    elif total >= len(classes):
         per_class = _allocate(total, sizes)
+    else:
+        per_class = None
+    if per_class is not None:
         pieces = []
         for c, m in zip(classes, per_class):
             pieces.extend(np.array_split(rng.permutation(np.flatnonzero(y == c)), m))
     else:
         order = rng.permutation(len(y))
         pieces = np.array_split(order[np.argsort(y[order], kind="stable")], total)
-    owner = rng.permutation(total)
-    return [np.concatenate([pieces[j] for j in owner[i * s : (i + 1) * s]]) for i in range(k)]
+    if len(pieces) == total:
+        owner = rng.permutation(total)
+        return [np.concatenate([pieces[j] for j in owner[i * s : (i + 1) * s]]) for i in range(k)]
+    # per_class with s*K/C not an integer: total - len(pieces) clients, drawn at random, get s - 1
+    counts = np.full(k, s)
+    counts[rng.choice(k, total - len(pieces), replace=False)] -= 1
+    if s == 1:
+        raise FedForgetError(
+            f"shards partition: shard_rule=per_class makes {len(pieces)} shards for {k} clients of shards_per_client=1; "
+            f"allowed: clients divisible by the {len(classes)} classes, or shard_rule: equal_size"
+        )
+    owner = rng.permutation(len(pieces))
+    ends = np.cumsum(counts)
+    return [np.concatenate([pieces[j] for j in owner[e - m : e]]) for e, m in zip(ends, counts)]
 
 
 @PARTITIONERS.register("classes")

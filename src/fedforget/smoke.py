@@ -39,8 +39,9 @@ What changes, per experiment:
   (:data:`FIGURE_BUDGETS`: fedsol_landscape's rows, iterations and grid) at most the smoke value;
 - partitions: ``clients`` at most ``smoke.clients``, Dirichlet ``min_size`` at most 2
   (a few hundred rows cannot give every client 10 with small alpha) and ``min_per_class`` 0
-  (a smoke pool, or one task's share of it, may hold a single row of a class); partitions that become
-  identical are run once;
+  (a smoke pool, or one task's share of it, may hold a single row of a class), shards'
+  ``shard_rule`` the default (4 clients' shards may be fewer than the classes, which
+  ``per_class`` refuses); partitions that become identical are run once;
 - datasets and their public sets: the generic dataset option ``subset`` (first N rows per
   class in each split, ``fedforget.data.base.SUBSET``: about ``smoke.rows`` rows per split,
   or per task of a class split, so that a task's clients hold more than a handful of rows),
@@ -233,6 +234,7 @@ def _partition(p: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     if p["scheme"] == "dirichlet":
         p["min_size"] = min(int(p.get("min_size", 10)), DIRICHLET_MIN_SIZE)
         p.pop("min_per_class", None)  # 0, the default: a smoke pool may hold one row of a class
+    p.pop("shard_rule", None)  # the default: a few clients' shards cannot cut every class alike
     return p
 
 
