@@ -147,6 +147,21 @@ def test_domain_tasks_hold_every_row_through_their_transform(data_root, tmp_path
         assert not torch.equal(x0, x2)
 
 
+def test_a_rotation_fills_the_corners_it_uncovers_with_black():
+    """Rotating the raw image fills with black [C: FedGP's transforms]: on normalised
+    inputs the corners take the model input of a black pixel, so an all-black image stays
+    black at every angle (not grey: the corners would show the task); without a fill, 0."""
+    spec = resolve_scenario({"kind": "rotated", "tasks": 2, "seed": 3}, 10, (1, 8, 8), "s")
+    r = Scenario.build(spec, 10, (1, 8, 8), 2)
+    r.angles = [0.0, 45.0]
+    black = torch.tensor([-0.4242]).view(1, 1, 1)
+    dark = black.expand(2, 1, 8, 8).clone()
+    torch.testing.assert_close(r.transform(dark, 1, black), dark, atol=1e-6, rtol=0)
+    assert r.transform(dark, 1)[0, 0, 0, 0].item() > -0.3  # the zero fill: a grey corner
+    x = torch.rand(2, 1, 8, 8)
+    torch.testing.assert_close(r.transform(x, 0, black), x, atol=1e-6, rtol=0)
+
+
 def test_transforms_depend_on_the_scenario_seed_only():
     spec = resolve_scenario({"kind": "rotated", "tasks": 4, "seed": 3}, 10, (1, 8, 8), "s")
     a = Scenario.build(spec, 10, (1, 8, 8), rounds=4)

@@ -91,6 +91,24 @@ def test_crop_flip_is_a_window_of_the_padded_image_and_a_mirror():
     assert len(torch.unique(d[0] % 9)) == 9  # every offset occurs
 
 
+def test_a_crop_pads_with_black_as_the_raw_image_is_padded_before_normalising():
+    """torchvision's RandomCrop pads the raw image (0: black) before Normalize: the padded
+    band is the model input of a stored 0, -mean/std per channel, and the image's own
+    pixels are those of the unpadded conversion, bit for bit; replayed rows alike."""
+    pipe = InputPipeline(255.0, (0.5, 0.25), (0.5, 2.0), {"kind": "crop_flip", "pad": 2}, seed=0)
+    x = torch.full((64, 2, 3, 3), 200, dtype=torch.uint8)
+    out = pipe.train_inputs(x, torch.arange(64))
+    inside, black = pipe.convert(x)[0, :, 0, 0], pipe.convert(torch.zeros(1, 2, 1, 1, dtype=torch.uint8)).flatten()
+    torch.testing.assert_close(black, torch.tensor([-1.0, -0.125]), rtol=0, atol=0)
+    for c in range(2):
+        values = set(out[:, c].flatten().tolist())
+        assert values == {inside[c].item(), black[c].item()}  # some crops reach the band
+    again = pipe.replay_inputs(pipe.convert(x), torch.arange(64), 7)
+    assert {v for c in range(2) for v in again[:, c].flatten().tolist()} <= {*inside.tolist(), *black.tolist()}
+    plain = InputPipeline(augment={"kind": "crop_flip", "pad": 2}).train_inputs(torch.ones(8, 1, 3, 3), torch.arange(8))
+    assert set(plain.flatten().tolist()) <= {0.0, 1.0}  # not normalised: zeros
+
+
 def test_host_to_device_is_the_same_tensor_on_a_cpu_and_a_copy_on_a_gpu():
     """utils.host_to_device: the indices a step sends to the device (a streamed pool's rows,
     replayed rows) go from pinned memory without blocking on a GPU; on a CPU nothing moves."""

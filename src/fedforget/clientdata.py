@@ -87,7 +87,7 @@ class ClientData:
             train_step = (draw.reshape(-1) >= len(self.rows)).view(-1, *([1] * (flat.dim() - 1)))
             x = torch.where(train_step, aug, plain).view(*lead, *aug.shape[1:])
         if self.scenario.transforms:
-            x = self.scenario.transform(x, t)
+            x = self.scenario.transform(x, t, self.inputs.black(x.device))
         return x, self.y[r]
 
     def slice(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,10 +155,11 @@ class TestSets:
     x: torch.Tensor
     y: torch.Tensor
     rows: list[torch.Tensor]  # per task: long [M_t] rows of x
+    black: torch.Tensor | None = None  # the model input of a black pixel (InputPipeline.black)
 
     def batches(self, t: int, scenario: Scenario, batch_size: int):
         """Task t's test rows in batches: (x seen through the task's transform, y)."""
         rows = self.rows[t]
         for s in range(0, len(rows), batch_size):
             r = rows[s : s + batch_size]
-            yield scenario.transform(self.x[r], t), self.y[r]
+            yield scenario.transform(self.x[r], t, self.black), self.y[r]

@@ -18,7 +18,8 @@ take more than half of the free device memory (on a CPU, of the available RAM). 
 gathered are the same in both, so a streamed run gives the same bytes as an in-memory one.
 
 Augmentation [P: the papers' CIFAR recipe, random crop with zero padding 4 then horizontal
-flip with probability 1/2; resizing for pretrained backbones is the model's own first module,
+flip with probability 1/2; C: torchvision's RandomCrop pads the raw image, before Normalize,
+so the padding is black: ``InputPipeline.black``; resizing for pretrained backbones is the model's own first module,
 ``models.Resize``] is seeded by keys, not by a generator's state [D]: the crop offsets and
 the flip of a training row depend only on (the run's seed, the row's position in the pool,
 its occurrence = (round - 1) * epochs + epoch + 1), through a counter-based hash computed on
@@ -103,13 +104,20 @@ def keyed_uniform_ints(draw: torch.Tensor, salt: int, n: int) -> list[torch.Tens
     return out
 
 
-def crop_flip(x: torch.Tensor, draw: torch.Tensor, salt: int, pad: int) -> torch.Tensor:
-    """Random crop of each image of ``x`` [B, C, H, W] from its zero-padded copy, then a
-    horizontal flip with probability 1/2; offsets and flips from ``keyed_uniform_ints``."""
-    b, _, h, w = x.shape
+def crop_flip(
+    x: torch.Tensor, draw: torch.Tensor, salt: int, pad: int, fill: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Random crop of each image of ``x`` [B, C, H, W] from its copy padded with ``fill``
+    ([C, 1, 1]: the model input of a black pixel; None: 0), then a horizontal flip with
+    probability 1/2; offsets and flips from ``keyed_uniform_ints``."""
+    b, c, h, w = x.shape
     dy, dx, flip = keyed_uniform_ints(draw, salt, 3)
     dy, dx, flip = dy % (2 * pad + 1), dx % (2 * pad + 1), (flip % 2).bool()
-    xp = F.pad(x, (pad, pad, pad, pad)) if pad else x
+    if pad and fill is not None:
+        xp = fill.to(x.dtype).expand(b, c, h + 2 * pad, w + 2 * pad).clone()
+        xp[:, :, pad : pad + h, pad : pad + w] = x
+    else:
+        xp = F.pad(x, (pad, pad, pad, pad)) if pad else x
     rows = dy[:, None] + torch.arange(h, device=x.device)  # [B, H]
     cols = dx[:, None] + torch.arange(w, device=x.device)  # [B, W]
     cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flipped crop reads its columns backwards
@@ -125,6 +133,13 @@ def _channel_tensors(mean: tuple, std: tuple, device: torch.device) -> tuple[tor
     m = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device)
     s = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device)
     return m, s
+
+
+@functools.cache
+def _black(mean: tuple, std: tuple, device: torch.device) -> torch.Tensor:
+    """-mean / std as [C, 1, 1] on ``device`` (``InputPipeline.black``), made once."""
+    m, s = _channel_tensors(mean, std, device)
+    return -m / s
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,12 @@ class InputPipeline:
             out = (out - mean) / std
         return out
 
+    def black(self, device: torch.device) -> torch.Tensor | None:
+        """The model input of a stored 0 (a black pixel) per channel, [C, 1, 1]: what a crop
+        pads with, as torchvision's RandomCrop pads the raw image before its Normalize [C: the
+        papers' code]; None where that is 0 (inputs not normalised)."""
+        return None if self.mean is None else _black(self.mean, self.std, device)
+
     def train_inputs(self, x: torch.Tensor, draw: torch.Tensor | None) -> torch.Tensor:
         """Training rows ``x`` (stored dtype, [B, ...]) as the model sees them: converted,
         then augmented where ``draw`` (int64 [B], the rows' keys) is given."""
@@ -168,7 +189,7 @@ class InputPipeline:
         if self.augment is None or draw is None:
             return x
         salt = torch_seed(self.seed, AUGMENT_STREAM) % _P
-        return crop_flip(x, draw, salt, self.augment["pad"])
+        return crop_flip(x, draw, salt, self.augment["pad"], self.black(x.device))
 
     def replay_inputs(self, x: torch.Tensor, rows: torch.Tensor, *key: int) -> torch.Tensor:
         """Rows ``x`` [B, C, H, W] a method replays from its own store (model inputs, already
@@ -179,7 +200,7 @@ class InputPipeline:
         if self.augment is None:
             return x
         salt = torch_seed(self.seed, REPLAY_AUGMENT_STREAM, *key) % _P
-        return crop_flip(x, rows.to(device=x.device, dtype=torch.long), salt, self.augment["pad"])
+        return crop_flip(x, rows.to(device=x.device, dtype=torch.long), salt, self.augment["pad"], self.black(x.device))
 
 
 # ----------------------------------------------------------------------------- storage

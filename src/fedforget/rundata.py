@@ -88,6 +88,7 @@ def load_run_data(
             torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t, dom_test)), device=device)
             for t in range(sc.tasks)
         ],
+        inputs.black(device),
     )
     if public is not None:
         public.x = inputs.convert(torch.as_tensor(np.asarray(public.x), device=device))

@@ -400,9 +400,15 @@ class Scenario:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_tables"}
 
-    def transform(self, x: torch.Tensor, task: torch.Tensor | int) -> torch.Tensor:
+    def transform(
+        self, x: torch.Tensor, task: torch.Tensor | int, fill: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Rows ``x`` [..., *input_shape] seen through their tasks' transforms (``task``: one
-        task id, or one per row, shaped like x's leading dimensions)."""
+        task id, or one per row, shaped like x's leading dimensions). A rotation fills the
+        corners it uncovers with ``fill`` ([C, 1, 1]: the model input of a black pixel,
+        ``InputPipeline.black``; None: 0), as rotating the raw image before its normalisation
+        fills them with black [C: FedGP's Rotation transform before ToTensor]: bilinear
+        samples of the image with zeros outside, plus fill times the weight that fell outside."""
         if not self.transforms:
             return x
         ids = on_device(task, x.device, torch.long)
@@ -424,4 +430,8 @@ class Scenario:
             out = F.grid_sample(
                 flat, grid, mode="bilinear", padding_mode="zeros", align_corners=False
             )
+            if fill is not None:
+                ones = torch.ones_like(flat[:, :1])
+                inside = F.grid_sample(ones, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+                out = out + fill.to(out.dtype) * (1 - inside)
         return out.reshape(x.shape)
