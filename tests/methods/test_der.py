@@ -189,3 +189,12 @@ def test_replay_on_a_keyed_dropout_model_trains_stacked_as_sequential(make_run_c
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     close_buffers(seq, vec)
+
+
+def test_buffer_logits_stay_float32_under_bf16(make_run_config):
+    """The stored logits are the MSE targets: float32 whatever the step's precision (bf16
+    autocast gives bf16 logits; the code's buffer holds float32)."""
+    rc = replay_stream_cfg(make_run_config, "der", {"buffer_size": 20}, rounds=2, precision="bf16")
+    sim, _ = run(rc)
+    bufs = [st["replay"] for st in sim.fed.clients.values() if "replay" in st]
+    assert bufs and all(b["logits"].dtype == torch.float32 for b in bufs)

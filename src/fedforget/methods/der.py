@@ -116,7 +116,9 @@ class DER(FedAvg):
             per_client = []
             for j, c in enumerate(ctxs[lo:hi]):
                 n = step.rows[j]
-                x, y, z = step.x[j, :n], step.y[j, :n], step.logits[j, :n]
+                # the logits kept in float32 whatever the step's precision (bf16 autocast),
+                # as the code's buffer holds them [C: FedGP / mammoth init_tensors]
+                x, y, z = step.x[j, :n], step.y[j, :n], step.logits[j, :n].float()
                 per_client.append(self.replay.step(c, self.scratch(c), step.k, x, y, logits=z))
             draws = list(zip(*per_client))  # per replay term, each client's batch
             parts = []
