@@ -48,6 +48,26 @@ def _weights_equal(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def _interrupted(monkeypatch, rc, out: Path, after: int) -> None:
+    """Run ``rc`` into ``out`` until an exception in the metrics writer after round ``after``
+    (a crash): its checkpoint of that round is left there."""
+    import fedforget.runner as runner
+
+    real = runner.metrics_csv
+
+    def crash(rows):
+        if rows[-1]["round"] == after:
+            raise KeyboardInterrupt
+        return real(rows)
+
+    monkeypatch.setattr(runner, "metrics_csv", crash)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_training(rc, out, progress=False)
+    finally:
+        monkeypatch.setattr(runner, "metrics_csv", real)
+
+
 def test_same_config_same_metrics_csv_bytes(make_run_config, tmp_path):
     rc = make_run_config(rounds=3, sample_rate=0.5)
     run_training(rc, tmp_path / "a", progress=False)
@@ -66,20 +86,7 @@ def test_checkpoint_round_trip_through_disk(make_run_config, tmp_path, monkeypat
     of round 2; the next call resumes from it and ends where an uninterrupted run ends."""
     rc = make_run_config(rounds=4, sample_rate=0.5, method="scaffold")
     run_training(rc, tmp_path / "full", progress=False)
-
-    import fedforget.runner as runner
-
-    real = runner.metrics_csv
-
-    def crash_at_round_2(rows):
-        if rows[-1]["round"] == 2:
-            raise KeyboardInterrupt
-        return real(rows)
-
-    monkeypatch.setattr(runner, "metrics_csv", crash_at_round_2)
-    with pytest.raises(KeyboardInterrupt):
-        run_training(rc, tmp_path / "cut", progress=False)
-    monkeypatch.setattr(runner, "metrics_csv", real)
+    _interrupted(monkeypatch, rc, tmp_path / "cut", after=2)
     ckpt = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
     assert ckpt["round"] == 2 and ckpt["config_hash"] == rc.hash
     assert json.loads((tmp_path / "cut/run.json").read_text())["status"] == "failed"
@@ -108,23 +115,11 @@ def test_checkpoint_of_other_code_is_discarded(make_run_config, tmp_path, monkey
     """A checkpoint records the digest of the code that computed it (run.json's code_digest);
     a run resumed after that code changed starts over, as after a config change, and ends as
     an uninterrupted run; one of the same code resumes; one written before the record loads."""
-    import fedforget.runner as runner
-
     rc = make_run_config(rounds=4, sample_rate=0.5)
     run_training(rc, tmp_path / "ref", progress=False)
-    real = runner.metrics_csv
-
-    def crash_at_round_2(rows):
-        if rows[-1]["round"] == 2:
-            raise KeyboardInterrupt
-        return real(rows)
-
     for name, edit in (("same", None), ("other", "0" * 64), ("unrecorded", "drop")):
         out = tmp_path / name
-        monkeypatch.setattr(runner, "metrics_csv", crash_at_round_2)
-        with pytest.raises(KeyboardInterrupt):
-            run_training(rc, out, progress=False)
-        monkeypatch.setattr(runner, "metrics_csv", real)
+        _interrupted(monkeypatch, rc, out, after=2)
         ckpt = torch.load(out / CHECKPOINT, weights_only=False)
         assert ckpt["code_digest"] == json.loads((out / "run.json").read_text())["code_digest"]
         if edit == "drop":
@@ -303,22 +298,11 @@ def test_a_resume_continues_on_the_checkpoints_thread_count(make_run_config):
 def test_run_json_names_the_thread_count_a_resumed_run_ran_on(make_run_config, tmp_path, monkeypatch):
     """run.json's torch_threads / client_threads are those the run ended on: a resume
     continues on its checkpoint's count, whatever the process started with."""
-    import fedforget.runner as runner
-
     rc = make_run_config(rounds=3, sample_rate=0.5, threads=0)
-    real, before = runner.metrics_csv, torch.get_num_threads()
-
-    def crash_at_round_1(rows):
-        if rows[-1]["round"] == 1:
-            raise KeyboardInterrupt
-        return real(rows)
-
+    before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        monkeypatch.setattr(runner, "metrics_csv", crash_at_round_1)
-        with pytest.raises(KeyboardInterrupt):
-            run_training(rc, tmp_path, progress=False)
-        monkeypatch.setattr(runner, "metrics_csv", real)
+        _interrupted(monkeypatch, rc, tmp_path, after=1)
         torch.set_num_threads(2)
         rec = run_training(rc, tmp_path, progress=False)
         assert rec["resumed_after_round"] == 1
