@@ -249,6 +249,34 @@ def test_augment_config_errors_name_the_key(minimal_config):
     assert parse_config(minimal_config).runs()[0].hash == none.hash  # a runtime setting
 
 
+def test_normalize_replaces_the_datasets_statistics(minimal_config, make_run_config, blobs_root):
+    """dataset.normalize ({mean, std} per channel, e.g. the FedSOL code's 0.5 / 0.5): the
+    images are normalised by it instead of the training split's statistics, the crop pads
+    with its black; part of the run's identity where set, absent otherwise; a wrong channel
+    count, a std <= 0 or features are errors naming the key."""
+    rc = _cfg(make_run_config, blobs_root)
+    half = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+    own = Simulation(rc, device=CPU).clients
+    set_ = Simulation(replace(rc, dataset=replace(rc.dataset, normalize=half, augment=AUG)), device=CPU).clients
+    raw = own.x.take(own.rows[:4])
+    torch.testing.assert_close(set_.inputs.convert(raw), raw.float() / 255 * 2 - 1)
+    assert own.inputs.mean != set_.inputs.mean
+    assert torch.equal(set_.inputs.black(CPU).flatten(), torch.full((3,), -1.0))
+    minimal_config["experiments"][0]["datasets"][0] = {"name": "digits", "model": "cnn2d"}
+    plain = parse_config(minimal_config).runs()[0]
+    assert "normalize" not in plain.to_dict()["dataset"]
+    minimal_config["experiments"][0]["datasets"][0]["normalize"] = {"mean": [0.5], "std": [0.5]}
+    assert parse_config(minimal_config).runs()[0].hash != plain.hash
+    for bad, msg in (({"mean": [0.5, 0.5], "std": [0.5]}, r"normalize\.mean=\[0\.5, 0\.5\]; allowed: a list of 1 finite"),
+                     ({"mean": [0.5], "std": [0.0]}, r"normalize\.std\[0\]: 0\.0 is less than or equal to the minimum of 0; allowed: a finite number > 0")):  # fmt: skip
+        minimal_config["experiments"][0]["datasets"][0]["normalize"] = bad
+        with pytest.raises(FedForgetError, match=msg):
+            parse_config(minimal_config)
+    minimal_config["experiments"][0]["datasets"][0] = {"name": "iris", "model": "mlp", "normalize": half}
+    with pytest.raises(FedForgetError, match=r"datasets\[0\]\.normalize needs images"):
+        parse_config(minimal_config)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_augmented_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blobs_root, monkeypatch, device):
     """The augmentation key travels inside the step's positions, so a captured step replays

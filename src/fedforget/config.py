@@ -43,6 +43,8 @@ class DatasetSpec:
     scenario: dict[str, Any] | None = None
     # training-time augmentation (fedforget.inputs: {kind: crop_flip, pad}); None: none
     augment: dict[str, Any] | None = None
+    # {mean, std} per channel in place of the training split's statistics; None: those
+    normalize: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -124,7 +126,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["partition"] = self.partition.to_dict()
-        for key in ("scenario", "augment"):  # unset: a run keeps the hash it had before the key
+        for key in ("scenario", "augment", "normalize"):  # unset: a run keeps the hash it had before the key
             if d["dataset"][key] is None:
                 del d["dataset"][key]
         if d["scale"] == "full":  # a full run keeps the hash it had before the key

@@ -40,6 +40,7 @@ same ones, and the draws never coincide with the private rows' (another salt).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,27 @@ def check_augment(spec: dict | None, input_shape: Sequence[int], key: str) -> di
             f"{key}.kind='crop_flip' needs images [C, H, W]; this dataset's inputs are {list(input_shape)}"
         )
     return {"kind": kind, "pad": pad}
+
+
+def check_normalize(spec: dict | None, input_shape: Sequence[int], key: str) -> dict | None:
+    """The ``dataset.normalize`` block ({mean, std}: one number per channel, as the stored
+    images scaled to [0, 1] are normalised in place of the training split's own statistics,
+    e.g. the FedSOL code's 0.5 / 0.5 on MedMNIST), or None; raises FedForgetError naming the
+    key and what is allowed. Values are kept as written (the run's hash)."""
+    if spec is None:
+        return None
+    if len(input_shape) != 3:
+        raise FedForgetError(f"{key} needs images [C, H, W]; this dataset's inputs are {list(input_shape)}")
+    c = int(input_shape[0])
+    for name in ("mean", "std"):
+        v = spec.get(name)
+        ok = isinstance(v, list) and len(v) == c and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v
+        )
+        if not ok or (name == "std" and any(x <= 0 for x in v)):
+            bound = " > 0" if name == "std" else ""
+            raise FedForgetError(f"{key}.{name}={v!r}; allowed: a list of {c} finite numbers{bound} (one per channel)")
+    return dict(spec)
 
 
 def _mix(h: torch.Tensor, a: int, b: int) -> torch.Tensor:
@@ -155,12 +177,21 @@ class InputPipeline:
     seed: int = 0
 
     @classmethod
-    def of(cls, meta: dict, augment: dict | None, seed: int) -> InputPipeline:
+    def of(cls, meta: dict, augment: dict | None, seed: int, normalize: dict | None = None) -> InputPipeline:
+        """The pipeline of a prepared dataset (``meta``: its uint8 images' scale and channel
+        statistics), normalised by ``normalize`` ({mean, std}, ``dataset.normalize``) where
+        given instead of those statistics."""
         norm = meta.get("normalize") or {}
+        if normalize is not None:
+            if not norm:
+                raise FedForgetError(
+                    f"dataset.normalize is for uint8 images; dataset '{meta.get('id', '?')}' stores other inputs"
+                )
+            norm = {**norm, "mean": normalize["mean"], "std": normalize["std"]}
         return cls(
             float(norm["scale"]) if norm else None,
-            tuple(norm["mean"]) if norm else None,
-            tuple(norm["std"]) if norm else None,
+            tuple(float(v) for v in norm["mean"]) if norm else None,
+            tuple(float(v) for v in norm["std"]) if norm else None,
             augment,
             seed,
         )

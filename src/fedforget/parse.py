@@ -30,7 +30,7 @@ from .continual import TASK_AWARE
 from .data import DATASETS, dataset_id
 from .data.scenario import check_rounds, has_task_aware_scores, resolve_scenario
 from .figures import check_figure
-from .inputs import check_augment
+from .inputs import check_augment, check_normalize
 from .methods import METHODS, make_params
 from .methods.params import recorded
 from .models import check_model
@@ -165,9 +165,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario", info.domains(opts)
             )
             augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
+            normalize = check(check_normalize, d.get("normalize"), tuple(shape), f"{dkey}.normalize")
             ds = DatasetSpec(
                 d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario,
-                augment,
+                augment, normalize,
             )  # fmt: skip
             if ds.label in {x.label for x in datasets}:
                 problems.append(

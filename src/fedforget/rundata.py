@@ -39,7 +39,7 @@ def load_run_data(
     the public set's labels."""
     data = load_dataset(cfg.dataset.id, cfg.data_dir, verify, mmap=True)
     stream = choose_storage(cfg.train.data_storage, data.x_train.nbytes, device)
-    inputs = InputPipeline.of(data.meta, cfg.dataset.augment, cfg.seed)
+    inputs = InputPipeline.of(data.meta, cfg.dataset.augment, cfg.seed, cfg.dataset.normalize)
     public = load_public(cfg.dataset.public, cfg.dataset.id, cfg.data_dir, public_labels, verify)
     if cfg.partition_dir.joinpath("meta.json").exists():
         assignment, meta = load_partition(cfg.partition_dir)
