@@ -40,7 +40,9 @@ re-projected and QR'd [D]; Phi^(t) spans the union of the U_k; Phi <- [Phi, Phi^
 Phi^T Phi = I. Per-task ranks are kept (``fedprotip_blocks``): TIP needs U_L^(t) per task.
 - ``bias``: freeze [C: the code zeroes 1-D gradients from task 2 on] | free. Once bases exist,
   the gradients of every 1-D parameter outside the per-task heads are dropped (p.grad = None: no
-  decay either), as ``gpm``. ``freeze_early`` [C, default off: our CNNs are not pretrained]: from
+  decay either), as ``gpm``. ``freeze_early`` [P App. E.2: "After learning the first task, we
+  freeze the first two residual blocks of ResNet"; which layers: the code's; default off [D]:
+  our small CNNs are no ResNets, and every ResNet config of the papers sets it]: from
   the second task on (once the first task's bases exist [D]: with synchronous boundaries the
   same round; asynchronous ones then hold every client alike), the first floor(n/2) projected
   layers in module order (the code freezes ResNet-18's stem, layer1, layer2: 10 of its 20
@@ -440,7 +442,7 @@ class FedProTIP(FedAvg):
         samples: int = integer(512, minimum=1)  # m_s, columns per layer (and inputs) per client and task [P]
         svd: str = choice("randomized", SVDS)  # randomized [P] | exact [C]
         tip: str = choice("sample", TIPS)  # sample [P] | batch [C] | none: FedProTIP(-t)
-        freeze_early: bool = boolean(False)  # freeze the first half of the layers after task 0 [C]
+        freeze_early: bool = boolean(False)  # freeze the first half of the layers after task 0 [P, C: which]
         bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once bases exist [C] | free
         # None: clients send their bases [P] | full | s: a weighted Gaussian sketch of s_l = d_l | s columns [P App. F.2]
         sketch: str | int | None = one_of(
