@@ -557,6 +557,13 @@ def test_windows_that_never_reach_a_task_are_refused_before_round_1():
         sc.check_windows(late, 10)
     sc.check_windows([[0, 60, 120, 180, 230, 230]], 10)  # an empty last task is no task to reach
     Scenario.build(resolve_scenario(SPLIT, 10, (1, 8, 8), "s"), 10, (1, 8, 8), 10).check_windows(late, 10)  # sync
+    # unreached: skip keeps the pace (FedGP Table 4's 500 samples): the tail is never trained
+    skip = resolve_scenario({**SPLIT, "boundaries": {**scen["boundaries"], "unreached": "skip"}}, 10, (1, 8, 8), "s")
+    Scenario.build(skip, 10, (1, 8, 8), 10).check_windows(late, 10)
+    assert "unreached" not in resolve_scenario(scen, 10, (1, 8, 8), "s")["boundaries"]  # the hash before the key
+    bad = {**SPLIT, "boundaries": {**scen["boundaries"], "unreached": "ignore"}}
+    with pytest.raises(FedForgetError, match=r"s\.boundaries\.unreached='ignore'; allowed: refuse, skip"):
+        resolve_scenario(bad, 10, (1, 8, 8), "s")
 
 
 def test_smoke_scale_keeps_asynchronous_windows_within_its_rounds(repo_root, monkeypatch):

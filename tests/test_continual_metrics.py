@@ -36,9 +36,9 @@ def test_acc_is_the_mean_of_the_last_row():
 
 
 def test_fedgp_forgetting_hand_computed():
-    # Fgt_T = 1/(T-1) sum_{i=1}^{T-1} max_{j=1..T-1} (a_{j,i} - a_{T,i})   (1-based)
-    # i = 1: max(a11, a21) - a31 = max(0.9, 0.6) - 0.5 = 0.4
-    # i = 2: max(a12, a22) - a32 = max(0.1, 0.8) - 0.7 = 0.1
+    # Fgt_T = 1/(T-1) sum_{i=1}^{T-1} (max_{j=i..T} a_{j,i} - a_{T,i})   (1-based; FedGP's code)
+    # i = 1: max(a11, a21, a31) - a31 = max(0.9, 0.6, 0.5) - 0.5 = 0.4
+    # i = 2: max(a22, a32) - a32 = max(0.8, 0.7) - 0.7 = 0.1
     # Fgt_3 = (0.4 + 0.1) / 2 = 0.25
     assert continual_metrics(A, B)["fgt"] == pytest.approx(0.25)
 
@@ -62,16 +62,18 @@ def test_fwt_hand_computed_and_nan_without_initial_accuracy():
     assert math.isnan(continual_metrics(A)["fwt"])
 
 
-def test_fgt_and_ft_differ_where_a_task_scores_higher_before_its_training():
-    # a_{1,2} = 0.95: task 2 scores higher after task 1 than after its own training. Fgt_T's
-    # max runs over every j < T, FT's only from the task's own training on.
+def test_fgt_and_ft_differ_where_a_task_ends_above_its_best():
+    # a_{3,2} = 0.85: task 2 ends above its best before the last task. Fgt_T's max runs from
+    # the task's own training through the last (FedGP's code: every term >= 0), FT's through
+    # T-1 (eq. 16: a term may be negative); a score before the task's training counts in neither
     a = A.copy()
-    a[0, 1] = 0.95
+    a[2, 1] = 0.85
+    a[0, 1] = 0.95  # task 2 before its training: no effect
     m = continual_metrics(a)
-    # Fgt: i = 1: 0.9 - 0.5 = 0.4;  i = 2: max(0.95, 0.8) - 0.7 = 0.25;  (0.4 + 0.25) / 2 = 0.325
-    assert m["fgt"] == pytest.approx(0.325)
-    # FT: t = 1: 0.9 - 0.5 = 0.4;  t = 2: 0.8 - 0.7 = 0.1;  (0.4 + 0.1) / 3 (unchanged)
-    assert m["ft"] == pytest.approx(0.5 / 3)
+    # Fgt: i = 1: 0.9 - 0.5 = 0.4;  i = 2: max(0.8, 0.85) - 0.85 = 0;  (0.4 + 0) / 2 = 0.2
+    assert m["fgt"] == pytest.approx(0.2)
+    # FT: t = 1: 0.9 - 0.5 = 0.4;  t = 2: 0.8 - 0.85 = -0.05;  (0.4 - 0.05) / 3
+    assert m["ft"] == pytest.approx(0.35 / 3)
     # and on A they differ by the averaging alone: FT = (T-1)/T Fgt_T
     plain = continual_metrics(A)
     assert plain["ft"] == pytest.approx(plain["fgt"] * 2 / 3)

@@ -596,8 +596,8 @@ PAPER_METRICS = {m: tuple(p for p, col in PAPER_COLUMNS.items() if col == m) for
 CONTINUAL_NOTE = (
     "a[t][i]: global-model accuracy on task i's test set at the last round of task t; b[i]: "
     "the initial model's; T tasks, numbered 1..T here (from 0 in accuracy_matrix.csv and tasks.csv). "
-    "ACC = mean_i a[T][i]. Fgt_T = 1/(T-1) sum_{i<T} max_{j<T} (a[j][i] - a[T][i]), j over every "
-    "task before T (FedGP). FT = 1/T sum_{t<T} (max_{t<=i<T} a[i][t] - a[T][t]) (FedProTIP eq. 16: "
+    "ACC = mean_i a[T][i]. Fgt_T = 1/(T-1) sum_{i<T} (max_{i<=j<=T} a[j][i] - a[T][i]) (FedGP's code; "
+    "every term >= 0). FT = 1/T sum_{t<T} (max_{t<=i<T} a[i][t] - a[T][t]) (FedProTIP eq. 16: "
     "1/T over T-1 terms). BWT = 1/(T-1) sum_{i<T} (a[T][i] - a[i][i]). "
     "FWT = 1/(T-1) sum_{i>1} (a[i-1][i] - b[i]). One-task runs have none of these."
 )

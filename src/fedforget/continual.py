@@ -193,13 +193,18 @@ def continual_metrics(a: Any, b: Any = None) -> dict[str, float]:
 
     - ``acc``, ACC = 1/T sum_{i=1}^T a_{T,i} [P, fedgp.md Sec. 5 Acc_T; fedprotip.md eq. 16
       ACC]: mean accuracy over all tasks after the last.
-    - ``fgt``, Fgt_T = 1/(T-1) sum_{i=1}^{T-1} max_{j=1..T-1} (a_{j,i} - a_{T,i}) [P,
-      fedgp.md Sec. 5, from Chaudhry et al. 2018]: j ranges over every evaluation point
-      before T, also those before task i was trained, as the paper writes.
+    - ``fgt``, Fgt_T = 1/(T-1) sum_{i=1}^{T-1} (max_{j=i..T} a_{j,i} - a_{T,i}) [C: FedGP's
+      code (Fed-A-GEM booster.py, mammoth's forgetting): each task's best accuracy from its
+      own training through the last task, so every term is >= 0; the numbers FedGP's tables
+      print]. The paper's text (fedgp.md Sec. 5, after Chaudhry et al. 2018) writes the max
+      over j = 1..T-1: every evaluation before T, those before task i was trained included,
+      the last excluded, so a task that ends above its earlier best gives a negative term;
+      the two differ only there and where a task scored higher before its training than at
+      any point after it.
     - ``ft``, FT = 1/T sum_{t=1}^{T-1} (max_{i in t..T-1} acc_t^(i) - acc_t^(T)) [P,
       fedprotip.md eq. 16]: the max only from task t's own training on, and 1/T over T-1
       terms, as the paper writes; so FT <= (T-1)/T Fgt_T, equal up to that factor when no
-      task scores higher before its training than after it.
+      task ends above its best before the last task.
     - ``bwt``, BWT = 1/(T-1) sum_{i=1}^{T-1} (a_{T,i} - a_{i,i}) [P, Lopez-Paz & Ranzato
       2017; fedgp.md App. A.7]: negative is forgetting.
     - ``fwt``, FWT = 1/(T-1) sum_{i=2}^{T} (a_{i-1,i} - b_i) [P, Lopez-Paz & Ranzato 2017;
@@ -213,7 +218,7 @@ def continual_metrics(a: Any, b: Any = None) -> dict[str, float]:
     if n == 1:
         return out
     last, before = a[n - 1], a[: n - 1]  # a_{T,.}; rows j = 1..T-1
-    out["fgt"] = float(np.mean([before[:, i].max() - last[i] for i in range(n - 1)]))
+    out["fgt"] = float(np.mean([a[i:, i].max() - last[i] for i in range(n - 1)]))
     out["ft"] = float(np.sum([before[t:, t].max() - last[t] for t in range(n - 1)]) / n)
     out["bwt"] = float(np.mean([last[i] - a[i, i] for i in range(n - 1)]))
     if b is not None:

@@ -15,7 +15,7 @@ how every non-continual experiment runs, through the same code path.
       rounds_per_task: 10    # required for tasks > 1: train.rounds = tasks x rounds_per_task
       rotation: [0, 180]     # rotated: task t's angle ~ U(rotation), in degrees
       heads: shared          # shared | per_task (one linear head per task, earlier ones frozen)
-      boundaries: sync       # sync | {samples_per_window: S, window_rounds: W}
+      boundaries: sync       # sync | {samples_per_window: S, window_rounds: W, unreached: refuse}
       seed: 0                # the scenario's own seed (class order, angles, permutations)
 
 Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
@@ -84,6 +84,10 @@ SETTINGS = {
 DOMAIN_KINDS = ("rotated", "permuted", "domains")  # domain-incremental: every task, every class
 HEADS = ("shared", "per_task")
 CLASS_ORDERS = ("natural", "shuffled")
+# asynchronous boundaries whose windows end before a client's stream does: refuse (an error
+# naming the client and the samples_per_window that reaches it) | skip (the stream's tail is
+# never trained: every client keeps the configured pace, FedGP Table 4's "exactly 500 samples")
+UNREACHED = ("refuse", "skip")
 LEFTOVER = ("refuse", "drop")  # split: classes beyond tasks x classes_per_task
 
 DEFAULTS: dict[str, Any] = {
@@ -185,11 +189,18 @@ def resolve_scenario(
         )
     b = s["boundaries"]
     if b != "sync":
-        if not isinstance(b, Mapping) or set(b) != {"samples_per_window", "window_rounds"}:
+        keys = {"samples_per_window", "window_rounds"}
+        if not isinstance(b, Mapping) or not keys <= set(b) <= keys | {"unreached"}:
             raise FedForgetError(
-                f"{key}.boundaries={b!r}; allowed: sync | {{samples_per_window: S, window_rounds: W}}"
+                f"{key}.boundaries={b!r}; allowed: sync | {{samples_per_window: S, window_rounds: W, "
+                f"unreached: {' | '.join(UNREACHED)} (optional)}}"
             )
-        s["boundaries"] = {k: int(v) for k, v in b.items()}
+        unreached = b.get("unreached", UNREACHED[0])
+        if unreached not in UNREACHED:
+            raise FedForgetError(f"{key}.boundaries.unreached={unreached!r}; allowed: {', '.join(UNREACHED)}")
+        s["boundaries"] = {k: int(b[k]) for k in sorted(keys)}
+        if unreached != UNREACHED[0]:  # absent unless set: the runs before the key keep their hash
+            s["boundaries"]["unreached"] = unreached
         if s["heads"] == "per_task":
             raise FedForgetError(
                 f"{key}.heads='per_task' needs boundaries: sync (a batch of an asynchronous window mixes tasks)"
@@ -247,6 +258,7 @@ class Scenario:
     angles: list[float]  # rotated: degrees per task
     perms: torch.Tensor | None  # permuted: [T, D] long
     num_classes: int
+    unreached: str = "refuse"  # asynchronous windows that end before a stream does (UNREACHED)
 
     @classmethod
     def build(
@@ -281,6 +293,7 @@ class Scenario:
             rounds_per_task=int(s["rounds_per_task"] or rounds), task_classes=task_classes, heads=s["heads"],
             window=None if b == "sync" else (b["samples_per_window"], b["window_rounds"]),
             angles=angles, perms=perms, num_classes=num_classes,
+            unreached=UNREACHED[0] if b == "sync" else b.get("unreached", UNREACHED[0]),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ schedule
@@ -312,11 +325,14 @@ class Scenario:
         (``ClientData.view``), so a task starting at or after that is never trained. One
         error naming the client, the task and the smallest samples_per_window that reaches
         every client's last task (clients' stream sizes come with the partition, so this is
-        checked when a run's data are built, before round 1). ``offsets``: [K][T + 1]."""
+        checked when a run's data are built, before round 1). ``offsets``: [K][T + 1].
+        ``boundaries.unreached: skip`` accepts such streams: their tails are never trained."""
         if self.window is None:
             return
         per, w = self.window
         windows = (rounds - 1) // w + 1
+        if self.unreached == "skip":  # the paper's pace kept: a long stream's tail is never trained
+            return
         late = [
             (o[t] - o[0], k, t, o[-1] - o[0])
             for k, o in enumerate(offsets)
