@@ -98,7 +98,13 @@ def test_resnet18_parameter_count():
 
 def test_check_model_for_resnets():
     assert check_model("resnet8", (3, 32, 32), {}) == {"norm": "batch", "width": 64}
-    assert check_model("resnet18", (1, 8, 8), {"norm": "group"}) == {"norm": "group", "width": 64}
+    assert check_model("resnet18", (1, 8, 8), {"norm": "group"}) == {"norm": "group", "width": 64, "maxpool": False}
+    # maxpool (the FedProj code's ResNet-18): the stem pools 8x8 to 4x4; a non-bool is refused
+    pooled = build_model("resnet18", (3, 8, 8), 10, {"maxpool": True, "width": 8})
+    assert isinstance(pooled.body.pool, torch.nn.MaxPool2d) and pooled(torch.zeros(2, 3, 8, 8)).shape == (2, 10)
+    assert isinstance(build_model("resnet18", (3, 8, 8), 10, {"width": 8}).body.pool, torch.nn.Identity)
+    with pytest.raises(FedForgetError, match=r"model.options.maxpool='yes'; allowed: true, false"):
+        check_model("resnet18", (3, 32, 32), {"maxpool": "yes"})
     for bad in (3, 0, 8.0, True, "8"):  # GroupNorm(2, C): an even number of channels
         with pytest.raises(FedForgetError, match=rf"model.options.width={bad!r}; allowed: an even integer >= 2"):
             check_model("resnet8", (3, 32, 32), {"width": bad})

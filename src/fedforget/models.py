@@ -305,13 +305,17 @@ def resnet8(input_shape: Sequence[int], num_classes: int, norm: str = "batch", w
     )
 
 
-@register("resnet18", rank=3, norm="batch", width=64)
-def resnet18(input_shape: Sequence[int], num_classes: int, norm: str = "batch", width: int = 64) -> Classifier:
+@register("resnet18", rank=3, norm="batch", width=64, maxpool=False)
+def resnet18(
+    input_shape: Sequence[int], num_classes: int, norm: str = "batch", width: int = 64, maxpool: bool = False
+) -> Classifier:
     """CIFAR-style ResNet-18: 3x3 stem (stride 1, no max-pool), two BasicBlocks per stage
     (64/128/256/512), GAP, FC. ``norm``: batch | group | none (group = the FedRCL code's
-    GroupNorm(2, C)). ``width`` as for ResNet-8 (64: the papers')."""
+    GroupNorm(2, C)). ``width`` as for ResNet-8 (64: the papers'). ``maxpool: true``: the
+    stem's 3x3 stride-2 max-pool of ResNet-8, as the FedProj code builds its ResNet-18 (its
+    ResNet8 class with [2, 2, 2, 2] blocks) [C]."""
     return Classifier(
-        ResNetBody(input_shape[0], (2, 2, 2, 2), norm, maxpool=False, base=width), 8 * width, num_classes
+        ResNetBody(input_shape[0], (2, 2, 2, 2), norm, maxpool=maxpool, base=width), 8 * width, num_classes
     )
 
 
@@ -1079,6 +1083,8 @@ def check_model(
         if not isinstance(width, int) or isinstance(width, bool) or width < 2 or width % 2:
             # GroupNorm(2, C) needs an even number of channels
             raise FedForgetError(f"{key}.options.width={width!r}; allowed: an even integer >= 2 (64: the papers')")
+        if not isinstance(options.get("maxpool", False), bool):
+            raise FedForgetError(f"{key}.options.maxpool={options['maxpool']!r}; allowed: true, false")
     if name == "vgg11":
         size = options.get("input_size", 0)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
