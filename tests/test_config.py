@@ -66,6 +66,8 @@ BAD = [
      ["experiments[0].partitions[0].alpha", "-0.5"]),
     ("alpha-missing", lambda d: part(d).update(scheme="dirichlet"),
      ["experiments[0].partitions[0]", "'alpha' is a required property"]),
+    ("per-class-shards-fewer-than-classes", lambda d: part(d).update(scheme="shards", shards_per_client=2, clients=1, shard_rule="per_class"),
+     ["experiments[0].partitions[0]", "shard_rule=per_class cuts each of the 3 classes", "2 x 1 / 3 < 1 shards"]),
     ("bad-shard-rule", lambda d: part(d).update(scheme="shards", shards_per_client=2, shard_rule="even"),
      ["experiments[0].partitions[0].shard_rule", "'even'", "per_class"]),
     ("shards-missing", lambda d: part(d).update(scheme="shards"),

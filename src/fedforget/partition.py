@@ -179,14 +179,21 @@ def check_feasible(
             )
         if spec.shard_rule not in SHARD_RULES:
             raise FedForgetError(f"{key}.shard_rule={spec.shard_rule!r}; allowed: {', '.join(SHARD_RULES)}")
-        if spec.shard_rule == "per_class" and num_classes is not None and not spec.per_task and s * spec.clients < num_classes:
-            raise FedForgetError(
-                f"{key}: shard_rule=per_class cuts every class into shards_per_client x clients / classes = "
-                f"{s} x {spec.clients} / {num_classes} < 1 shards; allowed: shards_per_client x clients >= "
-                f"{num_classes}, or shard_rule: equal_size"
-            )
+        if spec.shard_rule == "per_class" and num_classes is not None and not spec.per_task:
+            check_per_class_shards(s, spec.clients, num_classes, key)
     if spec.scheme == "classes":
         check_class_fractions(spec.class_fractions, spec.clients, num_classes, f"{key}.class_fractions")
+
+
+def check_per_class_shards(s: int, clients: int, classes: int, key: str) -> None:
+    """shard_rule per_class cuts every class into floor(s * clients / classes) shards: at
+    least one (at parse time over the dataset's classes, when drawn over those present)."""
+    if s * clients < classes:
+        raise FedForgetError(
+            f"{key}: shard_rule=per_class cuts each of the {classes} classes into shards_per_client x clients / "
+            f"classes = {s} x {clients} / {classes} < 1 shards; allowed: shards_per_client x clients >= "
+            f"{classes}, or shard_rule: equal_size"
+        )
 
 
 # shards: how many shards each class is cut into
@@ -329,12 +336,7 @@ def shards(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list
     classes, sizes = np.unique(y, return_counts=True)
     total = s * k
     if spec.shard_rule == "per_class":
-        if total < len(classes):
-            raise FedForgetError(
-                f"shards partition: shard_rule=per_class cuts each of the {len(classes)} classes into "
-                f"shards_per_client x clients / classes = {s} x {k} / {len(classes)} < 1 shards; allowed: "
-                f"shards_per_client x clients >= {len(classes)}, or shard_rule: equal_size"
-            )
+        check_per_class_shards(s, k, len(classes), "shards partition")
         per_class = np.full(len(classes), total // len(classes))
     elif total >= len(classes):
         per_class = _allocate(total, sizes)
@@ -351,13 +353,13 @@ def shards(y: np.ndarray, spec: PartitionSpec, rng: np.random.Generator) -> list
         owner = rng.permutation(total)
         return [np.concatenate([pieces[j] for j in owner[i * s : (i + 1) * s]]) for i in range(k)]
     # per_class with s*K/C not an integer: total - len(pieces) clients, drawn at random, get s - 1
-    counts = np.full(k, s)
-    counts[rng.choice(k, total - len(pieces), replace=False)] -= 1
     if s == 1:
         raise FedForgetError(
             f"shards partition: shard_rule=per_class makes {len(pieces)} shards for {k} clients of shards_per_client=1; "
             f"allowed: clients divisible by the {len(classes)} classes, or shard_rule: equal_size"
         )
+    counts = np.full(k, s)
+    counts[rng.choice(k, total - len(pieces), replace=False)] -= 1
     owner = rng.permutation(len(pieces))
     ends = np.cumsum(counts)
     return [np.concatenate([pieces[j] for j in owner[e - m : e]]) for e, m in zip(ends, counts)]

@@ -207,15 +207,15 @@ def unknown_keys(given: Any, allowed: list[str]) -> str:
     return "; ".join(parts) + f"; allowed keys: {', '.join(allowed) or 'none'}"
 
 
+RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "type")  # errors that get the allowed values
+
+
 def _leaf(c) -> str:
     """An error inside the alternative a value was meant as: 'key=value; allowed: ...' for a
     value out of its range or of the wrong type (the field named, issue 34), else the message."""
-    if c.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "type", "enum", "const") and c.relative_path:
+    if c.validator in (*RANGE, "enum", "const") and c.relative_path:
         return f"{_path(c.relative_path)}={c.instance!r}; allowed: {describe_allowed(c.schema)}"
     return f"{_path(c.relative_path)}: {_message(c)}" if c.relative_path else _message(c)
-
-
-RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "type")  # errors that get the allowed values
 
 
 def _message(e) -> str:
