@@ -25,10 +25,9 @@ from pathlib import Path
 import torch
 
 from fedforget.config import MethodSpec
-from fedforget.continual import accuracy_matrix, continual_metrics
+from fedforget.continual import COLLAPSE_SHARE, TOP_SHARE, accuracy_matrix, continual_metrics
 from fedforget.data import prepare_dataset
 from fedforget.engine import Simulation
-from fedforget.evaluation import COLLAPSE_SHARE, TOP_SHARE
 from fedforget.parse import load_config
 
 CONFIG = "config/experiments/fedprotip_table1.yaml"
