@@ -146,6 +146,10 @@ BAD = [
      ["experiments[0].datasets[0].public.dataset", "'iris'", "[4]", "[1, 8, 8]"]),
     ("public-unknown-dataset", lambda d: dset(d).update(public={"source": "dataset", "dataset": "nope"}),
      ["experiments[0].datasets[0].public.dataset", "unknown dataset 'nope'"]),
+    ("public-train-test-of-the-private-set", lambda d: dset(d).update(public={"source": "dataset", "dataset": "iris", "splits": "train+test"}),
+     ["experiments[0].datasets[0].public.splits", "'train+test' of 'iris'", "its test set in the public set"]),
+    ("public-unknown-splits", lambda d: dset(d).update(public={"source": "dataset", "dataset": "iris", "splits": "test"}),
+     ["experiments[0].datasets[0].public", "splits='test'; allowed: train | train+test"]),
     ("holdout-fraction-1", lambda d: dset(d).update(public={"source": "holdout", "fraction": 1.0}),
      ["experiments[0].datasets[0].public", "matches no allowed form"]),
     ("fedprox-negative-mu", lambda d: ex(d)["methods"][0].update(name="fedprox", params={"mu": -1}),
@@ -341,6 +345,21 @@ def test_run_config_round_trip_keeps_hash(repo_root, make_run_config):
         assert back.hash == rc.hash
         assert back == rc
         assert back.run_dir == rc.run_dir and back.partition_dir == rc.partition_dir
+
+
+def test_public_splits_train_is_the_unset_run_and_train_test_another(minimal_config):
+    """``splits: train`` is the default (the run keeps the identity it had before the key);
+    ``train+test`` is another run."""
+    def run(splits):
+        d = copy.deepcopy(minimal_config)
+        dset(d).update(name="digits", model="cnn2d", public={"source": "dataset", "dataset": "blobs", "options": {"size": 8}})
+        if splits:
+            dset(d)["public"]["splits"] = splits
+        return parse_config(d).experiments[0].runs("data", "results")[0]
+
+    unset, train, both = run(None), run("train"), run("train+test")
+    assert train.hash == unset.hash and "splits" not in train.dataset.public
+    assert both.hash != unset.hash and both.dataset.public["splits"] == "train+test"
 
 
 def test_run_config_hash_changes_with_settings(make_run_config):

@@ -219,6 +219,18 @@ def test_public_without_labels(digits_copy, data_root):
     assert load_public(None, "digits", data_root, with_labels=True) is None
 
 
+def test_public_train_test_joins_the_other_datasets_two_splits(data_root):
+    """``splits: train+test``: the other dataset's training rows, then its test rows (the
+    FedProj code's ConcatDataset)."""
+    other = load_dataset("mnist1d", data_root)
+    spec = {"source": "dataset", "dataset": "mnist1d", "splits": "train+test"}
+    pub = load_public(spec, "digits", data_root, with_labels=True)
+    assert pub.id == "mnist1d+test" and len(pub.x) == len(other.y_train) + len(other.y_test)
+    np.testing.assert_array_equal(pub.x, np.concatenate([other.x_train, other.x_test]))
+    np.testing.assert_array_equal(pub.y, np.concatenate([other.y_train, other.y_test]))
+    assert load_public(spec, "digits", data_root, with_labels=False).y is None
+
+
 def test_corrupt_public_file(digits_copy):
     out = prepare_public(HOLDOUT, "digits", digits_copy)
     raw = bytearray((out / "y.npy").read_bytes())

@@ -147,6 +147,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             if public and public["source"] == "holdout":
                 public.setdefault("seed", 0)
             if public and public["source"] == "dataset":
+                if public.get("splits") == "train":  # the default: a run keeps the identity it had before the key
+                    del public["splits"]
+                if public.get("splits") == "train+test" and public["dataset"] == d["name"]:
+                    problems.append(
+                        f"{dkey}.public.splits: 'train+test' of '{d['name']}', the private dataset itself, would put "
+                        f"its test set in the public set; use splits: train or a held-out slice (source: holdout)"
+                    )
                 pinfo = check(DATASETS.get, public["dataset"], f"{dkey}.public.dataset")
                 popts = check(pinfo.resolve, public.get("options")) if pinfo else None
                 if popts is not None:

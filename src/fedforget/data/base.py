@@ -600,6 +600,8 @@ def load_public(
         }
         return PublicSet(pid, arr["x"], arr["y"] if with_labels else None, arr["indices"])
     other = load_dataset(pid, root, verify)
-    return PublicSet(
-        pid, other.x_train, other.y_train if with_labels else None, np.zeros(0, dtype=np.int64)
-    )
+    x, y = other.x_train, other.y_train
+    if spec.get("splits") == "train+test":  # [C] the FedProj code's ConcatDataset of both splits
+        x, y = np.concatenate([x, other.x_test]), np.concatenate([y, other.y_test])
+        pid = f"{pid}+test"
+    return PublicSet(pid, x, y if with_labels else None, np.zeros(0, dtype=np.int64))
