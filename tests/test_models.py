@@ -28,7 +28,7 @@ def test_resnet_levels_shapes_and_logits(name, shape):
     torch.testing.assert_close(logits2, logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("norm", ["batch", "group", "none"])
+@pytest.mark.parametrize("norm", ["batch", "batch_stateless", "group", "none"])
 def test_resnet_levels_are_pooled_before_relu(norm):
     torch.manual_seed(1)
     model = build_model("resnet8", (3, 16, 16), 4, {"norm": norm})
@@ -115,7 +115,7 @@ def test_check_model_for_resnets():
     assert small.feature_dim == small.head.in_features == 64
     with pytest.raises(FedForgetError, match="rank 3"):
         check_model("resnet18", (4,), {})
-    with pytest.raises(FedForgetError, match=r"norm='layer'.*batch, group, none"):
+    with pytest.raises(FedForgetError, match=r"norm='layer'.*batch, batch_stateless, group, none"):
         check_model("resnet8", (3, 32, 32), {"norm": "layer"})
     with pytest.raises(FedForgetError, match="unknown option"):
         check_model("resnet8", (3, 32, 32), {"depth": 8})

@@ -227,26 +227,29 @@ def test_which_buffers_the_stacked_path_keeps():
     assert "buffers other than BatchNorm's running statistics (scale)" in why_not_vectorized(METHODS.get("fedavg"), other, "sgd")
 
 
-@pytest.mark.parametrize("drop_last,batch_size", [(False, 64), (True, 12)], ids=["unequal-batches", "drop-last"])
+@pytest.mark.parametrize("drop_last,batch_size,norm", [(False, 64, "batch"), (True, 12, "batch"), (False, 64, "batch_stateless")],
+                         ids=["unequal-batches", "drop-last", "stateless"])  # fmt: skip
 def test_batchnorm_stacked_equals_sequential(
-    make_run_config, run_engines, assert_same_metrics, assert_same_weights, drop_last, batch_size
+    make_run_config, run_engines, assert_same_metrics, assert_same_weights, drop_last, batch_size, norm
 ):
     """ResNet-8 with BatchNorm, clients trained together (stacked_forward over their stacked
     weights and running statistics; wide steps on a CPU client by client, a step's clients
     split into runs with batches of one size) equals the clients one after another within 1e-5: metrics, weights and every
-    running statistic after aggregation, with and without drop_last."""
+    running statistic after aggregation, with and without drop_last; and without running
+    statistics (``norm: batch_stateless``, evaluated by the test batches' own statistics)."""
     # [D] one round of 4 steps per client: BatchNorm training on small batches is chaotic enough
     # that float summation order (or the thread count, in the sequential trainer alone) grows
     # to 1e-1 in the running statistics over ~30 steps of 12 rows on 3 clients (measured); a
     # second round here already gives 1.1e-5 in the mean loss. The test is of the arithmetic
-    rc = make_run_config(dataset="digits", model="resnet8", model_options=SMALL_RESNET, rounds=1, local_epochs=2, batch_size=batch_size,
-                         sample_rate=0.1, drop_last=drop_last, optimizer={"lr": 0.01, "momentum": 0.5, "weight_decay": 1e-4},
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={**SMALL_RESNET, "norm": norm}, rounds=1, local_epochs=2,
+                         batch_size=batch_size, eval_batch_size=batch_size, sample_rate=0.1, drop_last=drop_last,
+                         optimizer={"lr": 0.01, "momentum": 0.5, "weight_decay": 1e-4},
                          partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     assert_same_weights(seq, vec)  # num_batches_tracked equal
-    assert any("running_mean" in k for k in seq.global_params)
+    assert any("running_mean" in k for k in seq.global_params) == (norm == "batch")
 
 
 def test_auto_engine_choice_on_cpu(make_run_config):
@@ -281,7 +284,7 @@ def _stacked_params(model, g, seed=0):
             for k, v in model.named_parameters()}  # fmt: skip
 
 
-RESNETS = [(name, norm) for name in ("resnet8", "resnet18") for norm in ("batch", "group", "none")]
+RESNETS = [(name, norm) for name in ("resnet8", "resnet18") for norm in ("batch", "batch_stateless", "group", "none")]
 
 
 @pytest.mark.parametrize(

@@ -220,14 +220,19 @@ def cnn_mcmahan(
     return Classifier(body, hidden, num_classes)
 
 
-NORMS = ("batch", "group", "none")
+NORMS = ("batch", "batch_stateless", "group", "none")
 
 
 def norm_layer(kind: str, channels: int) -> nn.Module:
-    """batch: BatchNorm2d; group: GroupNorm with 2 groups (the FedRCL code's default
+    """batch: BatchNorm2d; batch_stateless: BatchNorm2d without running statistics, which
+    normalises by the statistics of the batch it is given in training and in evaluation alike
+    [C: the FedNTD code's ResNets (``track_running_stats=False``), whose structure the FedSOL
+    code follows; GPM's code]; group: GroupNorm with 2 groups (the FedRCL code's default
     normalisation); none: identity."""
     if kind == "batch":
         return nn.BatchNorm2d(channels)
+    if kind == "batch_stateless":
+        return nn.BatchNorm2d(channels, track_running_stats=False)
     if kind == "group":
         return nn.GroupNorm(2, channels)
     if kind == "none":
@@ -297,7 +302,7 @@ class ResNetBody(nn.Module):
 @register("resnet8", rank=3, norm="batch", width=64)
 def resnet8(input_shape: Sequence[int], num_classes: int, norm: str = "batch", width: int = 64) -> Classifier:
     """ResNet-8 as in the FedProj code (METHODS.md): 3x3 stem with 64 channels, max-pool,
-    one BasicBlock per stage (64/128/256/512), GAP, FC. ``norm``: batch | group | none.
+    one BasicBlock per stage (64/128/256/512), GAP, FC. ``norm``: batch | batch_stateless | group | none.
     ``width``: the stem's channels, the stages' being 1/2/4/8 times it; 64 is the papers'
     [D: other widths for small CPU runs and tests]."""
     return Classifier(
@@ -310,8 +315,8 @@ def resnet18(
     input_shape: Sequence[int], num_classes: int, norm: str = "batch", width: int = 64, maxpool: bool = False
 ) -> Classifier:
     """CIFAR-style ResNet-18: 3x3 stem (stride 1, no max-pool), two BasicBlocks per stage
-    (64/128/256/512), GAP, FC. ``norm``: batch | group | none (group = the FedRCL code's
-    GroupNorm(2, C)). ``width`` as for ResNet-8 (64: the papers'). ``maxpool: true``: the
+    (64/128/256/512), GAP, FC. ``norm``: batch | batch_stateless | group | none (group = the FedRCL
+    code's GroupNorm(2, C)). ``width`` as for ResNet-8 (64: the papers'). ``maxpool: true``: the
     stem's 3x3 stride-2 max-pool of ResNet-8, as the FedProj code builds its ResNet-18 (its
     ResNet8 class with [2, 2, 2, 2] blocks) [C]."""
     return Classifier(
@@ -1139,6 +1144,13 @@ def check_model(
             f"{key}.options.norm={options['norm']!r} for model '{name}'; allowed: {', '.join(NORMS)}"
         )
     return {**MODEL_DEFAULTS[name], **options}
+
+
+def eval_by_batch(name: str, options: Mapping[str, Any]) -> bool:
+    """Whether the model's evaluation depends on how its inputs are batched (``norm:
+    batch_stateless``: each evaluation batch is normalised by its own statistics), so that
+    the evaluation batch size is part of the experiment."""
+    return "norm" in MODEL_DEFAULTS.get(name, {}) and options.get("norm") == "batch_stateless"
 
 
 def build_model(

@@ -33,7 +33,7 @@ from .figures import check_figure
 from .inputs import check_augment, check_normalize
 from .methods import METHODS, make_params
 from .methods.params import recorded
-from .models import check_model
+from .models import check_model, eval_by_batch
 from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible
 from .plots import CURVES
@@ -234,6 +234,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     cls.check_model(ds.model, pobj)
                 except FedForgetError as e:
                     problems.append(f"{key}.datasets[{datasets.index(ds)}].model (method '{label}'): {e}")
+                if eval_by_batch(ds.model, ds.model_options) and mtrain.eval_batch_size != mtrain.batch_size:
+                    problems.append(
+                        f"{key}.train.eval_batch_size={mtrain.eval_batch_size} (method '{label}'): dataset '{ds.label}''s "
+                        f"model normalises each evaluation batch by its own statistics (norm: batch_stateless), so the "
+                        f"evaluation batch is part of the experiment; allowed: train.batch_size ({mtrain.batch_size}), "
+                        f"as the FedSOL and FedNTD code evaluate"
+                    )
                 dkey = f"{key}.datasets[{datasets.index(ds)}].scenario (method '{label}')"
                 check(check_rounds, ds.scenario, mtrain.rounds, dkey)
                 try:

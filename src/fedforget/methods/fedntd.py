@@ -26,7 +26,8 @@ Decisions
 - The frozen global model is in eval mode (the official code leaves its deepcopy in train
   mode): with BatchNorm (the ResNets) it normalises by the global running statistics where
   the code's would take the batch's [D]; the models without BatchNorm or dropout give the
-  same logits either way.
+  same logits either way, and so do the ResNets with ``norm: batch_stateless`` (no running statistics:
+  the batch's in both modes, the code's ResNets).
 - beta = 0 is FedAvg exactly: no global copy is made and no extra loss is returned.
 - Both trainers [D, issue 32]: the distillation is a loss of the step's own logits, stated
   once for a stack of clients (``ntd_loss``; a client alone is a stack of one): the

@@ -60,7 +60,7 @@ Switches and their sources ([P] paper, [C] authors' code, [D] our decision):
   BatchNorm without running statistics). The representations are taken in eval mode, so a
   BatchNorm layer normalises them with its running statistics; the code's BatchNorm keeps no
   running statistics and normalises with the batch's [D, documented difference: it matters for
-  ResNets, not for the networks without BatchNorm].
+  ResNets, not for the networks without BatchNorm; the ResNets' ``norm: batch_stateless`` is the code's].
 
 Trainers: the projection and the held parameters are the gradient map of
 ``client_step_terms`` (``shared.projection_map``; ``each_client`` with local memories), so
