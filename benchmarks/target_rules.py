@@ -4,8 +4,8 @@ forgetting, whether the global model collapsed (the tables' mark: one class take
 ``COLLAPSE_SHARE`` of the current task's predictions in some round) and seconds per run.
 
 Setting: config/experiments/fedprotip_table1.yaml's TARGET runs on split digits (5 x 2,
-class-IL, shared head, cnn2d), Dirichlet 0.5 within each task over 5 clients (its second
-partition), all sampled, 5 rounds per task, 5 local epochs of batch 64, SGD lr 0.1, wd 5e-4,
+class-IL, one head per task: its heads experiment, cnn2d), Dirichlet 0.5 within each task
+over 5 clients (its second partition), all sampled, 5 rounds per task, 5 local epochs of batch 64, SGD lr 0.1, wd 5e-4,
 as configured; seeds ``--seeds``; one run after another on this machine, the runs of a seed
 with the same data, partition and schedule.
 
