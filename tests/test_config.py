@@ -443,6 +443,20 @@ def test_load_yaml_errors(tmp_path):
         load_yaml(tmp_path / "empty.yaml")
 
 
+def test_load_yaml_refuses_a_repeated_key_but_keeps_merge_overrides(tmp_path):
+    """A key written twice in one mapping is refused, naming both lines (YAML keeps the last
+    silently); a merged anchor's key overridden after ``<<`` is YAML's override, allowed."""
+    (tmp_path / "dup.yaml").write_text("train:\n  rounds: 30\n  local_epochs: 2\n  rounds: 3\n")
+    with pytest.raises(FedForgetError) as e:
+        load_yaml(tmp_path / "dup.yaml")
+    assert "line 4" in str(e.value) and "key 'rounds' is given twice in one mapping (first at line 2)" in str(e.value)
+    (tmp_path / "seq.yaml").write_text("experiments:\n  - {name: a, seeds: [0], name: b}\n")
+    with pytest.raises(FedForgetError, match="key 'name' is given twice"):
+        load_yaml(tmp_path / "seq.yaml")
+    (tmp_path / "merge.yaml").write_text("base: &t {rounds: 3, local_epochs: 1}\ntrain: {<<: *t, rounds: 5}\n")
+    assert load_yaml(tmp_path / "merge.yaml")["train"] == {"rounds": 5, "local_epochs": 1}
+
+
 def test_epoch_rows_with_and_without_drop_last():
     """drop_last trains full minibatches only; fewer rows than a batch are the client's one
     batch, but a single row is none (BatchNorm cannot train on it: the client sits out)."""

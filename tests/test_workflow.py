@@ -172,6 +172,17 @@ def test_nested_config_values_from_the_command_line(tmp_path: Path) -> None:
     assert not (tmp_path / "results").exists() and not (tmp_path / "small").exists()
 
 
+def test_a_key_given_twice_in_a_config_file_is_refused(tmp_path: Path) -> None:
+    """Snakemake's own YAML load keeps a repeated key's last value; common.smk reads each
+    config file again with fedforget's loader, which refuses it before any job."""
+    write_config(tmp_path, TINY)
+    cfg = tmp_path / "config" / "config.yaml"
+    cfg.write_text(cfg.read_text() + "results_dir: results\nresults_dir: elsewhere\n")
+    proc = snakemake(tmp_path, "-n", check=False)
+    assert proc.returncode != 0
+    assert "key 'results_dir' is given twice in one mapping" in proc.stdout + proc.stderr
+
+
 def _bad_config_catalogue():
     """The catalogue of tests/test_config.py (id -> (mutation, expected message parts))."""
     import importlib.util

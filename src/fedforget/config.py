@@ -262,12 +262,40 @@ class WorkflowConfig:
         }  # fmt: skip
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key written twice in one mapping, where YAML keeps
+    the last one without a word (``train: {rounds: 30, rounds: 3}`` would run 3 rounds). A
+    merge (``<<: *anchor``) followed by keys that override the merged ones is YAML's override,
+    not a repeat."""
+
+
+def _unique_map(loader: UniqueKeyLoader, node: yaml.MappingNode):
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark)
+        except TypeError:  # an unhashable key: the mapping constructor refuses it
+            continue
+        if first is not key_node.start_mark:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping (first at line {first.line + 1}); "
+                f"YAML would keep the last silently", key_node.start_mark,
+            )
+    yield from yaml.SafeLoader.construct_yaml_map(loader, node)
+
+
+UniqueKeyLoader.add_constructor("tag:yaml.org,2002:map", _unique_map)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise FedForgetError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:  # one line: the file, the line and column, the problem
         mark = getattr(e, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

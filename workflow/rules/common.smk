@@ -7,7 +7,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from fedforget.config import typed_overrides
+from fedforget.config import load_yaml, typed_overrides
 from fedforget.continual import CONTINUAL_OUTPUTS, scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
@@ -25,6 +25,8 @@ from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 # with its scalars as strings: they get their YAML types first (config.typed_overrides).
 typed_overrides(config, dict(workflow.config_settings.config))
 try:
+    for _file in dict.fromkeys(workflow.configfiles):  # Snakemake's YAML load keeps a repeated key's last value
+        load_yaml(_file)  # ours refuses it
     WF, DIGESTS = parse_workflow(config, create=True)  # cached from the first start on
 except FedForgetError as err:
     raise WorkflowError(f"fedforget: {err}") from None
