@@ -146,6 +146,13 @@ BAD = [
      ["experiments[0].datasets[0].public.dataset", "'iris'", "[4]", "[1, 8, 8]"]),
     ("public-unknown-dataset", lambda d: dset(d).update(public={"source": "dataset", "dataset": "nope"}),
      ["experiments[0].datasets[0].public.dataset", "unknown dataset 'nope'"]),
+    # JSON Schema's integer takes 20.0; a config's would name its run k20.0 / seed0.0
+    ("clients-as-a-whole-float", lambda d: part(d).update(clients=3.0),
+     ["experiments[0].partitions[0].clients: 3.0 is not of type 'integer'", "allowed: an integer >= 1"]),
+    ("seed-as-a-whole-float", lambda d: ex(d).update(seeds=[0.0]),
+     ["experiments[0].seeds[0]: 0.0 is not of type 'integer'"]),
+    ("method-integer-as-a-whole-float", lambda d: ex(d)["methods"][0].update(name="der", params={"buffer_size": 50.0}),
+     ["experiments[0].methods[0].params (method 'der'): buffer_size=50.0; allowed: an integer >= 0"]),
     ("stateless-batchnorm-eval-batch", lambda d: dset(d).update(name="digits", model={"name": "resnet8", "options": {"norm": "batch_stateless"}}),
      ["experiments[0].train.eval_batch_size=1024 (method 'fedavg')", "dataset 'digits''s model", "norm: batch_stateless",
       "allowed: train.batch_size ("]),

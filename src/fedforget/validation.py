@@ -228,10 +228,24 @@ def _message(e) -> str:
     return e.message
 
 
-def validate_schema(raw: dict[str, Any]) -> None:
+@cache
+def _strict_class():
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema())
+    base = jsonschema.Draft202012Validator
+    # JSON Schema counts 20.0 as an integer; a config's 20.0 clients or 0.0 seed would name
+    # its run k20.0 / seed0.0 and reload as another run: integers are ints here (not bools)
+    integer = lambda _, x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+    return jsonschema.validators.extend(base, type_checker=base.TYPE_CHECKER.redefine("integer", integer))
+
+
+def strict_validator(fragment: dict[str, Any]):
+    """A Draft 2020-12 validator of ``fragment`` whose integers are Python ints."""
+    return _strict_class()(fragment)
+
+
+def validate_schema(raw: dict[str, Any]) -> None:
+    validator = strict_validator(schema())
     errors = sorted(validator.iter_errors(raw), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"{_path(e.absolute_path)}: {_message(e)}" for e in errors]

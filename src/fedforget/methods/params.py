@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..utils import FedForgetError
-from ..validation import describe_allowed, nearest
+from ..validation import describe_allowed, nearest, strict_validator
 from .registry import METHODS
 
 SCHEMA = "schema"  # the field metadata key holding the field's JSON-schema fragment
@@ -139,15 +139,13 @@ def field_errors(params_cls: type, raw: dict[str, Any]) -> list[str]:
     """What is wrong with ``raw``'s known fields, one ``field=value; allowed: ...`` per bad
     field (the JSON-schema check of ``schema(params_cls)``; NaN and +-inf refused, which
     range checks would let through)."""
-    import jsonschema
-
     frag = schema(params_cls)
     props = frag["properties"]
     bad: dict[str, str] = {}
     for name, value in raw.items():
         if name in props and _non_finite(value):
             bad[name] = f"{name}={value!r}; allowed: {describe_allowed(props[name])}"
-    validator = jsonschema.Draft202012Validator({**frag, "additionalProperties": True})
+    validator = strict_validator({**frag, "additionalProperties": True})
     for e in validator.iter_errors(raw):
         name = str(e.absolute_path[0]) if e.absolute_path else ""
         if name in props and name not in bad:
