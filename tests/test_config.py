@@ -146,6 +146,14 @@ BAD = [
      ["experiments[0].datasets[0].public.dataset", "'iris'", "[4]", "[1, 8, 8]"]),
     ("public-unknown-dataset", lambda d: dset(d).update(public={"source": "dataset", "dataset": "nope"}),
      ["experiments[0].datasets[0].public.dataset", "unknown dataset 'nope'"]),
+    # a key another scheme reads: dropped from the partition's identity, it would do nothing
+    ("shard-rule-on-dirichlet", lambda d: part(d).update(scheme="dirichlet", alpha=0.5, shard_rule="per_class"),
+     ["experiments[0].partitions[0].shard_rule is for scheme shards (scheme is 'dirichlet')",
+      "allowed with 'dirichlet': alpha, min_size, max_redraws, min_per_class"]),
+    ("alpha-on-shards", lambda d: part(d).update(scheme="shards", shards_per_client=2, alpha=0.1),
+     ["experiments[0].partitions[0].alpha is for scheme dirichlet (scheme is 'shards')"]),
+    ("min-size-on-iid", lambda d: part(d).update(min_size=5),
+     ["experiments[0].partitions[0].min_size is for scheme dirichlet (scheme is 'iid')", "allowed with 'iid': none of"]),
     # JSON Schema's integer takes 20.0; a config's would name its run k20.0 / seed0.0
     ("clients-as-a-whole-float", lambda d: part(d).update(clients=3.0),
      ["experiments[0].partitions[0].clients: 3.0 is not of type 'integer'", "allowed: an integer >= 1"]),

@@ -513,3 +513,10 @@ def test_slug_and_to_dict():
     assert len({d.slug, PartitionSpec("dirichlet", clients=20, alpha=0.1, min_size=5).slug,
                 PartitionSpec("dirichlet", clients=10, alpha=0.1, min_size=10).slug,
                 PartitionSpec("dirichlet", clients=20, alpha=0.1, min_size=10, seed=1).slug}) == 4  # fmt: skip
+
+
+def test_every_registered_scheme_lists_the_keys_it_reads():
+    """partition.SCHEME_KEYS (the keys a config may set per scheme) covers the registry."""
+    from fedforget.partition import PARTITIONERS, SCHEME_KEYS
+
+    assert set(SCHEME_KEYS) == set(PARTITIONERS.names())

@@ -35,7 +35,7 @@ from .methods import METHODS, make_params
 from .methods.params import recorded
 from .models import check_model, eval_by_batch
 from .paper_tables import SCORED
-from .partition import PartitionSpec, check_feasible
+from .partition import PartitionSpec, check_feasible, check_scheme_keys
 from .plots import CURVES
 from .smoke import smoke_config
 from .trainers import engine_pairing
@@ -184,8 +184,9 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             datasets.append(ds)
         partitions: list[PartitionSpec] = []
         for j, p in enumerate(ex["partitions"]):
-            spec = PartitionSpec(**p)
             pkey = f"{key}.partitions[{j}]"
+            check(check_scheme_keys, p, pkey)
+            spec = PartitionSpec(**p)
             if spec.slug in {x.slug for x in partitions}:
                 problems.append(f"{pkey}: duplicate partition '{spec.slug}'")
             partitions.append(spec)

@@ -135,6 +135,32 @@ PARTITIONERS: Registry[
 ] = Registry("partition scheme")
 
 
+# the keys each scheme reads beside scheme, clients, seed and per_task: another scheme's key
+# would be dropped from the partition's identity (PartitionSpec.to_dict) and do nothing
+SCHEME_KEYS = {
+    "iid": (),
+    "dirichlet": ("alpha", "min_size", "max_redraws", "min_per_class"),
+    "shards": ("shards_per_client", "shard_rule"),
+    "classes": ("class_fractions",),
+}
+
+
+def check_scheme_keys(raw: dict, key: str = "partition") -> None:
+    """A config's partition mapping ``raw`` sets no key its scheme does not read."""
+    own = SCHEME_KEYS.get(raw.get("scheme", "iid"))
+    if own is None:  # an unknown scheme: the schema says so
+        return
+    other = [k for keys in SCHEME_KEYS.values() for k in keys if k in raw and k not in own]
+    if other:
+        scheme = raw.get("scheme", "iid")
+        owners = {k: s for s, keys in SCHEME_KEYS.items() for k in keys}
+        raise FedForgetError(
+            f"{key}.{other[0]} is for scheme {owners[other[0]]} (scheme is '{scheme}'), so it would do nothing; "
+            f"allowed with '{scheme}': {', '.join(own) or 'none of ' + ', '.join(owners)} "
+            f"(beside scheme, clients, seed, per_task)"
+        )
+
+
 def check_feasible(
     spec: PartitionSpec, n: int, key: str = "partition", num_classes: int | None = None
 ) -> None:
