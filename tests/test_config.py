@@ -154,6 +154,11 @@ BAD = [
      ["experiments[0].partitions[0].alpha is for scheme dirichlet (scheme is 'shards')"]),
     ("min-size-on-iid", lambda d: part(d).update(min_size=5),
      ["experiments[0].partitions[0].min_size is for scheme dirichlet (scheme is 'iid')", "allowed with 'iid': none of"]),
+    # a field the named optimizer does not read (make_optimizer would drop it)
+    ("momentum-with-adam", lambda d: ex(d).update(train={"optimizer": {"name": "adam", "lr": 0.001, "momentum": 0.9}}),
+     ["experiments[0].train.optimizer.momentum: optimizer 'adam' does not read it", "allowed with 'adam': lr, betas, weight_decay"]),
+    ("betas-with-sgd-in-a-method", lambda d: ex(d)["methods"][0].update(train={"optimizer": {"name": "sgd", "betas": [0.5, 0.9]}}),
+     ["experiments[0].methods[0].train.optimizer.betas: optimizer 'sgd' does not read it"]),
     # JSON Schema's integer takes 20.0; a config's would name its run k20.0 / seed0.0
     ("clients-as-a-whole-float", lambda d: part(d).update(clients=3.0),
      ["experiments[0].partitions[0].clients: 3.0 is not of type 'integer'", "allowed: an integer >= 1"]),

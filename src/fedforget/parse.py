@@ -38,6 +38,7 @@ from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible, check_scheme_keys
 from .plots import CURVES
 from .smoke import smoke_config
+from .train_spec import optimizer_block_problem
 from .trainers import engine_pairing
 from .utils import FedForgetError, paper_tables
 from .validation import check_finite, validate_schema
@@ -128,6 +129,11 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             problems.append(f"{key}.name: duplicate experiment name '{ex['name']}'")
         names.add(ex["name"])
         train = dict(ex.get("train") or {})
+        for okey, block in [(f"{key}.train.optimizer", train.get("optimizer"))] + [
+            (f"{key}.methods[{j}].train.optimizer", (m.get("train") or {}).get("optimizer")) for j, m in enumerate(ex["methods"])
+        ]:  # fmt: skip
+            if (problem := optimizer_block_problem(block, okey)) is not None:
+                problems.append(problem)
         datasets: list[DatasetSpec] = []
         for j, d in enumerate(ex["datasets"]):
             dkey = f"{key}.datasets[{j}]"

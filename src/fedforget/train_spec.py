@@ -19,6 +19,25 @@ class OptimizerSpec:
     betas: tuple[float, float] = (0.9, 0.999)
 
 
+# each optimizer's fields beside name and lr (make_optimizer): another's would do nothing
+OPTIMIZER_FIELDS = {"sgd": ("momentum", "weight_decay"), "adam": ("betas", "weight_decay")}
+
+
+def optimizer_block_problem(raw: dict | None, key: str) -> str | None:
+    """What is wrong with a config's ``optimizer`` mapping ``raw`` that names its optimizer
+    and sets a field that optimizer does not read (``{name: adam, momentum: 0.9}``), or None.
+    A block without ``name`` merges over the experiment's (a method's ``train``) and is not
+    judged alone."""
+    if not raw or raw.get("name") not in OPTIMIZER_FIELDS:
+        return None
+    own = OPTIMIZER_FIELDS[raw["name"]]
+    other = [k for k in raw if k not in ("name", "lr", *own)]
+    if not other:
+        return None
+    return (f"{key}.{other[0]}: optimizer '{raw['name']}' does not read it, so it would do nothing; "
+            f"allowed with '{raw['name']}': lr, {', '.join(own)}")
+
+
 def client_threads(threads: int, lanes: int) -> int:
     """The intra-op threads each client trains on where ``lanes`` clients train at once on a
     process of ``threads`` (``train.concurrent_clients``): the threads shared out, at least
