@@ -154,6 +154,10 @@ BAD = [
      ["experiments[0].partitions[0].alpha is for scheme dirichlet (scheme is 'shards')"]),
     ("min-size-on-iid", lambda d: part(d).update(min_size=5),
      ["experiments[0].partitions[0].min_size is for scheme dirichlet (scheme is 'iid')", "allowed with 'iid': none of"]),
+    ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
+     ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
+    ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),
+     ["experiments[0].datasets[0].augment.pad=8 with kind 'none' would do nothing"]),
     # a field the named optimizer does not read (make_optimizer would drop it)
     ("momentum-with-adam", lambda d: ex(d).update(train={"optimizer": {"name": "adam", "lr": 0.001, "momentum": 0.9}}),
      ["experiments[0].train.optimizer.momentum: optimizer 'adam' does not read it", "allowed with 'adam': lr, betas, weight_decay"]),

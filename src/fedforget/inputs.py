@@ -69,10 +69,14 @@ def check_augment(spec: dict | None, input_shape: Sequence[int], key: str) -> di
     unknown = sorted(set(spec) - {"kind", "pad"})
     if unknown:
         raise FedForgetError(f"{key}: unknown key(s) {unknown}; allowed: kind, pad")
-    kind = spec.get("kind", "crop_flip")
+    if "kind" not in spec:  # an empty block would otherwise turn a crop on
+        raise FedForgetError(f"{key}: no kind; allowed: kind: {' | '.join(AUGMENTS)} (absent block: none)")
+    kind = spec["kind"]
     if kind not in AUGMENTS:
         raise FedForgetError(f"{key}.kind={kind!r}; allowed: {', '.join(AUGMENTS)}")
     if kind == "none":
+        if "pad" in spec:
+            raise FedForgetError(f"{key}.pad={spec['pad']!r} with kind 'none' would do nothing; allowed: pad with crop_flip")
         return None
     pad = spec.get("pad", 4)
     if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
