@@ -262,7 +262,7 @@ def test_normalize_replaces_the_datasets_statistics(minimal_config, make_run_con
     torch.testing.assert_close(set_.inputs.convert(raw), raw.float() / 255 * 2 - 1)
     assert own.inputs.mean != set_.inputs.mean
     assert torch.equal(set_.inputs.black(CPU).flatten(), torch.full((3,), -1.0))
-    minimal_config["experiments"][0]["datasets"][0] = {"name": "digits", "model": "cnn2d"}
+    minimal_config["experiments"][0]["datasets"][0] = {"name": "blobs", "options": {"size": 8, "uint8": True}, "model": "cnn2d"}
     plain = parse_config(minimal_config).runs()[0]
     assert "normalize" not in plain.to_dict()["dataset"]
     minimal_config["experiments"][0]["datasets"][0]["normalize"] = {"mean": [0.5], "std": [0.5]}
@@ -275,6 +275,9 @@ def test_normalize_replaces_the_datasets_statistics(minimal_config, make_run_con
     minimal_config["experiments"][0]["datasets"][0] = {"name": "iris", "model": "mlp", "normalize": half}
     with pytest.raises(FedForgetError, match=r"datasets\[0\]\.normalize needs images"):
         parse_config(minimal_config)
+    minimal_config["experiments"][0]["datasets"][0] = {"name": "digits", "model": "cnn2d", "normalize": {"mean": [0.5], "std": [0.5]}}
+    with pytest.raises(FedForgetError, match=r"datasets\[0\]\.normalize is for datasets stored as uint8 images"):
+        parse_config(minimal_config)  # digits: float features, refused before any job (not in the job's pipeline)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -88,17 +88,20 @@ def check_augment(spec: dict | None, input_shape: Sequence[int], key: str) -> di
     return {"kind": kind, "pad": pad}
 
 
-def check_normalize(spec: dict | None, input_shape: Sequence[int], key: str) -> dict | None:
+def check_normalize(spec: dict | None, input_shape: Sequence[int], key: str, uint8: bool = True) -> dict | None:
     """The ``dataset.normalize`` block ({mean, std}: one number per channel, as the stored
     images scaled to [0, 1] are normalised in place of the training split's own statistics,
     e.g. the FedSOL code's 0.5 / 0.5 on MedMNIST), or None; raises FedForgetError naming the
     key and what is allowed. What the config schema and ``validation.check_finite`` check
     before (numbers, finite, std > 0) is not checked again: here the dataset's side, images
-    and one value per channel. Values are kept as written (the run's hash)."""
+    and one value per channel; ``uint8``: whether the dataset stores uint8 images (its
+    ``DatasetInfo.uint8_images``). Values are kept as written (the run's hash)."""
     if spec is None:
         return None
     if len(input_shape) != 3:
         raise FedForgetError(f"{key} needs images [C, H, W]; this dataset's inputs are {list(input_shape)}")
+    if not uint8:
+        raise FedForgetError(f"{key} is for datasets stored as uint8 images; this one stores float inputs, used as they are")
     c = int(input_shape[0])
     for name in ("mean", "std"):
         if len(spec[name]) != c:

@@ -178,7 +178,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario", info.domains(opts)
             )
             augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
-            normalize = check(check_normalize, d.get("normalize"), tuple(shape), f"{dkey}.normalize")
+            normalize = check(check_normalize, d.get("normalize"), tuple(shape), f"{dkey}.normalize", info.uint8_images(opts))
             ds = DatasetSpec(
                 d["name"], opts, mname, mopts, public, d.get("label") or dataset_id(d["name"], opts), scenario,
                 augment, normalize,

@@ -61,6 +61,9 @@ class DatasetInfo:
     # the domains of a multi-domain dataset under resolved options, in row order (the
     # tasks of scenario kind 'domains'); () for every other dataset
     domains: Callable[[Mapping[str, Any]], tuple[str, ...]] = lambda o: ()
+    # whether it is stored as uint8 images under resolved options (what dataset.normalize
+    # normalises, fedforget.inputs); False: float features or token ids
+    uint8_images: Callable[[Mapping[str, Any]], bool] = lambda o: False
 
     def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """The options with defaults filled in and checked. Every dataset also takes the
@@ -267,6 +270,11 @@ def _write_prepared(
     info: DatasetInfo, opts: dict[str, Any], did: str, out: Path, arrays: Arrays, work: Path | None
 ) -> Path:
     name = info.name
+    if info.uint8_images(opts) != (arrays.x_train.dtype == np.uint8):  # what configs were validated by
+        raise FedForgetError(
+            f"dataset '{name}': its registry entry says uint8 images {info.uint8_images(opts)}, but its build "
+            f"gave {arrays.x_train.dtype} inputs (DatasetInfo.uint8_images)"
+        )
     files = {}
     for key in ARRAYS:
         arr = getattr(arrays, key)

@@ -378,6 +378,7 @@ def _register(ps: PaperSet) -> None:
             check_options=ps.check,
             embedded=False,
             domains=ps.domains,
+            uint8_images=lambda o, text=ps.kind == TEXT: not text,  # the readers' images are uint8 (SourceArrays)
         )
     )
 

@@ -119,5 +119,6 @@ DATASETS.register("blobs")(
         num_classes=BLOB_CLASSES,
         sizes=lambda o: (int(o["num_train"]), int(o["num_test"])),
         check_options=_check_blobs,
+        uint8_images=lambda o: bool(o["uint8"]),
     )
 )
