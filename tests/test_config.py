@@ -159,6 +159,15 @@ BAD = [
     ("normalize-mean-on-the-0-255-scale", lambda d: dset(d).update(name="blobs", options={"size": 8, "uint8": True}, model="cnn2d",
                                                                   normalize={"mean": [125.3], "std": [63.0]}),
      ["experiments[0].datasets[0].normalize.mean[0]: 125.3 is greater than the maximum of 1"]),
+    # a scenario key its kind does not read (some entered the run's identity all the same)
+    ("rotation-on-a-split", lambda d: dset(d).update(name="digits", model="cnn2d", scenario={
+        "kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 1, "rotation": [0, 90]}),
+     ["experiments[0].datasets[0].scenario.rotation is for kind rotated (kind is 'split')"]),
+    ("seed-on-a-natural-split", lambda d: dset(d).update(name="digits", model="cnn2d", scenario={
+        "kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 1, "seed": 3}),
+     ["experiments[0].datasets[0].scenario.seed draws a shuffled split's class order", "with class_order natural"]),
+    ("heads-on-kind-none", lambda d: dset(d).update(scenario={"kind": "none", "heads": "per_task"}),
+     ["experiments[0].datasets[0].scenario.heads is for kind split | rotated | permuted | domains (kind is 'none')"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

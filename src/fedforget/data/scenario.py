@@ -104,6 +104,29 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# keys a scenario kind reads only some of the time: another kind's would do nothing (and some
+# would still enter the run's identity, as the resolved scenario records them)
+KIND_KEYS = {"rotation": ("rotated",), "class_order": ("split",), "heads": KINDS[1:], "boundaries": KINDS[1:]}
+
+
+def check_kind_keys(raw: Mapping[str, Any], kind: str, key: str) -> None:
+    """A config's scenario block ``raw`` sets no key its ``kind`` does not read; ``seed``
+    draws a shuffled split's class order, a rotated stream's angles or a permuted one's
+    permutations, and nothing else."""
+    for k, kinds in KIND_KEYS.items():
+        if k in raw and kind not in kinds:
+            raise FedForgetError(
+                f"{key}.{k} is for kind {' | '.join(kinds)} (kind is '{kind}'), so it would do nothing"
+            )
+    draws = kind in ("rotated", "permuted") or (kind == "split" and raw.get("class_order") == "shuffled")
+    if "seed" in raw and not draws:
+        raise FedForgetError(
+            f"{key}.seed draws a shuffled split's class order, a rotated stream's angles or a permuted one's "
+            f"pixel orders; kind '{kind}'{' with class_order natural' if kind == 'split' else ''} draws nothing, "
+            f"so it would do nothing"
+        )
+
+
 def resolve_scenario(
     raw: Mapping[str, Any] | None,
     num_classes: int,
@@ -135,6 +158,7 @@ def resolve_scenario(
                 f"{key}.tasks={s['tasks']} with kind 'domains'; allowed: {len(domains)} (one task per "
                 f"domain of the dataset: {', '.join(domains)})"
             )
+    check_kind_keys(raw, kind, key)
     s["incremental"] = s["incremental"] or SETTINGS[kind][0]
     if s["incremental"] not in SETTINGS[kind]:
         raise FedForgetError(
