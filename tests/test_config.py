@@ -481,6 +481,30 @@ def test_load_yaml_errors(tmp_path):
         load_yaml(tmp_path / "empty.yaml")
 
 
+def test_a_paper_map_key_that_is_no_label_of_the_config_is_refused(repo_root, monkeypatch, minimal_config):
+    """A misspelt method, dataset or setting label in a paper link's maps left its row or
+    column unlinked without a word; a key of another experiment's label (one link anchor
+    shared by several) is allowed."""
+    monkeypatch.chdir(repo_root)  # paper_results is relative to the working directory
+    d = copy.deepcopy(minimal_config)
+    ex(d)["paper"] = {"name": "fedsol", "table": 2, "method_map": {"fedavg": "FedAvg"},
+                      "dataset_map": {"iris": "cifar10"}, "setting_map": {"iid": "lda0.1"}}  # fmt: skip
+    parse_config(copy.deepcopy(d))
+    ex(d)["paper"]["method_map"] = {"fedavgg": "FedAvg"}
+    ex(d)["paper"]["dataset_map"] = {"iris": "cifar10", "other": "svhn"}
+    with pytest.raises(FedForgetError) as e:
+        parse_config(copy.deepcopy(d))
+    msg = str(e.value)
+    assert "experiments[0].paper.method_map: 'fedavgg' is no method label of this config (did you mean 'fedavg'?); allowed: fedavg" in msg
+    assert "experiments[0].paper.dataset_map: 'other' is no dataset label of this config" in msg
+    second = copy.deepcopy(ex(d))
+    second.update(name="tiny2", datasets=[{"name": "iris", "model": "mlp", "label": "other"}])
+    ex(d)["paper"]["method_map"] = {"fedavg": "FedAvg"}
+    d["experiments"].append(second)
+    second["paper"] = ex(d)["paper"]
+    parse_config(d)
+
+
 def test_load_yaml_refuses_a_repeated_key_but_keeps_merge_overrides(tmp_path):
     """A key written twice in one mapping is refused, naming both lines (YAML keeps the last
     silently); a merged anchor's key overridden after ``<<`` is YAML's override, allowed."""

@@ -41,7 +41,7 @@ from .smoke import smoke_config
 from .train_spec import optimizer_block_problem
 from .trainers import engine_pairing
 from .utils import FedForgetError, paper_tables
-from .validation import check_finite, validate_schema
+from .validation import check_finite, did_you_mean, validate_schema
 
 
 def check_paper_link(paper: dict[str, Any], path: str, key: str, aware: dict[str, bool] | None = None) -> None:
@@ -85,6 +85,28 @@ def check_paper_link(paper: dict[str, Any], path: str, key: str, aware: dict[str
                     "are kept for a task stream scored without the task id: scenario.tasks > 1, incremental class "
                     "or a domain stream); allowed: a class-incremental or domain stream, or no 'scored'"
                 )
+
+
+def paper_map_problems(experiments: list[Experiment]) -> list[str]:
+    """A paper link's dataset_map, setting_map and method_map keys must be labels the config
+    has (a dataset label, a partition setting, a method label of any of its experiments: a
+    link is often one anchor shared by several); a misspelt one left its column or row
+    unlinked without a word."""
+    have = {
+        "dataset_map": {d.label for e in experiments for d in e.datasets},
+        "setting_map": {p.setting for e in experiments for p in e.partitions},
+        "method_map": {m.label for e in experiments for m in e.methods},
+    }
+    out = []
+    for i, e in enumerate(experiments):
+        for name, labels in have.items():
+            for k in (e.paper or {}).get(name) or {}:
+                if k not in labels:
+                    out.append(
+                        f"experiments[{i}].paper.{name}: '{k}' is no {name.split('_')[0]} label of this config"
+                        f"{did_you_mean(k, sorted(labels))}; allowed: {', '.join(sorted(labels))}"
+                    )
+    return out
 
 
 def _task_aware_scores(scenario: dict[str, Any] | None, smoke: bool = False) -> bool:
@@ -310,6 +332,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 scale=scale,
             )
         )
+    problems += paper_map_problems(experiments)
     if problems:
         raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
     experiments = [replace(e, pairing=engine_pairing(e)) for e in experiments]
