@@ -168,6 +168,13 @@ BAD = [
      ["experiments[0].datasets[0].scenario.seed draws a shuffled split's class order", "with class_order natural"]),
     ("heads-on-kind-none", lambda d: dset(d).update(scenario={"kind": "none", "heads": "per_task"}),
      ["experiments[0].datasets[0].scenario.heads is for kind split | rotated | permuted | domains (kind is 'none')"]),
+    # the small models' sizes: a wrong one failed only when the job built the model
+    ("mlp-negative-width", lambda d: dset(d).update(model={"name": "mlp", "options": {"hidden": [-4]}}),
+     ["experiments[0].datasets[0].model.options.hidden=[-4] for model 'mlp'; allowed: a list of integers >= 1"]),
+    ("cnn2d-hidden-as-text", lambda d: dset(d).update(name="digits", model={"name": "cnn2d", "options": {"hidden": "128"}}),
+     ["experiments[0].datasets[0].model.options.hidden='128' for model 'cnn2d'; allowed: an integer >= 1"]),
+    ("cnn2d-zero-channels", lambda d: dset(d).update(name="digits", model={"name": "cnn2d", "options": {"channels": [0, -3]}}),
+     ["options.channels=[0, -3] for model 'cnn2d'; allowed: a list of two integers >= 1"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

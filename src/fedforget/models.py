@@ -1060,6 +1060,39 @@ def check_hf(input_shape: Sequence[int], options: Mapping[str, Any], key: str) -
     return o
 
 
+# the small models' size options: (option, what it must be); a wrong one failed only when the
+# job built the model, or built an empty layer (hidden 0)
+SIZE_OPTIONS = {
+    "mlp": (("hidden", "widths"),),
+    "cnn2d": (("channels", "two"), ("hidden", "one")),
+    "cnn1d": (("channels", "two"), ("hidden", "one")),
+    "cnn_mcmahan": (("hidden", "one"), ("padding", "offset")),
+    "cnn_fedgp": (("dropout", "flag"),),
+}
+
+
+def _check_sizes(name: str, options: Mapping[str, Any], key: str) -> None:
+    def pos(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    allowed = {"widths": "a list of integers >= 1 (the hidden layers' widths; [] for none)",
+               "two": "a list of two integers >= 1", "one": "an integer >= 1", "offset": "an integer >= 0",
+               "flag": "true, false"}  # fmt: skip
+    for opt, kind in SIZE_OPTIONS.get(name, ()):
+        if opt not in options:
+            continue
+        v = options[opt]
+        ok = {
+            "widths": isinstance(v, list) and all(pos(h) for h in v),
+            "two": isinstance(v, list) and len(v) == 2 and all(pos(h) for h in v),
+            "one": pos(v),
+            "offset": isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "flag": isinstance(v, bool),
+        }[kind]
+        if not ok:
+            raise FedForgetError(f"{key}.options.{opt}={v!r} for model '{name}'; allowed: {allowed[kind]}")
+
+
 def check_model(
     name: str, input_shape: Sequence[int], options: Mapping[str, Any], key: str = "model"
 ) -> dict[str, Any]:
@@ -1077,6 +1110,7 @@ def check_model(
         raise FedForgetError(
             f"{key}.name='{name}' expects inputs of rank {rank} (without batch), but the dataset gives shape {list(input_shape)}"
         )
+    _check_sizes(name, options, key)
     if name == "cnn2d" or name == "cnn_mcmahan":
         div = 2 if name == "cnn2d" else 4
         if input_shape[1] < div or input_shape[2] < div:
