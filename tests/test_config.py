@@ -175,6 +175,10 @@ BAD = [
      ["experiments[0].datasets[0].model.options.hidden='128' for model 'cnn2d'; allowed: an integer >= 1"]),
     ("cnn2d-zero-channels", lambda d: dset(d).update(name="digits", model={"name": "cnn2d", "options": {"channels": [0, -3]}}),
      ["options.channels=[0, -3] for model 'cnn2d'; allowed: a list of two integers >= 1"]),
+    ("vectorized-engine-for-a-method-with-its-own-step", lambda d: ex(d).update(
+        methods=[{"name": "fedproj", "params": {"local_lr_step": True}, "train": {"client_engine": "vectorized"}}],
+        datasets=[{"name": "iris", "model": "mlp", "public": {"source": "holdout", "fraction": 0.2}}]),
+     ["experiments[0].methods[0]: train.client_engine='vectorized' is not possible here:", "allowed: auto, sequential"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

@@ -42,6 +42,7 @@ from .train_spec import optimizer_block_problem
 from .trainers import engine_pairing
 from .utils import FedForgetError, paper_tables
 from .validation import check_finite, did_you_mean, validate_schema
+from .vectorized import method_not_vectorized
 
 
 def check_paper_link(paper: dict[str, Any], path: str, key: str, aware: dict[str, bool] | None = None) -> None:
@@ -250,6 +251,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                 cls.check_train(mtrain, pobj)
             except FedForgetError as e:
                 problems.append(f"{mkey}: {e}")
+            if mtrain.client_engine == "vectorized":  # the model's part is known when the job builds it
+                why = method_not_vectorized(cls, mtrain.optimizer.name, mtrain.drop_last, pobj)
+                if why is not None:
+                    problems.append(f"{mkey}: train.client_engine='vectorized' is not possible here: {why}; allowed: auto, sequential")
             # a method defined on one model alone (its class's needs_model, or a plug-in's base's: L2P)
             needs = {getattr(METHODS.get(n), "needs_model", None) for n in (m["name"], params.get("base"))
                      if isinstance(n, str) and n in METHODS} - {None}  # fmt: skip
