@@ -179,6 +179,8 @@ BAD = [
         methods=[{"name": "fedproj", "params": {"local_lr_step": True}, "train": {"client_engine": "vectorized"}}],
         datasets=[{"name": "iris", "model": "mlp", "public": {"source": "holdout", "fraction": 0.2}}]),
      ["experiments[0].methods[0]: train.client_engine='vectorized' is not possible here:", "allowed: auto, sequential"]),
+    ("another-methods-hyperparameter", lambda d: ex(d)["methods"][0].update(name="lander", params={"replay_rule": "code"}),
+     ["unknown hyperparameter(s) ['replay_rule'] for method 'lander' ('replay_rule' is a hyperparameter of target, target_lode)"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

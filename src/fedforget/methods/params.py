@@ -153,6 +153,16 @@ def field_errors(params_cls: type, raw: dict[str, Any]) -> list[str]:
     return [bad[k] for k in sorted(bad)]
 
 
+def _unknown_hint(k: str, allowed: list[str]) -> str:
+    """' (a hyperparameter of m1, m2)' where other methods take ``k``, else the nearest
+    allowed name's ' (did you mean ...)', else ''."""
+    owners = sorted(n for n in METHODS.names() if k in {f.name for f in dataclasses.fields(METHODS.get(n).Params)})
+    if owners:
+        return f" ({k!r} is a hyperparameter of {', '.join(owners)})"
+    near = nearest(k, allowed)
+    return f" (did you mean {near!r} for {k!r}?)" if near else ""
+
+
 def validate_params(method: str, params_cls: type, raw: dict[str, Any], key: str = "params") -> Any:
     """``raw`` (a config's mapping) as ``params_cls``: unknown keys, then each field against
     its schema, then ``check()`` (rules across fields); one FedForgetError naming the key,
@@ -162,8 +172,7 @@ def validate_params(method: str, params_cls: type, raw: dict[str, Any], key: str
     allowed = sorted(f.name for f in dataclasses.fields(params_cls))
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        near = {k: nearest(k, allowed) for k in unknown}
-        hints = "".join(f" (did you mean {n!r} for {k!r}?)" for k, n in near.items() if n)
+        hints = "".join(_unknown_hint(k, allowed) for k in unknown)
         raise FedForgetError(
             f"{key}: unknown hyperparameter(s) {unknown} for method '{method}'{hints}; allowed: {allowed or 'none'}"
         )
