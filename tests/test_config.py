@@ -181,6 +181,8 @@ BAD = [
      ["experiments[0].methods[0]: train.client_engine='vectorized' is not possible here:", "allowed: auto, sequential"]),
     ("another-methods-hyperparameter", lambda d: ex(d)["methods"][0].update(name="lander", params={"replay_rule": "code"}),
      ["unknown hyperparameter(s) ['replay_rule'] for method 'lander' ('replay_rule' is a hyperparameter of target, target_lode)"]),
+    ("der-beta-without-plus", lambda d: ex(d)["methods"][0].update(name="der", params={"beta": 0.3}),
+     ["experiments[0].methods[0].params (method 'der'): beta=0.3 without plus: true would do nothing"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

@@ -93,6 +93,10 @@ class DER(FedAvg):
         buffer_size: int = integer(200, minimum=0)  # rows per client [P, fedgp.md]; 0: no memory (FedAvg)
         memory_batch_size: int = integer(32, minimum=1)  # rows per buffer batch [D: FedGP's batch size]
 
+        def check(self) -> None:
+            if not self.plus and self.beta != type(self).__dataclass_fields__["beta"].default:  # a DER run records the default
+                raise ValueError(f"beta={self.beta!r} without plus: true would do nothing (DER++'s label replay); allowed: plus: true, or no beta")
+
     def __init__(self, params, info: RunInfo) -> None:
         super().__init__(params, info)
         self.replay = Replay(info, params.buffer_size, MEMORY_STREAM)
