@@ -183,6 +183,8 @@ BAD = [
      ["unknown hyperparameter(s) ['replay_rule'] for method 'lander' ('replay_rule' is a hyperparameter of target, target_lode)"]),
     ("der-beta-without-plus", lambda d: ex(d)["methods"][0].update(name="der", params={"beta": 0.3}),
      ["experiments[0].methods[0].params (method 'der'): beta=0.3 without plus: true would do nothing"]),
+    ("precision-mixed-in-one-experiment", lambda d: ex(d).update(methods=[{"name": "fedavg"}, {"name": "fedprox", "train": {"precision": "bf16"}}]),
+     ["experiments[0].methods: train.precision differs between methods (fedavg: fp32, fedprox: bf16)", "allowed: one precision per experiment"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

@@ -302,6 +302,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     problems.append(
                         f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)"
                     )
+        precisions = {m.label: TrainSpec.from_dict(deep_merge(train, m.train)).precision for m in methods}
+        if len(set(precisions.values())) > 1:  # one experiment is one table: its methods compared at one arithmetic
+            problems.append(
+                f"{key}.methods: train.precision differs between methods ({', '.join(f'{k}: {v}' for k, v in precisions.items())}), "
+                f"but an experiment's methods are compared in one table; allowed: one precision per experiment (set it in "
+                f"{key}.train, or put the methods in two experiments)"
+            )
         if len(set(ex["seeds"])) != len(ex["seeds"]):
             problems.append(f"{key}.seeds: duplicate seeds {ex['seeds']}")
         figures: list[FigureSpec] = []
