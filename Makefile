@@ -1,5 +1,5 @@
 # The README's two commands: `make run` (install + default pipeline + report) and `make test`;
-# `make data` is the DVC step of the README's "Data versioning (DVC)" section.
+# `make data` is the DVC step of docs/data.md's "Data versioning (DVC)" section.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

@@ -19,7 +19,7 @@ this plugin's prefix (``--slurm-packed-no-account``; ``slurm-packed-status-comma
 a profile). Tested against a real scheduler: tests/test_slurm.py.
 
 One setting of its own: ``max-seconds-between-status-checks`` [D]. The SLURM plugin polls a
-submission 1 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
+submission 40 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
 each time no job has finished, up to 180 s: considerate of a shared cluster's controller, but a
 half-minute job is then seen done after a minute. On a cluster of your own, a cap of a few
 seconds lets short jobs (small embedded configs, a test cluster) follow one another at once;
