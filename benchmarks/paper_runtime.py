@@ -13,7 +13,8 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   the bases of its Table 4). Each one-task method's time per round relative to FedAvg on the
   same engine.
 * ``--continual-cost``: ``continual_cost.json`` files (``benchmarks/continual_cost.py``, CPU:
-  2026-11-25's, 2026-12-05's for Tar+LODE and Fed+SCR, and for L2P and FedGP over L2P
+  ``cpu-2026-12-06-e``'s, every continual baseline with Tar+LODE and Fed+SCR (2026-11-25's and
+  2026-12-05's before it), and for L2P and FedGP over L2P
   ``cpu-2026-12-05-d/continual_cost_vit.json``, on a ViT of the paper ViT-B/16's 197 tokens,
   and FedGP over each of its other bases ``cpu-2026-12-05-d/continual_cost_fedgp_bases.json``,
   each against its own FedAvg on the same model). The same ratio for the continual
@@ -227,8 +228,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--method-cost", nargs="+", default=[str(RESULTS / "cpu-2026-11-25/method_cost.json"),
                                                       str(RESULTS / "cpu-2026-12-05-d/method_cost_fedsol_bases.json")],
                    help="method_cost.py --json files: a method in several files, the first's")
-    p.add_argument("--continual-cost", nargs="+", default=[str(RESULTS / "cpu-2026-11-25/continual_cost.json"),
-                                                          str(RESULTS / "cpu-2026-12-05-c/continual_cost.json"),
+    p.add_argument("--continual-cost", nargs="+", default=[str(RESULTS / "cpu-2026-12-06-e/continual_cost.json"),
                                                           str(RESULTS / "cpu-2026-12-05-d/continual_cost_vit.json"),
                                                           str(RESULTS / "cpu-2026-12-05-d/continual_cost_fedgp_bases.json")],
                    help="continual_cost.py --json files, each with its own FedAvg: a method in several files, the first's")
