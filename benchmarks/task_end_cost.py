@@ -129,7 +129,7 @@ def images_dataset(classes: int) -> str:
             build=lambda **o: build_images(classes=classes, **o),
             defaults={"num_train": 1000, "num_test": 10, "channels": 3, "size": 32, "seed": 0},
             input_shape=lambda o: (int(o["channels"]), int(o["size"]), int(o["size"])), num_classes=classes,
-            sizes=lambda o: (int(o["num_train"]), int(o["num_test"])),
+            sizes=lambda o: (int(o["num_train"]), int(o["num_test"])), uint8_images=lambda o: True,
         ))  # fmt: skip
     return name
 

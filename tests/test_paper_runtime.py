@@ -111,7 +111,7 @@ def test_continual_cost_files_give_each_method_its_ratio_against_its_own_fedavg(
     assert got == {"fedprox": 1.5, "moon": 2.0, "fedavg": 1.0, "target": 4.0, "scr": 3.0}
     monkeypatch.setattr("sys.argv", ["paper_runtime.py"])
     files = pr.parse_args().continual_cost
-    assert [Path(f).parent.name for f in files] == ["cpu-2026-11-25", "cpu-2026-12-05-c", "cpu-2026-12-05-d", "cpu-2026-12-05-d"]
+    assert [Path(f).parent.name for f in files] == ["cpu-2026-12-06-e", "cpu-2026-12-05-d", "cpu-2026-12-05-d"]
     one_task = [json.loads(Path(f).read_text()) for f in pr.parse_args().method_cost]
     ratios = pr.method_ratios(one_task, *(json.loads(Path(f).read_text()) for f in files))
     assert {"target", "target_lode", "lander", "scr", "icarl", "glfc", "l2p", "fedgp+l2p"} <= set(ratios)
