@@ -202,7 +202,7 @@ BAD = [
     ("method-integer-as-a-whole-float", lambda d: ex(d)["methods"][0].update(name="der", params={"buffer_size": 50.0}),
      ["experiments[0].methods[0].params (method 'der'): buffer_size=50.0; allowed: an integer >= 0"]),
     ("stateless-batchnorm-eval-batch", lambda d: dset(d).update(name="digits", model={"name": "resnet8", "options": {"norm": "batch_stateless"}}),
-     ["experiments[0].train.eval_batch_size=1024 (method 'fedavg')", "dataset 'digits''s model", "norm: batch_stateless",
+     ["experiments[0].train.eval_batch_size=1024: ", "dataset 'digits''s model", "norm: batch_stateless",
       "allowed: train.batch_size ("]),
     ("public-train-test-of-the-private-set", lambda d: dset(d).update(public={"source": "dataset", "dataset": "iris", "splits": "train+test"}),
      ["experiments[0].datasets[0].public.splits", "'train+test' of 'iris'", "its test set in the public set"]),

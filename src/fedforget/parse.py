@@ -28,6 +28,7 @@ from .config import (
 )
 from .continual import TASK_AWARE
 from .data import DATASETS, dataset_id
+from .data.base import public_splits
 from .data.scenario import check_rounds, has_task_aware_scores, resolve_scenario
 from .figures import check_figure
 from .inputs import check_augment, check_normalize
@@ -176,13 +177,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             if public and public["source"] == "holdout":
                 public.setdefault("seed", 0)
             if public and public["source"] == "dataset":
-                if public.get("splits") == "train":  # the default: a run keeps the identity it had before the key
-                    del public["splits"]
-                if public.get("splits") == "train+test" and public["dataset"] == d["name"]:
-                    problems.append(
-                        f"{dkey}.public.splits: 'train+test' of '{d['name']}', the private dataset itself, would put "
-                        f"its test set in the public set; use splits: train or a held-out slice (source: holdout)"
-                    )
+                public = check(public_splits, public, d["name"], f"{dkey}.public") or public
                 pinfo = check(DATASETS.get, public["dataset"], f"{dkey}.public.dataset")
                 popts = check(pinfo.resolve, public.get("options")) if pinfo else None
                 if popts is not None:
@@ -270,7 +265,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     problems.append(f"{key}.datasets[{datasets.index(ds)}].model (method '{label}'): {e}")
                 if eval_by_batch(ds.model, ds.model_options) and mtrain.eval_batch_size != mtrain.batch_size:
                     problems.append(
-                        f"{key}.train.eval_batch_size={mtrain.eval_batch_size} (method '{label}'): dataset '{ds.label}''s "
+                        f"{key}.train.eval_batch_size={mtrain.eval_batch_size}: dataset '{ds.label}''s "
                         f"model normalises each evaluation batch by its own statistics (norm: batch_stateless), so the "
                         f"evaluation batch is part of the experiment; allowed: train.batch_size ({mtrain.batch_size}), "
                         f"as the FedSOL and FedNTD code evaluate"
@@ -345,8 +340,8 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             )
         )
     problems += paper_map_problems(experiments)
-    if problems:
-        raise FedForgetError("invalid config:\n  " + "\n  ".join(problems))
+    if problems:  # one line per problem, once (a rule checked per method may find it for each)
+        raise FedForgetError("invalid config:\n  " + "\n  ".join(dict.fromkeys(problems)))
     experiments = [replace(e, pairing=engine_pairing(e)) for e in experiments]
     return WorkflowConfig(
         experiments,

@@ -530,6 +530,21 @@ def public_id(spec: Mapping[str, Any], private_id: str) -> str:
     return dataset_id(spec["dataset"], spec.get("options"))
 
 
+def public_splits(spec: Mapping[str, Any], private_name: str, key: str = "public") -> dict[str, Any]:
+    """A ``source: dataset`` public block with its ``splits`` resolved: ``train`` (the
+    default) dropped, so a run keeps the identity it had before the key; ``train+test``
+    refused where the public dataset is the private one (its test set would be public)."""
+    spec = dict(spec)
+    if spec.get("splits") == "train":
+        del spec["splits"]
+    if spec.get("splits") == "train+test" and spec["dataset"] == private_name:
+        raise FedForgetError(
+            f"{key}.splits: 'train+test' of '{private_name}', the private dataset itself, would put its test set "
+            f"in the public set; use splits: train or a held-out slice (source: holdout)"
+        )
+    return spec
+
+
 def holdout_indices(n: int, fraction: float, seed: int) -> np.ndarray:
     """Rows of the training split held out as the public set (sorted; seeded)."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x9B1C]))
