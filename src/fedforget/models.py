@@ -1060,37 +1060,34 @@ def check_hf(input_shape: Sequence[int], options: Mapping[str, Any], key: str) -
     return o
 
 
-# the small models' size options: (option, what it must be); a wrong one failed only when the
-# job built the model, or built an empty layer (hidden 0)
+def _whole(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+# the small models' size options, what each must be; a wrong one failed only when the job
+# built the model, or built an empty layer (hidden 0)
+SIZE_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "widths": (lambda v: isinstance(v, list) and all(_whole(h, 1) for h in v),
+               "a list of integers >= 1 (the hidden layers' widths; [] for none)"),
+    "two": (lambda v: isinstance(v, list) and len(v) == 2 and all(_whole(h, 1) for h in v), "a list of two integers >= 1"),
+    "one": (lambda v: _whole(v, 1), "an integer >= 1"),
+    "offset": (lambda v: _whole(v, 0), "an integer >= 0"),
+    "flag": (lambda v: isinstance(v, bool), "true, false"),
+}  # fmt: skip
 SIZE_OPTIONS = {
-    "mlp": (("hidden", "widths"),),
-    "cnn2d": (("channels", "two"), ("hidden", "one")),
-    "cnn1d": (("channels", "two"), ("hidden", "one")),
-    "cnn_mcmahan": (("hidden", "one"), ("padding", "offset")),
-    "cnn_fedgp": (("dropout", "flag"),),
+    "mlp": {"hidden": "widths"},
+    "cnn2d": {"channels": "two", "hidden": "one"},
+    "cnn1d": {"channels": "two", "hidden": "one"},
+    "cnn_mcmahan": {"hidden": "one", "padding": "offset"},
+    "cnn_fedgp": {"dropout": "flag"},
 }
 
 
 def _check_sizes(name: str, options: Mapping[str, Any], key: str) -> None:
-    def pos(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-    allowed = {"widths": "a list of integers >= 1 (the hidden layers' widths; [] for none)",
-               "two": "a list of two integers >= 1", "one": "an integer >= 1", "offset": "an integer >= 0",
-               "flag": "true, false"}  # fmt: skip
-    for opt, kind in SIZE_OPTIONS.get(name, ()):
-        if opt not in options:
-            continue
-        v = options[opt]
-        ok = {
-            "widths": isinstance(v, list) and all(pos(h) for h in v),
-            "two": isinstance(v, list) and len(v) == 2 and all(pos(h) for h in v),
-            "one": pos(v),
-            "offset": isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-            "flag": isinstance(v, bool),
-        }[kind]
-        if not ok:
-            raise FedForgetError(f"{key}.options.{opt}={v!r} for model '{name}'; allowed: {allowed[kind]}")
+    for opt, kind in SIZE_OPTIONS.get(name, {}).items():
+        ok, allowed = SIZE_KINDS[kind]
+        if opt in options and not ok(options[opt]):
+            raise FedForgetError(f"{key}.options.{opt}={options[opt]!r} for model '{name}'; allowed: {allowed}")
 
 
 def check_model(
