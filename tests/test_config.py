@@ -185,6 +185,10 @@ BAD = [
      ["experiments[0].methods[0].params (method 'der'): beta=0.3 without plus: true would do nothing"]),
     ("precision-mixed-in-one-experiment", lambda d: ex(d).update(methods=[{"name": "fedavg"}, {"name": "fedprox", "train": {"precision": "bf16"}}]),
      ["experiments[0].methods: train.precision differs between methods (fedavg: fp32, fedprox: bf16)", "allowed: one precision per experiment"]),
+    ("per-class-shards-per-task-too-few", lambda d: (dset(d).update(name="digits", model="cnn2d", scenario={
+        "kind": "split", "tasks": 5, "classes_per_task": 2, "rounds_per_task": 1}),
+        part(d).update(scheme="shards", clients=1, shards_per_client=1, shard_rule="per_class", per_task=True), ex(d).update(train={"rounds": 5})),
+     ["experiments[0].partitions[0] (dataset 'digits', per task): shard_rule=per_class cuts each of the 2 classes"]),
     ("augment-without-kind", lambda d: dset(d).update(name="digits", model="cnn2d", augment={}),
      ["experiments[0].datasets[0].augment: no kind; allowed: kind: none | crop_flip"]),
     ("augment-none-with-pad", lambda d: dset(d).update(name="digits", model="cnn2d", augment={"kind": "none", "pad": 8}),

@@ -36,7 +36,7 @@ from .methods import METHODS, make_params
 from .methods.params import recorded
 from .models import check_model, eval_by_batch
 from .paper_tables import SCORED
-from .partition import PartitionSpec, check_feasible, check_scheme_keys
+from .partition import PartitionSpec, check_feasible, check_per_class_shards, check_scheme_keys
 from .plots import CURVES
 from .smoke import smoke_config
 from .train_spec import optimizer_block_problem
@@ -222,6 +222,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     check_feasible(spec, n_train, pkey, DATASETS.get(ds.name).num_classes)
                 except FedForgetError as e:
                     problems.append(f"{e} (dataset '{ds.label}')")
+                if spec.per_task and spec.scheme == "shards" and spec.shard_rule == "per_class":  # drawn per task
+                    sc = ds.scenario or {}
+                    per = int(sc["classes_per_task"]) if sc.get("kind") == "split" else DATASETS.get(ds.name).num_classes
+                    check(check_per_class_shards, spec.shards_per_client, spec.clients, per, f"{pkey} (dataset '{ds.label}', per task)")
         methods: list[MethodSpec] = []
         rounds: dict[str, int] = {}  # each method's train.rounds (a figure's round option is checked against them)
         for j, m in enumerate(ex["methods"]):
