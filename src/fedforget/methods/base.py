@@ -547,7 +547,7 @@ class RunInfo:
     normalize: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class NoParams:
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is allowed."""

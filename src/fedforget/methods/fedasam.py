@@ -45,7 +45,7 @@ from .registry import METHODS
 from .shared import client_norms, per_client
 
 
-@dataclass
+@dataclass(frozen=True)
 class FedASAMParams(FedSAMParams):
     eta: float = number(0.0, minimum=0)  # T_w = |w| + eta; ASAM's code uses 0.01, the FL baselines 0
 

@@ -30,7 +30,7 @@ from .registry import METHODS
 VELOCITY = "fedavgm_velocity"  # server.state: {parameter: v}
 
 
-@dataclass
+@dataclass(frozen=True)
 class FedAvgMParams:
     server_momentum: float = number(0.9, minimum=0, exclusiveMaximum=1)  # beta [P]
     server_lr: float = number(1.0, exclusiveMinimum=0)  # eta_s [P]

@@ -74,7 +74,7 @@ def ntd_loss(
     return tau**2 * ((per_row * mask).sum(1) / mask.sum(1))
 
 
-@dataclass
+@dataclass(frozen=True)
 class FedNTDParams:
     beta: float = number(1.0, minimum=0)  # weight of the not-true distillation; 0 = FedAvg
     tau: float = number(1.0, exclusiveMinimum=0)  # softmax temperature

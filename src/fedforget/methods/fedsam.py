@@ -60,7 +60,7 @@ from .shared import client_norms, per_client
 NORM_GUARD = 1e-12
 
 
-@dataclass
+@dataclass(frozen=True)
 class FedSAMParams:
     rho: float = number(0.5, minimum=0)  # SAM neighbourhood radius; 0 = FedAvg (two passes, same gradient)
 

@@ -51,7 +51,7 @@ authors' code, [D] our decision):
   exist.
 - Layers: every Linear / Conv1d / Conv2d outside per-task heads (a shared head included, as
   the code's MLP; per-task heads excluded, as the code's AlexNet / ResNet ``last``).
-With no bases (the first task, one-task runs, threshold 0) FOT is FedAvg bit for bit.
+With no bases (the first task, one-task runs) FOT is FedAvg bit for bit.
 
 Communication (FedProTIP Table 9, "Model + Act", per client per task), in the row of a
 task's last round (columns ``fot_<key>``) and in ``server.state["fot_comm"]`` (one entry per

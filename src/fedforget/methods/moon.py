@@ -107,7 +107,7 @@ def model_contrastive_loss(
     return (per_row * mask).sum(1) / mask.sum(1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MOONParams:
     mu: float = number(1.0, minimum=0)  # weight of l_con; 0 = FedAvg
     tau: float = number(0.5, exclusiveMinimum=0)  # temperature of l_con
