@@ -26,6 +26,18 @@ def test_method_count_and_every_method_named():
     assert not missing, missing
 
 
+def test_every_method_has_a_row_in_the_methods_table():
+    """docs/methods.md's table names every registered method's module (FedAvgM had none)."""
+    import importlib
+
+    table = (ROOT / "docs" / "methods.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    missing = [m for m in METHODS.names()
+               if not any(f"`{importlib.import_module(METHODS.get(m).__module__).__file__.rsplit('/', 1)[-1]}`" in r
+                          for r in rows)]  # fmt: skip
+    assert not missing, missing
+
+
 def test_default_pipeline_training_job_count(monkeypatch):
     monkeypatch.chdir(ROOT)
     train = int(re.search(r"`make run` is \d+ jobs, (\d+) of them training jobs", README).group(1))
