@@ -227,7 +227,7 @@ def test_which_buffers_the_stacked_path_keeps():
     assert "buffers other than BatchNorm's running statistics (scale)" in why_not_vectorized(METHODS.get("fedavg"), other, "sgd")
 
 
-@pytest.mark.parametrize("drop_last,batch_size,norm", [(False, 64, "batch"), (True, 12, "batch"), (False, 64, "batch_stateless")],
+@pytest.mark.parametrize("drop_last,batch_size,norm", [(False, 64, "batch"), (True, 12, "batch"), (False, 12, "batch_stateless")],
                          ids=["unequal-batches", "drop-last", "stateless"])  # fmt: skip
 def test_batchnorm_stacked_equals_sequential(
     make_run_config, run_engines, assert_same_metrics, assert_same_weights, drop_last, batch_size, norm

@@ -1177,6 +1177,13 @@ def check_model(
     return {**MODEL_DEFAULTS[name], **options}
 
 
+def normalises_by_batch(model: nn.Module) -> bool:
+    """Whether ``model`` normalises every batch by its own statistics in eval mode too
+    (BatchNorm without running statistics: ``norm: batch_stateless``), so that its output on a
+    row depends on the rows batched with it."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats for m in model.modules())
+
+
 def eval_by_batch(name: str, options: Mapping[str, Any]) -> bool:
     """Whether the model's evaluation depends on how its inputs are batched (``norm:
     batch_stateless``: each evaluation batch is normalised by its own statistics), so that

@@ -124,6 +124,7 @@ from .models import (
     SLViTBody,
     TaskHeads,
     ViTBody,
+    normalises_by_batch,
     pool_tokens,
 )
 from .utils import FedForgetError
@@ -982,6 +983,9 @@ def train_clients_together(
     # BatchNorm's running statistics (unstacked_buffers): per client, [G, ...], updated in place
     fixed = fixed_buffers(model)
     buffer_names = [k for k, _ in model.named_buffers() if k not in fixed]
+    # BatchNorm, with running statistics or without (norm: batch_stateless): its batch
+    # statistics would see padding rows, and it amplifies the thread count's rounding
+    batch_stats = bool(buffer_names) or normalises_by_batch(model)
     # On a CPU, a grouped Conv2d over many rows is slower than the clients' convolutions one
     # after another, while over few rows batching wins (benchmarks/engine_choice.py step, 2
     # threads: McMahan CNN, 10 clients x 32 rows, 131 ms batched vs 114 ms one by one, x 4
@@ -1004,7 +1008,7 @@ def train_clients_together(
     # weights in its own replica, and no stack is built
     alone = all(wide)
     if full_width is None:
-        full_width = device.type == "cuda" and not buffer_names
+        full_width = device.type == "cuda" and not batch_stats
 
     def stack(k: str) -> torch.Tensor:  # the global tensor k once per client, [m, ...]
         return global_params[k].unsqueeze(0).repeat(m, *[1] * global_params[k].dim())
@@ -1136,7 +1140,7 @@ def train_clients_together(
         if join is not None:
             extra = join(lo, lo + xb.shape[0], k, rows) if replaces else join(lo, lo + xb.shape[0], k)
             xb, yb, mask, lm, rows = joined_batch(xb, yb, mask, lm, rows, extra)
-            if buffer_names and len(set(rows)) > 1:
+            if batch_stats and len(set(rows)) > 1:
                 return joined_runs(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
         return one_pass(p_act, st_act, xb, yb, mask, lm, rows, lo, k)
 
@@ -1276,7 +1280,7 @@ def train_clients_together(
         stacked = stacked_features if body else stacked_forward
         own = {n[len(cut):]: v for n, v in w.items() if n.startswith(cut)}  # ``mod``'s own names
         with autocast(), pass_rows(rows):
-            if buffer_names:
+            if batch_stats:
                 a, width = x.shape[0], x.shape[1]
                 full = {n: v[lo : lo + a] for n, v in stats.items()}
                 st = {n[len(cut):]: v for n, v in full.items() if n.startswith(cut)}
@@ -1604,7 +1608,7 @@ def train_clients_together(
     # threads, 2 rounds of 5 epochs of 20-row steps): batched on 2 workers it ended beyond 1e-5
     # of the sequential trainer, on one worker within it. Not a race: two single-thread
     # replicas trained at once gave the bits of the same two trained one after another.
-    workers = torch.get_num_threads() if loop_wide and any(wide) and not buffer_names else 1
+    workers = torch.get_num_threads() if loop_wide and any(wide) and not batch_stats else 1
     pool = _worker_pool(workers) if workers > 1 else None
     replicas = _replicas(model, workers) if any(wide) else []
     if heads is not None:  # a replica keeps the architecture only: its active head is the model's
@@ -1626,7 +1630,7 @@ def train_clients_together(
         [D] there the maximal runs of clients (in the stack's order) with batches of one
         size, e.g. the full-size clients, then a client's short last batch."""
         active = active_at[k]
-        if not buffer_names:
+        if not batch_stats:
             return [(0, active, table.shape[2] if full_width else int(width[:active, k].max()))]
         ws = width[:active, k].tolist()
         runs, lo = [], 0

@@ -206,6 +206,25 @@ def test_live_terms_with_batchnorm_equal_sequential(
     assert any("running_mean" in k for k in vec.global_params)
 
 
+@pytest.mark.parametrize("method,params", [("fedsol", {"rho": 1.5}), ("fedntd", {"beta": 1.0, "tau": 1.0})], ids=["fedsol", "fedntd"])
+def test_stateless_batchnorm_stacked_equals_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights,
+                                                       method, params):  # fmt: skip
+    """FedSOL Table 3's ResNet-18 setting (``norm: batch_stateless``: every batch normalised by
+    its own statistics, a frozen global model's too, the FedNTD code's ResNets): FedSOL's and
+    FedNTD's global logits come from each client's own rows in the stacked trainer as one
+    client alone, so the two trainers agree (weights within 1e-5, metrics 2e-4, as above)."""
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={**SMALL_RESNET, "norm": "batch_stateless"},
+                         method=method, params=params, rounds=1, local_epochs=1, batch_size=12, eval_batch_size=12,
+                         sample_rate=0.1, optimizer={"lr": 1e-6, "momentum": 0.5, "weight_decay": 1e-4},
+                         partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert vec.engine_info["client_engine"] == "vectorized"
+    assert_same_metrics(rows_s, rows_v, tol=2e-4)
+    assert_same_weights(seq, vec)
+    assert not any("running_mean" in k for k in vec.global_params)
+
+
 @pytest.mark.parametrize("levels", ["all", [0, 2]])
 def test_fedrcl_levels_of_a_resnet_stacked_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights, levels):
     """FedRCL's multi-level terms on ResNet-8 with GroupNorm (the FedRCL code's norm): the

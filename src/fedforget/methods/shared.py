@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..activations import Projector, find_layers, project_out
-from ..models import TaskHeads
+from ..models import TaskHeads, normalises_by_batch
 from ..utils import FedForgetError, host_to_device
 from .base import Held
 
@@ -135,7 +135,12 @@ def rows_mask(rows: Sequence[int], like: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def on_stack(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """A frozen model's output [G, B, D] (float32) on each client's rows ``x`` [G, B, ...]:
-    ``fn`` (its forward, or its ``features``) once over all rows."""
+    ``fn`` (its forward, or its ``features``) once over all rows; client by client where the
+    model normalises a batch by its own statistics (``norm: batch_stateless``), whose output on
+    a client's rows would otherwise see the other clients' (as a client alone, its rows only)."""
+    owner = getattr(fn, "__self__", fn)
+    if isinstance(owner, nn.Module) and normalises_by_batch(owner):
+        return torch.stack([fn(xg).reshape(xg.shape[0], -1) for xg in x]).float()
     return fn(x.flatten(0, 1)).view(*x.shape[:2], -1).float()
 
 
