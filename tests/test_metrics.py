@@ -1,4 +1,4 @@
-"""accuracy / evaluate / classwise_accuracy on hand-computed logits, mean_std."""
+"""accuracy / evaluate / classwise_accuracy on hand-computed logits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedforget.metrics import accuracy, classwise_accuracy, evaluate, mean_std
+from fedforget.metrics import accuracy, classwise_accuracy, evaluate
 
 
 class FixedLogits(nn.Module):
@@ -109,18 +109,3 @@ def test_classwise_mean_weighted_by_support_equals_accuracy():
     support = torch.bincount(y, minlength=5).tolist()
     weighted = sum(a * n for a, n in zip(cw, support, strict=True) if n) / 50
     assert weighted == pytest.approx(accuracy(table, y))
-
-
-def test_mean_std_hand_examples():
-    m, s = mean_std([1.0, 2.0, 3.0, 4.0])
-    assert m == pytest.approx(2.5)
-    assert s == pytest.approx(math.sqrt(5 / 3))  # ddof = 1
-    m, s = mean_std([1.0, float("nan"), 3.0, None])
-    assert (m, s) == pytest.approx((2.0, math.sqrt(2.0)))
-    assert mean_std([5.0]) == (5.0, 0.0)
-    assert mean_std([7.0, float("nan")]) == (7.0, 0.0)
-    m, s = mean_std([])
-    assert math.isnan(m) and math.isnan(s)
-    m, s = mean_std([float("nan")])
-    assert math.isnan(m) and math.isnan(s)
-    assert mean_std([2, 2, 2]) == (2.0, 0.0)

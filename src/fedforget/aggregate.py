@@ -669,7 +669,8 @@ def attach_paper_continual(
 
 
 def _continual_cell(r: pd.Series, metric: str) -> str:
-    cell = _cell(r[f"{metric}_mean"], r[f"{metric}_std"], r["status"]) + _collapse(r)
+    mean = r[f"{metric}_mean"]  # an empty cell (no such score) carries no collapse mark
+    cell = _cell(mean, r[f"{metric}_std"], r["status"]) + ("" if math.isnan(mean) else _collapse(r))
     return cell + (f" † {r['client_engine']}" if r["other_engine"] else "")
 
 

@@ -152,13 +152,3 @@ def global_model_metrics(
         row.update({f"global_model_test_acc_class{c}": a for c, a in enumerate(accs)})
     return row
 
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof = 1; 0 for a single value), NaNs ignored."""
-    vals = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    if not vals:
-        return math.nan, math.nan
-    m = sum(vals) / len(vals)
-    if len(vals) == 1:
-        return m, 0.0
-    return m, math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1))

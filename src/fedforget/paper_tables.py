@@ -100,7 +100,8 @@ DASHES = ("", "-", "–", "—")
 NOTE = (
     "All numbers in %: the papers report percentages; ours are the fractions of runs.csv × 100. "
     "Per method: the paper's number (± its std where the paper gives one), ours (mean ± sample "
-    "std, ddof = 1, over the completed seeds; 'n = 1': one completed seed, no std) and "
+    "std, ddof = 1, over the completed seeds; 'n = 1': one completed seed, no std; the papers do not "
+    "say which std they print, and the FedGP code's is np.std, ddof = 0, smaller by sqrt((n - 1) / n)) and "
     "Δ = ours − paper in percentage points. 'accuracy': the final-round global-model accuracy on "
     "the full test set; ACC / acc_T: mean accuracy over all tasks after the last task; Acc_t: "
     "mean accuracy over the first t tasks after task t; Fgt_T / "
