@@ -665,6 +665,19 @@ def test_a_collapsed_model_is_marked_in_its_cells(tmp_path):
     assert "collapsed" not in (out / "continual.html").read_text().split("fedavg")[1].split("</tr>")[0]
 
 
+def test_an_empty_continual_cell_carries_no_collapse_mark():
+    """A column the runs have no score for (e.g. the task-aware scores of a task-IL stream)
+    reads empty, not '(collapsed: ...)' alone."""
+    from fedforget.aggregate import _continual_cell
+
+    r = pd.Series({"acc_mean": math.nan, "acc_std": math.nan, "status": "ok", "n_collapsed": 3, "n_seeds": 3,
+                   "other_engine": False, "client_engine": "sequential"})  # fmt: skip
+    assert _continual_cell(r, "acc") == ""
+    scored = r.copy()
+    scored["acc_mean"], scored["acc_std"] = 50.0, 1.0
+    assert _continual_cell(scored, "acc") == "50.00 ± 1.00 (collapsed: 3 of 3 seeds)"
+
+
 def test_evaluation_reports_the_top_predicted_share_of_task_streams(data_root, tmp_path):
     """A model that predicts class 0 for every row: share 1 on the current task."""
     import torch
