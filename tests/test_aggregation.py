@@ -665,6 +665,18 @@ def test_a_collapsed_model_is_marked_in_its_cells(tmp_path):
     assert "collapsed" not in (out / "continual.html").read_text().split("fedavg")[1].split("</tr>")[0]
 
 
+def test_a_cell_two_linked_tables_print_comes_from_the_first_in_the_link():
+    """table.csv's paper number where two linked tables print the cell: the first of the
+    link's ``table`` list, whatever the order of the results file's rows."""
+    from fedforget.aggregate import _paper_number
+
+    ref = pd.DataFrame({"paper": ["p", "p"], "table": [17, 1], "dataset": ["c"] * 2, "setting": ["iid"] * 2,
+                        "method": ["M"] * 2, "metric": ["FT"] * 2, "value": ["0.34", "1.30"], "std": ["0.59", ""]})  # fmt: skip
+    row = pd.Series({"dataset": "c", "setting": "iid", "method": "M"})
+    assert _paper_number(ref, {"name": "p", "table": [1, 17]}, row, ["FT"])[0] == 1.30
+    assert _paper_number(ref, {"name": "p", "table": [17, 1]}, row, ["FT"]) == (0.34, 0.59)
+
+
 def test_an_empty_continual_cell_carries_no_collapse_mark():
     """A column the runs have no score for (e.g. the task-aware scores of a task-IL stream)
     reads empty, not '(collapsed: ...)' alone."""

@@ -344,10 +344,12 @@ def _paper_reference(paper: dict[str, Any], paper_results: str | Path | None) ->
 def _paper_number(
     ref: pd.DataFrame, paper: dict[str, Any], row: pd.Series, metrics: Iterable[str], scored: str | None = None
 ) -> tuple[float, float]:
-    """(value, std) of the first reference row for ``row``'s dataset / setting / method (the
-    paper link's dataset_map, setting_map and method_map applied, the dataset_map entry whose
+    """(value, std) of the reference row for ``row``'s dataset / setting / method (the paper
+    link's dataset_map, setting_map and method_map applied, the dataset_map entry whose
     ``scored`` is ``scored``: ``paper_tables.paper_columns``; methods case-insensitive) whose
-    metric is one of ``metrics``; NaN, NaN when none."""
+    metric is one of ``metrics``; NaN, NaN when none. Where several linked tables print the
+    cell (FedProTIP Tables 1 and 17), the first of the link's ``table`` list that does [D]:
+    paper.csv shows each."""
     cols = [(d, s) for d, s, by in paper_columns(paper, str(row["dataset"]), str(row["setting"])) if by == scored]
     if not cols:
         return math.nan, math.nan
@@ -360,6 +362,8 @@ def _paper_number(
     ]
     if not len(hit):
         return math.nan, math.nan
+    order = {t: i for i, t in enumerate(paper_tables(paper))}
+    hit = hit.iloc[hit["table"].astype(str).map(order).argsort(kind="stable")]
     # a '-' cell or a std the paper writes as 'failed' (FedSOL Table 2) is no number: NaN
     return _number(hit["value"].iloc[0]), _number(hit["std"].iloc[0])
 
