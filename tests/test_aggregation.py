@@ -665,6 +665,19 @@ def test_a_collapsed_model_is_marked_in_its_cells(tmp_path):
     assert "collapsed" not in (out / "continual.html").read_text().split("fedavg")[1].split("</tr>")[0]
 
 
+def test_a_run_left_running_is_unfinished_not_failed(tmp_path):
+    """A run.json still 'running' (a job that stopped before its end) is an unfinished seed,
+    as paper.csv counts it, not a failed one; with none, table.csv has no such column."""
+    from fedforget.aggregate import aggregate
+
+    dirs = [write_run(tmp_path / f"s{s}", "fedavg", s, st) for s, st in ((0, "completed"), (1, "completed"), (2, "running"))]
+    out = tmp_path / "summary"
+    aggregate(dirs, out, "e")
+    t = pd.read_csv(out / "table.csv")
+    assert (t["n_failed"].iloc[0], t["n_unfinished"].iloc[0], t["status"].iloc[0]) == (0, 1, "unfinished")
+    assert "± 7.07 (unfinished seeds)" in (out / "table.md").read_text()
+
+
 def test_a_cell_two_linked_tables_print_comes_from_the_first_in_the_link():
     """table.csv's paper number where two linked tables print the cell: the first of the
     link's ``table`` list, whatever the order of the results file's rows."""

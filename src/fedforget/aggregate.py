@@ -54,6 +54,8 @@ from .partition import PartitionSpec
 from .utils import FedForgetError, atomic_write, atomic_write_text, paper_tables
 
 FAILED = "failed"
+UNFINISHED = "unfinished"  # a run.json still "running": a job that stopped, not a failed run
+MARKS = {FAILED: "failed seeds", UNFINISHED: "unfinished seeds"}
 GROUP = ["experiment", "dataset", "setting", "clients", "partition_seed", "method"]  # a table row
 
 
@@ -271,6 +273,24 @@ def _is_extra(column: str) -> bool:
     return bool(mode) and kind in extra_kinds(mode)
 
 
+def _seed_counts(status: pd.Series) -> dict[str, int]:
+    """Seeds that failed or diverged, and seeds whose run.json still says running (a job that
+    stopped before its end: unfinished, as paper.csv counts them)."""
+    status = status.astype(str)
+    unfinished = int((status == "running").sum())
+    return {"n_failed": int((status != "completed").sum()) - unfinished, "n_unfinished": unfinished}
+
+
+def _without_unfinished(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without its n_unfinished column where no seed is unfinished: the tables keep the
+    bytes they had before the count."""
+    return df.drop(columns="n_unfinished") if "n_unfinished" in df and not df["n_unfinished"].any() else df
+
+
+def _group_status(row: dict[str, Any]) -> str:
+    return FAILED if row["n_failed"] else (UNFINISHED if row["n_unfinished"] else "ok")
+
+
 def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     """Mean and sample std (ddof=1) over completed seeds; a group with any failed
     (diverged/failed) run is reported as failed, the way FedSOL's Table 2 writes '10.00
@@ -279,12 +299,12 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     for key, g in runs.groupby(GROUP, sort=False):
         ok = g[g["status"] == "completed"]
         row = dict(zip(GROUP, key))
-        row.update(n_seeds=len(g), n_failed=int((g["status"] != "completed").sum()))
+        row.update(n_seeds=len(g), **_seed_counts(g["status"]))
         for m in ("final", "best"):
             vals = ok[f"{m}_global_model_test_acc"].astype(float) * 100
             row[f"{m}_acc_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_acc_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
-        row["status"] = FAILED if row["n_failed"] else "ok"
+        row["status"] = _group_status(row)
         # [D] a task stream's best round comes before its later tasks exist (its accuracy is
         # over the tasks seen so far): not a result of the stream; its ACC is the final round's
         if "tasks" in g and bool((g["tasks"].fillna(1) > 1).any()):
@@ -295,7 +315,7 @@ def summarise(runs: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame(out)
     if "task_stream" in df:  # one-task experiments keep table.csv's columns as before
         df["task_stream"] = df["task_stream"].astype("boolean").fillna(False).astype(bool)
-    return mark_other_engines(df)
+    return mark_other_engines(_without_unfinished(df))
 
 
 def _group_marks(g: pd.DataFrame) -> dict[str, Any]:
@@ -395,13 +415,14 @@ def _cell(mean: float, std: float, status: str, n_ok: int | None = None) -> str:
     """'80.00 ± 10.00' over >= 2 completed seeds, '91.23 (n = 1)' over one (no std),
     'failed' when no seed completed; ' (failed seeds)' marks a group with some failed."""
     if math.isnan(mean):
-        return "failed" if status == FAILED else ""
+        return status if status in MARKS else ""
     if n_ok is None:  # infer: the std of one seed is NaN
         n_ok = 1 if math.isnan(std) else 2
+    mark = MARKS.get(status)
     if n_ok == 1:
-        return f"{mean:.2f} (n = 1, failed seeds)" if status == FAILED else f"{mean:.2f} (n = 1)"
+        return f"{mean:.2f} (n = 1, {mark})" if mark else f"{mean:.2f} (n = 1)"
     text = f"{mean:.2f} ± {std:.2f}"
-    return text + " (failed seeds)" if status == FAILED else text
+    return f"{text} ({mark})" if mark else text
 
 
 def _row_cell(r: pd.Series, metric: str) -> str:
@@ -454,7 +475,7 @@ def _method_notes(table: pd.DataFrame) -> str:
 
 
 def _n_ok(row: pd.Series) -> int:
-    return int(row["n_seeds"]) - int(row["n_failed"])
+    return int(row["n_seeds"]) - int(row["n_failed"]) - int(row.get("n_unfinished", 0) or 0)
 
 
 def _columns(table: pd.DataFrame) -> list[str]:
@@ -622,16 +643,16 @@ def summarise_continual(runs: pd.DataFrame) -> pd.DataFrame:
             tasks=int(g["tasks"].iloc[0]),
             rounds_per_task=int(g["rounds_per_task"].iloc[0]),
             n_seeds=len(g),
-            n_failed=int((g["status"] != "completed").sum()),
+            **_seed_counts(g["status"]),
         )
         for m in [*CONTINUAL_METRICS, *extra_metrics(runs), *([COMM] if COMM in runs else [])]:
             vals = ok[m].astype(float).dropna() * (1 if m == COMM else 100)
             row[f"{m}_mean"] = vals.mean() if len(vals) else math.nan
             row[f"{m}_std"] = vals.std(ddof=1) if len(vals) > 1 else math.nan
-        row["status"] = FAILED if row["n_failed"] else "ok"
+        row["status"] = _group_status(row)
         row.update(_group_marks(g))
         out.append(row)
-    return mark_other_engines(pd.DataFrame(out)) if out else pd.DataFrame(out)
+    return mark_other_engines(_without_unfinished(pd.DataFrame(out))) if out else pd.DataFrame(out)
 
 
 def _paper_metric_name(metric: str) -> str:
