@@ -170,13 +170,16 @@ BN_LIVE = [
 
 
 # batch 12: every step batched; 20: on a CPU client by client (two methods: a second full pass, a frozen one)
-BN_CASES = [(m, p, 12) for m, p in BN_LIVE] + [(m, p, 20) for m, p in BN_LIVE if m in ("fedsam", "moon", "fedrcl")]
+BN_CASES = [(m, p, 12, "batch") for m, p in BN_LIVE] + [(m, p, 20, "batch") for m, p in BN_LIVE if m in ("fedsam", "moon", "fedrcl")]
+# FedSOL Table 3's ResNet-18 (norm: batch_stateless, the FedNTD code's ResNets): every batch, a frozen
+# global model's too, normalised by its own statistics, each client's rows alone in the stack
+BN_CASES += [("fedsol", {"rho": 1.5}, 12, "batch_stateless"), ("fedntd", {"beta": 1.0, "tau": 1.0}, 12, "batch_stateless")]
 
 
-@pytest.mark.parametrize("method,params,batch_size", BN_CASES,
-                         ids=[f"{m}-{'-'.join(str(v) for v in p.values())}-{b}" for m, p, b in BN_CASES])  # fmt: skip
+@pytest.mark.parametrize("method,params,batch_size,norm", BN_CASES,
+                         ids=[f"{m}-{'-'.join(str(v) for v in p.values())}-{b}-{n}" for m, p, b, n in BN_CASES])  # fmt: skip
 def test_live_terms_with_batchnorm_equal_sequential(
-    make_run_config, run_engines, assert_same_metrics, assert_same_weights, method, params, batch_size
+    make_run_config, run_engines, assert_same_metrics, assert_same_weights, method, params, batch_size, norm
 ):
     """ResNet-8 with BatchNorm (issue 32): the running statistics are updated by the step's
     first pass alone (a second pass at w + eps updates copies, as FedSAM and FedSOL restore
@@ -194,27 +197,8 @@ def test_live_terms_with_batchnorm_equal_sequential(
     12: every step batched, a step's clients with batches of different sizes in several
     runs; batch 20: on a CPU the steps of >= 16 rows client by client in replicas
     (``live_alone``)."""
-    rc = make_run_config(dataset="digits", model="resnet8", model_options=SMALL_RESNET, method=method, params=params, rounds=1,
-                         local_epochs=1, batch_size=batch_size, sample_rate=0.1,
-                         optimizer={"lr": 1e-6, "momentum": 0.5, "weight_decay": 1e-4},
-                         partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
-    out = run_engines(rc)
-    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
-    assert vec.engine_info["client_engine"] == "vectorized"
-    assert_same_metrics(rows_s, rows_v, tol=2e-4)
-    assert_same_weights(seq, vec)
-    assert any("running_mean" in k for k in vec.global_params)
-
-
-@pytest.mark.parametrize("method,params", [("fedsol", {"rho": 1.5}), ("fedntd", {"beta": 1.0, "tau": 1.0})], ids=["fedsol", "fedntd"])
-def test_stateless_batchnorm_stacked_equals_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights,
-                                                       method, params):  # fmt: skip
-    """FedSOL Table 3's ResNet-18 setting (``norm: batch_stateless``: every batch normalised by
-    its own statistics, a frozen global model's too, the FedNTD code's ResNets): FedSOL's and
-    FedNTD's global logits come from each client's own rows in the stacked trainer as one
-    client alone, so the two trainers agree (weights within 1e-5, metrics 2e-4, as above)."""
-    rc = make_run_config(dataset="digits", model="resnet8", model_options={**SMALL_RESNET, "norm": "batch_stateless"},
-                         method=method, params=params, rounds=1, local_epochs=1, batch_size=12, eval_batch_size=12,
+    rc = make_run_config(dataset="digits", model="resnet8", model_options={**SMALL_RESNET, "norm": norm}, method=method,
+                         params=params, rounds=1, local_epochs=1, batch_size=batch_size, eval_batch_size=batch_size,
                          sample_rate=0.1, optimizer={"lr": 1e-6, "momentum": 0.5, "weight_decay": 1e-4},
                          partition=PartitionSpec("iid", clients=40, seed=0))  # fmt: skip
     out = run_engines(rc)
@@ -222,7 +206,7 @@ def test_stateless_batchnorm_stacked_equals_sequential(make_run_config, run_engi
     assert vec.engine_info["client_engine"] == "vectorized"
     assert_same_metrics(rows_s, rows_v, tol=2e-4)
     assert_same_weights(seq, vec)
-    assert not any("running_mean" in k for k in vec.global_params)
+    assert any("running_mean" in k for k in vec.global_params) == (norm == "batch")
 
 
 @pytest.mark.parametrize("levels", ["all", [0, 2]])
