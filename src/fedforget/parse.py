@@ -228,6 +228,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     check(check_per_class_shards, spec.shards_per_client, spec.clients, per, f"{pkey} (dataset '{ds.label}', per task)")
         methods: list[MethodSpec] = []
         rounds: dict[str, int] = {}  # each method's train.rounds (a figure's round option is checked against them)
+        precisions: dict[str, str] = {}  # each method's train.precision (one per experiment)
         for j, m in enumerate(ex["methods"]):
             mkey = f"{key}.methods[{j}]"
             if check(METHODS.get, m["name"], f"{mkey}.name") is None:
@@ -246,6 +247,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             cls = METHODS.get(m["name"])
             mtrain = TrainSpec.from_dict(deep_merge(train, spec.train))
             rounds[label] = mtrain.rounds
+            precisions[label] = mtrain.precision
             try:
                 cls.check_train(mtrain, pobj)
             except FedForgetError as e:
@@ -301,7 +303,6 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                     problems.append(
                         f"{mkey}.name: method '{m['name']}' needs a public set, but dataset '{ds.label}' declares none (datasets[].public)"
                     )
-        precisions = {m.label: TrainSpec.from_dict(deep_merge(train, m.train)).precision for m in methods}
         if len(set(precisions.values())) > 1:  # one experiment is one table: its methods compared at one arithmetic
             problems.append(
                 f"{key}.methods: train.precision differs between methods ({', '.join(f'{k}: {v}' for k, v in precisions.items())}), "

@@ -104,18 +104,17 @@ class PartitionSpec:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if self.scheme != "dirichlet":
-            d.pop("alpha"), d.pop("min_size"), d.pop("max_redraws")
-        if not self.min_per_class:  # absent unless set: the partitions drawn before it keep their keys
-            d.pop("min_per_class")
+        for scheme, keys in SCHEME_KEYS.items():  # the keys of the other schemes: not this partition's
+            if scheme != self.scheme:
+                for k in keys:
+                    d.pop(k, None)
+        # absent unless set: the partitions drawn before these keys keep their identity
+        if not self.min_per_class:
+            d.pop("min_per_class", None)
+        if self.shard_rule == DEFAULT_SHARD_RULE:
+            d.pop("shard_rule", None)
         if not self.per_task:
             d.pop("per_task"), d.pop("tasks")
-        if self.scheme != "shards":
-            d.pop("shards_per_client")
-        if self.scheme != "shards" or self.shard_rule == DEFAULT_SHARD_RULE:  # absent unless set
-            d.pop("shard_rule")
-        if self.scheme != "classes":
-            d.pop("class_fractions")
         return d
 
 
