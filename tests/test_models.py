@@ -103,7 +103,7 @@ def test_check_model_for_resnets():
     pooled = build_model("resnet18", (3, 8, 8), 10, {"maxpool": True, "width": 8})
     assert isinstance(pooled.body.pool, torch.nn.MaxPool2d) and pooled(torch.zeros(2, 3, 8, 8)).shape == (2, 10)
     assert isinstance(build_model("resnet18", (3, 8, 8), 10, {"width": 8}).body.pool, torch.nn.Identity)
-    with pytest.raises(FedForgetError, match=r"model.options.maxpool='yes'; allowed: true, false"):
+    with pytest.raises(FedForgetError, match=r"model.options.maxpool='yes' for model 'resnet18'; allowed: true, false"):
         check_model("resnet18", (3, 32, 32), {"maxpool": "yes"})
     for bad in (3, 0, 8.0, True, "8"):  # GroupNorm(2, C): an even number of channels
         with pytest.raises(FedForgetError, match=rf"model.options.width={bad!r}; allowed: an even integer >= 2"):

@@ -1080,6 +1080,7 @@ SIZE_OPTIONS = {
     "cnn1d": {"channels": "two", "hidden": "one"},
     "cnn_mcmahan": {"hidden": "one", "padding": "offset"},
     "cnn_fedgp": {"dropout": "flag"},
+    "resnet18": {"maxpool": "flag"},
 }
 
 
@@ -1119,8 +1120,6 @@ def check_model(
         if not isinstance(width, int) or isinstance(width, bool) or width < 2 or width % 2:
             # GroupNorm(2, C) needs an even number of channels
             raise FedForgetError(f"{key}.options.width={width!r}; allowed: an even integer >= 2 (64: the papers')")
-        if not isinstance(options.get("maxpool", False), bool):
-            raise FedForgetError(f"{key}.options.maxpool={options['maxpool']!r}; allowed: true, false")
     if name == "vgg11":
         size = options.get("input_size", 0)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
