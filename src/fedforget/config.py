@@ -133,6 +133,8 @@ class RunConfig:
             del d["scale"]
         if d["train"]["precision"] == "fp32":  # likewise
             del d["train"]["precision"]
+        if d["train"]["client_weights"] == "samples":  # likewise
+            del d["train"]["client_weights"]
         return d
 
     @classmethod

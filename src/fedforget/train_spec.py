@@ -67,6 +67,7 @@ class TrainSpec:
     threads: int = 0
     data_storage: str = "auto"  # auto | device | stream: where the training pool lives (fedforget.inputs)
     precision: str = "fp32"  # fp32 | bf16: the local steps' forward passes (LocalTrainer.autocast)
+    client_weights: str = "samples"  # samples | uniform: each upload's weight in the model average (FedAvg.client_weights)
     log_every: int = 1  # rounds between progress lines when not on a terminal (fedforget.progress)
     phase_memory: bool = False  # run.json records the peak memory of each phase of a round (fedforget.memory)
     # set by Experiment.runs, not by users: why client_engine auto trains this job's clients

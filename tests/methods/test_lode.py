@@ -160,5 +160,5 @@ def test_domain_streams_and_asynchronous_boundaries_are_refused_before_any_job()
 
 
 def test_defaults():
-    p = check_params("target_lode", {})
-    assert p["rho"] == 0.1 and p == {**check_params("target", {}), "rho": 0.1}
+    p = check_params("target_lode", {})  # rho: FedProTIP's code, 0.01 / task on equal tasks
+    assert p["rho"] == 0.01 and p == {**check_params("target", {}), "rho": 0.01}

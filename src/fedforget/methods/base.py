@@ -663,9 +663,22 @@ def weighted_average(states: Sequence[Params], weights: Sequence[float], skip: S
     return out
 
 
+CLIENT_WEIGHTS = ("samples", "uniform")  # train.client_weights
+
+
+def upload_weights(uploads: Sequence[Upload], train: TrainSpec) -> list[float]:
+    """Each upload's weight in the server's model average (``train.client_weights``):
+    ``samples``, its client's training rows n_k [P McMahan et al.: the default]; ``uniform``,
+    1 each: a plain mean over the round's uploads [C: the FedGP code's ``FedAvg`` in
+    models/Fed.py and the FedProTIP code's ``average_weights`` divide by the number of
+    clients; FedGP's text calls its aggregation "the averaging of locally computed values"]."""
+    return [u.n_samples if train.client_weights == "samples" else 1.0 for u in uploads]
+
+
 class FedAvg:
     """FedAvg (McMahan et al., 2017): local SGD from the global weights, server average
-    weighted by client sample counts. Every other method overrides a few of these hooks."""
+    weighted by client sample counts (``train.client_weights: uniform``: a plain mean).
+    Every other method overrides a few of these hooks."""
 
     name = "fedavg"
     Params: type = NoParams
@@ -773,12 +786,12 @@ class FedAvg:
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         """The server's step on the round's uploads: new ``server.global_params`` (FedAvg:
-        the average weighted by n_k), then whatever follows from them (distillation on the
+        the average weighted by ``upload_weights``, n_k by default), then whatever follows from them (distillation on the
         new weights, FedDyn's h, SCAFFOLD's c). ``server.global_params`` holds the broadcast
         weights until the method writes the new ones; the parameters no client trained this
         round keep their broadcast values whatever is written (``ServerContext``)."""
         server.global_params = weighted_average(
-            [u.params for u in uploads], [u.n_samples for u in uploads], skip=server.untrained
+            [u.params for u in uploads], upload_weights(uploads, self.info.train), skip=server.untrained
         )
 
     def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:

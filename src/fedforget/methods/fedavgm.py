@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import FedAvg, ServerContext, Upload, weighted_average
+from .base import FedAvg, ServerContext, Upload, upload_weights, weighted_average
 from .params import number
 from .registry import METHODS
 
@@ -43,7 +43,7 @@ class FedAvgM(FedAvg):
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         """FedAvg's average, then w_t - eta_s v_t for the trainable parameters."""
-        avg = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+        avg = weighted_average([u.params for u in uploads], upload_weights(uploads, self.info.train))
         velocity = server.state.setdefault(VELOCITY, {})
         w = server.global_params
         for name, param in server.model.named_parameters():

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,9 +49,10 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
-from .shared import refuse_task_heads
+from .shared import WEIGHTINGS, own_weighting, refuse_task_heads
 
-WEIGHTINGS = ("uniform", "samples")
+if TYPE_CHECKING:  # pragma: no cover
+    from ..train_spec import TrainSpec
 
 
 @METHODS.register("feddyn")
@@ -64,6 +65,10 @@ class FedDyn(FedAvg):
     class Params:
         alpha: float = number(0.1, exclusiveMinimum=0)  # dynamic regulariser weight (FedSOL code: 0.1)
         weighting: str = choice("uniform", WEIGHTINGS)  # mean over sampled clients: paper "uniform", FedSOL "samples"
+
+    @classmethod
+    def check_train(cls, train: TrainSpec, params: Any = None) -> None:
+        own_weighting(cls.name, train)
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

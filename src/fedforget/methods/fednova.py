@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import ClientContext, FedAvg, NoParams, ServerContext, Upload, weighted_average
+from .base import (
+    ClientContext,
+    FedAvg,
+    NoParams,
+    ServerContext,
+    Upload,
+    upload_weights,
+    weighted_average,
+)
 from .registry import METHODS
 from .shared import effective_steps, require_sgd
 
@@ -57,9 +65,10 @@ class FedNova(FedAvg):
         return up
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        new = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
-        total = float(sum(u.n_samples for u in uploads))
-        p = [u.n_samples / total for u in uploads]
+        weights = upload_weights(uploads, self.info.train)  # p_i: n_i / n [P]; equal with client_weights: uniform
+        new = weighted_average([u.params for u in uploads], weights)
+        total = float(sum(weights))
+        p = [w / total for w in weights]
         a = [float(u.extras["a"]) for u in uploads]
         tau_eff = sum(pi * ai for pi, ai in zip(p, a))
         w_g = server.global_params

@@ -81,6 +81,7 @@ from .base import (
     Summed,
     Upload,
     summed_total,
+    upload_weights,
     weighted_average,
 )
 from .params import choice, integer, number
@@ -171,7 +172,7 @@ class FOT(FedAvg):
         return {BASES: server.state.get(BASES, {})}  # clients remove its span before sketching
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        avg = weighted_average([u.params for u in uploads], [u.n_samples for u in uploads])
+        avg = weighted_average([u.params for u in uploads], upload_weights(uploads, self.info.train))
         bases = server.state.get(BASES)
         if bases:  # without: FedAvg, bit for bit
             old = server.global_params

@@ -81,7 +81,11 @@ Hyperparameters [C: the code's ``main.py`` defaults unless noted]: ``ltc`` 5, ``
 (local_bs), ``student_lr`` 0.1, ``student_temperature`` 20, ``student_init`` model [D: with the
 code's weight_init the student diverged on cnn2d], ``augment`` false [D], ``prompt`` [P
 fedprotip App. E.3]. FedProTIP [P App. E.3] matches TARGET's sample counts and generation
-schedule on DomainNet and ImageNet-R.
+schedule on DomainNet and ImageNet-R, and otherwise "follow[s] the same experimental settings"
+as LANDER's, so its paper configs keep these defaults; FedProTIP's code sets other loss weights
+[C seohyeon-cha/FedProTIP configs/*/lander.json]: ``ltc`` 0.5, ``cur`` 0.3, ``pre`` 0.3 on
+CIFAR-100, 0.25 / 0.3 / 0.3 on DomainNet, 0.25 / 0.2 / 0.4 with ``syn_size`` 5000 and ``nz`` 512
+on ImageNet-R.
 
 Not reproduced [D]: the code ends each task with the global model of the round whose clients'
 summed first-epoch loss was lowest (``best_model``); here, as for every method, the task's last

@@ -41,9 +41,11 @@ Where it is defined: split streams (class- or task-incremental) and one-task run
 classes: TARGET). Refused: domain-incremental streams (every class is in every task: no new
 classes to set against old ones), and ``ce: all`` (L_intra is the CE over the new classes).
 
-Hyperparameter: ``rho`` = 0.1 [D: FedProTIP states none; LODE's code uses 0.1 for DER++, the
-logit-distilling replay nearest to TARGET's KD, on seq-cifar100 with a 500-row buffer
-(``utils/best_args.py``), 0.01-0.5 across its settings]; rho = 0 is TARGET (its runs' metrics).
+Hyperparameter: ``rho`` = 0.01 [C: FedProTIP's Tar+LODE, seohyeon-cha/FedProTIP
+``client/client_target.py``: ``rho = 0.01 / self._cur_task`` on its equal 10-class tasks, which
+is beta = 0.01 |N| / |O|; the paper states none. LODE's own code uses 0.01-0.5 across its
+settings, 0.1 for DER++ on seq-cifar100 (``utils/best_args.py``)]; rho = 0 is TARGET (its runs'
+metrics).
 
 Both trainers [D, issue 32]: L_inter is a term of the step's own forward pass, written once
 (``inter_task_loss``, ``scores``) for a stack of clients and called on a stack of one in
@@ -106,7 +108,7 @@ class TargetLODE(TARGET):
 
     @dataclass(frozen=True)
     class Params(TARGET.Params):
-        rho: float = number(0.1, minimum=0)  # L_inter's weight beta = rho |N| / |O| [C rho / task; D default]
+        rho: float = number(0.01, minimum=0)  # L_inter's weight beta = rho |N| / |O| [C FedProTIP: 0.01 / task]
 
         def check(self) -> None:
             require(self.ce == "task", "ce", self.ce, "task (LODE's intra-task loss is the CE over the new task's classes)")

@@ -52,12 +52,11 @@ from .base import (
 from .base import Params as StateDict
 from .params import choice, number
 from .registry import METHODS
-from .shared import effective_steps, refuse_task_heads, require_sgd
+from .shared import WEIGHTINGS, effective_steps, own_weighting, refuse_task_heads, require_sgd
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
 
-WEIGHTINGS = ("uniform", "samples")
 DIVISORS = ("steps", "effective_steps")
 
 
@@ -80,6 +79,7 @@ class Scaffold(FedAvg):
     @classmethod
     def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         require_sgd(cls.name, train, "option II's control variate assumes SGD steps")
+        own_weighting(cls.name, train)
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

@@ -77,6 +77,21 @@ def require_sgd(method: str, train: TrainSpec, why: str) -> None:
         )
 
 
+WEIGHTINGS = ("uniform", "samples")  # the ``weighting`` of FedDyn's and SCAFFOLD's server means
+
+
+def own_weighting(method: str, train: TrainSpec) -> None:
+    """For ``check_train`` of a method whose server step weighs clients by its own
+    ``weighting`` hyperparameter (FedDyn, SCAFFOLD): ``train.client_weights`` other than its
+    default would do nothing there, so it is refused, naming the parameter to set."""
+    if train.client_weights != "samples":
+        raise FedForgetError(
+            f"method '{method}': train.client_weights={train.client_weights!r} does nothing here: its server step "
+            f"weighs clients by its own parameter; allowed: samples (the default), and set params.weighting: "
+            f"uniform | samples instead"
+        )
+
+
 def refuse_task_heads(method: str, scenario: dict[str, Any] | None, why: str) -> None:
     """For ``check_scenario``: raise FedForgetError where a stream of several tasks has one
     head per task (``why``: the method's reason) [D]."""
