@@ -481,7 +481,7 @@ def test_the_reference_is_generated():
     """docs/reference.md is what ``fedforget reference`` prints (regenerate it with
     ``fedforget reference > docs/reference.md``)."""
     path = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
-    assert path.read_text() == reference_markdown()
+    assert path.read_text() == reference_markdown(), "docs/reference.md is stale: run fedforget reference > docs/reference.md"
 
 
 def test_load_yaml_errors(tmp_path):
@@ -579,3 +579,10 @@ def test_nested_command_line_values_get_their_yaml_types(minimal_config):
     typed_overrides(bad, over)
     with pytest.raises(FedForgetError, match=r"smoke\.rounds.*many"):
         parse_config(bad)
+    # top level: Snakemake reads only True / False as booleans; the documented download=true too
+    over = snakemake_cli.parse_config(["download=true", "only=tiny", "results_dir=false"])
+    assert over["download"] == "true"
+    config = copy.deepcopy(minimal_config)
+    update_config(config, over)
+    typed_overrides(config, over)
+    assert config["download"] is True and config["only"] == "tiny" and config["results_dir"] is False

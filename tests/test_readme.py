@@ -20,10 +20,10 @@ README = (ROOT / "README.md").read_text()
 
 def test_method_count_and_every_method_named():
     n = int(re.search(r"(\d+) methods \(`fedforget methods`\)", README).group(1))
-    assert n == len(METHODS.names())
+    assert n == len(METHODS.names()), f"README.md says {n} methods, the registry has {len(METHODS.names())}: update README.md"
     flat = README.lower().replace("-", "")
     missing = [m for m in METHODS.names() if m not in flat]
-    assert not missing, missing
+    assert not missing, f"README.md's method list lacks {missing}"
 
 
 def test_every_method_has_a_row_in_the_methods_table():
@@ -35,7 +35,33 @@ def test_every_method_has_a_row_in_the_methods_table():
     missing = [m for m in METHODS.names()
                if not any(f"`{importlib.import_module(METHODS.get(m).__module__).__file__.rsplit('/', 1)[-1]}`" in r
                           for r in rows)]  # fmt: skip
-    assert not missing, missing
+    assert not missing, f"add a row for {missing} to docs/methods.md's table"
+
+
+def test_the_methods_tables_defaults_are_the_params_defaults():
+    """docs/methods.md's defaults column is written by hand: each 'name value' in it that
+    names a field of the row's method's Params must be that field's default (Tar+LODE's rho
+    had stayed at 0.1 there when its default moved)."""
+    import dataclasses
+    import importlib
+
+    by_file: dict[str, list[str]] = {}
+    for m in METHODS.names():
+        by_file.setdefault(importlib.import_module(METHODS.get(m).__module__).__file__.rsplit("/", 1)[-1], []).append(m)
+    checked, wrong = 0, []
+    for line in (ROOT / "docs" / "methods.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        files = re.findall(r"`(\w+\.py)`", cells[1]) if line.startswith("| ") and len(cells) > 2 else []
+        for piece in re.split(r",\s*", cells[2]) if files else ():
+            pair = re.fullmatch(r"(\w+) (-?\d+(?:\.\d+)?)", piece)
+            for m in by_file.get(files[0], []) if pair else ():
+                params = METHODS.get(m).Params
+                field = {f.name: f for f in dataclasses.fields(params)}.get(pair[1]) if dataclasses.is_dataclass(params) else None
+                if field is not None:
+                    checked += 1
+                    if float(pair[2]) != float(field.default):
+                        wrong.append(f"{m}: {pair[1]} {pair[2]} in docs/methods.md, {field.default} in its Params")
+    assert checked >= 20 and not wrong, (checked, wrong)
 
 
 def test_default_pipeline_training_job_count(monkeypatch):

@@ -167,7 +167,8 @@ def test_nested_config_values_from_the_command_line(tmp_path: Path) -> None:
     """``--config "smoke={rounds: 1, clients: 2}"`` (Snakemake reads nested scalars as strings;
     workflow/rules/common.smk types them before validation, fedforget.config.typed_overrides)."""
     write_config(tmp_path, TINY)
-    out = snakemake(tmp_path, "-n", "--config", "scale=smoke", "smoke={rounds: 1, clients: 2, results_dir: small}")
+    out = snakemake(tmp_path, "-n", "--config", "scale=smoke", "smoke={rounds: 1, clients: 2, results_dir: small}",
+                    "download=true")  # the README's spelling (Snakemake itself types only True)
     assert "small/" in out.stdout + out.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "small").exists()
 

@@ -85,8 +85,10 @@ def typed_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> None:
     [D] ``--config smoke={rounds: 3}`` is read with YAML's BaseLoader, which leaves every
     scalar inside a mapping or list a string ("3"), so the schema would reject it. Each such
     string is read again as a YAML scalar (3, 0.5, true, null; anything else stays the
-    string) where it sits in ``config``, the merged config. A top-level ``key=value`` is left
-    as Snakemake typed it (int, float, bool, else str)."""
+    string) where it sits in ``config``, the merged config. A top-level ``key=value`` keeps
+    Snakemake's type (int, float, bool, else str), except that ``true`` / ``false`` in any
+    case become booleans: Snakemake reads only ``True`` / ``False`` as such, so the documented
+    ``download=true`` would reach the schema as the string "true" [D]."""
 
     def walk(held: Any, over: Any) -> Any:
         if isinstance(over, dict) and isinstance(held, dict):
@@ -107,6 +109,8 @@ def typed_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> None:
     for key, over in overrides.items():
         if isinstance(over, (dict, list)) and key in config:
             config[key] = walk(config[key], over)
+        elif isinstance(over, str) and over.lower() in ("true", "false") and config.get(key) == over:
+            config[key] = over.lower() == "true"
 
 
 @dataclass(frozen=True)

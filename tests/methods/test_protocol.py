@@ -92,13 +92,17 @@ def test_declared_capabilities_match_the_code(name):
     written = [h for h in TRAINING_HOOKS if _writes(cls, h)]
     terms = _writes(cls, "client_step_terms")
     live = _writes(cls, "client_live_terms")
-    assert cls.step_terms == terms, name
-    assert cls.live_terms == live, name
+    def says(attr: str, hook: str, writes: bool) -> str:
+        return f"{name}: declares {attr} = {getattr(cls, attr)} but {'writes' if writes else 'does not write'} {hook}"
+
+    assert cls.step_terms == terms, says("step_terms", "client_step_terms", terms)
+    assert cls.live_terms == live, says("live_terms", "client_live_terms", live)
     assert cls.stacked == (
         not written or (terms and set(written) <= set(TERM_HOOKS)) or (live and set(written) <= set(LIVE_HOOKS))
-    ), (name, written)
-    assert cls.own_upload == _writes(cls, "client_end"), name
-    assert cls.own_predict == _writes(cls, "eval_predict"), name
+    ), (f"{name}: declares stacked = {cls.stacked} but writes the training hooks {written} "
+        f"(stacked needs none, or only {TERM_HOOKS} with step terms, or {LIVE_HOOKS} with live terms)")
+    assert cls.own_upload == _writes(cls, "client_end"), says("own_upload", "client_end", _writes(cls, "client_end"))
+    assert cls.own_predict == _writes(cls, "eval_predict"), says("own_predict", "eval_predict", _writes(cls, "eval_predict"))
 
 
 @pytest.mark.parametrize("name", [n for n in METHODS.names() if not issubclass(METHODS.get(n), OverBase)])
