@@ -2,15 +2,15 @@
 cycles, the imports that run back up the layers, and the function-level imports.
 
 Layers, lowest first (a module may import its own layer and the ones below; the layer of a
-module is that of its longest matching prefix in LAYERS):
+module is that of its longest matching prefix in LAYERS, below, the one list of them):
 
-    0 base       utils, registry, validation (the schema checker), progress
-    1 data       data.*, partition, models, dropout, featcache, activations, landscape, inputs, cudagraph
+    0 base       utilities, the registries, the typed train settings, the run's state
+    1 data       datasets, partitions, models, client data, inputs, CUDA graphs
     2 methods    methods.* (the method API, the shared math and distillation, every method)
-    3 config     config, smoke
-    4 training   clientdata, evaluation, metrics, continual, trainers, state, checkpoint, engine
-    5 workflow   parse (validation of a whole config), runner, aggregate, plots, figures,
-                 paper_tables, provenance, pipeline, parsecache, reference, finished
+    3 config     config, smoke, the schemas
+    4 training   evaluation, metrics, continual, the two trainers, checkpoints, the engine
+    5 workflow   parse (validation of a whole config), runner, aggregation, figures, tables,
+                 provenance, the pipeline, the reference
     6 interface  cli, __main__
 
 Usage: python benchmarks/import_graph.py [--json]  (prints the counts; --json the whole graph)

@@ -137,7 +137,7 @@ def method_not_vectorized(
     ``params``: a plug-in stacks only over a stacked base) and its train settings alone (the
     same for every model): None, or why its clients cannot train together."""
     if not method_cls.trait("stacked", params):
-        if getattr(method_cls, "stacks_with_base", False) and params is not None:
+        if method_cls.stacks_with_base and params is not None:
             return f"method '{method_cls.name}' over '{params.base}', whose local step is its own"
         return f"method '{method_cls.name}' has a local step of its own (declares stacked = False)"
     if optimizer_name not in ("sgd", "adam"):

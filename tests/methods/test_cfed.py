@@ -32,7 +32,7 @@ from fedforget.methods.cfed import (
     SERVER_STREAM,
     TEACHER,
     CFeD,
-    kd_loss,
+    soft_cross_entropy,
     old_scores,
     reviewers,
     split_parts,
@@ -73,13 +73,13 @@ def test_kd_loss_on_a_hand_built_example():
     st, tt = torch.tensor([s, t], dtype=torch.float64), torch.tensor([t, t], dtype=torch.float64)
     # row 2 compares the teacher with itself: its teacher entropy counts (a cross-entropy, not a KL)
     h2 = -sum(p * math.log(p) for p in (lambda e: [x / sum(e) for x in e])([math.exp(v / 2) for v in t]))
-    assert kd_loss(st, tt, 2.0).item() == pytest.approx((hand(2.0) + h2) / 2, abs=1e-12)
-    assert kd_loss(st[:1], tt[:1], 2.0).item() == pytest.approx(hand(2.0), abs=1e-12)  # 1.0806...
-    assert kd_loss(st[:1], tt[:1], 1.0).item() == pytest.approx(hand(1.0), abs=1e-12)
+    assert soft_cross_entropy(st, tt, 2.0).item() == pytest.approx((hand(2.0) + h2) / 2, abs=1e-12)
+    assert soft_cross_entropy(st[:1], tt[:1], 2.0).item() == pytest.approx(hand(2.0), abs=1e-12)  # 1.0806...
+    assert soft_cross_entropy(st[:1], tt[:1], 1.0).item() == pytest.approx(hand(1.0), abs=1e-12)
     assert hand(1.0) != pytest.approx(hand(2.0))  # T matters; no T^2 factor: the values are bare
     # its gradient is that of KL(old || new): (softmax(s/T) - softmax(t/T)) / (T B)
     z = st[:1].clone().requires_grad_()
-    kd_loss(z, tt[:1], 2.0).backward()
+    soft_cross_entropy(z, tt[:1], 2.0).backward()
     want = (F.softmax(st[:1] / 2, 1) - F.softmax(tt[:1] / 2, 1)) / 2
     assert torch.allclose(z.grad, want)
 
@@ -142,7 +142,7 @@ def test_a_reviewer_distils_the_old_model_on_its_own_surrogate_rows(classes):
     z, zt = model(x_pub[rows]), teacher[rows]
     if classes == "old":  # the classes of task 0 only
         z, zt = z[:, :2], zt[:, :2]
-    want = 0.1 * kd_loss(z, zt, 2.0)
+    want = 0.1 * soft_cross_entropy(z, zt, 2.0)
     assert torch.allclose(loss, want)
     g = torch.autograd.grad(want, list(model.parameters()))
     assert all(torch.allclose(p.grad, gi) for p, gi in zip(model.parameters(), g))
@@ -245,7 +245,7 @@ def test_server_distillation_is_as_specified():
             zt[j] = ref(x[j : j + 1])[0]
     ref.load_state_dict(avg)
     spec = DistillSpec(epochs=2, optimizer="adam", lr=1e-2, batch_size=128, seed=torch_seed(2, 3, SERVER_STREAM))
-    distill(ref, x, None, spec, lambda idx, f, z: 0.1 * kd_loss(z, zt[idx], 2.0))
+    distill(ref, x, None, spec, lambda idx, f, z: 0.1 * soft_cross_entropy(z, zt[idx], 2.0))
     for k, v in ref.state_dict().items():
         assert torch.allclose(new[k], v, atol=1e-6), k
     # what trains: the body and the current task's head; the other heads are untouched

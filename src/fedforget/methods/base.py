@@ -726,6 +726,8 @@ class FedAvg:
     shared_projection: bool = False  # its step terms are one map of the step's gradient, fixed
     #   by the round's broadcast, the same for every client (FedProTIP's projection): the
     #   engine's projection_geometry diagnostic applies it to whole-task gradients
+    stacks_with_base: bool = False  # a plug-in (``plugin.OverBase``) whose own change is in its
+    #   ``client_step_terms``, over its base's: it trains stacked wherever its base does (FedGP)
     # the classes the task loss scores for a row of each label, bool [C, C] (row = label),
     # where no task-incremental mask applies (``task_mask``; TARGET's ``ce: task``: the
     # classes of the label's task); None: every class. Data, read by both trainers

@@ -136,8 +136,9 @@ def kd_rows(student: torch.Tensor, teacher: torch.Tensor, temperature: float) ->
     return -(F.softmax(teacher / t, dim=-1) * F.log_softmax(student / t, dim=-1)).sum(-1)
 
 
-def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(1): -1/B sum_rows sum_c softmax(teacher/T)_c * log_softmax(student/T)_c [C loss.py]."""
+def soft_cross_entropy(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(1): -1/B sum_rows sum_c softmax(teacher/T)_c * log_softmax(student/T)_c [C loss.py]: a
+    cross-entropy to softened targets, without distill.kd_loss's T^2 (nor its KL's constant)."""
     return kd_rows(student, teacher, temperature).mean()
 
 
@@ -273,7 +274,7 @@ class CFeD(FedAvg):
         w, t = float(self.p.kd_weight), self.p.temperature
 
         def batch_loss(idx: torch.Tensor, features: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-            return w * kd_loss(logits, zt[idx], t)
+            return w * soft_cross_entropy(logits, zt[idx], t)
 
         spec = replace(self.p, distill_epochs=self.epochs()).distill_spec(
             torch_seed(self.info.seed, server.round, SERVER_STREAM)
@@ -323,7 +324,7 @@ class CFeD(FedAvg):
         z, zt = old_scores(ctx.model, b[PUBLIC_X][rows], ctx.task - 1), b[TEACHER][rows]
         if s.cols is not None:
             z, zt = z[:, s.cols], zt[:, s.cols]
-        return self.p.kd_weight * kd_loss(z, zt, self.p.temperature)
+        return self.p.kd_weight * soft_cross_entropy(z, zt, self.p.temperature)
 
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         s = self.scratch(ctx)

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .fedsam import NORM_GUARD, FedSAM, FedSAMParams
+from .fedsam import FedSAM, FedSAMParams
 from .params import number
 from .registry import METHODS
-from .shared import client_norms, per_client
+from .shared import NORM_GUARD, client_norms, per_client
 
 
 @dataclass(frozen=True)

@@ -126,11 +126,6 @@ APPLY = ("conflict", "always")
 DEFAULT_BUFFER = 200  # [P, fedgp.md Sec. 5.1.1]
 
 
-def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
-
-
 @dataclass(frozen=True)
 class FedGPParams:
     base: str = text("fedavg")  # the method FedGP runs over (FL = fedavg); any registered method but fedgp

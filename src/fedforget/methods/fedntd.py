@@ -23,10 +23,12 @@ Decisions
 - The true class is removed by a gather of the C - 1 other columns (the official code's
   ``refine_as_not_true``), for local and global logits alike; with C = 2 one class is left,
   q~ = 1 and L_NTD = 0.
-- The frozen global model is in eval mode (the official code leaves its deepcopy in train
-  mode): with BatchNorm (the ResNets) it normalises by the global running statistics where
-  the code's would take the batch's [D]; the models without BatchNorm or dropout give the
-  same logits either way, and so do the ResNets with ``norm: batch_stateless`` (no running statistics:
+- The frozen global model is in eval mode [C]: the official code deep-copies its one shared
+  client model (``_keep_global``), which the previous client's ``_get_local_stats``
+  (``evaluate_model``) left in eval mode, so its copy is in eval mode for every client but
+  the run's very first (in train mode there). With BatchNorm (the ResNets) it normalises by the
+  global running statistics; the models without BatchNorm or dropout give the same logits
+  either way, and so do the ResNets with ``norm: batch_stateless`` (no running statistics:
   the batch's in both modes, the code's ResNets).
 - beta = 0 is FedAvg exactly: no global copy is made and no extra loss is returned.
 - Both trainers [D, issue 32]: the distillation is a loss of the step's own logits, stated

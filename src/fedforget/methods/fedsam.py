@@ -54,10 +54,7 @@ import torch
 from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload
 from .params import number
 from .registry import METHODS
-from .shared import client_norms, per_client
-
-# below this gradient norm the perturbation is scaled as if the norm were this (g = 0 -> 0)
-NORM_GUARD = 1e-12
+from .shared import NORM_GUARD, client_norms, per_client
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ from .base import (
 from .params import boolean, choice, make_params, mapping, number
 from .plugin import OverBase
 from .registry import METHODS
-from .shared import client_norms, per_client, tensor_norms
+from .shared import NORM_GUARD, client_norms, per_client, tensor_norms
 
 PERTURBS = ("head", "body", "all")
 LAMBDA_NORMS = ("layer", "column")
@@ -138,7 +138,6 @@ PROXIMALS = ("kl", "l2", "base")
 BASES = ("fedavg", "fedprox", "feddyn", "scaffold", "fednova", "moon")
 BASES_WITH_TERM = ("fedprox", "feddyn", "scaffold", "moon")  # have a local proximal term
 UPDATES = ("perturb", "project", "loss")
-NORM_GUARD = 1e-12  # ||g_p|| below this counts as zero: eps = 0, no projection
 
 
 def _sum64(values) -> torch.Tensor:
@@ -233,11 +232,6 @@ def kl_direction(
     value = (F.kl_div(log_q, p_g, reduction="none").sum(-1) * mask).sum(1) / n
     dz = (F.softmax(logits / t, dim=-1) - p_g) / (t * n).view(-1, 1, 1) * mask.unsqueeze(-1)
     return dz, value
-
-
-def _choice(name: str, value: object, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ from .base import (
     StepBatch,
     Upload,
     masked_logits,
+    task_cross_entropy,
 )
 from .params import boolean, choice, integer, number
 from .registry import METHODS
@@ -302,11 +303,6 @@ class L2P(FedAvg):
         s.pull_sum = torch.zeros((), device=self.info.device)
         s.used = torch.zeros(self.p.pool_size, dtype=torch.bool, device=self.info.device)
 
-    def prompt_ce(self, ctx: ClientContext, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """CE over the classes of each row's task in class-IL split streams [C train_mask];
-        elsewhere the step's own mask (task-IL) or none."""
-        return F.cross_entropy(masked_logits(logits, self.task_mask(y)), y)
-
     def client_step(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One prompted forward: ``step_loss``, differentiated."""
         loss = self.step_loss(ctx, x, y)
@@ -314,9 +310,10 @@ class L2P(FedAvg):
         return loss
 
     def step_loss(self, ctx: ClientContext, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Eq. 5: ``prompt_ce`` on the prompted features' logits + pull_coeff * mean pull term."""
+        """Eq. 5: the task CE on the prompted features' logits (over the classes of each row's task
+        in class-IL split streams [C train_mask]: ``task_mask``) + pull_coeff * mean pull term."""
         z, pull, idx = ctx.model.body.prompted(x)
-        loss = self.prompt_ce(ctx, ctx.model.head(z), y)
+        loss = task_cross_entropy(ctx.model.head(z), y, self.task_mask(y))
         s = self.scratch(ctx)
         s.pull_sum += pull.detach().mean()
         s.used[idx.reshape(-1)] = True

@@ -51,9 +51,9 @@ class OverBase(FedAvg):
     # every hook forwards, so the trainers treat a plug-in as a method of its own step, upload
     # and prediction (sequential only)
     stacked, own_upload, own_predict = False, True, True
-    # the plug-in states its own change of the local step in ``client_step_terms`` (over its
-    # base's terms): it trains stacked wherever its base does (``trait("stacked", params)``)
-    stacks_with_base: bool = False
+    # ``stacks_with_base`` (declared on FedAvg): the plug-in states its own change of the local
+    # step in ``client_step_terms`` over its base's, and trains stacked wherever its base does
+    # (``trait("stacked", params)``)
     # its step terms also compose over a base whose step is live terms (``client_live_terms``:
     # iCaRL's, GLFC's, LANDER's whole loss): the stacked step differentiates the base's loss,
     # then the plug-in's terms and gradient map follow, as the plug-in's ``client_grad`` follows

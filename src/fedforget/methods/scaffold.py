@@ -15,14 +15,15 @@ K is the number of local steps the client actually took (ctx.steps), eta_l this 
 local lr (ctx.lr), N the number of clients (RunInfo.num_clients), eta_g = ``server_lr``.
 c is sent to the clients through ``server_broadcast``.
 
-Decisions:
+Decisions [D] (METHODS.md states option II with K eta_l; its rule puts the paper's form in the
+default, and the momentum item below is where this default departs from it):
 - Aggregation is the paper's uniform mean over S (FedAvg weights by n_k); with eta_g = 1 and
   equal n_k both agree. The FedSOL code (algorithms/scaffold) weights by n_k:
   ``weighting: samples`` gives x <- x + eta_g sum_i (n_i / sum_S n) Delta y_i.
 - Momentum: option II assumes plain SGD, where x - y_i = eta_l sum_k (g_k - c_i + c). With
   heavy-ball momentum rho the same gradients move the weights about 1/(1 - rho) times
   further, so (x - y_i)/(K eta_l) over-estimates the corrected mean gradient by up to that
-  factor. ``divisor: effective_steps`` (default) divides by a_i eta_l, a_i the
+  factor. [D] ``divisor: effective_steps`` (default) divides by a_i eta_l, a_i the
   momentum-corrected step count of FedNova: exactly the paper's K eta_l for rho = 0, and the
   correct denominator under momentum (the FedSOL code's "adaptive_divison", on in its
   SCAFFOLD config, configs/baselines/scaffold.json, momentum 0.9). ``divisor: steps`` keeps

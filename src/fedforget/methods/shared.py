@@ -54,6 +54,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CHUNK = 32  # samples per forward pass when collecting representations
 REL_TOL = 1e-12  # directions with s^2 <= REL_TOL * total are numerical zeros, never kept
+# a gradient norm below this counts as zero: SAM's perturbation is scaled as if the norm were
+# this (g = 0 -> eps = 0); FedSOL's eps* and projection are 0 [D]
+NORM_GUARD = 1e-12
 OUTSIDE_GAP = 30.0  # classes outside the allowed ones: the row's lowest allowed score minus this
 MB = 1e6  # bytes per megabyte of the communication columns
 
