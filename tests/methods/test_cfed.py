@@ -32,9 +32,9 @@ from fedforget.methods.cfed import (
     SERVER_STREAM,
     TEACHER,
     CFeD,
-    soft_cross_entropy,
     old_scores,
     reviewers,
+    soft_cross_entropy,
     split_parts,
 )
 from fedforget.methods.distill import DistillSpec, distill
