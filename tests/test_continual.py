@@ -162,6 +162,31 @@ def test_a_rotation_fills_the_corners_it_uncovers_with_black():
     torch.testing.assert_close(r.transform(x, 0, black), x, atol=1e-6, rtol=0)
 
 
+def test_nearest_rotation_is_the_fedgp_codes_pil_rotate_pixel_for_pixel():
+    """``interpolation: nearest`` is what the FedGP code's Rotation transform does
+    (torchvision's rotate of the PIL image, nearest [C utils/rotation.py]), to the pixel, at
+    any angle; bilinear (the default, left out of the resolved spec so runs keep their
+    identity) differs at most angles; a bad mode or the key on another kind is refused."""
+    import numpy as np
+    from PIL import Image
+
+    spec = resolve_scenario({"kind": "rotated", "tasks": 2, "interpolation": "nearest"}, 10, (1, 28, 28), "s")
+    assert spec["interpolation"] == "nearest"
+    bilinear = resolve_scenario({"kind": "rotated", "tasks": 2, "interpolation": "bilinear"}, 10, (1, 28, 28), "s")
+    assert "interpolation" not in bilinear and bilinear == resolve_scenario({"kind": "rotated", "tasks": 2}, 10, (1, 28, 28), "s")
+    near, bil = Scenario.build(spec, 10, (1, 28, 28), 2), Scenario.build(bilinear, 10, (1, 28, 28), 2)
+    x = torch.randint(0, 256, (4, 1, 28, 28), generator=torch.Generator().manual_seed(0)).float()
+    for angle in (10.0, 37.5, 133.0):
+        near.angles = bil.angles = [0.0, angle]
+        pil = torch.tensor(np.stack([np.array(Image.fromarray(r[0].numpy().astype(np.uint8)).rotate(angle)) for r in x]))
+        assert torch.equal((near.transform(x / 255, 1) * 255).round(), pil[:, None].float())
+        assert ((bil.transform(x / 255, 1) * 255).round() != pil[:, None].float()).float().mean() > 0.5
+    with pytest.raises(FedForgetError, match=r"s.interpolation='cubic'; allowed: bilinear, nearest"):
+        resolve_scenario({"kind": "rotated", "tasks": 2, "interpolation": "cubic"}, 10, (1, 28, 28), "s")
+    with pytest.raises(FedForgetError, match=r"interpolation"):
+        resolve_scenario({"kind": "permuted", "tasks": 2, "interpolation": "nearest"}, 10, (1, 28, 28), "s")
+
+
 def test_transforms_depend_on_the_scenario_seed_only():
     spec = resolve_scenario({"kind": "rotated", "tasks": 4, "seed": 3}, 10, (1, 8, 8), "s")
     a = Scenario.build(spec, 10, (1, 8, 8), rounds=4)

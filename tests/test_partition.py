@@ -188,6 +188,27 @@ def test_shards_per_class_rule_cuts_every_class_alike():
         make_partition(y9, PartitionSpec("shards", clients=10, shards_per_client=1, shard_rule="per_class"))
 
 
+def test_shards_sorted_rule_is_the_fedgp_codes_mnist_cut():
+    """shard_rule sorted (McMahan et al.; the FedGP code's mnist_noniid): the label-sorted rows
+    cut into s*K equal contiguous shards across class boundaries. On MNIST's training class
+    counts with K = 10, s = 2 every client holds 6,000 rows, 9 of the 20 shards straddle two
+    digits, and each client's rows are its two shards of the sorted order."""
+    mnist = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    y = np.repeat(np.arange(10), mnist)
+    spec = PartitionSpec("shards", clients=10, shards_per_client=2, seed=0, shard_rule="sorted")
+    a = make_partition(y, spec)
+    assert np.bincount(a, minlength=10).tolist() == [6000] * 10
+    cuts = np.arange(0, 60001, 3000)  # the sorted order's 20 shards: labels by position
+    straddle = sum(y[lo] != y[hi - 1] for lo, hi in zip(cuts[:-1], cuts[1:]))
+    assert straddle == 9
+    cc = class_counts(a, y, 10, 10)
+    for k in range(10):  # its classes are those of two contiguous runs of the sorted labels
+        own = np.flatnonzero(cc[k])
+        assert 2 <= len(own) <= 4 and cc[k].sum() == 6000
+    assert spec.slug == "shards-2_k10_sorted_ps0" and spec.to_dict()["shard_rule"] == "sorted"
+    assert not np.array_equal(a, make_partition(y, PartitionSpec("shards", clients=10, shards_per_client=2, seed=0)))
+
+
 def test_iid_sizes_differ_by_at_most_one(labels):
     spec = PartitionSpec("iid", clients=7, seed=0)
     sizes = np.bincount(make_partition(labels, spec), minlength=7)

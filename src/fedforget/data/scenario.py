@@ -14,6 +14,7 @@ how every non-continual experiment runs, through the same code path.
       incremental: class     # class | task (split);  domain | task (rotated, permuted, domains)
       rounds_per_task: 10    # required for tasks > 1: train.rounds = tasks x rounds_per_task
       rotation: [0, 180]     # rotated: task t's angle ~ U(rotation), in degrees
+      interpolation: bilinear  # rotated: bilinear | nearest (the FedGP code's PIL rotate)
       heads: shared          # shared | per_task (one linear head per task, earlier ones frozen)
       boundaries: sync       # sync | {samples_per_window: S, window_rounds: W, unreached: refuse}
       seed: 0                # the scenario's own seed (class order, angles, permutations)
@@ -32,8 +33,9 @@ Tasks [P, fedgp.md Sec. 5; fedprotip.md Sec. 5]:
   Methods that map each class to one task (replay buffers' task ids, iCaRL's and GLFC's
   class sets, TARGET's, L2P's, CFeD's) declare ``one_task_per_class`` and are refused.
 - rotated / permuted (domain-IL): every task holds every row, seen through its transform:
-  a rotation by the task's angle (bilinear, zeros outside the image), or a fixed pixel
-  permutation of the flattened input. Transforms act on the device after the minibatch
+  a rotation by the task's angle (``interpolation``: bilinear [D], or nearest, the FedGP
+  code's torchvision ``F.rotate`` of the PIL image [C utils/rotation.py]; zeros outside the
+  image), or a fixed pixel permutation of the flattened input. Transforms act on the device after the minibatch
   gather, per row (its task's transform), so a batch may mix tasks (asynchronous
   boundaries). ``incremental: task`` gives the task id at test time (with per-task heads).
 - domains (domain-IL over a multi-domain dataset, DomainNet [P, fedprotip.md Sec. 6, App.
@@ -88,6 +90,7 @@ CLASS_ORDERS = ("natural", "shuffled")
 # naming the client and the samples_per_window that reaches it) | skip (the stream's tail is
 # never trained: every client keeps the configured pace, FedGP Table 4's "exactly 500 samples")
 UNREACHED = ("refuse", "skip")
+INTERPOLATIONS = ("bilinear", "nearest")  # rotated: grid_sample's mode (the first: the default)
 LEFTOVER = ("refuse", "drop")  # split: classes beyond tasks x classes_per_task
 
 DEFAULTS: dict[str, Any] = {
@@ -106,7 +109,7 @@ DEFAULTS: dict[str, Any] = {
 
 # keys a scenario kind reads only some of the time: another kind's would do nothing (and some
 # would still enter the run's identity, as the resolved scenario records them)
-KIND_KEYS = {"rotation": ("rotated",), "class_order": ("split",), "heads": KINDS[1:], "boundaries": KINDS[1:]}
+KIND_KEYS = {"rotation": ("rotated",), "interpolation": ("rotated",), "class_order": ("split",), "heads": KINDS[1:], "boundaries": KINDS[1:]}
 
 
 def check_kind_keys(raw: Mapping[str, Any], kind: str, key: str) -> None:
@@ -201,6 +204,11 @@ def resolve_scenario(
             f"{key}.rotation={list(s['rotation'])}; allowed: [low, high] with 0 <= low <= high <= 360"
         )
     s["rotation"] = [lo, hi]
+    mode = s.get("interpolation", INTERPOLATIONS[0])  # absent from DEFAULTS: old hashes kept [D]
+    if mode not in INTERPOLATIONS:
+        raise FedForgetError(f"{key}.interpolation={mode!r}; allowed: {', '.join(INTERPOLATIONS)}")
+    if mode == INTERPOLATIONS[0]:
+        s.pop("interpolation", None)  # the default: the same run identity as without the key
     if kind == "rotated" and len(input_shape) != 3:
         raise FedForgetError(
             f"{key}.kind='rotated' needs images [C, H, W]; the dataset's inputs have shape {list(input_shape)}"
@@ -283,6 +291,7 @@ class Scenario:
     perms: torch.Tensor | None  # permuted: [T, D] long
     num_classes: int
     unreached: str = "refuse"  # asynchronous windows that end before a stream does (UNREACHED)
+    interpolation: str = "bilinear"  # rotated: how a rotation samples the image (INTERPOLATIONS)
 
     @classmethod
     def build(
@@ -318,6 +327,7 @@ class Scenario:
             window=None if b == "sync" else (b["samples_per_window"], b["window_rounds"]),
             angles=angles, perms=perms, num_classes=num_classes,
             unreached=UNREACHED[0] if b == "sync" else b.get("unreached", UNREACHED[0]),
+            interpolation=s.get("interpolation", INTERPOLATIONS[0]),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ schedule
@@ -447,8 +457,9 @@ class Scenario:
         task id, or one per row, shaped like x's leading dimensions). A rotation fills the
         corners it uncovers with ``fill`` ([C, 1, 1]: the model input of a black pixel,
         ``InputPipeline.black``; None: 0), as rotating the raw image before its normalisation
-        fills them with black [C: FedGP's Rotation transform before ToTensor]: bilinear
-        samples of the image with zeros outside, plus fill times the weight that fell outside."""
+        fills them with black [C: FedGP's Rotation transform before ToTensor]: samples of the
+        image (``interpolation``) with zeros outside, plus fill times the weight that fell
+        outside (with nearest: fill where the sampled pixel is outside)."""
         if not self.transforms:
             return x
         ids = on_device(task, x.device, torch.long)
@@ -467,11 +478,10 @@ class Scenario:
                 [torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1
             )
             grid = F.affine_grid(theta, list(flat.shape), align_corners=False)
-            out = F.grid_sample(
-                flat, grid, mode="bilinear", padding_mode="zeros", align_corners=False
-            )
+            mode = self.interpolation
+            out = F.grid_sample(flat, grid, mode=mode, padding_mode="zeros", align_corners=False)
             if fill is not None:
                 ones = torch.ones_like(flat[:, :1])
-                inside = F.grid_sample(ones, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+                inside = F.grid_sample(ones, grid, mode=mode, padding_mode="zeros", align_corners=False)
                 out = out + fill.to(out.dtype) * (1 - inside)
         return out.reshape(x.shape)
