@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .params import choice, integer, number
+from .shared import rows_mean
 
 # stream tag for the keyed seed of the distillation batch order (the engine uses 0x51-0x53)
 DISTILL_STREAM = 0x54
@@ -80,7 +81,7 @@ def softened_kl_stacked(
     )
     if mask is None:
         return kl.sum(-1).mean(-1)
-    return (kl.sum(-1) * mask).sum(1) / mask.sum(1)
+    return rows_mean(kl.sum(-1), mask)
 
 
 def kd_loss(

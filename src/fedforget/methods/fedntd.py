@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from .base import ClientContext, FedAvg, LiveStep, LiveTerms, Upload, frozen_model
 from .params import number
 from .registry import METHODS
-from .shared import StepSums, on_stack
+from .shared import StepSums, on_stack, rows_mean
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def ntd_loss(
     if mask is None:
         return tau**2 * torch.stack([F.kl_div(lq, qg, reduction="batchmean") for lq, qg in zip(log_q_local, q_global)])
     per_row = F.kl_div(log_q_local, q_global, reduction="none").sum(-1)
-    return tau**2 * ((per_row * mask).sum(1) / mask.sum(1))
+    return tau**2 * rows_mean(per_row, mask)
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ from .base import (
 )
 from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import StepSums, floor_unscored, group_normalise, head_scores, on_stack
+from .shared import StepSums, floor_unscored, group_normalise, head_scores, on_stack, rows_mean
 
 MEMORY_STREAM, ENCODER_STREAM, RECON_STREAM = 0xC1, 0xC2, 0xC3  # keyed randomness
 KEY = "glfc"  # ctx.state: the exemplar memory
@@ -186,12 +186,6 @@ def row_losses(
         ~allowed, 0.0
     )
     return (torch.xlogy(target, target) - target * logp).sum(-1)
-
-
-def row_mean(v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The mean of per-row values ``v``: over a client's rows [N], or each client's over its
-    real rows (``mask`` [G, N] 1.0 on them) of a stack's [G, N]."""
-    return v.mean() if mask is None else (v * mask).sum(-1) / mask.sum(-1)
 
 
 def relation_target(
@@ -605,13 +599,13 @@ class GLFC(FedAvg):
         g = true_class_gap(logits, y, allowed, p.loss)
         w = self.row_weights(g, rt, task, top, real, learned)
         onehot = F.one_hot(y, allowed.shape[-1]).to(logits.dtype)
-        gc = row_mean(w * row_losses(logits, onehot, allowed, p.loss), mask)
+        gc = rows_mean(w * row_losses(logits, onehot, allowed, p.loss), mask)
         old = rt < task if real is None else (rt < task) & real
         sums = [gc.detach(), torch.zeros_like(gc), (w * old).sum(-1).detach(), old.sum(-1).to(gc.dtype)]
         if old_logits is None:
             return gc, sums
         target = relation_target(y, allowed, self.old[task], old_logits, p.loss)
-        rd = row_mean(self.distill_weights(w) * row_losses(logits, target, allowed, p.loss), mask)
+        rd = rows_mean(self.distill_weights(w) * row_losses(logits, target, allowed, p.loss), mask)
         loss = p.lambda_gc * gc + p.lambda_rd * rd
         if has_old is not None:
             loss, rd = torch.where(has_old, loss, gc), rd * has_old

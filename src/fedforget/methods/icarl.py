@@ -143,7 +143,15 @@ from .base import (
 from .params import boolean, choice, integer
 from .registry import METHODS
 from .replay import Replay, Reservoir
-from .shared import class_means, class_report, embed_rows, keep_reports, nme_scores, on_stack
+from .shared import (
+    class_means,
+    class_report,
+    embed_rows,
+    keep_reports,
+    nme_scores,
+    on_stack,
+    rows_mean,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -208,7 +216,7 @@ def icarl_loss(
     if mask is None:
         return bce.mean() if reduction == "mean" else bce.sum(1).mean()
     per_row = bce.mean(-1) if reduction == "mean" else bce.sum(-1)
-    return (per_row * mask).sum(1) / mask.sum(1)
+    return rows_mean(per_row, mask)
 
 
 class ExemplarView(Reservoir):

@@ -127,7 +127,7 @@ from .base import (
 )
 from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import StepSums, client_norms
+from .shared import StepSums, client_norms, rows_mean
 
 INIT_STREAM = 0xA7  # keyed randomness of the prompt pool's and the keys' initial values
 SELECTIONS = ("instance", "batch")
@@ -347,7 +347,7 @@ class L2P(FedAvg):
         def live(lo: int, hi: int, w: dict[str, torch.Tensor], step: StepBatch) -> LiveStep:
             query, idx = body.stacked_selection  # this step's (stacked_body)
             mask = step.row_mask()
-            pull = (pull_term(query, w["body.prompt_key"], idx) * mask).sum(1) / mask.sum(1)
+            pull = rows_mean(pull_term(query, w["body.prompt_key"], idx), mask)
             sums[0, lo:hi] += pull.detach()
             used[lo:hi].scatter_add_(1, idx.flatten(1), mask.unsqueeze(-1).expand(idx.shape).flatten(1))
             return LiveStep(loss=p.pull_coeff * pull if p.pull_coeff > 0 else None, gmap=clip if p.clip_norm > 0 else None)

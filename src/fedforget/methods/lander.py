@@ -130,7 +130,7 @@ from .base import (
 )
 from .params import integer, number, redefault, text
 from .registry import METHODS
-from .shared import StepSums, require
+from .shared import StepSums, require, rows_mean
 from .synthesis import (
     NOISE,
     SYNTH_STREAM,
@@ -231,7 +231,7 @@ def bounding_loss(a: torch.Tensor, anchors: torch.Tensor, radius: float, mask: t
 def rows_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[G]: each client's mean over its real rows (``mask`` [G, m]) and the dimensions of
     (a - b)^2, a and b [G, m, d] (``F.mse_loss`` of a client alone)."""
-    return (((a - b) ** 2).mean(-1) * mask).sum(1) / mask.sum(1)
+    return rows_mean(((a - b) ** 2).mean(-1), mask)
 
 
 # ----------------------------------------------------------------------------- the generator

@@ -74,7 +74,7 @@ from ..utils import FedForgetError
 from .base import ClientContext, LiveStep, LiveTerms, StepBatch
 from .params import number
 from .registry import METHODS
-from .shared import StepSums, require
+from .shared import StepSums, require, rows_mean
 from .target import TARGET
 
 LODE = "lode"  # client_loss's key of beta * L_inter
@@ -91,7 +91,7 @@ def inter_task_loss(z: torch.Tensor, old: torch.Tensor, new: torch.Tensor, mask:
     per = torch.logsumexp(z.masked_fill(~both, floor), -1) - torch.logsumexp(z.masked_fill(~new.unsqueeze(-2), floor), -1)
     if mask is None:
         return per.mean(-1)
-    return (per * mask).sum(-1) / mask.sum(-1)
+    return rows_mean(per, mask)
 
 
 @METHODS.register("target_lode")

@@ -70,7 +70,7 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
-from .shared import StepSums, on_stack
+from .shared import StepSums, on_stack, rows_mean
 
 FIRST_PREV = ("skip", "init")
 
@@ -104,7 +104,7 @@ def model_contrastive_loss(
         target = torch.zeros(z.shape[1], dtype=torch.long, device=z.device)
         return torch.stack([F.cross_entropy(lg, target) for lg in logits])
     per_row = -F.log_softmax(logits, dim=-1)[..., 0]
-    return (per_row * mask).sum(1) / mask.sum(1)
+    return rows_mean(per_row, mask)
 
 
 @dataclass(frozen=True)

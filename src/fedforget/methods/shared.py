@@ -83,6 +83,13 @@ def require_sgd(method: str, train: TrainSpec, why: str) -> None:
 WEIGHTINGS = ("uniform", "samples")  # the ``weighting`` of FedDyn's and SCAFFOLD's server means
 
 
+def rows_mean(v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of per-row values ``v``: over a client's rows (None: all of ``v``), or each
+    client's over its real rows (``mask`` [G, N] 1.0 on them) of a stack's [G, N] (any
+    leading shape: the last axis is the rows')."""
+    return v.mean() if mask is None else (v * mask).sum(-1) / mask.sum(-1)
+
+
 def own_weighting(method: str, train: TrainSpec) -> None:
     """For ``check_train`` of a method whose server step weighs clients by its own
     ``weighting`` hyperparameter (FedDyn, SCAFFOLD): ``train.client_weights`` other than its
