@@ -484,6 +484,26 @@ def test_the_reference_is_generated():
     assert path.read_text() == reference_markdown(), "docs/reference.md is stale: run fedforget reference > docs/reference.md"
 
 
+def test_floats_without_a_dot_are_numbers_in_yaml_and_in_a_jobs_json(tmp_path, make_run_config):
+    """YAML 1.2's floats (PyYAML reads YAML 1.1, where 5e-2 is a string): ``lr: 5e-2`` is a
+    number, a quoted "5e-2" a string; a job's config.json, where JSON writes 5e-05, loads
+    back to the same run (its hash); Snakemake's YAML 1.1 load is retyped from ours."""
+    import json
+
+    from fedforget.config import load_run_config, yaml12_floats
+
+    (tmp_path / "c.yaml").write_text("a: 5e-2\nb: '5e-2'\nc: [1e5, -3e-05]\nd: 5\ne: v1e5\n")
+    loaded = load_yaml(tmp_path / "c.yaml")
+    assert loaded == {"a": 0.05, "b": "5e-2", "c": [100000.0, -3e-05], "d": 5, "e": "v1e5"}
+    snake = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    assert snake["a"] == "5e-2" and yaml12_floats(snake, loaded) == loaded
+    rc = make_run_config(optimizer={"lr": 5e-05})
+    (tmp_path / "config.json").write_text(json.dumps(rc.to_dict()))
+    assert "5e-05" in (tmp_path / "config.json").read_text()
+    back = load_run_config(tmp_path / "config.json")
+    assert back == rc and back.hash == rc.hash
+
+
 def test_load_yaml_errors(tmp_path):
     with pytest.raises(FedForgetError, match="config file not found"):
         load_yaml(tmp_path / "nope.yaml")

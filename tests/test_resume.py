@@ -133,6 +133,91 @@ def test_checkpoint_of_other_code_is_discarded(make_run_config, tmp_path, monkey
         assert (out / "metrics.csv").read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes(), name
 
 
+def test_a_checkpoint_of_other_inputs_starts_over_other_versions_or_device_are_refused(make_run_config, tmp_path, monkeypatch):
+    """A checkpoint records its input files' digests, the numeric packages' versions and the
+    device (runner.resume_host): other inputs (data or partition prepared again) start the run
+    over and it ends as an uninterrupted run; other versions or another device type are
+    refused, naming them; another GPU model resumes, noted in run.json; a checkpoint written
+    before the record resumes."""
+    rc = make_run_config(rounds=4, sample_rate=0.5)
+    run_training(rc, tmp_path / "ref", progress=False)
+    for name in ("inputs", "versions", "device", "gpu", "unrecorded"):
+        out = tmp_path / name
+        _interrupted(monkeypatch, rc, out, after=2)
+        ckpt = torch.load(out / CHECKPOINT, weights_only=False)
+        host = ckpt["resume_host"]
+        assert host["device"] == "cpu" and host["versions"]["torch"] and host["inputs"]
+        if name == "inputs":
+            host["inputs"] = {f: "0" * 64 for f in host["inputs"]}
+        elif name == "versions":
+            host["versions"]["torch"] = "0.0"
+        elif name == "device":
+            host.update(device="cuda", gpu="NVIDIA H100")
+        elif name == "gpu":  # a retry on another GPU model (here: as if the CPU were one)
+            host.update(gpu="NVIDIA H100")
+        else:
+            del ckpt["resume_host"]
+        torch.save(ckpt, out / CHECKPOINT)
+        if name in ("versions", "device"):
+            what = "torch 0.0 (now" if name == "versions" else "device cuda (now cpu)"
+            with pytest.raises(FedForgetError, match=rf"was computed with {re.escape(what)}.*--fresh"):
+                run_training(rc, out, progress=False)
+            assert (out / CHECKPOINT).exists()  # kept: the user decides
+            continue
+        rec = run_training(rc, out, progress=False)
+        assert rec.get("resumed_after_round") == (None if name == "inputs" else 2), name
+        assert ("resumed_on_another_gpu" in rec) == (name == "gpu"), name
+        assert (out / "metrics.csv").read_bytes() == (tmp_path / "ref/metrics.csv").read_bytes(), name
+
+
+def test_fresh_discards_the_checkpoint_and_one_process_trains_a_run(make_run_config, tmp_path, monkeypatch):
+    """``resume=False`` (train --fresh, run --force) deletes the checkpoint at its start, so a
+    crash before its first checkpoint does not leave the old one to be resumed; a second
+    process on the same run directory is refused while the first holds it; a leftover
+    temporary directory of finished.keep is cleared."""
+    import fedforget.runner as runner
+    from fedforget.utils import dir_lock
+
+    rc = make_run_config(rounds=4, sample_rate=0.5)
+    out = tmp_path / "run"
+    _interrupted(monkeypatch, rc, out, after=2)
+    real = runner.metrics_csv
+    monkeypatch.setattr(runner, "metrics_csv", lambda rows: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # --fresh, killed at its round 0
+        run_training(rc, out, progress=False, resume=False)
+    monkeypatch.setattr(runner, "metrics_csv", real)
+    assert not (out / CHECKPOINT).exists()
+    (out / ".finished.tmp").mkdir()
+    (out / ".finished.tmp" / "run.json").write_text("{}")
+    with dir_lock(out, "testing"):
+        with pytest.raises(FedForgetError, match=r"another process is training a run in .*run \(it holds .*\.lock\)"):
+            run_training(rc, out, progress=False)
+    rec = run_training(rc, out, progress=False)
+    assert rec["status"] == "completed" and "resumed_after_round" not in rec
+    assert not (out / ".finished.tmp").exists()
+
+
+def test_a_full_disk_while_saving_is_a_clear_error(tmp_path, monkeypatch):
+    """torch reports a failed write as a RuntimeError (its cause the OSError): one
+    FedForgetError naming the file; the old file is kept."""
+    from fedforget.utils import atomic_torch_save
+
+    atomic_torch_save(tmp_path / "model.pt", {"w": torch.ones(2)})
+
+    def full(obj, f):
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos") from e
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(FedForgetError, match=r"cannot write .*model.pt: No space left on device"):
+        atomic_torch_save(tmp_path / "model.pt", {"w": torch.zeros(2)})
+    monkeypatch.undo()
+    assert torch.equal(torch.load(tmp_path / "model.pt")["w"], torch.ones(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
+
+
 def test_a_resume_on_another_client_engine_is_refused(make_run_config, tmp_path):
     """The engines agree within 1e-5, not byte for byte: a checkpoint names the engine that
     trained it, and a resume asked to train its clients by the other is refused, naming both;

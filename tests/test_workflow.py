@@ -167,6 +167,9 @@ def test_nested_config_values_from_the_command_line(tmp_path: Path) -> None:
     """``--config "smoke={rounds: 1, clients: 2}"`` (Snakemake reads nested scalars as strings;
     workflow/rules/common.smk types them before validation, fedforget.config.typed_overrides)."""
     write_config(tmp_path, TINY)
+    cfg = tmp_path / "config" / "config.yaml"  # a float without a dot: a string to YAML 1.1 (Snakemake's load)
+    assert "lr: 0.1" in cfg.read_text()
+    cfg.write_text(cfg.read_text().replace("lr: 0.1", "lr: 1e-1"))
     out = snakemake(tmp_path, "-n", "--config", "scale=smoke", "smoke={rounds: 1, clients: 2, results_dir: small}",
                     "download=true")  # the README's spelling (Snakemake itself types only True)
     assert "small/" in out.stdout + out.stderr

@@ -5,6 +5,7 @@ data sizes, and expanded into one ``RunConfig`` per training job."""
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,34 @@ def _unique_map(loader: UniqueKeyLoader, node: yaml.MappingNode):
 
 
 UniqueKeyLoader.add_constructor("tag:yaml.org,2002:map", _unique_map)
+# [D] YAML 1.2's floats: PyYAML follows YAML 1.1, whose floats need a dot, so ``lr: 5e-2`` (and
+# the ``5e-05`` that JSON writes for a job's config.json) were read as strings and refused as
+# "not a number"; a quoted "5e-2" stays a string
+YAML12_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, list("-+0123456789."))
+
+
+def yaml12_floats(config: Any, loaded: Any) -> Any:
+    """``config`` (Snakemake's load of the config files, YAML 1.1) with the strings that
+    ``loaded`` (the same files through ``load_yaml``, YAML 1.2 floats) reads as floats at the
+    same place made those floats, in place where it can; anything else is left as it is."""
+    if isinstance(config, dict) and isinstance(loaded, dict):
+        for k in config:
+            if k in loaded:
+                config[k] = yaml12_floats(config[k], loaded[k])
+        return config
+    if isinstance(config, list) and isinstance(loaded, list) and len(config) == len(loaded):
+        return [yaml12_floats(c, v) for c, v in zip(config, loaded)]
+    if isinstance(config, str) and isinstance(loaded, float) and YAML12_FLOAT.match(config):
+        return loaded
+    return config
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

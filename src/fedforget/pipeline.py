@@ -89,7 +89,7 @@ def run_all(
                 partition_one(rc.dataset, rc.partition, wf.data_dir, rc.partition_dir)
             if not force and not stale_reasons(rc):
                 continue
-            run_training(rc, rc.run_dir, progress)
+            run_training(rc, rc.run_dir, progress, resume=not force)  # --force: from round 0
         table = aggregate(
             experiment_run_dirs(wf, exp),
             summary_dir(wf, exp.name),

@@ -27,13 +27,16 @@ from .checkpoint import CHECKPOINT, CODE_DIGEST, load_checkpoint
 from .config import RunConfig
 from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
+from .finished import NUMERIC, inputs_of
 from .memory import PhaseMemory
 from .methods import METHODS
 from .provenance import git_commit, training_code
 from .utils import (
+    FedForgetError,
     atomic_torch_save,
     atomic_write_json,
     atomic_write_text,
+    dir_lock,
     package_versions,
 )
 
@@ -117,17 +120,74 @@ def where_it_runs(device: torch.device) -> dict[str, Any]:
     return out
 
 
+RESUME_HOST = "resume_host"  # the checkpoint's record of what else computed it (resume_host)
+
+
+def resume_host(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
+    """What a checkpoint's rounds were computed from besides config and code: the input files
+    (``finished.inputs_of``: dataset, public set, partition), the versions of the numeric
+    packages, the device type and GPU model; a run resumes only where all are the same."""
+    versions = package_versions()
+    return {
+        "inputs": inputs_of(cfg),
+        "versions": {k: versions.get(k) for k in NUMERIC},
+        "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+
+
+def check_resume_host(ckpt: dict[str, Any], now: dict[str, Any], path: Path) -> tuple[bool, str | None]:
+    """Whether checkpoint ``ckpt`` may continue on ``now`` (``resume_host``), and a note for
+    run.json [D]. Other input files (the data or partition prepared again): no, another
+    computation, as another config is (the caller starts over). Other package versions or
+    device type: a FedForgetError (a resume there would equal neither run; delete the
+    checkpoint, or ``--fresh``, to start over). Another GPU model (a cluster's retry on another
+    node): yes, with a warning and the note, as GPU results are not bit-reproducible across
+    models anyway. A checkpoint written before the record resumes."""
+    had = ckpt.get(RESUME_HOST)
+    if had is None:
+        return True, None
+    if had["inputs"] != now["inputs"]:
+        changed = [f for f in set(had["inputs"]) | set(now["inputs"]) if had["inputs"].get(f) != now["inputs"].get(f)]
+        log.warning("%s: checkpoint computed from other input files (%s), starting over", path, ", ".join(sorted(changed)))
+        return False, None
+    other = [f"{k} {had['versions'].get(k)} (now {now['versions'].get(k)})" for k in NUMERIC
+             if had["versions"].get(k) != now["versions"].get(k)]  # fmt: skip
+    if had["device"] != now["device"]:
+        other.append(f"device {had['device']} (now {now['device']})")
+    if other:
+        raise FedForgetError(
+            f"checkpoint {path} was computed with {', '.join(other)}: a resumed run would equal neither run; "
+            "resume where it was computed, or delete the checkpoint (fedforget train --fresh) to start this run over"
+        )
+    if had["gpu"] != now["gpu"]:
+        note = f"rounds up to the checkpoint's trained on a {had['gpu']}, the rest on a {now['gpu']}"
+        log.warning("%s: %s", path, note)
+        return True, note
+    return True, None
+
+
 def run_training(
     cfg: RunConfig, out_dir: str | Path, progress: bool | None = None, resume: bool = True
 ) -> dict[str, Any]:
     """Train one job into ``out_dir``. With ``resume`` (default) a checkpoint.pt left there
     by an interrupted run of the same config is continued from its round; the outputs are
-    then identical to an uninterrupted run's (metrics.csv byte for byte on CPU)."""
+    then identical to an uninterrupted run's (metrics.csv byte for byte on CPU). Without it
+    the checkpoint is deleted first. One process at a time (``dir_lock``)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for tmp in out.glob(".*.tmp"):  # left by a writer killed mid-write (atomic_write)
-        tmp.unlink(missing_ok=True)
+    with dir_lock(out, "training a run"):
+        return _run_training(cfg, out, progress, resume)
+
+
+def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool) -> dict[str, Any]:
+    for tmp in out.glob(".*.tmp"):  # left by a writer killed mid-write (atomic_write, finished.keep)
+        if tmp.is_dir():
+            shutil.rmtree(tmp)
+        else:
+            tmp.unlink(missing_ok=True)
     ckpt_path = out / CHECKPOINT
+    if not resume:  # --fresh / --force: a later plain start must not resume it either
+        ckpt_path.unlink(missing_ok=True)
     code = training_code(cfg.method.name, cfg.method.params)
     config = cfg.to_dict()
     record: dict[str, Any] = {
@@ -156,6 +216,14 @@ def run_training(
         record["client_threads"] = sim.trainer.client_threads()  # fewer with train.concurrent_clients
         record.update(sim.engine_info)
         ckpt = load_checkpoint(ckpt_path, cfg, sim.device, code.digest) if resume else None
+        host = resume_host(cfg, sim.device)
+        if ckpt is not None:
+            resumes, note = check_resume_host(ckpt, host, ckpt_path)
+            if not resumes:
+                ckpt_path.unlink()
+                ckpt = None
+            elif note:
+                record["resumed_on_another_gpu"] = note
         if ckpt is not None:
             record["resumed_after_round"] = ckpt["round"]
         else:  # a run from round 0: snapshots an earlier run left here are not this run's
@@ -170,7 +238,7 @@ def run_training(
             atomic_write_text(out / "tasks.csv", tasks_csv(written))
 
         def on_checkpoint(state: dict[str, Any]) -> None:
-            atomic_torch_save(ckpt_path, {**state, CODE_DIGEST: code.digest})
+            atomic_torch_save(ckpt_path, {**state, CODE_DIGEST: code.digest, RESUME_HOST: host})
         snap_dir = out / "snapshots"
 
         def save_snapshot(rnd: int, snap: dict[str, Any]) -> None:

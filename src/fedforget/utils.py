@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import platform
 import sys
@@ -122,7 +124,40 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> None:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
 
-    atomic_write(path, _w)
+    try:
+        atomic_write(path, _w)
+    except RuntimeError as e:  # torch reports a failed write (a full disk, a file size limit) so
+        cause = e.__cause__ or e.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise FedForgetError(f"cannot write {path}: {cause.strerror or cause} (a full disk or a file size limit?); "
+                             "the files written before it are kept") from e
+
+
+@contextlib.contextmanager
+def dir_lock(directory: str | os.PathLike, what: str):
+    """Hold an exclusive lock on ``directory``/.lock while the block runs (``what``: the work,
+    for the error), so that two processes never write one run directory at once (two
+    ``fedforget train`` of one job, or a job left running by a killed workflow) [D]. A second
+    holder gets a FedForgetError at once. Where the file system has no locks (some network
+    file systems) the block runs unlocked, with a warning."""
+    import fcntl
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o666 & ~current_umask())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FedForgetError(
+                f"another process is {what} in {directory} (it holds {directory}/.lock); wait for it to end or stop it"
+            ) from None
+        except OSError as e:  # ENOLCK, EOPNOTSUPP: no locks here
+            logging.getLogger(__name__).warning("%s: no file lock (%s); %s unlocked", directory, e.strerror, what)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def seed_sequence(*keys: int) -> np.random.SeedSequence:

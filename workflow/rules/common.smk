@@ -7,7 +7,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from fedforget.config import load_yaml, typed_overrides
+from fedforget.config import load_yaml, typed_overrides, yaml12_floats
 from fedforget.continual import CONTINUAL_OUTPUTS, scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
@@ -26,7 +26,7 @@ from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 typed_overrides(config, dict(workflow.config_settings.config))
 try:
     for _file in dict.fromkeys(workflow.configfiles):  # Snakemake's YAML load keeps a repeated key's last value
-        load_yaml(_file)  # ours refuses it
+        yaml12_floats(config, load_yaml(_file))  # ours refuses it, and reads 5e-2 as a number
     WF, DIGESTS = parse_workflow(config, create=True)  # cached from the first start on
 except FedForgetError as err:
     raise WorkflowError(f"fedforget: {err}") from None
