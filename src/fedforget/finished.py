@@ -26,15 +26,13 @@ finished runs are not rerun by its changes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from .data import public_dir
-from .provenance import stale_reasons, threads_differ
+from .provenance import NUMERIC, inputs_of, stale_reasons, threads_differ  # noqa: F401 (re-exported)
 from .utils import package_versions
 
 KEPT = ".finished"  # in the run directory
@@ -42,22 +40,6 @@ KEPT = ".finished"  # in the run directory
 # run.json last, so a copy without it is never taken for a whole one
 OUTPUTS = ("metrics.csv", "timings.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt", "run.json")
 INPUTS = "inputs.json"  # in the kept copy: {input file: sha256, or None where absent}
-# run.json's versions (utils.package_versions) whose change can change a result's bytes; not the
-# platform string (a cluster node's kernel), nor the packages that only run the workflow
-NUMERIC = ("python", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d")
-
-
-def inputs_of(rc: Any) -> dict[str, str | None]:
-    """The sha256 of each file run ``rc`` reads (None where absent): its dataset's meta.json
-    (the sha256 of every array), its public set's (a held-out slice's own, or another
-    dataset's) and its partition's assignment.npy (drawn in memory without the workflow)."""
-    ds, data = rc.dataset, Path(rc.data_dir)
-    files = [data / ds.id / "meta.json", Path(rc.partition_dir) / "assignment.npy"]
-    if ds.public:
-        files.append(public_dir(ds.public, ds.id, data) / "meta.json")
-    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
-
-
 def _link(src: Path, dst: Path) -> None:
     """``dst`` becomes ``src``'s file (a hard link, else a copy), replacing what is there in
     one rename: a reader sees the old file or the new one."""

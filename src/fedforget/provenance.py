@@ -180,6 +180,26 @@ def file_facts(path: Path) -> dict[str, Any] | None:
     return facts
 
 
+# run.json's versions (utils.package_versions) whose change can change a result's bytes; not the
+# platform string (a cluster node's kernel), nor the packages that only run the workflow
+NUMERIC = ("python", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d")
+
+
+def inputs_of(rc: Any) -> dict[str, str | None]:
+    """The sha256 of each file run ``rc`` reads (None where absent): its dataset's meta.json
+    (the sha256 of every array), its public set's (a held-out slice's own, or another
+    dataset's) and its partition's assignment.npy (drawn in memory without the workflow).
+    What a finished run's kept copy (``finished``) and a checkpoint (``runner.resume_host``)
+    were computed from."""
+    from .data import public_dir  # here: this module is imported before any job, without torch
+
+    ds, data = rc.dataset, Path(rc.data_dir)
+    files = [data / ds.id / "meta.json", Path(rc.partition_dir) / "assignment.npy"]
+    if ds.public:
+        files.append(public_dir(ds.public, ds.id, data) / "meta.json")
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None for f in files}
+
+
 @cache
 def imports_of(name: str) -> frozenset[str]:
     """Package modules that module ``name`` imports anywhere in its source (also inside

@@ -27,10 +27,9 @@ from .checkpoint import CHECKPOINT, CODE_DIGEST, load_checkpoint
 from .config import RunConfig
 from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
-from .finished import NUMERIC, inputs_of
 from .memory import PhaseMemory
 from .methods import METHODS
-from .provenance import git_commit, training_code
+from .provenance import NUMERIC, git_commit, inputs_of, training_code
 from .utils import (
     FedForgetError,
     atomic_torch_save,
@@ -125,7 +124,7 @@ RESUME_HOST = "resume_host"  # the checkpoint's record of what else computed it 
 
 def resume_host(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
     """What a checkpoint's rounds were computed from besides config and code: the input files
-    (``finished.inputs_of``: dataset, public set, partition), the versions of the numeric
+    (``provenance.inputs_of``: dataset, public set, partition), the versions of the numeric
     packages, the device type and GPU model; a run resumes only where all are the same."""
     versions = package_versions()
     return {
