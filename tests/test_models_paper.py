@@ -11,6 +11,7 @@ from urllib.error import URLError
 
 import pytest
 import torch
+from torch import nn
 
 from fedforget.data import dataset_id, prepare_dataset, prepare_public
 from fedforget.engine import Simulation
@@ -76,6 +77,36 @@ def test_pretrained_resnet18_reads_torchvision_weights_from_the_hub_cache(hub) -
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
 
 
+def test_resnet18_imagenet_takes_the_fedprotip_codes_stem_and_pool(hub) -> None:
+    """stem cifar (3x3 stride 1, no max-pool), stem random (the 7x7 stem newly initialised)
+    and pool 2 (2048 features) are the FedProTIP code's variant: every other pretrained weight
+    is loaded, the stem's convolution is not (the code pops conv1.weight); the defaults build
+    torchvision's network with its bits (the same RNG draws)."""
+    from torchvision.models import ResNet18_Weights, resnet18
+
+    torch.manual_seed(3)
+    ref = resnet18(weights=None)
+    hub.mkdir(parents=True)
+    torch.save(ref.state_dict(), hub / ResNet18_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[-1])
+    torch.manual_seed(5)
+    plain = resnet18(weights=None).state_dict()
+    torch.manual_seed(5)
+    default = build_model("resnet18_imagenet", (3, 32, 32), 10)
+    assert all(torch.equal(a, b) for a, b in zip(default.body.state_dict().values(), list(plain.values())[:-2]))
+    x = torch.randn(2, 3, 32, 32)
+    cifar = build_model("resnet18_imagenet", (3, 32, 32), 10, {"pretrained": True, "stem": "cifar", "pool": 2})
+    conv1, pooling = cifar.body[0], cifar.body[3]
+    assert conv1.kernel_size == (3, 3) and conv1.stride == (1, 1) and isinstance(pooling, nn.Identity)
+    assert not torch.equal(conv1.weight[..., :3, :3], ref.conv1.weight[..., :3, :3])
+    assert torch.equal(cifar.body[5][0].conv1.weight, ref.layer2[0].conv1.weight)  # the rest: pretrained
+    assert torch.equal(cifar.body[1].weight, ref.bn1.weight)  # the stem's BatchNorm too
+    assert cifar.features(x).shape == (2, 2048) and cifar(x).shape == (2, 10)
+    assert cifar.body[:8](x).shape == (2, 512, 4, 4)  # layer4 at 4x4 from 32 px (torchvision's: 1x1)
+    rand = build_model("resnet18_imagenet", (3, 64, 64), 10, {"pretrained": True, "stem": "random", "maxpool": False})
+    assert rand.body[0].kernel_size == (7, 7) and not torch.equal(rand.body[0].weight, ref.conv1.weight)
+    assert isinstance(rand.body[3], nn.Identity) and rand.features(torch.randn(2, 3, 64, 64)).shape == (2, 512)
+
+
 def test_missing_pretrained_weights_offline_name_the_file(hub) -> None:
     with pytest.raises(FedForgetError, match=r"resnet18-f37072fd\.pth") as e:
         build_model("resnet18_imagenet", (3, 32, 32), 10, {"pretrained": True})
@@ -89,6 +120,12 @@ def test_model_checks_before_any_job() -> None:
         check_model("vgg11", (1, 28, 28), {})
     with pytest.raises(FedForgetError, match="pretrained=true .* 3-channel"):
         check_model("resnet18_imagenet", (1, 28, 28), {"pretrained": True})
+    with pytest.raises(FedForgetError, match=r"options.stem='imagenet' for model 'resnet18_imagenet'; allowed: pretrained, random, cifar"):
+        check_model("resnet18_imagenet", (3, 32, 32), {"stem": "imagenet"})
+    with pytest.raises(FedForgetError, match=r"maxpool=True with stem 'cifar'"):
+        check_model("resnet18_imagenet", (3, 32, 32), {"stem": "cifar", "maxpool": True})
+    with pytest.raises(FedForgetError, match=r"options.pool=4 for model 'resnet18_imagenet'; allowed: 1, 2"):
+        check_model("resnet18_imagenet", (3, 32, 32), {"pool": 4})
     with pytest.raises(FedForgetError, match="ViT-B/16 shape"):
         check_model("vit", (3, 32, 32), {"pretrained": True, "layers": 2})
     with pytest.raises(FedForgetError, match="multiple of patch_size"):

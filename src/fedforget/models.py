@@ -410,28 +410,52 @@ class Resize(nn.Module):
         return F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
 
 
-@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0)
+RESNET18_STEMS = ("pretrained", "random", "cifar")  # resnet18_imagenet's stem options
+
+
+@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0, stem="pretrained", maxpool=True, pool=1)
 def resnet18_imagenet(
-    input_shape: Sequence[int], num_classes: int, pretrained: bool = False, input_size: int = 0
+    input_shape: Sequence[int], num_classes: int, pretrained: bool = False, input_size: int = 0,
+    stem: str = "pretrained", maxpool: bool = True, pool: int = 1,
 ) -> Classifier:
     """torchvision's ImageNet ResNet-18 (7x7 stride-2 stem, max-pool, BatchNorm, 11.2M
     parameters), the backbone of FedProTIP's main tables: ``pretrained`` loads torchvision's
     IMAGENET1K_V1 weights (``torchvision_weights``), its 1000-class fc replaced by our head.
     ``input_size`` > 0 resizes inputs to that side first (224 for ImageNet-pretrained
-    features, [D]). Without ``pretrained`` the stem takes any number of input channels."""
+    features, [D]). Without ``pretrained`` the stem takes any number of input channels.
+
+    The FedProTIP code's variant [C seohyeon-cha/FedProTIP convs/resnet.py ``ResNet``,
+    ``_resnet``], options left at their defaults above keep torchvision's:
+    - ``stem``: pretrained (torchvision's 7x7 stride-2 convolution, with the pretrained weights
+      where ``pretrained``) | random (that convolution newly initialised: the code drops the
+      pretrained ``conv1.weight`` on every dataset) | cifar (a 3x3 stride-1 convolution, newly
+      initialised, and no max-pool: the code's stem on CIFAR; the stem's BatchNorm keeps its
+      pretrained weights, as the code's). New weights: Kaiming normal (fan out), as
+      torchvision's and the code's initialisation.
+    - ``maxpool``: the max-pool after a 7x7 stem (the code applies it only where its dataset's
+      name holds "imagenet": ImageNet-R, not DomainNet).
+    - ``pool``: the side of the final adaptive average pool, 1 (torchvision's, 512 features)
+      or 2 (the code's ``AdaptiveAvgPool2d((2, 2))``: 2048 features, its heads and TIP).
+    Not reproduced [D]: the code's shortcut BatchNorms take its ``track_rs`` flag as their eps
+    (``norm_layer(C, self.track_rs)``: eps 1.0), a slip."""
     from torchvision.models import ResNet18_Weights, resnet18
 
     net = resnet18(weights=None)
     if pretrained:
         net.load_state_dict(torchvision_weights(ResNet18_Weights.IMAGENET1K_V1))
-    elif input_shape[0] != 3:
+    if stem in ("random", "cifar"):
+        side, stride = (3, 1) if stem == "cifar" else (7, 2)
+        net.conv1 = nn.Conv2d(input_shape[0], 64, side, stride=stride, padding=side // 2, bias=False)
+        nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+    elif not pretrained and input_shape[0] != 3:
         net.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
-    stem: list[nn.Module] = [Resize(input_size)] if input_size else []
+    front: list[nn.Module] = [Resize(input_size)] if input_size else []
+    pooling = net.maxpool if maxpool and stem != "cifar" else nn.Identity()
     body = nn.Sequential(
-        *stem, net.conv1, net.bn1, net.relu, net.maxpool,
-        net.layer1, net.layer2, net.layer3, net.layer4, net.avgpool, nn.Flatten(),
+        *front, net.conv1, net.bn1, net.relu, pooling,
+        net.layer1, net.layer2, net.layer3, net.layer4, nn.AdaptiveAvgPool2d(pool), nn.Flatten(),
     )  # fmt: skip
-    return Classifier(body, 512, num_classes)
+    return Classifier(body, 512 * pool * pool, num_classes)
 
 
 class SelfAttention(nn.Module):
@@ -1081,6 +1105,7 @@ SIZE_OPTIONS = {
     "cnn_mcmahan": {"hidden": "one", "padding": "offset"},
     "cnn_fedgp": {"dropout": "flag"},
     "resnet18": {"maxpool": "flag"},
+    "resnet18_imagenet": {"maxpool": "flag"},
 }
 
 
@@ -1120,6 +1145,15 @@ def check_model(
         if not isinstance(width, int) or isinstance(width, bool) or width < 2 or width % 2:
             # GroupNorm(2, C) needs an even number of channels
             raise FedForgetError(f"{key}.options.width={width!r}; allowed: an even integer >= 2 (64: the papers')")
+    if name == "resnet18_imagenet":
+        o = {**MODEL_DEFAULTS[name], **options}
+        if o["stem"] not in RESNET18_STEMS:
+            raise FedForgetError(f"{key}.options.stem={o['stem']!r} for model '{name}'; allowed: {', '.join(RESNET18_STEMS)}")
+        if o["stem"] == "cifar" and options.get("maxpool") is True:
+            raise FedForgetError(f"{key}.options.maxpool=True with stem 'cifar' for model '{name}'; allowed: false "
+                                 "(the 3x3 stride-1 stem has no max-pool)")
+        if o["pool"] not in (1, 2) or isinstance(o["pool"], bool):
+            raise FedForgetError(f"{key}.options.pool={o['pool']!r} for model '{name}'; allowed: 1, 2")
     if name == "vgg11":
         size = options.get("input_size", 0)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
