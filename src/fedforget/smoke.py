@@ -50,7 +50,8 @@ What changes, per experiment:
   dataset keeps the label it has at full scale, so paper links (``dataset_map``) still match;
 - models: ``pretrained: false`` wherever a model takes it (pretrained weights need the
   network; CI has none), ``resnet18_imagenet``'s ``input_size`` and ``vit``'s ``image_size``
-  = ``image_size`` (no resize to 224), ``vit`` a 2-layer, 64-wide ViT with 8x8 patches (a
+  = ``image_size`` (no resize to 224; with ``stem: cifar`` inputs resized to 8 px, where its
+  layers run at the sizes torchvision's stem gives 32 px), ``vit`` a 2-layer, 64-wide ViT with 8x8 patches (a
   ViT-B/16 is 86M parameters per client model), ``hf`` one encoder layer
   (``config.num_hidden_layers``) and ``name_or_path`` = ``hf_model`` when given;
 - methods: the compute budgets that methods declare as hyperparameters (:data:`BUDGETS`:
@@ -311,6 +312,8 @@ def _dataset(d: dict[str, Any], s: dict[str, Any]) -> None:
     d["model"] = _model(d["model"], s)
 
 
+SMOKE_CIFAR_STEM = 8  # px: resnet18_imagenet with stem cifar at smoke scale (_model)
+
 def _model(model: Any, s: dict[str, Any]) -> Any:
     from .models import MODEL_DEFAULTS
 
@@ -323,6 +326,10 @@ def _model(model: Any, s: dict[str, Any]) -> Any:
         opts["pretrained"] = False
     if name == "resnet18_imagenet" and opts.get("input_size", defaults["input_size"]):
         opts["input_size"] = size
+    if name == "resnet18_imagenet" and opts.get("stem") == "cifar":
+        # the 3x3 stride-1 stem keeps a 32 px image's maps 16 times larger than torchvision's
+        # stem: at SMOKE_CIFAR_STEM px its layers run at the sizes torchvision's gives 32 px
+        opts["input_size"] = min(int(opts.get("input_size") or size), SMOKE_CIFAR_STEM)
     if name == "vit":
         patch = next(p for p in (VIT_PATCH, 4, 2, 1) if size % p == 0)
         opts.update(VIT, image_size=size, patch_size=patch)
