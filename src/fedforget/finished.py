@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .provenance import NUMERIC, inputs_of, stale_reasons, threads_differ  # noqa: F401 (re-exported)
+from .provenance import inputs_of, stale_reasons, threads_differ, versions_differ
 from .utils import package_versions
 
 KEPT = ".finished"  # in the run directory
@@ -99,8 +99,7 @@ def why_not_restored(
     if changed:
         return f"inputs changed since: {', '.join(changed)}"
     rec = json.loads((kept / "run.json").read_text())
-    had, now = rec.get("versions") or {}, package_versions()
-    other = [f"{k} {had.get(k)} (now {now.get(k)})" for k in NUMERIC if had.get(k) != now.get(k)]
+    other = versions_differ(rec.get("versions") or {}, package_versions())
     if other:
         return f"other versions: {', '.join(other)}"
     kind = str(rec.get("device", "")).split(":")[0]

@@ -185,6 +185,13 @@ def file_facts(path: Path) -> dict[str, Any] | None:
 NUMERIC = ("python", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d")
 
 
+def versions_differ(had: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The NUMERIC packages whose versions in ``had`` and ``now`` (``package_versions``'s
+    form) differ, each as "name had (now now)"; what a kept copy (``finished``) and a
+    checkpoint (``runner.check_resume_host``) are held to."""
+    return [f"{k} {had.get(k)} (now {now.get(k)})" for k in NUMERIC if had.get(k) != now.get(k)]
+
+
 def inputs_of(rc: Any) -> dict[str, str | None]:
     """The sha256 of each file run ``rc`` reads (None where absent): its dataset's meta.json
     (the sha256 of every array), its public set's (a held-out slice's own, or another

@@ -29,7 +29,7 @@ from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
 from .memory import PhaseMemory
 from .methods import METHODS
-from .provenance import NUMERIC, git_commit, inputs_of, training_code
+from .provenance import NUMERIC, git_commit, inputs_of, training_code, versions_differ
 from .utils import (
     FedForgetError,
     atomic_torch_save,
@@ -122,11 +122,11 @@ def where_it_runs(device: torch.device) -> dict[str, Any]:
 RESUME_HOST = "resume_host"  # the checkpoint's record of what else computed it (resume_host)
 
 
-def resume_host(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
+def resume_host(cfg: RunConfig, device: torch.device, versions: dict[str, str]) -> dict[str, Any]:
     """What a checkpoint's rounds were computed from besides config and code: the input files
     (``provenance.inputs_of``: dataset, public set, partition), the versions of the numeric
-    packages, the device type and GPU model; a run resumes only where all are the same."""
-    versions = package_versions()
+    packages (of ``versions``, run.json's ``package_versions``), the device type and GPU
+    model; a run resumes only where all are the same."""
     return {
         "inputs": inputs_of(cfg),
         "versions": {k: versions.get(k) for k in NUMERIC},
@@ -150,8 +150,7 @@ def check_resume_host(ckpt: dict[str, Any], now: dict[str, Any], path: Path) -> 
         changed = [f for f in set(had["inputs"]) | set(now["inputs"]) if had["inputs"].get(f) != now["inputs"].get(f)]
         log.warning("%s: checkpoint computed from other input files (%s), starting over", path, ", ".join(sorted(changed)))
         return False, None
-    other = [f"{k} {had['versions'].get(k)} (now {now['versions'].get(k)})" for k in NUMERIC
-             if had["versions"].get(k) != now["versions"].get(k)]  # fmt: skip
+    other = versions_differ(had["versions"], now["versions"])
     if had["device"] != now["device"]:
         other.append(f"device {had['device']} (now {now['device']})")
     if other:
@@ -215,7 +214,7 @@ def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool
         record["client_threads"] = sim.trainer.client_threads()  # fewer with train.concurrent_clients
         record.update(sim.engine_info)
         ckpt = load_checkpoint(ckpt_path, cfg, sim.device, code.digest) if resume else None
-        host = resume_host(cfg, sim.device)
+        host = resume_host(cfg, sim.device, record["versions"])
         if ckpt is not None:
             resumes, note = check_resume_host(ckpt, host, ckpt_path)
             if not resumes:

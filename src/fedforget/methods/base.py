@@ -663,16 +663,14 @@ def weighted_average(states: Sequence[Params], weights: Sequence[float], skip: S
     return out
 
 
-CLIENT_WEIGHTS = ("samples", "uniform")  # train.client_weights
-
-
-def upload_weights(uploads: Sequence[Upload], train: TrainSpec) -> list[float]:
-    """Each upload's weight in the server's model average (``train.client_weights``):
+def upload_weights(uploads: Sequence[Upload], mode: str) -> list[float]:
+    """Each upload's weight in a server mean over the round's uploads, by ``mode``
+    (``train.client_weights`` for the model average; FedDyn's and SCAFFOLD's ``weighting``):
     ``samples``, its client's training rows n_k [P McMahan et al.: the default]; ``uniform``,
-    1 each: a plain mean over the round's uploads [C: the FedGP code's ``FedAvg`` in
-    models/Fed.py and the FedProTIP code's ``average_weights`` divide by the number of
-    clients; FedGP's text calls its aggregation "the averaging of locally computed values"]."""
-    return [u.n_samples if train.client_weights == "samples" else 1.0 for u in uploads]
+    1 each: a plain mean [C: the FedGP code's ``FedAvg`` in models/Fed.py and the FedProTIP
+    code's ``average_weights`` divide by the number of clients; FedGP's text calls its
+    aggregation "the averaging of locally computed values"]."""
+    return [u.n_samples if mode == "samples" else 1.0 for u in uploads]
 
 
 class FedAvg:
@@ -793,7 +791,7 @@ class FedAvg:
         weights until the method writes the new ones; the parameters no client trained this
         round keep their broadcast values whatever is written (``ServerContext``)."""
         server.global_params = weighted_average(
-            [u.params for u in uploads], upload_weights(uploads, self.info.train), skip=server.untrained
+            [u.params for u in uploads], upload_weights(uploads, self.info.train.client_weights), skip=server.untrained
         )
 
     def server_metrics(self, server: ServerContext, uploads: Sequence[Upload]) -> dict[str, float]:

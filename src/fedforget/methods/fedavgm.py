@@ -43,7 +43,7 @@ class FedAvgM(FedAvg):
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
         """FedAvg's average, then w_t - eta_s v_t for the trainable parameters."""
-        avg = weighted_average([u.params for u in uploads], upload_weights(uploads, self.info.train))
+        avg = weighted_average([u.params for u in uploads], upload_weights(uploads, self.info.train.client_weights))
         velocity = server.state.setdefault(VELOCITY, {})
         w = server.global_params
         for name, param in server.model.named_parameters():

@@ -45,6 +45,7 @@ from .base import (
     Upload,
     client_sums,
     split_stacked,
+    upload_weights,
     weighted_average,
 )
 from .params import choice, number
@@ -81,7 +82,7 @@ class FedDyn(FedAvg):
         server.state["h"] = {n: torch.zeros_like(server.global_params[n]) for n in names}
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        weights = [u.n_samples if self.p.weighting == "samples" else 1.0 for u in uploads]
+        weights = upload_weights(uploads, self.p.weighting)
         new = weighted_average([u.params for u in uploads], weights)
         alpha, m = self.p.alpha, self.info.num_clients
         prev = server.global_params  # theta^{t-1}, until written below

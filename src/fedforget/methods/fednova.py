@@ -65,7 +65,7 @@ class FedNova(FedAvg):
         return up
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        weights = upload_weights(uploads, self.info.train)  # p_i: n_i / n [P]; equal with client_weights: uniform
+        weights = upload_weights(uploads, self.info.train.client_weights)  # p_i: n_i / n [P]; equal with client_weights: uniform
         new = weighted_average([u.params for u in uploads], weights)
         total = float(sum(weights))
         p = [w / total for w in weights]

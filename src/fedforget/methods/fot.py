@@ -172,7 +172,7 @@ class FOT(FedAvg):
         return {BASES: server.state.get(BASES, {})}  # clients remove its span before sketching
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        avg = weighted_average([u.params for u in uploads], upload_weights(uploads, self.info.train))
+        avg = weighted_average([u.params for u in uploads], upload_weights(uploads, self.info.train.client_weights))
         bases = server.state.get(BASES)
         if bases:  # without: FedAvg, bit for bit
             old = server.global_params

@@ -48,6 +48,7 @@ from .base import (
     StepTerms,
     Upload,
     split_stacked,
+    upload_weights,
     weighted_average,
 )
 from .base import Params as StateDict
@@ -96,7 +97,7 @@ class Scaffold(FedAvg):
         return {"c": server.state["c"]}
 
     def server_aggregate(self, server: ServerContext, uploads: Sequence[Upload]) -> None:
-        weights = [u.n_samples if self.p.weighting == "samples" else 1.0 for u in uploads]
+        weights = upload_weights(uploads, self.p.weighting)
         new = weighted_average([u.params for u in uploads], weights)
         total = float(sum(weights))
         x = server.global_params
