@@ -497,6 +497,12 @@ def test_floats_without_a_dot_are_numbers_in_yaml_and_in_a_jobs_json(tmp_path, m
     assert loaded == {"a": 0.05, "b": "5e-2", "c": [100000.0, -3e-05], "d": 5, "e": "v1e5"}
     snake = yaml.safe_load((tmp_path / "c.yaml").read_text())
     assert snake["a"] == "5e-2" and yaml12_floats(snake, loaded) == loaded
+    # two files merged as Snakemake merges them: each value read from its own text, the last file's
+    later = {"a": "1e-3", "b": "5e-2"}  # Snakemake's merge of c.yaml and a file with a: 1e-3
+    assert yaml12_floats(later, {**loaded, "a": 1e-3}) == {"a": 1e-3, "b": "5e-2"}
+    held = {"x": {"lr": "5e-2"}}  # a nested --config value, which Snakemake leaves a string
+    typed_overrides(held, {"x": {"lr": "5e-2"}})
+    assert held == {"x": {"lr": 0.05}}
     rc = make_run_config(optimizer={"lr": 5e-05})
     (tmp_path / "config.json").write_text(json.dumps(rc.to_dict()))
     assert "5e-05" in (tmp_path / "config.json").read_text()

@@ -101,7 +101,7 @@ def typed_overrides(config: dict[str, Any], overrides: dict[str, Any]) -> None:
             return [walk(h, o) for h, o in zip(held, over)]
         if isinstance(over, str) and held == over:
             try:
-                typed = yaml.safe_load(over)
+                typed = yaml.load(over, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader (YAML 1.2 floats)
             except yaml.YAMLError:
                 return held
             return typed if typed is None or isinstance(typed, (bool, int, float)) else held
@@ -311,8 +311,10 @@ UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, l
 
 def yaml12_floats(config: Any, loaded: Any) -> Any:
     """``config`` (Snakemake's load of the config files, YAML 1.1) with the strings that
-    ``loaded`` (the same files through ``load_yaml``, YAML 1.2 floats) reads as floats at the
-    same place made those floats, in place where it can; anything else is left as it is."""
+    ``loaded`` (the same files through ``load_yaml``, merged as Snakemake merges them; YAML
+    1.2 floats) reads as floats at the same place made floats, each read from its own text
+    (a value given again by ``--config`` keeps what was given there), in place where it can;
+    anything else is left as it is."""
     if isinstance(config, dict) and isinstance(loaded, dict):
         for k in config:
             if k in loaded:
@@ -321,7 +323,7 @@ def yaml12_floats(config: Any, loaded: Any) -> Any:
     if isinstance(config, list) and isinstance(loaded, list) and len(config) == len(loaded):
         return [yaml12_floats(c, v) for c, v in zip(config, loaded)]
     if isinstance(config, str) and isinstance(loaded, float) and YAML12_FLOAT.match(config):
-        return loaded
+        return yaml.load(config, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     return config
 
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.utils import update_config
 
 from fedforget.config import load_yaml, typed_overrides, yaml12_floats
 from fedforget.continual import CONTINUAL_OUTPUTS, scenario_shape
@@ -25,8 +26,10 @@ from fedforget.utils import FedForgetError, atomic_write_json, canonical_json
 # with its scalars as strings: they get their YAML types first (config.typed_overrides).
 typed_overrides(config, dict(workflow.config_settings.config))
 try:
-    for _file in dict.fromkeys(workflow.configfiles):  # Snakemake's YAML load keeps a repeated key's last value
-        yaml12_floats(config, load_yaml(_file))  # ours refuses it, and reads 5e-2 as a number
+    _files = {}  # Snakemake's YAML load keeps a repeated key's last value; ours refuses it, and reads 5e-2 as a number
+    for _file in dict.fromkeys(workflow.configfiles):
+        update_config(_files, load_yaml(_file))
+    yaml12_floats(config, _files)
     WF, DIGESTS = parse_workflow(config, create=True)  # cached from the first start on
 except FedForgetError as err:
     raise WorkflowError(f"fedforget: {err}") from None
