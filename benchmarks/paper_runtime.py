@@ -38,6 +38,12 @@ The terms:
   when the hub cannot be reached.
 * The factor 3: a training step is one forward pass and one backward pass of about twice the
   forward's FLOPs. It is 1 for a frozen encoder (``freeze_encoder``), whose head alone trains.
+* Frozen stages (the model option ``freeze_stages``, FedProTIP's tables): after the first
+  task a step is a forward pass and a backward pass through the layers that train only
+  (nothing before the frozen stem and stages trains, so no gradient reaches them): 3 - 2 h
+  passes, h the frozen layers' share of the forward FLOPs (``held_share``), averaged over the
+  run's tasks (equal rounds each). A measured rate (``--model-rates``, timed with every layer
+  training) is scaled by the same factor, taking time as proportional to FLOPs [D].
 * A frozen encoder with its features kept (``feature_cache``, the ``hf`` model's default since
   the seventh session of 2026-12-02) runs once per distinct row of the run instead:
 
@@ -261,6 +267,34 @@ def forward_flops(model: torch.nn.Module, shape: tuple[int, ...], text: bool) ->
     return counter.get_total_flops() / 2
 
 
+def held_share(model: torch.nn.Module, shape: tuple[int, ...]) -> float:
+    """The share of ``model``'s forward FLOPs per input in the layers it holds from the
+    second task on (``Classifier.held``: ``freeze_stages``), 0 without: the FLOPs of each
+    outermost module whose parameters are all held."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    held = getattr(model, "held", frozenset())
+    if not held:
+        return 0.0
+    mods = {n: m for n, m in model.named_modules() if n and list(m.parameters())
+            and all(f"{n}.{k}" in held for k, _ in m.named_parameters())}  # fmt: skip
+    outer = [n for n in mods if not any(n.startswith(f"{o}.") for o in mods)]
+    model.eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randn(2, *shape))
+    counts = counter.get_flop_counts()
+    top = type(model).__name__
+    part = sum(sum(counts.get(f"{top}.{n}", {}).values()) for n in outer)
+    return part / counter.get_total_flops()
+
+
+def training_passes(h: float, tasks: int) -> float:
+    """Passes per training input (forward 1, backward 2), averaged over ``tasks`` tasks of
+    equal rounds, where after the first task a share ``h`` of the forward FLOPs sits in frozen
+    layers that no backward pass reaches: 3 then 3 - 2h."""
+    return (3.0 + (tasks - 1) * (3.0 - 2.0 * h)) / tasks
+
+
 def hf_config(name_or_path: str, options: dict[str, Any]):
     """The transformers config of a hub encoder from its published shapes (``HF_SHAPES``),
     with the run's ``config`` overrides: no hub call."""
@@ -334,8 +368,9 @@ def rates(gpu: dict[str, Any], ratios: dict[str, float]) -> dict[str, float]:
 
 def setting_key(model: str, options: dict[str, Any], shape, batch: int) -> tuple:
     """A (model, options, input shape, batch) setting as ``model_rates.py`` keys it: the
-    options without ``pretrained`` (the same shapes; it times randomly initialised weights)."""
-    opts = {k: v for k, v in options.items() if k != "pretrained"}
+    options without ``pretrained`` (the same shapes; it times randomly initialised weights)
+    and ``freeze_stages`` (it times every layer training; ``estimate_run`` scales)."""
+    opts = {k: v for k, v in options.items() if k not in ("pretrained", "freeze_stages")}
     return model, json.dumps(opts, sort_keys=True), tuple(shape), int(batch)
 
 
@@ -627,7 +662,8 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     engine = gpu_engine(rc, model)
     # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input
     opts = rc.dataset.model_options or {}
-    passes = 1 if opts.get("freeze_encoder") else 3
+    # frozen stages after the first task (freeze_stages): fewer backward FLOPs from then on
+    passes = 1 if opts.get("freeze_encoder") else training_passes(held_share(model, shape), tasks)
     flops = t.rounds * (passes * f * train * (m or 1.0) + f * evals)
     distinct = None
     if rc.dataset.model == "hf" and opts.get("freeze_encoder") and opts.get("feature_cache", True):
@@ -652,7 +688,8 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     row = (measured or {}).get((setting_key(rc.dataset.model, opts, shape, t.batch_size), there))
     out["measured_seconds"], out["measured_eval"] = out["seconds"], None
     if row is not None:
-        out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, train, m or 1.0, evals, distinct)
+        scaled = train * passes / 3 if distinct is None else train  # a measured rate trains every layer
+        out["measured_seconds"], out["measured_eval"] = measured_run(row, t.rounds, scaled, m or 1.0, evals, distinct)
         out["measured_seconds"] += (syn / (3 * f) + te_inputs) / row["samples_per_s"]
     # GLFC's reconstructions, latency-bound: at recon_cost.py's seconds per sample, where given
     n, p = recon_samples(rc, info.num_classes)

@@ -353,3 +353,30 @@ def test_a_repeated_training_is_found_whatever_its_experiment_labels_evaluation_
                   replace(rc, train=replace(rc.train, eval_batch_size=64)),
                   replace(rc, train=replace(rc.train, engine_pairing="fedsol"))):  # fmt: skip
         assert pr.training_key(other) != pr.training_key(rc)
+
+
+def test_frozen_stages_cut_the_backward_passes_after_the_first_task(pr):
+    """freeze_stages: ``held_share`` is the frozen layers' share of the forward FLOPs (here
+    counted by hand: the CIFAR stem's and layer1's and layer2's convolutions of the FedProTIP
+    code's ResNet-18 on 32 px), and a run's passes per training input fall from 3 to 3 - 2h
+    after the first task (FedProTIP Table 1's CIFAR-100 run: 10 tasks); a measured rate is
+    scaled alike."""
+    from fedforget.models import build_model
+
+    model = build_model("resnet18_imagenet", (3, 32, 32), 100, {"stem": "cifar", "pool": 2, "freeze_stages": 2})
+    f, _, _ = pr.model_flops("resnet18_imagenet", {"stem": "cifar", "pool": 2}, (3, 32, 32), 100)
+    macs = 32 * 32 * 3 * 64 * 9 + 4 * 32 * 32 * 64 * 64 * 9  # stem, layer1
+    macs += 16 * 16 * (64 * 128 * 9 + 3 * 128 * 128 * 9 + 64 * 128)  # layer2 (its downsample too)
+    h = pr.held_share(model, (3, 32, 32))
+    assert h == pytest.approx(2 * macs / f, rel=1e-9) and 0.5 < h < 0.55
+    assert pr.held_share(build_model("resnet18_imagenet", (3, 32, 32), 100, {"stem": "cifar"}), (3, 32, 32)) == 0.0
+    assert pr.training_passes(h, 1) == 3.0 and pr.training_passes(0.5, 10) == pytest.approx(2.1)
+    rc = next(r for r in pr.config_runs(PAPER / "fedprotip_table1_table5.yaml")
+              if r.method.name == "fedavg" and r.dataset.name == "cifar100")  # fmt: skip
+    assert rc.dataset.model_options["freeze_stages"] == 2 and rc.dataset.scenario["tasks"] == 10
+    free = replace(rc, dataset=replace(rc.dataset, model_options={**rc.dataset.model_options, "freeze_stages": 0}))
+    rate = {"vectorized": 1e13, "sequential": 1e13}
+    a, b = pr.estimate_run(rc, {}, rate), pr.estimate_run(free, {}, rate)
+    t = rc.train
+    train = t.sample_rate * pr.rows_per_task(rc)[0] * t.local_epochs * t.rounds
+    assert b["flops"] - a["flops"] == pytest.approx((3 - pr.training_passes(h, 10)) * f * train, rel=1e-9)

@@ -30,15 +30,34 @@ class Classifier(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
 
+    # names of the parameters that train in the first task only (``hold_after_first_task``)
+    held: frozenset[str] = frozenset()
+
     def use_task_heads(self, task_classes: Sequence[Sequence[int]]) -> None:
         """Replace the shared head by one head per task (``TaskHeads``)."""
         self.head = TaskHeads(self.feature_dim, self.head.out_features, task_classes)
 
+    def hold_after_first_task(self, parts: Sequence[nn.Module | nn.Parameter]) -> None:
+        """From the second task on, the parameters of ``parts`` (modules or parameters of
+        this model) take no more training, whatever the method (``set_task``: requires_grad
+        False, so no gradient, no decay, no momentum, and the engine keeps their global
+        values through aggregation; a BatchNorm among them keeps updating its running
+        statistics in training mode, as the code's frozen layers do). The model option
+        ``freeze_stages`` (``resnet18_imagenet``, ``vit``): FedProTIP's protocol [P App. E.2:
+        "After learning the first task, we freeze the first two residual blocks of ResNet";
+        C: every server's ``freeze_layers``, for every method]."""
+        ids = {id(q) for part in parts for q in ([part] if isinstance(part, nn.Parameter) else part.parameters())}
+        self.held = frozenset(n for n, q in self.named_parameters() if id(q) in ids)
+
     def set_task(self, task: int) -> None:
         """Train (and score) task ``task``: with per-task heads its head alone is trainable;
-        the shared head needs nothing."""
+        the shared head needs nothing; the ``held`` parameters train in task 0 only."""
         if isinstance(self.head, TaskHeads):
             self.head.set_task(task)
+        if self.held:
+            for n, q in self.named_parameters():
+                if n in self.held:
+                    q.requires_grad_(task < 1)
 
     def logits(self, x: torch.Tensor, task: int | None = None) -> torch.Tensor:
         """Scores of inputs ``x`` (evaluation; iCaRL's training scores): ``head_logits`` of
@@ -413,10 +432,10 @@ class Resize(nn.Module):
 RESNET18_STEMS = ("pretrained", "random", "cifar")  # resnet18_imagenet's stem options
 
 
-@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0, stem="pretrained", maxpool=True, pool=1)
+@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0, stem="pretrained", maxpool=True, pool=1, freeze_stages=0)
 def resnet18_imagenet(
     input_shape: Sequence[int], num_classes: int, pretrained: bool = False, input_size: int = 0,
-    stem: str = "pretrained", maxpool: bool = True, pool: int = 1,
+    stem: str = "pretrained", maxpool: bool = True, pool: int = 1, freeze_stages: int = 0,
 ) -> Classifier:
     """torchvision's ImageNet ResNet-18 (7x7 stride-2 stem, max-pool, BatchNorm, 11.2M
     parameters), the backbone of FedProTIP's main tables: ``pretrained`` loads torchvision's
@@ -436,6 +455,11 @@ def resnet18_imagenet(
       name holds "imagenet": ImageNet-R, not DomainNet).
     - ``pool``: the side of the final adaptive average pool, 1 (torchvision's, 512 features)
       or 2 (the code's ``AdaptiveAvgPool2d((2, 2))``: 2048 features, its heads and TIP).
+    - ``freeze_stages`` n (0-4): from the second task on, the stem (its convolution and
+      BatchNorm) and the first n residual stages (layer1 ...) train no more, for every method
+      (``Classifier.hold_after_first_task``); 2 is the code's ``freeze_layers`` (the first 30
+      parameters of its ResNet-18: stem, layer1, layer2) and the paper's "first two residual
+      blocks" [P App. E.2, C], run where the network is pretrained.
     Not reproduced [D]: the code's shortcut BatchNorms take its ``track_rs`` flag as their eps
     (``norm_layer(C, self.track_rs)``: eps 1.0), a slip."""
     from torchvision.models import ResNet18_Weights, resnet18
@@ -455,7 +479,10 @@ def resnet18_imagenet(
         *front, net.conv1, net.bn1, net.relu, pooling,
         net.layer1, net.layer2, net.layer3, net.layer4, nn.AdaptiveAvgPool2d(pool), nn.Flatten(),
     )  # fmt: skip
-    return Classifier(body, 512 * pool * pool, num_classes)
+    model = Classifier(body, 512 * pool * pool, num_classes)
+    if freeze_stages:
+        model.hold_after_first_task([net.conv1, net.bn1, *[net.layer1, net.layer2, net.layer3, net.layer4][:freeze_stages]])
+    return model
 
 
 class SelfAttention(nn.Module):
@@ -539,11 +566,11 @@ VIT_IN21K = "google/vit-base-patch16-224-in21k"
 VIT_AUGREG = "timm/vit_base_patch16_224.augreg_in21k"  # FedProTIP's code: timm.create_model(this)
 
 
-@register("vit", rank=3, pretrained=False, name_or_path=VIT_IN21K, **VIT_B16)
+@register("vit", rank=3, pretrained=False, name_or_path=VIT_IN21K, freeze_stages=0, **VIT_B16)
 def vit(
     input_shape: Sequence[int], num_classes: int, pretrained: bool | str = False, name_or_path: str = VIT_IN21K,
     image_size: int = 224, patch_size: int = 16, layers: int = 12, heads: int = 12, hidden_dim: int = 768,
-    mlp_dim: int = 3072,
+    mlp_dim: int = 3072, freeze_stages: int = 0,
 ) -> Classifier:
     """A Vision Transformer through torchvision (``VisionTransformer``), ViT-B/16 by default
     (FedProTIP Table 7, the FedGP L2P rows' backbone); inputs are resized to ``image_size``
@@ -565,7 +592,11 @@ def vit(
     (``inputs.InputPipeline``), not by the checkpoints' own statistics (ImageNet's for
     torchvision's, 0.5 / 0.5 for the 21k image processor, [0, 1] in L2P's code, ``norm_01``):
     centred inputs of unit scale either way, which fine-tuning and prompt tuning absorb.
-    Smaller shapes (tests, CPU smoke runs) run the same code path from random initialisation."""
+    Smaller shapes (tests, CPU smoke runs) run the same code path from random initialisation.
+    ``freeze_stages`` n (0 to ``layers``): from the second task on, the class token, the patch
+    embedding, the position embedding and the first n encoder blocks train no more, for
+    every method (``Classifier.hold_after_first_task``); 6 is FedProTIP's code's ViT
+    ``freeze_layers`` (timm's first 4 parameters and the blocks' first 72) [C]."""
     from functools import partial
 
     from torchvision.models import ViT_B_16_Weights
@@ -590,7 +621,10 @@ def vit(
             net.load_state_dict(torchvision_weights(ViT_B_16_Weights.IMAGENET1K_V1))
     for block in net.encoder.layers:  # the projections as modules (SelfAttention) [D]
         block.self_attention = SelfAttention.of(block.self_attention)
-    return Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
+    model = Classifier(ViTBody(net, image_size), hidden_dim, num_classes)
+    if freeze_stages:
+        model.hold_after_first_task([net.class_token, net.conv_proj, net.encoder.pos_embedding, *net.encoder.layers[:freeze_stages]])
+    return model
 
 
 class ShiftedPatchTokens(nn.Module):
@@ -1202,6 +1236,14 @@ def check_model(
             raise FedForgetError(
                 f"{key}.options: image_size {o['image_size']} must be a multiple of patch_size {o['patch_size']} "
                 f"and hidden_dim {o['hidden_dim']} of heads {o['heads']}"
+            )
+    if "freeze_stages" in options:
+        stages = 4 if name == "resnet18_imagenet" else int({**MODEL_DEFAULTS[name], **options}["layers"])
+        if not _whole(options["freeze_stages"], 0) or options["freeze_stages"] > stages:
+            what = "residual stages" if name == "resnet18_imagenet" else "encoder blocks (options.layers)"
+            raise FedForgetError(
+                f"{key}.options.freeze_stages={options['freeze_stages']!r} for model '{name}'; allowed: an integer "
+                f"0..{stages} (the stem and that many of its {stages} {what}, frozen from the second task on)"
             )
     if "norm" in MODEL_DEFAULTS[name] and options.get("norm", "batch") not in NORMS:
         raise FedForgetError(

@@ -195,6 +195,13 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
             scenario = check(
                 resolve_scenario, d.get("scenario"), info.num_classes, tuple(shape), f"{dkey}.scenario", info.domains(opts)
             )
+            frozen = mopts.get("freeze_stages")
+            if frozen and int((scenario or {}).get("tasks") or 1) < 2:
+                problems.append(
+                    f"{dkey}.model.options.freeze_stages={frozen}: the model freezes them from the second task on, "
+                    f"but dataset '{d['name']}' streams one task, so nothing would be frozen; allowed: 0, or a "
+                    f"scenario of two or more tasks"
+                )
             augment = check(check_augment, d.get("augment"), tuple(shape), f"{dkey}.augment")
             normalize = check(check_normalize, d.get("normalize"), tuple(shape), f"{dkey}.normalize", info.uint8_images(opts))
             ds = DatasetSpec(
@@ -266,7 +273,7 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
                         f"{' or '.join(sorted(needs))}, got '{ds.model}'"
                     )
                 try:
-                    cls.check_model(ds.model, pobj)
+                    cls.check_model(ds.model, pobj, ds.model_options)
                 except FedForgetError as e:
                     problems.append(f"{key}.datasets[{datasets.index(ds)}].model (method '{label}'): {e}")
                 if eval_by_batch(ds.model, ds.model_options) and mtrain.eval_batch_size != mtrain.batch_size:

@@ -983,6 +983,10 @@ def train_clients_together(
     # BatchNorm's running statistics (unstacked_buffers): per client, [G, ...], updated in place
     fixed = fixed_buffers(model)
     buffer_names = [k for k, _ in model.named_buffers() if k not in fixed]
+    # the parameters the model holds in this task (``Classifier.held``: freeze_stages), which
+    # the forward reads and no client trains: stacked beside the statistics, never updated
+    held = getattr(model, "held", frozenset())
+    held_names = [k for k, q in model.named_parameters() if k in held and not q.requires_grad]
     # BatchNorm, with running statistics or without (norm: batch_stateless): its batch
     # statistics would see padding rows, and it amplifies the thread count's rounding
     batch_stats = bool(buffer_names) or normalises_by_batch(model)
@@ -1031,12 +1035,12 @@ def train_clients_together(
     if graphs is not None and no_graphs(model):
         graphs = None
     if graphs is not None and persistent:
-        params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names)
+        params, bufs, loss_sum, stats = graphs.stack(global_params, names, m, bool(momentum), buffer_names + held_names)
     else:
         params = {k: stack(k) for k in names} if not alone else {}
         bufs = {k: torch.zeros_like(v) for k, v in params.items()} if momentum and not alone else None
         loss_sum = torch.zeros(m, device=device)
-        stats = {k: stack(k) for k in buffer_names} if not alone else {}
+        stats = {k: stack(k) for k in buffer_names + held_names} if not alone else {}
     # SGD's lr as a tensor on a GPU (lr_on_device), the persistent graphs' own across rounds
     step_lr: float | torch.Tensor = lr
     if lr_on_device(device) and not adam:
@@ -1428,6 +1432,8 @@ def train_clients_together(
                 own[n].copy_(global_params[n] if alone else params[n][i])
             for n in buffer_names:  # updated in place by the forward
                 own_stats[n].copy_(global_params[n] if alone else stats[n][i])
+            for n in held_names:  # read by the forward, held
+                own[n].copy_(global_params[n])
         p_i = {n: own[n].detach().unsqueeze(0) for n in names}  # [1, ...] views: a stack of one
         if alone:
             s_i = [fresh_state(v, 1) for v in p_i.values()] if adam or momentum else None
@@ -1718,7 +1724,7 @@ def train_clients_together(
     state_keys = list(global_params)
     results: list[ClientResult | None] = [None] * m
     for j, job in enumerate(jobs_sorted):
-        own = states[j] or {**{k: v[j] for k, v in params.items()}, **{k: v[j] for k, v in stats.items()}}
+        own = states[j] or {**{k: v[j] for k, v in params.items()}, **{k: stats[k][j] for k in buffer_names}}
         # what the client did not train is the global tensor itself (an upload is never written into)
         state = {k: own[k] if k in own else global_params[k] for k in state_keys}
         results[order[j]] = ClientResult(job.cid, state, loss_sum[j].item() / steps[j], steps[j])

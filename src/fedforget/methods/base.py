@@ -750,10 +750,11 @@ class FedAvg:
         dataset of the experiment, before any job."""
 
     @classmethod
-    def check_model(cls, model: str, params: Any = None) -> None:
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
         """Reject models the method is not defined for (raise FedForgetError naming the
-        model): ``model`` is a dataset's model name (SCR's image augmentation needs models of
-        images). Called at config validation for every dataset of the experiment, before any job."""
+        model): ``model`` is a dataset's model name, ``options`` its options (SCR's image
+        augmentation needs models of images; L2P's frozen ViT refuses ``freeze_stages``).
+        Called at config validation for every dataset of the experiment, before any job."""
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:

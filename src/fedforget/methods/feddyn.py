@@ -50,7 +50,7 @@ from .base import (
 )
 from .params import choice, number
 from .registry import METHODS
-from .shared import WEIGHTINGS, own_weighting, refuse_task_heads
+from .shared import WEIGHTINGS, own_weighting, refuse_held, refuse_task_heads
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -70,6 +70,10 @@ class FedDyn(FedAvg):
     @classmethod
     def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         own_weighting(cls.name, train)
+
+    @classmethod
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
+        refuse_held(cls.name, options, "each client's gradient state is one vector over its trained parameters, which change at the second task")
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

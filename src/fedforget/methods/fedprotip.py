@@ -40,14 +40,17 @@ re-projected and QR'd [D]; Phi^(t) spans the union of the U_k; Phi <- [Phi, Phi^
 Phi^T Phi = I. Per-task ranks are kept (``fedprotip_blocks``): TIP needs U_L^(t) per task.
 - ``bias``: freeze [C: the code zeroes 1-D gradients from task 2 on] | free. Once bases exist,
   the gradients of every 1-D parameter outside the per-task heads are dropped (p.grad = None: no
-  decay either), as ``gpm``. ``freeze_early`` [P App. E.2: "After learning the first task, we
-  freeze the first two residual blocks of ResNet"; which layers: the code's; default off [D]:
-  our small CNNs are no ResNets, and every ResNet config of the papers sets it]: from
-  the second task on (once the first task's bases exist [D]: with synchronous boundaries the
-  same round; asynchronous ones then hold every client alike), the first floor(n/2) projected
-  layers in module order (the code freezes ResNet-18's stem, layer1, layer2: 10 of its 20
-  convolutions) are frozen (weights, biases) and never get bases (the code collects none for
-  them).
+  decay either), as ``gpm``. Early layers [P App. E.2: "After learning the first task, we
+  freeze the first two residual blocks of ResNet"; C: every method's server freezes them, for
+  a pretrained network]: the paper configs freeze them for every method through the model
+  option ``freeze_stages`` (``Classifier.hold_after_first_task``; those layers are no
+  projected layers, so they get no bases, as in the code). ``freeze_early`` (default off, and
+  refused beside ``freeze_stages``) is FedProTIP's own older form of it, kept for models
+  without stages: from the second task on (once the first task's bases exist [D]: with
+  synchronous boundaries the same round; asynchronous ones then hold every client alike), the
+  first floor(n/2) projected layers in module order (on ResNet-18 the stem, layer1, layer2: 10
+  of its 20 convolutions, the set ``freeze_stages: 2`` freezes; tested equal) are frozen
+  (weights, biases) and never get bases.
 - Exact invariance needs wd = 0: weight decay, added by the optimizer after the projection,
   breaks it (the paper trains with wd 5e-4); momentum keeps it (its buffer sums projected steps).
 
@@ -442,7 +445,7 @@ class FedProTIP(FedAvg):
         samples: int = integer(512, minimum=1)  # m_s, columns per layer (and inputs) per client and task [P]
         svd: str = choice("randomized", SVDS)  # randomized [P] | exact [C]
         tip: str = choice("sample", TIPS)  # sample [P] | batch [C] | none: FedProTIP(-t)
-        freeze_early: bool = boolean(False)  # freeze the first half of the layers after task 0 [P, C: which]
+        freeze_early: bool = boolean(False)  # freeze the first half of the layers after task 0 [P, C: which]; the model's freeze_stages does it for every method
         bias: str = choice("freeze", BIAS)  # freeze: 1-D parameters fixed once bases exist [C] | free
         # None: clients send their bases [P] | full | s: a weighted Gaussian sketch of s_l = d_l | s columns [P App. F.2]
         sketch: str | int | None = one_of(
@@ -450,6 +453,18 @@ class FedProTIP(FedAvg):
         )
         # local: every local step projected (Eq. 4-5) [P] | global: the aggregated update only (Sec. 6.3's baseline) [P Fig. 5]
         projection: str = choice("local", PROJECTIONS, added=True)
+
+    @classmethod
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
+        """``freeze_early`` or the model's ``freeze_stages``, not both: each freezes the early
+        layers from the second task on (the model's for every method), and freeze_early would
+        take half of the layers left."""
+        if params is not None and params.freeze_early and (options or {}).get("freeze_stages"):
+            raise FedForgetError(
+                f"method 'fedprotip': freeze_early=True and model.options.freeze_stages={options['freeze_stages']} "
+                f"both freeze early layers after the first task (the model option for every method); allowed: "
+                f"one of them (freeze_early: false with freeze_stages)"
+            )
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

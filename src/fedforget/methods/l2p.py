@@ -283,6 +283,16 @@ class L2P(FedAvg):
             return params is not None and params.selection == "instance"
         return super().trait(name, params)
 
+    @classmethod
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
+        """The ViT is frozen whole (``model_init``): a ``freeze_stages`` of its own would free
+        those stages in the first task [D]."""
+        if (options or {}).get("freeze_stages"):
+            raise FedForgetError(
+                f"method 'l2p' trains prompts on a frozen ViT; model.options.freeze_stages={options['freeze_stages']} "
+                f"would train the stem and those blocks in the first task; allowed: freeze_stages 0"
+            )
+
     def model_init(self, model: nn.Module) -> None:
         """The prompt pool and keys on the model's ViT, which is frozen (module docstring)."""
         body = getattr(model, "body", None)

@@ -115,10 +115,10 @@ class OverBase(FedAvg):
             METHODS.get(params.base).check_scenario(scenario, make_params(params.base, dict(params.base_params)))
 
     @classmethod
-    def check_model(cls, model: str, params: Any = None) -> None:
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
         """The base method's model requirements are the plug-in's."""
         if params is not None:
-            METHODS.get(params.base).check_model(model, make_params(params.base, dict(params.base_params)))
+            METHODS.get(params.base).check_model(model, make_params(params.base, dict(params.base_params)), options)
 
     @classmethod
     def check_train(cls, train, params: Any = None) -> None:

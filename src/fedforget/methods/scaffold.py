@@ -54,7 +54,14 @@ from .base import (
 from .base import Params as StateDict
 from .params import choice, number
 from .registry import METHODS
-from .shared import WEIGHTINGS, effective_steps, own_weighting, refuse_task_heads, require_sgd
+from .shared import (
+    WEIGHTINGS,
+    effective_steps,
+    own_weighting,
+    refuse_held,
+    refuse_task_heads,
+    require_sgd,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
@@ -82,6 +89,10 @@ class Scaffold(FedAvg):
     def check_train(cls, train: TrainSpec, params: Any = None) -> None:
         require_sgd(cls.name, train, "option II's control variate assumes SGD steps")
         own_weighting(cls.name, train)
+
+    @classmethod
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
+        refuse_held(cls.name, options, "its control variates are one vector over the trained parameters, which change at the second task")
 
     @classmethod
     def check_scenario(cls, scenario: dict[str, Any] | None, params: Any = None) -> None:

@@ -252,7 +252,7 @@ class SCR(FedAvg):
         views: str = choice("scr", VIEWS)  # the second view: SCR's augmentation [C] | the dataset's [D]
 
     @classmethod
-    def check_model(cls, model: str, params: Any = None) -> None:
+    def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
         """SCR's augmentation (``views: scr``) takes images: models of [C, H, W] inputs."""
         if params is not None and params.views == "scr" and MODEL_INPUT_RANK.get(model, 3) != 3:
             raise FedForgetError(

@@ -112,6 +112,17 @@ def refuse_task_heads(method: str, scenario: dict[str, Any] | None, why: str) ->
         )
 
 
+def refuse_held(method: str, options: dict[str, Any] | None, why: str) -> None:
+    """For ``check_model``: raise FedForgetError where the model holds stages from the second
+    task on (``freeze_stages``), which changes the trained parameters (``why``: the
+    method's reason) [D]."""
+    if (options or {}).get("freeze_stages"):
+        raise FedForgetError(
+            f"method '{method}' is not defined for a model that freezes stages after the first task ({why}): "
+            f"model.options.freeze_stages={options['freeze_stages']}; allowed: freeze_stages 0"
+        )
+
+
 # ----------------------------------------------------------------------------- local steps
 
 
@@ -331,8 +342,13 @@ def extend_basis(basis: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
 
 
 def projected_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """The layers GPM / FOT / FedProTIP project: every Linear and convolution outside per-task heads."""
-    return find_layers(model, skip=(TaskHeads,))
+    """The layers GPM / FOT / FedProTIP project: every Linear and convolution outside per-task
+    heads and outside the layers the model freezes from the second task on (``freeze_stages``,
+    ``Classifier.held``: they never train once a memory exists, and get no bases, as the
+    FedProTIP code collects none for its frozen layers [C])."""
+    layers = find_layers(model, skip=(TaskHeads,))
+    held = getattr(model, "held", frozenset())
+    return {n: m for n, m in layers.items() if f"{n}.weight" not in held} if held else layers
 
 
 def one_d_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
