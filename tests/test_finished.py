@@ -190,3 +190,30 @@ def test_the_kept_outputs_are_rule_trains(repo_root):
     text = (repo_root / "workflow" / "rules" / "train.smk").read_text()
     block = text.split("output:", 1)[1].split("params:", 1)[0]
     assert sorted(re.findall(r"seed\{\{seed\}\}/([\w.]+)\"", block)) == sorted(OUTPUTS)
+
+
+def test_runs_that_stopped_outside_snakemake_have_their_run_json_set_aside(tmp_path):
+    """``set_aside_stopped`` (common.smk, at parse): a run.json that is not an end (running:
+    a `fedforget train` killed, here after every other output of rule train was written;
+    failed) is moved to run.stopped.json where no process holds the directory, so that
+    Snakemake, run.json missing, trains the run again; ended runs, and one whose process still
+    holds its lock, are left as they are."""
+    from fedforget.finished import STOPPED, set_aside_stopped
+    from fedforget.utils import dir_lock
+
+    dirs = {}
+    for status in ("running", "failed", "completed", "diverged", "busy", "none"):
+        d = dirs[status] = tmp_path / status
+        d.mkdir()
+        if status != "none":
+            (d / "run.json").write_text(json.dumps({"status": "running" if status == "busy" else status}))
+            for name in OUTPUTS[:-1]:
+                (d / name).write_text("x")
+    with dir_lock(dirs["busy"], "training a run"):  # a process that trains it now
+        moved, unknown = set_aside_stopped(str(d) for d in dirs.values())
+    assert sorted(moved) == sorted(str(dirs[s]) for s in ("running", "failed")) and unknown == []
+    for s in ("running", "failed"):
+        assert not (dirs[s] / "run.json").exists() and json.loads((dirs[s] / STOPPED).read_text())["status"] == s
+    for s in ("completed", "diverged", "busy"):
+        assert (dirs[s] / "run.json").is_file() and not (dirs[s] / STOPPED).exists()
+    assert set_aside_stopped(str(d) for d in dirs.values()) == ([str(dirs["busy"])], [])  # its lock let go

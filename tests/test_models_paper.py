@@ -16,7 +16,7 @@ from torch import nn
 from fedforget.data import dataset_id, prepare_dataset, prepare_public
 from fedforget.engine import Simulation
 from fedforget.methods import METHODS
-from fedforget.models import build_model, check_model
+from fedforget.models import build_model, check_model, eval_by_batch
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 from fedforget.vectorized import stacked_supported, why_not_vectorized
@@ -105,6 +105,33 @@ def test_resnet18_imagenet_takes_the_fedprotip_codes_stem_and_pool(hub) -> None:
     rand = build_model("resnet18_imagenet", (3, 64, 64), 10, {"pretrained": True, "stem": "random", "maxpool": False})
     assert rand.body[0].kernel_size == (7, 7) and not torch.equal(rand.body[0].weight, ref.conv1.weight)
     assert isinstance(rand.body[3], nn.Identity) and rand.features(torch.randn(2, 3, 64, 64)).shape == (2, 512)
+
+
+def test_resnet18_imagenet_batch_stateless_keeps_the_pretrained_affine_weights(hub) -> None:
+    """norm batch_stateless (the FedProTIP code's track_rs off: FedProTIP and FOT on
+    DomainNet): every BatchNorm loses its running statistics and keeps the pretrained affine
+    weights; evaluation normalises each batch by its own statistics, as training does (a row's
+    scores depend on its batch); any other norm is refused."""
+    from torchvision.models import ResNet18_Weights, resnet18
+
+    torch.manual_seed(3)
+    ref = resnet18(weights=None)
+    with torch.no_grad():
+        ref.layer3[0].bn1.weight.uniform_()  # not the initial ones
+    hub.mkdir(parents=True)
+    torch.save(ref.state_dict(), hub / ResNet18_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[-1])
+    opts = {"pretrained": True, "stem": "random", "maxpool": False, "pool": 2, "norm": "batch_stateless"}
+    model = build_model("resnet18_imagenet", (3, 32, 32), 10, opts)
+    assert not [k for k in model.state_dict() if "running" in k or "num_batches" in k]
+    assert torch.equal(model.body[6][0].bn1.weight, ref.layer3[0].bn1.weight)
+    x = torch.randn(4, 3, 32, 32)
+    train_out = model.train()(x)
+    model.eval()
+    torch.testing.assert_close(model(x), train_out, rtol=0, atol=0)
+    assert not torch.allclose(model(x[:2]), train_out[:2])
+    assert eval_by_batch("resnet18_imagenet", opts) and not eval_by_batch("resnet18_imagenet", {})
+    with pytest.raises(FedForgetError, match=r"options.norm='group' for model 'resnet18_imagenet'; allowed: batch, batch_stateless"):
+        check_model("resnet18_imagenet", (3, 32, 32), {"norm": "group"})
 
 
 def test_missing_pretrained_weights_offline_name_the_file(hub) -> None:

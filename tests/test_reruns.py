@@ -338,3 +338,19 @@ def test_a_killed_run_frees_only_its_own_locks(workdir):
     finally:
         os.killpg(a.pid, signal.SIGKILL)
         a.wait()
+
+
+@pytest.mark.long
+def test_a_run_killed_outside_snakemake_after_its_outputs_trains_again(workdir):
+    """`fedforget train` by hand, killed after model.pt and before its last run.json, leaves
+    every output of rule train with run.json still "running": the next `snakemake` sets that
+    run.json aside (run.stopped.json) and trains the run again; the others stay done."""
+    snakemake(workdir)
+    rec = run_dir(workdir, "fedprox") / "run.json"
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), "status": "running"}))
+    out = snakemake(workdir, "-n")
+    assert "stopped before its end" in out.stderr and planned_jobs(workdir).get("train") == 1
+    snakemake(workdir)
+    assert json.loads(rec.read_text())["status"] == "completed"
+    assert json.loads((rec.parent / "run.stopped.json").read_text())["status"] == "running"
+    assert planned_jobs(workdir) == {}

@@ -276,6 +276,35 @@ def test_a_task_aware_paper_link_validates_with_a_stream_cut_to_one_task():
     assert all(d.scenario is None or d.scenario["tasks"] == 1 for e in wf.experiments for d in e.datasets)
 
 
+def test_a_scenario_block_shared_by_two_experiments_is_shrunk_once_for_each():
+    """A YAML anchor shares one scenario block (and one options block) between experiments:
+    the smoke config shrinks each dataset entry on its own copy (before 2026-12-06 the block
+    was cut twice, 2 tasks beside the 6 domains the first cut had chosen, and refused)."""
+    import yaml
+
+    text = """
+experiments:
+  - name: a
+    datasets: [{name: domainnet, model: mlp, options: &o {domains: [clipart, real, painting, sketch, infograph, quickdraw]},
+                scenario: &s {kind: domains, tasks: 6, incremental: domain, rounds_per_task: 2}}]
+    partitions: [{scheme: iid, clients: 2}]
+    methods: [{name: fedavg}]
+    seeds: [0]
+    train: {rounds: 12}
+  - name: b
+    datasets: [{name: domainnet, model: mlp, options: *o, scenario: *s}]
+    partitions: [{scheme: iid, clients: 2}]
+    methods: [{name: fedavg}]
+    seeds: [0]
+    train: {rounds: 12}
+"""
+    raw = yaml.safe_load(text)
+    assert raw["experiments"][0]["datasets"][0]["scenario"] is raw["experiments"][1]["datasets"][0]["scenario"]
+    wf = parse_config(smoke(raw))
+    got = [(d.scenario["tasks"], len(d.options["domains"])) for e in wf.experiments for d in e.datasets]
+    assert got[0] == got[1] and got[0][0] == got[0][1] < 6
+
+
 # ----------------------------------------------------------------------------- native files
 
 

@@ -33,13 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from .provenance import inputs_of, stale_reasons, threads_differ, versions_differ
-from .utils import package_versions
+from .utils import dir_busy, package_versions
 
 KEPT = ".finished"  # in the run directory
 # rule train's outputs (workflow/rules/train.smk), every one written by a run that finished;
 # run.json last, so a copy without it is never taken for a whole one
 OUTPUTS = ("metrics.csv", "timings.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt", "run.json")
 INPUTS = "inputs.json"  # in the kept copy: {input file: sha256, or None where absent}
+STOPPED = "run.stopped.json"  # a run.json set aside by set_aside_stopped
+ENDED = ("completed", "diverged")  # run.json statuses of a run that ended (a diverged run's is a result)
 def _link(src: Path, dst: Path) -> None:
     """``dst`` becomes ``src``'s file (a hard link, else a copy), replacing what is there in
     one rename: a reader sees the old file or the new one."""
@@ -129,3 +131,34 @@ def restore(
         os.utime(out / name)
     (out / CHECKPOINT).unlink(missing_ok=True)
     return json.loads((out / "run.json").read_text())
+
+
+def set_aside_stopped(run_dirs: Any) -> tuple[list[str], list[str]]:
+    """The runs among ``run_dirs`` that stopped before their end, outside Snakemake: a
+    run.json whose status is not an end (``running``: the process was killed, ``failed``)
+    while no process holds the directory (``utils.dir_busy``). Snakemake removes a failed or
+    killed job's outputs itself, but not those of ``fedforget train`` run by hand: one killed
+    after model.pt and before its last run.json left every output of rule train in place,
+    and Snakemake took it for finished [D, found in review]. Each such run.json is moved to
+    ``run.stopped.json`` (kept for the record), so that Snakemake, a declared output
+    missing, trains the run again (from its checkpoint.pt where one is left). Returns (the
+    directories set aside, those left because their file system cannot tell whether a
+    process holds them)."""
+    moved, unknown = [], []
+    for d in run_dirs:
+        path = Path(d) / "run.json"
+        try:
+            status = json.loads(path.read_text()).get("status")
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, AttributeError):
+            status = None  # unreadable: a writer killed mid-write cannot leave it (atomic), so a stray file
+        if status in ENDED:
+            continue
+        busy = dir_busy(d)
+        if busy is None:
+            unknown.append(str(d))
+        elif not busy:
+            os.replace(path, Path(d) / STOPPED)
+            moved.append(str(d))
+    return moved, unknown

@@ -432,10 +432,11 @@ class Resize(nn.Module):
 RESNET18_STEMS = ("pretrained", "random", "cifar")  # resnet18_imagenet's stem options
 
 
-@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0, stem="pretrained", maxpool=True, pool=1, freeze_stages=0)
+@register("resnet18_imagenet", rank=3, pretrained=False, input_size=0, stem="pretrained", maxpool=True, pool=1,
+          freeze_stages=0, norm="batch")
 def resnet18_imagenet(
     input_shape: Sequence[int], num_classes: int, pretrained: bool = False, input_size: int = 0,
-    stem: str = "pretrained", maxpool: bool = True, pool: int = 1, freeze_stages: int = 0,
+    stem: str = "pretrained", maxpool: bool = True, pool: int = 1, freeze_stages: int = 0, norm: str = "batch",
 ) -> Classifier:
     """torchvision's ImageNet ResNet-18 (7x7 stride-2 stem, max-pool, BatchNorm, 11.2M
     parameters), the backbone of FedProTIP's main tables: ``pretrained`` loads torchvision's
@@ -460,6 +461,10 @@ def resnet18_imagenet(
       (``Classifier.hold_after_first_task``); 2 is the code's ``freeze_layers`` (the first 30
       parameters of its ResNet-18: stem, layer1, layer2) and the paper's "first two residual
       blocks" [P App. E.2, C], run where the network is pretrained.
+    - ``norm``: batch (torchvision's BatchNorm, running statistics) | batch_stateless (every
+      BatchNorm without running statistics, normalising each batch by its own in training and
+      in evaluation; the affine weights as loaded): the code's ``track_rs`` off, which it sets
+      for FedProTIP and FOT on DomainNet [C convs/resnet.py ``ResNet.__init__``].
     Not reproduced [D]: the code's shortcut BatchNorms take its ``track_rs`` flag as their eps
     (``norm_layer(C, self.track_rs)``: eps 1.0), a slip."""
     from torchvision.models import ResNet18_Weights, resnet18
@@ -479,6 +484,11 @@ def resnet18_imagenet(
         *front, net.conv1, net.bn1, net.relu, pooling,
         net.layer1, net.layer2, net.layer3, net.layer4, nn.AdaptiveAvgPool2d(pool), nn.Flatten(),
     )  # fmt: skip
+    if norm == "batch_stateless":  # the running statistics dropped (BatchNorm then reads each batch's)
+        for m in body.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.track_running_stats = False
+                m.running_mean = m.running_var = m.num_batches_tracked = None
     model = Classifier(body, 512 * pool * pool, num_classes)
     if freeze_stages:
         model.hold_after_first_task([net.conv1, net.bn1, *[net.layer1, net.layer2, net.layer3, net.layer4][:freeze_stages]])
@@ -1245,6 +1255,11 @@ def check_model(
                 f"{key}.options.freeze_stages={options['freeze_stages']!r} for model '{name}'; allowed: an integer "
                 f"0..{stages} (the stem and that many of its {stages} {what}, frozen from the second task on)"
             )
+    if name == "resnet18_imagenet" and options.get("norm", "batch") not in NORMS[:2]:
+        raise FedForgetError(
+            f"{key}.options.norm={options['norm']!r} for model '{name}'; allowed: {', '.join(NORMS[:2])} "
+            "(its pretrained weights are BatchNorm's)"
+        )
     if "norm" in MODEL_DEFAULTS[name] and options.get("norm", "batch") not in NORMS:
         raise FedForgetError(
             f"{key}.options.norm={options['norm']!r} for model '{name}'; allowed: {', '.join(NORMS)}"

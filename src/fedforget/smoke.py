@@ -52,7 +52,7 @@ What changes, per experiment:
   network; CI has none), ``resnet18_imagenet``'s ``input_size`` and ``vit``'s ``image_size``
   = ``image_size`` (no resize to 224; with ``stem: cifar`` inputs resized to 8 px, where its
   layers run at the sizes torchvision's stem gives 32 px), ``vit`` a 2-layer, 64-wide ViT with 8x8 patches (a
-  ViT-B/16 is 86M parameters per client model), ``hf`` one encoder layer
+  ViT-B/16 is 86M parameters per client model; ``freeze_stages`` at most 1), ``hf`` one encoder layer
   (``config.num_hidden_layers``) and ``name_or_path`` = ``hf_model`` when given;
 - methods: the compute budgets that methods declare as hyperparameters (:data:`BUDGETS`:
   gradient-inversion and generator iterations, synthesis rounds and batches, distillation
@@ -139,6 +139,9 @@ def smoke_config(raw: dict[str, Any]) -> dict[str, Any]:
     out["scale"] = "smoke"
     out["results_dir"] = s["results_dir"] or f"{str(raw.get('results_dir', 'results')).rstrip('/')}/smoke"
     for ex in out["experiments"]:
+        # each dataset entry its own (deepcopy keeps YAML anchors shared: one scenario block
+        # shrunk twice, once per experiment naming it, left 2 tasks beside 6 domains)
+        ex["datasets"] = [copy.deepcopy(d) for d in ex["datasets"]]
         _experiment(ex, s)
     return out
 
@@ -333,6 +336,8 @@ def _model(model: Any, s: dict[str, Any]) -> Any:
     if name == "vit":
         patch = next(p for p in (VIT_PATCH, 4, 2, 1) if size % p == 0)
         opts.update(VIT, image_size=size, patch_size=patch)
+        if opts.get("freeze_stages"):  # some blocks left to train
+            opts["freeze_stages"] = min(int(opts["freeze_stages"]), VIT["layers"] - 1)
     if name == "hf":
         cfg = dict(opts.get("config") or {})
         cfg["num_hidden_layers"] = min(int(cfg.get("num_hidden_layers", HF_LAYERS)), HF_LAYERS)

@@ -160,6 +160,27 @@ def dir_lock(directory: str | os.PathLike, what: str):
         os.close(fd)  # releases the lock
 
 
+def dir_busy(directory: str | os.PathLike) -> bool | None:
+    """Whether a process holds ``directory``'s ``dir_lock`` now: True, False (no lock file, or
+    its lock free), None where the file system has no locks (it cannot tell). The lock is
+    taken and let go at once where it is free."""
+    import fcntl
+
+    try:
+        fd = os.open(Path(directory) / ".lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # ENOLCK, EOPNOTSUPP: no locks here
+        return None
+    finally:
+        os.close(fd)
+
+
 def seed_sequence(*keys: int) -> np.random.SeedSequence:
     """A numpy SeedSequence from a tuple of integers, e.g. (seed, round, STREAM_ID)."""
     return np.random.SeedSequence([int(k) for k in keys])

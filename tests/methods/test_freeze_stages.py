@@ -220,11 +220,12 @@ def test_the_fedprotip_paper_configs_freeze_for_every_method():
     """Every FedProTIP paper config on a pretrained network freezes its stem and first stages
     after the first task through the model (every method: ResNet-18's two stages, ViT-B/16's six
     blocks, as the code's freeze_layers), none through FedProTIP's own freeze_early; the
-    scratch ResNet (Table 6) freezes nothing, as the code, which freezes pretrained networks only."""
+    scratch ResNet (Table 6) freezes nothing, as the code, which freezes pretrained networks only.
+    On DomainNet FedProTIP and FOT run BatchNorm on batch statistics, the other methods not."""
     import yaml
 
     paper = Path(__file__).resolve().parents[2] / "config" / "experiments" / "paper"
-    seen = set()
+    seen, domainnet = set(), set()
     for path in sorted(paper.glob("fedprotip_*.yaml")):
         for ex in yaml.safe_load(path.read_text())["experiments"]:
             for d in ex["datasets"]:
@@ -233,5 +234,9 @@ def test_the_fedprotip_paper_configs_freeze_for_every_method():
                 want = {"resnet18_imagenet": 2, "vit": 6}[model["name"]] if opts.get("pretrained") else None
                 assert opts.get("freeze_stages") == want, (path.name, ex["name"], model)
                 seen.add((model["name"], want))
+                if d["name"] == "domainnet":  # the code's track_rs: off for FedProTIP and FOT there [C]
+                    stateless = {m["name"] for m in ex["methods"]} <= {"fedprotip", "fot"}
+                    assert (opts.get("norm") == "batch_stateless") == stateless, (path.name, ex["name"])
+                    domainnet.add(stateless)
             assert not any((m.get("params") or {}).get("freeze_early") for m in ex["methods"]), (path.name, ex["name"])
-    assert seen == {("resnet18_imagenet", 2), ("vit", 6), ("resnet18_imagenet", None)}
+    assert seen == {("resnet18_imagenet", 2), ("vit", 6), ("resnet18_imagenet", None)} and domainnet == {True, False}

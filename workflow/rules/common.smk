@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -12,6 +13,7 @@ from fedforget.config import load_yaml, typed_overrides, yaml12_floats
 from fedforget.continual import CONTINUAL_OUTPUTS, scenario_shape
 from fedforget.data import DATASETS
 from fedforget.data.base import corrupt_files
+from fedforget.finished import STOPPED, set_aside_stopped
 from fedforget.parsecache import parse_workflow, training_key
 from fedforget.partition import corrupt_partition
 from fedforget.pipeline import parse_only
@@ -46,6 +48,16 @@ RUNS = {
     for rc in WF.runs()
 }
 RUN_DIRS = {key: str(rc.run_dir) for key, rc in RUNS.items()}
+# a run that stopped before its end outside Snakemake (its run.json still running or failed, no
+# process on it) has its run.json set aside, so that this invocation trains it again
+_moved, _unknown = set_aside_stopped(RUN_DIRS.values())
+for _d in _moved:
+    print(f"fedforget: {_d} stopped before its end (run.json not completed, no process in it): its run.json is "
+          f"now {STOPPED}, and the run trains again (from its checkpoint where one is left)", file=sys.stderr)
+if _unknown:
+    print(f"fedforget: {len(_unknown)} run(s) have a run.json that is not completed, and their file system has no "
+          f"locks to tell whether a process still runs them ({_unknown[0]} ...): delete the run.json of those "
+          "that stopped to train them again", file=sys.stderr)
 # each run's resolved config (JSON) and hash, computed once per parse (parsecache: "runs")
 RUN_CONFIGS = DIGESTS["runs"]
 PARTITIONS = {(rc.dataset.pool_id, rc.partition.slug): rc for rc in RUNS.values()}
