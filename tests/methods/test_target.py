@@ -764,3 +764,37 @@ def test_defaults_follow_the_papers_and_code():
     assert (t["meta"], t["ce"], t["warmup"]) == ("fomaml", "task", 20)
     assert (lan["ltc"], lan["r"], lan["cur"], lan["pre"]) == (5.0, 0.015, 0.2, 0.4)
     assert (lan["syn_size"], lan["g_steps"], lan["bn"], lan["kd"]) == (10000, 40, 1.0, 1.0)
+
+
+def test_fedprotip_configs_replay_target_as_its_code_whole_epochs():
+    """FedProTIP's tables run TARGET as FedProTIP's client_target.py: one synthetic batch of
+    ``replay_batch`` rows beside each private minibatch (replay_rule code), and a pool large
+    enough that a client with its share of a task's rows trains every minibatch of an epoch
+    (the code's zip of the two loaders stops at the private one); until 2026-12-06 a pool of
+    2,560 rows at 500 a step cut a CIFAR-100 client's epoch after 6 of its 16 minibatches."""
+    from pathlib import Path
+
+    from fedforget.config import load_yaml
+    from fedforget.data import DATASETS
+    from fedforget.parse import parse_config
+
+    paper = Path(__file__).resolve().parents[2] / "config" / "experiments" / "paper"
+    seen = 0
+    for path in sorted(paper.glob("fedprotip_*.yaml")):
+        wf = parse_config(load_yaml(path))
+        for ex in wf.experiments:
+            for m in ex.methods:
+                if m.name not in ("target", "target_lode"):
+                    continue
+                p = m.params
+                assert p["replay_rule"] == "code" and p["replay_batch"] > 0, (path.name, m.label)
+                pool = min(p["syn_size"], p["syn_rounds"] * p["syn_batch"])
+                for d in ex.datasets:
+                    info = DATASETS.get(d.name)
+                    n = info.split_sizes(info.resolve(d.options))[0] // int(d.scenario["tasks"])
+                    for part in ex.partitions:
+                        t = TrainSpec.from_dict({**ex.train, **m.train})
+                        steps = math.ceil(n / part.clients / t.batch_size)
+                        assert math.ceil(pool / p["replay_batch"]) >= steps, (path.name, ex.name, m.label, part.slug)
+                        seen += 1
+    assert seen > 20

@@ -87,7 +87,12 @@ FedProTIP's settings [P App. E.3]: DomainNet 12,800 rows in batches of 64, 200 r
 steps; ImageNet-R 12,800 rows, batches of 64, 40 rounds of 40 steps.
 
 With the defaults a pool holds 10 x 256 = 2,560 rows (``syn_size`` is a cap, as the code's
-nums); FedProTIP's 8k rows in batches of 256 take ``syn_rounds`` >= 32.
+nums); FedProTIP's 8k rows in batches of 256 take ``syn_rounds`` >= 32. FedProTIP's own code
+(seohyeon-cha/FedProTIP server_target.py, client_target.py) runs 40 rounds of 40 generator
+steps with ``warmup`` 10 on CIFAR-100 (a 10,000-row cap), and replays one pool batch beside
+each private minibatch (``replay_rule: code``, ``replay_batch`` = its syn_bs: 256, 128 at 224
+px, 64 outside CIFAR-100, where it also sets lr_g 2e-4, oh 0.1, bn 0.1, student temperature 5,
+Reptile, no reset, student batches of 64): the FedProTIP paper configs' TARGET.
 
 Not reproduced [D]: the code's local SGD (lr 0.01, momentum 0.9, weight decay 5e-4, a
 constant rate: the cosine schedule in its code is the server student's, not the clients')
