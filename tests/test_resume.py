@@ -239,6 +239,31 @@ def test_a_resume_on_another_client_engine_is_refused(make_run_config, tmp_path)
     Simulation(other).run(progress=False, resume=ckpt)
 
 
+def test_a_batched_resume_with_other_groups_is_refused(make_run_config):
+    """Batched, a group's sums run in an order train.max_parallel_clients sets (outside the
+    run's identity): a checkpoint records it, and a resume with another group size is refused,
+    naming both; the same size resumes; the sequential engine records none."""
+    from fedforget.engine import Simulation
+
+    rc = make_run_config(rounds=3, sample_rate=1.0, client_engine="vectorized", max_parallel_clients=2)
+    kept = []
+    Simulation(rc).run(progress=False, on_checkpoint=lambda c: kept.append(copy.deepcopy(c)))
+    ckpt = kept[0]
+    assert ckpt["max_parallel_clients"] == 2
+    other = replace(rc, train=replace(rc.train, max_parallel_clients=4))
+    assert other.hash == rc.hash
+    with pytest.raises(FedForgetError, match=r"groups of at most 2 \(train.max_parallel_clients\); this run would "
+                       "group 4.*resume with train.max_parallel_clients: 2"):  # fmt: skip
+        Simulation(other).run(progress=False, resume=copy.deepcopy(ckpt))
+    Simulation(rc).run(progress=False, resume=copy.deepcopy(ckpt))
+    del ckpt["max_parallel_clients"]  # written before the record
+    Simulation(other).run(progress=False, resume=ckpt)
+    seq = []
+    Simulation(replace(rc, train=replace(rc.train, client_engine="sequential"))).run(
+        progress=False, on_checkpoint=seq.append)
+    assert "max_parallel_clients" not in seq[0]
+
+
 def test_a_format_2_checkpoint_loads_unless_task_reports_wait_in_it():
     """Format 3 changed only the layout of waiting task reports (FOT's and FedProTIP's
     sketches as Summed shares): a format 2 checkpoint without any loads; with some it is

@@ -25,14 +25,15 @@ CODE_DIGEST = "code_digest"  # the checkpoint's record of the code that computed
 
 
 def checkpoint_of(fed: FedState, config_hash: str, client_threads: int | None = None,
-                  client_engine: str | None = None) -> dict[str, Any]:  # fmt: skip
+                  client_engine: str | None = None, group: int | None = None) -> dict[str, Any]:  # fmt: skip
     """The checkpoint of a run after its round ``fed.round``: ``fed.state_dict()`` with the
     format, the config hash it belongs to and the number of torch threads that computed it,
     and that each client trained on (``client_threads``, default the same; fewer where the
     sequential trainer trains clients at once) (CPU results depend on them:
     ``resume_threads``, ``check_client_threads``), and the client engine that trained its
-    clients (``check_client_engine``). The runner adds the digest of the code that computed
-    it (``CODE_DIGEST``, ``load_checkpoint``)."""
+    clients (``check_client_engine``) and, batched, the most clients a group held
+    (``group``: train.max_parallel_clients, ``check_client_group``). The runner adds the
+    digest of the code that computed it (``CODE_DIGEST``, ``load_checkpoint``)."""
     threads = torch.get_num_threads()
     out = {
         "format": CHECKPOINT_FORMAT, "config_hash": config_hash, "torch_threads": threads,
@@ -40,7 +41,24 @@ def checkpoint_of(fed: FedState, config_hash: str, client_threads: int | None = 
     }  # fmt: skip
     if client_engine is not None:
         out["client_engine"] = client_engine
+    if group is not None:
+        out["max_parallel_clients"] = group
     return out
+
+
+def check_client_group(ckpt: dict[str, Any], now: int) -> None:
+    """Refuse to resume batched training with groups of another size (``now``:
+    ``train.max_parallel_clients``) than the checkpoint's rounds had [D]: the groups' sums run
+    in another order, so the resumed run would equal neither uninterrupted one (the logged
+    local loss moved in its 8th digit; a runtime setting, outside the run's identity). A
+    checkpoint written before the record loads."""
+    had = ckpt.get("max_parallel_clients")
+    if had is not None and had != now:
+        raise FedForgetError(
+            f"checkpoint's clients were trained in batched groups of at most {had} (train.max_parallel_clients); this "
+            f"run would group {now}: the sums run in another order, so it would equal neither uninterrupted run; "
+            f"resume with train.max_parallel_clients: {had}, or delete the checkpoint to start this run over"
+        )
 
 
 def check_client_engine(ckpt: dict[str, Any], now: str) -> None:

@@ -28,6 +28,7 @@ import torch
 
 from .checkpoint import (
     check_client_engine,
+    check_client_group,
     check_client_threads,
     checkpoint_of,
     format2_changes,
@@ -259,17 +260,21 @@ class Simulation:
         fed = self.fed
         start = time.perf_counter()
 
+        group = t.max_parallel_clients if self.trainer.name == "vectorized" else None  # its sums' order
+
         def emit(row: dict[str, Any]) -> None:
             fed.rows.append(row)
             fed.round = rnd = row["round"]
             if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
-                on_checkpoint(checkpoint_of(fed, cfg.hash, self.trainer.client_threads(), self.trainer.name))
+                on_checkpoint(checkpoint_of(fed, cfg.hash, self.trainer.client_threads(), self.trainer.name, group))
             if on_row:
                 on_row(row)
 
         if resume is not None:
             restore(fed, resume, cfg.hash, format2_changes(cfg))
             check_client_engine(resume, self.trainer.name)
+            if group is not None:
+                check_client_group(resume, group)
             threads = resume_threads(resume, t.threads)
             if threads is not None:
                 log.info("resuming on the checkpoint's %d torch threads (CPU results depend on the count)", threads)
