@@ -27,14 +27,6 @@ from .test_concurrent_clients import TINY_TARGET
 RESNET = {"stem": "cifar", "pool": 2}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_resnet18_holds_the_stem_and_the_first_stages_as_the_fedprotip_code():
     """freeze_stages 2 holds the FedProTIP code's ``freeze_layers`` set: the first 30 named
     parameters of the network (stem convolution and BatchNorm, layer1, layer2), and nothing
