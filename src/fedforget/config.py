@@ -140,6 +140,8 @@ class RunConfig:
             del d["train"]["precision"]
         if d["train"]["client_weights"] == "samples":  # likewise
             del d["train"]["client_weights"]
+        if d["train"]["eval_order"] == "stored":  # likewise
+            del d["train"]["eval_order"]
         return d
 
     @classmethod

@@ -16,7 +16,9 @@ from .data.base import domain_ids
 from .data.scenario import Scenario
 from .inputs import InputPipeline, Pool, choose_storage
 from .partition import client_indices, load_partition, partition_dataset
-from .utils import FedForgetError
+from .utils import FedForgetError, torch_seed
+
+EVAL_ORDER_STREAM = 0x5C  # keyed order of each task's test rows (train.eval_order: shuffled)
 
 
 @dataclass
@@ -81,13 +83,16 @@ def load_run_data(
     )
     # the test split and the public set are held as model inputs (converted once)
     dom_test = domain_ids(data.meta, "test")
+    task_rows = [torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t, dom_test))) for t in range(sc.tasks)]
+    if cfg.train.eval_order == "shuffled":  # each task's rows in a keyed order (seed, task) [C: FedProTIP's shuffled test loaders]
+        task_rows = [
+            r[torch.randperm(len(r), generator=torch.Generator().manual_seed(torch_seed(cfg.seed, t, EVAL_ORDER_STREAM)))]
+            for t, r in enumerate(task_rows)
+        ]
     test = TestSets(
         inputs.convert(torch.as_tensor(np.asarray(data.x_test), device=device)),
         torch.as_tensor(data.y_test, device=device),
-        [
-            torch.as_tensor(np.flatnonzero(sc.rows_of_task(data.y_test, t, dom_test)), device=device)
-            for t in range(sc.tasks)
-        ],
+        [r.to(device) for r in task_rows],
         inputs.black(device),
     )
     if public is not None:

@@ -57,6 +57,7 @@ class TrainSpec:
     drop_last: bool = False  # skip each epoch's trailing partial minibatch
     eval_local_models: bool = True
     eval_batch_size: int = 1024
+    eval_order: str = "stored"  # stored | shuffled: each task's test rows in evaluation batches (rundata.EVAL_ORDER_STREAM)
     diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see metrics.DIAGNOSTICS
     save_client_models: tuple[int, ...] = ()  # rounds whose local models are saved (snapshots/)
     checkpoint_every: int = 1  # rounds between checkpoints (resume point of an interrupted run)
