@@ -342,6 +342,18 @@ def model_flops(
     return _FLOPS[key]
 
 
+_HELD: dict[str, float] = {}
+
+
+def model_held_share(name: str, options: dict[str, Any], shape: tuple[int, ...], classes: int) -> float:
+    """``held_share`` of ``model_flops``'s model, counted once per model and shape (a table's
+    runs share a few)."""
+    key = json.dumps([name, options, shape, classes], sort_keys=True)
+    if key not in _HELD:
+        _HELD[key] = held_share(model_flops(name, options, shape, classes)[2], shape)
+    return _HELD[key]
+
+
 def gpu_engine(rc: RunConfig, model: torch.nn.Module, device: str = "cuda") -> str:
     """The trainer ``client_engine`` (auto) picks for the run on a GPU (or ``device``:
     ``choose_trainer``, as ``engine_coverage.py`` counts it): vectorized or sequential (lanes
@@ -663,7 +675,8 @@ def estimate_run(rc: RunConfig, ratios: dict[str, float], rate: dict[str, float]
     # a frozen encoder (FedGP's text task) trains its head alone: a forward pass per input
     opts = rc.dataset.model_options or {}
     # frozen stages after the first task (freeze_stages): fewer backward FLOPs from then on
-    passes = 1 if opts.get("freeze_encoder") else training_passes(held_share(model, shape), tasks)
+    h = model_held_share(rc.dataset.model, dict(opts), shape, info.num_classes)
+    passes = 1 if opts.get("freeze_encoder") else training_passes(h, tasks)
     flops = t.rounds * (passes * f * train * (m or 1.0) + f * evals)
     distinct = None
     if rc.dataset.model == "hf" and opts.get("freeze_encoder") and opts.get("feature_cache", True):

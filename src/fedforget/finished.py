@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .provenance import inputs_of, stale_reasons, threads_differ, versions_differ
+from .provenance import ENDED, inputs_of, stale_reasons, threads_differ, versions_differ
 from .utils import dir_busy, package_versions
 
 KEPT = ".finished"  # in the run directory
@@ -41,7 +41,8 @@ KEPT = ".finished"  # in the run directory
 OUTPUTS = ("metrics.csv", "timings.csv", "tasks.csv", "accuracy_matrix.csv", "model.pt", "run.json")
 INPUTS = "inputs.json"  # in the kept copy: {input file: sha256, or None where absent}
 STOPPED = "run.stopped.json"  # a run.json set aside by set_aside_stopped
-ENDED = ("completed", "diverged")  # run.json statuses of a run that ended (a diverged run's is a result)
+
+
 def _link(src: Path, dst: Path) -> None:
     """``dst`` becomes ``src``'s file (a hard link, else a copy), replacing what is there in
     one rename: a reader sees the old file or the new one."""

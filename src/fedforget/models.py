@@ -21,6 +21,9 @@ from .utils import FedForgetError
 
 
 class Classifier(nn.Module):
+    # names of the parameters that train in the first task only (``hold_after_first_task``)
+    held: frozenset[str] = frozenset()
+
     def __init__(self, body: nn.Module, feature_dim: int, num_classes: int) -> None:
         super().__init__()
         self.body = body
@@ -29,9 +32,6 @@ class Classifier(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
-
-    # names of the parameters that train in the first task only (``hold_after_first_task``)
-    held: frozenset[str] = frozenset()
 
     def use_task_heads(self, task_classes: Sequence[Sequence[int]]) -> None:
         """Replace the shared head by one head per task (``TaskHeads``)."""

@@ -180,6 +180,7 @@ def file_facts(path: Path) -> dict[str, Any] | None:
     return facts
 
 
+ENDED = ("completed", "diverged")  # run.json statuses of a run that ended (a diverged run's is a result)
 # run.json's versions (utils.package_versions) whose change can change a result's bytes; not the
 # platform string (a cluster node's kernel), nor the packages that only run the workflow
 NUMERIC = ("python", "torch", "torchvision", "numpy", "scikit-learn", "mnist1d")
@@ -469,7 +470,7 @@ def kept_digest(rec: Mapping[str, Any] | None, current_bytes: str) -> bool:
     identity has the canonical digest."""
     return (
         isinstance(rec, Mapping)
-        and rec.get("status") in ("completed", "diverged")
+        and rec.get("status") in ENDED
         and rec.get("code_digest") == current_bytes
         and recorded_form(rec) == BYTES
     )
@@ -502,7 +503,7 @@ def stale_reasons(rc: Any, run_dir: str | Path | None = None) -> list[str]:
     except json.JSONDecodeError:
         return [f"{path} is not valid JSON"]
     reasons = []
-    if rec.get("status") not in ("completed", "diverged"):
+    if rec.get("status") not in ENDED:
         reasons.append(f"status {rec.get('status')!r}")
     for name in ("metrics.csv", "model.pt") if rec.get("status") == "completed" else ("metrics.csv",):
         if not (path.parent / name).is_file():

@@ -127,7 +127,7 @@ from .base import (
 )
 from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import StepSums, client_norms, rows_mean
+from .shared import StepSums, client_norms, refuse_held, rows_mean
 
 INIT_STREAM = 0xA7  # keyed randomness of the prompt pool's and the keys' initial values
 SELECTIONS = ("instance", "batch")
@@ -285,13 +285,8 @@ class L2P(FedAvg):
 
     @classmethod
     def check_model(cls, model: str, params: Any = None, options: dict[str, Any] | None = None) -> None:
-        """The ViT is frozen whole (``model_init``): a ``freeze_stages`` of its own would free
-        those stages in the first task [D]."""
-        if (options or {}).get("freeze_stages"):
-            raise FedForgetError(
-                f"method 'l2p' trains prompts on a frozen ViT; model.options.freeze_stages={options['freeze_stages']} "
-                f"would train the stem and those blocks in the first task; allowed: freeze_stages 0"
-            )
+        refuse_held(cls.name, options, "it trains prompts on a ViT frozen whole, whose stem and first blocks "
+                    "freeze_stages would train in the first task")
 
     def model_init(self, model: nn.Module) -> None:
         """The prompt pool and keys on the model's ViT, which is frozen (module docstring)."""
