@@ -13,7 +13,7 @@
 # packing rates" (or whatever the first skipped); on a bare machine, through gpu_device.sh. The
 # boxes are ceilings: on the H200 (2026-11-27) the GPU tests took 43-57 s and ResNet-18's three
 # engines 62-78 s (results/h200-2026-11-27*/log.txt).
-#   tests     the engine, device, dropout, precision and replay/projection tests on the GPU
+#   tests     the engine, device, dropout, precision, frozen-stage and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
 #             another within 1e-5 (1e-4 on a GPU: tests/conftest.py's GPU_TOL_FACTOR), CUDA
 #             graphs the same bits as eager steps;
@@ -129,8 +129,8 @@ tests() {
     local k="(stacked or vectorized or batched or cuda or device or dropout or precision or bf16 or graph or read_ahead) and not lander and not gpu_script"
     (cd "$here/.." && box 180 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
         tests/methods/test_agem.py tests/methods/test_batched_uploads.py tests/methods/test_der.py \
-        tests/methods/test_fedgp.py tests/methods/test_fedprotip.py tests/methods/test_graphs.py \
-        tests/test_device.py tests/test_dropout.py tests/test_inputs.py tests/test_precision.py \
+        tests/methods/test_fedgp.py tests/methods/test_fedprotip.py tests/methods/test_freeze_stages.py \
+        tests/methods/test_graphs.py tests/test_device.py tests/test_dropout.py tests/test_inputs.py tests/test_precision.py \
         tests/test_vectorized.py -k "$k" >"$out/tests.txt" 2>&1)
     # the task-stream cases (frozen models per lane) and a few methods of the every-method
     # contract (its whole run is the CPU suite's), and a Hugging Face encoder's keyed dropout

@@ -28,7 +28,6 @@ from fedforget.methods.glfc import (
     PROTO,
     compensation_weights,
     encoder_gradient,
-    herding,
     relation_target,
 )  # fmt: skip
 from fedforget.methods.lga import LGA, RADIUS, adaptive_weights, augment_features, pooled_radius
@@ -152,17 +151,6 @@ def test_relation_distillation_target_on_a_hand_built_example():
         torch.tensor(Y), task_il.allowed(rt, 1), task_il.old[1], 2 * torch.tensor(P).log(), "softmax"
     )
     torch.testing.assert_close(t, torch.tensor(target))
-
-
-def test_herding_picks_the_mean_matching_rows_in_order():
-    f = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [1.0, 0.0], [0.0, 1.0]])
-    idx, rank = herding(f, torch.tensor([0, 0, 0, 1, 1]), [0, 1], 2)
-    # class 0: mean (0.533, 0.6): first the row nearest it (2), then the one that brings the
-    # running mean closest to it (row 0: mean (0.8, 0.4), 0.33 away; row 1: (0.3, 0.9), 0.38);
-    # class 1: its two rows, no repeats
-    assert sorted(zip(rank.tolist(), idx.tolist())) == [(0, 2), (0, 3), (1, 0), (1, 4)]
-    idx, rank = herding(f, torch.tensor([0, 0, 0, 1, 1]), [0], 5)  # at most a class's rows
-    assert idx.tolist() == [2, 0, 1] and rank.tolist() == [0, 1, 2]
 
 
 # ------------------------------------------------------------------ the proxy server

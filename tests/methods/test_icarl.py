@@ -25,7 +25,6 @@ from fedforget.methods.icarl import (
     KEY,
     PREV,
     ICaRL,
-    herding,
     icarl_loss,
     icarl_targets,
     reduce_exemplars,
@@ -88,17 +87,6 @@ def line(values):
 
 
 # ------------------------------------------------------------------ exemplars
-def test_herding_picks_the_row_that_brings_the_running_mean_closest():
-    """mean 5.1: 5.5 first (|5.5 - 5.1| = 0.4); then the v with (5.5 + v)/2 closest, v ~ 4.7:
-    4 (not 6, though 6 is nearer the mean); then v ~ 5.8: 6; then v ~ 4.9: 0; then 10."""
-    feats = line([0.0, 10.0, 4.0, 6.0, 5.5])
-    assert herding(feats, 5).tolist() == [4, 2, 3, 0, 1]
-    assert herding(feats, 3).tolist() == [4, 2, 3]
-    assert herding(feats, 9).tolist() == [4, 2, 3, 0, 1]  # at most n, each row once
-    # nearest to the mean would be 5.5, 6, 4, ...: herding is not that order
-    assert (feats[:, 0] - 5.1).abs().argsort().tolist()[:3] == [4, 3, 2]
-
-
 def test_reduce_keeps_the_first_m_of_each_class():
     store = {
         "x": torch.arange(7.0).unsqueeze(1), "y": torch.tensor([0, 0, 0, 1, 1, 1, 1]),

@@ -1,6 +1,6 @@
 """The methods' shared math (fedforget.methods.shared) on hand examples: the floor of the
-unscored classes, the A-GEM-style projection, GPM's energy rank, the message sizes and the
-parameter checks' messages."""
+unscored classes, the A-GEM-style projection, GPM's energy rank, iCaRL's herding, the
+message sizes and the parameter checks' messages."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fedforget.methods.shared import (
     energy_rank,
     float32_mb,
     floor_unscored,
+    herding,
     left_singular,
     project,
     require,
@@ -113,3 +114,53 @@ def test_left_singular_falls_back_to_the_svd_where_the_eigensolver_fails(monkeyp
     assert torch.allclose(s2b[:3], torch.linalg.svdvals(a)[:3] ** 2)
     top, top2 = u[:, :3], u2[:, :3]  # the rank-3 range: the same projector either way
     assert torch.allclose(top @ top.T, top2 @ top2.T, atol=1e-9)
+
+
+# ------------------------------------------------------------------ herding (iCaRL Alg. 4; iCaRL, GLFC, LGA)
+def line(values, dtype=torch.float32):
+    """1-D features embedded in 2-D rows (v, 0)."""
+    v = torch.tensor(values, dtype=dtype)
+    return torch.stack([v, torch.zeros_like(v)], 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_herding_picks_the_row_that_brings_the_running_mean_closest(dtype):
+    """mean 5.1: 5.5 first (|5.5 - 5.1| = 0.4); then the v with (5.5 + v)/2 closest, v ~ 4.7:
+    4 (not 6, though 6 is nearer the mean); then v ~ 5.8: 6; then v ~ 4.9: 0; then 10."""
+    feats, one = line([0.0, 10.0, 4.0, 6.0, 5.5], dtype), torch.zeros(5, dtype=torch.long)
+    idx, rank = herding(feats, one, [0], 5)
+    assert idx.tolist() == [4, 2, 3, 0, 1] and rank.tolist() == [0, 1, 2, 3, 4]
+    assert herding(feats, one, [0], 3)[0].tolist() == [4, 2, 3]
+    assert herding(feats, one, [0], 9)[0].tolist() == [4, 2, 3, 0, 1]  # at most n, each row once
+    # nearest to the mean would be 5.5, 6, 4, ...: herding is not that order
+    assert (feats[:, 0] - 5.1).abs().argsort().tolist()[:3] == [4, 3, 2]
+
+
+def test_herding_takes_every_class_at_once_in_the_order_given():
+    f = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [1.0, 0.0], [0.0, 1.0]])
+    y = torch.tensor([0, 0, 0, 1, 1])
+    # class 0: mean (0.533, 0.6): first the row nearest it (2), then the one that brings the
+    # running mean closest to it (row 0: mean (0.8, 0.4), 0.33 away; row 1: (0.3, 0.9), 0.38);
+    # class 1: its two rows at the same distance: the lower index first, no repeats
+    idx, rank = herding(f, y, [0, 1], 2)
+    assert idx.tolist() == [2, 0, 3, 4] and rank.tolist() == [0, 1, 0, 1]
+    idx, rank = herding(f, y, [1, 0], 2)  # class after class, in the order given
+    assert idx.tolist() == [3, 4, 2, 0] and rank.tolist() == [0, 1, 0, 1]
+    idx, rank = herding(f, y, [0], 5)  # at most a class's rows
+    assert idx.tolist() == [2, 0, 1] and rank.tolist() == [0, 1, 2]
+    # m = 1: each class's row nearest its mean (GLFC's prototype); none for m = 0, no class
+    assert herding(f, y, [0, 1], 1)[0].tolist() == [2, 3]
+    assert herding(f, y, [0, 1], 0)[0].numel() == 0 and herding(f, y, [], 3)[0].numel() == 0
+
+
+def test_herding_per_class_equals_all_classes_at_once():
+    """Every class at once = each class alone (the padding rows of the short classes never
+    picked), on random features with classes of 3 to 40 rows."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.cat([torch.full((n,), c) for c, n in enumerate([40, 3, 17, 25])])[torch.randperm(85, generator=g)]
+    f = torch.nn.functional.normalize(torch.randn(85, 6, generator=g, dtype=torch.float64), dim=1)
+    idx, rank = herding(f, y, [0, 1, 2, 3], 20)
+    alone = [herding(f, y, [c], 20) for c in range(4)]
+    assert idx.tolist() == [i for a, _ in alone for i in a.tolist()]
+    assert rank.tolist() == [r for _, a in alone for r in a.tolist()]
+    assert len(set(idx.tolist())) == len(idx) and bool((y[idx[:20]] == 0).all())

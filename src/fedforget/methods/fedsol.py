@@ -85,7 +85,8 @@ Both trainers [D, issue 32]: with base fedavg, update perturb and a kl or l2 pro
 (Tables 1, 2, 3, 5: the paper's FedSOL), the stacked trainer runs the step for a stack of
 clients (``client_live_terms``): g_p from the stacked forward's logits, Lambda and eps* by
 the same functions as ``client_step`` (``lambdas``, ``perturbation``, ``kl_direction``,
-written for a stack; a client alone is a stack of one), and the second pass in the batched
+``with_proximal``, ``conflict_removed``, written for a stack; a client alone is a stack of
+one), and the second pass in the batched
 forward (the head alone on the first pass's features when only the head moves); Table 1's
 project and loss updates as a map of the step's gradient; Table 4's combined mode (update
 perturb, base_loss false) with g_p the gradient of the base's step terms (FedProx, FedDyn,
@@ -116,7 +117,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..utils import FedForgetError, on_device
+from ..utils import FedForgetError
 from .base import (
     TASK,
     ClientContext,
@@ -232,6 +233,26 @@ def kl_direction(
     value = (F.kl_div(log_q, p_g, reduction="none").sum(-1) * mask).sum(1) / n
     dz = (F.softmax(logits / t, dim=-1) - p_g) / (t * n).view(-1, 1, 1) * mask.unsqueeze(-1)
     return dz, value
+
+
+def with_proximal(g_l: Sequence[torch.Tensor], g_p: Sequence[torch.Tensor], beta: float) -> list[torch.Tensor]:
+    """Eq. 2's gradient [P]: g_l + beta * g_p, tensor by tensor (a client alone's, or a
+    stack's [G, ...])."""
+    return [g + beta * gp for g, gp in zip(g_l, g_p)]
+
+
+def conflict_removed(
+    g_l: Sequence[torch.Tensor], g_p: Sequence[torch.Tensor], g_norm: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Eq. 3 [P] for each client of a stack (tensors [G, ...], ``g_norm`` [G] float64
+    ||g_p||): g_l - <g_l, g_p> / ||g_p||^2 g_p where <g_l, g_p> < 0, g_l elsewhere and where
+    ||g_p|| < NORM_GUARD; and each client's conflict (1.0 or 0.0; NaN without g_p: no
+    record), decided on the device (no host read)."""
+    dot = _client_dot(g_l, g_p)
+    valid = g_norm >= NORM_GUARD
+    coef = torch.where(valid & (dot < 0), -dot / g_norm.pow(2).clamp_min(NORM_GUARD), 0.0).float()
+    rate = torch.where(valid, (dot < 0).double(), math.nan)
+    return [g + per_client(coef, gp, True) * gp for g, gp in zip(g_l, g_p)], rate
 
 
 @dataclass(frozen=True)
@@ -368,21 +389,14 @@ class FedSOL(OverBase):
 
             if p.update == "loss":  # Eq. 2: + beta g_p; the logged loss + beta L_p (no gradient)
                 def plus(grads):
-                    return {n: g + p.beta * g_p[sel.index(n)] if n in sel else g for n, g in grads.items()}
+                    return {**grads, **dict(zip(sel, with_proximal([grads[n] for n in sel], g_p, p.beta)))}
 
                 return LiveStep(loss=(value.double() * p.beta).float(), gmap=plus, done=done)
             if p.update == "project":  # Eq. 3, per client: g_l - <g_l, g_p>/||g_p||^2 g_p on conflict
                 def project(grads):
-                    g_l = [grads[n] for n in sel]
-                    dot = _client_dot(g_l, g_p)
-                    valid = g_norm >= NORM_GUARD
-                    coef = torch.where(valid & (dot < 0), -dot / g_norm.pow(2).clamp_min(NORM_GUARD), 0.0).float()
-                    rate = torch.where(valid, (dot < 0).double(), math.nan)  # no record without g_p
+                    g_u, rate = conflict_removed([grads[n] for n in sel], g_p, g_norm)
                     self._record(ctxs[lo:hi], "conflict_rate", rate, log=log, lo=lo)
-                    out = dict(grads)
-                    for n, gp in zip(sel, g_p):
-                        out[n] = grads[n] + per_client(coef, gp, True) * gp
-                    return out
+                    return {**grads, **dict(zip(sel, g_u))}
 
                 return LiveStep(gmap=project, done=done)
             eps = self.perturbation([w[n].detach() for n in sel], [glob[n] for n in sel], g_p, g_norm)
@@ -528,22 +542,19 @@ class FedSOL(OverBase):
             loss = self.local_loss_from(ctx, x, y, features, logits)
             loss.backward()
             with torch.no_grad():
-                for p, g in zip(sc.sel, g_p):
-                    p.grad.add_(g, alpha=self.p.beta)
+                grads = [p.grad for p in sc.sel]
+                torch._foreach_copy_(grads, with_proximal(grads, g_p, self.p.beta))
             self._record_cos(ctx, g_p, g_norm)
             # + beta * L_p, rounded to float32 as a Python number added to a float32 tensor is
             return loss.detach() + (0.0 if value is None else (value.double() * self.p.beta).float())
 
         if self.p.update == "project":  # Eq. 3: remove the conflicting component
             self.local_loss_from(ctx, x, y, features, logits).backward()
-            g_n = float(g_norm)  # the branch reads the host (update: project only)
-            if g_n >= NORM_GUARD:
-                with torch.no_grad():
-                    grads = [p.grad for p in sc.sel]
-                    dot = sum(float((g * gp).sum()) for g, gp in zip(grads, g_p))
-                    if dot < 0:
-                        torch._foreach_add_(grads, list(g_p), alpha=-dot / g_n**2)
-                self._record([ctx], "conflict_rate", on_device(float(dot < 0), g_norm.device))
+            with torch.no_grad():
+                grads = [p.grad for p in sc.sel]
+                g_u, rate = conflict_removed([g[None] for g in grads], [g[None] for g in g_p], g_norm.view(1))
+                torch._foreach_copy_(grads, [g[0] for g in g_u])
+            self._record([ctx], "conflict_rate", rate[0])
             self._record_cos(ctx, g_p, g_norm)
             return ce
 

@@ -137,7 +137,16 @@ from .base import (
 )
 from .params import boolean, choice, integer, number
 from .registry import METHODS
-from .shared import StepSums, floor_unscored, group_normalise, head_scores, on_stack, rows_mean
+from .shared import (
+    StepSums,
+    embed_rows,
+    floor_unscored,
+    group_normalise,
+    head_scores,
+    herding,
+    on_stack,
+    rows_mean,
+)
 
 MEMORY_STREAM, ENCODER_STREAM, RECON_STREAM = 0xC1, 0xC2, 0xC3  # keyed randomness
 KEY = "glfc"  # ctx.state: the exemplar memory
@@ -208,53 +217,6 @@ def relation_target(
 
 
 # ----------------------------------------------------------------------------- memory
-def herding(
-    feats: torch.Tensor, labels: torch.Tensor, classes: Sequence[int], m: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """iCaRL herding on normalised features ``feats`` [n, d]: for each class, up to m row
-    indices in selection order (each step the row that brings the running mean of the
-    chosen rows closest to the class mean, no repeats). Returns (indices, rank), all classes
-    at once (padded)."""
-    dev = feats.device
-    if m <= 0 or not classes:
-        e = torch.zeros(0, dtype=torch.long, device=dev)
-        return e, e
-    rows = [torch.nonzero(labels == c)[:, 0] for c in classes]
-    n_max = max(len(r) for r in rows)
-    k = len(classes)
-    idx = torch.zeros(k, n_max, dtype=torch.long, device=dev)
-    valid = torch.zeros(k, n_max, dtype=torch.bool, device=dev)
-    for i, r in enumerate(rows):
-        idx[i, : len(r)], valid[i, : len(r)] = r, True
-    f = feats[idx] * valid[..., None]  # [k, n, d]
-    mu = f.sum(1) / valid.sum(1, keepdim=True)
-    acc = torch.zeros_like(mu)
-    free = valid.clone()
-    picks, ranks = [], []
-    for step in range(min(m, n_max)):
-        dist = (mu[:, None] - (acc[:, None] + f) / (step + 1)).norm(dim=2)
-        dist = dist.masked_fill(~free, float("inf"))
-        j = dist.argmin(1)  # [k]
-        ok = free[torch.arange(k, device=dev), j]  # a class with rows left
-        acc = acc + f[torch.arange(k, device=dev), j] * ok[:, None]
-        free[torch.arange(k, device=dev), j] = False
-        picks.append(torch.where(ok, idx[torch.arange(k, device=dev), j], -1))
-        ranks.append(torch.full((k,), step, dtype=torch.long, device=dev))
-    p, r = torch.stack(picks, 1).reshape(-1), torch.stack(ranks, 1).reshape(-1)
-    keep = p >= 0
-    return p[keep], r[keep]
-
-
-def normalised_features(model: nn.Module, x: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """L2-normalised features of ``x`` in eval mode, no grad (mode restored) [C]."""
-    was = model.training
-    model.eval()
-    with torch.no_grad():
-        z = torch.cat([model.features(x[s : s + chunk]) for s in range(0, len(x), chunk)])
-    model.train(was)
-    return F.normalize(z.flatten(1), dim=1)
-
-
 # ----------------------------------------------------------------------------- proxy server
 def gradient_encoder(input_shape: Sequence[int], num_classes: int, seed: int) -> nn.Module:
     """Gamma, the gradient-encoding network: DLG's LeNet for images [C, H, W] (conv5x5, 12
@@ -669,14 +631,8 @@ class GLFC(FedAvg):
         [C prototype_mask]."""
         model, t, p = ctx.model, ctx.task, self.p
         x, y = ctx.data.all()
-        feats = normalised_features(model, x)
-        classes = sorted(set(y.tolist()))
-        protos = []
-        for c in classes:
-            rows = torch.nonzero(y == c)[:, 0]
-            f = feats[rows]
-            protos.append(rows[(f.mean(0, keepdim=True) - f).norm(dim=1).argmin()])
-        xp, yp = x[torch.stack(protos)].detach().clone(), y[torch.stack(protos)]
+        protos, _ = herding(embed_rows(model, x, normalize=True), y, sorted(set(y.tolist())), 1)
+        xp, yp = x[protos].detach().clone(), y[protos]
         was = model.training
         model.eval()
         rt = self.row_task(yp, t)
@@ -714,7 +670,7 @@ class GLFC(FedAvg):
             mem = {k: mem[k][keep] for k in ("x", "y", "rank")}
         else:
             mem = {"x": x[:0].detach().clone(), "y": y[:0].clone(), "rank": y[:0].clone()}
-        idx, rank = herding(normalised_features(ctx.model, x), y, new, m)
+        idx, rank = herding(embed_rows(ctx.model, x, normalize=True), y, new, m)
         ctx.state[KEY] = {
             "x": torch.cat([mem["x"], x[idx].detach()]),
             "y": torch.cat([mem["y"], y[idx]]),

@@ -19,7 +19,7 @@ model, eval mode, and the client's data of the task) [P Alg. 2]:
   (a chosen row is never chosen again [C: Mammoth adds 1e6 to it; the paper's P is a set];
   ties: the lowest row). mu is not re-normalised here [D: the paper re-normalises "the
   results of any operation on feature vectors"; Mammoth compares with the plain mean, and a
-  re-normalised running mean would make 1/k irrelevant]. Float64 [D].
+  re-normalised running mean would make 1/k irrelevant]. Float64 [D] (``shared.herding``).
 - Stored in ``ctx.state["icarl"]`` (checkpointed): ``x`` (rows as the model sees them), ``y``,
   ``task``, ``rank`` (the row's position in its class's ordered list: Alg. 5 keeps rank < m)
   and ``seen`` (bool [C], the classes the client has had data of).
@@ -114,7 +114,6 @@ clients), ``mean_classes`` (classes with an NME mean on the server).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -147,6 +146,7 @@ from .shared import (
     class_means,
     class_report,
     embed_rows,
+    herding,
     keep_reports,
     nme_scores,
     on_stack,
@@ -164,27 +164,6 @@ REDUCTIONS = ("mean", "sum")
 
 
 # ----------------------------------------------------------------------------- the parts
-
-
-def herding(feats: torch.Tensor, m: int) -> torch.Tensor:
-    """ConstructExemplarSet's order [P Alg. 4]: indices [min(m, n)] into ``feats`` [n, f],
-    each the not yet chosen row that brings the running mean of the chosen rows closest to
-    the mean of all rows (ties: the lowest index)."""
-    feats = feats.double()
-    n = feats.shape[0]
-    mu = feats.mean(0)
-    running = torch.zeros_like(mu)
-    free = torch.ones(n, dtype=torch.bool, device=feats.device)
-    picks = []
-    for k in range(1, min(m, n) + 1):
-        cost = (mu - (running + feats) / k).pow(2).sum(1)
-        i = cost.masked_fill(~free, math.inf).argmin()
-        picks.append(i)
-        free[i] = False
-        running = running + feats[i]
-    if not picks:
-        return torch.zeros(0, dtype=torch.long, device=feats.device)
-    return torch.stack(picks)
 
 
 def reduce_exemplars(store: dict[str, torch.Tensor], m: int) -> dict[str, torch.Tensor]:
@@ -493,15 +472,8 @@ class ICaRL(FedAvg):
             again = torch.isin(kept["y"], new_classes)  # a class seen again is rebuilt [D]
             parts.append({k: v[~again] for k, v in kept.items()})
         if m > 0 and len(y):
-            feats = self.embed(ctx.model, x)
-            for cls in new_classes.tolist():
-                rows = (y == cls).nonzero().squeeze(1)
-                pick = rows[herding(feats[rows], m)]
-                parts.append({
-                    "x": x[pick], "y": y[pick],
-                    "task": torch.full_like(pick, ctx.task),
-                    "rank": torch.arange(len(pick), device=pick.device),
-                })  # fmt: skip
+            pick, rank = herding(self.embed(ctx.model, x).double(), y, new_classes.tolist(), m)
+            parts.append({"x": x[pick], "y": y[pick], "task": torch.full_like(pick, ctx.task), "rank": rank})
         if parts:
             store = {k: torch.cat([p[k] for p in parts]) for k in ROWS}
         else:

@@ -29,12 +29,15 @@ Sections:
 - Scores: ``OUTSIDE_GAP`` and ``floor_unscored`` (classes without a score at the row's lowest
   allowed score minus a gap: FedProTIP, GLFC / LGA, iCaRL, TARGET / LANDER); ``head_scores``
   (per-task heads' logits: GLFC, LGA).
+- Exemplars: ``embed_rows`` (a model's features of stored rows, in eval mode), ``herding``
+  (iCaRL's ConstructExemplarSet for every class at once: iCaRL, GLFC / LGA).
 - Row weights: ``group_normalise`` (GLFC's gradient compensation, LGA's adaptive weights).
 - Communication: ``MB``, ``state_mb``, ``float32_mb`` (FOT, FedProTIP; MB = 10^6 bytes).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -468,6 +471,45 @@ def embed_rows(model: nn.Module, x: torch.Tensor, normalize: bool) -> torch.Tens
     if not parts:
         return torch.zeros(0, getattr(model, "feature_dim", 0), device=x.device)
     return torch.cat(parts)
+
+
+@torch.no_grad()
+def herding(
+    feats: torch.Tensor, labels: torch.Tensor, classes: Sequence[int], m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """iCaRL's ConstructExemplarSet [P iCaRL Alg. 4] for every class of ``classes`` at once
+    (iCaRL, GLFC / LGA): of the rows ``feats`` [n, f] with ``labels`` [n], each class's first
+    min(m, its rows) picks, each the row not yet chosen that brings the mean of the chosen
+    rows closest (squared L2) to the mean of all the class's rows; ties: the lowest index.
+    m = 1 picks the row closest to the class mean (GLFC's prototype). Returns (indices into
+    ``feats``, each pick's rank in its class's order), class after class in the order of
+    ``classes``. The distances are computed in ``feats``' dtype (iCaRL float64 [D], GLFC
+    float32 [C])."""
+    dev = feats.device
+    if m <= 0 or not len(classes):
+        e = torch.zeros(0, dtype=torch.long, device=dev)
+        return e, e
+    rows = [torch.nonzero(labels == c)[:, 0] for c in classes]
+    n_max, k = max(len(r) for r in rows), len(classes)
+    idx = torch.zeros(k, n_max, dtype=torch.long, device=dev)
+    valid = torch.zeros(k, n_max, dtype=torch.bool, device=dev)
+    for i, r in enumerate(rows):
+        idx[i, : len(r)], valid[i, : len(r)] = r, True
+    f = feats[idx] * valid[..., None]  # [k, n, f], zero rows after each class's own
+    mu = f.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
+    acc, free, at = torch.zeros_like(mu), valid.clone(), torch.arange(k, device=dev)
+    picks, ranks = [], []
+    for step in range(min(m, n_max)):
+        cost = (mu[:, None] - (acc[:, None] + f) / (step + 1)).pow(2).sum(2)
+        j = cost.masked_fill(~free, math.inf).argmin(1)  # [k]
+        ok = free[at, j]  # a class with rows left
+        acc = acc + f[at, j] * ok[:, None]
+        free[at, j] = False
+        picks.append(torch.where(ok, idx[at, j], -1))
+        ranks.append(torch.full((k,), step, dtype=torch.long, device=dev))
+    p, r = torch.stack(picks, 1).reshape(-1), torch.stack(ranks, 1).reshape(-1)
+    keep = p >= 0
+    return p[keep], r[keep]
 
 
 def class_report(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
