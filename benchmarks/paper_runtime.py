@@ -21,9 +21,10 @@ Measured inputs (files under ``benchmarks/results``, overridable):
   baselines, as the median over a task's rounds. TARGET's (and
   Tar+LODE's) is rescaled by its replay rows per step at the run's scale (``target_replay``):
   on digits it replays 40x a batch, on ImageNet-R about 14x.
-* ``--task-end-cost``: ``cpu-2026-12-05-e/task_end_cost-{1,2,3,4}.json`` and
-  ``cpu-2026-12-05-f/task_end_cost-{5,8,9}.json`` (``benchmarks/task_end_cost.py``, CPU; all 59
-  settings): each paper setting's task end (bases, exemplars) as training inputs (below).
+* ``--task-end-cost``: ``cpu-2026-12-05-e/task_end_cost-{1,2,3,4}.json``,
+  ``cpu-2026-12-05-f/task_end_cost-{5,8,9}.json`` and ``cpu-2026-12-06-i/task_end_cost-{10,...,14}.json``
+  (``benchmarks/task_end_cost.py``, CPU): each paper setting's task end (bases, exemplars) as
+  training inputs (below).
 
 The model (``estimate_run``), per run of a config:
 
@@ -182,7 +183,10 @@ from fedforget.trainers import choose_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-TASK_END_FILES = [("e", 1), ("e", 2), ("e", 3), ("e", 4), ("f", 5), ("f", 8), ("f", 9)]  # task_end_cost.py, every setting
+TASK_END_FILES = [("cpu-2026-12-05-e", 1), ("cpu-2026-12-05-e", 2), ("cpu-2026-12-05-e", 3), ("cpu-2026-12-05-e", 4),
+                  ("cpu-2026-12-05-f", 5), ("cpu-2026-12-05-f", 8), ("cpu-2026-12-05-f", 9),
+                  ("cpu-2026-12-06-i", 10), ("cpu-2026-12-06-i", 11), ("cpu-2026-12-06-i", 12),
+                  ("cpu-2026-12-06-i", 13), ("cpu-2026-12-06-i", 14)]  # task_end_cost.py (folder, file number)
 RECONSTRUCTING = ("glfc", "lga")  # the methods with GLFC's proxy server (LGA subclasses it)
 # train settings that change what is evaluated or recorded, not what trains (training_key):
 # the evaluation runs in eval mode and restores the model, the diagnostics read the uploads or
@@ -244,8 +248,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--recon-cost", default=None,
                    help="benchmarks/recon_cost.py --json file: GLFC's reconstructions timed at its seconds per sample "
                         "(recon_hours; added to measured_hours where --model-rates are of the same device)")
-    p.add_argument("--task-end-cost", nargs="*", default=[str(RESULTS / f"cpu-2026-12-05-{d}/task_end_cost-{i}.json")
-                                                          for d, i in TASK_END_FILES],
+    p.add_argument("--task-end-cost", nargs="*", default=[str(RESULTS / f"{d}/task_end_cost-{i}.json") for d, i in TASK_END_FILES],
                    help="benchmarks/task_end_cost.py --json files: each run's task ends (bases, exemplars) as that many "
                         "training inputs (none given: none counted)")
     p.add_argument("--json", default=None)

@@ -225,12 +225,15 @@ def label_embeddings(texts: Sequence[str]) -> torch.Tensor:
 def bounding_loss(a: torch.Tensor, anchors: torch.Tensor, radius: float, mask: torch.Tensor | None = None) -> torch.Tensor:
     """max(0, mean over rows and dimensions of (a - anchors)^2 - radius) [C]; a stack's
     (``mask`` [G, m], 1.0 on each client's real rows): each client's, [G] (``rows_mse``)."""
-    return torch.relu((F.mse_loss(a, anchors) if mask is None else rows_mse(a, anchors, mask)) - radius)
+    return torch.relu(rows_mse(a, anchors, mask) - radius)
 
 
-def rows_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[G]: each client's mean over its real rows (``mask`` [G, m]) and the dimensions of
-    (a - b)^2, a and b [G, m, d] (``F.mse_loss`` of a client alone)."""
+def rows_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean over rows and dimensions of (a - b)^2: a client alone's (a, b [m, d], no
+    ``mask``: ``F.mse_loss``), or each client's of a stack, [G], over its real rows (``mask``
+    [G, m]; a, b [G, m, d])."""
+    if mask is None:
+        return F.mse_loss(a, b)
     return rows_mean(((a - b) ** 2).mean(-1), mask)
 
 
@@ -473,7 +476,7 @@ class LANDER(TARGET):
         rep = self.synthetic_batch(ctx)
         if rep is None:
             return {"lander": self.lander_loss([ctx], ce, bound)}
-        fkd = F.mse_loss(ctx.model.lte_map(rep.features), rep.t_feats)
+        fkd = rows_mse(ctx.model.lte_map(rep.features), rep.t_feats)
         self.note(ctx, "fkd", fkd)
         return {"lander": self.lander_loss([ctx], ce, bound, self.kd_term(ctx, rep), fkd)}
 
