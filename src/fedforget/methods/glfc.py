@@ -216,7 +216,6 @@ def relation_target(
     return torch.where(oldm, q.nan_to_num(0.0), onehot)
 
 
-# ----------------------------------------------------------------------------- memory
 # ----------------------------------------------------------------------------- proxy server
 def gradient_encoder(input_shape: Sequence[int], num_classes: int, seed: int) -> nn.Module:
     """Gamma, the gradient-encoding network: DLG's LeNet for images [C, H, W] (conv5x5, 12

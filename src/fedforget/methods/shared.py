@@ -498,7 +498,7 @@ def herding(
     f = feats[idx] * valid[..., None]  # [k, n, f], zero rows after each class's own
     mu = f.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
     acc, free, at = torch.zeros_like(mu), valid.clone(), torch.arange(k, device=dev)
-    picks, ranks = [], []
+    picks = []
     for step in range(min(m, n_max)):
         cost = (mu[:, None] - (acc[:, None] + f) / (step + 1)).pow(2).sum(2)
         j = cost.masked_fill(~free, math.inf).argmin(1)  # [k]
@@ -506,8 +506,8 @@ def herding(
         acc = acc + f[at, j] * ok[:, None]
         free[at, j] = False
         picks.append(torch.where(ok, idx[at, j], -1))
-        ranks.append(torch.full((k,), step, dtype=torch.long, device=dev))
-    p, r = torch.stack(picks, 1).reshape(-1), torch.stack(ranks, 1).reshape(-1)
+    p = torch.stack(picks, 1).reshape(-1)  # class after class, each in its order
+    r = torch.arange(len(picks), device=dev).repeat(k)  # each pick's rank in its class
     keep = p >= 0
     return p[keep], r[keep]
 
