@@ -72,10 +72,19 @@ def rewrite(argv: list[str]) -> list[str]:
     return out
 
 
+def test_env(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    """The environment of a command: gpu.sh's GPU tests (``python -m pytest``, with
+    FEDFORGET_TEST_DEVICE=cuda) run on the CPU along a GPU's code paths
+    (FEDFORGET_TEST_GPU_PATHS=1, tests/conftest.py); any other command's unchanged."""
+    if argv[:2] == ["-m", "pytest"]:
+        return {**env, "FEDFORGET_TEST_DEVICE": "cpu", "FEDFORGET_TEST_GPU_PATHS": "1"}
+    return env
+
+
 def stand_in(real: str, log: str) -> None:
     """Rewrite this process's command, note it in ``log`` (a benchmark's only), run it."""
     argv = rewrite(sys.argv[1:])
     if is_benchmark(argv):
         with open(log, "a") as f:
             f.write(" ".join(argv) + "\n")
-    os.execv(real, [real, *argv])
+    os.execve(real, [real, *argv], test_env(argv, dict(os.environ)))

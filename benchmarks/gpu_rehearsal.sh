@@ -13,7 +13,11 @@
 # `--device cuda` into cpu, every --rounds into 1, --warmup into at most 2 (packing.py: 1;
 # a continual profile: 3), --seconds into 3, --budget into 40, --steps into 2, and a
 # simulation's --clients N --rate R into 40 and 0.25; a stand-in `timeout` lifts each box's
-# limit to 1200 s; the GPU tests (the CPU suite runs them) are left out. A known difference
+# limit to 1200 s; the GPU tests run on the CPU along a GPU's code paths (every stacked step
+# batched, the lr on the device, channels_last stacks, CUDA graphs through the tape, the GPU's
+# tolerances: FEDFORGET_TEST_GPU_PATHS=1, tests/conftest.py; their first run, 2026-12-06, found
+# a test that read the host inside a captured step; ORDER=tests runs them alone, about 2
+# minutes on 2 cores). A known difference
 # from a GPU run: the batched TinyBERT of model_rates.py --only hf needs more than 24 GB of
 # host memory. After gpu.sh it runs the step its header names after section rates:
 # benchmarks/paper_runtime.py on the run's rate files.
@@ -47,8 +51,8 @@ exec "$real_timeout" -k 5 1200 "\$@"
 EOF
 printf '#!/bin/sh\necho "stand-in: a CPU rehearsal (benchmarks/gpu_rehearsal.sh)"\n' >"$work/bin/nvidia-smi"
 chmod +x "$work/bin/"*
-# gpu.sh's default order without its GPU tests (the CPU suite runs them)
-order=${ORDER:-$(bash "$work/repo/benchmarks/gpu.sh" --default-order | tr ' ' '\n' | grep -vx tests | tr '\n' ' ')}
+# gpu.sh's default order, its GPU tests included (on the CPU, a GPU's code paths)
+order=${ORDER:-$(bash "$work/repo/benchmarks/gpu.sh" --default-order)}
 # through the device call's own command (benchmarks/gpu_device.sh: no wheels here, PYTHONPATH
 # the clone's src; it keeps gpu.sh's output as $out/log.txt, its own lines go to device.txt)
 PATH="$work/bin:$PATH" TMPDIR="$work/tmp" ORDER="$order" OUT="$out" \

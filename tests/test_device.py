@@ -149,18 +149,18 @@ def test_gpu_script_runs_each_of_its_sections(repo_root, tmp_path) -> None:
     assert set(order.split()) == defined
     assert "ORDER=${ORDER:-${SECTIONS:-$DEFAULT_ORDER}}" in text
     # --default-order prints it and runs nothing (no results folder made); the CPU rehearsal
-    # takes its order from there, less the GPU tests, rather than a copy of its own
+    # takes its order from there (the GPU tests on a GPU's code paths), not a copy of its own
     run = subprocess.run(["bash", str(repo_root / "benchmarks" / "gpu.sh"), "--default-order"], cwd=tmp_path,
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert run.stdout.split() == order.split()
     assert not list(tmp_path.iterdir())  # no results folder, default or named --default-order
     rehearsal = (repo_root / "benchmarks" / "gpu_rehearsal.sh").read_text()
     (line,) = [ln for ln in rehearsal.splitlines() if ln.startswith("order=")]
-    listed = sorted((defined - {"tests"}) & set(re.findall(r"\w+", line)))
+    listed = sorted(defined & set(re.findall(r"\w+", line)))
     assert "gpu.sh\" --default-order" in line and not listed, line
     derived = subprocess.run(["bash", "-c", line.replace('$work/repo', str(repo_root)) + '; echo "$order"'],
                              capture_output=True, text=True, check=True, env={**os.environ, "ORDER": ""})
-    assert derived.stdout.split() == [s for s in order.split() if s != "tests"]
+    assert derived.stdout.split() == order.split()
 
 
 # a pytest plugin, for one process that imports torch once: at its start, each recorded
@@ -248,6 +248,11 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
         rehearsed = [rehearsal.rewrite([s, *a]) for s, a in scripts]
         own_size = [rehearsal.rewrite(["/r/benchmarks/simulation.py", "--preset", p]) for p in ("resnet8", "digits")]
         option = rehearsal.option
+        # the GPU tests (gpu.sh: FEDFORGET_TEST_DEVICE=cuda python -m pytest ...) on a GPU's code paths on the CPU
+        tests_env = rehearsal.test_env(["-m", "pytest", "-q", "tests/test_vectorized.py"], {"FEDFORGET_TEST_DEVICE": "cuda"})
+        other_env = rehearsal.test_env(["/r/benchmarks/simulation.py"], {"FEDFORGET_TEST_DEVICE": "cuda"})
+    assert tests_env == {"FEDFORGET_TEST_DEVICE": "cpu", "FEDFORGET_TEST_GPU_PATHS": "1"}
+    assert other_env == {"FEDFORGET_TEST_DEVICE": "cuda"}
     assert all("cuda" not in argv for argv in rehearsed)
     resized = {Path(argv[0]).name for argv in rehearsed if "--train-rows" in argv}
     assert resized == {"simulation.py", "profile_round.py", "packing.py"}

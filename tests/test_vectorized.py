@@ -498,6 +498,7 @@ def test_vectorized_run_resumes_exactly(make_run_config):
     assert strip(rows) == strip(rows_full)
 
 
+@pytest.mark.cpu_paths  # a CPU's client-by-client steps on worker threads
 def test_client_threads_equal_sequential_and_repeat_exactly(make_run_config, run_engines, assert_same_metrics, monkeypatch):
     """With 2 threads on a CPU, a Conv2d model's wide steps run client by client on 2 worker
     threads of one intra-op thread each: the same metrics as one client after another within
@@ -645,7 +646,10 @@ def test_a_decaying_lr_keeps_only_the_rounds_graphs(make_run_config, monkeypatch
     """Graphs are keyed by the optimizer's constants: with an lr that decays every round,
     each round's graphs replace the last round's (kept, they would pile up, none replayable
     again), only shapes met at least 3 times in a round are captured, and the run is the
-    eager steps' bit for bit (CPU, through the tape)."""
+    eager steps' bit for bit (CPU, through the tape; the lr a number, as a CPU keeps it)."""
+    import fedforget.vectorized as vz
+
+    monkeypatch.setattr(vz, "lr_on_device", lambda device: False)
     rc = make_run_config(dataset="digits", model="mlp", rounds=4, sample_rate=0.5, client_engine="vectorized",
                          max_parallel_clients=2, batch_size=8, lr_decay=0.5, optimizer={"lr": 0.1, "momentum": 0.9},
                          partition=PartitionSpec("dirichlet", clients=8, alpha=0.3, min_size=5, seed=0))  # fmt: skip

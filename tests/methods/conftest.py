@@ -15,6 +15,7 @@ from fedforget.engine import Simulation
 from fedforget.partition import PartitionSpec
 
 from .. import conftest as conftest_root
+from ..conftest import GPU_TOL_FACTOR
 
 CPU = torch.device("cpu")
 PUBLIC = {"source": "holdout", "fraction": 0.1, "seed": 0}
@@ -87,9 +88,9 @@ def needs_model(method, params=None):
     return None
 
 
-def run(rc):
-    """Run a Simulation on the CPU to the end; it must complete."""
-    sim = Simulation(rc, device=CPU)
+def run(rc, device=CPU):
+    """Run a Simulation on ``device`` (the CPU unless given) to the end; it must complete."""
+    sim = Simulation(rc, device=device)
     status, rows, msg = sim.run(progress=False)
     assert status == "completed", msg
     return sim, rows
@@ -126,7 +127,7 @@ def replay_stream_cfg(make_run_config, method, params, model="mlp", model_option
                 "leftover_classes": "drop", "incremental": incremental, "heads": heads}  # fmt: skip
     if class_order != "natural":
         scenario["class_order"] = class_order
-    train = {"rounds": 6, "local_epochs": 2, "batch_size": 32, "sample_rate": 0.75, "device": "cpu",
+    train = {"rounds": 6, "local_epochs": 2, "batch_size": 32, "sample_rate": 0.75,
              "optimizer": {"lr": 0.05, "momentum": 0.9}, "eval_local_models": False, **train}  # fmt: skip
     return make_run_config(dataset="digits", model=model, model_options=model_options, method=method, params=params,
                            scenario=scenario, partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
@@ -135,7 +136,8 @@ def replay_stream_cfg(make_run_config, method, params, model="mlp", model_option
 
 def close_buffers(a, b, key="replay", tol=1e-5):
     """Every client's replay buffer in simulations ``a`` and ``b``: the same keys, rows
-    within ``tol``, the same counters."""
+    within ``tol`` (on a GPU's code paths ``GPU_TOL_FACTOR`` times it), the same counters."""
+    tol *= GPU_TOL_FACTOR
     assert a.fed.clients.keys() == b.fed.clients.keys()
     for cid, st in a.fed.clients.items():
         buf, other = st[key], b.fed.clients[cid][key]

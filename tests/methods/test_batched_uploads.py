@@ -19,6 +19,7 @@ from fedforget.methods import METHODS, make_params
 from fedforget.partition import PartitionSpec
 from fedforget.vectorized import method_not_vectorized
 
+from ..conftest import GPU_CODE_PATHS, GPU_TOL_FACTOR
 from .conftest import CPU, QUICK_PARAMS, SMALL_CNN, SMALL_RESNET, replay_stream_cfg
 
 # every registered method whose local training the batched engine can run, discovered from
@@ -53,7 +54,7 @@ def test_every_batched_method_equals_sequential(public_run_cfg, run_engines, ass
     back with state from an earlier round (FedDyn's gradient, SCAFFOLD's c_i)."""
     rc = public_run_cfg(method, params, rounds=4, sample_rate=0.75, local_epochs=2, batch_size=8,
                         optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
-    out = run_engines(rc, CPU)
+    out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     kept = {cid: st for cid, st in seq.client_state.items() if st}  # FedAvg keeps none
@@ -77,13 +78,14 @@ def same_rows(a, b, where):
 
 
 def close(a, b, where):
-    """Client state within 1e-5 (tensors), equal otherwise, nested dicts (a replay buffer) entry by entry."""
+    """Client state within 1e-5 (tensors; on a GPU ``GPU_TOL_FACTOR`` times it), equal otherwise,
+    nested dicts (a replay buffer) entry by entry."""
     if isinstance(a, dict):
         assert a.keys() == b.keys(), where
         for k in a:
             close(a[k], b[k], (*where, k))
     elif isinstance(a, torch.Tensor):
-        assert torch.allclose(a.float(), b.float(), atol=1e-5), where
+        assert torch.allclose(a.float(), b.float(), atol=1e-5 * GPU_TOL_FACTOR), where
     else:
         assert a == b, where
 
@@ -145,6 +147,8 @@ def test_live_terms_equal_sequential(make_run_config, run_engines, assert_same_m
     """Within 1e-5: metrics (the methods' diagnostics included) and weights, 2 rounds (3 in
     combined mode: clients come back with their base's state) of 2 local epochs at batch 20
     over Dirichlet clients of unequal sizes."""
+    if (method, model) == ("fedrcl", "cnn2d") and GPU_CODE_PATHS:
+        pytest.skip("FedRCL's stacked convolutions over 2 rounds: test_fedrcl_one_step_per_client_stacked_equals_alone")
     part = PartitionSpec("dirichlet", clients=6, alpha=0.5, min_size=10, seed=0)
     rounds = 3 if "base" in params else 2
     options = {"cnn2d": SMALL_CNN, "slvit": {"patch_size": 4, "dim": 16, "depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 16}}
@@ -209,6 +213,28 @@ def test_live_terms_with_batchnorm_equal_sequential(
     assert any("running_mean" in k for k in vec.global_params) == (norm == "batch")
 
 
+@pytest.mark.parametrize("model", ["cnn2d", "mlp"])
+def test_fedrcl_one_step_per_client_stacked_equals_alone(make_run_config, run_engines, assert_same_metrics, assert_same_weights, model):
+    """FedRCL's terms for a stack of 20 clients (one step each, at the global weights): its
+    diagnostics (each client's L_SCL and L_DIV) and the weights within 1e-6 of the clients
+    one after another. [D] Over several steps a stack whose convolutions are batched (a
+    GPU's paths) does not stay within 1e-5 of one client's kernels: the thresholded
+    penalty (a same-class pair crossing lambda = 0.7 adds exp(s / tau) to L_DIV, tau =
+    0.05) and tau itself amplify rounding; with every step stacked the 2-round cnn2d case of
+    test_live_terms_equal_sequential ended 6e-4 apart in a weight (float32), and one step per
+    client agrees (measured 2026-12-06 under FEDFORGET_TEST_GPU_PATHS=1). On a CPU's paths
+    that case runs each wide step in the client's replica, the same kernels as alone."""
+    part = PartitionSpec("dirichlet", clients=40, alpha=0.5, min_size=10, seed=0)
+    rc = make_run_config(dataset="digits", model=model, model_options=SMALL_CNN if model == "cnn2d" else None,
+                         method="fedrcl", rounds=1, local_epochs=1, batch_size=256, sample_rate=0.5,
+                         optimizer={"lr": 0.01}, partition=part, eval_local_models=False)  # fmt: skip
+    out = run_engines(rc)
+    (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    assert rows_v[-1]["fedrcl_l_div"] > 0
+    assert_same_metrics(rows_s, rows_v, tol=1e-6)
+    assert_same_weights(seq, vec, tol=1e-6)
+
+
 @pytest.mark.parametrize("levels", ["all", [0, 2]])
 def test_fedrcl_levels_of_a_resnet_stacked_equal_sequential(make_run_config, run_engines, assert_same_metrics, assert_same_weights, levels):
     """FedRCL's multi-level terms on ResNet-8 with GroupNorm (the FedRCL code's norm): the
@@ -242,7 +268,7 @@ def test_fedproj_trains_stacked_as_sequential(public_run_cfg, run_engines, asser
     optimizer = {"name": "adam", "lr": 0.005} if opt == "adam" else {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}
     rc = public_run_cfg("fedproj", {"distill_epochs": 1, "distill_batch_size": 4, **params}, rounds=4,
                         sample_rate=0.75, local_epochs=2, batch_size=8, optimizer=optimizer)  # fmt: skip
-    out = run_engines(rc, CPU)
+    out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     assert_same_weights(seq, vec)
@@ -301,6 +327,7 @@ def test_fedsol_step_records_equal_sequential(make_run_config, run_engines, monk
         return real(self, ctxs, key, *values, **where)
 
     monkeypatch.setattr(FedSOL, "_record", spy)
+    monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "0")  # the spy reads the host: no step captured
 
     real_run = Simulation.run
 

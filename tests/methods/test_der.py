@@ -183,7 +183,7 @@ def test_replay_on_a_keyed_dropout_model_trains_stacked_as_sequential(make_run_c
     prepare_dataset("blobs", opts, tmp_path)
     scenario = {"kind": "split", "tasks": 2, "classes_per_task": 5, "rounds_per_task": 2, "incremental": "class"}
     rc = make_run_config(dataset="blobs", options=opts, model="cnn_fedgp", method=method, params=params, scenario=scenario,
-                         rounds=4, local_epochs=2, batch_size=batch, sample_rate=1.0, device="cpu", eval_local_models=False,
+                         rounds=4, local_epochs=2, batch_size=batch, sample_rate=1.0, eval_local_models=False,
                          optimizer={"lr": 0.05}, partition=PartitionSpec("dirichlet", clients=3, alpha=0.5, min_size=5, seed=0))  # fmt: skip
     out = run_engines(replace(rc, data_dir=str(tmp_path)))
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]

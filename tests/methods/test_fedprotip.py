@@ -599,7 +599,9 @@ def test_resume_from_a_mid_task_checkpoint_equals_the_uninterrupted_run(make_run
     ],
     ids=["cnn2d", "cnn2d-early", "mlp-early-free"],
 )
-def test_fedprotip_minus_t_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, params):
+def test_fedprotip_minus_t_trains_stacked_as_sequential(
+    make_run_config, run_engines, assert_same_metrics, assert_same_weights, model, params
+):  # fmt: skip
     """FedProTIP(-t) (one shared head) on the stacked trainer: its projection and held
     parameters are the step terms' gradient map (``projection_map``), the same for every
     client of the stack; metrics within 1e-5 of the sequential trainer's (cnn2d on a CPU: wide
@@ -608,12 +610,11 @@ def test_fedprotip_minus_t_trains_stacked_as_sequential(make_run_config, run_eng
     rc = digits(make_run_config, params, scenario=SPLIT, local_epochs=2, sample_rate=0.75,
                 optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
     rc = replace(rc, dataset=replace(rc.dataset, model=model, model_options=SMALL_CNN if model == "cnn2d" else {}))
-    out = run_engines(rc, CPU)
+    out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     assert seq.server.state[BASES]
-    for k, v in seq.global_params.items():
-        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5)
+    assert_same_weights(seq, vec)
 
 
 def test_split_digits_run_with_a_sketch(make_run_config):
@@ -834,7 +835,9 @@ def test_projection_geometry_needs_a_shared_projection():
     ],
     ids=["fedprotip-cnn2d", "fedprotip-mlp-early", "fedavg-mlp", "fot-cnn2d", "fedprox-mlp"],
 )
-def test_per_task_heads_train_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, method, model, params):
+def test_per_task_heads_train_stacked_as_sequential(
+    make_run_config, run_engines, assert_same_metrics, assert_same_weights, method, model, params
+):  # fmt: skip
     """Per-task heads on the stacked trainer (issue 32: FedProTIP's own tables): the active
     task's head trains in the stack, the other heads are left out of it (as a client alone,
     whose optimizer skips them); metrics and weights within 1e-5 of the sequential trainer's
@@ -844,10 +847,9 @@ def test_per_task_heads_train_stacked_as_sequential(make_run_config, run_engines
                 optimizer={"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3})  # fmt: skip
     rc = replace(rc, method=replace(rc.method, name=method, label=method),
                  dataset=replace(rc.dataset, model=model, model_options=SMALL_CNN if model == "cnn2d" else {}))  # fmt: skip
-    out = run_engines(rc, CPU)
+    out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert vec.engine_info["client_engine"] == "vectorized"
     assert_same_metrics(rows_s, rows_v)
-    for k, v in seq.global_params.items():
-        torch.testing.assert_close(v, vec.global_params[k], atol=1e-5, rtol=1e-5, msg=k)
+    assert_same_weights(seq, vec)
     assert isinstance(vec.model.head, TaskHeads) and len(vec.model.head.heads) == 3
