@@ -16,7 +16,10 @@
 #   tests     the engine, device, dropout, precision, frozen-stage and replay/projection tests on the GPU
 #             (FEDFORGET_TEST_DEVICE=cuda, TF32 off): clients trained together = one after
 #             another within 1e-5 (1e-4 on a GPU: tests/conftest.py's GPU_TOL_FACTOR), CUDA
-#             graphs the same bits as eager steps;
+#             graphs the same bits as eager steps (since 2026-12-06 the stacked tests of FedGP,
+#             FedProTIP, A-GEM, DER, FedProj and every batched method take the GPU too: before,
+#             they ran on this machine's CPU; gpu_rehearsal.sh runs them on a CPU along a GPU's
+#             code paths first);
 #             then train.concurrent_clients' equality tests (every method, each lane on a
 #             CUDA stream of its own: the same bits as one client after another; a training
 #             BERT stacked as one after another, its masks drawn on the GPU);
