@@ -16,8 +16,8 @@
 # limit to 1200 s; the GPU tests run on the CPU along a GPU's code paths (every stacked step
 # batched, the lr on the device, channels_last stacks, CUDA graphs through the tape, the GPU's
 # tolerances: FEDFORGET_TEST_GPU_PATHS=1, tests/conftest.py; their first run, 2026-12-06, found
-# a test that read the host inside a captured step; ORDER=tests runs them alone, about 2
-# minutes on 2 cores). A known difference
+# a test that read the host inside a captured step; then, with them, every engine and method
+# test so; ORDER=tests runs those alone, about 4 minutes on 2 cores). A known difference
 # from a GPU run: the batched TinyBERT of model_rates.py --only hf needs more than 24 GB of
 # host memory. After gpu.sh it runs the step its header names after section rates:
 # benchmarks/paper_runtime.py on the run's rate files.
@@ -57,6 +57,16 @@ order=${ORDER:-$(bash "$work/repo/benchmarks/gpu.sh" --default-order)}
 # the clone's src; it keeps gpu.sh's output as $out/log.txt, its own lines go to device.txt)
 PATH="$work/bin:$PATH" TMPDIR="$work/tmp" ORDER="$order" OUT="$out" \
     bash "$work/repo/benchmarks/gpu_device.sh" >/dev/null 2>"$out/device.txt" || true
+# with the GPU tests: every engine and method test on a GPU's code paths, beyond gpu.sh's
+# selection (a GPU session has no time for them all; about 2.5 minutes here)
+if [[ " $order " == *" tests "* ]]; then
+    (cd "$work/repo" && FEDFORGET_TEST_GPU_PATHS=1 PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" \
+        "$real" -m pytest -q -p no:cacheprovider -n 2 tests/methods tests/test_vectorized.py tests/test_engine.py \
+        tests/test_resume.py tests/test_dropout.py tests/test_inputs.py tests/test_precision.py tests/test_continual.py \
+        tests/test_diagnostics.py tests/test_models.py tests/test_models_paper.py tests/test_featcache.py \
+        >"$out/tests-gpu-paths.txt" 2>&1)
+    echo "[tests-gpu-paths] done (rc $?): the engine and method tests on a GPU's code paths" >>"$out/log.txt"
+fi
 # the step after gpu.sh (its header, section rates): each paper table's hours at this run's rates
 rates=""  # in gpu.sh's order: hf-rates-c1.json's rows replace model_rates.json's
 for f in model_rates.json hf-rates-c1.json; do [ -f "$out/$f" ] && rates="$rates $out/$f"; done

@@ -749,3 +749,22 @@ def test_per_task_heads_stack_unless_the_method_has_live_terms():
     for ok in ("fedavg", "fedprotip", "fedprox", "fot", "der", "agem"):
         assert why_not_vectorized(METHODS.get(ok), model, "sgd") is None, ok
     assert "per-task heads with method 'fedsam''s terms" in why_not_vectorized(METHODS.get("fedsam"), model, "sgd")
+
+
+def test_join_run_grads_holds_what_a_run_holds():
+    """A step's runs of clients (BatchNorm: batches of one size each) give one parameter's
+    gradients joined in the stack's order: None where every run's map holds it (SCR's
+    classifier), a Held naming the clients of a run that holds it, or of a run's own Held,
+    the gradients where none does. (A GPU's paths on a CPU first met the all-None case:
+    SCR on ResNet-8, every step stacked.)"""
+    from fedforget.methods.base import Held
+    from fedforget.vectorized import join_run_grads
+
+    a, b = torch.ones(2, 3), torch.full((1, 3), 2.0)
+    assert join_run_grads([None, None], [2, 1]) is None
+    assert torch.equal(join_run_grads([a, b], [2, 1]), torch.cat([a, b]))
+    mixed = join_run_grads([None, b], [2, 1])
+    assert isinstance(mixed, Held) and mixed.held.tolist() == [True, True, False]
+    assert torch.equal(mixed.grad, torch.cat([torch.zeros(2, 3), b]))
+    inner = join_run_grads([Held(a, torch.tensor([False, True])), b], [2, 1])
+    assert inner.held.tolist() == [False, True, False] and torch.equal(inner.grad, torch.cat([a, b]))

@@ -890,6 +890,28 @@ def _replica(model: nn.Module) -> nn.Module:
     return net
 
 
+def join_run_grads(values: list, sizes: list[int]) -> torch.Tensor | Held | None:
+    """One parameter's gradients from consecutive runs of a stack's clients (each [a_i, ...];
+    None where a method's gradient map holds it for the run, as SCR's for the classifier; or
+    a ``Held``), joined in the stack's order: None where every run holds it, a ``Held``
+    where some clients do (the optimizer skips their rows, as torch.optim skips a None grad
+    of a client alone), else the gradients [G, ...]."""
+    if all(v is None for v in values):
+        return None
+    if all(isinstance(v, torch.Tensor) for v in values):
+        return torch.cat(values)
+    like = next(v.grad if isinstance(v, Held) else v for v in values if v is not None)
+    grads, held = [], []
+    for v, a in zip(values, sizes):
+        if isinstance(v, Held):
+            grads.append(v.grad)
+            held.append(v.held)
+        else:
+            grads.append(like.new_zeros((a, *like.shape[1:])) if v is None else v)
+            held.append(torch.full((a,), v is None, dtype=torch.bool, device=like.device))
+    return Held(torch.cat(grads), torch.cat(held))
+
+
 def lr_on_device(device: torch.device) -> bool:
     """Whether the batched engine's SGD reads its lr from a tensor on ``device``: on a GPU [D].
     A CUDA graph keeps the Python numbers its kernels were launched with, so a step that
@@ -1181,7 +1203,8 @@ def train_clients_together(
             parts.append(one_pass({n: v[i:j] for n, v in p_act.items()}, {n: v[i:j] for n, v in st_act.items()},
                                   *xs, rows[i:j], lo + i, k))  # fmt: skip
             i = j
-        grads = {n: torch.cat([g[n] for g, _, _ in parts]) for n in parts[0][0]}
+        sizes = [len(loss) for _, loss, _ in parts]
+        grads = {n: join_run_grads([g[n] for g, _, _ in parts], sizes) for n in parts[0][0]}
         w = xb.shape[1]
         logits = torch.cat([F.pad(z, (0, 0, 0, w - z.shape[1])) for _, _, z in parts])
         return grads, torch.cat([loss for _, loss, _ in parts]), logits

@@ -318,10 +318,11 @@ def test_trains_stacked_as_sequential(cfed_cfg, run_engines, assert_same_metrics
     its minibatch (``JoinedLive(replaces=True)``), its distillation against the teacher's
     scores beside the learners' task loss, within 1e-5 of one client after another (and
     FedGP's projection after it)."""
-    from .conftest import SMALL_CNN, SMALL_RESNET
+    from .conftest import BN_SHORT, SMALL_CNN, SMALL_RESNET
 
     opts = {"mlp": None, "cnn2d": SMALL_CNN, "resnet8": SMALL_RESNET}[model]
-    rc = cfed_cfg(method, params, sample_rate=1.0, drop_last=model == "resnet8", eval_every=2)
+    rc = cfed_cfg(method, params, sample_rate=1.0, drop_last=model == "resnet8", eval_every=2,
+                  **BN_SHORT if model == "resnet8" else {})
     rc = replace(rc, dataset=replace(rc.dataset, model=model, model_options=opts))
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]

@@ -34,6 +34,7 @@ from fedforget.parse import parse_config
 from fedforget.utils import FedForgetError
 
 from .conftest import (
+    BN_SHORT,
     CPU,
     SMALL_CNN,
     SMALL_RESNET,
@@ -421,7 +422,7 @@ def test_icarl_trains_stacked_as_sequential(make_run_config, run_engines, assert
     bn = model == "resnet8"  # drop_last: no 1-row batch through BatchNorm (as A-GEM's and DER's test)
     rc = replay_stream_cfg(make_run_config, "icarl", {"buffer_size": 30, "reduction": reduction}, model,
                            SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None, incremental,
-                           eval_every=1, drop_last=bn)  # fmt: skip
+                           eval_every=1, drop_last=bn, **BN_SHORT if bn else {})  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert vec.engine_info["client_engine"] == "vectorized"
