@@ -63,7 +63,7 @@ if [[ " $order " == *" tests "* ]]; then
     (cd "$work/repo" && FEDFORGET_TEST_GPU_PATHS=1 PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" \
         "$real" -m pytest -q -p no:cacheprovider -n 2 tests/methods tests/test_vectorized.py tests/test_engine.py \
         tests/test_resume.py tests/test_dropout.py tests/test_inputs.py tests/test_precision.py tests/test_continual.py \
-        tests/test_diagnostics.py tests/test_models.py tests/test_models_paper.py tests/test_featcache.py \
+        tests/test_diagnostics.py tests/test_models.py tests/test_models_paper.py tests/test_featcache.py tests/test_models_hf.py \
         >"$out/tests-gpu-paths.txt" 2>&1)
     echo "[tests-gpu-paths] done (rc $?): the engine and method tests on a GPU's code paths" >>"$out/log.txt"
 fi

@@ -65,7 +65,8 @@ if TEST_DEVICE != "cpu":
 # FEDFORGET_TEST_GPU_PATHS=1 (benchmarks/gpu_rehearsal.sh, gpu.sh's GPU tests on a CPU): the code
 # paths a GPU takes, on the CPU (fixture gpu_paths): every stacked step batched (a CPU runs a
 # Conv2d model's wide steps client by client), SGD's lr a tensor, the stacked convolutions in
-# channels_last, CUDA graphs through the tape; with the GPU's tolerances (the stacked
+# channels_last, CUDA graphs through the tape, host tensors copied to the device (utils.
+# host_to_device: on a CPU the tensor itself); with the GPU's tolerances (the stacked
 # convolutions round otherwise than one client's here too). Not a GPU: its kernels, streams and
 # memory are not exercised; a device session is 15 minutes, and a test that fails there for a
 # reason a CPU shows costs one (2026-12-06: FedSOL's step-records test read the host inside a
@@ -233,6 +234,18 @@ def gpu_paths(request, monkeypatch):
     monkeypatch.setattr(vz, "lr_on_device", lambda device: True)
     monkeypatch.setattr(vz, "nhwc_device", lambda t: True)
     monkeypatch.setenv("FEDFORGET_CUDA_GRAPHS", "tape")
+    # a host tensor reaches a GPU as a copy (a CPU's .to(cpu) is the tensor itself)
+    import fedforget.utils as fu
+
+    real = fu.host_to_device
+
+    def copied(t, device):
+        out = real(t, device)
+        return out.clone() if out is t else out
+
+    for mod in [m for name, m in sys.modules.items() if name.startswith("fedforget")]:
+        if getattr(mod, "host_to_device", None) is real:
+            monkeypatch.setattr(mod, "host_to_device", copied)
 
 
 @pytest.fixture
