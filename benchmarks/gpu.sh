@@ -22,7 +22,9 @@
 #             code paths first);
 #             then train.concurrent_clients' equality tests (every method, each lane on a
 #             CUDA stream of its own: the same bits as one client after another; a training
-#             BERT stacked as one after another, its masks drawn on the GPU);
+#             BERT stacked as one after another, its masks drawn on the GPU); then the
+#             continual methods' stacked tests (GPM, FOT, iCaRL, GLFC/LGA, CFeD, SCR, TARGET,
+#             L2P: tests-continual.txt, since 2026-12-06);
 #   lanes     the sequential trainer with 1 against 4 lanes: FedAvg on ResNet-18 and the
 #             McMahan CNN (issue 32's setting); lanes2: iCaRL (sequential, on lanes) on ResNet-18,
 #             split 5 x 2, on ResNet-18;
@@ -146,8 +148,16 @@ tests() {
         tests/methods/test_concurrent_clients.py tests/test_featcache.py tests/test_models_hf.py \
         -k "task_stream or fedavg or scaffold or fedgp or der or draw or at_once or once_per_row or met_with or batched_as_one or training_bert" \
         >"$out/tests-lanes.txt" 2>&1)
+    # the continual methods' stacked-equals-sequential tests (GPM, FOT, iCaRL, GLFC/LGA, CFeD,
+    # SCR, TARGET, L2P: their joined rows, projections and synthetic batches on the GPU;
+    # since 2026-12-06, 27 tests, 15 s on 2 CPU cores along a GPU's paths)
+    (cd "$here/.." && box 60 env FEDFORGET_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider -n 4 \
+        tests/methods/test_cfed.py tests/methods/test_fot.py tests/methods/test_glfc.py tests/methods/test_gpm.py \
+        tests/methods/test_icarl.py tests/methods/test_l2p.py tests/methods/test_scr.py tests/methods/test_target.py \
+        -k "$k" >"$out/tests-continual.txt" 2>&1)
     tail -25 "$out/tests.txt"
     tail -3 "$out/tests-lanes.txt"
+    tail -3 "$out/tests-continual.txt"
 }
 lanes() {
     box 75 "${sim[@]}" --warmup 3 --modes sequential concurrent --lanes 4 --preset resnet18 \

@@ -222,7 +222,7 @@ def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_
         dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN, method="scr", params=SMALL,
         scenario={**SPLIT, "incremental": "class", "heads": heads}, rounds=2 if bn else 3, batch_size=32,
         local_epochs=1 if bn else 2, sample_rate=0.75, eval_local_models=False, eval_every=1,
-        optimizer={"lr": 0.005 if bn else 0.05, "momentum": 0.9, "weight_decay": 1e-3}, device="cpu", drop_last=bn,
+        optimizer={"lr": 0.005 if bn else 0.05, "momentum": 0.9, "weight_decay": 1e-3}, drop_last=bn,
         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
     )  # fmt: skip
     out = run_engines(rc)
