@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # every shipped config (the default and one file per experiment): data.dvc tracks their data
 CONFIGS := config/config.yaml $(sort $(wildcard config/experiments/*.yaml))
 
-.PHONY: install run test clean data smoke floors
+.PHONY: install run test clean data smoke floors gpu-paths
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,18 @@ smoke: install
 	mkdir -p $(dir $(SMOKE_LOG)) && rm -f $(SMOKE_LOG)
 	FEDFORGET_SMOKE_ALL=1 FEDFORGET_SMOKE_CORES=$(SMOKE_CORES) FEDFORGET_SMOKE_LOG=$(abspath $(SMOKE_LOG)) \
 	  $(BIN)/python -m pytest tests/test_smoke.py -k "every_paper_config or every_embedded_config" -p no:cacheprovider --durations=0
+
+# benchmarks/gpu.sh's GPU tests, then every engine and method test, on this CPU along a GPU's
+# code paths (FEDFORGET_TEST_GPU_PATHS=1, tests/conftest.py: every stacked step batched, the lr
+# a tensor, channels_last stacks, CUDA graphs through the tape, host tensors copied): what a
+# device session's tests would meet that a CPU can show, first. benchmarks/gpu_rehearsal.sh
+# with ORDER=tests, on a clone of the committed HEAD; about 5 minutes on 2 cores; fails on a
+# failure it lists (GPU_PATHS_OUT/failures.txt)
+GPU_PATHS_OUT ?= /tmp/gpu-paths
+gpu-paths: install
+	rm -rf $(GPU_PATHS_OUT)
+	ORDER=tests bash benchmarks/gpu_rehearsal.sh $(GPU_PATHS_OUT)
+	@test ! -s $(GPU_PATHS_OUT)/failures.txt || { echo "make gpu-paths: failures above ($(GPU_PATHS_OUT))" >&2; exit 1; }
 
 # the suite (as `make test`) at the lowest releases pyproject.toml allows: every dependency of
 # the project and its dev extras at its `>=` floor, what they need at its newest (uv's

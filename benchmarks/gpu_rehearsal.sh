@@ -60,12 +60,13 @@ PATH="$work/bin:$PATH" TMPDIR="$work/tmp" ORDER="$order" OUT="$out" \
 # with the GPU tests: every engine and method test on a GPU's code paths, beyond gpu.sh's
 # selection (a GPU session has no time for them all; about 2.5 minutes here)
 if [[ " $order " == *" tests "* ]]; then
+    rc=0
     (cd "$work/repo" && FEDFORGET_TEST_GPU_PATHS=1 PYTHONPATH="$work/repo/src" TMPDIR="$work/tmp" \
         "$real" -m pytest -q -p no:cacheprovider -n 2 tests/methods tests/test_vectorized.py tests/test_engine.py \
         tests/test_resume.py tests/test_dropout.py tests/test_inputs.py tests/test_precision.py tests/test_continual.py \
         tests/test_diagnostics.py tests/test_models.py tests/test_models_paper.py tests/test_featcache.py tests/test_models_hf.py \
-        >"$out/tests-gpu-paths.txt" 2>&1)
-    echo "[tests-gpu-paths] done (rc $?): the engine and method tests on a GPU's code paths" >>"$out/log.txt"
+        >"$out/tests-gpu-paths.txt" 2>&1) || rc=$?
+    echo "[tests-gpu-paths] done (rc $rc): the engine and method tests on a GPU's code paths" >>"$out/log.txt"
 fi
 # the step after gpu.sh (its header, section rates): each paper table's hours at this run's rates
 rates=""  # in gpu.sh's order: hf-rates-c1.json's rows replace model_rates.json's
@@ -79,6 +80,6 @@ if [ -n "$rates" ]; then
     set -e
 fi
 # what failed: a command's non-zero exit, an engine mode's error, a Python traceback
-grep -h -E "done \(rc [^0]|  error: |^Traceback|Error:" "$out/log.txt" "$out"/*.txt 2>/dev/null | grep -v gpuGetDeviceCount \
+grep -h -E "done \(rc [^0]|  error: |^Traceback|Error:|^FAILED " "$out/log.txt" "$out"/*.txt 2>/dev/null | grep -v gpuGetDeviceCount \
     | sort | uniq -c | tee "$out/failures.txt"
 echo "gpu_rehearsal: $(grep -c '' "$out/calls.txt") commands; failures above (also $out/failures.txt)"
