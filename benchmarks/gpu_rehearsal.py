@@ -72,7 +72,7 @@ def rewrite(argv: list[str]) -> list[str]:
     return out
 
 
-def test_env(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+def command_env(argv: list[str], env: dict[str, str]) -> dict[str, str]:
     """The environment of a command: gpu.sh's GPU tests (``python -m pytest``, with
     FEDFORGET_TEST_DEVICE=cuda) run on the CPU along a GPU's code paths
     (FEDFORGET_TEST_GPU_PATHS=1, tests/conftest.py); any other command's unchanged."""
@@ -87,4 +87,4 @@ def stand_in(real: str, log: str) -> None:
     if is_benchmark(argv):
         with open(log, "a") as f:
             f.write(" ".join(argv) + "\n")
-    os.execve(real, [real, *argv], test_env(argv, dict(os.environ)))
+    os.execve(real, [real, *argv], command_env(argv, dict(os.environ)))

@@ -249,8 +249,8 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
         own_size = [rehearsal.rewrite(["/r/benchmarks/simulation.py", "--preset", p]) for p in ("resnet8", "digits")]
         option = rehearsal.option
         # the GPU tests (gpu.sh: FEDFORGET_TEST_DEVICE=cuda python -m pytest ...) on a GPU's code paths on the CPU
-        tests_env = rehearsal.test_env(["-m", "pytest", "-q", "tests/test_vectorized.py"], {"FEDFORGET_TEST_DEVICE": "cuda"})
-        other_env = rehearsal.test_env(["/r/benchmarks/simulation.py"], {"FEDFORGET_TEST_DEVICE": "cuda"})
+        tests_env = rehearsal.command_env(["-m", "pytest", "-q", "tests/test_vectorized.py"], {"FEDFORGET_TEST_DEVICE": "cuda"})
+        other_env = rehearsal.command_env(["/r/benchmarks/simulation.py"], {"FEDFORGET_TEST_DEVICE": "cuda"})
     assert tests_env == {"FEDFORGET_TEST_DEVICE": "cpu", "FEDFORGET_TEST_GPU_PATHS": "1"}
     assert other_env == {"FEDFORGET_TEST_DEVICE": "cuda"}
     assert all("cuda" not in argv for argv in rehearsed)

@@ -422,8 +422,7 @@ def test_the_stacked_trainer_takes_g_ref_a_stack_at_a_time(public_run_cfg, run_e
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)
     for n, v in seq.server.state[STATE_KEY].items():
-        tol = GPU_TOL_FACTOR
-        torch.testing.assert_close(vec.server.state[STATE_KEY][n], v, rtol=1e-5 * tol, atol=1e-6 * tol)
+        torch.testing.assert_close(vec.server.state[STATE_KEY][n], v, rtol=1e-5 * GPU_TOL_FACTOR, atol=1e-6 * GPU_TOL_FACTOR)
 
 
 def test_a_reply_stack_out_of_gpu_memory_names_the_setting(public_run_cfg, monkeypatch):

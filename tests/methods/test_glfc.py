@@ -392,9 +392,9 @@ def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_
         params["proxy"] = False
     rc = replay_stream_cfg(make_run_config, method, params, model,
                            SMALL_RESNET if bn else SMALL_CNN if model == "cnn2d" else None, incremental,
-                           class_order=order, eval_every=1, drop_last=bn, **{"rounds": 4, **(BN_SHORT if bn else {})})  # fmt: skip
-    if bn:  # (at BN_SHORT's lr 0.005 every step stacked put glfc_gc 1.6e-4 apart after 4 rounds)
-        rc = replace(rc, train=replace(rc.train, optimizer=replace(rc.train.optimizer, lr=0.002)))
+                           class_order=order, eval_every=1, drop_last=bn, rounds=4,
+                           # (at BN_SHORT's lr 0.005 every step stacked put glfc_gc 1.6e-4 apart after 4 rounds)
+                           **{**BN_SHORT, "optimizer": {**BN_SHORT["optimizer"], "lr": 0.002}} if bn else {})  # fmt: skip
     out = run_engines(rc)
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert_same_metrics(rows_s, rows_v)

@@ -35,6 +35,7 @@ from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
 from .conftest import (
+    BN_SHORT,
     CPU,
     SMALL_CNN,
     SMALL_RESNET,
@@ -213,8 +214,8 @@ def test_split_digits_run_trains_reports_and_resumes_exactly(make_run_config):
 def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_metrics, model, heads):
     """Issue 32: SCR's step as live terms over each client's minibatch joined with its memory
     batch, its second view through the stack's weights, within 1e-5 of one client after
-    another (metrics, prototypes, buffers, weights). [D] With BatchNorm at lr 0.005 (as
-    conftest.BN_SHORT says why): at 0.05, on an AMD EPYC's kernels (2026-12-06), a test row
+    another (metrics, prototypes, buffers, weights). [D] With BatchNorm at BN_SHORT's lr
+    (conftest.BN_SHORT says why): at 0.05, on an AMD EPYC's kernels (2026-12-06), a test row
     was predicted otherwise after 2 rounds (6.1e-5 in the global accuracy, 0.500 against
     0.511 in the top prediction's share; CI's machine had passed it)."""
     bn = model == "resnet8"
@@ -222,7 +223,7 @@ def test_trains_stacked_as_sequential(make_run_config, run_engines, assert_same_
         dataset="digits", model=model, model_options=SMALL_RESNET if bn else SMALL_CNN, method="scr", params=SMALL,
         scenario={**SPLIT, "incremental": "class", "heads": heads}, rounds=2 if bn else 3, batch_size=32,
         local_epochs=1 if bn else 2, sample_rate=0.75, eval_local_models=False, eval_every=1,
-        optimizer={"lr": 0.005 if bn else 0.05, "momentum": 0.9, "weight_decay": 1e-3}, drop_last=bn,
+        optimizer={"lr": BN_SHORT["optimizer"]["lr"] if bn else 0.05, "momentum": 0.9, "weight_decay": 1e-3}, drop_last=bn,
         partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=5, seed=0),
     )  # fmt: skip
     out = run_engines(rc)
