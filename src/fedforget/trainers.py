@@ -392,8 +392,13 @@ class LocalTrainer:
         before = {name: set(d) for name, d in self.fed.client_dicts().items()}
         main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         drawn = global_draws(self.device)
+        per = self.client_threads()
 
         def run(lane: LocalTrainer) -> None:
+            # this thread's own intra-op count (OpenMP's and MKL's are per thread): a new thread
+            # takes torch's count at its first large elementwise op only, and ran MKL's matrix
+            # products before it on every core [D, found 2026-12-06]
+            torch.set_num_threads(per)
             with lane.on_stream(main):
                 while True:
                     with lock:
@@ -409,7 +414,7 @@ class LocalTrainer:
         threads = torch.get_num_threads()
         if self.pool is None:
             self.pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="fedforget-lane")
-        torch.set_num_threads(self.client_threads())  # process-wide: back afterwards
+        torch.set_num_threads(per)  # the process's count too: back afterwards
         try:
             list(self.pool.map(run, self.lanes[: len(cids)]))
         finally:

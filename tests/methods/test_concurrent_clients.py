@@ -8,6 +8,7 @@ has a CUDA stream of its own)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import replace
 
@@ -105,6 +106,29 @@ def test_resume_refuses_another_share_of_threads(make_run_config):
         other.run(progress=False, resume=saved[0])
     status, _, msg = Simulation(rc, device=CPU).run(progress=False, resume=saved[0])  # the same lanes: resumes
     assert status == "completed", msg
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the process's threads in /proc")
+def test_each_lane_runs_its_share_of_threads(make_run_config):
+    """A lane's thread runs torch's intra-op work (OpenMP, MKL) on its share of the threads
+    from its first operation: a new thread that has run no large elementwise op has not taken
+    torch's count yet, and MKL ran its matrix products there on the process default (every
+    core: 2 extra threads per lane on 2 cores, seen 2026-12-06 with tiny models). Here the
+    first product of each lane (threads 1, 2 lanes) starts no worker thread."""
+    rc = make_run_config(threads=1, concurrent_clients=2, rounds=1)
+    sim = Simulation(rc, device=CPU)
+    views = {c: sim.trainer.round_view(c, 1) for c in range(4)}
+    a, lock, grown, counts = torch.randn(512, 512), threading.Lock(), [], []
+
+    def work(lane, cid):
+        with lock:  # one lane at a time: the count is the process's
+            before = len(os.listdir("/proc/self/task"))
+            a @ a
+            grown.append(len(os.listdir("/proc/self/task")) - before)
+            counts.append(torch.get_num_threads())
+
+    sim.trainer.at_once(views, work, "a matrix product")
+    assert grown == [0, 0, 0, 0] and counts == [1, 1, 1, 1]
 
 
 def test_lanes_equal_under_asynchronous_boundaries(make_run_config, monkeypatch):
