@@ -60,6 +60,53 @@ def test_lanes_equal_one_after_another(public_run_cfg, method):
     assert_same_run(*both(rc))
 
 
+@pytest.fixture
+def one_lane_first(monkeypatch):
+    """Every lane but the first starts once the first has taken the last client: one lane
+    trains (or replies for) every client of a round, one after another on its model, as a
+    loaded machine may schedule them (the lanes' threads start late)."""
+    import contextlib
+
+    from fedforget import trainers
+
+    first, done, worked = [], threading.Event(), []  # worked: per call, the lanes that took clients
+    at_once, on_stream = trainers.LocalTrainer.at_once, trainers.LocalTrainer.on_stream
+
+    def ordered(self, views, work, what):
+        first[:] = [self.lanes[0]]
+        done.clear()
+        worked.append(set())
+
+        def tracked(lane, cid):
+            worked[-1].add(self.lanes.index(lane))
+            return work(lane, cid)
+
+        return at_once(self, views, tracked, what)
+
+    @contextlib.contextmanager
+    def late(self, main):
+        if self is not first[0]:
+            done.wait()
+        try:
+            with on_stream(self, main):
+                yield
+        finally:
+            if self is first[0]:
+                done.set()
+
+    monkeypatch.setattr(trainers.LocalTrainer, "at_once", ordered)
+    monkeypatch.setattr(trainers.LocalTrainer, "on_stream", late)
+    return worked
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_one_lane_with_every_client_equals_one_after_another(public_run_cfg, one_lane_first, method):
+    """A lane that trains several clients of a round carries nothing from one to the next."""
+    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=2, sample_rate=0.75, client_engine="sequential")
+    assert_same_run(*both(rc))
+    assert one_lane_first and all(w == {0} for w in one_lane_first)  # the first lane took every client
+
+
 @pytest.mark.parametrize(
     "method,params",
     [("icarl", None), ("glfc", QUICK_PARAMS["glfc"]), ("target", TINY_TARGET), ("moon", {"mu": 1.0}),
@@ -118,17 +165,22 @@ def test_each_lane_runs_its_share_of_threads(make_run_config):
     rc = make_run_config(threads=1, concurrent_clients=2, rounds=1)
     sim = Simulation(rc, device=CPU)
     views = {c: sim.trainer.round_view(c, 1) for c in range(4)}
-    a, lock, grown, counts = torch.randn(512, 512), threading.Lock(), [], []
+    a, lock, started, new, counts = torch.randn(512, 512), threading.Lock(), threading.Barrier(2, timeout=60), [], []
+    tasks = lambda: set(os.listdir("/proc/self/task"))  # noqa: E731 (the process's threads)
+    seen = set()
 
     def work(lane, cid):
-        with lock:  # one lane at a time: the count is the process's
-            before = len(os.listdir("/proc/self/task"))
+        if lane not in seen:  # both lanes' threads up (each lane's first client)
+            seen.add(lane)
+            started.wait()
+        with lock:  # one lane at a time
+            before = tasks()
             a @ a
-            grown.append(len(os.listdir("/proc/self/task")) - before)
+            new.append(tasks() - before)  # the threads it started
             counts.append(torch.get_num_threads())
 
     sim.trainer.at_once(views, work, "a matrix product")
-    assert grown == [0, 0, 0, 0] and counts == [1, 1, 1, 1]
+    assert new == [set()] * 4 and counts == [1, 1, 1, 1]
 
 
 def test_lanes_equal_under_asynchronous_boundaries(make_run_config, monkeypatch):
