@@ -397,7 +397,8 @@ class LocalTrainer:
         def run(lane: LocalTrainer) -> None:
             # this thread's own intra-op count (OpenMP's and MKL's are per thread): a new thread
             # takes torch's count at its first large elementwise op only, and ran MKL's matrix
-            # products before it on every core [D, found 2026-12-06]
+            # products before it on every core, some with other bits than on one thread (small
+            # models: tests/methods/test_concurrent_clients.py) [D, found 2026-12-06]
             torch.set_num_threads(per)
             with lane.on_stream(main):
                 while True:

@@ -160,12 +160,23 @@ def test_each_lane_runs_its_share_of_threads(make_run_config):
     """A lane's thread runs torch's intra-op work (OpenMP, MKL) on its share of the threads
     from its first operation: a new thread that has run no large elementwise op has not taken
     torch's count yet, and MKL ran its matrix products there on the process default (every
-    core: 2 extra threads per lane on 2 cores, seen 2026-12-06 with tiny models). Here the
-    first product of each lane (threads 1, 2 lanes) starts no worker thread."""
+    core: 2 extra threads per lane on 2 cores, seen 2026-12-06 with tiny models), with other
+    bits than on one thread (an MLP of 4 -> 64 -> 64 on 5-11 rows there: SCR's round-end
+    reports on lanes, and so its round-1 test loss, differed from one client after another in
+    9 of 450 runs of test_lanes_equal_one_after_another[scr] on a loaded 2-core machine; 0 of
+    600 since). Here the first product of each lane (threads 1, 2
+    lanes) starts no worker thread, and a small MLP's output has the bits of one client after
+    another's."""
     rc = make_run_config(threads=1, concurrent_clients=2, rounds=1)
     sim = Simulation(rc, device=CPU)
     views = {c: sim.trainer.round_view(c, 1) for c in range(4)}
+    gen = torch.Generator().manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    rows = [torch.randn(n, 4, generator=gen) for n in range(1, 17)]
+    with torch.no_grad():
+        alone = [mlp(x) for x in rows]  # this thread: one client after another's
     a, lock, started, new, counts = torch.randn(512, 512), threading.Lock(), threading.Barrier(2, timeout=60), [], []
+    outputs = []
     tasks = lambda: set(os.listdir("/proc/self/task"))  # noqa: E731 (the process's threads)
     seen = set()
 
@@ -173,6 +184,8 @@ def test_each_lane_runs_its_share_of_threads(make_run_config):
         if lane not in seen:  # both lanes' threads up (each lane's first client)
             seen.add(lane)
             started.wait()
+        with torch.no_grad():
+            outputs.append([mlp(x) for x in rows])
         with lock:  # one lane at a time
             before = tasks()
             a @ a
@@ -181,6 +194,7 @@ def test_each_lane_runs_its_share_of_threads(make_run_config):
 
     sim.trainer.at_once(views, work, "a matrix product")
     assert new == [set()] * 4 and counts == [1, 1, 1, 1]
+    assert all(same(out, alone) for out in outputs)
 
 
 def test_lanes_equal_under_asynchronous_boundaries(make_run_config, monkeypatch):
