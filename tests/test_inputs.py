@@ -185,6 +185,25 @@ def test_read_ahead_gives_the_in_memory_run(make_run_config, blobs_root, monkeyp
     assert rows_ahead == rows_dev
 
 
+def test_read_ahead_computes_on_the_callers_threads():
+    """The reading thread runs its fetches on the caller's intra-op count (OpenMP's and MKL's
+    are per thread): a new thread ran MKL's products on every core, with other bits for some
+    small shapes (an MLP of 4 -> 64 -> 64 on 5-11 rows on a 2-core CPU; on lanes the caller's
+    count is a lane's share, trainers.LocalTrainer.at_once)."""
+    gen = torch.Generator().manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    rows = [torch.randn(n, 4, generator=gen) for n in range(1, 17)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            here = [mlp(x) for x in rows]
+            ahead = list(prefetched(mlp, rows))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(here, ahead, strict=True))
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_streamed_steps_replay_as_cuda_graphs_bit_for_bit(make_run_config, blobs_root, monkeypatch, device):
     """A streamed pool's minibatches, read ahead on a thread, are copied into the captured

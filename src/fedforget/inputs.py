@@ -323,8 +323,10 @@ def prefetched(fetch, items: Sequence, ahead: int = 2) -> Iterator:
     if not items:
         return
     stream = torch.cuda.current_stream() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    threads = torch.get_num_threads()  # the caller's: a thread's own count is set by it alone
 
     def on_stream(item):
+        torch.set_num_threads(threads)  # (a lane's share; trainers.LocalTrainer.at_once)
         if stream is None:
             return fetch(item)
         with torch.cuda.stream(stream):
