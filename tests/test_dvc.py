@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -75,13 +76,25 @@ def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return sh(cwd, "git", *ident, *args)
 
 
+def dvc_ignored() -> tuple[set[str], set[str]]:
+    """The repository's .dvcignore: (directory names, file names) it leaves out (a finished
+    run's kept copy, fedforget.finished; a training process's run-directory lock, utils.dir_lock)."""
+    lines = [ln.strip() for ln in (REPO / ".dvcignore").read_text().splitlines()]
+    patterns = [ln for ln in lines if ln and not ln.startswith("#")]
+    return {p.rstrip("/") for p in patterns if p.endswith("/")}, {p for p in patterns if not p.endswith("/")}
+
+
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` but a finished run's kept copy (fedforget.finished: .dvcignore
-    leaves it on the machine that trained)."""
+    """Every file under ``root`` that a DVC remote shares: what .dvcignore lists stays on the
+    machine that trained."""
+    dirs, files = dvc_ignored()
+    assert KEPT in dirs and ".lock" in files  # (the two the tests below expect left out)
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and KEPT not in p.parts
+        if p.is_file()
+        and not any(fnmatch(part, d) for part in p.relative_to(root).parts[:-1] for d in dirs)
+        and not any(fnmatch(p.name, f) for f in files)
     }
 
 
