@@ -220,6 +220,18 @@ def make_run_config(data_root, tmp_path):
     return make
 
 
+def thread_probe() -> tuple:
+    """(an MLP 4 -> 64 -> 64, inputs of 1..16 rows): outputs MKL computes with other bits on
+    more threads than one (on 5, 6, 7, 9, 10 and 11 rows on the 2-core AMD EPYC of 2026-12-06),
+    the probe of whether a new thread runs on its own intra-op count (MKL's and OpenMP's are
+    per thread)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    return mlp, [torch.randn(n, 4, generator=gen) for n in range(1, 17)]
+
+
 @pytest.fixture(autouse=True)
 def gpu_paths(request, monkeypatch):
     """A test marked cpu_paths is skipped where the tests take a GPU's code paths; under

@@ -17,6 +17,8 @@ from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError, host_to_device
 
+from .conftest import thread_probe
+
 CPU = torch.device("cpu")
 BLOBS = {"num_train": 240, "num_test": 60, "channels": 3, "size": 8, "uint8": True}
 CNN = {"channels": [4, 8], "hidden": 16}
@@ -189,10 +191,8 @@ def test_read_ahead_computes_on_the_callers_threads():
     """The reading thread runs its fetches on the caller's intra-op count (OpenMP's and MKL's
     are per thread): a new thread ran MKL's products on every core, with other bits for some
     small shapes (an MLP of 4 -> 64 -> 64 on 5-11 rows on a 2-core CPU; on lanes the caller's
-    count is a lane's share, trainers.LocalTrainer.at_once)."""
-    gen = torch.Generator().manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
-    rows = [torch.randn(n, 4, generator=gen) for n in range(1, 17)]
+    count is a lane's share, trainers.LocalTrainer.at_once; tests/conftest.py thread_probe)."""
+    mlp, rows = thread_probe()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

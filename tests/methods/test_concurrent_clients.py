@@ -20,6 +20,7 @@ from fedforget.methods import METHODS
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
+from ..conftest import thread_probe
 from .conftest import QUICK_PARAMS, SMALL_CNN, SPLIT, digits_cfg, same, strip
 
 CPU = torch.device("cpu")
@@ -170,9 +171,7 @@ def test_each_lane_runs_its_share_of_threads(make_run_config):
     rc = make_run_config(threads=1, concurrent_clients=2, rounds=1)
     sim = Simulation(rc, device=CPU)
     views = {c: sim.trainer.round_view(c, 1) for c in range(4)}
-    gen = torch.Generator().manual_seed(0)
-    mlp = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
-    rows = [torch.randn(n, 4, generator=gen) for n in range(1, 17)]
+    mlp, rows = thread_probe()
     with torch.no_grad():
         alone = [mlp(x) for x in rows]  # this thread: one client after another's
     a, lock, started, new, counts = torch.randn(512, 512), threading.Lock(), threading.Barrier(2, timeout=60), [], []
