@@ -46,3 +46,41 @@ def test_every_python_benchmark_loads():
 def test_shell_benchmark_parses(script):
     r = subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+FLAKY = """
+from pathlib import Path
+import os
+import pytest
+
+@pytest.mark.parametrize("p", ["a", "b"])
+def test_f(p):
+    log = Path(os.environ["REPEAT_LOG"])
+    calls = log.read_text().count("x") if log.exists() else 0
+    log.write_text("x" * (calls + 1))
+    assert calls % 2 == 0, "every second call fails"
+"""
+
+
+def test_repeat_test_counts_each_copy_of_one_test(tmp_path):
+    """benchmarks/repeat_test.py runs only the named test's copies (not [a]), with --env's
+    variables, and counts the failures of the copies that fail (every second call here)."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_flaky.py").write_text(FLAKY)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, str(BENCH / "repeat_test.py"), "tests/test_flaky.py::test_f[b]", "--source", str(tmp_path),
+           "--times", "4", "--batches", "2", "--workers", "0", "--load", "0",
+           "--env", f"REPEAT_LOG={tmp_path / 'calls'}", "--out", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert (tmp_path / "calls").read_text() == "x" * 8  # 4 copies of [b] a batch, no [a]
+    assert [(b["runs"], b["passed"], b["failed"]) for b in res["batches"]] == [(4, 2, 2), (4, 2, 2)]
+    assert res["total"] == {"runs": 8, "failed": 4}
+    assert all(len(b["failed_copies"]) == 2 and all("-b]" in c or "[b-" in c for c in b["failed_copies"])
+               for b in res["batches"])  # fmt: skip
+    missing = [sys.executable, str(BENCH / "repeat_test.py"), "tests/test_flaky.py::test_f[c]", "--source",
+               str(tmp_path), "--times", "1", "--workers", "0", "--load", "0"]  # fmt: skip
+    r = subprocess.run(missing, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "'tests/test_flaky.py::test_f[c]': no test of that node id" in r.stderr
