@@ -14,7 +14,9 @@ spreads the copies over its workers as it spreads a suite's tests); ``--load K``
 busy-looping processes for the batch's length (a loaded machine schedules threads late: the
 lanes' flake of 2026-12-06 needed it); ``--env K=V`` sets variables for the tests (e.g.
 ``FEDFORGET_TEST_GPU_PATHS=1``: a GPU's code paths on a CPU, batches alternating with
-``--alternate-env``). Outcomes are read from pytest's JUnit XML, one per copy.
+``--alternate-env``). Outcomes are read from pytest's JUnit XML, one per copy. A node id
+without parameters (``file::test_f``) repeats each of the function's parameters, counted per
+parameter (``failed_by_test``): a hunt over a contract test's every method.
 
 This file is also the pytest plugin that makes the copies (``-p repeat_test``, found on
 PYTHONPATH); the plugin does nothing unless ``--repeat-times`` is given.
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -60,9 +63,10 @@ def base_id(nodeid: str) -> str:
 def pytest_collection_modifyitems(config, items):
     only = config.getoption("--repeat-only")
     if only:
-        keep = [it for it in items if base_id(it.nodeid) == only]
-        config.hook.pytest_deselected(items=[it for it in items if base_id(it.nodeid) != only])
-        items[:] = keep
+        # a node id without parameters keeps every parameter's copies (each counted on its own)
+        ok = [base_id(it.nodeid) == only or ("[" not in only and base_id(it.nodeid).split("[")[0] == only) for it in items]
+        config.hook.pytest_deselected(items=[it for it, k in zip(items, ok) if not k])
+        items[:] = [it for it, k in zip(items, ok) if k]
 
 
 # ---------------------------------------------------------------------- the runner
@@ -129,6 +133,8 @@ def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
         **counts,
         "runs": len(res),
         "failed_copies": sorted(n.rsplit("::", 1)[-1] for n, v in res.items() if v in ("failed", "error")),
+        "failed_by_test": dict(sorted(Counter(base_id(n.rsplit("::", 1)[-1]) for n, v in res.items()
+                                               if v in ("failed", "error")).items())),  # fmt: skip
         "wall_s": round(wall, 1),
         "pytest_exit": r.returncode,
     }
@@ -136,7 +142,8 @@ def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("test", help="the test's node id, relative to --source (e.g. tests/x.py::test_f[a])")
+    ap.add_argument("test", help="the test's node id, relative to --source (e.g. tests/x.py::test_f[a]; "
+                    "tests/x.py::test_f: each of its parameters)")  # fmt: skip
     ap.add_argument("--times", type=int, default=100, help="copies per batch")
     ap.add_argument("--batches", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (0: none)")
@@ -172,6 +179,7 @@ def main(argv=None) -> int:
         "total": {
             "runs": sum(b["runs"] for b in batches),
             "failed": sum(b["failed"] + b["error"] for b in batches),
+            "failed_by_test": dict(sorted(sum((Counter(b["failed_by_test"]) for b in batches), Counter()).items())),
         },
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "torch": torch.__version__},  # fmt: skip

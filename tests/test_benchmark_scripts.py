@@ -55,7 +55,7 @@ import pytest
 
 @pytest.mark.parametrize("p", ["a", "b"])
 def test_f(p):
-    log = Path(os.environ["REPEAT_LOG"])
+    log = Path(os.environ["REPEAT_LOG"] + "-" + p)
     calls = log.read_text().count("x") if log.exists() else 0
     log.write_text("x" * (calls + 1))
     assert calls % 2 == 0, "every second call fails"
@@ -75,11 +75,17 @@ def test_repeat_test_counts_each_copy_of_one_test(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
-    assert (tmp_path / "calls").read_text() == "x" * 8  # 4 copies of [b] a batch, no [a]
+    assert (tmp_path / "calls-b").read_text() == "x" * 8 and not (tmp_path / "calls-a").exists()  # 4 of [b] a batch
     assert [(b["runs"], b["passed"], b["failed"]) for b in res["batches"]] == [(4, 2, 2), (4, 2, 2)]
-    assert res["total"] == {"runs": 8, "failed": 4}
+    assert res["total"] == {"runs": 8, "failed": 4, "failed_by_test": {"test_f[b]": 4}}
     assert all(len(b["failed_copies"]) == 2 and all("-b]" in c or "[b-" in c for c in b["failed_copies"])
                for b in res["batches"])  # fmt: skip
+    every = [c if c != "tests/test_flaky.py::test_f[b]" else "tests/test_flaky.py::test_f" for c in cmd]
+    r = subprocess.run([c if c != "2" else "1" for c in every], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())  # a node id without parameters: each parameter's copies, one batch
+    assert (tmp_path / "calls-a").read_text() == "x" * 4 and (tmp_path / "calls-b").read_text() == "x" * 12
+    assert res["total"] == {"runs": 8, "failed": 4, "failed_by_test": {"test_f[a]": 2, "test_f[b]": 2}}
     missing = [sys.executable, str(BENCH / "repeat_test.py"), "tests/test_flaky.py::test_f[c]", "--source",
                str(tmp_path), "--times", "1", "--workers", "0", "--load", "0"]  # fmt: skip
     r = subprocess.run(missing, capture_output=True, text=True, timeout=120)
