@@ -15,8 +15,9 @@ busy-looping processes for the batch's length (a loaded machine schedules thread
 lanes' flake of 2026-12-06 needed it); ``--env K=V`` sets variables for the tests (e.g.
 ``FEDFORGET_TEST_GPU_PATHS=1``: a GPU's code paths on a CPU, batches alternating with
 ``--alternate-env``). Outcomes are read from pytest's JUnit XML, one per copy. A node id
-without parameters (``file::test_f``) repeats each of the function's parameters, counted per
-parameter (``failed_by_test``): a hunt over a contract test's every method.
+without parameters (``file::test_f``) repeats each of the function's parameters, and a file's
+(``file``) each of its tests, counted per test (``failed_by_test``): a hunt over a contract
+test's every method.
 
 This file is also the pytest plugin that makes the copies (``-p repeat_test``, found on
 PYTHONPATH); the plugin does nothing unless ``--repeat-times`` is given.
@@ -63,8 +64,9 @@ def base_id(nodeid: str) -> str:
 def pytest_collection_modifyitems(config, items):
     only = config.getoption("--repeat-only")
     if only:
-        # a node id without parameters keeps every parameter's copies (each counted on its own)
-        ok = [base_id(it.nodeid) == only or ("[" not in only and base_id(it.nodeid).split("[")[0] == only) for it in items]
+        # a node id without parameters keeps every parameter's copies (each counted on its own), a
+        # file's or a class's every test's
+        ok = [base_id(it.nodeid) == only or base_id(it.nodeid).startswith((only + "[", only + "::")) for it in items]
         config.hook.pytest_deselected(items=[it for it, k in zip(items, ok) if not k])
         items[:] = [it for it, k in zip(items, ok) if k]
 
@@ -99,7 +101,7 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
     source = Path(args.source).resolve()
     path = args.test.split("::", 1)[0]
-    function = re.sub(r"\[.*\]$", "", args.test)  # collect the function; the plugin keeps one id
+    function = re.sub(r"\[.*\]$", "", args.test)  # collect the function; the plugin keeps the id's copies
     xml = tmp / f"batch{index}.xml"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(source / "src"), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

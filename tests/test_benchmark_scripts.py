@@ -86,6 +86,9 @@ def test_repeat_test_counts_each_copy_of_one_test(tmp_path):
     res = json.loads(out.read_text())  # a node id without parameters: each parameter's copies, one batch
     assert (tmp_path / "calls-a").read_text() == "x" * 4 and (tmp_path / "calls-b").read_text() == "x" * 12
     assert res["total"] == {"runs": 8, "failed": 4, "failed_by_test": {"test_f[a]": 2, "test_f[b]": 2}}
+    whole = [c if c != "tests/test_flaky.py::test_f" else "tests/test_flaky.py" for c in every]
+    r = subprocess.run([c if c not in ("2", "4") else "1" for c in whole], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(out.read_text())["total"]["runs"] == 2  # a file: its every test
     missing = [sys.executable, str(BENCH / "repeat_test.py"), "tests/test_flaky.py::test_f[c]", "--source",
                str(tmp_path), "--times", "1", "--workers", "0", "--load", "0"]  # fmt: skip
     r = subprocess.run(missing, capture_output=True, text=True, timeout=120)
