@@ -15,9 +15,10 @@ busy-looping processes for the batch's length (a loaded machine schedules thread
 lanes' flake of 2026-12-06 needed it); ``--env K=V`` sets variables for the tests (e.g.
 ``FEDFORGET_TEST_GPU_PATHS=1``: a GPU's code paths on a CPU, batches alternating with
 ``--alternate-env``). Outcomes are read from pytest's JUnit XML, one per copy. A node id
-without parameters (``file::test_f``) repeats each of the function's parameters, and a file's
-(``file``) each of its tests, counted per test (``failed_by_test``): a hunt over a contract
-test's every method.
+without parameters (``file::test_f``) repeats each of the function's parameters, a file's
+(``file``) or a folder's (``tests/methods``) each of its tests, counted per test
+(``failed_by_test``): a hunt over a contract test's every method. ``-m`` selects as pytest's
+does (default ``not long``, the suite's).
 
 This file is also the pytest plugin that makes the copies (``-p repeat_test``, found on
 PYTHONPATH); the plugin does nothing unless ``--repeat-times`` is given.
@@ -65,8 +66,8 @@ def pytest_collection_modifyitems(config, items):
     only = config.getoption("--repeat-only")
     if only:
         # a node id without parameters keeps every parameter's copies (each counted on its own), a
-        # file's or a class's every test's
-        ok = [base_id(it.nodeid) == only or base_id(it.nodeid).startswith((only + "[", only + "::")) for it in items]
+        # file's, a class's or a folder's every test's
+        ok = [base_id(it.nodeid) == only or base_id(it.nodeid).startswith((only + "[", only + "::", only.rstrip("/") + "/")) for it in items]
         config.hook.pytest_deselected(items=[it for it, k in zip(items, ok) if not k])
         items[:] = [it for it, k in zip(items, ok) if k]
 
@@ -109,6 +110,8 @@ def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
     cmd = [sys.executable, "-m", "pytest", function, "-p", "repeat_test", "-p", "no:cacheprovider", "-q",
            f"--repeat-times={args.times}", f"--repeat-only={args.test}", f"--junitxml={xml}", "-o",
            "junit_family=xunit1"]  # fmt: skip
+    if args.marker:
+        cmd += ["-m", args.marker]
     if args.workers > 0:
         cmd += ["-n", str(args.workers), "--dist", "worksteal"]
     if not (source / path).exists():
@@ -154,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for every batch")
     ap.add_argument("--alternate-env", action="append", default=[],
                     help="NAME=VALUE for every second batch (the 2nd, 4th, ...)")  # fmt: skip
+    ap.add_argument("-m", dest="marker", default="not long", help="pytest's marker expression ('': every test)")
     ap.add_argument("--out", help="JSON file to write (default: stdout only)")
     args = ap.parse_args(argv)
     for key in ("times", "batches"):
@@ -177,6 +181,7 @@ def main(argv=None) -> int:
         "times": args.times,
         "workers": args.workers,
         "load": args.load,
+        "marker": args.marker,
         "batches": batches,
         "total": {
             "runs": sum(b["runs"] for b in batches),

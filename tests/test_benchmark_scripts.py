@@ -89,6 +89,9 @@ def test_repeat_test_counts_each_copy_of_one_test(tmp_path):
     whole = [c if c != "tests/test_flaky.py::test_f" else "tests/test_flaky.py" for c in every]
     r = subprocess.run([c if c not in ("2", "4") else "1" for c in whole], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(out.read_text())["total"]["runs"] == 2  # a file: its every test
+    folder = [c if c != "tests/test_flaky.py" else "tests" for c in whole]
+    r = subprocess.run([c if c not in ("2", "4") else "1" for c in folder], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(out.read_text())["total"]["runs"] == 2  # a folder: its every test
     missing = [sys.executable, str(BENCH / "repeat_test.py"), "tests/test_flaky.py::test_f[c]", "--source",
                str(tmp_path), "--times", "1", "--workers", "0", "--load", "0"]  # fmt: skip
     r = subprocess.run(missing, capture_output=True, text=True, timeout=120)
