@@ -67,7 +67,8 @@ def pytest_collection_modifyitems(config, items):
     if only:
         # a node id without parameters keeps every parameter's copies (each counted on its own), a
         # file's, a class's or a folder's every test's
-        ok = [base_id(it.nodeid) == only or base_id(it.nodeid).startswith((only + "[", only + "::", only.rstrip("/") + "/")) for it in items]
+        within = (only + "[", only + "::", only.rstrip("/") + "/")
+        ok = [(b := base_id(it.nodeid)) == only or b.startswith(within) for it in items]
         config.hook.pytest_deselected(items=[it for it, k in zip(items, ok) if not k])
         items[:] = [it for it, k in zip(items, ok) if k]
 
@@ -75,18 +76,18 @@ def pytest_collection_modifyitems(config, items):
 # ---------------------------------------------------------------------- the runner
 def outcomes(xml: Path) -> dict[str, str]:
     """Each test case's outcome (passed / failed / error / skipped) from JUnit XML."""
+    tags = {"failure": "failed", "error": "error", "skipped": "skipped"}  # JUnit's child tag -> outcome
     out = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
-        name = f"{case.get('classname')}::{case.get('name')}"
         kinds = {child.tag for child in case}
-        out[name] = next((k for k in ("failure", "error", "skipped") if k in kinds), "passed")
-        out[name] = {"failure": "failed"}.get(out[name], out[name])
+        out[f"{case.get('classname')}::{case.get('name')}"] = next((v for k, v in tags.items() if k in kinds), "passed")
     return out
 
 
 def git_commit(path: Path) -> str | None:
+    """The commit checked out at ``path`` (``--source``: not the package's own, as provenance's), or None."""
     r = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return r.stdout.strip() or None if r.returncode == 0 else None
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -99,9 +100,7 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
-    source = Path(args.source).resolve()
-    path = args.test.split("::", 1)[0]
+def run_batch(args, source: Path, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
     function = re.sub(r"\[.*\]$", "", args.test)  # collect the function; the plugin keeps the id's copies
     xml = tmp / f"batch{index}.xml"
     env = dict(os.environ)
@@ -114,8 +113,6 @@ def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
         cmd += ["-m", args.marker]
     if args.workers > 0:
         cmd += ["-n", str(args.workers), "--dist", "worksteal"]
-    if not (source / path).exists():
-        raise SystemExit(f"{args.test!r}: no file {path} in --source {source}")
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
     t0 = time.perf_counter()
     try:
@@ -133,13 +130,13 @@ def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
         sys.stderr.write(r.stdout[-3000:])
         raise SystemExit(f"{args.test!r}: no test of that node id was collected in {source}")
     counts = {k: sum(v == k for v in res.values()) for k in ("passed", "failed", "error", "skipped")}
+    failed = sorted(n.rsplit("::", 1)[-1] for n, v in res.items() if v in ("failed", "error"))
     return {
         "env": env_extra,
         **counts,
         "runs": len(res),
-        "failed_copies": sorted(n.rsplit("::", 1)[-1] for n, v in res.items() if v in ("failed", "error")),
-        "failed_by_test": dict(sorted(Counter(base_id(n.rsplit("::", 1)[-1]) for n, v in res.items()
-                                               if v in ("failed", "error")).items())),  # fmt: skip
+        "failed_copies": failed,
+        "failed_by_test": dict(sorted(Counter(base_id(c) for c in failed).items())),
         "wall_s": round(wall, 1),
         "pytest_exit": r.returncode,
     }
@@ -148,7 +145,7 @@ def run_batch(args, env_extra: dict[str, str], tmp: Path, index: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("test", help="the test's node id, relative to --source (e.g. tests/x.py::test_f[a]; "
-                    "tests/x.py::test_f: each of its parameters)")  # fmt: skip
+                    "tests/x.py::test_f, tests/x.py, tests/methods: each of their tests)")  # fmt: skip
     ap.add_argument("--times", type=int, default=100, help="copies per batch")
     ap.add_argument("--batches", type=int, default=1)
     ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (0: none)")
@@ -166,18 +163,21 @@ def main(argv=None) -> int:
     if args.workers < 0 or args.load < 0:
         raise SystemExit("--workers and --load must be >= 0")
     env, alt = parse_env(args.env), parse_env(args.alternate_env)
+    source, path = Path(args.source).resolve(), args.test.split("::", 1)[0]
+    if not (source / path).exists():
+        raise SystemExit(f"{args.test!r}: no file {path} in --source {source}")
     batches = []
     with tempfile.TemporaryDirectory(prefix="repeat_test_") as tmp:
         for i in range(args.batches):
-            batch = run_batch(args, {**env, **(alt if i % 2 else {})}, Path(tmp), i)
+            batch = run_batch(args, source, {**env, **(alt if i % 2 else {})}, Path(tmp), i)
             batches.append(batch)
             print(f"batch {i}: {batch['failed'] + batch['error']} of {batch['runs']} failed, {batch['wall_s']} s", flush=True)
     import torch  # the versions beside the counts
 
     out = {
         "test": args.test,
-        "source": str(Path(args.source).resolve()),
-        "source_commit": git_commit(Path(args.source)),
+        "source": str(source),
+        "source_commit": git_commit(source),
         "times": args.times,
         "workers": args.workers,
         "load": args.load,
