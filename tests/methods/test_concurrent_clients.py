@@ -164,8 +164,8 @@ def test_each_lane_runs_its_share_of_threads(make_run_config):
     core: 2 extra threads per lane on 2 cores, seen 2026-12-06 with tiny models), with other
     bits than on one thread (an MLP of 4 -> 64 -> 64 on 5-11 rows there: SCR's round-end
     reports on lanes, and so its round-1 test loss, differed from one client after another in
-    9 of 450 runs of test_lanes_equal_one_after_another[scr] on a loaded 2-core machine; 0 of
-    600 since). Here the first product of each lane (threads 1, 2
+    15 of 450 runs of test_lanes_equal_one_after_another[scr] on a loaded 2-core machine; 0 of
+    1,650 since: benchmarks/repeat_test.py, results/cpu-2026-12-07). Here the first product of each lane (threads 1, 2
     lanes) starts no worker thread, and a small MLP's output has the bits of one client after
     another's."""
     rc = make_run_config(threads=1, concurrent_clients=2, rounds=1)
