@@ -1,9 +1,12 @@
 """FedCurv (methods/fedcurv.py): the per-sample empirical Fisher against a loop of
 single-sample gradients, the penalty and its gradient against lam sum_{j != k} I_j (w - w_j)^2
 computed client by client, the server's sums against the clients' own (u, v, w), round 1
-and lam = 0 equal to FedAvg, hyperparameter validation."""
+and lam = 0 equal to FedAvg, hyperparameter validation; on a ViT, the Fisher's per-sample
+gradients batched (no row-by-row fallback for attention on a CPU)."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -13,12 +16,12 @@ from torch import nn
 from fedforget.config import TrainSpec
 from fedforget.methods import ClientContext, RunInfo, check_params
 from fedforget.methods.fedcurv import OWN, SUMS, FedCurv, fisher_diagonal, flat_params
-from fedforget.models import Classifier
+from fedforget.models import Classifier, build_model
 from fedforget.parse import parse_config
 from fedforget.partition import PartitionSpec
 from fedforget.utils import FedForgetError
 
-from .conftest import CPU, run
+from .conftest import CPU, TINY_VIT, run
 
 INFO = RunInfo(CPU, num_classes=3, seed=0, num_clients=3, train=TrainSpec())
 
@@ -42,6 +45,25 @@ def test_fisher_is_the_mean_of_squared_per_sample_gradients():
     # class 2, in no row's label: its head row and bias (the last parameters) still get some,
     # through the softmax (task-IL trains every class's logit, as class-IL)
     assert got[-3:][2] > 0
+
+
+def test_fisher_of_a_vit_is_batched_and_the_mean_of_squared_per_sample_gradients():
+    """Attention under the Fisher's vmap: on a CPU torch has no batching rule for its fused
+    attention and would run it row by row, warning of a performance drop; the math kernel
+    runs batched (within rounding of the fused one)."""
+    torch.manual_seed(0)
+    model = build_model("vit", (3, 8, 8), 3, {**TINY_VIT, "layers": 2}).eval()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 3, 8, 8, generator=gen), torch.randint(0, 3, (6,), generator=gen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "performance drop" of the row-by-row fallback
+        got = fisher_diagonal(model, x, y)
+    acc = torch.zeros_like(got)
+    for i in range(6):
+        model.zero_grad()
+        F.log_softmax(model(x[i : i + 1]), -1)[0, y[i]].backward()
+        acc += torch.cat([p.grad.reshape(-1) for p in model.parameters()]) ** 2
+    assert torch.allclose(got, acc / 6, rtol=1e-4, atol=1e-6)
 
 
 def test_penalty_and_gradient_are_the_sum_over_the_other_clients():

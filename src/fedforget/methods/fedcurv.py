@@ -53,11 +53,13 @@ lam).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..utils import torch_seed
 from .base import (
@@ -100,7 +102,11 @@ def fisher_diagonal(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) ->
     acc = {n: torch.zeros_like(p) for n, p in train.items()}
     n_params = sum(p.numel() for p in train.values())
     chunk = max(1, min(len(y), CHUNK_FLOATS // max(n_params, 1)))
-    with torch.no_grad():
+    # [D] on a CPU, attention (a ViT's) through torch's math kernel: vmap has no batching rule
+    # for the CPU's fused attention and runs it row by row (a 'performance drop' warning); a
+    # GPU's fused kernels have theirs
+    kernels = sdpa_kernel(SDPBackend.MATH) if x.device.type == "cpu" else nullcontext()
+    with torch.no_grad(), kernels:
         for s in range(0, len(y), chunk):
             g = per_sample(train, x[s : s + chunk], y[s : s + chunk])
             for n in acc:
