@@ -24,6 +24,10 @@ TRAIN_ROWS = {"vit": 60}
 SMALL = sorted(k for k, p in simulation.PRESETS.items() if p["dataset"] == "blobs" and "num_train" not in p["options"])
 RESIZED = ("simulation.py", "profile_round.py", "packing.py")  # the scripts with --train-rows
 CAPS = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2, "--iters": 2, "--samples": 1}
+# [D] model_rates.py (sections hf, rates): 2 clients and 64 timed test rows. Its 10 clients' batched
+# TinyBERT passed this machine's 24 GB of host memory (cpu-2026-12-05: killed); with 2 of them and its
+# 2,048 test rows, --only hf took 11 minutes, peak 15.7 GB (results/cpu-2026-12-07-b/README.md)
+SET = {"model_rates.py": {"--clients": "2", "--eval-rows": "64"}}
 
 
 def is_benchmark(argv: list[str]) -> bool:
@@ -40,7 +44,8 @@ def rewrite(argv: list[str]) -> list[str]:
     """A benchmark command (script path, then its arguments) as the rehearsal runs it: on the
     CPU, 1 timed round, at most 2 warm-up rounds (packing.py: 1; profile_round.py on a task
     stream: 3), 3 timed seconds, a budget of
-    40 s, 2 steps, 2 L-BFGS steps of 1 reconstruction (recon_cost.py), a simulation's --clients and --rate 40 and 0.25, and --train-rows 6000 (vit:
+    40 s, 2 steps, 2 L-BFGS steps of 1 reconstruction (recon_cost.py), a simulation's --clients and --rate 40 and 0.25,
+    model_rates.py's --clients 2 and --eval-rows 64 (``SET``), and --train-rows 6000 (vit:
     60) for the scripts that take it on a small blobs preset; any other command unchanged."""
     if not is_benchmark(argv):
         return list(argv)
@@ -64,8 +69,12 @@ def rewrite(argv: list[str]) -> list[str]:
         elif x == "--rate" and name == "simulation.py":
             next(it)
             out += [x, "0.25"]
+        elif x in SET.get(name, {}):
+            next(it)
         else:
             out.append(x)
+    for key, value in SET.get(name, {}).items():
+        out += [key, value]
     preset = option(argv, "--preset", "mcmahan")  # the scripts' default
     if name in RESIZED and preset in SMALL:
         out += ["--train-rows", str(TRAIN_ROWS.get(preset, 6000))]

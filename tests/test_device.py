@@ -257,6 +257,10 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     resized = {Path(argv[0]).name for argv in rehearsed if "--train-rows" in argv}
     assert resized == {"simulation.py", "profile_round.py", "packing.py"}
     assert not [argv for argv in own_size if "--train-rows" in argv]  # resnet8 states its size; digits is no blobs
+    # model_rates.py (hf, rates) at 2 clients and 64 test rows: 10 clients' batched TinyBERT passed 24 GB of host memory
+    rates = [argv for argv in rehearsed if argv[0].endswith("model_rates.py")]
+    assert rates and all(option(argv, "--clients") == "2" and option(argv, "--eval-rows") == "64" for argv in rates)
+    assert all(argv.count("--clients") == 1 for argv in rates)
     vit = [argv for argv in rehearsed if option(argv, "--preset") == "vit"]
     assert vit and all(option(argv, "--train-rows") == "60" for argv in vit)  # 224 px on a CPU
     # profile_round.py refuses a task stream unless 2 x --rounds < --warmup
