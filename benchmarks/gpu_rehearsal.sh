@@ -12,14 +12,15 @@
 # preset's 100 clients hold 60 rows each; the ViT-B/16 at 224 px 60 rows), turns
 # `--device cuda` into cpu, every --rounds into 1, --warmup into at most 2 (packing.py: 1;
 # a continual profile: 3), --seconds into 3, --budget into 40, --steps into 2, and a
-# simulation's --clients N --rate R into 40 and 0.25; a stand-in `timeout` lifts each box's
+# simulation's --clients N --rate R into 40 and 0.25, and gives model_rates.py --clients 2
+# --eval-rows 64; a stand-in `timeout` lifts each box's
 # limit to 1200 s; the GPU tests run on the CPU along a GPU's code paths (every stacked step
 # batched, the lr on the device, channels_last stacks, CUDA graphs through the tape, the GPU's
 # tolerances: FEDFORGET_TEST_GPU_PATHS=1, tests/conftest.py; their first run, 2026-12-06, found
 # a test that read the host inside a captured step; then, with them, every engine and method
-# test so; ORDER=tests runs those alone, about 4 minutes on 2 cores). A known difference
-# from a GPU run: the batched TinyBERT of model_rates.py --only hf needs more than 24 GB of
-# host memory. After gpu.sh it runs the step its header names after section rates:
+# test so; ORDER=tests runs those alone, about 4 minutes on 2 cores). Section hf's batched
+# TinyBERT with 10 clients needs more than 24 GB of host memory, hence the 2 clients above (since
+# 2026-12-07; before, the rehearsals left hf out). After gpu.sh it runs the step its header names after section rates:
 # benchmarks/paper_runtime.py on the run's rate files.
 # Its first run, by hand with these changes (2026-12-05, 83 minutes on 2 cores; its text output in
 # results/cpu-2026-12-05/gpu-rehearsal/), found the resnet18-imagenet preset's one-row batches;
@@ -27,7 +28,7 @@
 # commands, which ORDER="vit joined" ran after: 10 minutes, gpu-rehearsal-b/vit-joined/), only
 # the TinyBERT.
 # Its latest whole run (every section but hf, alone on 2 cores, at 6961f76: results/cpu-2026-12-07-b/):
-# 47 commands, no failure, about 67 minutes (gpu.sh's 61).
+# 47 commands, no failure, about 67 minutes (gpu.sh's 61); ORDER=hf at 6f7c54a: 4 commands, no failure.
 #   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)
 set -eu
 out=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
