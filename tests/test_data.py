@@ -257,6 +257,43 @@ def test_unknown_dataset_and_option_errors(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+# values of another type than an option's default: each must be refused, never cast
+# (``int(1.5)`` builds another dataset than the id ``...-seed1.5`` names)
+WRONG_TYPE = {
+    int: [1.5, 2.0, True, "1", None, [], float("nan")],
+    float: [True, "0.5", None, [], float("nan"), float("inf")],
+    bool: [1, "true", None],
+    str: [None, 1, []],
+    list: ["clipart", None, [[1]], [], {}],
+}
+
+
+@pytest.mark.parametrize("name", DATASETS.names())
+def test_every_option_refuses_a_value_of_another_type(name):
+    """Every registered dataset's options, each given values of the wrong type: one
+    FedForgetError naming the dataset, the option and the value (before this, blobs' and
+    MNIST-1D's checks cast with int()/float(): None crashed with a TypeError, 1.5 and True
+    were built as 1, and their seeds were not checked at all)."""
+    info = DATASETS.get(name)
+    info.resolve({})  # the defaults are valid
+    for key, default in info.defaults.items():
+        for bad in WRONG_TYPE[type(default)]:
+            with pytest.raises(FedForgetError) as ei:
+                info.resolve({key: bad})
+            assert f"'{name}'" in str(ei.value) and f"{key}={bad!r}" in str(ei.value), str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "name,key,bad",
+    [("blobs", "seed", -1), ("blobs", "size", 0), ("blobs", "noise", -0.5), ("blobs", "num_train", 10**10),
+     ("mnist1d", "seed", 2**32), ("mnist1d", "num_samples", 19), ("mnist1d", "train_split", 1.0),
+     ("domainnet", "domains", ["clipart", "clipart"])],
+)  # fmt: skip
+def test_option_out_of_range_is_refused(name, key, bad):
+    with pytest.raises(FedForgetError, match=f"'{name}': option {key}="):
+        DATASETS.get(name).resolve({key: bad})
+
+
 def test_blobs_shapes_balance_and_learnability(tmp_path):
     from fedforget.data import load_dataset
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedforget.cli import main
-from fedforget.figures import FIGURES, figure_options
+from fedforget.figures import FIGURES, check_figure, figure_options
 from fedforget.parse import parse_config
 from fedforget.pipeline import run_all
 from fedforget.utils import FedForgetError
@@ -29,11 +29,32 @@ def test_curves_registered_with_its_options():
         ([{"name": "curves", "options": {"colour": "red"}}], r"unknown option\(s\) \['colour'\] for figure 'curves'"),
         ([{"name": "curves"}, {"name": "curves"}], r"duplicate figure label 'curves'"),
         ([{"name": "curves", "label": "global_model_test_acc"}], r"duplicate figure label 'global_model_test_acc'"),
+        # a value of another type than the figure function's annotation: refused before training
+        ([{"name": "layer_lambda", "options": {"round": 2.0}}],
+         r"figures\[0\]\.options\.round=2\.0 for figure 'layer_lambda'; allowed: an integer \| null"),
+        ([{"name": "curves", "options": {"title": 5}}], r"options\.title=5 for figure 'curves'; allowed: a string \| null"),
+        ([{"name": "decision_boundaries", "options": {"rounds": [1, "10"]}}],
+         r"options\.rounds=\[1, '10'\] for figure 'decision_boundaries'; allowed: a list of integers"),
+        ([{"name": "fedsol_classwise", "options": {"methods": "fedavg"}}],
+         r"options\.methods='fedavg' for figure 'fedsol_classwise'; allowed: a list of strings \| null"),
+        ([{"name": "sweep", "options": {"log_x": "yes"}}], r"options\.log_x='yes' for figure 'sweep'; allowed: true \| false"),
+        ([{"name": "fedsol_landscape", "options": {"tol": True}}], r"options\.tol=True for figure 'fedsol_landscape'; allowed: a number"),
     ],
 )
 def test_bad_figure_configs_rejected(minimal_config, figures, match):
     with pytest.raises(FedForgetError, match=match):
         parse_config(_with_figures(minimal_config, figures))
+
+
+def test_every_figure_option_annotation_is_checked_and_its_default_passes():
+    """check_figure reads every registered figure's annotations (an annotation it cannot
+    read is a TypeError for the figure's author), and every default passes its own check."""
+    import inspect
+
+    for name in FIGURES.names():
+        params = inspect.signature(FIGURES.get(name)).parameters
+        defaults = {o: params[o].default for o in figure_options(name)}
+        check_figure(name, {o: list(v) if isinstance(v, tuple) else v for o, v in defaults.items()})
 
 
 def test_figures_drawn_by_pipeline_and_cli(minimal_config, data_root, tmp_path):

@@ -4,10 +4,12 @@ every level, ResNet-18's parameter count, config validation of the new models.""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from fedforget.models import build_model, check_model
+from fedforget.models import MODEL_DEFAULTS, MODEL_INPUT_RANK, build_model, check_model
 from fedforget.utils import FedForgetError
 
 WIDTHS = [64, 64, 128, 256, 512]  # stem, stages 1-4
@@ -119,6 +121,34 @@ def test_check_model_for_resnets():
         check_model("resnet8", (3, 32, 32), {"norm": "layer"})
     with pytest.raises(FedForgetError, match="unknown option"):
         check_model("resnet8", (3, 32, 32), {"depth": 8})
+
+
+# values of another type than an option's default: each must be refused by check_model (a
+# float cast to an int, a truthy string taken for true, or a crash when the job builds it)
+WRONG_TYPE = {
+    int: [1.5, 2.0, True, "1", None, [], float("nan")],
+    bool: [1, "yes", None],
+    str: [None, 1, []],
+    list: [None, "zz", 5, [1.5, 2], [True, 2]],
+    dict: ["zz", None, [], 1],
+}
+SHAPE_OF_RANK = {1: (4,), 2: (1, 40), 3: (3, 32, 32)}
+VALID_BASE = {"hf": {"name_or_path": "distilbert-base-uncased"}}  # hf has no default encoder
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_DEFAULTS))
+def test_every_model_option_refuses_a_value_of_another_type(name):
+    """Every registered model's options, each given values of the wrong type: one
+    FedForgetError naming the option, before any job builds the model (before this, vgg11's
+    fc_dim, resnet18_imagenet's pretrained and input_size and vit's sizes took anything, or
+    crashed with a TypeError, and resnet18_imagenet took pool 2.0)."""
+    shape = (2, 128) if name == "hf" else SHAPE_OF_RANK[MODEL_INPUT_RANK[name]]
+    base = VALID_BASE.get(name, {})
+    check_model(name, shape, base)  # the defaults are valid
+    for opt, default in MODEL_DEFAULTS[name].items():
+        for bad in WRONG_TYPE[type(default)]:
+            with pytest.raises(FedForgetError, match=re.escape(opt)):
+                check_model(name, shape, {**base, opt: bad})
 
 
 def test_mcmahan_padding_0_is_the_582k_mnist_cnn():

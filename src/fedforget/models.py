@@ -1132,8 +1132,9 @@ def _whole(v: Any, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
-# the small models' size options, what each must be; a wrong one failed only when the job
-# built the model, or built an empty layer (hidden 0)
+# the models' size and switch options, what each must be; a wrong one failed only when the
+# job built the model, or built an empty layer (hidden 0), or ran as another value (a
+# truthy string as pretrained=True, a float cast to an int)
 SIZE_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "widths": (lambda v: isinstance(v, list) and all(_whole(h, 1) for h in v),
                "a list of integers >= 1 (the hidden layers' widths; [] for none)"),
@@ -1149,7 +1150,9 @@ SIZE_OPTIONS = {
     "cnn_mcmahan": {"hidden": "one", "padding": "offset"},
     "cnn_fedgp": {"dropout": "flag"},
     "resnet18": {"maxpool": "flag"},
-    "resnet18_imagenet": {"maxpool": "flag"},
+    "resnet18_imagenet": {"maxpool": "flag", "pretrained": "flag", "input_size": "offset"},
+    "vgg11": {"fc_dim": "one"},
+    "vit": {k: "one" for k in ("image_size", "patch_size", "layers", "heads", "hidden_dim", "mlp_dim")},
 }
 
 
@@ -1196,7 +1199,7 @@ def check_model(
         if o["stem"] == "cifar" and options.get("maxpool") is True:
             raise FedForgetError(f"{key}.options.maxpool=True with stem 'cifar' for model '{name}'; allowed: false "
                                  "(the 3x3 stride-1 stem has no max-pool)")
-        if o["pool"] not in (1, 2) or isinstance(o["pool"], bool):
+        if isinstance(o["pool"], bool) or not isinstance(o["pool"], int) or o["pool"] not in (1, 2):
             raise FedForgetError(f"{key}.options.pool={o['pool']!r} for model '{name}'; allowed: 1, 2")
     if name == "vgg11":
         size = options.get("input_size", 0)

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -41,6 +42,26 @@ class Arrays:
     domains: tuple[str, ...] = ()
     domain_train: np.ndarray | None = None
     domain_test: np.ndarray | None = None
+
+
+def int_option(dataset: str, key: str, v: Any, lo: int, hi: int) -> None:
+    """A dataset option that must be an integer in lo..hi: a bool, a float (even 2.0), a
+    string or None is refused, never cast (``int(1.5)`` would build another dataset than
+    its id names)."""
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise FedForgetError(f"dataset '{dataset}': option {key}={v!r}; allowed: an integer in {lo}..{hi}")
+
+
+def number_option(dataset: str, key: str, v: Any, lo: float, hi: float, *, closed: str = "[]") -> None:
+    """A dataset option that must be a finite number (int or float, not bool) between lo and
+    hi; ``closed`` names the bounds that are allowed: "[]" both, "()" neither, "[)" or
+    "(]" one."""
+    ok = isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
+    if ok:
+        ok = (lo <= v if closed[0] == "[" else lo < v) and (v <= hi if closed[1] == "]" else v < hi)
+    if not ok:
+        interval = f"{closed[0]}{lo:g}, {hi:g}{closed[1]}"
+        raise FedForgetError(f"dataset '{dataset}': option {key}={v!r}; allowed: a number in {interval}")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..utils import FedForgetError
-from .base import DATASETS, Arrays, DatasetInfo, RawData
+from .base import DATASETS, Arrays, DatasetInfo, RawData, int_option, number_option
 from .sources import READERS, SOURCES, SourceArrays
 from .sources.table import DOMAINNET_DOMAINS
 
@@ -82,13 +82,6 @@ IMAGENET_R_IMAGES = 30000
 # ----------------------------------------------------------------------------- options
 
 
-def _int_in(name: str, key: str, v: Any, lo: int, hi: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise FedForgetError(
-            f"dataset '{name}': option {key}={v!r}; allowed: an integer in {lo}..{hi}"
-        )
-
-
 def _check_val(name: str, v: Any) -> None:
     if v not in VAL_CHOICES:
         raise FedForgetError(
@@ -97,11 +90,11 @@ def _check_val(name: str, v: Any) -> None:
 
 
 def _check_size(name: str, o: Mapping[str, Any]) -> None:
-    _int_in(name, "size", o["size"], *SIZE_RANGE)
+    int_option(name, "size", o["size"], *SIZE_RANGE)
 
 
 def _check_text(name: str, o: Mapping[str, Any]) -> None:
-    _int_in(name, "max_length", o["max_length"], *MAX_LENGTH_RANGE)
+    int_option(name, "max_length", o["max_length"], *MAX_LENGTH_RANGE)
     if not isinstance(o["tokenizer"], str) or not o["tokenizer"].strip():
         raise FedForgetError(
             f"dataset '{name}': option tokenizer={o['tokenizer']!r}; allowed: a Hugging Face hub "
@@ -116,23 +109,19 @@ def _check_cinic10(o: Mapping[str, Any]) -> None:
 
 def _check_imagenet_r(o: Mapping[str, Any]) -> None:
     _check_size("imagenet_r", o)
-    f = o["test_fraction"]
-    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f < 1.0:
-        raise FedForgetError(
-            f"dataset 'imagenet_r': option test_fraction={f!r}; allowed: a number in (0, 1)"
-        )
-    _int_in("imagenet_r", "split_seed", o["split_seed"], 0, 2**63 - 1)
+    number_option("imagenet_r", "test_fraction", o["test_fraction"], 0, 1, closed="()")
+    int_option("imagenet_r", "split_seed", o["split_seed"], 0, 2**63 - 1)
 
 
 def _check_domainnet(o: Mapping[str, Any]) -> None:
     _check_size("domainnet", o)
-    _int_in("domainnet", "train_per_domain", o["train_per_domain"], 0, 10**9)
+    int_option("domainnet", "train_per_domain", o["train_per_domain"], 0, 10**9)
     d = o["domains"]
     if (
         not isinstance(d, (list, tuple))
         or not d
+        or any(not isinstance(x, str) or x not in DOMAINNET_DOMAINS for x in d)
         or len(set(d)) != len(d)
-        or any(x not in DOMAINNET_DOMAINS for x in d)
     ):
         raise FedForgetError(
             f"dataset 'domainnet': option domains={d!r}; allowed: a non-empty list without "

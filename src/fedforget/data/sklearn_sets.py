@@ -37,9 +37,10 @@ def build_iris(pca: int = 0) -> Arrays:
 
 
 def _check_iris(o: Mapping[str, Any]) -> None:
-    if o["pca"] not in (0, 1, 2, 3, 4):
+    pca = o["pca"]
+    if isinstance(pca, bool) or not isinstance(pca, int) or pca not in (0, 1, 2, 3, 4):
         raise FedForgetError(
-            f"dataset 'iris': option pca={o['pca']!r}; allowed: 0 (off) or 1..4 components"
+            f"dataset 'iris': option pca={pca!r}; allowed: 0 (off) or 1..4 components"
         )
 
 

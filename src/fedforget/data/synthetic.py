@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..utils import FedForgetError
-from .base import DATASETS, Arrays, DatasetInfo
+from .base import DATASETS, Arrays, DatasetInfo, int_option, number_option
 
 
 def build_mnist1d(num_samples: int = 5000, train_split: float = 0.8, seed: int = 42) -> Arrays:
@@ -39,12 +40,9 @@ def _sizes(o: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _check(o: Mapping[str, Any]) -> None:
-    if int(o["num_samples"]) < 20:
-        raise FedForgetError(f"dataset 'mnist1d': num_samples={o['num_samples']}; allowed: >= 20")
-    if not 0.0 < float(o["train_split"]) < 1.0:
-        raise FedForgetError(
-            f"dataset 'mnist1d': train_split={o['train_split']}; allowed: in (0, 1)"
-        )
+    int_option("mnist1d", "num_samples", o["num_samples"], 20, 10**9)
+    number_option("mnist1d", "train_split", o["train_split"], 0, 1, closed="()")
+    int_option("mnist1d", "seed", o["seed"], 0, 2**32 - 1)  # np.random.seed's range
 
 
 DATASETS.register("mnist1d")(
@@ -100,13 +98,14 @@ def build_blobs(
 
 
 def _check_blobs(o: Mapping[str, Any]) -> None:
-    for k in ("num_train", "num_test", "channels", "size"):
-        if int(o[k]) < 1:
-            raise FedForgetError(f"dataset 'blobs': {k}={o[k]}; allowed: >= 1")
-    if not float(o["noise"]) >= 0:
-        raise FedForgetError(f"dataset 'blobs': noise={o['noise']}; allowed: >= 0")
+    for k in ("num_train", "num_test"):
+        int_option("blobs", k, o[k], 1, 10**9)
+    for k in ("channels", "size"):
+        int_option("blobs", k, o[k], 1, 4096)
+    number_option("blobs", "noise", o["noise"], 0, math.inf, closed="[)")
+    int_option("blobs", "seed", o["seed"], 0, 2**63 - 1)
     if not isinstance(o["uint8"], bool):
-        raise FedForgetError(f"dataset 'blobs': uint8={o['uint8']!r}; allowed: true | false")
+        raise FedForgetError(f"dataset 'blobs': option uint8={o['uint8']!r}; allowed: true | false")
 
 
 DATASETS.register("blobs")(

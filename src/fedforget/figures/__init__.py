@@ -11,21 +11,25 @@ and the workflow draws each into ``results/<experiment>/figures/<label>.png`` af
 experiment's aggregation. A figure is a function registered in a module of this package::
 
     @FIGURES.register("decision_boundaries")
-    def decision_boundaries(inp: FigureInput, out: Path, rounds=(1, 10, 20)) -> list[Path]:
+    def decision_boundaries(inp: FigureInput, out: Path, rounds: list[int] = (1, 10, 20)) -> list[Path]:
         ...  # write out (a .png); may write siblings with the same stem (.csv, .pdf)
 
 It reads the experiment's summary (``inp.runs``: one row per run with its ``run_dir``;
 ``inp.metrics``: every run's metrics rows) and, if it needs them, files inside the run
 directories (e.g. ``snapshots/`` written for ``train.save_client_models``). Its keyword
-arguments are the options a config may set; unknown options are rejected at config
-validation.
+arguments are the options a config may set; unknown options, and values of another type
+than the argument's annotation (int, float, str, bool, list[T], ``X | None``), are rejected at
+config validation.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import pkgutil
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,15 +186,55 @@ def figure_options(name: str) -> set[str]:
     return {p for i, p in enumerate(sig.parameters) if i >= 2}
 
 
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a config value has the type a figure's annotation names: int (not a bool),
+    float (a finite int or float, not a bool), str, bool, list[T] (a YAML list of T), an
+    alternative ``A | B`` or None."""
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    raise TypeError(f"figure option annotation {hint!r} is not one check_figure reads")  # a figure's author's slip
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " | ".join(_describe(a) for a in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}[typing.get_args(hint)[0]]
+    return {type(None): "null", bool: "true | false", int: "an integer", float: "a number", str: "a string"}[hint]
+
+
 def check_figure(name: str, options: dict[str, Any], key: str = "figures") -> None:
-    """Config validation: the figure exists and takes these options."""
-    FIGURES.get(name, f"{key}.name")
+    """Config validation: the figure exists, takes these options, and each value has the type
+    of the figure function's annotation (a wrong one failed only in the figure job, after
+    training)."""
+    fn = FIGURES.get(name, f"{key}.name")
     allowed = figure_options(name)
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise FedForgetError(
             f"{key}.options: unknown option(s) {unknown} for figure '{name}'; allowed: {sorted(allowed) or 'none'}"
         )
+    hints = typing.get_type_hints(fn)
+    for opt, value in options.items():
+        if opt not in hints:  # a figure's author's slip (test_figures checks every registered figure)
+            raise TypeError(f"figure '{name}': option {opt!r} has no annotation for check_figure to read")
+        if not _conforms(value, hints[opt]):
+            raise FedForgetError(
+                f"{key}.options.{opt}={value!r} for figure '{name}'; allowed: {_describe(hints[opt])}"
+            )
 
 
 def make_figure(
