@@ -612,3 +612,21 @@ def test_nested_command_line_values_get_their_yaml_types(minimal_config):
     update_config(config, over)
     typed_overrides(config, over)
     assert config["download"] is True and config["only"] == "tiny" and config["results_dir"] is False
+
+
+def test_no_variant_of_the_default_config_crashes_validation(tmp_path):
+    """benchmarks/config_fuzz.py over config/config.yaml: every key path given each bad value
+    (and deleted), every string swapped for each valid alternative, every bool flipped; each
+    variant is accepted or refused with a FedForgetError, never another exception (the whole
+    run over every shipped config: docs/benchmarks.md)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "fuzz.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "config_fuzz.py"), "--configs", "config/config.yaml",
+                    "--jobs", "1", "--out", str(out)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["variants"] > 1500 and result["crash_sites"] == {}
