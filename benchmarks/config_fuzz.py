@@ -71,14 +71,16 @@ def alternatives(path: tuple, value: Any) -> list[Any]:
     return [a for a in found if a != value]
 
 
-def fuzz_file(args: tuple[str, list[str]]) -> dict[str, Any]:
+def fuzz_file(args: tuple[str, list[str], str | None]) -> dict[str, Any]:
     """Every variant of one config file: their count, seconds and crash sites."""
     from fedforget.config import load_yaml
     from fedforget.parse import parse_config
     from fedforget.utils import FedForgetError
 
-    name, modes = args
+    name, modes, scale = args
     base = load_yaml(ROOT / name)
+    if scale:
+        base["scale"] = scale
     parse_config(copy.deepcopy(base))  # the file itself is valid
     t0 = time.perf_counter()
     variants, crashes = 0, {}
@@ -110,6 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", nargs="*", help="config files relative to the repository root (default: every shipped one)")
     ap.add_argument("--modes", default="mutate,swap", help="comma-separated: mutate, swap")
+    ap.add_argument("--scale", choices=["full", "smoke"], help="set every config's scale (default: as written)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
@@ -119,7 +122,7 @@ def main() -> None:
     modes = a.modes.split(",")
     t0 = time.perf_counter()
     with ProcessPoolExecutor(a.jobs) as pool:
-        files = list(pool.map(fuzz_file, [(c, modes) for c in configs]))
+        files = list(pool.map(fuzz_file, [(c, modes, a.scale) for c in configs]))
     sites: dict[str, Any] = {}
     for f in files:
         for site, first in f["crashes"].items():
@@ -130,6 +133,7 @@ def main() -> None:
     result = {
         "commit": commit,
         "modes": modes,
+        "scale": a.scale or "as written",
         "bad_values": [repr(v) for v in BAD],
         "configs": len(files),
         "variants": sum(f["variants"] for f in files),

@@ -225,6 +225,24 @@ def test_smoke_settings_and_errors():
         parse_config({**copy.deepcopy(PAPERLIKE), "scale": "tiny"})
 
 
+@pytest.mark.parametrize(
+    "model,match",
+    [({"name": "vit", "options": {"freeze_stages": "zz"}}, r"model\.options\.freeze_stages='zz' for model 'vit'"),
+     ({"name": "vit", "options": {"pretrained": "yes"}}, r"model\.options\.pretrained='yes'"),
+     ({"name": "resnet18_imagenet", "options": {"input_size": 1.5}}, r"options\.input_size=1\.5 for model 'resnet18_imagenet'")],
+)  # fmt: skip
+def test_smoke_scale_refuses_what_full_scale_refuses(model, match):
+    """At smoke scale the config as written is checked at full scale first: the shrinking
+    replaced a bad pretrained or input size by its own (the smoke run accepted a config the
+    full run refuses) and cast freeze_stages with int() (a ValueError, no key named)."""
+    raw = {"experiments": [{"name": "e", "datasets": [{"name": "cifar10", "model": model}],
+                            "partitions": [{"scheme": "iid", "clients": 2}], "methods": [{"name": "fedavg"}],
+                            "seeds": [0]}]}  # fmt: skip
+    for scale in ("full", "smoke"):
+        with pytest.raises(FedForgetError, match=match):
+            parse_config({**copy.deepcopy(raw), "scale": scale})
+
+
 def test_subset_option_first_rows_of_each_class_in_the_id(tmp_path):
     y = np.array([3, 1, 3, 3, 1, 0, 2, 1])
     assert first_per_class(y, 2).tolist() == [0, 1, 2, 4, 5, 6]

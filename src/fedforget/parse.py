@@ -129,6 +129,10 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     check_finite(raw)  # before the schema: its range checks pass NaN
     validate_schema(raw)
     if raw.get("scale", "full") == "smoke":  # shrunk, then validated as any config
+        # [D] the config as written first, at full scale: a config the smoke run accepts is
+        # one the full run accepts, and the shrinking reads only checked values (it cast
+        # freeze_stages 'zz' with int() and replaced a bad pretrained or image size unseen)
+        parse_config({**raw, "scale": "full"})
         raw = smoke_config(raw)
         validate_schema(raw)
     scale = raw.get("scale", "full")
