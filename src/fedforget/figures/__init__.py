@@ -197,7 +197,7 @@ def _conforms(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
