@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import subprocess
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -127,8 +128,6 @@ def main() -> None:
     for f in files:
         for site, first in f["crashes"].items():
             sites.setdefault(site, {"config": f["config"], **first})
-    import subprocess
-
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     result = {
         "commit": commit,

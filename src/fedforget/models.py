@@ -1245,13 +1245,13 @@ def check_model(
             raise FedForgetError(
                 f"{key}.options: pretrained={o['pretrained']!r} needs the ViT-B/16 shape {VIT_B16}; got {o}"
             )
-        if int(o["image_size"]) % int(o["patch_size"]) or int(o["hidden_dim"]) % int(o["heads"]):
+        if o["image_size"] % o["patch_size"] or o["hidden_dim"] % o["heads"]:  # integers >= 1 (SIZE_OPTIONS)
             raise FedForgetError(
                 f"{key}.options: image_size {o['image_size']} must be a multiple of patch_size {o['patch_size']} "
                 f"and hidden_dim {o['hidden_dim']} of heads {o['heads']}"
             )
     if "freeze_stages" in options:
-        stages = 4 if name == "resnet18_imagenet" else int({**MODEL_DEFAULTS[name], **options}["layers"])
+        stages = 4 if name == "resnet18_imagenet" else {**MODEL_DEFAULTS[name], **options}["layers"]
         if not _whole(options["freeze_stages"], 0) or options["freeze_stages"] > stages:
             what = "residual stages" if name == "resnet18_imagenet" else "encoder blocks (options.layers)"
             raise FedForgetError(

@@ -40,6 +40,7 @@ import pandas as pd
 from ..plots import _plt, _save, measured, setting_label
 from ..registry import Registry
 from ..utils import FedForgetError
+from ..validation import describe_allowed, strict_validator
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import RunConfig
@@ -186,34 +187,20 @@ def figure_options(name: str) -> set[str]:
     return {p for i, p in enumerate(sig.parameters) if i >= 2}
 
 
-def _conforms(value: Any, hint: Any) -> bool:
-    """Whether a config value has the type a figure's annotation names: int (not a bool),
-    float (a finite int or float, not a bool), str, bool, list[T] (a YAML list of T), an
-    alternative ``A | B`` or None."""
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
-    if hint is str:
-        return isinstance(value, str)
+def _schema_of(hint: Any) -> dict[str, Any]:
+    """The JSON-schema fragment of a figure option's annotation (int, float, str, bool, None,
+    list[T], ``A | B``), validated as every config value is (``strict_validator``: an int is
+    an int, not a bool or 2.0)."""
+    simple = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string"}
+    if hint in simple:
+        return {"type": simple[hint]}
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
+        # null first: describe_allowed then says "null or a list of items, each a string"
+        return {"anyOf": [_schema_of(a) for a in sorted(args, key=lambda a: a is not type(None))]}
     if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+        return {"type": "array", "items": _schema_of(args[0])}
     raise TypeError(f"figure option annotation {hint!r} is not one check_figure reads")  # a figure's author's slip
-
-
-def _describe(hint: Any) -> str:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " | ".join(_describe(a) for a in typing.get_args(hint))
-    if typing.get_origin(hint) is list:
-        return "a list of " + {int: "integers", float: "numbers", str: "strings"}[typing.get_args(hint)[0]]
-    return {type(None): "null", bool: "true | false", int: "an integer", float: "a number", str: "a string"}[hint]
 
 
 def check_figure(name: str, options: dict[str, Any], key: str = "figures") -> None:
@@ -231,9 +218,10 @@ def check_figure(name: str, options: dict[str, Any], key: str = "figures") -> No
     for opt, value in options.items():
         if opt not in hints:  # a figure's author's slip (test_figures checks every registered figure)
             raise TypeError(f"figure '{name}': option {opt!r} has no annotation for check_figure to read")
-        if not _conforms(value, hints[opt]):
+        frag = _schema_of(hints[opt])
+        if not strict_validator(frag).is_valid(value) or (isinstance(value, float) and not math.isfinite(value)):
             raise FedForgetError(
-                f"{key}.options.{opt}={value!r} for figure '{name}'; allowed: {_describe(hints[opt])}"
+                f"{key}.options.{opt}={value!r} for figure '{name}'; allowed: {describe_allowed(frag)}"
             )
 
 
