@@ -446,6 +446,27 @@ def test_one_task_experiment_summary_is_what_it_was_before_continual_runs(tmp_pa
                                      "clients", "partition_seed", "method", "seed"]  # fmt: skip
 
 
+def test_the_largest_seed_a_config_allows_is_stored(tmp_path):
+    """A run seed and a partition seed at the schema's maximum (2**63 - 1) aggregate into
+    metrics.parquet and runs.csv; the schema stops there because the tables store seeds as
+    signed 64-bit integers (a seed of 2**64 trained, then failed the aggregation)."""
+    from fedforget.aggregate import aggregate
+    from fedforget.validation import schema
+
+    top = schema()["$defs"]["seed"]["maximum"]
+    assert top == 2**63 - 1
+    d = write_run(tmp_path / "fedavg" / "s", "fedavg", top)
+    cfg = json.loads((d / "run.json").read_text())
+    cfg["config"]["partition"] = {**PARTITION, "seed": top}
+    (d / "run.json").write_text(json.dumps(cfg))
+    out = tmp_path / "summary"
+    out.mkdir()
+    aggregate([d], out, "e")
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    assert set(metrics["seed"]) == {top} and set(metrics["partition_seed"]) == {top}
+    assert str(top) in (out / "runs.csv").read_text()
+
+
 def test_continual_runs_csv_tasks_and_matrices(tmp_path):
     from fedforget.aggregate import CONTINUAL_OUTPUTS, aggregate
     from fedforget.continual import continual_metrics

@@ -275,6 +275,13 @@ BAD = [
      ["experiments[0].datasets[0].model", "'hidden' was unexpected", "allowed: a string | {name, options}"]),
     ("model-not-string-or-object", lambda d: dset(d).update(model=5),
      ["experiments[0].datasets[0].model: 5 matches no allowed form; allowed: a string | {name, options}"]),
+    # seeds beyond signed 64 bits trained, then failed the aggregation's parquet tables
+    ("seed-beyond-64-bits", lambda d: ex(d).update(seeds=[2**64]),
+     ["experiments[0].seeds[0]: 18446744073709551616 is greater than the maximum", "<= 9223372036854775807"]),
+    ("partition-seed-beyond-64-bits", lambda d: part(d).update(seed=2**63),
+     ["experiments[0].partitions[0].seed: 9223372036854775808 is greater than the maximum"]),
+    ("public-seed-beyond-64-bits", lambda d: dset(d).update(public={"source": "holdout", "fraction": 0.1, "seed": 2**63}),
+     ["experiments[0].datasets[0].public", "9223372036854775808"]),
     # a figure's round beyond the runs' rounds: refused before training, not by the figure job after it
     ("phase-memory-not-a-bool", lambda d: ex(d).update(train={"phase_memory": "yes"}),
      ["experiments[0].train.phase_memory", "'yes'"]),
