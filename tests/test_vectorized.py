@@ -90,6 +90,36 @@ def test_full_width_steps_equal_sequential(make_run_config, run_engines, assert_
         assert torch.allclose(v, vec.global_params[k], atol=1e-4, rtol=1e-4), k
 
 
+def test_a_batch_wider_than_every_client_is_full_batch_training(make_run_config, run_engines, assert_same_metrics, monkeypatch):
+    """train.batch_size 10**12 (each epoch one minibatch of a client's rows): the batched
+    steps are as wide as the largest client, not 10**12 rows (that table was allocated, and
+    failed), even full_width; the same results as batch_size = the largest client's rows,
+    and as the clients one after another."""
+    import fedforget.trainers as tr
+
+    real, widths = tr.train_clients_together, set()
+
+    def padded(model, global_params, batch, jobs, **k):
+        def spy(pos):
+            widths.add(pos.shape[-1])
+            return batch(pos)
+
+        return real(model, global_params, spy, jobs, **{**k, "full_width": True})
+
+    monkeypatch.setattr(tr, "train_clients_together", padded)
+    kw = dict(dataset="iris", model="mlp", partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=3, seed=1),
+              rounds=2, local_epochs=2, sample_rate=1.0, optimizer={"lr": 0.1, "momentum": 0.9})  # fmt: skip
+    out = run_engines(make_run_config(batch_size=10**12, **kw))
+    (_, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
+    largest = vec.trainer.clients.largest
+    assert widths == {largest} and largest < 100
+    assert_same_metrics(rows_s, rows_v)
+    widths.clear()
+    _, rows_n = run_engines(make_run_config(batch_size=largest, **kw))["vectorized"]
+    assert widths == {largest}
+    assert_same_metrics(rows_v, rows_n, tol=0)
+
+
 def test_small_groups_give_the_same_result(make_run_config, run_engines, assert_same_metrics):
     rc = make_run_config(dataset="digits", model="cnn2d", rounds=2, sample_rate=1.0,
                          partition=PartitionSpec("dirichlet", clients=6, alpha=0.3, seed=0))  # fmt: skip

@@ -41,6 +41,12 @@ class ClientData:
         o = self.offsets[k]
         return o[-1] - o[0] if t is None else o[t + 1] - o[t]
 
+    @functools.cached_property
+    def largest(self) -> int:
+        """The most positions any client holds (every task): no view, and so no minibatch,
+        is longer."""
+        return max((o[-1] - o[0] for o in self.offsets), default=0)
+
     def draw_offset(self, rnd: int, epoch: int, epochs: int) -> int:
         """What a local training step adds to its positions so that ``batch`` augments its
         rows (0 without augmentation): the step's occurrence times the number of positions

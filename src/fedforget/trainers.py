@@ -210,6 +210,15 @@ class LocalTrainer:
             minibatches=lambda epoch: map(view.batch, list(self.epoch_orders(cid, rnd, len(view)))[epoch]),
         )  # fmt: skip
 
+    @property
+    def widest_batch(self) -> int:
+        """The most rows a minibatch can hold: ``train.batch_size``, or the largest client's
+        positions where every client holds fewer (each epoch one minibatch of all its rows).
+        [D] The stacked steps' row tables and the convolution warm-up are that wide, not
+        ``batch_size`` wide: a batch size of 10**12 (full-batch training) allocated a table
+        of 10**12 rows per client, and warmed 10**12 shapes."""
+        return min(self.train.batch_size, max(self.clients.largest, 1))
+
     def one_row_batch(self, rnd: int, sizes: dict[int, int]) -> FedForgetError:
         """[D] BatchNorm cannot train on one value per channel, so a one-row minibatch through
         a layer whose maps are 1x1 (``resnet18_imagenet`` at 32 px) fails in PyTorch: the
@@ -618,7 +627,7 @@ class SequentialTrainer(LocalTrainer):
             self.warmed = True
             if conv_warmup_wanted(self.model, self.device):
                 row = view.batch(torch.zeros(1, dtype=torch.long, device=self.device))[0]
-                warm_conv_shapes(self.model, row, range(1, self.train.batch_size + 1), self.autocast)
+                warm_conv_shapes(self.model, row, range(1, self.widest_batch + 1), self.autocast)
         up, loss, s = self.train_client(cid, rnd, lr, view, read_loss=False)
         return [up], [loss], [s]
 
@@ -734,7 +743,7 @@ class StackedTrainer(LocalTrainer):
             results = train_clients_together(
                 self.model, self.fed.global_params, batch, jobs,
                 lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
-                epochs=t.local_epochs, batch_size=t.batch_size,
+                epochs=t.local_epochs, batch_size=self.widest_batch,
                 step_terms=(lambda order: method.client_step_terms([ctxs[cids[j]] for j in order])) if method.step_terms else None,
                 live_terms=(lambda order: method.client_live_terms([ctxs[cids[j]] for j in order])) if method.live_terms else None,
                 graphs=self.step_graphs, read_ahead=self.clients.x.read_ahead, epoch_rows=t.epoch_rows,

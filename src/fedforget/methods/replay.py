@@ -249,7 +249,9 @@ class ReplayPlan:
         self.fresh = 0 if self.offers and "y" not in buf else -1  # the step whose offer makes the buffer
         self.rows: list[int] = []  # memory rows of step k (0: none, the buffer empty)
         idx = torch.zeros(ctx.max_steps, draws, m, dtype=torch.long)
-        sources = torch.zeros(len(self.offers), 2, bs, dtype=torch.long)  # each offer's, its first offers[k] columns
+        # each offer's, its first offers[k] columns (as wide as the widest offer: a batch_size
+        # beyond every client's rows, full-batch training, allocated that many columns)
+        sources = torch.zeros(len(self.offers), 2, max(self.offers, default=0), dtype=torch.long)
         for k in range(ctx.max_steps):
             size = min(seen, cap)
             self.rows.append(min(m, size) if draws else 0)
