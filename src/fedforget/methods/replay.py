@@ -248,7 +248,9 @@ class ReplayPlan:
         self.offers = [min(bs, s.to_offer - i) for i in range(0, s.to_offer, bs)]  # rows offered at step k
         self.fresh = 0 if self.offers and "y" not in buf else -1  # the step whose offer makes the buffer
         self.rows: list[int] = []  # memory rows of step k (0: none, the buffer empty)
-        idx = torch.zeros(ctx.max_steps, draws, m, dtype=torch.long)
+        # no batch holds more rows than the buffer (a memory batch size beyond it replays the
+        # whole buffer at every step; 10**12 allocated that many columns)
+        idx = torch.zeros(ctx.max_steps, draws, min(m, cap), dtype=torch.long)
         # each offer's, its first offers[k] columns (as wide as the widest offer: a batch_size
         # beyond every client's rows, full-batch training, allocated that many columns)
         sources = torch.zeros(len(self.offers), 2, max(self.offers, default=0), dtype=torch.long)
