@@ -48,6 +48,10 @@ def test_validate_shipped_config(capsys, repo_root):
     out = capsys.readouterr().out
     assert "valid" in out
     assert "= 18 training jobs" in out
+    # each distinct model once, counted without building it (a size typed wrong shows here)
+    models = out.split("models (parameters counted without building them):\n")[1].splitlines()
+    assert models == ["  cnn2d on digits [1, 8, 8], 10 classes: 151,306 parameters (0.6 MiB in float32)",
+                      "  cnn1d on mnist1d [1, 40], 10 classes: 106,186 parameters (0.4 MiB in float32)"]  # fmt: skip
 
 
 def test_validate_bad_config_exit_2(capsys, tmp_path, repo_root):

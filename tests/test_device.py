@@ -496,3 +496,68 @@ def test_profile_round_counts_overlapping_gpu_intervals_once():
     assert covered([(0, 10), (5, 15), (20, 30)]) == 25  # overlap once, gap left out
     assert covered([(20, 30), (0, 100), (40, 50)]) == 100  # nested, in any order
     assert covered([(0, 1), (1, 2)]) == 2
+
+
+def test_a_model_that_cannot_fit_is_refused_before_the_data_load(tmp_path, make_run_config, monkeypatch) -> None:
+    """A well-typed but huge model option passes validation; the job refuses it before
+    loading any data, naming the model, its options and its count, where even three float32
+    copies of its weights cannot fit the device's memory (on a GPU, also one copy the
+    host's, where every model is built), and trains it where they fit. Before, a 10**7-unit
+    layer failed at the allocation after the data load (or was killed at a SLURM job's
+    memory limit without a word)."""
+    import fedforget.engine as engine
+    from fedforget.models import parameter_count
+
+    rc = make_run_config(dataset="digits", model="cnn2d", model_options={"hidden": 10**7})
+    monkeypatch.setattr(engine, "load_run_data", lambda *a, **k: pytest.fail("the data were loaded"))
+    with pytest.raises(FedForgetError, match=r"dataset.model of 'digits': 'cnn2d' with options \{'hidden': 10000000\} "
+                                             r"has 10,350,018,826 parameters, 38.6 GiB in float32; a run holds at least 3 copies"):  # fmt: skip
+        engine.Simulation(rc, device=torch.device("cpu"))
+
+    small = make_run_config(dataset="digits", model="cnn2d", model_options={"hidden": 8})
+    n = parameter_count("cnn2d", (1, 8, 8), 10, {"hidden": 8})
+    limits = {}
+    monkeypatch.setattr(engine, "memory_limit", lambda d: limits.get(d.type))
+    for dev, cpu, gpu, refused in [
+        ("cpu", 12 * n - 1, None, "3 copies of them .* more than cpu-memory"),
+        ("cpu", 12 * n, None, None),
+        ("cuda", 4 * n, 12 * n - 1, "3 copies of them .* more than gpu-memory"),
+        ("cuda", 4 * n - 1, 12 * n, "1 copy of them .* more than cpu-memory"),
+        ("cuda", 4 * n, 12 * n, None),
+        ("cpu", None, None, None),  # no limit known: nothing refused
+    ]:  # fmt: skip
+        limits.update(cpu=None if cpu is None else (cpu, "cpu-memory"), cuda=None if gpu is None else (gpu, "gpu-memory"))
+        if refused:
+            with pytest.raises(FedForgetError, match=refused):
+                engine.check_model_fits(small, torch.device(dev))
+        else:
+            engine.check_model_fits(small, torch.device(dev))
+
+
+def test_the_host_memory_limit_reads_the_machine_and_its_control_group(tmp_path, monkeypatch) -> None:
+    """The machine's memory and swap, or its control group's limit where smaller: cgroup v2
+    (a parent's memory.max counts, "max" is none) and v1 (its ~2**63 is none); None where
+    nothing can be read."""
+    import fedforget.memory as memory
+
+    root = tmp_path / "cg"
+    (tmp_path / "meminfo").write_text("MemTotal:  1000 kB\nMemFree: 10 kB\nSwapTotal:  24 kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(memory, "CGROUPS", tmp_path / "cgroup")
+    monkeypatch.setattr(memory, "CGROUP_ROOT", root)
+    assert memory.host_memory_limit() == (1024 * 1024, "this machine's memory and swap")  # no cgroup file
+    (tmp_path / "cgroup").write_text("0::/slurm/job_7/step_0\n")
+    (root / "slurm" / "job_7" / "step_0").mkdir(parents=True)
+    (root / "slurm" / "job_7" / "step_0" / "memory.max").write_text("max\n")
+    assert memory.host_memory_limit()[0] == 1024 * 1024
+    (root / "slurm" / "job_7" / "memory.max").write_text("524288\n")  # the job's --mem, on the parent
+    assert memory.host_memory_limit() == (524288, f"its control group's memory limit ({root}/slurm/job_7/memory.max)")
+    (tmp_path / "cgroup").write_text("4:memory:/job\n")
+    (root / "memory" / "job").mkdir(parents=True)
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert memory.host_memory_limit()[0] == 1024 * 1024
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text("4096\n")
+    assert memory.host_memory_limit()[0] == 4096
+    monkeypatch.setattr(memory, "MEMINFO", tmp_path / "none")
+    monkeypatch.setattr(memory, "CGROUPS", tmp_path / "none")
+    assert memory.host_memory_limit() is None

@@ -9,7 +9,13 @@ import re
 import pytest
 import torch
 
-from fedforget.models import MODEL_DEFAULTS, MODEL_INPUT_RANK, build_model, check_model
+from fedforget.models import (
+    MODEL_DEFAULTS,
+    MODEL_INPUT_RANK,
+    build_model,
+    check_model,
+    parameter_count,
+)
 from fedforget.utils import FedForgetError
 
 WIDTHS = [64, 64, 128, 256, 512]  # stem, stages 1-4
@@ -160,3 +166,39 @@ def test_mcmahan_padding_0_is_the_582k_mnist_cnn():
     # the default (padding 2, the FedSOL code) is unchanged: 3x32x32 -> 64*8*8 features
     d = build_model("cnn_mcmahan", (3, 32, 32), 10, {})
     assert d.body[7].in_features == 64 * 8 * 8
+
+
+# small valid inputs and options per model (vit: a 1-layer 8x8 ViT; slvit: 16x16 images)
+COUNT_CASES = {
+    "mlp": ((4,), {}), "cnn1d": ((1, 40), {}), "cnn1d-odd": ((1, 7), {}), "cnn2d": ((1, 8, 8), {}),
+    "cnn_mcmahan": ((3, 32, 32), {}), "resnet8": ((3, 8, 8), {"width": 8}), "resnet18": ((3, 8, 8), {"width": 8}),
+    "cnn_fedgp": ((1, 28, 28), {}), "vgg11": ((3, 32, 32), {"fc_dim": 16}), "resnet18_imagenet": ((3, 32, 32), {"pretrained": True}),
+    "vit": ((3, 8, 8), {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}),
+    "slvit": ((3, 16, 16), {"dim": 16, "depth": 1, "heads": 2, "dim_head": 8, "mlp_dim": 16}),
+}  # fmt: skip
+
+
+def test_parameter_count_covers_every_model_but_hf():
+    assert {k.split("-")[0] for k in COUNT_CASES} == set(MODEL_DEFAULTS) - {"hf"}
+    assert parameter_count("hf", (2, 128), 2, {"name_or_path": "distilbert-base-uncased"}) is None
+
+
+@pytest.mark.parametrize("case", sorted(COUNT_CASES))
+def test_parameter_count_is_the_built_models_without_building_it(case):
+    """``parameter_count`` (what ``fedforget validate`` prints and a job checks against its
+    memory before loading data) is the built model's count, without pretrained weights
+    loaded (resnet18_imagenet's pretrained: true would fetch them here, offline) and without
+    touching the global random generator."""
+    name = case.split("-")[0]
+    shape, opts = COUNT_CASES[case]
+    state = torch.random.get_rng_state()
+    n = parameter_count(name, shape, 10, opts)
+    assert torch.equal(state, torch.random.get_rng_state())
+    built = build_model(name, shape, 10, {k: v for k, v in opts.items() if k != "pretrained"})
+    assert n == sum(p.numel() for p in built.parameters())
+
+
+def test_a_model_too_large_for_any_machine_is_counted_not_allocated():
+    # cnn2d on 1x8x8: conv 1->32 (320), conv 32->64 (18,496), FC 64*4*4 -> h, head h -> 10
+    h = 10**12
+    assert parameter_count("cnn2d", (1, 8, 8), 10, {"hidden": h}) == 320 + 18_496 + (1024 * h + h) + (10 * h + 10)

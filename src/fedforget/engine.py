@@ -37,8 +37,9 @@ from .checkpoint import (
 )
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
+from .data import DATASETS
 from .evaluation import Evaluator
-from .memory import PhaseMemory
+from .memory import PhaseMemory, memory_limit
 from .methods import METHODS, RunInfo, ServerContext, make_params
 from .methods.base import AFTER_TASK, ROUND_END, TASK_END, ClientContext
 from .metrics import (
@@ -48,7 +49,7 @@ from .metrics import (
     projection_geometry,
     weight_divergence,
 )
-from .models import build_model
+from .models import build_model, parameter_count
 from .progress import RoundProgress, progress_mode
 from .rundata import load_run_data
 from .schedule import sample_clients
@@ -105,6 +106,37 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+# a run holds at least this many float32 copies of the model's weights on its device: the
+# clients' model, the server's, and the global weights (FedState)
+WEIGHT_COPIES = 3
+
+
+def check_model_fits(cfg: RunConfig, device: torch.device) -> None:
+    """[D] Refuse, before the data are loaded, a model whose weights cannot fit: its
+    parameters counted without allocating them (``parameter_count``), at least
+    ``WEIGHT_COPIES`` float32 copies of them on the device (and one in host memory, where
+    every model is built) against its memory (``memory_limit``: a GPU's, or the host's, its
+    control group's limit where smaller). A well-typed but huge option (``hidden: 10**7``)
+    passed validation, then failed the job at the allocation, after the data had loaded, or
+    was killed without a word at a SLURM job's memory limit. Only a certain failure is
+    refused: the run needs more (activations, optimizer and method state, the data)."""
+    ds = cfg.dataset
+    info = DATASETS.get(ds.name)
+    n = parameter_count(ds.model, info.input_shape(info.resolve(ds.options)), info.num_classes, ds.model_options)
+    if n is None:
+        return
+    need = [(device, WEIGHT_COPIES)] + ([(torch.device("cpu"), 1)] if device.type != "cpu" else [])
+    for dev, copies in need:
+        limit = memory_limit(dev)
+        if limit is not None and copies * 4 * n > limit[0]:
+            raise FedForgetError(
+                f"dataset.model of '{ds.label}': '{ds.model}' with options {ds.model_options} has {n:,} parameters, "
+                f"{4 * n / 2**30:,.1f} GiB in float32; a run holds at least {copies} cop{'ies' if copies > 1 else 'y'} "
+                f"of them ({copies * 4 * n / 2**30:,.1f} GiB), more than {limit[1]} ({limit[0] / 2**30:,.1f} GiB): "
+                "give the model smaller options"
+            )
+
+
 class Simulation:
     """One federated training run (one experiment x dataset x partition x method x seed)."""
 
@@ -119,6 +151,7 @@ class Simulation:
             torch.set_num_threads(t.threads)
         method_cls = METHODS.get(cfg.method.name, "method.name")
         params = make_params(cfg.method.name, cfg.method.params, "method.params")
+        check_model_fits(cfg, self.device)
 
         data = load_run_data(cfg, self.device, method_cls.trait("public_labels", params), verify)
         self.clients, self.scenario = data.clients, data.scenario

@@ -212,9 +212,9 @@ def cnn1d(
         nn.Conv1d(c2, c2, 3, stride=2, padding=1), nn.ReLU(),
         nn.Flatten(),
     )  # fmt: skip
-    with torch.no_grad():
-        flat = body(torch.zeros(1, c, length)).shape[1]
-    return Classifier(nn.Sequential(body, nn.Linear(flat, hidden), nn.ReLU()), hidden, num_classes)
+    for k, stride, pad in ((5, 1, 2), (5, 2, 2), (3, 2, 1)):  # each convolution's output length
+        length = (length + 2 * pad - k) // stride + 1
+    return Classifier(nn.Sequential(body, nn.Linear(c2 * length, hidden), nn.ReLU()), hidden, num_classes)
 
 
 @register("cnn_mcmahan", rank=3, hidden=512, padding=2)
@@ -1282,6 +1282,23 @@ def eval_by_batch(name: str, options: Mapping[str, Any]) -> bool:
     batch_stateless``: each evaluation batch is normalised by its own statistics), so that
     the evaluation batch size is part of the experiment."""
     return "norm" in MODEL_DEFAULTS.get(name, {}) and options.get("norm") == "batch_stateless"
+
+
+def parameter_count(
+    name: str, input_shape: Sequence[int], num_classes: int, options: Mapping[str, Any] | None = None
+) -> int | None:
+    """How many parameters ``build_model`` gives the model (one head, before a method adds
+    modules), counted on the meta device: nothing is allocated and no pretrained weight is
+    loaded, so a model too large for any machine is counted in milliseconds. None for
+    ``hf`` (its size is the hub's config's)."""
+    opts = check_model(name, input_shape, dict(options or {}))
+    if name == "hf":
+        return None
+    if "pretrained" in opts:
+        opts["pretrained"] = False
+    with torch.device("meta"):
+        model = MODELS.get(name)(tuple(input_shape), num_classes, **opts)
+    return sum(p.numel() for p in model.parameters())
 
 
 def build_model(

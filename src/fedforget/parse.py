@@ -34,7 +34,7 @@ from .figures import check_figure
 from .inputs import check_augment, check_normalize
 from .methods import METHODS, make_params
 from .methods.params import recorded
-from .models import check_model, eval_by_batch
+from .models import check_model, eval_by_batch, parameter_count
 from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible, check_per_class_shards, check_scheme_keys
 from .plots import CURVES
@@ -370,3 +370,23 @@ def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
 
 def load_config(path: str | Path) -> WorkflowConfig:
     return parse_config(load_yaml(path))
+
+
+def model_sizes(wf: WorkflowConfig) -> list[str]:
+    """One line per distinct model of the config (name, options, the dataset's input shape
+    and classes) with its parameters, counted without building it (``parameter_count``;
+    one head, before a method's modules): ``fedforget validate`` prints them, so that a size
+    typed wrong shows before any job."""
+    seen: dict[tuple, str] = {}
+    for e in wf.experiments:
+        for d in e.datasets:
+            info = DATASETS.get(d.name)
+            shape, k = tuple(info.input_shape(info.resolve(d.options))), info.num_classes
+            key = (d.model, repr(sorted(d.model_options.items())), shape, k)
+            if key in seen:
+                continue
+            n = parameter_count(d.model, shape, k, d.model_options)
+            opts = f" {d.model_options}" if d.model_options else ""
+            size = "its size is its hub config's" if n is None else f"{n:,} parameters ({4 * n / 2**20:,.1f} MiB in float32)"
+            seen[key] = f"  {d.model}{opts} on {d.name} {list(shape)}, {k} classes: {size}"
+    return list(seen.values())
