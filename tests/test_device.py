@@ -561,3 +561,45 @@ def test_the_host_memory_limit_reads_the_machine_and_its_control_group(tmp_path,
     monkeypatch.setattr(memory, "MEMINFO", tmp_path / "none")
     monkeypatch.setattr(memory, "CGROUPS", tmp_path / "none")
     assert memory.host_memory_limit() is None
+
+
+CPU_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+           "allocate 16000000000000 bytes. Error code 12 (Cannot allocate memory)")  # fmt: skip
+
+
+def test_a_job_out_of_memory_names_the_largest_sizes_its_config_sets(tmp_path, make_run_config, monkeypatch) -> None:
+    """Out of memory anywhere in a job (here DER's buffer of 10**12 rows, in round 1; a GPU's
+    OutOfMemoryError while the run is set up): one FedForgetError saying where, with torch's
+    first line and the config's sizes largest first, the run recorded failed with it; any
+    other error stays what it was. (The allocation is faked: on a machine that overcommits
+    memory a real 16 TB buffer would be killed, not refused.)"""
+    import fedforget.engine as engine
+    from fedforget.methods.replay import Reservoir
+
+    def refuse(self, state, fields, rows=None):
+        raise RuntimeError(CPU_OOM)
+
+    monkeypatch.setattr(Reservoir, "rows_for", refuse)
+    rc = make_run_config(method="der", params={"buffer_size": 10**12}, device="cpu")
+    with pytest.raises(FedForgetError) as ei:
+        run_training(rc, tmp_path / "run", progress=False)
+    msg = str(ei.value)
+    assert msg.startswith(f"out of memory on cpu in round 1 ({CPU_OOM}); the largest sizes this run's config sets: "
+                          "method.params.buffer_size=1000000000000, train.eval_batch_size=1024, ")  # fmt: skip
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == "failed" and record["error"] == f"FedForgetError: {msg}"
+
+    def gpu_oom(self, *a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore")
+
+    monkeypatch.setattr(engine.Simulation, "__init__", gpu_oom)
+    with pytest.raises(FedForgetError, match=r"^out of memory on train.device 'cpu' while setting up the run \(CUDA out of "
+                                             r"memory. Tried to allocate 20.00 GiB\); the largest"):  # fmt: skip
+        run_training(make_run_config(device="cpu"), tmp_path / "run2", progress=False)
+
+    def other(self, *a, **k):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(engine.Simulation, "__init__", other)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        run_training(make_run_config(device="cpu"), tmp_path / "run3", progress=False)

@@ -165,6 +165,43 @@ def check_resume_host(ckpt: dict[str, Any], now: dict[str, Any], path: Path) -> 
     return True, None
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """An allocation that failed: torch's OutOfMemoryError (CUDA), or its CPU allocator's
+    (and the MPS backend's) RuntimeError."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        type(e) is RuntimeError and ("can't allocate memory" in str(e) or "out of memory" in str(e))
+    )
+
+
+def config_sizes(cfg: RunConfig) -> list[tuple[str, int]]:
+    """The integers a run's config sets that size what it allocates (the batch sizes, the
+    clients, a dataset's, model's or method's integer options as written), largest first."""
+    t, ds = cfg.train, cfg.dataset
+    found = [("train.batch_size", t.batch_size), ("train.eval_batch_size", t.eval_batch_size),
+             ("train.max_parallel_clients", t.max_parallel_clients), ("train.concurrent_clients", t.concurrent_clients),
+             ("partition.clients", cfg.partition.clients)]  # fmt: skip
+    for prefix, opts in (("dataset.options", ds.options), ("dataset.model.options", ds.model_options),
+                         ("method.params", cfg.method.params)):  # fmt: skip
+        for k, v in (opts or {}).items():
+            vs = v if isinstance(v, list) else [v]
+            if vs and all(isinstance(x, int) and not isinstance(x, bool) for x in vs):
+                found.append((f"{prefix}.{k}", max(vs)))
+    return sorted(found, key=lambda kv: -kv[1])
+
+
+def out_of_memory_error(e: BaseException, cfg: RunConfig, device: str, rnd: int | None) -> FedForgetError:
+    """[D] One error for a job out of memory anywhere (building the model, a method's modules
+    or buffers, a round): what failed, where, and the sizes the config sets, largest first
+    (a value typed too large, ``buffer_size: 10**12``, heads the list), in place of a
+    traceback. The batched engine's own groups name their knob (``LocalTrainer.out_of_memory``)."""
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    where = "while setting up the run" if rnd is None else f"in round {rnd}"  # (round 0: the first evaluation)
+    sizes = ", ".join(f"{k}={v}" for k, v in config_sizes(cfg)[:6])
+    return FedForgetError(
+        f"out of memory on {device} {where} ({first}); the largest sizes this run's config sets: {sizes}"
+    )
+
+
 def run_training(
     cfg: RunConfig, out_dir: str | Path, progress: bool | None = None, resume: bool = True
 ) -> dict[str, Any]:
@@ -204,6 +241,8 @@ def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool
     }
     atomic_write_json(out / "run.json", record)
     t0 = time.perf_counter()
+    sim: Simulation | None = None
+    written: list[dict[str, Any]] = []
     try:
         sim = Simulation(cfg)
         if sim.device.type == "cuda":  # this run's peak (run.json: peak_gpu_memory_mb)
@@ -227,7 +266,7 @@ def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool
         else:  # a run from round 0: snapshots an earlier run left here are not this run's
             shutil.rmtree(out / "snapshots", ignore_errors=True)
         atomic_write_json(out / "run.json", record)  # where it runs, while it runs
-        written: list[dict[str, Any]] = list(ckpt["rows"]) if ckpt else []
+        written[:] = list(ckpt["rows"]) if ckpt else []
 
         def on_row(row: dict[str, Any]) -> None:  # metrics so far, complete after every round
             written.append(row)
@@ -255,14 +294,20 @@ def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool
         atomic_write_text(out / "accuracy_matrix.csv", table_csv(matrix, ["after_task", "task", "accuracy"]))
         atomic_torch_save(out / "model.pt", {k: v.cpu() for k, v in sim.global_params.items()})
     except BaseException as e:
+        oom = None
+        if is_out_of_memory(e):
+            where = str(sim.device) if sim else f"train.device {cfg.train.device!r}"
+            oom = out_of_memory_error(e, cfg, where, None if sim is None else max((r["round"] for r in written), default=-1) + 1)
         record.update(
             status="failed",
-            error=f"{type(e).__name__}: {e}",
+            error=f"{type(e).__name__}: {e}" if oom is None else f"FedForgetError: {oom}",
             traceback=traceback.format_exc(),
             wall_time_s=time.perf_counter() - t0,
             finished_at=_now(),
         )
         atomic_write_json(out / "run.json", record)
+        if oom is not None:
+            raise oom from None
         raise
     accs = [
         r["global_model_test_acc"]
