@@ -50,3 +50,29 @@ def test_a_memory_batch_beyond_the_buffer_replays_the_whole_buffer(public_run_cf
     assert a.engine_info["client_engine"] == engine
     assert strip(ra) == strip(rb)
     assert same(a.global_params, b.global_params) and same(a.fed.clients, b.fed.clients)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+@pytest.mark.parametrize("method", ["agem", "der", "fedgp", "scr"])
+def test_a_buffer_beyond_every_clients_data_keeps_every_row_in_their_room(public_run_cfg, method, engine):
+    """A reservoir larger than a client's data keeps every row offered; its room is the
+    client's rows, not buffer_size (10**12 allocated 10**12 rows per client): the same run,
+    bit for bit, as at buffer_size 1000 (also beyond every client), with buffers as long as
+    each client's rows."""
+    params = {"fedgp": lambda b: {"base": "fedavg", "buffer_size": b}}.get(method, lambda b: {"buffer_size": b})
+    out = []
+    for b in (10**12, 1000):
+        rc = public_run_cfg(method, {**(QUICK_PARAMS.get(method) or {}), **params(b)}, rounds=3, sample_rate=0.75,
+                            client_engine=engine)  # fmt: skip
+        sim = Simulation(rc)
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        out.append((sim, rows))
+    (a, ra), (b, rb) = out
+    assert strip(ra) == strip(rb)
+    assert same(a.global_params, b.global_params) and same(a.fed.clients, b.fed.clients)
+    key = a.method.replay.buffer.key
+    kept = {cid: st[key] for cid, st in a.fed.clients.items() if key in st and "y" in st[key]}
+    assert kept, "no client kept a buffer"
+    for cid, buf in kept.items():
+        assert len(buf["y"]) == a.trainer.clients.size(cid) >= buf["size"] == buf["seen"]

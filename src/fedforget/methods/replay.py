@@ -123,17 +123,19 @@ class Reservoir:
         y: torch.Tensor,
         generator: torch.Generator,
         task: torch.Tensor | int,
+        rows: int | None = None,
         **extra: torch.Tensor,
     ) -> int:
         """Offer the rows of a minibatch, in order, to the reservoir (Algorithm 4, one row
         after another: a slot drawn twice keeps the later row). ``task``: the rows' task
-        (one id or one per row); ``extra``: more per-row tensors to keep (DER's logits; the
+        (one id or one per row); ``rows``: the most rows the client will ever offer, where
+        known (``rows_for``); ``extra``: more per-row tensors to keep (DER's logits; the
         same names at every offer). Returns the number of rows stored."""
         m = len(y)
         if m == 0 or self.capacity == 0:
             return 0
         fields = self.fields(x, y, task, extra)
-        buf = self.rows_for(state, fields)
+        buf = self.rows_for(state, fields, rows)
         seen = int(buf["seen"])
         slot_of_row = self.places(seen, m, generator)
         buf["seen"] = seen + m
@@ -191,13 +193,17 @@ class Reservoir:
             b = buf[k]
             b.index_copy_(0, dst, torch.cat([b[:1], v.to(b.dtype)]).index_select(0, src))
 
-    def rows_for(self, state: dict[str, Any], fields: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def rows_for(self, state: dict[str, Any], fields: dict[str, torch.Tensor], rows: int | None = None) -> dict[str, Any]:
         """The buffer's dict in ``state`` for offers of ``fields`` (rows [m, ...] each): at the
-        first offer, room for ``capacity`` rows of each field, zeros, shaped as they are."""
+        first offer, room for ``capacity`` rows of each field, zeros, shaped as they are; or
+        for ``rows``, where fewer, the most rows the client will ever offer (``Replay.rows_ever``)
+        [D]: a buffer larger than a client's data keeps every row it is offered, in slots
+        0..seen-1, and no more room (``buffer_size: 10**12`` allocated 10**12 rows per client)."""
         buf = self._buf(state)
         if "y" not in buf:
+            n = self.capacity if rows is None else min(self.capacity, rows)
             for k, v in fields.items():
-                buf[k] = torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype, device=v.device)
+                buf[k] = torch.zeros((n, *v.shape[1:]), dtype=v.dtype, device=v.device)
         stored = {k for k in buf if k not in _META}
         if stored != fields.keys():
             raise ValueError(f"replay buffer '{self.key}' keeps {sorted(stored)}, offered {sorted(fields)}")
@@ -242,7 +248,7 @@ class ReplayPlan:
     def __init__(
         self, buffer: Reservoir, ctx: ClientContext, s: SimpleNamespace, draws: int, m: int, device: torch.device
     ) -> None:
-        self.buffer, self.draws = buffer, draws
+        self.buffer, self.draws, self.rows_ever = buffer, draws, getattr(s, "rows_ever", None)  # (Replay.begin)
         buf = ctx.state.get(buffer.key) or {}
         seen, cap, bs = int(buf.get("seen", 0)), buffer.capacity, ctx.batch_size
         self.offers = [min(bs, s.to_offer - i) for i in range(0, s.to_offer, bs)]  # rows offered at step k
@@ -290,7 +296,7 @@ class ReplayPlan:
         if len(y) != self.offers[k]:
             raise RuntimeError(f"replay plan: step {k} offers {len(y)} rows, planned {self.offers[k]}")
         fields = Reservoir.fields(x, y, task, extra)
-        self.buffer.write(self.buffer.rows_for(state, fields), fields, self.writes.next()[:, : len(y)])
+        self.buffer.write(self.buffer.rows_for(state, fields, self.rows_ever), fields, self.writes.next()[:, : len(y)])
 
     def finish(self, state: dict[str, Any]) -> None:
         """The buffer's counters after the round's offers (call at the client's end)."""
@@ -335,8 +341,19 @@ class Replay:
         generators (keyed by seed, round, client, task)."""
         seed = self.info.seed
         s.to_offer = self.buffer.offer_budget(ctx, self.info.train)
+        s.rows_ever = self.rows_ever(ctx)
         s.offer_gen = offer_generator(seed, ctx.round, ctx.cid, ctx.task)
         s.sample_gen = sample_generator(seed, ctx.round, ctx.cid, ctx.task, self.sample_stream)
+
+    @staticmethod
+    def rows_ever(ctx: ClientContext) -> int | None:
+        """The most rows client ``ctx`` will ever offer: each of its positions once (every
+        view starts where the data last offered ended: ``offer_budget``), except under
+        asynchronous boundaries, whose sliding windows offer rows again (None: unknown)."""
+        view = ctx.data
+        if view is None or view.data.scenario.window is not None:
+            return None
+        return view.data.size(ctx.cid)
 
     def row_tasks(self, ctx: ClientContext, y: torch.Tensor) -> torch.Tensor | int:
         """The task of each training row: its class's task in split scenarios (a window of
@@ -348,7 +365,7 @@ class Replay:
         if s.to_offer <= 0:
             return
         s.to_offer -= len(y)
-        self.buffer.offer(ctx.state, x, y, s.offer_gen, self.row_tasks(ctx, y), **extra)
+        self.buffer.offer(ctx.state, x, y, s.offer_gen, self.row_tasks(ctx, y), s.rows_ever, **extra)
 
     def plan(self, ctx: ClientContext, s: SimpleNamespace, draws: int, m: int) -> None:
         """Set up client ``ctx``'s round (``begin``) and plan its replay steps, ``draws``
