@@ -96,3 +96,19 @@ def test_repeat_test_counts_each_copy_of_one_test(tmp_path):
                str(tmp_path), "--times", "1", "--workers", "0", "--load", "0"]  # fmt: skip
     r = subprocess.run(missing, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "'tests/test_flaky.py::test_f[c]': no test of that node id" in r.stderr
+
+
+def test_size_probe_covers_every_unbounded_integer_and_names_a_crash_site():
+    """benchmarks/size_probe.py's cases: every method's integer hyperparameters without a
+    maximum (a new one is probed by itself), the run's own sizes; a traceback's site is its
+    exception and last src/fedforget frame."""
+    from .conftest import benchmark_script
+
+    with benchmark_script("size_probe") as probe:
+        names = {c["name"] for c in probe.cases()}
+        trace = ('Traceback (most recent call last):\n  File "/x/src/fedforget/cli.py", line 440, in main\n'
+                 '  File "/x/src/fedforget/methods/replay.py", line 200, in rows_for\n'
+                 '  File "/x/.venv/lib/torch/x.py", line 3\nRuntimeError: [enforce fail] cannot allocate\n')  # fmt: skip
+        assert probe.crash_site(trace) == "RuntimeError fedforget/methods/replay.py:200"
+    assert {"train.batch_size", "seeds", "der.buffer_size", "der.memory_batch_size", "l2p.pool_size", "scr.proj_dim"} <= names
+    assert "fedprox.mu" not in names and len(names) > 60

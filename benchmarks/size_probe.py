@@ -1,0 +1,155 @@
+"""Well-typed but huge sizes, run: each integer hyperparameter of every registered method
+(those without a maximum) set to 10**12, and the run's own sizes (``train.batch_size``,
+``train.eval_batch_size``, a model width, a seed of 2**64), each a whole pipeline run
+(``fedforget run``) on a tiny config. Validation checks types and ranges, not whether a size
+fits a machine, so these pass it; what a user then needs is a run that completes (the size
+means "all": full-batch training, a memory batch of the whole buffer, a buffer that keeps
+every row) or one error naming the value (``fedforget: error:``), never a traceback. Prints
+and writes counts, not a test (``config_fuzz.py`` is its validation-time sibling).
+
+Each case is a subprocess with a time limit (a size that means "more work", ``rounds`` or
+``epochs`` 10**12, runs on: "long", accepted). Outcomes: ``completed``, ``error`` (one
+``fedforget: error:`` line), ``long``, ``crash`` (anything else: its exception and the last
+``src/fedforget`` frame are the crash site). The config: iris (a 10 % public holdout), an MLP,
+Dirichlet 0.5 over 4 clients, 3 of them a round, 2 rounds, on the CPU; a method defined on a
+ViT alone (L2P) on digits with a 1-layer ViT. Run from the repository root::
+
+    python benchmarks/size_probe.py --out benchmarks/results/cpu-DATE/size_probe.json
+    python benchmarks/size_probe.py --src /path/to/old/checkout/src ...   # another commit
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HUGE = 10**12
+# small settings of the slow methods, so that a case that completes does so in seconds (a
+# probed field overrides them)
+FAST = {
+    "glfc": {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2},
+    "lga": {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2},
+    "scr": {"views": "dataset"},
+}
+TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
+
+
+def cases() -> list[dict[str, Any]]:
+    """(name, method, params, train, model options, seeds) of every case."""
+    from fedforget.methods import METHODS
+    from fedforget.methods.params import SCHEMA
+
+    out = [
+        {"name": "train.batch_size", "train": {"batch_size": HUGE}},
+        {"name": "train.eval_batch_size", "train": {"eval_batch_size": HUGE}},
+        {"name": "model.options.hidden", "model_options": {"hidden": [HUGE]}},
+        {"name": "seeds", "seeds": [2**64]},
+    ]
+    for m in METHODS.names():
+        for f in dataclasses.fields(METHODS.get(m).Params):
+            s = f.metadata.get(SCHEMA, {})
+            if s.get("type") == "integer" and "maximum" not in s:
+                out.append({"name": f"{m}.{f.name}", "method": m, "params": {f.name: HUGE}})
+    return out
+
+
+def config(case: dict[str, Any], data: Path, results: Path) -> dict[str, Any]:
+    from fedforget.methods import METHODS
+
+    m = case.get("method", "fedavg")
+    vit = getattr(METHODS.get(m), "needs_model", None) == "vit"
+    ds = ({"name": "digits", "model": {"name": "vit", "options": TINY_VIT}} if vit else
+          {"name": "iris", "model": {"name": "mlp", "options": case.get("model_options", {})},
+           "public": {"source": "holdout", "fraction": 0.1, "seed": 0}})  # fmt: skip
+    train = {"rounds": 2, "local_epochs": 1, "batch_size": 16, "sample_rate": 0.75, "device": "cpu", "threads": 1,
+             "optimizer": {"name": "sgd", "lr": 0.1}, **case.get("train", {})}  # fmt: skip
+    return {
+        "data_dir": str(data), "results_dir": str(results),
+        "experiments": [{
+            "name": "probe", "datasets": [ds],
+            "partitions": [{"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}],
+            "methods": [{"name": m, "params": {**FAST.get(m, {}), **case.get("params", {})}}],
+            "seeds": case.get("seeds", [0]), "train": train,
+        }],
+    }  # fmt: skip
+
+
+def crash_site(stderr: str) -> str:
+    """The exception's type and the last src/fedforget frame of a traceback."""
+    frames = re.findall(r'File "([^"]*src/fedforget/[^"]*)", line (\d+)', stderr)
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    kind = last.split(":")[0] if ":" in last else last
+    where = f"{frames[-1][0].split('src/')[-1]}:{frames[-1][1]}" if frames else "?"
+    return f"{kind} {where}"
+
+
+def run_case(case: dict[str, Any], work: Path, src: Path, limit: float) -> dict[str, Any]:
+    path = work / f"{case['name']}.yaml"
+    path.write_text(yaml.safe_dump(config(case, work / "data", work / f"results-{case['name']}")))
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-m", "fedforget", "run", "--config", str(path)], env=env,
+                           capture_output=True, text=True, timeout=limit)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"case": case["name"], "outcome": "long", "seconds": round(time.perf_counter() - t0, 1)}
+    out = {"case": case["name"], "seconds": round(time.perf_counter() - t0, 1)}
+    lines = p.stderr.strip().splitlines()
+    if p.returncode == 0:
+        return {**out, "outcome": "completed"}
+    if p.returncode == 2 and "Traceback" not in p.stderr and "fedforget: error:" in p.stderr:
+        return {**out, "outcome": "error", "message": p.stderr[p.stderr.index("fedforget: error:"):].strip()[:400]}
+    return {**out, "outcome": "crash", "site": crash_site(p.stderr), "message": (lines[-1] if lines else "")[:300]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--src", default=str(ROOT / "src"), help="the fedforget source to run (default: this checkout's)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--limit", type=float, default=60.0, help="seconds per case before it counts as long")
+    ap.add_argument("--only", help="a regular expression on case names")
+    ap.add_argument("--out", help="write the JSON here")
+    a = ap.parse_args()
+    src = Path(a.src).resolve()
+    all_cases = [c for c in cases() if not a.only or re.search(a.only, c["name"])]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="size_probe-") as tmp:
+        work = Path(tmp)
+        # the data prepared once, before the cases share them
+        first = run_case({"name": "prepare"}, work, src, 600)
+        if first["outcome"] != "completed":
+            raise SystemExit(f"the base config did not run: {first}")
+        vit = run_case({"name": "prepare-vit", "method": "l2p"}, work, src, 600)
+        if vit["outcome"] != "completed":
+            raise SystemExit(f"the ViT base config did not run: {vit}")
+        with ThreadPoolExecutor(a.jobs) as pool:
+            rows = list(pool.map(lambda c: run_case(c, work, src, a.limit), all_cases))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
+    counts = {k: sum(r["outcome"] == k for r in rows) for k in ("completed", "error", "long", "crash")}
+    sites = sorted({r["site"] for r in rows if r["outcome"] == "crash"})
+    result = {"commit": commit, "value": HUGE, "limit_s": a.limit, "cases": len(rows), **counts,
+              "crash_sites": sites, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}  # fmt: skip
+    print(f"{commit[:7]}: {len(rows)} cases in {result['seconds']} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    for r in rows:
+        if r["outcome"] in ("crash", "error"):
+            print(f"  {r['outcome']:5} {r['case']}: {r.get('site', '')} {r['message'][-160:]}")
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
