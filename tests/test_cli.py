@@ -261,3 +261,30 @@ def test_keep_freed_memory_serves_large_tensors_from_the_heap_with_the_same_resu
         pytest.skip("not glibc: keep_freed_memory changes nothing here")
     assert int(mapped_default) > 0 and mapped_kept == "0", done.stdout
     assert digest_kept == digest_default
+
+
+def test_any_command_out_of_memory_ends_in_one_line(capsys, monkeypatch):
+    """A command out of memory (numpy's MemoryError preparing a blobs set of 10**9 rows of
+    4096x4096, torch's allocator): exit 2 and one line, not a traceback; other errors stay
+    theirs."""
+    import fedforget.cli as cli
+
+    for err, line in [
+        (MemoryError("Unable to allocate 59.6 PiB for an array with shape (1000000000, 1, 4096, 4096)"),
+         "fedforget: error: fedforget datasets ran out of memory: Unable to allocate 59.6 PiB for an array"),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\nmore"),
+         "fedforget: error: fedforget datasets ran out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\n"),
+    ]:  # fmt: skip
+        def fail(args, err=err):
+            raise err
+
+        monkeypatch.setattr(cli, "cmd_list", fail)
+        assert main(["datasets"]) == 2
+        assert capsys.readouterr().err.startswith(line)
+
+    def other(args):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(cli, "cmd_list", other)
+    with pytest.raises(RuntimeError, match="shapes cannot"):
+        main(["datasets"])

@@ -10,7 +10,7 @@ import sys
 
 from . import __version__
 from .finished import KEPT, drop, keep, restore
-from .utils import FedForgetError
+from .utils import FedForgetError, is_out_of_memory
 
 log = logging.getLogger("fedforget")
 
@@ -443,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as e:  # a path that does not exist or cannot be read, named by the OS
         print(f"fedforget: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    except (RuntimeError, MemoryError) as e:  # out of memory in any command (a training job's says more: runner)
+        if not is_out_of_memory(e):
+            raise
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"fedforget: error: fedforget {args.cmd} ran out of memory: {first}", file=sys.stderr)
         return 2
     return 0
 

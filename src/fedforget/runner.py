@@ -36,6 +36,7 @@ from .utils import (
     atomic_write_json,
     atomic_write_text,
     dir_lock,
+    is_out_of_memory,
     package_versions,
 )
 
@@ -163,14 +164,6 @@ def check_resume_host(ckpt: dict[str, Any], now: dict[str, Any], path: Path) -> 
         log.warning("%s: %s", path, note)
         return True, note
     return True, None
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """An allocation that failed: torch's OutOfMemoryError (CUDA), or its CPU allocator's
-    (and the MPS backend's) RuntimeError."""
-    return isinstance(e, torch.OutOfMemoryError) or (
-        type(e) is RuntimeError and ("can't allocate memory" in str(e) or "out of memory" in str(e))
-    )
 
 
 def config_sizes(cfg: RunConfig) -> list[tuple[str, int]]:

@@ -23,6 +23,14 @@ class FedForgetError(Exception):
     """An error with a message meant for the user (bad config, missing data, corrupt file)."""
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """An allocation that failed: torch's OutOfMemoryError (CUDA), its CPU allocator's (and
+    the MPS backend's) RuntimeError, a MemoryError (numpy's); told apart without importing torch."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
+        type(e) is RuntimeError and ("can't allocate memory" in str(e) or "out of memory" in str(e))
+    )
+
+
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
     """Hex digest of a file's bytes (``hashlib`` algorithm name), read in chunks."""
     h = hashlib.new(algorithm, usedforsecurity=False)
