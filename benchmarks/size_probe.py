@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fedforget.utils import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 HUGE = 10**12
@@ -142,13 +143,18 @@ def main() -> None:
     sites = sorted({r["site"] for r in rows if r["outcome"] == "crash"})
     result = {"commit": commit, "value": HUGE, "limit_s": a.limit, "cases": len(rows), **counts,
               "crash_sites": sites, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}  # fmt: skip
-    print(f"{commit[:7]}: {len(rows)} cases in {result['seconds']} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    for r in rows:
-        if r["outcome"] in ("crash", "error"):
-            print(f"  {r['outcome']:5} {r['case']}: {r.get('site', '')} {r['message'][-160:]}")
+    print(report(result))
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        atomic_write_json(a.out, result)
+
+
+def report(result: dict[str, Any]) -> str:
+    """The counts, then each case that ended in an error or a crash, one line each."""
+    counts = ", ".join(f"{result[k]} {k}" for k in ("completed", "error", "long", "crash"))
+    lines = [f"{result['commit'][:7]}: {result['cases']} cases in {result['seconds']} s: {counts}"]
+    lines += [f"  {r['outcome']:5} {r['case']}: {r.get('site', '')} {r['message'][-160:]}"
+              for r in result["rows"] if r["outcome"] in ("crash", "error")]  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

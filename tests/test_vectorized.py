@@ -47,6 +47,24 @@ def test_vectorized_equals_sequential_within_1e5(make_run_config, run_engines, a
         assert torch.allclose(v, vec.global_params[k], atol=1e-4, rtol=1e-4), k
 
 
+def full_width_steps(monkeypatch) -> set[int]:
+    """Every batched step run full_width (a GPU's default for models without BatchNorm); the
+    widths of the steps' gathers, as the set returned fills."""
+    import fedforget.trainers as tr
+
+    real, widths = tr.train_clients_together, set()
+
+    def padded(model, global_params, batch, jobs, **k):
+        def spy(pos):
+            widths.add(pos.shape[-1])
+            return batch(pos)
+
+        return real(model, global_params, spy, jobs, **{**k, "full_width": True})
+
+    monkeypatch.setattr(tr, "train_clients_together", padded)
+    return widths
+
+
 @pytest.mark.parametrize(
     "kw",
     [
@@ -70,18 +88,7 @@ def test_full_width_steps_equal_sequential(make_run_config, run_engines, assert_
     """full_width (a GPU's default for models without BatchNorm): every batched step is
     batch_size rows wide, the partial last minibatches padded with masked rows; the clients'
     results stay those of one after another within 1e-5."""
-    import fedforget.trainers as tr
-
-    real, widths = tr.train_clients_together, set()
-
-    def padded(model, global_params, batch, jobs, **k):
-        def spy(pos):
-            widths.add(pos.shape[-1])
-            return batch(pos)
-
-        return real(model, global_params, spy, jobs, **{**k, "full_width": True})
-
-    monkeypatch.setattr(tr, "train_clients_together", padded)
+    widths = full_width_steps(monkeypatch)
     out = run_engines(make_run_config(**kw))
     (seq, rows_s), (vec, rows_v) = out["sequential"], out["vectorized"]
     assert widths == {kw["batch_size"]}  # partial minibatches exist in these splits, and were padded
@@ -95,18 +102,7 @@ def test_a_batch_wider_than_every_client_is_full_batch_training(make_run_config,
     steps are as wide as the largest client, not 10**12 rows (that table was allocated, and
     failed), even full_width; the same results as batch_size = the largest client's rows,
     and as the clients one after another."""
-    import fedforget.trainers as tr
-
-    real, widths = tr.train_clients_together, set()
-
-    def padded(model, global_params, batch, jobs, **k):
-        def spy(pos):
-            widths.add(pos.shape[-1])
-            return batch(pos)
-
-        return real(model, global_params, spy, jobs, **{**k, "full_width": True})
-
-    monkeypatch.setattr(tr, "train_clients_together", padded)
+    widths = full_width_steps(monkeypatch)
     kw = dict(dataset="iris", model="mlp", partition=PartitionSpec("dirichlet", clients=5, alpha=0.5, min_size=3, seed=1),
               rounds=2, local_epochs=2, sample_rate=1.0, optimizer={"lr": 0.1, "momentum": 0.9})  # fmt: skip
     out = run_engines(make_run_config(batch_size=10**12, **kw))

@@ -1,10 +1,11 @@
-"""Batch sizes beyond the rows there are. ``train.batch_size`` beyond every client's rows (full-batch training: each epoch one
-minibatch of all a client's rows) over every registered method, on both trainers: the run
-completes, bit for bit as at ``batch_size`` = the largest client's rows. Before, the stacked
-steps' row table and a replay plan's offer table were ``batch_size`` wide: 10**12 tried to
-allocate terabytes (A-GEM and DER on either trainer, every method on the stacked one). A replay method's memory
-batch beyond its buffer replays the whole buffer at every step, as at memory_batch_size =
-buffer_size (its plan's draw table was memory_batch_size wide)."""
+"""Sizes beyond the rows there are mean all of them, and change no result. ``train.batch_size``
+beyond every client's rows (full-batch training: each epoch one minibatch of all a client's
+rows) over every registered method, on both trainers: bit for bit as at ``batch_size`` = the
+largest client's rows. Before, the stacked steps' row table and a replay plan's offer table
+were ``batch_size`` wide: 10**12 tried to allocate terabytes (A-GEM and DER on either trainer,
+every method on the stacked one). A replay method's memory batch beyond its buffer replays
+the whole buffer at every step (its plan's draw table was memory_batch_size wide); a buffer
+beyond a client's rows keeps every row in room for them (it allocated buffer_size rows)."""
 
 from __future__ import annotations
 
@@ -18,59 +19,48 @@ from fedforget.methods import METHODS
 from .conftest import QUICK_PARAMS, same, strip
 
 
+def same_runs(huge, small, engine):
+    """Run both configs to the end on ``engine``: equal metrics, global weights and client
+    state; the two simulations."""
+    sims = []
+    for rc in (huge, small):
+        sim = Simulation(rc)
+        status, rows, msg = sim.run(progress=False)
+        assert status == "completed", msg
+        assert sim.engine_info["client_engine"] == engine
+        sims.append((sim, strip(rows)))
+    (a, ra), (b, rb) = sims
+    assert ra == rb
+    assert same(a.global_params, b.global_params) and same(a.fed.clients, b.fed.clients)
+    return a, b
+
+
 @pytest.mark.parametrize("engine", ["sequential", "vectorized"])
 @pytest.mark.parametrize("method", METHODS.names())
 def test_a_batch_beyond_every_client_is_full_batch_training(public_run_cfg, method, engine):
     rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=2, sample_rate=0.75, client_engine=engine,
                         batch_size=10**12)  # fmt: skip
-    out = []
-    for bs in (10**12, None):
-        sim = Simulation(rc if bs else replace(rc, train=replace(rc.train, batch_size=out[0][0].trainer.clients.largest)))
-        status, rows, msg = sim.run(progress=False)
-        assert status == "completed", msg
-        out.append((sim, rows))
-    (a, ra), (b, rb) = out
-    assert a.engine_info == b.engine_info and a.engine_info["client_engine"] == engine
-    assert strip(ra) == strip(rb)
-    assert same(a.global_params, b.global_params)
+    largest = Simulation(rc).trainer.clients.largest
+    same_runs(rc, replace(rc, train=replace(rc.train, batch_size=largest)), engine)
 
 
 @pytest.mark.parametrize("engine", ["sequential", "vectorized"])
 @pytest.mark.parametrize("method", ["agem", "der"])
 def test_a_memory_batch_beyond_the_buffer_replays_the_whole_buffer(public_run_cfg, method, engine):
-    out = []
-    for m in (10**12, 20):
-        rc = public_run_cfg(method, {"buffer_size": 20, "memory_batch_size": m}, rounds=3, sample_rate=0.75,
-                            client_engine=engine)  # fmt: skip
-        sim = Simulation(rc)
-        status, rows, msg = sim.run(progress=False)
-        assert status == "completed", msg
-        out.append((sim, rows))
-    (a, ra), (b, rb) = out
-    assert a.engine_info["client_engine"] == engine
-    assert strip(ra) == strip(rb)
-    assert same(a.global_params, b.global_params) and same(a.fed.clients, b.fed.clients)
+    huge, small = (public_run_cfg(method, {"buffer_size": 20, "memory_batch_size": m}, rounds=3, sample_rate=0.75,
+                                  client_engine=engine) for m in (10**12, 20))  # fmt: skip
+    same_runs(huge, small, engine)
 
 
 @pytest.mark.parametrize("engine", ["sequential", "vectorized"])
 @pytest.mark.parametrize("method", ["agem", "der", "fedgp", "scr"])
 def test_a_buffer_beyond_every_clients_data_keeps_every_row_in_their_room(public_run_cfg, method, engine):
-    """A reservoir larger than a client's data keeps every row offered; its room is the
-    client's rows, not buffer_size (10**12 allocated 10**12 rows per client): the same run,
-    bit for bit, as at buffer_size 1000 (also beyond every client), with buffers as long as
-    each client's rows."""
+    """The same run, bit for bit, as at buffer_size 1000 (also beyond every client), with
+    buffers as long as each client's rows."""
     params = {"fedgp": lambda b: {"base": "fedavg", "buffer_size": b}}.get(method, lambda b: {"buffer_size": b})
-    out = []
-    for b in (10**12, 1000):
-        rc = public_run_cfg(method, {**(QUICK_PARAMS.get(method) or {}), **params(b)}, rounds=3, sample_rate=0.75,
-                            client_engine=engine)  # fmt: skip
-        sim = Simulation(rc)
-        status, rows, msg = sim.run(progress=False)
-        assert status == "completed", msg
-        out.append((sim, rows))
-    (a, ra), (b, rb) = out
-    assert strip(ra) == strip(rb)
-    assert same(a.global_params, b.global_params) and same(a.fed.clients, b.fed.clients)
+    huge, small = (public_run_cfg(method, {**(QUICK_PARAMS.get(method) or {}), **params(b)}, rounds=3, sample_rate=0.75,
+                                  client_engine=engine) for b in (10**12, 1000))  # fmt: skip
+    a, _ = same_runs(huge, small, engine)
     key = a.method.replay.buffer.key
     kept = {cid: st[key] for cid, st in a.fed.clients.items() if key in st and "y" in st[key]}
     assert kept, "no client kept a buffer"
