@@ -10,7 +10,7 @@ import sys
 
 from . import __version__
 from .finished import KEPT, drop, keep, restore
-from .utils import FedForgetError, is_out_of_memory
+from .utils import FedForgetError, first_line, is_out_of_memory
 
 log = logging.getLogger("fedforget")
 
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, MemoryError) as e:  # out of memory in any command (a training job's says more: runner)
         if not is_out_of_memory(e):
             raise
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         print(f"fedforget: error: fedforget {args.cmd} ran out of memory: {first}", file=sys.stderr)
         return 2
     return 0

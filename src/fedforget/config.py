@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .data import dataset_id, public_id
+from .data import DATASETS, dataset_id, public_id
 from .partition import PartitionSpec
 from .train_spec import OptimizerSpec, TrainSpec  # noqa: F401 (OptimizerSpec: re-exported)
 from .utils import FedForgetError, config_hash
@@ -50,6 +50,17 @@ class DatasetSpec:
     @property
     def id(self) -> str:
         return dataset_id(self.name, self.options)
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """A row's shape as the model sees it (the source's, for these options), known
+        before the data are built."""
+        info = DATASETS.get(self.name)
+        return tuple(info.input_shape(info.resolve(self.options)))
+
+    @property
+    def num_classes(self) -> int:
+        return DATASETS.get(self.name).num_classes
 
     @property
     def public_id(self) -> str | None:

@@ -37,7 +37,6 @@ from .checkpoint import (
 )
 from .config import RunConfig
 from .cudagraph import StepGraphs, graphs_enabled
-from .data import DATASETS
 from .evaluation import Evaluator
 from .memory import PhaseMemory, memory_limit
 from .methods import METHODS, RunInfo, ServerContext, make_params
@@ -121,8 +120,7 @@ def check_model_fits(cfg: RunConfig, device: torch.device) -> None:
     was killed without a word at a SLURM job's memory limit. Only a certain failure is
     refused: the run needs more (activations, optimizer and method state, the data)."""
     ds = cfg.dataset
-    info = DATASETS.get(ds.name)
-    n = parameter_count(ds.model, info.input_shape(info.resolve(ds.options)), info.num_classes, ds.model_options)
+    n = parameter_count(ds.model, ds.input_shape, ds.num_classes, ds.model_options)
     if n is None:
         return
     need = [(device, WEIGHT_COPIES)] + ([(torch.device("cpu"), 1)] if device.type != "cpu" else [])

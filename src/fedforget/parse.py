@@ -380,8 +380,7 @@ def model_sizes(wf: WorkflowConfig) -> list[str]:
     seen: dict[tuple, str] = {}
     for e in wf.experiments:
         for d in e.datasets:
-            info = DATASETS.get(d.name)
-            shape, k = tuple(info.input_shape(info.resolve(d.options))), info.num_classes
+            shape, k = d.input_shape, d.num_classes
             key = (d.model, repr(sorted(d.model_options.items())), shape, k)
             if key in seen:
                 continue

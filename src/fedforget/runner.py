@@ -36,6 +36,7 @@ from .utils import (
     atomic_write_json,
     atomic_write_text,
     dir_lock,
+    first_line,
     is_out_of_memory,
     package_versions,
 )
@@ -187,7 +188,7 @@ def out_of_memory_error(e: BaseException, cfg: RunConfig, device: str, rnd: int 
     or buffers, a round): what failed, where, and the sizes the config sets, largest first
     (a value typed too large, ``buffer_size: 10**12``, heads the list), in place of a
     traceback. The batched engine's own groups name their knob (``LocalTrainer.out_of_memory``)."""
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    first = first_line(e)
     where = "while setting up the run" if rnd is None else f"in round {rnd}"  # (round 0: the first evaluation)
     sizes = ", ".join(f"{k}={v}" for k, v in config_sizes(cfg)[:6])
     return FedForgetError(

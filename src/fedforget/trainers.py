@@ -55,7 +55,7 @@ from .methods.base import EXCHANGES, TASK_END, SummedTotal, fold_summed
 from .models import TaskHeads
 from .state import FedState
 from .train_spec import OptimizerSpec, TrainSpec, client_threads
-from .utils import FedForgetError, Unchanged, host_to_device, torch_seed
+from .utils import FedForgetError, Unchanged, first_line, host_to_device, torch_seed
 from .vectorized import (
     ClientJob,
     auto_prefers_sequential,
@@ -683,7 +683,7 @@ class StackedTrainer(LocalTrainer):
 
     def out_of_memory(self, e: Exception, rnd: int, n: int, where: str) -> FedForgetError:
         """[D] A stack's memory grows with its clients: the error names the knob."""
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         return FedForgetError(
             f"round {rnd}: the batched engine's group of {n} clients ran out of GPU memory{where} ({first}); "
             f"set train.max_parallel_clients below {n} (now {self.train.max_parallel_clients}), or "

@@ -31,6 +31,12 @@ def is_out_of_memory(e: BaseException) -> bool:
     )
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message's first line (its type's name where it has none): what an
+    error for the user quotes of a library's message (torch's allocator adds lines of advice)."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
     """Hex digest of a file's bytes (``hashlib`` algorithm name), read in chunks."""
     h = hashlib.new(algorithm, usedforsecurity=False)

@@ -136,7 +136,7 @@ def test_a_plan_draws_and_fills_as_step_by_step(capacity, seen, offered, batch, 
         ctx = ClientContext(cid=0, round=0, model=None, optimizer=None, global_params={}, broadcast={}, state=state,
                             n_samples=max(offered, 1), lr=0.1, local_epochs=2, batch_size=batch)  # fmt: skip
         s = SimpleNamespace(to_offer=offered, sample_gen=torch.Generator().manual_seed(3),
-                            offer_gen=torch.Generator().manual_seed(4))  # fmt: skip
+                            offer_gen=torch.Generator().manual_seed(4), rows_ever=None)  # fmt: skip
         return ctx, s
 
     res, gen = Reservoir(capacity), torch.Generator().manual_seed(0)

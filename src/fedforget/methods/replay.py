@@ -248,7 +248,7 @@ class ReplayPlan:
     def __init__(
         self, buffer: Reservoir, ctx: ClientContext, s: SimpleNamespace, draws: int, m: int, device: torch.device
     ) -> None:
-        self.buffer, self.draws, self.rows_ever = buffer, draws, getattr(s, "rows_ever", None)  # (Replay.begin)
+        self.buffer, self.draws, self.rows_ever = buffer, draws, s.rows_ever  # (Replay.begin)
         buf = ctx.state.get(buffer.key) or {}
         seen, cap, bs = int(buf.get("seen", 0)), buffer.capacity, ctx.batch_size
         self.offers = [min(bs, s.to_offer - i) for i in range(0, s.to_offer, bs)]  # rows offered at step k
