@@ -109,6 +109,7 @@ TOKENS_INFO = DatasetInfo(
     name=TOKENS, description="synthetic token sequences for timing text models (benchmarks/model_rates.py)",
     build=build_tokens, defaults={"num_train": 1000, "num_test": 100, "length": 128, "vocab": 30522, "seed": 0},
     input_shape=lambda o: (2, int(o["length"])), num_classes=10, sizes=lambda o: (int(o["num_train"]), int(o["num_test"])),
+    feature_dtype="int64",
 )  # fmt: skip
 if TOKENS not in DATASETS:  # registered in the benchmarks' process only (once, if this file is run again)
     DATASETS.register(TOKENS)(TOKENS_INFO)

@@ -1,7 +1,8 @@
 """Well-typed but huge sizes, run: each integer hyperparameter of every registered method
-(those without a maximum) set to 10**12, and the run's own sizes (``train.batch_size``,
-``train.eval_batch_size``, a model width, a seed of 2**64), each a whole pipeline run
-(``fedforget run``) on a tiny config. Validation checks types and ranges, not whether a size
+(those without a maximum) set to 10**12, the run's own sizes (``train.batch_size``,
+``train.eval_batch_size``, a model width, a seed of 2**64) and the embedded datasets' size
+options at their maxima (``DATASET_CASES``), each a whole pipeline run (``fedforget run``) on
+a tiny config. Validation checks types and ranges, not whether a size
 fits a machine, so these pass it; what a user then needs is a run that completes (the size
 means "all": full-batch training, a memory batch of the whole buffer, a buffer that keeps
 every row) or one error naming the value (``fedforget: error:``), never a traceback. Prints
@@ -10,7 +11,7 @@ and writes counts, not a test (``config_fuzz.py`` is its validation-time sibling
 Each case is a subprocess with a time limit (a size that means "more work", ``rounds`` or
 ``epochs`` 10**12, runs on: "long", accepted). Outcomes: ``completed``, ``error`` (one
 ``fedforget: error:`` line), ``long``, ``crash`` (anything else: its exception and the last
-``src/fedforget`` frame are the crash site). The config: iris (a 10 % public holdout), an MLP,
+``src/fedforget`` frame are the crash site, or the signal that killed it). The config: iris (a 10 % public holdout), an MLP,
 Dirichlet 0.5 over 4 clients, 3 of them a round, 2 rounds, on the CPU; a method defined on a
 ViT alone (L2P) on digits with a 1-layer ViT. Run from the repository root::
 
@@ -45,6 +46,10 @@ FAST = {
     "lga": {"perturb_iters": 2, "recon_iters": 2, "recon_inner": 2, "recon_keep": 2},
     "scr": {"views": "dataset"},
 }
+# (dataset, option, value): the embedded datasets' integer size options at the maxima their
+# checks allow, and a subset beyond every class (all rows)
+DATASET_CASES = [("blobs", "num_train", 10**9), ("blobs", "num_test", 10**9), ("blobs", "channels", 4096),
+                 ("blobs", "size", 4096), ("mnist1d", "num_samples", 10**9), ("iris", "subset", HUGE)]  # fmt: skip
 TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
 
 
@@ -58,6 +63,7 @@ def cases() -> list[dict[str, Any]]:
         {"name": "train.eval_batch_size", "train": {"eval_batch_size": HUGE}},
         {"name": "model.options.hidden", "model_options": {"hidden": [HUGE]}},
         {"name": "seeds", "seeds": [2**64]},
+        *({"name": f"dataset.{d}.{k}", "dataset": {"name": d, "options": {k: v}}} for d, k, v in DATASET_CASES),
     ]
     for m in METHODS.names():
         for f in dataclasses.fields(METHODS.get(m).Params):
@@ -75,6 +81,8 @@ def config(case: dict[str, Any], data: Path, results: Path) -> dict[str, Any]:
     ds = ({"name": "digits", "model": {"name": "vit", "options": TINY_VIT}} if vit else
           {"name": "iris", "model": {"name": "mlp", "options": case.get("model_options", {})},
            "public": {"source": "holdout", "fraction": 0.1, "seed": 0}})  # fmt: skip
+    if "dataset" in case:
+        ds = {**case["dataset"], "model": {"name": "mlp"}}
     train = {"rounds": 2, "local_epochs": 1, "batch_size": 16, "sample_rate": 0.75, "device": "cpu", "threads": 1,
              "optimizer": {"name": "sgd", "lr": 0.1}, **case.get("train", {})}  # fmt: skip
     return {
@@ -113,7 +121,9 @@ def run_case(case: dict[str, Any], work: Path, src: Path, limit: float) -> dict[
         return {**out, "outcome": "completed"}
     if p.returncode == 2 and "Traceback" not in p.stderr and "fedforget: error:" in p.stderr:
         return {**out, "outcome": "error", "message": p.stderr[p.stderr.index("fedforget: error:"):].strip()[:400]}
-    return {**out, "outcome": "crash", "site": crash_site(p.stderr), "message": (lines[-1] if lines else "")[:300]}
+    # (a negative return code: killed by that signal, e.g. 9 by the kernel's out-of-memory killer)
+    site = f"killed by signal {-p.returncode}" if p.returncode < 0 else crash_site(p.stderr)
+    return {**out, "outcome": "crash", "site": site, "message": (lines[-1] if lines else "")[:300]}
 
 
 def main() -> None:

@@ -48,10 +48,21 @@ def test_validate_shipped_config(capsys, repo_root):
     out = capsys.readouterr().out
     assert "valid" in out
     assert "= 18 training jobs" in out
-    # each distinct model once, counted without building it (a size typed wrong shows here)
-    models = out.split("models (parameters counted without building them):\n")[1].splitlines()
-    assert models == ["  cnn2d on digits [1, 8, 8], 10 classes: 151,306 parameters (0.6 MiB in float32)",
-                      "  cnn1d on mnist1d [1, 40], 10 classes: 106,186 parameters (0.4 MiB in float32)"]  # fmt: skip
+    # each distinct dataset and model once, sized without building it (a size typed wrong shows here)
+    datasets, models = out.split("datasets (sizes known before they are built):\n")[1].split(
+        "models (parameters counted without building them):\n")
+    assert datasets.splitlines() == ["  digits: 1,347 train / 450 test rows of [1, 8, 8] float32, 463.3 KiB prepared",
+                                     "  mnist1d: 4,000 train / 1,000 test rows of [1, 40] float32, 820.3 KiB prepared"]  # fmt: skip
+    assert models.splitlines() == ["  cnn2d on digits [1, 8, 8], 10 classes: 151,306 parameters (591.0 KiB in float32)",
+                                   "  cnn1d on mnist1d [1, 40], 10 classes: 106,186 parameters (414.8 KiB in float32)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1,023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
+                                    (2**20 - 1, "1,024.0 KiB"), (5 * 2**30, "5.0 GiB"), (3 * 2**60, "3,072.0 PiB")])  # fmt: skip
+def test_byte_size_names_the_largest_unit_reached(n, text):
+    from fedforget.utils import byte_size
+
+    assert byte_size(n) == text
 
 
 def test_validate_bad_config_exit_2(capsys, tmp_path, repo_root):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -48,6 +49,10 @@ def test_shapes_match_registry(data_root, name, opts):
     assert d.x_test.shape == (n_test, *shape)
     assert d.y_train.shape == (n_train,) and d.y_test.shape == (n_test,)
     assert d.x_train.dtype == np.float32 and d.y_train.dtype == np.int64
+    assert d.x_train.dtype == d.x_test.dtype == np.dtype(info.input_dtype(resolved))
+    # the size `fedforget validate` prints and `prepare` checks room for, before the build
+    arrays = (d.x_train, d.y_train, d.x_test, d.y_test)
+    assert sum(a.nbytes for a in arrays) == (n_train + n_test) * sum(info.row_bytes(resolved))
     assert d.input_shape == shape
     assert d.num_classes == info.num_classes == len(d.class_names)
     assert set(np.unique(d.y_train)) == set(range(info.num_classes))  # every class present
@@ -311,3 +316,59 @@ def test_blobs_default_is_mnist_shaped():
     info = DATASETS.get("blobs")
     opts = info.resolve({})
     assert info.input_shape(opts) == (1, 28, 28) and info.sizes(opts) == (60000, 10000)
+
+
+def _free(monkeypatch, free: int) -> None:
+    """shutil.disk_usage reports ``free`` bytes free (on every file system)."""
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+
+
+def test_a_dataset_beyond_memory_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    import fedforget.data.base as base
+
+    info = DATASETS.get("blobs")
+    opts = {"num_train": 1000, "num_test": 10, "uint8": True}
+    row = sum(info.row_bytes(info.resolve(opts)))
+    assert row == 28 * 28 + 8
+    monkeypatch.setattr(base, "host_memory_limit", lambda: (1010 * row - 1, "a test limit"))
+    built = []
+    monkeypatch.setitem(DATASETS._items, "blobs", _spied(info, built))
+    with pytest.raises(FedForgetError, match=r"dataset 'blobs' with options \{'num_train': 1000, .*: 1,000 train and 10 test "
+                       r"rows of \[1, 28, 28\] uint8 need at least 781.2 KiB of memory to build in, more than a test limit"):  # fmt: skip
+        prepare_dataset("blobs", opts, tmp_path)
+    assert built == [] and not any(tmp_path.iterdir())
+    monkeypatch.setattr(base, "host_memory_limit", lambda: (1010 * row, "a test limit"))
+    prepare_dataset("blobs", opts, tmp_path)  # exactly what it needs
+    assert len(built) == 1
+
+
+def _spied(info, built):
+    def build(**kw):
+        built.append(kw)
+        return info.build(**kw)
+
+    return replace(info, build=build)
+
+
+def test_a_dataset_beyond_the_free_disk_is_refused_and_a_rerun_counts_the_files_it_replaces(tmp_path, monkeypatch):
+    info = DATASETS.get("digits")
+    need = sum(info.sizes(info.resolve({}))) * sum(info.row_bytes(info.resolve({})))
+    _free(monkeypatch, need - 1)
+    with pytest.raises(FedForgetError, match=r"digits.*need at least 463.3 KiB of disk, more than .* has free \(463.3 KiB\)"):
+        prepare_dataset("digits", {}, tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+    _free(monkeypatch, need)
+    out = prepare_dataset("digits", {}, tmp_path / "data")
+    _free(monkeypatch, 0)  # the rerun replaces its own files
+    assert prepare_dataset("digits", {}, tmp_path / "data") == out
+    with pytest.raises(FedForgetError, match="of disk"):
+        prepare_dataset("digits", {"subset": 5}, tmp_path / "data")  # a new id: new files
+
+
+def test_a_build_that_gives_another_dtype_than_its_entry_says_is_refused(tmp_path, monkeypatch):
+    info = DATASETS.get("blobs")
+    monkeypatch.setitem(DATASETS._items, "blobs", replace(info, feature_dtype="int64"))
+    with pytest.raises(FedForgetError, match=r"dataset 'blobs': its registry entry says inputs of int64, but its build gave "
+                       r"x_train float32, x_test float32"):  # fmt: skip
+        prepare_dataset("blobs", {"num_train": 20, "num_test": 10}, tmp_path)

@@ -241,7 +241,7 @@ def text_root(tmp_path_factory, tokenizer):
     info = DatasetInfo(
         name=TEXT, description="test-only sentences tokenized with MiniLM's tokenizer",
         build=lambda: build_text(tokenizer), defaults={}, input_shape=lambda o: (2, L),
-        num_classes=2, sizes=lambda o: (40, 16),
+        num_classes=2, sizes=lambda o: (40, 16), feature_dtype="int64",
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(DATASETS._items, TEXT, info)

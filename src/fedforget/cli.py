@@ -45,12 +45,14 @@ def cmd_reference(args) -> None:
 
 
 def cmd_validate(args) -> None:
-    from .parse import load_config, model_sizes
+    from .parse import dataset_sizes, load_config, model_sizes
     from .pipeline import describe
 
     wf = load_config(args.config)
     print(f"{args.config}: valid")
     print(describe(wf))
+    print("datasets (sizes known before they are built):")
+    print("\n".join(dataset_sizes(wf)))
     print("models (parameters counted without building them):")
     print("\n".join(model_sizes(wf)))
 

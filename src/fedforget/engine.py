@@ -54,7 +54,7 @@ from .rundata import load_run_data
 from .schedule import sample_clients
 from .state import FedState, OnFed
 from .trainers import Diverged, choose_trainer
-from .utils import FedForgetError, Unchanged, torch_seed
+from .utils import FedForgetError, Unchanged, byte_size, torch_seed
 from .vectorized import frozen_tensors
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,8 @@ def check_model_fits(cfg: RunConfig, device: torch.device) -> None:
         if limit is not None and copies * 4 * n > limit[0]:
             raise FedForgetError(
                 f"dataset.model of '{ds.label}': '{ds.model}' with options {ds.model_options} has {n:,} parameters, "
-                f"{4 * n / 2**30:,.1f} GiB in float32; a run holds at least {copies} cop{'ies' if copies > 1 else 'y'} "
-                f"of them ({copies * 4 * n / 2**30:,.1f} GiB), more than {limit[1]} ({limit[0] / 2**30:,.1f} GiB): "
+                f"{byte_size(4 * n)} in float32; a run holds at least {copies} cop{'ies' if copies > 1 else 'y'} "
+                f"of them ({byte_size(copies * 4 * n)}), more than {limit[1]} ({byte_size(limit[0])}): "
                 "give the model smaller options"
             )
 

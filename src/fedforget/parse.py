@@ -41,7 +41,7 @@ from .plots import CURVES
 from .smoke import smoke_config
 from .train_spec import optimizer_block_problem
 from .trainers import engine_pairing
-from .utils import FedForgetError, paper_tables
+from .utils import FedForgetError, byte_size, paper_tables
 from .validation import check_finite, did_you_mean, validate_schema
 from .vectorized import method_not_vectorized
 
@@ -372,6 +372,33 @@ def load_config(path: str | Path) -> WorkflowConfig:
     return parse_config(load_yaml(path))
 
 
+def dataset_sizes(wf: WorkflowConfig) -> list[str]:
+    """One line per distinct dataset of the config (private, and public ones read from
+    another dataset) with its rows, their shape and dtype and its prepared size, known
+    before it is built (``DatasetInfo.sizes``, ``row_bytes``): ``fedforget validate`` prints
+    them, so that a size typed wrong shows before any job (``prepare`` refuses one that cannot
+    fit, ``data.base.check_room``)."""
+    seen: dict[str, str] = {}
+    for e in wf.experiments:
+        for d in e.datasets:
+            named = [(d.name, d.options)]
+            if d.public and d.public["source"] == "dataset":
+                named.append((d.public["dataset"], d.public.get("options") or {}))
+            for name, options in named:
+                info = DATASETS.get(name)
+                o = info.resolve(options)
+                did = dataset_id(name, o)
+                if did in seen:
+                    continue
+                (n, n_test), row = info.split_sizes(o), sum(info.row_bytes(o))
+                bound = "at most " if o.get("subset") else ""
+                seen[did] = (
+                    f"  {did}: {bound}{n:,} train / {n_test:,} test rows of {list(info.input_shape(o))} "
+                    f"{info.input_dtype(o)}, {bound}{byte_size((n + n_test) * row)} prepared"
+                )
+    return list(seen.values())
+
+
 def model_sizes(wf: WorkflowConfig) -> list[str]:
     """One line per distinct model of the config (name, options, the dataset's input shape
     and classes) with its parameters, counted without building it (``parameter_count``;
@@ -386,6 +413,6 @@ def model_sizes(wf: WorkflowConfig) -> list[str]:
                 continue
             n = parameter_count(d.model, shape, k, d.model_options)
             opts = f" {d.model_options}" if d.model_options else ""
-            size = "its size is its hub config's" if n is None else f"{n:,} parameters ({4 * n / 2**20:,.1f} MiB in float32)"
+            size = "its size is its hub config's" if n is None else f"{n:,} parameters ({byte_size(4 * n)} in float32)"
             seen[key] = f"  {d.model}{opts} on {d.name} {list(shape)}, {k} classes: {size}"
     return list(seen.values())

@@ -37,6 +37,16 @@ def first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+def byte_size(n: float) -> str:
+    """``n`` bytes in the largest binary unit it reaches (``1,536`` -> ``1.5 KiB``), one
+    decimal: how an error or ``fedforget validate`` states a size."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    i = 0
+    while i + 1 < len(units) and abs(n) >= 1024 ** (i + 1):
+        i += 1
+    return f"{n:,.0f} B" if i == 0 else f"{n / 1024**i:,.1f} {units[i]}"
+
+
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256", chunk: int = 1 << 20) -> str:
     """Hex digest of a file's bytes (``hashlib`` algorithm name), read in chunks."""
     h = hashlib.new(algorithm, usedforsecurity=False)

@@ -18,8 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from ..memory import host_memory_limit
 from ..registry import Registry
-from ..utils import FedForgetError, atomic_save_npy, atomic_write_json, current_umask, sha256_file
+from ..utils import (
+    FedForgetError,
+    atomic_save_npy,
+    atomic_write_json,
+    byte_size,
+    current_umask,
+    sha256_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,11 @@ class DatasetInfo:
     # whether it is stored as uint8 images under resolved options (what dataset.normalize
     # normalises, fedforget.inputs); False: float features or token ids
     uint8_images: Callable[[Mapping[str, Any]], bool] = lambda o: False
+    # the stored dtype of inputs that are not uint8 images: float32 features, int64 token ids
+    feature_dtype: str = "float32"
+    # whether its build decodes the inputs into memory maps in a scratch folder on the output's
+    # file system (the image-folder sets) rather than holding them in memory
+    decodes_to_disk: bool = False
 
     def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """The options with defaults filled in and checked. Every dataset also takes the
@@ -109,6 +122,17 @@ class DatasetInfo:
         if subset:
             merged[SUBSET] = subset
         return merged
+
+    def input_dtype(self, options: Mapping[str, Any]) -> str:
+        """The dtype its inputs are prepared in under resolved ``options`` (checked when
+        they are written)."""
+        return "uint8" if self.uint8_images(options) else self.feature_dtype
+
+    def row_bytes(self, options: Mapping[str, Any]) -> tuple[int, int]:
+        """(input, label) bytes of one prepared row under resolved ``options``: its input's
+        elements in ``input_dtype``, its int64 label."""
+        itemsize = np.dtype(self.input_dtype(options)).itemsize
+        return math.prod(self.input_shape(options)) * itemsize, 8
 
     def split_sizes(self, options: Mapping[str, Any]) -> tuple[int, int]:
         """(n_train, n_test) of resolved ``options``: the published sizes, at most
@@ -264,6 +288,7 @@ def prepare_dataset(
     opts = info.resolve(options)
     did = dataset_id(name, opts)
     out = Path(root) / did
+    check_room(info, opts, out)
     subset = opts.get(SUBSET, 0)
     build_opts = {k: v for k, v in opts.items() if k != SUBSET}
 
@@ -287,14 +312,54 @@ def prepare_dataset(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def check_room(info: DatasetInfo, opts: Mapping[str, Any], out: Path) -> None:
+    """[D] Refuse, before its source is read, a dataset that cannot be prepared here: its
+    rows (the published sizes, ``DatasetInfo.sizes``) at ``row_bytes`` each, against the host
+    memory an in-memory build holds them in (``memory.host_memory_limit``: memory and swap,
+    or the control group's limit) and the disk ``out`` is written to: the prepared files
+    (fewer rows with a ``subset``), the files already there subtracted (they are replaced),
+    and, for a build that decodes to disk with a subset, the decoded source beside them
+    (without one it is moved into place). A well-typed but huge option (``blobs`` with
+    ``size: 4096``, a text set's ``max_length: 8192``, ``imagenet100`` at ``size: 1024``) was
+    refused only when an allocation or a write failed, after hours of decoding or
+    tokenizing for a large source. Lower bounds: only a certain failure is refused (a build
+    holds temporary copies too)."""
+    (n_train, n_test), (n_out, n_out_test) = info.sizes(opts), info.split_sizes(opts)
+    x_row, y_row = info.row_bytes(opts)
+    shape, dtype = list(info.input_shape(opts)), info.input_dtype(opts)
+
+    def refuse(need: int, what: str, have: int) -> FedForgetError:
+        return FedForgetError(
+            f"dataset '{info.name}' with options {dict(opts)}: {n_train:,} train and {n_test:,} test rows of "
+            f"{shape} {dtype} need at least {byte_size(need)} of {what} ({byte_size(have)}): "
+            "give it smaller options (e.g. subset, size) or more room"
+        )
+
+    built = (n_train + n_test) * (x_row + y_row)
+    if not info.decodes_to_disk:
+        limit = host_memory_limit()
+        if limit is not None and built > limit[0]:
+            raise refuse(built, f"memory to build in, more than {limit[1]}", limit[0])
+    need = (n_out + n_out_test) * (x_row + y_row)
+    if info.decodes_to_disk and SUBSET in opts:
+        need += (n_train + n_test) * x_row
+    if out.is_dir():
+        need -= sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    place = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(place).free
+    if need > free:
+        raise refuse(need, f"disk, more than {place} has free", free)
+
+
 def _write_prepared(
     info: DatasetInfo, opts: dict[str, Any], did: str, out: Path, arrays: Arrays, work: Path | None
 ) -> Path:
     name = info.name
-    if info.uint8_images(opts) != (arrays.x_train.dtype == np.uint8):  # what configs were validated by
+    stored = {key: stored_dtype(getattr(arrays, key).dtype) for key in ("x_train", "x_test")}
+    if set(stored.values()) != {np.dtype(info.input_dtype(opts))}:  # what configs were validated and sized by
         raise FedForgetError(
-            f"dataset '{name}': its registry entry says uint8 images {info.uint8_images(opts)}, but its build "
-            f"gave {arrays.x_train.dtype} inputs (DatasetInfo.uint8_images)"
+            f"dataset '{name}': its registry entry says inputs of {info.input_dtype(opts)}, but its build gave "
+            f"{', '.join(f'{k} {v}' for k, v in stored.items())} (DatasetInfo.uint8_images, feature_dtype)"
         )
     files = {}
     for key in ARRAYS:
@@ -325,15 +390,19 @@ def _write_prepared(
     return out
 
 
+def stored_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype inputs of ``dtype`` are prepared in: uint8 images as they are, integer token
+    ids as int64, any float as float32 (the embedded datasets' format since version 1)."""
+    if dtype == np.uint8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.int64 if np.issubdtype(dtype, np.integer) else np.float32)
+
+
 def stored_inputs(x: np.ndarray) -> np.ndarray:
-    """Inputs in the dtype they are prepared in: uint8 images and integer token ids as they
-    are (int64 for ids), any float as float32 (the embedded datasets' format since version
-    1, byte for byte)."""
+    """Inputs in the dtype they are prepared in (``stored_dtype``), byte for byte."""
     if x.dtype == np.uint8:
         return x
-    if np.issubdtype(x.dtype, np.integer):
-        return x.astype(np.int64, copy=False)
-    return x.astype(np.float32)
+    return x.astype(stored_dtype(x.dtype), copy=np.issubdtype(x.dtype, np.floating))
 
 
 STREAM_MIN_BYTES = 64 << 20  # arrays above this (and every memory map) are written in chunks

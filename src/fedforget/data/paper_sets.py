@@ -368,6 +368,8 @@ def _register(ps: PaperSet) -> None:
             embedded=False,
             domains=ps.domains,
             uint8_images=lambda o, text=ps.kind == TEXT: not text,  # the readers' images are uint8 (SourceArrays)
+            feature_dtype="int64",  # a text set's token ids and attention masks
+            decodes_to_disk=ps.kind == FOLDER,  # (folders.decode_splits)
         )
     )
 
