@@ -347,13 +347,19 @@ class Replay:
 
     @staticmethod
     def rows_ever(ctx: ClientContext) -> int | None:
-        """The most rows client ``ctx`` will ever offer: each of its positions once (every
-        view starts where the data last offered ended: ``offer_budget``), except under
-        asynchronous boundaries, whose sliding windows offer rows again (None: unknown)."""
+        """The most rows client ``ctx`` will ever offer (None: no data): each of its n
+        positions once (every view starts where the data last offered ended:
+        ``offer_budget``); under asynchronous boundaries, each window of S rows whose end
+        passes the last one offered, so at most ceil(n / S) windows of S rows (the last window
+        ends at the stream's end and overlaps the one before it; n rows where n <= S)."""
         view = ctx.data
-        if view is None or view.data.scenario.window is not None:
+        if view is None:
             return None
-        return view.data.size(ctx.cid)
+        n, window = view.data.size(ctx.cid), view.data.scenario.window
+        if window is None or n == 0:
+            return n
+        s = min(window[0], n)
+        return s * -(-n // s)
 
     def row_tasks(self, ctx: ClientContext, y: torch.Tensor) -> torch.Tensor | int:
         """The task of each training row: its class's task in split scenarios (a window of
