@@ -1,8 +1,9 @@
 """Well-typed but huge sizes, run: each integer hyperparameter of every registered method
-(those without a maximum) set to 10**12, the run's own sizes (``train.batch_size``,
-``train.eval_batch_size``, a model width, a seed of 2**64) and the embedded datasets' size
-options at their maxima (``DATASET_CASES``), each a whole pipeline run (``fedforget run``) on
-a tiny config. Validation checks types and ranges, not whether a size
+(those without a maximum) set to 10**12, every integer of the config schema without a
+maximum (train, partition, scenario, augmentation and smoke sizes: ``schema_cases``) at
+10**12, a model width at 10**12, a seed of 2**64 and the embedded datasets' size options at
+their maxima (``DATASET_CASES``), each a whole pipeline run (``fedforget run``) on a tiny
+config. Validation checks types and ranges, not whether a size
 fits a machine, so these pass it; what a user then needs is a run that completes (the size
 means "all": full-batch training, a memory batch of the whole buffer, a buffer that keeps
 every row) or one error naming the value (``fedforget: error:``), never a traceback. Prints
@@ -59,8 +60,7 @@ def cases() -> list[dict[str, Any]]:
     from fedforget.methods.params import SCHEMA
 
     out = [
-        {"name": "train.batch_size", "train": {"batch_size": HUGE}},
-        {"name": "train.eval_batch_size", "train": {"eval_batch_size": HUGE}},
+        *schema_cases(),
         {"name": "model.options.hidden", "model_options": {"hidden": [HUGE]}},
         {"name": "seeds", "seeds": [2**64]},
         *({"name": f"dataset.{d}.{k}", "dataset": {"name": d, "options": {k: v}}} for d, k, v in DATASET_CASES),
@@ -73,8 +73,58 @@ def cases() -> list[dict[str, Any]]:
     return out
 
 
+# a task stream over iris's 3 classes, one round a task (the scenario cases' base)
+SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 1, "rounds_per_task": 1}
+
+
+def schema_cases() -> list[dict[str, Any]]:
+    """A case for each integer of the config schema without a maximum (but the seed, its own
+    case, and a paper table's number, a label), set where a config reads it: a train key, a
+    partition key under the scheme that reads it, a scenario key in a split of iris (a
+    boundary in asynchronous windows), the augmentation's pad on digits, a smoke key at
+    scale smoke."""
+    from fedforget.partition import SCHEME_KEYS
+
+    schema = yaml.safe_load((ROOT / "src/fedforget/schemas/config.schema.yaml").read_text())
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer" and "maximum" not in node:
+                found.append(path)
+            for k, v in node.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, path)
+
+    walk(schema, "")
+    out = []
+    for path in found:
+        parts = [p for p in path.split("/") if p not in ("", "properties", "$defs", "items", "oneOf")]
+        key = parts[-1]
+        if parts[0] == "train":
+            train = {key: [HUGE] if key == "save_client_models" else HUGE}
+            out.append({"name": f"train.{key}", "train": train})
+        elif parts[0] == "partition":
+            scheme = next((s for s, keys in SCHEME_KEYS.items() if key in keys), "dirichlet")
+            out.append({"name": f"partition.{key}", "partition": {"scheme": scheme, key: HUGE}})
+        elif parts[0] == "scenario":
+            scenario = ({**SPLIT, "boundaries": {"samples_per_window": 10, "window_rounds": 1, key: HUGE}}
+                        if parts[1] == "boundaries" else {**SPLIT, key: HUGE})  # fmt: skip
+            out.append({"name": f"scenario.{'.'.join(parts[1:])}", "scenario": scenario, "train": {"rounds": 3}})
+        elif parts[:2] == ["dataset", "augment"]:
+            out.append({"name": f"augment.{key}", "dataset": {"name": "digits"}, "augment": {"kind": "crop_flip", key: HUGE}})
+        elif parts[0] == "smoke":
+            out.append({"name": f"smoke.{key}", "smoke": {key: HUGE}})
+        elif parts[0] not in ("seed", "experiment"):  # (the seed's case is "seeds"; paper.table is a label)
+            raise ValueError(f"size_probe: no case for the schema's {path}")
+    return out
+
+
 def config(case: dict[str, Any], data: Path, results: Path) -> dict[str, Any]:
     from fedforget.methods import METHODS
+    from fedforget.partition import SCHEME_KEYS
 
     m = case.get("method", "fedavg")
     vit = getattr(METHODS.get(m), "needs_model", None) == "vit"
@@ -83,13 +133,20 @@ def config(case: dict[str, Any], data: Path, results: Path) -> dict[str, Any]:
            "public": {"source": "holdout", "fraction": 0.1, "seed": 0}})  # fmt: skip
     if "dataset" in case:
         ds = {**case["dataset"], "model": {"name": "mlp"}}
+    ds.update({k: case[k] for k in ("scenario", "augment") if k in case})
+    partition = {"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}
+    if "partition" in case:  # the base keys the case's scheme reads, then the case's
+        scheme = case["partition"]["scheme"]
+        other = {k for s, keys in SCHEME_KEYS.items() if s != scheme for k in keys}
+        partition = {**{k: v for k, v in partition.items() if k not in other}, **case["partition"]}
     train = {"rounds": 2, "local_epochs": 1, "batch_size": 16, "sample_rate": 0.75, "device": "cpu", "threads": 1,
              "optimizer": {"name": "sgd", "lr": 0.1}, **case.get("train", {})}  # fmt: skip
+    smoke = {"scale": "smoke", "smoke": case["smoke"]} if "smoke" in case else {}
     return {
-        "data_dir": str(data), "results_dir": str(results),
+        "data_dir": str(data), "results_dir": str(results), **smoke,
         "experiments": [{
             "name": "probe", "datasets": [ds],
-            "partitions": [{"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}],
+            "partitions": [partition],
             "methods": [{"name": m, "params": {**FAST.get(m, {}), **case.get("params", {})}}],
             "seeds": case.get("seeds", [0]), "train": train,
         }],

@@ -100,8 +100,9 @@ def test_repeat_test_counts_each_copy_of_one_test(tmp_path):
 
 def test_size_probe_covers_every_unbounded_integer_and_names_a_crash_site():
     """benchmarks/size_probe.py's cases: every method's integer hyperparameters without a
-    maximum (a new one is probed by itself), the run's own sizes; a traceback's site is its
-    exception and last src/fedforget frame."""
+    maximum and every such integer of the config schema (a new one is probed by itself, or
+    the probe names it), the run's own sizes; a traceback's site is its exception and last
+    src/fedforget frame."""
     from .conftest import benchmark_script
 
     with benchmark_script("size_probe") as probe:
@@ -110,5 +111,8 @@ def test_size_probe_covers_every_unbounded_integer_and_names_a_crash_site():
                  '  File "/x/src/fedforget/methods/replay.py", line 200, in rows_for\n'
                  '  File "/x/.venv/lib/torch/x.py", line 3\nRuntimeError: [enforce fail] cannot allocate\n')  # fmt: skip
         assert probe.crash_site(trace) == "RuntimeError fedforget/methods/replay.py:200"
-    assert {"train.batch_size", "seeds", "der.buffer_size", "der.memory_batch_size", "l2p.pool_size", "scr.proj_dim"} <= names
+    assert {"train.batch_size", "seeds", "der.buffer_size", "der.memory_batch_size", "l2p.pool_size", "scr.proj_dim",
+            "train.concurrent_clients", "partition.shards_per_client", "scenario.boundaries.window_rounds",
+            "augment.pad", "smoke.rows"} <= names  # fmt: skip
+    assert "train.threads" not in names  # (at most 1024)
     assert "fedprox.mu" not in names and len(names) > 60

@@ -108,6 +108,8 @@ BAD = [
     ("boundaries-field-out-of-range", lambda d: dset(d).update(name="digits", model="cnn2d", scenario={
         "kind": "split", "tasks": 2, "rounds_per_task": 1, "boundaries": {"samples_per_window": 0, "window_rounds": 1}}),
      ["experiments[0].datasets[0].scenario.boundaries", "samples_per_window=0; allowed: an integer >= 1"]),
+    ("threads-beyond-any-machine", lambda d: ex(d).update(train={"threads": 100000}),  # (torch: a segfault)
+     ["experiments[0].train.threads: 100000 is greater than the maximum of 1024"]),
     ("bad-device", lambda d: ex(d).update(train={"device": "gpu"}),
      ["experiments[0].train.device", "'gpu'"]),
     ("negative-seed", lambda d: ex(d).update(seeds=[0, -1]),

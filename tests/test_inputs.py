@@ -93,6 +93,25 @@ def test_crop_flip_is_a_window_of_the_padded_image_and_a_mirror():
     assert len(torch.unique(d[0] % 9)) == 9  # every offset occurs
 
 
+@pytest.mark.parametrize("pad", [2, 3, 7])
+def test_a_crop_reads_the_padded_image_without_making_it(pad):
+    """Any pad, also beyond the image (7 > 4 rows): each crop is the window of the image
+    padded with the fill, which is never made (a one-pixel border stands for the padding)."""
+    x = torch.arange(64 * 2 * 4 * 5, dtype=torch.float32).view(64, 2, 4, 5)
+    fill = torch.tensor([-1.0, -2.0]).view(2, 1, 1)
+    draw = torch.arange(100, 164)
+    out = crop_flip(x, draw, 3, pad, fill)
+    dy, dx, flip = keyed_uniform_ints(draw, 3, 3)
+    xp = fill.expand(64, 2, 4 + 2 * pad, 5 + 2 * pad).clone()
+    xp[:, :, pad : pad + 4, pad : pad + 5] = x
+    for b in range(64):
+        y0, x0 = int(dy[b] % (2 * pad + 1)), int(dx[b] % (2 * pad + 1))
+        win = xp[b, :, y0 : y0 + 4, x0 : x0 + 5]
+        assert torch.equal(out[b], win.flip(-1) if int(flip[b] % 2) else win)
+    huge = crop_flip(x, draw, 3, 10**12, fill)  # (allocated a 10**12-padded copy)
+    assert torch.equal(huge, fill.expand_as(x))
+
+
 def test_a_crop_pads_with_black_as_the_raw_image_is_padded_before_normalising():
     """torchvision's RandomCrop pads the raw image (0: black) before Normalize: the padded
     band is the model input of a stored 0, -mean/std per channel, and the image's own

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .cudagraph import graphs_enabled
 from .utils import FedForgetError, host_to_device, torch_seed
@@ -137,20 +136,21 @@ def crop_flip(
 ) -> torch.Tensor:
     """Random crop of each image of ``x`` [B, C, H, W] from its copy padded with ``fill``
     ([C, 1, 1]: the model input of a black pixel; None: 0), then a horizontal flip with
-    probability 1/2; offsets and flips from ``keyed_uniform_ints``."""
+    probability 1/2; offsets and flips from ``keyed_uniform_ints``. The copy is padded by one
+    pixel, whatever ``pad`` [D]: every source pixel in the padding reads that border (the same
+    values; a pad of 10**12 tried to allocate a copy padded that much)."""
     b, c, h, w = x.shape
     dy, dx, flip = keyed_uniform_ints(draw, salt, 3)
     dy, dx, flip = dy % (2 * pad + 1), dx % (2 * pad + 1), (flip % 2).bool()
-    if pad and fill is not None:
-        xp = fill.to(x.dtype).expand(b, c, h + 2 * pad, w + 2 * pad).clone()
-        xp[:, :, pad : pad + h, pad : pad + w] = x
-    else:
-        xp = F.pad(x, (pad, pad, pad, pad)) if pad else x
-    rows = dy[:, None] + torch.arange(h, device=x.device)  # [B, H]
-    cols = dx[:, None] + torch.arange(w, device=x.device)  # [B, W]
+    rows = dy[:, None] - pad + torch.arange(h, device=x.device)  # [B, H] source rows (< 0 or >= h: padding)
+    cols = dx[:, None] - pad + torch.arange(w, device=x.device)  # [B, W]
     cols = torch.where(flip[:, None], cols.flip(1), cols)  # a flipped crop reads its columns backwards
+    if pad:
+        xp = fill.to(x.dtype).expand(b, c, h + 2, w + 2).clone() if fill is not None else x.new_zeros(b, c, h + 2, w + 2)
+        xp[:, :, 1 : h + 1, 1 : w + 1] = x
+        x, rows, cols = xp, rows.clamp(-1, h) + 1, cols.clamp(-1, w) + 1
     bi = torch.arange(b, device=x.device)[:, None, None]
-    out = xp.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
+    out = x.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]  # [B, H, W, C]
     return out.permute(0, 3, 1, 2)
 
 

@@ -160,12 +160,14 @@ class LocalTrainer:
             )
         # the lanes (train.concurrent_clients, ``at_once``): sequential trainers, each on its own
         # model (this one's, then copies: weights, buffers, dropout keys, a method's frozen
-        # copies), everything else shared; this trainer alone where n is 1
+        # copies), everything else shared; this trainer alone where n is 1. No more lanes than
+        # clients (at least 2): more would idle, each a copy of the model (10**12 copied it until
+        # memory ran out) [D]; the threads are still shared out among n (``client_threads``)
         one = dataclasses.replace(train, concurrent_clients=1)
         self.lanes: list[LocalTrainer] = [self] if n == 1 else [
             SequentialTrainer(model=model if i == 0 else copy.deepcopy(model), method=method, clients=clients, fed=fed,
                               server=server, evaluator=evaluator, train=one, seed=seed, device=device)
-            for i in range(n)
+            for i in range(min(n, max(2, len(clients.offsets))))
         ]  # fmt: skip
         self.stream = None  # this lane's CUDA stream (made at its first use on a lane)
         self.pool: ThreadPoolExecutor | None = None  # the lanes' threads, started once (idle between uses)
@@ -182,8 +184,9 @@ class LocalTrainer:
 
     def client_threads(self) -> int:
         """The intra-op threads each client trains on, and replies on (CPU results depend on
-        it): the process's, shared out among the lanes (at least one each) [D]."""
-        return client_threads(torch.get_num_threads(), len(self.lanes))
+        it): the process's, shared out among ``train.concurrent_clients`` lanes (at least one
+        each) [D]."""
+        return client_threads(torch.get_num_threads(), self.train.concurrent_clients)
 
     def train_group(
         self, views: dict[int, TaskView], rnd: int, lr: float
@@ -433,7 +436,7 @@ class LocalTrainer:
             raise failed[min(failed, key=cids.index)]
         if not all(torch.equal(a, b) for a, b in zip(drawn, global_draws(self.device), strict=True)):
             raise FedForgetError(
-                f"train.concurrent_clients={len(self.lanes)}: {what} of method '{self.method.name}' on this "
+                f"train.concurrent_clients={self.train.concurrent_clients}: {what} of method '{self.method.name}' on this "
                 "model draws from the global random generator, so clients at once would not draw what each "
                 "draws alone; allowed here: concurrent_clients: 1"
             )

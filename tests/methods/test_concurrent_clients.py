@@ -61,6 +61,18 @@ def test_lanes_equal_one_after_another(public_run_cfg, method):
     assert_same_run(*both(rc))
 
 
+def test_lanes_beyond_the_clients_are_not_made(public_run_cfg):
+    """concurrent_clients 10**12 over 4 clients: 4 lanes (it copied the model 10**12 times),
+    the threads still shared out among 10**12 as written (one each), the same run."""
+    rc = public_run_cfg("scaffold", rounds=2, sample_rate=0.75, client_engine="sequential")
+    sim = Simulation(lanes(rc, 10**12))
+    assert len(sim.trainer.lanes) == rc.partition.clients == 4 and sim.trainer.client_threads() == 1
+    status, rows, msg = sim.run(progress=False)
+    assert status == "completed", msg
+    one = Simulation(rc)
+    assert_same_run((sim, rows), (one, one.run(progress=False)[1]))
+
+
 @pytest.fixture
 def one_lane_first(monkeypatch):
     """Every lane but the first starts once the first has taken the last client: one lane
