@@ -402,7 +402,7 @@ def stored_inputs(x: np.ndarray) -> np.ndarray:
     """Inputs in the dtype they are prepared in (``stored_dtype``), byte for byte."""
     if x.dtype == np.uint8:
         return x
-    return x.astype(stored_dtype(x.dtype), copy=np.issubdtype(x.dtype, np.floating))
+    return x.astype(stored_dtype(x.dtype), copy=np.issubdtype(x.dtype, np.floating))  # (floats copied, as always)
 
 
 STREAM_MIN_BYTES = 64 << 20  # arrays above this (and every memory map) are written in chunks
