@@ -18,6 +18,7 @@ ViT alone (L2P) on digits with a 1-layer ViT. Run from the repository root::
 
     python benchmarks/size_probe.py --out benchmarks/results/cpu-DATE/size_probe.json
     python benchmarks/size_probe.py --src /path/to/old/checkout/src ...   # another commit
+    python benchmarks/size_probe.py --value 18446744073709551616 ...       # 2**64: beyond 64 bits
 """
 
 from __future__ import annotations
@@ -50,18 +51,18 @@ FAST = {
 # (dataset, option, value): the embedded datasets' integer size options at the maxima their
 # checks allow, and a subset beyond every class (all rows)
 DATASET_CASES = [("blobs", "num_train", 10**9), ("blobs", "num_test", 10**9), ("blobs", "channels", 4096),
-                 ("blobs", "size", 4096), ("mnist1d", "num_samples", 10**9), ("iris", "subset", HUGE)]  # fmt: skip
+                 ("blobs", "size", 4096), ("mnist1d", "num_samples", 10**9), ("iris", "subset", 10**12)]  # fmt: skip
 TINY_VIT = {"image_size": 8, "patch_size": 4, "layers": 1, "heads": 2, "hidden_dim": 16, "mlp_dim": 32}
 
 
-def cases() -> list[dict[str, Any]]:
+def cases(huge: int = HUGE) -> list[dict[str, Any]]:
     """(name, method, params, train, model options, seeds) of every case."""
     from fedforget.methods import METHODS
     from fedforget.methods.params import SCHEMA
 
     out = [
-        *schema_cases(),
-        {"name": "model.options.hidden", "model_options": {"hidden": [HUGE]}},
+        *schema_cases(huge),
+        {"name": "model.options.hidden", "model_options": {"hidden": [huge]}},
         {"name": "seeds", "seeds": [2**64]},
         *({"name": f"dataset.{d}.{k}", "dataset": {"name": d, "options": {k: v}}} for d, k, v in DATASET_CASES),
     ]
@@ -69,7 +70,7 @@ def cases() -> list[dict[str, Any]]:
         for f in dataclasses.fields(METHODS.get(m).Params):
             s = f.metadata.get(SCHEMA, {})
             if s.get("type") == "integer" and "maximum" not in s:
-                out.append({"name": f"{m}.{f.name}", "method": m, "params": {f.name: HUGE}})
+                out.append({"name": f"{m}.{f.name}", "method": m, "params": {f.name: huge}})
     return out
 
 
@@ -77,7 +78,7 @@ def cases() -> list[dict[str, Any]]:
 SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 1, "rounds_per_task": 1}
 
 
-def schema_cases() -> list[dict[str, Any]]:
+def schema_cases(huge: int = HUGE) -> list[dict[str, Any]]:
     """A case for each integer of the config schema without a maximum (but the seed, its own
     case, and a paper table's number, a label), set where a config reads it: a train key, a
     partition key under the scheme that reads it, a scenario key in a split of iris (a
@@ -104,19 +105,19 @@ def schema_cases() -> list[dict[str, Any]]:
         parts = [p for p in path.split("/") if p not in ("", "properties", "$defs", "items", "oneOf")]
         key = parts[-1]
         if parts[0] == "train":
-            train = {key: [HUGE] if key == "save_client_models" else HUGE}
+            train = {key: [huge] if key == "save_client_models" else huge}
             out.append({"name": f"train.{key}", "train": train})
         elif parts[0] == "partition":
             scheme = next((s for s, keys in SCHEME_KEYS.items() if key in keys), "dirichlet")
-            out.append({"name": f"partition.{key}", "partition": {"scheme": scheme, key: HUGE}})
+            out.append({"name": f"partition.{key}", "partition": {"scheme": scheme, key: huge}})
         elif parts[0] == "scenario":
-            scenario = ({**SPLIT, "boundaries": {"samples_per_window": 10, "window_rounds": 1, key: HUGE}}
-                        if parts[1] == "boundaries" else {**SPLIT, key: HUGE})  # fmt: skip
+            scenario = ({**SPLIT, "boundaries": {"samples_per_window": 10, "window_rounds": 1, key: huge}}
+                        if parts[1] == "boundaries" else {**SPLIT, key: huge})  # fmt: skip
             out.append({"name": f"scenario.{'.'.join(parts[1:])}", "scenario": scenario, "train": {"rounds": 3}})
         elif parts[:2] == ["dataset", "augment"]:
-            out.append({"name": f"augment.{key}", "dataset": {"name": "digits"}, "augment": {"kind": "crop_flip", key: HUGE}})
+            out.append({"name": f"augment.{key}", "dataset": {"name": "digits"}, "augment": {"kind": "crop_flip", key: huge}})
         elif parts[0] == "smoke":
-            out.append({"name": f"smoke.{key}", "smoke": {key: HUGE}})
+            out.append({"name": f"smoke.{key}", "smoke": {key: huge}})
         elif parts[0] not in ("seed", "experiment"):  # (the seed's case is "seeds"; paper.table is a label)
             raise ValueError(f"size_probe: no case for the schema's {path}")
     return out
@@ -189,10 +190,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=float, default=60.0, help="seconds per case before it counts as long")
     ap.add_argument("--only", help="a regular expression on case names")
+    ap.add_argument("--value", type=int, default=HUGE, help="the huge value (default 10**12; 2**64: beyond 64 bits)")
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
     src = Path(a.src).resolve()
-    all_cases = [c for c in cases() if not a.only or re.search(a.only, c["name"])]
+    all_cases = [c for c in cases(a.value) if not a.only or re.search(a.only, c["name"])]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="size_probe-") as tmp:
         work = Path(tmp)
@@ -208,7 +210,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("completed", "error", "long", "crash")}
     sites = sorted({r["site"] for r in rows if r["outcome"] == "crash"})
-    result = {"commit": commit, "value": HUGE, "limit_s": a.limit, "cases": len(rows), **counts,
+    result = {"commit": commit, "value": a.value, "limit_s": a.limit, "cases": len(rows), **counts,
               "crash_sites": sites, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}  # fmt: skip
     print(report(result))
     if a.out:
