@@ -246,6 +246,14 @@ BAD = [
      ["experiments[0].datasets[0].options.pca=nan"]),
     ("model-option-inf", lambda d: dset(d).update(model={"name": "mlp", "options": {"hidden": [INF]}}),
      ["experiments[0].datasets[0].model.options.hidden[0]=inf"]),
+    # integers beyond 64 bits passed a range without a maximum, then overflowed torch in the job
+    ("param-beyond-64-bits", lambda d: ex(d)["methods"][0].update(name="der", params={"buffer_size": 2**64}),
+     ["experiments[0].methods[0].params.buffer_size=18446744073709551616 (method 'der'): beyond a 64-bit integer",
+      "allowed: an integer >= -9223372036854775808 and <= 9223372036854775807"]),
+    ("pad-and-eval-every-beyond-64-bits", lambda d: (ex(d).update(train={"eval_every": 2**70}),
+                                                     dset(d).update(augment={"kind": "crop_flip", "pad": -(2**63) - 1})),
+     ["experiments[0].datasets[0].augment.pad=-9223372036854775809: beyond a 64-bit integer",
+      "experiments[0].train.eval_every=1180591620717411303424: beyond a 64-bit integer; allowed: an integer >= 1"]),
     ("alpha-nan", lambda d: part(d).update(scheme="dirichlet", alpha=NAN),
      ["experiments[0].partitions[0].alpha=nan", "> 0"]),
     ("class-fraction-nan", lambda d: part(d).update(scheme="classes", clients=1, class_fractions=[[NAN, 1, 1]]),
@@ -279,9 +287,9 @@ BAD = [
      ["experiments[0].datasets[0].model: 5 matches no allowed form; allowed: a string | {name, options}"]),
     # seeds beyond signed 64 bits trained, then failed the aggregation's parquet tables
     ("seed-beyond-64-bits", lambda d: ex(d).update(seeds=[2**64]),
-     ["experiments[0].seeds[0]: 18446744073709551616 is greater than the maximum", "<= 9223372036854775807"]),
+     ["experiments[0].seeds[0]=18446744073709551616: beyond a 64-bit integer", "<= 9223372036854775807"]),
     ("partition-seed-beyond-64-bits", lambda d: part(d).update(seed=2**63),
-     ["experiments[0].partitions[0].seed: 9223372036854775808 is greater than the maximum"]),
+     ["experiments[0].partitions[0].seed=9223372036854775808: beyond a 64-bit integer"]),
     ("public-seed-beyond-64-bits", lambda d: dset(d).update(public={"source": "holdout", "fraction": 0.1, "seed": 2**63}),
      ["experiments[0].datasets[0].public", "9223372036854775808"]),
     # a figure's round beyond the runs' rounds: refused before training, not by the figure job after it

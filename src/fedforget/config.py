@@ -16,7 +16,7 @@ from .data import DATASETS, dataset_id, public_id
 from .partition import PartitionSpec
 from .train_spec import OptimizerSpec, TrainSpec  # noqa: F401 (OptimizerSpec: re-exported)
 from .utils import FedForgetError, config_hash
-from .validation import check_finite
+from .validation import check_numbers
 
 # ----------------------------------------------------------------------------- spec objects
 
@@ -365,7 +365,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     """A single job's config (as written by ``fedforget plan`` or found in run.json)."""
     d = load_yaml(path)
     d = d.get("config", d)  # accept a run.json too
-    check_finite(d)
+    check_numbers(d)
     try:
         return RunConfig.from_dict(d)
     except (KeyError, TypeError) as e:

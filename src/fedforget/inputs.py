@@ -91,7 +91,7 @@ def check_normalize(spec: dict | None, input_shape: Sequence[int], key: str, uin
     """The ``dataset.normalize`` block ({mean, std}: one number per channel, as the stored
     images scaled to [0, 1] are normalised in place of the training split's own statistics,
     e.g. the FedSOL code's 0.5 / 0.5 on MedMNIST), or None; raises FedForgetError naming the
-    key and what is allowed. What the config schema and ``validation.check_finite`` check
+    key and what is allowed. What the config schema and ``validation.check_numbers`` check
     before (numbers, finite, std > 0) is not checked again: here the dataset's side, images
     and one value per channel; ``uint8``: whether the dataset stores uint8 images (its
     ``DatasetInfo.uint8_images``). Values are kept as written (the run's hash)."""

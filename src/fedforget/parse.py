@@ -42,7 +42,7 @@ from .smoke import smoke_config
 from .train_spec import optimizer_block_problem
 from .trainers import engine_pairing
 from .utils import FedForgetError, byte_size, paper_tables
-from .validation import check_finite, did_you_mean, validate_schema
+from .validation import check_numbers, did_you_mean, validate_schema
 from .vectorized import method_not_vectorized
 
 
@@ -126,7 +126,7 @@ def _model(raw: Any) -> tuple[str, dict[str, Any]]:
 def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
     problem is reported in one error naming the key, the bad value and what is allowed."""
-    check_finite(raw)  # before the schema: its range checks pass NaN
+    check_numbers(raw)  # before the schema: its range checks pass NaN and unbounded integers
     validate_schema(raw)
     if raw.get("scale", "full") == "smoke":  # shrunk, then validated as any config
         # [D] the config as written first, at full scale: a config the smoke run accepts is

@@ -94,14 +94,21 @@ def describe_allowed(s: dict[str, Any]) -> str:
     return _allowed(s)
 
 
-def check_finite(raw: Any) -> None:
-    """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``) anywhere in a raw config, in
-    one error naming every such key: range checks are false for NaN, so the schema would
-    pass them and every job would fail later."""
-    bad: list[tuple[list[str | int], float, str]] = []
+INT64 = (-(2**63), 2**63 - 1)  # the integers a config may hold
+
+
+def check_numbers(raw: Any) -> None:
+    """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``) and integers beyond 64 bits
+    (``INT64``) anywhere in a raw config, in one error naming every such key: range checks
+    are false for NaN, so the schema would pass them and every job would fail later; an
+    integer beyond 64 bits passed a range without a maximum, then overflowed torch and
+    numpy inside a job (size_probe.py --value 2**64: 5 tracebacks)."""
+    bad: list[tuple[list[str | int], float | int, str]] = []
 
     def walk(v: Any, at: list[str | int], owner: str) -> None:
         if isinstance(v, float) and not math.isfinite(v):
+            bad.append((at, v, owner))
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1]:
             bad.append((at, v, owner))
         elif isinstance(v, dict):
             if len(at) > 1 and at[-2] == "methods" and isinstance(v.get("name"), str):
@@ -116,6 +123,9 @@ def check_finite(raw: Any) -> None:
     if bad:
         lines = [
             f"{_path(at)}={v!r}{owner}: not a finite number; allowed: {_allowed(_schema_at(at))}"
+            if isinstance(v, float)
+            else f"{_path(at)}={v!r}{owner}: beyond a 64-bit integer; allowed: "
+            + _allowed(_schema_at(at) or {"type": "integer", "minimum": INT64[0], "maximum": INT64[1]})
             for at, v, owner in bad
         ]
         raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
