@@ -19,12 +19,14 @@ ViT alone (L2P) on digits with a 1-layer ViT. Run from the repository root::
     python benchmarks/size_probe.py --out benchmarks/results/cpu-DATE/size_probe.json
     python benchmarks/size_probe.py --src /path/to/old/checkout/src ...   # another commit
     python benchmarks/size_probe.py --value 18446744073709551616 ...       # 2**64: beyond 64 bits
+    python benchmarks/size_probe.py --numbers ...                          # real numbers at 1e300, 1e-300
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -78,6 +80,26 @@ def cases(huge: int = HUGE) -> list[dict[str, Any]]:
 SPLIT = {"kind": "split", "tasks": 3, "classes_per_task": 1, "rounds_per_task": 1}
 
 
+def schema_fields(kind: str) -> list[tuple[list[str], dict[str, Any]]]:
+    """Each field of the config schema of JSON type ``kind`` ("integer", "number"): its path
+    (the names of the mappings it is in, ``$defs`` and the like left out) and its schema."""
+    schema = yaml.safe_load((ROOT / "src/fedforget/schemas/config.schema.yaml").read_text())
+    found: list[tuple[list[str], dict[str, Any]]] = []
+
+    def walk(node: Any, path: list[str]) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == kind:
+                found.append((path, node))
+            for k, v in node.items():
+                walk(v, path if k in ("properties", "$defs", "items", "oneOf") else [*path, k])
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, path)
+
+    walk(schema, [])
+    return found
+
+
 def schema_cases(huge: int = HUGE) -> list[dict[str, Any]]:
     """A case for each integer of the config schema without a maximum (but the seed, its own
     case, and a paper table's number, a label), set where a config reads it: a train key, a
@@ -86,23 +108,10 @@ def schema_cases(huge: int = HUGE) -> list[dict[str, Any]]:
     scale smoke."""
     from fedforget.partition import SCHEME_KEYS
 
-    schema = yaml.safe_load((ROOT / "src/fedforget/schemas/config.schema.yaml").read_text())
-    found: list[str] = []
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "integer" and "maximum" not in node:
-                found.append(path)
-            for k, v in node.items():
-                walk(v, f"{path}/{k}")
-        elif isinstance(node, list):
-            for v in node:
-                walk(v, path)
-
-    walk(schema, "")
     out = []
-    for path in found:
-        parts = [p for p in path.split("/") if p not in ("", "properties", "$defs", "items", "oneOf")]
+    for parts, node in schema_fields("integer"):
+        if "maximum" in node:
+            continue
         key = parts[-1]
         if parts[0] == "train":
             train = {key: [huge] if key == "save_client_models" else huge}
@@ -119,7 +128,51 @@ def schema_cases(huge: int = HUGE) -> list[dict[str, Any]]:
         elif parts[0] == "smoke":
             out.append({"name": f"smoke.{key}", "smoke": {key: huge}})
         elif parts[0] not in ("seed", "experiment"):  # (the seed's case is "seeds"; paper.table is a label)
-            raise ValueError(f"size_probe: no case for the schema's {path}")
+            raise ValueError(f"size_probe: no case for the schema's {'.'.join(parts)}")
+    return out
+
+
+VAST, TINY = 1e300, 1e-300
+# uint8 images (what dataset.normalize applies to), small
+UINT8_BLOBS = {"name": "blobs", "options": {"num_train": 200, "num_test": 50, "size": 8, "uint8": True}}
+
+
+def extremes(s: dict[str, Any]) -> list[float]:
+    """The extreme values a number's schema allows: 1e300 without a maximum, 1e-300 above an
+    exclusive minimum of 0."""
+    return [v for v, ok in ((VAST, "maximum" not in s and "exclusiveMaximum" not in s),
+                            (TINY, s.get("exclusiveMinimum") == 0)) if ok]  # fmt: skip
+
+
+def number_cases() -> list[dict[str, Any]]:
+    """``--numbers``: every real-valued method hyperparameter and config number at the extremes
+    its schema allows (``extremes``): a run may diverge (its status says so) or end in one
+    error, never in a traceback."""
+    from fedforget.methods import METHODS
+    from fedforget.methods.params import SCHEMA
+
+    out = []
+    for m in METHODS.names():
+        for f in dataclasses.fields(METHODS.get(m).Params):
+            s = f.metadata.get(SCHEMA, {})
+            if s.get("type") == "number":
+                out += [{"name": f"{m}.{f.name}={v:g}", "method": m, "params": {f.name: v}} for v in extremes(s)]
+    for parts, node in schema_fields("number"):
+        key, name = parts[-1], ".".join(parts)
+        for v in extremes(node):
+            if parts[0] == "train":
+                case = {"train": {key: v}}
+            elif parts[0] == "optimizer":
+                case = {"train": {"optimizer": {"name": "sgd", "lr": 0.1, key: v}}}
+            elif parts[0] == "partition":
+                case = {"partition": {"scheme": "dirichlet", key: v}}
+            elif parts[:2] == ["dataset", "public"]:
+                case = {"public": {"source": "holdout", "fraction": v, "seed": 0}}
+            elif parts[:2] == ["dataset", "normalize"]:
+                case = {"dataset": UINT8_BLOBS, "normalize": {"mean": [0.5], "std": [v]}}
+            else:
+                raise ValueError(f"size_probe: no case for the schema's {name}")
+            out.append({"name": f"{name}={v:g}", **case})
     return out
 
 
@@ -134,7 +187,7 @@ def config(case: dict[str, Any], data: Path, results: Path) -> dict[str, Any]:
            "public": {"source": "holdout", "fraction": 0.1, "seed": 0}})  # fmt: skip
     if "dataset" in case:
         ds = {**case["dataset"], "model": {"name": "mlp"}}
-    ds.update({k: case[k] for k in ("scenario", "augment") if k in case})
+    ds.update({k: case[k] for k in ("scenario", "augment", "public", "normalize") if k in case})
     partition = {"scheme": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 5, "seed": 0}
     if "partition" in case:  # the base keys the case's scheme reads, then the case's
         scheme = case["partition"]["scheme"]
@@ -175,8 +228,9 @@ def run_case(case: dict[str, Any], work: Path, src: Path, limit: float) -> dict[
         return {"case": case["name"], "outcome": "long", "seconds": round(time.perf_counter() - t0, 1)}
     out = {"case": case["name"], "seconds": round(time.perf_counter() - t0, 1)}
     lines = p.stderr.strip().splitlines()
-    if p.returncode == 0:
-        return {**out, "outcome": "completed"}
+    if p.returncode == 0:  # (a diverged run is a result too: run.json's status says which)
+        statuses = sorted({json.loads(f.read_text())["status"] for f in (work / f"results-{case['name']}").rglob("run.json")})
+        return {**out, "outcome": "completed", "statuses": statuses}
     if p.returncode == 2 and "Traceback" not in p.stderr and "fedforget: error:" in p.stderr:
         return {**out, "outcome": "error", "message": p.stderr[p.stderr.index("fedforget: error:"):].strip()[:400]}
     # (a negative return code: killed by that signal, e.g. 9 by the kernel's out-of-memory killer)
@@ -191,10 +245,11 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=60.0, help="seconds per case before it counts as long")
     ap.add_argument("--only", help="a regular expression on case names")
     ap.add_argument("--value", type=int, default=HUGE, help="the huge value (default 10**12; 2**64: beyond 64 bits)")
+    ap.add_argument("--numbers", action="store_true", help="real numbers at their extremes instead (number_cases)")
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
     src = Path(a.src).resolve()
-    all_cases = [c for c in cases(a.value) if not a.only or re.search(a.only, c["name"])]
+    all_cases = [c for c in (number_cases() if a.numbers else cases(a.value)) if not a.only or re.search(a.only, c["name"])]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="size_probe-") as tmp:
         work = Path(tmp)
@@ -202,15 +257,17 @@ def main() -> None:
         first = run_case({"name": "prepare"}, work, src, 600)
         if first["outcome"] != "completed":
             raise SystemExit(f"the base config did not run: {first}")
-        vit = run_case({"name": "prepare-vit", "method": "l2p"}, work, src, 600)
-        if vit["outcome"] != "completed":
-            raise SystemExit(f"the ViT base config did not run: {vit}")
+        for base in ({"name": "prepare-vit", "method": "l2p"}, {"name": "prepare-uint8", "dataset": UINT8_BLOBS}):
+            done = run_case(base, work, src, 600)
+            if done["outcome"] != "completed":
+                raise SystemExit(f"the base config {base['name']} did not run: {done}")
         with ThreadPoolExecutor(a.jobs) as pool:
             rows = list(pool.map(lambda c: run_case(c, work, src, a.limit), all_cases))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("completed", "error", "long", "crash")}
+    counts["diverged"] = sum("diverged" in r.get("statuses", ()) for r in rows)  # of the completed
     sites = sorted({r["site"] for r in rows if r["outcome"] == "crash"})
-    result = {"commit": commit, "value": a.value, "limit_s": a.limit, "cases": len(rows), **counts,
+    result = {"commit": commit, "value": [VAST, TINY] if a.numbers else a.value, "limit_s": a.limit, "cases": len(rows), **counts,
               "crash_sites": sites, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}  # fmt: skip
     print(report(result))
     if a.out:
@@ -220,6 +277,7 @@ def main() -> None:
 def report(result: dict[str, Any]) -> str:
     """The counts, then each case that ended in an error or a crash, one line each."""
     counts = ", ".join(f"{result[k]} {k}" for k in ("completed", "error", "long", "crash"))
+    counts += f" ({result.get('diverged', 0)} of the completed diverged)"
     lines = [f"{result['commit'][:7]}: {result['cases']} cases in {result['seconds']} s: {counts}"]
     lines += [f"  {r['outcome']:5} {r['case']}: {r.get('site', '')} {r['message'][-160:]}"
               for r in result["rows"] if r["outcome"] in ("crash", "error")]  # fmt: skip

@@ -538,29 +538,29 @@ def test_the_host_memory_limit_reads_the_machine_and_its_control_group(tmp_path,
     """The machine's memory and swap, or its control group's limit where smaller: cgroup v2
     (a parent's memory.max counts, "max" is none) and v1 (its ~2**63 is none); None where
     nothing can be read."""
-    import fedforget.memory as memory
+    import fedforget.utils as utils
 
     root = tmp_path / "cg"
     (tmp_path / "meminfo").write_text("MemTotal:  1000 kB\nMemFree: 10 kB\nSwapTotal:  24 kB\n")
-    monkeypatch.setattr(memory, "MEMINFO", tmp_path / "meminfo")
-    monkeypatch.setattr(memory, "CGROUPS", tmp_path / "cgroup")
-    monkeypatch.setattr(memory, "CGROUP_ROOT", root)
-    assert memory.host_memory_limit() == (1024 * 1024, "this machine's memory and swap")  # no cgroup file
+    monkeypatch.setattr(utils, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(utils, "CGROUPS", tmp_path / "cgroup")
+    monkeypatch.setattr(utils, "CGROUP_ROOT", root)
+    assert utils.host_memory_limit() == (1024 * 1024, "this machine's memory and swap")  # no cgroup file
     (tmp_path / "cgroup").write_text("0::/slurm/job_7/step_0\n")
     (root / "slurm" / "job_7" / "step_0").mkdir(parents=True)
     (root / "slurm" / "job_7" / "step_0" / "memory.max").write_text("max\n")
-    assert memory.host_memory_limit()[0] == 1024 * 1024
+    assert utils.host_memory_limit()[0] == 1024 * 1024
     (root / "slurm" / "job_7" / "memory.max").write_text("524288\n")  # the job's --mem, on the parent
-    assert memory.host_memory_limit() == (524288, f"its control group's memory limit ({root}/slurm/job_7/memory.max)")
+    assert utils.host_memory_limit() == (524288, f"its control group's memory limit ({root}/slurm/job_7/memory.max)")
     (tmp_path / "cgroup").write_text("4:memory:/job\n")
     (root / "memory" / "job").mkdir(parents=True)
     (root / "memory" / "job" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
-    assert memory.host_memory_limit()[0] == 1024 * 1024
+    assert utils.host_memory_limit()[0] == 1024 * 1024
     (root / "memory" / "job" / "memory.limit_in_bytes").write_text("4096\n")
-    assert memory.host_memory_limit()[0] == 4096
-    monkeypatch.setattr(memory, "MEMINFO", tmp_path / "none")
-    monkeypatch.setattr(memory, "CGROUPS", tmp_path / "none")
-    assert memory.host_memory_limit() is None
+    assert utils.host_memory_limit()[0] == 4096
+    monkeypatch.setattr(utils, "MEMINFO", tmp_path / "none")
+    monkeypatch.setattr(utils, "CGROUPS", tmp_path / "none")
+    assert utils.host_memory_limit() is None
 
 
 CPU_OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "

@@ -31,6 +31,46 @@ def is_out_of_memory(e: BaseException) -> bool:
     )
 
 
+MEMINFO, CGROUPS, CGROUP_ROOT = Path("/proc/meminfo"), Path("/proc/self/cgroup"), Path("/sys/fs/cgroup")
+
+
+def host_memory_limit() -> tuple[int, str] | None:
+    """The most memory this process can hold (bytes) and what sets it: the machine's memory
+    and swap (/proc/meminfo), or its control group's limit where smaller (cgroup v2
+    ``memory.max``, v1 ``memory.limit_in_bytes``, of the group and its parents: a SLURM
+    job's ``--mem``); None where neither can be read (not Linux)."""
+    found: list[tuple[int, str]] = []
+    try:
+        kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in MEMINFO.read_text().splitlines() if ":" in line)}
+        found.append(((kb["MemTotal"] + kb.get("SwapTotal", 0)) * 1024, "this machine's memory and swap"))
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    try:
+        lines = CGROUPS.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hid == "0" and controllers == "":  # (a hybrid layout mounts v2 under unified/)
+            base, file = CGROUP_ROOT / "unified" if (CGROUP_ROOT / "unified").is_dir() else CGROUP_ROOT, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, file = CGROUP_ROOT / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        d = base / path.strip("/")
+        while True:
+            try:
+                v = (d / file).read_text().strip()
+                if v.isdigit() and int(v) < 2**60:  # v1 writes ~2**63 for none, v2 "max"
+                    found.append((int(v), f"its control group's memory limit ({d / file})"))
+            except OSError:
+                pass
+            if d == base or base not in d.parents:
+                break
+            d = d.parent
+    return min(found) if found else None
+
+
 def first_line(e: BaseException) -> str:
     """An exception's message's first line (its type's name where it has none): what an
     error for the user quotes of a library's message (torch's allocator adds lines of advice)."""

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import host_memory_limit
 from ..registry import Registry
 from ..utils import (
     FedForgetError,
@@ -26,6 +25,7 @@ from ..utils import (
     atomic_write_json,
     byte_size,
     current_umask,
+    host_memory_limit,
     sha256_file,
 )
 
@@ -315,7 +315,7 @@ def prepare_dataset(
 def check_room(info: DatasetInfo, opts: Mapping[str, Any], out: Path) -> None:
     """[D] Refuse, before its source is read, a dataset that cannot be prepared here: its
     rows (the published sizes, ``DatasetInfo.sizes``) at ``row_bytes`` each, against the host
-    memory an in-memory build holds them in (``memory.host_memory_limit``: memory and swap,
+    memory an in-memory build holds them in (``utils.host_memory_limit``: memory and swap,
     or the control group's limit) and the disk ``out`` is written to: the prepared files
     (fewer rows with a ``subset``), the files already there subtracted (they are replaced),
     and, for a build that decodes to disk with a subset, the decoded source beside them
