@@ -19,7 +19,7 @@ ViT alone (L2P) on digits with a 1-layer ViT. Run from the repository root::
     python benchmarks/size_probe.py --out benchmarks/results/cpu-DATE/size_probe.json
     python benchmarks/size_probe.py --src /path/to/old/checkout/src ...   # another commit
     python benchmarks/size_probe.py --value 18446744073709551616 ...       # 2**64: beyond 64 bits
-    python benchmarks/size_probe.py --numbers ...                          # real numbers at 1e300, 1e-300
+    python benchmarks/size_probe.py --numbers ...                          # real numbers at 1e300, 3e38, 1e-300
 """
 
 from __future__ import annotations
@@ -132,16 +132,16 @@ def schema_cases(huge: int = HUGE) -> list[dict[str, Any]]:
     return out
 
 
-VAST, TINY = 1e300, 1e-300
+VAST, BIG, TINY = 1e300, 3e38, 1e-300  # beyond float32; within it (its largest is 3.4e38); near 0
 # uint8 images (what dataset.normalize applies to), small
 UINT8_BLOBS = {"name": "blobs", "options": {"num_train": 200, "num_test": 50, "size": 8, "uint8": True}}
 
 
 def extremes(s: dict[str, Any]) -> list[float]:
-    """The extreme values a number's schema allows: 1e300 without a maximum, 1e-300 above an
-    exclusive minimum of 0."""
-    return [v for v, ok in ((VAST, "maximum" not in s and "exclusiveMaximum" not in s),
-                            (TINY, s.get("exclusiveMinimum") == 0)) if ok]  # fmt: skip
+    """The extreme values a number's schema allows: 1e300 and 3e38 without a maximum, 1e-300
+    above an exclusive minimum of 0."""
+    unbounded = "maximum" not in s and "exclusiveMaximum" not in s
+    return [v for v, ok in ((VAST, unbounded), (BIG, unbounded), (TINY, s.get("exclusiveMinimum") == 0)) if ok]
 
 
 def number_cases() -> list[dict[str, Any]]:
@@ -267,7 +267,7 @@ def main() -> None:
     counts = {k: sum(r["outcome"] == k for r in rows) for k in ("completed", "error", "long", "crash")}
     counts["diverged"] = sum("diverged" in r.get("statuses", ()) for r in rows)  # of the completed
     sites = sorted({r["site"] for r in rows if r["outcome"] == "crash"})
-    result = {"commit": commit, "value": [VAST, TINY] if a.numbers else a.value, "limit_s": a.limit, "cases": len(rows), **counts,
+    result = {"commit": commit, "value": [VAST, BIG, TINY] if a.numbers else a.value, "limit_s": a.limit, "cases": len(rows), **counts,
               "crash_sites": sites, "seconds": round(time.perf_counter() - t0, 1), "rows": rows}  # fmt: skip
     print(report(result))
     if a.out:

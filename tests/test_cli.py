@@ -274,6 +274,34 @@ def test_keep_freed_memory_serves_large_tensors_from_the_heap_with_the_same_resu
     assert digest_kept == digest_default
 
 
+def test_what_torch_raises_is_told_apart():
+    """An allocation torch cannot make, its size beyond 64 bits, is out of memory; a real that
+    overflows a tensor's dtype or a double (math) is divergence (engine.Simulation.run); other
+    errors are neither."""
+    import math
+
+    import torch
+
+    from fedforget.utils import is_float_overflow, is_out_of_memory
+
+    def raised(f):
+        try:
+            f()
+        except Exception as e:
+            return e
+        raise AssertionError("no error")
+
+    for f in (lambda: torch.zeros(10, 10**30), lambda: torch.empty(2**40, 2**40)):
+        e = raised(f)
+        assert is_out_of_memory(e) and not is_float_overflow(e), e
+    for f in (lambda: torch.full((2,), 1e300), lambda: math.exp(1e5), lambda: 3e200**2):
+        e = raised(f)
+        assert is_float_overflow(e) and not is_out_of_memory(e), e
+    for f in (lambda: torch.ones(2) @ torch.ones(3), lambda: torch.set_num_threads(10**12), lambda: int("x")):
+        e = raised(f)
+        assert not is_out_of_memory(e) and not is_float_overflow(e), e
+
+
 def test_any_command_out_of_memory_ends_in_one_line(capsys, monkeypatch):
     """A command out of memory (numpy's MemoryError preparing a blobs set of 10**9 rows of
     4096x4096, torch's allocator): exit 2 and one line, not a traceback; other errors stay

@@ -254,6 +254,11 @@ BAD = [
                                                      dset(d).update(augment={"kind": "crop_flip", "pad": -(2**63) - 1})),
      ["experiments[0].datasets[0].augment.pad=-9223372036854775809: beyond a 64-bit integer",
       "experiments[0].train.eval_every=1180591620717411303424: beyond a 64-bit integer; allowed: an integer >= 1"]),
+    # reals beyond float32 (the training arithmetic) passed a range without a maximum, then overflowed torch
+    ("lr-and-mu-beyond-float32", lambda d: (ex(d).update(train={"optimizer": {"lr": 1e39}}),
+                                            ex(d)["methods"].append({"name": "fedprox", "params": {"mu": -1e300}})),
+     ["experiments[0].methods[1].params.mu=-1e+300 (method 'fedprox'): beyond float32's range (+-3.403e+38); allowed: a finite number",
+      "experiments[0].train.optimizer.lr=1e+39: beyond float32's range (+-3.403e+38); allowed: a finite number > 0"]),
     ("alpha-nan", lambda d: part(d).update(scheme="dirichlet", alpha=NAN),
      ["experiments[0].partitions[0].alpha=nan", "> 0"]),
     ("class-fraction-nan", lambda d: part(d).update(scheme="classes", clients=1, class_fractions=[[NAN, 1, 1]]),

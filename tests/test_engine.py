@@ -308,6 +308,16 @@ def test_nan_loss_marks_run_diverged_and_keeps_rows(make_run_config, nan_method,
     assert (out / "model.pt").exists()
 
 
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_a_number_that_overflows_in_training_is_divergence(make_run_config, engine):
+    """FedRCL's temperature at 1e-300: a Python float of 1 / tau beyond float32, which torch
+    refuses to convert (a traceback before): the run diverged, its rows so far kept."""
+    sim = Simulation(make_run_config(method="fedrcl", params={"tau": 1e-300}, rounds=2, client_engine=engine), device=CPU)
+    status, rows, msg = sim.run(progress=False)
+    assert status == "diverged" and [r["round"] for r in rows] == [0]
+    assert msg == "a number overflowed in round 1 (value cannot be converted to type float without overflow)"
+
+
 def test_sequential_losses_are_read_at_the_round_end_unless_the_method_ends_clients_itself(
     make_run_config, tmp_path
 ):

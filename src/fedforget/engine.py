@@ -54,7 +54,7 @@ from .rundata import load_run_data
 from .schedule import sample_clients
 from .state import FedState, OnFed
 from .trainers import Diverged, choose_trainer
-from .utils import FedForgetError, Unchanged, byte_size, torch_seed
+from .utils import FedForgetError, Unchanged, byte_size, first_line, is_float_overflow, torch_seed
 from .vectorized import frozen_tensors
 
 log = logging.getLogger(__name__)
@@ -335,6 +335,11 @@ class Simulation:
                 except Diverged as e:
                     log.warning("run diverged: %s", e)
                     return "diverged", fed.rows, str(e)
+                except (RuntimeError, OverflowError) as e:  # a number overflowed: it diverged too [D]
+                    if not is_float_overflow(e):
+                        raise
+                    log.warning("run diverged: a number overflowed in round %d: %s", rnd, first_line(e))
+                    return "diverged", fed.rows, f"a number overflowed in round {rnd} ({first_line(e)})"
                 emit(row)
                 bar.update(row)
         finally:

@@ -25,9 +25,27 @@ class FedForgetError(Exception):
 
 def is_out_of_memory(e: BaseException) -> bool:
     """An allocation that failed: torch's OutOfMemoryError (CUDA), its CPU allocator's (and
-    the MPS backend's) RuntimeError, a MemoryError (numpy's); told apart without importing torch."""
-    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
-        type(e) is RuntimeError and ("can't allocate memory" in str(e) or "out of memory" in str(e))
+    the MPS backend's) RuntimeError, a MemoryError (numpy's); or one that could not be asked
+    for, its size beyond 64 bits (torch's storage size overflowed, or a size it cannot
+    unpack); told apart without importing torch."""
+    msg = str(e)
+    return (
+        isinstance(e, MemoryError)
+        or type(e).__name__ == "OutOfMemoryError"
+        or (type(e) is RuntimeError and any(m in msg for m in ("can't allocate memory", "out of memory",
+                                                                 "Storage size calculation overflowed")))
+        or (type(e) is TypeError and "argument 'size'" in msg and "Overflow when unpacking" in msg)
+    )  # fmt: skip
+
+
+def is_float_overflow(e: BaseException) -> bool:
+    """A real number that overflowed in training: a Python float beyond what a tensor's dtype
+    holds (torch: "value cannot be converted to type float without overflow"), or beyond a
+    double in ``math`` (``OverflowError``: "math range error", "Numerical result out of
+    range"). The run diverged (``engine.Simulation.run``)."""
+    msg = str(e)
+    return (type(e) is RuntimeError and "cannot be converted to type" in msg and "without overflow" in msg) or (
+        type(e) is OverflowError and ("math range error" in msg or "Numerical result out of range" in msg)
     )
 
 

@@ -95,18 +95,20 @@ def describe_allowed(s: dict[str, Any]) -> str:
 
 
 INT64 = (-(2**63), 2**63 - 1)  # the integers a config may hold
+FLOAT32_MAX = 3.4028234663852886e38  # the largest real a config may hold: training's float32 arithmetic
 
 
 def check_numbers(raw: Any) -> None:
-    """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``) and integers beyond 64 bits
-    (``INT64``) anywhere in a raw config, in one error naming every such key: range checks
-    are false for NaN, so the schema would pass them and every job would fail later; an
-    integer beyond 64 bits passed a range without a maximum, then overflowed torch and
-    numpy inside a job (size_probe.py --value 2**64: 5 tracebacks)."""
+    """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``), reals beyond float32's range
+    (``FLOAT32_MAX``) and integers beyond 64 bits (``INT64``) anywhere in a raw config, in one
+    error naming every such key: range checks are false for NaN, so the schema would pass
+    them and every job would fail later; a real or an integer beyond those passed a range
+    without a maximum, then overflowed torch inside a job (size_probe.py: --value 2**64, 5
+    tracebacks; --numbers at 1e300, 13)."""
     bad: list[tuple[list[str | int], float | int, str]] = []
 
     def walk(v: Any, at: list[str | int], owner: str) -> None:
-        if isinstance(v, float) and not math.isfinite(v):
+        if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX):
             bad.append((at, v, owner))
         elif isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1]:
             bad.append((at, v, owner))
@@ -121,14 +123,21 @@ def check_numbers(raw: Any) -> None:
 
     walk(raw, [], "")
     if bad:
-        lines = [
-            f"{_path(at)}={v!r}{owner}: not a finite number; allowed: {_allowed(_schema_at(at))}"
-            if isinstance(v, float)
-            else f"{_path(at)}={v!r}{owner}: beyond a 64-bit integer; allowed: "
-            + _allowed(_schema_at(at) or {"type": "integer", "minimum": INT64[0], "maximum": INT64[1]})
-            for at, v, owner in bad
-        ]
+        lines = [f"{_path(at)}={v!r}{owner}: {_unrepresentable(v)}; allowed: {_allowed(_schema_at(at) or _bounds(v))}"
+                 for at, v, owner in bad]  # fmt: skip
         raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
+
+
+def _unrepresentable(v: float | int) -> str:
+    """Why ``check_numbers`` refuses ``v``."""
+    if isinstance(v, int):
+        return "beyond a 64-bit integer"
+    return "not a finite number" if not math.isfinite(v) else f"beyond float32's range (+-{FLOAT32_MAX:.4g})"
+
+
+def _bounds(v: float | int) -> dict[str, Any] | None:
+    """What a key without a schema of its own (a method's hyperparameter) may hold at most."""
+    return {"type": "integer", "minimum": INT64[0], "maximum": INT64[1]} if isinstance(v, int) else None
 
 
 def _form(s: dict[str, Any]) -> str:
