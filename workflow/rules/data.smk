@@ -22,8 +22,8 @@ rule prepare_dataset:
     # a failure's one error (a missing or corrupt native file and how to obtain it) is also
     # printed to Snakemake's output, not only to the log
     shell:
-        "fedforget prepare --dataset {params.p[name]} --options {params.p[options]:q} --root {params.root} {params.raw} "
-        "> {log} 2>&1 || {{ awk 'e || /^fedforget: error/ {{ e = 1; print }}' {log} >&2; exit 1; }}"
+        "fedforget prepare --dataset {params.p[name]:q} --options {params.p[options]:q} --root {params.root:q} {params.raw} "
+        "> {log:q} 2>&1 || {{ awk 'e || /^fedforget: error/ {{ e = 1; print }}' {log:q} >&2; exit 1; }}"
 
 
 # The public slice is a function of its dataset's id (name + options), its spec and the code
@@ -42,7 +42,7 @@ rule prepare_public:
     log:
         "logs/prepare/public_{public}.log",
     shell:
-        "fedforget prepare --public {params.p[spec]:q} --of {params.p[of]} --root {params.root} > {log} 2>&1"
+        "fedforget prepare --public {params.p[spec]:q} --of {params.p[of]:q} --root {params.root:q} > {log:q} 2>&1"
 
 
 localrules:

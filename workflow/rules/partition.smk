@@ -24,9 +24,9 @@ rule partition:
     log:
         "logs/partition/{pool}/{partition}.log",
     shell:
-        "fedforget partition --dataset {params.p[name]} --options {params.p[options]:q} "
-        "--public {params.p[public]:q} --spec {params.p[spec]:q} --root {params.root} "
-        "--out {params.out} > {log} 2>&1"
+        "fedforget partition --dataset {params.p[name]:q} --options {params.p[options]:q} "
+        "--public {params.p[public]:q} --spec {params.p[spec]:q} --root {params.root:q} "
+        "--out {params.out:q} > {log:q} 2>&1"
 
 
 localrules:

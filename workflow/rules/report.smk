@@ -18,8 +18,8 @@ rule aggregate:
     log:
         "logs/aggregate/{experiment}.log",
     shell:
-        "fedforget aggregate --runs {params.runs} --out {params.out} --experiment {wildcards.experiment} "
-        "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log} 2>&1"
+        "fedforget aggregate --runs {params.runs:q} --out {params.out:q} --experiment {wildcards.experiment:q} "
+        "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log:q} 2>&1"
 
 
 # the same command for experiments with continual runs, which also writes the continual
@@ -81,8 +81,8 @@ rule paper_table:
     log:
         "logs/paper_table/{experiment}.log",
     shell:
-        "fedforget paper-table --summary {params.summary} --experiment {wildcards.experiment} "
-        "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log} 2>&1"
+        "fedforget paper-table --summary {params.summary:q} --experiment {wildcards.experiment:q} "
+        "--paper {params.paper[link]:q} --paper-results={params.paper[results]:q} > {log:q} 2>&1"
 
 
 rule plot:
@@ -101,7 +101,7 @@ rule plot:
     log:
         "logs/plot/{experiment}.log",
     shell:
-        "fedforget plot --summary {params.summary} --out {params.out} > {log} 2>&1"
+        "fedforget plot --summary {params.summary:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 # the same command for experiments with continual runs: the learning curves and the
@@ -152,8 +152,8 @@ for curve in CURVE_NEEDS:
             f"logs/plot/{{experiment}}.{curve}.log",
         localrule: True
         shell:
-            "fedforget plot --summary {params.summary} --out {params.out} --curves {params.curve} "
-            "--curves-only > {log} 2>&1"
+            "fedforget plot --summary {params.summary:q} --out {params.out:q} --curves {params.curve:q} "
+            "--curves-only > {log:q} 2>&1"
 
 
 rule figure:
@@ -178,8 +178,8 @@ rule figure:
     log:
         "logs/figure/{experiment}/{figure}.log",
     shell:
-        "fedforget figure --summary {params.summary} --experiment {wildcards.experiment} "
-        "--name {params.fig[name]} --options {params.fig[options]:q} --out {output} > {log} 2>&1"
+        "fedforget figure --summary {params.summary:q} --experiment {wildcards.experiment:q} "
+        "--name {params.fig[name]:q} --options {params.fig[options]:q} --out {output:q} > {log:q} 2>&1"
 
 
 localrules:

@@ -30,4 +30,4 @@ rule train:
         "logs/train/{experiment}/{dataset}/{partition}/{method}/seed{seed}.log",
     shell:
         "rm -f {params.stale:q} && "
-        "fedforget train --config-json {params.cfg:q} --out {params.out} --threads {threads} > {log} 2>&1"
+        "fedforget train --config-json {params.cfg:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
