@@ -588,6 +588,11 @@ def test_a_job_out_of_memory_names_the_largest_sizes_its_config_sets(tmp_path, m
                           "method.params.buffer_size=1000000000000, train.eval_batch_size=1024, ")  # fmt: skip
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == "failed" and record["error"] == f"FedForgetError: {msg}"
+    # a real number may scale a size too (FOT's sketch width is sketch_factor x a layer's width)
+    from fedforget.runner import config_sizes
+
+    sized = config_sizes(make_run_config(method="fot", params={"sketch_factor": 3e38, "residual_ratio": "norm"}))
+    assert sized[0] == ("method.params.sketch_factor", 3e38) and "method.params.residual_ratio" not in dict(sized)
 
     def gpu_oom(self, *a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore")

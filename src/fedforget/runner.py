@@ -167,9 +167,10 @@ def check_resume_host(ckpt: dict[str, Any], now: dict[str, Any], path: Path) -> 
     return True, None
 
 
-def config_sizes(cfg: RunConfig) -> list[tuple[str, int]]:
-    """The integers a run's config sets that size what it allocates (the batch sizes, the
-    clients, a dataset's, model's or method's integer options as written), largest first."""
+def config_sizes(cfg: RunConfig) -> list[tuple[str, int | float]]:
+    """The numbers a run's config sets that may size what it allocates (the batch sizes, the
+    clients, a dataset's, model's or method's numeric options as written: a real one may
+    scale a size, FOT's ``sketch_factor`` its sketches' width), largest first."""
     t, ds = cfg.train, cfg.dataset
     found = [("train.batch_size", t.batch_size), ("train.eval_batch_size", t.eval_batch_size),
              ("train.max_parallel_clients", t.max_parallel_clients), ("train.concurrent_clients", t.concurrent_clients),
@@ -178,7 +179,7 @@ def config_sizes(cfg: RunConfig) -> list[tuple[str, int]]:
                          ("method.params", cfg.method.params)):  # fmt: skip
         for k, v in (opts or {}).items():
             vs = v if isinstance(v, list) else [v]
-            if vs and all(isinstance(x, int) and not isinstance(x, bool) for x in vs):
+            if vs and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vs):
                 found.append((f"{prefix}.{k}", max(vs)))
     return sorted(found, key=lambda kv: -kv[1])
 
