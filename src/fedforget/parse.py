@@ -126,7 +126,7 @@ def _model(raw: Any) -> tuple[str, dict[str, Any]]:
 def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
     problem is reported in one error naming the key, the bad value and what is allowed."""
-    check_numbers(raw)  # before the schema: its range checks pass NaN and unbounded integers
+    check_numbers(raw)  # before the schema: its range checks pass NaN, and reals and integers beyond float32 and int64
     validate_schema(raw)
     if raw.get("scale", "full") == "smoke":  # shrunk, then validated as any config
         # [D] the config as written first, at full scale: a config the smoke run accepts is
