@@ -304,8 +304,8 @@ def test_what_torch_raises_is_told_apart():
 
 def test_any_command_out_of_memory_ends_in_one_line(capsys, monkeypatch):
     """A command out of memory (numpy's MemoryError preparing a blobs set of 10**9 rows of
-    4096x4096, torch's allocator): exit 2 and one line, not a traceback; other errors stay
-    theirs."""
+    4096x4096, torch's allocator, a tensor size torch cannot unpack): exit 2 and one line, not
+    a traceback; other errors stay theirs."""
     import fedforget.cli as cli
 
     for err, line in [
@@ -313,6 +313,8 @@ def test_any_command_out_of_memory_ends_in_one_line(capsys, monkeypatch):
          "fedforget: error: fedforget datasets ran out of memory: Unable to allocate 59.6 PiB for an array"),
         (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\nmore"),
          "fedforget: error: fedforget datasets ran out of memory: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes\n"),
+        (TypeError("zeros(): argument 'size' failed to unpack the object at pos 2 with error \"Overflow when unpacking long long\nmore"),
+         "fedforget: error: fedforget datasets ran out of memory: zeros(): argument 'size' failed to unpack"),
     ]:  # fmt: skip
         def fail(args, err=err):
             raise err

@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a path that does not exist or cannot be read, named by the OS
         print(f"fedforget: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2
-    except (RuntimeError, MemoryError) as e:  # out of memory in any command (a training job's says more: runner)
+    except Exception as e:  # out of memory in any command, as is_out_of_memory tells (a training job's says more: runner)
         if not is_out_of_memory(e):
             raise
         first = first_line(e)

@@ -375,7 +375,7 @@ def load_config(path: str | Path) -> WorkflowConfig:
 def dataset_sizes(wf: WorkflowConfig) -> list[str]:
     """One line per distinct dataset of the config (private, and public ones read from
     another dataset) with its rows, their shape and dtype and its prepared size, known
-    before it is built (``DatasetInfo.sizes``, ``row_bytes``): ``fedforget validate`` prints
+    before it is built (``DatasetInfo.split_sizes``, ``prepared_bytes``): ``fedforget validate`` prints
     them, so that a size typed wrong shows before any job (``prepare`` refuses one that cannot
     fit, ``data.base.check_room``)."""
     seen: dict[str, str] = {}
@@ -390,11 +390,11 @@ def dataset_sizes(wf: WorkflowConfig) -> list[str]:
                 did = dataset_id(name, o)
                 if did in seen:
                     continue
-                (n, n_test), row = info.split_sizes(o), sum(info.row_bytes(o))
+                n, n_test = info.split_sizes(o)
                 bound = "at most " if o.get("subset") else ""
                 seen[did] = (
                     f"  {did}: {bound}{n:,} train / {n_test:,} test rows of {list(info.input_shape(o))} "
-                    f"{info.input_dtype(o)}, {bound}{byte_size((n + n_test) * row)} prepared"
+                    f"{info.input_dtype(o)}, {bound}{byte_size(info.prepared_bytes(o))} prepared"
                 )
     return list(seen.values())
 

@@ -134,6 +134,11 @@ class DatasetInfo:
         itemsize = np.dtype(self.input_dtype(options)).itemsize
         return math.prod(self.input_shape(options)) * itemsize, 8
 
+    def prepared_bytes(self, options: Mapping[str, Any]) -> int:
+        """The bytes of the prepared arrays under resolved ``options``: ``split_sizes`` rows
+        at ``row_bytes`` each (an upper bound with a ``subset``)."""
+        return sum(self.split_sizes(options)) * sum(self.row_bytes(options))
+
     def split_sizes(self, options: Mapping[str, Any]) -> tuple[int, int]:
         """(n_train, n_test) of resolved ``options``: the published sizes, at most
         ``subset`` x classes (x domains) with a subset (an upper bound: a class may have
@@ -324,7 +329,7 @@ def check_room(info: DatasetInfo, opts: Mapping[str, Any], out: Path) -> None:
     refused only when an allocation or a write failed, after hours of decoding or
     tokenizing for a large source. Lower bounds: only a certain failure is refused (a build
     holds temporary copies too)."""
-    (n_train, n_test), (n_out, n_out_test) = info.sizes(opts), info.split_sizes(opts)
+    n_train, n_test = info.sizes(opts)
     x_row, y_row = info.row_bytes(opts)
     shape, dtype = list(info.input_shape(opts)), info.input_dtype(opts)
 
@@ -340,7 +345,7 @@ def check_room(info: DatasetInfo, opts: Mapping[str, Any], out: Path) -> None:
         limit = host_memory_limit()
         if limit is not None and built > limit[0]:
             raise refuse(built, f"memory to build in, more than {limit[1]}", limit[0])
-    need = (n_out + n_out_test) * (x_row + y_row)
+    need = info.prepared_bytes(opts)
     if info.decodes_to_disk and SUBSET in opts:
         need += (n_train + n_test) * x_row
     if out.is_dir():
