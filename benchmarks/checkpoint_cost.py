@@ -1,7 +1,7 @@
 """What a checkpoint holds per method, and what writing it costs, projected to a paper setting.
 
-A training job writes a checkpoint (the run's ``FedState``) every ``train.checkpoint_every``
-rounds (default 1). Its size is the global model, the server's state and every client's
+A training job writes a checkpoint (the run's ``FedState``) when ``train.checkpoint_every``
+says (default auto: ``benchmarks/checkpoint_cadence.py``). Its size is the global model, the server's state and every client's
 state kept across rounds (SCAFFOLD's control variates, replay buffers, ...). This script
 runs every registered method (default hyperparameters) on digits + cnn2d, iid over
 ``--clients`` clients, every client sampled every round (so each keeps its state), for

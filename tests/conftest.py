@@ -198,6 +198,7 @@ def make_run_config(data_root, tmp_path):
             # one client after another: method tests compare methods with FedAvg bit for bit
             # (tests/test_vectorized.py compares the two engines)
             client_engine="sequential",
+            checkpoint_every=1,  # tests that stop a run after round r find its checkpoint (default: auto)
         )
         ts = replace(base, **train)
         if scenario is not None:  # a raw scenario block (fedforget.data.scenario), resolved

@@ -132,3 +132,18 @@ def test_checkpoint_cost_counts_model_shaped_state_once():
         state = {"c": {"w": w, "b": b}, "again": [w, flat, flat[:16]], "buffer": torch.zeros(5, 2, dtype=torch.float64)}
         assert cost.split_bytes(state, {(3, 4), (4,)}, 16) == (2 * 16 * 4, 5 * 2 * 8)
         assert cost.split_bytes({}, {(4,)}, 4) == (0, 0)
+
+
+def test_checkpoint_cadence_runs_each_cadence_to_the_same_results(tmp_path):
+    """benchmarks/checkpoint_cadence.py at a tiny size: no checkpoint, one after every round
+    but the last, and auto (at least the first round's); the script itself stops when a
+    cadence's metrics.csv or model.pt differ from the run without checkpoints."""
+    out = tmp_path / "cadence.json"
+    args = ["--methods", "scaffold", "--clients", "4", "--sample-rate", "0.5", "--hidden", "8", "--rounds", "3",
+            "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    done = subprocess.run([sys.executable, str(BENCH / "checkpoint_cadence.py"), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    m = json.loads(out.read_text())["methods"]["scaffold"]
+    written = {k: c["checkpoints_written"] for k, c in m["cadences"].items()}
+    assert m["results_identical"] and written["never"] == 0 and written["every"] == 2 and 1 <= written["auto"] <= 2
+    assert list(tmp_path.iterdir()) == [out]  # its runs are removed

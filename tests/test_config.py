@@ -300,6 +300,10 @@ BAD = [
     # a figure's round beyond the runs' rounds: refused before training, not by the figure job after it
     ("phase-memory-not-a-bool", lambda d: ex(d).update(train={"phase_memory": "yes"}),
      ["experiments[0].train.phase_memory", "'yes'"]),
+    ("checkpoint-every-zero", lambda d: ex(d).update(train={"checkpoint_every": 0}),
+     ["experiments[0].train.checkpoint_every: 0 matches no allowed form", "an integer >= 1", "auto"]),
+    ("checkpoint-every-a-word", lambda d: ex(d).update(train={"checkpoint_every": "sometimes"}),
+     ["experiments[0].train.checkpoint_every: 'sometimes'", "an integer >= 1", "auto"]),
     ("figure-round-beyond-rounds", lambda d: ex(d).update(figures=[{"name": "layer_lambda", "options": {"round": 999}}]),
      ["experiments[0].figures[0].options.round: 999 is beyond the rounds of method", "allowed: 1.."]),
 ]  # fmt: skip

@@ -89,10 +89,12 @@ def test_checkpoint_round_trip_through_disk(make_run_config, tmp_path, monkeypat
     _interrupted(monkeypatch, rc, tmp_path / "cut", after=2)
     ckpt = torch.load(tmp_path / "cut" / CHECKPOINT, weights_only=False)
     assert ckpt["round"] == 2 and ckpt["config_hash"] == rc.hash
-    assert json.loads((tmp_path / "cut/run.json").read_text())["status"] == "failed"
+    failed = json.loads((tmp_path / "cut/run.json").read_text())
+    assert failed["status"] == "failed" and failed["checkpoints_written"] == 2  # rounds 1 and 2
 
     rec = run_training(rc, tmp_path / "cut", progress=False)
     assert rec["status"] == "completed" and rec["resumed_after_round"] == 2
+    assert rec["checkpoints_written"] == 1  # this process: round 3 (never the last)
     assert (tmp_path / "cut/metrics.csv").read_bytes() == (
         tmp_path / "full/metrics.csv"
     ).read_bytes()
@@ -429,6 +431,54 @@ def test_checkpoint_every(make_run_config, tmp_path):
     seen = []
     Simulation(rc).run(progress=False, on_checkpoint=lambda c: seen.append(c["round"]))
     assert seen == [3, 6]  # never after the last round: the run's outputs supersede it
+
+
+def test_auto_checkpoints_bound_the_time_spent_writing():
+    """checkpoint_every auto (the default) [D]: the first round's checkpoint, then one once
+    the training since the last write ended lasts 10 times that write; an integer keeps its
+    every n-th round; never round 0 nor the last round."""
+    from fedforget.checkpoint import CheckpointCadence
+
+    now = [0.0]
+    c = CheckpointCadence("auto", rounds=50, clock=lambda: now[0])
+    assert not c.due(0) and c.due(1)
+
+    def save(seconds):
+        now[0] += seconds
+
+    c.write(lambda: save(2.0))  # a write of 2 s ends at t = 2: the next is due from t = 22
+    written = [1]
+    for rnd in range(2, 50):
+        now[0] += 3.0  # a round of 3 s
+        if c.due(rnd):
+            c.write(lambda seconds=2.0 if rnd < 20 else 0.1: save(seconds))  # cheaper from round 20 on
+            written.append(rnd)
+    assert written[:4] == [1, 8, 15, 22]  # 7 rounds (21 s) after each 2 s write
+    assert written[4:] == list(range(23, 50))  # after the 0.1 s write of round 22: every round (3 s >= 1 s)
+    assert c.written == len(written) and c.write_s == pytest.approx(2.0 * 3 + 0.1 * (len(written) - 3))
+    assert not c.due(50)  # the last round: the run's outputs supersede a checkpoint
+    every = CheckpointCadence(3, rounds=7)
+    assert [r for r in range(8) if every.due(r)] == [3, 6]
+
+
+def test_auto_checkpoints_in_a_run(make_run_config, tmp_path, monkeypatch):
+    """A run with checkpoint_every auto writes after its first round, and then after none of
+    the next quick ones when a write takes long; run.json counts the writes; a crash after
+    round 1 resumes from that checkpoint and ends byte for byte where an uninterrupted run
+    ends."""
+    from fedforget.engine import Simulation
+
+    rc = make_run_config(rounds=7, checkpoint_every="auto")
+    seen = []
+    Simulation(rc).run(progress=False, on_checkpoint=lambda c: (seen.append(c["round"]), time.sleep(0.5)))
+    assert seen == [1]  # the next needs 5 s of training: iris's rounds take milliseconds
+    full = run_training(rc, tmp_path / "full", progress=False)
+    assert full["checkpoints_written"] >= 1 and full["checkpoint_write_s"] > 0
+    _interrupted(monkeypatch, rc, tmp_path / "cut", after=1)
+    rec = run_training(rc, tmp_path / "cut", progress=False)
+    assert rec["resumed_after_round"] == 1
+    assert (tmp_path / "cut/metrics.csv").read_bytes() == (tmp_path / "full/metrics.csv").read_bytes()
+    assert _weights_equal(tmp_path / "cut/model.pt", tmp_path / "full/model.pt")
 
 
 def test_failed_job_leaves_other_results_intact(make_run_config, tmp_path):

@@ -1,13 +1,15 @@
 """Checkpoints of a run: its ``FedState`` (``fedforget.state``: global weights, the
 method's server and per-client state, task progress, the metrics so far, the global RNG
-states) with the format and config hash, and how it is put back. The runner writes them atomically after every ``train.checkpoint_every``
-rounds; a resumed run equals an uninterrupted one byte for byte on a CPU."""
+states) with the format and config hash, how it is put back, and when it is written
+(``CheckpointCadence``: ``train.checkpoint_every``). The runner writes them atomically; a
+resumed run equals an uninterrupted one byte for byte on a CPU."""
 
 from __future__ import annotations
 
 import logging
+import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,44 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 3  # 2: the scenario's progress (tasks); 3: Summed shares in waiting task reports
 CHECKPOINT = "checkpoint.pt"  # in the run directory while the run is unfinished
 CODE_DIGEST = "code_digest"  # the checkpoint's record of the code that computed it (run.json's)
+AUTO_CHECKPOINT_RATIO = 10  # checkpoint_every auto: training time between writes >= 10 x a write [D]
+
+
+class CheckpointCadence:
+    """After which rounds a run writes its checkpoint (``train.checkpoint_every``): after
+    every ``every``-th round; or, with ``"auto"`` [D], after the run's first round and then
+    after each round that ends at least ``AUTO_CHECKPOINT_RATIO`` times the last write's
+    duration after that write ended. Each later write then takes at most 1 / (1 + ratio)
+    (about 9 %) of the time from the end of the one before to its own end, whatever a
+    checkpoint weighs (a model copy per client for SCAFFOLD, three for FedCurv:
+    ``benchmarks/checkpoint_cost.py``), and a kill loses at most ratio x the write time plus
+    one round; a cheap checkpoint is written every round. Never after the last round
+    (``rounds``): the run's outputs supersede it. The rounds written depend on wall time,
+    the results do not: a resume equals the uninterrupted run. ``written`` and ``write_s``
+    count this process's writes (run.json: checkpoints_written, checkpoint_write_s);
+    ``clock`` is for tests."""
+
+    def __init__(self, every: int | str, rounds: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.every, self.rounds, self.clock = every, rounds, clock
+        self.written, self.write_s = 0, 0.0
+        self.last_s = self.ended = 0.0  # the last write's duration and its end
+
+    def due(self, rnd: int) -> bool:
+        """Whether the checkpoint after round ``rnd`` is written."""
+        if not 0 < rnd < self.rounds:
+            return False
+        if self.every != "auto":
+            return rnd % self.every == 0
+        return not self.written or self.clock() - self.ended >= AUTO_CHECKPOINT_RATIO * self.last_s
+
+    def write(self, save: Callable[[], None]) -> None:
+        """Run ``save`` (the checkpoint's construction and write) and time it."""
+        t0 = self.clock()
+        save()
+        self.ended = self.clock()
+        self.last_s = self.ended - t0
+        self.written += 1
+        self.write_s += self.last_s
 
 
 def checkpoint_of(fed: FedState, config_hash: str, client_threads: int | None = None,

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .checkpoint import (
+    CheckpointCadence,
     check_client_engine,
     check_client_group,
     check_client_threads,
@@ -198,6 +199,7 @@ class Simulation:
             "concurrent_clients": len(self.trainer.lanes),  # clients trained, or replying, at once
         }  # fmt: skip
         self.snapshots: dict[int, dict[str, Any]] = {}
+        self.checkpoints = CheckpointCadence(cfg.train.checkpoint_every, cfg.train.rounds)  # when run writes them
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
         self.method.server_init(self.server)
 
@@ -276,8 +278,8 @@ class Simulation:
         """Run every round; return (status, metrics rows, message). status is "completed"
         or "diverged" (non-finite loss or weights; the rows so far are kept).
 
-        After every round r with r % train.checkpoint_every == 0 (and r < rounds),
-        ``on_checkpoint(checkpoint)`` receives everything needed to continue (the run's
+        After each round r that train.checkpoint_every picks (``CheckpointCadence``: every
+        n-th, or auto by the write's cost; never the last), ``on_checkpoint(checkpoint)`` receives everything needed to continue (the run's
         ``FedState``, ``fedforget.checkpoint.checkpoint_of``);
         ``run(resume=that checkpoint)`` continues from round r + 1 and gives the same rows
         and weights as an uninterrupted run. ``on_row`` is called after the checkpoint, so a
@@ -292,12 +294,14 @@ class Simulation:
         start = time.perf_counter()
 
         group = t.max_parallel_clients if self.trainer.name == "vectorized" else None  # its sums' order
+        cadence = self.checkpoints
 
         def emit(row: dict[str, Any]) -> None:
             fed.rows.append(row)
             fed.round = rnd = row["round"]
-            if on_checkpoint and 0 < rnd < t.rounds and rnd % t.checkpoint_every == 0:
-                on_checkpoint(checkpoint_of(fed, cfg.hash, self.trainer.client_threads(), self.trainer.name, group))
+            if on_checkpoint and cadence.due(rnd):
+                threads = self.trainer.client_threads()
+                cadence.write(lambda: on_checkpoint(checkpoint_of(fed, cfg.hash, threads, self.trainer.name, group)))
             if on_row:
                 on_row(row)
 

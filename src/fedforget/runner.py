@@ -300,6 +300,8 @@ def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool
             wall_time_s=time.perf_counter() - t0,
             finished_at=_now(),
         )
+        if sim is not None:
+            record.update(checkpoints_written=sim.checkpoints.written, checkpoint_write_s=sim.checkpoints.write_s)
         atomic_write_json(out / "run.json", record)
         if oom is not None:
             raise oom from None
@@ -319,6 +321,8 @@ def _run_training(cfg: RunConfig, out: Path, progress: bool | None, resume: bool
         best_global_model_test_acc=max(accs) if accs else None,
         wall_time_s=time.perf_counter() - t0,
         finished_at=_now(),
+        checkpoints_written=sim.checkpoints.written,  # by this process (train.checkpoint_every)
+        checkpoint_write_s=sim.checkpoints.write_s,
         **peak_memory(sim.device, sim.memory),
     )
     if sim.memory.enabled:  # train.phase_memory

@@ -60,7 +60,7 @@ class TrainSpec:
     eval_order: str = "stored"  # stored | shuffled: each task's test rows in evaluation batches (rundata.EVAL_ORDER_STREAM)
     diagnostics: tuple[str, ...] = ()  # extra per-round analyses, see metrics.DIAGNOSTICS
     save_client_models: tuple[int, ...] = ()  # rounds whose local models are saved (snapshots/)
-    checkpoint_every: int = 1  # rounds between checkpoints (resume point of an interrupted run)
+    checkpoint_every: int | str = "auto"  # n (rounds) | auto: when the run writes checkpoint.pt (checkpoint.CheckpointCadence)
     client_engine: str = "auto"  # auto | sequential | vectorized (fedforget.vectorized)
     max_parallel_clients: int = 128  # clients per batched group (memory bound)
     concurrent_clients: int = 1  # clients trained (sequential engine) or replying at once (LocalTrainer.at_once)
