@@ -249,16 +249,19 @@ BAD = [
     # integers beyond 64 bits passed a range without a maximum, then overflowed torch in the job
     ("param-beyond-64-bits", lambda d: ex(d)["methods"][0].update(name="der", params={"buffer_size": 2**64}),
      ["experiments[0].methods[0].params.buffer_size=18446744073709551616 (method 'der'): beyond a 64-bit integer",
-      "allowed: an integer >= -9223372036854775808 and <= 9223372036854775807"]),
+      "allowed: an integer >= 0 and <= 9223372036854775807"]),  # its own range within 64 bits
+    ("base-param-beyond-64-bits", lambda d: ex(d)["methods"][0].update(name="fedgp", params={"base": "der", "base_params": {"buffer_size": 2**64}}),
+     ["experiments[0].methods[0].params.base_params.buffer_size=18446744073709551616 (method 'fedgp'): beyond a 64-bit "
+      "integer; allowed: an integer >= 0 and <= 9223372036854775807"]),  # the base method's range
     ("pad-and-eval-every-beyond-64-bits", lambda d: (ex(d).update(train={"eval_every": 2**70}),
                                                      dset(d).update(augment={"kind": "crop_flip", "pad": -(2**63) - 1})),
      ["experiments[0].datasets[0].augment.pad=-9223372036854775809: beyond a 64-bit integer",
-      "experiments[0].train.eval_every=1180591620717411303424: beyond a 64-bit integer; allowed: an integer >= 1"]),
+      "experiments[0].train.eval_every=1180591620717411303424: beyond a 64-bit integer; allowed: an integer >= 1 and <= 9223372036854775807"]),
     # reals beyond float32 (the training arithmetic) passed a range without a maximum, then overflowed torch
     ("lr-and-mu-beyond-float32", lambda d: (ex(d).update(train={"optimizer": {"lr": 1e39}}),
                                             ex(d)["methods"].append({"name": "fedprox", "params": {"mu": -1e300}})),
-     ["experiments[0].methods[1].params.mu=-1e+300 (method 'fedprox'): beyond float32's range (+-3.403e+38); allowed: a finite number",
-      "experiments[0].train.optimizer.lr=1e+39: beyond float32's range (+-3.403e+38); allowed: a finite number > 0"]),
+     ["experiments[0].methods[1].params.mu=-1e+300 (method 'fedprox'): beyond float32's range (+-3.40282e+38); allowed: a finite number >= 0 and <= 3.40282e+38",
+      "experiments[0].train.optimizer.lr=1e+39: beyond float32's range (+-3.40282e+38); allowed: a finite number > 0 and <= 3.40282e+38"]),
     ("alpha-nan", lambda d: part(d).update(scheme="dirichlet", alpha=NAN),
      ["experiments[0].partitions[0].alpha=nan", "> 0"]),
     ("class-fraction-nan", lambda d: part(d).update(scheme="classes", clients=1, class_fractions=[[NAN, 1, 1]]),

@@ -33,7 +33,7 @@ from .data.scenario import check_rounds, has_task_aware_scores, resolve_scenario
 from .figures import check_figure
 from .inputs import check_augment, check_normalize
 from .methods import METHODS, make_params
-from .methods.params import recorded
+from .methods.params import param_schema, recorded
 from .models import check_model, eval_by_batch, parameter_count
 from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible, check_per_class_shards, check_scheme_keys
@@ -126,7 +126,7 @@ def _model(raw: Any) -> tuple[str, dict[str, Any]]:
 def parse_config(raw: dict[str, Any]) -> WorkflowConfig:
     """Validate a raw config dict (schema, registries, sizes) and build typed objects. Every
     problem is reported in one error naming the key, the bad value and what is allowed."""
-    check_numbers(raw)  # before the schema: its range checks pass NaN, and reals and integers beyond float32 and int64
+    check_numbers(raw, param_schema)  # before the schema: its range checks pass NaN, and reals and integers beyond float32 and int64
     validate_schema(raw)
     if raw.get("scale", "full") == "smoke":  # shrunk, then validated as any config
         # [D] the config as written first, at full scale: a config the smoke run accepts is

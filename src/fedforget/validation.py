@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -98,46 +99,85 @@ INT64 = (-(2**63), 2**63 - 1)  # the integers a config may hold
 FLOAT32_MAX = 3.4028234663852886e38  # the largest real a config may hold: training's float32 arithmetic
 
 
-def check_numbers(raw: Any) -> None:
+def check_numbers(raw: Any, param_schema: Callable[[str, str], dict[str, Any] | None] | None = None) -> None:
     """Refuse NaN and +-inf (YAML ``.nan``, ``.inf``, ``-.inf``), reals beyond float32's range
     (``FLOAT32_MAX``) and integers beyond 64 bits (``INT64``) anywhere in a raw config, in one
-    error naming every such key: range checks are false for NaN, so the schema would pass
-    them and every job would fail later; a real or an integer beyond those passed a range
-    without a maximum, then overflowed torch inside a job (size_probe.py: --value 2**64, 5
-    tracebacks; --numbers at 1e300, 13)."""
-    bad: list[tuple[list[str | int], float | int, str]] = []
+    error naming every such key and what it allows (its schema's range within those limits;
+    a method's hyperparameter's from ``param_schema(method, name)``, where the caller knows
+    the methods): range checks are false for NaN, so the schema would pass them and every
+    job would fail later; a real or an integer beyond those passed a range without a
+    maximum, then overflowed torch inside a job (size_probe.py: --value 2**64, 5 tracebacks;
+    --numbers at 1e300, 13)."""
+    bad: list[tuple[list[str | int], float | int, str, dict[str, Any] | None]] = []
 
-    def walk(v: Any, at: list[str | int], owner: str) -> None:
-        if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX):
-            bad.append((at, v, owner))
-        elif isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1]:
-            bad.append((at, v, owner))
+    def walk(v: Any, at: list[str | int], method: dict[str, Any] | None) -> None:
+        if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= FLOAT32_MAX) or (
+            isinstance(v, int) and not isinstance(v, bool) and not INT64[0] <= v <= INT64[1]
+        ):
+            s = _schema_at(at) if method is None else _param_schema(method, at, param_schema)
+            bad.append((at, v, f" (method '{method['name']}')" if method is not None else "", s))
         elif isinstance(v, dict):
             if len(at) > 1 and at[-2] == "methods" and isinstance(v.get("name"), str):
-                owner = f" (method '{v['name']}')"  # a hyperparameter's message names its method
+                method = v  # a hyperparameter's message names its method
             for k, x in v.items():
-                walk(x, [*at, str(k)], owner)
+                walk(x, [*at, str(k)], method)
         elif isinstance(v, (list, tuple)):
             for i, x in enumerate(v):
-                walk(x, [*at, i], owner)
+                walk(x, [*at, i], method)
 
-    walk(raw, [], "")
+    walk(raw, [], None)
     if bad:
-        lines = [f"{_path(at)}={v!r}{owner}: {_unrepresentable(v)}; allowed: {_allowed(_schema_at(at) or _bounds(v))}"
-                 for at, v, owner in bad]  # fmt: skip
+        lines = [f"{_path(at)}={v!r}{owner}: {_unrepresentable(v)}; allowed: {_allowed(_within(s, v))}"
+                 for at, v, owner, s in bad]  # fmt: skip
         raise FedForgetError("invalid config:\n  " + "\n  ".join(lines))
+
+
+FLOAT32_TEXT = f"{FLOAT32_MAX:.6g}"  # 3.40282e+38, itself within float32
+
+
+def _param_schema(
+    method: dict[str, Any], at: list[str | int], param_schema: Callable[[str, str], dict[str, Any] | None] | None
+) -> dict[str, Any] | None:
+    """The schema of the value at ``at`` inside ``method`` (a config's ``{name, params}``), as
+    ``param_schema(method, name)`` knows it: a hyperparameter, or one of the base method's
+    (``params: {base: der, base_params: {...}}``: FedGP, FedSOL); None elsewhere."""
+    inner = at[at.index("methods") + 2 :] if "methods" in at else []
+    params = method.get("params")
+    if param_schema is None or not isinstance(params, dict):
+        return None
+    if len(inner) == 2 and inner[0] == "params":
+        return param_schema(method["name"], str(inner[1]))
+    if len(inner) == 3 and inner[:2] == ["params", "base_params"] and isinstance(params.get("base"), str):
+        return param_schema(params["base"], str(inner[2]))
+    return None
 
 
 def _unrepresentable(v: float | int) -> str:
     """Why ``check_numbers`` refuses ``v``."""
     if isinstance(v, int):
         return "beyond a 64-bit integer"
-    return "not a finite number" if not math.isfinite(v) else f"beyond float32's range (+-{FLOAT32_MAX:.4g})"
+    return "not a finite number" if not math.isfinite(v) else f"beyond float32's range (+-{FLOAT32_TEXT})"
 
 
-def _bounds(v: float | int) -> dict[str, Any] | None:
-    """What a key without a schema of its own (a method's hyperparameter) may hold at most."""
-    return {"type": "integer", "minimum": INT64[0], "maximum": INT64[1]} if isinstance(v, int) else None
+def _within(s: dict[str, Any] | None, v: float | int) -> dict[str, Any]:
+    """The range a key's schema ``s`` (None: a key without one) allows within what a config
+    may hold at all, as ``_allowed`` words it: an integer's bounds capped to 64 bits, a
+    real's open ends closed at +-float32's largest."""
+    s = {**(_resolve(s) if s else {})}
+    if isinstance(v, int) or s.get("type") == "integer":
+        s.setdefault("type", "integer")
+        for low, bound, limit, above in (("minimum", "exclusiveMinimum", INT64[0], False),
+                                         ("maximum", "exclusiveMaximum", INT64[1], True)):  # fmt: skip
+            have = s.get(low, s.get(bound))
+            if have is None or (have > limit if above else have < limit):
+                s.pop(bound, None)
+                s[low] = limit
+        return s
+    if "minimum" not in s and "exclusiveMinimum" not in s:
+        s["minimum"] = "-" + FLOAT32_TEXT
+    if "maximum" not in s and "exclusiveMaximum" not in s:
+        s["maximum"] = FLOAT32_TEXT
+    return s
 
 
 def _form(s: dict[str, Any]) -> str:

@@ -189,6 +189,15 @@ def validate_params(method: str, params_cls: type, raw: dict[str, Any], key: str
     return p
 
 
+def param_schema(method: str, name: str) -> dict[str, Any] | None:
+    """The schema fragment of registered method ``method``'s hyperparameter ``name``, or
+    None where there is no such method or hyperparameter (``validation.check_numbers``
+    words its range from it)."""
+    if method not in METHODS.names():
+        return None
+    return next((f.metadata.get(SCHEMA) for f in dataclasses.fields(METHODS.get(method).Params) if f.name == name), None)
+
+
 def make_params(name: str, params: dict[str, Any], key: str = "params") -> Any:
     """Registered method ``name``'s ``Params`` from a config's mapping (``validate_params``)."""
     return validate_params(name, METHODS.get(name).Params, params, key)
