@@ -12,6 +12,7 @@ from fedforget.cli import main
 from fedforget.data import DATASETS
 from fedforget.methods import METHODS
 from fedforget.models import MODELS
+from fedforget.utils import byte_size
 
 
 def test_version(capsys):
@@ -55,6 +56,29 @@ def test_validate_shipped_config(capsys, repo_root):
                                      "  mnist1d: 4,000 train / 1,000 test rows of [1, 40] float32, 820.3 KiB prepared"]  # fmt: skip
     assert models.splitlines() == ["  cnn2d on digits [1, 8, 8], 10 classes: 151,306 parameters (591.0 KiB in float32)",
                                    "  cnn1d on mnist1d [1, 40], 10 classes: 106,186 parameters (414.8 KiB in float32)"]  # fmt: skip
+
+
+def test_validate_lists_the_model_copies_clients_keep(capsys, tmp_path, repo_root):
+    """SCAFFOLD keeps a copy of the model per client, FedCurv three, FedGP over FedCurv its
+    base's: validate prints what they take in host memory once every client has trained, per
+    job (the config's FedAvg and FedProx keep none and are not listed)."""
+    cfg = yaml.safe_load((repo_root / "config/config.yaml").read_text())
+    cfg["experiments"] = cfg["experiments"][:1]
+    cfg["experiments"][0]["methods"] = [{"name": "fedavg"}, {"name": "scaffold"}, {"name": "fedcurv"},
+                                        {"name": "fedgp", "params": {"base": "fedcurv"}}]  # fmt: skip
+    path = tmp_path / "kept.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    kept = out.split("clients' kept model copies, in host memory per job (jobs packed in a submission share its mem_mb):\n")[1]
+    e = cfg["experiments"][0]
+    clients = {p["clients"] for p in e["partitions"]}
+    lines = kept.splitlines()
+    assert len(lines) == 3 * len(clients) * len(e["datasets"]), lines
+    n = 151_306  # cnn2d on digits, as listed above
+    assert f"  scaffold on cnn2d (digits [1, 8, 8]), {min(clients)} clients: 1 copy of the model per client, " \
+           f"{byte_size(4 * n * min(clients))} once all have trained" in lines  # fmt: skip
+    assert any(line.startswith("  fedgp on cnn2d") and "3 copies" in line for line in lines)
 
 
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1,023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),

@@ -534,6 +534,37 @@ def test_a_model_that_cannot_fit_is_refused_before_the_data_load(tmp_path, make_
             engine.check_model_fits(small, torch.device(dev))
 
 
+def test_clients_whose_kept_model_copies_cannot_fit_are_refused_before_round_1(make_run_config, monkeypatch) -> None:
+    """FedCurv keeps 3 float32 copies of the model per client, SCAFFOLD 1, and FedGP over
+    FedCurv its base's: a run whose training clients' copies and the weights' own (3 on a CPU)
+    cannot fit in host memory is refused before round 1, naming the method, the copies, the
+    clients and both sizes; one byte more and it trains. Only clients that train count: with
+    half the clients sampled in one round, half of them."""
+    import fedforget.engine as engine
+    from fedforget.methods import METHODS, make_params
+
+    assert [METHODS.get(m).client_copies() for m in ("fedavg", "scaffold", "feddyn", "moon", "fedcurv")] == [0, 1, 1, 1, 3]
+    over = make_params("fedgp", {"base": "fedcurv"})
+    assert METHODS.get("fedgp").client_copies(over) == 3
+    limit: list = [None]
+    monkeypatch.setattr(engine, "memory_limit", lambda d: limit[0] if d.type == "cpu" else None)
+    for method, copies, params, rounds, rate, trained in [("fedcurv", 3, None, 2, 1.0, 4), ("scaffold", 1, None, 2, 1.0, 4),
+                                                          ("fedcurv", 3, None, 1, 0.5, 2),
+                                                          ("fedgp", 3, {"base": "fedcurv"}, 2, 1.0, 4)]:  # fmt: skip
+        rc = make_run_config(method=method, params=params, rounds=rounds, sample_rate=rate)
+        sim = engine.Simulation(rc, device=torch.device("cpu"))  # no limit known: nothing refused
+        n = sum(p.numel() for p in sim.model.parameters() if p.requires_grad)
+        need = 4 * n * (3 + copies * trained)
+        limit[0] = (need - 1, "cpu-memory")
+        what = f"keeps {copies} cop{'ies' if copies > 1 else 'y'} of the model's {n:,} trained parameters"
+        with pytest.raises(FedForgetError, match=rf"method '{method}' {what} .* the {trained} clients that train in this run "
+                                                 rf"\(of partition.clients 4, .* more than cpu-memory"):  # fmt: skip
+            engine.Simulation(rc, device=torch.device("cpu"))
+        limit[0] = (need, "cpu-memory")
+        assert engine.Simulation(rc, device=torch.device("cpu")).run(progress=False)[0] == "completed"
+        limit[0] = None
+
+
 def test_the_host_memory_limit_reads_the_machine_and_its_control_group(tmp_path, monkeypatch) -> None:
     """The machine's memory and swap, or its control group's limit where smaller: cgroup v2
     (a parent's memory.max counts, "max" is none) and v1 (its ~2**63 is none); None where

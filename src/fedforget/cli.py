@@ -45,7 +45,7 @@ def cmd_reference(args) -> None:
 
 
 def cmd_validate(args) -> None:
-    from .parse import dataset_sizes, load_config, model_sizes
+    from .parse import client_state_sizes, dataset_sizes, load_config, model_sizes
     from .pipeline import describe
 
     wf = load_config(args.config)
@@ -55,6 +55,10 @@ def cmd_validate(args) -> None:
     print("\n".join(dataset_sizes(wf)))
     print("models (parameters counted without building them):")
     print("\n".join(model_sizes(wf)))
+    kept = client_state_sizes(wf)
+    if kept:
+        print("clients' kept model copies, in host memory per job (jobs packed in a submission share its mem_mb):")
+        print("\n".join(kept))
 
 
 def cmd_prepare(args) -> None:

@@ -109,6 +109,7 @@ def resolve_device(name: str) -> torch.device:
 # a run holds at least this many float32 copies of the model's weights on its device: the
 # clients' model, the server's, and the global weights (FedState)
 WEIGHT_COPIES = 3
+CLIENT_STATE_ROUNDS = 10_000  # the rounds whose training clients check_client_state_fits counts at most
 
 
 def check_model_fits(cfg: RunConfig, device: torch.device) -> None:
@@ -198,6 +199,7 @@ class Simulation:
             "client_engine": trainer_cls.name, "client_engine_reason": why,
             "concurrent_clients": len(self.trainer.lanes),  # clients trained, or replying, at once
         }  # fmt: skip
+        self.check_client_state_fits()
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.checkpoints = CheckpointCadence(cfg.train.checkpoint_every, cfg.train.rounds)  # when run writes them
         self.on_snapshot: Callable[[int, dict[str, Any]], None] | None = None
@@ -259,6 +261,42 @@ class Simulation:
         weights (it may read the global model and replace the global weights)."""
         self.model_with(self.global_params)
         self.method.server_collect(exchange, self.server, replies)
+
+    def check_client_state_fits(self) -> None:
+        """[D] Refuse, before round 1, a run whose clients' kept copies of the model cannot
+        fit in host memory (``FedAvg.client_model_copies``: SCAFFOLD's c_i, FedCurv's three,
+        ...; a client's state waits there between its rounds on a GPU too), against the
+        host's memory or its control group's limit (``memory_limit``). Counted: float32
+        copies of the model's trained parameters for each client that trains in the first
+        ``CLIENT_STATE_ROUNDS`` rounds (sampled, with a minibatch in its round's data), beside
+        the weights' own (``check_model_fits``): a lower bound, so only a certain failure is
+        refused. Such a run otherwise failed once enough clients had trained, after hours, or
+        was killed without a word at a SLURM job's memory limit."""
+        copies = type(self.method).client_copies(self.method.p)
+        limit = memory_limit(torch.device("cpu"))
+        if not copies or limit is None:
+            return
+        t, cfg = self.cfg.train, self.cfg
+        sees_all = type(self.method).trait("sees_all_tasks", self.method.p)
+        trained: set[int] = set()
+        for rnd in range(1, min(t.rounds, CLIENT_STATE_ROUNDS) + 1):
+            for c in sample_clients(cfg.seed, rnd, cfg.partition.clients, t.sample_rate):
+                if c not in trained and t.epoch_rows(len(self.clients.view(c, rnd, sees_all))):
+                    trained.add(c)
+            if len(trained) == cfg.partition.clients:
+                break
+        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        own = WEIGHT_COPIES if self.device.type == "cpu" else 1  # the weights' copies in host memory
+        need = 4 * n * (own + copies * len(trained))
+        if need > limit[0]:
+            raise FedForgetError(
+                f"method '{cfg.method.label}' keeps {copies} cop{'ies' if copies > 1 else 'y'} of the model's "
+                f"{n:,} trained parameters ({byte_size(4 * n)} in float32) per client in host memory; the "
+                f"{len(trained):,} clients that train in this run (of partition.clients {cfg.partition.clients:,}, "
+                f"train.sample_rate {t.sample_rate}, train.rounds {t.rounds:,}) hold {byte_size(need)} with the "
+                f"weights, more than {limit[1]} ({byte_size(limit[0])}): fewer clients, a smaller model, or more "
+                "memory (a SLURM submission's mem_mb, shared by its packed jobs)"
+            )
 
     def server_hook(self, hook: Callable[..., None], *args: Any) -> None:
         """A server hook that may read the global model and replace the global weights:

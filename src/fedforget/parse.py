@@ -399,6 +399,38 @@ def dataset_sizes(wf: WorkflowConfig) -> list[str]:
     return list(seen.values())
 
 
+def client_state(wf: WorkflowConfig) -> list[dict[str, Any]]:
+    """One row per distinct (method, model, dataset, clients) of the config's runs whose
+    method keeps copies of the model per client (``FedAvg.client_model_copies``): the
+    copies, the model's parameters (``parameter_count``; None where only its hub config
+    knows) and the host memory the copies take once every client has trained (float32
+    bytes). A job refuses, before round 1, a run whose training clients' copies cannot fit
+    its host (``Simulation.check_client_state_fits``); jobs packed in one submission share
+    its memory."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for rc in wf.runs():
+        m, d, k = rc.method, rc.dataset, rc.partition.clients
+        copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
+        key = (m.label, d.label, d.model, repr(sorted(d.model_options.items())), k)
+        if not copies or key in rows:
+            continue
+        n = parameter_count(d.model, d.input_shape, d.num_classes, d.model_options)
+        rows[key] = {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
+                     "clients": k, "copies": copies, "parameters": n,
+                     "bytes": None if n is None else 4 * n * copies * k}  # fmt: skip
+    return list(rows.values())
+
+
+def client_state_sizes(wf: WorkflowConfig) -> list[str]:
+    """``client_state`` as ``fedforget validate`` prints it, a line per row."""
+    return [
+        f"  {r['method']} on {r['model']} ({r['dataset']} {r['input_shape']}), {r['clients']:,} clients: {r['copies']} "
+        f"cop{'ies' if r['copies'] > 1 else 'y'} of the model per client, "
+        f"{'the model size times that' if r['bytes'] is None else byte_size(r['bytes'])} once all have trained"
+        for r in client_state(wf)
+    ]
+
+
 def model_sizes(wf: WorkflowConfig) -> list[str]:
     """One line per distinct model of the config (name, options, the dataset's input shape
     and classes) with its parameters, counted without building it (``parameter_count``;

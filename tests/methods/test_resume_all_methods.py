@@ -34,6 +34,30 @@ def _roundtrip(ckpt):
     return torch.load(buf, weights_only=False)
 
 
+def _model_copies(sim, state) -> float:
+    """Copies of the model in a client's ``state``: its tensors shaped as one of the model's
+    tensors or as all of them flattened, each storage once, over the model's size."""
+    model = sim.global_params.values()
+    shapes, numel = {tuple(v.shape) for v in model}, sum(v.numel() for v in model)
+    seen, held = set(), 0
+
+    def walk(x):
+        nonlocal held
+        if isinstance(x, torch.Tensor):
+            if x.untyped_storage().data_ptr() not in seen and (tuple(x.shape) in shapes or x.numel() == numel):
+                seen.add(x.untyped_storage().data_ptr())
+                held += x.numel()
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(state)
+    return held / numel
+
+
 def _cfg(public_run_cfg, method):
     # half the clients per round: client state must survive rounds in which it is not sampled
     return public_run_cfg(method, QUICK_PARAMS.get(method), rounds=4, sample_rate=0.5, local_epochs=1)
@@ -45,6 +69,11 @@ def test_resume_equals_uninterrupted(public_run_cfg, method):
     full = Simulation(rc, device=CPU)
     status, rows_full, msg = full.run(progress=False)
     assert status == "completed", msg
+    # the model copies each client keeps are those the method declares (the engine's memory
+    # check counts them: FedAvg.client_model_copies)
+    declared = type(full.method).client_copies(full.method.p)
+    kept = [_model_copies(full, s) for s in full.fed.clients.values() if s]
+    assert all(abs(k - declared) < 0.25 for k in kept), (method, declared, kept)  # a bias-shaped count is no copy
 
     saved = []
 

@@ -724,6 +724,12 @@ class FedAvg:
     shared_projection: bool = False  # its step terms are one map of the step's gradient, fixed
     #   by the round's broadcast, the same for every client (FedProTIP's projection): the
     #   engine's projection_geometry diagnostic applies it to whole-task gradients
+    # float32 copies of the model each client keeps in its state across rounds (SCAFFOLD's c_i,
+    # FedDyn's h_i, MOON's previous model, FedCurv's u, v and last weights), in host memory for
+    # every client that has trained: the engine refuses before round 1 a run whose clients'
+    # copies cannot fit there (``Simulation.check_client_state_fits``); a plug-in keeps its
+    # base's (``client_copies``); tests/methods/test_resume_all_methods.py measures them
+    client_model_copies: int = 0
     stacks_with_base: bool = False  # a plug-in (``plugin.OverBase``) whose own change is in its
     #   ``client_step_terms``, over its base's: it trains stacked wherever its base does (FedGP)
     # the classes the task loss scores for a row of each label, bool [C, C] (row = label),
@@ -755,6 +761,12 @@ class FedAvg:
         model): ``model`` is a dataset's model name, ``options`` its options (SCR's image
         augmentation needs models of images; L2P's frozen ViT refuses ``freeze_stages``).
         Called at config validation for every dataset of the experiment, before any job."""
+
+    @classmethod
+    def client_copies(cls, params: Any = None) -> int:
+        """``client_model_copies`` of the method configured with ``params`` (a plug-in:
+        its base's and its own)."""
+        return cls.client_model_copies
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:

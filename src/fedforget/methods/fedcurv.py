@@ -125,6 +125,7 @@ class FedCurv(FedAvg):
     name = "fedcurv"
     step_terms = True
     own_upload = True
+    client_model_copies = 3  # its last upload's u, v and c (OWN)
 
     @dataclass(frozen=True)
     class Params:

@@ -61,6 +61,7 @@ class FedDyn(FedAvg):
     name = "feddyn"
     step_terms = True
     own_upload = True
+    client_model_copies = 1  # h_i
 
     @dataclass(frozen=True)
     class Params:

@@ -120,6 +120,7 @@ class MOON(FedAvg):
 
     name = "moon"
     own_upload = True
+    client_model_copies = 1  # its previous local model
     live_terms = True  # l_con of the step's own features (client_live_terms)
     Params = MOONParams
 

@@ -80,6 +80,13 @@ class OverBase(FedAvg):
         return {f"{self.base.name}_{k}": v for k, v in self.base.server_metrics(server, uploads).items()}
 
     @classmethod
+    def client_copies(cls, params: Any = None) -> int:
+        """The plug-in's own copies and its base's (FedGP over FedCurv keeps FedCurv's)."""
+        if params is None:
+            return cls.client_model_copies
+        return cls.client_model_copies + METHODS.get(params.base).client_copies(make_params(params.base, dict(params.base_params)))
+
+    @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:
         """The plug-in's own trait or its base's: FedGP over joint trains on every task's
         data, over a method that needs a public set it needs one. ``stacked``: the base's, for

@@ -78,6 +78,7 @@ class Scaffold(FedAvg):
     name = "scaffold"
     step_terms = True
     own_upload = True
+    client_model_copies = 1  # c_i
 
     @dataclass(frozen=True)
     class Params:

@@ -1,0 +1,50 @@
+"""Host memory of the per-client model copies each paper config's jobs keep, per job.
+
+SCAFFOLD, FedDyn and MOON keep one copy of the model per client, FedCurv three, a FedGP or
+FedSOL over them its base's (``FedAvg.client_model_copies``, measured against the state by
+tests/methods/test_resume_all_methods.py). A client's copies stay in host memory between its
+rounds, also on a GPU, so once every client has trained a job holds clients x copies x the
+model's float32 parameters (``fedforget.parse.client_state``, what ``fedforget validate``
+prints). This script counts them for every config under ``--configs`` (default the paper
+configs) and writes, per config, each row and the largest: jobs packed in one SLURM
+submission share its ``mem_mb`` (profiles/slurm: 16,000 MB for 4 jobs). Counted, not
+measured: no job runs.
+
+    python benchmarks/client_state_memory.py --json benchmarks/results/cpu-DATE/client_state_memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from fedforget.parse import client_state, load_config
+from fedforget.utils import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--configs", nargs="+", default=sorted(str(f) for f in (ROOT / "config/experiments/paper").glob("*.yaml")))
+    p.add_argument("--json", help="also write the numbers here")
+    a = p.parse_args()
+    out: dict[str, Any] = {}
+    for f in a.configs:
+        rows = client_state(load_config(f))
+        if not rows:
+            continue
+        largest = max(rows, key=lambda r: r["bytes"] or 0)
+        out[Path(f).stem] = {"rows": rows, "largest_gib": (largest["bytes"] or 0) / 2**30, "largest": largest}
+    for name, c in out.items():
+        r = c["largest"]
+        print(f"{name:<28} {c['largest_gib']:6.2f} GiB  {r['method']} on {r['model']} ({r['dataset']}), "
+              f"{r['clients']} clients x {r['copies']}")  # fmt: skip
+    if a.json:
+        atomic_write_json(a.json, {"what": "float32 bytes of per-client model copies once every client has trained, per job",
+                                   "configs": out})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
