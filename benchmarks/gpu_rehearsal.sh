@@ -85,4 +85,8 @@ fi
 # what failed: a command's non-zero exit, an engine mode's error, a Python traceback
 grep -h -E "done \(rc [^0]|  error: |^Traceback|Error:|^FAILED " "$out/log.txt" "$out"/*.txt 2>/dev/null | grep -v gpuGetDeviceCount \
     | sort | uniq -c | tee "$out/failures.txt"
-echo "gpu_rehearsal: $(grep -c '' "$out/calls.txt") commands; failures above (also $out/failures.txt)"
+if [ -s "$out/failures.txt" ]; then
+    echo "gpu_rehearsal: $(grep -c '' "$out/calls.txt") commands; failures above (also $out/failures.txt)"
+else
+    echo "gpu_rehearsal: $(grep -c '' "$out/calls.txt") commands; no failure"
+fi
