@@ -250,6 +250,9 @@ BAD = [
     ("param-beyond-64-bits", lambda d: ex(d)["methods"][0].update(name="der", params={"buffer_size": 2**64}),
      ["experiments[0].methods[0].params.buffer_size=18446744073709551616 (method 'der'): beyond a 64-bit integer",
       "allowed: an integer >= 0 and <= 9223372036854775807"]),  # its own range within 64 bits
+    ("checkpoint-every-beyond-64-bits", lambda d: ex(d).update(train={"checkpoint_every": 2**64}),  # a oneOf's integer form
+     ["experiments[0].train.checkpoint_every=18446744073709551616: beyond a 64-bit integer; allowed: an integer >= 1 and "
+      "<= 9223372036854775807"]),
     ("base-param-beyond-64-bits", lambda d: ex(d)["methods"][0].update(name="fedgp", params={"base": "der", "base_params": {"buffer_size": 2**64}}),
      ["experiments[0].methods[0].params.base_params.buffer_size=18446744073709551616 (method 'fedgp'): beyond a 64-bit "
       "integer; allowed: an integer >= 0 and <= 9223372036854775807"]),  # the base method's range

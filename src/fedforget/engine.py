@@ -317,8 +317,9 @@ class Simulation:
         or "diverged" (non-finite loss or weights; the rows so far are kept).
 
         After each round r that train.checkpoint_every picks (``CheckpointCadence``: every
-        n-th, or auto by the write's cost; never the last), ``on_checkpoint(checkpoint)`` receives everything needed to continue (the run's
-        ``FedState``, ``fedforget.checkpoint.checkpoint_of``);
+        n-th, or auto by the write's cost; never the last), ``on_checkpoint(checkpoint)``
+        receives everything needed to continue (the run's ``FedState``,
+        ``fedforget.checkpoint.checkpoint_of``);
         ``run(resume=that checkpoint)`` continues from round r + 1 and gives the same rows
         and weights as an uninterrupted run. ``on_row`` is called after the checkpoint, so a
         crash inside it loses nothing.

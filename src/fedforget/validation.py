@@ -162,8 +162,13 @@ def _unrepresentable(v: float | int) -> str:
 def _within(s: dict[str, Any] | None, v: float | int) -> dict[str, Any]:
     """The range a key's schema ``s`` (None: a key without one) allows within what a config
     may hold at all, as ``_allowed`` words it: an integer's bounds capped to 64 bits, a
-    real's open ends closed at +-float32's largest."""
-    s = {**(_resolve(s) if s else {})}
+    real's open ends closed at +-float32's largest; of a oneOf/anyOf, its numeric form (an
+    integer's first for an integer)."""
+    s = _resolve(s) if s else {}
+    alts = [_resolve(a) for a in s.get("oneOf", []) + s.get("anyOf", [])]
+    order = ("integer", "number") if isinstance(v, int) else ("number", "integer")
+    numeric = sorted((a for a in alts if a.get("type") in order), key=lambda a: order.index(a["type"]))
+    s = {**(numeric[0] if numeric else s)}
     if isinstance(v, int) or s.get("type") == "integer":
         s.setdefault("type", "integer")
         for low, bound, limit, above in (("minimum", "exclusiveMinimum", INT64[0], False),
