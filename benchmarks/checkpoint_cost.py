@@ -1,12 +1,13 @@
 """What a checkpoint holds per method, and what writing it costs, projected to a paper setting.
 
 A training job writes a checkpoint (the run's ``FedState``) when ``train.checkpoint_every``
-says (default auto: ``benchmarks/checkpoint_cadence.py``). Its size is the global model, the server's state and every client's
-state kept across rounds (SCAFFOLD's control variates, replay buffers, ...). This script
+says (default auto: ``benchmarks/checkpoint_cadence.py``). Its size is the global model, the
+server's state and every client's state kept across rounds (SCAFFOLD's control variates, replay buffers, ...). This script
 runs every registered method (default hyperparameters) on digits + cnn2d, iid over
 ``--clients`` clients, every client sampled every round (so each keeps its state), for
 ``--rounds`` rounds, with a held-out public set (methods that need one run too). Methods
-defined on one model alone (L2P's ViT) are skipped. Then it measures the state:
+defined on one model alone (L2P's ViT) are skipped. Then it measures the state
+(``fedforget.state.model_copies``):
 
 - ``model_copies_server``: the server state's tensors shaped as a model parameter (or as
   all of them flattened), in copies of the model (they grow with the model);
@@ -41,37 +42,10 @@ from fedforget.data import prepare_dataset, prepare_public
 from fedforget.engine import Simulation
 from fedforget.methods import METHODS
 from fedforget.partition import PartitionSpec
+from fedforget.state import model_copies
 from fedforget.utils import atomic_torch_save, atomic_write_json
 
 RESNET18_CIFAR = 11_173_962  # parameters (models.parameter_count of resnet18 on 3x32x32, 10 classes)
-
-
-def tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside ``obj`` (dicts, lists, tuples, objects' ``__dict__``)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in tensors(v)]
-    return []
-
-
-def split_bytes(obj: Any, shapes: set[tuple[int, ...]], numel: int) -> tuple[int, int]:
-    """(bytes in tensors shaped as a model parameter or as all of them flattened, ``numel``
-    elements; other bytes) of ``obj``, each storage counted once."""
-    seen: set[tuple[int, str]] = set()
-    model = other = 0
-    for t in tensors(obj):
-        key = (t.untyped_storage().data_ptr(), str(t.device))
-        if key in seen or t.numel() == 0:
-            continue
-        seen.add(key)
-        if tuple(t.shape) in shapes or t.numel() == numel:
-            model += t.nbytes
-        else:
-            other += t.nbytes
-    return model, other
 
 
 def write_rate(directory: str, mb: int, repeats: int) -> float:
@@ -119,16 +93,13 @@ def main() -> None:
                            train, tmp, tmp)  # fmt: skip
             sim = Simulation(rc)
             status, _, msg = sim.run(progress=False)
-            shapes = {tuple(v.shape) for v in sim.global_params.values()}
-            model = sum(v.nbytes for v in sim.global_params.values())
-            numel = sum(v.numel() for v in sim.global_params.values())
-            server, _ = split_bytes(sim.fed.server, shapes, numel)
-            clients = [split_bytes(s, shapes, numel) for s in sim.fed.clients.values()]
-            per_client = statistics.fmean(m for m, _ in clients) / model if clients else 0.0
-            copies = 1 + server / model + a.project_clients * per_client
+            server, _ = model_copies(sim.fed.server, sim.global_params)
+            clients = [model_copies(s, sim.global_params) for s in sim.fed.clients.values()]
+            per_client = statistics.fmean(m for m, _ in clients) if clients else 0.0
+            copies = 1 + server + a.project_clients * per_client
             rows[name] = {
                 "status": status, "message": msg,
-                "model_copies_server": server / model,
+                "model_copies_server": server,
                 "model_copies_per_client": per_client,
                 "other_mb_per_client": statistics.fmean(o for _, o in clients) / 2**20 if clients else 0.0,
                 "projected_checkpoint_mb": copies * model_mb,

@@ -118,22 +118,6 @@ def test_size_probe_covers_every_unbounded_integer_and_names_a_crash_site():
     assert "fedprox.mu" not in names and len(names) > 60
 
 
-def test_checkpoint_cost_counts_model_shaped_state_once():
-    """benchmarks/checkpoint_cost.py's split: tensors shaped as a parameter or as all of them
-    flattened are model copies, each storage counted once (a view of one is not another
-    copy); anything else (a replay buffer) is other bytes."""
-    import torch
-
-    from .conftest import benchmark_script
-
-    with benchmark_script("checkpoint_cost") as cost:
-        w, b = torch.zeros(3, 4), torch.zeros(4)  # a model of 16 parameters
-        flat = torch.zeros(16)
-        state = {"c": {"w": w, "b": b}, "again": [w, flat, flat[:16]], "buffer": torch.zeros(5, 2, dtype=torch.float64)}
-        assert cost.split_bytes(state, {(3, 4), (4,)}, 16) == (2 * 16 * 4, 5 * 2 * 8)
-        assert cost.split_bytes({}, {(4,)}, 4) == (0, 0)
-
-
 def test_checkpoint_cadence_runs_each_cadence_to_the_same_results(tmp_path):
     """benchmarks/checkpoint_cadence.py at a tiny size: no checkpoint, one after every round
     but the last, and auto (at least the first round's); the script itself stops when a

@@ -45,6 +45,40 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def model_copies(obj: Any, params: Params) -> tuple[float, int]:
+    """How many copies of the model ``params`` (a state dict) ``obj`` holds: the bytes of its
+    tensors (inside dicts, lists and tuples) shaped as one of ``params``' tensors or as all of
+    them flattened, each storage counted once (a view of one is not another copy), over
+    ``params``' bytes; and its other tensors' bytes (replay buffers, bases, ...). What a
+    method's ``client_model_copies`` declares (tests/methods/test_resume_all_methods.py) and
+    ``benchmarks/checkpoint_cost.py`` projects to a paper setting."""
+    shapes = {tuple(v.shape) for v in params.values()}
+    numel = sum(v.numel() for v in params.values())
+    seen: set[tuple[int, str]] = set()
+    model = other = 0
+
+    def walk(x: Any) -> None:
+        nonlocal model, other
+        if isinstance(x, torch.Tensor):
+            key = (x.untyped_storage().data_ptr(), str(x.device))
+            if key in seen or x.numel() == 0:
+                return
+            seen.add(key)
+            if tuple(x.shape) in shapes or x.numel() == numel:
+                model += x.nbytes
+            else:
+                other += x.nbytes
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(obj)
+    return model / sum(v.nbytes for v in params.values()), other
+
+
 class OnFed:
     """An attribute of an object with a ``fed`` (a ``FedState``) that is that state's field
     ``name``: read and written there, its one home (``ServerContext.state`` is

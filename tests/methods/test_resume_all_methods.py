@@ -12,6 +12,7 @@ import torch
 
 from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.methods import METHODS
+from fedforget.state import model_copies
 
 from .conftest import QUICK_PARAMS
 
@@ -34,30 +35,6 @@ def _roundtrip(ckpt):
     return torch.load(buf, weights_only=False)
 
 
-def _model_copies(sim, state) -> float:
-    """Copies of the model in a client's ``state``: its tensors shaped as one of the model's
-    tensors or as all of them flattened, each storage once, over the model's size."""
-    model = sim.global_params.values()
-    shapes, numel = {tuple(v.shape) for v in model}, sum(v.numel() for v in model)
-    seen, held = set(), 0
-
-    def walk(x):
-        nonlocal held
-        if isinstance(x, torch.Tensor):
-            if x.untyped_storage().data_ptr() not in seen and (tuple(x.shape) in shapes or x.numel() == numel):
-                seen.add(x.untyped_storage().data_ptr())
-                held += x.numel()
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-
-    walk(state)
-    return held / numel
-
-
 def _cfg(public_run_cfg, method):
     # half the clients per round: client state must survive rounds in which it is not sampled
     return public_run_cfg(method, QUICK_PARAMS.get(method), rounds=4, sample_rate=0.5, local_epochs=1)
@@ -72,7 +49,7 @@ def test_resume_equals_uninterrupted(public_run_cfg, method):
     # the model copies each client keeps are those the method declares (the engine's memory
     # check counts them: FedAvg.client_model_copies)
     declared = type(full.method).client_copies(full.method.p)
-    kept = [_model_copies(full, s) for s in full.fed.clients.values() if s]
+    kept = [model_copies(s, full.global_params)[0] for s in full.fed.clients.values() if s]
     assert all(abs(k - declared) < 0.25 for k in kept), (method, declared, kept)  # a bias-shaped count is no copy
 
     saved = []
@@ -94,6 +71,17 @@ def test_resume_equals_uninterrupted(public_run_cfg, method):
     assert _strip(rows_resumed) == _strip(rows_full)
     for k, v in full.global_params.items():
         assert torch.equal(v, second.global_params[k]), k
+
+
+def test_model_copies_counts_model_shaped_state_once():
+    """The count above: tensors shaped as a parameter or as all of them flattened are model
+    copies, each storage counted once (a view of one is not another copy); anything else (a
+    replay buffer) is other bytes."""
+    w, b = torch.zeros(3, 4), torch.zeros(4)  # a model of 16 parameters
+    flat = torch.zeros(16)
+    state = {"c": {"w": w, "b": b}, "again": [w, flat, flat[:16]], "buffer": torch.zeros(5, 2, dtype=torch.float64)}
+    assert model_copies(state, {"w": w, "b": b}) == ((2 * 16 * 4) / (16 * 4), 5 * 2 * 8)
+    assert model_copies({}, {"b": b}) == (0.0, 0)
 
 
 def test_resume_without_client_state_differs(public_run_cfg):
