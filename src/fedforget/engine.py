@@ -277,6 +277,10 @@ class Simulation:
         if not copies or limit is None:
             return
         t, cfg = self.cfg.train, self.cfg
+        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        own = WEIGHT_COPIES if self.device.type == "cpu" else 1  # the weights' copies in host memory
+        if 4 * n * (own + copies * cfg.partition.clients) <= limit[0]:
+            return  # every client's copies fit: no need to find which train
         sees_all = type(self.method).trait("sees_all_tasks", self.method.p)
         trained: set[int] = set()
         for rnd in range(1, min(t.rounds, CLIENT_STATE_ROUNDS) + 1):
@@ -285,8 +289,6 @@ class Simulation:
                     trained.add(c)
             if len(trained) == cfg.partition.clients:
                 break
-        n = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        own = WEIGHT_COPIES if self.device.type == "cpu" else 1  # the weights' copies in host memory
         need = 4 * n * (own + copies * len(trained))
         if need > limit[0]:
             raise FedForgetError(

@@ -408,11 +408,15 @@ def client_state(wf: WorkflowConfig) -> list[dict[str, Any]]:
     its host (``Simulation.check_client_state_fits``); jobs packed in one submission share
     its memory."""
     rows: dict[tuple, dict[str, Any]] = {}
-    for rc in wf.runs():
+    seen: set[tuple] = set()
+    for rc in wf.runs():  # seeds and the rest repeat a row's key
         m, d, k = rc.method, rc.dataset, rc.partition.clients
-        copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
         key = (m.label, d.label, d.model, repr(sorted(d.model_options.items())), k)
-        if not copies or key in rows:
+        if key in seen:
+            continue
+        seen.add(key)
+        copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
+        if not copies:
             continue
         n = parameter_count(d.model, d.input_shape, d.num_classes, d.model_options)
         rows[key] = {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
