@@ -565,6 +565,31 @@ def test_clients_whose_kept_model_copies_cannot_fit_are_refused_before_round_1(m
         limit[0] = None
 
 
+def test_a_runs_client_state_mb_is_its_clients_copies_once_all_have_trained(make_run_config) -> None:
+    """The train rule's resource client_state_mb (parse.client_state_mb): the MiB, rounded
+    up, of the float32 copies of the model's parameters that the method keeps per client,
+    for every client of the partition; 0 for a method that keeps none; the same in the rows
+    `fedforget validate` prints (parse.client_state_of)."""
+    from fedforget.models import parameter_count
+    from fedforget.parse import client_state_mb, client_state_of
+    from fedforget.partition import PartitionSpec
+
+    wide = {"hidden": [1024, 1024]}
+    for method, params, copies in [("scaffold", None, 1), ("fedcurv", None, 3), ("fedgp", {"base": "fedcurv"}, 3)]:
+        for clients in (4, 100):
+            part = PartitionSpec(scheme="iid", clients=clients, seed=0)
+            rc = make_run_config(method=method, params=params, model_options=wide, partition=part)
+            n = parameter_count("mlp", rc.dataset.input_shape, rc.dataset.num_classes, wide)
+            row = client_state_of(rc)
+            assert (row["copies"], row["parameters"], row["clients"], row["bytes"]) == (copies, n, clients, 4 * n * copies * clients)
+            assert client_state_mb(rc) == -(-4 * n * copies * clients // 2**20), (method, clients)
+    # by hand: iris's 4 inputs, 3 classes: 4*1024+1024 + 1024*1024+1024 + 1024*3+3 = 1,057,795
+    # parameters, x 4 bytes x 100 clients = 423,118,000 bytes = 403.5 MiB
+    assert client_state_mb(make_run_config(method="scaffold", model_options=wide,
+                                           partition=PartitionSpec(scheme="iid", clients=100, seed=0))) == 404
+    assert client_state_of(make_run_config(method="fedavg")) is None and client_state_mb(make_run_config(method="fedavg")) == 0
+
+
 def test_the_host_memory_limit_reads_the_machine_and_its_control_group(tmp_path, monkeypatch) -> None:
     """The machine's memory and swap, or its control group's limit where smaller: cgroup v2
     (a parent's memory.max counts, "max" is none) and v1 (its ~2**63 is none); None where

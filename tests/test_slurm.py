@@ -291,6 +291,28 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
                 compared += 1
     assert compared >= 4 * len(RUN_FILES) + 3
 
+    # jobs whose client model copies (SCAFFOLD's, resource client_state_mb: 12 MiB each here)
+    # exceed their submission's mem_mb (1 MB here; this cluster does not enforce it) train in
+    # it one after another, with a warning, and complete: a new experiment of 2 such runs
+    cfg = ci_config()
+    packed = json.loads(json.dumps(cfg["experiments"][0]))
+    packed.update(name="packed", methods=[{"name": "scaffold"}], seeds=[0, 1])
+    packed["train"]["rounds"] = 2
+    cfg["experiments"].append(packed)
+    (cluster / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    profile = cluster_profile()
+    profile["set-resources"]["train"]["mem_mb"] = 1
+    (cluster / "profiles" / "slurm" / "config.yaml").write_text(yaml.safe_dump(profile))
+    again = snakemake(cluster, "--workflow-profile", "profiles/slurm")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-6000:]
+    assert re.search(r"slurm-packed: the 2 training jobs of one submission \(jobids \d+, \d+\) keep 24 MiB of client "
+                     r"model copies together \(client_state_mb\), more than its mem_mb 1:", out), out[-6000:]  # fmt: skip
+    new = sorted(p.stem for p in logs.glob("*.log") if p.stem not in groups)
+    assert len(new) == 1 and not launched_at_once(cluster, new[0], 2), new
+    runs = sorted(cluster.glob("results/packed/*/*/*/seed*/run.json"))
+    assert len(runs) == 2 and all(json.loads(p.read_text())["status"] == "completed" for p in runs), runs
+
 
 # --- whether `make test` may install SLURM (issue 34, 13): no scheduler, no apt, run everywhere
 

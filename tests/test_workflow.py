@@ -366,4 +366,15 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     assert all(after[k] == before[k] for k in shards)
     assert any("dirichlet-0.3_" in k for k in after)
     assert planned_jobs(tmp_path) == {}
+
+    # SCAFFOLD keeps a copy of the model per client: each job declares its copies as resource
+    # client_state_mb (1 MiB here, rounded up), and with room for one job's copies its 2 jobs
+    # run one after another although 2 GPU slots are free (as slurm-packed runs a group whose
+    # copies exceed the submission's mem_mb: tests/test_snakemake_plugin.py)
+    cfg["experiments"][0]["methods"][1] = {"name": "scaffold"}
+    write_config(tmp_path, cfg)
+    assert planned_jobs(tmp_path).get("train") == 2
+    snakemake(tmp_path, *gpu_profile, "--resources", "gpu_slots=2", "client_state_mb=1", *timeline, "copies.jsonl")
+    assert not trains_overlapped(tmp_path / "copies.jsonl")
+    assert planned_jobs(tmp_path) == {}
     # the HTML report of these outputs: tests/test_report.py (its own pipeline)

@@ -297,7 +297,7 @@ class Simulation:
                 f"{len(trained):,} clients that train in this run (of partition.clients {cfg.partition.clients:,}, "
                 f"train.sample_rate {t.sample_rate}, train.rounds {t.rounds:,}) hold {byte_size(need)} with the "
                 f"weights, more than {limit[1]} ({byte_size(limit[0])}): fewer clients, a smaller model, or more "
-                "memory (a SLURM submission's mem_mb, shared by its packed jobs)"
+                "memory (a SLURM submission's mem_mb)"
             )
 
     def server_hook(self, hook: Callable[..., None], *args: Any) -> None:

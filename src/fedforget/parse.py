@@ -21,6 +21,7 @@ from .config import (
     Experiment,
     FigureSpec,
     MethodSpec,
+    RunConfig,
     TrainSpec,
     WorkflowConfig,
     deep_merge,
@@ -399,30 +400,53 @@ def dataset_sizes(wf: WorkflowConfig) -> list[str]:
     return list(seen.values())
 
 
+def client_state_of(rc: RunConfig, counts: dict[tuple, int | None] | None = None) -> dict[str, Any] | None:
+    """The copies of the model that run ``rc``'s method keeps per client
+    (``FedAvg.client_model_copies``), as ``client_state`` lists them: None where it keeps
+    none; ``bytes`` is None where only the model's hub config knows its size. ``counts``
+    keeps the parameter counts already made, by model (``parameter_count`` builds the model
+    on the meta device: milliseconds, but thousands of runs share a few models)."""
+    m, d, k = rc.method, rc.dataset, rc.partition.clients
+    copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
+    if not copies:
+        return None
+    key = (d.model, repr(sorted(d.model_options.items())), tuple(d.input_shape), d.num_classes)
+    counts = {} if counts is None else counts
+    if key not in counts:
+        counts[key] = parameter_count(d.model, d.input_shape, d.num_classes, d.model_options)
+    n = counts[key]
+    return {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
+            "clients": k, "copies": copies, "parameters": n,
+            "bytes": None if n is None else 4 * n * copies * k}  # fmt: skip
+
+
+def client_state_mb(rc: RunConfig, counts: dict[tuple, int | None] | None = None) -> int:
+    """[D] The host memory, in MiB rounded up, of the copies run ``rc`` keeps once every
+    client has trained (``client_state_of``): the training job's Snakemake resource
+    ``client_state_mb`` (workflow/rules/train.smk), by which the jobs packed in one SLURM
+    submission (``slurm-packed``) or on one machine (``--resources client_state_mb=N``) run
+    at once only as many as fit. 0 where the method keeps none, or where the model's size is
+    its hub config's (not counted)."""
+    row = client_state_of(rc, counts)
+    return 0 if row is None or row["bytes"] is None else -(-row["bytes"] // 2**20)
+
+
 def client_state(wf: WorkflowConfig) -> list[dict[str, Any]]:
     """One row per distinct (method, model, dataset, clients) of the config's runs whose
-    method keeps copies of the model per client (``FedAvg.client_model_copies``): the
-    copies, the model's parameters (``parameter_count``; None where only its hub config
-    knows) and the host memory the copies take once every client has trained (float32
-    bytes). A job refuses, before round 1, a run whose training clients' copies cannot fit
-    its host (``Simulation.check_client_state_fits``); jobs packed in one submission share
-    its memory."""
-    rows: dict[tuple, dict[str, Any]] = {}
-    seen: set[tuple] = set()
+    method keeps copies of the model per client (``client_state_of``): the copies, the
+    model's parameters (``parameter_count``; None where only its hub config knows) and the
+    host memory the copies take once every client has trained (float32 bytes). A job
+    refuses, before round 1, a run whose training clients' copies cannot fit its host
+    (``Simulation.check_client_state_fits``); jobs packed in one submission run at once only
+    as many as fit its memory (``client_state_mb``)."""
+    rows: dict[tuple, dict[str, Any] | None] = {}
+    counts: dict[tuple, int | None] = {}
     for rc in wf.runs():  # seeds and the rest repeat a row's key
-        m, d, k = rc.method, rc.dataset, rc.partition.clients
-        key = (m.label, d.label, d.model, repr(sorted(d.model_options.items())), k)
-        if key in seen:
-            continue
-        seen.add(key)
-        copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
-        if not copies:
-            continue
-        n = parameter_count(d.model, d.input_shape, d.num_classes, d.model_options)
-        rows[key] = {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
-                     "clients": k, "copies": copies, "parameters": n,
-                     "bytes": None if n is None else 4 * n * copies * k}  # fmt: skip
-    return list(rows.values())
+        m, d = rc.method, rc.dataset
+        key = (m.label, d.label, d.model, repr(sorted(d.model_options.items())), rc.partition.clients)
+        if key not in rows:
+            rows[key] = client_state_of(rc, counts)
+    return [r for r in rows.values() if r is not None]
 
 
 def client_state_sizes(wf: WorkflowConfig) -> list[str]:

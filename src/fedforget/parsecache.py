@@ -30,7 +30,8 @@ from .utils import atomic_write_bytes, canonical_json
 ROOT = Path(__file__).resolve().parent
 CACHE_DIR = Path(".snakemake") / "fedforget"
 KEEP = 8  # cached parses kept (one per config recently used in this directory)
-FORMAT = 4  # 3: digests["training_bytes"]; 4: canonical digests["code"], digests["code_bytes"]
+FORMAT = 5  # 3: digests["training_bytes"]; 4: canonical digests["code"], digests["code_bytes"];
+# 5: digests["runs"][...]["client_state_mb"]
 
 
 def source_digest() -> str:
@@ -92,21 +93,25 @@ def _digests(wf: WorkflowConfig) -> dict[str, Any]:
     same in the ``bytes`` form by which runs recorded before the canonical form keep their
     identity (``training_bytes``: provenance.kept_digest), the module of each figure
     function, the code digests of the other rules (``code``, by module set:
-    :func:`code_roots`, and the same in the ``bytes`` form: ``code_bytes``), and each run's resolved config as JSON and its hash (``runs``, by
-    run directory)."""
+    :func:`code_roots`, and the same in the ``bytes`` form: ``code_bytes``), and each run's
+    resolved config as JSON, its hash and the host memory of the model copies its clients
+    keep (the train rule's resource: ``parse.client_state_mb``) (``runs``, by run directory)."""
     from .figures import FIGURES
+    from .parse import client_state_mb
     from .provenance import BYTES, module_code, training_code
 
     training = {}
     training_bytes = {}
     runs = {}
+    counts: dict[tuple, int | None] = {}  # parameter counts by model, for client_state_mb
     for rc in wf.runs():
         key = training_key(rc.method.name, rc.method.params)
         if key not in training:
             training[key] = training_code(rc.method.name, rc.method.params).digest
             training_bytes[key] = training_code(rc.method.name, rc.method.params, BYTES).digest
         d = rc.to_dict()
-        runs[str(rc.run_dir)] = {"config": canonical_json(d), "hash": run_hash(d)}
+        runs[str(rc.run_dir)] = {"config": canonical_json(d), "hash": run_hash(d),
+                                 "client_state_mb": client_state_mb(rc, counts)}  # fmt: skip
     figures = {f.name: FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures}
     roots = code_roots(wf)
     code = {r: module_code(*r).digest for r in roots}

@@ -18,6 +18,15 @@ sum of their runtimes. Give each grouped job the whole submission's memory and C
 this plugin's prefix (``--slurm-packed-no-account``; ``slurm-packed-status-command: squeue`` in
 a profile). Tested against a real scheduler: tests/test_slurm.py.
 
+Memory [D]: jobs run at once share the submission's memory (``mem_mb``, SLURM's limit for the
+whole submission), and a method that keeps copies of the model per client (SCAFFOLD, FedDyn,
+MOON, FedCurv) holds them there: the train rule declares each job's as its resource
+``client_state_mb`` (``fedforget.parse.client_state_mb``). Where a group's jobs need more of it
+together than the submission's ``mem_mb``, the local executor inside gets ``--resources
+client_state_mb=<mem_mb>`` and runs at once only as many as fit (one alone where it does not fit
+with any other); the submission's runtime, the sum of its jobs', still covers them one after
+another. A warning names the jobs.
+
 One setting of its own: ``max-seconds-between-status-checks`` [D]. The SLURM plugin polls a
 submission 40 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
 each time no job has finished, up to 180 s: considerate of a shared cluster's controller, but a
@@ -34,7 +43,19 @@ from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmSettings
 from snakemake_executor_plugin_slurm import common_settings
 
-__all__ = ["Executor", "ExecutorSettings", "common_settings"]
+__all__ = ["Executor", "ExecutorSettings", "common_settings", "state_cap"]
+
+STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
+
+
+def state_cap(jobs, mem_mb) -> int | None:
+    """The cap on ``client_state_mb`` for the local executor running ``jobs`` at once in one
+    submission of ``mem_mb`` MB: ``mem_mb`` where their ``client_state_mb`` together exceed
+    it, None where they fit (or the submission asks no memory)."""
+    if isinstance(mem_mb, bool) or not isinstance(mem_mb, int | float) or mem_mb <= 0:
+        return None
+    need = sum(int(j.resources.get(STATE, 0) or 0) for j in jobs)
+    return int(mem_mb) if need > mem_mb else None
 
 
 @dataclass
@@ -73,14 +94,24 @@ class Executor(SlurmExecutor):
 
     def format_job_exec(self, job) -> str:
         """The SLURM plugin's command for ``job``; for a group, run by the local executor with
-        cores for all its jobs at once."""
+        cores for all its jobs at once, and their client model copies capped at the
+        submission's memory where they do not all fit in it (``state_cap``)."""
         if not job.is_group():
             return super().format_job_exec(job)
         self._formatting.group_cores = sum(max(1, int(j.threads)) for j in job.jobs)
+        cap = self._formatting.state_cap = state_cap(job.jobs, job.resources.get("mem_mb"))
+        if cap is not None:
+            need = sum(int(j.resources.get(STATE, 0) or 0) for j in job.jobs)
+            self.logger.warning(
+                f"slurm-packed: the {len(job.jobs)} training jobs of one submission (jobids "
+                f"{', '.join(str(j.jobid) for j in job.jobs)}) keep {need:,} MiB of client model copies "
+                f"together ({STATE}), more than its mem_mb {cap:,}: they run there at once only as many as "
+                "fit (raise mem_mb or lower group-components to run them all at once)"
+            )
         try:
             return super().format_job_exec(job)
         finally:
-            self._formatting.group_cores = None
+            self._formatting.group_cores = self._formatting.state_cap = None
 
     @property
     def next_seconds_between_status_checks(self):
@@ -98,6 +129,10 @@ class Executor(SlurmExecutor):
         return self._group_cores or super().cores
 
     def additional_general_args(self) -> str:
-        """The SLURM plugin's (``--executor slurm-jobstep --jobs 1``) for a job alone; none for
-        a group: Snakemake's default, the local executor, runs its jobs."""
-        return "" if self._group_cores else super().additional_general_args()
+        """The SLURM plugin's (``--executor slurm-jobstep --jobs 1``) for a job alone; for a
+        group, Snakemake's default, the local executor, runs its jobs: no executor, and the
+        cap on their client model copies where there is one."""
+        if not self._group_cores:
+            return super().additional_general_args()
+        cap = getattr(self._formatting, "state_cap", None)
+        return "" if cap is None else f"--resources {STATE}={cap}"

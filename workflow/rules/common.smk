@@ -58,7 +58,7 @@ if _unknown:
     print(f"fedforget: {len(_unknown)} run(s) have a run.json that is not completed, and their file system has no "
           f"locks to tell whether a process still runs them ({_unknown[0]} ...): delete the run.json of those "
           "that stopped to train them again", file=sys.stderr)
-# each run's resolved config (JSON) and hash, computed once per parse (parsecache: "runs")
+# each run's resolved config (JSON), hash and client_state_mb, computed once per parse (parsecache: "runs")
 RUN_CONFIGS = DIGESTS["runs"]
 PARTITIONS = {(rc.dataset.pool_id, rc.partition.slug): rc for rc in RUNS.values()}
 PREPARE = WF.datasets_to_prepare()
@@ -223,6 +223,12 @@ def train_inputs(w):
 def train_config(w):
     """The job's resolved config, runtime settings included (not a rerun trigger)."""
     return JobArgument(RUN_CONFIGS[RUN_DIRS[run_key(w)]]["config"])
+
+
+def client_state_mb(w):
+    """The MiB of model copies the job's clients keep once all have trained (resource
+    client_state_mb: fedforget.parse.client_state_mb; 0 for most methods)."""
+    return RUN_CONFIGS[RUN_DIRS[run_key(w)]]["client_state_mb"]
 
 
 def recorded_run(rc):

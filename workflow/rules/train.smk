@@ -2,6 +2,9 @@
 # An interrupted job leaves checkpoint.pt (not an output, so Snakemake keeps it when it
 # cleans the incomplete outputs); `snakemake --rerun-incomplete` resumes from it.
 # Threads, GPUs, runtime and partition come from the profile (set-resources/set-threads).
+# client_state_mb, the host memory of the model copies a method keeps per client, comes from
+# the config: jobs sharing one SLURM submission (slurm-packed) run at once only as many as fit
+# its mem_mb; on one machine `--resources client_state_mb=N` caps them the same way.
 # Rerun triggers: params.identity (config hash + code digest), the input files' mtimes;
 # params.cfg carries runtime settings too but is not a trigger (common.smk, JobArgument).
 
@@ -24,6 +27,7 @@ rule train:
     threads: 1
     resources:
         gpu=0,
+        client_state_mb=client_state_mb,
     conda:
         "../envs/fedforget.yaml"
     log:
