@@ -116,9 +116,10 @@ def test_the_default_paper_results_file_is_part_of_the_key(tmp_path, monkeypatch
 
 
 def test_cached_run_configs_and_code_digests_equal_their_definitions(tmp_path, monkeypatch):
-    """What the parse keeps for the rules (each run's config JSON and hash, the other rules'
-    code digests) is what RunConfig and provenance compute, so the cache changes no job's
-    params and no rerun trigger."""
+    """What the parse keeps for the rules (each run's config JSON, hash and client_state_mb,
+    the other rules' code digests) is what RunConfig, parse and provenance compute, so the
+    cache changes no job's params, resources or rerun trigger."""
+    from fedforget.parse import client_state_mb
     from fedforget.parsecache import code_roots
     from fedforget.provenance import module_code
     from fedforget.utils import canonical_json
@@ -132,6 +133,7 @@ def test_cached_run_configs_and_code_digests_equal_their_definitions(tmp_path, m
     for rc in runs:
         cached = digests["runs"][str(rc.run_dir)]
         assert cached["config"] == canonical_json(rc.to_dict()) and cached["hash"] == rc.hash
+        assert cached["client_state_mb"] == client_state_mb(rc)
     roots = code_roots(wf)
     assert ("fedforget.partition",) in roots and any(r[-1] == "fedforget.data.base" for r in roots)
     assert digests["code"] == {r: module_code(*r).digest for r in roots}

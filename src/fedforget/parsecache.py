@@ -87,9 +87,10 @@ def code_roots(wf: WorkflowConfig) -> list[tuple[str, ...]]:
     return roots + [("fedforget.figures", m) for m in figures]
 
 
-def _digests(wf: WorkflowConfig) -> dict[str, Any]:
-    """What the rules need beside the config (the torch-importing part of a parse, and what
-    is slow to recompute for thousands of jobs): each run's training-code digest, and the
+def _validated(raw: dict[str, Any]) -> tuple[WorkflowConfig, dict[str, Any]]:
+    """The torch-importing part of a parse, done on a miss only: the config validated
+    (``parse.parse_config``, raising ``FedForgetError``) and what the rules need beside it,
+    slow to recompute for thousands of jobs: each run's training-code digest, and the
     same in the ``bytes`` form by which runs recorded before the canonical form keep their
     identity (``training_bytes``: provenance.kept_digest), the module of each figure
     function, the code digests of the other rules (``code``, by module set:
@@ -97,9 +98,10 @@ def _digests(wf: WorkflowConfig) -> dict[str, Any]:
     resolved config as JSON, its hash and the host memory of the model copies its clients
     keep (the train rule's resource: ``parse.client_state_mb``) (``runs``, by run directory)."""
     from .figures import FIGURES
-    from .parse import client_state_mb
+    from .parse import client_state_mb, parse_config
     from .provenance import BYTES, module_code, training_code
 
+    wf = parse_config(raw)
     training = {}
     training_bytes = {}
     runs = {}
@@ -116,8 +118,8 @@ def _digests(wf: WorkflowConfig) -> dict[str, Any]:
     roots = code_roots(wf)
     code = {r: module_code(*r).digest for r in roots}
     code_bytes = {r: module_code(*r, form=BYTES).digest for r in roots}
-    return {"training": training, "training_bytes": training_bytes, "figures": figures, "code": code,
-            "code_bytes": code_bytes, "runs": runs}  # fmt: skip
+    return wf, {"training": training, "training_bytes": training_bytes, "figures": figures, "code": code,
+                "code_bytes": code_bytes, "runs": runs}  # fmt: skip
 
 
 def parse_workflow(
@@ -140,10 +142,7 @@ def parse_workflow(
             return wf, digests
         except Exception:  # noqa: BLE001 - a damaged or foreign cache file is a miss
             pass
-    from .parse import parse_config  # a miss only: a hit stays torch-free (see the module doc)
-
-    wf = parse_config(raw)
-    digests = _digests(wf)
+    wf, digests = _validated(raw)  # a miss only: a hit stays torch-free (see the module doc)
     if path is not None and (create or directory.parent.is_dir()):  # only inside a Snakemake working dir
         atomic_write_bytes(path, pickle.dumps((wf, digests)))
         old = sorted(directory.glob("parse-*.pickle"), key=lambda p: p.stat().st_mtime)[:-KEEP]
