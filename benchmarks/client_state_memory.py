@@ -6,9 +6,12 @@ tests/methods/test_resume_all_methods.py). A client's copies stay in host memory
 rounds, also on a GPU, so once every client has trained a job holds clients x copies x the
 model's float32 parameters (``fedforget.parse.client_state``, what ``fedforget validate``
 prints). This script counts them for every config under ``--configs`` (default the paper
-configs) and writes, per config, each row and the largest: jobs packed in one SLURM
-submission share its ``mem_mb`` (profiles/slurm: 16,000 MB for 4 jobs). Counted, not
-measured: no job runs.
+configs) and writes, per config, each row and the largest. Jobs packed in one SLURM
+submission share its ``mem_mb``: each declares its copies as resource ``client_state_mb``
+(``fedforget.parse.client_state_mb``), and ``slurm-packed`` runs at once only as many as fit;
+``largest_at_once`` is how many of the largest jobs train at once under ``--profile`` (its
+``set-resources.train.mem_mb`` and ``group-components`` for train). Counted, not measured: no
+job runs.
 
     python benchmarks/client_state_memory.py --json benchmarks/results/cpu-DATE/client_state_memory.json
 """
@@ -16,8 +19,12 @@ measured: no job runs.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from fedforget.parse import client_state, load_config
 from fedforget.utils import atomic_write_json
@@ -28,21 +35,30 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--configs", nargs="+", default=sorted(str(f) for f in (ROOT / "config/experiments/paper").glob("*.yaml")))
+    p.add_argument("--profile", default=str(ROOT / "profiles/slurm/config.yaml"), help="the SLURM profile whose submissions pack the jobs")
     p.add_argument("--json", help="also write the numbers here")
     a = p.parse_args()
+    profile = yaml.safe_load(Path(a.profile).read_text())
+    mem_mb = profile["set-resources"]["train"]["mem_mb"]
+    per_submission = int(dict(g.split("=") for g in profile.get("group-components", ["train=1"]))["train"])
     out: dict[str, Any] = {}
     for f in a.configs:
         rows = client_state(load_config(f))
         if not rows:
             continue
         largest = max(rows, key=lambda r: r["bytes"] or 0)
-        out[Path(f).stem] = {"rows": rows, "largest_gib": (largest["bytes"] or 0) / 2**30, "largest": largest}
+        mb = math.ceil((largest["bytes"] or 0) / 2**20)  # its client_state_mb
+        at_once = per_submission if not mb else max(1, min(per_submission, mem_mb // mb))
+        out[Path(f).stem] = {"rows": rows, "largest_gib": (largest["bytes"] or 0) / 2**30, "largest": largest,
+                             "largest_client_state_mb": mb, "largest_at_once": at_once}  # fmt: skip
     for name, c in out.items():
         r = c["largest"]
         print(f"{name:<28} {c['largest_gib']:6.2f} GiB  {r['method']} on {r['model']} ({r['dataset']}), "
-              f"{r['clients']} clients x {r['copies']}")  # fmt: skip
+              f"{r['clients']} clients x {r['copies']}; {c['largest_at_once']} of {per_submission} at once")  # fmt: skip
     if a.json:
         atomic_write_json(a.json, {"what": "float32 bytes of per-client model copies once every client has trained, per job",
+                                   "profile": {"path": os.path.relpath(a.profile, ROOT), "mem_mb": mem_mb,
+                                               "group_components": per_submission},
                                    "configs": out})  # fmt: skip
 
 

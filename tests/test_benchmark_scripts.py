@@ -131,3 +131,22 @@ def test_checkpoint_cadence_runs_each_cadence_to_the_same_results(tmp_path):
     written = {k: c["checkpoints_written"] for k, c in m["cadences"].items()}
     assert m["results_identical"] and written["never"] == 0 and written["every"] == 2 and 1 <= written["auto"] <= 2
     assert list(tmp_path.iterdir()) == [out]  # its runs are removed
+
+
+def test_client_state_memory_counts_how_many_of_the_largest_jobs_train_at_once(tmp_path):
+    """benchmarks/client_state_memory.py on FedProj Table 1/3b (its largest job: FedDyn on the
+    CINIC-10 ResNet-18, 100 clients, one copy: 4,469,584,800 bytes, 4,263 MiB as its
+    client_state_mb) under profiles with 4 jobs per submission: all 4 at once in 17,052 MB,
+    3 in the shipped 16,000, 1 in 8,525 (2 need 8,526) and in 10 (alone where none fits)."""
+    config = BENCH.parent / "config" / "experiments" / "paper" / "fedproj_table1_table3b.yaml"
+    seen = {}
+    for mem in (17052, 16000, 8525, 10):
+        profile, out = tmp_path / f"profile{mem}.yaml", tmp_path / f"{mem}.json"
+        profile.write_text(json.dumps({"set-resources": {"train": {"mem_mb": mem}}, "group-components": ["train=4"]}))
+        done = subprocess.run([sys.executable, str(BENCH / "client_state_memory.py"), "--configs", str(config),
+                               "--profile", str(profile), "--json", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        c = json.loads(out.read_text())["configs"]["fedproj_table1_table3b"]
+        assert (c["largest"]["method"], c["largest"]["bytes"], c["largest_client_state_mb"]) == ("FedDyn", 4469584800, 4263)
+        seen[mem] = c["largest_at_once"]
+    assert seen == {17052: 4, 16000: 3, 8525: 1, 10: 1}
