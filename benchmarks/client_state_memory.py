@@ -19,7 +19,6 @@ job runs.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ def main() -> None:
         if not rows:
             continue
         largest = max(rows, key=lambda r: r["bytes"] or 0)
-        mb = math.ceil((largest["bytes"] or 0) / 2**20)  # its client_state_mb
+        mb = largest["client_state_mb"] or 0
         at_once = per_submission if not mb else max(1, min(per_submission, mem_mb // mb))
         out[Path(f).stem] = {"rows": rows, "largest_gib": (largest["bytes"] or 0) / 2**30, "largest": largest,
                              "largest_client_state_mb": mb, "largest_at_once": at_once}  # fmt: skip

@@ -61,7 +61,8 @@ def test_validate_shipped_config(capsys, repo_root):
 def test_validate_lists_the_model_copies_clients_keep(capsys, tmp_path, repo_root):
     """SCAFFOLD keeps a copy of the model per client, FedCurv three, FedGP over FedCurv its
     base's: validate prints what they take in host memory once every client has trained, per
-    job (the config's FedAvg and FedProx keep none and are not listed)."""
+    job, and that as the job's resource client_state_mb (the config's FedAvg and FedProx keep
+    none and are not listed)."""
     cfg = yaml.safe_load((repo_root / "config/config.yaml").read_text())
     cfg["experiments"] = cfg["experiments"][:1]
     cfg["experiments"][0]["methods"] = [{"name": "fedavg"}, {"name": "scaffold"}, {"name": "fedcurv"},
@@ -70,14 +71,16 @@ def test_validate_lists_the_model_copies_clients_keep(capsys, tmp_path, repo_roo
     path.write_text(yaml.safe_dump(cfg))
     assert main(["validate", "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    kept = out.split("clients' kept model copies, in host memory per job (jobs packed in a submission share its mem_mb):\n")[1]
+    kept = out.split("clients' kept model copies, in host memory per job (its resource client_state_mb: jobs packed in a "
+                     "submission run at once only as many as fit its mem_mb):\n")[1]
     e = cfg["experiments"][0]
     clients = {p["clients"] for p in e["partitions"]}
     lines = kept.splitlines()
     assert len(lines) == 3 * len(clients) * len(e["datasets"]), lines
     n = 151_306  # cnn2d on digits, as listed above
+    mb = -(-4 * n * min(clients) // 2**20)  # the train rule's resource, MiB rounded up
     assert f"  scaffold on cnn2d (digits [1, 8, 8]), {min(clients)} clients: 1 copy of the model per client, " \
-           f"{byte_size(4 * n * min(clients))} once all have trained" in lines  # fmt: skip
+           f"{byte_size(4 * n * min(clients))} once all have trained (client_state_mb {mb})" in lines  # fmt: skip
     assert any(line.startswith("  fedgp on cnn2d") and "3 copies" in line for line in lines)
 
 

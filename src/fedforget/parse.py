@@ -403,9 +403,10 @@ def dataset_sizes(wf: WorkflowConfig) -> list[str]:
 def client_state_of(rc: RunConfig, counts: dict[tuple, int | None] | None = None) -> dict[str, Any] | None:
     """The copies of the model that run ``rc``'s method keeps per client
     (``FedAvg.client_model_copies``), as ``client_state`` lists them: None where it keeps
-    none; ``bytes`` is None where only the model's hub config knows its size. ``counts``
-    keeps the parameter counts already made, by model (``parameter_count`` builds the model
-    on the meta device: milliseconds, but thousands of runs share a few models)."""
+    none; ``bytes`` (and the same in MiB rounded up, ``client_state_mb``) None where only the
+    model's hub config knows its size. ``counts`` keeps the parameter counts already made, by
+    model (``parameter_count`` builds the model on the meta device: milliseconds, but
+    thousands of runs share a few models)."""
     m, d, k = rc.method, rc.dataset, rc.partition.clients
     copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
     if not copies:
@@ -415,9 +416,10 @@ def client_state_of(rc: RunConfig, counts: dict[tuple, int | None] | None = None
     if key not in counts:
         counts[key] = parameter_count(d.model, d.input_shape, d.num_classes, d.model_options)
     n = counts[key]
+    size = None if n is None else 4 * n * copies * k
     return {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
-            "clients": k, "copies": copies, "parameters": n,
-            "bytes": None if n is None else 4 * n * copies * k}  # fmt: skip
+            "clients": k, "copies": copies, "parameters": n, "bytes": size,
+            "client_state_mb": None if size is None else -(-size // 2**20)}  # fmt: skip
 
 
 def client_state_mb(rc: RunConfig, counts: dict[tuple, int | None] | None = None) -> int:
@@ -428,7 +430,7 @@ def client_state_mb(rc: RunConfig, counts: dict[tuple, int | None] | None = None
     at once only as many as fit. 0 where the method keeps none, or where the model's size is
     its hub config's (not counted)."""
     row = client_state_of(rc, counts)
-    return 0 if row is None or row["bytes"] is None else -(-row["bytes"] // 2**20)
+    return 0 if row is None else row["client_state_mb"] or 0
 
 
 def client_state(wf: WorkflowConfig) -> list[dict[str, Any]]:
@@ -455,6 +457,7 @@ def client_state_sizes(wf: WorkflowConfig) -> list[str]:
         f"  {r['method']} on {r['model']} ({r['dataset']} {r['input_shape']}), {r['clients']:,} clients: {r['copies']} "
         f"cop{'ies' if r['copies'] > 1 else 'y'} of the model per client, "
         f"{'the model size times that' if r['bytes'] is None else byte_size(r['bytes'])} once all have trained"
+        + ("" if r["bytes"] is None else f" (client_state_mb {r['client_state_mb']:,})")
         for r in client_state(wf)
     ]
 
