@@ -43,9 +43,14 @@ from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmSettings
 from snakemake_executor_plugin_slurm import common_settings
 
-__all__ = ["Executor", "ExecutorSettings", "common_settings", "state_cap"]
+__all__ = ["Executor", "ExecutorSettings", "common_settings", "state_cap", "state_need"]
 
 STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
+
+
+def state_need(jobs) -> int:
+    """The MiB of client model copies ``jobs`` keep together (their ``client_state_mb``)."""
+    return sum(int(j.resources.get(STATE, 0) or 0) for j in jobs)
 
 
 def state_cap(jobs, mem_mb) -> int | None:
@@ -54,8 +59,7 @@ def state_cap(jobs, mem_mb) -> int | None:
     it, None where they fit (or the submission asks no memory)."""
     if isinstance(mem_mb, bool) or not isinstance(mem_mb, int | float) or mem_mb <= 0:
         return None
-    need = sum(int(j.resources.get(STATE, 0) or 0) for j in jobs)
-    return int(mem_mb) if need > mem_mb else None
+    return int(mem_mb) if state_need(jobs) > mem_mb else None
 
 
 @dataclass
@@ -101,10 +105,9 @@ class Executor(SlurmExecutor):
         self._formatting.group_cores = sum(max(1, int(j.threads)) for j in job.jobs)
         cap = self._formatting.state_cap = state_cap(job.jobs, job.resources.get("mem_mb"))
         if cap is not None:
-            need = sum(int(j.resources.get(STATE, 0) or 0) for j in job.jobs)
             self.logger.warning(
                 f"slurm-packed: the {len(job.jobs)} training jobs of one submission (jobids "
-                f"{', '.join(str(j.jobid) for j in job.jobs)}) keep {need:,} MiB of client model copies "
+                f"{', '.join(str(j.jobid) for j in job.jobs)}) keep {state_need(job.jobs):,} MiB of client model copies "
                 f"together ({STATE}), more than its mem_mb {cap:,}: they run there at once only as many as "
                 "fit (raise mem_mb or lower group-components to run them all at once)"
             )
