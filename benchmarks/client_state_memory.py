@@ -1,17 +1,19 @@
-"""Host memory of the per-client model copies each paper config's jobs keep, per job.
+"""Host memory of what each paper config's jobs keep per client, per job.
 
 SCAFFOLD, FedDyn and MOON keep one copy of the model per client, FedCurv three, a FedGP or
-FedSOL over them its base's (``FedAvg.client_model_copies``, measured against the state by
-tests/methods/test_resume_all_methods.py). A client's copies stay in host memory between its
-rounds, also on a GPU, so once every client has trained a job holds clients x copies x the
-model's float32 parameters (``fedforget.parse.client_state``, what ``fedforget validate``
-prints). This script counts them for every config under ``--configs`` (default the paper
-configs) and writes, per config, each row and the largest. Jobs packed in one SLURM
-submission share its ``mem_mb``: each declares its copies as resource ``client_state_mb``
-(``fedforget.parse.client_state_mb``), and ``slurm-packed`` runs at once only as many as fit;
-``largest_at_once`` is how many of the largest jobs train at once under ``--profile`` (its
-``set-resources.train.mem_mb`` and ``group-components`` for train). Counted, not measured: no
-job runs.
+FedSOL over them its base's (``FedAvg.client_model_copies``); A-GEM, DER, FedGP, SCR keep a
+replay buffer, iCaRL, GLFC and LGA exemplars, GPM (local memory) its bases, counted at their
+fullest (``FedAvg.client_kept_bytes``: buffers of ``buffer_size`` rows, bases of d_l columns
+per layer). tests/methods/test_resume_all_methods.py measures every method's state against
+both. A client's state stays in host memory between its rounds, also on a GPU, so once every
+client has trained a job holds clients x that (``fedforget.parse.client_state``, what
+``fedforget validate`` prints). This script counts it for every config under ``--configs``
+(default the paper configs) and writes, per config, each row and the largest. Jobs packed
+in one SLURM submission share its ``mem_mb``: each declares its state as resource
+``client_state_mb`` (``fedforget.parse.client_state_mb``), and ``slurm-packed`` runs at once
+only as many as fit; ``largest_at_once`` is how many of the largest jobs train at once under
+``--profile`` (its ``set-resources.train.mem_mb`` and ``group-components`` for train).
+Counted, not measured: no job runs.
 
     python benchmarks/client_state_memory.py --json benchmarks/results/cpu-DATE/client_state_memory.json
 """
@@ -52,10 +54,12 @@ def main() -> None:
                              "largest_client_state_mb": mb, "largest_at_once": at_once}  # fmt: skip
     for name, c in out.items():
         r = c["largest"]
+        what = [f"{r['copies']} copies"] if r["copies"] else []
+        what += [f"{r['kept_bytes'] / 2**20:,.1f} MiB kept"] if r["kept_bytes"] else []
         print(f"{name:<28} {c['largest_gib']:6.2f} GiB  {r['method']} on {r['model']} ({r['dataset']}), "
-              f"{r['clients']} clients x {r['copies']}; {c['largest_at_once']} of {per_submission} at once")  # fmt: skip
+              f"{r['clients']} clients x ({' + '.join(what) or '?'}); {c['largest_at_once']} of {per_submission} at once")  # fmt: skip
     if a.json:
-        atomic_write_json(a.json, {"what": "float32 bytes of per-client model copies once every client has trained, per job",
+        atomic_write_json(a.json, {"what": "bytes of per-client state (float32 model copies; replay buffers, exemplars, bases at their fullest) once every client has trained, per job",
                                    "profile": {"path": os.path.relpath(a.profile, ROOT), "mem_mb": mem_mb,
                                                "group_components": per_submission},
                                    "configs": out})  # fmt: skip

@@ -54,34 +54,47 @@ def test_validate_shipped_config(capsys, repo_root):
         "models (parameters counted without building them):\n")
     assert datasets.splitlines() == ["  digits: 1,347 train / 450 test rows of [1, 8, 8] float32, 463.3 KiB prepared",
                                      "  mnist1d: 4,000 train / 1,000 test rows of [1, 40] float32, 820.3 KiB prepared"]  # fmt: skip
+    models, kept = models.split("what clients keep across rounds")
     assert models.splitlines() == ["  cnn2d on digits [1, 8, 8], 10 classes: 151,306 parameters (591.0 KiB in float32)",
                                    "  cnn1d on mnist1d [1, 40], 10 classes: 106,186 parameters (414.8 KiB in float32)"]  # fmt: skip
+    # DER's buffer, 200 rows of 64 float32 inputs, a label, a task and 10 logits: 200 x 312 = 62,400 bytes per client
+    assert kept.splitlines()[1:] == [
+        f"  FL+DER on cnn2d (digits-{s} [1, 8, 8]), 5 clients: at most 60.9 KiB of replay rows, exemplars or bases "
+        "per client, 304.7 KiB (client_state_mb 1) once all have trained" for s in ("class-il", "task-il")
+    ]
 
 
-def test_validate_lists_the_model_copies_clients_keep(capsys, tmp_path, repo_root):
+def test_validate_lists_what_clients_keep(capsys, tmp_path, repo_root):
     """SCAFFOLD keeps a copy of the model per client, FedCurv three, FedGP over FedCurv its
-    base's: validate prints what they take in host memory once every client has trained, per
-    job, and that as the job's resource client_state_mb (the config's FedAvg and FedProx keep
-    none and are not listed)."""
+    base's and its own buffer, A-GEM a buffer: validate prints what they take in host memory
+    once every client has trained, per job, and that as the job's resource client_state_mb
+    (the config's FedAvg and FedProx keep none and are not listed)."""
     cfg = yaml.safe_load((repo_root / "config/config.yaml").read_text())
     cfg["experiments"] = cfg["experiments"][:1]
     cfg["experiments"][0]["methods"] = [{"name": "fedavg"}, {"name": "scaffold"}, {"name": "fedcurv"},
-                                        {"name": "fedgp", "params": {"base": "fedcurv"}}]  # fmt: skip
+                                        {"name": "fedgp", "params": {"base": "fedcurv"}}, {"name": "agem"}]  # fmt: skip
     path = tmp_path / "kept.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert main(["validate", "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    kept = out.split("clients' kept model copies, in host memory per job (its resource client_state_mb: jobs packed in a "
-                     "submission run at once only as many as fit its mem_mb):\n")[1]
+    kept = out.split("what clients keep across rounds (model copies; replay rows, exemplars or bases at their fullest), in "
+                     "host memory per job (its resource client_state_mb: jobs packed in a submission run at once only as "
+                     "many as fit its mem_mb):\n")[1]  # fmt: skip
     e = cfg["experiments"][0]
     clients = {p["clients"] for p in e["partitions"]}
     lines = kept.splitlines()
-    assert len(lines) == 3 * len(clients) * len(e["datasets"]), lines
-    n = 151_306  # cnn2d on digits, as listed above
-    mb = -(-4 * n * min(clients) // 2**20)  # the train rule's resource, MiB rounded up
-    assert f"  scaffold on cnn2d (digits [1, 8, 8]), {min(clients)} clients: 1 copy of the model per client, " \
-           f"{byte_size(4 * n * min(clients))} once all have trained (client_state_mb {mb})" in lines  # fmt: skip
-    assert any(line.startswith("  fedgp on cnn2d") and "3 copies" in line for line in lines)
+    assert len(lines) == 4 * len(clients) * len(e["datasets"]), lines
+    n, k = 151_306, min(clients)  # cnn2d on digits, as listed above
+    mb = -(-4 * n * k // 2**20)  # the train rule's resource, MiB rounded up
+    assert f"  scaffold on cnn2d (digits [1, 8, 8]), {k} clients: 1 copy of the model per client, " \
+           f"{byte_size(4 * n * k)} (client_state_mb {mb}) once all have trained" in lines  # fmt: skip
+    # A-GEM's 200 rows of 64 float32 inputs, a label and a task (int64): 200 x 272 = 54,400 bytes
+    assert f"  agem on cnn2d (digits [1, 8, 8]), {k} clients: at most 53.1 KiB of replay rows, exemplars or bases " \
+           f"per client, {byte_size(54_400 * k)} (client_state_mb {-(-54_400 * k // 2**20)}) once all have trained" in lines  # fmt: skip
+    both = 4 * n * 3 + 54_400  # FedGP over FedCurv: FedCurv's 3 copies and FedGP's own buffer of 200 rows
+    assert f"  fedgp on cnn2d (digits [1, 8, 8]), {k} clients: 3 copies of the model and at most 53.1 KiB of replay " \
+           f"rows, exemplars or bases per client, {byte_size(both * k)} (client_state_mb {-(-both * k // 2**20)}) " \
+           "once all have trained" in lines  # fmt: skip
 
 
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1,023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),

@@ -575,19 +575,59 @@ def test_a_runs_client_state_mb_is_its_clients_copies_once_all_have_trained(make
     from fedforget.partition import PartitionSpec
 
     wide = {"hidden": [1024, 1024]}
-    for method, params, copies in [("scaffold", None, 1), ("fedcurv", None, 3), ("fedgp", {"base": "fedcurv"}, 3)]:
+    # FedGP over FedCurv: FedCurv's copies, and its own buffer (iris's 120 rows at most, 32 bytes each)
+    for method, params, copies, kept in [("scaffold", None, 1, 0), ("fedcurv", None, 3, 0), ("fedgp", {"base": "fedcurv"}, 3, 120 * 32)]:
         for clients in (4, 100):
             part = PartitionSpec(scheme="iid", clients=clients, seed=0)
             rc = make_run_config(method=method, params=params, model_options=wide, partition=part)
             n = parameter_count("mlp", rc.dataset.input_shape, rc.dataset.num_classes, wide)
             row = client_state_of(rc)
-            assert (row["copies"], row["parameters"], row["clients"], row["bytes"]) == (copies, n, clients, 4 * n * copies * clients)
-            assert client_state_mb(rc) == -(-4 * n * copies * clients // 2**20), (method, clients)
+            size = (4 * n * copies + kept) * clients
+            assert (row["copies"], row["parameters"], row["clients"], row["bytes"]) == (copies, n, clients, size)
+            assert client_state_mb(rc) == -(-size // 2**20), (method, clients)
     # by hand: iris's 4 inputs, 3 classes: 4*1024+1024 + 1024*1024+1024 + 1024*3+3 = 1,057,795
     # parameters, x 4 bytes x 100 clients = 423,118,000 bytes = 403.5 MiB
     assert client_state_mb(make_run_config(method="scaffold", model_options=wide,
                                            partition=PartitionSpec(scheme="iid", clients=100, seed=0))) == 404
     assert client_state_of(make_run_config(method="fedavg")) is None and client_state_mb(make_run_config(method="fedavg")) == 0
+
+
+def test_client_state_mb_counts_buffers_and_bases_at_their_fullest(make_run_config) -> None:
+    """Besides model copies, the resource counts what a method keeps per client at most
+    (``FedAvg.client_kept_bytes``), by hand on iris (4 inputs, 3 classes, 120 training rows)
+    and the wide MLP: A-GEM's 200 rows, a client never holding more than the dataset's 120
+    rows (4 float32 inputs, y and task int64: 32 bytes); DER adds 3 float32 logits per row;
+    FedGP over SCAFFOLD keeps SCAFFOLD's copy and its own buffer; GPM's local bases at most
+    d_l x d_l float32 per layer (d = 4, 1,024, 1,024), none with a global memory; twice the
+    rows under asynchronous windows (a clipped window offers again)."""
+    from fedforget.models import parameter_count
+    from fedforget.parse import client_state_mb, client_state_of
+    from fedforget.partition import PartitionSpec
+
+    wide = {"hidden": [1024, 1024]}
+    part = PartitionSpec(scheme="iid", clients=100, seed=0)
+    n = parameter_count("mlp", (4,), 3, wide)
+    gpm = 4 * (4 * 4 + 2 * 1024 * 1024)
+    for method, params, per_client in [
+        ("agem", None, 120 * 32),
+        ("agem", {"buffer_size": 50}, 50 * 32),
+        ("der", {"buffer_size": 50}, 50 * (32 + 12)),
+        ("fedgp", {"base": "scaffold", "buffer_size": 50}, 4 * n + 50 * 32),
+        ("gpm", None, gpm),
+    ]:
+        rc = make_run_config(method=method, params=params, model_options=wide, partition=part)
+        row = client_state_of(rc)
+        assert (row["kept_bytes"], row["bytes"]) == (per_client - 4 * n * row["copies"], per_client * 100), method
+        assert client_state_mb(rc) == -(-per_client * 100 // 2**20), method
+    assert client_state_mb(make_run_config(method="gpm", model_options=wide, partition=part)) == 801  # 838,867,200 B
+    assert client_state_of(make_run_config(method="gpm", params={"memory": "global"})) is None
+    # a row's bytes as the model sees it: uint8 images become float32, int64 token ids stay int64
+    from fedforget.parse import client_shape
+
+    assert [client_shape(make_run_config(dataset=d, model=m), None).row_bytes
+            for d, m in [("iris", "mlp"), ("cifar10", "cnn_mcmahan"), ("sst2", "hf")]] == [16, 3 * 32 * 32 * 4, 2 * 128 * 8]  # fmt: skip
+    windows = {"kind": "split", "tasks": 3, "classes_per_task": 1, "boundaries": {"samples_per_window": 10, "window_rounds": 1}}
+    assert client_state_of(make_run_config(method="agem", params={"buffer_size": 10**6}, scenario=windows))["kept_bytes"] == 240 * 32
 
 
 def test_the_host_memory_limit_reads_the_machine_and_its_control_group(tmp_path, monkeypatch) -> None:

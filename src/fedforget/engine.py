@@ -270,8 +270,10 @@ class Simulation:
         copies of the model's trained parameters for each client that trains in the first
         ``CLIENT_STATE_ROUNDS`` rounds (sampled, with a minibatch in its round's data), beside
         the weights' own (``check_model_fits``): a lower bound, so only a certain failure is
-        refused. Such a run otherwise failed once enough clients had trained, after hours, or
-        was killed without a word at a SLURM job's memory limit."""
+        refused (replay buffers, exemplars and bases are not counted: ``client_kept_bytes``
+        bounds them from above, for the job's resource ``client_state_mb``). Such a run
+        otherwise failed once enough clients had trained, after hours, or was killed without
+        a word at a SLURM job's memory limit."""
         copies = type(self.method).client_copies(self.method.p)
         limit = memory_limit(torch.device("cpu"))
         if not copies or limit is None:

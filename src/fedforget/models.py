@@ -1291,14 +1291,24 @@ def parameter_count(
     modules), counted on the meta device: nothing is allocated and no pretrained weight is
     loaded, so a model too large for any machine is counted in milliseconds. None for
     ``hf`` (its size is the hub's config's)."""
+    model = meta_model(name, input_shape, num_classes, options)
+    return None if model is None else sum(p.numel() for p in model.parameters())
+
+
+def meta_model(
+    name: str, input_shape: Sequence[int], num_classes: int, options: Mapping[str, Any] | None = None
+) -> Classifier | None:
+    """The model ``build_model`` gives (one head, before a method adds modules) on the meta
+    device: its layers and shapes, no memory, no pretrained weight loaded. None for ``hf``
+    (the hub's config shapes it). What ``parameter_count`` counts and a method sizes its
+    per-client state by (``FedAvg.client_kept_bytes``: GPM's bases)."""
     opts = check_model(name, input_shape, dict(options or {}))
     if name == "hf":
         return None
     if "pretrained" in opts:
         opts["pretrained"] = False
     with torch.device("meta"):
-        model = MODELS.get(name)(tuple(input_shape), num_classes, **opts)
-    return sum(p.numel() for p in model.parameters())
+        return MODELS.get(name)(tuple(input_shape), num_classes, **opts)
 
 
 def build_model(

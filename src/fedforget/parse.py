@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .config import (
     PAPER_RESULTS,
     DatasetSpec,
@@ -33,9 +35,9 @@ from .data.base import public_splits
 from .data.scenario import check_rounds, has_task_aware_scores, resolve_scenario
 from .figures import check_figure
 from .inputs import check_augment, check_normalize
-from .methods import METHODS, make_params
+from .methods import METHODS, ClientShape, make_params
 from .methods.params import param_schema, recorded
-from .models import check_model, eval_by_batch, parameter_count
+from .models import check_model, eval_by_batch, meta_model, parameter_count
 from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible, check_per_class_shards, check_scheme_keys
 from .plots import CURVES
@@ -400,66 +402,90 @@ def dataset_sizes(wf: WorkflowConfig) -> list[str]:
     return list(seen.values())
 
 
-def client_state_of(rc: RunConfig, counts: dict[tuple, int | None] | None = None) -> dict[str, Any] | None:
-    """The copies of the model that run ``rc``'s method keeps per client
-    (``FedAvg.client_model_copies``), as ``client_state`` lists them: None where it keeps
-    none; ``bytes`` (and the same in MiB rounded up, ``client_state_mb``) None where only the
-    model's hub config knows its size. ``counts`` keeps the parameter counts already made, by
-    model (``parameter_count`` builds the model on the meta device: milliseconds, but
-    thousands of runs share a few models)."""
+def client_shape(rc: RunConfig, model: Any) -> ClientShape:
+    """What run ``rc``'s per-client state is sized by (``FedAvg.client_kept_bytes``): its
+    model input (uint8 images become float32), classes, the dataset's training rows (at
+    most, before it is built: twice them under asynchronous windows, ``ClientShape``) and
+    ``model`` (``meta_model``'s)."""
+    d = rc.dataset
+    info = DATASETS.get(d.name)
+    o = info.resolve(d.options)
+    stored = info.input_dtype(o)
+    value = 4 if stored == "uint8" else np.dtype(stored).itemsize  # inputs.InputPipeline.convert
+    windows = (d.scenario or {}).get("boundaries", "sync") != "sync"
+    return ClientShape(tuple(d.input_shape), value, d.num_classes, info.split_sizes(o)[0] * (2 if windows else 1), model)
+
+
+def client_state_of(rc: RunConfig, models: dict[tuple, Any] | None = None) -> dict[str, Any] | None:
+    """What run ``rc``'s method keeps per client across rounds, as ``client_state`` lists
+    it: None where it keeps nothing. ``copies`` of the model (``FedAvg.client_model_copies``)
+    and ``kept_bytes``, at most, of other tensors per client (``FedAvg.client_kept_bytes``:
+    replay buffers, exemplars, bases); ``bytes``, the whole for every client of the
+    partition (and the same in MiB rounded up, ``client_state_mb``), None where only the
+    model's hub config knows its size. ``models`` keeps the models already made on the meta
+    device, by model (``meta_model``: milliseconds, but thousands of runs share a few)."""
     m, d, k = rc.method, rc.dataset, rc.partition.clients
-    copies = METHODS.get(m.name).client_copies(make_params(m.name, m.params))
-    if not copies:
-        return None
+    cls, params = METHODS.get(m.name), make_params(m.name, m.params)
     key = (d.model, repr(sorted(d.model_options.items())), tuple(d.input_shape), d.num_classes)
-    counts = {} if counts is None else counts
-    if key not in counts:
-        counts[key] = parameter_count(d.model, d.input_shape, d.num_classes, d.model_options)
-    n = counts[key]
-    size = None if n is None else 4 * n * copies * k
+    models = {} if models is None else models
+    if key not in models:
+        models[key] = meta_model(d.model, d.input_shape, d.num_classes, d.model_options)
+    model = models[key]
+    n = None if model is None else sum(p.numel() for p in model.parameters())
+    copies = cls.client_copies(params)
+    kept = cls.client_kept_bytes(params, client_shape(rc, model))
+    if not copies and kept == 0:
+        return None
+    per_client = None if kept is None or (copies and n is None) else 4 * (n or 0) * copies + kept
+    size = None if per_client is None else per_client * k
     return {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
-            "clients": k, "copies": copies, "parameters": n, "bytes": size,
+            "clients": k, "copies": copies, "parameters": n, "kept_bytes": kept, "bytes": size,
             "client_state_mb": None if size is None else -(-size // 2**20)}  # fmt: skip
 
 
-def client_state_mb(rc: RunConfig, counts: dict[tuple, int | None] | None = None) -> int:
-    """[D] The host memory, in MiB rounded up, of the copies run ``rc`` keeps once every
-    client has trained (``client_state_of``): the training job's Snakemake resource
+def client_state_mb(rc: RunConfig, models: dict[tuple, Any] | None = None) -> int:
+    """[D] The host memory, in MiB rounded up, of what run ``rc`` keeps per client once
+    every client has trained (``client_state_of``: model copies, and at most its buffers,
+    exemplars or bases at their fullest): the training job's Snakemake resource
     ``client_state_mb`` (workflow/rules/train.smk), by which the jobs packed in one SLURM
     submission (``slurm-packed``) or on one machine (``--resources client_state_mb=N``) run
-    at once only as many as fit. 0 where the method keeps none, or where the model's size is
-    its hub config's (not counted)."""
-    row = client_state_of(rc, counts)
+    at once only as many as fit. 0 where the method keeps nothing, or where the model's
+    size is its hub config's (not counted)."""
+    row = client_state_of(rc, models)
     return 0 if row is None else row["client_state_mb"] or 0
 
 
 def client_state(wf: WorkflowConfig) -> list[dict[str, Any]]:
     """One row per distinct (method, model, dataset, clients) of the config's runs whose
-    method keeps copies of the model per client (``client_state_of``): the copies, the
-    model's parameters (``parameter_count``; None where only its hub config knows) and the
-    host memory the copies take once every client has trained (float32 bytes). A job
-    refuses, before round 1, a run whose training clients' copies cannot fit its host
-    (``Simulation.check_client_state_fits``); jobs packed in one submission run at once only
-    as many as fit its memory (``client_state_mb``)."""
+    method keeps state per client (``client_state_of``): the model copies, the model's
+    parameters (``parameter_count``; None where only its hub config knows), at most the
+    bytes of its other kept tensors per client, and the host memory of all of it once every
+    client has trained (float32 bytes). A job refuses, before round 1, a run whose training
+    clients' model copies cannot fit its host (``Simulation.check_client_state_fits``); jobs
+    packed in one submission run at once only as many as fit its memory (``client_state_mb``)."""
     rows: dict[tuple, dict[str, Any] | None] = {}
-    counts: dict[tuple, int | None] = {}
+    models: dict[tuple, Any] = {}
     for rc in wf.runs():  # seeds and the rest repeat a row's key
         m, d = rc.method, rc.dataset
         key = (m.label, d.label, d.model, repr(sorted(d.model_options.items())), rc.partition.clients)
         if key not in rows:
-            rows[key] = client_state_of(rc, counts)
+            rows[key] = client_state_of(rc, models)
     return [r for r in rows.values() if r is not None]
 
 
 def client_state_sizes(wf: WorkflowConfig) -> list[str]:
     """``client_state`` as ``fedforget validate`` prints it, a line per row."""
-    return [
-        f"  {r['method']} on {r['model']} ({r['dataset']} {r['input_shape']}), {r['clients']:,} clients: {r['copies']} "
-        f"cop{'ies' if r['copies'] > 1 else 'y'} of the model per client, "
-        f"{'the model size times that' if r['bytes'] is None else byte_size(r['bytes'])} once all have trained"
-        + ("" if r["bytes"] is None else f" (client_state_mb {r['client_state_mb']:,})")
-        for r in client_state(wf)
-    ]
+    lines = []
+    for r in client_state(wf):
+        kept = [f"{r['copies']} cop{'ies' if r['copies'] > 1 else 'y'} of the model"] if r["copies"] else []
+        if r["kept_bytes"] is None:
+            kept.append("replay rows, exemplars or bases of a size its hub model sets")
+        elif r["kept_bytes"]:
+            kept.append(f"at most {byte_size(r['kept_bytes'])} of replay rows, exemplars or bases")
+        total = "a size its hub model sets" if r["bytes"] is None else f"{byte_size(r['bytes'])} (client_state_mb {r['client_state_mb']:,})"
+        lines.append(f"  {r['method']} on {r['model']} ({r['dataset']} {r['input_shape']}), {r['clients']:,} clients: "
+                     f"{' and '.join(kept)} per client, {total} once all have trained")  # fmt: skip
+    return lines
 
 
 def model_sizes(wf: WorkflowConfig) -> list[str]:

@@ -105,7 +105,7 @@ def _validated(raw: dict[str, Any]) -> tuple[WorkflowConfig, dict[str, Any]]:
     training = {}
     training_bytes = {}
     runs = {}
-    counts: dict[tuple, int | None] = {}  # parameter counts by model, for client_state_mb
+    models: dict = {}  # the models made on the meta device, for client_state_mb
     for rc in wf.runs():
         key = training_key(rc.method.name, rc.method.params)
         if key not in training:
@@ -113,7 +113,7 @@ def _validated(raw: dict[str, Any]) -> tuple[WorkflowConfig, dict[str, Any]]:
             training_bytes[key] = training_code(rc.method.name, rc.method.params, BYTES).digest
         d = rc.to_dict()
         runs[str(rc.run_dir)] = {"config": canonical_json(d), "hash": run_hash(d),
-                                 "client_state_mb": client_state_mb(rc, counts)}  # fmt: skip
+                                 "client_state_mb": client_state_mb(rc, models)}  # fmt: skip
     figures = {f.name: FIGURES.get(f.name).__module__ for e in wf.experiments for f in e.figures}
     roots = code_roots(wf)
     code = {r: module_code(*r).digest for r in roots}

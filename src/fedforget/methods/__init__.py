@@ -7,7 +7,15 @@ import importlib
 import pkgutil
 from typing import Any
 
-from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload, weighted_average
+from .base import (
+    ClientContext,
+    ClientShape,
+    FedAvg,
+    RunInfo,
+    ServerContext,
+    Upload,
+    weighted_average,
+)
 from .params import make_params
 from .registry import METHODS
 
@@ -19,6 +27,7 @@ for _m in pkgutil.iter_modules(__path__):
 __all__ = [
     "METHODS",
     "ClientContext",
+    "ClientShape",
     "FedAvg",
     "RunInfo",
     "ServerContext",

@@ -63,10 +63,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload
+from .base import ClientContext, ClientShape, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload
 from .params import integer
 from .registry import METHODS
-from .replay import Replay
+from .replay import Replay, buffer_bytes
 from .shared import StepSums, project
 
 MEMORY_STREAM = 0x81  # keyed randomness of A-GEM's memory batches
@@ -88,6 +88,11 @@ class AGEM(FedAvg):
     def __init__(self, params, info: RunInfo) -> None:
         super().__init__(params, info)
         self.replay = Replay(info, params.buffer_size, MEMORY_STREAM)
+
+    @classmethod
+    def client_kept_bytes(cls, params, shape: ClientShape) -> int:
+        """Its buffer: ``buffer_size`` rows of (x, y, task)."""
+        return buffer_bytes(params.buffer_size, shape)
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)

@@ -548,6 +548,29 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class ClientShape:
+    """[D] What a method's per-client state besides model copies is sized by, known before
+    any data are loaded (``FedAvg.client_kept_bytes``): one model input's shape and the bytes
+    of each of its values as the model sees it (4: uint8 images become float32; else the
+    stored dtype's, 8 for int64 token ids), the classes, the most training rows one client
+    can ever offer (the dataset's training rows; twice that under asynchronous windows,
+    whose clipped last window offers again: ``replay.Replay.rows_ever``), and the model's
+    layers (on the meta device: ``models.meta_model``; None where only a hub config knows
+    them)."""
+
+    input_shape: tuple[int, ...]
+    value_bytes: int
+    num_classes: int
+    rows: int
+    model: nn.Module | None = None
+
+    @property
+    def row_bytes(self) -> int:
+        """The bytes of one model input."""
+        return math.prod(self.input_shape) * self.value_bytes
+
+
+@dataclass(frozen=True)
 class NoParams:
     def check(self) -> None:
         """Raise ValueError naming the field, the value and what is allowed."""
@@ -767,6 +790,16 @@ class FedAvg:
         """``client_model_copies`` of the method configured with ``params`` (a plug-in:
         its base's and its own)."""
         return cls.client_model_copies
+
+    @classmethod
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int | None:
+        """[D] At most how many bytes of tensors other than model copies one client keeps in
+        ``ctx.state`` across rounds (a replay buffer, exemplars, bases), at their fullest,
+        for a client of ``shape`` (``ClientShape``); None where only the model's hub config
+        knows. 0 here: FedAvg keeps nothing. With ``client_copies``, the training job's
+        resource ``client_state_mb`` (``parse.client_state_of``);
+        tests/methods/test_resume_all_methods.py measures every method's state against it."""
+        return 0
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:

@@ -68,10 +68,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import ClientContext, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload
+from .base import ClientContext, ClientShape, FedAvg, PlannedTerms, RunInfo, StepBatch, Upload
 from .params import boolean, integer, number
 from .registry import METHODS
-from .replay import Replay
+from .replay import Replay, buffer_bytes
 from .shared import StepSums
 
 MEMORY_STREAM = 0x82  # keyed randomness of DER's memory batches
@@ -100,6 +100,11 @@ class DER(FedAvg):
     def __init__(self, params, info: RunInfo) -> None:
         super().__init__(params, info)
         self.replay = Replay(info, params.buffer_size, MEMORY_STREAM)
+
+    @classmethod
+    def client_kept_bytes(cls, params, shape: ClientShape) -> int:
+        """Its buffer: ``buffer_size`` rows of (x, y, task, the logits of every class)."""
+        return buffer_bytes(params.buffer_size, shape, floats=shape.num_classes)
 
     def client_begin(self, ctx: ClientContext) -> None:
         s = self.scratch(ctx)

@@ -102,6 +102,7 @@ from ..utils import FedForgetError, torch_seed
 from .base import (
     ROUND_END,
     ClientContext,
+    ClientShape,
     Held,
     PlannedTerms,
     ReplyGrads,
@@ -113,7 +114,7 @@ from .base import (
 from .params import choice, integer, make_params, mapping, number, one_of, text
 from .plugin import OverBase
 from .registry import METHODS
-from .replay import POLICIES, Replay, sample_generator
+from .replay import POLICIES, Replay, buffer_bytes, sample_generator
 from .shared import StepDraws, StepSums, each_client, flat_dot, per_client, project
 
 REF_STREAM = 0x84  # keyed randomness of the buffer batch behind g_ref^k
@@ -213,13 +214,28 @@ class FedGP(OverBase):
         self.sees_step = self.base.sees_step  # the base's terms read the step's minibatch (A-GEM)
         # a base whose step is live terms (iCaRL, GLFC): its loss, then the projection (step terms)
         self.live_terms, self.step_rows = self.base.live_terms, self.base.step_rows
-        base_replay = getattr(self.base, "replay", None)
-        self.own_buffer = not isinstance(base_replay, Replay)
+        size = self.own_buffer_size(params)
+        self.own_buffer = size is not None
         if self.own_buffer:
-            size = DEFAULT_BUFFER if params.buffer_size is None else params.buffer_size
             self.replay = Replay(info, size, OWN_STREAM, policy=params.buffer_policy)
         else:
-            self.replay = base_replay
+            self.replay = self.base.replay  # the base's Replay (A-GEM, DER, iCaRL's exemplars, SCR)
+
+    @staticmethod
+    def own_buffer_size(params: FedGPParams) -> int | None:
+        """The rows of FedGP's own buffer; None over a base that keeps one, a base whose params
+        have ``buffer_size`` (A-GEM, DER, iCaRL, SCR: its ``replay``), which FedGP reads."""
+        base_p = make_params(params.base, dict(params.base_params))
+        if getattr(base_p, "buffer_size", None) is not None:
+            return None
+        return DEFAULT_BUFFER if params.buffer_size is None else params.buffer_size
+
+    @classmethod
+    def client_kept_bytes(cls, params: FedGPParams, shape: ClientShape) -> int | None:
+        """Its base's, and its own buffer of (x, y, task) rows where the base keeps none."""
+        base = super().client_kept_bytes(params, shape)
+        own = cls.own_buffer_size(params)
+        return None if base is None else base + (0 if own is None else buffer_bytes(own, shape))
 
     # ---------------------------------------------------------------- server side
     def server_broadcast(self, server: ServerContext) -> dict[str, Any]:

@@ -126,6 +126,7 @@ from ..utils import FedForgetError, torch_seed
 from .base import (
     TASK_END,
     ClientContext,
+    ClientShape,
     FedAvg,
     JoinedLive,
     LiveStep,
@@ -330,6 +331,13 @@ class GLFC(FedAvg):
                 f"{scenario['kind']!r} (incremental: {scenario.get('incremental')!r}) is domain-incremental, "
                 f"where {cls.name.upper()} is not defined; allowed: scenario.kind split | none"
             )
+
+    @classmethod
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int:
+        """Its exemplar memory: at most ``memory_size`` rows (m per learned class, m =
+        floor(memory_size / classes)), each x (as the model sees it), y and rank (int64); the
+        learned classes (int64, at most every class)."""
+        return min(params.memory_size, shape.rows) * (shape.row_bytes + 2 * 8) + 8 * shape.num_classes
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)

@@ -85,7 +85,7 @@ from torch import nn
 
 from ..activations import layer_dim, layer_inputs
 from ..utils import FedForgetError, torch_seed
-from .base import TASK_END, ClientContext, FedAvg, ServerContext
+from .base import TASK_END, ClientContext, ClientShape, FedAvg, ServerContext
 from .params import choice, integer, number, one_of
 from .registry import METHODS
 from .shared import (
@@ -205,6 +205,17 @@ class GPM(FedAvg):
         rule = params.get("task0_rank", "paper")  # runs recorded before the switch: the paper's
         what = "Eq. 5's smallest r reaching eps" if rule == "paper" else "the code's count below eps, one fewer"
         return f"GPM task0_rank={rule} ({what})"
+
+    @classmethod
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int | None:
+        """``memory: local``: its bases, M_l [d_l, r_l] float32 for every projected layer, at
+        most d_l columns each (r_l <= d_l: GPM Eq. 8-9), a bound a long stream can reach;
+        ``global``: none (the server's, broadcast). None where the model's layers are unknown."""
+        if params.memory == "global":
+            return 0
+        if shape.model is None:
+            return None
+        return sum(4 * layer_dim(m) ** 2 for m in projected_layers(shape.model).values())
 
     def model_init(self, model: nn.Module) -> None:
         """[D] A per-layer ``threshold`` list of another length than the model's projected

@@ -129,6 +129,7 @@ from .base import (
     ROUND_END,
     TASK_END,
     ClientContext,
+    ClientShape,
     FedAvg,
     JoinedLive,
     LiveStep,
@@ -273,6 +274,13 @@ class ICaRL(FedAvg):
                 f"method 'icarl' needs task boundaries (it snapshots the model and updates its exemplars at "
                 f"each task end): scenario.boundaries={b!r}; allowed: sync"
             )
+
+    @classmethod
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int:
+        """Its exemplars: at most ``buffer_size`` rows (m per class, m = floor(K / s) for
+        its s classes), each x (as the model sees it), y, task and rank (int64); ``seen``, a
+        bool per class."""
+        return min(params.buffer_size, shape.rows) * (shape.row_bytes + 3 * 8) + shape.num_classes
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import ClientContext, FedAvg, RunInfo, ServerContext, Upload
+from .base import ClientContext, ClientShape, FedAvg, RunInfo, ServerContext, Upload
 from .params import make_params
 from .registry import METHODS
 
@@ -85,6 +85,12 @@ class OverBase(FedAvg):
         if params is None:
             return cls.client_model_copies
         return cls.client_model_copies + METHODS.get(params.base).client_copies(make_params(params.base, dict(params.base_params)))
+
+    @classmethod
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int | None:
+        """Its base's: a plug-in keeps nothing more per client unless it says so (FedGP's
+        own buffer)."""
+        return METHODS.get(params.base).client_kept_bytes(make_params(params.base, dict(params.base_params)), shape)
 
     @classmethod
     def trait(cls, name: str, params: Any = None) -> bool:

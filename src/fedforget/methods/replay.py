@@ -53,7 +53,7 @@ from .shared import StepDraws, padded, rows_mask
 if TYPE_CHECKING:  # pragma: no cover
     from ..data.scenario import Scenario
     from ..train_spec import TrainSpec
-    from .base import ClientContext, RunInfo, StepTerms
+    from .base import ClientContext, ClientShape, RunInfo, StepTerms
 
 OFFER_STREAM = 0x80  # keyed randomness of the reservoir's replacement draws
 KEY = "replay"  # default ctx.state key of the buffer
@@ -303,6 +303,13 @@ class ReplayPlan:
         if self.offers:
             buf = state[self.buffer.key]
             buf["seen"], buf["size"] = self.seen, min(self.seen, self.buffer.capacity)
+
+
+def buffer_bytes(capacity: int, shape: ClientShape, floats: int = 0) -> int:
+    """[D] At most the bytes of one client's ``Reservoir`` of ``capacity`` rows (``rows_for``:
+    never more rows than the client offers, ``shape.rows``): per row its input (as the model
+    sees it), ``y`` and ``task`` (int64) and ``floats`` more float32 values (DER's logits)."""
+    return min(capacity, shape.rows) * (shape.row_bytes + 4 * floats + 2 * 8)
 
 
 def offer_generator(seed: int, rnd: int, cid: int, task: int) -> torch.Generator:

@@ -99,6 +99,7 @@ from ..utils import FedForgetError, torch_seed
 from .base import (
     ROUND_END,
     ClientContext,
+    ClientShape,
     FedAvg,
     JoinedLive,
     LiveStep,
@@ -109,7 +110,7 @@ from .base import (
 )
 from .params import choice, integer, number
 from .registry import METHODS
-from .replay import Replay
+from .replay import Replay, buffer_bytes
 from .shared import class_means, class_report, embed_rows, keep_reports, nme_scores, padded
 
 VIEW_STREAM = 0x5C2  # keyed randomness of the second view's augmentation
@@ -264,6 +265,11 @@ class SCR(FedAvg):
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)
         self.replay = Replay(info, params.buffer_size, MEMORY_STREAM, key=KEY)
+
+    @classmethod
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int:
+        """Its buffer: ``buffer_size`` rows of (x, y, task)."""
+        return buffer_bytes(params.buffer_size, shape)
 
     def model_init(self, model: nn.Module) -> None:
         """Add ``scr_head``: the projection g, dim_in -> dim_in -> proj_dim [C 'mlp']."""
