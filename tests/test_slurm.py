@@ -306,8 +306,8 @@ def test_pipeline_through_slurm_with_a_preempted_job_equals_a_local_run(slurm, t
     again = snakemake(cluster, "--workflow-profile", "profiles/slurm")
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0, out[-6000:]
-    assert re.search(r"slurm-packed: the 2 training jobs of one submission \(jobids \d+, \d+\) keep 24 MiB of client "
-                     r"model copies together \(client_state_mb\), more than its mem_mb 1:", out), out[-6000:]  # fmt: skip
+    assert re.search(r"slurm-packed: the 2 training jobs of one submission \(jobids \d+, \d+\) keep 24 MiB of per-client "
+                     r"state together \(client_state_mb\), more than its mem_mb 1:", out), out[-6000:]  # fmt: skip
     new = sorted(p.stem for p in logs.glob("*.log") if p.stem not in groups)
     assert len(new) == 1 and not launched_at_once(cluster, new[0], 2), new
     runs = sorted(cluster.glob("results/packed/*/*/*/seed*/run.json"))

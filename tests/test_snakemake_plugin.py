@@ -195,7 +195,7 @@ def test_slurm_packed_runs_at_once_only_the_client_copies_that_fit_the_submissio
     with caplog.at_level(logging.WARNING, logger="test-slurm-packed"):
         assert ex.format_job_exec(group_of(*four)) == "--cores 4 --resources client_state_mb=16000"
     assert caplog.messages == [
-        "slurm-packed: the 4 training jobs of one submission (jobids 1, 2, 3, 4) keep 17,200 MiB of client model copies "
+        "slurm-packed: the 4 training jobs of one submission (jobids 1, 2, 3, 4) keep 17,200 MiB of per-client state "
         "together (client_state_mb), more than its mem_mb 16,000: they run there at once only as many as fit (raise "
         "mem_mb or lower group-components to run them all at once)"
     ]

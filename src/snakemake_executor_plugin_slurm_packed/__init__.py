@@ -19,9 +19,10 @@ this plugin's prefix (``--slurm-packed-no-account``; ``slurm-packed-status-comma
 a profile). Tested against a real scheduler: tests/test_slurm.py.
 
 Memory [D]: jobs run at once share the submission's memory (``mem_mb``, SLURM's limit for the
-whole submission), and a method that keeps copies of the model per client (SCAFFOLD, FedDyn,
-MOON, FedCurv) holds them there: the train rule declares each job's as its resource
-``client_state_mb`` (``fedforget.parse.client_state_mb``). Where a group's jobs need more of it
+whole submission), and a method that keeps state per client across rounds holds it there
+(copies of the model: SCAFFOLD, FedDyn, MOON, FedCurv; replay buffers, exemplars, GPM's bases
+at their fullest): the train rule declares each job's as its resource ``client_state_mb``
+(``fedforget.parse.client_state_mb``). Where a group's jobs need more of it
 together than the submission's ``mem_mb``, the local executor inside gets ``--resources
 client_state_mb=<mem_mb>`` and runs at once only as many as fit (one alone where it does not fit
 with any other); the submission's runtime, the sum of its jobs', still covers them one after
@@ -49,7 +50,7 @@ STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk
 
 
 def state_need(jobs) -> int:
-    """The MiB of client model copies ``jobs`` keep together (their ``client_state_mb``)."""
+    """The MiB of per-client state ``jobs`` keep together (their ``client_state_mb``)."""
     return sum(int(j.resources.get(STATE, 0) or 0) for j in jobs)
 
 
@@ -98,7 +99,7 @@ class Executor(SlurmExecutor):
 
     def format_job_exec(self, job) -> str:
         """The SLURM plugin's command for ``job``; for a group, run by the local executor with
-        cores for all its jobs at once, and their client model copies capped at the
+        cores for all its jobs at once, and their per-client state capped at the
         submission's memory where they do not all fit in it (``state_cap``)."""
         if not job.is_group():
             return super().format_job_exec(job)
@@ -107,7 +108,7 @@ class Executor(SlurmExecutor):
         if cap is not None:
             self.logger.warning(
                 f"slurm-packed: the {len(job.jobs)} training jobs of one submission (jobids "
-                f"{', '.join(str(j.jobid) for j in job.jobs)}) keep {state_need(job.jobs):,} MiB of client model copies "
+                f"{', '.join(str(j.jobid) for j in job.jobs)}) keep {state_need(job.jobs):,} MiB of per-client state "
                 f"together ({STATE}), more than its mem_mb {cap:,}: they run there at once only as many as "
                 "fit (raise mem_mb or lower group-components to run them all at once)"
             )
@@ -134,7 +135,7 @@ class Executor(SlurmExecutor):
     def additional_general_args(self) -> str:
         """The SLURM plugin's (``--executor slurm-jobstep --jobs 1``) for a job alone; for a
         group, Snakemake's default, the local executor, runs its jobs: no executor, and the
-        cap on their client model copies where there is one."""
+        cap on their per-client state where there is one."""
         if not self._group_cores:
             return super().additional_general_args()
         cap = getattr(self._formatting, "state_cap", None)

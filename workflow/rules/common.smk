@@ -226,7 +226,7 @@ def train_config(w):
 
 
 def client_state_mb(w):
-    """The MiB of model copies the job's clients keep once all have trained (resource
+    """The MiB of state the job's clients keep once all have trained (resource
     client_state_mb: fedforget.parse.client_state_mb; 0 for most methods)."""
     return RUN_CONFIGS[RUN_DIRS[run_key(w)]]["client_state_mb"]
 

@@ -2,8 +2,8 @@
 # An interrupted job leaves checkpoint.pt (not an output, so Snakemake keeps it when it
 # cleans the incomplete outputs); `snakemake --rerun-incomplete` resumes from it.
 # Threads, GPUs, runtime and partition come from the profile (set-resources/set-threads).
-# client_state_mb, the host memory of the model copies a method keeps per client, comes from
-# the config: jobs sharing one SLURM submission (slurm-packed) run at once only as many as fit
+# client_state_mb, the host memory of what a method keeps per client (model copies; buffers,
+# exemplars, bases at their fullest), comes from the config: jobs sharing one SLURM submission (slurm-packed) run at once only as many as fit
 # its mem_mb; on one machine `--resources client_state_mb=N` caps them the same way.
 # Rerun triggers: params.identity (config hash + code digest), the input files' mtimes;
 # params.cfg carries runtime settings too but is not a trigger (common.smk, JobArgument).
