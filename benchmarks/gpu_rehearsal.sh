@@ -27,8 +27,8 @@
 # its second, as this script after the fixes (65 minutes; gpu-rehearsal-b/, without the ViT
 # commands, which ORDER="vit joined" ran after: 10 minutes, gpu-rehearsal-b/vit-joined/), only
 # the TinyBERT.
-# Its latest whole run (every section but hf, alone on 2 cores, at 6961f76: results/cpu-2026-12-07-b/):
-# 47 commands, no failure, about 67 minutes (gpu.sh's 61); ORDER=hf at 6f7c54a: 4 commands, no failure.
+# Its latest whole run (the default order, hf included, on 2 cores, at 8eb3d05: results/cpu-2026-12-07-i/):
+# 50 commands, no failure, about 65 minutes (gpu.sh's 63).
 #   usage: bash benchmarks/gpu_rehearsal.sh [OUTDIR]    (default: /tmp/gpu-rehearsal)
 set -eu
 out=$(mkdir -p "${1:-/tmp/gpu-rehearsal}" && cd "${1:-/tmp/gpu-rehearsal}" && pwd)
