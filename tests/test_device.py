@@ -592,7 +592,7 @@ def test_a_runs_client_state_mb_is_its_clients_copies_once_all_have_trained(make
     assert client_state_of(make_run_config(method="fedavg")) is None and client_state_mb(make_run_config(method="fedavg")) == 0
 
 
-def test_client_state_mb_counts_buffers_and_bases_at_their_fullest(make_run_config) -> None:
+def test_client_state_mb_counts_buffers_and_bases_at_their_fullest(make_run_config, monkeypatch) -> None:
     """Besides model copies, the resource counts what a method keeps per client at most
     (``FedAvg.client_kept_bytes``), by hand on iris (4 inputs, 3 classes, 120 training rows)
     and the wide MLP: A-GEM's 200 rows, a client never holding more than the dataset's 120
@@ -624,8 +624,16 @@ def test_client_state_mb_counts_buffers_and_bases_at_their_fullest(make_run_conf
     # a row's bytes as the model sees it: uint8 images become float32, int64 token ids stay int64
     from fedforget.parse import client_shape
 
-    assert [client_shape(make_run_config(dataset=d, model=m), None).row_bytes
+    assert [client_shape(make_run_config(dataset=d, model=m), lambda: None).row_bytes
             for d, m in [("iris", "mlp"), ("cifar10", "cnn_mcmahan"), ("sst2", "hf")]] == [16, 3 * 32 * 32 * 4, 2 * 128 * 8]  # fmt: skip
+    # the job's resource builds no model a method does not size by (a ViT's would import torchvision)
+    import fedforget.parse as parse
+
+    built, real = [], parse.meta_model
+    monkeypatch.setattr(parse, "meta_model", lambda *a: built.append(a[0]) or real(*a))
+    for method in ("fedavg", "agem", "der", "scaffold", "gpm"):
+        client_state_mb(make_run_config(method=method, partition=part))
+    assert built == ["mlp", "mlp"]  # SCAFFOLD's copies, GPM's bases
     windows = {"kind": "split", "tasks": 3, "classes_per_task": 1, "boundaries": {"samples_per_window": 10, "window_rounds": 1}}
     assert client_state_of(make_run_config(method="agem", params={"buffer_size": 10**6}, scenario=windows))["kept_bytes"] == 240 * 32
 

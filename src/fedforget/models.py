@@ -1291,7 +1291,11 @@ def parameter_count(
     modules), counted on the meta device: nothing is allocated and no pretrained weight is
     loaded, so a model too large for any machine is counted in milliseconds. None for
     ``hf`` (its size is the hub's config's)."""
-    model = meta_model(name, input_shape, num_classes, options)
+    return parameters_of(meta_model(name, input_shape, num_classes, options))
+
+
+def parameters_of(model: nn.Module | None) -> int | None:
+    """The parameters of ``model`` (None: a hub model ``meta_model`` did not make)."""
     return None if model is None else sum(p.numel() for p in model.parameters())
 
 

@@ -11,6 +11,7 @@ config (``fedforget.parsecache``) imports ``fedforget.config`` alone and stays t
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from .figures import check_figure
 from .inputs import check_augment, check_normalize
 from .methods import METHODS, ClientShape, make_params
 from .methods.params import param_schema, recorded
-from .models import check_model, eval_by_batch, meta_model, parameter_count
+from .models import check_model, eval_by_batch, meta_model, parameter_count, parameters_of
 from .paper_tables import SCORED
 from .partition import PartitionSpec, check_feasible, check_per_class_shards, check_scheme_keys
 from .plots import CURVES
@@ -402,18 +403,40 @@ def dataset_sizes(wf: WorkflowConfig) -> list[str]:
     return list(seen.values())
 
 
-def client_shape(rc: RunConfig, model: Any) -> ClientShape:
+def client_shape(rc: RunConfig, build: Callable[[], Any]) -> ClientShape:
     """What run ``rc``'s per-client state is sized by (``FedAvg.client_kept_bytes``): its
     model input (uint8 images become float32), classes, the dataset's training rows (at
     most, before it is built: twice them under asynchronous windows, ``ClientShape``) and
-    ``model`` (``meta_model``'s)."""
+    ``build``, which gives its model (``meta_model``'s) where a method reads it."""
     d = rc.dataset
     info = DATASETS.get(d.name)
     o = info.resolve(d.options)
     stored = info.input_dtype(o)
     value = 4 if stored == "uint8" else np.dtype(stored).itemsize  # inputs.InputPipeline.convert
     windows = (d.scenario or {}).get("boundaries", "sync") != "sync"
-    return ClientShape(tuple(d.input_shape), value, d.num_classes, info.split_sizes(o)[0] * (2 if windows else 1), model)
+    return ClientShape(tuple(d.input_shape), value, d.num_classes, info.split_sizes(o)[0] * (2 if windows else 1), build)
+
+
+def _client_state(rc: RunConfig, models: dict[tuple, Any] | None) -> tuple[int, int | None, int | None, Callable[[], Any]]:
+    """Run ``rc``'s (model copies per client, at most its other kept bytes per client, the
+    whole for every client or None where a hub config sizes it, the meta model's builder):
+    the model made (and kept in ``models``, by model) only where the copies or the method
+    need it, so a parse of runs that keep nothing builds none."""
+    m, d = rc.method, rc.dataset
+    cls, params = METHODS.get(m.name), make_params(m.name, m.params)
+    key = (d.model, repr(sorted(d.model_options.items())), tuple(d.input_shape), d.num_classes)
+    models = {} if models is None else models
+
+    def build() -> Any:
+        if key not in models:
+            models[key] = meta_model(d.model, d.input_shape, d.num_classes, d.model_options)
+        return models[key]
+
+    copies = cls.client_copies(params)
+    kept = cls.client_kept_bytes(params, client_shape(rc, build))
+    n = parameters_of(build()) if copies else 0
+    per_client = None if kept is None or n is None else 4 * n * copies + kept
+    return copies, kept, None if per_client is None else per_client * rc.partition.clients, build
 
 
 def client_state_of(rc: RunConfig, models: dict[tuple, Any] | None = None) -> dict[str, Any] | None:
@@ -424,23 +447,13 @@ def client_state_of(rc: RunConfig, models: dict[tuple, Any] | None = None) -> di
     partition (and the same in MiB rounded up, ``client_state_mb``), None where only the
     model's hub config knows its size. ``models`` keeps the models already made on the meta
     device, by model (``meta_model``: milliseconds, but thousands of runs share a few)."""
-    m, d, k = rc.method, rc.dataset, rc.partition.clients
-    cls, params = METHODS.get(m.name), make_params(m.name, m.params)
-    key = (d.model, repr(sorted(d.model_options.items())), tuple(d.input_shape), d.num_classes)
-    models = {} if models is None else models
-    if key not in models:
-        models[key] = meta_model(d.model, d.input_shape, d.num_classes, d.model_options)
-    model = models[key]
-    n = None if model is None else sum(p.numel() for p in model.parameters())
-    copies = cls.client_copies(params)
-    kept = cls.client_kept_bytes(params, client_shape(rc, model))
+    copies, kept, size, build = _client_state(rc, models)
     if not copies and kept == 0:
         return None
-    per_client = None if kept is None or (copies and n is None) else 4 * (n or 0) * copies + kept
-    size = None if per_client is None else per_client * k
-    return {"method": m.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
-            "clients": k, "copies": copies, "parameters": n, "kept_bytes": kept, "bytes": size,
-            "client_state_mb": None if size is None else -(-size // 2**20)}  # fmt: skip
+    d = rc.dataset
+    return {"method": rc.method.label, "model": d.model, "dataset": d.label, "input_shape": list(d.input_shape),
+            "clients": rc.partition.clients, "copies": copies, "parameters": parameters_of(build()), "kept_bytes": kept,
+            "bytes": size, "client_state_mb": None if size is None else -(-size // 2**20)}  # fmt: skip
 
 
 def client_state_mb(rc: RunConfig, models: dict[tuple, Any] | None = None) -> int:
@@ -450,9 +463,9 @@ def client_state_mb(rc: RunConfig, models: dict[tuple, Any] | None = None) -> in
     ``client_state_mb`` (workflow/rules/train.smk), by which the jobs packed in one SLURM
     submission (``slurm-packed``) or on one machine (``--resources client_state_mb=N``) run
     at once only as many as fit. 0 where the method keeps nothing, or where the model's
-    size is its hub config's (not counted)."""
-    row = client_state_of(rc, models)
-    return 0 if row is None else row["client_state_mb"] or 0
+    size is its hub config's (not counted). Builds no model a row would only list."""
+    size = _client_state(rc, models)[2]
+    return 0 if size is None else -(-size // 2**20)
 
 
 def client_state(wf: WorkflowConfig) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ def test_resume_equals_uninterrupted(public_run_cfg, method):
     assert all(abs(k - declared) < 0.25 for k in kept), (method, declared, kept)  # a bias-shaped count is no copy
     # and its other tensors (buffers, exemplars, bases) at most what it declares, nothing
     # declared where it keeps none (the training job's resource: parse.client_state_of)
-    bound = type(full.method).client_kept_bytes(full.method.p, client_shape(rc, full.model))
+    bound = type(full.method).client_kept_bytes(full.method.p, client_shape(rc, lambda: full.model))
     other = [model_copies(s, full.global_params)[1] for s in full.fed.clients.values() if s]
     assert all(o <= bound for o in other) and (bound > 0) == any(other), (method, bound, other)
 
@@ -86,7 +86,7 @@ def test_a_full_buffer_takes_what_the_method_declares(public_run_cfg, method):
     rc = public_run_cfg(method, {**(QUICK_PARAMS.get(method) or {}), "buffer_size": 8}, rounds=2, local_epochs=1)
     sim = Simulation(rc, device=CPU)
     assert sim.run(progress=False)[0] == "completed"
-    bound = type(sim.method).client_kept_bytes(sim.method.p, client_shape(rc, sim.model))
+    bound = type(sim.method).client_kept_bytes(sim.method.p, client_shape(rc, lambda: sim.model))
     assert bound == 8 * (4 * (4 + (3 if method == "der" else 0)) + 16)
     full = [s for s in sim.fed.clients.values() if s and int(s[sim.method.replay.buffer.key]["seen"]) >= 8]
     assert full and all(model_copies(s, sim.global_params)[1] == bound for s in full)

@@ -554,20 +554,25 @@ class ClientShape:
     of each of its values as the model sees it (4: uint8 images become float32; else the
     stored dtype's, 8 for int64 token ids), the classes, the most training rows one client
     can ever offer (the dataset's training rows; twice that under asynchronous windows,
-    whose clipped last window offers again: ``replay.Replay.rows_ever``), and the model's
-    layers (on the meta device: ``models.meta_model``; None where only a hub config knows
-    them)."""
+    whose clipped last window offers again: ``replay.Replay.rows_ever``), and ``build``, which
+    gives the model's layers (on the meta device: ``models.meta_model``; None where only a hub
+    config knows them), called only by a method that reads ``model`` (GPM): most keep
+    nothing the model sizes, and building one may import a package (a ViT: torchvision)."""
 
     input_shape: tuple[int, ...]
     value_bytes: int
     num_classes: int
     rows: int
-    model: nn.Module | None = None
+    build: Callable[[], nn.Module | None] = lambda: None
 
     @property
     def row_bytes(self) -> int:
         """The bytes of one model input."""
         return math.prod(self.input_shape) * self.value_bytes
+
+    @property
+    def model(self) -> nn.Module | None:
+        return self.build()
 
 
 @dataclass(frozen=True)
