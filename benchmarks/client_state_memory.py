@@ -10,9 +10,11 @@ client has trained a job holds clients x that (``fedforget.parse.client_state``,
 ``fedforget validate`` prints). This script counts it for every config under ``--configs``
 (default the paper configs) and writes, per config, each row and the largest. Jobs packed
 in one SLURM submission share its ``mem_mb``: each declares its state as resource
-``client_state_mb`` (``fedforget.parse.client_state_mb``), and ``slurm-packed`` runs at once
-only as many as fit; ``largest_at_once`` is how many of the largest jobs train at once under
-``--profile`` (its ``set-resources.train.mem_mb`` and ``group-components`` for train).
+``client_state_mb`` (``fedforget.parse.client_state_mb``) and takes ``slurm-packed-process-mb``
+for its process, and ``slurm-packed`` runs at once only as many as fit (its ``packing``);
+``largest_at_once`` is how many of the largest jobs train at once under ``--profile`` (its
+``set-resources.train.mem_mb``, ``group-components`` for train and ``slurm-packed-process-mb``,
+unset the plugin's default).
 Counted, not measured: no job runs.
 
     python benchmarks/client_state_memory.py --json benchmarks/results/cpu-DATE/client_state_memory.json
@@ -23,12 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
 from fedforget.parse import client_state, load_config
 from fedforget.utils import atomic_write_json
+from snakemake_executor_plugin_slurm_packed import PROCESS_MB, packing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +46,16 @@ def main() -> None:
     profile = yaml.safe_load(Path(a.profile).read_text())
     mem_mb = profile["set-resources"]["train"]["mem_mb"]
     per_submission = int(dict(g.split("=") for g in profile.get("group-components", ["train=1"]))["train"])
+    process_mb = profile.get("slurm-packed-process-mb", PROCESS_MB)
+
+    def at_once(mb: int) -> int:
+        """How many of ``per_submission`` jobs of ``mb`` MiB of state train at once."""
+        plan = packing([SimpleNamespace(resources={"client_state_mb": mb})] * per_submission, mem_mb, process_mb)
+        if plan is None:
+            return per_submission
+        k, cap = plan
+        return k if cap is None or not mb else min(k, cap // mb)
+
     out: dict[str, Any] = {}
     for f in a.configs:
         rows = client_state(load_config(f))
@@ -49,9 +63,8 @@ def main() -> None:
             continue
         largest = max(rows, key=lambda r: r["bytes"] or 0)
         mb = largest["client_state_mb"] or 0
-        at_once = per_submission if not mb else max(1, min(per_submission, mem_mb // mb))
         out[Path(f).stem] = {"rows": rows, "largest_gib": (largest["bytes"] or 0) / 2**30, "largest": largest,
-                             "largest_client_state_mb": mb, "largest_at_once": at_once}  # fmt: skip
+                             "largest_client_state_mb": mb, "largest_at_once": at_once(mb)}  # fmt: skip
     for name, c in out.items():
         r = c["largest"]
         what = [f"{r['copies']} copies"] if r["copies"] else []
@@ -61,7 +74,7 @@ def main() -> None:
     if a.json:
         atomic_write_json(a.json, {"what": "bytes of per-client state (float32 model copies; replay buffers, exemplars, bases at their fullest) once every client has trained, per job",
                                    "profile": {"path": os.path.relpath(a.profile, ROOT), "mem_mb": mem_mb,
-                                               "group_components": per_submission},
+                                               "group_components": per_submission, "process_mb": process_mb},
                                    "configs": out})  # fmt: skip
 
 

@@ -67,7 +67,9 @@
 #             sequential vs batched;
 #   packing   benchmarks/packing.py: 1, 2, 4 and 8 ResNet-18 training jobs sharing the GPU
 #             (batched, as client_engine auto trains it on a GPU since 2026-11-27 evening; the
-#             McMahan CNN batched with PACK_MCMAHAN=1), each job's peak GPU memory;
+#             McMahan CNN batched with PACK_MCMAHAN=1), each job's peak GPU memory; then
+#             benchmarks/process_memory.py: a `fedforget train` job's host memory on the GPU
+#             (McMahan CNN, ResNet-18), what slurm-packed-process-mb sets aside per job;
 #   sims      the McMahan preset (Dirichlet 0.5, 1 epoch): sequential vs batched, and batched
 #             in bf16; FedProx, FedDyn and SCAFFOLD (per-step terms);
 #   stream    benchmarks/streaming.py: streamed vs in-memory pool, batched engine;
@@ -292,6 +294,10 @@ packing() {
     # twice: one job keeps the GPU busy) only with PACK_MCMAHAN=1
     box 120 python "$here/packing.py" --preset resnet18 --mode vectorized --device cuda --threads 1 --warmup 3 \
         --seconds 10 --jobs 1 2 4 --json "$out/packing-resnet18-vectorized.json" | tee -a "$out/packing.txt"
+    # the host memory one training job's process takes on a GPU besides its per-client state
+    # (slurm-packed-process-mb, since 2026-12-07; the H200's packing children: 1,381 and 2,857 MB)
+    box 100 python "$here/process_memory.py" --device cuda --presets mcmahan resnet18 \
+        --json "$out/process_memory.json" | tee -a "$out/packing.txt"
     [ "${PACK_MCMAHAN:-0}" = 1 ] && box 100 python "$here/packing.py" --preset mcmahan --device cuda --threads 2 \
         --warmup 4 --seconds 8 --json "$out/packing-mcmahan.json" | tee -a "$out/packing.txt"
     return 0

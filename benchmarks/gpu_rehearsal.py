@@ -22,7 +22,7 @@ import simulation  # noqa: E402  (benchmarks/simulation.py: its presets)
 # 4000 rows) keep it
 TRAIN_ROWS = {"vit": 60}
 SMALL = sorted(k for k, p in simulation.PRESETS.items() if p["dataset"] == "blobs" and "num_train" not in p["options"])
-RESIZED = ("simulation.py", "profile_round.py", "packing.py")  # the scripts with --train-rows
+RESIZED = ("simulation.py", "profile_round.py", "packing.py", "process_memory.py")  # the scripts with --train-rows
 CAPS = {"--rounds": 1, "--seconds": 3, "--budget": 40, "--steps": 2, "--iters": 2, "--samples": 1}
 # [D] model_rates.py (sections hf, rates): 2 clients and 64 timed test rows. Its 10 clients' batched
 # TinyBERT passed this machine's 24 GB of host memory (cpu-2026-12-05: killed); with 2 of them and its

@@ -133,20 +133,42 @@ def test_checkpoint_cadence_runs_each_cadence_to_the_same_results(tmp_path):
     assert list(tmp_path.iterdir()) == [out]  # its runs are removed
 
 
+def test_process_memory_measures_a_training_job_s_own_process(tmp_path):
+    """benchmarks/process_memory.py runs `fedforget train` on the embedded digits preset (FedAvg,
+    1 round) and writes the process's peak beside the import-only one: larger than it, and
+    all of it the process's own (FedAvg keeps no per-client state); its run directory removed."""
+    out = tmp_path / "pm.json"
+    done = subprocess.run([sys.executable, str(BENCH / "process_memory.py"), "--presets", "digits", "--rounds", "1",
+                           "--data", str(tmp_path / "data"), "--json", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["preset"], r["method"]) for r in rows] == [(None, "import_only"), ("digits", "fedavg")]
+    imported, job = rows
+    assert job["exit"] == 0 and job["client_state_mb"] == 0 and job["process_mb"] == job["peak_rss_mb"]
+    assert 100 < imported["peak_rss_mb"] < job["peak_rss_mb"], rows
+    assert json.loads(out.read_text())["process_mb_max"] == job["process_mb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "pm.json"]
+
+
 def test_client_state_memory_counts_how_many_of_the_largest_jobs_train_at_once(tmp_path):
     """benchmarks/client_state_memory.py on FedProj Table 1/3b (its largest job: FedDyn on the
     CINIC-10 ResNet-18, 100 clients, one copy: 4,469,584,800 bytes, 4,263 MiB as its
-    client_state_mb) under profiles with 4 jobs per submission: all 4 at once in 17,052 MB,
-    3 in the shipped 16,000, 1 in 8,525 (2 need 8,526) and in 10 (alone where none fits)."""
+    client_state_mb) under profiles with 4 jobs per submission, each process 3,000 MB
+    (slurm-packed's default) besides: all 4 at once in 29,052 MB, 2 in the shipped 16,000 (3
+    would need 21,789), 1 in 14,525 (2 need 14,526) and in 10 (alone where none fits); with
+    slurm-packed-process-mb 0 in the profile, 3 in 16,000."""
     config = BENCH.parent / "config" / "experiments" / "paper" / "fedproj_table1_table3b.yaml"
     seen = {}
-    for mem in (17052, 16000, 8525, 10):
-        profile, out = tmp_path / f"profile{mem}.yaml", tmp_path / f"{mem}.json"
-        profile.write_text(json.dumps({"set-resources": {"train": {"mem_mb": mem}}, "group-components": ["train=4"]}))
+    for mem, process in ((29052, None), (16000, None), (14525, None), (10, None), (16000, 0)):
+        profile, out = tmp_path / f"profile{mem}.yaml", tmp_path / f"{mem}-{process}.json"
+        settings = {"set-resources": {"train": {"mem_mb": mem}}, "group-components": ["train=4"]}
+        profile.write_text(json.dumps(settings if process is None else settings | {"slurm-packed-process-mb": process}))
         done = subprocess.run([sys.executable, str(BENCH / "client_state_memory.py"), "--configs", str(config),
                                "--profile", str(profile), "--json", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr
-        c = json.loads(out.read_text())["configs"]["fedproj_table1_table3b"]
+        written = json.loads(out.read_text())
+        c = written["configs"]["fedproj_table1_table3b"]
         assert (c["largest"]["method"], c["largest"]["bytes"], c["largest_client_state_mb"]) == ("FedDyn", 4469584800, 4263)
-        seen[mem] = c["largest_at_once"]
-    assert seen == {17052: 4, 16000: 3, 8525: 1, 10: 1}
+        assert written["profile"]["process_mb"] == (3000 if process is None else process)
+        seen[mem, process] = c["largest_at_once"]
+    assert seen == {(29052, None): 4, (16000, None): 2, (14525, None): 1, (10, None): 1, (16000, 0): 3}

@@ -255,7 +255,7 @@ def test_gpu_script_commands_parse_and_select_tests(repo_root, tmp_path) -> None
     assert other_env == {"FEDFORGET_TEST_DEVICE": "cuda"}
     assert all("cuda" not in argv for argv in rehearsed)
     resized = {Path(argv[0]).name for argv in rehearsed if "--train-rows" in argv}
-    assert resized == {"simulation.py", "profile_round.py", "packing.py"}
+    assert resized == {"simulation.py", "profile_round.py", "packing.py", "process_memory.py"}
     assert not [argv for argv in own_size if "--train-rows" in argv]  # resnet8 states its size; digits is no blobs
     # model_rates.py (hf, rates) at 2 clients and 64 test rows: 10 clients' batched TinyBERT passed 24 GB of host memory
     rates = [argv for argv in rehearsed if argv[0].endswith("model_rates.py")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -97,7 +98,8 @@ def test_the_timeline_keeps_job_events_only(tmp_path):
 
 def packed_executor(**settings):
     """A `slurm-packed` executor with no workflow behind it: its resource and executor
-    settings (the SLURM plugin's pass_command_as_script off, plus ``settings``) stand-ins."""
+    settings (the SLURM plugin's pass_command_as_script off, process_mb its default, plus
+    ``settings``) stand-ins."""
     from types import SimpleNamespace
 
     import snakemake_executor_plugin_slurm_packed as packed
@@ -105,7 +107,7 @@ def packed_executor(**settings):
     ex = object.__new__(packed.Executor)
     ex.workflow = SimpleNamespace(
         resource_settings=SimpleNamespace(cores=None),
-        executor_settings=SimpleNamespace(pass_command_as_script=False, **settings),
+        executor_settings=SimpleNamespace(**{"pass_command_as_script": False, "process_mb": packed.PROCESS_MB, **settings}),
     )
     ex.logger = logging.getLogger("test-slurm-packed")
     return ex
@@ -158,7 +160,7 @@ def test_slurm_packed_formats_two_groups_at_once_each_with_its_own_cores(monkeyp
     ex = packed_executor()
     alone = SimpleNamespace(is_group=lambda: False, threads=1, name="alone")
     small = group_of((1, 0), (1, 0), name="small")
-    big = group_of((3, 5000), (3, 5000), mem_mb=8000, name="big")
+    big = group_of((3, 5000), (3, 5000), mem_mb=14000, name="big")  # 2 x 3,000 MB of processes besides
     others: dict[str, str] = {}
 
     def other_thread() -> None:
@@ -177,12 +179,13 @@ def test_slurm_packed_formats_two_groups_at_once_each_with_its_own_cores(monkeyp
     assert others == {"small": "--cores 2", "alone": "--cores all --executor slurm-jobstep --jobs 1"}
 
 
-def test_slurm_packed_runs_at_once_only_the_client_copies_that_fit_the_submissions_memory(monkeypatch, caplog):
-    """Jobs whose client model copies (the train rule's resource client_state_mb) together
-    exceed the submission's mem_mb: the local executor inside gets --resources
-    client_state_mb=<mem_mb> (Snakemake then starts at once only jobs that fit together: the
-    workflow test runs that part), and a warning names the jobs and both sizes; jobs that
-    fit, or a submission that asks no memory, are run all at once as before."""
+def test_slurm_packed_runs_at_once_only_the_jobs_that_fit_the_submissions_memory(monkeypatch, caplog):
+    """Jobs whose per-client state (the train rule's resource client_state_mb) and processes
+    (slurm-packed-process-mb each) together exceed the submission's mem_mb: the local executor
+    inside gets the cores of at most K jobs and, where K of them could exceed it, --resources
+    client_state_mb=C, C + K x process_mb <= mem_mb (Snakemake then starts at once only jobs
+    that fit together: the workflow test runs that part), and a warning names the jobs and the
+    sizes; jobs that fit, or a submission that asks no memory, are run all at once as before."""
     from types import SimpleNamespace
 
     import snakemake_executor_plugin_slurm as slurm
@@ -193,21 +196,67 @@ def test_slurm_packed_runs_at_once_only_the_client_copies_that_fit_the_submissio
     ex = packed_executor()
     four = [(1, 4300)] * 4  # FedProj Table 1/3b's FedDyn on the ResNet-18 at 100 clients, 4 to a submission
     with caplog.at_level(logging.WARNING, logger="test-slurm-packed"):
-        assert ex.format_job_exec(group_of(*four)) == "--cores 4 --resources client_state_mb=16000"
+        # 3 at once would hold 12,900 MiB of state and 9,000 MB of processes: 2 of them, no cap beyond
+        assert ex.format_job_exec(group_of(*four)) == "--cores 2"
+        assert ex.format_job_exec(group_of((2, 20000), (2, 0))) == "--cores 2"
     assert caplog.messages == [
         "slurm-packed: the 4 training jobs of one submission (jobids 1, 2, 3, 4) keep 17,200 MiB of per-client state "
-        "together (client_state_mb), more than its mem_mb 16,000: they run there at once only as many as fit (raise "
-        "mem_mb or lower group-components to run them all at once)"
+        "together (client_state_mb) and take 3,000 MB each for their process (slurm-packed-process-mb), 29,200 in "
+        "all, more than its mem_mb 16,000: they run there at most 2 at once (raise mem_mb or lower group-components "
+        "to run them all at once)",
+        "slurm-packed: the 2 training jobs of one submission (jobids 1, 2) keep 20,000 MiB of per-client state "
+        "together (client_state_mb) and take 3,000 MB each for their process (slurm-packed-process-mb), 26,000 in "
+        "all, more than its mem_mb 16,000: they run there one at a time, and the largest (20,000 MiB of state) may "
+        "not fit even alone (raise mem_mb or lower group-components to run them all at once)",
     ]
-    caplog.clear()
-    for jobs, mem, cap in [(four, 17200, None), (four, 17199, 17199), ([(1, 0)] * 4, 1, None),
-                           ([(2, 20000), (2, 0)], 16000, 16000), (four, None, None), (four, "16000", None)]:  # fmt: skip
+    mixed = [(1, 6000), (1, 1000), (1, 1000), (1, 1000)]
+    for jobs, mem, process, plan in [
+        (four, 29200, 3000, None), (four, 29199, 3000, (4, 17199)), (four, 17200, 0, None), (four, 17199, 0, (4, 17199)),
+        ([(1, 0)] * 4, 1, 0, None), ([(1, 0)] * 4, 10000, 3000, (3, None)), ([(2, 20000), (2, 0)], 16000, 0, (1, None)),
+        (mixed, 16000, 2000, (4, 8000)),  # 4 at once, at most 8,000 MiB: the 6,000 job with two others
+        ([(2, 0), (1, 0), (1, 0)], 7000, 3000, (2, None)),  # the two of one thread each: 2 cores
+        (four, None, 3000, None), (four, "16000", 3000, None),
+    ]:  # fmt: skip
         group = group_of(*jobs, mem_mb=mem)
-        assert packed.state_cap(group.jobs, mem) == cap, (jobs, mem)
-        expected = f"--cores {sum(t for t, _ in jobs)}" + ("" if cap is None else f" --resources client_state_mb={cap}")
-        assert ex.format_job_exec(group) == expected
+        assert packed.packing(group.jobs, mem, process) == plan, (jobs, mem, process)
+        at_once, cap = (len(jobs), None) if plan is None else plan
+        cores = sum(sorted(t for t, _ in jobs)[:at_once])
+        expected = f"--cores {cores}" + ("" if cap is None else f" --resources client_state_mb={cap}")
+        assert packed_executor(process_mb=process).format_job_exec(group) == expected
     alone = SimpleNamespace(is_group=lambda: False, threads=1)
     assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"  # nothing left behind
+
+
+def test_slurm_packed_never_runs_together_more_than_the_submissions_memory():
+    """``packing``'s promise over random groups: any jobs the local executor may start together
+    (at most K of them, their client_state_mb at most C) fit mem_mb with their processes, and
+    the largest job may run (C at least its state) wherever it fits alone; jobs that all fit run
+    all at once."""
+    import itertools
+    import random
+    from types import SimpleNamespace
+
+    import snakemake_executor_plugin_slurm_packed as packed
+
+    rng = random.Random(0)
+    for _ in range(400):
+        states = [rng.choice([0, 0, 100, 1000, 2500, 4300, 9000, 20000]) for _ in range(rng.randint(1, 6))]
+        mem, process = rng.choice([1000, 8000, 16000, 32000]), rng.choice([0, 500, 3000])
+        jobs = [SimpleNamespace(resources={"client_state_mb": s}) for s in states]
+        plan = packed.packing(jobs, mem, process)
+        if plan is None:
+            assert sum(states) + len(states) * process <= mem, (states, mem, process)
+            continue
+        k, cap = plan
+        if max(states) + process > mem:
+            assert plan == (1, None), (states, mem, process, plan)
+            continue
+        assert 1 <= k <= len(states) and (k < len(states) or cap is not None), (states, mem, process, plan)
+        assert cap is None or cap >= max(states), (states, mem, process, plan)
+        for n in range(1, k + 1):
+            for some in itertools.combinations(states, n):
+                if cap is None or sum(some) <= cap:
+                    assert sum(some) + n * process <= mem, (states, mem, process, plan, some)
 
 
 def test_slurm_packed_caps_the_wait_between_status_checks():
@@ -229,3 +278,7 @@ def test_slurm_packed_caps_the_wait_between_status_checks():
     for bad in (0, -2, 2.5, True):
         with pytest.raises(ValueError, match=rf"^slurm-packed-max-seconds-between-status-checks must be a whole number of seconds >= 1, got {bad!r}$"):
             packed.ExecutorSettings(max_seconds_between_status_checks=bad)
+    assert packed.ExecutorSettings().process_mb == packed.PROCESS_MB and packed.ExecutorSettings(process_mb=0).process_mb == 0
+    for bad in (-1, 2.5, True, "3000"):
+        with pytest.raises(ValueError, match=rf"^slurm-packed-process-mb must be a whole number of MB >= 0, got {re.escape(repr(bad))}$"):
+            packed.ExecutorSettings(process_mb=bad)

@@ -19,17 +19,22 @@ this plugin's prefix (``--slurm-packed-no-account``; ``slurm-packed-status-comma
 a profile). Tested against a real scheduler: tests/test_slurm.py.
 
 Memory [D]: jobs run at once share the submission's memory (``mem_mb``, SLURM's limit for the
-whole submission), and a method that keeps state per client across rounds holds it there
-(copies of the model: SCAFFOLD, FedDyn, MOON, FedCurv; replay buffers, exemplars, GPM's bases
-at their fullest): the train rule declares each job's as its resource ``client_state_mb``
-(``fedforget.parse.client_state_mb``). Where a group's jobs need more of it
-together than the submission's ``mem_mb``, the local executor inside gets ``--resources
-client_state_mb=<mem_mb>`` and runs at once only as many as fit (one alone where it does not fit
-with any other); the submission's runtime, the sum of its jobs', still covers them one after
-another. A warning names the jobs.
+whole submission). Each is a process that takes some of it for itself (Python, torch, on a GPU
+the CUDA context and its libraries, on a CPU the activations): the setting ``process-mb``
+(``slurm-packed-process-mb``), by default ``PROCESS_MB``. And a method that keeps state per
+client across rounds holds it there (copies of the model: SCAFFOLD, FedDyn, MOON, FedCurv;
+replay buffers, exemplars, GPM's bases at their fullest): the train rule declares each job's as
+its resource ``client_state_mb`` (``fedforget.parse.client_state_mb``). Where a group's jobs
+need more together (their ``client_state_mb`` and ``process-mb`` each) than the submission's
+``mem_mb``, the local executor inside runs at once only as many as fit (``packing``): at most K
+of them (its ``--cores``: the threads of K jobs) with at most C MiB of per-client state
+together (``--resources client_state_mb=C``), C + K x ``process-mb`` <= ``mem_mb``, so any jobs
+it runs together fit; K is the one that runs the most of the largest jobs at once. A job whose
+state and process do not fit ``mem_mb`` even alone runs alone. The submission's runtime, the
+sum of its jobs', still covers them one after another. A warning names the jobs.
 
-One setting of its own: ``max-seconds-between-status-checks`` [D]. The SLURM plugin polls a
-submission 40 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
+Two settings of its own: ``process-mb`` (above) and ``max-seconds-between-status-checks`` [D].
+The SLURM plugin polls a submission 40 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
 each time no job has finished, up to 180 s: considerate of a shared cluster's controller, but a
 half-minute job is then seen done after a minute. On a cluster of your own, a cap of a few
 seconds lets short jobs (small embedded configs, a test cluster) follow one another at once;
@@ -44,9 +49,12 @@ from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmSettings
 from snakemake_executor_plugin_slurm import common_settings
 
-__all__ = ["Executor", "ExecutorSettings", "common_settings", "state_cap", "state_need"]
+__all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "packing", "state_need"]
 
 STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
+# [D] host MB one training process takes besides its per-client state, by default: the most
+# measured (benchmarks/process_memory.py, docs/cluster.md), rounded up
+PROCESS_MB = 3000
 
 
 def state_need(jobs) -> int:
@@ -54,17 +62,49 @@ def state_need(jobs) -> int:
     return sum(int(j.resources.get(STATE, 0) or 0) for j in jobs)
 
 
-def state_cap(jobs, mem_mb) -> int | None:
-    """The cap on ``client_state_mb`` for the local executor running ``jobs`` at once in one
-    submission of ``mem_mb`` MB: ``mem_mb`` where their ``client_state_mb`` together exceed
-    it, None where they fit (or the submission asks no memory)."""
+def packing(jobs, mem_mb, process_mb: int = PROCESS_MB) -> tuple[int, int | None] | None:
+    """How the local executor runs ``jobs`` in one submission of ``mem_mb`` MB, each job a
+    process of ``process_mb`` MB besides its ``client_state_mb``: None where they all fit at
+    once (or the submission asks no memory); else (K, C): at most K of them at once, with at
+    most C MiB of per-client state together (None: no cap beyond K), C + K x ``process_mb``
+    <= ``mem_mb``. Of the K whose C lets the largest job run, the one that runs the most of
+    the largest jobs together (the larger K on a tie); (1, None) where none does."""
     if isinstance(mem_mb, bool) or not isinstance(mem_mb, int | float) or mem_mb <= 0:
         return None
-    return int(mem_mb) if state_need(jobs) > mem_mb else None
+    states = sorted(int(j.resources.get(STATE, 0) or 0) for j in jobs)
+    n, mem_mb = len(states), int(mem_mb)
+    if sum(states) + n * process_mb <= mem_mb:
+        return None
+    best: tuple[int, int, int] | None = None  # (largest jobs together, K, C)
+    for k in range(n, 0, -1):
+        cap = mem_mb - k * process_mb
+        if cap < states[-1]:
+            continue  # the largest job could not run
+        together, held = 0, 0
+        for s in reversed(states[-k:]):
+            if held + s > cap:
+                break
+            together, held = together + 1, held + s
+        if best is None or together > best[0]:
+            best = (together, k, cap)
+    if best is None:
+        return 1, None
+    _, k, cap = best
+    return k, (cap if sum(states[-k:]) > cap else None)
 
 
 @dataclass
 class ExecutorSettings(SlurmSettings):
+    process_mb: int = field(
+        default=PROCESS_MB,
+        metadata={
+            "help": "Host memory in MB one training job's process takes besides its per-client "
+            "state (Python, torch, a CUDA context, activations): set aside per job run at once "
+            f"in a submission's mem_mb. Default {PROCESS_MB:,}.",
+            "env_var": False,
+            "required": False,
+        },
+    )
     # Optional[int], not int | None: Snakemake builds its command-line types from it
     max_seconds_between_status_checks: Optional[int] = field(  # noqa: UP045
         default=None,
@@ -77,6 +117,9 @@ class ExecutorSettings(SlurmSettings):
     )
 
     def __post_init__(self):
+        mb = self.process_mb
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+            raise ValueError(f"slurm-packed-process-mb must be a whole number of MB >= 0, got {mb!r}")
         cap = self.max_seconds_between_status_checks
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
             raise ValueError(
@@ -99,18 +142,27 @@ class Executor(SlurmExecutor):
 
     def format_job_exec(self, job) -> str:
         """The SLURM plugin's command for ``job``; for a group, run by the local executor with
-        cores for all its jobs at once, and their per-client state capped at the
-        submission's memory where they do not all fit in it (``state_cap``)."""
+        cores for all its jobs at once, or for as many as fit the submission's memory
+        (``packing``), their per-client state capped where it must be."""
         if not job.is_group():
             return super().format_job_exec(job)
-        self._formatting.group_cores = sum(max(1, int(j.threads)) for j in job.jobs)
-        cap = self._formatting.state_cap = state_cap(job.jobs, job.resources.get("mem_mb"))
-        if cap is not None:
+        threads = sorted(max(1, int(j.threads)) for j in job.jobs)
+        process_mb = self.workflow.executor_settings.process_mb
+        plan = packing(job.jobs, job.resources.get("mem_mb"), process_mb)
+        at_once, cap = (len(threads), None) if plan is None else plan
+        self._formatting.group_cores = sum(threads[:at_once])  # any more jobs would need more cores
+        self._formatting.state_cap = cap
+        if plan is not None:
+            n, mem_mb, need = len(job.jobs), int(job.resources["mem_mb"]), state_need(job.jobs)
+            largest = max(int(j.resources.get(STATE, 0) or 0) for j in job.jobs)
+            how = (f"one at a time, and the largest ({largest:,} MiB of state) may not fit even alone"
+                   if largest + process_mb > mem_mb else f"at most {at_once} at once"
+                   + ("" if cap is None else f", with at most {cap:,} MiB of per-client state together"))  # fmt: skip
             self.logger.warning(
-                f"slurm-packed: the {len(job.jobs)} training jobs of one submission (jobids "
-                f"{', '.join(str(j.jobid) for j in job.jobs)}) keep {state_need(job.jobs):,} MiB of per-client state "
-                f"together ({STATE}), more than its mem_mb {cap:,}: they run there at once only as many as "
-                "fit (raise mem_mb or lower group-components to run them all at once)"
+                f"slurm-packed: the {n} training jobs of one submission (jobids {', '.join(str(j.jobid) for j in job.jobs)}) "
+                f"keep {need:,} MiB of per-client state together ({STATE}) and take {process_mb:,} MB each for their "
+                f"process (slurm-packed-process-mb), {need + n * process_mb:,} in all, more than its mem_mb {mem_mb:,}: "
+                f"they run there {how} (raise mem_mb or lower group-components to run them all at once)"
             )
         try:
             return super().format_job_exec(job)
