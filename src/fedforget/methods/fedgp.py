@@ -127,6 +127,14 @@ APPLY = ("conflict", "always")
 DEFAULT_BUFFER = 200  # [P, fedgp.md Sec. 5.1.1]
 
 
+def base_buffer_size(base: str, base_params) -> int | None:
+    """[D] The rows of the replay buffer ``base`` keeps itself (params with ``buffer_size``:
+    A-GEM, DER, iCaRL, SCR, as ``base_params`` set it), which FedGP reads instead of keeping its
+    own; None for a base that keeps none. The one rule of the params' check and of
+    ``FedGP.own_buffer_size``."""
+    return getattr(make_params(base, dict(base_params), "base_params"), "buffer_size", None)
+
+
 @dataclass(frozen=True)
 class FedGPParams:
     base: str = text("fedavg")  # the method FedGP runs over (FL = fedavg); any registered method but fedgp
@@ -143,10 +151,9 @@ class FedGPParams:
             allowed = [n for n in METHODS.names() if n != "fedgp"]
             raise ValueError(f"base={self.base!r}; allowed: {', '.join(allowed)}")
         try:
-            base_p = make_params(self.base, dict(self.base_params), "base_params")
+            base_buffer = base_buffer_size(self.base, self.base_params)  # a replay base (A-GEM, DER)
         except FedForgetError as e:
             raise ValueError(str(e)) from None
-        base_buffer = getattr(base_p, "buffer_size", None)  # a replay base (A-GEM, DER)
         if base_buffer == 0:  # [D] no g_ref ever: FedGP would silently be its base
             raise ValueError(
                 f"base_params.buffer_size=0 (base '{self.base}'): FedGP without buffer rows is its base "
@@ -225,8 +232,7 @@ class FedGP(OverBase):
     def own_buffer_size(params: FedGPParams) -> int | None:
         """The rows of FedGP's own buffer; None over a base that keeps one, a base whose params
         have ``buffer_size`` (A-GEM, DER, iCaRL, SCR: its ``replay``), which FedGP reads."""
-        base_p = make_params(params.base, dict(params.base_params))
-        if getattr(base_p, "buffer_size", None) is not None:
+        if base_buffer_size(params.base, params.base_params) is not None:
             return None
         return DEFAULT_BUFFER if params.buffer_size is None else params.buffer_size
 
