@@ -59,7 +59,7 @@ def test_validate_shipped_config(capsys, repo_root):
                                    "  cnn1d on mnist1d [1, 40], 10 classes: 106,186 parameters (414.8 KiB in float32)"]  # fmt: skip
     # DER's buffer, 200 rows of 64 float32 inputs, a label, a task and 10 logits: 200 x 312 = 62,400 bytes per client
     assert kept.splitlines()[1:] == [
-        f"  FL+DER on cnn2d (digits-{s} [1, 8, 8]), 5 clients: at most 60.9 KiB of replay rows, exemplars or bases "
+        f"  FL+DER on cnn2d (digits-{s} [1, 8, 8]), 5 clients: at most 60.9 KiB of replay rows, exemplars, bases or class reports "
         "per client, 304.7 KiB (client_state_mb 1) once all have trained" for s in ("class-il", "task-il")
     ]
 
@@ -77,7 +77,7 @@ def test_validate_lists_what_clients_keep(capsys, tmp_path, repo_root):
     path.write_text(yaml.safe_dump(cfg))
     assert main(["validate", "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    kept = out.split("what clients keep across rounds (model copies; replay rows, exemplars or bases at their fullest), in "
+    kept = out.split("what clients keep across rounds (model copies; replay rows, exemplars, bases or class reports at their fullest), in "
                      "host memory per job (its resource client_state_mb: jobs packed in a submission run at once only as "
                      "many as fit its mem_mb):\n")[1]  # fmt: skip
     e = cfg["experiments"][0]
@@ -89,11 +89,11 @@ def test_validate_lists_what_clients_keep(capsys, tmp_path, repo_root):
     assert f"  scaffold on cnn2d (digits [1, 8, 8]), {k} clients: 1 copy of the model per client, " \
            f"{byte_size(4 * n * k)} (client_state_mb {mb}) once all have trained" in lines  # fmt: skip
     # A-GEM's 200 rows of 64 float32 inputs, a label and a task (int64): 200 x 272 = 54,400 bytes
-    assert f"  agem on cnn2d (digits [1, 8, 8]), {k} clients: at most 53.1 KiB of replay rows, exemplars or bases " \
+    assert f"  agem on cnn2d (digits [1, 8, 8]), {k} clients: at most 53.1 KiB of replay rows, exemplars, bases or class reports " \
            f"per client, {byte_size(54_400 * k)} (client_state_mb {-(-54_400 * k // 2**20)}) once all have trained" in lines  # fmt: skip
     both = 4 * n * 3 + 54_400  # FedGP over FedCurv: FedCurv's 3 copies and FedGP's own buffer of 200 rows
     assert f"  fedgp on cnn2d (digits [1, 8, 8]), {k} clients: 3 copies of the model and at most 53.1 KiB of replay " \
-           f"rows, exemplars or bases per client, {byte_size(both * k)} (client_state_mb {-(-both * k // 2**20)}) " \
+           f"rows, exemplars, bases or class reports per client, {byte_size(both * k)} (client_state_mb {-(-both * k // 2**20)}) " \
            "once all have trained" in lines  # fmt: skip
 
 

@@ -57,7 +57,7 @@ def cmd_validate(args) -> None:
     print("\n".join(model_sizes(wf)))
     kept = client_state_sizes(wf)
     if kept:
-        print("what clients keep across rounds (model copies; replay rows, exemplars or bases at their fullest), in "
+        print("what clients keep across rounds (model copies; replay rows, exemplars, bases or class reports at their fullest), in "
               "host memory per job (its resource client_state_mb: jobs packed in a submission run at once only as "
               "many as fit its mem_mb):")
         print("\n".join(kept))

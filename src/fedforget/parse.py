@@ -459,7 +459,7 @@ def client_state_of(rc: RunConfig, models: dict[tuple, Any] | None = None) -> di
 def client_state_mb(rc: RunConfig, models: dict[tuple, Any] | None = None) -> int:
     """[D] The host memory, in MiB rounded up, of what run ``rc`` keeps per client once
     every client has trained (``client_state_of``: model copies, and at most its buffers,
-    exemplars or bases at their fullest): the training job's Snakemake resource
+    exemplars, bases or class reports at their fullest): the training job's Snakemake resource
     ``client_state_mb`` (workflow/rules/train.smk), by which the jobs packed in one SLURM
     submission (``slurm-packed``) or on one machine (``--resources client_state_mb=N``) run
     at once only as many as fit. 0 where the method keeps nothing, or where the model's
@@ -492,9 +492,9 @@ def client_state_sizes(wf: WorkflowConfig) -> list[str]:
     for r in client_state(wf):
         kept = [f"{r['copies']} cop{'ies' if r['copies'] > 1 else 'y'} of the model"] if r["copies"] else []
         if r["kept_bytes"] is None:
-            kept.append("replay rows, exemplars or bases of a size its hub model sets")
+            kept.append("replay rows, exemplars, bases or class reports of a size its hub model sets")
         elif r["kept_bytes"]:
-            kept.append(f"at most {byte_size(r['kept_bytes'])} of replay rows, exemplars or bases")
+            kept.append(f"at most {byte_size(r['kept_bytes'])} of replay rows, exemplars, bases or class reports")
         total = "a size its hub model sets" if r["bytes"] is None else f"{byte_size(r['bytes'])} (client_state_mb {r['client_state_mb']:,})"
         lines.append(f"  {r['method']} on {r['model']} ({r['dataset']} {r['input_shape']}), {r['clients']:,} clients: "
                      f"{' and '.join(kept)} per client, {total} once all have trained")  # fmt: skip

@@ -12,6 +12,7 @@ import torch
 
 from fedforget.engine import TIMING_COLUMNS, Simulation
 from fedforget.methods import METHODS
+from fedforget.methods.shared import report_bytes
 from fedforget.parse import client_shape
 from fedforget.state import model_copies
 
@@ -52,10 +53,13 @@ def test_resume_equals_uninterrupted(public_run_cfg, method):
     declared = type(full.method).client_copies(full.method.p)
     kept = [model_copies(s, full.global_params)[0] for s in full.fed.clients.values() if s]
     assert all(abs(k - declared) < 0.25 for k in kept), (method, declared, kept)  # a bias-shaped count is no copy
-    # and its other tensors (buffers, exemplars, bases) at most what it declares, nothing
-    # declared where it keeps none (the training job's resource: parse.client_state_of)
+    # and its other tensors (buffers, exemplars, bases; what the server keeps for it: class
+    # reports) at most what it declares, nothing declared where it keeps none (the training
+    # job's resource: parse.client_state_of)
     bound = type(full.method).client_kept_bytes(full.method.p, client_shape(rc, lambda: full.model))
-    other = [model_copies(s, full.global_params)[1] for s in full.fed.clients.values() if s]
+    server = server_bytes_per_client(full)
+    other = [model_copies(full.fed.clients.get(c), full.global_params)[1] + server.get(c, 0)
+             for c in sorted(set(full.fed.clients) | set(server))]  # fmt: skip
     assert all(o <= bound for o in other) and (bound > 0) == any(other), (method, bound, other)
 
     saved = []
@@ -79,6 +83,33 @@ def test_resume_equals_uninterrupted(public_run_cfg, method):
         assert torch.equal(v, second.global_params[k]), k
 
 
+def server_bytes_per_client(sim: Simulation) -> dict[int, int]:
+    """The bytes of tensors the server keeps for each client: its state's dicts keyed by
+    client id (iCaRL's and SCR's class reports; all their bytes: a report's sums [C, f] are
+    shaped as the head's weight, which ``model_copies`` would count as a copy of it)."""
+    model_bytes = sum(v.nbytes for v in sim.global_params.values())
+    out: dict[int, int] = {}
+    for v in sim.fed.server.values():
+        if isinstance(v, dict) and v and all(isinstance(k, int) for k in v):
+            for c, entry in v.items():
+                copies, other = model_copies(entry, sim.global_params)
+                out[c] = out.get(c, 0) + round(copies * model_bytes) + other
+    return out
+
+
+@pytest.mark.parametrize("method", ["icarl", "scr"])
+def test_a_class_report_takes_what_the_method_declares(public_run_cfg, method):
+    """The server keeps one class report per client that sent one: float32 sums [C, f] and
+    int64 counts [C], exactly ``shared.report_bytes`` (f the model's feature width)."""
+    rc = public_run_cfg(method, QUICK_PARAMS.get(method), rounds=2, local_epochs=1)
+    sim = Simulation(rc, device=CPU)
+    assert sim.run(progress=False)[0] == "completed"
+    shape = client_shape(rc, lambda: sim.model)
+    sent = server_bytes_per_client(sim)
+    assert sent and set(sent.values()) == {report_bytes(shape)}, sent
+    assert report_bytes(shape) == shape.num_classes * (4 * sim.model.feature_dim + 8)
+
+
 @pytest.mark.parametrize("method", ["agem", "der", "scr"])
 def test_a_full_buffer_takes_what_the_method_declares(public_run_cfg, method):
     """The bound is reached: a client that offered more rows than its buffer holds keeps
@@ -86,10 +117,13 @@ def test_a_full_buffer_takes_what_the_method_declares(public_run_cfg, method):
     rc = public_run_cfg(method, {**(QUICK_PARAMS.get(method) or {}), "buffer_size": 8}, rounds=2, local_epochs=1)
     sim = Simulation(rc, device=CPU)
     assert sim.run(progress=False)[0] == "completed"
-    bound = type(sim.method).client_kept_bytes(sim.method.p, client_shape(rc, lambda: sim.model))
-    assert bound == 8 * (4 * (4 + (3 if method == "der" else 0)) + 16)
-    full = [s for s in sim.fed.clients.values() if s and int(s[sim.method.replay.buffer.key]["seen"]) >= 8]
-    assert full and all(model_copies(s, sim.global_params)[1] == bound for s in full)
+    shape = client_shape(rc, lambda: sim.model)
+    bound = type(sim.method).client_kept_bytes(sim.method.p, shape)
+    rows = 8 * (4 * (4 + (3 if method == "der" else 0)) + 16)
+    report = server_bytes_per_client(sim)
+    assert bound == rows + (report_bytes(shape) if method == "scr" else 0) and (method == "scr") == bool(report)
+    full = [c for c, s in sim.fed.clients.items() if s and int(s[sim.method.replay.buffer.key]["seen"]) >= 8]
+    assert full and all(model_copies(sim.fed.clients[c], sim.global_params)[1] + report.get(c, 0) == bound for c in full)
 
 
 def test_model_copies_counts_model_shaped_state_once():

@@ -151,6 +151,7 @@ from .shared import (
     keep_reports,
     nme_scores,
     on_stack,
+    report_bytes,
     rows_mean,
 )
 
@@ -276,11 +277,13 @@ class ICaRL(FedAvg):
             )
 
     @classmethod
-    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int:
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int | None:
         """Its exemplars: at most ``buffer_size`` rows (m per class, m = floor(K / s) for
         its s classes), each x (as the model sees it), y, task and rank (int64); ``seen``, a
-        bool per class."""
-        return min(params.buffer_size, shape.rows) * (shape.row_bytes + 3 * 8) + shape.num_classes
+        bool per class; and its class report, which the server keeps (``report_bytes``)."""
+        report = report_bytes(shape)
+        exemplars = min(params.buffer_size, shape.rows) * (shape.row_bytes + 3 * 8) + shape.num_classes
+        return None if report is None else exemplars + report
 
     def __init__(self, params: Any, info: RunInfo) -> None:
         super().__init__(params, info)

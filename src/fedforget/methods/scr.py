@@ -111,7 +111,15 @@ from .base import (
 from .params import choice, integer, number
 from .registry import METHODS
 from .replay import Replay, buffer_bytes
-from .shared import class_means, class_report, embed_rows, keep_reports, nme_scores, padded
+from .shared import (
+    class_means,
+    class_report,
+    embed_rows,
+    keep_reports,
+    nme_scores,
+    padded,
+    report_bytes,
+)
 
 VIEW_STREAM = 0x5C2  # keyed randomness of the second view's augmentation
 MEMORY_STREAM = 0x5C3  # keyed randomness of the memory batches
@@ -267,9 +275,11 @@ class SCR(FedAvg):
         self.replay = Replay(info, params.buffer_size, MEMORY_STREAM, key=KEY)
 
     @classmethod
-    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int:
-        """Its buffer: ``buffer_size`` rows of (x, y, task)."""
-        return buffer_bytes(params.buffer_size, shape)
+    def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int | None:
+        """Its buffer: ``buffer_size`` rows of (x, y, task); and its class report (prototypes),
+        which the server keeps (``report_bytes``)."""
+        report = report_bytes(shape)
+        return None if report is None else buffer_bytes(params.buffer_size, shape) + report
 
     def model_init(self, model: nn.Module) -> None:
         """Add ``scr_head``: the projection g, dim_in -> dim_in -> proj_dim [C 'mlp']."""

@@ -52,7 +52,7 @@ from .base import Held
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..train_spec import TrainSpec
-    from .base import GradMap
+    from .base import ClientShape, GradMap
     from .base import Params as StateDict
 
 CHUNK = 32  # samples per forward pass when collecting representations
@@ -517,6 +517,14 @@ def class_report(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str
     ``sums`` [C, f] of the features and ``counts`` [C] (``class_means`` reads them)."""
     sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, y, z)
     return {"sums": sums, "counts": torch.bincount(y, minlength=num_classes)}
+
+
+def report_bytes(shape: ClientShape) -> int | None:
+    """[D] The bytes of one client's class report, which the server keeps for it across rounds
+    (``class_report``, ``keep_reports``): float32 ``sums`` [C, f], f the model's feature width,
+    and int64 ``counts`` [C]; None where only a hub config knows the model."""
+    model = shape.model
+    return None if model is None else shape.num_classes * (4 * model.feature_dim + 8)
 
 
 def keep_reports(entries: dict[int, dict[str, Any]], replies: dict[int, Any], rnd: int) -> None:
