@@ -27,16 +27,16 @@ replay buffers, exemplars, GPM's bases at their fullest): the train rule declare
 its resource ``client_state_mb`` (``fedforget.parse.client_state_mb``). Where a group's jobs
 need more together (their ``client_state_mb`` and ``process-mb`` each) than the submission's
 ``mem_mb``, the local executor inside runs at once only as many as fit (``packing``): at most K
-of them (its ``--cores``: the threads of K jobs) with at most C MiB of per-client state
+of them (its ``--cores``: the threads of the K jobs with the fewest) with at most C MiB of per-client state
 together (``--resources client_state_mb=C``), C + K x ``process-mb`` <= ``mem_mb``, so any jobs
 it runs together fit; K is the one that runs the most of the largest jobs at once. A job whose
 state and process do not fit ``mem_mb`` even alone runs alone. The submission's runtime, the
 sum of its jobs', still covers them one after another. A warning names the jobs.
 
 Two settings of its own: ``process-mb`` (above) and ``max-seconds-between-status-checks`` [D].
-The SLURM plugin polls a submission 40 s (``init-seconds-before-status-checks``) after it is sent, then waits 10 s longer
-each time no job has finished, up to 180 s: considerate of a shared cluster's controller, but a
-half-minute job is then seen done after a minute. On a cluster of your own, a cap of a few
+The SLURM plugin polls a submission 40 s (``init-seconds-before-status-checks``) after it is
+sent, then waits 10 s longer each time no job has finished, up to 180 s: considerate of a shared
+cluster's controller, but a half-minute job is then seen done after a minute. On a cluster of your own, a cap of a few
 seconds lets short jobs (small embedded configs, a test cluster) follow one another at once;
 unset (the default) keeps the SLURM plugin's schedule.
 """
@@ -52,8 +52,10 @@ from snakemake_executor_plugin_slurm import common_settings
 __all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "packing", "state_need"]
 
 STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
-# [D] host MB one training process takes besides its per-client state, by default: the most
-# measured (benchmarks/process_memory.py, docs/cluster.md), rounded up
+# [D] host MB one training process takes besides its per-client state, by default: the H200's
+# ResNet-18 training process (2,857 MB: benchmarks/packing.py, results/h200-2026-11-27/run2)
+# rounded up; on a CPU the same model's takes more, its activations in host memory
+# (benchmarks/process_memory.py: docs/cluster.md)
 PROCESS_MB = 3000
 
 
