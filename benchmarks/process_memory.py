@@ -94,8 +94,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         imp = [sys.executable, "-c", "import torch, fedforget.cli" + (", fedforget.engine; torch.zeros(1, device='cuda')" if gpu else "")]
-        peak, secs, rc = peak_of(imp, Path(tmp, "import.log"))
-        rows.append({"preset": None, "method": "import_only", "peak_rss_mb": peak, "process_mb": None, "seconds": secs})
+        peak, secs, code = peak_of(imp, Path(tmp, "import.log"))
+        rows.append({"preset": None, "method": "import_only", "peak_rss_mb": peak, "process_mb": None, "seconds": secs,
+                     "exit": code})  # fmt: skip
         print(f"# {setting}\nimport only{' (+ a CUDA context)' if gpu else ''}: {peak:,.0f} MiB")
         for preset in presets:
             args.preset = preset

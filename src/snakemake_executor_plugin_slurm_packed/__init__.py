@@ -59,9 +59,14 @@ STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk
 PROCESS_MB = 3000
 
 
+def state_of(job) -> int:
+    """The MiB of per-client state ``job`` keeps (its ``client_state_mb``; 0 where unset)."""
+    return int(job.resources.get(STATE, 0) or 0)
+
+
 def state_need(jobs) -> int:
-    """The MiB of per-client state ``jobs`` keep together (their ``client_state_mb``)."""
-    return sum(int(j.resources.get(STATE, 0) or 0) for j in jobs)
+    """The MiB of per-client state ``jobs`` keep together."""
+    return sum(state_of(j) for j in jobs)
 
 
 def packing(jobs, mem_mb, process_mb: int = PROCESS_MB) -> tuple[int, int | None] | None:
@@ -73,7 +78,7 @@ def packing(jobs, mem_mb, process_mb: int = PROCESS_MB) -> tuple[int, int | None
     the largest jobs together (the larger K on a tie); (1, None) where none does."""
     if isinstance(mem_mb, bool) or not isinstance(mem_mb, int | float) or mem_mb <= 0:
         return None
-    states = sorted(int(j.resources.get(STATE, 0) or 0) for j in jobs)
+    states = sorted(state_of(j) for j in jobs)
     n, mem_mb = len(states), int(mem_mb)
     if sum(states) + n * process_mb <= mem_mb:
         return None
@@ -156,7 +161,7 @@ class Executor(SlurmExecutor):
         self._formatting.state_cap = cap
         if plan is not None:
             n, mem_mb, need = len(job.jobs), int(job.resources["mem_mb"]), state_need(job.jobs)
-            largest = max(int(j.resources.get(STATE, 0) or 0) for j in job.jobs)
+            largest = max(state_of(j) for j in job.jobs)
             how = (f"one at a time, and the largest ({largest:,} MiB of state) may not fit even alone"
                    if largest + process_mb > mem_mb else f"at most {at_once} at once"
                    + ("" if cap is None else f", with at most {cap:,} MiB of per-client state together"))  # fmt: skip

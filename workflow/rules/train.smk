@@ -3,8 +3,9 @@
 # cleans the incomplete outputs); `snakemake --rerun-incomplete` resumes from it.
 # Threads, GPUs, runtime and partition come from the profile (set-resources/set-threads).
 # client_state_mb, the host memory of what a method keeps per client (model copies; buffers,
-# exemplars, bases at their fullest), comes from the config: jobs sharing one SLURM submission (slurm-packed) run at once only as many as fit
-# its mem_mb; on one machine `--resources client_state_mb=N` caps them the same way.
+# exemplars, bases, class reports at their fullest), comes from the config: jobs sharing one
+# SLURM submission (slurm-packed) run at once only as many as fit its mem_mb, each with its
+# process (slurm-packed-process-mb); on one machine `--resources client_state_mb=N` caps them.
 # Rerun triggers: params.identity (config hash + code digest), the input files' mtimes;
 # params.cfg carries runtime settings too but is not a trigger (common.smk, JobArgument).
 

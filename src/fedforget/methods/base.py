@@ -556,9 +556,9 @@ class ClientShape:
     can ever offer (the dataset's training rows; twice that under asynchronous windows,
     whose clipped last window offers again: ``replay.Replay.rows_ever``), and ``build``, which
     gives the model's layers (on the meta device: ``models.meta_model``; None where only a hub
-    config knows them), called only by a method that reads ``model`` (GPM; iCaRL and SCR for their class
-    reports' feature width): most keep
-    nothing the model sizes, and building one may import a package (a ViT: torchvision)."""
+    config knows them), called only by a method that reads ``model`` (GPM; iCaRL and SCR for
+    their class reports' feature width): most keep nothing the model sizes, and building one
+    may import a package (a ViT: torchvision)."""
 
     input_shape: tuple[int, ...]
     value_bytes: int
@@ -801,9 +801,8 @@ class FedAvg:
     def client_kept_bytes(cls, params: Any, shape: ClientShape) -> int | None:
         """[D] At most how many bytes of tensors other than model copies one client keeps in
         ``ctx.state`` across rounds (a replay buffer, exemplars, bases), or the server keeps
-        for it (a class report: iCaRL, SCR), at their fullest,
-        for a client of ``shape`` (``ClientShape``); None where only the model's hub config
-        knows. 0 here: FedAvg keeps nothing. With ``client_copies``, the training job's
+        for it (a class report: iCaRL, SCR), at their fullest, for a client of ``shape``
+        (``ClientShape``); None where only the model's hub config knows. 0 here: FedAvg keeps nothing. With ``client_copies``, the training job's
         resource ``client_state_mb`` (``parse.client_state_of``);
         tests/methods/test_resume_all_methods.py measures every method's state against it."""
         return 0
