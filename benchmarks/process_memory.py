@@ -13,6 +13,8 @@ command keeps freed memory, so this is what the job's control group holds at its
 dataset is memory-mapped, its pages cache the control group can drop). ``process_mb`` = that
 peak less the job's declared ``client_state_mb`` (a bound: FedAvg's is 0, so its row is the
 process alone). Also the process that only imports torch and fedforget (``import_only``).
+Each row records the data its process held (``train_rows``, ``test_rows``, ``input_shape``,
+``input_dtype``, ``data_mb``): a process grows with them, and the presets' blobs are float32.
 
 The largest ``process_mb`` of a device is what to give ``slurm-packed-process-mb``
 (docs/cluster.md).
@@ -77,6 +79,7 @@ def main() -> None:
 
     import torch
 
+    from fedforget.data import DATASETS
     from fedforget.parse import client_state_mb
 
     rows = []
@@ -109,7 +112,12 @@ def main() -> None:
                        "--threads", str(args.threads)]  # fmt: skip
                 peak, secs, code = peak_of(cmd, Path(tmp, f"{preset}-{method}.log"))
                 p = simulation.preset(args)
+                info = DATASETS.get(rcfg.dataset.name)
+                opts = info.resolve(rcfg.dataset.options)
+                (n_train, n_test), dtype = info.split_sizes(opts), info.input_dtype(opts)
                 row = {"preset": preset, "model": p["model"], "method": method, "clients": rcfg.partition.clients,
+                       "train_rows": n_train, "test_rows": n_test, "input_shape": list(info.input_shape(opts)),
+                       "input_dtype": dtype, "data_mb": info.prepared_bytes(opts) / 2**20,
                        "peak_rss_mb": peak, "client_state_mb": state, "process_mb": peak - state, "seconds": secs,
                        "exit": code}  # fmt: skip
                 if code == 0:
@@ -121,7 +129,8 @@ def main() -> None:
                     row["error"] = Path(tmp, f"{preset}-{method}.log").read_text()[-2000:]
                 rows.append(row)
                 write()
-                print(f"{preset} ({p['model']}), {method}: peak {peak:,.0f} MiB, client_state_mb {state:,}, "
+                print(f"{preset} ({p['model']}, {n_train:,} + {n_test:,} rows of {dtype}, {row['data_mb']:,.0f} MiB), {method}: "
+                      f"peak {peak:,.0f} MiB, client_state_mb {state:,}, "
                       f"process {'failed' if code else f'{peak - state:,.0f} MiB'} ({secs:.0f} s)")  # fmt: skip
     write()
 
