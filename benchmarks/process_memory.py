@@ -14,7 +14,8 @@ dataset is memory-mapped, its pages cache the control group can drop). ``process
 peak less the job's declared ``client_state_mb`` (a bound: FedAvg's is 0, so its row is the
 process alone). Also the process that only imports torch and fedforget (``import_only``).
 Each row records the data its process held (``train_rows``, ``test_rows``, ``input_shape``,
-``input_dtype``, ``data_mb``): a process grows with them, and the presets' blobs are float32.
+``input_dtype``, ``data_mb``): a process grows with them, and the presets' blobs are float32
+unless ``--uint8`` (CIFAR's and MNIST's own storage).
 
 The largest ``process_mb`` of a device is what to give ``slurm-packed-process-mb``
 (docs/cluster.md).
@@ -70,6 +71,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads of each job (profiles/slurm: 1)")
     ap.add_argument("--train-rows", type=int, default=0, help="a preset on blobs with this many training rows")
+    ap.add_argument("--uint8", action="store_true",
+                    help="a preset on blobs with its images stored as uint8, as CIFAR's and MNIST's are (default: float32)")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
@@ -84,7 +87,7 @@ def main() -> None:
 
     rows = []
     setting = (f"fedforget train, {rounds} rounds, {args.threads} thread(s), {args.device}, Dirichlet 0.5, 1 local epoch, "
-               f"local-model evaluation (the configs' default)" + (f", {args.train_rows} training rows" if args.train_rows else ""))  # fmt: skip
+               f"local-model evaluation (the configs' default)" + (f", {args.train_rows} training rows" if args.train_rows else "") + (", uint8 images" if args.uint8 else ""))  # fmt: skip
     gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
 
     def write() -> None:

@@ -337,6 +337,30 @@ def test_simulation_train_rows_resizes_a_blobs_preset_only(sim, tmp_path) -> Non
         sim.run_config(args, "sequential")
 
 
+def test_simulation_uint8_stores_a_blobs_preset_s_images_as_uint8(sim, tmp_path) -> None:
+    """benchmarks/simulation.py --uint8 (process_memory.py's too): a preset on blobs has its
+    images stored as uint8, as CIFAR's are (a quarter of the float32 bytes), with --train-rows
+    or without; a preset on another dataset is refused."""
+    import argparse
+
+    from fedforget.data import DATASETS
+
+    args = argparse.Namespace(preset="mcmahan", public=0.0, data=str(tmp_path), rounds=1, warmup=0, epochs=1,
+                              partition="iid", eval="none", device="cpu", threads=1, memory=0, train_rows=600,
+                              uint8=True)  # fmt: skip
+    sim.prepare(args)
+    info = DATASETS.get("blobs")
+    opts = info.resolve(sim.run_config(args, "sequential").dataset.options)
+    assert (opts["num_train"], opts["uint8"], info.input_dtype(opts)) == (600, True, "uint8")
+    floats = info.resolve(sim.preset(argparse.Namespace(preset="mcmahan", train_rows=600))["options"])
+    assert info.prepared_bytes(opts) < info.prepared_bytes(floats) / 3
+    args.train_rows = 0
+    assert sim.preset(args)["options"] == {**sim.PRESETS["mcmahan"]["options"], "uint8": True}
+    args.preset = "digits"
+    with pytest.raises(SystemExit, match="--uint8: preset 'digits' is not on blobs"):
+        sim.run_config(args, "sequential")
+
+
 def test_simulation_engine_modes_count_the_rows_that_train(sim, tmp_path, monkeypatch) -> None:
     """benchmarks/simulation.py's engine modes count a round's samples as the rows that
     train (TrainSpec.epoch_rows): with drop_last, without each client's short last batch."""
