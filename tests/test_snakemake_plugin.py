@@ -227,6 +227,52 @@ def test_slurm_packed_runs_at_once_only_the_jobs_that_fit_the_submissions_memory
     assert ex.format_job_exec(alone) == "--cores all --executor slurm-jobstep --jobs 1"  # nothing left behind
 
 
+def test_a_machine_s_training_jobs_that_may_not_fit_its_memory_are_warned_of():
+    """On one machine (the local executor: profiles/gpu), common.smk's check_host_memory warns
+    before the first job where the training jobs that may run at once (gpu_slots, --cores
+    over their threads) could keep more per-client state with their processes than the
+    machine's memory, with slurm-packed's rule: the largest named, and the --resources cap
+    (or fewer at once) that fits."""
+    from types import SimpleNamespace
+
+    import snakemake_executor_plugin_slurm_packed as packed
+
+    def jobs(*states):
+        return [SimpleNamespace(resources={"client_state_mb": s}, wildcards={"experiment": "t13b", "method": f"m{i}", "seed": 0})
+                for i, s in enumerate(states)]  # fmt: skip
+
+    gib = 2**30
+    machine = (32 * gib, "this machine's memory and swap")  # 32,768 MiB
+    feddyn = jobs(4263, 4263, 4263, 4263, 0, 0)  # FedProj Table 1/3b's FedDyn, and two FedAvg jobs
+    # 4 slots: 17,052 MiB of state + 4 x 3,000 = 29,052 <= 32,768: no warning; nor on 2 cores of 1 thread
+    assert packed.machine_warning(feddyn, 4, 8, 2, machine) is None
+    assert packed.machine_warning(feddyn, None, 2, 1, (24 * gib, "x")) is None
+    # 24 GiB: 3 of them at once fit (12,789 + 9,000 <= 24,576), so no cap beyond 3 slots
+    assert packed.machine_warning(feddyn, 4, 8, 2, (24 * gib, "its control group's memory limit (/m)")) == (
+        "the 4 training jobs that may run at once here could keep 17,052 MiB of per-client state "
+        "(client_state_mb; the largest: t13b/m0/seed0 (4,263 MiB), t13b/m1/seed0 (4,263 MiB), t13b/m2/seed0 "
+        "(4,263 MiB)), and each job's process takes about 3,000 MB besides (on a CPU more: docs/cluster.md), more "
+        "than its control group's memory limit (/m) (24,576 MiB): run with at most 3 at once "
+        "(`--resources gpu_slots=3`), so that the jobs run together fit"
+    )
+    # the default profile (no gpu_slots): --cores 8 over 2 threads each is 4 at once; the cap in cores
+    assert "run with at most 3 at once (`--cores 6`)" in packed.machine_warning(feddyn, None, 8, 2, (24 * gib, "x"))
+    # one large job and small ones, processes of 2,000 MB: 4 at once with at most 8,000 MiB of state
+    # together (8,000 + 4 x 2,000 <= 16,000): the large one with two others (packing's own case)
+    mixed = packed.machine_warning(jobs(6000, 1000, 1000, 1000), 4, 8, 1, (16000 * 2**20, "x"), process_mb=2000)
+    assert "keep 9,000 MiB" in mixed and "run with `--resources client_state_mb=8000`, so" in mixed
+    # two large ones: at most 3 at once, the two together (10,000 + 3 x 2,000 <= 16,000)
+    two = packed.machine_warning(jobs(5000, 5000, *[100] * 4), 6, 8, 1, (16000 * 2**20, "x"), process_mb=2000)
+    assert "run with `--resources client_state_mb=10000` and at most 3 at once (`--resources gpu_slots=3`), so" in two
+    # a job that cannot fit even alone (the run's own job refuses it before round 1: tests/test_workflow.py)
+    assert packed.machine_warning(jobs(30000, 10), 4, 8, 1, (32 * gib, "x")).endswith(
+        "the largest may not fit even alone (fewer clients, or a machine with more memory); run the others one at a "
+        "time (`--resources gpu_slots=1`)")
+    assert packed.machine_warning(jobs(30000), None, 2, 1, (32 * gib, "x")).startswith(
+        "the 1 training job to run here could keep 30,000 MiB")
+    assert packed.machine_warning([], 4, 8, 1, machine) is None
+
+
 def test_slurm_packed_never_runs_together_more_than_the_submissions_memory():
     """``packing``'s promise over random groups: any jobs the local executor may start together
     (at most K of them, their client_state_mb at most C) fit mem_mb with their processes, and

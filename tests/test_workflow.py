@@ -378,3 +378,32 @@ def test_pipeline_end_to_end_and_incremental_reruns(tmp_path: Path) -> None:
     assert not trains_overlapped(tmp_path / "copies.jsonl")
     assert planned_jobs(tmp_path) == {}
     # the HTML report of these outputs: tests/test_report.py (its own pipeline)
+
+
+def test_a_run_warns_before_its_first_job_of_state_the_machine_cannot_hold(tmp_path: Path) -> None:
+    """On one machine, where the training jobs to run could keep more per-client state
+    (client_state_mb) with their processes than its memory and no `--resources
+    client_state_mb` caps them, the run warns before its first job (common.smk's
+    check_host_memory: slurm-packed's machine_warning, its cases in
+    tests/test_snakemake_plugin.py); here FedCurv's three copies of a wide MLP for each of 100
+    clients, more than this machine holds, and the job itself refuses before round 1."""
+    from fedforget.utils import host_memory_limit
+
+    limit = host_memory_limit()
+    if limit is None:
+        pytest.skip("no memory limit to read here (not Linux)")
+    # digits' 64 inputs, one hidden layer of h, 10 classes: 75 h + 10 parameters; 3 x 100 copies
+    hidden = limit[0] // (4 * 75 * 300) + 1000
+    cfg = {"data_dir": "data", "experiments": [{
+        "name": "wide", "datasets": [{"name": "digits", "model": {"name": "mlp", "options": {"hidden": [hidden]}}}],
+        "partitions": [{"scheme": "iid", "clients": 100, "seed": 0}], "methods": [{"name": "fedcurv"}], "seeds": [0],
+        "train": {"rounds": 1, "local_epochs": 1, "batch_size": 32, "sample_rate": 1.0}}]}  # fmt: skip
+    write_config(tmp_path, cfg)
+    proc = snakemake(tmp_path, check=False)
+    assert proc.returncode != 0
+    err = proc.stderr
+    warned = err.find("fedforget: warning: the 1 training job to run here could keep")
+    assert 0 <= warned < err.find("rule train"), err[-3000:]
+    assert "the largest may not fit even alone" in err[warned:].splitlines()[0]
+    log = next((tmp_path / "logs" / "train").rglob("seed0.log")).read_text()
+    assert "method 'fedcurv' keeps 3 copies of the model's" in log

@@ -49,7 +49,7 @@ from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmSettings
 from snakemake_executor_plugin_slurm import common_settings
 
-__all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "packing", "state_need"]
+__all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "machine_warning", "packing", "state_need"]
 
 STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
 # [D] host MB one training process takes besides its per-client state, by default: the H200's
@@ -98,6 +98,38 @@ def packing(jobs, mem_mb, process_mb: int = PROCESS_MB) -> tuple[int, int | None
         return 1, None
     _, k, cap = best
     return k, (cap if sum(states[-k:]) > cap else None)
+
+
+def machine_warning(jobs, slots: int | None, cores: int | None, threads: int, limit: tuple[int, str],
+                    process_mb: int = PROCESS_MB) -> str | None:  # fmt: skip
+    """The same rule on one machine (Snakemake's local executor: profiles/gpu) [D]: of the
+    training ``jobs`` to run, at most ``slots`` (gpu_slots) and ``cores // threads`` run
+    together, in the machine's memory ``limit`` (bytes and what sets it:
+    fedforget.utils.host_memory_limit). None where any of them that run together fit (their
+    ``client_state_mb`` and ``process_mb`` each); else the warning that says how much the
+    largest could keep, names them, and what to run with (``packing`` of the ones that keep
+    the most: ``--resources client_state_mb=C``, or fewer at once)."""
+    jobs = sorted(jobs, key=state_of, reverse=True)
+    at_once = min([len(jobs)] + [n for n in (slots, None if cores is None else max(1, cores // threads)) if n is not None])
+    mem_mb = limit[0] // 2**20
+    plan = packing(jobs[:at_once], mem_mb, process_mb) if jobs else None
+    if plan is None:
+        return None
+    k, cap = plan
+    fewer = f"at most {k} at once" + (f" (`--resources gpu_slots={k}`)" if slots is not None else f" (`--cores {k * threads}`)")
+    if state_of(jobs[0]) + process_mb > mem_mb:
+        fewer = fewer.replace(f"at most {k} at once", "one at a time")
+        advice = "the largest may not fit even alone (fewer clients, or a machine with more memory)" + (
+            f"; run the others {fewer}" if at_once > 1 else "")
+    else:
+        advice = f"run with {fewer if cap is None else f'`--resources {STATE}={cap}`'}" + (
+            f" and {fewer}" if cap is not None and k < at_once else "") + ", so that the jobs run together fit"
+    largest = ", ".join(f"{'/'.join(str(j.wildcards.get(w)) for w in ('experiment', 'method'))}/seed{j.wildcards.get('seed')} "
+                        f"({state_of(j):,} MiB)" for j in jobs[:3])  # fmt: skip
+    jobs_at_once = f"{at_once} training jobs that may run at once" if at_once > 1 else "1 training job to run"
+    return (f"the {jobs_at_once} here could keep {sum(state_of(j) for j in jobs[:at_once]):,} MiB of per-client state "
+            f"({STATE}; the largest: {largest}), and each job's process takes about {process_mb:,} MB besides (on a "
+            f"CPU more: docs/cluster.md), more than {limit[1]} ({mem_mb:,} MiB): {advice}")
 
 
 @dataclass

@@ -352,6 +352,28 @@ def check_adopted_results():
         )
 
 
+def check_host_memory():
+    """Before the first job of a run on one machine (profiles/gpu, or the default profile): a
+    warning where the training jobs that may run at once could keep more per-client state
+    (resource client_state_mb) with their processes than this machine's memory, and no
+    `--resources client_state_mb` caps them (slurm-packed's machine_warning) [D]. Nothing
+    under SLURM (slurm-packed plans its submissions itself) or where no job keeps state."""
+    res = {k: getattr(v, "value", v) for k, v in workflow.global_resources.items()}
+    if not workflow.local_exec or res.get("client_state_mb") is not None or "SLURM_JOB_ID" in os.environ:
+        return
+    jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name == "train"]
+    if not any(j.resources.get("client_state_mb") for j in jobs):
+        return
+    from fedforget.utils import host_memory_limit  # (imports torch: only where a job keeps state)
+    from snakemake_executor_plugin_slurm_packed import machine_warning
+
+    limit = host_memory_limit()
+    slots, cores = (res.get(k) if isinstance(res.get(k), int) else None for k in ("gpu_slots", "_cores"))
+    warning = limit and machine_warning(jobs, slots, cores, train_job_threads() or 1, limit)
+    if warning:
+        print(f"fedforget: warning: {warning}", file=sys.stderr)
+
+
 def experiment_runs(w):
     """Every run's outputs, and the paper results file when the experiment links a paper
     (relative to the working directory, like data/ and results/; checked at parse time)."""

@@ -5,7 +5,8 @@
 # client_state_mb, the host memory of what a method keeps per client (model copies; buffers,
 # exemplars, bases, class reports at their fullest), comes from the config: jobs sharing one
 # SLURM submission (slurm-packed) run at once only as many as fit its mem_mb, each with its
-# process (slurm-packed-process-mb); on one machine `--resources client_state_mb=N` caps them.
+# process (slurm-packed-process-mb); on one machine `--resources client_state_mb=N` caps them
+# (unset, a run that could exceed the machine's memory warns first: common.smk, check_host_memory).
 # Rerun triggers: params.identity (config hash + code digest), the input files' mtimes;
 # params.cfg carries runtime settings too but is not a trigger (common.smk, JobArgument).
 
