@@ -116,15 +116,15 @@ def machine_warning(jobs, slots: int | None, cores: int | None, threads: int, li
     if plan is None:
         return None
     k, cap = plan
-    fewer = f"at most {k} at once" + (f" (`--resources gpu_slots={k}`)" if slots is not None else f" (`--cores {k * threads}`)")
-    if state_of(jobs[0]) + process_mb > mem_mb:
-        fewer = fewer.replace(f"at most {k} at once", "one at a time")
-        advice = "the largest may not fit even alone (fewer clients, or a machine with more memory)" + (
-            f"; run the others {fewer}" if at_once > 1 else "")
-    else:
-        advice = f"run with {fewer if cap is None else f'`--resources {STATE}={cap}`'}" + (
-            f" and {fewer}" if cap is not None and k < at_once else "") + ", so that the jobs run together fit"
-    largest = ", ".join(f"{'/'.join(str(j.wildcards.get(w)) for w in ('experiment', 'method'))}/seed{j.wildcards.get('seed')} "
+    flag = f"`--resources gpu_slots={k}`" if slots is not None else f"`--cores {k * threads}`"
+    if state_of(jobs[0]) + process_mb > mem_mb:  # packing's (1, None)
+        advice = "the largest may not fit even alone (fewer clients, or a machine with more memory)"
+        advice += f"; run the others one at a time ({flag})" if at_once > 1 else ""
+    else:  # (K, C): a cap, fewer at once, or both (K < at_once where there is no cap)
+        runs = ([f"`--resources {STATE}={cap}`"] if cap is not None else []) + (
+            [f"at most {k} at once ({flag})"] if k < at_once else [])
+        advice = f"run with {' and '.join(runs)}, so that the jobs run together fit"
+    largest = ", ".join(f"{j.wildcards.get('experiment')}/{j.wildcards.get('method')}/seed{j.wildcards.get('seed')} "
                         f"({state_of(j):,} MiB)" for j in jobs[:3])  # fmt: skip
     jobs_at_once = f"{at_once} training jobs that may run at once" if at_once > 1 else "1 training job to run"
     return (f"the {jobs_at_once} here could keep {sum(state_of(j) for j in jobs[:at_once]):,} MiB of per-client state "
