@@ -140,8 +140,12 @@ def preset(args) -> dict:
     if p["dataset"] != "blobs":
         flag = f"--train-rows {rows}" if rows else "--uint8"
         raise SystemExit(f"{flag}: preset {args.preset!r} is not on blobs (its dataset: {p['dataset']})")
-    options = {**p["options"], **({"num_train": rows, "num_test": max(rows // 6, 1)} if rows else {})}
-    return {**p, "options": {**options, **({"uint8": True} if uint8 else {})}}
+    options = dict(p["options"])
+    if rows:
+        options.update(num_train=rows, num_test=max(rows // 6, 1))
+    if uint8:
+        options["uint8"] = True
+    return {**p, "options": options}
 
 
 def run_config(args, engine: str):

@@ -49,7 +49,8 @@ from snakemake_executor_plugin_slurm import Executor as SlurmExecutor
 from snakemake_executor_plugin_slurm import ExecutorSettings as SlurmSettings
 from snakemake_executor_plugin_slurm import common_settings
 
-__all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "machine_warning", "packing", "state_need"]
+__all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "machine_warning", "packing", "state_need",
+           "state_of"]
 
 STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
 # [D] host MB one training process takes besides its per-client state, by default: the H200's
@@ -127,7 +128,7 @@ def machine_warning(jobs, slots: int | None, cores: int | None, threads: int, li
     largest = ", ".join(f"{j.wildcards.get('experiment')}/{j.wildcards.get('method')}/seed{j.wildcards.get('seed')} "
                         f"({state_of(j):,} MiB)" for j in jobs[:3])  # fmt: skip
     jobs_at_once = f"{at_once} training jobs that may run at once" if at_once > 1 else "1 training job to run"
-    return (f"the {jobs_at_once} here could keep {sum(state_of(j) for j in jobs[:at_once]):,} MiB of per-client state "
+    return (f"the {jobs_at_once} here could keep {state_need(jobs[:at_once]):,} MiB of per-client state "
             f"({STATE}; the largest: {largest}), and each job's process takes about {process_mb:,} MB besides (on a "
             f"CPU more: docs/cluster.md), more than {limit[1]} ({mem_mb:,} MiB): {advice}")
 

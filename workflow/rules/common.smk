@@ -361,11 +361,12 @@ def check_host_memory():
     res = {k: getattr(v, "value", v) for k, v in workflow.global_resources.items()}
     if not workflow.local_exec or res.get("client_state_mb") is not None or "SLURM_JOB_ID" in os.environ:
         return
+    from snakemake_executor_plugin_slurm_packed import machine_warning, state_of
+
     jobs = [j for j in workflow.dag.needrun_jobs() if j.rule.name == "train"]
-    if not any(j.resources.get("client_state_mb") for j in jobs):
+    if not any(state_of(j) for j in jobs):
         return
     from fedforget.utils import host_memory_limit  # (imports torch: only where a job keeps state)
-    from snakemake_executor_plugin_slurm_packed import machine_warning
 
     limit = host_memory_limit()
     slots, cores = (res.get(k) if isinstance(res.get(k), int) else None for k in ("gpu_slots", "_cores"))
