@@ -39,7 +39,6 @@ import argparse
 import collections
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, 
 from fedforget.data import DATASETS, DatasetInfo, prepare_dataset
 from fedforget.data.base import Arrays
 from fedforget.engine import Simulation, sample_clients
+from fedforget.memory import process_peak_mb
 from fedforget.models import HFBody, build_model
 from fedforget.partition import PartitionSpec
 
@@ -193,7 +193,7 @@ def measure(s: dict, a: argparse.Namespace) -> dict:
     if cuda:
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     else:  # the process's peak so far (one setting per process to read it per setting)
-        out["peak_rss_mb_so_far"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        out["peak_rss_mb_so_far"] = process_peak_mb()
     del sim
     return out
 

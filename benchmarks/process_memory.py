@@ -8,9 +8,13 @@ libraries, the model, optimizer and evaluation tensors, and on a CPU the activat
 script measures that part: for each ``--presets`` x ``--methods`` it runs ``fedforget train``
 as a job runs it (its own process, the run config of benchmarks/simulation.py's preset, the
 TrainSpec defaults for engine choice and checkpoints) for ``--rounds`` rounds and reads the
-process's peak resident memory over its whole life (``os.wait4``'s ru_maxrss: the train
-command keeps freed memory, so this is what the job's control group holds at its peak; the
-dataset is memory-mapped, its pages cache the control group can drop). ``process_mb`` = that
+process's peak resident memory over its whole life (``ru_maxrss``: the train command keeps
+freed memory, so this is what the job's control group holds at its peak; the dataset is
+memory-mapped, its pages cache the control group can drop). A small launcher process starts
+each command and reads its peak: Linux carries into a started program's ``ru_maxrss`` the peak
+of the process that started it, here this script's after preparing the data (up to 3.6 GB:
+before 2026-12-08 the rows of ``cpu-2026-12-07-j/``, ``-k/``, ``-l/``, ``-m/`` read that
+instead of the job's own where it was larger; fedforget.memory.process_peak_mb). ``process_mb`` = that
 peak less the job's declared ``client_state_mb`` (a bound: FedAvg's is 0, so its row is the
 process alone). Also the process that only imports torch and fedforget (``import_only``).
 Each row records the data its process held (``train_rows``, ``test_rows``, ``input_shape``,
@@ -40,14 +44,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import simulation  # noqa: E402  (benchmarks/simulation.py: presets, run configs)
 
 
+# started by this script, it starts the command from its own small address space and writes
+# the command's peak (KiB) and exit status to its first argument
+LAUNCHER = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+            "open(sys.argv[1], 'w').write(f'{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} {rc}')")
+
+
 def peak_of(cmd: list[str], log: Path) -> tuple[float, float, int]:
-    """(peak resident MiB over the command's life, seconds, exit status)."""
+    """(peak resident MiB over the command's own life, seconds, exit status)."""
     t0 = time.perf_counter()
+    report = log.with_suffix(".peak")
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_maxrss / 1024, time.perf_counter() - t0, proc.returncode
+        subprocess.run([sys.executable, "-c", LAUNCHER, str(report), *cmd], stdout=out, stderr=subprocess.STDOUT, check=True)
+    kib, code = report.read_text().split()
+    return int(kib) / 1024, time.perf_counter() - t0, int(code)
 
 
 def run_config(args, preset: str, method: str):

@@ -74,7 +74,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -203,7 +202,10 @@ def prepare(args) -> None:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak resident memory (not its parent's: fedforget.memory.process_peak_mb)."""
+    from fedforget.memory import process_peak_mb
+
+    return process_peak_mb()
 
 
 def engine_round(args, engine: str):

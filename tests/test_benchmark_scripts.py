@@ -154,6 +154,20 @@ def test_process_memory_measures_a_training_job_s_own_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "pm.json"]
 
 
+def test_process_memory_reads_the_job_s_peak_not_its_own(tmp_path):
+    """process_memory.py, grown large by the data it prepared, starts each command through a
+    small launcher: the peak it reads is the command's (a bare interpreter: tens of MiB), not the
+    script's that Linux carries into a started program's ru_maxrss."""
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); import process_memory as pm; "
+            "big = b'x' * (1024 * 2**20); "  # the script's 1 GiB, written: resident
+            "print(pm.peak_of([sys.executable, '-c', 'pass'], Path(sys.argv[2])))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(BENCH), str(tmp_path / "cmd.log")], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak, _, code = eval(done.stdout.strip().splitlines()[-1])  # (MiB, seconds, exit status)
+    assert code == 0 and 1 < peak < 100, peak
+
+
 def test_client_state_memory_counts_how_many_of_the_largest_jobs_train_at_once(tmp_path):
     """benchmarks/client_state_memory.py on FedProj Table 1/3b (its largest job: FedDyn on the
     CINIC-10 ResNet-18, 100 clients, one copy: 4,469,584,800 bytes, 4,263 MiB as its

@@ -93,3 +93,22 @@ def test_a_phase_records_its_own_peak_not_the_runs_so_far():
         torch.ones(1000)
     assert mem.peaks["big"] - mem.peaks["small"] > 150
     assert mem.run_peak_mb() == mem.peaks["big"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc: VmHWM")
+def test_a_process_s_peak_is_its_own_not_the_one_of_the_process_that_started_it(tmp_path):
+    """run.json's peak_rss_mb (fedforget.memory.process_peak_mb) of a process started by a large
+    one is the started process's own peak; getrusage's ru_maxrss there reads the starter's (Linux
+    carries it across exec), which before 2026-12-08 overstated jobs started by a large process."""
+    import subprocess
+    import sys
+
+    child = ("import resource; from fedforget.memory import process_peak_mb; "
+             "print(process_peak_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    starter = ("import subprocess, sys; big = b'x' * (1536 * 2**20); "  # 1.5 GiB written: resident
+               f"sys.stdout.write(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True, check=True).stdout)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    own, inherited = map(float, done.stdout.split())
+    assert inherited >= 1536  # what ru_maxrss says: at least the starter's 1.5 GiB
+    assert 10 < own < 1024, (own, inherited)  # the child's own: an interpreter and torch

@@ -10,11 +10,12 @@ resets the peak before it and keeps the largest peak seen in it over the run, in
 writing 5 to /proc/self/clear_refs, Linux), which includes the data and models held
 throughout, so a phase's number is the process's size at that phase's peak [D]. Where the
 peak cannot be reset (no such file, or it refuses the write) nothing is recorded on a CPU:
-an unreset peak is the run's so far, not the phase's. Resetting lowers the process-wide peak
-that ``getrusage`` reports, so the run's peak is the largest of the phases' (``run_peak_mb``)."""
+an unreset peak is the run's so far, not the phase's. Resetting lowers the process's peak
+(``process_peak_mb``) too, so the run's peak is the largest of the phases' (``run_peak_mb``)."""
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ PHASES = ("train", "aggregate", "task_end", "round_end", "evaluate")  # in the o
 
 class PhaseMemory:
     """``enabled`` (``train.phase_memory``): off, a phase measures nothing and resets no peak
-    (the run's peak stays what ``torch`` and ``getrusage`` report, as benchmark scripts read)."""
+    (the run's peak stays what ``torch`` and ``process_peak_mb`` report, as benchmark scripts read)."""
 
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.device, self.enabled = device, enabled
@@ -74,6 +75,20 @@ def _reset_cpu() -> bool:
 
 def _vm_hwm_mb() -> float | None:
     return status_mb("VmHWM")
+
+
+def process_peak_mb() -> float:
+    """This process's own peak resident memory in MB: ``VmHWM`` (its address space's peak since
+    it was made, or since a phase reset it), else ``getrusage``'s ``ru_maxrss``.
+
+    [D] Not ``ru_maxrss`` first: Linux carries into it the peak of the address space a process
+    replaced when it started its program (``exec``), and Python's ``subprocess`` starts one from
+    its parent's (vfork), so a job started by a large process (a benchmark that prepared its
+    data, Snakemake, a shell that ``exec``s the command) reports its parent's peak where that is
+    larger: a training process measured so read 3,413 MiB where its own peak was 2,127
+    (benchmarks/results/cpu-2026-12-08/)."""
+    own = _vm_hwm_mb()
+    return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def status_mb(field: str) -> float | None:

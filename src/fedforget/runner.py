@@ -13,7 +13,6 @@ import datetime as dt
 import logging
 import math
 import os
-import resource
 import shutil
 import socket
 import time
@@ -27,7 +26,7 @@ from .checkpoint import CHECKPOINT, CODE_DIGEST, load_checkpoint
 from .config import RunConfig
 from .continual import accuracy_matrix_rows
 from .engine import BASE_COLUMNS, TIMING_COLUMNS, Simulation
-from .memory import PhaseMemory
+from .memory import PhaseMemory, process_peak_mb
 from .methods import METHODS
 from .provenance import NUMERIC, git_commit, inputs_of, training_code, versions_differ
 from .utils import (
@@ -82,15 +81,16 @@ def timings_csv(rows: list[dict[str, Any]]) -> str:
 
 def peak_memory(device: torch.device, phases: PhaseMemory | None = None) -> dict[str, float]:
     """run.json's memory record of the process that ran the job (its last segment, if it was
-    resumed): ``peak_rss_mb``, the process's peak resident memory (ru_maxrss; the process
-    may have run other work before, as tests do), and on a GPU ``peak_gpu_memory_mb``, the
+    resumed): ``peak_rss_mb``, the process's own peak resident memory
+    (``fedforget.memory.process_peak_mb``; the process may have run other work before, as
+    tests do), and on a GPU ``peak_gpu_memory_mb``, the
     most memory torch allocated on it during the run (``torch.cuda.max_memory_allocated``,
     reset when the run started). Each phase resets the peak it measures (``phases``,
     ``fedforget.memory``), so the run's peak is the largest of the phases' and the peak
     since the last reset. FedProTIP Fig. 6 (figure ``run_cost``); per phase, Fig. 7
     (run.json's ``peak_memory_by_phase_mb``, figure ``phase_memory``)."""
     run = phases.run_peak_mb() if phases is not None else None
-    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    out = {"peak_rss_mb": process_peak_mb()}
     if device.type == "cuda":
         out["peak_gpu_memory_mb"] = max(torch.cuda.max_memory_allocated(device) / 2**20, run or 0.0)
     elif run is not None:
