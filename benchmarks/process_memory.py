@@ -43,7 +43,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import simulation  # noqa: E402  (benchmarks/simulation.py: presets, run configs)
 
-
 # started by this script, it starts the command from its own small address space and writes
 # the command's peak (KiB) and exit status to its first argument
 LAUNCHER = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
