@@ -140,8 +140,8 @@ def cluster_profile() -> dict:
             "slurm-packed-init-seconds-before-status-checks": 1,
             "slurm-packed-max-seconds-between-status-checks": 2,
             "slurm-packed-keep-successful-logs": True,  # read by launched_at_once()
-            # a small job's process (benchmarks/process_memory.py: the embedded digits, 713 MiB
-            # on a CPU) besides the default's GPU ResNet-18; 2 fit in the 1,500 MB asked
+            # a small job's process (benchmarks/process_memory.py: the embedded digits, 722 MiB
+            # on a CPU, cpu-2026-12-08) besides the default's GPU ResNet-18; 2 fit in the 1,500 MB asked
             "slurm-packed-process-mb": 700,
         }
     )

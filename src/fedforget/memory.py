@@ -85,8 +85,8 @@ def process_peak_mb() -> float:
     replaced when it started its program (``exec``), and Python's ``subprocess`` starts one from
     its parent's (vfork), so a job started by a large process (a benchmark that prepared its
     data, Snakemake, a shell that ``exec``s the command) reports its parent's peak where that is
-    larger: a training process measured so read 3,413 MiB where its own peak was 2,127
-    (benchmarks/results/cpu-2026-12-08/)."""
+    larger: torchvision's ResNet-18 training on 60,000 CIFAR-shaped rows read 3,654 MiB so
+    (benchmarks/results/cpu-2026-12-07-m/) where its own peak was 2,119 (cpu-2026-12-08/)."""
     own = _vm_hwm_mb()
     return own if own is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

@@ -54,9 +54,9 @@ __all__ = ["PROCESS_MB", "Executor", "ExecutorSettings", "common_settings", "mac
 
 STATE = "client_state_mb"  # the train rule's resource (workflow/rules/train.smk)
 # [D] host MB one training process takes besides its per-client state, by default: the H200's
-# ResNet-18 training process (2,857 MB: benchmarks/packing.py, results/h200-2026-11-27/run2)
-# rounded up; on a CPU the same model's takes more, its activations in host memory
-# (benchmarks/process_memory.py: docs/cluster.md)
+# ResNet-18 training process (2,857 MB: benchmarks/packing.py, results/h200-2026-11-27/run2,
+# read as ru_maxrss, so at most that) rounded up; on a CPU a model's activations are in host
+# memory too (benchmarks/process_memory.py: docs/cluster.md)
 PROCESS_MB = 3000
 
 
