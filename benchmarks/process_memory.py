@@ -19,7 +19,8 @@ peak less the job's declared ``client_state_mb`` (a bound: FedAvg's is 0, so its
 process alone). Also the process that only imports torch and fedforget (``import_only``).
 Each row records the data its process held (``train_rows``, ``test_rows``, ``input_shape``,
 ``input_dtype``, ``data_mb``): a process grows with them, and the presets' blobs are float32
-unless ``--uint8`` (CIFAR's and MNIST's own storage).
+unless ``--uint8`` (CIFAR's and MNIST's own storage). ``--eval-batch-sizes`` gives a row per
+``train.eval_batch_size`` (on a CPU a large-map model's evaluation batch sets much of its process).
 
 The largest ``process_mb`` of a device is what to give ``slurm-packed-process-mb``
 (docs/cluster.md).
@@ -82,6 +83,9 @@ def main() -> None:
     ap.add_argument("--train-rows", type=int, default=0, help="a preset on blobs with this many training rows")
     ap.add_argument("--uint8", action="store_true",
                     help="a preset on blobs with its images stored as uint8, as CIFAR's and MNIST's are (default: float32)")
+    ap.add_argument("--eval-batch-sizes", type=int, nargs="+", default=[0],
+                    help="a row per train.eval_batch_size (0: the config's default); on a CPU a large-map model's "
+                         "evaluation batch sets much of its process")
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "fedforget-bench-data"))
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
@@ -116,13 +120,16 @@ def main() -> None:
         for preset in presets:
             args.preset = preset
             simulation.prepare(args)
-            for method in methods:
+            for method, eval_batch in ((m, e) for m in methods for e in args.eval_batch_sizes):
                 rcfg = run_config(args, preset, method)
+                if eval_batch:
+                    rcfg = replace(rcfg, train=replace(rcfg.train, eval_batch_size=eval_batch))
                 state = client_state_mb(rcfg)
-                out = Path(tmp, f"{preset}-{method}")
+                name = f"{preset}-{method}-{rcfg.train.eval_batch_size}"
+                out = Path(tmp, name)
                 cmd = ["fedforget", "train", "--config-json", json.dumps(rcfg.to_dict()), "--out", str(out),
                        "--threads", str(args.threads)]  # fmt: skip
-                peak, secs, code = peak_of(cmd, Path(tmp, f"{preset}-{method}.log"))
+                peak, secs, code = peak_of(cmd, Path(tmp, f"{name}.log"))
                 p = simulation.preset(args)
                 info = DATASETS.get(rcfg.dataset.name)
                 opts = info.resolve(rcfg.dataset.options)
@@ -130,18 +137,19 @@ def main() -> None:
                 row = {"preset": preset, "model": p["model"], "method": method, "clients": rcfg.partition.clients,
                        "train_rows": n_train, "test_rows": n_test, "input_shape": list(info.input_shape(opts)),
                        "input_dtype": dtype, "data_mb": info.prepared_bytes(opts) / 2**20,
-                       "peak_rss_mb": peak, "client_state_mb": state, "process_mb": peak - state, "seconds": secs,
-                       "exit": code}  # fmt: skip
+                       "eval_batch_size": rcfg.train.eval_batch_size, "peak_rss_mb": peak, "client_state_mb": state,
+                       "process_mb": peak - state, "seconds": secs, "exit": code}  # fmt: skip
                 if code == 0:
                     rec = json.loads((out / "run.json").read_text())
                     row["engine"] = rec.get("client_engine")
                     row["peak_gpu_memory_mb"] = rec.get("peak_gpu_memory_mb")
                 else:
                     row["process_mb"] = None
-                    row["error"] = Path(tmp, f"{preset}-{method}.log").read_text()[-2000:]
+                    row["error"] = Path(tmp, f"{name}.log").read_text()[-2000:]
                 rows.append(row)
                 write()
-                print(f"{preset} ({p['model']}, {n_train:,} + {n_test:,} rows of {dtype}, {row['data_mb']:,.0f} MiB), {method}: "
+                print(f"{preset} ({p['model']}, {n_train:,} + {n_test:,} rows of {dtype}, {row['data_mb']:,.0f} MiB), {method}, "
+                      f"eval batch {rcfg.train.eval_batch_size:,}: "
                       f"peak {peak:,.0f} MiB, client_state_mb {state:,}, "
                       f"process {'failed' if code else f'{peak - state:,.0f} MiB'} ({secs:.0f} s)")  # fmt: skip
     write()

@@ -135,19 +135,22 @@ def test_checkpoint_cadence_runs_each_cadence_to_the_same_results(tmp_path):
 
 def test_process_memory_measures_a_training_job_s_own_process(tmp_path):
     """benchmarks/process_memory.py runs `fedforget train` on the embedded digits preset (FedAvg,
-    1 round) and writes the process's peak beside the import-only one: larger than it, and
-    all of it the process's own (FedAvg keeps no per-client state), with the data it held;
-    its run directory removed."""
+    1 round), at the config's evaluation batch and at one given, and writes each process's peak
+    beside the import-only one: larger than it, and all of it the process's own (FedAvg keeps
+    no per-client state), with the data it held; its run directories removed."""
     out = tmp_path / "pm.json"
     done = subprocess.run([sys.executable, str(BENCH / "process_memory.py"), "--presets", "digits", "--rounds", "1",
-                           "--data", str(tmp_path / "data"), "--json", str(out)], capture_output=True, text=True, timeout=300)  # fmt: skip
+                           "--eval-batch-sizes", "0", "32", "--data", str(tmp_path / "data"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["preset"], r["method"]) for r in rows] == [(None, "import_only"), ("digits", "fedavg")]
-    imported, job = rows
-    assert job["exit"] == 0 and job["client_state_mb"] == 0 and job["process_mb"] == job["peak_rss_mb"]
-    assert 100 < imported["peak_rss_mb"] < job["peak_rss_mb"], rows
-    assert json.loads(out.read_text())["process_mb_max"] == job["process_mb"]
+    assert [(r["preset"], r["method"], r.get("eval_batch_size")) for r in rows] == [
+        (None, "import_only", None), ("digits", "fedavg", 1024), ("digits", "fedavg", 32)]  # fmt: skip
+    imported, job, small = rows
+    for j in (job, small):
+        assert j["exit"] == 0 and j["client_state_mb"] == 0 and j["process_mb"] == j["peak_rss_mb"]
+        assert 100 < imported["peak_rss_mb"] < j["peak_rss_mb"], rows
+    assert json.loads(out.read_text())["process_mb_max"] == max(job["process_mb"], small["process_mb"])
     # the data the process held: scikit-learn's digits, 8x8 float32 features, 1,797 rows in all
     assert (job["input_shape"], job["input_dtype"], job["train_rows"] + job["test_rows"]) == ([1, 8, 8], "float32", 1797)
     assert job["data_mb"] == 1797 * (64 * 4 + 8) / 2**20
