@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from fedforget.config import DatasetSpec, MethodSpec, OptimizerSpec, RunConfig, 
 from fedforget.data import DATASETS, prepare_dataset
 from fedforget.data.scenario import resolve_scenario
 from fedforget.engine import Simulation
+from fedforget.memory import process_peak_mb, reset_process_peak
 from fedforget.partition import PartitionSpec
 
 METHODS = ("fedavg", "fedprotip", "fot", "icarl", "cfed", "glfc", "lga", "target", "target_lode", "lander", "scr")
@@ -128,40 +128,19 @@ def prepare(root: str) -> None:
     prepare_dataset("blobs", PUBLIC["options"], root)
 
 
-def reset_peak_rss() -> bool:
-    """Reset the process's peak resident set size (Linux: VmHWM, by writing 5 to
-    /proc/self/clear_refs); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_kib(reset: bool) -> int:
-    """Peak RSS (KiB) since the reset (VmHWM), or over the process's life (ru_maxrss)."""
-    if reset:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
 def child_peak(a: argparse.Namespace) -> None:
     """Run one method's two tasks' rounds alone; print the process's peak RSS (KiB) over
     those rounds (the data preparation and model building before them are not counted
-    where the peak can be reset, see reset_peak_rss)."""
+    where the peak can be reset: fedforget.memory.reset_process_peak)."""
     with tempfile.TemporaryDirectory() as root:
         prepare(root)
         sim = build(a, root, a.memory_of)
         sim.global_metrics = lambda rnd: ({}, [])
-        reset = reset_peak_rss()
+        reset_process_peak()
         start = time.perf_counter()
         for rnd in range(1, 2 * a.rounds + 1):
             sim.run_round(rnd, start)
-        print(peak_rss_kib(reset))
+        print(round(process_peak_mb() * 1024))  # KiB
 
 
 def main() -> None:

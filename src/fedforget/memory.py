@@ -35,7 +35,7 @@ class PhaseMemory:
     def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self.device, self.enabled = device, enabled
         self.peaks: dict[str, float] = {}  # phase -> MB, the largest over the run
-        self.cpu_ok = enabled and (device.type == "cuda" or (_reset_cpu() and _vm_hwm_mb() is not None))
+        self.cpu_ok = enabled and (device.type == "cuda" or (reset_process_peak() and _vm_hwm_mb() is not None))
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -45,7 +45,7 @@ class PhaseMemory:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.cpu_ok:
-            self.cpu_ok = _reset_cpu()
+            self.cpu_ok = reset_process_peak()
         try:
             yield
         finally:
@@ -64,8 +64,9 @@ class PhaseMemory:
         return max(self.peaks.values()) if self.peaks else None
 
 
-def _reset_cpu() -> bool:
-    """Reset the process's peak resident memory; False where the system refuses."""
+def reset_process_peak() -> bool:
+    """Reset the process's peak resident memory (``process_peak_mb`` counts from here: Linux,
+    writing 5 to /proc/self/clear_refs); False where the system refuses."""
     try:
         CLEAR_REFS.write_text("5")
     except OSError:
